@@ -1,0 +1,187 @@
+"""The text-environment contract every agentq environment implements.
+
+A `TextEnv` is a Gymnasium `Env` whose observations and actions are strings:
+
+    obs, info = env.reset(seed=0, options={"task_id": ..., "split": ...})
+    obs, reward, terminated, truncated, info = env.step("take coin")
+
+* `terminated` is True only when the task itself ended (won or failed);
+  `truncated` is True when the step cap ran out first. A capped episode is never a win.
+* `info` always carries `task` (goal text), `task_id`, `split`, `admissible_actions`
+  (list of strings or None), `won` (bool) and `score` (float in [0, 1] unless the env says
+  otherwise), plus `expert_action` when the env was made with `expert=True`.
+* `list_tasks(split)` returns the split's task ids, stable across runs and machines.
+
+Subclasses implement three hooks (`_tasks`, `_reset_task`, `_step_task`) and, for experts,
+`_expert_action`; the base class owns splits, task selection, the step cap and the `info`
+keys, so every environment behaves the same at the edges.
+"""
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import gymnasium as gym
+from gymnasium import spaces
+
+INFO_KEYS = ("task", "task_id", "split", "admissible_actions", "won", "score")
+
+
+class TextSpace(spaces.Text):
+    """`spaces.Text` that admits any Unicode string up to `max_length` characters.
+
+    Gymnasium's Text space checks every character against a fixed charset; environment text
+    (WebShop's "›", ScienceWorld's "°C") is open-ended, so membership only checks type and length.
+    `sample()` still draws from printable ASCII.
+    """
+
+    def __init__(self, max_length: int = 100_000):
+        super().__init__(max_length=max_length, min_length=0, charset=string.printable)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"TextSpace(max_length={self.max_length})"
+
+
+@dataclass
+class TaskStep:
+    """What an environment engine reports after a reset or a step (subclass → base class)."""
+
+    obs: str
+    reward: float = 0.0
+    done: bool = False          # the task ended (success or failure); never the step cap
+    won: bool = False
+    score: float = 0.0
+    admissible_actions: list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)   # merged into info (e.g. task_type)
+
+
+class UnknownTaskError(KeyError):
+    pass
+
+
+class TextEnv(gym.Env[str, str]):
+    """Base class of agentq's text environments (see the module docstring for the contract)."""
+
+    metadata: ClassVar[dict] = {"render_modes": ["ansi"], "render_fps": 4}
+    #: split names this environment offers; the first is the default training split.
+    splits: ClassVar[tuple[str, ...]] = ("train", "dev", "test")
+    #: default step cap (can be overridden per instance with `max_steps=`)
+    default_max_steps: ClassVar[int] = 50
+
+    def __init__(self, split: str | None = None, max_steps: int | None = None, expert: bool = False,
+                 render_mode: str | None = None):
+        self.observation_space = TextSpace()
+        self.action_space = TextSpace(max_length=10_000)
+        self.split = self._check_split(split or self.splits[0])
+        self.max_steps = int(max_steps or self.default_max_steps)
+        self.expert = bool(expert)
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.render_mode = render_mode
+        self._task_cache: dict[str, list[str]] = {}
+        self._task_id: str | None = None
+        self._task_text: str = ""
+        self._steps = 0
+        self._done = True
+        self._last_obs = ""
+
+    # ------------------------------------------------------------------ hooks for subclasses
+    def _tasks(self, split: str) -> list[str]:
+        """Stable task ids of `split` (called once per split, then cached)."""
+        raise NotImplementedError
+
+    def _reset_task(self, task_id: str, split: str) -> tuple[str, TaskStep]:
+        """Load `task_id`; return (goal text, first step)."""
+        raise NotImplementedError
+
+    def _step_task(self, action: str) -> TaskStep:
+        raise NotImplementedError
+
+    def _expert_action(self) -> str | None:
+        """The next action of this environment's expert, or None when it has none."""
+        return None
+
+    # ------------------------------------------------------------------ public API
+    def list_tasks(self, split: str | None = None) -> list[str]:
+        split = self._check_split(split or self.split)
+        if split not in self._task_cache:
+            self._task_cache[split] = list(self._tasks(split))
+        return self._task_cache[split]
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - {"task_id", "split"}
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: ['split', 'task_id']")
+        split = self._check_split(options.get("split") or self.split)
+        task_id = options.get("task_id")
+        tasks = self.list_tasks(split)
+        if task_id is None:
+            if not tasks:
+                raise RuntimeError(f"{type(self).__name__}: split {split!r} has no tasks")
+            task_id = tasks[int(self.np_random.integers(len(tasks)))]
+        elif task_id not in self._task_set(split):
+            raise UnknownTaskError(
+                f"unknown task_id {task_id!r} for split {split!r} of {type(self).__name__} "
+                f"({len(tasks)} tasks, e.g. {tasks[:3]}); see env.unwrapped.list_tasks({split!r})")
+        self.split, self._task_id, self._steps, self._done = split, task_id, 0, False
+        self._task_text, first = self._reset_task(task_id, split)
+        self._last_obs = first.obs
+        return first.obs, self._info(first)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if self._done:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str, got {type(action).__name__}")
+        self._steps += 1
+        res = self._step_task(action)
+        terminated = bool(res.done)
+        truncated = not terminated and self._steps >= self.max_steps
+        self._done = terminated or truncated
+        self._last_obs = res.obs
+        return res.obs, float(res.reward), terminated, truncated, self._info(res)
+
+    def render(self) -> str | None:
+        return self._last_obs if self.render_mode == "ansi" else None
+
+    @property
+    def task_id(self) -> str | None:
+        return self._task_id
+
+    @property
+    def num_steps(self) -> int:
+        return self._steps
+
+    # ------------------------------------------------------------------ internals
+    def _task_set(self, split: str) -> set[str]:
+        key = f"__set__{split}"
+        if key not in self._task_cache:
+            self._task_cache[key] = set(self.list_tasks(split))  # type: ignore[assignment]
+        return self._task_cache[key]  # type: ignore[return-value]
+
+    def _check_split(self, split: str) -> str:
+        if split not in self.splits:
+            raise ValueError(f"unknown split {split!r} for {type(self).__name__}; valid: {list(self.splits)}")
+        return split
+
+    def _info(self, res: TaskStep) -> dict:
+        info = dict(res.extra)
+        info.update(task=self._task_text, task_id=self._task_id, split=self.split,
+                    admissible_actions=res.admissible_actions, won=bool(res.won),
+                    score=float(res.score), steps=self._steps)
+        if self.expert:
+            info["expert_action"] = None if self._done else self._expert_action()
+        return info
+
+
+def sample_tasks(tasks: Sequence[str], n: int, rng) -> list[str]:
+    """n task ids drawn without replacement while possible (then with), from a numpy Generator."""
+    if n <= len(tasks):
+        return [tasks[i] for i in rng.choice(len(tasks), size=n, replace=False)]
+    return [tasks[i] for i in rng.integers(len(tasks), size=n)]
