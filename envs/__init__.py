@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from .base import INFO_KEYS, TaskStep, TextEnv, TextSpace, UnknownTaskError
+from .base import INFO_KEYS, EnvCrashedError, TaskStep, TextEnv, TextSpace, UnknownTaskError
 
 #: config name (conf/env/<name>.yaml) → (Gymnasium id, entry point)
 REGISTRY: dict[str, tuple[str, str]] = {
@@ -44,4 +44,4 @@ def make(name_or_id: str, **kwargs) -> gym.Env:
     return gym.make(env_id(name_or_id), **kwargs)
 
 
-__all__ = ["INFO_KEYS", "REGISTRY", "TaskStep", "TextEnv", "TextSpace", "UnknownTaskError", "env_id", "make"]
+__all__ = ["EnvCrashedError", "INFO_KEYS", "REGISTRY", "TaskStep", "TextEnv", "TextSpace", "UnknownTaskError", "env_id", "make"]

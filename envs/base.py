@@ -60,7 +60,16 @@ class TaskStep:
 
 
 class UnknownTaskError(KeyError):
-    pass
+    """reset() was given a task id that is not in the split."""
+
+
+class EnvCrashedError(RuntimeError):
+    """The environment's engine died (e.g. its JVM or subprocess exited) mid-episode.
+
+    Raised by `step()`/`reset()`; the episode in flight is lost and is reported as errored by the
+    pool. The next `reset()` must bring the engine back up (restart it), so a crash costs one
+    episode, never the run.
+    """
 
 
 class TextEnv(gym.Env[str, str]):
