@@ -1,0 +1,181 @@
+"""Reference numerics (torch) for every quantizer in `QuantSpec`, and the learner's STE fake quant.
+
+Everything else (Triton kernels, the engine's int8 linears and KV cache, checkpoint export) must
+produce exactly these codes and scales; `tests/kernels` checks it bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+
+from .quant_spec import QuantSpec
+
+QMAX = 127.0
+QMIN = -128.0
+FP8_MAX = 448.0
+
+
+def round_half(x: torch.Tensor, mode: str) -> torch.Tensor:
+    """Round to integers: 'half_even' (torch.round, CUDA rn) or 'half_away' (C's roundf).
+
+    half_away is computed from the exact fractional part, not floor(|x| + 0.5), which rounds
+    0.49999997 up because |x| + 0.5 is not representable in fp32.
+    """
+    if mode == "half_even":
+        return torch.round(x)
+    if mode == "half_away":
+        a = x.abs()
+        fl = torch.floor(a)
+        return torch.copysign(fl + (a - fl >= 0.5).to(x.dtype), x)
+    raise ValueError(f"unknown rounding mode {mode!r}; valid: ['half_even', 'half_away']")
+
+
+def _absmax_scale(x: torch.Tensor, floor: float) -> torch.Tensor:
+    """Symmetric int8 scale over the last dim: max(absmax / 127, floor), fp32, shape x.shape[:-1]."""
+    return torch.clamp(x.detach().float().abs().amax(dim=-1) / QMAX, min=floor)
+
+
+def quantize_rows(x: torch.Tensor, floor: float, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 over the last dim (one scale per row). Returns (codes int8, scales fp32 [...])."""
+    scale = _absmax_scale(x, floor)
+    codes = round_half(x.detach().float() / scale.unsqueeze(-1), rounding).clamp_(QMIN, QMAX)
+    return codes.to(torch.int8), scale
+
+
+def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return (codes.float() * scale.unsqueeze(-1)).to(dtype)
+
+
+# ---------------------------------------------------------------------- per tensor kind
+def quantize_weight(w: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] → (W_q int8 [N, K], s_w fp32 [N]); per output channel."""
+    return quantize_rows(w, spec.weight_scale_floor, spec.weight_rounding)
+
+
+def quantize_act(x: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """X [..., K] → (X_q int8 [..., K], s_x fp32 [...]); per token, dynamic."""
+    return quantize_rows(x, spec.act_scale_floor, spec.act_rounding)
+
+
+def quantize_kv(x: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """K or V [..., head_dim] → (int8 codes, fp32 scales [...]); per token per KV head."""
+    return quantize_rows(x, spec.kv_scale_floor, spec.kv_rounding)
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """fp8 E4M3 codes of x/scale (saturating at ±448; torch's cast rounds to nearest even)."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def fp8_scale(x: torch.Tensor) -> torch.Tensor:
+    """Per-tensor calibration scale absmax/448 (floor 1e-12)."""
+    return torch.clamp(x.detach().float().abs().amax() / FP8_MAX, min=1e-12)
+
+
+def kv_roundtrip(x: torch.Tensor, spec: QuantSpec, fp8_scale_value: torch.Tensor | float | None = None) -> torch.Tensor:
+    """What reading x back from the KV cache gives: dequant(quant(x)) in x's dtype (no gradient)."""
+    if spec.kv == "none":
+        return x
+    if spec.kv == "int8_per_token_head_sym":
+        codes, scale = quantize_kv(x, spec)
+        return dequantize_rows(codes, scale, x.dtype)
+    s = 1.0 if fp8_scale_value is None else fp8_scale_value
+    return (quantize_fp8(x, s).float() * s).to(x.dtype)
+
+
+# ---------------------------------------------------------------------- W8A8 GEMM
+def int8_matmul_ref(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+    """Exact int32 accumulation X_q[M,K] · W_q[N,K]ᵀ, via int64 (slow; the reference)."""
+    return (x_q.long() @ w_q.long().t()).to(torch.int32)
+
+
+def int8_matmul(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+    """X_q[M,K] int8 · W_q[N,K]ᵀ int8 → int32 [M,N]; exact on every path.
+
+    CPU: torch._int_mm with the weight passed as the [N,K] row-major tensor's .t() view (4x faster
+    than a contiguous [K,N]). CUDA: _int_mm needs M > 16 and K, N multiples of 8; smaller M is padded.
+    Anything else falls back to the int64 reference.
+    """
+    if x_q.device.type == "cpu":
+        return torch._int_mm(x_q, w_q.t())
+    m, k = x_q.shape
+    n = w_q.shape[0]
+    if k % 8 == 0 and n % 8 == 0:
+        if m > 16:
+            return torch._int_mm(x_q, w_q.t())
+        pad = torch.zeros(17 - m, k, dtype=x_q.dtype, device=x_q.device)
+        return torch._int_mm(torch.cat([x_q, pad]), w_q.t())[:m]
+    return int8_matmul_ref(x_q, w_q)
+
+
+def w8a8_epilogue(acc: torch.Tensor, s_x: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
+                  out_dtype: torch.dtype) -> torch.Tensor:
+    """Y = ((acc · s_x[m]) · s_w[n]) (+ bias) in fp32, then cast. The order is part of the spec."""
+    y = acc.float() * s_x.unsqueeze(-1) * s_w
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype)
+
+
+def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
+                spec: QuantSpec) -> torch.Tensor:
+    """Quantized linear: per-token int8 X, per-channel int8 W, int32 accumulate, fp32 rescale."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    x_q, s_x = quantize_act(x2, spec)
+    y = w8a8_epilogue(int8_matmul(x_q, w_q), s_x, s_w, bias, x.dtype)
+    return y.reshape(*shape[:-1], w_q.shape[0])
+
+
+# ---------------------------------------------------------------------- learner: STE fake quant
+class _W8A8STE(torch.autograd.Function):
+    """Forward: the engine's exact integer path. Backward: straight-through, i.e. the gradient of
+    Y = X_fq · W_fqᵀ + b with X_fq, W_fq the dequantized tensors, flowing to the full-precision X, W."""
+
+    @staticmethod
+    def forward(ctx, x2, w, bias, spec):
+        x_q, s_x = quantize_act(x2, spec)
+        w_q, s_w = quantize_weight(w, spec)
+        y = w8a8_epilogue(int8_matmul(x_q, w_q), s_x, s_w, bias, x2.dtype)
+        ctx.save_for_backward(x_q, s_x, w_q, s_w)
+        ctx.has_bias = bias is not None
+        ctx.dtypes = (x2.dtype, w.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x_q, s_x, w_q, s_w = ctx.saved_tensors
+        xd, wd = ctx.dtypes
+        g = gy.float()
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = (g @ dequantize_rows(w_q, s_w)).to(xd)
+        if ctx.needs_input_grad[1]:
+            gw = (g.t() @ dequantize_rows(x_q, s_x)).to(wd)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g.sum(0).to(wd)
+        return gx, gw, gb, None
+
+
+def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec) -> torch.Tensor:
+    """The learner's aligned linear: value identical to `w8a8_linear(x, *quantize_weight(w))`,
+    straight-through gradients to the master weight `w` and to `x`."""
+    shape = x.shape
+    y = _W8A8STE.apply(x.reshape(-1, shape[-1]), w, bias, spec)
+    return y.reshape(*shape[:-1], w.shape[0])
+
+
+class _KVSTE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, spec, fp8_scale_value):
+        return kv_roundtrip(x, spec, fp8_scale_value)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None, None
+
+
+def kv_fake_quant(x: torch.Tensor, spec: QuantSpec, fp8_scale_value=None) -> torch.Tensor:
+    """Learner side of the KV cache: the dequantized value the engine reads, identity gradient."""
+    if spec.kv == "none":
+        return x
+    return _KVSTE.apply(x, spec, fp8_scale_value)
