@@ -1,0 +1,9 @@
+"""Training objectives: pure functions of tensors plus a small registry keyed by `algo.objective`.
+
+Importing this package registers every objective module listed below.
+"""
+from .base import (Objective, PolicyBatch, grpo_advantages, k3, kl_penalty_k3, log_ratio, make_objective,
+                   masked_mean, objective_names, ppo_dual_clip_loss, register_objective)
+
+__all__ = ["Objective", "PolicyBatch", "grpo_advantages", "k3", "kl_penalty_k3", "log_ratio", "make_objective",
+           "masked_mean", "objective_names", "ppo_dual_clip_loss", "register_objective"]

@@ -1,0 +1,202 @@
+"""The GRPO base that every objective shares, the `PolicyBatch` it reads, and the registry.
+
+Shapes: B trajectories padded to L tokens. Position t of every [B, L] tensor describes token t;
+log-prob tensors hold log p(token_t | tokens_<t) (position 0 is never an action). `action_mask`
+is 1 only on tokens the rollout engine sampled; observation, prompt, template and padding tokens
+carry no likelihood term (they still sit in the context of later tokens).
+
+An objective is a small class registered by name (`algo.objective` in the config):
+
+* `prepare(batch)` runs once per RL step on the whole batch, before any minibatch split or
+  shuffle: it fills `batch.token_weight` (detached per-token weights w_t: IS weights, InterQ-RL
+  retention, ...) and returns diagnostics.
+* `loss(logp, mb)` returns the scalar loss of a minibatch and detached diagnostics:
+
+      L = Σ_t m_t · w_t · u_t / Σ_t m_t  +  β · Σ_t m_t · kl_t / Σ_t m_t
+
+  with u_t the PPO dual-clip token loss and kl_t the k3 penalty to the reference policy.
+Formulas and worked numbers: docs/algorithms.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+import torch
+
+LOGRATIO_CLAMP = 20.0
+
+
+@dataclass
+class PolicyBatch:
+    input_ids: torch.Tensor        # [B, L] long
+    attention_mask: torch.Tensor   # [B, L] 1 on real tokens, 0 on padding
+    action_mask: torch.Tensor      # [B, L] float, 1 on sampled (action) tokens
+    seg_id: torch.Tensor           # [B, L] long, turn index s ≥ 1 on action tokens, 0 elsewhere
+    rollout_logp: torch.Tensor     # [B, L] float32, log μ(a_t) from the rollout engine
+    adv: torch.Tensor              # [B] float32, trajectory advantage (broadcast to its action tokens)
+    old_logp: torch.Tensor | None = None    # [B, L] log π_old (learner at θ_old, no grad)
+    ref_logp: torch.Tensor | None = None    # [B, L] log π_ref
+    token_weight: torch.Tensor | None = None  # [B, L] detached w_t, filled by Objective.prepare
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # objective-specific [B, ...] tensors
+
+    @property
+    def num_seqs(self) -> int:
+        return self.input_ids.shape[0]
+
+    def index(self, idx: torch.Tensor) -> "PolicyBatch":
+        """Rows `idx` of every tensor (a minibatch); per-row extras are sliced too."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "extra":
+                out["extra"] = {k: t[idx] for k, t in v.items()}
+            else:
+                out[f.name] = None if v is None else v[idx]
+        return PolicyBatch(**out)
+
+    def to(self, device) -> "PolicyBatch":
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "extra":
+                out["extra"] = {k: t.to(device) for k, t in v.items()}
+            else:
+                out[f.name] = None if v is None else v.to(device)
+        return PolicyBatch(**out)
+
+
+# ---------------------------------------------------------------------- GRPO pieces (pure functions)
+def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Â_i = (R_i − mean_g R) / (std_g R + eps) within each group g of rollouts of the same task.
+
+    std is the unbiased sample std (as verl). A group of one rollout has no baseline: Â = 0.
+    rewards, group_ids: [N] → [N].
+    """
+    adv = torch.zeros_like(rewards, dtype=torch.float32)
+    for g in torch.unique(group_ids):
+        sel = group_ids == g
+        r = rewards[sel].float()
+        if r.numel() < 2:
+            continue
+        adv[sel] = (r - r.mean()) / (r.std() + eps)
+    return adv
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ mask·x / Σ mask (0 when the mask is empty)."""
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def log_ratio(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """clamp(a − b, −20, 20): the log-ratio guard every estimator uses."""
+    return (a - b).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
+
+
+def k3(delta: torch.Tensor) -> torch.Tensor:
+    """k3 = exp(δ) − 1 − δ ≥ 0 (Schulman's low-variance KL estimator)."""
+    return torch.expm1(delta) - delta
+
+
+def ppo_dual_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_eps: float,
+                       dual_clip: float, clip_high: float | torch.Tensor | None = None):
+    """Per-token PPO-clip loss with dual clip on negative advantages.
+
+        r  = exp(logp − old_logp)
+        u  = max(−A·r, −A·clip(r, 1−ε, 1+ε_high))
+        u  = min(u, −A·c)   where A < 0
+    `clip_high` (default ε) may be a per-token tensor (QuRL's adaptive upper bound).
+    Returns (u [B, L], is_clipped [B, L] bool, is_dual_clipped [B, L] bool, ratio [B, L]).
+    """
+    ratio = torch.exp(log_ratio(logp, old_logp))
+    hi = 1.0 + (clip_eps if clip_high is None else clip_high)
+    clipped_ratio = torch.minimum(torch.clamp(ratio, min=1.0 - clip_eps),
+                                  torch.as_tensor(hi, dtype=ratio.dtype, device=ratio.device))
+    u1 = -adv * ratio
+    u2 = -adv * clipped_ratio
+    u = torch.maximum(u1, u2)
+    clipped = u2 > u1
+    neg = adv < 0
+    cap = -adv * dual_clip
+    dual = neg & (u > cap)
+    u = torch.where(dual, cap, u)
+    return u, clipped, dual, ratio
+
+
+def kl_penalty_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """GRPO's low-variance KL to the reference: κ = clamp(ref − logp, ±20); clamp(e^κ − κ − 1, −10, 10)."""
+    kappa = log_ratio(ref_logp, logp)
+    return torch.clamp(torch.exp(kappa) - kappa - 1.0, -10.0, 10.0)
+
+
+# ---------------------------------------------------------------------- objectives
+class Objective:
+    """GRPO with PPO dual-clip and k3 KL; token weight 1. Subclasses change `prepare` (weights)
+    and, where the method needs it, `policy_token_loss` or `loss`."""
+
+    name = "grpo"
+
+    def __init__(self, clip_eps: float = 0.2, dual_clip: float = 10.0, kl_coef: float = 0.001, **params: Any):
+        self.clip_eps = float(clip_eps)
+        self.dual_clip = float(dual_clip)
+        self.kl_coef = float(kl_coef)
+        unknown = set(params) - set(self.param_names())
+        if unknown:
+            raise ValueError(f"objective {self.name!r} got unknown parameter(s) {sorted(unknown)}; "
+                             f"valid: {sorted(self.param_names() + ['clip_eps', 'dual_clip', 'kl_coef'])}")
+        self.params = params
+
+    @classmethod
+    def param_names(cls) -> list[str]:
+        """Extra parameters this objective accepts (besides clip_eps, dual_clip, kl_coef)."""
+        return []
+
+    def prepare(self, batch: PolicyBatch) -> dict[str, float]:
+        batch.token_weight = batch.action_mask.float()
+        return {}
+
+    def policy_token_loss(self, logp: torch.Tensor, mb: PolicyBatch):
+        adv = mb.adv.view(-1, 1).expand_as(logp)
+        return ppo_dual_clip_loss(logp, mb.old_logp, adv, self.clip_eps, self.dual_clip)
+
+    def loss(self, logp: torch.Tensor, mb: PolicyBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask = mb.action_mask.float()
+        u, clipped, dual, ratio = self.policy_token_loss(logp, mb)
+        w = mb.token_weight.detach() if mb.token_weight is not None else mask
+        pg_loss = masked_mean(w * u, mask)
+        if mb.ref_logp is not None and self.kl_coef != 0.0:
+            kl = masked_mean(kl_penalty_k3(logp, mb.ref_logp), mask)
+        else:
+            kl = torch.zeros((), device=logp.device)
+        loss = pg_loss + self.kl_coef * kl
+        with torch.no_grad():
+            stats = {
+                "pg_loss": pg_loss.detach(), "kl": kl.detach(),
+                "clip_frac": masked_mean(clipped.float(), mask),
+                "dual_clip_frac": masked_mean(dual.float(), mask),
+                "ratio_mean": masked_mean(ratio, mask),
+            }
+        return loss, stats
+
+
+_REGISTRY: dict[str, type[Objective]] = {"grpo": Objective}
+
+
+def register_objective(name: str) -> Callable[[type[Objective]], type[Objective]]:
+    def deco(cls: type[Objective]) -> type[Objective]:
+        if name in _REGISTRY:
+            raise ValueError(f"objective {name!r} registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+def objective_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_objective(name: str, **params: Any) -> Objective:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown objective {name!r}; valid: {objective_names()}")
+    return _REGISTRY[name](**params)
