@@ -1,0 +1,105 @@
+"""Align an HF causal LM's forward with the rollout engine's quantization (QAT).
+
+`align_model(model, spec)` makes the learner compute the function the engine computes:
+
+* every linear the `QuantSpec` quantizes runs `w8a8_linear_ste`: forward value from the same
+  integer path as the engine (per-token int8 X, per-channel int8 W requantized from the current
+  master weight, int32 accumulate, fp32 epilogue), straight-through gradients to the masters;
+* attention reads K (after RoPE and q/k-norm) and V through the KV cache's round trip
+  (`kv_fake_quant`, identity gradient), at every position, as the engine's cache does;
+* the linear audit (`QuantSpec.check_linears`) runs first: a linear the spec does not name is
+  an error, never a silent full-precision layer.
+
+With `spec = QuantSpec.preset("none")` the model is left numerically as HF computes it, apart
+from the attention kernel (shared with the engine, see `kernels.attention`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from agentq.kernels import attention as attn_ops
+from agentq.kernels import quant
+from agentq.kernels.quant_spec import QuantSpec
+
+ATTN_IMPL = "agentq"
+
+
+class QATLinear(nn.Linear):
+    """An nn.Linear whose forward is the engine's W8A8 linear with STE gradients.
+
+    Installed by swapping `__class__` on existing modules, so parameter names, objects and
+    optimizer state are untouched; `spec` is the shared QuantSpec."""
+
+    spec: QuantSpec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quant.w8a8_linear_ste(x, self.weight, self.bias, self.spec)
+
+
+def _agentq_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """HF attention-interface function: KV round trip through the cache numerics, then the same
+    masked attention the engine runs. query [B, Hq, T, D], key/value [B, Hkv, L, D]."""
+    spec: QuantSpec = getattr(module, "agentq_spec", None) or QuantSpec.preset("none")
+    key = quant.kv_fake_quant(key, spec)
+    value = quant.kv_fake_quant(value, spec)
+    b, _, t, _ = query.shape
+    l = key.shape[2]
+    if attention_mask is None:
+        allowed = torch.ones(t, l, dtype=torch.bool, device=query.device).tril(l - t).expand(b, t, l)
+    else:
+        allowed = attention_mask[:, 0] if attention_mask.dtype == torch.bool else attention_mask[:, 0] > -1
+        allowed = allowed.expand(b, t, l).clone()
+        allowed[..., 0] |= ~allowed.any(-1)         # fully masked (padding) rows: avoid NaN
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = attn_ops.masked_attention(query, key, value, allowed, scale)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_attention():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_IMPL, _agentq_attention)
+    AttentionMaskInterface.register(ATTN_IMPL, sdpa_mask)
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+
+def align_model(model: nn.Module, spec: QuantSpec) -> dict[str, list[str]]:
+    """Install the aligned forward in place; returns the audit {"quantized": [...], "ignored": [...]}."""
+    audit = spec.check_linears(linear_names(model))
+    mods = dict(model.named_modules())
+    for name in audit["quantized"]:
+        m = mods[name]
+        m.__class__ = QATLinear
+        m.spec = spec
+    for m in model.modules():
+        if hasattr(m, "k_proj") and hasattr(m, "v_proj"):       # an attention block
+            m.agentq_spec = spec
+    _register_attention()
+    model.set_attn_implementation(ATTN_IMPL)
+    model.agentq_spec = spec
+    return audit
+
+
+def unalign_model(model: nn.Module) -> None:
+    """Back to plain nn.Linear modules (e.g. before save_pretrained)."""
+    for m in model.modules():
+        if isinstance(m, QATLinear):
+            m.__class__ = nn.Linear
+            del m.spec
+
+
+def quantized_module_report(model: nn.Module) -> dict[str, int]:
+    """Counts of linears running quantized vs full precision: the per-layer audit users ask for."""
+    q = sum(isinstance(m, QATLinear) for m in model.modules())
+    full = sum(type(m) is nn.Linear for m in model.modules())
+    return {"quantized_linears": q, "full_precision_linears": full}
+
+
+__all__ = ["ATTN_IMPL", "QATLinear", "align_model", "linear_names", "quantized_module_report", "unalign_model"]
+_ = F

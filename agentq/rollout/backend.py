@@ -1,0 +1,84 @@
+"""The rollout-backend protocol: what the agent loop needs from an inference engine.
+
+Backends see token ids only. Multi-turn logic (chat rendering, observations, masks) lives above
+them in `agentq.agent`; a backend turns a batch of `TurnRequest`s (one assistant turn of one
+episode each, with the episode's full context so far) into `TurnResult`s carrying the sampled
+ids and the behaviour policy's log-prob of every sampled token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol, runtime_checkable
+
+import torch
+
+from agentq.kernels.quant_spec import QuantSpec
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Temperature-only sampling (top_p=1, top_k=-1) keeps log-probs exact for RL: the learner
+    reproduces the same distribution. Top-p/top-k renormalise, and the reported log-probs are
+    those of the truncated distribution actually sampled from."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError("temperature must be ≥ 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be ≥ 1")
+
+
+@dataclass
+class TurnRequest:
+    episode_id: int
+    context_ids: list[int]           # prompt + earlier turns + observations, exactly as tokens
+    sampling: SamplingParams
+    seed: int | None = None          # per-episode sampling seed (reproducible whatever the batch)
+
+
+@dataclass
+class TurnResult:
+    episode_id: int
+    token_ids: list[int]
+    logprobs: list[float]            # log μ(token) under the distribution sampled from, fp32
+    finish_reason: str               # "stop" (a stop token was sampled, and is included) | "length"
+    policy_version: int = 0
+
+
+@dataclass
+class SyncStats:
+    """What a weight update did (logged every step)."""
+
+    version: int
+    int8_codes_changed: float | None = None   # fraction of int8 weight codes that changed
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    quant: QuantSpec
+    policy_version: int
+
+    def generate(self, requests: list[TurnRequest]) -> list[TurnResult]:
+        """One assistant turn for each request (episodes must be distinct)."""
+
+    def score(self, context_ids: list[int], target_ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs of `target_ids` after `context_ids`, through the rollout numerics."""
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncStats:
+        """Load new weights (HF parameter names); quantized backends requantize with fresh scales."""
+
+    def release(self, episode_id: int) -> None:
+        """Free the episode's KV slot / prefix."""
+
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token of context costs (all layers, K and V, scales included)."""

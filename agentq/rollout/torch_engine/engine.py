@@ -1,0 +1,231 @@
+"""`TorchEngine`: the built-in rollout backend (CPU and CUDA) for Llama/Qwen2/Qwen3 checkpoints.
+
+* one KV slot per episode, kept between turns: a new turn prefills only the tokens added since
+  the last one (observation + chat-template tokens); token ids are the source of truth;
+* batched decode over all episodes in the request (ragged lengths, no padding in the cache);
+* W8A8 linears and an int8 / fp8 KV cache as the `QuantSpec` says (`rollout.quant`);
+* weights arrive from the learner by name and are requantized with fresh scales at every sync;
+  cached KV computed with old weights is dropped (the next turn re-prefills).
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import torch
+
+from agentq.kernels.quant_spec import QuantSpec
+from agentq.rollout.backend import SamplingParams, SyncStats, TurnRequest, TurnResult
+
+from .kv_cache import KVCache
+from .model import EngineModel
+from .sampler import processed_logprobs, sample
+
+
+class TorchEngine:
+    def __init__(self, hf_config, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = 512):
+        self.quant = quant
+        self.device = torch.device(device)
+        self.model = EngineModel(hf_config, quant, dtype, self.device)
+        cfg = hf_config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.cache = KVCache(cfg.num_hidden_layers, max_slots, cfg.num_key_value_heads, max_len, head_dim,
+                             quant, dtype, self.device)
+        self.max_slots, self.max_len, self.prefill_chunk = max_slots, max_len, prefill_chunk
+        self.policy_version = 0
+        self._slot_of: dict[int, int] = {}          # episode id → slot
+        self._cached: dict[int, list[int]] = {}     # slot → token ids whose K/V is in the cache
+        self._free = list(range(max_slots - 1, -1, -1))
+        self._generators: dict[int, torch.Generator] = {}
+        self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0}
+
+    @classmethod
+    def from_pretrained(cls, path: str, quant: QuantSpec, **kw) -> "TorchEngine":
+        from safetensors.torch import load_file
+        from transformers import AutoConfig
+        from pathlib import Path
+
+        eng = cls(AutoConfig.from_pretrained(path), quant, **kw)
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors weights in {path}")
+        tensors = {}
+        for f in files:
+            tensors.update(load_file(str(f)))
+        eng.update_weights(tensors.items(), version=0)
+        return eng
+
+    # ------------------------------------------------------------------ protocol
+    def kv_bytes_per_token(self) -> int:
+        return self.cache.bytes_per_token()
+
+    def release(self, episode_id: int) -> None:
+        slot = self._slot_of.pop(episode_id, None)
+        if slot is not None:
+            self._cached.pop(slot, None)
+            self._free.append(slot)
+        self._generators.pop(episode_id, None)
+
+    def release_all(self) -> None:
+        for e in list(self._slot_of):
+            self.release(e)
+
+    @property
+    def active_episodes(self) -> int:
+        return len(self._slot_of)
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncStats:
+        t0 = time.perf_counter()
+        info = self.model.load_weights(named_tensors)
+        # K/V cached under the old weights is stale: drop it, the next turn re-prefills.
+        for slot in self._cached:
+            self._cached[slot] = []
+        self.policy_version = version
+        frac = info["codes_changed"] / info["codes_total"] if info["codes_total"] else None
+        return SyncStats(version=version, int8_codes_changed=frac, seconds=time.perf_counter() - t0)
+
+    @torch.no_grad()
+    def generate(self, requests: list[TurnRequest]) -> list[TurnResult]:
+        if not requests:
+            return []
+        if len({r.episode_id for r in requests}) != len(requests):
+            raise ValueError("generate() got two requests for the same episode")
+        params = requests[0].sampling
+        if any(r.sampling != params for r in requests):
+            raise ValueError("all requests of one generate() call must share SamplingParams")
+        slots = [self._slot(r.episode_id) for r in requests]
+        gens = [self._generator(r) for r in requests]
+        for r in requests:
+            if len(r.context_ids) + 1 > self.max_len:
+                raise ValueError(f"episode {r.episode_id}: context of {len(r.context_ids)} tokens does not fit "
+                                 f"max_len={self.max_len}; the agent loop must end it (context budget)")
+        # 1) prefill each episode's new tokens; logits of its last context token start the turn
+        logits = self._prefill(slots, [r.context_ids for r in requests])
+        # 2) batched decode
+        out_ids: list[list[int]] = [[] for _ in requests]
+        out_lp: list[list[float]] = [[] for _ in requests]
+        finish = ["length"] * len(requests)
+        active = list(range(len(requests)))
+        stop = set(params.stop_token_ids)
+        while active:
+            tok, lp = sample(logits, params, [gens[i] for i in active])
+            tok_l, lp_l = tok.tolist(), lp.tolist()
+            still = []
+            for j, i in enumerate(active):
+                out_ids[i].append(tok_l[j])
+                out_lp[i].append(lp_l[j])
+                slot_len = len(self._cached[slots[i]])
+                if tok_l[j] in stop:
+                    finish[i] = "stop"
+                elif len(out_ids[i]) < params.max_new_tokens and slot_len + 1 < self.max_len:
+                    still.append(i)
+            active = still
+            if active:
+                logits = self._decode([slots[i] for i in active], [out_ids[i][-1] for i in active])
+        return [TurnResult(r.episode_id, out_ids[i], out_lp[i], finish[i], self.policy_version)
+                for i, r in enumerate(requests)]
+
+    @torch.no_grad()
+    def score(self, context_ids: list[int], target_ids: list[int], params: SamplingParams | None = None) -> list[float]:
+        """Teacher-forced log-probs of target_ids through the rollout numerics (a temporary slot)."""
+        params = params or SamplingParams()
+        eid = -1 - len(self._slot_of) - 10**9
+        slot = self._slot(eid)
+        try:
+            ids = list(context_ids) + list(target_ids)
+            logits = self._prefill([slot], [ids], all_logits=True)[0]     # [len(ids), V]
+            logp = processed_logprobs(logits[len(context_ids) - 1: len(ids) - 1], params)
+            tgt = torch.tensor(target_ids, device=logp.device)
+            return logp.gather(-1, tgt[:, None]).squeeze(-1).tolist()
+        finally:
+            self.release(eid)
+
+    # ------------------------------------------------------------------ internals
+    def _slot(self, episode_id: int) -> int:
+        if episode_id not in self._slot_of:
+            if not self._free:
+                raise RuntimeError(f"all {self.max_slots} KV slots are in use; release finished episodes "
+                                   "or raise rollout.max_slots")
+            slot = self._free.pop()
+            self._slot_of[episode_id] = slot
+            self._cached[slot] = []
+        return self._slot_of[episode_id]
+
+    def _generator(self, r: TurnRequest) -> torch.Generator:
+        g = self._generators.get(r.episode_id)
+        if g is None:
+            g = torch.Generator()
+            g.manual_seed(r.seed if r.seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+            self._generators[r.episode_id] = g
+        return g
+
+    def _prefill(self, slots: list[int], contexts: list[list[int]], all_logits: bool = False):
+        """Bring each slot's cache up to its context; return logits of each context's last token
+        ([B, V]), or with all_logits the logits of every newly prefilled position (list of [n_i, V])."""
+        deltas, starts = [], []
+        for slot, ctx in zip(slots, contexts):
+            cached = self._cached[slot]
+            n = 0
+            lim = min(len(cached), len(ctx))
+            while n < lim and cached[n] == ctx[n]:
+                n += 1
+            n = min(n, len(ctx) - 1)          # always re-feed ≥ 1 token: its logits start the turn
+            if all_logits:
+                n = 0
+            self.stats["reused_tokens"] += n
+            del cached[n:]
+            deltas.append(ctx[n:])
+            starts.append(n)
+        last = [None] * len(slots)
+        every = [[] for _ in slots]
+        chunk = self.prefill_chunk
+        n_chunks = max((len(d) + chunk - 1) // chunk for d in deltas)
+        for c in range(n_chunks):
+            rows = [i for i, d in enumerate(deltas) if len(d) > c * chunk]
+            pieces = [deltas[i][c * chunk:(c + 1) * chunk] for i in rows]
+            logits, t_idx = self._forward([slots[i] for i in rows], pieces, all_logits)
+            for k, i in enumerate(rows):
+                self._cached[slots[i]].extend(pieces[k])
+                if all_logits:
+                    every[i].append(logits[k, : len(pieces[k])])
+                elif c * chunk + len(pieces[k]) == len(deltas[i]):
+                    last[i] = logits[k]
+            self.stats["prefill_tokens"] += sum(len(p) for p in pieces)
+        if all_logits:
+            return [torch.cat(e) for e in every]
+        return torch.stack(last)
+
+    def _decode(self, slots: list[int], tokens: list[int]):
+        logits, _ = self._forward(slots, [[t] for t in tokens], False)
+        for s, t in zip(slots, tokens):
+            self._cached[s].append(t)
+        self.stats["decode_tokens"] += len(tokens)
+        return logits
+
+    def _forward(self, slots: list[int], pieces: list[list[int]], all_logits: bool):
+        """One padded forward of `pieces` appended to `slots`. Returns logits of each piece's last
+        token [B, V] (or every token [B, T, V])."""
+        dev = self.device
+        b, t = len(pieces), max(len(p) for p in pieces)
+        ids = torch.zeros(b, t, dtype=torch.long)
+        pos = torch.zeros(b, t, dtype=torch.long)
+        valid = torch.zeros(b, t, dtype=torch.bool)
+        lens = torch.tensor([len(self._cached[s]) for s in slots])
+        for i, p in enumerate(pieces):
+            n = len(p)
+            ids[i, :n] = torch.tensor(p)
+            pos[i, :n] = lens[i] + torch.arange(n)
+            valid[i, :n] = True
+        n_new = valid.sum(1)
+        new_lens = lens + n_new
+        slots_t = torch.tensor(slots)
+        if all_logits:
+            logits = self.model(ids.to(dev), pos.to(dev), valid.to(dev), slots_t.to(dev), new_lens.to(dev),
+                                self.cache)
+        else:
+            rows = (torch.arange(b), n_new - 1)
+            logits = self.model(ids.to(dev), pos.to(dev), valid.to(dev), slots_t.to(dev), new_lens.to(dev),
+                                self.cache, logit_rows=(rows[0].to(dev), rows[1].to(dev)))
+        return logits, None

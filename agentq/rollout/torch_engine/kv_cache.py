@@ -1,0 +1,71 @@
+"""Static KV cache with one slot per episode; quantize on write, read back dequantized.
+
+Layout per layer: codes `[n_slots, n_kv_heads, max_len, head_dim]` (int8 for KV8, fp8 for the
+fp8 option, the compute dtype without quantization) and fp32 scales `[n_slots, n_kv_heads,
+max_len]` (int8 only). Every read — prefill or decode — returns dequantized values, so the
+log-probs of a token do not depend on whether it was prefilled or decoded, and the learner
+mirrors one rule (fake-quant K after RoPE/k_norm and V, per token per head).
+"""
+from __future__ import annotations
+
+import torch
+
+from agentq.kernels import quant
+from agentq.kernels.quant_spec import QuantSpec
+
+
+class KVCache:
+    def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 spec: QuantSpec, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        self.spec, self.dtype, self.device = spec, dtype, torch.device(device)
+        self.n_layers, self.n_slots, self.n_kv, self.max_len, self.head_dim = n_layers, n_slots, n_kv_heads, max_len, head_dim
+        shape = (n_slots, n_kv_heads, max_len, head_dim)
+        code_dtype = {"none": dtype, "int8_per_token_head_sym": torch.int8,
+                      "fp8_e4m3_per_tensor": torch.float8_e4m3fn}[spec.kv]
+        self.k = [torch.zeros(shape, dtype=code_dtype, device=self.device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=code_dtype, device=self.device) for _ in range(n_layers)]
+        if spec.kv == "int8_per_token_head_sym":
+            self.k_scale = [torch.ones(shape[:3], dtype=torch.float32, device=self.device) for _ in range(n_layers)]
+            self.v_scale = [torch.ones(shape[:3], dtype=torch.float32, device=self.device) for _ in range(n_layers)]
+        else:
+            self.k_scale = self.v_scale = None
+        # fp8: one per-tensor scale per layer for K and V (1.0 = vLLM's uncalibrated default)
+        self.fp8_k_scale = [1.0] * n_layers
+        self.fp8_v_scale = [1.0] * n_layers
+
+    def bytes_per_token(self) -> int:
+        """Bytes one cached token costs over all layers (K and V, codes + scales)."""
+        per_elem = self.k[0].element_size()
+        codes = 2 * self.n_layers * self.n_kv * self.head_dim * per_elem
+        scales = 2 * self.n_layers * self.n_kv * 4 if self.k_scale is not None else 0
+        return codes + scales
+
+    def _encode(self, x: torch.Tensor, fp8_scale: float):
+        if self.spec.kv == "int8_per_token_head_sym":
+            return quant.quantize_kv(x, self.spec)
+        if self.spec.kv == "fp8_e4m3_per_tensor":
+            return quant.quantize_fp8(x, fp8_scale), None
+        return x.to(self.dtype), None
+
+    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Store N tokens: slots [N], positions [N], k/v [N, n_kv, head_dim]."""
+        for cache, scales, x, s8 in ((self.k, self.k_scale, k, self.fp8_k_scale[layer]),
+                                     (self.v, self.v_scale, v, self.fp8_v_scale[layer])):
+            codes, scale = self._encode(x, s8)
+            cache[layer][slots, :, positions] = codes
+            if scales is not None:
+                scales[layer][slots, :, positions] = scale
+
+    def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized K, V of `slots` for positions [0, length): [B, n_kv, length, head_dim]."""
+        out = []
+        for cache, scales, s8 in ((self.k, self.k_scale, self.fp8_k_scale[layer]),
+                                  (self.v, self.v_scale, self.fp8_v_scale[layer])):
+            codes = cache[layer][slots, :, :length]
+            if scales is not None:
+                out.append(quant.dequantize_rows(codes, scales[layer][slots, :, :length], self.dtype))
+            elif self.spec.kv == "fp8_e4m3_per_tensor":
+                out.append((codes.float() * s8).to(self.dtype))
+            else:
+                out.append(codes)
+        return out[0], out[1]

@@ -1,0 +1,241 @@
+"""A minimal Llama / Qwen2 / Qwen3 forward for the rollout engine.
+
+Why not HF modules: they cannot read a per-token-per-head int8 KV cache with ragged per-slot
+positions. HF stays the reference (tests compare logits). Rotary embeddings come from the HF
+model's own rotary class so positions are encoded identically in engine and learner.
+
+Every linear of a decoder layer is an `EngineLinear` that runs as W8A8 (int8 codes + per-channel
+scales, requantized from the learner's weights at every sync) or dense, as the `QuantSpec`
+says; the module audit (`QuantSpec.check_linears`) runs at construction, so no layer can run
+unquantized by accident.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from agentq.kernels import attention as attn_ops
+from agentq.kernels import int8_linear, quant
+from agentq.kernels.quant_spec import QuantSpec
+
+from .kv_cache import KVCache
+
+SUPPORTED = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+
+
+class EngineLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, quantized: bool, spec: QuantSpec,
+                 dtype: torch.dtype, device):
+        super().__init__()
+        self.quantized, self.spec, self.dtype = quantized, spec, dtype
+        self.in_features, self.out_features = in_features, out_features
+        if quantized:
+            self.register_buffer("w_q", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
+            self.register_buffer("s_w", torch.ones(out_features, dtype=torch.float32, device=device))
+        else:
+            self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=dtype, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+
+    @torch.no_grad()
+    def load(self, w: torch.Tensor) -> tuple[int, int]:
+        """Load a full-precision weight; returns (int8 codes changed, codes total) (0, 0 if dense)."""
+        if not self.quantized:
+            self.weight.copy_(w)
+            return 0, 0
+        # E = the weight in the engine's compute dtype, then per-channel int8 with fresh scales.
+        w_q, s_w = quant.quantize_weight(w.to(self.dtype), self.spec)
+        changed = int((w_q != self.w_q).sum())
+        self.w_q.copy_(w_q)
+        self.s_w.copy_(s_w)
+        return changed, w_q.numel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized:
+            return int8_linear.w8a8_linear(x, self.w_q, self.s_w, self.bias, self.spec)
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """Same arithmetic as HF's Llama/Qwen RMSNorm (fp32 statistics, weight applied in input dtype)."""
+
+    def __init__(self, dim: int, eps: float, dtype, device):
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("weight", torch.ones(dim, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dt)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg, layer_idx: int, spec: QuantSpec, dtype, device):
+        super().__init__()
+        self.layer_idx = layer_idx
+        h, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+        hd = getattr(cfg, "head_dim", None) or h // nh
+        self.n_heads, self.n_kv, self.head_dim = nh, nkv, hd
+        self.scale = hd ** -0.5
+        qkv_bias = bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2"
+        mlp_bias = bool(getattr(cfg, "mlp_bias", False))
+        q = spec.linear_quantized
+
+        def lin(i, o, b):
+            return EngineLinear(i, o, b, q, spec, dtype, device)
+
+        self.q_proj, self.k_proj, self.v_proj = lin(h, nh * hd, qkv_bias), lin(h, nkv * hd, qkv_bias), lin(h, nkv * hd, qkv_bias)
+        self.o_proj = lin(nh * hd, h, bool(getattr(cfg, "attention_bias", False)) and cfg.model_type == "llama")
+        inter = cfg.intermediate_size
+        self.gate_proj, self.up_proj, self.down_proj = lin(h, inter, mlp_bias), lin(h, inter, mlp_bias), lin(inter, h, mlp_bias)
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype, device)
+        self.qk_norm = cfg.model_type == "qwen3"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
+
+    def forward(self, x, cos, sin, ctx: "ForwardContext"):
+        b, t, _ = x.shape
+        h = self.input_layernorm(x)
+        q = self.q_proj(h).view(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(h).view(b, t, self.n_kv, self.head_dim)
+        v = self.v_proj(h).view(b, t, self.n_kv, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)       # [B, H, T, D]
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * c + _rotate_half(q) * s
+        k = k * c + _rotate_half(k) * s
+        # quantize on write (valid tokens only), then read everything back dequantized
+        vb, vt = ctx.valid_idx
+        ctx.cache.write(self.layer_idx, ctx.slots[vb], ctx.positions[vb, vt],
+                        k.permute(0, 2, 1, 3)[vb, vt], v.permute(0, 2, 1, 3)[vb, vt])
+        if ctx.use_decode_kernel:
+            cache = ctx.cache
+            o = attn_ops.decode_attention(
+                q[:, :, 0].contiguous(), cache.k[self.layer_idx],
+                None if cache.k_scale is None else cache.k_scale[self.layer_idx],
+                cache.v[self.layer_idx], None if cache.v_scale is None else cache.v_scale[self.layer_idx],
+                ctx.slots.to(torch.int32), ctx.new_lens.to(torch.int32), self.scale).unsqueeze(2)
+        else:
+            kc, vc = ctx.cache.read(self.layer_idx, ctx.slots, ctx.key_len)
+            o = attn_ops.masked_attention(q, kc, vc, ctx.allowed, self.scale)
+        o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
+        x = x + self.o_proj(o)
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class ForwardContext:
+    """Per-forward bookkeeping shared by all layers (positions, masks, cache indices)."""
+
+    def __init__(self, cache: KVCache, slots, positions, valid, new_lens, allow_decode_kernel: bool):
+        self.cache, self.slots, self.positions, self.new_lens = cache, slots, positions, new_lens
+        self.valid_idx = valid.nonzero(as_tuple=True)
+        self.key_len = int(new_lens.max())
+        t = positions.shape[1]
+        self.use_decode_kernel = (allow_decode_kernel and t == 1 and cache.spec.kv != "fp8_e4m3_per_tensor"
+                                  and attn_ops.decode_attention_available(positions.device))
+        if not self.use_decode_kernel:
+            keys = torch.arange(self.key_len, device=positions.device)
+            self.allowed = keys.view(1, 1, -1) <= positions.unsqueeze(-1)   # [B, T, L]; causal + per-slot length
+
+
+class EngineModel(nn.Module):
+    def __init__(self, hf_config, spec: QuantSpec, dtype: torch.dtype = torch.float32, device="cpu"):
+        super().__init__()
+        mt = hf_config.model_type
+        if mt not in SUPPORTED:
+            raise ValueError(f"the torch engine supports model_type {sorted(SUPPORTED)}, got {mt!r}; "
+                             "use rollout.backend=vllm for other architectures")
+        if getattr(hf_config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"only SiLU MLPs are supported, got hidden_act={hf_config.hidden_act!r}")
+        self.config, self.spec, self.dtype, self.device = hf_config, spec, dtype, torch.device(device)
+        self.embed_tokens = nn.Embedding(hf_config.vocab_size, hf_config.hidden_size, device=device, dtype=dtype)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList([DecoderLayer(hf_config, i, spec, dtype, device)
+                                     for i in range(hf_config.num_hidden_layers)])
+        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, dtype, device)
+        self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        if not self.tied:
+            self.register_buffer("lm_head", torch.zeros(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype, device=device))
+        mod = importlib.import_module(f"transformers.models.{mt}.modeling_{mt}")
+        self.rotary = getattr(mod, f"{SUPPORTED[mt]}RotaryEmbedding")(config=hf_config).to(device)
+        linear_names = [n for n, m in self.named_modules() if isinstance(m, EngineLinear)]
+        self.audit = spec.check_linears(linear_names + ["lm_head"])
+        self._targets = self._param_targets()
+
+    # ------------------------------------------------------------------ weights
+    def _param_targets(self) -> dict[str, tuple[nn.Module, str]]:
+        t: dict[str, tuple[nn.Module, str]] = {"model.embed_tokens.weight": (self.embed_tokens, "weight"),
+                                               "model.norm.weight": (self.norm, "weight")}
+        if not self.tied:
+            t["lm_head.weight"] = (self, "lm_head")
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                t[p + f"self_attn.{name}.weight"] = (getattr(layer, name), "load")
+                if getattr(layer, name).bias is not None:
+                    t[p + f"self_attn.{name}.bias"] = (getattr(layer, name), "bias")
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                t[p + f"mlp.{name}.weight"] = (getattr(layer, name), "load")
+                if getattr(layer, name).bias is not None:
+                    t[p + f"mlp.{name}.bias"] = (getattr(layer, name), "bias")
+            t[p + "input_layernorm.weight"] = (layer.input_layernorm, "weight")
+            t[p + "post_attention_layernorm.weight"] = (layer.post_attention_layernorm, "weight")
+            if layer.qk_norm:
+                t[p + "self_attn.q_norm.weight"] = (layer.q_norm, "weight")
+                t[p + "self_attn.k_norm.weight"] = (layer.k_norm, "weight")
+        return t
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors, strict: bool = True) -> dict:
+        """Load HF-named tensors. Quantized linears are requantized (fresh per-channel scales).
+        Returns {"loaded": n, "codes_changed": c, "codes_total": t}."""
+        seen, changed, total = set(), 0, 0
+        for name, w in named_tensors:
+            if name == "lm_head.weight" and self.tied:
+                continue
+            if name not in self._targets:
+                if name.endswith("rotary_emb.inv_freq"):
+                    continue
+                raise KeyError(f"engine has no parameter for {name!r} (model_type={self.config.model_type})")
+            mod, attr = self._targets[name]
+            w = w.detach().to(self.device)
+            if attr == "load":
+                c, n = mod.load(w)
+                changed, total = changed + c, total + n
+            else:
+                getattr(mod, attr).copy_(w.to(getattr(mod, attr).dtype))
+            seen.add(name)
+        missing = set(self._targets) - seen
+        if strict and missing:
+            raise KeyError(f"weights missing for {sorted(missing)[:5]}{' ...' if len(missing) > 5 else ''}")
+        return {"loaded": len(seen), "codes_changed": changed, "codes_total": total}
+
+    # ------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def forward(self, input_ids, positions, valid, slots, new_lens, cache: KVCache, logit_rows=None,
+                allow_decode_kernel: bool = True) -> torch.Tensor:
+        """input_ids/positions/valid [B, T]; slots/new_lens [B] (slot length after this chunk).
+
+        Returns fp32 logits for `logit_rows` = (b_idx, t_idx) pairs, or for every position."""
+        ctx = ForwardContext(cache, slots, positions, valid, new_lens, allow_decode_kernel)
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(x, positions)
+        for layer in self.layers:
+            x = layer(x, cos, sin, ctx)
+        x = x[logit_rows] if logit_rows is not None else x
+        x = self.norm(x)
+        w = self.embed_tokens.weight if self.tied else self.lm_head
+        return F.linear(x, w).float()

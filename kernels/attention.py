@@ -1,0 +1,56 @@
+"""Attention over a cached (possibly quantized) context: the torch reference used on CPU and for
+prefill, and the dispatch to the Triton int8-KV decode kernel on CUDA."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """[B, Hkv, L, D] → [B, Hkv·n_rep, L, D] (GQA), as HF models do."""
+    if n_rep == 1:
+        return x
+    b, h, l, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, l, d).reshape(b, h * n_rep, l, d)
+
+
+def attention_accum_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """fp32 models on CPU compute attention in fp64.
+
+    Why: attention is the one reduction whose order depends on batch shape (how many keys are
+    padded, how many queries share a call). In fp32 that changes the last bits of its output,
+    which flips an occasional int8 activation code downstream, so a turn decoded token by token
+    and the same turn re-scored in one pass (the learner) would differ by ~1e-3 nats. In fp64 the
+    order-dependent error is far below fp32 resolution, and engine and learner agree bit for bit
+    in practice. bf16/fp16 models (GPU) keep their dtype: there, exactness is not the goal.
+    """
+    return torch.float64 if dtype == torch.float32 and device.type == "cpu" else dtype
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """q [B, Hq, T, D], k/v [B, Hkv, L, D], allowed [B, T, L] bool → [B, Hq, T, D] via SDPA.
+
+    Every query row must allow at least one key (padding rows allow key 0)."""
+    n_rep = q.shape[1] // k.shape[1]
+    acc = attention_accum_dtype(q.dtype, q.device)
+    out = F.scaled_dot_product_attention(q.to(acc), repeat_kv(k, n_rep).to(acc), repeat_kv(v, n_rep).to(acc),
+                                         attn_mask=allowed[:, None], scale=scale)
+    return out.to(q.dtype)
+
+
+def _triton_decode():
+    try:
+        from .triton_attention import decode_attention as fn
+    except Exception:
+        return None
+    return fn
+
+
+def decode_attention_available(device: torch.device) -> bool:
+    return device.type == "cuda" and _triton_decode() is not None
+
+
+def decode_attention(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale):
+    """One query token per sequence over the engine's cache layout (CUDA Triton kernel)."""
+    return _triton_decode()(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale)
