@@ -1,0 +1,139 @@
+"""The learner: an HF causal LM whose forward is aligned to the rollout quantization.
+
+It computes old/reference log-probs, takes optimizer steps with a chosen `Objective`, and hands
+its weights to the rollout engine by HF name. The master weights stay in full precision
+(fp32 on CPU); with `learner_quant=aligned` every forward — old, reference, training — runs the
+QuantSpec's fake quant (W8A8 via the integer path, KV round trip) with straight-through gradients.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+from agentq.algos.base import Objective, PolicyBatch
+from agentq.kernels.quant_spec import QuantSpec
+
+from .qat import align_model, quantized_module_report
+
+
+def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, L] log p(token_t | tokens_<t) in fp32 (position 0 = 0). logit[target] − logsumexp(logits)
+    avoids materialising a full log-softmax."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    tgt = input_ids[:, 1:]
+    lp = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+
+
+class Learner:
+    def __init__(self, model_path: str, spec: QuantSpec, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                 lr: float = 1e-6, weight_decay: float = 0.01, betas=(0.9, 0.999), grad_clip: float = 1.0,
+                 use_reference: bool = True, micro_batch_size: int = 8):
+        from transformers import AutoModelForCausalLM
+
+        self.spec, self.device, self.dtype = spec, torch.device(device), dtype
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
+        self.audit = align_model(self.model, spec)
+        self.model.train()
+        self.ref = None
+        if use_reference:     # the reference sees the same fake quant (no KL floor at θ_0)
+            self.ref = copy.deepcopy(self.model).eval()
+            for p in self.ref.parameters():
+                p.requires_grad_(False)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+        self.grad_clip = grad_clip
+        self.micro_batch_size = micro_batch_size
+        self.version = 0
+
+    # ------------------------------------------------------------------ log-probs
+    @torch.no_grad()
+    def logprobs(self, batch: PolicyBatch, model: nn.Module | None = None) -> torch.Tensor:
+        model = model or self.model
+        was_training = model.training
+        model.eval()
+        out = []
+        for s in range(0, batch.num_seqs, self.micro_batch_size):
+            ids = batch.input_ids[s: s + self.micro_batch_size].to(self.device)
+            am = batch.attention_mask[s: s + self.micro_batch_size].to(self.device)
+            L = int(am.sum(1).max())
+            lp = sequence_logprobs(model, ids[:, :L], am[:, :L])
+            out.append(torch.nn.functional.pad(lp, (0, batch.input_ids.shape[1] - L)).cpu())
+        model.train(was_training)
+        return torch.cat(out)
+
+    def fill_old_and_ref(self, batch: PolicyBatch) -> None:
+        batch.old_logp = self.logprobs(batch)
+        batch.ref_logp = self.logprobs(batch, self.ref) if self.ref is not None else None
+
+    # ------------------------------------------------------------------ update
+    def update(self, batch: PolicyBatch, objective: Objective, epochs: int = 1, minibatch_size: int | None = None,
+               generator: torch.Generator | None = None) -> dict[str, float]:
+        """PPO epochs over shuffled minibatches (token weights were computed once, in prepare).
+        One optimizer step per minibatch; micro-batches accumulate gradients with token-share weights
+        so each step minimises the minibatch's token mean."""
+        n = batch.num_seqs
+        mb = minibatch_size or n
+        sums: dict[str, float] = {}
+        count = 0
+        grad_norms = []
+        for _ in range(epochs):
+            perm = torch.randperm(n, generator=generator)
+            for s in range(0, n, mb):
+                idx = perm[s: s + mb]
+                minib = batch.index(idx)
+                total_tokens = float(minib.action_mask.sum())
+                if total_tokens == 0:
+                    continue
+                self.opt.zero_grad(set_to_none=True)
+                for ms in range(0, len(idx), self.micro_batch_size):
+                    micro = minib.index(torch.arange(ms, min(ms + self.micro_batch_size, len(idx))))
+                    L = int(micro.attention_mask.sum(1).max())
+                    micro = _trim(micro, L).to(self.device)
+                    share = float(micro.action_mask.sum()) / total_tokens
+                    logp = sequence_logprobs(self.model, micro.input_ids, micro.attention_mask)
+                    loss, stats = objective.loss(logp, micro)
+                    (loss * share).backward()
+                    for k, v in stats.items():
+                        sums[k] = sums.get(k, 0.0) + float(v) * share
+                    sums["loss"] = sums.get("loss", 0.0) + float(loss) * share
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)))
+                self.opt.step()
+                count += 1
+        self.version += 1
+        out = {k: v / max(count, 1) for k, v in sums.items()}
+        out["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1) if grad_norms else 0.0
+        out["optimizer_steps"] = count
+        return out
+
+    # ------------------------------------------------------------------ weights out
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Master weights by HF name, for the engine (which requantizes them)."""
+        for name, p in self.model.state_dict().items():
+            yield name, p
+
+    def save(self, path: str, tokenizer=None) -> None:
+        from agentq.utils.checkpoint import save_hf_checkpoint
+        save_hf_checkpoint(self.model, path, tokenizer)
+
+    def report(self) -> dict[str, int]:
+        return quantized_module_report(self.model)
+
+
+def _trim(b: PolicyBatch, L: int) -> PolicyBatch:
+    from dataclasses import fields
+
+    out = {}
+    for f in fields(b):
+        v = getattr(b, f.name)
+        if f.name == "extra":
+            out["extra"] = {k: (t[:, :L] if t.dim() == 2 and t.shape[1] >= L else t) for k, t in v.items()}
+        elif v is None or v.dim() < 2:
+            out[f.name] = v
+        else:
+            out[f.name] = v[:, :L]
+    return PolicyBatch(**out)
+
+

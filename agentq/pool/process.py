@@ -1,0 +1,133 @@
+"""Subprocess workers: each owns the environments of a share of the slots (the default pool).
+
+Commands for different workers run in parallel; a worker steps its own environments in turn.
+A worker that dies (segfault, OOM kill, a JVM taking the process down) is detected on the pipe,
+restarted with fresh environments, and every command it had in flight is answered with an
+error result, so those episodes are reported, never lost silently.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+from .base import EnvResult, EnvSpec, WorkerCore
+
+
+def _worker_main(conn, spec: EnvSpec, slots: list[int]):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        core = WorkerCore(spec, slots)
+        conn.send(("ready", None))
+    except Exception as e:
+        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    while True:
+        try:
+            cmd, payload = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            break
+        if cmd == "close":
+            core.close()
+            conn.send(("closed", None))
+            break
+        conn.send(("ok", getattr(core, cmd)(payload)))
+
+
+class ProcessPool:
+    def __init__(self, spec: EnvSpec, num_envs: int, num_workers: int = 2, start_method: str = "spawn"):
+        if num_workers < 1:
+            raise ValueError("env_pool.num_workers must be ≥ 1")
+        self.spec, self.num_envs = spec, num_envs
+        self.num_workers = min(num_workers, num_envs)
+        self._ctx = mp.get_context(start_method)
+        self._slots = {w: [s for s in range(num_envs) if s % self.num_workers == w] for w in range(self.num_workers)}
+        self._procs: dict[int, tuple] = {}
+        self.restarts = 0
+        for w in range(self.num_workers):
+            self._start(w, wait=False)
+        for w in range(self.num_workers):
+            self._await_ready(w)
+
+    def _start(self, w: int, wait: bool = True):
+        parent, child = self._ctx.Pipe()
+        p = self._ctx.Process(target=_worker_main, args=(child, self.spec, self._slots[w]), daemon=True,
+                              name=f"agentq-env-{w}")
+        p.start()
+        child.close()
+        self._procs[w] = (p, parent)
+        if wait:
+            self._await_ready(w)
+
+    def _await_ready(self, w: int):
+        p, conn = self._procs[w]
+        try:
+            status, msg = conn.recv()
+        except EOFError:
+            status, msg = "failed", f"exit code {p.exitcode}"
+        if status != "ready":
+            raise RuntimeError(f"env worker {w} failed to start ({self.spec.name}): {msg}")
+
+    def worker_pid(self, slot: int) -> int:
+        return self._procs[slot % self.num_workers][0].pid
+
+    def _dispatch(self, cmd: str, items: list[tuple[int, object]]) -> list[EnvResult]:
+        by_worker: dict[int, list] = {}
+        for it in items:
+            by_worker.setdefault(it[0] % self.num_workers, []).append(it)
+        sent = []
+        for w, its in by_worker.items():
+            p, conn = self._procs[w]
+            try:
+                conn.send((cmd, its))
+                sent.append((w, its, True))
+            except (BrokenPipeError, OSError):
+                sent.append((w, its, False))
+        results: dict[int, EnvResult] = {}
+        for w, its, ok in sent:
+            p, conn = self._procs[w]
+            reply = None
+            if ok:
+                try:
+                    status, reply = conn.recv()
+                except (EOFError, ConnectionResetError, OSError):
+                    reply = None
+            if reply is None:           # the worker died: restart it, report its commands as errors
+                code = p.exitcode if not p.is_alive() else "hung"
+                try:
+                    p.kill()
+                except Exception:
+                    pass
+                self.restarts += 1
+                self._start(w)
+                for it in its:
+                    results[it[0]] = EnvResult(it[0], ok=False,
+                                               error=f"env worker {w} died (exit code {code}); restarted")
+            else:
+                for r in reply:
+                    results[r.slot] = r
+        return [results[it[0]] for it in items]
+
+    def reset(self, items):
+        return self._dispatch("reset", items)
+
+    def step(self, items):
+        return self._dispatch("step", items)
+
+    def close(self):
+        for w, (p, conn) in list(self._procs.items()):
+            try:
+                conn.send(("close", None))
+                if conn.poll(10):
+                    conn.recv()
+            except Exception:
+                pass
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+        self._procs.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
