@@ -93,7 +93,7 @@ def render_page(elements: list[El], action_url: str | None) -> str:
 
 def _html(title: str, body: str) -> str:
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body>{body}</body></html>")
+            f"<link rel='icon' href='data:,'><style>{STYLE}</style></head><body>{body}</body></html>")
 
 
 def create_app(**env_kwargs) -> Flask:
@@ -188,9 +188,12 @@ def create_app(**env_kwargs) -> Flask:
         items = [f'<li class="{"current" if i == k else ""}"><a href="{base}{i}">{i}. '
                  f'{escape(actions[i - 1]) if i else "(start)"}</a></li>' for i in range(len(actions) + 1)]
         status = f" · reward {s.reward}" if s.page == DONE else ""
-        bar = f'<div class="bar">replay of goal {split}/{task_id} · after {len(log)} of {len(actions)} actions{status}</div>'
+        nav = (f' · <a id="prev-step" href="{base}{k - 1}">‹ prev step</a>' if k > 0 else "") + (
+            f' · <a id="next-step" href="{base}{k + 1}">next step ›</a>' if k < len(actions) else "")
+        bar = (f'<div class="bar">replay of goal {split}/{task_id} · after {len(log)} of {len(actions)} actions'
+               f'{status}{nav}</div>')
         body = (f'{bar}<div style="display:flex;gap:20px"><div style="flex:3">{render_page(s.elements(), None)}</div>'
-                f'<ol class="steps" start="0" style="flex:1">{"".join(items)}</ol></div>')
+                f'<ul class="steps" style="flex:1;list-style:none">{"".join(items)}</ul></div>')
         return _html("WebShop replay", body)
 
     @app.get("/expert/<split>/<task_id>")
