@@ -78,6 +78,14 @@ class Session:
 
     # ------------------------------------------------------------------ rendering
     def elements(self) -> list[El]:
+        """The current page's elements (cached until the session state changes)."""
+        key = (self.page, self.page_num, self.asin, tuple(self.options.items()), self.sub_page,
+               tuple(self.results), self.reward)
+        if getattr(self, "_view_key", None) != key:
+            self._view_key, self._view = key, self._render()
+        return self._view
+
+    def _render(self) -> list[El]:
         inst = self.goal["instruction_text"]
         if self.page == SEARCH:
             return [El("logo", "WebShop"), El("instruction_label", "Instruction:"), El("instruction", inst),
