@@ -1,9 +1,12 @@
 """Training objectives: pure functions of tensors plus a small registry keyed by `algo.objective`.
 
-Importing this package registers every objective module listed below.
+Importing this package registers every objective module listed below. Formulas and provenance:
+docs/algorithms.md.
 """
 from .base import (Objective, PolicyBatch, grpo_advantages, k3, kl_penalty_k3, log_ratio, make_objective,
-                   masked_mean, objective_names, ppo_dual_clip_loss, register_objective)
+                   masked_mean, mismatch_metrics, objective_names, ppo_dual_clip_loss, register_objective,
+                   token_delta)
 
 __all__ = ["Objective", "PolicyBatch", "grpo_advantages", "k3", "kl_penalty_k3", "log_ratio", "make_objective",
-           "masked_mean", "objective_names", "ppo_dual_clip_loss", "register_objective"]
+           "masked_mean", "mismatch_metrics", "objective_names", "ppo_dual_clip_loss", "register_objective",
+           "token_delta"]

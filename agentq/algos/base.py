@@ -39,6 +39,10 @@ class PolicyBatch:
     ref_logp: torch.Tensor | None = None    # [B, L] log π_ref
     token_weight: torch.Tensor | None = None  # [B, L] detached w_t, filled by Objective.prepare
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # objective-specific [B, ...] tensors
+    # [B] long: rows sharing an id are one trajectory split over several rows (step-independent
+    # layout, methods §1.5; seg_id is then the turn index within the trajectory). None: one row per
+    # trajectory. Only per-trajectory quantities (InterQ-RL's prefix) read it.
+    traj_id: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -84,8 +88,8 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float =
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Σ mask·x / Σ mask (0 when the mask is empty)."""
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    """Σ mask·x / Σ mask (0 when the mask is empty). Masked-out entries may hold anything (NaN too)."""
+    return torch.where(mask.bool(), x * mask, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1.0)
 
 
 def log_ratio(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -105,7 +109,8 @@ def ppo_dual_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Te
         r  = exp(logp − old_logp)
         u  = max(−A·r, −A·clip(r, 1−ε, 1+ε_high))
         u  = min(u, −A·c)   where A < 0
-    `clip_high` (default ε) may be a per-token tensor (QuRL's adaptive upper bound).
+    `clip_high` (default ε) may be a per-token tensor (QuRL's adaptive upper bound). When
+    1+ε_high < 1−ε, clip(·) returns 1+ε_high (torch.clamp's rule: the upper bound wins).
     Returns (u [B, L], is_clipped [B, L] bool, is_dual_clipped [B, L] bool, ratio [B, L]).
     """
     ratio = torch.exp(log_ratio(logp, old_logp))
@@ -129,12 +134,86 @@ def kl_penalty_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(kappa) - kappa - 1.0, -10.0, 10.0)
 
 
+# ---------------------------------------------------------------------- shared mismatch pieces
+def token_delta(batch: PolicyBatch) -> torch.Tensor:
+    """δ_t = clamp(old_logp − rollout_logp, ±20) on action tokens, 0 elsewhere; [B, L] float64, no grad.
+
+    float64 because k3 = expm1(δ) − δ cancels catastrophically for small δ in float32 (relative
+    error ≈ 2·eps/|δ|), and the InterQ-RL prefix sums and ratios of such values.
+    """
+    if batch.old_logp is None:
+        raise ValueError("this objective needs batch.old_logp (π_old log-probs); in bypass mode set "
+                         "old_logp from the first minibatch forward before calling prepare()")
+    mask = batch.action_mask.bool()
+    delta = log_ratio(batch.old_logp.detach().double(), batch.rollout_logp.detach().double())
+    return torch.where(mask, delta, torch.zeros_like(delta))
+
+
+def quantile(x: torch.Tensor, q: float) -> float:
+    """Linear-interpolation quantile of a 1-D tensor (as numpy's default); nan when x is empty.
+    Sort-based, so it has no size limit (torch.quantile refuses > 2^24 elements)."""
+    if x.numel() == 0:
+        return float("nan")
+    xs = torch.sort(x.detach().flatten().double()).values
+    pos = q * (xs.numel() - 1)
+    lo = int(pos)
+    hi = min(lo + 1, xs.numel() - 1)
+    return float(xs[lo] + (pos - lo) * (xs[hi] - xs[lo]))
+
+
+def weight_stats(prefix: str, w: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """`<prefix>_mean`, `<prefix>_max` of a per-token weight over action tokens (floats)."""
+    sel = w.detach()[mask.bool()].double()
+    if sel.numel() == 0:
+        return {f"{prefix}_mean": float("nan"), f"{prefix}_max": float("nan")}
+    return {f"{prefix}_mean": float(sel.mean()), f"{prefix}_max": float(sel.max())}
+
+
+@torch.no_grad()
+def mismatch_metrics(batch: PolicyBatch) -> dict[str, float | list[float]]:
+    """Rollout–learner mismatch diagnostics, the same for every objective (methods §1.2).
+
+    With δ_t = clamp(old − rollout, ±20) over action tokens only:
+        k3            mean_t (e^δ − 1 − δ)            ≈ KL(μ ‖ π_old) per token (verl rollout_corr/k3_kl)
+        k3_by_turn    [K3 of turn s=1, s=2, …]       element j is turn s = j+1; nan for a turn with no
+                                                      action token in the batch
+        dlogp_abs_mean / _p99 / _max                 of |δ_t|
+    Empty when the batch has no old_logp (nothing to compare yet).
+    """
+    if batch.old_logp is None:
+        return {}
+    mask = batch.action_mask.bool()                       # [B, L]
+    delta = token_delta(batch)                            # [B, L] f64, 0 off action tokens
+    k3_t = k3(delta)                                      # [B, L]
+    n_tok = int(mask.sum())
+    abs_d = delta.abs()[mask]                             # [N]
+    seg = torch.where(mask, batch.seg_id.long(), torch.zeros_like(batch.seg_id.long()))
+    n_turns = int(seg.max()) if n_tok else 0
+    # per-turn sums by scatter over the turn index (column 0 collects nothing: non-action tokens are 0)
+    k3_sum = torch.zeros(n_turns + 1, dtype=torch.float64, device=delta.device).index_add_(0, seg[mask], k3_t[mask])
+    cnt = torch.zeros(n_turns + 1, dtype=torch.float64, device=delta.device).index_add_(
+        0, seg[mask], torch.ones_like(k3_t[mask]))
+    by_turn = torch.where(cnt > 0, k3_sum / cnt.clamp(min=1.0), torch.full_like(cnt, float("nan")))[1:]
+    return {
+        "k3": float(k3_t[mask].mean()) if n_tok else float("nan"),
+        "k3_by_turn": [float(v) for v in by_turn],
+        "dlogp_abs_mean": float(abs_d.mean()) if n_tok else float("nan"),
+        "dlogp_abs_p99": quantile(abs_d, 0.99),
+        "dlogp_abs_max": float(abs_d.max()) if n_tok else float("nan"),
+    }
+
+
 # ---------------------------------------------------------------------- objectives
 class Objective:
     """GRPO with PPO dual-clip and k3 KL; token weight 1. Subclasses change `prepare` (weights)
-    and, where the method needs it, `policy_token_loss` or `loss`."""
+    and, where the method needs it, `policy_token_loss` or `loss`.
+
+    Extra parameters live in the class attribute `defaults` (name → default value); `self.p` holds
+    the merged values. Unknown names raise with the valid list.
+    """
 
     name = "grpo"
+    defaults: dict[str, Any] = {}
 
     def __init__(self, clip_eps: float = 0.2, dual_clip: float = 10.0, kl_coef: float = 0.001, **params: Any):
         self.clip_eps = float(clip_eps)
@@ -145,11 +224,12 @@ class Objective:
             raise ValueError(f"objective {self.name!r} got unknown parameter(s) {sorted(unknown)}; "
                              f"valid: {sorted(self.param_names() + ['clip_eps', 'dual_clip', 'kl_coef'])}")
         self.params = params
+        self.p: dict[str, Any] = {**self.defaults, **params}
 
     @classmethod
     def param_names(cls) -> list[str]:
         """Extra parameters this objective accepts (besides clip_eps, dual_clip, kl_coef)."""
-        return []
+        return list(cls.defaults)
 
     def prepare(self, batch: PolicyBatch) -> dict[str, float]:
         batch.token_weight = batch.action_mask.float()
@@ -159,20 +239,30 @@ class Objective:
         adv = mb.adv.view(-1, 1).expand_as(logp)
         return ppo_dual_clip_loss(logp, mb.old_logp, adv, self.clip_eps, self.dual_clip)
 
-    def loss(self, logp: torch.Tensor, mb: PolicyBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def token_weights(self, mb: PolicyBatch) -> torch.Tensor:
+        """The detached w_t this minibatch's policy term uses ([B, L]); 1 on action tokens if unset."""
         mask = mb.action_mask.float()
-        u, clipped, dual, ratio = self.policy_token_loss(logp, mb)
-        w = mb.token_weight.detach() if mb.token_weight is not None else mask
-        pg_loss = masked_mean(w * u, mask)
+        return mb.token_weight.detach() if mb.token_weight is not None else mask
+
+    def kl_term(self, logp: torch.Tensor, mb: PolicyBatch) -> torch.Tensor:
+        """β-free KL term: token-mean of k3(π_ref ‖ π_θ) over action tokens (never weighted by w_t)."""
         if mb.ref_logp is not None and self.kl_coef != 0.0:
-            kl = masked_mean(kl_penalty_k3(logp, mb.ref_logp), mask)
-        else:
-            kl = torch.zeros((), device=logp.device)
+            return masked_mean(kl_penalty_k3(logp, mb.ref_logp), mb.action_mask.float())
+        return torch.zeros((), device=logp.device)
+
+    def loss(self, logp: torch.Tensor, mb: PolicyBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask = mb.action_mask.float()                               # [B, L]
+        u, clipped, dual, ratio = self.policy_token_loss(logp, mb)  # [B, L] each
+        w = self.token_weights(mb)                                  # [B, L] detached
+        pg_loss = masked_mean(w * u, mask)
+        kl = self.kl_term(logp, mb)
         loss = pg_loss + self.kl_coef * kl
         with torch.no_grad():
             stats = {
                 "pg_loss": pg_loss.detach(), "kl": kl.detach(),
                 "clip_frac": masked_mean(clipped.float(), mask),
+                "clip_frac_high": masked_mean((clipped & (ratio > 1.0)).float(), mask),
+                "clip_frac_low": masked_mean((clipped & (ratio <= 1.0)).float(), mask),
                 "dual_clip_frac": masked_mean(dual.float(), mask),
                 "ratio_mean": masked_mean(ratio, mask),
             }

@@ -1,0 +1,119 @@
+"""GRPO base (methods §1.2, §1.4): k3 values, PPO dual-clip and k3-KL loss computed by hand,
+advantages and the shared mismatch diagnostics."""
+import math
+
+import pytest
+import torch
+
+from agentq.algos import grpo_advantages, k3, kl_penalty_k3, make_objective, mismatch_metrics, ppo_dual_clip_loss
+from algo_batches import example_batch, make_batch
+
+TOL = 1e-6
+
+
+def test_k3_unit_values():   # §1.2
+    delta = torch.tensor([0.3, -0.5, 1.2, 0.0, -2.0, 5.0, -5.0], dtype=torch.float64)
+    assert k3(delta).tolist() == pytest.approx([0.049859, 0.106531, 1.120117, 0.0, 1.135335, 142.413159, 4.006738],
+                                               abs=TOL)
+
+
+def test_ppo_dual_clip_token_losses_by_hand():
+    # ε = 0.2, c = 10.  (A, r) → u
+    A = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0, 2.0, -0.5])
+    r = torch.tensor([1.5, 0.5, 1.1, 0.5, 20.0, 1.1, 1.1, 3.0])
+    u, clipped, dual, ratio = ppo_dual_clip_loss(torch.log(r), torch.zeros(8), A, 0.2, 10.0)
+    # +1, r=1.5: max(−1.5, −1.2) = −1.2 (clipped);  +1, r=0.5: max(−0.5, −0.8) = −0.5
+    # +1, r=1.1: −1.1;  −1, r=0.5: max(0.5, 0.8) = 0.8 (clipped);  −1, r=20: max(20, 1.2) = 20 → cap 10 (dual)
+    # −1, r=1.1: 1.1;  +2, r=1.1: −2.2;  −0.5, r=3: max(1.5, 0.6) = 1.5 < cap 5 (no dual)
+    assert u.tolist() == pytest.approx([-1.2, -0.5, -1.1, 0.8, 10.0, 1.1, -2.2, 1.5], abs=1e-6)
+    assert clipped.tolist() == [True, False, False, True, False, False, False, False]
+    assert dual.tolist() == [False, False, False, False, True, False, False, False]
+    assert ratio.tolist() == pytest.approx(r.tolist(), rel=1e-6)
+
+
+def test_ppo_per_token_clip_high():
+    # clip_high tensor: bound 1 + 0.5 on the first token, 1 + 0.2 on the second
+    u, clipped, _, _ = ppo_dual_clip_loss(torch.log(torch.tensor([1.4, 1.4])), torch.zeros(2), torch.ones(2), 0.2,
+                                          10.0, clip_high=torch.tensor([0.5, 0.2]))
+    assert u.tolist() == pytest.approx([-1.4, -1.2], abs=1e-6)
+    assert clipped.tolist() == [False, True]
+
+
+def test_kl_penalty_k3_clamped_at_10():
+    logp = torch.zeros(3)
+    kl = kl_penalty_k3(logp, torch.tensor([0.3, 5.0, -2.0]))   # κ = ref − logp
+    assert kl.tolist() == pytest.approx([0.049859, 10.0, 1.135335], abs=TOL)
+
+
+def _two_row_batch():
+    """Row 0: A = +1, row 1: A = −1; each P A A O A with a padding token; r and κ = ref − logp chosen per token."""
+    mask = [[0, 1, 1, 0, 1, 0], [0, 1, 1, 0, 1, 0]]
+    seg = [[0, 1, 1, 0, 2, 0], [0, 1, 1, 0, 2, 0]]
+    b = make_batch(mask, seg, [[0.0] * 6] * 2, adv=[1.0, -1.0])
+    r = torch.tensor([[1.0, 1.5, 0.5, 1.0, 1.1, 1.0], [1.0, 0.5, 20.0, 1.0, 1.1, 1.0]])
+    kappa = torch.tensor([[0.0, 0.3, -0.5, 0.0, 1.2, 0.0], [0.0, 0.0, -2.0, 0.0, 5.0, 0.0]])
+    off = ~b.action_mask.bool()
+    b.old_logp = torch.where(off, torch.full_like(b.old_logp, 50.0), b.old_logp)   # junk, never read
+    logp = b.old_logp + torch.log(r)
+    b.ref_logp = logp + kappa
+    return b, logp
+
+
+def test_grpo_loss_by_hand():
+    b, logp = _two_row_batch()
+    obj = make_objective("grpo")             # ε = 0.2, c = 10, β = 0.001
+    obj.prepare(b)
+    loss, stats = obj.loss(logp.clone().requires_grad_(True), b)
+    # u = [−1.2, −0.5, −1.1 | 0.8, 10 (dual), 1.1] → mean 9.1 / 6
+    # kl = [0.049859, 0.106531, 1.120117 | 0, 1.135335, min(142.41, 10)] → mean 12.411842 / 6
+    pg, kl = 9.1 / 6, (0.049859 + 0.106531 + 1.120117 + 0.0 + 1.135335 + 10.0) / 6
+    assert float(stats["pg_loss"]) == pytest.approx(pg, abs=TOL)
+    assert float(stats["kl"]) == pytest.approx(kl, abs=TOL)
+    assert float(loss.detach()) == pytest.approx(pg + 0.001 * kl, abs=TOL)
+    assert float(stats["clip_frac"]) == pytest.approx(2 / 6)
+    assert float(stats["clip_frac_high"]) == pytest.approx(1 / 6)
+    assert float(stats["clip_frac_low"]) == pytest.approx(1 / 6)
+    assert float(stats["dual_clip_frac"]) == pytest.approx(1 / 6)
+
+
+def test_grpo_loss_gradient_by_hand():
+    b, logp = _two_row_batch()
+    obj = make_objective("grpo", kl_coef=0.0)
+    obj.prepare(b)
+    lp = logp.clone().requires_grad_(True)
+    obj.loss(lp, b)[0].backward()
+    # unclipped tokens: ∂u/∂logp = −A·r, divided by N = 6; clipped/dual tokens and non-actions: 0
+    expected = torch.tensor([[0, 0, -0.5, 0, -1.1, 0], [0, 0, 0, 0, 1.1, 0]]) / 6
+    assert torch.allclose(lp.grad, expected, atol=1e-6)
+
+
+def test_grpo_advantages_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 5.0, 0.5])
+    groups = torch.tensor([0, 0, 0, 0, 1, 2])
+    adv = grpo_advantages(rewards, groups)
+    s = math.sqrt(1 / 3)     # unbiased std of [1, 0, 0, 1]
+    assert adv.tolist() == pytest.approx([0.5 / (s + 1e-6), -0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.5 / (s + 1e-6),
+                                          0.0, 0.0], abs=1e-6)
+
+
+def test_mismatch_metrics_on_worked_example():
+    mm = mismatch_metrics(example_batch())
+    assert mm["k3"] == pytest.approx(0.00432594, abs=1e-8)
+    assert len(mm["k3_by_turn"]) == 3
+    assert mm["dlogp_abs_mean"] == pytest.approx(0.61 / 9, abs=TOL)
+    # sorted |δ| = 0, .01, .02, .03, .05, .05, .10, .15, .20; p99 at 0.99·8 = 7.92 → .15 + .92·.05
+    assert mm["dlogp_abs_p99"] == pytest.approx(0.196, abs=TOL)
+    assert mm["dlogp_abs_max"] == pytest.approx(0.20, abs=TOL)
+
+
+def test_mismatch_metrics_ignore_observation_tokens_and_empty_turns():
+    b = make_batch([[0, 1, 0, 1]], [[0, 1, 0, 3]], [[9.0, 0.3, -7.0, -0.5]])   # δ on non-actions is junk
+    mm = mismatch_metrics(b)
+    assert mm["k3"] == pytest.approx((0.049859 + 0.106531) / 2, abs=TOL)
+    assert mm["k3_by_turn"][0] == pytest.approx(0.049859, abs=TOL)
+    assert math.isnan(mm["k3_by_turn"][1])                  # no action token at turn 2
+    assert mm["k3_by_turn"][2] == pytest.approx(0.106531, abs=TOL)
+    assert mm["dlogp_abs_max"] == pytest.approx(0.5, abs=TOL)
+    b.old_logp = None
+    assert mismatch_metrics(b) == {}
+
