@@ -87,7 +87,8 @@ def play(env: WebShopEnv, goals: int, policy: str) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--goals", type=int, default=1000, help="goals 0..N-1 to play (default 1000)")
-    ap.add_argument("--num-products", type=int, default=1000)
+    ap.add_argument("--num-products", type=int, default=None,
+                    help="generated catalog size (default 1000); with real data, the first N products (default all)")
     ap.add_argument("--catalog-seed", type=int, default=0)
     ap.add_argument("--data-dir", default=None, help="WebShop's real files (default: $WEBSHOP_DATA, else generated)")
     ap.add_argument("--json", default=None, help="also write the results to this file")
@@ -99,8 +100,10 @@ def main(argv: list[str] | None = None) -> dict:
     shop = get_shop(data_dir=args.data_dir, num_products=args.num_products, catalog_seed=args.catalog_seed)
     build_s = time.perf_counter() - t0
     rss_shop = rss_mb()
+    n = len(shop.goals)      # small data sets (e.g. the test fixture) get proportionally smaller splits
+    sizes = {"test": min(500, n // 3), "dev": min(1000, n // 3)}
     envs = [WebShopEnv(data_dir=args.data_dir, num_products=args.num_products, catalog_seed=args.catalog_seed,
-                       max_steps=50) for _ in range(10)]
+                       max_steps=50, split_sizes=sizes) for _ in range(10)]
     rss_envs = rss_mb()
     env = envs[0]
     goals = min(args.goals, len(shop.goals))

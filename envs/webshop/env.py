@@ -26,7 +26,7 @@ class WebShopEnv(TextEnv):
     splits: ClassVar[tuple[str, ...]] = ("train", "dev", "test")
     default_max_steps: ClassVar[int] = 15
 
-    def __init__(self, data_dir: str | None = None, variant: str | None = None, num_products: int | None = 1000,
+    def __init__(self, data_dir: str | None = None, variant: str | None = None, num_products: int | None = None,
                  catalog_seed: int = 0, goals_per_product: int = 3, human_goals: bool = True, price_seed: int = 0,
                  noun_tagger: str = "heuristic", split_sizes: dict[str, int] | None = None,
                  invalid_feedback: bool = True, **kwargs):
@@ -34,7 +34,8 @@ class WebShopEnv(TextEnv):
         data_dir: folder with WebShop's real files (items_shuffle[_1000].json, items_ins_v2[_1000].json,
             items_human_ins.json); None: `$WEBSHOP_DATA`, else the generated catalog.
         variant: real files to read, "1000" or "full" (None: "1000" when present).
-        num_products: generated catalog size; with real data, keep the first N products (None: all).
+        num_products: generated catalog size (None: 1000); with real data, keep the first N products
+            of the file, as WebShop's `num_products` does (None: all).
         catalog_seed, goals_per_product: the generated catalog's seed and human-style goals per product.
         human_goals: goals from the human instructions (True) or synthetic ones, one per option combination.
         price_seed: seed of the selling prices of price ranges and of the goals' price limits.

@@ -48,22 +48,24 @@ def build_shop(raw: RawData, human_goals: bool = True, num_products: int | None 
 def _cached_shop(data_dir: str | None, variant: str | None, num_products: int | None, catalog_seed: int,
                  goals_per_product: int, human_goals: bool, price_seed: int, noun_tagger_name: str) -> Shop:
     if data_dir is None:
-        raw = generate_catalog(num_products=num_products or 1000, seed=catalog_seed,
+        raw = generate_catalog(num_products=num_products, seed=catalog_seed,
                                goals_per_product=goals_per_product)
         return build_shop(raw, human_goals, None, price_seed, noun_tagger_name, source=f"generated(seed={catalog_seed})")
     raw = load_data_dir(Path(data_dir), variant=variant, human_goals=human_goals)
     return build_shop(raw, human_goals, num_products, price_seed, noun_tagger_name, source=str(data_dir))
 
 
-def get_shop(data_dir: str | None = None, variant: str | None = None, num_products: int | None = 1000,
+def get_shop(data_dir: str | None = None, variant: str | None = None, num_products: int | None = None,
              catalog_seed: int = 0, goals_per_product: int = 3, human_goals: bool = True, price_seed: int = 0,
              noun_tagger: str = "heuristic") -> Shop:
     """The shop for these settings (cached per process: environments with equal settings share it).
 
     data_dir: a folder with WebShop's real files; None reads `$WEBSHOP_DATA`, and when that is unset
-    too the seeded catalog is generated (`num_products`, `catalog_seed`, `goals_per_product`).
+    too the seeded catalog is generated (`num_products` (None: 1000), `catalog_seed`, `goals_per_product`).
     With real data, `num_products` keeps the first N products of the file (None: all).
     """
     resolved = resolve_data_dir(data_dir)
+    if resolved is None and num_products is None:
+        num_products = 1000
     return _cached_shop(str(resolved) if resolved else None, variant, num_products, int(catalog_seed),
                         int(goals_per_product), bool(human_goals), int(price_seed), noun_tagger)

@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=3000)
     ap.add_argument("--data-dir", default=None, help="folder with WebShop's real files (default: $WEBSHOP_DATA, "
                     "else the generated catalog)")
-    ap.add_argument("--num-products", type=int, default=1000)
+    ap.add_argument("--num-products", type=int, default=None,
+                    help="generated catalog size (default 1000); with real data, the first N products (default all)")
     ap.add_argument("--catalog-seed", type=int, default=0)
     args = ap.parse_args(argv)
     server = make_server(args.host, args.port, data_dir=args.data_dir, num_products=args.num_products,
