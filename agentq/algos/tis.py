@@ -1,0 +1,39 @@
+"""Truncated importance sampling (Flash-RL "TIS"), methods §3.2 / §3.6. [SOURCE: Flash-RL, verl]
+
+Tokens are sampled by the quantized engine μ but the PPO ratio is anchored at the learner's π_old,
+so each action token's clipped GRPO loss is reweighted by the (truncated) ratio π_old/μ:
+
+    δ_t = clamp(log π_old(a_t) − log μ(a_t), ±20)
+    w_t = min(exp(δ_t), C)      C = 2 (Flash-RL's "TIS-2"); no lower truncation
+
+w_t is detached and multiplies u_t of §1.4; observation/padding tokens get w_t = 0.
+Example: δ = [0.3, −0.5, 1.2, 0, −2] → w = [1.349859, 0.606531, 2.0, 1.0, 0.135335].
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Objective, PolicyBatch, masked_mean, register_objective, token_delta, weight_stats
+
+
+def truncated_is_weight(delta: torch.Tensor, cap: float) -> torch.Tensor:
+    """w = min(exp(δ), C), elementwise. δ: any shape (already clamped to ±20)."""
+    return torch.exp(delta).clamp(max=cap)
+
+
+@register_objective("tis")
+class TIS(Objective):
+    """GRPO × token TIS weight (rollout W8A8-KV8, learner unaligned or QAT)."""
+
+    defaults = {"is_cap": 2.0}
+
+    @torch.no_grad()
+    def prepare(self, batch: PolicyBatch) -> dict[str, float]:
+        mask = batch.action_mask.bool()                                 # [B, L]
+        delta = token_delta(batch)                                      # [B, L] f64, 0 off actions
+        cap = float(self.p["is_cap"])
+        w = truncated_is_weight(delta, cap)                             # [B, L]
+        batch.token_weight = torch.where(mask, w, torch.zeros_like(w)).float()
+        stats = weight_stats("is_weight", batch.token_weight, mask)
+        stats["is_weight_capped_frac"] = float(masked_mean((torch.exp(delta) > cap).double(), mask))
+        return stats

@@ -1,0 +1,130 @@
+"""Token IS-weight baselines: TIS (methods §3.2), AIS (§3.3) and QuRL's adaptive clipping (§3.4),
+against the worked examples and losses computed by hand."""
+import math
+
+import pytest
+import torch
+
+from agentq.algos import make_objective
+from agentq.algos.ais import ais_lambda
+from algo_batches import make_batch
+
+TOL = 1e-6
+EX_DELTA = [0.3, -0.5, 1.2, 0.0, -2.0]   # §3.2 / §3.3
+
+
+def _example_rows(adv=(1.0, -1.0, 1.0)):
+    """The five §3.2 tokens over three rows with observation tokens and padding between them:
+    row 0 (Â = +1): δ 0.3, −0.5 · row 1 (Â = −1): δ 1.2, 0 · row 2 (Â = +1): δ −2."""
+    mask = [[0, 1, 0, 1], [0, 1, 1, 0], [0, 0, 1, 0]]
+    seg = [[0, 1, 0, 2], [0, 1, 1, 0], [0, 0, 1, 0]]
+    delta = [[4.0, 0.3, -9.0, -0.5], [3.0, 1.2, 0.0, 0.0], [0.0, 7.0, -2.0, 5.0]]   # junk off actions
+    return make_batch(mask, seg, delta, adv=list(adv), dtype=torch.float64)
+
+
+ACTIONS = (torch.tensor([0, 0, 1, 1, 2]), torch.tensor([1, 3, 1, 2, 2]))   # (row, position) in §3.2 order
+
+
+# ---------------------------------------------------------------------- TIS
+def test_tis_weights_example():
+    b = _example_rows()
+    stats = make_objective("tis").prepare(b)          # C = 2
+    assert b.token_weight[ACTIONS].tolist() == pytest.approx([1.349859, 0.606531, 2.0, 1.0, 0.135335], abs=TOL)
+    assert float(b.token_weight.sum()) == pytest.approx(1.349859 + 0.606531 + 2.0 + 1.0 + 0.135335, abs=1e-5)
+    assert stats["is_weight_max"] == pytest.approx(2.0)
+    assert stats["is_weight_mean"] == pytest.approx((1.349859 + 0.606531 + 2.0 + 1.0 + 0.135335) / 5, abs=TOL)
+    assert stats["is_weight_capped_frac"] == pytest.approx(1 / 5)
+    assert make_objective("tis", is_cap=8.0).prepare(_example_rows())["is_weight_max"] == pytest.approx(3.320117,
+                                                                                                         abs=TOL)
+
+
+def test_tis_loss_by_hand():
+    b = _example_rows()
+    obj = make_objective("tis", kl_coef=0.0)
+    obj.prepare(b)
+    logp = b.old_logp.clone().requires_grad_(True)    # R = 1: u = −Â, nothing clipped
+    loss, stats = obj.loss(logp, b)
+    w = [1.349859, 0.606531, 2.0, 1.0, 0.135335]
+    A = [1.0, 1.0, -1.0, -1.0, 1.0]
+    assert float(loss.detach()) == pytest.approx(sum(-a * x for a, x in zip(A, w)) / 5, abs=TOL)
+    loss.backward()
+    assert logp.grad[ACTIONS].tolist() == pytest.approx([-a * x / 5 for a, x in zip(A, w)], abs=TOL)
+    assert float(logp.grad.abs().sum()) == pytest.approx(sum(x / 5 for x in w), abs=1e-5)   # 0 off actions
+    assert float(stats["clip_frac"]) == 0.0
+
+
+# ---------------------------------------------------------------------- AIS
+def test_ais_lambda_example():
+    delta = torch.tensor(EX_DELTA, dtype=torch.float64)
+    w_bar = torch.exp(delta).clamp(max=5.0)
+    s = ais_lambda(w_bar, torch.expm1(delta) - delta, torch.tensor([1.0, 1, -1, -1, 1], dtype=torch.float64),
+                   k_ref=0.05, k_on=1e-4)
+    assert s["ais_reliability"] == pytest.approx(0.577757, abs=TOL)
+    assert s["ais_amplification"] == pytest.approx(2.846298, abs=TOL)
+    assert s["ais_severity"] == pytest.approx(1 - math.exp(-0.482368 / 0.05), abs=TOL)
+    assert s["ais_severity"] == pytest.approx(0.999935, abs=TOL)
+    assert s["ais_gate"] == 1.0
+    assert s["ais_lambda"] == pytest.approx(0.202972, abs=TOL)
+
+
+def test_ais_weights_example_through_the_objective():
+    b = _example_rows()
+    stats = make_objective("ais").prepare(b)           # C = 5, k_ref = 0.05, k_on = 1e-4
+    assert stats["ais_lambda"] == pytest.approx(0.202972, abs=TOL)
+    assert b.token_weight[ACTIONS].tolist() == pytest.approx([1.071012, 0.920137, 1.470919, 1.0, 0.824497], abs=TOL)
+    assert bool((b.token_weight[~b.action_mask.bool()] == 0).all())
+    assert stats["is_weight_max"] == pytest.approx(1.470919, abs=TOL)
+
+
+def test_ais_gate_and_degenerate_advantages():
+    b = make_batch([[1, 1, 1]], [[1, 1, 1]], [[0.001, -0.002, 0.0]])   # K3 ≈ 2.5e-6 < k_on
+    stats = make_objective("ais").prepare(b)
+    assert stats["ais_gate"] == 0.0 and stats["ais_lambda"] == 0.0
+    assert b.token_weight.tolist() == [[1.0, 1.0, 1.0]]
+    b = _example_rows(adv=(0.0, 0.0, 0.0))             # all Â = 0: no amplification, λ = Sev · Rel
+    stats = make_objective("ais").prepare(b)
+    assert stats["ais_amplification"] == 1.0
+    assert stats["ais_lambda"] == pytest.approx(0.999935 * 0.577757, abs=1e-5)
+
+
+# ---------------------------------------------------------------------- QuRL
+def _qurl_batch():
+    """(Â, r_pb = π_old/μ, R = π_θ/π_old) per action token; row 0 Â = +1, row 1 Â = −1."""
+    r_pb = torch.tensor([[0.5, 2.0, 4.0], [1.0, 0.5, 1.0]], dtype=torch.float64)
+    R = torch.tensor([[2.0, 1.0, 0.25], [30.0, 0.7, 1.0]], dtype=torch.float64)
+    mask = [[1, 1, 1], [1, 1, 0]]
+    b = make_batch(mask, [[1, 1, 2], [1, 1, 0]], torch.log(r_pb), adv=[1.0, -1.0], dtype=torch.float64)
+    return b, b.old_logp + torch.log(R)
+
+
+def test_qurl_loss_by_hand():
+    b, logp = _qurl_batch()
+    obj = make_objective("qurl", kl_coef=0.0)          # ε = 0.2, C = 2, c = 10
+    stats = obj.prepare(b)
+    # upper bound (1 + ε) / r_pb per token
+    assert (1 + b.extra["clip_high"][0]).tolist() == pytest.approx([2.4, 0.6, 0.3], abs=TOL)
+    assert b.token_weight.flatten().tolist() == pytest.approx([0.5, 2.0, 2.0, 1.0, 0.5, 0.0], abs=TOL)
+    assert stats["acr_upper_bound_mean"] == pytest.approx((2.4 + 0.6 + 0.3 + 1.2 + 2.4) / 5, abs=TOL)
+    lp = logp.clone().requires_grad_(True)
+    loss, stats = obj.loss(lp, b)
+    # Â=+1: r_pb .5, R 2 → inside [.8, 2.4]: u = −2 (plain PPO would clip at 1.2), w .5 → −1
+    #       r_pb 2, R 1 → bound .6 < .8: clipped ratio .6, u = max(−1, −.6) = −.6, w 2 → −1.2
+    #       r_pb 4, R .25 → clipped ratio .3, u = max(−.25, −.3) = −.25 (not clipped), w 2 → −.5
+    # Â=−1: r_pb 1, R 30 → u = 30 → dual cap 10, w 1 → 10;  r_pb .5, R .7 → u = max(.7, .8) = .8, w .5 → .4
+    assert float(loss.detach()) == pytest.approx((-1.0 - 1.2 - 0.5 + 10.0 + 0.4) / 5, abs=TOL)
+    assert float(stats["clip_frac"]) == pytest.approx(2 / 5)
+    assert float(stats["dual_clip_frac"]) == pytest.approx(1 / 5)
+    loss.backward()
+    # gradient only where unclipped: w · (−Â·R) / N
+    assert lp.grad.flatten().tolist() == pytest.approx([0.5 * -2.0 / 5, 0.0, 2.0 * -0.25 / 5, 0.0, 0.0, 0.0], abs=TOL)
+
+
+def test_qurl_equals_grpo_when_rollout_matches():
+    # r_pb = 1 everywhere: QuRL's bound is the plain 1 + ε and the weight is 1, i.e. GRPO
+    b, logp = _qurl_batch()
+    b.old_logp = b.rollout_logp.clone()
+    q, g = make_objective("qurl"), make_objective("grpo")
+    q.prepare(b)
+    b2 = b.index(torch.arange(2))
+    g.prepare(b2)
+    assert float(q.loss(logp, b)[0]) == pytest.approx(float(g.loss(logp, b2)[0]), abs=1e-6)
