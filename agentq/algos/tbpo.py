@@ -1,0 +1,109 @@
+"""TBPO (QaRL's trust-band policy optimization), methods §3.8.
+
+[SOURCE: arXiv 2604.07853 abstract] a sequence-level objective with dual clipping for negative
+samples, against the "error tokens" of quantized rollouts. [SECONDARY: AI-written paper digests,
+an unidentified public verl fork with loss_mode="tbpo"] a whole response is one action; a sequence
+geometric-mean ratio; a capped sequence mismatch weight (`seq_tis_imp_ratio_cap` = 2.0); a tiny
+GSPO-style band for positive advantages (`seq_clip_ratio_high` = 4e-4), a two-sided band for
+negative ones (`neg_seq_clip_ratio_low/high` = 3e-4 / 7e-4); sequences leaving the band give no
+gradient. **The exact band algebra is unverified; the one below is agentq's [DESIGN]:**
+
+For each row i with n_i ≥ 1 action tokens and advantage A_i:
+
+    r_i = exp(clamp(mean_t(log π_θ − log π_old), ±20))                 sequence ratio (GSPO)
+    w_i = min(exp(mean_t δ_t), C)   δ_t = clamp(old − rollout, ±20), C = 2   detached, in prepare
+    A ≥ 0:  u_i = max(−A·r_i, −A·min(r_i, 1+ε⁺))                       PPO clip, upper edge only
+    A < 0:  u_i = min(max(−A·r_i, −A·max(r_i, 1−ε⁻_lo)), −A·(1+ε⁻_hi))  = −A·clip(r_i, 1−ε⁻_lo, 1+ε⁻_hi)
+            (the band's upper edge is the dual clip; the global dual_clip c also applies if smaller)
+    L_pg = Σ_i n_i·w_i·u_i / Σ_i n_i                                   (loss_agg = token_mean, §1.4)
+         or mean_i w_i·u_i  over rows with n_i ≥ 1                     (loss_agg = seq_mean, GSPO)
+
+[DESIGN] token_mean is the default: it is §1.4's aggregation, shared by every other objective, and
+it composes exactly with a learner that accumulates micro-batches weighted by their token share;
+seq_mean is GSPO's, exact only when the loss sees the whole minibatch at once.
+
+So a negative sequence gets gradient only inside [1−ε⁻_lo, 1+ε⁻_hi]; a positive one only below
+1+ε⁺. `clip_eps` is not used (the bands replace it). "Sequence" = one row: a whole trajectory in
+the one-row layout, one turn's response in the step-independent layout (§1.5). [DESIGN] The KL term
+is §1.4's token-mean k3, unweighted. Stats: clip_frac / dual_clip_frac / ratio_mean are fractions
+and means over sequences, not tokens.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import LOGRATIO_CLAMP, Objective, PolicyBatch, register_objective, token_delta
+
+
+def sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row mean of x over masked tokens ([B]) and the token counts n ([B]); mean = 0 when n = 0."""
+    n = mask.sum(dim=1)                                                  # [B]
+    s = torch.where(mask.bool(), x, torch.zeros_like(x)).sum(dim=1)      # [B]
+    return s / n.clamp(min=1.0), n
+
+
+def trust_band_loss(seq_ratio: torch.Tensor, adv: torch.Tensor, pos_high: float, neg_low: float,
+                    neg_high: float, dual_clip: float = float("inf")):
+    """Per-sequence TBPO loss u [B] with (is_clipped, is_dual_clipped) [B] bool. seq_ratio, adv: [B]."""
+    neg = adv < 0
+    hi = torch.where(neg, torch.full_like(seq_ratio, 1.0 + neg_high), torch.full_like(seq_ratio, 1.0 + pos_high))
+    lo = torch.where(neg, torch.full_like(seq_ratio, 1.0 - neg_low), torch.zeros_like(seq_ratio))
+    u1 = -adv * seq_ratio                                                # unclipped
+    u2 = -adv * torch.minimum(torch.maximum(seq_ratio, lo), hi)          # band-clipped
+    u = torch.maximum(u1, u2)
+    clipped = u2 > u1
+    cap = -adv * min(dual_clip, 1.0 + neg_high)                          # negatives: band top = dual clip
+    dual = neg & (u > cap)
+    u = torch.where(dual, cap, u)
+    return u, clipped, dual
+
+
+@register_objective("tbpo")
+class TBPO(Objective):
+    """Sequence-level trust band (GSPO ratio) × capped sequence mismatch weight."""
+
+    defaults = {"seq_clip_ratio_high": 4e-4, "neg_seq_clip_ratio_low": 3e-4, "neg_seq_clip_ratio_high": 7e-4,
+                "seq_tis_imp_ratio_cap": 2.0, "loss_agg": "token_mean"}
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        if self.p["loss_agg"] not in ("seq_mean", "token_mean"):
+            raise ValueError(f"loss_agg must be 'seq_mean' or 'token_mean', got {self.p['loss_agg']!r}")
+
+    @torch.no_grad()
+    def prepare(self, batch: PolicyBatch) -> dict[str, float]:
+        mask = batch.action_mask.float()                                 # [B, L]
+        mean_delta, n = sequence_mean(token_delta(batch), mask.double())  # [B], [B]
+        w_seq = torch.exp(mean_delta).clamp(max=float(self.p["seq_tis_imp_ratio_cap"]))   # [B]
+        batch.extra["seq_weight"] = w_seq.float()                        # [B]
+        batch.token_weight = (w_seq.view(-1, 1) * mask.double()).float()  # [B, L] broadcast, 0 off actions
+        has = n > 0
+        return {"is_weight_mean": float(w_seq[has].mean()) if has.any() else float("nan"),
+                "is_weight_max": float(w_seq[has].max()) if has.any() else float("nan")}
+
+    def loss(self, logp: torch.Tensor, mb: PolicyBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask = mb.action_mask.float()                                    # [B, L]
+        mean_lr, n = sequence_mean(logp - mb.old_logp, mask)             # [B] grad flows via logp
+        seq_ratio = torch.exp(mean_lr.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP))   # [B]
+        u, clipped, dual = trust_band_loss(seq_ratio, mb.adv.to(seq_ratio.dtype),
+                                           float(self.p["seq_clip_ratio_high"]),
+                                           float(self.p["neg_seq_clip_ratio_low"]),
+                                           float(self.p["neg_seq_clip_ratio_high"]), self.dual_clip)
+        if "seq_weight" in mb.extra:
+            w = mb.extra["seq_weight"].detach().to(u.dtype)              # [B]
+        else:                                                            # prepare() not run: no correction
+            w = torch.ones_like(u)
+        has = (n > 0).to(u.dtype)                                        # [B] rows with an action token
+        if self.p["loss_agg"] == "seq_mean":
+            pg_loss = (has * w * u).sum() / has.sum().clamp(min=1.0)
+        else:
+            pg_loss = (n * w * u).sum() / n.sum().clamp(min=1.0)
+        kl = self.kl_term(logp, mb)
+        loss = pg_loss + self.kl_coef * kl
+        with torch.no_grad():
+            n_seq = has.sum().clamp(min=1.0)
+            stats = {"pg_loss": pg_loss.detach(), "kl": kl.detach(),
+                     "clip_frac": (has * clipped.to(u.dtype)).sum() / n_seq,
+                     "dual_clip_frac": (has * dual.to(u.dtype)).sum() / n_seq,
+                     "ratio_mean": (has * seq_ratio.detach()).sum() / n_seq}
+        return loss, stats
