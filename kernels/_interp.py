@@ -1,0 +1,121 @@
+"""Triton availability, interpreter mode and the dot-dtype choice shared by agentq's Triton kernels.
+
+* `HAVE_TRITON`: whether `triton` imports. The kernel modules define their kernels only then; their
+  torch references (e.g. `triton_attention.decode_attention_ref`) import without Triton.
+* `interpreting()`: `TRITON_INTERPRET=1`. Triton reads the variable when a kernel is *decorated*
+  (`triton.jit`), not when it runs, so a kernel module imported without it never interprets.
+  `load_interpreted()` (re)imports kernel modules under the interpreter for CPU tests, and
+  `restore_compiled()` puts compiled ones back.
+* `dot_dtype()`: the operand dtype of `tl.dot`. bf16 `tl.dot` is wrong under the interpreter
+  (bf16 is handed to numpy as raw bits), so interpreted kernels dot in fp32; on CUDA bf16/fp16 dot
+  in their own dtype and fp32 dots in IEEE fp32 (not tf32).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import sys
+
+try:   # pragma: no cover - depends on the environment
+    import triton
+    import triton.language as tl
+    HAVE_TRITON = True
+except Exception:   # triton missing or broken: torch paths only
+    triton = None
+    tl = None
+    HAVE_TRITON = False
+
+#: agentq's Triton kernel modules, in import-dependency order
+KERNEL_MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_attention")
+
+
+def interpreting() -> bool:
+    """True when Triton kernels decorated now would run in the CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    import torch
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device=None) -> int:
+    """Multiprocessors of a CUDA device (132 on an H200; also the default off CUDA)."""
+    if device is not None and device.type == "cuda":
+        import torch
+        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return 132
+
+
+def require_triton(what: str = "this kernel") -> None:
+    if not HAVE_TRITON:
+        raise RuntimeError(f"{what} needs triton (pip install 'agentq[triton]'); use the torch reference instead")
+
+
+def runs_interpreted(kernel) -> bool:
+    """Whether a decorated kernel (JITFunction, InterpretedFunction or Autotuner) is interpreted."""
+    while type(kernel).__name__ in ("Autotuner", "Heuristics"):
+        kernel = kernel.fn
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def dot_dtype(kernel, dtype):
+    """`tl.dot` operand dtype for data of torch `dtype` run by `kernel` (see the module docstring)."""
+    import torch
+    if runs_interpreted(kernel):
+        return tl.float32
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(dtype, tl.float32)
+
+
+@contextlib.contextmanager
+def interpreter_env(on: bool = True):
+    """Set (or clear) TRITON_INTERPRET for the duration of the block, then restore it."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def _load(names, interpret: bool):
+    mods = []
+    with interpreter_env(interpret):
+        for name in names:
+            mod = sys.modules.get(name)
+            if mod is None:
+                mod = importlib.import_module(name)
+            elif getattr(mod, "INTERPRETED", None) != interpret:
+                mod = importlib.reload(mod)
+            mods.append(mod)
+    return mods
+
+
+def load_interpreted(names=KERNEL_MODULES):
+    """Import the kernel modules with interpreted kernels (reloading compiled ones); returns them.
+
+    Modules are reloaded in dependency order, so cross-module references follow. Call
+    `restore_compiled()` afterwards to leave compiled kernels for the rest of a process.
+    """
+    require_triton("load_interpreted")
+    return _load(names, True)
+
+
+def load_compiled(names=KERNEL_MODULES):
+    """Import the kernel modules with compiled kernels (reloading interpreted ones); returns them."""
+    require_triton("load_compiled")
+    return _load(names, False)
+
+
+def restore_compiled(names=KERNEL_MODULES):
+    """Reload interpreted kernel modules as compiled ones (no-op for modules never imported)."""
+    if not HAVE_TRITON:
+        return []
+    loaded = [n for n in names if n in sys.modules]
+    return _load(loaded, False)

@@ -1,0 +1,194 @@
+"""Fused dynamic int8 quantization kernels (Triton), bit-identical to `quant.quantize_rows`.
+
+* `quantize_per_token(x[M, K], spec) -> (int8 [M, K], fp32 [M])`: activations, per token.
+* `quantize_kv(x[..., D], spec) -> (int8 [..., D], fp32 [...])`: K or V, per token per KV head.
+* `quantize_kv_to_cache(...)`: the same, scattered straight into a slot-based KV cache.
+
+Numerics (exactly those of the torch reference, for every input):
+``scale = max(absmax / 127, floor)`` with an IEEE division, ``code = clamp(round(x / scale), -128, 127)``
+with an IEEE division (`tl.math.div_rn`, never a reciprocal multiply), and `round` either
+half-to-even or half-away-from-zero, both computed from the exact fractional part with `floor`
+(no libdevice call, so the interpreter and CUDA run the same arithmetic).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import quant
+from ._interp import HAVE_TRITON, interpreting, require_triton
+from .quant_spec import QuantSpec
+
+INTERPRETED = interpreting()
+#: rows up to this length are quantized in one pass held in registers; longer rows loop twice
+MAX_SINGLE_PASS = 16384
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _round_half(v, HALF_AWAY: tl.constexpr):
+        """Round fp32 `v` (|v| < 2**22) to an integer-valued fp32, ties by the chosen rule."""
+        if HALF_AWAY:
+            a = tl.abs(v)
+            fl = tl.floor(a)
+            r = fl + tl.where(a - fl >= 0.5, 1.0, 0.0)   # a - fl is exact
+            out = tl.where(v < 0, -r, r)
+        else:
+            fl = tl.floor(v)
+            frac = v - fl                                   # exact, in [0, 1)
+            odd = (fl - 2.0 * tl.floor(fl * 0.5)) != 0.0    # fl is odd
+            up = (frac > 0.5) | ((frac == 0.5) & odd)
+            out = fl + tl.where(up, 1.0, 0.0)
+        return out
+
+    @triton.jit
+    def cast_for_store(y, OUT_DTYPE: tl.constexpr, BF16_BITS: tl.constexpr):
+        """`y.to(OUT_DTYPE)`; with BF16_BITS, the int16 bit pattern of bf16(y) rounded to nearest
+        even, computed by hand (the interpreter's fp32->bf16 cast truncates; store through an int16
+        view of the bf16 output). Non-finite values are not handled on that path."""
+        if BF16_BITS:
+            bits = y.to(tl.int32, bitcast=True)
+            bits = bits + 0x7FFF + ((bits >> 16) & 1)
+            out = (bits >> 16).to(tl.int16)
+        else:
+            out = y.to(OUT_DTYPE)
+        return out
+
+    @triton.jit
+    def _quant_block(x, scale, HALF_AWAY: tl.constexpr):
+        v = tl.math.div_rn(x, scale)
+        q = _round_half(v, HALF_AWAY)
+        q = tl.minimum(tl.maximum(q, -128.0), 127.0)
+        return q.to(tl.int8)
+
+    @triton.jit
+    def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, floor,
+                           HALF_AWAY: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_PASS: tl.constexpr):
+        """One program per row: scale = max(absmax/127, floor); codes = round(x/scale)."""
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK_K)
+        x_row = x_ptr + row * stride_x
+        q_row = q_ptr + row * stride_q
+        if SINGLE_PASS:
+            mask = offs < K
+            x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+            amax = tl.reduce(tl.abs(x), 0, tl.standard._elementwise_max)
+            scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
+            tl.store(q_row + offs, _quant_block(x, scale, HALF_AWAY), mask=mask)
+        else:
+            amax_v = tl.full([BLOCK_K], 0, dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                mask = k0 + offs < K
+                x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
+                amax_v = tl.maximum(amax_v, tl.abs(x))
+            amax = tl.reduce(amax_v, 0, tl.standard._elementwise_max)
+            scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
+            for k0 in range(0, K, BLOCK_K):
+                mask = k0 + offs < K
+                x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
+                tl.store(q_row + k0 + offs, _quant_block(x, scale, HALF_AWAY), mask=mask)
+        tl.store(s_ptr + row, scale)
+
+    @triton.jit
+    def _quant_kv_cache_kernel(x_ptr, slot_ptr, pos_ptr, c_ptr, cs_ptr, D, H,
+                               stride_xt, stride_xh, stride_cs, stride_ch, stride_cl,
+                               stride_ss, stride_sh, floor,
+                               HALF_AWAY: tl.constexpr, BLOCK_D: tl.constexpr):
+        """One program per (token, kv head): quantize x[t, h, :] into cache[slot[t], h, pos[t], :]."""
+        pid = tl.program_id(0)
+        t = pid // H
+        h = pid % H
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+        offs = tl.arange(0, BLOCK_D)
+        mask = offs < D
+        x = tl.load(x_ptr + t.to(tl.int64) * stride_xt + h * stride_xh + offs, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.reduce(tl.abs(x), 0, tl.standard._elementwise_max)
+        scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
+        dst = c_ptr + slot * stride_cs + h * stride_ch + pos * stride_cl
+        tl.store(dst + offs, _quant_block(x, scale, HALF_AWAY), mask=mask)
+        tl.store(cs_ptr + slot * stride_ss + h * stride_sh + pos, scale)
+
+
+def store_view(out: torch.Tensor, interpreted: bool) -> tuple[torch.Tensor, bool]:
+    """(tensor to pass as the kernel's output, BF16_BITS) for `cast_for_store`."""
+    if interpreted and out.dtype == torch.bfloat16:
+        return out.view(torch.int16), True
+    return out, False
+
+
+def _check_mode(rounding: str) -> bool:
+    if rounding not in ("half_even", "half_away"):
+        raise ValueError(f"unknown rounding mode {rounding!r}; valid: ['half_even', 'half_away']")
+    return rounding == "half_away"
+
+
+def _row_launch_params(k: int, interpreted: bool) -> tuple[int, bool, int]:
+    """(BLOCK_K, single pass?, num_warps) for rows of length k."""
+    if k <= MAX_SINGLE_PASS:
+        block = triton.next_power_of_2(max(k, 16))
+        return block, True, (1 if interpreted else max(1, min(16, block // 512)))
+    return 4096, False, 8
+
+
+def quantize_rows(x: torch.Tensor, floor: float, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton `quant.quantize_rows`: symmetric int8 over the last dim, one fp32 scale per row."""
+    require_triton("triton_quant.quantize_rows")
+    half_away = _check_mode(rounding)
+    shape = x.shape
+    k = shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    s = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if m > 0:
+        block, single, warps = _row_launch_params(k, INTERPRETED)
+        _quant_rows_kernel[(m,)](x2, q, s, k, x2.stride(0), q.stride(0), float(floor),
+                                 HALF_AWAY=half_away, BLOCK_K=block, SINGLE_PASS=single,
+                                 num_warps=warps, enable_fp_fusion=False)
+    return q.reshape(shape), s.reshape(shape[:-1])
+
+
+def quantize_per_token(x: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations X[..., K] -> (int8 [..., K], fp32 [...]); == `quant.quantize_act` bit for bit."""
+    return quantize_rows(x, spec.act_scale_floor, spec.act_rounding)
+
+
+def quantize_kv(x: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """K or V [..., head_dim] -> (int8, fp32 [...]); == `quant.quantize_kv` bit for bit."""
+    return quantize_rows(x, spec.kv_scale_floor, spec.kv_rounding)
+
+
+def quantize_kv_to_cache(x: torch.Tensor, cache: torch.Tensor, scale_cache: torch.Tensor,
+                         slot_ids: torch.Tensor, positions: torch.Tensor, spec: QuantSpec) -> None:
+    """Quantize-on-write: x[T, Hkv, D] -> cache[slot_ids[t], :, positions[t], :] (int8) and
+    scale_cache[slot_ids[t], :, positions[t]] (fp32), per token per KV head, in one launch.
+
+    cache: int8 [S, Hkv, Lmax, D] (D contiguous); scale_cache: fp32 [S, Hkv, Lmax] (Lmax contiguous).
+    """
+    require_triton("triton_quant.quantize_kv_to_cache")
+    half_away = _check_mode(spec.kv_rounding)
+    t, h, d = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    assert cache.dtype == torch.int8 and cache.stride(-1) == 1 and scale_cache.stride(-1) == 1
+    assert cache.shape[1] == h and cache.shape[3] == d
+    if t == 0:
+        return
+    _quant_kv_cache_kernel[(t * h,)](
+        x, slot_ids, positions, cache, scale_cache, d, h,
+        x.stride(0), x.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
+        scale_cache.stride(0), scale_cache.stride(1), float(spec.kv_scale_floor),
+        HALF_AWAY=half_away, BLOCK_D=triton.next_power_of_2(max(d, 16)),
+        num_warps=1, enable_fp_fusion=False)
+
+
+def quantize_kv_to_cache_ref(x, cache, scale_cache, slot_ids, positions, spec: QuantSpec) -> None:
+    """Torch reference of `quantize_kv_to_cache` (the engine's CPU path)."""
+    codes, scales = quant.quantize_kv(x, spec)
+    s, p = slot_ids.long(), positions.long()
+    cache[s, :, p, :] = codes
+    scale_cache[s, :, p] = scales
