@@ -1,0 +1,298 @@
+"""Decode attention over the engine's slot-based KV cache: Triton split-K flash-decoding + torch reference.
+
+Cache layout (one layer): ``k_cache, v_cache [S, Hkv, Lmax, D]`` (D contiguous), one slot per
+episode; the batch row ``b`` reads slot ``slot_ids[b]`` positions ``0 .. lens[b]-1``. Caches are
+
+* int8 codes with per-token-per-head fp32 scales ``k_scale, v_scale [S, Hkv, Lmax]`` (KV8; read
+  back as ``code * scale``),
+* fp8 E4M3 codes with a per-tensor fp32 scale (a 0-dim / 1-element tensor or a float), or
+* bf16 / fp16 / fp32 values with scales ``None`` (the unquantized baseline).
+
+GQA: q head ``h`` reads KV head ``h // (Hq // Hkv)`` (HF `repeat_kv` order).
+
+`decode_attention` (Triton): one program per (batch row, KV head, split) runs the whole q-head group
+(padded to 16 rows for `tl.dot`) over a contiguous chunk of its row's positions with an online
+softmax in the log2 domain; K codes are dotted as exact bf16/fp16 values and the per-token scale is
+applied to the score column, the V scale is folded into the probabilities. With one split the
+program writes the output directly; otherwise each split writes its normalized partial output and
+log-sum-exp and a Triton kernel combines them. The split count depends only on B, Hkv and Lmax
+(not on `lens`, which stay on the device), so calls are CUDA-graph safe.
+
+`decode_attention_ref` (torch): dequantize the gathered slots in fp32, masked softmax, fp32
+throughout; the CPU engine's path and the tests' reference. Rows with ``lens[b] == 0`` give zeros.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._interp import HAVE_TRITON, dot_dtype, interpreting, num_sms, require_triton, runs_interpreted
+
+INTERPRETED = interpreting()
+LOG2E = 1.4426950408889634
+
+
+# ---------------------------------------------------------------------- torch reference
+def _scale_mode(scale) -> int:
+    """0: no scale (float cache); 1: per token per head [S, Hkv, Lmax]; 2: per tensor (scalar)."""
+    if scale is None:
+        return 0
+    if isinstance(scale, (int, float)) or scale.numel() == 1:
+        return 2
+    return 1
+
+
+def _dequant_gather(cache: torch.Tensor, scale, slots: torch.Tensor, length: int) -> torch.Tensor:
+    x = cache[slots, :, :length].float()
+    mode = _scale_mode(scale)
+    if mode == 1:
+        x = x * scale[slots, :, :length].float().unsqueeze(-1)
+    elif mode == 2:
+        x = x * (scale if isinstance(scale, (int, float)) else scale.reshape(()).float())
+    return x
+
+
+def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: torch.Tensor, v_scale,
+                         slot_ids: torch.Tensor, lens: torch.Tensor, sm_scale: float) -> torch.Tensor:
+    """Reference decode attention (fp32 math): q [B, Hq, D] -> [B, Hq, D] in q's dtype."""
+    b, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    if hq % hkv:
+        raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
+    g = hq // hkv
+    if b == 0:
+        return q.new_empty((0, hq, d))
+    length = int(lens.max())
+    slots = slot_ids.long()
+    k = _dequant_gather(k_cache, k_scale, slots, length)          # [B, Hkv, L, D]
+    v = _dequant_gather(v_cache, v_scale, slots, length)
+    qf = q.float().reshape(b, hkv, g, d)
+    s = torch.einsum("bhgd,bhld->bhgl", qf, k) * sm_scale
+    valid = torch.arange(length, device=q.device)[None, :] < lens.to(q.device).long()[:, None]   # [B, L]
+    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    p = torch.where(valid.any(-1)[:, None, None, None], p, torch.zeros_like(p))   # lens == 0 -> zeros
+    o = torch.einsum("bhgl,bhld->bhgd", p, v)
+    return o.reshape(b, hq, d).to(q.dtype)
+
+
+# ---------------------------------------------------------------------- Triton kernels
+@dataclass(frozen=True)
+class AttnConfig:
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    num_splits: int | None = None      # None: `pick_num_splits`
+
+    def short(self) -> str:
+        return f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/sp{self.num_splits}"
+
+
+#: H200 defaults by cache kind ("int8", "fp8", "float"), from `eval/bench_kernels.py --tune`
+H200_ATTN: dict[str, AttnConfig] = {}
+
+
+def pick_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, num_sms: int = 132) -> int:
+    """Splits so that about two programs run per SM, each over at least 4 blocks of positions."""
+    programs = max(1, batch * num_kv_heads)
+    want = -(-2 * num_sms // programs)
+    cap = max(1, max_len // (4 * block_n))
+    splits = 1
+    while splits < want and splits * 2 <= min(cap, 64):
+        splits *= 2
+    return splits
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    from .triton_quant import cast_for_store, store_view
+
+    @triton.jit(do_not_specialize=["num_splits"])
+    def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, lens_ptr, o_ptr, po_ptr, plse_ptr,
+                       qk_scale, num_splits,
+                       stride_qb, stride_qh,
+                       stride_ks, stride_kh, stride_kl,
+                       stride_vs, stride_vh, stride_vl,
+                       stride_kss, stride_ksh, stride_vss, stride_vsh,
+                       stride_ob, stride_oh,
+                       GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_N: tl.constexpr, SCALE_MODE: tl.constexpr, SPLIT: tl.constexpr,
+                       DOT_DTYPE: tl.constexpr, INPUT_PREC: tl.constexpr, BF16_BITS: tl.constexpr):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        sp = tl.program_id(2)
+        hq = tl.num_programs(1) * GROUP
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        length = tl.load(lens_ptr + b).to(tl.int32)
+        chunk = ((length + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        start = sp * chunk
+        end = tl.minimum(start + chunk, length)
+
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_g = offs_g < GROUP
+        mask_d = offs_d < HEAD_D
+        heads = kvh * GROUP + offs_g
+        q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=mask_g[:, None] & mask_d[None, :], other=0.0).to(DOT_DTYPE)
+
+        k_base = k_ptr + slot * stride_ks + kvh * stride_kh
+        v_base = v_ptr + slot * stride_vs + kvh * stride_vh
+        ks_base = ks_ptr + slot * stride_kss + kvh * stride_ksh
+        vs_base = vs_ptr + slot * stride_vss + kvh * stride_vsh
+        score_scale = qk_scale
+        if SCALE_MODE == 2:
+            score_scale = qk_scale * tl.load(ks_ptr)
+
+        m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        l_i = tl.full([BLOCK_G], 0, dtype=tl.float32)
+        acc = tl.full([BLOCK_G, BLOCK_D], 0, dtype=tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + offs_n
+            mask_n = n < end
+            kv_mask = mask_n[:, None] & mask_d[None, :]
+            kt = tl.load(k_base + n[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(kt.to(DOT_DTYPE)), input_precision=INPUT_PREC)
+            if SCALE_MODE == 1:
+                s = s * tl.load(ks_base + n, mask=mask_n, other=0.0)[None, :]
+            s = tl.where(mask_n[None, :], s * score_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+            vt = tl.load(v_base + n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
+            if SCALE_MODE == 1:
+                p = p * tl.load(vs_base + n, mask=mask_n, other=0.0)[None, :]
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vt.to(DOT_DTYPE), input_precision=INPUT_PREC)
+            m_i = m_new
+
+        safe_l = tl.where(l_i > 0.0, l_i, 1.0)
+        out = acc / safe_l[:, None]
+        if SCALE_MODE == 2:
+            out = out * tl.load(vs_ptr)
+        if SPLIT:
+            row = (b * hq + heads).to(tl.int64) * num_splits + sp
+            tl.store(po_ptr + row[:, None] * HEAD_D + offs_d[None, :], out, mask=mask_g[:, None] & mask_d[None, :])
+            lse = tl.where(l_i > 0.0, m_i + tl.math.log2(safe_l), float("-inf"))
+            tl.store(plse_ptr + row, lse, mask=mask_g)
+        else:
+            tl.store(o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                     cast_for_store(out, o_ptr.dtype.element_ty, BF16_BITS), mask=mask_g[:, None] & mask_d[None, :])
+
+    @triton.jit(do_not_specialize=["num_splits"])
+    def _combine_kernel(po_ptr, plse_ptr, o_ptr, num_splits, num_heads, stride_ob, stride_oh,
+                        HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                        BF16_BITS: tl.constexpr):
+        """out[b, h] = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse) (empty splits: 0)."""
+        pid = tl.program_id(0)
+        b = pid // num_heads
+        h = pid % num_heads
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_s = offs_s < num_splits
+        mask_d = offs_d < HEAD_D
+        row = pid.to(tl.int64) * num_splits + offs_s
+        lse = tl.load(plse_ptr + row, mask=mask_s, other=float("-inf"))
+        m = tl.reduce(lse, 0, tl.standard._elementwise_max)
+        m = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.math.exp2(lse - m)
+        den = tl.reduce(w, 0, tl.standard._sum_combine)
+        po = tl.load(po_ptr + row[:, None] * HEAD_D + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :],
+                     other=0.0)
+        out = tl.reduce(w[:, None] * po, 0, tl.standard._sum_combine) / tl.where(den > 0.0, den, 1.0)
+        tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, cast_for_store(out, o_ptr.dtype.element_ty, BF16_BITS),
+                 mask=mask_d)
+
+
+def pick_config(batch: int, num_kv_heads: int, max_len: int, kv_dtype: torch.dtype,
+                device: torch.device | None = None) -> AttnConfig:
+    kind = "int8" if kv_dtype == torch.int8 else ("fp8" if kv_dtype.itemsize == 1 else "float")
+    base = H200_ATTN.get(kind, AttnConfig())
+    if base.num_splits is not None:
+        return base
+    sms = num_sms(device)
+    return AttnConfig(base.block_n, base.num_warps, base.num_stages,
+                      pick_num_splits(batch, num_kv_heads, max_len, base.block_n, sms))
+
+
+def _scale_arg(scale, device) -> torch.Tensor:
+    if isinstance(scale, (int, float)):
+        return torch.tensor([float(scale)], dtype=torch.float32, device=device)
+    return scale.reshape(-1).float() if scale.numel() == 1 else scale
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: torch.Tensor, v_scale,
+                     slot_ids: torch.Tensor, lens: torch.Tensor, sm_scale: float,
+                     config: AttnConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Split-K flash-decoding (Triton) over the slot cache; same signature and result as
+    `decode_attention_ref` (within fp32 rounding; bf16/fp16 q dots in that dtype on CUDA)."""
+    require_triton("triton_attention.decode_attention")
+    b, hq, d = q.shape
+    s_, hkv, lmax, d2 = k_cache.shape
+    if d2 != d or v_cache.shape != k_cache.shape or hq % hkv:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
+    mode = _scale_mode(k_scale)
+    if mode != _scale_mode(v_scale):
+        raise ValueError("k_scale and v_scale must be of the same kind")
+    if (mode != 0) != (k_cache.dtype.itemsize == 1) or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"cache dtype {k_cache.dtype} does not fit scales of kind {mode}")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "KV caches must be contiguous in head_dim"
+    if out is None:
+        out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
+    if b == 0:
+        return out
+    if mode == 0:
+        ks = vs = q            # unused pointers
+        ks_strides = vs_strides = (0, 0)
+    else:
+        ks, vs = _scale_arg(k_scale, q.device), _scale_arg(v_scale, q.device)
+        if mode == 1:
+            assert ks.stride(-1) == 1 and vs.stride(-1) == 1, "scales must be contiguous in Lmax"
+            ks_strides, vs_strides = (ks.stride(0), ks.stride(1)), (vs.stride(0), vs.stride(1))
+        else:
+            ks_strides = vs_strides = (0, 0)
+    cfg = config or pick_config(b, hkv, lmax, k_cache.dtype, q.device)
+    splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n, num_sms(q.device))
+    group = hq // hkv
+    ddt = dot_dtype(_decode_kernel, q.dtype)
+    prec = "ieee" if ddt == tl.float32 else "tf32"
+    out_arg, bf16_bits = store_view(out, runs_interpreted(_decode_kernel))
+    if splits > 1:
+        po = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
+        plse = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
+    else:
+        po = plse = out
+    _decode_kernel[(b, hkv, splits)](
+        q, k_cache, v_cache, ks, vs, slot_ids, lens, out_arg, po, plse,
+        float(sm_scale) * LOG2E, splits,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        *ks_strides, *vs_strides,
+        out.stride(0), out.stride(1),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d,
+        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=cfg.block_n, SCALE_MODE=mode, SPLIT=splits > 1,
+        DOT_DTYPE=ddt, INPUT_PREC=prec, BF16_BITS=bf16_bits, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if splits > 1:
+        _combine_kernel[(b * hq,)](
+            po, plse, out_arg, splits, hq, out.stride(0), out.stride(1),
+            HEAD_D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            BF16_BITS=bf16_bits, num_warps=4)
+    return out
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: torch.dtype,
+                       scale_bytes: int = 4) -> int:
+    """Bytes one cached token takes over all layers (K and V): codes + per-token-head scales."""
+    per_head = head_dim * kv_dtype.itemsize + (scale_bytes if kv_dtype == torch.int8 else 0)
+    return 2 * num_layers * num_kv_heads * per_head
+
+
+__all__ = ["AttnConfig", "decode_attention", "decode_attention_ref", "kv_bytes_per_token", "pick_config",
+           "pick_num_splits"]

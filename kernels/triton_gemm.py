@@ -1,0 +1,241 @@
+"""W8A8 GEMM (Triton): int8 x int8 -> int32 `tl.dot`, fused per-token x per-channel rescale + bias.
+
+    Y[m, n] = out_dtype( ((float(acc[m, n]) * s_x[m]) * s_w[n]) + bias[n] ),   acc = X_q[m] . W_q[n]
+
+exactly `quant.w8a8_epilogue` (same op order, separate IEEE roundings: the kernels are compiled with
+`enable_fp_fusion=False`, so no multiply-add is contracted into an fma). Weights are `w_q [N, K]`
+int8 row-major (K contiguous, what int8 tensor-core MMAs want) and `s_w [N]` fp32.
+
+Split-K (small M, large K: more programs than output tiles) reduces **int32** partials before any
+scaling: every split adds its partial into an int32 workspace with integer atomics, and the last
+split to arrive at a tile (an atomic ticket per tile) reads the total back with an atomic exchange
+(which also re-zeroes the workspace), runs the epilogue and resets the ticket. Integer addition is
+associative, so every tiling and split gives the same int32 accumulator and the result does not
+depend on the batch size, the config or the arrival order. The workspace and tickets are persistent
+per device (CUDA-graph safe); two launches must not run concurrently on different streams.
+
+`w8a8_linear(x, w_q, s_w, bias, spec)`: fused per-token quantization (`triton_quant`) + this GEMM;
+bit-identical to `quant.w8a8_linear`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import quant, triton_quant
+from ._interp import HAVE_TRITON, interpreting, num_sms, require_triton, runs_interpreted
+from .quant_spec import QuantSpec
+
+INTERPRETED = interpreting()
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def short(self) -> str:
+        return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.split_k}/g{self.group_m}"
+                f"/w{self.num_warps}/st{self.num_stages}")
+
+
+# ------------------------------------------------------------------ config table (H200, measured)
+#: (N, K) -> list of (max_M, config): the first entry with M <= max_M is used.
+#: Filled from `eval/bench_kernels.py --tune` on an H200 (see docs/kernels.md); any other shape
+#: falls back to `heuristic_config`.
+H200_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = {}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def heuristic_config(m: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
+    """A reasonable config for shapes not in the table: memory-bound decode tiles for small M
+    (split-K until there are about two programs per SM), square-ish tiles for prefill."""
+    if m <= 16:
+        bm, bn, bk, warps, stages = 16, 64, 256, 4, 4
+    elif m <= 64:
+        bm, bn, bk, warps, stages = 64, 64, 256, 4, 4
+    elif m <= 128:
+        bm, bn, bk, warps, stages = 64, 128, 128, 4, 4
+    else:
+        bm, bn, bk, warps, stages = 128, 128, 128, 8, 3
+    bk = min(bk, max(32, 1 << (k - 1).bit_length()))
+    tiles = _cdiv(m, bm) * _cdiv(n, bn)
+    split = 1
+    k_tiles = _cdiv(k, bk)
+    while tiles * split * 2 <= 2 * num_sms and split * 2 <= 16 and k_tiles // (split * 2) >= 4:
+        split *= 2
+    return GemmConfig(bm, bn, bk, split, 8, warps, stages)
+
+
+def pick_config(m: int, n: int, k: int, device: torch.device | None = None) -> GemmConfig:
+    for max_m, cfg in H200_TABLE.get((n, k), ()):
+        if m <= max_m:
+            return cfg
+    return heuristic_config(m, n, k, num_sms(device))
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    from .triton_quant import cast_for_store
+
+    @triton.jit
+    def _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+                        HAS_BIAS: tl.constexpr, BF16_BITS: tl.constexpr):
+        mask_m = offs_m < M
+        mask_n = offs_n < N
+        sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
+        sw = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
+        y = acc.to(tl.float32) * sx[:, None]
+        y = y * sw[None, :]
+        if HAS_BIAS:
+            y = y + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(ptrs, cast_for_store(y, out_ptr.dtype.element_ty, BF16_BITS), mask=mask_m[:, None] & mask_n[None, :])
+
+    @triton.jit(do_not_specialize=["M", "num_splits"])
+    def _w8a8_gemm_kernel(xq_ptr, w_ptr, sx_ptr, sw_ptr, bias_ptr, out_ptr, ws_ptr, ticket_ptr,
+                          M, N, K, stride_xm, stride_wn, stride_om, k_per_split, num_splits,
+                          HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr):
+        pid = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        num_m = (M + BLOCK_M - 1) // BLOCK_M
+        num_n = (N + BLOCK_N - 1) // BLOCK_N
+        # grouped tile order: GROUP_M row-tiles share the weight tiles they stream
+        width = GROUP_M * num_n
+        group = pid // width
+        first_m = group * GROUP_M
+        size_m = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % width) % size_m
+        pid_n = (pid % width) // size_m
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        # out-of-range rows/columns re-read valid ones (no load masks); the store drops them
+        rm = (offs_m % M).to(tl.int64)
+        rn = (offs_n % N).to(tl.int64)
+        k_lo = pid_k * k_per_split
+        k_hi = tl.minimum(k_lo + k_per_split, K)
+        a_ptrs = xq_ptr + rm[:, None] * stride_xm + (k_lo + offs_k)[None, :]
+        b_ptrs = w_ptr + rn[None, :] * stride_wn + (k_lo + offs_k)[:, None]
+
+        acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < k_hi, other=0)
+                b = tl.load(b_ptrs, mask=(k + offs_k)[:, None] < k_hi, other=0)
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+
+        if not USE_SPLIT:
+            _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS, BF16_BITS)
+        else:
+            mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+            ws_ptrs = ws_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+            tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+            tl.debug_barrier()
+            tile = pid_m * num_n + pid_n
+            ticket = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
+            if ticket == num_splits - 1:
+                total = tl.atomic_xchg(ws_ptrs, tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32), mask=mask,
+                                       sem="acq_rel")
+                _epilogue_store(total, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+                                HAS_BIAS, BF16_BITS)
+                tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed")
+
+
+class _Workspace:
+    """Persistent zeroed int32 split-K workspace and tickets per device (kept zero by the kernel)."""
+
+    def __init__(self):
+        self.bufs: dict[tuple, torch.Tensor] = {}
+
+    def get(self, device: torch.device, kind: str, numel: int) -> torch.Tensor:
+        key = (device.type, device.index, kind)
+        buf = self.bufs.get(key)
+        if buf is None or buf.numel() < numel:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("triton_gemm: split-K workspace must be allocated before CUDA-graph "
+                                   "capture; run the shapes once eagerly first (warm-up)")
+            buf = torch.zeros(max(numel, 1 << 16), dtype=torch.int32, device=device)
+            self.bufs[key] = buf
+        return buf
+
+
+_WORKSPACE = _Workspace()
+
+
+def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+              bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig | None = None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """Y = w8a8_epilogue(X_q · W_qᵀ, s_x, s_w, bias, out_dtype) for X_q [M, K], W_q [N, K] int8."""
+    require_triton("triton_gemm.int8_gemm")
+    m, k = x_q.shape
+    n = w_q.shape[0]
+    assert x_q.dtype == torch.int8 and w_q.dtype == torch.int8 and w_q.shape[1] == k
+    assert s_x.dtype == torch.float32 and s_w.dtype == torch.float32
+    if x_q.stride(-1) != 1:
+        x_q = x_q.contiguous()
+    if w_q.stride(-1) != 1:
+        w_q = w_q.contiguous()
+    s_x = s_x.contiguous()
+    s_w = s_w.contiguous()
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.copy_(quant.w8a8_epilogue(torch.zeros(m, n, dtype=torch.int32, device=x_q.device),
+                                             s_x, s_w, bias, out_dtype))
+    cfg = config or pick_config(m, n, k, x_q.device)
+    split = max(1, min(cfg.split_k, _cdiv(k, cfg.block_k)))
+    k_per_split = _cdiv(_cdiv(k, split), cfg.block_k) * cfg.block_k
+    split = _cdiv(k, k_per_split)        # no empty splits
+    even_k = k % cfg.block_k == 0
+    num_m, num_n = _cdiv(m, cfg.block_m), _cdiv(n, cfg.block_n)
+    if split > 1:
+        ws = _WORKSPACE.get(x_q.device, "acc", m * n)
+        tickets = _WORKSPACE.get(x_q.device, "ticket", num_m * num_n)
+    else:
+        ws = tickets = s_w       # unused
+    has_bias = bias is not None
+    out_arg, bf16_bits = triton_quant.store_view(out, runs_interpreted(_w8a8_gemm_kernel))
+    _w8a8_gemm_kernel[(num_m * num_n, split)](
+        x_q, w_q, s_x, s_w, bias if has_bias else s_w, out_arg, ws, tickets,
+        m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0), k_per_split, split,
+        HAS_BIAS=has_bias, USE_SPLIT=split > 1, EVEN_K=even_k,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, BF16_BITS=bf16_bits,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
+    return out
+
+
+def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
+                spec: QuantSpec, config: GemmConfig | None = None) -> torch.Tensor:
+    """Fused per-token quant + W8A8 GEMM; bit-identical to `quant.w8a8_linear(x, w_q, s_w, bias, spec)`."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    x_q, s_x = triton_quant.quantize_per_token(x2, spec)
+    y = int8_gemm(x_q, s_x, w_q, s_w, bias, x.dtype, config)
+    return y.reshape(*shape[:-1], w_q.shape[0])
+
+
+def is_interpreted() -> bool:
+    return HAVE_TRITON and runs_interpreted(_w8a8_gemm_kernel)
+
