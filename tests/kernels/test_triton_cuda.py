@@ -1,0 +1,177 @@
+"""agentq's compiled Triton kernels on a CUDA GPU against the torch references (skipped without one).
+
+Run on a GPU machine: `pytest tests/kernels/test_triton_cuda.py` (or `eval/bench_kernels.py --check`).
+Quantization and the W8A8 GEMM must be bit-identical to the torch reference (CPU and CUDA torch);
+decode attention within bf16 rounding of the fp32 reference (and 1e-5 with fp32 queries).
+"""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from agentq.kernels import _interp, quant  # noqa: E402
+from agentq.kernels.quant_spec import QuantSpec  # noqa: E402
+
+SPEC = QuantSpec()
+DEV = torch.device("cuda")
+#: Llama-3-8B decoder-layer linears (K, N)
+LLAMA8B = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+
+
+@pytest.fixture(scope="module")
+def K():
+    tq, tg, ta = _interp.load_compiled()
+    assert not tg.INTERPRETED
+    return type("K", (), {"quant": tq, "gemm": tg, "attn": ta})
+
+
+def _gen(seed, device="cpu"):
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+@pytest.mark.parametrize("mode", ["half_even", "half_away"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_quant_bit_identical_cuda(K, mode, dtype):
+    g = _gen(0)
+    for m, k in ((1, 4096), (17, 14336), (256, 4096), (3, 20000), (5, 96)):
+        x = (torch.randn(m, k, generator=g) * torch.logspace(-3, 2, m)[:, None]).to(dtype)
+        x[0, :12] = torch.tensor([127.0, 62.5, -62.5, 0.5, -0.5, 1.5, -2.5, 63.5, -126.5, 2.5, 3.5, -3.5]) \
+            * (x[0].float().abs().max() / 127)
+        if m > 2:
+            x[1] = 0
+        xd = x.to(DEV)
+        q_tri, s_tri = K.quant.quantize_rows(xd, 1e-8, mode)
+        q_cpu, s_cpu = quant.quantize_rows(x, 1e-8, mode)
+        assert torch.equal(s_tri.cpu(), s_cpu)
+        assert torch.equal(q_tri.cpu(), q_cpu), (q_tri.cpu() != q_cpu).sum()
+
+
+@pytest.mark.parametrize("mode", ["half_even", "half_away"])
+def test_torch_reference_cuda_equals_cpu(mode):
+    """The torch reference itself gives the same codes on CUDA as on the CPU."""
+    x = torch.randn(64, 4096, generator=_gen(1)) * 3
+    q_cpu, s_cpu = quant.quantize_rows(x, 1e-8, mode)
+    q_gpu, s_gpu = quant.quantize_rows(x.to(DEV), 1e-8, mode)
+    assert torch.equal(s_gpu.cpu(), s_cpu) and torch.equal(q_gpu.cpu(), q_cpu)
+
+
+def test_quant_ties_cuda(K):
+    row = torch.tensor([[127.0, 62.5, -62.5, 0.5, -0.5, 1.5, -2.5, 63.5]], device=DEV)
+    assert K.quant.quantize_rows(row, 1e-8, "half_even")[0].tolist() == [[127, 62, -62, 0, 0, 2, -2, 64]]
+    assert K.quant.quantize_rows(row, 1e-8, "half_away")[0].tolist() == [[127, 63, -63, 1, -1, 2, -3, 64]]
+
+
+def test_quant_kv_to_cache_cuda(K):
+    S, H, L, D = 6, 8, 64, 128
+    x = torch.randn(20, H, D, device=DEV, dtype=torch.bfloat16)
+    slots = torch.randint(0, S, (20,), device=DEV, dtype=torch.int32)
+    pos = torch.randperm(L, device=DEV)[:20].to(torch.int32)
+    a = (torch.zeros(S, H, L, D, dtype=torch.int8, device=DEV), torch.zeros(S, H, L, device=DEV))
+    b = (a[0].clone(), a[1].clone())
+    K.quant.quantize_kv_to_cache(x, *a, slots, pos, SPEC)
+    K.quant.quantize_kv_to_cache_ref(x, *b, slots, pos, SPEC)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def _linear_case(m, k, n, seed):
+    g = _gen(seed, "cuda")
+    x = (torch.randn(m, k, generator=g, device=DEV) * 2).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=g, device=DEV) * 0.02
+    w_q, s_w = quant.quantize_weight(w, SPEC)
+    bias = torch.randn(n, generator=g, device=DEV)
+    return x, w_q, s_w, bias
+
+
+def _ref(x, w_q, s_w, bias):
+    x_q, s_x = quant.quantize_act(x, SPEC)
+    return quant.w8a8_epilogue(quant.int8_matmul(x_q, w_q), s_x, s_w, bias, x.dtype)
+
+
+@pytest.mark.parametrize("name", list(LLAMA8B))
+def test_w8a8_linear_bit_exact_llama_shapes(K, name):
+    k, n = LLAMA8B[name]
+    for m in (1, 16, 17, 64, 256):
+        x, w_q, s_w, bias = _linear_case(m, k, n, seed=m)
+        ref = _ref(x, w_q, s_w, bias)
+        y = K.gemm.w8a8_linear(x, w_q, s_w, bias, SPEC)              # table / heuristic config
+        assert torch.equal(y, ref), (name, m, K.gemm.pick_config(m, n, k, DEV))
+        for split in (1, 3, 8):                                         # forced split-K
+            cfg = K.gemm.GemmConfig(16 if m <= 16 else 64, 64, 128, split, 8, 4, 3)
+            assert torch.equal(K.gemm.w8a8_linear(x, w_q, s_w, bias, SPEC, cfg), ref), (name, m, split)
+
+
+def test_w8a8_odd_shapes_vs_int64_reference(K):
+    for m, k, n in ((1, 4100, 4100), (17, 300, 96), (33, 1000, 250)):
+        x, w_q, s_w, bias = _linear_case(m, k, n, seed=k)
+        x_q, s_x = quant.quantize_act(x, SPEC)
+        acc = quant.int8_matmul_ref(x_q.cpu(), w_q.cpu()).to(DEV)      # int64 matmul: CPU only
+        ref = quant.w8a8_epilogue(acc, s_x, s_w, bias, x.dtype)
+        assert torch.equal(K.gemm.w8a8_linear(x, w_q, s_w, bias, SPEC), ref)
+        cpu = quant.w8a8_linear(x.cpu(), w_q.cpu(), s_w.cpu(), bias.cpu(), SPEC)
+        assert torch.equal(ref.cpu(), cpu)                               # CUDA == CPU reference
+
+
+def test_w8a8_cuda_graph_and_batch_invariance(K):
+    x, w_q, s_w, bias = _linear_case(16, 14336, 4096, seed=3)
+    y0 = K.gemm.w8a8_linear(x, w_q, s_w, bias, SPEC)
+    static_x = x.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_y = K.gemm.w8a8_linear(static_x, w_q, s_w, bias, SPEC)
+    for seed in range(3):
+        static_x.copy_(torch.randn(x.shape, generator=_gen(seed, "cuda"), device=DEV).to(x.dtype))
+        g.replay()
+        assert torch.equal(static_y, _ref(static_x, w_q, s_w, bias))
+    rows = torch.cat([K.gemm.w8a8_linear(x[i:i + 1], w_q, s_w, bias, SPEC) for i in range(16)])
+    assert torch.equal(rows, y0)
+
+
+def _kv_case(B, Hq, Hkv, D, Lmax, lens, dtype, seed, kv="int8"):
+    g = _gen(seed, "cuda")
+    S = B + 3
+    k = torch.randn(S, Hkv, Lmax, D, generator=g, device=DEV)
+    v = torch.randn(S, Hkv, Lmax, D, generator=g, device=DEV)
+    q = torch.randn(B, Hq, D, generator=g, device=DEV).to(dtype)
+    slots = torch.randperm(S, generator=g, device=DEV)[:B].to(torch.int32)
+    lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    if kv == "int8":
+        (kc, ks), (vc, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
+    else:
+        kc, ks, vc, vs = k.to(dtype), None, v.to(dtype), None
+    return q, kc, ks, vc, vs, slots, lens
+
+
+@pytest.mark.parametrize("kv", ["int8", "bf16"])
+@pytest.mark.parametrize("splits", [None, 1, 4])
+def test_decode_attention_cuda(K, kv, splits):
+    lens = [4096, 1, 77, 2048, 3000, 513, 4000, 64]
+    case = _kv_case(8, 32, 8, 128, 4096, lens, torch.bfloat16, seed=7, kv=kv)
+    cfg = None if splits is None else K.attn.AttnConfig(num_splits=splits)
+    out = K.attn.decode_attention(*case, 128 ** -0.5, config=cfg)
+    ref = K.attn.decode_attention_ref(*case, 128 ** -0.5)
+    err = (out.float() - ref.float()).abs().max().item()
+    rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    print(f"decode {kv} splits={splits}: max|err|={err:.2e} rel={rel:.2e}")
+    assert torch.isfinite(out).all() and err <= 1e-2 and rel <= 5e-3
+
+
+def test_decode_attention_fp32_queries_cuda(K):
+    case = _kv_case(4, 8, 2, 64, 600, [600, 3, 128, 333], torch.float32, seed=8)
+    out = K.attn.decode_attention(*case, 0.125, config=K.attn.AttnConfig(num_splits=3))
+    ref = K.attn.decode_attention_ref(*case, 0.125)
+    assert (out - ref).abs().max() <= 1e-5
+
+
+def test_decode_attention_cuda_graph(K):
+    case = list(_kv_case(16, 32, 8, 128, 1024, [1024] * 16, torch.bfloat16, seed=9))
+    out = K.attn.decode_attention(*case, 0.09)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = K.attn.decode_attention(*case, 0.09)
+    case[6].copy_(torch.arange(16, device=DEV, dtype=torch.int32) * 60 + 7)   # new ragged lens
+    g.replay()
+    ref = K.attn.decode_attention_ref(*case, 0.09)
+    assert (static.float() - ref.float()).abs().max() <= 1e-2
+    assert not torch.equal(static, out)

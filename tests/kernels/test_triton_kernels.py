@@ -1,0 +1,269 @@
+"""agentq's Triton kernels under TRITON_INTERPRET=1 (CPU) against the torch reference numerics.
+
+Quantization and the W8A8 GEMM must match `agentq.kernels.quant` bit for bit; decode attention
+must match `decode_attention_ref` within 1e-5. The kernel modules are (re)imported with interpreted
+kernels by a module fixture and put back as compiled ones afterwards, so this file passes alone and
+next to tests that imported the compiled kernels first.
+"""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from agentq.kernels import _interp, quant  # noqa: E402
+from agentq.kernels.quant_spec import QuantSpec  # noqa: E402
+
+SPEC = QuantSpec()
+
+
+@pytest.fixture(scope="module")
+def K():
+    tq, tg, ta = _interp.load_interpreted()
+    assert tq.INTERPRETED and tg.INTERPRETED and ta.INTERPRETED
+    assert _interp.runs_interpreted(tg._w8a8_gemm_kernel)
+    yield SimpleNamespace(quant=tq, gemm=tg, attn=ta)
+    _interp.restore_compiled()
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+# ---------------------------------------------------------------------- quantization
+#: a row whose absmax is 127 has scale exactly 1.0, so x / scale == x and the ties are exact
+TIE_ROW = [127.0, 62.5, -62.5, 0.5, -0.5, 1.5, -2.5, 63.5, -126.5, 0.49999997, -0.49999997, 2.5]
+TIE_CODES = {
+    "half_even": [127, 62, -62, 0, 0, 2, -2, 64, -126, 0, 0, 2],
+    "half_away": [127, 63, -63, 1, -1, 2, -3, 64, -127, 0, 0, 3],
+}
+
+
+@pytest.mark.parametrize("mode", ["half_even", "half_away"])
+def test_quant_ties_pin_rounding(K, mode):
+    x = torch.tensor([TIE_ROW, [-v for v in TIE_ROW]], dtype=torch.float32)
+    want = torch.tensor([TIE_CODES[mode], [-c for c in TIE_CODES[mode]]], dtype=torch.int8)
+    q_ref, s_ref = quant.quantize_rows(x, 1e-8, mode)
+    q_tri, s_tri = K.quant.quantize_rows(x, 1e-8, mode)
+    assert torch.equal(s_ref, torch.ones(2)) and torch.equal(s_tri, s_ref)
+    assert torch.equal(q_ref, want), q_ref
+    assert torch.equal(q_tri, want), q_tri
+
+
+def _quant_inputs(dtype):
+    g = _gen(1)
+    x = torch.randn(7, 300, generator=g) * torch.logspace(-4, 3, 7)[:, None]
+    x[2] = 0.0                         # all-zero row: scale hits the floor, codes 0
+    x[3] = 1e-9 * torch.randn(300, generator=g)   # tiny row: below the floor
+    x[4, :8] = torch.tensor(TIE_ROW[:8]) * 0.01   # ties at another scale
+    x[5, ::7] *= 40.0                  # outliers
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["half_even", "half_away"])
+def test_quant_rows_bit_identical(K, mode, dtype):
+    x = _quant_inputs(dtype)
+    for floor in (1e-8, 1e-6):
+        q_ref, s_ref = quant.quantize_rows(x, floor, mode)
+        q_tri, s_tri = K.quant.quantize_rows(x, floor, mode)
+        assert torch.equal(s_tri, s_ref)
+        assert torch.equal(q_tri, q_ref), (q_tri != q_ref).sum()
+    assert torch.equal(q_tri[2], torch.zeros(300, dtype=torch.int8)) and s_tri[2].item() == pytest.approx(1e-6)
+
+
+def test_quant_two_pass_path(K, monkeypatch):
+    monkeypatch.setattr(K.quant, "MAX_SINGLE_PASS", 64)
+    x = _quant_inputs(torch.float32)[:, :200]
+    for mode in ("half_even", "half_away"):
+        q_ref, s_ref = quant.quantize_rows(x, 1e-8, mode)
+        q_tri, s_tri = K.quant.quantize_rows(x, 1e-8, mode)
+        assert torch.equal(q_tri, q_ref) and torch.equal(s_tri, s_ref)
+
+
+def test_quant_act_and_kv_match_spec(K):
+    g = _gen(2)
+    x = torch.randn(2, 3, 96, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    for ref, tri in ((quant.quantize_act, K.quant.quantize_per_token), (quant.quantize_kv, K.quant.quantize_kv)):
+        (q_ref, s_ref), (q_tri, s_tri) = ref(x, SPEC), tri(x, SPEC)
+        assert q_tri.shape == x.shape and s_tri.shape == x.shape[:-1]
+        assert torch.equal(q_tri, q_ref) and torch.equal(s_tri, s_ref)
+
+
+def test_quant_kv_to_cache(K):
+    g = _gen(3)
+    S, H, L, D = 3, 2, 10, 32
+    x = torch.randn(4, H, D, generator=g)
+    x[1, 0] = 0.0
+    slots = torch.tensor([2, 0, 2, 1], dtype=torch.int32)
+    pos = torch.tensor([0, 5, 1, 9], dtype=torch.int32)
+    caches = [(torch.full((S, H, L, D), 7, dtype=torch.int8), torch.full((S, H, L), -1.0)) for _ in range(2)]
+    K.quant.quantize_kv_to_cache(x, *caches[0], slots, pos, SPEC)
+    K.quant.quantize_kv_to_cache_ref(x, *caches[1], slots, pos, SPEC)
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    codes, scales = quant.quantize_kv(x, SPEC)
+    assert torch.equal(caches[0][0][2, :, 1], codes[2]) and torch.equal(caches[0][1][1, :, 9], scales[3])
+    assert (caches[0][0][0, :, 0] == 7).all()      # untouched positions stay
+
+
+# ---------------------------------------------------------------------- W8A8 GEMM
+def _gemm_case(m, n, k, seed=0, x_dtype=torch.bfloat16):
+    g = _gen(seed)
+    x = (torch.randn(m, k, generator=g) * 3).to(x_dtype)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w_q, s_w = quant.quantize_weight(w, SPEC)
+    bias = torch.randn(n, generator=g)
+    return x, w_q, s_w, bias
+
+
+def _reference(x, w_q, s_w, bias, out_dtype):
+    x_q, s_x = quant.quantize_act(x, SPEC)
+    return quant.w8a8_epilogue(quant.int8_matmul_ref(x_q, w_q), s_x, s_w, bias, out_dtype)
+
+
+GEMM_CASES = [   # (M, N, K, config): K not a multiple of the block, M = 1 and 17, split-K 1..4
+    (1, 64, 200, (16, 32, 64, 1)),
+    (1, 48, 300, (16, 32, 64, 4)),
+    (17, 40, 256, (16, 32, 64, 3)),
+    (17, 64, 96, (32, 32, 32, 2)),
+    (5, 80, 512, (16, 64, 128, 1)),
+]
+
+
+@pytest.mark.parametrize("m,n,k,cfg", GEMM_CASES)
+def test_gemm_bit_exact(K, m, n, k, cfg):
+    x, w_q, s_w, bias = _gemm_case(m, n, k, seed=m + n + k)
+    config = K.gemm.GemmConfig(*cfg, group_m=4, num_warps=4, num_stages=2)
+    for out_dtype, b in ((torch.bfloat16, bias), (torch.float32, None)):
+        xin = x.to(out_dtype)
+        y = K.gemm.w8a8_linear(xin, w_q, s_w, b, SPEC, config)
+        ref = _reference(xin, w_q, s_w, b, out_dtype)
+        assert y.dtype == out_dtype
+        assert torch.equal(y, ref), (y.float() - ref.float()).abs().max()
+        assert torch.equal(y, quant.w8a8_linear(xin, w_q, s_w, b, SPEC))   # the CPU engine path
+
+
+def test_gemm_int32_accumulator_is_exact(K):
+    # large K and extreme codes: |acc| > 2**24, where an fp32 accumulation would already round
+    m, n, k = 3, 32, 2048
+    x_q = torch.full((m, k), 127, dtype=torch.int8)
+    x_q[1] = -128
+    x_q[2, ::2] = -127
+    w_q = torch.full((n, k), -128, dtype=torch.int8)
+    w_q[::3] = 127
+    s_x = torch.ones(m)
+    s_w = torch.ones(n)
+    for split in (1, 4):
+        cfg = K.gemm.GemmConfig(16, 32, 256, split, 8, 4, 2)
+        y = K.gemm.int8_gemm(x_q, s_x, w_q, s_w, None, torch.float32, cfg)
+        ref = quant.int8_matmul_ref(x_q, w_q).float()
+        assert torch.equal(y, ref)
+    assert abs(ref).max() > 2 ** 24
+
+
+def test_gemm_config_and_batch_invariance(K):
+    """Every tiling/split gives the same bits, and a row's output does not depend on the batch."""
+    x, w_q, s_w, bias = _gemm_case(17, 64, 384, seed=5)
+    configs = [K.gemm.GemmConfig(16, 32, 128, 1, 8, 4, 2), K.gemm.GemmConfig(32, 64, 64, 3, 1, 4, 2),
+               K.gemm.GemmConfig(16, 16, 32, 4, 2, 4, 2)]
+    outs = [K.gemm.w8a8_linear(x, w_q, s_w, bias, SPEC, c) for c in configs]
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    single = K.gemm.w8a8_linear(x[9:10], w_q, s_w, bias, SPEC, configs[1])
+    assert torch.equal(single, outs[0][9:10])
+    ws = K.gemm._WORKSPACE.bufs
+    assert ws and all(int(b.abs().sum()) == 0 for b in ws.values())   # split-K leaves workspace/tickets zeroed
+
+
+def test_gemm_default_config_and_3d_input(K):
+    x, w_q, s_w, bias = _gemm_case(6, 48, 160, seed=7)
+    x3 = x.reshape(2, 3, 160)
+    y = K.gemm.w8a8_linear(x3, w_q, s_w, None, SPEC)          # pick_config heuristic (split-K path)
+    assert y.shape == (2, 3, 48)
+    assert torch.equal(y.reshape(6, 48), _reference(x, w_q, s_w, None, torch.bfloat16))
+
+
+def test_heuristic_configs_are_valid(K):
+    for m in (1, 16, 64, 256, 1000):
+        for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (40, 24)):
+            c = K.gemm.pick_config(m, n, k)
+            assert c.block_m >= 16 and c.block_n >= 16 and c.block_k >= 32 and c.split_k >= 1
+
+
+# ---------------------------------------------------------------------- decode attention
+def _attn_case(seed, S=5, Hkv=2, Lmax=160, D=32, Hq=8):
+    g = _gen(seed)
+    k = torch.randn(S, Hkv, Lmax, D, generator=g)
+    v = torch.randn(S, Hkv, Lmax, D, generator=g)
+    q = torch.randn(4, Hq, D, generator=g)
+    slots = torch.tensor([3, 0, 4, 1], dtype=torch.int32)
+    lens = torch.tensor([150, 7, 64, 1], dtype=torch.int32)   # ragged, incl. a single token
+    return q, k, v, slots, lens
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("kv", ["int8", "fp32"])
+def test_decode_attention_matches_ref(K, kv, splits):
+    q, k, v, slots, lens = _attn_case(11)
+    if kv == "int8":
+        (kc, ks), (vc, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
+    else:
+        kc, ks, vc, vs = k, None, v, None
+    sm = q.shape[-1] ** -0.5
+    cfg = K.attn.AttnConfig(block_n=32, num_warps=4, num_stages=2, num_splits=splits)
+    out = K.attn.decode_attention(q, kc, ks, vc, vs, slots, lens, sm, config=cfg)
+    ref = K.attn.decode_attention_ref(q, kc, ks, vc, vs, slots, lens, sm)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    assert (out - ref).abs().max() <= 1e-5
+
+
+def test_decode_attention_ref_is_dequantized_softmax(K):
+    """The reference itself: int8 cache == float attention over kv_roundtrip'ed K/V (GQA 4:1)."""
+    q, k, v, slots, lens = _attn_case(12)
+    (kc, ks), (vc, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
+    ref = K.attn.decode_attention_ref(q, kc, ks, vc, vs, slots, lens, 0.2)
+    kd, vd = quant.kv_roundtrip(k, SPEC), quant.kv_roundtrip(v, SPEC)
+    for b in range(q.shape[0]):
+        s, n = slots[b].item(), lens[b].item()
+        kk = kd[s, :, :n].repeat_interleave(4, dim=0)      # [Hq, n, D]
+        vv = vd[s, :, :n].repeat_interleave(4, dim=0)
+        p = torch.softmax((q[b][:, None, :] * kk).sum(-1) * 0.2, dim=-1)
+        torch.testing.assert_close(ref[b], (p[..., None] * vv).sum(1), atol=1e-6, rtol=1e-5)
+
+
+def test_decode_attention_other_caches(K):
+    q, k, v, slots, lens = _attn_case(13)
+    sm = 0.3
+    cfg = K.attn.AttnConfig(block_n=32, num_splits=2)
+    # bf16 q and cache (output rounded to bf16 by the kernel, to nearest even)
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    out = K.attn.decode_attention(qb, kb, None, vb, None, slots, lens, sm, config=cfg)
+    ref = K.attn.decode_attention_ref(qb, kb, None, vb, None, slots, lens, sm)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref.float()).abs().max() <= 1e-2 and (out != ref).float().mean() < 0.02
+    # fp8 E4M3 cache with per-tensor scales (tensor and float)
+    k8 = (k / 0.01).clamp(-448, 448).to(torch.float8_e4m3fn)
+    v8 = (v / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)
+    out = K.attn.decode_attention(q, k8, torch.tensor(0.01), v8, 0.02, slots, lens, sm, config=cfg)
+    ref = K.attn.decode_attention_ref(q, k8, torch.tensor(0.01), v8, 0.02, slots, lens, sm)
+    assert (out - ref).abs().max() <= 1e-5
+    # empty rows give zeros; the default config (heuristic splits) runs
+    lens0 = torch.tensor([0, 7, 160, 1], dtype=torch.int32)
+    (kc, ks), (vc, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
+    out = K.attn.decode_attention(q, kc, ks, vc, vs, slots, lens0, sm)
+    ref = K.attn.decode_attention_ref(q, kc, ks, vc, vs, slots, lens0, sm)
+    assert (out - ref).abs().max() <= 1e-5 and out[0].abs().max() == 0
+
+
+def test_decode_attention_ref_validates(K):
+    q, k, v, slots, lens = _attn_case(14, Hq=6, Hkv=4)
+    with pytest.raises(ValueError):
+        K.attn.decode_attention_ref(q, k, None, v, None, slots, lens, 1.0)
+
+
+def test_kv_bytes_per_token(K):
+    # Llama-3-8B: 32 layers, 8 KV heads, head_dim 128
+    int8 = K.attn.kv_bytes_per_token(32, 8, 128, torch.int8)
+    bf16 = K.attn.kv_bytes_per_token(32, 8, 128, torch.bfloat16)
+    assert (int8, bf16) == (2 * 32 * 8 * 132, 2 * 32 * 8 * 256)
+    assert int8 / bf16 <= 0.52
