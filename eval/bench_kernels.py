@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""H200 benchmark (and GPU checks) for agentq's Triton kernels vs bf16 cuBLAS / torch SDPA.
+
+One run prints, as ratios against baselines measured in the same run:
+
+* W8A8 linear (fused per-token quant + int8 GEMM with fused rescale) vs bf16 `F.linear` (cuBLAS)
+  for the four Llama-3-8B decoder-layer linears (qkv 4096->6144, o 4096->4096, gate_up
+  4096->28672, down 14336->4096) at M = 1, 16, 64, 256, and their sum per decoder layer;
+* int8-KV decode attention (Triton) vs bf16 `F.scaled_dot_product_attention` (enable_gqa, the
+  fastest backend that runs) at Hq 32, Hkv 8, D 128 and B x L in {64x4096, 256x4096, ...};
+* KV-cache bytes per token, int8 (+ fp32 scales) vs bf16.
+
+Every timing is a CUDA graph replay timed by `triton.testing.do_bench` (median; L2 flushed before
+each replay); linears rotate over enough weight copies (>= 256 MB) that no weight is read from L2.
+
+    python3 eval/bench_kernels.py --tune --check --out $OUT      # tuning sweep, GPU tests, benchmark
+    python3 eval/bench_kernels.py                                # benchmark with the built-in tables
+
+Works from a plain checkout (no install): `agentq.kernels` is mapped to `kernels/` when needed.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def bootstrap() -> None:
+    """Make `agentq.kernels` importable without the editable install (maps it onto kernels/)."""
+    try:
+        import agentq.kernels  # noqa: F401
+        return
+    except ImportError:
+        pass
+    for name, folder in (("agentq", "agentq"), ("agentq.kernels", "kernels")):
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, REPO / folder / "__init__.py",
+                                                      submodule_search_locations=[str(REPO / folder)])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    sys.modules["agentq"].kernels = sys.modules["agentq.kernels"]
+
+
+bootstrap()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from agentq.kernels import quant  # noqa: E402
+from agentq.kernels.quant_spec import QuantSpec  # noqa: E402
+
+SPEC = QuantSpec()
+LLAMA8B = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+MS = (1, 16, 64, 256)
+ROTATE_BYTES = 256e6
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# ---------------------------------------------------------------------- timing
+def graph_us(fns, rep_ms: float = 60.0, warmup_ms: float = 15.0) -> float:
+    """Median µs of one CUDA-graph replay of `fns` called in order (warmed up eagerly first)."""
+    import triton
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(g.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+    del g
+    return ms * 1e3
+
+
+def copies_for(nbytes: int) -> int:
+    return int(min(16, max(2, math.ceil(ROTATE_BYTES / nbytes))))
+
+
+# ---------------------------------------------------------------------- linears
+class LinearShape:
+    def __init__(self, name, k, n, dev):
+        self.name, self.k, self.n = name, k, n
+        g = torch.Generator(device=dev).manual_seed(hash(name) % 1000)
+        self.n_bf16 = copies_for(2 * n * k)
+        self.n_int8 = copies_for(n * k)
+        self.w_bf16 = [torch.randn(n, k, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
+                       for _ in range(self.n_bf16)]
+        self.w_q, self.s_w = [], []
+        for i in range(self.n_int8):
+            wq, sw = quant.quantize_weight(self.w_bf16[i % self.n_bf16], SPEC)
+            if i >= self.n_bf16:      # distinct buffers, same values
+                wq = wq.clone()
+            self.w_q.append(wq)
+            self.s_w.append(sw)
+
+
+def gemm_candidates(m: int):
+    from agentq.kernels.triton_gemm import GemmConfig
+    if m <= 16:
+        tiles = [(16, 32, 256, 4, 4), (16, 64, 128, 4, 5), (16, 64, 256, 4, 4), (16, 64, 512, 4, 3),
+                 (16, 128, 256, 4, 4), (16, 64, 256, 4, 6)]
+        splits = (1, 2, 4, 8, 16)
+    elif m <= 64:
+        tiles = [(64, 64, 256, 4, 4), (64, 128, 128, 4, 4), (64, 128, 256, 8, 3), (32, 64, 256, 4, 4),
+                 (64, 256, 128, 8, 3)]
+        splits = (1, 2, 4, 8)
+    else:
+        tiles = [(128, 128, 128, 8, 3), (128, 128, 128, 4, 4), (64, 128, 128, 4, 4), (128, 256, 128, 8, 3),
+                 (64, 256, 128, 8, 3)]
+        splits = (1, 2, 4)
+    for bm, bn, bk, w, st in tiles:
+        for sp in splits:
+            yield GemmConfig(bm, bn, bk, sp, 8, w, st)
+
+
+def tune_gemm(shapes, dev, results, deadline: float = float("inf")):
+    from agentq.kernels import triton_gemm as tg
+    from agentq.kernels import triton_quant as tq
+    table = {}
+    for sh in shapes:
+        rows = []
+        for m in MS:
+            x = torch.randn(m, sh.k, device=dev, dtype=torch.bfloat16)
+            x_q, s_x = tq.quantize_per_token(x, SPEC)
+            best = None
+            for cfg in gemm_candidates(m):
+                if best is not None and time.time() > deadline:
+                    break
+                programs = -(-m // cfg.block_m) * -(-sh.n // cfg.block_n) * cfg.split_k
+                k_tiles = -(-sh.k // cfg.block_k)
+                if cfg.split_k > 1 and (programs > 4096 or k_tiles // cfg.split_k < 2):
+                    continue
+                if cfg.split_k == 1 and programs < 16:
+                    continue
+                try:
+                    us = graph_us([partial(tg.int8_gemm, x_q, s_x, sh.w_q[i], sh.s_w[i], None, torch.bfloat16, cfg)
+                                   for i in range(sh.n_int8)], rep_ms=25, warmup_ms=5) / sh.n_int8
+                except Exception as e:    # e.g. out of shared memory for this tile
+                    log(f"  skip {cfg.short()}: {type(e).__name__}: {str(e)[:80]}")
+                    continue
+                results.setdefault("tune_gemm", []).append({"shape": sh.name, "M": m, "cfg": cfg.short(), "us": us})
+                if best is None or us < best[0]:
+                    best = (us, cfg)
+            log(f"tune {sh.name:8s} M={m:4d}: best {best[1].short()} {best[0]:.1f} us")
+            rows.append((m, best[1]))
+        table[(sh.n, sh.k)] = rows
+    tg.H200_TABLE.clear()
+    tg.H200_TABLE.update(table)
+    lines = ["H200_TABLE = {"]
+    for (n, k), rows in table.items():
+        lines.append(f"    ({n}, {k}): [")
+        for m, c in rows:
+            lines.append(f"        ({m}, GemmConfig({c.block_m}, {c.block_n}, {c.block_k}, {c.split_k}, {c.group_m}, "
+                         f"{c.num_warps}, {c.num_stages})),")
+        lines.append("    ],")
+    lines.append("}")
+    log("\n".join(lines))
+    results["gemm_table"] = "\n".join(lines)
+
+
+def bench_linears(shapes, dev, results):
+    from agentq.kernels import triton_gemm as tg
+    from agentq.kernels import triton_quant as tq
+    log("\n== W8A8 linear (fused quant + int8 GEMM) vs bf16 cuBLAS, Llama-3-8B layer, µs per call ==")
+    log(f"{'layer':8s} {'M':>4s} {'bf16':>8s} {'w8a8':>8s} {'ratio':>6s} {'gemm':>7s} {'quant':>6s}  config")
+    per_m = {m: {"bf16": 0.0, "w8a8": 0.0} for m in MS}
+    for sh in shapes:
+        for m in MS:
+            x = torch.randn(m, sh.k, device=dev, dtype=torch.bfloat16)
+            t_bf = graph_us([partial(F.linear, x, sh.w_bf16[i]) for i in range(sh.n_bf16)]) / sh.n_bf16
+            t_w8 = graph_us([partial(tg.w8a8_linear, x, sh.w_q[i], sh.s_w[i], None, SPEC)
+                             for i in range(sh.n_int8)]) / sh.n_int8
+            x_q, s_x = tq.quantize_per_token(x, SPEC)
+            t_gemm = graph_us([partial(tg.int8_gemm, x_q, s_x, sh.w_q[i], sh.s_w[i], None, torch.bfloat16)
+                               for i in range(sh.n_int8)]) / sh.n_int8
+            t_q = graph_us([partial(tq.quantize_per_token, x, SPEC)] * 8) / 8
+            cfg = tg.pick_config(m, sh.n, sh.k, x.device)
+            per_m[m]["bf16"] += t_bf
+            per_m[m]["w8a8"] += t_w8
+            log(f"{sh.name:8s} {m:4d} {t_bf:8.1f} {t_w8:8.1f} {t_bf / t_w8:6.2f} {t_gemm:7.1f} {t_q:6.1f}  {cfg.short()}")
+            results.setdefault("linears", []).append(
+                {"layer": sh.name, "M": m, "bf16_us": t_bf, "w8a8_us": t_w8, "ratio": t_bf / t_w8,
+                 "gemm_only_us": t_gemm, "quant_only_us": t_q, "cfg": cfg.short(),
+                 "w8a8_TBps": sh.n * sh.k / t_w8 / 1e6, "bf16_TBps": 2 * sh.n * sh.k / t_bf / 1e6})
+    log("-- per decoder layer (sum of the four linears) --")
+    for m in MS:
+        b, w = per_m[m]["bf16"], per_m[m]["w8a8"]
+        log(f"layer    {m:4d} {b:8.1f} {w:8.1f} {b / w:6.2f}")
+        results.setdefault("layer", []).append({"M": m, "bf16_us": b, "w8a8_us": w, "ratio": b / w})
+
+
+def bench_layer_graph(shapes, dev, results, layers: int = 4):
+    """Cross-check: one graph running `layers` distinct decoder layers' four linears in sequence."""
+    from agentq.kernels import triton_gemm as tg
+    log("-- whole-layer graphs (4 distinct layers of qkv, o, gate_up, down in one graph), µs per layer --")
+    for m in MS:
+        xs = {sh.name: torch.randn(m, sh.k, device=dev, dtype=torch.bfloat16) for sh in shapes}
+        fb, fw = [], []
+        for layer in range(layers):
+            for sh in shapes:
+                fb.append(partial(F.linear, xs[sh.name], sh.w_bf16[layer % sh.n_bf16]))
+                fw.append(partial(tg.w8a8_linear, xs[sh.name], sh.w_q[layer % sh.n_int8], sh.s_w[layer % sh.n_int8],
+                                  None, SPEC))
+        b = graph_us(fb) / layers
+        w = graph_us(fw) / layers
+        log(f"layer-graph M={m:4d}: bf16 {b:7.1f}  w8a8 {w:7.1f}  ratio {b / w:.2f}")
+        results.setdefault("layer_graph", []).append({"M": m, "bf16_us": b, "w8a8_us": w, "ratio": b / w})
+
+
+# ---------------------------------------------------------------------- attention
+def make_kv(B, L, Hkv, D, dev, seed=0):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    k = torch.randn(B, Hkv, L, D, device=dev, generator=g, dtype=torch.bfloat16)
+    v = torch.randn(B, Hkv, L, D, device=dev, generator=g, dtype=torch.bfloat16)
+    return k, v
+
+
+def sdpa_best(q4, k, v, results_row):
+    """Fastest SDPA backend that runs (bf16, enable_gqa): the baseline."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    best = None
+    for name, backends in (("default", None), ("flash", [SDPBackend.FLASH_ATTENTION]),
+                           ("efficient", [SDPBackend.EFFICIENT_ATTENTION]), ("cudnn", [SDPBackend.CUDNN_ATTENTION])):
+        def fn(backends=backends):
+            if backends is None:
+                return F.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
+            with sdpa_kernel(backends):
+                return F.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
+        try:
+            us = graph_us([fn])
+        except Exception as e:
+            results_row[f"sdpa_{name}"] = f"fails: {type(e).__name__}"
+            continue
+        results_row[f"sdpa_{name}_us"] = us
+        if best is None or us < best[0]:
+            best = (us, name, fn)
+    return best
+
+
+def attn_candidates():
+    from agentq.kernels.triton_attention import AttnConfig
+    for bn, w, st in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)):
+        yield AttnConfig(bn, w, st, 1)
+
+
+def tune_attention(dev, results, deadline: float = float("inf")):
+    from agentq.kernels import triton_attention as ta
+    B, L, Hq, Hkv, D = 64, 4096, 32, 8, 128
+    k, v = make_kv(B, L, Hkv, D, dev)
+    (kq, ks), (vq, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
+    q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
+    slots = torch.arange(B, device=dev, dtype=torch.int32)
+    lens = torch.full((B,), L, device=dev, dtype=torch.int32)
+    best = {}
+    for kind, args in (("int8", (kq, ks, vq, vs)), ("float", (k, None, v, None))):
+        for cfg in attn_candidates():
+            if kind in best and time.time() > deadline:
+                break
+            try:
+                us = graph_us([partial(ta.decode_attention, q, args[0], args[1], args[2], args[3], slots, lens,
+                                       D ** -0.5, cfg)], rep_ms=30, warmup_ms=5)
+            except Exception as e:
+                log(f"  skip {kind} {cfg.short()}: {type(e).__name__}: {str(e)[:80]}")
+                continue
+            results.setdefault("tune_attn", []).append({"kind": kind, "cfg": cfg.short(), "us": us})
+            if kind not in best or us < best[kind][0]:
+                best[kind] = (us, cfg)
+        us, cfg = best[kind]
+        log(f"tune attn {kind}: best {cfg.short()} {us:.1f} us")
+        ta.H200_ATTN[kind] = ta.AttnConfig(cfg.block_n, cfg.num_warps, cfg.num_stages, None)
+    text = "H200_ATTN = {" + ", ".join(
+        f'"{kd}": AttnConfig({c.block_n}, {c.num_warps}, {c.num_stages})' for kd, c in ta.H200_ATTN.items()) + "}"
+    log(text)
+    results["attn_table"] = text
+
+
+def bench_attention(dev, results, cases):
+    from agentq.kernels import triton_attention as ta
+    Hq, Hkv, D = 32, 8, 128
+    log("\n== decode attention, Hq 32 / Hkv 8 / D 128, µs per call (graph) ==")
+    log(f"{'B x L':>11s} {'SDPA bf16':>10s} {'tri bf16':>9s} {'tri int8':>9s} {'int8/SDPA':>9s} "
+        f"{'SDPA TB/s':>9s} {'int8 TB/s':>9s}  max|err| int8 vs ref, bf16 vs SDPA")
+    for B, L in cases:
+        row = {"B": B, "L": L}
+        k, v = make_kv(B, L, Hkv, D, dev, seed=B + L)
+        q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
+        q4 = q.unsqueeze(2)
+        best = sdpa_best(q4, k, v, row)
+        t_sdpa, sdpa_name, sdpa_fn = best
+        slots = torch.randperm(B, device=dev).to(torch.int32)   # rows read shuffled slots
+        lens = torch.full((B,), L, device=dev, dtype=torch.int32)
+        kc, vc = torch.empty_like(k), torch.empty_like(v)
+        kc[slots.long()], vc[slots.long()] = k, v                 # slot slots[b] holds row b
+        (kq, ks), (vq, vs) = quant.quantize_kv(kc, SPEC), quant.quantize_kv(vc, SPEC)
+        t_f = graph_us([partial(ta.decode_attention, q, kc, None, vc, None, slots, lens, D ** -0.5)])
+        t_i = graph_us([partial(ta.decode_attention, q, kq, ks, vq, vs, slots, lens, D ** -0.5)])
+        out_i = ta.decode_attention(q, kq, ks, vq, vs, slots, lens, D ** -0.5)
+        out_f = ta.decode_attention(q, kc, None, vc, None, slots, lens, D ** -0.5)
+        ref_i = ta.decode_attention_ref(q, kq, ks, vq, vs, slots, lens, D ** -0.5) if B * L <= 64 * 4096 else None
+        sd = sdpa_fn().squeeze(2)
+        err_i = (out_i.float() - ref_i.float()).abs().max().item() if ref_i is not None else float("nan")
+        err_f = (out_f.float() - sd.float()).abs().max().item()
+        bytes_bf16 = 2 * B * Hkv * L * D * 2
+        bytes_i8 = 2 * B * Hkv * L * (D + 4)
+        cfg = ta.pick_config(B, Hkv, L, torch.int8, q.device)
+        row.update({"sdpa_us": t_sdpa, "sdpa_backend": sdpa_name, "triton_bf16_us": t_f, "triton_int8_us": t_i,
+                    "ratio_int8_vs_sdpa": t_sdpa / t_i, "ratio_bf16_triton_vs_sdpa": t_sdpa / t_f,
+                    "sdpa_TBps": bytes_bf16 / t_sdpa / 1e6, "int8_TBps": bytes_i8 / t_i / 1e6,
+                    "err_int8_vs_ref": err_i, "err_bf16_vs_sdpa": err_f, "int8_cfg": cfg.short()})
+        results.setdefault("attention", []).append(row)
+        log(f"{B:4d}x{L:<6d} {t_sdpa:10.1f} {t_f:9.1f} {t_i:9.1f} {t_sdpa / t_i:9.2f} {row['sdpa_TBps']:9.2f} "
+            f"{row['int8_TBps']:9.2f}  {err_i:.1e}, {err_f:.1e}  [{sdpa_name}; {cfg.short()}]")
+        del k, v, kc, vc, kq, vq
+        torch.cuda.empty_cache()
+
+
+def kv_bytes(results):
+    from agentq.kernels.triton_attention import kv_bytes_per_token
+    log("\n== KV cache bytes per token (K+V, all layers; int8 includes fp32 per-token-head scales) ==")
+    for name, layers, hkv, d in (("Llama-3-8B", 32, 8, 128), ("Qwen3-8B", 36, 8, 128)):
+        i8 = kv_bytes_per_token(layers, hkv, d, torch.int8)
+        bf = kv_bytes_per_token(layers, hkv, d, torch.bfloat16)
+        log(f"{name:11s} int8 {i8} B  bf16 {bf} B  ratio {i8 / bf:.4f}")
+        results.setdefault("kv_bytes", []).append({"model": name, "int8": i8, "bf16": bf, "ratio": i8 / bf})
+
+
+def run_checks(results) -> int:
+    import pytest
+    t = time.time()
+    rc = pytest.main(["-q", "-s", "-p", "no:cacheprovider", str(REPO / "tests/kernels/test_triton_cuda.py")])
+    results["check_rc"] = int(rc)
+    log(f"== GPU checks: pytest rc={int(rc)} in {time.time() - t:.0f}s ==")
+    return int(rc)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="run tests/kernels/test_triton_cuda.py first")
+    ap.add_argument("--tune", action="store_true", help="sweep GEMM/attention configs and use the best")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="fewer attention cases")
+    ap.add_argument("--tune-budget-s", type=float, default=240.0, help="stop tuning sweeps after this long")
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for bench.json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    import triton
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    log(f"{results['device']}  torch {torch.__version__}  triton {triton.__version__}")
+    t0 = time.time()
+
+    def save():
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1, default=str))
+
+    shapes = [LinearShape(name, k, n, dev) for name, (k, n) in LLAMA8B.items()]
+    if args.tune:     # first, so that the checks and the benchmark use the tuned tables
+        t = time.time()
+        tune_gemm(shapes, dev, results, deadline=t + 0.7 * args.tune_budget_s)
+        tune_attention(dev, results, deadline=t + args.tune_budget_s)
+        log(f"(tuning took {time.time() - t:.0f}s)")
+        save()
+    if args.check:
+        run_checks(results)
+        save()
+    if not args.no_bench:
+        bench_linears(shapes, dev, results)
+        bench_layer_graph(shapes, dev, results)
+        save()
+        del shapes
+        torch.cuda.empty_cache()
+        cases = [(64, 4096), (256, 4096)] if args.quick else [(64, 4096), (256, 4096), (64, 16384), (16, 4096),
+                                                              (1, 16384)]
+        bench_attention(dev, results, cases)
+        kv_bytes(results)
+    results["wall_s"] = time.time() - t0
+    save()
+    log(f"\n(total {time.time() - t0:.0f}s)")
+
+
+if __name__ == "__main__":
+    main()
