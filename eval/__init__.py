@@ -1,0 +1,1 @@
+"""agentq.eval: held-out evaluation, metrics, reports, plots and benchmarks."""

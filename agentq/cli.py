@@ -1,0 +1,48 @@
+"""`agentq` command line: Hydra-style `key=value` overrides on conf/config.yaml.
+
+    agentq train env=textworld_express trainer.steps=2 trainer.out_dir=runs/x
+    agentq eval checkpoint=runs/x/checkpoints/step_000002 env=textworld_express split=test
+    agentq sft env=alfworld sft.num_demos=200
+    agentq config env=webshop algo=qat          # print the composed config
+"""
+from __future__ import annotations
+
+import sys
+
+COMMANDS = ("train", "eval", "sft", "config")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(__doc__.strip())
+        print(f"\ncommands: {', '.join(COMMANDS)}")
+        return 0
+    cmd, overrides = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"agentq: unknown command {cmd!r}; valid: {list(COMMANDS)}", file=sys.stderr)
+        return 2
+    from agentq.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(overrides)
+        if cmd == "config":
+            from omegaconf import OmegaConf
+            print(OmegaConf.to_yaml(cfg, resolve=True))
+        elif cmd == "train":
+            from agentq.trainer.rl import train
+            train(cfg)
+        elif cmd == "eval":
+            from agentq.eval.evaluate import evaluate
+            evaluate(cfg)
+        elif cmd == "sft":
+            from agentq.trainer.sft import sft
+            sft(cfg)
+    except ConfigError as e:
+        print(f"agentq: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

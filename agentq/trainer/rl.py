@@ -1,0 +1,211 @@
+"""The RL trainer: GRPO-family updates on multi-turn episodes from a quantized rollout engine.
+
+One step, top to bottom:
+  1. rollouts   the engine (the behaviour policy μ, e.g. W8A8-KV8) plays G episodes of each of
+                `tasks_per_step` training tasks; token ids, μ's log-probs and turn indices are kept
+  2. advantages GRPO: episode reward standardised within each task's group
+  3. π_old/π_ref log-probs from the learner's aligned forward (same fake quant as the engine)
+  4. objective  token weights once per batch (IS / InterQ-RL retention …), then PPO epochs
+  5. sync       the engine requantizes the new master weights (fresh scales)
+  6. log        metrics.jsonl + TensorBoard; periodic checkpoints and held-out evaluation
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from agentq.agent import BackendPolicy, ChatFormat, EpisodeSpec, episode_seed
+from agentq.algos import grpo_advantages, make_objective, mismatch_metrics
+from agentq.envs.base import sample_tasks
+from agentq.eval.evaluate import eval_tasks, run_episodes, write_report
+from agentq.eval.metrics import summarize
+from agentq.learner.batch import collate
+from agentq.learner.learner import Learner
+from agentq.utils.checkpoint import save_hf_checkpoint
+from agentq.utils.logging import MetricsLogger, console, jsonable, progress
+
+from . import setup
+
+
+def run_dir_for(cfg: DictConfig) -> Path:
+    if cfg.trainer.resume:
+        return Path(cfg.trainer.resume)
+    if cfg.trainer.out_dir:
+        return Path(cfg.trainer.out_dir)
+    return Path("runs") / f"{cfg.env.name}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
+    return ckpts[-1] if ckpts else None
+
+
+class RLTrainer:
+    def __init__(self, cfg: DictConfig, init_path: str | None = None):
+        self.cfg = cfg
+        t = cfg.trainer
+        self.device, self.dtype = setup.device_and_dtype(cfg)
+        torch.manual_seed(int(cfg.seed))
+        self.rng = np.random.default_rng(int(cfg.seed))
+        self.gen = torch.Generator().manual_seed(int(cfg.seed))
+        self.run_dir = run_dir_for(cfg)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        self.start_step = 0
+        resume_ckpt = latest_checkpoint(self.run_dir) if t.resume else None
+        path = str(resume_ckpt) if resume_ckpt else (init_path or setup.model_path(cfg))
+        self.tokenizer = setup.load_tokenizer(path)
+        self.chat = ChatFormat.from_tokenizer(self.tokenizer)
+        self.rollout_spec, learner_spec = setup.quant_specs(cfg)
+        self.learner = Learner(path, learner_spec, dtype=self.dtype, device=str(self.device), lr=float(t.lr),
+                               weight_decay=float(t.weight_decay), betas=tuple(t.betas), grad_clip=float(t.grad_clip),
+                               use_reference=float(cfg.algo.kl_coef) > 0, micro_batch_size=int(t.micro_batch_size))
+        if resume_ckpt is not None and (resume_ckpt / "trainer_state.pt").exists():
+            state = torch.load(resume_ckpt / "trainer_state.pt", weights_only=False)
+            self.learner.opt.load_state_dict(state["optimizer"])
+            self.start_step = int(state["step"])
+            self.rng = state["np_rng"]
+            self.gen.set_state(state["torch_gen"])
+            console.print(f"resumed from {resume_ckpt} at step {self.start_step}")
+        self.n_episodes = int(t.tasks_per_step) * int(t.group_size)
+        self.n_conc = max(1, min(self.n_episodes, int(t.max_concurrent), int(cfg.rollout.max_slots)))
+        self.engine = setup.make_backend(cfg, path, self.device, self.dtype, max_slots=self.n_conc)
+        self.engine.update_weights(self.learner.named_weights(), version=self.start_step)
+        self.objective = make_objective(cfg.algo.objective, clip_eps=float(cfg.algo.clip_eps),
+                                        dual_clip=float(cfg.algo.dual_clip), kl_coef=float(cfg.algo.kl_coef),
+                                        **OmegaConf.to_container(cfg.algo.objective_params or {}, resolve=True))
+        self.train_split, self.eval_split = cfg.env.train_split, cfg.env.eval_split
+        self.train_tasks = setup.list_tasks(cfg, self.train_split)
+        self.pool = setup.env_pool(cfg, self.train_split, self.n_conc)
+        self.loop = setup.agent_loop(cfg, self.pool, self.chat, setup.sampling_params(cfg, self.chat), self.n_conc,
+                                     run_seed=int(cfg.seed))
+        self._eval_pool = None
+        self.logger = MetricsLogger(self.run_dir)
+        self.next_episode_id = self.start_step * self.n_episodes
+        self.eval_history: list[dict] = []
+
+    # ------------------------------------------------------------------ one RL step
+    def step(self, step: int) -> dict:
+        t, cfg = self.cfg.trainer, self.cfg
+        t0 = time.perf_counter()
+        # 1. rollouts from the behaviour policy (the quantized engine)
+        tasks = sample_tasks(self.train_tasks, int(t.tasks_per_step), self.rng)
+        specs = []
+        for g, task in enumerate(tasks):
+            for _ in range(int(t.group_size)):
+                eid = self.next_episode_id
+                self.next_episode_id += 1
+                specs.append(EpisodeSpec(eid, task, self.train_split, group_id=g, seed=episode_seed(int(cfg.seed), eid)))
+        trajs = self.loop.run(specs, BackendPolicy(self.engine))
+        t_roll = time.perf_counter() - t0
+        rollout = summarize(trajs)
+        usable = [x for x in trajs if x.end_reason != "error" and x.num_action_tokens > 0]
+        gen_tokens = sum(x.num_action_tokens for x in trajs)
+
+        # 2. GRPO advantages within each task's group
+        rewards = torch.tensor([x.reward for x in usable], dtype=torch.float32)
+        groups = torch.tensor([x.group_id for x in usable])
+        adv = grpo_advantages(rewards, groups)
+        batch = collate(usable, adv, pad_id=self.tokenizer.pad_token_id or 0)
+
+        # 3. π_old and π_ref log-probs through the aligned forward
+        t1 = time.perf_counter()
+        self.learner.fill_old_and_ref(batch)
+        mismatch = mismatch_metrics(batch)
+
+        # 4. objective: per-token weights once per batch, then PPO epochs over minibatches
+        prep = self.objective.prepare(batch)
+        upd = self.learner.update(batch, self.objective, epochs=int(t.ppo_epochs),
+                                  minibatch_size=int(t.minibatch_size) if t.minibatch_size else None,
+                                  generator=self.gen)
+        t_train = time.perf_counter() - t1
+
+        # 5. weight sync: the engine requantizes the new masters with fresh scales
+        sync = self.engine.update_weights(self.learner.named_weights(), version=step)
+        step_time = time.perf_counter() - t0
+        return {
+            "reward_mean": rollout["reward_mean"], "success_rate": rollout["success_rate"],
+            "score_mean": rollout["score_mean"], "turns_mean": rollout["turns_mean"],
+            "cap_rate": rollout["cap_rate"], "invalid_action_rate": rollout["invalid_action_rate"],
+            "episodes": len(trajs), "errored_episodes": rollout["errors"],
+            "end_context": rollout["end_context"],
+            "adv_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0,
+            "action_tokens": gen_tokens, "tokens_per_s": gen_tokens / max(t_roll, 1e-9),
+            **upd, **prep, **mismatch,
+            "int8_codes_changed": sync.int8_codes_changed, "sync_time_s": sync.seconds,
+            "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
+            "rollout_time_s": t_roll, "train_time_s": t_train, "step_time_s": step_time,
+        }
+
+    # ------------------------------------------------------------------ eval, checkpoints
+    def evaluate(self, step: int, num_tasks: int | None) -> dict:
+        cfg = self.cfg
+        tasks = eval_tasks(setup.list_tasks(cfg, self.eval_split), num_tasks)
+        if self._eval_pool is None:
+            self._eval_pool = setup.env_pool(cfg, self.eval_split, min(self.n_conc, len(tasks)))
+        loop = setup.agent_loop(cfg, self._eval_pool, self.chat,
+                                setup.sampling_params(self.cfg, self.chat, cfg.eval.temperature),
+                                min(self.n_conc, len(tasks)), run_seed=int(cfg.seed) + 1)
+        trajs = run_episodes(loop, BackendPolicy(self.engine), tasks, self.eval_split, int(cfg.seed) + 1,
+                             first_id=10**9, description=f"eval step {step}")
+        report = {"step": step, "env": cfg.env.name, "split": self.eval_split, "rollout_quant": cfg.rollout.quant,
+                  "temperature": float(cfg.eval.temperature), **summarize(trajs)}
+        write_report(self.run_dir / "eval" / f"step_{step:06d}", report, trajs)
+        self.eval_history.append(report)
+        self.logger.log(step, {k: v for k, v in report.items() if isinstance(v, (int, float))}, prefix="eval/")
+        return report
+
+    def save(self, step: int) -> Path:
+        path = self.run_dir / "checkpoints" / f"step_{step:06d}"
+        save_hf_checkpoint(self.learner.model, path, self.tokenizer,
+                           extra={"step": step, "env": self.cfg.env.name, "algo": self.cfg.algo.name,
+                                  "rollout_quant": self.cfg.rollout.quant},
+                           trainer_state={"optimizer": self.learner.opt.state_dict(), "step": step,
+                                          "np_rng": self.rng, "torch_gen": self.gen.get_state()})
+        keep = int(self.cfg.trainer.keep_checkpoints)
+        for old in sorted((self.run_dir / "checkpoints").glob("step_*"))[:-keep] if keep > 0 else []:
+            import shutil
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> dict:
+        t = self.cfg.trainer
+        steps = int(t.steps)
+        save_every, eval_every = int(t.save_every), int(t.eval_every)
+        last = None
+        with progress() as prog:
+            bar = prog.add_task(f"RL {self.cfg.env.name} [{self.cfg.algo.name}]", total=steps,
+                                completed=self.start_step, info="")
+            for step in range(self.start_step + 1, steps + 1):
+                m = self.step(step)
+                self.logger.log(step, m)
+                last = m
+                prog.update(bar, advance=1, info=f"reward {m['reward_mean']:.3f} succ {m['success_rate']:.2f} "
+                                                 f"k3 {m.get('k3', float('nan')):.1e}")
+                if save_every > 0 and step % save_every == 0 and step < steps:
+                    self.save(step)
+                if eval_every > 0 and step % eval_every == 0 and step < steps:
+                    self.evaluate(step, int(t.eval_num_tasks))
+        final = self.save(steps)
+        report = self.evaluate(steps, int(t.eval_num_tasks)) if eval_every >= 0 else None
+        summary = {"run_dir": str(self.run_dir), "checkpoint": str(final), "steps": steps, "last_step": last,
+                   "final_eval": report}
+        (self.run_dir / "train_summary.json").write_text(json.dumps(jsonable(summary), indent=2, default=str))
+        self.close()
+        return summary
+
+    def close(self):
+        self.logger.close()
+        self.pool.close()
+        if self._eval_pool is not None:
+            self._eval_pool.close()
+
+
+def train(cfg: DictConfig) -> dict:
+    return RLTrainer(cfg).train()

@@ -1,0 +1,150 @@
+"""Building the run's components from the config (shared by `train`, `eval` and `sft`)."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from agentq.agent import ActionParser, AgentLoop, ChatFormat, PromptConfig
+from agentq.kernels.quant_spec import QuantSpec
+from agentq.pool import EnvSpec, make_pool
+from agentq.rollout.backend import SamplingParams
+
+
+def device_and_dtype(cfg: DictConfig) -> tuple[torch.device, torch.dtype]:
+    dev = cfg.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but no CUDA device is available")
+    dt = cfg.dtype
+    if dt == "auto":
+        dt = "bfloat16" if dev == "cuda" else "float32"
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dt not in dtypes:
+        raise ValueError(f"dtype={dt!r}; valid: {sorted(dtypes)} or auto")
+    return torch.device(dev), dtypes[dt]
+
+
+# ---------------------------------------------------------------------- environments
+def env_spec(cfg: DictConfig, split: str, expert: bool = False) -> EnvSpec:
+    kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True) or {}
+    kwargs.update(split=split, max_steps=int(cfg.env.max_steps), expert=expert)
+    return EnvSpec(cfg.env.name, kwargs)
+
+
+def make_env(cfg: DictConfig, split: str, expert: bool = False):
+    from agentq.pool.base import make_env as _make
+
+    return _make(env_spec(cfg, split, expert))
+
+
+def list_tasks(cfg: DictConfig, split: str) -> list[str]:
+    env = make_env(cfg, split)
+    try:
+        return list(env.unwrapped.list_tasks(split))
+    finally:
+        env.close()
+
+
+def env_pool(cfg: DictConfig, split: str, num_envs: int, expert: bool = False):
+    p = cfg.env_pool
+    kw = {"address": p.address} if p.type == "ray" else {}
+    return make_pool(p.type, env_spec(cfg, split, expert), num_envs, num_workers=int(p.num_workers), **kw)
+
+
+def env_corpus(cfg: DictConfig, n_episodes: int, seed: int = 0) -> list[str]:
+    """Text of the env (prompts, observations, expert actions in the agent's format) for the tokenizer."""
+    parser = ActionParser(cfg.agent.action_tag)
+    prompt = prompt_config(cfg)
+    env = make_env(cfg, cfg.env.train_split, expert=True)
+    rng = random.Random(seed)
+    tasks = env.unwrapped.list_tasks(cfg.env.train_split)
+    texts = [prompt.system, prompt.invalid_format]
+    try:
+        for i in range(n_episodes):
+            obs, info = env.reset(seed=seed + i, options={"task_id": tasks[rng.randrange(len(tasks))]})
+            texts.append(prompt.render(prompt.first_turn, info["task"], obs, info.get("admissible_actions")))
+            for _ in range(int(cfg.env.max_steps)):
+                action = info.get("expert_action")
+                if action is None:
+                    acts = info.get("admissible_actions") or ["look"]
+                    action = acts[rng.randrange(len(acts))]
+                texts.append(parser.format(action))
+                obs, _, term, trunc, info = env.step(action)
+                texts.append(prompt.render(prompt.next_turn, info["task"], obs, info.get("admissible_actions")))
+                if term or trunc:
+                    break
+    finally:
+        env.close()
+    return texts
+
+
+# ---------------------------------------------------------------------- model
+def model_path(cfg: DictConfig) -> str:
+    """`model.path` if set (must exist), else the tiny model built for this environment."""
+    if cfg.model.path:
+        p = Path(cfg.model.path).expanduser()
+        if not (p / "config.json").exists():
+            raise FileNotFoundError(f"model.path={str(p)!r} is not an HF checkpoint folder (no config.json)")
+        return str(p)
+    from agentq.models.tiny import TinyModelConfig, ensure_tiny_model
+
+    t = OmegaConf.to_container(cfg.model.tiny, resolve=True)
+    n = int(t.pop("corpus_episodes"))
+    tcfg = TinyModelConfig(**t)
+    corpus_key = json.dumps({"env": OmegaConf.to_container(cfg.env, resolve=True), "n": n,
+                             "agent": OmegaConf.to_container(cfg.agent, resolve=True)}, sort_keys=True)
+    return str(ensure_tiny_model(tcfg, corpus_key, lambda: env_corpus(cfg, n, seed=tcfg.seed)))
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def quant_specs(cfg: DictConfig) -> tuple[QuantSpec, QuantSpec]:
+    """(rollout spec, learner spec): the learner mirrors the rollout's spec when aligned."""
+    rollout = QuantSpec.preset(cfg.rollout.quant)
+    lq = cfg.algo.learner_quant
+    if lq not in ("aligned", "none"):
+        raise ValueError(f"algo.learner_quant={lq!r}; valid: ['aligned', 'none']")
+    return rollout, (rollout if lq == "aligned" else QuantSpec.preset("none"))
+
+
+def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.dtype, max_slots: int | None = None):
+    backend = cfg.rollout.backend
+    if backend != "torch":
+        raise ValueError(f"rollout.backend={backend!r}; valid: ['torch']")
+    from agentq.rollout.torch_engine.engine import TorchEngine
+
+    spec, _ = quant_specs(cfg)
+    return TorchEngine.from_pretrained(path, spec, max_slots=int(max_slots or cfg.rollout.max_slots),
+                                       max_len=int(cfg.env.max_context_tokens), dtype=dtype, device=device,
+                                       prefill_chunk=int(cfg.rollout.prefill_chunk))
+
+
+# ---------------------------------------------------------------------- agent loop
+def prompt_config(cfg: DictConfig) -> PromptConfig:
+    p = cfg.env.prompt
+    return PromptConfig(system=p.system, first_turn=p.first_turn, next_turn=p.next_turn, actions=p.actions,
+                        max_obs_chars=int(p.max_obs_chars), invalid_format=cfg.agent.invalid_format)
+
+
+def sampling_params(cfg: DictConfig, chat: ChatFormat, temperature: float | None = None) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(temperature=float(r.temperature if temperature is None else temperature),
+                          top_p=float(r.top_p), top_k=int(r.top_k), max_new_tokens=int(cfg.env.max_new_tokens),
+                          stop_token_ids=chat.stop_token_ids)
+
+
+def agent_loop(cfg: DictConfig, pool, chat: ChatFormat, sampling: SamplingParams, max_concurrent: int,
+               run_seed: int) -> AgentLoop:
+    return AgentLoop(pool, chat, prompt_config(cfg), ActionParser(cfg.agent.action_tag), sampling,
+                     max_turns=int(cfg.env.max_steps), max_context_tokens=int(cfg.env.max_context_tokens),
+                     max_concurrent=max_concurrent, invalid_action_penalty=float(cfg.agent.invalid_action_penalty),
+                     run_seed=run_seed)

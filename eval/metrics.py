@@ -1,0 +1,60 @@
+"""Episode metrics shared by training logs and evaluation reports (methods.md §5)."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from agentq.agent.trajectory import END_REASONS, Trajectory
+
+
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a binomial proportion k/n."""
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, c - h), min(1.0, c + h))
+
+
+def _mean(xs):
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def summarize(trajs: list[Trajectory]) -> dict:
+    """success_rate, score_mean, turns_success_mean (turns of won episodes), cap_rate (share that ran
+    out of steps without winning), per end reason shares, invalid-action rate, per task type."""
+    n = len(trajs)
+    won = sum(t.won for t in trajs)
+    out = {
+        "episodes": n,
+        "success_rate": won / n if n else float("nan"),
+        "success_ci95": list(wilson_interval(won, n)),
+        "score_mean": _mean(t.score for t in trajs),
+        "reward_mean": _mean(t.reward for t in trajs),
+        "turns_mean": _mean(t.turns for t in trajs),
+        "turns_success_mean": _mean(t.turns for t in trajs if t.won),
+        "cap_rate": _mean(float(t.end_reason == "step_cap" and not t.won) for t in trajs),
+        "invalid_action_rate": (sum(t.invalid_actions for t in trajs) / max(1, sum(t.turns for t in trajs))),
+        "errors": sum(t.end_reason == "error" for t in trajs),
+    }
+    for r in END_REASONS:
+        out[f"end_{r}"] = _mean(float(t.end_reason == r) for t in trajs)
+    by_type = defaultdict(list)
+    for t in trajs:
+        if t.info.get("task_type"):
+            by_type[t.info["task_type"]].append(t)
+    if len(by_type) > 1 or (by_type and n > 0):
+        out["per_task_type"] = {k: {"episodes": len(v), "success_rate": _mean(float(t.won) for t in v),
+                                    "score_mean": _mean(t.score for t in v)} for k, v in sorted(by_type.items())}
+    return out
+
+
+def aulc(steps: list[float], values: list[float]) -> float:
+    """Area under the evaluation curve normalised by training length (trapezoid; methods §5)."""
+    if len(steps) < 2 or steps[-1] == steps[0]:
+        return values[0] if values else float("nan")
+    area = sum((steps[k] - steps[k - 1]) * (values[k] + values[k - 1]) / 2 for k in range(1, len(steps)))
+    return area / (steps[-1] - steps[0])
