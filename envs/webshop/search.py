@@ -65,7 +65,7 @@ class ProductSearch:
                 scores = np.asarray(self._bm25.get_scores(tokens))
                 order = np.argsort(-scores, kind="stable")[:k]
                 hit = [self.asins[i] for i in order if scores[i] > 0]
-            if len(self._cache) > 50_000:
+            if len(self._cache) > 10_000:
                 self._cache.clear()
             self._cache[key] = hit
         return list(hit)
