@@ -104,7 +104,7 @@ def create_app(**env_kwargs) -> Flask:
     lock = threading.Lock()
 
     def goal_of(split: str, task_id: str) -> dict:
-        if split not in env.splits or task_id not in env._task_set(split):
+        if split not in env.splits or task_id not in env.list_tasks(split):
             abort(404, f"unknown goal {split}/{task_id}; splits: {list(env.splits)}")
         return env.shop.goals[int(task_id)]
 
