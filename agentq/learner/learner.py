@@ -98,7 +98,7 @@ class Learner:
                     (loss * share).backward()
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + float(v) * share
-                    sums["loss"] = sums.get("loss", 0.0) + float(loss) * share
+                    sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) * share
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)))
                 self.opt.step()
                 count += 1

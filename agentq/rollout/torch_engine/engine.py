@@ -95,12 +95,15 @@ class TorchEngine:
         params = requests[0].sampling
         if any(r.sampling != params for r in requests):
             raise ValueError("all requests of one generate() call must share SamplingParams")
-        slots = [self._slot(r.episode_id) for r in requests]
-        gens = [self._generator(r) for r in requests]
+        vocab = self.model.config.vocab_size
         for r in requests:
             if len(r.context_ids) + 1 > self.max_len:
                 raise ValueError(f"episode {r.episode_id}: context of {len(r.context_ids)} tokens does not fit "
                                  f"max_len={self.max_len}; the agent loop must end it (context budget)")
+            if not r.context_ids or min(r.context_ids) < 0 or max(r.context_ids) >= vocab:
+                raise ValueError(f"episode {r.episode_id}: context ids must be non-empty and in [0, {vocab})")
+        slots = [self._slot(r.episode_id) for r in requests]
+        gens = [self._generator(r) for r in requests]
         # 1) prefill each episode's new tokens; logits of its last context token start the turn
         logits = self._prefill(slots, [r.context_ids for r in requests])
         # 2) batched decode

@@ -1,0 +1,95 @@
+"""Token-level chat rendering, the action parser and the episode loop on a real environment."""
+import pytest
+
+from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, ExpertPolicy, PromptConfig
+from agentq.pool import EnvSpec, InlinePool
+from agentq.rollout import SamplingParams, TurnResult
+
+
+def test_chat_pieces_reproduce_the_chat_template(tokenizer):
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    prompt = chat.prompt("SYS", "find the coin")
+    action = tokenizer.encode("<action>take coin</action>", add_special_tokens=False) + [tokenizer.eos_token_id]
+    ids = prompt + action + chat.next_user("You took the coin.", stopped=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "SYS"}, {"role": "user", "content": "find the coin"},
+         {"role": "assistant", "content": "<action>take coin</action>"}, {"role": "user", "content": "You took the coin."}],
+        add_generation_prompt=True, tokenize=False)
+    assert tokenizer.decode(ids) == text
+    assert chat.stop_token_ids == (tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+    # a turn cut by max_new_tokens gets its end-of-turn token from the framework (not sampled)
+    assert chat.next_user("x", stopped=False)[: len(chat.after_length)] == [tokenizer.eos_token_id] + chat.after_stop
+
+
+def test_chat_format_requires_a_template(tokenizer):
+    import copy
+
+    t = copy.deepcopy(tokenizer)
+    t.chat_template = None
+    with pytest.raises(ValueError, match="no chat_template"):
+        ChatFormat.from_tokenizer(t)
+
+
+@pytest.mark.parametrize("text,action", [
+    ("<action>take coin</action>", "take coin"),
+    ("I think.\n<action>  move   east </action> trailing", "move east"),
+    ("<action>a</action> then <action>b</action>", "b"),
+    ("take coin", None), ("<action></action>", None), ("<action>unclosed", None)])
+def test_action_parser(text, action):
+    assert ActionParser().parse(text) == action
+
+
+class ScriptedPolicy:
+    """Replays fixed assistant texts (the test's stand-in for a model: it checks the loop's bookkeeping)."""
+
+    def __init__(self, chat, texts):
+        self.chat, self.texts, self.i = chat, texts, {}
+
+    def __call__(self, requests, infos):
+        out = []
+        for r in requests:
+            k = self.i.get(r.episode_id, 0)
+            self.i[r.episode_id] = k + 1
+            ids = self.chat.encode(self.texts[k]) + [self.chat.stop_token_ids[0]]
+            out.append(TurnResult(r.episode_id, ids, [-0.5] * len(ids), "stop"))
+        return out
+
+    def release(self, episode_id):
+        pass
+
+
+def make_loop(tokenizer, max_turns=5, max_context=2048):
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": max_turns,
+                                                    "expert": True, "game_params": {"coin": "numLocations=2"}}), 2)
+    loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(), SamplingParams(max_new_tokens=16),
+                     max_turns=max_turns, max_context_tokens=max_context)
+    return chat, loop
+
+
+def test_loop_masks_segments_and_invalid_turns(tokenizer):
+    chat, loop = make_loop(tokenizer, max_turns=3)
+    texts = ["no tags here", "<action>inventory</action>", "<action>look around</action>"]
+    (traj,) = loop.run([EpisodeSpec(0, "coin/1", "train")], ScriptedPolicy(chat, texts))
+    assert traj.turns == 3 and traj.invalid_actions == 1 and traj.end_reason == "step_cap" and not traj.won
+    segs = [s for s, m in zip(traj.seg_id, traj.action_mask) if m]
+    n = [len(chat.encode(t)) + 1 for t in texts]
+    assert segs == [1] * n[0] + [2] * n[1] + [3] * n[2]
+    assert all(lp == -0.5 for lp, m in zip(traj.rollout_logp, traj.action_mask) if m)
+    assert all(lp == 0.0 and s == 0 for lp, s, m in zip(traj.rollout_logp, traj.seg_id, traj.action_mask) if not m)
+    assert traj.transcript[1]["obs"].startswith("Invalid format")
+    # the ids are the exact concatenation: decoding never re-encodes sampled text
+    assert tokenizer.decode(traj.input_ids).count("<|im_start|>assistant") == 3
+
+
+def test_expert_policy_wins_and_ends_on_termination(tokenizer):
+    chat, loop = make_loop(tokenizer, max_turns=10)
+    trajs = loop.run([EpisodeSpec(i, f"coin/{i}", "train", seed=i) for i in range(4)], ExpertPolicy(chat, ActionParser()))
+    assert [t.end_reason for t in trajs] == ["won"] * 4
+    assert all(t.won and t.score == 1.0 and t.reward == 1.0 for t in trajs)
+
+
+def test_context_budget_ends_episodes(tokenizer):
+    chat, loop = make_loop(tokenizer, max_turns=50, max_context=400)
+    (traj,) = loop.run([EpisodeSpec(0, "coin/3", "train")], ScriptedPolicy(chat, ["<action>look around</action>"] * 50))
+    assert traj.end_reason == "context" and traj.num_tokens + 16 > 400 and traj.turns < 50

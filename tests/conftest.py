@@ -1,0 +1,50 @@
+"""Session fixtures shared by the core tests: a tiny HF model built locally (no downloads)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+# One cache folder for the whole session, so the CLI tests build the embedded tiny model once.
+# Tests must never read or write the user's ~/.cache/agentq.
+if "AGENTQ_TEST_CACHE" not in os.environ:
+    import tempfile
+    os.environ["AGENTQ_TEST_CACHE"] = tempfile.mkdtemp(prefix="agentq-test-cache-")
+os.environ["AGENTQ_CACHE"] = os.environ["AGENTQ_TEST_CACHE"]
+
+REPO = Path(__file__).resolve().parents[1]
+
+CORPUS = [
+    "You are in the kitchen. In one part of the room you see a stove. There is also an oven. "
+    "You also see a fridge that is closed. To the East you see the pantry. To the West you see the corridor.",
+    "Your task is to search the environment and find the coin. Once you find the coin, take it.",
+    "<action>look around</action> <action>move east</action> <action>take coin</action> "
+    "<action>open door to north</action> <action>inventory</action>",
+    "Actions: close door to east, close door to north, inventory, look around, move east, move north, move west",
+] * 20
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A 2-layer random-init Qwen3 (hidden 256, GQA 4:2, head_dim 64) + a BPE tokenizer with ChatML."""
+    from agentq.models.tiny import TinyModelConfig, build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", CORPUS, TinyModelConfig(vocab_size=512))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 900):
+    """Run `python -m agentq.cli ...` in a subprocess (as a user would), returning CompletedProcess."""
+    import subprocess
+
+    env = dict(os.environ)
+    return subprocess.run([sys.executable, "-m", "agentq.cli", *args], cwd=cwd or REPO, env=env, timeout=timeout,
+                          capture_output=True, text=True)

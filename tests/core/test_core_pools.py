@@ -1,0 +1,54 @@
+"""Env pools: the same results in-process, in subprocess workers and in Ray actors; a killed worker
+is restarted and the episodes it was running are reported as errors."""
+import os
+import signal
+import time
+
+import pytest
+
+from agentq.pool import EnvSpec, make_pool
+
+SPEC = EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 10,
+                                     "game_params": {"coin": "numLocations=2"}})
+
+
+def play(pool):
+    rs = pool.reset([(i, {"seed": i, "options": {"task_id": f"coin/{i}"}}) for i in range(4)])
+    st = pool.step([(i, "look around") for i in range(4)])
+    return [r.info["task_id"] for r in rs], [r.obs for r in st]
+
+
+@pytest.mark.parametrize("kind", ["process", "ray"])
+def test_pool_matches_inline_and_survives_a_dead_worker(kind):
+    inline = make_pool("inline", SPEC, 4)
+    want = play(inline)
+    inline.close()
+    pool = make_pool(kind, SPEC, 4, num_workers=2)
+    try:
+        assert play(pool) == want
+        if kind == "process":
+            os.kill(pool.worker_pid(1), signal.SIGKILL)
+        else:
+            import ray
+            ray.kill(pool.actor(1))
+        time.sleep(0.5)
+        res = pool.step([(i, "look around") for i in range(4)])
+        assert [r.ok for r in res] == [True, False, True, False]
+        assert "died" in res[1].error and pool.restarts == 1
+        again = pool.reset([(1, {"options": {"task_id": "coin/9"}}), (3, {"options": {"task_id": "coin/8"}})])
+        assert [r.ok for r in again] == [True, True] and again[0].info["task_id"] == "coin/9"
+    finally:
+        pool.close()
+
+
+def test_env_exception_is_reported_and_env_rebuilt():
+    pool = make_pool("inline", SPEC, 1)
+    (r,) = pool.reset([(0, {"options": {"task_id": "coin/does-not-exist"}})])
+    assert not r.ok and "UnknownTaskError" in r.error
+    (r,) = pool.reset([(0, {"options": {"task_id": "coin/2"}})])
+    assert r.ok
+
+
+def test_unknown_pool_type():
+    with pytest.raises(ValueError, match="valid: \\['inline', 'process', 'ray'\\]"):
+        make_pool("threads", SPEC, 2)

@@ -1,0 +1,95 @@
+"""QuantSpec numerics: the worked numbers of methods.md §2.1–2.2, rounding-mode ties, and
+bit-identical codes across the reference quantizers, the engine's layers and the learner's fake quant."""
+import pytest
+import torch
+
+from agentq.kernels import QuantSpec
+from agentq.kernels import quant
+
+SPEC = QuantSpec.preset("w8a8_kv8")
+
+
+def test_w8a8_worked_example():
+    W = torch.tensor([[0.5, -1.0, 0.25], [0.02, 0.01, -0.03]])
+    X = torch.tensor([[1.0, -2.0, 0.5], [0.1, 0.0, -0.3]])
+    w_q, s_w = quant.quantize_weight(W, SPEC)
+    x_q, s_x = quant.quantize_act(X, SPEC)
+    assert w_q.tolist() == [[64, -127, 32], [85, 42, -127]]
+    assert x_q.tolist() == [[64, -127, 32], [42, 0, -127]]
+    torch.testing.assert_close(s_w, torch.tensor([0.0078740, 0.00023622]), atol=1e-7, rtol=0)
+    torch.testing.assert_close(s_x, torch.tensor([0.0157480, 0.0023622]), atol=1e-7, rtol=0)
+    acc = quant.int8_matmul(x_q, w_q)
+    assert acc.tolist() == [[21249, -3958], [-1376, 19699]]
+    assert torch.equal(acc, quant.int8_matmul_ref(x_q, w_q))
+    y = quant.w8a8_linear(X, w_q, s_w, None, SPEC)
+    torch.testing.assert_close(y, torch.tensor([[2.634881, -0.014724], [-0.025594, 0.010992]]), atol=2e-6, rtol=0)
+
+
+def test_kv_int8_worked_example():
+    k = torch.tensor([0.3, -1.2, 0.05, 0.7])
+    codes, scale = quant.quantize_kv(k, SPEC)
+    assert codes.tolist() == [32, -127, 5, 74]
+    assert abs(float(scale) - 0.0094488) < 1e-7
+    torch.testing.assert_close(quant.kv_roundtrip(k, SPEC), torch.tensor([0.302362, -1.2, 0.047244, 0.699213]),
+                               atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("mode,expected", [("half_even", [62, -62, 64, 0, -2, 2, 0]),
+                                           ("half_away", [63, -63, 64, 0, -3, 2, 1])])
+def test_rounding_modes_pin_ties(mode, expected):
+    x = torch.tensor([62.5, -62.5, 63.5, 0.49999997, -2.5, 1.5, 0.5])
+    assert quant.round_half(x, mode).tolist() == expected
+
+
+def test_spec_rounding_applies_per_tensor_kind():
+    # a row whose absmax is 127 → scale 1.0 exactly, so x/scale keeps the .5 ties
+    row = torch.tensor([[127.0, 62.5, -62.5, 0.5]])
+    assert quant.quantize_act(row, SPEC)[0].tolist() == [[127, 62, -62, 0]]       # half_even (vLLM acts)
+    assert quant.quantize_kv(row, SPEC)[0].tolist() == [[127, 63, -63, 1]]        # half_away (vLLM int8 KV)
+
+
+def test_zero_rows_hit_the_scale_floor():
+    codes, scale = quant.quantize_act(torch.zeros(2, 8), SPEC)
+    assert codes.abs().sum() == 0 and torch.all(scale == SPEC.act_scale_floor)
+    codes, scale = quant.quantize_kv(torch.zeros(3, 4), SPEC)
+    assert torch.all(scale == SPEC.kv_scale_floor)
+
+
+def test_ste_linear_value_equals_engine_path_and_gradients_flow():
+    torch.manual_seed(0)
+    x = torch.randn(5, 2048, requires_grad=True)     # K > 1040: a float matmul of dequantized values is not exact
+    w = torch.randn(64, 2048, requires_grad=True)
+    b = torch.randn(64, requires_grad=True)
+    y = quant.w8a8_linear_ste(x, w, b, SPEC)
+    w_q, s_w = quant.quantize_weight(w.detach(), SPEC)
+    assert torch.equal(y.detach(), quant.w8a8_linear(x.detach(), w_q, s_w, b.detach(), SPEC))
+    y.sum().backward()
+    # straight-through: d/dW of Σ X_fq W_fqᵀ = Σ_rows X_fq
+    x_q, s_x = quant.quantize_act(x.detach(), SPEC)
+    torch.testing.assert_close(w.grad, quant.dequantize_rows(x_q, s_x).sum(0).expand_as(w), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(x.grad, quant.dequantize_rows(w_q, s_w).sum(0).expand_as(x), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(b.grad, torch.full((64,), 5.0))
+
+
+def test_engine_and_learner_int8_weight_codes_are_identical(tiny_model_dir):
+    """The engine's requantized buffers and the learner's fake quant give the same codes and scales."""
+    from transformers import AutoModelForCausalLM
+
+    from agentq.rollout.torch_engine.engine import TorchEngine
+
+    eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=2, max_len=64)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for i, layer in enumerate(eng.model.layers):
+        for name, hf_lin in [("q_proj", hf.model.layers[i].self_attn.q_proj), ("down_proj", hf.model.layers[i].mlp.down_proj)]:
+            w_q, s_w = quant.quantize_weight(hf_lin.weight.detach(), SPEC)
+            assert torch.equal(getattr(layer, name).w_q, w_q)
+            assert torch.equal(getattr(layer, name).s_w, s_w)
+
+
+def test_spec_audit_refuses_unknown_or_missing_linears():
+    with pytest.raises(ValueError, match="does not say how to run"):
+        SPEC.check_linears(["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.mystery_proj"])
+    with pytest.raises(ValueError, match="no such linear layers"):
+        SPEC.check_linears(["model.layers.0.self_attn.q_proj", "lm_head"])
+    with pytest.raises(ValueError, match="unknown quantization preset"):
+        QuantSpec.preset("w4a4")

@@ -1,0 +1,67 @@
+"""TextWorldExpress on the env contract (the template every environment follows)."""
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import agentq.envs as envs
+
+
+def make(**kw):
+    return gym.make("agentq/TextWorldExpress-v0", games=["coin"], game_params={"coin": "numLocations=2"}, **kw)
+
+
+def test_check_env_passes():
+    env = make()
+    check_env(env.unwrapped)
+    env.close()
+
+
+def test_info_contract_and_gold_path_wins():
+    env = make(expert=True, split="test")
+    obs, info = env.reset(seed=0, options={"task_id": "coin/20005"})
+    assert {"task", "task_id", "split", "admissible_actions", "won", "score", "expert_action"} <= set(info)
+    assert info["task_id"] == "coin/20005" and info["split"] == "test" and info["task"].startswith("Your task is")
+    assert "look around" in info["admissible_actions"]
+    total, steps = 0.0, 0
+    while True:
+        obs, r, term, trunc, info = env.step(info["expert_action"])
+        total, steps = total + r, steps + 1
+        if term or trunc:
+            break
+    assert term and not trunc and info["won"] and info["score"] == 1.0 and total == 1.0
+    with pytest.raises(RuntimeError, match="finished episode"):
+        env.step("look around")
+
+
+def test_step_cap_truncates_and_is_never_a_win():
+    env = make(max_steps=3)
+    env.reset(seed=0, options={"task_id": "coin/7"})
+    outs = [env.step("inventory") for _ in range(3)]
+    assert [o[3] for o in outs] == [False, False, True] and not any(o[2] for o in outs)
+    assert not outs[-1][4]["won"]
+
+
+def test_invalid_action_is_a_handled_turn():
+    env = make()
+    env.reset(seed=0)
+    obs, r, term, trunc, info = env.step("dance wildly")
+    assert r == 0.0 and not term and not trunc and "Unknown action" in obs
+
+
+def test_splits_are_stable_and_disjoint():
+    env = make().unwrapped
+    train, dev, test = (env.list_tasks(s) for s in ("train", "dev", "test"))
+    assert len(train) == len(dev) == len(test) == 1000
+    assert train[:2] == ["coin/0", "coin/1"] and test[0] == "coin/20000"
+    assert not (set(train) & set(test)) and not (set(dev) & set(test))
+    with pytest.raises(envs.UnknownTaskError, match="unknown task_id"):
+        env.reset(options={"task_id": "coin/20000", "split": "train"})
+    with pytest.raises(ValueError, match="valid: \\['train', 'dev', 'test'\\]"):
+        env.list_tasks("validation")
+
+
+def test_unknown_env_ids_list_the_valid_choices():
+    with pytest.raises(gym.error.NameNotFound, match="valid names: \\['alfworld', 'scienceworld', 'textworld_express', 'webshop'\\]"):
+        envs.make("alfworl")
+    with pytest.raises(ValueError, match="unknown TextWorldExpress game"):
+        gym.make("agentq/TextWorldExpress-v0", games=["chess"])

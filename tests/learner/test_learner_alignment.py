@@ -1,0 +1,105 @@
+"""The QAT-aligned learner computes the engine's function: log-probs of the engine's sampled tokens
+match to 1e-4 in fp32 over multi-turn episodes; an unaligned learner sees ≥ 10× the K3 mismatch."""
+import pytest
+import torch
+
+from agentq.agent import ActionParser, AgentLoop, BackendPolicy, ChatFormat, EpisodeSpec, PromptConfig
+from agentq.algos import PolicyBatch, grpo_advantages, make_objective, mismatch_metrics
+from agentq.kernels import QuantSpec
+from agentq.learner.batch import collate
+from agentq.learner.learner import Learner
+from agentq.pool import EnvSpec, InlinePool
+from agentq.rollout import SamplingParams
+from agentq.rollout.torch_engine.engine import TorchEngine
+
+SPEC = QuantSpec.preset("w8a8_kv8")
+
+
+@pytest.fixture(scope="module")
+def episodes(tiny_model_dir, tokenizer):
+    """6 real TextWorldExpress episodes (3 tasks × 2) played by the W8A8-KV8 engine, 4 turns each."""
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 4,
+                                                    "game_params": {"coin": "numLocations=2"}}), 6)
+    eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=6, max_len=1536)
+    loop = AgentLoop(pool, chat, PromptConfig(system="Reply with <action>...</action>.", actions=""),
+                     ActionParser(), SamplingParams(max_new_tokens=12, stop_token_ids=chat.stop_token_ids),
+                     max_turns=4, max_context_tokens=1536)
+    trajs = loop.run([EpisodeSpec(i, f"coin/{i // 2}", "train", group_id=i // 2, seed=i) for i in range(6)],
+                     BackendPolicy(eng))
+    pool.close()
+    return trajs
+
+
+def test_aligned_learner_matches_engine_and_unaligned_does_not(tiny_model_dir, episodes):
+    assert all(t.turns == 4 for t in episodes)
+    batch = collate(episodes)
+    mask = batch.action_mask.bool()
+    assert int(mask.sum()) == sum(t.num_action_tokens for t in episodes)
+    aligned = Learner(str(tiny_model_dir), SPEC, use_reference=False)
+    unaligned = Learner(str(tiny_model_dir), QuantSpec.preset("none"), use_reference=False)
+    d_al = (aligned.logprobs(batch) - batch.rollout_logp)[mask].abs()
+    batch.old_logp = aligned.logprobs(batch)
+    k3_al = mismatch_metrics(batch)["k3"]
+    batch.old_logp = unaligned.logprobs(batch)
+    k3_un = mismatch_metrics(batch)["k3"]
+    d_un = (batch.old_logp - batch.rollout_logp)[mask].abs()
+    print(f"\naligned   max|Δlogp| = {d_al.max():.3e}  K3 = {k3_al:.3e}"
+          f"\nunaligned max|Δlogp| = {d_un.max():.3e}  K3 = {k3_un:.3e}  ratio = {k3_un / max(k3_al, 1e-300):.1e}")
+    assert d_al.max() <= 1e-4
+    assert k3_un >= 10 * k3_al and d_un.max() > 1e-3
+    assert aligned.report() == {"quantized_linears": 14, "full_precision_linears": 1}   # lm_head stays fp
+
+
+def test_observation_tokens_carry_no_loss(tiny_model_dir, episodes):
+    """d loss / d logp is exactly 0 on every non-action position (prompt, observations, template)."""
+    learner = Learner(str(tiny_model_dir), SPEC, use_reference=True)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.0])
+    batch = collate(episodes, grpo_advantages(rewards, torch.tensor([t.group_id for t in episodes])))
+    learner.fill_old_and_ref(batch)
+    obj = make_objective("interq")
+    obj.prepare(batch)
+    from agentq.learner.learner import sequence_logprobs
+
+    logp = sequence_logprobs(learner.model, batch.input_ids, batch.attention_mask)
+    logp.retain_grad()
+    loss, _ = obj.loss(logp, batch)
+    loss.backward()
+    non_action = ~batch.action_mask.bool()
+    assert logp.grad[non_action].abs().max() == 0
+    assert logp.grad[batch.action_mask.bool()].abs().max() > 0
+    # and the observation tokens are really there: most of each trajectory is context, not action
+    assert float(batch.action_mask.sum()) < 0.5 * float(batch.attention_mask.sum())
+
+
+def test_update_moves_weights_and_sync_reports_changed_codes(tiny_model_dir, episodes):
+    learner = Learner(str(tiny_model_dir), SPEC, use_reference=False, lr=5e-3)
+    eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=2, max_len=64)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    batch = collate(episodes, grpo_advantages(rewards, torch.tensor([t.group_id for t in episodes])))
+    learner.fill_old_and_ref(batch)
+    obj = make_objective("grpo", kl_coef=0.0)
+    obj.prepare(batch)
+    stats = learner.update(batch, obj, epochs=1, minibatch_size=3)
+    assert stats["optimizer_steps"] == 2 and stats["grad_norm"] > 0
+    sync = eng.update_weights(learner.named_weights(), version=1)
+    assert 0.01 < sync.int8_codes_changed < 1.0
+    # after the sync, engine and aligned learner still agree on fresh log-probs
+    ctx = episodes[0].input_ids[:40]
+    tgt = episodes[0].input_ids[40:60]
+    eng_lp = torch.tensor(eng.score(ctx, tgt))
+    b = PolicyBatch(input_ids=torch.tensor([ctx + tgt]), attention_mask=torch.ones(1, 60, dtype=torch.long),
+                    action_mask=torch.zeros(1, 60), seg_id=torch.zeros(1, 60, dtype=torch.long),
+                    rollout_logp=torch.zeros(1, 60), adv=torch.zeros(1))
+    assert (learner.logprobs(b)[0, 40:] - eng_lp).abs().max() < 1e-4
+
+
+def test_checkpoint_round_trip(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    learner = Learner(str(tiny_model_dir), SPEC, use_reference=False)
+    learner.save(str(tmp_path / "ckpt"))
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", dtype=torch.float32)
+    for (n, a), (_, b) in zip(learner.model.state_dict().items(), reloaded.state_dict().items()):
+        assert torch.equal(a, b), n
+    assert not list(tmp_path.glob(".ckpt.tmp*"))       # the temporary folder was renamed into place
