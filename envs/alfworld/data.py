@@ -1,0 +1,113 @@
+"""Real ALFWorld games: finding them under $ALFWORLD_DATA and loading them in one vocabulary.
+
+Layout (what `alfworld-download` writes): `$ALFWORLD_DATA/json_2.1.1/<split>/<task>/<trial>/`
+with `game.tw-pddl`, `traj_data.json` and, in the full release, `initial_state.pddl`. A task id is
+"<task>/<trial>", e.g. "look_at_obj_in_light-AlarmClock-None-DeskLamp-308/trial_T20190908_222917_366542".
+
+Vocabulary: agentq plays every game with the alfworld 0.4.2 wheel's domain and grammar ("move X
+to Y", `help`). A game file that embeds another domain (the json_2.1.1 release's own files use
+"put X in/on Y") is rebuilt on load from its `initial_state.pddl` with the wheel's domain and
+grammar and a templated task text, as `alfworld-generate` does; the shared evaluation archive
+already is in that form, so it loads unchanged.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import warnings
+from pathlib import Path
+
+from .generator import TASK_TYPES, grammar_with_task, stable_seed, tables, wheel_domain
+
+REAL_SPLITS: tuple[str, ...] = ("valid_seen", "valid_unseen", "valid_train", "train")
+_HOW_TO_GET = (
+    "Get the real games with `alfworld-download` (needs internet; it writes to $ALFWORLD_DATA, "
+    "default ~/.cache/alfworld), or unpack an archive with the json_2.1.1 layout and set ALFWORLD_DATA "
+    "(or the env's data_dir=) to the folder that contains json_2.1.1. Without real games, use the "
+    "generated splits gen_train, gen_seen and gen_unseen, which need no download.")
+
+
+class ALFWorldDataError(FileNotFoundError):
+    """The real ALFWorld games of a split are not where ALFWORLD_DATA / data_dir says."""
+
+
+def data_root(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
+    """(root, where it came from): `data_dir`, else $ALFWORLD_DATA, else alfworld's default ~/.cache/alfworld."""
+    if data_dir:
+        return Path(data_dir).expanduser(), "data_dir argument"
+    if os.environ.get("ALFWORLD_DATA"):
+        return Path(os.environ["ALFWORLD_DATA"]).expanduser(), "$ALFWORLD_DATA"
+    return Path("~/.cache/alfworld").expanduser(), "alfworld's default (ALFWORLD_DATA unset)"
+
+
+def split_dir(split: str, data_dir: str | os.PathLike | None = None) -> Path:
+    if split not in REAL_SPLITS:
+        raise ValueError(f"unknown real ALFWorld split {split!r}; valid: {list(REAL_SPLITS)}")
+    root, source = data_root(data_dir)
+    path = root / "json_2.1.1" / split
+    if not path.is_dir():
+        have = sorted(p.name for p in (root / "json_2.1.1").iterdir()) if (root / "json_2.1.1").is_dir() else []
+        raise ALFWorldDataError(
+            f"ALFWorld split {split!r} not found: {path} does not exist (root {root} from {source}; "
+            f"splits present there: {have or 'none'}). {_HOW_TO_GET}")
+    return path
+
+
+def task_type_of(task_id: str) -> str:
+    """Task type of a real task id (its folder name starts with the type)."""
+    head = task_id.split("/", 1)[0].split("-", 1)[0]
+    return head if head in TASK_TYPES else "unknown"
+
+
+def list_real_games(split: str, data_dir=None, task_types=TASK_TYPES) -> list[str]:
+    """Sorted task ids of the split's solvable games (as AlfredTWEnv.collect_game_files selects them)."""
+    base = split_dir(split, data_dir)
+    ids = []
+    for task in sorted(os.listdir(base)):
+        if "movable" in task or "Sliced" in task or task_type_of(task) not in task_types:
+            continue
+        tdir = base / task
+        if not tdir.is_dir():
+            continue
+        for trial in sorted(os.listdir(tdir)):
+            folder = tdir / trial
+            if not (folder / "traj_data.json").exists():
+                continue
+            game = folder / "game.tw-pddl"
+            if game.exists():
+                if json.loads(game.read_text()).get("solvable") is not True:
+                    continue
+            elif not (folder / "initial_state.pddl").exists():
+                continue
+            ids.append(f"{task}/{trial}")
+    return ids
+
+
+def load_real_game(split: str, task_id: str, data_dir=None) -> tuple[Path, dict, dict]:
+    """(path of the game's folder, game.tw-pddl document in the wheel's vocabulary, traj_data)."""
+    folder = split_dir(split, data_dir) / task_id
+    traj = json.loads((folder / "traj_data.json").read_text())
+    game_file, initial = folder / "game.tw-pddl", folder / "initial_state.pddl"
+    game = json.loads(game_file.read_text()) if game_file.exists() else None
+    if game is not None and game.get("pddl_domain") == wheel_domain():
+        return folder, game, traj
+    if initial.exists():
+        return folder, rebuild_game(initial.read_text(), traj, task_id), traj
+    warnings.warn(f"{game_file} embeds a PDDL domain other than alfworld 0.4.2's and has no initial_state.pddl "
+                  "to rebuild it from: its commands may differ ('put X in/on Y')", stacklevel=2)
+    return folder, game, traj
+
+
+def rebuild_game(problem: str, traj: dict, task_id: str) -> dict:
+    """A game document from an ALFRED problem with the wheel's domain, grammar and a templated task.
+
+    The template (two per task type) is chosen by a generator seeded from the task id, so a game
+    reads the same on every machine.
+    """
+    params = traj["pddl_params"]
+    template = random.Random(stable_seed("task-text", task_id)).choice(tables().templates[traj["task_type"]])
+    desc = template.format(obj=params["object_target"].lower(), recep=params["parent_target"].lower(),
+                           toggle=params["toggle_target"].lower(), mrecep=params["mrecep_target"].lower())
+    return {"pddl_domain": wheel_domain(), "grammar": grammar_with_task(desc), "pddl_problem": problem,
+            "solvable": True, "walkthrough": None}

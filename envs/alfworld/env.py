@@ -1,0 +1,194 @@
+"""ALFWorld (Shridhar et al., 2021) as an agentq `TextEnv`: `gymnasium.make("agentq/ALFWorld-v0")`.
+
+Games play on ALFWorld's own text engine: textworld's `PddlEnv` wrapped in ALFWorld's
+`AlfredDemangler` (object names "cabinet 1") and `AlfredInfos`, with the alfworld 0.4.2 wheel's
+domain and grammar everywhere ("move X to Y", `help`). Splits:
+
+* `gen_train`, `gen_seen`, `gen_unseen`: generated games (`generator.py`), written on first use
+  into `cache_dir`; `gen_unseen` holds out ALFRED's unseen rooms. Offline; `gen_train` is the
+  default and the only split meant for training.
+* `valid_seen`, `valid_unseen`, `valid_train`, `train`: real games under
+  `$ALFWORLD_DATA/json_2.1.1/<split>` (`data.py`). Evaluation only (except `train`).
+
+Reward `reward_scale` on the step that wins, 0 otherwise; `terminated` on a win (the engine never
+reports a loss); `info["won"]` is the engine's goal check. Invalid commands are ordinary turns
+("Nothing happens."). `expert=True` adds `info["expert_action"]`: ALFWorld's handcoded expert on
+real games, a planner walkthrough on generated ones (`expert_type` overrides).
+
+One engine per env instance is kept across resets: resetting the game already loaded skips the
+load, and the PDDL translation memo (`parse_cache.py`, installed on import) makes resetting any
+recently played game cheap.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import ClassVar, Mapping, Sequence
+
+from ..base import EnvCrashedError, TaskStep, TextEnv
+from . import generator as gen
+from . import parse_cache
+from .data import REAL_SPLITS, list_real_games, load_real_game, split_dir, task_type_of
+from .experts import HandcodedExpert, PlannerExpert
+
+if os.environ.get("AGENTQ_ALFWORLD_PARSE_CACHE", "1") != "0":
+    parse_cache.install()
+
+EXPERT_TYPES = ("auto", "handcoded", "planner")
+_TASK_RE = re.compile(r"Your task is to: (.*)")
+
+
+def _normalize(command: str) -> str:
+    """Commands are lower-case words separated by single spaces, as the engine lists them."""
+    return " ".join(command.strip().lower().split())
+
+
+class ALFWorldEnv(TextEnv):
+    splits: ClassVar[tuple[str, ...]] = gen.GEN_SPLITS + REAL_SPLITS
+    default_max_steps: ClassVar[int] = 50
+
+    def __init__(self, data_dir: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
+                 gen_sizes: Mapping[str, int] | int | None = None, task_types: Sequence[str] | None = None,
+                 reward_scale: float = 1.0, expert_type: str = "auto", **kwargs):
+        """
+        data_dir: folder holding `json_2.1.1/` (default $ALFWORLD_DATA, else ~/.cache/alfworld).
+        cache_dir: where generated games and planner walkthroughs are stored (default
+            $AGENTQ_ALFWORLD_CACHE, else ~/.cache/agentq/alfworld).
+        gen_sizes: games per task type in each generated split, an int or e.g. {"gen_train": 1000}
+            (defaults: gen_train 500, gen_seen 25, gen_unseen 25, i.e. 3,000/150/150 games).
+        task_types: keep only these task types (default: all six) in every split.
+        reward_scale: reward of a win.
+        expert_type: "auto" (handcoded on real games, planner on generated), "handcoded" or "planner".
+        """
+        super().__init__(**kwargs)
+        self.data_dir = data_dir
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else gen.default_cache_dir()
+        self.gen_sizes = gen.gen_sizes(gen_sizes)
+        self.task_types = tuple(gen.check_task_type(t) for t in (task_types or gen.TASK_TYPES))
+        self.reward_scale = float(reward_scale)
+        if expert_type not in EXPERT_TYPES:
+            raise ValueError(f"unknown expert_type {expert_type!r}; valid: {list(EXPERT_TYPES)}")
+        self.expert_type = expert_type
+        if self.split in REAL_SPLITS:
+            split_dir(self.split, data_dir)        # fail at construction, with how to get the data
+        self._env = None                           # AlfredInfos(AlfredDemangler(PddlEnv))
+        self._pddl = None                          # the PddlEnv inside
+        self._loaded: tuple[str, str] | None = None
+        self._game: dict = {}
+        self._traj: dict = {}
+        self._folder: Path | None = None
+        self._state = None
+        self._expert = None
+        self._planner: PlannerExpert | None = None
+
+    # ------------------------------------------------------------------ engine
+    def _engine(self):
+        if self._env is None:
+            import textworld
+            from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+            from textworld.envs.pddl import PddlEnv
+            infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=self.expert,
+                                       extras=["gamefile"])
+            self._pddl = PddlEnv(infos)
+            self._env = AlfredInfos(AlfredDemangler(self._pddl, shuffle=False))
+            self._loaded = None
+        return self._env
+
+    def _drop_engine(self):
+        self._env = self._pddl = self._loaded = self._state = None
+
+    # ------------------------------------------------------------------ TextEnv hooks
+    def _tasks(self, split: str) -> list[str]:
+        if split in gen.GEN_SPLITS:
+            return [t for t in gen.list_gen_tasks(split, self.gen_sizes[split]) if t.split("/", 1)[0] in self.task_types]
+        return list_real_games(split, self.data_dir, self.task_types)
+
+    def task_type(self, task_id: str) -> str:
+        return task_id.split("/", 1)[0] if "/FloorPlan" in task_id else task_type_of(task_id)
+
+    def _load(self, task_id: str, split: str) -> tuple[Path, dict, dict]:
+        if split in gen.GEN_SPLITS:
+            path = gen.ensure_game(self.cache_dir, task_id)
+            return path.parent, json.loads(path.read_text()), json.loads((path.parent / "traj_data.json").read_text())
+        return load_real_game(split, task_id, self.data_dir)
+
+    def _reset_task(self, task_id: str, split: str) -> tuple[str, TaskStep]:
+        try:
+            env = self._engine()
+            if self._loaded != (split, task_id):
+                self._loaded = None
+                self._folder, self._game, self._traj = self._load(task_id, split)
+                env.load(self._game)
+                self._loaded = (split, task_id)
+            self._state = env.reset()
+        except (OSError, ValueError):
+            raise
+        except Exception as e:     # the engine itself failed: start a fresh one next time
+            self._drop_engine()
+            raise EnvCrashedError(f"ALFWorld engine failed to reset {split}:{task_id}: {e!r}") from e
+        m = _TASK_RE.search(self._state.feedback)
+        goal = m.group(1).strip() if m else ""
+        step = self._to_step(self._state, task_id)
+        if self.expert:
+            self._start_expert(task_id, split)
+        return goal, step
+
+    def _step_task(self, action: str) -> TaskStep:
+        command = _normalize(action)
+        try:
+            self._state, _, _ = self._env.step(command)
+        except Exception as e:
+            self._drop_engine()
+            raise EnvCrashedError(f"ALFWorld engine failed on {command!r} in {self._task_id}: {e!r}") from e
+        self._last_command = command
+        return self._to_step(self._state, self._task_id)
+
+    def _to_step(self, state, task_id: str) -> TaskStep:
+        won = bool(state["won"])
+        return TaskStep(obs=state.feedback, reward=self.reward_scale if won else 0.0, done=won, won=won,
+                        score=1.0 if won else 0.0, admissible_actions=list(state["admissible_commands"]),
+                        extra={"task_type": self.task_type(task_id)})
+
+    # ------------------------------------------------------------------ experts
+    def _expert_kind(self, split: str) -> str:
+        if self.expert_type != "auto":
+            return self.expert_type
+        return "planner" if split in gen.GEN_SPLITS else "handcoded"
+
+    def _start_expert(self, task_id: str, split: str) -> None:
+        self._last_command = ""
+        if self._expert_kind(split) == "handcoded":
+            self._expert = HandcodedExpert(seed=gen.stable_seed("expert", task_id))
+            self._next_expert = self._expert.reset(self._folder, self._state)
+        else:
+            if self._planner is None:
+                self._planner = PlannerExpert(self.cache_dir)
+            self._expert = self._planner
+            self._next_expert = self._planner.reset(self._pddl, self._game, self._traj["task_type"],
+                                                    self._traj["pddl_params"], self._state)
+        self._expert_at = 0
+
+    def _expert_action(self) -> str | None:
+        if self._expert_at != self._steps:      # advance the expert once per step, on demand
+            self._expert_at = self._steps
+            if isinstance(self._expert, HandcodedExpert):
+                self._next_expert = self._expert.next_action(self._state, self._last_command)
+            else:
+                self._next_expert = self._expert.next_action(self._pddl, self._state, self._last_command)
+        return self._next_expert
+
+    # ------------------------------------------------------------------ misc
+    def game_data(self) -> tuple[dict, dict]:
+        """(game.tw-pddl document, traj_data) of the current task."""
+        return self._game, self._traj
+
+    def close(self):
+        # The engine's copy of the Fast Downward library stays mapped: dlclose()-ing it
+        # (fast_downward.close_lib) was seen to crash the interpreter at exit.
+        self._drop_engine()
+        self._game, self._traj, self._expert = {}, {}, None
+        if self._planner is not None:
+            self._planner.close()
+            self._planner = None
