@@ -1,0 +1,316 @@
+"""ALFWorld env: real games from the shared archive, generated games, experts, parse cache.
+
+Real games come from the json_2.1.1 validation archive, unpacked into a temp folder: its path is
+$AGENTQ_ALFWORLD_ARCHIVE, else ../shared/data/alfworld-json_2.1.1-valid.tar.gz from the repo
+root; tests that need it skip when neither exists. Generated games go to a temp cache folder.
+The full benchmark (40 real games, ≥85 % handcoded) is the `slow` test at the end; the fast tests
+run a few games of each kind.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tarfile
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("alfworld")
+pytest.importorskip("textworld")
+
+import gymnasium as gym  # noqa: E402
+
+import agentq.envs  # noqa: E402,F401
+from agentq.envs.alfworld import generator as gen  # noqa: E402
+from agentq.envs.alfworld import parse_cache  # noqa: E402
+from agentq.envs.alfworld.data import ALFWorldDataError  # noqa: E402
+from agentq.envs.alfworld.experts import play_expert  # noqa: E402
+from agentq.eval import bench_alfworld as bench  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+ARCHIVE_NAME = "alfworld-json_2.1.1-valid.tar.gz"
+ENV_ID = "agentq/ALFWorld-v0"
+LAMP_GAME = "look_at_obj_in_light-AlarmClock-None-DeskLamp-308/trial_T20190908_222917_366542"
+LAMP_GAME_OBS = (
+    "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "
+    "you see a bed 1, a desk 2, a desk 1, a drawer 6, a drawer 5, a drawer 4, a drawer 3, a drawer 2, "
+    "a drawer 1, a garbagecan 1, a laundryhamper 1, a safe 1, a shelf 6, a shelf 5, a shelf 4, a shelf 3, "
+    "a shelf 2, and a shelf 1.\n\nYour task is to: examine the alarmclock with the desklamp.")
+GEN_GAME = "pick_two_obj_and_place/FloorPlan424/0"
+GEN_GAME_OBS = (
+    "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "
+    "you see a cabinet 4, a cabinet 3, a cabinet 2, a cabinet 1, a countertop 1, a garbagecan 1, "
+    "a handtowelholder 1, a sinkbasin 2, a sinkbasin 1, a toilet 1, a toiletpaperhanger 1, and a towelholder 1."
+    "\n\nYour task is to: find two spraybottle and put them in toilet.")
+
+
+def _archive() -> Path | None:
+    for p in (os.environ.get("AGENTQ_ALFWORLD_ARCHIVE"), REPO.parent / "shared" / "data" / ARCHIVE_NAME):
+        if p and Path(p).is_file():
+            return Path(p)
+    return None
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    archive = _archive()
+    if archive is None:
+        pytest.skip(f"real ALFWorld games not available: set AGENTQ_ALFWORLD_ARCHIVE or put {ARCHIVE_NAME} "
+                    f"in {REPO.parent / 'shared' / 'data'}")
+    dest = tmp_path_factory.mktemp("alfworld-data")
+    with tarfile.open(archive) as tf:
+        if sys.version_info >= (3, 12):
+            tf.extractall(dest, filter="data")
+        else:
+            tf.extractall(dest)
+    return dest / "alfworld"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("alfworld-cache")
+
+
+@pytest.fixture(scope="module")
+def real_env(data_dir, cache_dir):
+    env = gym.make(ENV_ID, split="valid_unseen", data_dir=str(data_dir), cache_dir=str(cache_dir), expert=True)
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def gen_env(cache_dir):
+    env = gym.make(ENV_ID, split="gen_unseen", cache_dir=str(cache_dir), expert=True)
+    yield env
+    env.close()
+
+
+# ---------------------------------------------------------------------------------- real games
+def test_make_plays_real_game_from_alfworld_data(data_dir, cache_dir, monkeypatch):
+    monkeypatch.setenv("ALFWORLD_DATA", str(data_dir))
+    env = gym.make(ENV_ID, split="valid_unseen", cache_dir=str(cache_dir))
+    obs, info = env.reset(options={"task_id": LAMP_GAME})
+    assert obs == LAMP_GAME_OBS
+    assert info["task"] == "examine the alarmclock with the desklamp."
+    assert info["task_type"] == "look_at_obj_in_light" and info["split"] == "valid_unseen"
+    assert info["won"] is False and info["score"] == 0.0 and "expert_action" not in info
+    assert len(info["admissible_actions"]) == 21 and "go to desk 1" in info["admissible_actions"]
+    obs, reward, terminated, truncated, info = env.step("go to shelf 3")
+    assert obs == "You arrive at shelf 3. On the shelf 3, you see a bowl 1, and a desklamp 1."
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    env.close()
+
+
+def test_real_split_sizes(real_env):
+    u = real_env.unwrapped
+    assert [len(u.list_tasks(s)) for s in ("valid_seen", "valid_unseen", "valid_train")] == [140, 134, 200]
+    assert Counter(u.task_type(t) for t in u.list_tasks("valid_unseen")) == {
+        "pick_and_place_simple": 24, "pick_two_obj_and_place": 17, "pick_clean_then_place_in_recep": 31,
+        "pick_heat_then_place_in_recep": 23, "pick_cool_then_place_in_recep": 21, "look_at_obj_in_light": 18}
+    assert u.list_tasks("valid_unseen")[0] == LAMP_GAME
+
+
+def test_missing_data_says_how_to_get_it(tmp_path, cache_dir, monkeypatch):
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
+    with pytest.raises(ALFWorldDataError) as e:
+        gym.make(ENV_ID, split="valid_unseen", cache_dir=str(cache_dir))
+    msg = str(e.value)
+    assert str(tmp_path / "json_2.1.1" / "valid_unseen") in msg
+    assert "alfworld-download" in msg and "gen_train" in msg and "ALFWORLD_DATA" in msg
+    env = gym.make(ENV_ID, cache_dir=str(cache_dir))          # the default split needs no data
+    assert env.unwrapped.split == "gen_train"
+    with pytest.raises(ALFWorldDataError):
+        env.reset(options={"split": "valid_seen"})
+
+
+def test_handcoded_expert_wins_known_game(real_env):
+    r = play_expert(real_env, LAMP_GAME)
+    assert r["won"] and r["steps"] == 12
+    assert r["actions"][0] == "look" and r["actions"][-3:] == ["take alarmclock 1 from desk 2", "go to desk 1",
+                                                               "use desklamp 1"]
+    assert play_expert(real_env, LAMP_GAME)["actions"] == r["actions"]     # reproducible
+
+
+def test_handcoded_expert_small_sample(real_env):
+    """The small version of the benchmark: four fixed valid_unseen games, one per type shown."""
+    ids = bench.fixed_sample(real_env.unwrapped.list_tasks(), 4, seed=3)
+    res = bench.expert_eval(real_env, ids, "valid_unseen")
+    assert res["n"] == 4 and res["won"] == 4, res
+
+
+def test_win_reward_terminated_and_step_cap(data_dir, cache_dir):
+    env = gym.make(ENV_ID, split="valid_unseen", data_dir=str(data_dir), cache_dir=str(cache_dir),
+                   reward_scale=10.0, max_steps=4)
+    env.reset(options={"task_id": LAMP_GAME})
+    for a in ["go to desk 2", "take alarmclock 1 from desk 2", "go to desk 1"]:
+        assert env.step(a)[1:4] == (0.0, False, False)
+    obs, reward, terminated, truncated, info = env.step("use desklamp 1")
+    assert obs == "You turn on the desklamp 1."
+    assert (reward, terminated, truncated, info["won"], info["score"]) == (10.0, True, False, True, 1.0)
+    with pytest.raises(RuntimeError):
+        env.step("look")
+    env.reset(options={"task_id": LAMP_GAME})
+    outs = [env.step("look")[1:4] for _ in range(4)]
+    assert outs == [(0.0, False, False)] * 3 + [(0.0, False, True)]
+    env.close()
+
+
+def test_invalid_and_unnormalised_commands(real_env):
+    obs, info = real_env.reset(options={"task_id": LAMP_GAME})
+    before = info["admissible_actions"]
+    obs, reward, terminated, truncated, info = real_env.step("fly to the moon")
+    assert (obs, reward, terminated, truncated) == ("Nothing happens.", 0.0, False, False)
+    assert info["admissible_actions"] == before and info["expert_action"] is not None
+    obs, *_ = real_env.step("  Go to   SHELF 3 ")
+    assert obs.startswith("You arrive at shelf 3.")
+
+
+def test_check_env(data_dir, cache_dir):
+    from gymnasium.utils.env_checker import check_env
+    # small task lists keep the resets check_env makes (random tasks) cheap
+    for kwargs in ({"split": "valid_unseen", "data_dir": str(data_dir), "task_types": ["look_at_obj_in_light"]},
+                   {"split": "gen_unseen", "gen_sizes": 1}):
+        env = gym.make(ENV_ID, cache_dir=str(cache_dir), expert=True, expert_type="handcoded", **kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            check_env(env.unwrapped)
+        env.close()
+
+
+# ---------------------------------------------------------------------------------- generator
+def test_generator_floor_plan_split_and_sizes():
+    unseen = set(gen.UNSEEN_FLOOR_PLANS)
+    ids = {s: gen.list_gen_tasks(s, gen.DEFAULT_GEN_SIZES[s]) for s in gen.GEN_SPLITS}
+    assert {s: len(v) for s, v in ids.items()} == {"gen_train": 3000, "gen_seen": 150, "gen_unseen": 150}
+    fps = {s: {gen.parse_task_id(t)[1] for t in v} for s, v in ids.items()}
+    assert fps["gen_unseen"] == unseen
+    assert not (fps["gen_train"] | fps["gen_seen"]) & unseen and len(fps["gen_train"]) == 116
+    assert not set(ids["gen_train"]) & set(ids["gen_seen"])
+    for s, v in ids.items():
+        assert Counter(t.split("/")[0] for t in v) == {t: gen.DEFAULT_GEN_SIZES[s] for t in gen.TASK_TYPES}
+        assert {gen.split_of(t) for t in v} == {s}
+    # Appendix B of envs.md: floor plans that can host each task type
+    assert [len(gen.feasible_floor_plans(t, "gen_train")) + len(gen.feasible_floor_plans(t, "gen_unseen"))
+            for t in gen.TASK_TYPES] == [120, 120, 27, 60, 30, 30]
+
+
+def test_generator_is_deterministic_across_processes():
+    tid = "pick_heat_then_place_in_recep/FloorPlan1/0"
+    g = gen.generate(*gen.parse_task_id(tid))
+    assert g.task_desc == "put a hot plate in fridge"
+    assert g.traj_data["pddl_params"]["object_target"] == "Plate"
+    digest = hashlib.sha256(json.dumps(g.game, sort_keys=True).encode()).hexdigest()
+    assert digest == hashlib.sha256(json.dumps(gen.generate(*gen.parse_task_id(tid)).game, sort_keys=True)
+                                    .encode()).hexdigest()
+    code = ("import hashlib, json; from agentq.envs.alfworld import generator as g; "
+            f"print(hashlib.sha256(json.dumps(g.generate(*g.parse_task_id({tid!r})).game, sort_keys=True)"
+            ".encode()).hexdigest())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout.strip()
+    assert out == digest
+    assert gen.generate("pick_heat_then_place_in_recep", 1, 1).game != g.game
+
+
+def test_generator_lamp_always_in_a_holder():
+    """Appendix A's pitfall: a lamp outside any receptacle makes look_at unsolvable."""
+    for fp in gen.feasible_floor_plans("look_at_obj_in_light", "gen_train"):
+        g = gen.generate("look_at_obj_in_light", fp, 0)
+        lines = g.game["pddl_problem"].splitlines()
+        lamp = [ln.split()[2] for ln in lines if ln.strip().startswith("(inReceptacle DeskLamp")]
+        assert len(lamp) == 1 and lamp[0].split("_bar_")[0] in gen._LAMP_HOLDERS, (fp, lamp)
+
+
+def test_generator_errors_list_valid_choices():
+    with pytest.raises(ValueError, match=r"feasible floor plans: \[1, 2, 3"):
+        gen.generate("pick_heat_then_place_in_recep", 301, 0)      # a bedroom has no microwave
+    with pytest.raises(ValueError, match="pick_and_place_simple"):
+        gen.check_task_type("make_coffee")
+    with pytest.raises(ValueError, match="gen_train"):
+        gym.make(ENV_ID, gen_sizes={"gen_tran": 3})
+    with pytest.raises(ValueError, match="valid_unseen"):
+        gym.make(ENV_ID, split="valid")
+    with pytest.raises(ValueError, match="planner"):
+        gym.make(ENV_ID, expert_type="oracle")
+
+
+def test_generated_game_first_observation_and_cache(gen_env, cache_dir):
+    obs, info = gen_env.reset(options={"task_id": GEN_GAME})
+    assert obs == GEN_GAME_OBS and info["task"] == "find two spraybottle and put them in toilet."
+    assert info["task_type"] == "pick_two_obj_and_place" and info["split"] == "gen_unseen"
+    folder = gen.game_dir(cache_dir, GEN_GAME)
+    assert json.loads((folder / "traj_data.json").read_text())["pddl_params"]["parent_target"] == "Toilet"
+    assert list((cache_dir / "walkthroughs").rglob("*.json"))      # the walkthrough is on disk
+
+
+def test_planner_walkthrough_wins_every_task_type(gen_env):
+    u = gen_env.unwrapped
+    ids = bench.per_type_sample(u.list_tasks("gen_unseen"), 1, u.task_type)
+    res = bench.expert_eval(gen_env, ids, "gen_unseen")
+    assert set(res["per_type"]) == set(gen.TASK_TYPES) and res["won"] == res["n"] == 6, res
+
+
+def test_planner_expert_recovers_after_off_plan_actions(gen_env):
+    obs, info = gen_env.reset(options={"task_id": GEN_GAME})
+    rng = random.Random(0)
+    for i in range(40):
+        action = rng.choice(info["admissible_actions"]) if i < 6 else info["expert_action"]
+        obs, reward, terminated, truncated, info = gen_env.step(action)
+        if terminated or truncated:
+            break
+    assert info["won"] and info["steps"] < 30
+
+
+# ---------------------------------------------------------------------------------- parse cache
+def test_parse_cache_gives_identical_outputs(real_env, gen_env):
+    assert parse_cache.installed() == {"parse": True, "translation": True}
+    for env, split, tid in ((real_env, "valid_unseen", LAMP_GAME), (gen_env, "gen_unseen", GEN_GAME)):
+        with parse_cache.disabled():
+            ref = bench.record(env, [tid], split, steps=10, seed=7)
+        assert parse_cache.installed() == {"parse": True, "translation": True}
+        hits = parse_cache.stats()["textgen"]["hits"]
+        got = bench.record(env, [tid], split, steps=10, actions=[ref[0]["actions"]])
+        assert "fly to the moon" in ref[0]["actions"]
+        assert got[0]["obs"] == ref[0]["obs"] and got[0]["admissible"] == ref[0]["admissible"]
+        assert parse_cache.stats()["textgen"]["hits"] > hits
+
+
+def test_parse_cache_leaves_side_effect_rules_alone():
+    import textworld.logic as logic
+    memo = logic._parse_and_convert
+    assert isinstance(memo, parse_cache._ParseMemo)
+    a = logic.Rule.parse_conjunctive_query("atlocation(a:agent, l:location)")
+    b = logic.Rule.parse_conjunctive_query("atlocation(a:agent, l:location)")
+    assert a.preconditions == b.preconditions and a.preconditions is not b.preconditions
+    assert "start" not in memo.rules and "conjunctiveQuery" in memo.rules
+
+
+# ---------------------------------------------------------------------------------- config
+def test_config_makes_a_working_env(cache_dir):
+    yaml = pytest.importorskip("yaml")
+    cfg = yaml.safe_load((REPO / "conf" / "env" / "alfworld.yaml").read_text())
+    twx = yaml.safe_load((REPO / "conf" / "env" / "textworld_express.yaml").read_text())
+    assert set(cfg) == set(twx) and set(cfg["prompt"]) == set(twx["prompt"])
+    assert cfg["name"] == "alfworld" and cfg["max_steps"] == 50 and cfg["train_split"] == "gen_train"
+    kwargs = dict(cfg["kwargs"], cache_dir=str(cache_dir))
+    env = agentq.envs.make(cfg["name"], split=cfg["train_split"], max_steps=cfg["max_steps"], expert=False, **kwargs)
+    assert env.unwrapped.splits[0] == cfg["train_split"]
+    obs, info = env.reset(seed=0)
+    text = cfg["prompt"]["first_turn"].format(task=info["task"], obs=obs, actions=cfg["prompt"]["actions"].format(
+        actions=", ".join(info["admissible_actions"])))
+    assert "Your task is to: " in text and "Admissible actions: go to" in text
+    env.close()
+
+
+# ---------------------------------------------------------------------------------- benchmark
+@pytest.mark.slow
+def test_benchmark_handcoded_40_valid_unseen_and_planner(data_dir, tmp_path):
+    report = bench.main(["--data-dir", str(data_dir), "--cache-dir", str(tmp_path), "--skip", "speed"])
+    assert report["handcoded"]["n"] == 40 and report["handcoded"]["success"] >= 0.85, report["handcoded"]
+    for split in ("gen_seen", "gen_unseen"):
+        assert report["planner"][split]["success"] == 1.0 and report["planner"][split]["n"] == 12
