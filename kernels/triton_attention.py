@@ -12,11 +12,13 @@ GQA: q head ``h`` reads KV head ``h // (Hq // Hkv)`` (HF `repeat_kv` order).
 
 `decode_attention` (Triton): one program per (batch row, KV head, split) runs the whole q-head group
 (padded to 16 rows for `tl.dot`) over a contiguous chunk of its row's positions with an online
-softmax in the log2 domain; K codes are dotted as exact bf16/fp16 values and the per-token scale is
-applied to the score column, the V scale is folded into the probabilities. With one split the
-program writes the output directly; otherwise each split writes its normalized partial output and
-log-sum-exp and a Triton kernel combines them. The split count depends only on B, Hkv and Lmax
-(not on `lens`, which stay on the device), so calls are CUDA-graph safe.
+softmax in the log2 domain. Int8 codes are loaded as int32 words (4 codes) and unpacked in registers
+to exact fp16 values (on CUDA with a 5-instruction PTX magic-number sequence per word; the queries
+are then read as fp16), so the V tile is not gathered byte by byte from shared memory; the per-token
+K scale multiplies the score column and the V scale is folded into the probabilities (fp16 there).
+With one split the program writes the output directly; otherwise each split writes its normalized
+partial output and log-sum-exp and a Triton kernel combines them. The split count depends only on
+B, Hkv and Lmax (not on `lens`, which stay on the device), so calls are CUDA-graph safe.
 
 `decode_attention_ref` (torch): dequantize the gathered slots in fp32, masked softmax, fp32
 throughout; the CPU engine's path and the tests' reference. Rows with ``lens[b] == 0`` give zeros.
@@ -84,13 +86,20 @@ class AttnConfig:
     num_warps: int = 4
     num_stages: int = 2
     num_splits: int | None = None      # None: `pick_num_splits`
+    k_as_a: bool = False               # K tile as the MMA A operand (scores computed transposed)
+    words: bool = True                 # int8 caches: load int32 words of 4 codes, unpack in registers
+    asm: bool = True                   # ...with the fp16 magic-number PTX (CUDA, bf16/fp16 queries)
 
     def short(self) -> str:
-        return f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/sp{self.num_splits}"
+        return (f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/sp{self.num_splits}"
+                f"{'/kA' if self.k_as_a else ''}{'/words' if self.words else ''}{'/asm' if self.asm else ''}")
 
 
 #: H200 defaults by cache kind ("int8", "fp8", "float"), from `eval/bench_kernels.py --tune`
-H200_ATTN: dict[str, AttnConfig] = {}
+H200_ATTN: dict[str, AttnConfig] = {
+    "int8": AttnConfig(block_n=128, num_warps=4, num_stages=3),   # 189 µs at B 64 x L 4096 (sweep 3)
+    "float": AttnConfig(block_n=64, num_warps=4, num_stages=2),   # 249 µs, = SDPA
+}
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, num_sms: int = 132) -> int:
@@ -110,6 +119,52 @@ if HAVE_TRITON:
 
     from .triton_quant import cast_for_store, store_view
 
+    @triton.jit
+    def _word_to_f16x4(w):
+        """CUDA: the four int8 codes packed in an int32 word -> four exact fp16 values (byte order).
+        fp16 bits 0x64XX with XX = code ^ 0x80 are 1152 + code, so 1 LOP3 + 2 PRMT + 2 HSUB2 per word."""
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 t, a, b, m;
+            xor.b32 t, $4, 0x80808080;
+            prmt.b32 a, t, 0x64646464, 0x5140;
+            prmt.b32 b, t, 0x64646464, 0x7362;
+            mov.b32 m, 0x64806480;
+            sub.f16x2 a, a, m;
+            sub.f16x2 b, b, m;
+            mov.b32 {$0, $1}, a;
+            mov.b32 {$2, $3}, b;
+            }""",
+            constraints="=h,=h,=h,=h,r", args=[w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True, pack=1)
+
+    @triton.jit
+    def _load_tile(base, n, mask_n, stride_l, offs_d, mask_d, DTYPE: tl.constexpr, WORDS: tl.constexpr,
+                   ASM_I8: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        """A [BLOCK_N, BLOCK_D] cache tile as DTYPE values (codes for a quantized cache).
+
+        WORDS (int8 caches): `base` points at int32 words of 4 codes; each thread loads whole words
+        and unpacks them in registers, so codes are converted before, not after, the shuffle into
+        MMA operand layout (an 8-bit V tile would otherwise be read from shared memory byte by byte)."""
+        if WORDS:
+            offs_w = tl.arange(0, BLOCK_D // 4)
+            w = tl.load(base + n[:, None] * stride_l + offs_w[None, :], mask=mask_n[:, None], other=0)
+            if ASM_I8:
+                e0, e1, e2, e3 = _word_to_f16x4(w)
+            else:
+                e0 = ((w << 24) >> 24).to(DTYPE)
+                e1 = ((w << 16) >> 24).to(DTYPE)
+                e2 = ((w << 8) >> 24).to(DTYPE)
+                e3 = (w >> 24).to(DTYPE)
+            x = tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), [BLOCK_N, BLOCK_D])
+        else:
+            if EVEN_D:
+                msk = mask_n[:, None]
+            else:
+                msk = mask_n[:, None] & mask_d[None, :]
+            x = tl.load(base + n[:, None] * stride_l + offs_d[None, :], mask=msk, other=0.0).to(DTYPE)
+        return x
+
     @triton.jit(do_not_specialize=["num_splits"])
     def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, lens_ptr, o_ptr, po_ptr, plse_ptr,
                        qk_scale, num_splits,
@@ -120,7 +175,9 @@ if HAVE_TRITON:
                        stride_ob, stride_oh,
                        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
                        BLOCK_N: tl.constexpr, SCALE_MODE: tl.constexpr, SPLIT: tl.constexpr,
-                       DOT_DTYPE: tl.constexpr, INPUT_PREC: tl.constexpr, BF16_BITS: tl.constexpr):
+                       DOT_DTYPE: tl.constexpr, PV_DTYPE: tl.constexpr, INPUT_PREC: tl.constexpr,
+                       EVEN_D: tl.constexpr, K_AS_A: tl.constexpr, WORDS: tl.constexpr, ASM_I8: tl.constexpr,
+                       BF16_BITS: tl.constexpr):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         sp = tl.program_id(2)
@@ -151,23 +208,39 @@ if HAVE_TRITON:
         m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
         l_i = tl.full([BLOCK_G], 0, dtype=tl.float32)
         acc = tl.full([BLOCK_G, BLOCK_D], 0, dtype=tl.float32)
+        q_t = tl.trans(q)                                       # [BLOCK_D, BLOCK_G]
         for n0 in range(start, end, BLOCK_N):
             n = n0 + offs_n
             mask_n = n < end
-            kv_mask = mask_n[:, None] & mask_d[None, :]
-            kt = tl.load(k_base + n[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(kt.to(DOT_DTYPE)), input_precision=INPUT_PREC)
-            if SCALE_MODE == 1:
-                s = s * tl.load(ks_base + n, mask=mask_n, other=0.0)[None, :]
-            s = tl.where(mask_n[None, :], s * score_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
-            alpha = tl.math.exp2(m_i - m_new)
-            p = tl.math.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-            vt = tl.load(v_base + n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
-            if SCALE_MODE == 1:
-                p = p * tl.load(vs_base + n, mask=mask_n, other=0.0)[None, :]
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vt.to(DOT_DTYPE), input_precision=INPUT_PREC)
+            kt = _load_tile(k_base, n, mask_n, stride_kl, offs_d, mask_d, DOT_DTYPE, WORDS, ASM_I8, EVEN_D,
+                            BLOCK_N, BLOCK_D)
+            if K_AS_A:
+                # scores transposed, s_t[n, g]: K tile is the MMA's A operand (its natural layout)
+                s_t = tl.dot(kt, q_t, input_precision=INPUT_PREC)
+                if SCALE_MODE == 1:
+                    s_t = s_t * tl.load(ks_base + n, mask=mask_n, other=0.0)[:, None]
+                s_t = tl.where(mask_n[:, None], s_t * score_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.reduce(s_t, 0, tl.standard._elementwise_max))
+                alpha = tl.math.exp2(m_i - m_new)
+                p_t = tl.math.exp2(s_t - m_new[None, :])
+                l_i = l_i * alpha + tl.reduce(p_t, 0, tl.standard._sum_combine)
+                if SCALE_MODE == 1:
+                    p_t = p_t * tl.load(vs_base + n, mask=mask_n, other=0.0)[:, None]
+                p = tl.trans(p_t)
+            else:
+                s = tl.dot(q, tl.trans(kt), input_precision=INPUT_PREC)
+                if SCALE_MODE == 1:
+                    s = s * tl.load(ks_base + n, mask=mask_n, other=0.0)[None, :]
+                s = tl.where(mask_n[None, :], s * score_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+                alpha = tl.math.exp2(m_i - m_new)
+                p = tl.math.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+                if SCALE_MODE == 1:
+                    p = p * tl.load(vs_base + n, mask=mask_n, other=0.0)[None, :]
+            vt = _load_tile(v_base, n, mask_n, stride_vl, offs_d, mask_d, PV_DTYPE, WORDS, ASM_I8, EVEN_D,
+                            BLOCK_N, BLOCK_D)
+            acc = acc * alpha[:, None] + tl.dot(p.to(PV_DTYPE), vt, input_precision=INPUT_PREC)
             m_i = m_new
 
         safe_l = tl.where(l_i > 0.0, l_i, 1.0)
@@ -204,8 +277,8 @@ if HAVE_TRITON:
         po = tl.load(po_ptr + row[:, None] * HEAD_D + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :],
                      other=0.0)
         out = tl.reduce(w[:, None] * po, 0, tl.standard._sum_combine) / tl.where(den > 0.0, den, 1.0)
-        tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, cast_for_store(out, o_ptr.dtype.element_ty, BF16_BITS),
-                 mask=mask_d)
+        tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d,
+                 cast_for_store(out, o_ptr.dtype.element_ty, BF16_BITS), mask=mask_d)
 
 
 def pick_config(batch: int, num_kv_heads: int, max_len: int, kv_dtype: torch.dtype,
@@ -216,7 +289,8 @@ def pick_config(batch: int, num_kv_heads: int, max_len: int, kv_dtype: torch.dty
         return base
     sms = num_sms(device)
     return AttnConfig(base.block_n, base.num_warps, base.num_stages,
-                      pick_num_splits(batch, num_kv_heads, max_len, base.block_n, sms))
+                      pick_num_splits(batch, num_kv_heads, max_len, base.block_n, sms), base.k_as_a,
+                      base.words, base.asm)
 
 
 def _scale_arg(scale, device) -> torch.Tensor:
@@ -262,6 +336,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
     group = hq // hkv
     ddt = dot_dtype(_decode_kernel, q.dtype)
     prec = "ieee" if ddt == tl.float32 else "tf32"
+    words = cfg.words and k_cache.dtype == torch.int8 and d % 4 == 0 and triton.next_power_of_2(d) == d and d >= 16
+    use_asm = words and cfg.asm and ddt != tl.float32
+    if use_asm:        # codes become exact fp16 values; q is read as fp16 and p * v_scale keeps 3 more bits
+        ddt = tl.float16
+    kc, vc = k_cache, v_cache
+    if words:
+        kc, vc = k_cache.view(torch.int32), v_cache.view(torch.int32)
     out_arg, bf16_bits = store_view(out, runs_interpreted(_decode_kernel))
     if splits > 1:
         po = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
@@ -269,16 +350,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
     else:
         po = plse = out
     _decode_kernel[(b, hkv, splits)](
-        q, k_cache, v_cache, ks, vs, slot_ids, lens, out_arg, po, plse,
+        q, kc, vc, ks, vs, slot_ids, lens, out_arg, po, plse,
         float(sm_scale) * LOG2E, splits,
         q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        kc.stride(0), kc.stride(1), kc.stride(2),
+        vc.stride(0), vc.stride(1), vc.stride(2),
         *ks_strides, *vs_strides,
         out.stride(0), out.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d,
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=cfg.block_n, SCALE_MODE=mode, SPLIT=splits > 1,
-        DOT_DTYPE=ddt, INPUT_PREC=prec, BF16_BITS=bf16_bits, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DOT_DTYPE=ddt, PV_DTYPE=ddt, INPUT_PREC=prec, EVEN_D=triton.next_power_of_2(d) == d and d >= 16,
+        K_AS_A=cfg.k_as_a, WORDS=words, ASM_I8=use_asm, BF16_BITS=bf16_bits,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
         _combine_kernel[(b * hq,)](
             po, plse, out_arg, splits, hq, out.stride(0), out.stride(1),
