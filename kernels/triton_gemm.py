@@ -49,7 +49,17 @@ class GemmConfig:
 #: (N, K) -> list of (max_M, config): the first entry with M <= max_M is used.
 #: Filled from `eval/bench_kernels.py --tune` on an H200 (see docs/kernels.md); any other shape
 #: falls back to `heuristic_config`.
-H200_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = {}
+H200_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = {
+    # Llama-3-8B decoder layer (H200 sweeps 1 and 3, see docs/kernels.md): qkv, o, gate_up, down
+    (6144, 4096): [(1, GemmConfig(16, 64, 256, 1, 8, 4, 6)), (16, GemmConfig(16, 64, 256, 1, 8, 4, 6)),
+                   (64, GemmConfig(64, 64, 256, 1, 8, 4, 4)), (256, GemmConfig(64, 128, 128, 1, 8, 4, 4))],
+    (4096, 4096): [(1, GemmConfig(16, 64, 256, 1, 8, 4, 6)), (16, GemmConfig(16, 32, 256, 1, 8, 4, 4)),
+                   (64, GemmConfig(64, 64, 256, 1, 8, 4, 4)), (256, GemmConfig(128, 64, 128, 1, 8, 4, 4))],
+    (28672, 4096): [(1, GemmConfig(16, 128, 256, 1, 8, 4, 4)), (16, GemmConfig(16, 128, 256, 1, 8, 4, 4)),
+                    (64, GemmConfig(64, 128, 128, 1, 8, 4, 4)), (256, GemmConfig(128, 128, 128, 1, 8, 8, 3))],
+    (4096, 14336): [(1, GemmConfig(16, 64, 256, 4, 8, 4, 4)), (16, GemmConfig(16, 32, 256, 2, 8, 4, 4)),
+                    (64, GemmConfig(64, 64, 256, 1, 8, 4, 4)), (256, GemmConfig(64, 128, 256, 1, 8, 4, 3))],
+}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -108,7 +118,9 @@ if HAVE_TRITON:
                           M, N, K, stride_xm, stride_wn, stride_om, k_per_split, num_splits,
                           HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr):
+                          GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # launched early (programmatic dependent launch): wait for the producer of x_q/s_x
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         pid_k = tl.program_id(1)
         num_m = (M + BLOCK_M - 1) // BLOCK_M
@@ -145,7 +157,8 @@ if HAVE_TRITON:
             b_ptrs += BLOCK_K
 
         if not USE_SPLIT:
-            _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS, BF16_BITS)
+            _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+                            HAS_BIAS, BF16_BITS)
         else:
             mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
             ws_ptrs = ws_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
@@ -217,12 +230,13 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
         ws = tickets = s_w       # unused
     has_bias = bias is not None
     out_arg, bf16_bits = triton_quant.store_view(out, runs_interpreted(_w8a8_gemm_kernel))
+    pdl = m <= triton_quant.PDL_MAX_ROWS and triton_quant.use_pdl(_w8a8_gemm_kernel, x_q.device)
     _w8a8_gemm_kernel[(num_m * num_n, split)](
         x_q, w_q, s_x, s_w, bias if has_bias else s_w, out_arg, ws, tickets,
         m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0), k_per_split, split,
         HAS_BIAS=has_bias, USE_SPLIT=split > 1, EVEN_K=even_k,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, BF16_BITS=bf16_bits,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
+        PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
     return out
 
 

@@ -12,10 +12,12 @@ half-to-even or half-away-from-zero, both computed from the exact fractional par
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import quant
-from ._interp import HAVE_TRITON, interpreting, require_triton
+from ._interp import HAVE_TRITON, interpreting, require_triton, runs_interpreted
 from .quant_spec import QuantSpec
 
 INTERPRETED = interpreting()
@@ -64,8 +66,11 @@ if HAVE_TRITON:
 
     @triton.jit
     def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, floor,
-                           HALF_AWAY: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_PASS: tl.constexpr):
+                           HALF_AWAY: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_PASS: tl.constexpr,
+                           PDL: tl.constexpr):
         """One program per row: scale = max(absmax/127, floor); codes = round(x/scale)."""
+        if PDL:   # let a GEMM launched with programmatic dependent launch start (it waits for us)
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK_K)
         x_row = x_ptr + row * stride_x
@@ -111,6 +116,15 @@ if HAVE_TRITON:
         tl.store(cs_ptr + slot * stride_ss + h * stride_sh + pos, scale)
 
 
+def use_pdl(kernel, device: torch.device) -> bool:
+    """Programmatic dependent launch (Hopper+): a GEMM may launch while the quant kernel before it
+    still runs and waits (griddepcontrol.wait) before reading anything. Off under the interpreter,
+    before sm_90, and with AGENTQ_PDL=0."""
+    if runs_interpreted(kernel) or device.type != "cuda" or os.environ.get("AGENTQ_PDL", "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def store_view(out: torch.Tensor, interpreted: bool) -> tuple[torch.Tensor, bool]:
     """(tensor to pass as the kernel's output, BF16_BITS) for `cast_for_store`."""
     if interpreted and out.dtype == torch.bfloat16:
@@ -124,16 +138,34 @@ def _check_mode(rounding: str) -> bool:
     return rounding == "half_away"
 
 
-def _row_launch_params(k: int, interpreted: bool) -> tuple[int, bool, int]:
-    """(BLOCK_K, single pass?, num_warps) for rows of length k."""
+#: (max rows, max K) -> (BLOCK_K, single pass, num_warps); first match wins, measured on an H200
+#: (`eval/bench_kernels.py --tune quant`); other shapes use the default rule in `_row_launch_params`.
+H200_QUANT: list[tuple[int, int, tuple[int, bool, int]]] = [
+    (64, 4096, (4096, True, 16)), (64, 16384, (16384, True, 32)),
+    (256, 4096, (4096, True, 16)), (256, 16384, (2048, False, 8)),
+]
+
+#: rows up to this many let a following GEMM start early (programmatic dependent launch); with
+#: many rows the waiting GEMM programs would hold SMs that the quant programs need (measured)
+PDL_MAX_ROWS = 64
+
+
+def _row_launch_params(m: int, k: int, interpreted: bool) -> tuple[int, bool, int]:
+    """(BLOCK_K, single pass?, num_warps) for m rows of length k."""
+    if not interpreted:
+        for max_m, max_k, params in H200_QUANT:
+            if m <= max_m and k <= max_k and (params[1] is False or params[0] >= k):
+                return params
     if k <= MAX_SINGLE_PASS:
         block = triton.next_power_of_2(max(k, 16))
         return block, True, (1 if interpreted else max(1, min(16, block // 512)))
     return 4096, False, 8
 
 
-def quantize_rows(x: torch.Tensor, floor: float, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton `quant.quantize_rows`: symmetric int8 over the last dim, one fp32 scale per row."""
+def quantize_rows(x: torch.Tensor, floor: float, rounding: str,
+                  launch: tuple[int, bool, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton `quant.quantize_rows`: symmetric int8 over the last dim, one fp32 scale per row.
+    `launch` = (BLOCK_K, single pass, num_warps) overrides the table (tuning)."""
     require_triton("triton_quant.quantize_rows")
     half_away = _check_mode(rounding)
     shape = x.shape
@@ -145,10 +177,11 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str) -> tuple[torch.T
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
     s = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m > 0:
-        block, single, warps = _row_launch_params(k, INTERPRETED)
+        block, single, warps = launch or _row_launch_params(m, k, runs_interpreted(_quant_rows_kernel))
+        pdl = m <= PDL_MAX_ROWS and use_pdl(_quant_rows_kernel, x.device)
         _quant_rows_kernel[(m,)](x2, q, s, k, x2.stride(0), q.stride(0), float(floor),
                                  HALF_AWAY=half_away, BLOCK_K=block, SINGLE_PASS=single,
-                                 num_warps=warps, enable_fp_fusion=False)
+                                 PDL=pdl, num_warps=warps, enable_fp_fusion=False)
     return q.reshape(shape), s.reshape(shape[:-1])
 
 
