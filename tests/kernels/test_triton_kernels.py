@@ -201,16 +201,17 @@ def _attn_case(seed, S=5, Hkv=2, Lmax=160, D=32, Hq=8):
     return q, k, v, slots, lens
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("kv", ["int8", "fp32"])
-def test_decode_attention_matches_ref(K, kv, splits):
+@pytest.mark.parametrize("kv,splits,variant", [
+    ("int8", 1, {}), ("int8", 3, {}), ("fp32", 1, {}), ("fp32", 3, {}),
+    ("int8", 1, {"words": False}), ("int8", 3, {"k_as_a": True}), ("fp32", 2, {"k_as_a": True})])
+def test_decode_attention_matches_ref(K, kv, splits, variant):
     q, k, v, slots, lens = _attn_case(11)
     if kv == "int8":
         (kc, ks), (vc, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
     else:
         kc, ks, vc, vs = k, None, v, None
     sm = q.shape[-1] ** -0.5
-    cfg = K.attn.AttnConfig(block_n=32, num_warps=4, num_stages=2, num_splits=splits)
+    cfg = K.attn.AttnConfig(block_n=32, num_warps=4, num_stages=2, num_splits=splits, **variant)
     out = K.attn.decode_attention(q, kc, ks, vc, vs, slots, lens, sm, config=cfg)
     ref = K.attn.decode_attention_ref(q, kc, ks, vc, vs, slots, lens, sm)
     assert out.shape == q.shape and torch.isfinite(out).all()
