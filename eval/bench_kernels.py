@@ -123,21 +123,22 @@ def gemm_candidates(m: int):
                  (64, 256, 128, 8, 3)]
         splits = (1, 2, 4, 8)
     else:
-        tiles = [(128, 128, 128, 8, 3), (128, 128, 128, 4, 4), (64, 128, 128, 4, 4), (128, 256, 128, 8, 3),
-                 (64, 256, 128, 8, 3)]
+        tiles = [(128, 128, 128, 8, 3), (128, 128, 128, 8, 4), (128, 128, 128, 4, 4), (64, 128, 128, 4, 4),
+                 (64, 128, 256, 4, 3), (128, 256, 128, 8, 3), (64, 256, 128, 8, 3), (128, 64, 128, 4, 4),
+                 (128, 128, 64, 4, 5)]
         splits = (1, 2, 4)
     for bm, bn, bk, w, st in tiles:
         for sp in splits:
             yield GemmConfig(bm, bn, bk, sp, 8, w, st)
 
 
-def tune_gemm(shapes, dev, results, deadline: float = float("inf")):
+def tune_gemm(shapes, dev, results, deadline: float = float("inf"), ms=MS):
     from agentq.kernels import triton_gemm as tg
     from agentq.kernels import triton_quant as tq
     table = {}
     for sh in shapes:
-        rows = []
-        for m in MS:
+        rows = [(m, c) for m, c in tg.H200_TABLE.get((sh.n, sh.k), []) if m not in ms]
+        for m in ms:
             x = torch.randn(m, sh.k, device=dev, dtype=torch.bfloat16)
             x_q, s_x = tq.quantize_per_token(x, SPEC)
             best = None
@@ -161,7 +162,7 @@ def tune_gemm(shapes, dev, results, deadline: float = float("inf")):
                     best = (us, cfg)
             log(f"tune {sh.name:8s} M={m:4d}: best {best[1].short()} {best[0]:.1f} us")
             rows.append((m, best[1]))
-        table[(sh.n, sh.k)] = rows
+        table[(sh.n, sh.k)] = sorted(rows, key=lambda r: r[0])
     tg.H200_TABLE.clear()
     tg.H200_TABLE.update(table)
     lines = ["H200_TABLE = {"]
@@ -195,7 +196,8 @@ def bench_linears(shapes, dev, results):
             cfg = tg.pick_config(m, sh.n, sh.k, x.device)
             per_m[m]["bf16"] += t_bf
             per_m[m]["w8a8"] += t_w8
-            log(f"{sh.name:8s} {m:4d} {t_bf:8.1f} {t_w8:8.1f} {t_bf / t_w8:6.2f} {t_gemm:7.1f} {t_q:6.1f}  {cfg.short()}")
+            log(f"{sh.name:8s} {m:4d} {t_bf:8.1f} {t_w8:8.1f} {t_bf / t_w8:6.2f} {t_gemm:7.1f} {t_q:6.1f}  "
+                f"{cfg.short()}")
             results.setdefault("linears", []).append(
                 {"layer": sh.name, "M": m, "bf16_us": t_bf, "w8a8_us": t_w8, "ratio": t_bf / t_w8,
                  "gemm_only_us": t_gemm, "quant_only_us": t_q, "cfg": cfg.short(),
@@ -221,8 +223,14 @@ def bench_layer_graph(shapes, dev, results, layers: int = 4):
                                   None, SPEC))
         b = graph_us(fb) / layers
         w = graph_us(fw) / layers
-        log(f"layer-graph M={m:4d}: bf16 {b:7.1f}  w8a8 {w:7.1f}  ratio {b / w:.2f}")
-        results.setdefault("layer_graph", []).append({"M": m, "bf16_us": b, "w8a8_us": w, "ratio": b / w})
+        os.environ["AGENTQ_PDL"] = "0"
+        try:
+            w_nopdl = graph_us(fw) / layers
+        finally:
+            os.environ.pop("AGENTQ_PDL")
+        log(f"layer-graph M={m:4d}: bf16 {b:7.1f}  w8a8 {w:7.1f}  ratio {b / w:.2f}   (w8a8 without PDL {w_nopdl:.1f})")
+        results.setdefault("layer_graph", []).append({"M": m, "bf16_us": b, "w8a8_us": w, "ratio": b / w,
+                                                      "w8a8_no_pdl_us": w_nopdl})
 
 
 # ---------------------------------------------------------------------- attention
@@ -255,10 +263,45 @@ def sdpa_best(q4, k, v, results_row):
     return best
 
 
-def attn_candidates():
+def tune_quant(dev, results):
+    """Sweep the per-token quant kernel's launch shape (no effect on its bits) per (M, K)."""
+    from agentq.kernels import triton_quant as tq
+    table = []
+    for m in MS:
+        for k in (4096, 14336):
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            single = 1 << (k - 1).bit_length()
+            cands = [(single, True, w) for w in (4, 8, 16, 32)] + \
+                    [(b, False, w) for b, w in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16))]
+            best = None
+            for launch in cands:
+                try:
+                    us = graph_us([partial(tq.quantize_rows, x, 1e-8, "half_even", launch)] * 8, rep_ms=20,
+                                  warmup_ms=5) / 8
+                except Exception as e:
+                    log(f"  skip quant {launch}: {type(e).__name__}")
+                    continue
+                results.setdefault("tune_quant", []).append({"M": m, "K": k, "launch": launch, "us": us})
+                if best is None or us < best[0]:
+                    best = (us, launch)
+            log(f"tune quant M={m:4d} K={k:6d}: best {best[1]} {best[0]:.2f} us")
+            table.append((m, k, best[1]))
+    tq.H200_QUANT[:] = table
+    text = "H200_QUANT = [" + ", ".join(f"({m}, {k}, {p})" for m, k, p in table) + "]"
+    log(text)
+    results["quant_table"] = text
+
+
+def attn_candidates(kind: str):
     from agentq.kernels.triton_attention import AttnConfig
-    for bn, w, st in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)):
-        yield AttnConfig(bn, w, st, 1)
+    if kind == "float":
+        for bn, w, st in ((64, 4, 2), (128, 8, 3), (64, 4, 3), (32, 4, 3), (64, 8, 2)):
+            yield AttnConfig(bn, w, st, 1)
+        return
+    for bn, w, st, sp in ((128, 4, 3, 1), (128, 4, 4, 1), (64, 4, 3, 1), (64, 4, 4, 1), (64, 4, 5, 1),
+                          (32, 4, 4, 1), (32, 4, 6, 1), (128, 4, 3, 2), (64, 4, 4, 2), (64, 2, 4, 1), (128, 8, 3, 1)):
+        yield AttnConfig(bn, w, st, sp)
+    yield AttnConfig(128, 4, 2, 1, words=False, asm=False)       # sweep-1 kernel (byte-wise V)
 
 
 def tune_attention(dev, results, deadline: float = float("inf")):
@@ -271,7 +314,7 @@ def tune_attention(dev, results, deadline: float = float("inf")):
     lens = torch.full((B,), L, device=dev, dtype=torch.int32)
     best = {}
     for kind, args in (("int8", (kq, ks, vq, vs)), ("float", (k, None, v, None))):
-        for cfg in attn_candidates():
+        for cfg in attn_candidates(kind):
             if kind in best and time.time() > deadline:
                 break
             try:
@@ -285,9 +328,10 @@ def tune_attention(dev, results, deadline: float = float("inf")):
                 best[kind] = (us, cfg)
         us, cfg = best[kind]
         log(f"tune attn {kind}: best {cfg.short()} {us:.1f} us")
-        ta.H200_ATTN[kind] = ta.AttnConfig(cfg.block_n, cfg.num_warps, cfg.num_stages, None)
-    text = "H200_ATTN = {" + ", ".join(
-        f'"{kd}": AttnConfig({c.block_n}, {c.num_warps}, {c.num_stages})' for kd, c in ta.H200_ATTN.items()) + "}"
+        ta.H200_ATTN[kind] = ta.AttnConfig(cfg.block_n, cfg.num_warps, cfg.num_stages, None, cfg.k_as_a,
+                                           cfg.words, cfg.asm)
+        results[f"attn_best_{kind}"] = {"cfg": cfg.short(), "us": us}
+    text = "H200_ATTN = {" + ", ".join(f'"{kd}": {c!r}' for kd, c in ta.H200_ATTN.items()) + "}"
     log(text)
     results["attn_table"] = text
 
@@ -354,7 +398,8 @@ def run_checks(results) -> int:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="run tests/kernels/test_triton_cuda.py first")
-    ap.add_argument("--tune", action="store_true", help="sweep GEMM/attention configs and use the best")
+    ap.add_argument("--tune", nargs="?", const="all", help="comma list of quant,gemm,attn (default: all)")
+    ap.add_argument("--tune-ms", default=",".join(map(str, MS)), help="GEMM sweep: which M")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer attention cases")
     ap.add_argument("--tune-budget-s", type=float, default=240.0, help="stop tuning sweeps after this long")
@@ -374,8 +419,14 @@ def main():
     shapes = [LinearShape(name, k, n, dev) for name, (k, n) in LLAMA8B.items()]
     if args.tune:     # first, so that the checks and the benchmark use the tuned tables
         t = time.time()
-        tune_gemm(shapes, dev, results, deadline=t + 0.7 * args.tune_budget_s)
-        tune_attention(dev, results, deadline=t + args.tune_budget_s)
+        what = {"quant", "gemm", "attn"} if args.tune == "all" else set(args.tune.split(","))
+        if "quant" in what:
+            tune_quant(dev, results)
+        if "gemm" in what:
+            tune_gemm(shapes, dev, results, deadline=t + 0.7 * args.tune_budget_s,
+                      ms=tuple(int(v) for v in args.tune_ms.split(",")))
+        if "attn" in what:
+            tune_attention(dev, results, deadline=t + args.tune_budget_s)
         log(f"(tuning took {time.time() - t:.0f}s)")
         save()
     if args.check:
