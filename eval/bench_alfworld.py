@@ -8,7 +8,8 @@ Sections (each can be skipped):
 1. handcoded: ALFWorld's handcoded expert on a fixed sample of valid_unseen games (numpy seed 0,
    40 games), 50-step cap, success per task type.
 2. planner: the planner walkthrough on generated games, `--gen-per-type` games of each task type
-   from each of gen_seen and gen_unseen.
+   from each of gen_seen and gen_unseen (and, with `--handcoded-gen-per-type N`, the handcoded
+   expert on N gen_seen games per type).
 3. speed: seeded random episodes (admissible and invalid commands) recorded on the unpatched
    engine, replayed with the parse cache; reports median step time of both and whether every
    observation and admissible-command list is byte-identical; also the time to reset a game that
@@ -171,6 +172,8 @@ def main(argv=None) -> dict:
     p.add_argument("--gen-per-type", type=int, default=2)
     p.add_argument("--speed-games", type=int, default=5)
     p.add_argument("--speed-steps", type=int, default=12)
+    p.add_argument("--handcoded-gen-per-type", type=int, default=0,
+                   help="also run the handcoded expert on this many gen_seen games per type (default: skip)")
     p.add_argument("--max-steps", type=int, default=50)
     p.add_argument("--skip", nargs="*", default=[], choices=["handcoded", "planner", "speed"])
     p.add_argument("--quick", action="store_true", help="small sample sizes (smoke run)")
@@ -202,6 +205,15 @@ def main(argv=None) -> dict:
             res = expert_eval(genv, ids, split, log)
             report["planner"][split] = res
             print(f"planner walkthrough, {split}, {res['n']} games:\n{_table(res)}")
+        genv.close()
+
+    if a.handcoded_gen_per_type:
+        genv = make_env("gen_seen", cache_dir=cache_dir, expert=True, expert_type="handcoded", max_steps=a.max_steps)
+        u = genv.unwrapped
+        ids = per_type_sample(u.list_tasks(), a.handcoded_gen_per_type, u.task_type)
+        res = expert_eval(genv, ids, "gen_seen", log)
+        report["handcoded_gen"] = res
+        print(f"handcoded expert, gen_seen, {res['n']} games, cap {a.max_steps} steps:\n{_table(res)}")
         genv.close()
 
     if "speed" not in a.skip:

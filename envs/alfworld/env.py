@@ -89,8 +89,9 @@ class ALFWorldEnv(TextEnv):
             import textworld
             from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
             from textworld.envs.pddl import PddlEnv
-            infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=self.expert,
-                                       extras=["gamefile"])
+            # the handcoded expert reads the state's facts; nothing else needs them
+            infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"],
+                                       facts=self.expert and self.expert_type != "planner")
             self._pddl = PddlEnv(infos)
             self._env = AlfredInfos(AlfredDemangler(self._pddl, shuffle=False))
             self._loaded = None

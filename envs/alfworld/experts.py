@@ -23,6 +23,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from .parse_cache import ONE_OFF_PROBLEM
+
 _APPLIANCES = {"pick_clean_then_place_in_recep": "sinkbasintype", "pick_heat_then_place_in_recep": "microwavetype",
                "pick_cool_then_place_in_recep": "fridgetype"}
 # Commands that never change the state: after one of them the plan still holds.
@@ -93,7 +95,7 @@ def _reduced_problem(pddl_state, goal: str, task_type: str, params: dict) -> str
     objects = [f"{o.name} - {o.type_name}" for o in pddl_state.task.objects if kept(o.name, o.type_name)]
     init = sorted("({} {})".format(f.name, " ".join(a.name for a in f.arguments)) for f in facts
                   if all(kept(a.name, a.type) for a in f.arguments))
-    return "(define (problem reduced)\n(:domain alfred)\n(:objects\n{}\n)\n(:init\n{}\n)\n{}\n".format(
+    return "(define (problem " + ONE_OFF_PROBLEM + ")\n(:domain alfred)\n(:objects\n{}\n)\n(:init\n{}\n)\n{}\n".format(
         "\n".join(objects), "\n".join(init), goal)
 
 

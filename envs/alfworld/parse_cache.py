@@ -33,6 +33,8 @@ from typing import Callable
 
 TESTED_VERSIONS = {"textworld": ("1.7.0",), "fast_downward_textworld": ("20.6.4",)}
 _TEXTGEN_RULES = frozenset({"symbols"})
+#: problems of this name are translated without being kept (the planner expert's reduced problems)
+ONE_OFF_PROBLEM = "agentq_reduced"
 _LOGIC_RULES = frozenset({"conjunctiveQuery", "onlyVariable", "onlySignature", "onlyProposition",
                           "onlyPlaceholder", "onlyPredicate", "onlyRule", "onlyAction"})
 
@@ -67,27 +69,31 @@ class _ParseMemo:
 class _TranslationMemo:
     """Wraps `fast_downward.pddl2sas(domain, problem, verbose, optimize)` in an LRU."""
 
-    def __init__(self, original: Callable, maxsize: int = 32):
+    def __init__(self, original: Callable, maxsize: int = 16):   # ≈2 MB per game
         self.original, self.maxsize = original, maxsize
         self.cache: OrderedDict[tuple[str, bool], tuple] = OrderedDict()
         self.hits = self.misses = 0
 
     def __call__(self, domain: str, problem: str, verbose: bool = False, optimize: bool = False):
+        if f"(problem {ONE_OFF_PROBLEM})" in problem[:200]:     # the planner's reduced problems: never seen twice
+            return self._translate(domain, problem, verbose, optimize)
         key = (hashlib.sha256(f"{len(domain)}:{domain}{problem}".encode()).hexdigest(), bool(optimize))
         if key in self.cache and not verbose:
             self.hits += 1
             self.cache.move_to_end(key)
             return self.cache[key]
         self.misses += 1
-        argv = list(sys.argv)
-        try:
-            result = self.original(domain, problem, verbose=verbose, optimize=optimize)
-        finally:
-            sys.argv[:] = argv
-        self.cache[key] = result
+        result = self.cache[key] = self._translate(domain, problem, verbose, optimize)
         while len(self.cache) > self.maxsize:
             self.cache.popitem(last=False)
         return result
+
+    def _translate(self, domain, problem, verbose, optimize):
+        argv = list(sys.argv)       # the translator overwrites sys.argv
+        try:
+            return self.original(domain, problem, verbose=verbose, optimize=optimize)
+        finally:
+            sys.argv[:] = argv
 
 
 _memos: dict[str, tuple[object, str, object]] = {}   # name → (module, attribute, memo); memos outlive uninstall
