@@ -31,7 +31,9 @@ def round_half(x: torch.Tensor, mode: str) -> torch.Tensor:
 
 def _absmax_scale(x: torch.Tensor, floor: float) -> torch.Tensor:
     """Symmetric int8 scale over the last dim: max(absmax / 127, floor), fp32, shape x.shape[:-1]."""
-    return torch.clamp(x.detach().float().abs().amax(dim=-1) / QMAX, min=floor)
+    amax = x.detach().float().abs().amax(dim=-1)
+    # a tensor divisor: with a Python scalar, CUDA torch multiplies by the reciprocal instead (1 ulp off)
+    return torch.clamp(amax / torch.full_like(amax, QMAX), min=floor)
 
 
 def quantize_rows(x: torch.Tensor, floor: float, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,8 +86,9 @@ def kv_roundtrip(x: torch.Tensor, spec: QuantSpec, fp8_scale_value: torch.Tensor
 
 # ---------------------------------------------------------------------- W8A8 GEMM
 def int8_matmul_ref(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
-    """Exact int32 accumulation X_q[M,K] · W_q[N,K]ᵀ, via int64 (slow; the reference)."""
-    return (x_q.long() @ w_q.long().t()).to(torch.int32)
+    """Exact int32 accumulation X_q[M,K] · W_q[N,K]ᵀ (slow; the reference). float64 holds every
+    partial sum exactly (|acc| ≤ K·128² < 2⁵³) and, unlike int64, matmuls on CUDA too."""
+    return (x_q.double() @ w_q.double().t()).to(torch.int32)
 
 
 def int8_matmul(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
