@@ -3,13 +3,14 @@
     agentq train env=textworld_express trainer.steps=2 trainer.out_dir=runs/x
     agentq eval checkpoint=runs/x/checkpoints/step_000002 env=textworld_express split=test
     agentq sft env=alfworld sft.num_demos=200
+    agentq pipeline                              # the embedded default: tiny model → SFT → RL → eval
     agentq config env=webshop algo=qat          # print the composed config
 """
 from __future__ import annotations
 
 import sys
 
-COMMANDS = ("train", "eval", "sft", "config")
+COMMANDS = ("pipeline", "train", "eval", "sft", "config")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         elif cmd == "eval":
             from agentq.eval.evaluate import evaluate
             evaluate(cfg)
+        elif cmd == "pipeline":
+            from agentq.trainer.pipeline import pipeline
+            pipeline(cfg)
         elif cmd == "sft":
             from agentq.trainer.sft import sft
             sft(cfg)

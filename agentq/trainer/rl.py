@@ -175,7 +175,9 @@ class RLTrainer:
         return path
 
     # ------------------------------------------------------------------ the loop
-    def train(self) -> dict:
+    def train(self, final_eval_tasks: int | None = None) -> dict:
+        """Run the remaining steps; checkpoint at the end and evaluate on the held-out split
+        (`final_eval_tasks` tasks, default trainer.eval_num_tasks)."""
         t = self.cfg.trainer
         steps = int(t.steps)
         save_every, eval_every = int(t.save_every), int(t.eval_every)
@@ -194,7 +196,8 @@ class RLTrainer:
                 if eval_every > 0 and step % eval_every == 0 and step < steps:
                     self.evaluate(step, int(t.eval_num_tasks))
         final = self.save(steps)
-        report = self.evaluate(steps, int(t.eval_num_tasks)) if eval_every >= 0 else None
+        n_final = int(final_eval_tasks if final_eval_tasks is not None else t.eval_num_tasks)
+        report = self.evaluate(steps, n_final) if eval_every >= 0 else None
         summary = {"run_dir": str(self.run_dir), "checkpoint": str(final), "steps": steps, "last_step": last,
                    "final_eval": report}
         (self.run_dir / "train_summary.json").write_text(json.dumps(jsonable(summary), indent=2, default=str))

@@ -49,4 +49,4 @@ def test_cli_errors_list_choices():
     p = run_cli(["train", "trainer.stepz=2"])
     assert p.returncode == 2 and "valid keys under trainer" in p.stderr
     p = run_cli(["fly"])
-    assert p.returncode == 2 and "valid: ['train', 'eval', 'sft'" in p.stderr
+    assert p.returncode == 2 and "valid: ['pipeline', 'train', 'eval', 'sft'" in p.stderr

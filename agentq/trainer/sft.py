@@ -1,0 +1,164 @@
+"""Warm start from environment experts: `agentq sft`.
+
+1. collect expert episodes through the *same* agent loop, chat rendering and token layout as RL
+   (environments made with `expert=True`; the expert's action written as `<action>...</action>`
+   followed by the stop token) and save them as JSONL (token ids + masks, with text for reading);
+2. train with cross-entropy on action tokens only — exactly the `action_mask` RL uses, so
+   observation and template tokens carry no loss in either stage — through the learner's aligned
+   forward (the model is fitted as the quantized engine will run it);
+3. write a normal HF checkpoint that `agentq train model.path=<dir>` starts from.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from agentq.agent import ActionParser, ChatFormat, EpisodeSpec, ExpertPolicy, episode_seed
+from agentq.agent.trajectory import Trajectory
+from agentq.envs.base import sample_tasks
+from agentq.learner.batch import collate
+from agentq.learner.learner import Learner, sequence_logprobs
+from agentq.utils.checkpoint import save_hf_checkpoint
+from agentq.utils.logging import MetricsLogger, console, progress
+
+from . import setup
+
+
+def collect_demos(cfg: DictConfig, chat: ChatFormat, n: int, split: str, seed: int) -> list[Trajectory]:
+    import numpy as np
+
+    tasks = sample_tasks(setup.list_tasks(cfg, split), n, np.random.default_rng(seed))
+    n_conc = max(1, min(n, int(cfg.trainer.max_concurrent)))
+    pool = setup.env_pool(cfg, split, n_conc, expert=True)
+    try:
+        loop = setup.agent_loop(cfg, pool, chat, setup.sampling_params(cfg, chat), n_conc, run_seed=seed)
+        specs = [EpisodeSpec(i, t, split, group_id=i, seed=episode_seed(seed, i)) for i, t in enumerate(tasks)]
+        with progress(transient=True) as prog:
+            bar = prog.add_task("expert demos", total=len(specs), info="")
+            trajs = loop.run(specs, ExpertPolicy(chat, ActionParser(cfg.agent.action_tag)),
+                             on_done=lambda t: prog.update(bar, advance=1))
+    finally:
+        pool.close()
+    return trajs
+
+
+def save_demos(path: Path, trajs: list[Trajectory], tokenizer) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        for t in trajs:
+            f.write(json.dumps({"task_id": t.task_id, "split": t.split, "won": t.won, "turns": t.turns,
+                                "end_reason": t.end_reason, "input_ids": t.input_ids, "action_mask": t.action_mask,
+                                "seg_id": t.seg_id, "text": tokenizer.decode(t.input_ids)}) + "\n")
+    tmp.replace(path)
+
+
+def load_demos(path: str | Path) -> list[Trajectory]:
+    out = []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            d = json.loads(line)
+            t = Trajectory(episode_id=i, task_id=d["task_id"], split=d["split"], won=d["won"], turns=d["turns"],
+                           end_reason=d["end_reason"])
+            t.input_ids, t.action_mask, t.seg_id = d["input_ids"], d["action_mask"], d["seg_id"]
+            t.rollout_logp = [0.0] * len(t.input_ids)
+            out.append(t)
+    return out
+
+
+def action_nll(model, trajs: list[Trajectory], device) -> tuple[torch.Tensor, int]:
+    """Token-mean negative log-likelihood over action tokens, and the number of those tokens."""
+    b = collate(trajs).to(device)
+    logp = sequence_logprobs(model, b.input_ids, b.attention_mask)
+    n = int(b.action_mask.sum())
+    return -(logp * b.action_mask).sum() / max(n, 1), n
+
+
+@torch.no_grad()
+def evaluate_nll(learner: Learner, trajs: list[Trajectory], batch_size: int) -> float:
+    learner.model.eval()
+    tot, n = 0.0, 0
+    for s in range(0, len(trajs), batch_size):
+        loss, k = action_nll(learner.model, trajs[s: s + batch_size], learner.device)
+        tot, n = tot + float(loss) * k, n + k
+    learner.model.train()
+    return tot / max(n, 1)
+
+
+def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | None = None) -> dict:
+    s = cfg.sft
+    device, dtype = setup.device_and_dtype(cfg)
+    torch.manual_seed(int(cfg.seed))
+    out = Path(out_dir or s.out_dir or Path("runs") / f"sft-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    path = init_path or setup.model_path(cfg)
+    tokenizer = setup.load_tokenizer(path)
+    chat = ChatFormat.from_tokenizer(tokenizer)
+
+    # 1. demonstrations through the RL agent loop
+    if s.demos:
+        demos = load_demos(s.demos)
+        console.print(f"loaded {len(demos)} demonstrations from {s.demos}")
+    else:
+        demos = collect_demos(cfg, chat, int(s.num_demos), cfg.env.train_split, int(cfg.seed))
+        save_demos(out / "demos.jsonl", demos, tokenizer)
+    n_won = sum(t.won for t in demos)
+    if s.only_successful:
+        demos = [t for t in demos if t.won]
+    if not demos:
+        raise RuntimeError("no usable expert demonstrations (none won); check the env's expert")
+    rng = random.Random(int(cfg.seed))
+    rng.shuffle(demos)
+    n_val = max(1, int(round(len(demos) * float(s.val_fraction)))) if len(demos) > 1 else 0
+    val, train = demos[:n_val], demos[n_val:]
+
+    # 2. cross-entropy on action tokens, through the aligned forward
+    _, learner_spec = setup.quant_specs(cfg)
+    learner = Learner(path, learner_spec, dtype=dtype, device=str(device), lr=float(s.lr), weight_decay=0.01,
+                      use_reference=False, micro_batch_size=int(s.batch_size))
+    logger = MetricsLogger(out)
+    bs = int(s.batch_size)
+    steps_per_epoch = math.ceil(len(train) / bs)
+    total = steps_per_epoch * int(s.epochs)
+    sched = torch.optim.lr_scheduler.LambdaLR(learner.opt, lambda i: min(1.0, (i + 1) / max(1, total // 10)))
+    history, step = [], 0
+    val_loss = evaluate_nll(learner, val, bs) if val else float("nan")
+    logger.log(0, {"sft/val_loss": val_loss})
+    with progress() as prog:
+        bar = prog.add_task(f"SFT {cfg.env.name}", total=total, info=f"val {val_loss:.3f}")
+        for epoch in range(int(s.epochs)):
+            rng.shuffle(train)
+            losses = []
+            for i in range(0, len(train), bs):
+                loss, _ = action_nll(learner.model, train[i: i + bs], learner.device)
+                learner.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(learner.model.parameters(), float(cfg.trainer.grad_clip))
+                learner.opt.step()
+                sched.step()
+                step += 1
+                losses.append(float(loss.detach()))
+                logger.log(step, {"sft/train_loss": losses[-1]})
+                prog.update(bar, advance=1, info=f"loss {losses[-1]:.3f} val {val_loss:.3f}")
+            val_loss = evaluate_nll(learner, val, bs) if val else float("nan")
+            history.append({"epoch": epoch + 1, "train_loss": sum(losses) / len(losses), "val_loss": val_loss})
+            logger.log(step, {"sft/epoch": epoch + 1, "sft/epoch_train_loss": history[-1]["train_loss"],
+                              "sft/val_loss": val_loss})
+    logger.close()
+
+    # 3. an ordinary HF checkpoint
+    ckpt = save_hf_checkpoint(learner.model, out / "checkpoint", tokenizer,
+                              extra={"stage": "sft", "env": cfg.env.name, "demos": len(demos), "history": history})
+    summary = {"checkpoint": str(ckpt), "demos_collected": int(s.num_demos) if not s.demos else len(demos),
+               "demos_won": n_won, "demos_used": len(demos), "train": len(train), "val": len(val),
+               "history": history}
+    (out / "sft_summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(f"SFT: {len(train)} train / {len(val)} val demos; "
+                  + ", ".join(f"epoch {h['epoch']}: train {h['train_loss']:.3f} val {h['val_loss']:.3f}" for h in history))
+    return summary

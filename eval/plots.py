@@ -1,0 +1,42 @@
+"""PNG plots of runs (matplotlib, headless)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentq.utils.logging import read_metrics
+
+
+def learning_curve(metrics_path: str | Path, out_png: str | Path, sft_success: float | None = None,
+                   title: str = "") -> Path:
+    """Training reward and held-out success against RL step (SFT level as a dashed line)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_path)
+    train = [r for r in rows if "reward_mean" in r]
+    ev = [r for r in rows if "eval/success_rate" in r]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    ax.plot([r["step"] for r in train], [r["reward_mean"] for r in train], color="tab:blue", alpha=0.8,
+            label="train reward (mean over rollouts)")
+    ax.plot([r["step"] for r in train], [r["success_rate"] for r in train], color="tab:blue", ls=":", alpha=0.6,
+            label="train success")
+    if ev:
+        steps = [r["step"] for r in ev]
+        succ = [r["eval/success_rate"] for r in ev]
+        if sft_success is not None:
+            steps, succ = [0] + steps, [sft_success] + succ
+        ax.plot(steps, succ, "o-", color="tab:red", label="held-out success")
+    if sft_success is not None:
+        ax.axhline(sft_success, color="gray", ls="--", label=f"after SFT ({100 * sft_success:.0f} %)")
+    ax.set_xlabel("RL step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    fig.savefig(out_png)
+    plt.close(fig)
+    return out_png
