@@ -66,7 +66,8 @@ class ALFWorldEnv(TextEnv):
         self.data_dir = data_dir
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else gen.default_cache_dir()
         self.gen_sizes = gen.gen_sizes(gen_sizes)
-        self.task_types = tuple(gen.check_task_type(t) for t in (task_types or gen.TASK_TYPES))
+        task_types = [task_types] if isinstance(task_types, str) else (task_types or gen.TASK_TYPES)
+        self.task_types = tuple(gen.check_task_type(t) for t in task_types)
         self.reward_scale = float(reward_scale)
         if expert_type not in EXPERT_TYPES:
             raise ValueError(f"unknown expert_type {expert_type!r}; valid: {list(EXPERT_TYPES)}")

@@ -110,6 +110,7 @@ class PlannerExpert:
         self.plan: list[str] = []
         self._i = 0
         self.last_plan_seconds = 0.0
+        self.last_error: str | None = None
 
     def _engine(self):
         if self._planner is None:
@@ -124,9 +125,14 @@ class PlannerExpert:
         goal = problem[problem.index("(:goal"):]
         reduced = _reduced_problem(engine._pddl_state, goal, task_type, params)
         t = time.perf_counter()
-        planner = self._engine()
-        planner.load({"pddl_domain": game["pddl_domain"], "grammar": game["grammar"], "pddl_problem": reduced})
-        plan = list(planner._pddl_state.replan(engine._entity_infos))
+        try:
+            planner = self._engine()
+            planner.load({"pddl_domain": game["pddl_domain"], "grammar": game["grammar"], "pddl_problem": reduced})
+            plan = list(planner._pddl_state.replan(engine._entity_infos))
+            self.last_error = None
+        except Exception as e:     # no plan is "no expert action", never a failed episode
+            plan, self.last_error = [], repr(e)
+            self._planner = None
         self.last_plan_seconds = time.perf_counter() - t
         return plan
 
