@@ -6,14 +6,6 @@ import torch
 import torch.nn.functional as F
 
 
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """[B, Hkv, L, D] → [B, Hkv·n_rep, L, D] (GQA), as HF models do."""
-    if n_rep == 1:
-        return x
-    b, h, l, d = x.shape
-    return x[:, :, None].expand(b, h, n_rep, l, d).reshape(b, h * n_rep, l, d)
-
-
 def attention_accum_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """fp32 models on CPU compute attention in fp64.
 
@@ -28,34 +20,16 @@ def attention_accum_dtype(dtype: torch.dtype, device: torch.device) -> torch.dty
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
-                     scale: float, chunk: int = 512) -> torch.Tensor:
+                     scale: float) -> torch.Tensor:
     """q [B, Hq, T, D], k/v [B, Hkv, L, D], allowed [B, T, L] bool → [B, Hq, T, D].
 
-    GQA without materialising repeated K/V: query heads are grouped under their KV head
-    (head h = kv·rep + r, the order of HF's repeat_kv). In fp64 (fp32 on CPU, see
-    `attention_accum_dtype`) the softmax attention is computed explicitly in query chunks of
-    `chunk` rows, bounding the [chunk, L] score memory; otherwise SDPA does it in the model dtype.
+    SDPA with GQA (query head h reads KV head h // (Hq/Hkv), HF's repeat_kv order, without
+    materialising repeated K/V), in `attention_accum_dtype` (fp64 for fp32 models on CPU).
     Every query row must allow at least one key (padding rows allow key 0)."""
-    b, hq, t, d = q.shape
-    hkv, length = k.shape[1], k.shape[2]
-    rep = hq // hkv
     acc = attention_accum_dtype(q.dtype, q.device)
-    if acc == q.dtype:
-        return F.scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep),
-                                              attn_mask=allowed[:, None], scale=scale)
-    qg = q.reshape(b, hkv, rep, t, d).to(acc)
-    kt = k.to(acc).transpose(-1, -2)                      # [B, Hkv, D, L]
-    vv = v.to(acc)
-    outs = []
-    for t0 in range(0, t, chunk):
-        t1 = min(t, t0 + chunk)
-        qc = qg[:, :, :, t0:t1].reshape(b, hkv, rep * (t1 - t0), d)
-        s = torch.matmul(qc, kt) * scale                  # [B, Hkv, rep·tc, L]
-        m = allowed[:, None, None, t0:t1].expand(b, 1, rep, t1 - t0, length).reshape(b, 1, rep * (t1 - t0), length)
-        p = torch.softmax(s.masked_fill(~m, float("-inf")), dim=-1)
-        outs.append(torch.matmul(p, vv).reshape(b, hkv, rep, t1 - t0, d))
-    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=3)
-    return out.reshape(b, hq, t, d).to(q.dtype)
+    out = F.scaled_dot_product_attention(q.to(acc), k.to(acc), v.to(acc), attn_mask=allowed[:, None], scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out.to(q.dtype)
 
 
 def _triton_decode():
