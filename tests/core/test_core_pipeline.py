@@ -1,0 +1,31 @@
+"""A miniature of the embedded default run: tiny model → SFT → eval → 2 RL steps → eval, with
+summary.json and the PNG learning curve (the README's first command, scaled down)."""
+import json
+
+from agentq.cli import main
+from agentq.trainer.pipeline import two_proportion_z
+
+
+def test_pipeline_miniature(tmp_path):
+    args = ["pipeline", f"pipeline.out_dir={tmp_path}", "pipeline.eval_tasks=4", "sft.num_demos=12", "sft.epochs=2",
+            "trainer.steps=2", "trainer.tasks_per_step=2", "trainer.group_size=2", "trainer.eval_every=1",
+            "trainer.eval_num_tasks=2", "env.max_steps=4", "env_pool=inline"]
+    assert main(args) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("env", "split", "episodes", "sft_success_rate", "rl_success_rate", "sft_score", "rl_score",
+                "wall_time_s"):
+        assert key in s, key
+    assert s["env"] == "textworld_express" and s["split"] == "test" and s["episodes"] == 4
+    assert 0 <= s["sft_success_rate"] <= 1 and 0 <= s["rl_success_rate"] <= 1
+    assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
+    assert (tmp_path / "sft" / "demos.jsonl").exists() and (tmp_path / "sft" / "checkpoint" / "config.json").exists()
+    demo = json.loads((tmp_path / "sft" / "demos.jsonl").read_text().splitlines()[0])
+    assert len(demo["input_ids"]) == len(demo["action_mask"]) == len(demo["seg_id"]) and "<action>" in demo["text"]
+    assert (tmp_path / "rl" / "checkpoints" / "step_000002").exists()
+    rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval/success_rate" in r] == [1, 2]
+
+
+def test_two_proportion_z_by_hand():
+    # 40/100 vs 60/100: pooled p = 0.5, se = sqrt(0.25 · 0.02) = 0.070711, z = 0.2 / 0.070711
+    assert abs(two_proportion_z(40, 100, 60, 100) - 2.828427) < 1e-5
