@@ -1,0 +1,329 @@
+"""agentq/ScienceWorld-v0 on the real simulator (scienceworld 1.2.3 + Java): no mocks.
+
+The unmarked tests share one JVM and take ~30-60 s on 2 cores; `-m slow` adds the gold paths of
+all 30 tasks and an 8-env memory run (minutes).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import gymnasium as gym
+import pytest
+
+pytest.importorskip("scienceworld")
+
+import agentq.envs  # noqa: E402,F401  (registers agentq/* ids)
+from agentq.envs import EnvCrashedError, UnknownTaskError  # noqa: E402
+from agentq.envs.scienceworld import JVMHost, ScienceWorldEnv, resolve_tasks, select_tasks  # noqa: E402
+from agentq.envs.scienceworld import tasks as T  # noqa: E402
+
+ENV_ID = "agentq/ScienceWorld-v0"
+
+
+def _rss_mb(pid="self") -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and ("Z" in line.split()[1] or "X" in line.split()[1])
+                           for line in f)
+    except FileNotFoundError:
+        return False
+
+
+def _play(env, actions):
+    """Step through `actions` until the episode ends; returns (rewards, last info, terminated, truncated)."""
+    rewards, info, term, trunc = [], {}, False, False
+    for a in actions:
+        _, r, term, trunc, info = env.step(a)
+        rewards.append(r)
+        if term or trunc:
+            break
+    return rewards, info, term, trunc
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = gym.make(ENV_ID, split="test")
+    yield e
+    e.close()
+
+
+# ---------------------------------------------------------------------- no JVM needed
+def test_task_selectors_and_errors():
+    assert len(resolve_tasks(None)) == 30
+    assert [t.name for t in resolve_tasks("5-x")] == ["grow-plant", "grow-fruit"]
+    assert [t.num for t in resolve_tasks(["boil", "10-2", "4"])] == ["1-1", "4-1", "4-2", "4-3", "4-4", "10-2"]
+    agentgym = select_tasks(exclude=["5-x", "9-x", "10-x"])
+    assert len(agentgym) == 23 and not {t.family for t in agentgym} & {"5", "9", "10"}
+    with pytest.raises(ValueError, match="unknown ScienceWorld task selector 'boiling'.*1-1 boil"):
+        resolve_tasks(["boiling"])
+    with pytest.raises(ValueError, match="no ScienceWorld task left"):
+        select_tasks("1-1", exclude="1-x")
+    assert T.parse_simplifications("easy") == "noElectricalAction,openDoors,selfWateringFlowerPots,teleportAction"
+    assert T.parse_simplifications(["openDoors", "easy", "openContainers"]).count("openDoors") == 1
+    with pytest.raises(ValueError, match="valid: .*teleportAction"):
+        T.parse_simplifications("teleport")
+    power = T.task_by_name()["power-component"]
+    assert T.simplifications_for(power, "noElectricalAction,openDoors") == "openDoors"
+    with pytest.raises(ValueError, match="expected '<task name>/<variation>'"):
+        T.parse_task_id("boil")
+    with pytest.raises(ValueError, match="unknown ScienceWorld task selector"):
+        ScienceWorldEnv(tasks=["nope"])
+    with pytest.raises(ValueError, match="variations_per_task"):
+        ScienceWorldEnv(variations_per_task=0)
+
+
+# ---------------------------------------------------------------------- splits
+def test_split_sizes_and_cache(env):
+    u = env.unwrapped
+    sizes = {s: len(u.list_tasks(s)) for s in ("train", "dev", "test")}
+    assert sizes == {"train": 3592, "dev": 1796, "test": 1819}
+    train, dev, test = (set(u.list_tasks(s)) for s in ("train", "dev", "test"))
+    assert not (train & dev or train & test or dev & test)
+    assert u.list_tasks("test")[0] == "boil/21" and u.list_tasks("train")[0] == "boil/0"
+    splits = T.load_splits()
+    assert splits["inclined-plane-friction-named-surfaces"]["max_variations"] == 1386
+    assert [len(splits["boil"][s]) for s in ("train", "dev", "test")] == [14, 7, 9]
+    # the disk cache alone (no JVM) gives the same lists
+    assert T.splits_cache_path().exists()
+    T.clear_split_cache()
+    assert T.load_splits() == splits
+    small = ScienceWorldEnv(split="dev", exclude=["5-x", "9-x", "10-x"], variations_per_task=2)
+    ids = small.list_tasks("dev")
+    assert len(ids) == 46 and ids[:2] == ["boil/14", "boil/15"]
+    small.close()
+
+
+def test_unknown_task_id_lists_choices(env):
+    # (on env.unwrapped: Gymnasium 1.4's passive checker breaks the next step() if the very
+    # first reset() raised)
+    with pytest.raises(UnknownTaskError, match="unknown task_id 'boil/0' for split 'test'.*boil/21"):
+        env.unwrapped.reset(options={"task_id": "boil/0"})   # a train variation
+
+
+# ---------------------------------------------------------------------- episodes
+def test_reset_info_and_failure_by_wrong_focus(env):
+    t0 = time.perf_counter()
+    obs, info = env.reset(options={"task_id": "boil/21"})
+    assert time.perf_counter() - t0 < 2.0
+    assert obs.startswith("This room is called the bathroom.")
+    assert info["task"].startswith("Your task is to boil lead.")
+    assert info["task_id"] == "boil/21" and info["split"] == "test" and info["task_type"] == "boil"
+    assert info["task_num"] == "1-1" and info["variation"] == 21
+    assert info["admissible_actions"] is None and info["score"] == 0.0 and info["won"] is False
+    assert "focus on OBJ" in info["action_templates"] and "pour OBJ in OBJ" in info["action_templates"]
+    assert {"door", "sink", "toilet", "cup"} <= set(info["objects"])
+    obs, r, term, trunc, info = env.step("open door to kitchen")
+    assert obs == "The door is now open." and r == 0.0 and not term and not trunc
+    obs, r, term, trunc, info = env.step("go to kitchen")
+    assert "stove" in info["objects"]
+    obs, r, term, trunc, info = env.step("focus on stove")          # the task is about lead
+    assert term and not trunc and info["failed"] and info["raw_score"] == -100
+    assert info["score"] == 0.0 and r == 0.0 and info["won"] is False
+    with pytest.raises(RuntimeError, match="finished episode"):
+        env.step("look around")
+
+
+def test_score_deltas_on_a_known_path(env):
+    """lifespan-longest-lived/93: +0.5 for reaching the animals, +0.5 for focusing on the right one."""
+    obs, info = env.reset(options={"task_id": "lifespan-longest-lived/93"})
+    assert info["score"] == 0.0
+    rewards, info, term, trunc = _play(env, ["open door to outside", "go to outside", "focus on crocodile"])
+    assert rewards == [0.0, 0.5, 0.5]
+    assert term and not trunc and info["won"] and info["score"] == 1.0 and info["raw_score"] == 100
+
+
+def test_invalid_actions_and_truncation():
+    e = gym.make(ENV_ID, split="test", max_steps=3, tasks="4-2")
+    obs, info = e.reset(seed=3)
+    assert info["task_type"] == "find-non-living-thing"
+    obs, r, term, trunc, _ = e.step("xyzzy")
+    assert obs == "No known action matches that input." and r == 0.0 and not term
+    obs, r, term, trunc, _ = e.step("")
+    assert not term and not trunc
+    obs, r, term, trunc, info = e.step("look around")
+    assert trunc and not term and not info["won"] and info["steps"] == 3
+    e.close()
+
+
+def test_gold_paths_through_wrapper():
+    """expert=True feeds the simulator's gold sequence; it wins (score 1.0) on short tasks."""
+    e = gym.make(ENV_ID, split="test", expert=True, tasks=["3-1", "4-2", "7-1"])
+    for tid in ("power-component/15", "find-non-living-thing/225", "lifespan-longest-lived/93"):
+        obs, info = e.reset(options={"task_id": tid})
+        start = info["score"]
+        rewards, term = [], False
+        while info["expert_action"] is not None and not term:
+            _, r, term, trunc, info = e.step(info["expert_action"])
+            rewards.append(r)
+        assert term and info["won"] and info["score"] == 1.0, (tid, info)
+        assert sum(rewards) == pytest.approx(1.0 - start)
+        assert info["expert_action"] is None
+    e.close()
+
+
+def test_admissible_actions_on_request():
+    e = gym.make(ENV_ID, split="test", tasks="1-1", admissible_actions=True, include_objects=False)
+    obs, info = e.reset(options={"task_id": "boil/21"})
+    acts = info["admissible_actions"]
+    assert len(acts) > 100 and "open door" in acts and "look around" in acts and "focus on toilet" in acts
+    assert info["objects"] is None
+    _, _, _, _, info = e.step("open door")
+    assert "go to kitchen" in info["admissible_actions"] and "close door" in info["admissible_actions"]
+    e.close()
+
+
+def test_simplification_easy_uses_its_own_jvm(env):
+    e = gym.make(ENV_ID, split="test", tasks="1-1", simplifications="easy")
+    obs, info = e.reset(options={"task_id": "boil/21"})
+    assert "A door to the kitchen (that is open)" in obs
+    assert "teleport OBJ" in info["action_templates"]
+    used = e.unwrapped.jvm.call(lambda gw: e.unwrapped._sim.getSimplificationsUsed())
+    assert str(used) == "noElectricalAction, openDoors, selfWateringFlowerPots, teleportAction"
+    env.reset(options={"task_id": "boil/21"})
+    assert e.unwrapped.jvm is not env.unwrapped.jvm and e.unwrapped.jvm.pid != env.unwrapped.jvm.pid
+    obs, r, term, trunc, info = e.step("teleport to kitchen")
+    assert obs == "You teleport to the kitchen."
+    e.close()
+
+
+def test_check_env():
+    from gymnasium.utils.env_checker import check_env
+    e = gym.make(ENV_ID, split="train", tasks=["7-x", "4-2"])
+    check_env(e.unwrapped, skip_render_check=False)
+    e.close()
+
+
+# ---------------------------------------------------------------------- JVM: sharing, cap, crashes
+def test_envs_share_one_heap_capped_jvm_and_restart_after_kill():
+    # own JVM (distinct options), so killing it does not touch the other tests' JVM
+    envs = [gym.make(ENV_ID, split="test", tasks=["4-x", "7-x"], jvm_opts=["-Dagentq.test=crash"]) for _ in range(3)]
+    for i, e in enumerate(envs):
+        e.reset(seed=i)
+    host = envs[0].unwrapped.jvm
+    assert all(e.unwrapped.jvm is host for e in envs) and host.refs >= 3
+    with open(f"/proc/{host.pid}/cmdline") as f:
+        cmd = f.read().split("\0")
+    assert "-Xmx1g" in cmd and "py4j.GatewayServer" in cmd
+    old_pid, old_gen = host.pid, host.generation
+
+    os.kill(old_pid, signal.SIGKILL)                 # the JVM dies mid-episode
+    deadline = time.time() + 10
+    while _pid_alive(old_pid) and time.time() < deadline:
+        time.sleep(0.05)
+    for e in envs:                                   # every episode on that JVM is reported as errored
+        with pytest.raises(EnvCrashedError, match="is dead"):
+            e.step("look around")
+    with pytest.raises(EnvCrashedError):             # and stays errored until reset
+        envs[0].step("look around")
+
+    obs, info = envs[0].reset(options={"task_id": "lifespan-longest-lived/93"})   # restarts the JVM
+    assert host.alive() and host.pid != old_pid and host.generation == old_gen + 1
+    rewards, info, term, _ = _play(envs[0], ["open door to outside", "go to outside", "focus on crocodile"])
+    assert info["won"] and rewards == [0.0, 0.5, 0.5]
+    with pytest.raises(EnvCrashedError, match="restarted"):   # env 1's simulator died with the old JVM
+        envs[1].step("look around")
+    envs[1].reset(options={"task_id": "find-animal/225"})
+    assert envs[1].unwrapped.jvm.pid == host.pid
+    for e in envs:
+        e.close()
+    assert not host.alive()                          # the last close stops the JVM
+
+
+def test_hung_jvm_times_out_and_restarts():
+    # (a cold JVM on a busy 2-core machine may need a few seconds for the first calls)
+    e = gym.make(ENV_ID, split="test", tasks="7-1", call_timeout_s=8.0)
+    e.reset(options={"task_id": "lifespan-longest-lived/93"})
+    host = e.unwrapped.jvm
+    pid = host.pid
+    os.kill(pid, signal.SIGSTOP)                     # alive but not answering
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(EnvCrashedError, match="stopped answering"):
+            e.step("open door to outside")
+        assert 7.5 < time.perf_counter() - t0 < 40   # py4j retries a timed-out call once
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    obs, info = e.reset(options={"task_id": "lifespan-longest-lived/93"})
+    assert host.pid != pid and obs.startswith("This room is called")
+    e.close()
+
+
+def test_heap_cap_is_enforced_and_oom_is_a_crash():
+    """-Xmx is real: a 24 MB heap cannot hold the simulator, the JVM exits on OutOfMemoryError and
+    the env reports EnvCrashedError (with the JVM's notice) instead of hanging."""
+    e = gym.make(ENV_ID, split="test", tasks="10-2", jvm_heap="24m")
+    with pytest.raises(EnvCrashedError, match="OutOfMemoryError"):
+        e.reset(seed=0)
+    e.close()
+    with pytest.raises(ValueError, match="bad JVM memory size"):
+        ScienceWorldEnv(jvm_heap="lots")
+
+
+def test_eight_envs_memory_smoke():
+    """8 envs on 8 tasks in one JVM: total RSS (this process + JVM) well under 1.2 GB."""
+    nums = ["1-1", "2-3", "3-4", "4-4", "6-1", "7-3", "8-1", "9-2"]
+    envs = [gym.make(ENV_ID, split="test", tasks=n) for n in nums]
+    for i, e in enumerate(envs):
+        e.reset(seed=i)
+    for _ in range(10):
+        for e in envs:
+            e.step("look around")
+    host = envs[0].unwrapped.jvm
+    assert len({id(e.unwrapped.jvm) for e in envs}) == 1
+    total = _rss_mb() + _rss_mb(host.pid)
+    assert total < 1200, total
+    for e in envs:
+        e.close()
+
+
+# ---------------------------------------------------------------------- slow
+@pytest.mark.slow
+def test_gold_paths_all_tasks():
+    """The gold path wins on the first test variation of at least 28 of the 30 tasks."""
+    e = gym.make(ENV_ID, split="test", expert=True, max_steps=1000)
+    ids = e.unwrapped.list_tasks("test")
+    won = {}
+    for t in T.all_tasks():
+        tid = next(i for i in ids if i.split("/")[0] == t.name)
+        _, info = e.reset(options={"task_id": tid})
+        term = trunc = False
+        while info["expert_action"] is not None and not (term or trunc):
+            _, _, term, trunc, info = e.step(info["expert_action"])
+        won[t.num] = info["won"]
+    e.close()
+    assert sum(won.values()) >= 28, won
+
+
+@pytest.mark.slow
+def test_eight_envs_long_episodes_stay_under_cap():
+    """8 envs on the heaviest tasks (10-x, 9-x, 5-x …), interleaved, 60 turns each, most of them
+    "wait" (10 simulated ticks): RSS of this process + the shared JVM stays under 1.2 GB."""
+    nums = ["10-2", "10-1", "9-3", "9-2", "5-2", "5-1", "2-3", "8-1"]
+    envs = [gym.make(ENV_ID, split="test", tasks=n) for n in nums]
+    for i, e in enumerate(envs):
+        e.reset(seed=i)
+    host = envs[0].unwrapped.jvm
+    cycle = ["look around", "wait", "inventory", "wait", "wait1"]
+    peak = 0.0
+    for k in range(60):
+        for e in envs:
+            _, _, term, trunc, _ = e.step(cycle[k % len(cycle)])
+            if term or trunc:
+                e.reset()
+        peak = max(peak, _rss_mb() + _rss_mb(host.pid))
+    assert peak < 1200, peak
+    for e in envs:
+        e.close()
