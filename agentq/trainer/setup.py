@@ -23,6 +23,8 @@ def device_and_dtype(cfg: DictConfig) -> tuple[torch.device, torch.dtype]:
     dt = cfg.dtype
     if dt == "auto":
         dt = "bfloat16" if dev == "cuda" else "float32"
+    if dev == "cpu" and cfg.torch_threads:
+        torch.set_num_threads(int(cfg.torch_threads))
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dt not in dtypes:
         raise ValueError(f"dtype={dt!r}; valid: {sorted(dtypes)} or auto")
