@@ -6,9 +6,62 @@ folds (train / dev / test seed ranges), so held-out seeds never appear in traini
 """
 from __future__ import annotations
 
+import copy
+import tempfile
 from typing import ClassVar
 
-from .base import TaskStep, TextEnv
+from .base import EnvCrashedError, TaskStep, TextEnv
+
+# One JVM per process, shared by every TextWorldExpressEnv in it: TextWorldExpress's own class
+# launches a JVM per instance (~150 MB and a second of start-up each); a worker process that owns
+# 16 env slots would otherwise run 16 JVMs. Each env gets its own simulator (PythonInterface) on
+# the shared gateway.
+_SHARED: dict = {"owner": None, "users": 0}
+
+
+def _engine_alive(engine) -> bool:
+    proc = getattr(engine._gateway, "java_process", None)
+    return proc is None or proc.poll() is None
+
+
+_SIM_CLASS: list = []
+
+
+def _simulator_class(base):
+    """A TextWorldExpressEnv on a borrowed gateway: its close()/__del__ leave the JVM running."""
+    if not _SIM_CLASS:
+        _SIM_CLASS.append(type("SharedGatewaySimulator", (base,), {"close": lambda self: None,
+                                                                  "__del__": lambda self: None}))
+    return _SIM_CLASS[0]
+
+
+def _acquire_engine():
+    from textworld_express import TextWorldExpressEnv as _TWX
+
+    owner = _SHARED["owner"]
+    if owner is None or not _engine_alive(owner):
+        # the base class owns the step cap: the engine's own limit is set far above it
+        owner = _SHARED["owner"] = _TWX(envStepLimit=10_000)
+        _SHARED["users"] = 1
+        return owner
+    eng = copy.copy(owner)
+    eng.__class__ = _simulator_class(_TWX)        # closing/collecting it must not stop the shared JVM
+    eng.server = owner._gateway.jvm.textworldexpress.runtime.PythonInterface()
+    eng.runHistory, eng.lastStepScore, eng.seed, eng.gameName, eng.gameParams = [], 0, None, None, ""
+    eng._obj_tree_tempfile = tempfile.NamedTemporaryFile()
+    _SHARED["users"] += 1
+    return eng
+
+
+def _release_engine() -> None:
+    _SHARED["users"] -= 1
+    if _SHARED["users"] <= 0 and _SHARED["owner"] is not None:
+        try:
+            _SHARED["owner"].close()
+        finally:
+            _SHARED["owner"], _SHARED["users"] = None, 0
+
+_SEEDS: dict = {}   # (split, games, params) → the fold's seeds, shared by all envs in the process
 
 GAMES = ("cookingworld", "twc", "coin", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
 
@@ -36,33 +89,55 @@ class TextWorldExpressEnv(TextEnv):
         self._env = None
         self._gold: list[str] = []
 
-    def _engine(self):
+    def _engine(self, restart: bool):
+        if self._env is not None and not _engine_alive(self._env):
+            self._env = None
+            _release_engine()
+            if not restart:        # mid-episode: the game state is gone with the JVM
+                raise EnvCrashedError("TextWorldExpress JVM died; the episode is lost (reset() restarts it)")
         if self._env is None:
-            from textworld_express import TextWorldExpressEnv as _TWX
-            # The engine's own limit is set far above ours: the base class owns the step cap.
-            self._env = _TWX(envStepLimit=10_000)
+            self._env = _acquire_engine()
         return self._env
 
+    def _call(self, fn, restart: bool = False):
+        """Run an engine call; a dead JVM becomes EnvCrashedError (the episode is reported as errored).
+        restart=True (reset, task lists) brings a new JVM up instead."""
+        try:
+            return fn(self._engine(restart))
+        except EnvCrashedError:
+            raise
+        except Exception as e:
+            if self._env is not None and not _engine_alive(self._env):
+                raise EnvCrashedError(f"TextWorldExpress JVM died: {type(e).__name__}: {e}") from e
+            raise
+
     def _tasks(self, split: str) -> list[str]:
-        env = self._engine()
-        # Seeds per fold are the same for every game; the engine wants a reset before queries.
-        env.reset(seed=0, gameFold="train", gameName=self.games[0], gameParams=self.game_params[self.games[0]])
-        seeds = {"train": env.getValidSeedsTrain, "dev": env.getValidSeedsDev, "test": env.getValidSeedsTest}[split]()
+        key = (split, tuple(self.games), tuple(sorted(self.game_params.items())))
+        if key not in _SEEDS:
+            def query(env):
+                # Seeds per fold are the same for every game; the engine wants a reset before queries.
+                env.reset(seed=0, gameFold="train", gameName=self.games[0], gameParams=self.game_params[self.games[0]])
+                return {"train": env.getValidSeedsTrain, "dev": env.getValidSeedsDev,
+                        "test": env.getValidSeedsTest}[split]()
+            _SEEDS[key] = list(self._call(query, restart=True))
+        seeds = _SEEDS[key]
         if self.tasks_per_game is not None:
             seeds = seeds[: self.tasks_per_game]
         return [f"{g}/{s}" for s in seeds for g in self.games]
 
     def _reset_task(self, task_id: str, split: str) -> tuple[str, TaskStep]:
         game, seed = task_id.rsplit("/", 1)
-        env = self._engine()
-        obs, info = env.reset(seed=int(seed), gameFold=split, gameName=game, gameParams=self.game_params[game],
-                              generateGoldPath=self.expert)
-        self._gold = list(env.getGoldActionSequence()) if self.expert else []
+
+        def reset(env):
+            obs, info = env.reset(seed=int(seed), gameFold=split, gameName=game, gameParams=self.game_params[game],
+                                  generateGoldPath=self.expert)
+            return obs, info, (list(env.getGoldActionSequence()) if self.expert else [])
+        obs, info, self._gold = self._call(reset, restart=True)
         self._score = 0.0
         return info["taskDescription"], self._to_step(obs, info, game=game)
 
     def _step_task(self, action: str) -> TaskStep:
-        obs, _, _, info = self._engine().step(action.strip().lower())
+        obs, _, _, info = self._call(lambda env: env.step(action.strip().lower()))
         return self._to_step(obs, info, game=self._task_id.rsplit("/", 1)[0])
 
     def _to_step(self, obs: str, info: dict, game: str) -> TaskStep:
@@ -79,5 +154,5 @@ class TextWorldExpressEnv(TextEnv):
 
     def close(self):
         if self._env is not None:
-            self._env.close()
             self._env = None
+            _release_engine()

@@ -65,3 +65,28 @@ def test_unknown_env_ids_list_the_valid_choices():
         envs.make("alfworl")
     with pytest.raises(ValueError, match="unknown TextWorldExpress game"):
         gym.make("agentq/TextWorldExpress-v0", games=["chess"])
+
+
+def test_envs_in_one_process_share_one_jvm_and_stay_independent():
+    a, b = make(expert=True).unwrapped, make(expert=True).unwrapped
+    a.reset(options={"task_id": "coin/3"})
+    b.reset(options={"task_id": "coin/4"})
+    assert a._env._gateway is b._env._gateway and a._env.server != b._env.server
+    obs_a, *_ = a.step("look around")
+    obs_b, *_ = b.step("look around")
+    fresh = make().unwrapped
+    fresh.reset(options={"task_id": "coin/3"})
+    assert fresh.step("look around")[0] == obs_a
+    a.close(), b.close(), fresh.close()
+
+
+def test_a_dead_jvm_is_an_env_crash_and_the_next_reset_recovers():
+    env = make().unwrapped
+    env.reset(options={"task_id": "coin/3"})
+    env._env._gateway.java_process.kill()
+    env._env._gateway.java_process.wait()
+    with pytest.raises(envs.EnvCrashedError, match="JVM died"):
+        env.step("look around")
+    obs, info = env.reset(options={"task_id": "coin/3"})
+    assert info["task_id"] == "coin/3" and env.step("look around")[0]
+    env.close()
