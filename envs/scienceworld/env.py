@@ -50,8 +50,8 @@ class ScienceWorldEnv(TextEnv):
         simplifications: "easy" (teleport, self-watering pots, open doors, no electrical actions) and/or
             teleportAction, selfWateringFlowerPots, openContainers, openDoors, noElectricalAction.
         variations_per_task: keep the first N variations of each task in every split (None = all).
-        admissible_actions: build the valid-action list every step (slow: ~100 ms); default off.
-        include_objects: put the visible objects into info["objects"] every step (~1 ms).
+        admissible_actions: build the valid-action list every step (slow: ~70-100 ms); default off.
+        include_objects: put the visible objects into info["objects"] every step (~1-5 ms).
         jvm_heap: the JVM's -Xmx ("1g", "768m"); jvm_opts: extra JVM options.
         call_timeout_s: a JVM call taking longer counts as a hung JVM (killed, EnvCrashedError).
         """
