@@ -161,6 +161,15 @@ def run_speed(gold: dict[str, list[str]], split: str, heap: str) -> dict:
         out["cold"] = {"reset": stats_ms(cold_resets), "step": stats_ms(cold_steps)}
         out["warm"] = {"reset": stats_ms(resets), "step": stats_ms(steps), "won": wins, "episodes": len(gold)}
         out["per_task_median_step_ms"] = per_task
+        # resets alone, 3 per task: wall median and CPU (python + JVM) per reset
+        walls, c0 = [], cpu_s(env.jvm.pid)
+        for _ in range(3):
+            for tid in gold:
+                t0 = time.perf_counter()
+                env.reset(options={"task_id": tid})
+                walls.append(time.perf_counter() - t0)
+        out["reset_loop"] = stats_ms(walls)
+        out["reset_loop"]["cpu_ms_per_reset"] = round(1e3 * (cpu_s(env.jvm.pid) - c0) / len(walls), 2)
         # CPU time (python + JVM) per env call: what a step costs without other processes' load
         out["warm"]["cpu_ms_per_call"] = round(1e3 * cpu / (len(steps) + len(resets)), 2)
         out["warm"]["wall_ms_per_call"] = round(1e3 * wall / (len(steps) + len(resets)), 2)
@@ -170,6 +179,7 @@ def run_speed(gold: dict[str, list[str]], split: str, heap: str) -> dict:
         print(f"                    CPU (python + JVM) {out['warm']['cpu_ms_per_call']} ms per reset/step call, "
               f"wall {out['warm']['wall_ms_per_call']} ms")
         print("median step per task (ms): " + ", ".join(f"{k} {v}" for k, v in per_task.items()))
+        print(f"reset loop (3 x 30 tasks): {out['reset_loop']}")
     finally:
         env.close()
 
@@ -353,6 +363,8 @@ def main(argv=None):
         print(f"median step {w['step']['median_ms']} ms (mean {w['step']['mean_ms']}, p90 {w['step']['p90_ms']}); "
               f"median reset {w['reset']['median_ms']} ms (p90 {w['reset']['p90_ms']}, max {w['reset']['max_ms']}); "
               f"CPU {w['cpu_ms_per_call']} ms per call (wall {w['wall_ms_per_call']})")
+        r = results["speed"]["reset_loop"]
+        print(f"reset loop: median {r['median_ms']} ms (p90 {r['p90_ms']}), CPU {r['cpu_ms_per_reset']} ms per reset")
     if "memory" in results:
         m = results["memory"]
         print(f"{m['envs']} concurrent envs: peak RSS {m['peak_total_rss_mb']} MB total "
