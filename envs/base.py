@@ -138,8 +138,10 @@ class TextEnv(gym.Env[str, str]):
             raise UnknownTaskError(
                 f"unknown task_id {task_id!r} for split {split!r} of {type(self).__name__} "
                 f"({len(tasks)} tasks, e.g. {tasks[:3]}); see env.unwrapped.list_tasks({split!r})")
-        self.split, self._task_id, self._steps, self._done = split, task_id, 0, False
+        self._done = True            # a reset that raises leaves the env needing another reset
+        self.split, self._task_id, self._steps = split, task_id, 0
         self._task_text, first = self._reset_task(task_id, split)
+        self._done = False
         self._last_obs = first.obs
         return first.obs, self._info(first)
 

@@ -30,11 +30,21 @@ class PromptConfig:
     max_obs_chars: int = 2000
     invalid_format: str = "Invalid format: reply with exactly one action inside <action>...</action>."
 
-    def render(self, template: str, task: str, obs: str, admissible: list[str] | None) -> str:
+    def render(self, template: str, task: str, obs: str, admissible: list[str] | None,
+               info: dict | None = None) -> str:
+        """Fill a turn template. Besides {task}, {obs} and {actions}, any scalar or list entry of
+        the env's `info` can be named (lists are comma-joined), e.g. ScienceWorld's {objects}."""
         if len(obs) > self.max_obs_chars:
             obs = obs[: self.max_obs_chars] + " [...]"
         actions = self.actions.format(actions=", ".join(admissible)) if admissible and self.actions else ""
-        return template.format(task=task, obs=obs, actions=actions).strip()
+        fields = {k: ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+                  for k, v in (info or {}).items() if isinstance(v, (str, int, float, list, tuple))}
+        fields.update(task=task, obs=obs, actions=actions)
+        try:
+            return template.format_map(fields).strip()
+        except KeyError as e:
+            raise KeyError(f"prompt template names {{{e.args[0]}}}, which the environment's info does not "
+                           f"have; available: {sorted(fields)}") from None
 
 
 @dataclass(frozen=True)
@@ -134,7 +144,8 @@ class AgentLoop:
                 st["info"] = res.info
                 st["task"] = res.info.get("task", "")
                 st["traj"].info["task_type"] = res.info.get("task_type")
-                user = self.prompt.render(self.prompt.first_turn, st["task"], res.obs, res.info.get("admissible_actions"))
+                user = self.prompt.render(self.prompt.first_turn, st["task"], res.obs, res.info.get("admissible_actions"),
+                                          res.info)
                 ids = self.chat.prompt(self.prompt.system, user)
                 st["traj"].append(ids, sampled=False)
                 st["traj"].transcript.append({"user": user})
@@ -183,7 +194,7 @@ class AgentLoop:
                     finish(res.slot, "step_cap")
                 else:
                     user = self.prompt.render(self.prompt.next_turn, st["task"], res.obs,
-                                              res.info.get("admissible_actions"))
+                                              res.info.get("admissible_actions"), res.info)
                     traj.append(self.chat.next_user(user, st["stopped"]), sampled=False)
             for s in invalid:
                 st = active[s]
@@ -196,7 +207,7 @@ class AgentLoop:
                     finish(s, "step_cap")
                 else:
                     user = self.prompt.render(self.prompt.next_turn, st["task"], self.prompt.invalid_format,
-                                              st["info"].get("admissible_actions"))
+                                              st["info"].get("admissible_actions"), st["info"])
                     traj.append(self.chat.next_user(user, st["stopped"]), sampled=False)
         done.sort(key=lambda t: t.episode_id)
         return done

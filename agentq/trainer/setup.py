@@ -69,7 +69,7 @@ def env_corpus(cfg: DictConfig, n_episodes: int, seed: int = 0) -> list[str]:
     try:
         for i in range(n_episodes):
             obs, info = env.reset(seed=seed + i, options={"task_id": tasks[rng.randrange(len(tasks))]})
-            texts.append(prompt.render(prompt.first_turn, info["task"], obs, info.get("admissible_actions")))
+            texts.append(prompt.render(prompt.first_turn, info["task"], obs, info.get("admissible_actions"), info))
             for _ in range(int(cfg.env.max_steps)):
                 action = info.get("expert_action")
                 if action is None:
@@ -77,7 +77,7 @@ def env_corpus(cfg: DictConfig, n_episodes: int, seed: int = 0) -> list[str]:
                     action = acts[rng.randrange(len(acts))]
                 texts.append(parser.format(action))
                 obs, _, term, trunc, info = env.step(action)
-                texts.append(prompt.render(prompt.next_turn, info["task"], obs, info.get("admissible_actions")))
+                texts.append(prompt.render(prompt.next_turn, info["task"], obs, info.get("admissible_actions"), info))
                 if term or trunc:
                     break
     finally:

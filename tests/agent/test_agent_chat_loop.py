@@ -93,3 +93,11 @@ def test_context_budget_ends_episodes(tokenizer):
     chat, loop = make_loop(tokenizer, max_turns=50, max_context=400)
     (traj,) = loop.run([EpisodeSpec(0, "coin/3", "train")], ScriptedPolicy(chat, ["<action>look around</action>"] * 50))
     assert traj.end_reason == "context" and traj.num_tokens + 16 > 400 and traj.turns < 50
+
+
+def test_prompt_templates_can_name_info_fields():
+    p = PromptConfig(system="S", next_turn="{obs}\nObjects: {objects}\nStep {steps}")
+    out = p.render(p.next_turn, "task", "You see a door.", None, {"objects": ["door", "cup"], "steps": 3})
+    assert out == "You see a door.\nObjects: door, cup\nStep 3"
+    with pytest.raises(KeyError, match="available: \\['actions', 'obs', 'task'\\]"):
+        p.render("{objects}", "t", "o", None, {})
