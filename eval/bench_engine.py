@@ -38,6 +38,9 @@ def random_weights(engine, seed: int = 0):
             yield name, torch.randn(shape, generator=g, device=dev, dtype=engine.model.dtype) * 0.02
 
 
+PROFILE = False
+
+
 def run(model: str, quant: str, batch: int, prompt: int, new: int, device: str, dtype: torch.dtype) -> dict:
     from transformers import Qwen3Config
 
@@ -45,8 +48,8 @@ def run(model: str, quant: str, batch: int, prompt: int, new: int, device: str, 
     from agentq.rollout import SamplingParams, TurnRequest
     from agentq.rollout.torch_engine.engine import TorchEngine
 
-    cfg = Qwen3Config(**SHAPES[model], max_position_embeddings=prompt + 2 * new + 128, tie_word_embeddings=False)
-    eng = TorchEngine(cfg, QuantSpec.preset(quant), max_slots=batch, max_len=prompt + 2 * new + 80, dtype=dtype,
+    cfg = Qwen3Config(**SHAPES[model], max_position_embeddings=prompt + 2 * new + 256, tie_word_embeddings=False)
+    eng = TorchEngine(cfg, QuantSpec.preset(quant), max_slots=batch, max_len=prompt + 2 * new + 128, dtype=dtype,
                       device=device)
     eng.update_weights(random_weights(eng), version=0)
     sp = SamplingParams(max_new_tokens=new)
@@ -74,6 +77,15 @@ def run(model: str, quant: str, batch: int, prompt: int, new: int, device: str, 
     sync()
     t4 = time.perf_counter()
     gen = sum(len(r.token_ids) for r in r1 + r2)
+    if PROFILE and device == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(4):
+                eng._decode(list(range(batch)), [3] * batch)
+            torch.cuda.synchronize()
+        print(f"--- profile of 4 decode steps, quant={quant}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=10, max_name_column_width=60))
     return {"model": model, "quant": quant, "batch": batch, "prompt": prompt, "new_tokens": new,
             "turn1_s": t1 - t0, "turn2_s": t2 - t1, "tokens_per_s": gen / (t2 - t0),
             "decode_step_ms": 1e3 * (t4 - t3) / steps, "kv_bytes_per_token": eng.kv_bytes_per_token()}
@@ -87,7 +99,10 @@ def main():
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", action="store_true", help="print torch profiler tables of decode steps")
     a = ap.parse_args()
+    global PROFILE
+    PROFILE = a.profile
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     rows = [run(a.model, q, a.batch, a.prompt, a.new, a.device, dtype) for q in ("none", "w8a8_kv8")]
     base = rows[0]

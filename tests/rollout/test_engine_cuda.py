@@ -44,13 +44,15 @@ def _learner_gap(path, spec, dtype, ctxs, logps):
 def test_cuda_engine_runs_triton_paths_and_matches_learner(tiny_model_dir, dtype):
     eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=8, max_len=512, dtype=dtype, device="cuda")
     from agentq.kernels.attention import decode_attention_available
-    assert decode_attention_available(torch.device("cuda"))
+    assert decode_attention_available(torch.device("cuda"))     # bf16 decode runs the Triton kernel
     ctxs, logps = _turns(eng)
     gap_al, k3_al = _learner_gap(tiny_model_dir, SPEC, dtype, ctxs, logps)
     gap_un, k3_un = _learner_gap(tiny_model_dir, QuantSpec.preset("none"), dtype, ctxs, logps)
     print(f"\n[cuda {dtype}] aligned max|Δ|={gap_al:.3e} K3={k3_al:.3e} | unaligned max|Δ|={gap_un:.3e} K3={k3_un:.3e}")
-    assert k3_un > 3 * k3_al
-    assert gap_al < (2e-3 if dtype == torch.float32 else 0.1)
+    if dtype == torch.float32:      # fp64 attention in no-grad passes: the CPU-level agreement
+        assert gap_al < 1e-4 and k3_un > 100 * k3_al
+    else:                           # bf16 rounding moves int8 codes on both sides: alignment is loose
+        assert gap_al < 0.1 and k3_al < k3_un
 
 
 def test_cuda_engine_agrees_with_cpu_engine_fp32(tiny_model_dir):

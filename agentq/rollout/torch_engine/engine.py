@@ -223,6 +223,8 @@ class TorchEngine:
             valid[i, :n] = True
         n_new = valid.sum(1)
         new_lens = lens + n_new
+        if int(new_lens.max()) > self.max_len:     # a write past the slot would corrupt other memory on GPU
+            raise ValueError(f"a slot would grow to {int(new_lens.max())} tokens > max_len={self.max_len}")
         slots_t = torch.tensor(slots)
         if all_logits:
             logits = self.model(ids.to(dev), pos.to(dev), valid.to(dev), slots_t.to(dev), new_lens.to(dev),

@@ -144,7 +144,10 @@ class ForwardContext:
         self.valid_idx = valid.nonzero(as_tuple=True)
         self.key_len = int(new_lens.max())
         t = positions.shape[1]
+        # fp32 models keep the torch path (fp64 attention): the Triton kernel reads q as fp16, and
+        # fp32 is the mode where engine and learner must agree to ~1e-6
         self.use_decode_kernel = (allow_decode_kernel and t == 1 and cache.spec.kv != "fp8_e4m3_per_tensor"
+                                  and cache.dtype != torch.float32
                                   and attn_ops.decode_attention_available(positions.device))
         if not self.use_decode_kernel:
             keys = torch.arange(self.key_len, device=positions.device)
