@@ -31,7 +31,11 @@ def random_weights(engine, seed: int = 0):
     dev = engine.device
     g = torch.Generator(device=dev).manual_seed(seed)
     for name, (mod, attr) in engine.model._targets.items():
-        shape = (mod.out_features, mod.in_features) if attr == "load" else tuple(getattr(mod, attr).shape)
+        if isinstance(attr, tuple):                    # one projection of a fused linear
+            a, b = mod.offsets[attr[1]]
+            shape = (b - a, mod.in_features) if attr[0] == "load" else (b - a,)
+        else:
+            shape = tuple(getattr(mod, attr).shape)
         if len(shape) == 1:
             yield name, torch.ones(shape, device=dev)
         else:

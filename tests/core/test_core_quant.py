@@ -80,10 +80,13 @@ def test_engine_and_learner_int8_weight_codes_are_identical(tiny_model_dir):
     eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=2, max_len=64)
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     for i, layer in enumerate(eng.model.layers):
-        for name, hf_lin in [("q_proj", hf.model.layers[i].self_attn.q_proj), ("down_proj", hf.model.layers[i].mlp.down_proj)]:
+        for fused, part, hf_lin in [(layer.qkv_proj, "k_proj", hf.model.layers[i].self_attn.k_proj),
+                                    (layer.gate_up_proj, "up_proj", hf.model.layers[i].mlp.up_proj),
+                                    (layer.down_proj, "down_proj", hf.model.layers[i].mlp.down_proj)]:
+            a, b = fused.offsets[part]
             w_q, s_w = quant.quantize_weight(hf_lin.weight.detach(), SPEC)
-            assert torch.equal(getattr(layer, name).w_q, w_q)
-            assert torch.equal(getattr(layer, name).s_w, s_w)
+            assert torch.equal(fused.w_q[a:b], w_q)
+            assert torch.equal(fused.s_w[a:b], s_w)
 
 
 def test_spec_audit_refuses_unknown_or_missing_linears():

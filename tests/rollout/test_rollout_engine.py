@@ -131,3 +131,28 @@ def test_errors_are_clear(tiny_model_dir):
     eng.generate([TurnRequest(1, [5, 6, 7], sp)])
     with pytest.raises(RuntimeError, match="KV slots are in use"):
         eng.generate([TurnRequest(2, [5, 6, 7], sp)])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_other_families_match_hf(family, tmp_path):
+    """Llama (no q/k-norm) and Qwen2 (q/k/v biases): random-init HF models, engine vs HF, fp32."""
+    import transformers
+
+    cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[family]
+    cfg = cls[0](vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = cls[1](cfg).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("bias"):
+                p.normal_(0, 0.5)                    # HF zero-inits biases: make the test see them
+    model.save_pretrained(tmp_path)
+    eng = TorchEngine.from_pretrained(str(tmp_path), QuantSpec.preset("none"), max_slots=2, max_len=128)
+    ctx = [3 + (5 * j) % 300 for j in range(20)]
+    r = eng.generate([TurnRequest(0, ctx, SamplingParams(max_new_tokens=10), seed=0)])[0]
+    ref = hf_logprobs(model, ctx + r.token_ids, len(ctx))
+    assert (ref - torch.tensor(r.logprobs)).abs().max() < 1e-4
+    w8 = TorchEngine.from_pretrained(str(tmp_path), QuantSpec.preset("w8a8_kv8"), max_slots=2, max_len=128)
+    assert w8.model.audit["quantized"][:3] == ["layers.0.q_proj", "layers.0.k_proj", "layers.0.v_proj"]

@@ -27,35 +27,54 @@ SUPPORTED = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 
 
 class EngineLinear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool, quantized: bool, spec: QuantSpec,
+    """A linear whose output rows may concatenate several HF projections that read the same
+    input (q/k/v, gate/up): one activation quantization and one GEMM instead of three or two.
+    Per-channel weight scales and per-token activation codes make this exact: every output row
+    is computed as its own projection would compute it."""
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool, quantized: bool, spec: QuantSpec,
                  dtype: torch.dtype, device):
         super().__init__()
         self.quantized, self.spec, self.dtype = quantized, spec, dtype
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features = in_features
+        self.parts = dict(parts)                     # HF projection name → output rows
+        self.offsets, o = {}, 0
+        for name, n in self.parts.items():
+            self.offsets[name] = (o, o + n)
+            o += n
+        self.out_features = o
         if quantized:
-            self.register_buffer("w_q", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
-            self.register_buffer("s_w", torch.ones(out_features, dtype=torch.float32, device=device))
+            self.register_buffer("w_q", torch.zeros(o, in_features, dtype=torch.int8, device=device))
+            self.register_buffer("s_w", torch.ones(o, dtype=torch.float32, device=device))
         else:
-            self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=dtype, device=device))
-        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+            self.register_buffer("weight", torch.zeros(o, in_features, dtype=dtype, device=device))
+        self.register_buffer("bias", torch.zeros(o, dtype=dtype, device=device) if bias else None)
 
     @torch.no_grad()
-    def load(self, w: torch.Tensor) -> tuple[int, int]:
-        """Load a full-precision weight; returns (int8 codes changed, codes total) (0, 0 if dense)."""
+    def load(self, w: torch.Tensor, part: str) -> tuple[int, int]:
+        """Load one projection's full-precision weight; returns (int8 codes changed, codes total)."""
+        a, b = self.offsets[part]
         if not self.quantized:
-            self.weight.copy_(w)
+            self.weight[a:b].copy_(w)
             return 0, 0
         # E = the weight in the engine's compute dtype, then per-channel int8 with fresh scales.
         w_q, s_w = quant.quantize_weight(w.to(self.dtype), self.spec)
-        changed = int((w_q != self.w_q).sum())
-        self.w_q.copy_(w_q)
-        self.s_w.copy_(s_w)
+        changed = int((w_q != self.w_q[a:b]).sum())
+        self.w_q[a:b].copy_(w_q)
+        self.s_w[a:b].copy_(s_w)
         return changed, w_q.numel()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @torch.no_grad()
+    def load_bias(self, b_: torch.Tensor, part: str) -> None:
+        a, b = self.offsets[part]
+        self.bias[a:b].copy_(b_.to(self.bias.dtype))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
         if self.quantized:
-            return int8_linear.w8a8_linear(x, self.w_q, self.s_w, self.bias, self.spec)
-        return F.linear(x, self.weight, self.bias)
+            y = int8_linear.w8a8_linear(x, self.w_q, self.s_w, self.bias, self.spec)
+        else:
+            y = F.linear(x, self.weight, self.bias)
+        return y if len(self.parts) == 1 else y.split(list(self.parts.values()), dim=-1)
 
 
 class RMSNorm(nn.Module):
@@ -90,13 +109,14 @@ class DecoderLayer(nn.Module):
         mlp_bias = bool(getattr(cfg, "mlp_bias", False))
         q = spec.linear_quantized
 
-        def lin(i, o, b):
-            return EngineLinear(i, o, b, q, spec, dtype, device)
+        def lin(i, parts, b):
+            return EngineLinear(i, parts, b, q, spec, dtype, device)
 
-        self.q_proj, self.k_proj, self.v_proj = lin(h, nh * hd, qkv_bias), lin(h, nkv * hd, qkv_bias), lin(h, nkv * hd, qkv_bias)
-        self.o_proj = lin(nh * hd, h, bool(getattr(cfg, "attention_bias", False)) and cfg.model_type == "llama")
         inter = cfg.intermediate_size
-        self.gate_proj, self.up_proj, self.down_proj = lin(h, inter, mlp_bias), lin(h, inter, mlp_bias), lin(inter, h, mlp_bias)
+        self.qkv_proj = lin(h, {"q_proj": nh * hd, "k_proj": nkv * hd, "v_proj": nkv * hd}, qkv_bias)
+        self.o_proj = lin(nh * hd, {"o_proj": h}, bool(getattr(cfg, "attention_bias", False)) and cfg.model_type == "llama")
+        self.gate_up_proj = lin(h, {"gate_proj": inter, "up_proj": inter}, mlp_bias)
+        self.down_proj = lin(inter, {"down_proj": h}, mlp_bias)
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype, device)
         self.qk_norm = cfg.model_type == "qwen3"
@@ -107,9 +127,10 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, ctx: "ForwardContext"):
         b, t, _ = x.shape
         h = self.input_layernorm(x)
-        q = self.q_proj(h).view(b, t, self.n_heads, self.head_dim)
-        k = self.k_proj(h).view(b, t, self.n_kv, self.head_dim)
-        v = self.v_proj(h).view(b, t, self.n_kv, self.head_dim)
+        q, k, v = self.qkv_proj(h)
+        q = q.reshape(b, t, self.n_heads, self.head_dim)
+        k = k.reshape(b, t, self.n_kv, self.head_dim)
+        v = v.reshape(b, t, self.n_kv, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)       # [B, H, T, D]
@@ -133,7 +154,8 @@ class DecoderLayer(nn.Module):
         o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
         x = x + self.o_proj(o)
         h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        gate, up = self.gate_up_proj(h)
+        return x + self.down_proj(F.silu(gate) * up)
 
 
 class ForwardContext:
@@ -174,7 +196,9 @@ class EngineModel(nn.Module):
             self.register_buffer("lm_head", torch.zeros(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype, device=device))
         mod = importlib.import_module(f"transformers.models.{mt}.modeling_{mt}")
         self.rotary = getattr(mod, f"{SUPPORTED[mt]}RotaryEmbedding")(config=hf_config).to(device)
-        linear_names = [n for n, m in self.named_modules() if isinstance(m, EngineLinear)]
+        # audit the HF projections the engine runs (fused modules hold several)
+        linear_names = [f"{n.rsplit('.', 1)[0]}.{part}" for n, m in self.named_modules()
+                        if isinstance(m, EngineLinear) for part in m.parts]
         self.audit = spec.check_linears(linear_names + ["lm_head"])
         self._targets = self._param_targets()
 
@@ -186,14 +210,12 @@ class EngineModel(nn.Module):
             t["lm_head.weight"] = (self, "lm_head")
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                t[p + f"self_attn.{name}.weight"] = (getattr(layer, name), "load")
-                if getattr(layer, name).bias is not None:
-                    t[p + f"self_attn.{name}.bias"] = (getattr(layer, name), "bias")
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                t[p + f"mlp.{name}.weight"] = (getattr(layer, name), "load")
-                if getattr(layer, name).bias is not None:
-                    t[p + f"mlp.{name}.bias"] = (getattr(layer, name), "bias")
+            for fused, prefix in ((layer.qkv_proj, "self_attn."), (layer.o_proj, "self_attn."),
+                                  (layer.gate_up_proj, "mlp."), (layer.down_proj, "mlp.")):
+                for part in fused.parts:
+                    t[p + f"{prefix}{part}.weight"] = (fused, ("load", part))
+                    if fused.bias is not None:
+                        t[p + f"{prefix}{part}.bias"] = (fused, ("load_bias", part))
             t[p + "input_layernorm.weight"] = (layer.input_layernorm, "weight")
             t[p + "post_attention_layernorm.weight"] = (layer.post_attention_layernorm, "weight")
             if layer.qk_norm:
@@ -215,9 +237,11 @@ class EngineModel(nn.Module):
                 raise KeyError(f"engine has no parameter for {name!r} (model_type={self.config.model_type})")
             mod, attr = self._targets[name]
             w = w.detach().to(self.device)
-            if attr == "load":
-                c, n = mod.load(w)
+            if isinstance(attr, tuple) and attr[0] == "load":
+                c, n = mod.load(w, attr[1])
                 changed, total = changed + c, total + n
+            elif isinstance(attr, tuple):
+                mod.load_bias(w, attr[1])
             else:
                 getattr(mod, attr).copy_(w.to(getattr(mod, attr).dtype))
             seen.add(name)
