@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentq.config import ConfigError, load_config
 
     try:
-        cfg = load_config(overrides)
+        cfg = load_config(overrides, config_name="pipeline" if cmd == "pipeline" else "config")
         if cmd == "config":
             from omegaconf import OmegaConf
             print(OmegaConf.to_yaml(cfg, resolve=True))

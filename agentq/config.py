@@ -22,8 +22,9 @@ def _valid_keys(cfg: DictConfig, dotted: str) -> tuple[str, list[str]]:
     return ".".join(path) or "<root>", keys
 
 
-def load_config(overrides: list[str] | None = None) -> DictConfig:
-    """Compose conf/config.yaml with `key=value` overrides (Hydra syntax); struct mode on."""
+def load_config(overrides: list[str] | None = None, config_name: str = "config") -> DictConfig:
+    """Compose conf/<config_name>.yaml (config.yaml, or pipeline.yaml for `agentq pipeline`) with
+    `key=value` overrides (Hydra syntax); struct mode on."""
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -31,11 +32,11 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
     overrides = list(overrides or [])
     with initialize_config_module(config_module="agentq.conf", version_base=None):
         try:
-            cfg = compose(config_name="config", overrides=overrides)
+            cfg = compose(config_name=config_name, overrides=overrides)
         except (HydraException, OmegaConfBaseException) as e:
             msg = str(e)
             if "Could not override" in msg or "Key '" in msg:
-                base = compose(config_name="config", overrides=[o for o in overrides if "=" in o and
+                base = compose(config_name=config_name, overrides=[o for o in overrides if "=" in o and
                                                                 _is_group_choice(o)])
                 bad = _bad_key(msg, overrides)
                 where, keys = _valid_keys(base, bad) if bad else ("<root>", sorted(base.keys()))

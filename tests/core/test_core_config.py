@@ -56,3 +56,11 @@ def test_unknown_keys_and_choices_list_valid_ones():
         load_config(["env=nethack"])
     with pytest.raises(ConfigError, match=r"valid keys under <root>"):
         load_config(["learning_rate=3"])
+
+
+def test_pipeline_config_overrides_the_base():
+    base, pipe = load_config([]), load_config([], config_name="pipeline")
+    assert pipe.trainer.group_size == 8 and pipe.eval.temperature == 1.0 and pipe.pipeline.eval_tasks == 200
+    assert base.trainer.group_size == 4 and base.eval.temperature == 0.0
+    assert set(pipe.keys()) == set(base.keys())
+    assert load_config(["trainer.steps=3"], config_name="pipeline").trainer.steps == 3
