@@ -86,6 +86,7 @@ class RLTrainer:
         self.loop = setup.agent_loop(cfg, self.pool, self.chat, setup.sampling_params(cfg, self.chat), self.n_conc,
                                      run_seed=int(cfg.seed))
         self._eval_pool = None
+        self._eval_all: list[str] | None = None
         self.logger = MetricsLogger(self.run_dir)
         self.next_episode_id = self.start_step * self.n_episodes
         self.eval_history: list[dict] = []
@@ -146,7 +147,9 @@ class RLTrainer:
     # ------------------------------------------------------------------ eval, checkpoints
     def evaluate(self, step: int, num_tasks: int | None) -> dict:
         cfg = self.cfg
-        tasks = eval_tasks(setup.list_tasks(cfg, self.eval_split), num_tasks)
+        if self._eval_all is None:
+            self._eval_all = setup.list_tasks(cfg, self.eval_split)
+        tasks = eval_tasks(self._eval_all, num_tasks)
         if self._eval_pool is None:
             self._eval_pool = setup.env_pool(cfg, self.eval_split, min(self.n_conc, len(tasks)))
         loop = setup.agent_loop(cfg, self._eval_pool, self.chat,

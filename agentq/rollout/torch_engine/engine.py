@@ -38,6 +38,7 @@ class TorchEngine:
         self._cached: dict[int, list[int]] = {}     # slot → token ids whose K/V is in the cache
         self._free = list(range(max_slots - 1, -1, -1))
         self._generators: dict[int, torch.Generator] = {}
+        self._scratch_id = 0
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0}
 
     @classmethod
@@ -134,7 +135,8 @@ class TorchEngine:
     def score(self, context_ids: list[int], target_ids: list[int], params: SamplingParams | None = None) -> list[float]:
         """Teacher-forced log-probs of target_ids through the rollout numerics (a temporary slot)."""
         params = params or SamplingParams()
-        eid = -1 - len(self._slot_of) - 10**9
+        self._scratch_id -= 1                         # negative ids never collide with episodes
+        eid = self._scratch_id
         slot = self._slot(eid)
         try:
             ids = list(context_ids) + list(target_ids)
