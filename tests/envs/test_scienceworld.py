@@ -272,21 +272,38 @@ def test_heap_cap_is_enforced_and_oom_is_a_crash():
         ScienceWorldEnv(jvm_heap="lots")
 
 
-def test_eight_envs_memory_smoke():
-    """8 envs on 8 tasks in one JVM: total RSS (this process + JVM) well under 1.2 GB."""
-    nums = ["1-1", "2-3", "3-4", "4-4", "6-1", "7-3", "8-1", "9-2"]
-    envs = [gym.make(ENV_ID, split="test", tasks=n) for n in nums]
-    for i, e in enumerate(envs):
-        e.reset(seed=i)
-    for _ in range(10):
-        for e in envs:
-            e.step("look around")
-    host = envs[0].unwrapped.jvm
-    assert len({id(e.unwrapped.jvm) for e in envs}) == 1
-    total = _rss_mb() + _rss_mb(host.pid)
-    assert total < 1200, total
+_EIGHT_ENVS = """
+import json, gymnasium as gym, agentq.envs
+nums = ["1-1", "2-3", "3-4", "4-4", "6-1", "7-3", "8-1", "9-2"]
+envs = [gym.make("agentq/ScienceWorld-v0", split="test", tasks=n) for n in nums]
+for i, e in enumerate(envs):
+    e.reset(seed=i)
+for _ in range(10):
     for e in envs:
-        e.close()
+        e.step("look around")
+def rss(pid="self"):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+hosts = {id(e.unwrapped.jvm) for e in envs}
+print(json.dumps({"python": rss(), "jvm": rss(envs[0].unwrapped.jvm.pid), "jvms": len(hosts)}))
+for e in envs:
+    e.close()
+"""
+
+
+def test_eight_envs_memory_smoke():
+    """8 envs on 8 tasks in one JVM: total RSS of a process hosting them + its JVM well under 1.2 GB.
+    Measured in a fresh interpreter (as an env worker is): this test process holds models and more."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _EIGHT_ENVS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    assert m["jvms"] == 1
+    assert m["python"] + m["jvm"] < 1200, m
 
 
 # ---------------------------------------------------------------------- slow
