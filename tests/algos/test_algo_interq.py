@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from agentq.algos import PolicyBatch, interq_retention, make_objective, mismatch_metrics, prefix_retention
+from agentq.algos import interq_retention, make_objective, mismatch_metrics, prefix_retention
 from agentq.algos.base import quantile
 from agentq.algos.interq import retention_stats
 from algo_batches import EX_ACTION_MASK, concat_layout, example_batch, make_batch, random_trajectories, split_layout

@@ -16,7 +16,7 @@ pytest.importorskip("scienceworld")
 
 import agentq.envs  # noqa: E402,F401  (registers agentq/* ids)
 from agentq.envs import EnvCrashedError, UnknownTaskError  # noqa: E402
-from agentq.envs.scienceworld import JVMHost, ScienceWorldEnv, resolve_tasks, select_tasks  # noqa: E402
+from agentq.envs.scienceworld import ScienceWorldEnv, resolve_tasks, select_tasks  # noqa: E402
 from agentq.envs.scienceworld import tasks as T  # noqa: E402
 
 ENV_ID = "agentq/ScienceWorld-v0"

@@ -4,8 +4,6 @@ web view in headless Chromium (skipped when Chromium is not installed)."""
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import shutil
 import threading
 from pathlib import Path
@@ -17,7 +15,7 @@ from gymnasium.utils.env_checker import check_env
 
 import agentq.envs  # noqa: F401  (registers the environments)
 from agentq.envs.webshop import catalog as cat
-from agentq.envs.webshop.data import (RawData, build_goals, load_data_dir, normalize_products, parse_pricing,
+from agentq.envs.webshop.data import (load_data_dir, normalize_products, parse_pricing,
                                       price_upper_for, write_data_dir)
 from agentq.envs.webshop.env import WebShopEnv
 from agentq.envs.webshop.oracle import oracle_action, search_queries
