@@ -54,15 +54,14 @@ class Learner:
         model = model or self.model
         was_training = model.training
         model.eval()
-        out = []
-        for s in range(0, batch.num_seqs, self.micro_batch_size):
-            ids = batch.input_ids[s: s + self.micro_batch_size].to(self.device)
-            am = batch.attention_mask[s: s + self.micro_batch_size].to(self.device)
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for idx in length_sorted_chunks(batch.attention_mask.sum(1), self.micro_batch_size):
+            am = batch.attention_mask[idx]
             L = int(am.sum(1).max())
-            lp = sequence_logprobs(model, ids[:, :L], am[:, :L])
-            out.append(torch.nn.functional.pad(lp, (0, batch.input_ids.shape[1] - L)).cpu())
+            out[idx, :L] = sequence_logprobs(model, batch.input_ids[idx, :L].to(self.device),
+                                             am[:, :L].to(self.device)).float().cpu()
         model.train(was_training)
-        return torch.cat(out)
+        return out
 
     def fill_old_and_ref(self, batch: PolicyBatch) -> None:
         batch.old_logp = self.logprobs(batch)
@@ -88,8 +87,8 @@ class Learner:
                 if total_tokens == 0:
                     continue
                 self.opt.zero_grad(set_to_none=True)
-                for ms in range(0, len(idx), self.micro_batch_size):
-                    micro = minib.index(torch.arange(ms, min(ms + self.micro_batch_size, len(idx))))
+                for rows in length_sorted_chunks(minib.attention_mask.sum(1), self.micro_batch_size):
+                    micro = minib.index(rows)
                     L = int(micro.attention_mask.sum(1).max())
                     micro = _trim(micro, L).to(self.device)
                     share = float(micro.action_mask.sum()) / total_tokens
@@ -120,6 +119,15 @@ class Learner:
 
     def report(self) -> dict[str, int]:
         return quantized_module_report(self.model)
+
+
+def length_sorted_chunks(lengths: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Row indices in chunks of `size`, rows of similar length together: each chunk is padded only
+    to its own longest row, which cuts the padded tokens (and attention's L²) of mixed-length
+    episodes. The order of rows within a minibatch does not change its gradient (token-share
+    weighted accumulation), so this is free."""
+    order = torch.argsort(lengths, descending=True, stable=True)
+    return [order[s: s + size] for s in range(0, len(order), size)]
 
 
 def _trim(b: PolicyBatch, L: int) -> PolicyBatch:

@@ -117,14 +117,15 @@ class RLTrainer:
 
         # 3. π_old and π_ref log-probs through the aligned forward
         t1 = time.perf_counter()
-        self.learner.fill_old_and_ref(batch)
-        mismatch = mismatch_metrics(batch)
+        with setup.learner_threads(cfg):
+            self.learner.fill_old_and_ref(batch)
+            mismatch = mismatch_metrics(batch)
 
-        # 4. objective: per-token weights once per batch, then PPO epochs over minibatches
-        prep = self.objective.prepare(batch)
-        upd = self.learner.update(batch, self.objective, epochs=int(t.ppo_epochs),
-                                  minibatch_size=int(t.minibatch_size) if t.minibatch_size else None,
-                                  generator=self.gen)
+            # 4. objective: per-token weights once per batch, then PPO epochs over minibatches
+            prep = self.objective.prepare(batch)
+            upd = self.learner.update(batch, self.objective, epochs=int(t.ppo_epochs),
+                                      minibatch_size=int(t.minibatch_size) if t.minibatch_size else None,
+                                      generator=self.gen)
         t_train = time.perf_counter() - t1
 
         # 5. weight sync: the engine requantizes the new masters with fresh scales

@@ -1,7 +1,9 @@
 """Building the run's components from the config (shared by `train`, `eval` and `sft`)."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 from pathlib import Path
 
@@ -29,6 +31,20 @@ def device_and_dtype(cfg: DictConfig) -> tuple[torch.device, torch.dtype]:
     if dt not in dtypes:
         raise ValueError(f"dtype={dt!r}; valid: {sorted(dtypes)} or auto")
     return torch.device(dev), dtypes[dt]
+
+
+@contextlib.contextmanager
+def learner_threads(cfg: DictConfig):
+    """Run the learner's phase with `cfg.learner_threads` intra-op threads (null: every core),
+    then go back to `torch_threads` for the rollout, where the env workers need the cores."""
+    before = torch.get_num_threads()
+    n = cfg.get("learner_threads")
+    n = int(n) if n else (os.cpu_count() or before)
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
 
 
 # ---------------------------------------------------------------------- environments

@@ -118,7 +118,26 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
     n_val = max(1, int(round(len(demos) * float(s.val_fraction)))) if len(demos) > 1 else 0
     val, train = demos[:n_val], demos[n_val:]
 
-    # 2. cross-entropy on action tokens, through the aligned forward
+    # 2. cross-entropy on action tokens, through the aligned forward (no env workers run now: every core)
+    with setup.learner_threads(cfg):
+        learner, history = _fit(cfg, path, out, train, val, rng, device, dtype)
+
+    # 3. an ordinary HF checkpoint
+    ckpt = save_hf_checkpoint(learner.model, out / "checkpoint", tokenizer,
+                              extra={"stage": "sft", "env": cfg.env.name, "demos": len(demos), "history": history})
+    summary = {"checkpoint": str(ckpt), "demos_collected": int(s.num_demos) if not s.demos else len(demos),
+               "demos_won": n_won, "demos_used": len(demos), "train": len(train), "val": len(val),
+               "history": history}
+    (out / "sft_summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(f"SFT: {len(train)} train / {len(val)} val demos; "
+                  + ", ".join(f"epoch {h['epoch']}: train {h['train_loss']:.3f} val {h['val_loss']:.3f}" for h in history))
+    return summary
+
+
+def _fit(cfg: DictConfig, path: str, out: Path, train: list[Trajectory], val: list[Trajectory],
+         rng: random.Random, device, dtype):
+    """Cross-entropy epochs with linear warm-up; returns the learner and per-epoch losses."""
+    s = cfg.sft
     _, learner_spec = setup.quant_specs(cfg)
     learner = Learner(path, learner_spec, dtype=dtype, device=str(device), lr=float(s.lr), weight_decay=0.01,
                       use_reference=False, micro_batch_size=int(s.batch_size))
@@ -151,14 +170,4 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
             logger.log(step, {"sft/epoch": epoch + 1, "sft/epoch_train_loss": history[-1]["train_loss"],
                               "sft/val_loss": val_loss})
     logger.close()
-
-    # 3. an ordinary HF checkpoint
-    ckpt = save_hf_checkpoint(learner.model, out / "checkpoint", tokenizer,
-                              extra={"stage": "sft", "env": cfg.env.name, "demos": len(demos), "history": history})
-    summary = {"checkpoint": str(ckpt), "demos_collected": int(s.num_demos) if not s.demos else len(demos),
-               "demos_won": n_won, "demos_used": len(demos), "train": len(train), "val": len(val),
-               "history": history}
-    (out / "sft_summary.json").write_text(json.dumps(summary, indent=2))
-    console.print(f"SFT: {len(train)} train / {len(val)} val demos; "
-                  + ", ".join(f"epoch {h['epoch']}: train {h['train_loss']:.3f} val {h['val_loss']:.3f}" for h in history))
-    return summary
+    return learner, history
