@@ -23,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         print(f"agentq: unknown command {cmd!r}; valid: {list(COMMANDS)}", file=sys.stderr)
         return 2
+    if any(a in ("-h", "--help") for a in overrides):
+        print(__doc__.strip())
+        print(f"\n`agentq {cmd}` takes section.key=value overrides; `agentq config` prints every key "
+              "(`pipeline` starts from conf/pipeline.yaml, which sets the default run's sizes)")
+        return 0
     from agentq.config import ConfigError, load_config
 
     try:

@@ -18,6 +18,30 @@ def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, c - h), min(1.0, c + h))
 
 
+def two_proportion_z(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Unpaired z of p2 − p1 under the pooled null (how many standard errors p2 is above p1)."""
+    p = (k1 + k2) / (n1 + n2)
+    se = math.sqrt(max(p * (1 - p) * (1 / n1 + 1 / n2), 1e-12))
+    return (k2 / n2 - k1 / n1) / se
+
+
+def paired_comparison(before: dict[str, bool], after: dict[str, bool]) -> dict:
+    """McNemar's test on the tasks both evaluations played (one episode per task in each).
+
+    Pairing by task removes the between-task variance (an easy task is easy for both policies),
+    which the unpaired z counts as noise; only the discordant tasks carry information.
+    Returns the pair count, the discordant counts, z = (b − c)/√(b + c) and the exact two-sided
+    binomial p-value of the discordant split."""
+    common = sorted(set(before) & set(after))
+    b = sum(1 for t in common if after[t] and not before[t])     # won only after
+    c = sum(1 for t in common if before[t] and not after[t])     # won only before
+    n = b + c
+    z = (b - c) / math.sqrt(n) if n else 0.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n if n else 1.0
+    return {"pairs": len(common), "won_only_after": b, "won_only_before": c, "mcnemar_z": z,
+            "mcnemar_p": min(1.0, 2 * tail)}
+
+
 def _mean(xs):
     xs = list(xs)
     return sum(xs) / len(xs) if xs else float("nan")

@@ -11,13 +11,12 @@ real warm-start + RL run on a local HF checkpoint (`model=hf model.path=...`).
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from agentq.eval.metrics import wilson_interval
+from agentq.eval.metrics import paired_comparison, two_proportion_z, wilson_interval
 from agentq.utils.logging import console, jsonable
 
 
@@ -31,11 +30,9 @@ def _eval(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int) -> dict:
     return evaluate(c)
 
 
-def two_proportion_z(k1: int, n1: int, k2: int, n2: int) -> float:
-    """z statistic of p2 − p1 under the pooled null (how many standard errors RL is above SFT)."""
-    p = (k1 + k2) / (n1 + n2)
-    se = math.sqrt(max(p * (1 - p) * (1 / n1 + 1 / n2), 1e-12))
-    return (k2 / n2 - k1 / n1) / se
+def _won_by_task(report: dict) -> dict[str, bool]:
+    with open(Path(report["out_dir"]) / "episodes.jsonl") as f:
+        return {e["task_id"]: bool(e["won"]) for e in map(json.loads, f)}
 
 
 def pipeline(cfg: DictConfig) -> dict:
@@ -70,6 +67,8 @@ def pipeline(cfg: DictConfig) -> dict:
         "sft_success_ci95": list(wilson_interval(k1, n1)), "rl_success_ci95": list(wilson_interval(k2, n2)),
         "success_gain": rl_eval["success_rate"] - sft_eval["success_rate"],
         "gain_z": two_proportion_z(k1, n1, k2, n2),
+        # the same held-out tasks before and after RL: the paired test is the sharper one
+        "paired": paired_comparison(_won_by_task(sft_eval), _won_by_task(rl_eval)),
         "sft_score": sft_eval["score_mean"], "rl_score": rl_eval["score_mean"],
         "sft_turns_success": sft_eval["turns_success_mean"], "rl_turns_success": rl_eval["turns_success_mean"],
         "sft_cap_rate": sft_eval["cap_rate"], "rl_cap_rate": rl_eval["cap_rate"],
@@ -99,5 +98,8 @@ def print_summary(s: dict, out: Path) -> None:
     t.add_row("turns (won)", f"{s['sft_turns_success']:.2f}", f"{s['rl_turns_success']:.2f}")
     t.add_row("hit step cap", pct(s["sft_cap_rate"]), pct(s["rl_cap_rate"]))
     console.print(t)
-    console.print(f"gain {100 * s['success_gain']:+.1f} points (z = {s['gain_z']:.2f}); wall time "
+    pr = s["paired"]
+    console.print(f"gain {100 * s['success_gain']:+.1f} points (unpaired z = {s['gain_z']:.2f}; paired over "
+                  f"{pr['pairs']} tasks: won only after RL {pr['won_only_after']}, only after SFT "
+                  f"{pr['won_only_before']}, McNemar z = {pr['mcnemar_z']:.2f}, p = {pr['mcnemar_p']:.3g}); wall time "
                   f"{s['wall_time_s'] / 60:.1f} min; outputs in {out}/ (summary.json, learning_curve.png)")

@@ -50,3 +50,8 @@ def test_cli_errors_list_choices():
     assert p.returncode == 2 and "valid keys under trainer" in p.stderr
     p = run_cli(["fly"])
     assert p.returncode == 2 and "valid: ['pipeline', 'train', 'eval', 'sft'" in p.stderr
+
+
+def test_command_help_is_not_parsed_as_an_override():
+    p = run_cli(["pipeline", "--help"])
+    assert p.returncode == 0 and "agentq pipeline" in p.stdout and "section.key=value" in p.stdout

@@ -3,7 +3,7 @@ summary.json and the PNG learning curve (the README's first command, scaled down
 import json
 
 from agentq.cli import main
-from agentq.trainer.pipeline import two_proportion_z
+from agentq.eval.metrics import paired_comparison, two_proportion_z
 
 
 def test_pipeline_miniature(tmp_path):
@@ -15,6 +15,7 @@ def test_pipeline_miniature(tmp_path):
     for key in ("env", "split", "episodes", "sft_success_rate", "rl_success_rate", "sft_score", "rl_score",
                 "wall_time_s"):
         assert key in s, key
+    assert s["paired"]["pairs"] == 4
     assert s["env"] == "textworld_express" and s["split"] == "test" and s["episodes"] == 4
     assert 0 <= s["sft_success_rate"] <= 1 and 0 <= s["rl_success_rate"] <= 1
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
@@ -29,3 +30,18 @@ def test_pipeline_miniature(tmp_path):
 def test_two_proportion_z_by_hand():
     # 40/100 vs 60/100: pooled p = 0.5, se = sqrt(0.25 · 0.02) = 0.070711, z = 0.2 / 0.070711
     assert abs(two_proportion_z(40, 100, 60, 100) - 2.828427) < 1e-5
+
+
+def test_mcnemar_paired_comparison_by_hand():
+    before = {"a": True, "b": False, "c": False, "d": True, "e": False}
+    after = {"a": True, "b": True, "c": True, "d": False, "e": False, "x": True}   # x: unpaired, ignored
+    r = paired_comparison(before, after)
+    # discordant: b, c won only after (2); d only before (1). z = 1/√3; exact p = 2·P(Bin(3,½) ≤ 1) = 1
+    assert (r["pairs"], r["won_only_after"], r["won_only_before"]) == (5, 2, 1)
+    assert abs(r["mcnemar_z"] - 0.577350) < 1e-6 and r["mcnemar_p"] == 1.0
+    # 8 vs 1 discordant: z = 7/3, p = 2·(1 + 9)/512 = 0.0390625
+    before = {str(i): i >= 8 for i in range(12)}
+    after = {str(i): i < 8 or i >= 9 for i in range(12)}
+    r = paired_comparison(before, after)
+    assert (r["won_only_after"], r["won_only_before"]) == (8, 1)
+    assert abs(r["mcnemar_z"] - 7 / 3) < 1e-9 and abs(r["mcnemar_p"] - 0.0390625) < 1e-12
