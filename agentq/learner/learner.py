@@ -31,7 +31,7 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
 class Learner:
     def __init__(self, model_path: str, spec: QuantSpec, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  lr: float = 1e-6, weight_decay: float = 0.01, betas=(0.9, 0.999), grad_clip: float = 1.0,
-                 use_reference: bool = True, micro_batch_size: int = 8):
+                 use_reference: bool = True, micro_batch_size: int = 8, ref_path: str | None = None):
         from transformers import AutoModelForCausalLM
 
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
@@ -40,7 +40,11 @@ class Learner:
         self.model.train()
         self.ref = None
         if use_reference:     # the reference sees the same fake quant (no KL floor at θ_0)
-            self.ref = copy.deepcopy(self.model).eval()
+            if ref_path is None:
+                self.ref = copy.deepcopy(self.model).eval()
+            else:             # e.g. a resumed run: the reference is the run's initial policy
+                self.ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=dtype).to(self.device).eval()
+                align_model(self.ref, spec)
             for p in self.ref.parameters():
                 p.requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)

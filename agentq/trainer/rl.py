@@ -58,19 +58,29 @@ class RLTrainer:
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         self.start_step = 0
         resume_ckpt = latest_checkpoint(self.run_dir) if t.resume else None
-        path = str(resume_ckpt) if resume_ckpt else (init_path or setup.model_path(cfg))
+        if t.resume and resume_ckpt is None:
+            raise FileNotFoundError(f"trainer.resume={t.resume!r}: no checkpoints/step_* in that run folder")
+        state = None
+        if resume_ckpt is not None:
+            if not (resume_ckpt / "trainer_state.pt").exists():
+                raise FileNotFoundError(f"{resume_ckpt} has no trainer_state.pt (optimizer, step, RNG): cannot resume")
+            state = torch.load(resume_ckpt / "trainer_state.pt", weights_only=False)
+        # the policy the run started from: the KL reference, also after a resume
+        self.init_path = (state or {}).get("init_path") or init_path or setup.model_path(cfg)
+        path = str(resume_ckpt) if resume_ckpt else self.init_path
         self.tokenizer = setup.load_tokenizer(path)
         self.chat = ChatFormat.from_tokenizer(self.tokenizer)
         self.rollout_spec, learner_spec = setup.quant_specs(cfg)
         self.learner = Learner(path, learner_spec, dtype=self.dtype, device=str(self.device), lr=float(t.lr),
                                weight_decay=float(t.weight_decay), betas=tuple(t.betas), grad_clip=float(t.grad_clip),
-                               use_reference=float(cfg.algo.kl_coef) > 0, micro_batch_size=int(t.micro_batch_size))
-        if resume_ckpt is not None and (resume_ckpt / "trainer_state.pt").exists():
-            state = torch.load(resume_ckpt / "trainer_state.pt", weights_only=False)
+                               use_reference=float(cfg.algo.kl_coef) > 0, micro_batch_size=int(t.micro_batch_size),
+                               ref_path=self.init_path if resume_ckpt is not None else None)
+        if state is not None:
             self.learner.opt.load_state_dict(state["optimizer"])
             self.start_step = int(state["step"])
             self.rng = state["np_rng"]
             self.gen.set_state(state["torch_gen"])
+            MetricsLogger.truncate(self.run_dir, self.start_step)   # steps after the checkpoint are redone
             console.print(f"resumed from {resume_ckpt} at step {self.start_step}")
         self.n_episodes = int(t.tasks_per_step) * int(t.group_size)
         self.n_conc = max(1, min(self.n_episodes, int(t.max_concurrent), int(cfg.rollout.max_slots)))
@@ -171,7 +181,8 @@ class RLTrainer:
                            extra={"step": step, "env": self.cfg.env.name, "algo": self.cfg.algo.name,
                                   "rollout_quant": self.cfg.rollout.quant},
                            trainer_state={"optimizer": self.learner.opt.state_dict(), "step": step,
-                                          "np_rng": self.rng, "torch_gen": self.gen.get_state()})
+                                          "np_rng": self.rng, "torch_gen": self.gen.get_state(),
+                                          "init_path": str(self.init_path)})
         keep = int(self.cfg.trainer.keep_checkpoints)
         for old in sorted((self.run_dir / "checkpoints").glob("step_*"))[:-keep] if keep > 0 else []:
             import shutil

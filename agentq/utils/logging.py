@@ -54,6 +54,17 @@ class MetricsLogger:
                     self._tb.add_scalar(k, v, step)
             self._tb.flush()
 
+    @staticmethod
+    def truncate(out_dir: str | Path, last_step: int) -> None:
+        """Drop metrics.jsonl rows after `last_step` (a resumed run redoes those steps)."""
+        path = Path(out_dir) / "metrics.jsonl"
+        if not path.exists():
+            return
+        keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        tmp.replace(path)
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
