@@ -18,16 +18,23 @@ def learning_curve(metrics_path: str | Path, out_png: str | Path, sft_success: f
     train = [r for r in rows if "reward_mean" in r]
     ev = [r for r in rows if "eval/success_rate" in r]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    ax.plot([r["step"] for r in train], [r["reward_mean"] for r in train], color="tab:blue", alpha=0.8,
-            label="train reward (mean over rollouts)")
-    ax.plot([r["step"] for r in train], [r["success_rate"] for r in train], color="tab:blue", ls=":", alpha=0.6,
-            label="train success")
+    steps = [r["step"] for r in train]
+    reward = [r["reward_mean"] for r in train]
+    ax.plot(steps, reward, color="tab:blue", alpha=0.3, lw=1, label="train reward (mean over the step's rollouts)")
+    if len(reward) >= 5:      # each step samples only a few tasks: the raw curve is mostly task draw
+        k = 5
+        avg = [sum(reward[i - k + 1: i + 1]) / k for i in range(k - 1, len(reward))]
+        ax.plot(steps[k - 1:], avg, color="tab:blue", lw=2, label=f"train reward, {k}-step moving average")
+    if any(abs(r["success_rate"] - r["reward_mean"]) > 1e-9 for r in train):   # differs unless reward = success
+        ax.plot(steps, [r["success_rate"] for r in train], color="tab:blue", ls=":", alpha=0.6, label="train success")
     if ev:
-        steps = [r["step"] for r in ev]
+        ev_steps = [r["step"] for r in ev]
         succ = [r["eval/success_rate"] for r in ev]
+        sizes = sorted({int(r.get("eval/episodes", 0)) for r in ev})
         if sft_success is not None:
-            steps, succ = [0] + steps, [sft_success] + succ
-        ax.plot(steps, succ, "o-", color="tab:red", label="held-out success")
+            ev_steps, succ = [0] + ev_steps, [sft_success] + succ
+        ax.plot(ev_steps, succ, "o-", color="tab:red",
+                label="held-out success (" + " / ".join(str(n) for n in sizes if n) + " episodes)")
     if sft_success is not None:
         ax.axhline(sft_success, color="gray", ls="--", label=f"after SFT ({100 * sft_success:.0f} %)")
     ax.set_xlabel("RL step")
