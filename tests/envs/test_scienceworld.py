@@ -112,9 +112,7 @@ def test_unknown_task_id_lists_choices(env):
 
 # ---------------------------------------------------------------------- episodes
 def test_reset_info_and_failure_by_wrong_focus(env):
-    t0 = time.perf_counter()
-    obs, info = env.reset(options={"task_id": "boil/21"})
-    assert time.perf_counter() - t0 < 2.0
+    obs, info = env.reset(options={"task_id": "boil/21"})     # (reset speed: eval/bench_scienceworld.py)
     assert obs.startswith("This room is called the bathroom.")
     assert info["task"].startswith("Your task is to boil lead.")
     assert info["task_id"] == "boil/21" and info["split"] == "test" and info["task_type"] == "boil"
