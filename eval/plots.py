@@ -21,8 +21,8 @@ def learning_curve(metrics_path: str | Path, out_png: str | Path, sft_success: f
     steps = [r["step"] for r in train]
     reward = [r["reward_mean"] for r in train]
     ax.plot(steps, reward, color="tab:blue", alpha=0.3, lw=1, label="train reward (mean over the step's rollouts)")
-    if len(reward) >= 5:      # each step samples only a few tasks: the raw curve is mostly task draw
-        k = 5
+    k = 5                     # each step samples only a few tasks: the raw curve is mostly task draw
+    if len(reward) >= k:
         avg = [sum(reward[i - k + 1: i + 1]) / k for i in range(k - 1, len(reward))]
         ax.plot(steps[k - 1:], avg, color="tab:blue", lw=2, label=f"train reward, {k}-step moving average")
     if any(abs(r["success_rate"] - r["reward_mean"]) > 1e-9 for r in train):   # differs unless reward = success

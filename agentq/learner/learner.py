@@ -34,17 +34,17 @@ class Learner:
                  use_reference: bool = True, micro_batch_size: int = 8, ref_path: str | None = None):
         from transformers import AutoModelForCausalLM
 
+        def load_aligned(path: str) -> tuple[nn.Module, dict]:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)
+            return model, align_model(model, spec)
+
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
-        self.audit = align_model(self.model, spec)
+        self.model, self.audit = load_aligned(model_path)
         self.model.train()
         self.ref = None
         if use_reference:     # the reference sees the same fake quant (no KL floor at θ_0)
-            if ref_path is None:
-                self.ref = copy.deepcopy(self.model).eval()
-            else:             # e.g. a resumed run: the reference is the run's initial policy
-                self.ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=dtype).to(self.device).eval()
-                align_model(self.ref, spec)
+            # ref_path: e.g. a resumed run, whose reference is the run's initial policy, not the checkpoint
+            self.ref = (copy.deepcopy(self.model) if ref_path is None else load_aligned(ref_path)[0]).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
