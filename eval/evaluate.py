@@ -49,7 +49,7 @@ def evaluate(cfg: DictConfig) -> dict:
     tasks = eval_tasks(setup.list_tasks(cfg, split), cfg.eval.num_tasks, cfg.eval.repeats)
     chat = ChatFormat.from_tokenizer(setup.load_tokenizer(path))
     n_conc = min(len(tasks), int(cfg.rollout.max_slots), int(cfg.trainer.max_concurrent))
-    engine = setup.make_backend(cfg, path, device, dtype, max_slots=n_conc)
+    engine = setup.make_backend(cfg, path, device, dtype, chat.tokenizer, max_slots=n_conc)
     pool = setup.env_pool(cfg, split, n_conc)
     try:
         loop = setup.agent_loop(cfg, pool, chat, setup.sampling_params(cfg, chat, cfg.eval.temperature), n_conc,

@@ -75,7 +75,9 @@ class BackendPolicy:
 
 class ExpertPolicy:
     """Writes the environment expert's next action in the agent's action format (demonstrations).
-    Tokens are encoded text, not samples: rollout log-probs are 0 and the turn ends with the stop token."""
+    Tokens are encoded text, not samples: rollout log-probs are 0. The turn ends as a sampled one
+    would: at a stop string of the request's sampling params (the framework then closes the turn),
+    else with the stop token, so demonstrations and rollouts share one token layout."""
 
     def __init__(self, chat: ChatFormat, parser: ActionParser):
         self.chat, self.parser = chat, parser
@@ -86,8 +88,12 @@ class ExpertPolicy:
             action = info.get("expert_action")
             if action is None:
                 raise RuntimeError(f"no expert action for task {info.get('task_id')!r}: make the env with expert=True")
-            ids = self.chat.encode(self.parser.format(action)) + [self.chat.stop_token_ids[0]]
-            out.append(TurnResult(r.episode_id, ids, [0.0] * len(ids), "stop"))
+            text = self.parser.format(action)
+            if any(text.endswith(s) for s in r.sampling.stop):
+                ids, finish = self.chat.encode(text), "stop_string"
+            else:
+                ids, finish = self.chat.encode(text) + [self.chat.stop_token_ids[0]], "stop"
+            out.append(TurnResult(r.episode_id, ids, [0.0] * len(ids), finish))
         return out
 
     def release(self, episode_id: int):

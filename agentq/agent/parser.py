@@ -15,6 +15,7 @@ class ActionParser:
         if not re.fullmatch(r"[A-Za-z_][\w-]*", tag):
             raise ValueError(f"invalid action tag {tag!r}")
         self.tag = tag
+        self.close = f"</{tag}>"
         self.max_chars = max_chars
         self._re = re.compile(rf"<{tag}>(.*?)</{tag}>", re.DOTALL)
 
@@ -28,4 +29,4 @@ class ActionParser:
         return action
 
     def format(self, action: str) -> str:
-        return f"<{self.tag}>{action}</{self.tag}>"
+        return f"<{self.tag}>{action}{self.close}"

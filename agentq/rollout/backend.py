@@ -26,6 +26,9 @@ class SamplingParams:
     top_k: int = -1
     max_new_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()
+    # text that ends the turn once generated (e.g. "</action>"): the token completing it is the
+    # turn's last, and the framework closes the turn (vLLM's `stop`); needs the engine's tokenizer
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -34,6 +37,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be ≥ 1")
+        if any(not isinstance(x, str) or not x for x in self.stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
 
 
 @dataclass
@@ -49,7 +54,8 @@ class TurnResult:
     episode_id: int
     token_ids: list[int]
     logprobs: list[float]            # log μ(token) under the distribution sampled from, fp32
-    finish_reason: str               # "stop" (a stop token was sampled, and is included) | "length"
+    finish_reason: str               # "stop": a stop token was sampled (and is included);
+                                     # "stop_string": the last token completed a stop string; "length"
     policy_version: int = 0
 
 

@@ -84,7 +84,7 @@ class RLTrainer:
             console.print(f"resumed from {resume_ckpt} at step {self.start_step}")
         self.n_episodes = int(t.tasks_per_step) * int(t.group_size)
         self.n_conc = max(1, min(self.n_episodes, int(t.max_concurrent), int(cfg.rollout.max_slots)))
-        self.engine = setup.make_backend(cfg, path, self.device, self.dtype, max_slots=self.n_conc)
+        self.engine = setup.make_backend(cfg, path, self.device, self.dtype, self.tokenizer, max_slots=self.n_conc)
         self.engine.update_weights(self.learner.named_weights(), version=self.start_step)
         self.objective = make_objective(cfg.algo.objective, clip_eps=float(cfg.algo.clip_eps),
                                         dual_clip=float(cfg.algo.dual_clip), kl_coef=float(cfg.algo.kl_coef),

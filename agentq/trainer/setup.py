@@ -134,7 +134,8 @@ def quant_specs(cfg: DictConfig) -> tuple[QuantSpec, QuantSpec]:
     return rollout, (rollout if lq == "aligned" else QuantSpec.preset("none"))
 
 
-def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.dtype, max_slots: int | None = None):
+def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.dtype, tokenizer,
+                 max_slots: int | None = None):
     backend = cfg.rollout.backend
     if backend != "torch":
         raise ValueError(f"rollout.backend={backend!r}; valid: ['torch']")
@@ -143,7 +144,7 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
     spec, _ = quant_specs(cfg)
     return TorchEngine.from_pretrained(path, spec, max_slots=int(max_slots or cfg.rollout.max_slots),
                                        max_len=int(cfg.env.max_context_tokens), dtype=dtype, device=device,
-                                       prefill_chunk=int(cfg.rollout.prefill_chunk))
+                                       prefill_chunk=int(cfg.rollout.prefill_chunk), tokenizer=tokenizer)
 
 
 # ---------------------------------------------------------------------- agent loop
@@ -157,7 +158,13 @@ def sampling_params(cfg: DictConfig, chat: ChatFormat, temperature: float | None
     r = cfg.rollout
     return SamplingParams(temperature=float(r.temperature if temperature is None else temperature),
                           top_p=float(r.top_p), top_k=int(r.top_k), max_new_tokens=int(cfg.env.max_new_tokens),
-                          stop_token_ids=chat.stop_token_ids)
+                          stop_token_ids=chat.stop_token_ids, stop=action_stop(cfg))
+
+
+def action_stop(cfg: DictConfig) -> tuple[str, ...]:
+    """The closing action tag as a stop string (agent.stop_at_action_end): the turn ends with its
+    action, so nothing the policy writes after it enters the history."""
+    return (ActionParser(cfg.agent.action_tag).close,) if cfg.agent.stop_at_action_end else ()
 
 
 def agent_loop(cfg: DictConfig, pool, chat: ChatFormat, sampling: SamplingParams, max_concurrent: int,

@@ -89,6 +89,27 @@ def test_expert_policy_wins_and_ends_on_termination(tokenizer):
     assert all(t.won and t.score == 1.0 and t.reward == 1.0 for t in trajs)
 
 
+def test_expert_turns_end_at_the_action_stop_string_like_sampled_ones(tokenizer):
+    """With stop=("</action>",) a turn's action tokens end with the closing tag and the framework
+    writes the end-of-turn token (not an action token), as for a sampled turn cut by the stop string."""
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 10,
+                                                    "expert": True, "game_params": {"coin": "numLocations=2"}}), 1)
+    loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(),
+                     SamplingParams(max_new_tokens=16, stop=("</action>",)), max_turns=10, max_context_tokens=2048)
+    (traj,) = loop.run([EpisodeSpec(0, "coin/2", "train")], ExpertPolicy(chat, ActionParser()))
+    assert traj.won and traj.turns >= 2
+    eos = chat.stop_token_ids[0]
+    actions = [[t for t, s in zip(traj.input_ids, traj.seg_id) if s == k] for k in range(1, traj.turns + 1)]
+    assert all(tokenizer.decode(a).endswith("</action>") and eos not in a for a in actions)
+    # after each action the framework closes the turn exactly as the template does after a sampled stop
+    ends = [max(i for i, s in enumerate(traj.seg_id) if s == k) + 1 for k in range(1, traj.turns)]
+    closing = [eos] + chat.after_stop
+    assert chat.after_length == closing
+    assert all(traj.input_ids[e: e + len(closing)] == closing and not any(traj.action_mask[e: e + len(closing)])
+               for e in ends)
+
+
 def test_context_budget_ends_episodes(tokenizer):
     chat, loop = make_loop(tokenizer, max_turns=50, max_context=400)
     (traj,) = loop.run([EpisodeSpec(0, "coin/3", "train")], ScriptedPolicy(chat, ["<action>look around</action>"] * 50))

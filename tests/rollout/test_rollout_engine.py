@@ -78,6 +78,21 @@ def test_stop_tokens_end_the_turn_and_are_included(tiny_model_dir):
     assert res.finish_reason == "stop" and res.token_ids == free.token_ids[: first + 1]
 
 
+def test_stop_strings_end_the_turn_at_the_token_that_completes_them(tiny_model_dir, tokenizer):
+    eng = engine(tiny_model_dir, tokenizer=tokenizer)
+    ctx = [11 + j % 50 for j in range(20)]
+    free = eng.generate([TurnRequest(0, ctx, SamplingParams(max_new_tokens=16), seed=0)])[0]
+    eng.release(0)
+    stop = tokenizer.decode(free.token_ids[4:6])[-3:]      # text straddling tokens 4-5 (or inside 5)
+    # independently: the first prefix whose full decoding contains the stop text
+    end = next(j for j in range(1, 17) if stop in tokenizer.decode(free.token_ids[:j]))
+    res = eng.generate([TurnRequest(0, ctx, SamplingParams(max_new_tokens=16, stop=(stop,)), seed=0)])[0]
+    assert res.finish_reason == "stop_string" and end <= 6
+    assert res.token_ids == free.token_ids[:end] and res.logprobs == free.logprobs[:end]
+    with pytest.raises(ValueError, match="tokenizer"):
+        engine(tiny_model_dir).generate([TurnRequest(0, ctx, SamplingParams(stop=("x",)), seed=0)])
+
+
 def test_top_k_top_p_logprobs_are_those_of_the_truncated_distribution():
     from agentq.rollout.torch_engine.sampler import processed_logprobs
 

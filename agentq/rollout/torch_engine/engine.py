@@ -24,8 +24,10 @@ from .sampler import processed_logprobs, sample
 
 class TorchEngine:
     def __init__(self, hf_config, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = 512):
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = 512,
+                 tokenizer=None):
         self.quant = quant
+        self.tokenizer = tokenizer                  # only to detect stop strings; the engine sees ids
         self.device = torch.device(device)
         self.model = EngineModel(hf_config, quant, dtype, self.device)
         cfg = hf_config
@@ -113,6 +115,8 @@ class TorchEngine:
         finish = ["length"] * len(requests)
         active = list(range(len(requests)))
         stop = set(params.stop_token_ids)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need the engine's tokenizer: TorchEngine(..., tokenizer=...)")
         while active:
             tok, lp = sample(logits, params, [gens[i] for i in active])
             tok_l, lp_l = tok.tolist(), lp.tolist()
@@ -123,6 +127,8 @@ class TorchEngine:
                 slot_len = len(self._cached[slots[i]])
                 if tok_l[j] in stop:
                     finish[i] = "stop"
+                elif params.stop and self._ends_with_stop_string(out_ids[i], params.stop):
+                    finish[i] = "stop_string"
                 elif len(out_ids[i]) < params.max_new_tokens and slot_len + 1 < self.max_len:
                     still.append(i)
             active = still
@@ -148,6 +154,14 @@ class TorchEngine:
             self.release(eid)
 
     # ------------------------------------------------------------------ internals
+    def _ends_with_stop_string(self, ids: list[int], stops: tuple[str, ...]) -> bool:
+        """Did the newest token complete a stop string? Only the tail is decoded: every token is at
+        least one byte, so len(stop) + 1 tokens cover any occurrence that ends in the newest one (and
+        an earlier occurrence would already have ended the turn)."""
+        n = max(map(len, stops)) + 1
+        text = self.tokenizer.decode(ids[-n:])
+        return any(s in text for s in stops)
+
     def _slot(self, episode_id: int) -> int:
         if episode_id not in self._slot_of:
             if not self._free:
