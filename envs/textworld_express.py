@@ -66,6 +66,34 @@ _SEEDS: dict = {}   # (split, games, params) → the fold's seeds, shared by all
 GAMES = ("cookingworld", "twc", "coin", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
 
 
+def _without_detours(env, reset_kw: dict, gold: list[str]) -> list[str]:
+    """The gold path with its loops erased. TWX draws some gold paths (coin) as random walks from an
+    unseeded JVM RNG, so the same task gives different paths, with back-and-forth moves, on each
+    reset; demonstrations would then differ run to run and teach wandering. Replaying the path and
+    cutting every stretch that returns to an earlier state (room, contents, inventory, score) leaves
+    the same detour-free path every time. The result is checked by replay; if it does not win, the
+    original path is kept."""
+    def state(info):
+        return info["look"], info["inventory"], info["score"]
+
+    env.reset(**reset_kw)
+    states, path = [state(env.step("look around")[3])], []      # a look changes nothing, and reads the state
+    env.reset(**reset_kw)
+    for action in gold:
+        key = state(env.step(action)[3])
+        if key in states:                     # back where we were: drop the loop
+            cut = states.index(key)
+            del states[cut + 1:], path[cut:]
+        else:
+            states.append(key)
+            path.append(action)
+    env.reset(**reset_kw)
+    info = {}
+    for action in path:
+        info = env.step(action)[3]
+    return path if info.get("tasksuccess") else gold
+
+
 class TextWorldExpressEnv(TextEnv):
     splits: ClassVar[tuple[str, ...]] = ("train", "dev", "test")
     default_max_steps: ClassVar[int] = 50
@@ -129,9 +157,13 @@ class TextWorldExpressEnv(TextEnv):
         game, seed = task_id.rsplit("/", 1)
 
         def reset(env):
-            obs, info = env.reset(seed=int(seed), gameFold=split, gameName=game, gameParams=self.game_params[game],
-                                  generateGoldPath=self.expert)
-            return obs, info, (list(env.getGoldActionSequence()) if self.expert else [])
+            kw = dict(seed=int(seed), gameFold=split, gameName=game, gameParams=self.game_params[game])
+            gold = []
+            if self.expert:
+                env.reset(**kw, generateGoldPath=True)
+                gold = _without_detours(env, kw, list(env.getGoldActionSequence()))
+            obs, info = env.reset(**kw)
+            return obs, info, gold
         obs, info, self._gold = self._call(reset, restart=True)
         self._score = 0.0
         return info["taskDescription"], self._to_step(obs, info, game=game)

@@ -33,6 +33,36 @@ def test_info_contract_and_gold_path_wins():
         env.step("look around")
 
 
+def expert_episode(env, task_id):
+    obs, info = env.reset(options={"task_id": task_id})
+    actions = []
+    while True:
+        actions.append(info["expert_action"])
+        obs, r, term, trunc, info = env.step(actions[-1])
+        if term or trunc:
+            return actions, info["won"]
+
+
+def test_expert_path_has_no_detours_and_is_the_same_on_every_reset():
+    # TWX's own gold path for this task is a random walk (e.g. look around, move north, move south,
+    # move east, take coin) that changes between resets; the coin is one room east.
+    env = gym.make("agentq/TextWorldExpress-v0", games=["coin"], expert=True, split="train",
+                   game_params={"coin": "numLocations=3,includeDoors=0,numDistractorItems=0"})
+    for _ in range(5):
+        assert expert_episode(env, "coin/159") == (["move east", "take coin"], True)
+    env.close()
+
+
+def test_expert_with_doors_still_wins():
+    # paths with doors to open: erasing loops must keep the openings the path needs (checked by replay)
+    env = gym.make("agentq/TextWorldExpress-v0", games=["coin"], expert=True, split="dev",
+                   game_params={"coin": "numLocations=6,includeDoors=1"})
+    episodes = [expert_episode(env, task) for task in env.unwrapped.list_tasks("dev")[:10]]
+    assert all(won for _, won in episodes)
+    assert sum(any(a.startswith("open door") for a in actions) for actions, _ in episodes) >= 5
+    env.close()
+
+
 def test_step_cap_truncates_and_is_never_a_win():
     env = make(max_steps=3)
     env.reset(seed=0, options={"task_id": "coin/7"})
