@@ -88,7 +88,8 @@ def print_report(r: dict) -> None:
     t.add_row("mean score", f"{100 * r['score_mean']:.1f}")
     t.add_row("turns (successful)", f"{r['turns_success_mean']:.2f}")
     t.add_row("hit step cap", f"{100 * r['cap_rate']:.1f} %")
-    t.add_row("invalid-action turns", f"{100 * r['invalid_action_rate']:.1f} %")
+    t.add_row("invalid-format turns", f"{100 * r['invalid_action_rate']:.1f} %")
+    t.add_row("inadmissible-action turns", f"{100 * r['inadmissible_action_rate']:.1f} %")
     if r.get("errors"):
         t.add_row("errored episodes", str(r["errors"]))
     for k, v in (r.get("per_task_type") or {}).items():

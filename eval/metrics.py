@@ -49,7 +49,8 @@ def _mean(xs):
 
 def summarize(trajs: list[Trajectory]) -> dict:
     """success_rate, score_mean, turns_success_mean (turns of won episodes), cap_rate (share that ran
-    out of steps without winning), per end reason shares, invalid-action rate, per task type."""
+    out of steps without winning), per end reason shares, the shares of turns with no parsable action
+    (invalid) and with an action outside the env's admissible list (inadmissible), per task type."""
     n = len(trajs)
     won = sum(t.won for t in trajs)
     out = {
@@ -62,6 +63,7 @@ def summarize(trajs: list[Trajectory]) -> dict:
         "turns_success_mean": _mean(t.turns for t in trajs if t.won),
         "cap_rate": _mean(float(t.end_reason == "step_cap" and not t.won) for t in trajs),
         "invalid_action_rate": (sum(t.invalid_actions for t in trajs) / max(1, sum(t.turns for t in trajs))),
+        "inadmissible_action_rate": (sum(t.inadmissible_actions for t in trajs) / max(1, sum(t.turns for t in trajs))),
         "errors": sum(t.end_reason == "error" for t in trajs),
     }
     for r in END_REASONS:

@@ -180,6 +180,9 @@ class AgentLoop:
                 if action is None:
                     invalid.append(s)
                 else:
+                    admissible = active[s]["info"].get("admissible_actions")
+                    if admissible and action.lower() not in {a.lower() for a in admissible}:
+                        traj.inadmissible_actions += 1
                     to_step.append((s, action))
             step_results = self.pool.step(to_step) if to_step else []
             for res in step_results:

@@ -24,6 +24,7 @@ class Trajectory:
     score: float = 0.0
     turns: int = 0                   # assistant turns (= action segments)
     invalid_actions: int = 0         # turns whose text had no parsable action
+    inadmissible_actions: int = 0    # parsed actions not in the env's admissible list (when it gives one)
     end_reason: str = ""             # one of END_REASONS
     error: str | None = None
     policy_version: int = 0

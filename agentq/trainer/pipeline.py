@@ -72,6 +72,8 @@ def pipeline(cfg: DictConfig) -> dict:
         "sft_score": sft_eval["score_mean"], "rl_score": rl_eval["score_mean"],
         "sft_turns_success": sft_eval["turns_success_mean"], "rl_turns_success": rl_eval["turns_success_mean"],
         "sft_cap_rate": sft_eval["cap_rate"], "rl_cap_rate": rl_eval["cap_rate"],
+        "sft_inadmissible_rate": sft_eval["inadmissible_action_rate"],
+        "rl_inadmissible_rate": rl_eval["inadmissible_action_rate"],
         "rl_steps": int(cfg.trainer.steps), "sft_demos": s["demos_used"],
         "checkpoints": {"sft": s["checkpoint"], "rl": summary_rl["checkpoint"]},
         "wall_time_s": time.time() - t0,
@@ -97,6 +99,7 @@ def print_summary(s: dict, out: Path) -> None:
     t.add_row("mean score", f"{100 * s['sft_score']:.1f}", f"{100 * s['rl_score']:.1f}")
     t.add_row("turns (won)", f"{s['sft_turns_success']:.2f}", f"{s['rl_turns_success']:.2f}")
     t.add_row("hit step cap", pct(s["sft_cap_rate"]), pct(s["rl_cap_rate"]))
+    t.add_row("inadmissible turns", pct(s["sft_inadmissible_rate"]), pct(s["rl_inadmissible_rate"]))
     console.print(t)
     pr = s["paired"]
     console.print(f"gain {100 * s['success_gain']:+.1f} points (unpaired z = {s['gain_z']:.2f}; paired over "

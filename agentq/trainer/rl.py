@@ -145,6 +145,7 @@ class RLTrainer:
             "reward_mean": rollout["reward_mean"], "success_rate": rollout["success_rate"],
             "score_mean": rollout["score_mean"], "turns_mean": rollout["turns_mean"],
             "cap_rate": rollout["cap_rate"], "invalid_action_rate": rollout["invalid_action_rate"],
+            "inadmissible_action_rate": rollout["inadmissible_action_rate"],
             "episodes": len(trajs), "errored_episodes": rollout["errors"],
             "end_context": rollout["end_context"],
             "adv_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0,

@@ -69,9 +69,11 @@ def make_loop(tokenizer, max_turns=5, max_context=2048):
 
 def test_loop_masks_segments_and_invalid_turns(tokenizer):
     chat, loop = make_loop(tokenizer, max_turns=3)
-    texts = ["no tags here", "<action>inventory</action>", "<action>look around</action>"]
+    texts = ["no tags here", "<action>fly to the moon</action>", "<action>Look  around</action>"]
     (traj,) = loop.run([EpisodeSpec(0, "coin/1", "train")], ScriptedPolicy(chat, texts))
     assert traj.turns == 3 and traj.invalid_actions == 1 and traj.end_reason == "step_cap" and not traj.won
+    # parsed but not in the env's admissible list (case and spacing do not count)
+    assert traj.inadmissible_actions == 1
     segs = [s for s, m in zip(traj.seg_id, traj.action_mask) if m]
     n = [len(chat.encode(t)) + 1 for t in texts]
     assert segs == [1] * n[0] + [2] * n[1] + [3] * n[2]

@@ -45,3 +45,16 @@ def test_mcnemar_paired_comparison_by_hand():
     r = paired_comparison(before, after)
     assert (r["won_only_after"], r["won_only_before"]) == (8, 1)
     assert abs(r["mcnemar_z"] - 7 / 3) < 1e-9 and abs(r["mcnemar_p"] - 0.0390625) < 1e-12
+
+
+def test_summarize_turn_rates_by_hand():
+    from agentq.agent.trajectory import Trajectory
+    from agentq.eval.metrics import summarize
+
+    a = Trajectory(0, "coin/1", "test", turns=4, invalid_actions=1, inadmissible_actions=2, won=True,
+                   end_reason="won", score=1.0, reward=1.0)
+    b = Trajectory(1, "coin/2", "test", turns=6, invalid_actions=0, inadmissible_actions=3, end_reason="step_cap")
+    s = summarize([a, b])
+    # per turn over all episodes: 1/10 invalid format, 5/10 inadmissible; one of two capped; won in 4 turns
+    assert s["invalid_action_rate"] == 0.1 and s["inadmissible_action_rate"] == 0.5
+    assert s["cap_rate"] == 0.5 and s["turns_success_mean"] == 4 and s["success_rate"] == 0.5
