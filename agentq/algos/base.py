@@ -12,9 +12,11 @@ An objective is a small class registered by name (`algo.objective` in the config
   retention, ...) and returns diagnostics.
 * `loss(logp, mb)` returns the scalar loss of a minibatch and detached diagnostics:
 
-      L = Σ_t m_t · w_t · u_t / Σ_t m_t  +  β · Σ_t m_t · kl_t / Σ_t m_t
+      L = Σ_t m_t · w_t · u_t / Σ_t m_t  +  β · Σ_t m_t · kl_t / Σ_t m_t       (loss_agg = token_mean)
 
-  with u_t the PPO dual-clip token loss and kl_t the k3 penalty to the reference policy.
+  with u_t the PPO dual-clip token loss and kl_t the k3 penalty to the reference policy; with
+  loss_agg = seq_mean each trajectory's token mean counts once (mean over trajectories), so long
+  trajectories do not outweigh short ones (verl's seq-mean-token-mean).
 Formulas and worked numbers: docs/algorithms.md.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 LOGRATIO_CLAMP = 20.0
+LOSS_AGGS = ("token_mean", "seq_mean")
 
 
 @dataclass
@@ -90,6 +93,14 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float =
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Σ mask·x / Σ mask (0 when the mask is empty). Masked-out entries may hold anything (NaN too)."""
     return torch.where(mask.bool(), x * mask, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1.0)
+
+
+def seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over rows that have a masked token of each row's masked mean (0 when none has)."""
+    n = mask.sum(dim=1)                                                          # [B]
+    row = torch.where(mask.bool(), x * mask, torch.zeros_like(x)).sum(dim=1) / n.clamp(min=1.0)
+    has = (n > 0).to(row.dtype)
+    return (row * has).sum() / has.sum().clamp(min=1.0)
 
 
 def log_ratio(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -215,14 +226,18 @@ class Objective:
     name = "grpo"
     defaults: dict[str, Any] = {}
 
-    def __init__(self, clip_eps: float = 0.2, dual_clip: float = 10.0, kl_coef: float = 0.001, **params: Any):
+    def __init__(self, clip_eps: float = 0.2, dual_clip: float = 10.0, kl_coef: float = 0.001,
+                 loss_agg: str = "token_mean", **params: Any):
         self.clip_eps = float(clip_eps)
         self.dual_clip = float(dual_clip)
         self.kl_coef = float(kl_coef)
+        if loss_agg not in LOSS_AGGS:
+            raise ValueError(f"loss_agg={loss_agg!r}; valid: {list(LOSS_AGGS)}")
+        self.loss_agg = loss_agg
         unknown = set(params) - set(self.param_names())
         if unknown:
-            raise ValueError(f"objective {self.name!r} got unknown parameter(s) {sorted(unknown)}; "
-                             f"valid: {sorted(self.param_names() + ['clip_eps', 'dual_clip', 'kl_coef'])}")
+            raise ValueError(f"objective {self.name!r} got unknown parameter(s) {sorted(unknown)}; valid: "
+                             f"{sorted(self.param_names() + ['clip_eps', 'dual_clip', 'kl_coef', 'loss_agg'])}")
         self.params = params
         self.p: dict[str, Any] = {**self.defaults, **params}
 
@@ -235,6 +250,16 @@ class Objective:
         batch.token_weight = batch.action_mask.float()
         return {}
 
+    def aggregate(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """A [B, L] per-token term → the minibatch scalar, by `loss_agg`."""
+        return masked_mean(x, mask) if self.loss_agg == "token_mean" else seq_mean(x, mask)
+
+    def agg_units(self, mb: PolicyBatch) -> float:
+        """What `aggregate` averages over: action tokens (token_mean) or trajectories with one
+        (seq_mean). A micro-batch's loss counts in its minibatch by its share of these units."""
+        n = mb.action_mask.sum(dim=1)
+        return float(n.sum()) if self.loss_agg == "token_mean" else float((n > 0).sum())
+
     def policy_token_loss(self, logp: torch.Tensor, mb: PolicyBatch):
         adv = mb.adv.view(-1, 1).expand_as(logp)
         return ppo_dual_clip_loss(logp, mb.old_logp, adv, self.clip_eps, self.dual_clip)
@@ -245,16 +270,17 @@ class Objective:
         return mb.token_weight.detach() if mb.token_weight is not None else mask
 
     def kl_term(self, logp: torch.Tensor, mb: PolicyBatch) -> torch.Tensor:
-        """β-free KL term: token-mean of k3(π_ref ‖ π_θ) over action tokens (never weighted by w_t)."""
+        """β-free KL term: k3(π_ref ‖ π_θ) over action tokens, aggregated like the policy term (never
+        weighted by w_t)."""
         if mb.ref_logp is not None and self.kl_coef != 0.0:
-            return masked_mean(kl_penalty_k3(logp, mb.ref_logp), mb.action_mask.float())
+            return self.aggregate(kl_penalty_k3(logp, mb.ref_logp), mb.action_mask.float())
         return torch.zeros((), device=logp.device)
 
     def loss(self, logp: torch.Tensor, mb: PolicyBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.action_mask.float()                               # [B, L]
         u, clipped, dual, ratio = self.policy_token_loss(logp, mb)  # [B, L] each
         w = self.token_weights(mb)                                  # [B, L] detached
-        pg_loss = masked_mean(w * u, mask)
+        pg_loss = self.aggregate(w * u, mask)
         kl = self.kl_term(logp, mb)
         loss = pg_loss + self.kl_coef * kl
         with torch.no_grad():

@@ -63,12 +63,7 @@ class TBPO(Objective):
     """Sequence-level trust band (GSPO ratio) × capped sequence mismatch weight."""
 
     defaults = {"seq_clip_ratio_high": 4e-4, "neg_seq_clip_ratio_low": 3e-4, "neg_seq_clip_ratio_high": 7e-4,
-                "seq_tis_imp_ratio_cap": 2.0, "loss_agg": "token_mean"}
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        if self.p["loss_agg"] not in ("seq_mean", "token_mean"):
-            raise ValueError(f"loss_agg must be 'seq_mean' or 'token_mean', got {self.p['loss_agg']!r}")
+                "seq_tis_imp_ratio_cap": 2.0}
 
     @torch.no_grad()
     def prepare(self, batch: PolicyBatch) -> dict[str, float]:
@@ -94,7 +89,7 @@ class TBPO(Objective):
         else:                                                            # prepare() not run: no correction
             w = torch.ones_like(u)
         has = (n > 0).to(u.dtype)                                        # [B] rows with an action token
-        if self.p["loss_agg"] == "seq_mean":
+        if self.loss_agg == "seq_mean":
             pg_loss = (has * w * u).sum() / has.sum().clamp(min=1.0)
         else:
             pg_loss = (n * w * u).sum() / n.sum().clamp(min=1.0)

@@ -75,8 +75,9 @@ class Learner:
     def update(self, batch: PolicyBatch, objective: Objective, epochs: int = 1, minibatch_size: int | None = None,
                generator: torch.Generator | None = None) -> dict[str, float]:
         """PPO epochs over shuffled minibatches (token weights were computed once, in prepare).
-        One optimizer step per minibatch; micro-batches accumulate gradients with token-share weights
-        so each step minimises the minibatch's token mean."""
+        One optimizer step per minibatch; micro-batches accumulate gradients weighted by their share of
+        the objective's units (action tokens, or trajectories for loss_agg=seq_mean), so each step
+        minimises the minibatch's loss as if it were one forward."""
         n = batch.num_seqs
         mb = minibatch_size or n
         sums: dict[str, float] = {}
@@ -87,15 +88,15 @@ class Learner:
             for s in range(0, n, mb):
                 idx = perm[s: s + mb]
                 minib = batch.index(idx)
-                total_tokens = float(minib.action_mask.sum())
-                if total_tokens == 0:
+                total_units = objective.agg_units(minib)
+                if total_units == 0:
                     continue
                 self.opt.zero_grad(set_to_none=True)
                 for rows in length_sorted_chunks(minib.attention_mask.sum(1), self.micro_batch_size):
                     micro = minib.index(rows)
                     L = int(micro.attention_mask.sum(1).max())
                     micro = _trim(micro, L).to(self.device)
-                    share = float(micro.action_mask.sum()) / total_tokens
+                    share = objective.agg_units(micro) / total_units
                     logp = sequence_logprobs(self.model, micro.input_ids, micro.attention_mask)
                     loss, stats = objective.loss(logp, micro)
                     (loss * share).backward()

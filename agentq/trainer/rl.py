@@ -88,6 +88,7 @@ class RLTrainer:
         self.engine.update_weights(self.learner.named_weights(), version=self.start_step)
         self.objective = make_objective(cfg.algo.objective, clip_eps=float(cfg.algo.clip_eps),
                                         dual_clip=float(cfg.algo.dual_clip), kl_coef=float(cfg.algo.kl_coef),
+                                        loss_agg=str(cfg.algo.loss_agg),
                                         **(OmegaConf.to_container(cfg.algo.objective_params, resolve=True)
                                            if cfg.algo.objective_params else {}))
         self.train_split, self.eval_split = cfg.env.train_split, cfg.env.eval_split

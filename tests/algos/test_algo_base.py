@@ -87,6 +87,25 @@ def test_grpo_loss_gradient_by_hand():
     assert torch.allclose(lp.grad, expected, atol=1e-6)
 
 
+def test_seq_mean_counts_each_trajectory_once_by_hand():
+    b, logp = _two_row_batch()
+    b.action_mask[1, 1:3] = 0                 # row 1 keeps one action token: u = 1.1, kl = 10
+    tok = make_objective("grpo")
+    seq = make_objective("grpo", loss_agg="seq_mean")
+    for obj in (tok, seq):
+        obj.prepare(b)
+    _, st_tok = tok.loss(logp, b)
+    _, st_seq = seq.loss(logp, b)
+    # token mean over 4 tokens: (−1.2 − 0.5 − 1.1 + 1.1) / 4; seq mean: ((−2.8 / 3) + 1.1) / 2
+    assert float(st_tok["pg_loss"]) == pytest.approx(-1.7 / 4, abs=TOL)
+    assert float(st_seq["pg_loss"]) == pytest.approx((-2.8 / 3 + 1.1) / 2, abs=TOL)
+    # the KL term is aggregated the same way: ((0.049859 + 0.106531 + 1.120117) / 3 + 10) / 2
+    assert float(st_seq["kl"]) == pytest.approx(((0.049859 + 0.106531 + 1.120117) / 3 + 10.0) / 2, abs=TOL)
+    assert (tok.agg_units(b), seq.agg_units(b)) == (4.0, 2.0)
+    with pytest.raises(ValueError, match="loss_agg.*valid"):
+        make_objective("grpo", loss_agg="sum")
+
+
 def test_grpo_advantages_by_hand():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 5.0, 0.5])
     groups = torch.tensor([0, 0, 0, 0, 1, 2])

@@ -79,19 +79,22 @@ def test_mismatch_metrics_for_every_batch():
     assert all(math.isnan(v) or v >= 0 for v in mm["k3_by_turn"])
 
 
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean"])
 @pytest.mark.parametrize("name", objective_names())
-def test_token_share_accumulation_over_micro_batches_equals_the_minibatch_loss(name):
-    # the learner accumulates micro-batch losses weighted by their share of action tokens
+def test_share_accumulation_over_micro_batches_equals_the_minibatch_loss(name, loss_agg):
+    # the learner accumulates micro-batch losses weighted by their share of the objective's units
+    # (action tokens, or trajectories); counted here directly from the mask
     b, _ = _batch(3)
-    obj = make_objective(name)
+    obj = make_objective(name, loss_agg=loss_agg)
     obj.prepare(b)
     logp = b.old_logp + 0.05 * torch.randn(b.old_logp.shape, generator=torch.Generator().manual_seed(0))
     whole = float(obj.loss(logp, b)[0])
-    total = float(b.action_mask.sum())
+    units = (lambda m: float(m.sum())) if loss_agg == "token_mean" else (lambda m: float((m.sum(1) > 0).sum()))
     acc = 0.0
     for idx in torch.arange(b.num_seqs).split(2):
         mb = b.index(idx)
-        acc += float(obj.loss(logp[idx], mb)[0]) * float(mb.action_mask.sum()) / total
+        assert obj.agg_units(mb) == units(mb.action_mask)
+        acc += float(obj.loss(logp[idx], mb)[0]) * units(mb.action_mask) / units(b.action_mask)
     assert acc == pytest.approx(whole, abs=1e-6)
 
 
