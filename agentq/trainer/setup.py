@@ -74,6 +74,9 @@ def env_pool(cfg: DictConfig, split: str, num_envs: int, expert: bool = False):
     return make_pool(p.type, env_spec(cfg, split, expert), num_envs, num_workers=int(p.num_workers), **kw)
 
 
+CORPUS_VERSION = 2      # 2: TextWorldExpress experts without detours
+
+
 def env_corpus(cfg: DictConfig, n_episodes: int, seed: int = 0) -> list[str]:
     """Text of the env (prompts, observations, expert actions in the agent's format) for the tokenizer."""
     parser = ActionParser(cfg.agent.action_tag)
@@ -114,9 +117,16 @@ def model_path(cfg: DictConfig) -> str:
     t = OmegaConf.to_container(cfg.model.tiny, resolve=True)
     n = int(t.pop("corpus_episodes"))
     tcfg = TinyModelConfig(**t)
-    corpus_key = json.dumps({"env": OmegaConf.to_container(cfg.env, resolve=True), "n": n,
-                             "agent": OmegaConf.to_container(cfg.agent, resolve=True)}, sort_keys=True)
-    return str(ensure_tiny_model(tcfg, corpus_key, lambda: env_corpus(cfg, n, seed=tcfg.seed)))
+    return str(ensure_tiny_model(tcfg, tiny_corpus_key(cfg), lambda: env_corpus(cfg, n, seed=tcfg.seed)))
+
+
+def tiny_corpus_key(cfg: DictConfig) -> str:
+    """What the tiny model's tokenizer corpus depends on (what env_corpus reads), as its cache key:
+    not, e.g., reward penalties, which would otherwise swap the base model. Bump CORPUS_VERSION
+    when an environment's text or expert changes."""
+    return json.dumps({"env": OmegaConf.to_container(cfg.env, resolve=True),
+                       "n": int(cfg.model.tiny.corpus_episodes), "action_tag": cfg.agent.action_tag,
+                       "invalid_format": cfg.agent.invalid_format, "v": CORPUS_VERSION}, sort_keys=True)
 
 
 def load_tokenizer(path: str):

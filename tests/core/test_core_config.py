@@ -64,3 +64,12 @@ def test_pipeline_config_overrides_the_base():
     assert base.trainer.group_size == 4 and base.eval.temperature == 0.0
     assert set(pipe.keys()) == set(base.keys())
     assert load_config(["trainer.steps=3"], config_name="pipeline").trainer.steps == 3
+
+
+def test_tiny_model_cache_key_names_only_what_the_corpus_reads():
+    from agentq.trainer.setup import tiny_corpus_key
+
+    base = tiny_corpus_key(load_config([]))
+    assert tiny_corpus_key(load_config(["agent.invalid_action_penalty=0.5", "trainer.lr=1e-3"])) == base
+    assert tiny_corpus_key(load_config(["env.prompt.system=Play."])) != base
+    assert tiny_corpus_key(load_config(["agent.action_tag=act"])) != base
