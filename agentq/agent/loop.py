@@ -89,10 +89,9 @@ class ExpertPolicy:
             if action is None:
                 raise RuntimeError(f"no expert action for task {info.get('task_id')!r}: make the env with expert=True")
             text = self.parser.format(action)
-            if any(text.endswith(s) for s in r.sampling.stop):
-                ids, finish = self.chat.encode(text), "stop_string"
-            else:
-                ids, finish = self.chat.encode(text) + [self.chat.stop_token_ids[0]], "stop"
+            ids, finish = self.chat.encode(text), "stop_string"
+            if not any(text.endswith(s) for s in r.sampling.stop):
+                ids, finish = ids + [self.chat.stop_token_ids[0]], "stop"
             out.append(TurnResult(r.episode_id, ids, [0.0] * len(ids), finish))
         return out
 

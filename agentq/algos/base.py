@@ -95,10 +95,16 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), x * mask, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1.0)
 
 
+def sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row mean of x over masked tokens ([B]) and the token counts n ([B]); mean = 0 when n = 0."""
+    n = mask.sum(dim=1)                                                  # [B]
+    s = torch.where(mask.bool(), x, torch.zeros_like(x)).sum(dim=1)      # [B]
+    return s / n.clamp(min=1.0), n
+
+
 def seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over rows that have a masked token of each row's masked mean (0 when none has)."""
-    n = mask.sum(dim=1)                                                          # [B]
-    row = torch.where(mask.bool(), x * mask, torch.zeros_like(x)).sum(dim=1) / n.clamp(min=1.0)
+    row, n = sequence_mean(x, mask)
     has = (n > 0).to(row.dtype)
     return (row * has).sum() / has.sum().clamp(min=1.0)
 

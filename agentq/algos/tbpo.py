@@ -18,28 +18,21 @@ For each row i with n_i ≥ 1 action tokens and advantage A_i:
     L_pg = Σ_i n_i·w_i·u_i / Σ_i n_i                                   (loss_agg = token_mean, §1.4)
          or mean_i w_i·u_i  over rows with n_i ≥ 1                     (loss_agg = seq_mean, GSPO)
 
-[DESIGN] token_mean is the default: it is §1.4's aggregation, shared by every other objective, and
-it composes exactly with a learner that accumulates micro-batches weighted by their token share;
-seq_mean is GSPO's, exact only when the loss sees the whole minibatch at once.
+[DESIGN] token_mean (the preset) is §1.4's aggregation; seq_mean is GSPO's. `algo.loss_agg` picks
+it for every objective, and the learner weights micro-batches by `agg_units`, so both are exact
+under gradient accumulation.
 
 So a negative sequence gets gradient only inside [1−ε⁻_lo, 1+ε⁻_hi]; a positive one only below
 1+ε⁺. `clip_eps` is not used (the bands replace it). "Sequence" = one row: a whole trajectory in
 the one-row layout, one turn's response in the step-independent layout (§1.5). [DESIGN] The KL term
-is §1.4's token-mean k3, unweighted. Stats: clip_frac / dual_clip_frac / ratio_mean are fractions
+is §1.4's k3, unweighted, aggregated by loss_agg like every objective's. Stats: clip_frac / dual_clip_frac / ratio_mean are fractions
 and means over sequences, not tokens.
 """
 from __future__ import annotations
 
 import torch
 
-from .base import LOGRATIO_CLAMP, Objective, PolicyBatch, register_objective, token_delta
-
-
-def sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row mean of x over masked tokens ([B]) and the token counts n ([B]); mean = 0 when n = 0."""
-    n = mask.sum(dim=1)                                                  # [B]
-    s = torch.where(mask.bool(), x, torch.zeros_like(x)).sum(dim=1)      # [B]
-    return s / n.clamp(min=1.0), n
+from .base import LOGRATIO_CLAMP, Objective, PolicyBatch, register_objective, sequence_mean, token_delta
 
 
 def trust_band_loss(seq_ratio: torch.Tensor, adv: torch.Tensor, pos_high: float, neg_low: float,
