@@ -107,12 +107,14 @@ def episode_seed(run_seed: int, episode_id: int) -> int:
 class AgentLoop:
     def __init__(self, pool: EnvPool, chat: ChatFormat, prompt: PromptConfig, parser: ActionParser,
                  sampling: SamplingParams, max_turns: int, max_context_tokens: int,
-                 max_concurrent: int | None = None, invalid_action_penalty: float = 0.0, run_seed: int = 0):
+                 max_concurrent: int | None = None, invalid_action_penalty: float = 0.0,
+                 inadmissible_action_penalty: float = 0.0, run_seed: int = 0):
         self.pool, self.chat, self.prompt, self.parser = pool, chat, prompt, parser
         self.sampling = sampling
         self.max_turns, self.max_context_tokens = max_turns, max_context_tokens
         self.max_concurrent = min(max_concurrent or pool.num_envs, pool.num_envs)
         self.invalid_action_penalty = invalid_action_penalty
+        self.inadmissible_action_penalty = inadmissible_action_penalty
         self.run_seed = run_seed
 
     def run(self, episodes: list[EpisodeSpec], policy, on_done: Callable[[Trajectory], None] | None = None
@@ -182,6 +184,7 @@ class AgentLoop:
                     admissible = active[s]["info"].get("admissible_actions")
                     if admissible and action.lower() not in {a.lower() for a in admissible}:
                         traj.inadmissible_actions += 1
+                        traj.reward -= self.inadmissible_action_penalty
                     to_step.append((s, action))
             step_results = self.pool.step(to_step) if to_step else []
             for res in step_results:

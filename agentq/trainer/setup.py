@@ -182,4 +182,5 @@ def agent_loop(cfg: DictConfig, pool, chat: ChatFormat, sampling: SamplingParams
     return AgentLoop(pool, chat, prompt_config(cfg), ActionParser(cfg.agent.action_tag), sampling,
                      max_turns=int(cfg.env.max_steps), max_context_tokens=int(cfg.env.max_context_tokens),
                      max_concurrent=max_concurrent, invalid_action_penalty=float(cfg.agent.invalid_action_penalty),
+                     inadmissible_action_penalty=float(cfg.agent.inadmissible_action_penalty),
                      run_seed=run_seed)

@@ -58,22 +58,24 @@ class ScriptedPolicy:
         pass
 
 
-def make_loop(tokenizer, max_turns=5, max_context=2048):
+def make_loop(tokenizer, max_turns=5, max_context=2048, **penalties):
     chat = ChatFormat.from_tokenizer(tokenizer)
     pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": max_turns,
                                                     "expert": True, "game_params": {"coin": "numLocations=2"}}), 2)
     loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(), SamplingParams(max_new_tokens=16),
-                     max_turns=max_turns, max_context_tokens=max_context)
+                     max_turns=max_turns, max_context_tokens=max_context, **penalties)
     return chat, loop
 
 
 def test_loop_masks_segments_and_invalid_turns(tokenizer):
-    chat, loop = make_loop(tokenizer, max_turns=3)
+    chat, loop = make_loop(tokenizer, max_turns=3, invalid_action_penalty=0.1, inadmissible_action_penalty=0.03)
     texts = ["no tags here", "<action>fly to the moon</action>", "<action>Look  around</action>"]
     (traj,) = loop.run([EpisodeSpec(0, "coin/1", "train")], ScriptedPolicy(chat, texts))
     assert traj.turns == 3 and traj.invalid_actions == 1 and traj.end_reason == "step_cap" and not traj.won
     # parsed but not in the env's admissible list (case and spacing do not count)
     assert traj.inadmissible_actions == 1
+    # no env reward; one unparsable turn (0.1) and one inadmissible one (0.03) are charged
+    assert traj.reward == pytest.approx(-0.13, abs=1e-12)
     segs = [s for s, m in zip(traj.seg_id, traj.action_mask) if m]
     n = [len(chat.encode(t)) + 1 for t in texts]
     assert segs == [1] * n[0] + [2] * n[1] + [3] * n[2]
