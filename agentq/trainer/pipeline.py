@@ -20,11 +20,12 @@ from agentq.eval.metrics import paired_comparison, two_proportion_z, wilson_inte
 from agentq.utils.logging import console, jsonable
 
 
-def _eval(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int) -> dict:
+def _eval(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int, split: str) -> dict:
     from agentq.eval.evaluate import evaluate
 
     c = cfg.copy()
     OmegaConf.update(c, "checkpoint", checkpoint, force_add=True)
+    OmegaConf.update(c, "split", split, force_add=True)
     OmegaConf.update(c, "eval.num_tasks", num_tasks)
     OmegaConf.update(c, "eval.out_dir", str(out))
     return evaluate(c)
@@ -33,6 +34,40 @@ def _eval(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int) -> dict:
 def _won_by_task(report: dict) -> dict[str, bool]:
     with open(Path(report["out_dir"]) / "episodes.jsonl") as f:
         return {e["task_id"]: bool(e["won"]) for e in map(json.loads, f)}
+
+
+def _comparison(before: dict, after: dict) -> dict:
+    """SFT vs RL on one split: both success rates with Wilson intervals, the unpaired z, and the
+    paired McNemar test over the tasks both evaluated (the same held-out tasks: the sharper test)."""
+    n1, n2 = before["episodes"], after["episodes"]
+    k1, k2 = round(before["success_rate"] * n1), round(after["success_rate"] * n2)
+    return {
+        "episodes": n2, "sft_success_rate": before["success_rate"], "rl_success_rate": after["success_rate"],
+        "sft_success_ci95": list(wilson_interval(k1, n1)), "rl_success_ci95": list(wilson_interval(k2, n2)),
+        "success_gain": after["success_rate"] - before["success_rate"],
+        "gain_z": two_proportion_z(k1, n1, k2, n2),
+        "paired": paired_comparison(_won_by_task(before), _won_by_task(after)),
+        "sft_score": before["score_mean"], "rl_score": after["score_mean"],
+        "sft_turns_success": before["turns_success_mean"], "rl_turns_success": after["turns_success_mean"],
+        "sft_cap_rate": before["cap_rate"], "rl_cap_rate": after["cap_rate"],
+        "sft_inadmissible_rate": before["inadmissible_action_rate"],
+        "rl_inadmissible_rate": after["inadmissible_action_rate"],
+    }
+
+
+def eval_splits(cfg: DictConfig) -> list[str]:
+    """`pipeline.eval_splits` (null = [env.eval_split]), each checked against the env's splits."""
+    from gymnasium.envs.registration import load_env_creator
+
+    from agentq.envs import REGISTRY
+
+    splits = list(cfg.pipeline.eval_splits or [cfg.env.eval_split])
+    valid = list(load_env_creator(REGISTRY[cfg.env.name][1]).splits)
+    bad = [s for s in splits if s not in valid]
+    if bad or not splits:
+        raise ValueError(f"pipeline.eval_splits={splits}: {bad or 'empty'} not a split of {cfg.env.name}; "
+                         f"valid: {valid}")
+    return splits
 
 
 def pipeline(cfg: DictConfig) -> dict:
@@ -45,35 +80,29 @@ def pipeline(cfg: DictConfig) -> dict:
     out = Path(p.out_dir or Path("runs") / f"pipeline-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     n_eval = int(p.eval_tasks)
-    split = cfg.env.eval_split
+    split, *others = eval_splits(cfg)
+    cfg = cfg.copy()
+    OmegaConf.update(cfg, "env.eval_split", split)     # the RL learning curve and final eval use it too
 
     console.rule(f"[bold]agentq pipeline: {cfg.env.name} — tiny model → SFT → RL ({cfg.algo.name}, "
-                 f"rollout {cfg.rollout.quant}) → eval on {split}")
+                 f"rollout {cfg.rollout.quant}) → eval on {', '.join([split, *others])}")
     base = setup.model_path(cfg)                                          # 1. tiny model + tokenizer
     s = sft(cfg, out_dir=out / "sft", init_path=base)                     # 2. SFT on expert demos
-    sft_eval = _eval(cfg, s["checkpoint"], out / "eval_sft", n_eval)      # 3. held-out eval after SFT
+    sft_evals = {sp: _eval(cfg, s["checkpoint"], out / f"eval_sft_{sp}", n_eval, sp)   # 3. held-out evals
+                 for sp in (split, *others)}
 
     rl_cfg = cfg.copy()                                                   # 4. RL from the SFT checkpoint
     OmegaConf.update(rl_cfg, "trainer.out_dir", str(out / "rl"))
     OmegaConf.update(rl_cfg, "trainer.resume", None)
     summary_rl = RLTrainer(rl_cfg, init_path=s["checkpoint"]).train(final_eval_tasks=n_eval)
-    rl_eval = summary_rl["final_eval"]
+    rl_evals = {split: summary_rl["final_eval"],                          # 5. the same evals after RL
+                **{sp: _eval(cfg, summary_rl["checkpoint"], out / f"eval_rl_{sp}", n_eval, sp) for sp in others}}
 
-    n1, n2 = sft_eval["episodes"], rl_eval["episodes"]
-    k1, k2 = round(sft_eval["success_rate"] * n1), round(rl_eval["success_rate"] * n2)
     summary = {
-        "env": cfg.env.name, "split": split, "episodes": n2, "algo": cfg.algo.name, "rollout_quant": cfg.rollout.quant,
-        "sft_success_rate": sft_eval["success_rate"], "rl_success_rate": rl_eval["success_rate"],
-        "sft_success_ci95": list(wilson_interval(k1, n1)), "rl_success_ci95": list(wilson_interval(k2, n2)),
-        "success_gain": rl_eval["success_rate"] - sft_eval["success_rate"],
-        "gain_z": two_proportion_z(k1, n1, k2, n2),
-        # the same held-out tasks before and after RL: the paired test is the sharper one
-        "paired": paired_comparison(_won_by_task(sft_eval), _won_by_task(rl_eval)),
-        "sft_score": sft_eval["score_mean"], "rl_score": rl_eval["score_mean"],
-        "sft_turns_success": sft_eval["turns_success_mean"], "rl_turns_success": rl_eval["turns_success_mean"],
-        "sft_cap_rate": sft_eval["cap_rate"], "rl_cap_rate": rl_eval["cap_rate"],
-        "sft_inadmissible_rate": sft_eval["inadmissible_action_rate"],
-        "rl_inadmissible_rate": rl_eval["inadmissible_action_rate"],
+        "env": cfg.env.name, "split": split, "algo": cfg.algo.name, "rollout_quant": cfg.rollout.quant,
+        **_comparison(sft_evals[split], rl_evals[split]),
+        # further held-out splits, each evaluated after SFT and after RL on the same tasks
+        "other_splits": {sp: _comparison(sft_evals[sp], rl_evals[sp]) for sp in others},
         "rl_steps": int(cfg.trainer.steps), "sft_demos": s["demos_used"],
         "checkpoints": {"sft": s["checkpoint"], "rl": summary_rl["checkpoint"]},
         "wall_time_s": time.time() - t0,
@@ -88,21 +117,26 @@ def pipeline(cfg: DictConfig) -> dict:
 
 
 def print_summary(s: dict, out: Path) -> None:
+    for split, c in {s["split"]: s, **s["other_splits"]}.items():
+        _print_comparison(f"agentq pipeline — {s['env']} / {split} ({c['episodes']} held-out episodes)", c)
+    console.print(f"wall time {s['wall_time_s'] / 60:.1f} min; outputs in {out}/ (summary.json, learning_curve.png)")
+
+
+def _print_comparison(title: str, c: dict) -> None:
     from rich.table import Table
 
-    t = Table(title=f"agentq pipeline — {s['env']} / {s['split']} ({s['episodes']} held-out episodes)")
-    for c in ("", "after SFT", "after RL"):
-        t.add_column(c)
+    t = Table(title=title)
+    for col in ("", "after SFT", "after RL"):
+        t.add_column(col)
     pct = lambda x: f"{100 * x:.1f} %"  # noqa: E731
-    t.add_row("success", pct(s["sft_success_rate"]), pct(s["rl_success_rate"]))
-    t.add_row("95 % CI", "–".join(pct(x) for x in s["sft_success_ci95"]), "–".join(pct(x) for x in s["rl_success_ci95"]))
-    t.add_row("mean score", f"{100 * s['sft_score']:.1f}", f"{100 * s['rl_score']:.1f}")
-    t.add_row("turns (won)", f"{s['sft_turns_success']:.2f}", f"{s['rl_turns_success']:.2f}")
-    t.add_row("hit step cap", pct(s["sft_cap_rate"]), pct(s["rl_cap_rate"]))
-    t.add_row("inadmissible turns", pct(s["sft_inadmissible_rate"]), pct(s["rl_inadmissible_rate"]))
+    t.add_row("success", pct(c["sft_success_rate"]), pct(c["rl_success_rate"]))
+    t.add_row("95 % CI", "–".join(pct(x) for x in c["sft_success_ci95"]), "–".join(pct(x) for x in c["rl_success_ci95"]))
+    t.add_row("mean score", f"{100 * c['sft_score']:.1f}", f"{100 * c['rl_score']:.1f}")
+    t.add_row("turns (won)", f"{c['sft_turns_success']:.2f}", f"{c['rl_turns_success']:.2f}")
+    t.add_row("hit step cap", pct(c["sft_cap_rate"]), pct(c["rl_cap_rate"]))
+    t.add_row("inadmissible turns", pct(c["sft_inadmissible_rate"]), pct(c["rl_inadmissible_rate"]))
     console.print(t)
-    pr = s["paired"]
-    console.print(f"gain {100 * s['success_gain']:+.1f} points (unpaired z = {s['gain_z']:.2f}; paired over "
+    pr = c["paired"]
+    console.print(f"gain {100 * c['success_gain']:+.1f} points (unpaired z = {c['gain_z']:.2f}; paired over "
                   f"{pr['pairs']} tasks: won only after RL {pr['won_only_after']}, only after SFT "
-                  f"{pr['won_only_before']}, McNemar z = {pr['mcnemar_z']:.2f}, p = {pr['mcnemar_p']:.3g}); wall time "
-                  f"{s['wall_time_s'] / 60:.1f} min; outputs in {out}/ (summary.json, learning_curve.png)")
+                  f"{pr['won_only_before']}, McNemar z = {pr['mcnemar_z']:.2f}, p = {pr['mcnemar_p']:.3g})")

@@ -2,6 +2,8 @@
 summary.json and the PNG learning curve (the README's first command, scaled down)."""
 import json
 
+import pytest
+
 from agentq.cli import main
 from agentq.eval.metrics import paired_comparison, two_proportion_z
 
@@ -16,8 +18,15 @@ def test_pipeline_miniature(tmp_path):
                 "wall_time_s"):
         assert key in s, key
     assert s["paired"]["pairs"] == 4
-    assert s["env"] == "textworld_express" and s["split"] == "test" and s["episodes"] == 4
-    assert 0 <= s["sft_success_rate"] <= 1 and 0 <= s["rl_success_rate"] <= 1
+    # conf/pipeline.yaml: dev (unseen tasks) drives RL's curve; test (unseen objects) is reported beside it
+    assert s["env"] == "textworld_express" and s["split"] == "dev" and s["episodes"] == 4
+    assert list(s["other_splits"]) == ["test"] and s["other_splits"]["test"]["paired"]["pairs"] == 4
+    for c in (s, s["other_splits"]["test"]):
+        assert 0 <= c["sft_success_rate"] <= 1 and 0 <= c["rl_success_rate"] <= 1
+        assert c["success_gain"] == c["rl_success_rate"] - c["sft_success_rate"]
+    evals = {p.parent.name for p in tmp_path.glob("**/episodes.jsonl")}
+    assert {"eval_sft_dev", "eval_sft_test", "eval_rl_test", "step_000002"} <= evals
+    assert json.loads((tmp_path / "rl" / "eval" / "step_000002" / "eval.json").read_text())["split"] == "dev"
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
     assert (tmp_path / "sft" / "demos.jsonl").exists() and (tmp_path / "sft" / "checkpoint" / "config.json").exists()
     demo = json.loads((tmp_path / "sft" / "demos.jsonl").read_text().splitlines()[0])
@@ -25,6 +34,16 @@ def test_pipeline_miniature(tmp_path):
     assert (tmp_path / "rl" / "checkpoints" / "step_000002").exists()
     rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "eval/success_rate" in r] == [1, 2]
+
+
+def test_pipeline_rejects_a_split_the_env_does_not_have():
+    from agentq.config import load_config
+    from agentq.trainer.pipeline import eval_splits
+
+    cfg = load_config(["pipeline.eval_splits=[dev,valid]"], config_name="pipeline")
+    with pytest.raises(ValueError, match=r"\['valid'\] not a split of textworld_express; valid: \['train', 'dev', 'test'\]"):
+        eval_splits(cfg)
+    assert eval_splits(load_config(["pipeline.eval_splits=null"], config_name="pipeline")) == ["test"]
 
 
 def test_two_proportion_z_by_hand():
