@@ -7,14 +7,25 @@ from agentq.utils.logging import read_metrics
 
 
 def learning_curve(metrics_path: str | Path, out_png: str | Path, sft_success: float | None = None,
-                   title: str = "") -> Path:
-    """Training reward and held-out success against RL step (SFT level as a dashed line)."""
+                   title: str = "", split: str | None = None) -> Path:
+    """Training reward and held-out success (on `split`) against RL step (SFT level as a dashed line)."""
+    import matplotlib.pyplot as plt
+
+    fig = learning_curve_figure(read_metrics(metrics_path), sft_success, title, split)
+    out_png = Path(out_png)
+    fig.savefig(out_png)
+    plt.close(fig)
+    return out_png
+
+
+def learning_curve_figure(rows: list[dict], sft_success: float | None = None, title: str = "",
+                          split: str | None = None):
+    """The learning curve's matplotlib figure from metrics.jsonl rows (the caller saves and closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_metrics(metrics_path)
     train = [r for r in rows if "reward_mean" in r]
     ev = [r for r in rows if "eval/success_rate" in r]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
@@ -34,16 +45,15 @@ def learning_curve(metrics_path: str | Path, out_png: str | Path, sft_success: f
         if sft_success is not None:
             ev_steps, succ = [0] + ev_steps, [sft_success] + succ
         ax.plot(ev_steps, succ, "o-", color="tab:red",
-                label="held-out success (" + " / ".join(str(n) for n in sizes if n) + " episodes)")
+                label=f"held-out success ({split + ', ' if split else ''}"
+                      + " / ".join(str(n) for n in sizes if n) + " episodes)")
     if sft_success is not None:
         ax.axhline(sft_success, color="gray", ls="--", label=f"after SFT ({100 * sft_success:.0f} %)")
     ax.set_xlabel("RL step")
-    ax.set_ylim(-0.02, 1.02)
+    # penalties (invalid or inadmissible actions) can push the reward below 0: keep it in view
+    ax.set_ylim(min([-0.02] + [x - 0.02 for x in reward]), 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    out_png = Path(out_png)
-    fig.savefig(out_png)
-    plt.close(fig)
-    return out_png
+    return fig

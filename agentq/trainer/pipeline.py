@@ -111,7 +111,7 @@ def pipeline(cfg: DictConfig) -> dict:
     from agentq.eval.plots import learning_curve
 
     learning_curve(out / "rl" / "metrics.jsonl", out / "learning_curve.png", sft_success=summary["sft_success_rate"],
-                   title=f"{cfg.env.name}: SFT → RL ({cfg.algo.name}, {cfg.rollout.quant})")
+                   title=f"{cfg.env.name}: SFT → RL ({cfg.algo.name}, {cfg.rollout.quant})", split=split)
     print_summary(summary, out)
     return summary
 

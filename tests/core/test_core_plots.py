@@ -16,3 +16,18 @@ def test_learning_curve_png(tmp_path, steps, with_eval):
     out = learning_curve(m, tmp_path / "curve.png", sft_success=0.4 if with_eval else None, title="t")
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_learning_curve_keeps_negative_rewards_in_view_and_names_the_split():
+    import matplotlib.pyplot as plt
+
+    from agentq.eval.plots import learning_curve_figure
+
+    # an invalid-action penalty can push a step's mean reward below 0
+    rows = [{"step": 1, "reward_mean": -0.35, "success_rate": 0.0}, {"step": 2, "reward_mean": 0.6, "success_rate": 0.7},
+            {"step": 2, "eval/success_rate": 0.55, "eval/episodes": 20}]
+    fig = learning_curve_figure(rows, sft_success=0.5, split="dev")
+    ax = fig.axes[0]
+    assert ax.get_ylim()[0] <= -0.35 and ax.get_ylim()[1] >= 1.0
+    assert "held-out success (dev, 20 episodes)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    plt.close(fig)
