@@ -64,8 +64,8 @@ def eval_splits(cfg: DictConfig) -> list[str]:
     splits = list(cfg.pipeline.eval_splits or [cfg.env.eval_split])
     valid = list(load_env_creator(REGISTRY[cfg.env.name][1]).splits)
     bad = [s for s in splits if s not in valid]
-    if bad or not splits:
-        raise ValueError(f"pipeline.eval_splits={splits}: {bad or 'empty'} not a split of {cfg.env.name}; "
+    if bad:
+        raise ValueError(f"pipeline.eval_splits={splits}: {bad} not a split of {cfg.env.name}; "
                          f"valid: {valid}")
     return splits
 

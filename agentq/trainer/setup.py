@@ -123,8 +123,11 @@ def model_path(cfg: DictConfig) -> str:
 def tiny_corpus_key(cfg: DictConfig) -> str:
     """What the tiny model's tokenizer corpus depends on (what env_corpus reads), as its cache key:
     not, e.g., reward penalties, which would otherwise swap the base model. Bump CORPUS_VERSION
-    when an environment's text or expert changes."""
-    return json.dumps({"env": OmegaConf.to_container(cfg.env, resolve=True),
+    when an environment's text or expert changes. The corpus plays train_split only, so eval_split is
+    left out: the pipeline, which points eval_split at its own split, gets the same base model."""
+    env = OmegaConf.to_container(cfg.env, resolve=True)
+    env.pop("eval_split", None)
+    return json.dumps({"env": env,
                        "n": int(cfg.model.tiny.corpus_episodes), "action_tag": cfg.agent.action_tag,
                        "invalid_format": cfg.agent.invalid_format, "v": CORPUS_VERSION}, sort_keys=True)
 

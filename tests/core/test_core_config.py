@@ -72,4 +72,7 @@ def test_tiny_model_cache_key_names_only_what_the_corpus_reads():
     base = tiny_corpus_key(load_config([]))
     assert tiny_corpus_key(load_config(["agent.invalid_action_penalty=0.5", "trainer.lr=1e-3"])) == base
     assert tiny_corpus_key(load_config(["env.prompt.system=Play."])) != base
+    # the corpus plays env.train_split only: the pipeline's eval split must not swap the base model
+    assert tiny_corpus_key(load_config(["env.eval_split=dev"])) == base
+    assert tiny_corpus_key(load_config(["env.train_split=dev"])) != base
     assert tiny_corpus_key(load_config(["agent.action_tag=act"])) != base
