@@ -1,29 +1,41 @@
-"""Rollout-engine throughput: the built-in engine with `quant=none` (bf16 on GPU, fp32 on CPU) vs
-`quant=w8a8_kv8`, on the same random-weight model, in one run (ratios measured side by side).
+"""Rollout-engine throughput, side by side in one run: the built-in engine with W8A8-KV8 vs the
+same engine in bf16 (`quant=none`) vs HF `generate` (bf16, static cache), on one random-weight
+model of a real shape (throughput does not depend on the weights' values).
 
-A batch of B episodes: a P-token prompt is prefilled, then N tokens are decoded per episode (no
-stop token), then a second turn appends a 64-token observation and decodes N more (delta
-prefill). Reports tokens/s over the whole batch, decode step time and KV bytes per token.
+A batch of B episodes plays T turns: turn 1 prefills a P-token prompt, every turn decodes N
+tokens (no stop token, so every episode generates exactly N), and each later turn appends a
+64-token observation (the engine prefills only that delta; HF `generate` is given the whole
+context again, as it keeps no cache between calls). Reported per configuration:
 
-    python eval/bench_engine.py --model 8b --batch 64 --prompt 2048 --new 128     # H200
-    python eval/bench_engine.py --model tiny --batch 16 --prompt 512 --new 32     # CPU
+* whole-batch tokens/s (generated tokens over the wall time of all turns, prefill included);
+* decode step time (B episodes, one token each, at the final context length) and its HBM
+  roofline: bytes of weights + KV read per step over the measured device-copy bandwidth;
+* KV bytes per token, and the most episodes a fixed KV-memory budget holds (`--kv-budget-gib`);
+  `--at-budget` also runs each engine at the largest batch its budget holds.
+
+    python -m agentq.eval.bench_engine --model 8b --batch 64 128 --prompt 2048 --new 128 --turns 3
+    python -m agentq.eval.bench_engine --model tiny --batch 4 --prompt 128 --new 16 --turns 2     # CPU
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 
 import torch
 
-SHAPES = {  # Qwen3-style configs (random weights: throughput does not depend on their values)
+SHAPES = {  # Qwen3-style configs
     "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=64, vocab_size=1024),
+    "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936),
     "1b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                num_key_value_heads=8, head_dim=128, vocab_size=151936),
     "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                num_key_value_heads=8, head_dim=128, vocab_size=151936),
 }
+OBS = 64
 
 
 def random_weights(engine, seed: int = 0):
@@ -42,85 +54,227 @@ def random_weights(engine, seed: int = 0):
             yield name, torch.randn(shape, generator=g, device=dev, dtype=engine.model.dtype) * 0.02
 
 
-PROFILE = False
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
-def run(model: str, quant: str, batch: int, prompt: int, new: int, device: str, dtype: torch.dtype) -> dict:
+def _config(model: str, max_len: int):
     from transformers import Qwen3Config
 
+    return Qwen3Config(**SHAPES[model], max_position_embeddings=max_len + 256, tie_word_embeddings=False)
+
+
+def _contexts(batch: int, prompt: int, vocab: int) -> list[list[int]]:
+    return [[(7 * j + 13 * i) % (vocab - 1) + 1 for j in range(prompt)] for i in range(batch)]
+
+
+def weight_bytes(engine) -> int:
+    """Bytes a decode step reads of weights: every linear (codes + scales), norms and the LM head
+    (the embedding table only when it is the tied head; a step reads B of its rows otherwise)."""
+    m = engine.model
+    n = sum(b.numel() * b.element_size() for b in m.buffers())
+    return n + (m.embed_tokens.weight.numel() * m.embed_tokens.weight.element_size() if m.tied else 0)
+
+
+def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns: int, device: str,
+               dtype: torch.dtype, graphs: bool = True) -> dict:
     from agentq.kernels import QuantSpec
     from agentq.rollout import SamplingParams, TurnRequest
     from agentq.rollout.torch_engine.engine import TorchEngine
 
-    cfg = Qwen3Config(**SHAPES[model], max_position_embeddings=prompt + 2 * new + 256, tie_word_embeddings=False)
-    eng = TorchEngine(cfg, QuantSpec.preset(quant), max_slots=batch, max_len=prompt + 2 * new + 128, dtype=dtype,
-                      device=device)
+    max_len = prompt + turns * (new + OBS) + 32
+    cfg = _config(model, max_len)
+    eng = TorchEngine(cfg, QuantSpec.preset(quant), max_slots=batch, max_len=max_len, dtype=dtype, device=device,
+                      cuda_graphs=graphs)
     eng.update_weights(random_weights(eng), version=0)
     sp = SamplingParams(max_new_tokens=new)
-    vocab = cfg.vocab_size
-    ctx = [[(7 * j + 13 * i) % (vocab - 1) + 1 for j in range(prompt)] for i in range(batch)]
-    sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
-    # warm-up (kernel compilation / autotune) on a short batch
+    ctx = _contexts(batch, prompt, cfg.vocab_size)
+    # warm-up: kernel compilation, autotune, graph capture for every bucket the run will use
     eng.generate([TurnRequest(10_000 + i, c[:64], SamplingParams(max_new_tokens=4), seed=i) for i, c in enumerate(ctx)])
     eng.release_all()
-    sync()
+    _sync(device)
     t0 = time.perf_counter()
-    r1 = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctx)])
-    sync()
-    t1 = time.perf_counter()
-    ctx2 = [c + r.token_ids + [5] * 64 for c, r in zip(ctx, r1)]
-    r2 = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctx2)])
-    sync()
-    t2 = time.perf_counter()
-    # decode-only timing: one more token for every episode, repeated
+    turn_s, gen = [], 0
+    for t in range(turns):
+        ts = time.perf_counter()
+        res = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctx)])
+        _sync(device)
+        turn_s.append(time.perf_counter() - ts)
+        gen += sum(len(r.token_ids) for r in res)
+        ctx = [c + r.token_ids + [5] * OBS for c, r in zip(ctx, res)]
+    total = time.perf_counter() - t0
+    # decode-only: one more token for every episode per step, through the engine's decode runner
     steps = 16
-    sync()
-    t3 = time.perf_counter()
+    slots = [eng._slot_of[i] for i in range(batch)]
+    seeds = list(range(batch))
+    ms = _time_decode(eng, slots, seeds, sp, steps, device)
+    kv_read = sum(len(eng._cached[s]) for s in slots) * eng.kv_bytes_per_token()
+    out = {"engine": "agentq", "quant": quant, "model": model, "batch": batch, "prompt": prompt, "new_tokens": new,
+           "turns": turns, "turn_s": turn_s, "tokens_per_s": gen / total, "decode_step_ms": ms,
+           "kv_bytes_per_token": eng.kv_bytes_per_token(), "weight_bytes": weight_bytes(eng),
+           "kv_bytes_read_per_step": kv_read, "decode_stats": dict(eng.decoder.stats), "graphs": eng.decoder.graphable,
+           "eager_run": not graphs}
+    del eng
+    _free(device)
+    return out
+
+
+def _time_decode(eng, slots, seeds, sp, steps: int, device: str) -> float:
+    tokens = [3] * len(slots)
+    for _ in range(2):                                   # warm (bucket graph already captured)
+        lens = eng._advance(slots, tokens)
+        eng.decoder.step(tokens, slots, lens, seeds, sp)
+    _sync(device)
+    t = time.perf_counter()
     for _ in range(steps):
-        eng._decode(list(range(batch)), [3] * batch)
-    sync()
-    t4 = time.perf_counter()
-    gen = sum(len(r.token_ids) for r in r1 + r2)
-    if PROFILE and device == "cuda":
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(4):
-                eng._decode(list(range(batch)), [3] * batch)
+        lens = eng._advance(slots, tokens)
+        eng.decoder.step(tokens, slots, lens, seeds, sp)
+    _sync(device)
+    return 1e3 * (time.perf_counter() - t) / steps
+
+
+def run_hf(model: str, batch: int, prompt: int, new: int, turns: int) -> dict:
+    """HF `generate` with a static cache, bf16, multinomial sampling at T = 1, exactly `new` tokens."""
+    from transformers import AutoModelForCausalLM
+
+    max_len = prompt + turns * (new + OBS) + 32
+    cfg = _config(model, max_len)
+    with torch.device("cuda"):
+        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    ctx = torch.tensor(_contexts(batch, prompt, cfg.vocab_size), device="cuda")
+    kw = dict(do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=new, min_new_tokens=new,
+              cache_implementation="static", eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        m.generate(ctx[:, :64], **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        turn_s, gen = [], 0
+        for _ in range(turns):
+            ts = time.perf_counter()
+            out = m.generate(ctx, **kw)
             torch.cuda.synchronize()
-        print(f"--- profile of 4 decode steps, quant={quant}")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
-        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=10, max_name_column_width=60))
-    return {"model": model, "quant": quant, "batch": batch, "prompt": prompt, "new_tokens": new,
-            "turn1_s": t1 - t0, "turn2_s": t2 - t1, "tokens_per_s": gen / (t2 - t0),
-            "decode_step_ms": 1e3 * (t4 - t3) / steps, "kv_bytes_per_token": eng.kv_bytes_per_token()}
+            turn_s.append(time.perf_counter() - ts)
+            gen += batch * new
+            obs = torch.full((batch, OBS), 5, device="cuda", dtype=out.dtype)
+            ctx = torch.cat([out, obs], 1)
+        total = time.perf_counter() - t0
+    del m
+    _free("cuda")
+    return {"engine": "hf_generate", "quant": "bf16", "model": model, "batch": batch, "prompt": prompt,
+            "new_tokens": new, "turns": turns, "turn_s": turn_s, "tokens_per_s": gen / total}
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def copy_bandwidth(device: str) -> float:
+    """Device-to-device copy, bytes read + written per second (the HBM ceiling used for rooflines)."""
+    if device != "cuda":
+        return float("nan")
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    bw = 2 * x.numel() * 10 / (time.perf_counter() - t)
+    del x, y
+    _free(device)
+    return bw
+
+
+def budget_batch(model: str, quant: str, max_len: int, budget_gib: float) -> int:
+    """Episodes whose KV slots (max_len tokens each) fit `budget_gib` of KV memory."""
+    from agentq.kernels import QuantSpec
+    from agentq.rollout.torch_engine.kv_cache import KVCache
+
+    cfg = _config(model, max_len)
+    probe = KVCache(cfg.num_hidden_layers, 1, cfg.num_key_value_heads, 1, cfg.head_dim, QuantSpec.preset(quant),
+                    torch.bfloat16, "meta")
+    return int(budget_gib * 2**30 // (probe.bytes_per_token() * max_len))
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny", choices=sorted(SHAPES))
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, nargs="+", default=[16])
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline")
+    ap.add_argument("--eager", action="store_true", help="also run the engines without CUDA graphs")
+    ap.add_argument("--kv-budget-gib", type=float, default=None,
+                    help="report (and with --at-budget run) the most episodes this much KV memory holds")
+    ap.add_argument("--at-budget", action="store_true")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--profile", action="store_true", help="print torch profiler tables of decode steps")
     a = ap.parse_args()
-    global PROFILE
-    PROFILE = a.profile
-    dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
-    rows = [run(a.model, q, a.batch, a.prompt, a.new, a.device, dtype) for q in ("none", "w8a8_kv8")]
-    base = rows[0]
-    print(f"engine throughput: model={a.model} B={a.batch} prompt={a.prompt} new={a.new}×2 turns, {a.device} {dtype}")
-    print(f"{'quant':10s} {'tok/s':>10s} {'turn1 s':>9s} {'turn2 s':>9s} {'decode ms':>10s} {'KV B/tok':>10s}")
+    cuda = a.device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    bw = copy_bandwidth(a.device)
+    rows = []
+    for b in a.batch:
+        for q in ("none", "w8a8_kv8"):
+            rows.append(run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype))
+            if a.eager and cuda:
+                rows.append(run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype, graphs=False))
+        if cuda and not a.no_hf:
+            rows.append(run_hf(a.model, b, a.prompt, a.new, a.turns))
+    budget = {}
+    if a.kv_budget_gib:
+        max_len = a.prompt + a.turns * (a.new + OBS) + 32
+        budget = {q: budget_batch(a.model, q, max_len, a.kv_budget_gib) for q in ("none", "w8a8_kv8")}
+        if a.at_budget:
+            for q, b in budget.items():
+                r = run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype)
+                r["at_budget"] = True
+                rows.append(r)
     for r in rows:
-        print(f"{r['quant']:10s} {r['tokens_per_s']:10.1f} {r['turn1_s']:9.3f} {r['turn2_s']:9.3f} "
-              f"{r['decode_step_ms']:10.2f} {r['kv_bytes_per_token']:10d}")
-    q = rows[1]
-    print(f"w8a8_kv8 / baseline: throughput {q['tokens_per_s'] / base['tokens_per_s']:.2f}×, decode step "
-          f"{base['decode_step_ms'] / q['decode_step_ms']:.2f}×, KV bytes {q['kv_bytes_per_token'] / base['kv_bytes_per_token']:.3f}×")
+        if "decode_step_ms" in r and cuda:
+            r["roofline_ms"] = 1e3 * (r["weight_bytes"] + r["kv_bytes_read_per_step"]) / bw
+    print_table(a, rows, bw, budget)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump({"copy_bw": bw, "budget_episodes": budget, "rows": rows}, f, indent=2)
+
+
+def print_table(a, rows, bw, budget) -> None:
+    print(f"\nengine throughput: model={a.model} prompt={a.prompt} new={a.new} × {a.turns} turns (+{OBS}-token "
+          f"observations), {a.device}; copy bandwidth {bw / 1e12:.2f} TB/s")
+    print(f"{'engine':12s} {'quant':9s} {'B':>4s} {'graphs':>6s} {'tok/s':>9s} {'decode ms':>9s} "
+          f"{'roofline':>8s} {'KV B/tok':>9s}")
+    for r in rows:
+        print(f"{r['engine']:12s} {r['quant']:9s} {r['batch']:4d} {str(r.get('graphs', '-')):>6s} "
+              f"{r['tokens_per_s']:9.0f} {r.get('decode_step_ms', float('nan')):9.2f} "
+              f"{r.get('roofline_ms', float('nan')):8.2f} {r.get('kv_bytes_per_token', 0):9d}"
+              f"{'  (at budget)' if r.get('at_budget') else ''}")
+    print("\nratios (same batch):")
+    for b in a.batch:
+        by = {(r["engine"], r["quant"]): r for r in rows if r["batch"] == b and not r.get("eager_run")
+              and not r.get("at_budget")}
+        q, f, hf = by.get(("agentq", "w8a8_kv8")), by.get(("agentq", "none")), by.get(("hf_generate", "bf16"))
+        if q and f:
+            line = (f"  B={b}: W8A8-KV8 vs bf16 engine: decode step {f['decode_step_ms'] / q['decode_step_ms']:.2f}× "
+                    f"faster, tokens/s {q['tokens_per_s'] / f['tokens_per_s']:.2f}×")
+            if "roofline_ms" in f:
+                line += f"; bf16 step / its roofline {f['decode_step_ms'] / f['roofline_ms']:.2f}×"
+            if hf:
+                line += f"; W8A8-KV8 vs HF generate tokens/s {q['tokens_per_s'] / hf['tokens_per_s']:.2f}×"
+            print(line)
+    if budget:
+        at = {r["quant"]: r for r in rows if r.get("at_budget")}
+        line = (f"  KV budget {a.kv_budget_gib} GiB: bf16 holds {budget['none']} episodes, int8 KV "
+                f"{budget['w8a8_kv8']} ({budget['w8a8_kv8'] / max(budget['none'], 1):.2f}×)")
+        if len(at) == 2:
+            line += (f"; tokens/s at those batches {at['w8a8_kv8']['tokens_per_s'] / at['none']['tokens_per_s']:.2f}×")
+        print(line)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@
   the last one (observation + chat-template tokens); token ids are the source of truth;
 * batched decode over all episodes in the request (ragged lengths, no padding in the cache);
 * W8A8 linears and an int8 / fp8 KV cache as the `QuantSpec` says (`rollout.quant`);
+* decode steps fused with sampling (`decode.DecodeRunner`): on CUDA they are replayed from CUDA
+  graphs captured per batch bucket, and sampling is a counter-based draw on the GPU keyed by
+  (episode seed, token position); on CPU the episode's `torch.Generator` draws by default;
 * weights arrive from the learner by name and are requantized with fresh scales at every sync;
   cached KV computed with old weights is dropped (the next turn re-prefills).
 """
@@ -18,28 +21,48 @@ from agentq.kernels.quant_spec import QuantSpec
 from agentq.rollout.backend import SamplingParams, SyncStats, TurnRequest, TurnResult
 
 from .kv_cache import KVCache
+from .decode import DecodeRunner
 from .model import EngineModel
 from .sampler import processed_logprobs, sample
+
+SAMPLERS = ("auto", "generator", "counter")
 
 
 class TorchEngine:
     def __init__(self, hf_config, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = 512,
-                 tokenizer=None):
+                 tokenizer=None, sampler: str = "auto", cuda_graphs: bool = True):
+        """Args:
+            hf_config: the HF config of a Llama / Qwen2 / Qwen3 checkpoint.
+            quant: the rollout numerics.
+            max_slots: episodes that can hold a KV slot at once; max_len: tokens per slot.
+            sampler: "generator" (a CPU `torch.Generator` per episode), "counter" (hash of
+                (seed, position), on the logits' device) or "auto" (counter on CUDA, else generator).
+            cuda_graphs: replay decode steps from CUDA graphs where the step allows it (CUDA,
+                Triton decode kernel, counter sampler).
+        """
+        if sampler not in SAMPLERS:
+            raise ValueError(f"rollout sampler must be one of {SAMPLERS}, got {sampler!r}")
         self.quant = quant
         self.tokenizer = tokenizer                  # only to detect stop strings; the engine sees ids
         self.device = torch.device(device)
         self.model = EngineModel(hf_config, quant, dtype, self.device)
         cfg = hf_config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.cache = KVCache(cfg.num_hidden_layers, max_slots, cfg.num_key_value_heads, max_len, head_dim,
+        # one slot more than episodes can hold: padding rows of a decode bucket write there
+        self.cache = KVCache(cfg.num_hidden_layers, max_slots + 1, cfg.num_key_value_heads, max_len, head_dim,
                              quant, dtype, self.device)
+        self.model.set_max_len(max_len)
+        self.sampler = ("counter" if self.device.type == "cuda" else "generator") if sampler == "auto" else sampler
+        self.decoder = DecodeRunner(self.model, self.cache, pad_slot=max_slots, max_batch=max_slots,
+                                    use_graphs=cuda_graphs and self.sampler == "counter")
         self.max_slots, self.max_len, self.prefill_chunk = max_slots, max_len, prefill_chunk
         self.policy_version = 0
         self._slot_of: dict[int, int] = {}          # episode id → slot
         self._cached: dict[int, list[int]] = {}     # slot → token ids whose K/V is in the cache
         self._free = list(range(max_slots - 1, -1, -1))
         self._generators: dict[int, torch.Generator] = {}
+        self._seeds: dict[int, int] = {}            # episode id → counter-sampler seed
         self._scratch_id = 0
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0}
 
@@ -69,6 +92,7 @@ class TorchEngine:
             self._cached.pop(slot, None)
             self._free.append(slot)
         self._generators.pop(episode_id, None)
+        self._seeds.pop(episode_id, None)
 
     def release_all(self) -> None:
         for e in list(self._slot_of):
@@ -106,10 +130,11 @@ class TorchEngine:
             if not r.context_ids or min(r.context_ids) < 0 or max(r.context_ids) >= vocab:
                 raise ValueError(f"episode {r.episode_id}: context ids must be non-empty and in [0, {vocab})")
         slots = [self._slot(r.episode_id) for r in requests]
-        gens = [self._generator(r) for r in requests]
+        draw = self._drawer(requests, params)
         # 1) prefill each episode's new tokens; logits of its last context token start the turn
         logits = self._prefill(slots, [r.context_ids for r in requests])
-        # 2) batched decode
+        tok_l, lp_l = draw.first(logits, slots)
+        # 2) batched decode: each step feeds the newest tokens and samples the next ones
         out_ids: list[list[int]] = [[] for _ in requests]
         out_lp: list[list[float]] = [[] for _ in requests]
         finish = ["length"] * len(requests)
@@ -118,8 +143,6 @@ class TorchEngine:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need the engine's tokenizer: TorchEngine(..., tokenizer=...)")
         while active:
-            tok, lp = sample(logits, params, [gens[i] for i in active])
-            tok_l, lp_l = tok.tolist(), lp.tolist()
             still = []
             for j, i in enumerate(active):
                 out_ids[i].append(tok_l[j])
@@ -133,7 +156,7 @@ class TorchEngine:
                     still.append(i)
             active = still
             if active:
-                logits = self._decode([slots[i] for i in active], [out_ids[i][-1] for i in active])
+                tok_l, lp_l = draw.next(active, [slots[i] for i in active], [out_ids[i][-1] for i in active])
         return [TurnResult(r.episode_id, out_ids[i], out_lp[i], finish[i], self.policy_version)
                 for i, r in enumerate(requests)]
 
@@ -171,6 +194,17 @@ class TorchEngine:
             self._slot_of[episode_id] = slot
             self._cached[slot] = []
         return self._slot_of[episode_id]
+
+    def _drawer(self, requests: list[TurnRequest], params: SamplingParams) -> "_Drawer":
+        if self.sampler == "counter":
+            return _CounterDrawer(self, [self._seed(r) for r in requests], params)
+        return _GeneratorDrawer(self, [self._generator(r) for r in requests], params)
+
+    def _seed(self, r: TurnRequest) -> int:
+        if r.episode_id not in self._seeds:
+            self._seeds[r.episode_id] = (r.seed if r.seed is not None
+                                         else int(torch.randint(0, 2**62, (1,)).item()))
+        return self._seeds[r.episode_id]
 
     def _generator(self, r: TurnRequest) -> torch.Generator:
         g = self._generators.get(r.episode_id)
@@ -216,12 +250,22 @@ class TorchEngine:
             return [torch.cat(e) for e in every]
         return torch.stack(last)
 
-    def _decode(self, slots: list[int], tokens: list[int]):
-        logits, _ = self._forward(slots, [[t] for t in tokens], False)
+    def _advance(self, slots: list[int], tokens: list[int]) -> list[int]:
+        """Append one token to each slot's bookkeeping; returns the slots' new lengths."""
+        new_lens = [len(self._cached[s]) + 1 for s in slots]
+        if max(new_lens) > self.max_len:     # a write past the slot would corrupt other memory on GPU
+            raise ValueError(f"a slot would grow to {max(new_lens)} tokens > max_len={self.max_len}")
         for s, t in zip(slots, tokens):
             self._cached[s].append(t)
         self.stats["decode_tokens"] += len(tokens)
-        return logits
+        return new_lens
+
+    def _decode(self, slots: list[int], tokens: list[int]):
+        """Feed one token per slot (eagerly); returns the next-token logits [B, V]."""
+        new_lens = self._advance(slots, tokens)
+        dev = self.device
+        return self.model.decode_step(torch.tensor(tokens, device=dev), torch.tensor(slots, device=dev),
+                                      torch.tensor(new_lens, device=dev), self.cache)
 
     def _forward(self, slots: list[int], pieces: list[list[int]], all_logits: bool):
         """One padded forward of `pieces` appended to `slots`. Returns logits of each piece's last
@@ -250,3 +294,48 @@ class TorchEngine:
             logits = self.model(ids.to(dev), pos.to(dev), valid.to(dev), slots_t.to(dev), new_lens.to(dev),
                                 self.cache, logit_rows=(rows[0].to(dev), rows[1].to(dev)))
         return logits, None
+
+
+class _Drawer:
+    """How one `generate` call turns logits into tokens: the first token of each row from its
+    prefill logits, then fused decode-and-sample steps over the live rows."""
+
+    def first(self, logits: torch.Tensor, slots: list[int]) -> tuple[list[int], list[float]]:
+        raise NotImplementedError
+
+    def next(self, rows: list[int], slots: list[int], tokens: list[int]) -> tuple[list[int], list[float]]:
+        raise NotImplementedError
+
+
+class _GeneratorDrawer(_Drawer):
+    """CPU `torch.Generator` per episode (Gumbel-max over a CPU draw); decode runs eagerly."""
+
+    def __init__(self, engine: TorchEngine, generators: list[torch.Generator], params: SamplingParams):
+        self.engine, self.gens, self.params = engine, generators, params
+
+    def first(self, logits, slots):
+        tok, lp = sample(logits, self.params, self.gens)
+        return tok.tolist(), lp.tolist()
+
+    def next(self, rows, slots, tokens):
+        logits = self.engine._decode(slots, tokens)
+        tok, lp = sample(logits, self.params, [self.gens[i] for i in rows])
+        return tok.tolist(), lp.tolist()
+
+
+class _CounterDrawer(_Drawer):
+    """Counter-based draws keyed by (episode seed, position of the sampled token); decode steps
+    go through the engine's `DecodeRunner` (CUDA-graph replay where possible)."""
+
+    def __init__(self, engine: TorchEngine, seeds: list[int], params: SamplingParams):
+        self.engine, self.seeds, self.params = engine, seeds, params
+
+    def first(self, logits, slots):
+        positions = [len(self.engine._cached[s]) for s in slots]
+        tok, lp = self.engine.decoder.sample(logits, self.params, self.seeds, positions)
+        return tok.tolist(), lp.tolist()
+
+    def next(self, rows, slots, tokens):
+        eng = self.engine
+        new_lens = eng._advance(slots, tokens)
+        return eng.decoder.step(tokens, slots, new_lens, [self.seeds[i] for i in rows], self.params)

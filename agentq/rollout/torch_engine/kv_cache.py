@@ -14,6 +14,11 @@ from agentq.kernels import quant
 from agentq.kernels.quant_spec import QuantSpec
 
 
+def _triton_ok() -> bool:
+    from agentq.kernels._interp import HAVE_TRITON
+    return HAVE_TRITON
+
+
 class KVCache:
     def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, max_len: int, head_dim: int,
                  spec: QuantSpec, dtype: torch.dtype, device: torch.device | str = "cpu"):
@@ -29,6 +34,7 @@ class KVCache:
             self.v_scale = [torch.ones(shape[:3], dtype=torch.float32, device=self.device) for _ in range(n_layers)]
         else:
             self.k_scale = self.v_scale = None
+        self._fused_int8_write = spec.kv == "int8_per_token_head_sym" and self.device.type == "cuda" and _triton_ok()
         # fp8: one per-tensor scale per layer for K and V (1.0 = vLLM's uncalibrated default)
         self.fp8_k_scale = [1.0] * n_layers
         self.fp8_v_scale = [1.0] * n_layers
@@ -49,6 +55,11 @@ class KVCache:
 
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Store N tokens: slots [N], positions [N], k/v [N, n_kv, head_dim]."""
+        if self._fused_int8_write:        # one Triton launch each for K and V (same bits as below)
+            from agentq.kernels import triton_quant
+            for cache, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+                triton_quant.quantize_kv_to_cache(x, cache[layer], scales[layer], slots, positions, self.spec)
+            return
         for cache, scales, x, s8 in ((self.k, self.k_scale, k, self.fp8_k_scale[layer]),
                                      (self.v, self.v_scale, v, self.fp8_v_scale[layer])):
             codes, scale = self._encode(x, s8)

@@ -124,7 +124,8 @@ class DecoderLayer(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
 
-    def forward(self, x, cos, sin, ctx: "ForwardContext"):
+    def _qkv(self, x, cos, sin):
+        """Pre-norm, fused q/k/v projection, q/k-norm, RoPE: q [B, H, T, D], k/v [B, Hkv, T, D]."""
         b, t, _ = x.shape
         h = self.input_layernorm(x)
         q, k, v = self.qkv_proj(h)
@@ -137,25 +138,71 @@ class DecoderLayer(nn.Module):
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * c + _rotate_half(q) * s
         k = k * c + _rotate_half(k) * s
-        # quantize on write (valid tokens only), then read everything back dequantized
-        vb, vt = ctx.valid_idx
-        ctx.cache.write(self.layer_idx, ctx.slots[vb], ctx.positions[vb, vt],
-                        k.permute(0, 2, 1, 3)[vb, vt], v.permute(0, 2, 1, 3)[vb, vt])
-        if ctx.use_decode_kernel:
-            cache = ctx.cache
-            o = attn_ops.decode_attention(
-                q[:, :, 0].contiguous(), cache.k[self.layer_idx],
-                None if cache.k_scale is None else cache.k_scale[self.layer_idx],
-                cache.v[self.layer_idx], None if cache.v_scale is None else cache.v_scale[self.layer_idx],
-                ctx.slots.to(torch.int32), ctx.new_lens.to(torch.int32), self.scale).unsqueeze(2)
-        else:
-            kc, vc = ctx.cache.read(self.layer_idx, ctx.slots, ctx.key_len)
-            o = attn_ops.masked_attention(q, kc, vc, ctx.allowed, self.scale)
+        return q, k, v
+
+    def _out_and_mlp(self, x, o):
+        """Attention output o [B, H, T, D] → o_proj + residual → MLP block + residual."""
+        b, _, t, _ = o.shape
         o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
         x = x + self.o_proj(o)
         h = self.post_attention_layernorm(x)
         gate, up = self.gate_up_proj(h)
         return x + self.down_proj(F.silu(gate) * up)
+
+    def forward(self, x, cos, sin, ctx: "ForwardContext"):
+        q, k, v = self._qkv(x, cos, sin)
+        # quantize on write (valid tokens only), then read everything back dequantized
+        vb, vt = ctx.valid_idx
+        ctx.cache.write(self.layer_idx, ctx.slots[vb], ctx.positions[vb, vt],
+                        k.permute(0, 2, 1, 3)[vb, vt], v.permute(0, 2, 1, 3)[vb, vt])
+        if ctx.use_decode_kernel:
+            o = self._decode_kernel_attention(q, ctx.cache, ctx.slots, ctx.new_lens)
+        else:
+            kc, vc = ctx.cache.read(self.layer_idx, ctx.slots, ctx.key_len)
+            o = attn_ops.masked_attention(q, kc, vc, ctx.allowed, self.scale)
+        return self._out_and_mlp(x, o)
+
+    def _decode_kernel_attention(self, q, cache: KVCache, slots, new_lens):
+        i = self.layer_idx
+        return attn_ops.decode_attention(
+            q[:, :, 0].contiguous(), cache.k[i], None if cache.k_scale is None else cache.k_scale[i],
+            cache.v[i], None if cache.v_scale is None else cache.v_scale[i],
+            slots.to(torch.int32), new_lens.to(torch.int32), self.scale).unsqueeze(2)
+
+    def decode(self, x, cos, sin, d: "DecodeContext"):
+        """One new token per row (x [B, 1, H]); no host synchronisation when `d.use_kernel`, so the
+        step can be captured in a CUDA graph. Same arithmetic as `forward` with T = 1."""
+        q, k, v = self._qkv(x, cos, sin)
+        d.cache.write(self.layer_idx, d.slots, d.positions, k[:, :, 0], v[:, :, 0])
+        if d.use_kernel:
+            o = self._decode_kernel_attention(q, d.cache, d.slots, d.new_lens)
+        else:
+            kc, vc = d.cache.read(self.layer_idx, d.slots, d.key_len)
+            o = attn_ops.masked_attention(q, kc, vc, d.allowed, self.scale)
+        return self._out_and_mlp(x, o)
+
+
+def decode_kernel_applies(cache: KVCache) -> bool:
+    """Whether decode attention runs the Triton int8/float-KV kernel. fp32 models keep the torch
+    path (fp64 attention): the kernel reads q as fp16, and fp32 is the mode where engine and
+    learner must agree to ~1e-6."""
+    return (cache.spec.kv != "fp8_e4m3_per_tensor" and cache.dtype != torch.float32
+            and attn_ops.decode_attention_available(cache.device))
+
+
+class DecodeContext:
+    """Per-step bookkeeping of a decode step (one token per row): slots [B], new_lens [B] (slot
+    length after the token is written); positions = new_lens - 1. Without the kernel it also holds
+    the mask of the torch path, which needs the longest row's length (a host sync)."""
+
+    def __init__(self, cache: KVCache, slots: torch.Tensor, new_lens: torch.Tensor):
+        self.cache, self.slots, self.new_lens = cache, slots, new_lens
+        self.positions = new_lens - 1
+        self.use_kernel = decode_kernel_applies(cache)
+        if not self.use_kernel:
+            self.key_len = int(new_lens.max())
+            keys = torch.arange(self.key_len, device=slots.device)
+            self.allowed = (keys.view(1, -1) < new_lens.view(-1, 1)).unsqueeze(1)     # [B, 1, L]
 
 
 class ForwardContext:
@@ -166,11 +213,7 @@ class ForwardContext:
         self.valid_idx = valid.nonzero(as_tuple=True)
         self.key_len = int(new_lens.max())
         t = positions.shape[1]
-        # fp32 models keep the torch path (fp64 attention): the Triton kernel reads q as fp16, and
-        # fp32 is the mode where engine and learner must agree to ~1e-6
-        self.use_decode_kernel = (allow_decode_kernel and t == 1 and cache.spec.kv != "fp8_e4m3_per_tensor"
-                                  and cache.dtype != torch.float32
-                                  and attn_ops.decode_attention_available(positions.device))
+        self.use_decode_kernel = allow_decode_kernel and t == 1 and decode_kernel_applies(cache)
         if not self.use_decode_kernel:
             keys = torch.arange(self.key_len, device=positions.device)
             self.allowed = keys.view(1, 1, -1) <= positions.unsqueeze(-1)   # [B, T, L]; causal + per-slot length
@@ -201,6 +244,7 @@ class EngineModel(nn.Module):
                         if isinstance(m, EngineLinear) for part in m.parts]
         self.audit = spec.check_linears(linear_names + ["lm_head"])
         self._targets = self._param_targets()
+        self.set_max_len(int(getattr(hf_config, "max_position_embeddings", 4096)))
 
     # ------------------------------------------------------------------ weights
     def _param_targets(self) -> dict[str, tuple[nn.Module, str]]:
@@ -251,6 +295,38 @@ class EngineModel(nn.Module):
         return {"loaded": len(seen), "codes_changed": changed, "codes_total": total}
 
     # ------------------------------------------------------------------ forward
+    def rope_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of every position [max_len, D] in the model dtype, from the HF rotary class.
+        Each entry is one product inv_freq · position followed by cos/sin, so indexing the table
+        gives the bits a per-call computation gives."""
+        if getattr(self, "_rope", None) is None or self._rope[0].shape[0] < self._rope_len:
+            pos = torch.arange(self._rope_len, device=self.device)[None]
+            x = torch.zeros(1, dtype=self.dtype, device=self.device)
+            cos, sin = self.rotary(x, pos)
+            self._rope = (cos[0].contiguous(), sin[0].contiguous())
+        return self._rope
+
+    def set_max_len(self, max_len: int) -> None:
+        self._rope_len, self._rope = max_len, None
+
+    @torch.no_grad()
+    def decode_step(self, input_ids: torch.Tensor, slots: torch.Tensor, new_lens: torch.Tensor,
+                    cache: KVCache) -> torch.Tensor:
+        """One token per row: input_ids / slots / new_lens [B] → fp32 logits [B, V]. Writes the
+        tokens' K/V at position new_lens - 1 of each slot. Free of host syncs on the kernel path."""
+        d = DecodeContext(cache, slots, new_lens)
+        x = self.embed_tokens(input_ids[:, None])
+        if d.use_kernel:         # a table lookup: no host-side work to replay in a CUDA graph
+            cos_t, sin_t = self.rope_table()
+            cos, sin = cos_t[d.positions].unsqueeze(1), sin_t[d.positions].unsqueeze(1)     # [B, 1, D]
+        else:                    # CPU/fp32: the very call `forward` makes (pinned bits)
+            cos, sin = self.rotary(x, d.positions[:, None])
+        for layer in self.layers:
+            x = layer.decode(x, cos, sin, d)
+        x = self.norm(x[:, 0])
+        w = self.embed_tokens.weight if self.tied else self.lm_head
+        return F.linear(x, w).float()
+
     @torch.no_grad()
     def forward(self, input_ids, positions, valid, slots, new_lens, cache: KVCache, logit_rows=None,
                 allow_decode_kernel: bool = True) -> torch.Tensor:

@@ -1,0 +1,100 @@
+"""Fused decode steps and the counter-based sampler (CPU; the CUDA-graph replay is checked in
+test_engine_cuda.py on a GPU)."""
+import math
+
+import pytest
+import torch
+
+from agentq.kernels import QuantSpec
+from agentq.rollout import SamplingParams, TurnRequest
+from agentq.rollout.torch_engine.decode import bucket_sizes
+from agentq.rollout.torch_engine.engine import TorchEngine
+from agentq.rollout.torch_engine.sampler import counter_uniform, hash32, row_keys, sample_counter, vocab_keys
+
+
+def _hash32_py(x: int) -> int:
+    """Independent pure-Python lowbias32 (Python ints, explicit mod 2³²)."""
+    m = 0xFFFFFFFF
+    x &= m
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & m
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & m
+    return x ^ (x >> 16)
+
+
+def test_hash32_equals_pure_python_reference():
+    xs = [0, 1, 2, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 123456789, 0xDEADBEEF]
+    xs += torch.randint(0, 2**32, (200,), generator=torch.Generator().manual_seed(0)).tolist()
+    got = hash32(torch.tensor(xs, dtype=torch.int64)).tolist()
+    assert got == [_hash32_py(x) for x in xs]
+
+
+def test_counter_uniforms_are_uniform_and_keyed_only_by_row_key():
+    vk = vocab_keys(4096, "cpu")
+    keys = row_keys(torch.arange(64, dtype=torch.int64) * 7919, torch.arange(64, dtype=torch.int64) + 100)
+    u = counter_uniform(keys, vk)                                    # 262,144 draws
+    assert 0 < float(u.min()) and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 3 * math.sqrt(1 / 12 / u.numel())
+    hist = torch.histc(u, bins=16, min=0, max=1)                     # chi-square, 15 dof: p(χ² > 37.7) = 1e-3
+    exp = u.numel() / 16
+    assert float(((hist - exp) ** 2 / exp).sum()) < 37.7
+    # a row's draws do not depend on which rows share the batch
+    assert torch.equal(counter_uniform(keys[5:6], vk), u[5:6])
+    assert torch.equal(counter_uniform(keys.flip(0), vk).flip(0), u)
+
+
+def test_counter_sampler_draws_from_the_processed_distribution():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 6) * 1.5
+    p = SamplingParams(temperature=0.7)
+    probs = torch.softmax(logits / 0.7, -1)[0]
+    n = 20000
+    keys = row_keys(torch.full((n,), 42, dtype=torch.int64), torch.arange(n, dtype=torch.int64))
+    tok, lp = sample_counter(logits.expand(n, 6), p, keys, vocab_keys(6, "cpu"))
+    freq = torch.bincount(tok, minlength=6).double() / n
+    assert (freq - probs.double()).abs().max() < 4 * math.sqrt(0.25 / n)
+    assert torch.allclose(lp, torch.log_softmax(logits / 0.7, -1)[0][tok], atol=1e-6)
+
+
+def test_bucket_sizes():
+    assert bucket_sizes(8) == [1, 2, 4, 8]
+    assert bucket_sizes(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert bucket_sizes(300) == [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256, 300]
+
+
+def _engine(path, **kw):
+    return TorchEngine.from_pretrained(str(path), QuantSpec.preset("w8a8_kv8"), max_slots=8, max_len=512, **kw)
+
+
+def test_decode_step_equals_padded_forward_bit_for_bit(tiny_model_dir):
+    """`EngineModel.decode_step` (the fused decode path) vs the general padded forward."""
+    a, b = _engine(tiny_model_dir), _engine(tiny_model_dir)
+    ctxs = [[5 + (7 * j + i) % 200 for j in range(20 + 9 * i)] for i in range(3)]
+    slots = [[eng._slot(i) for i in range(3)] for eng in (a, b)]
+    for eng, s in zip((a, b), slots):
+        eng._prefill(s, ctxs)
+    new = [11, 12, 13]
+    fused = a._decode(slots[0], new)
+    general, _ = b._forward(slots[1], [[t] for t in new], False)
+    assert torch.equal(fused, general)
+
+
+def test_counter_sampler_tokens_do_not_depend_on_the_batch(tiny_model_dir):
+    sp = SamplingParams(max_new_tokens=10)
+    ctxs = [[5 + (3 * j + 11 * i) % 150 for j in range(25 + 4 * i)] for i in range(4)]
+    together = _engine(tiny_model_dir, sampler="counter").generate(
+        [TurnRequest(i, c, sp, seed=100 + i) for i, c in enumerate(ctxs)])
+    for i in (3, 1):
+        alone = _engine(tiny_model_dir, sampler="counter").generate([TurnRequest(i, ctxs[i], sp, seed=100 + i)])[0]
+        assert alone.token_ids == together[i].token_ids
+        assert alone.logprobs == pytest.approx(together[i].logprobs, abs=1e-6)
+    # and the behaviour log-probs are those of the tokens under the engine's own numerics
+    eng = _engine(tiny_model_dir)
+    rescored = eng.score(ctxs[2], together[2].token_ids)
+    assert max(abs(x - y) for x, y in zip(rescored, together[2].logprobs)) < 1e-5
+
+
+def test_unknown_sampler_is_refused(tiny_model_dir):
+    with pytest.raises(ValueError, match="sampler must be one of"):
+        _engine(tiny_model_dir, sampler="philox")
