@@ -110,6 +110,8 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     seeds = list(range(batch))
     ms = _time_decode(eng, slots, seeds, sp, steps, device)
     kv_read = sum(len(eng._cached[s]) for s in slots) * eng.kv_bytes_per_token()
+    if PROFILE and device == "cuda":
+        _profile(eng, slots, seeds, sp, quant)
     out = {"engine": "agentq", "quant": quant, "model": model, "batch": batch, "prompt": prompt, "new_tokens": new,
            "turns": turns, "turn_s": turn_s, "tokens_per_s": gen / total, "decode_step_ms": ms,
            "kv_bytes_per_token": eng.kv_bytes_per_token(), "weight_bytes": weight_bytes(eng),
@@ -118,6 +120,24 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     del eng
     _free(device)
     return out
+
+
+PROFILE = False
+
+
+def _profile(eng, slots, seeds, sp, quant: str) -> None:
+    """Kernel table of 3 eager decode steps (the kernels a graph replays, with launch gaps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphable, eng.decoder.graphable = eng.decoder.graphable, False
+    tokens = [3] * len(slots)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            eng.decoder.step(tokens, slots, eng._advance(slots, tokens), seeds, sp)
+        torch.cuda.synchronize()
+    eng.decoder.graphable = graphable
+    print(f"--- CUDA kernels of 3 decode steps, quant={quant}, B={len(slots)}")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
 
 
 def _time_decode(eng, slots, seeds, sp, steps: int, device: str) -> float:
@@ -144,7 +164,8 @@ def run_hf(model: str, batch: int, prompt: int, new: int, turns: int) -> dict:
         m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     ctx = torch.tensor(_contexts(batch, prompt, cfg.vocab_size), device="cuda")
     kw = dict(do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=new, min_new_tokens=new,
-              cache_implementation="static", eos_token_id=None, pad_token_id=0)
+              cache_implementation="static", eos_token_id=None, pad_token_id=0,
+              disable_compile=True)      # HF would torch.compile the static-cache forward per prompt shape
     with torch.no_grad():
         m.generate(ctx[:, :64], **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
         torch.cuda.synchronize()
@@ -214,8 +235,11 @@ def main():
     ap.add_argument("--kv-budget-gib", type=float, default=None,
                     help="report (and with --at-budget run) the most episodes this much KV memory holds")
     ap.add_argument("--at-budget", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="print the CUDA kernel table of eager decode steps")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    global PROFILE
+    PROFILE = a.profile
     cuda = a.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     bw = copy_bandwidth(a.device)

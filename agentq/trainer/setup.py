@@ -157,7 +157,9 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
     spec, _ = quant_specs(cfg)
     return TorchEngine.from_pretrained(path, spec, max_slots=int(max_slots or cfg.rollout.max_slots),
                                        max_len=int(cfg.env.max_context_tokens), dtype=dtype, device=device,
-                                       prefill_chunk=int(cfg.rollout.prefill_chunk), tokenizer=tokenizer)
+                                       prefill_chunk=int(cfg.rollout.prefill_chunk), tokenizer=tokenizer,
+                                       sampler=str(cfg.rollout.get("sampler", "auto")),
+                                       cuda_graphs=bool(cfg.rollout.get("cuda_graphs", True)))
 
 
 # ---------------------------------------------------------------------- agent loop

@@ -77,15 +77,30 @@ class EngineLinear(nn.Module):
         return y if len(self.parts) == 1 else y.split(list(self.parts.values()), dim=-1)
 
 
+def use_fused_kernels(dtype: torch.dtype, device: torch.device) -> bool:
+    """Fused Triton norm / SiLU·mul kernels: bf16/fp16 models on CUDA (fp32 keeps torch's exact
+    arithmetic, the mode where engine and learner agree to ~1e-6). AGENTQ_FUSED=0 turns them off."""
+    import os
+
+    from agentq.kernels._interp import HAVE_TRITON
+    return (HAVE_TRITON and torch.device(device).type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+            and os.environ.get("AGENTQ_FUSED", "1") != "0")
+
+
 class RMSNorm(nn.Module):
-    """Same arithmetic as HF's Llama/Qwen RMSNorm (fp32 statistics, weight applied in input dtype)."""
+    """Same arithmetic as HF's Llama/Qwen RMSNorm (fp32 statistics, weight applied in input dtype);
+    one Triton launch instead of ~7 torch kernels when `fused` (see `kernels.triton_norm`)."""
 
     def __init__(self, dim: int, eps: float, dtype, device):
         super().__init__()
         self.eps = eps
+        self.fused = use_fused_kernels(dtype, device)
         self.register_buffer("weight", torch.ones(dim, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            from agentq.kernels.triton_norm import rms_norm
+            return rms_norm(x, self.weight, self.eps)
         dt = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -147,6 +162,9 @@ class DecoderLayer(nn.Module):
         x = x + self.o_proj(o)
         h = self.post_attention_layernorm(x)
         gate, up = self.gate_up_proj(h)
+        if self.post_attention_layernorm.fused:
+            from agentq.kernels.triton_norm import silu_mul
+            return x + self.down_proj(silu_mul(gate, up))
         return x + self.down_proj(F.silu(gate) * up)
 
     def forward(self, x, cos, sin, ctx: "ForwardContext"):
