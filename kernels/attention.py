@@ -32,8 +32,14 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
     materialising repeated K/V), in `attention_accum_dtype` (fp64 for no-grad fp32 passes).
     Every query row must allow at least one key (padding rows allow key 0)."""
     acc = attention_accum_dtype(q.dtype, q.device)
+    group = q.shape[1] // k.shape[1]
+    if q.is_cuda and acc in (torch.bfloat16, torch.float16) and group > 1:
+        # SDPA's fused kernels that take a mask do not take GQA (it would fall back to the math
+        # kernel, which materialises every score): repeat K/V heads in HF's repeat_kv order instead
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        group = 1
     out = F.scaled_dot_product_attention(q.to(acc), k.to(acc), v.to(acc), attn_mask=allowed[:, None], scale=scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
+                                         enable_gqa=group > 1)
     return out.to(q.dtype)
 
 

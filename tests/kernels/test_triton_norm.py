@@ -58,3 +58,59 @@ def test_silu_mul_matches_torch_to_one_rounding_step(K, dtype):
     # lands two rounding steps away (1 of 6,000 here); bf16 rounding is done by hand and stays at 1
     assert _ulps(out, ref) <= (1 if dtype == torch.bfloat16 else 2)
     assert (out != ref).float().mean() < 0.005
+
+
+def _torch_qk_norm_rope(q, k, qw, kw, cos, sin, eps):
+    """The engine's torch code: per-head RMSNorm, transpose, x·cos + rotate_half(x)·sin."""
+    def rot(x):
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+    if qw is not None:
+        q, k = _torch_rms_norm(q, qw, eps), _torch_rms_norm(k, kw, eps)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (q * c + rot(q) * s).transpose(1, 2), (k * c + rot(k) * s).transpose(1, 2)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("t", [1, 3])
+def test_qk_norm_rope_matches_torch(K, norm, t):
+    g = torch.Generator().manual_seed(t)
+    b, hq, hkv, d = 2, 4, 2, 64
+    fused = torch.randn(b, t, (hq + 2 * hkv) * d, generator=g).to(torch.bfloat16)   # q|k|v rows, like qkv_proj
+    q = fused[..., : hq * d].reshape(b, t, hq, d)
+    k = fused[..., hq * d:(hq + hkv) * d].reshape(b, t, hkv, d)
+    qw = (1 + 0.1 * torch.randn(d, generator=g)).to(torch.bfloat16) if norm else None
+    kw = (1 + 0.1 * torch.randn(d, generator=g)).to(torch.bfloat16) if norm else None
+    ang = torch.randn(b, t, d // 2, generator=g) * 3
+    cos = torch.cat([ang.cos(), ang.cos()], -1).to(torch.bfloat16)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).to(torch.bfloat16)
+    rq, rk = _torch_qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
+    oq, ok = K.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
+    for o, r in ((oq, rq), (ok, rk)):
+        assert o.shape == r.shape
+        if norm:       # the per-head mean may round differently (see rms_norm)
+            assert _ulps(o, r.contiguous()) <= 2 and (o != r).float().mean() < 0.03
+        else:          # RoPE alone: the same roundings, bit for bit
+            assert torch.equal(o, r)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_kernels_on_cuda_match_torch():
+    from agentq.kernels import triton_norm
+
+    _interp.restore_compiled(MODULES)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(64, 4096, generator=g, device="cuda").bfloat16()
+    w = (1 + 0.1 * torch.randn(4096, generator=g, device="cuda")).bfloat16()
+    assert _ulps(triton_norm.rms_norm(x, w, 1e-6).cpu(), _torch_rms_norm(x, w, 1e-6).cpu()) <= 1
+    gate, up = (torch.randn(64, 12288, generator=g, device="cuda") * 4).bfloat16(), x.repeat(1, 3)
+    assert _ulps(triton_norm.silu_mul(gate, up).cpu(), (F.silu(gate) * up).cpu()) <= 1
+    qkv = torch.randn(64, 1, 48 * 128, generator=g, device="cuda").bfloat16()
+    q, k = qkv[..., :32 * 128].reshape(64, 1, 32, 128), qkv[..., 32 * 128:40 * 128].reshape(64, 1, 8, 128)
+    ang = torch.randn(64, 1, 64, generator=g, device="cuda") * 3
+    cos, sin = torch.cat([ang.cos()] * 2, -1).bfloat16(), torch.cat([ang.sin()] * 2, -1).bfloat16()
+    nw = (1 + 0.1 * torch.randn(128, generator=g, device="cuda")).bfloat16()
+    oq, ok = triton_norm.qk_norm_rope(q, k, nw, nw, cos, sin, 1e-6)
+    rq, rk = _torch_qk_norm_rope(q, k, nw, nw, cos, sin, 1e-6)
+    assert _ulps(oq.cpu(), rq.contiguous().cpu()) <= 2 and _ulps(ok.cpu(), rk.contiguous().cpu()) <= 2

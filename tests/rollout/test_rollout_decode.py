@@ -98,3 +98,35 @@ def test_counter_sampler_tokens_do_not_depend_on_the_batch(tiny_model_dir):
 def test_unknown_sampler_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="sampler must be one of"):
         _engine(tiny_model_dir, sampler="philox")
+
+
+def test_fused_norm_rope_silu_kernels_in_the_engine_agree_with_the_torch_layers(tiny_model_dir, monkeypatch):
+    """The engine's bf16 CUDA path runs RMSNorm, q/k-norm + RoPE and SiLU·mul as Triton kernels;
+    here they run under the interpreter inside a CPU bf16 engine, against the same engine on torch
+    ops. bf16 rounding of the norms' means can move an int8 activation code, so agreement is to
+    bf16 level, not bitwise (the CPU fp32 engine never uses these kernels)."""
+    pytest.importorskip("triton")
+    from agentq.kernels import _interp
+    from agentq.rollout.torch_engine.model import RMSNorm
+
+    mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_norm")
+    _, norm_kernels = _interp.load_interpreted(mods)
+    calls = {}
+    for name in ("rms_norm", "qk_norm_rope", "silu_mul"):
+        fn = getattr(norm_kernels, name)
+        monkeypatch.setattr(norm_kernels, name, lambda *a, _f=fn, _n=name, **k: (calls.update({_n: calls.get(_n, 0) + 1}),
+                                                                                 _f(*a, **k))[1])
+    try:
+        plain, fused = (TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=2,
+                                                    max_len=256, dtype=torch.bfloat16) for _ in range(2))
+        norms = [m for m in fused.model.modules() if isinstance(m, RMSNorm)]
+        assert norms and not any(m.fused for m in norms)        # CPU: off by default
+        for m in norms:
+            m.fused = True
+        ctx = [5 + (7 * j) % 200 for j in range(40)]
+        tgt = [9 + (5 * j) % 100 for j in range(12)]
+        a, b = torch.tensor(plain.score(ctx, tgt)), torch.tensor(fused.score(ctx, tgt))
+        assert calls == {"rms_norm": 5, "qk_norm_rope": 2, "silu_mul": 2}     # 2 layers + the final norm
+        assert (a - b).abs().max() < 0.1 and (a - b).abs().mean() < 0.02
+    finally:
+        _interp.restore_compiled(mods)

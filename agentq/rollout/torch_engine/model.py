@@ -147,6 +147,12 @@ class DecoderLayer(nn.Module):
         q = q.reshape(b, t, self.n_heads, self.head_dim)
         k = k.reshape(b, t, self.n_kv, self.head_dim)
         v = v.reshape(b, t, self.n_kv, self.head_dim)
+        if self.input_layernorm.fused:          # q/k-norm + RoPE in one Triton launch
+            from agentq.kernels.triton_norm import qk_norm_rope
+            qw, kw = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
+            eps = self.q_norm.eps if self.qk_norm else 0.0
+            q, k = qk_norm_rope(q, k, qw, kw, cos, sin, eps)
+            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)       # [B, H, T, D]
@@ -174,7 +180,7 @@ class DecoderLayer(nn.Module):
         ctx.cache.write(self.layer_idx, ctx.slots[vb], ctx.positions[vb, vt],
                         k.permute(0, 2, 1, 3)[vb, vt], v.permute(0, 2, 1, 3)[vb, vt])
         if ctx.use_decode_kernel:
-            o = self._decode_kernel_attention(q, ctx.cache, ctx.slots, ctx.new_lens)
+            o = self._decode_kernel_attention(q, ctx.cache, ctx.slots32, ctx.lens32)
         else:
             kc, vc = ctx.cache.read(self.layer_idx, ctx.slots, ctx.key_len)
             o = attn_ops.masked_attention(q, kc, vc, ctx.allowed, self.scale)
@@ -185,7 +191,7 @@ class DecoderLayer(nn.Module):
         return attn_ops.decode_attention(
             q[:, :, 0].contiguous(), cache.k[i], None if cache.k_scale is None else cache.k_scale[i],
             cache.v[i], None if cache.v_scale is None else cache.v_scale[i],
-            slots.to(torch.int32), new_lens.to(torch.int32), self.scale).unsqueeze(2)
+            slots, new_lens, self.scale).unsqueeze(2)
 
     def decode(self, x, cos, sin, d: "DecodeContext"):
         """One new token per row (x [B, 1, H]); no host synchronisation when `d.use_kernel`, so the
@@ -193,7 +199,7 @@ class DecoderLayer(nn.Module):
         q, k, v = self._qkv(x, cos, sin)
         d.cache.write(self.layer_idx, d.slots, d.positions, k[:, :, 0], v[:, :, 0])
         if d.use_kernel:
-            o = self._decode_kernel_attention(q, d.cache, d.slots, d.new_lens)
+            o = self._decode_kernel_attention(q, d.cache, d.slots32, d.lens32)
         else:
             kc, vc = d.cache.read(self.layer_idx, d.slots, d.key_len)
             o = attn_ops.masked_attention(q, kc, vc, d.allowed, self.scale)
@@ -217,7 +223,9 @@ class DecodeContext:
         self.cache, self.slots, self.new_lens = cache, slots, new_lens
         self.positions = new_lens - 1
         self.use_kernel = decode_kernel_applies(cache)
-        if not self.use_kernel:
+        if self.use_kernel:      # the kernel's index dtype, converted once per step, not per layer
+            self.slots32, self.lens32 = slots.to(torch.int32), new_lens.to(torch.int32)
+        else:
             self.key_len = int(new_lens.max())
             keys = torch.arange(self.key_len, device=slots.device)
             self.allowed = (keys.view(1, -1) < new_lens.view(-1, 1)).unsqueeze(1)     # [B, 1, L]
@@ -232,6 +240,8 @@ class ForwardContext:
         self.key_len = int(new_lens.max())
         t = positions.shape[1]
         self.use_decode_kernel = allow_decode_kernel and t == 1 and decode_kernel_applies(cache)
+        if self.use_decode_kernel:
+            self.slots32, self.lens32 = slots.to(torch.int32), new_lens.to(torch.int32)
         if not self.use_decode_kernel:
             keys = torch.arange(self.key_len, device=positions.device)
             self.allowed = keys.view(1, 1, -1) <= positions.unsqueeze(-1)   # [B, T, L]; causal + per-slot length
