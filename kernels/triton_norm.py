@@ -142,7 +142,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight, k_weight, cos: torc
             q, k, q_weight if norm else q, k_weight if norm else k, cos, sin, oq_arg, ok_arg,
             t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             cos.stride(0), cos.stride(1), float(eps), NORM=norm, BLOCK_D=triton.next_power_of_2(d),
-            BF16_BITS=bits, num_warps=1)
+            BF16_BITS=bits, num_warps=1, enable_fp_fusion=False)   # no FMA: each op rounds as torch's
     return oq, ok
 
 
@@ -161,7 +161,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         o_arg, bits = store_view(out, runs_interpreted(_rms_norm_kernel))
         block = triton.next_power_of_2(n)
         _rms_norm_kernel[(m,)](x2, weight, o_arg, n, x2.stride(0), out.stride(0), float(eps), BLOCK=block,
-                               BF16_BITS=bits, num_warps=max(1, min(16, block // 256)))
+                               BF16_BITS=bits, num_warps=max(1, min(16, block // 256)), enable_fp_fusion=False)
     return out.reshape(x.shape)
 
 
@@ -175,7 +175,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         o_arg, bits = store_view(out, runs_interpreted(_silu_mul_kernel))
         block = 1024
         _silu_mul_kernel[(m, triton.cdiv(n, block))](g2, u2, o_arg, n, g2.stride(0), u2.stride(0), out.stride(0),
-                                                     BLOCK=block, BF16_BITS=bits, num_warps=4)
+                                                     BLOCK=block, BF16_BITS=bits, num_warps=4,
+                                                     enable_fp_fusion=False)
     return out.reshape(gate.shape)
 
 

@@ -113,4 +113,7 @@ def test_compiled_kernels_on_cuda_match_torch():
     nw = (1 + 0.1 * torch.randn(128, generator=g, device="cuda")).bfloat16()
     oq, ok = triton_norm.qk_norm_rope(q, k, nw, nw, cos, sin, 1e-6)
     rq, rk = _torch_qk_norm_rope(q, k, nw, nw, cos, sin, 1e-6)
-    assert _ulps(oq.cpu(), rq.contiguous().cpu()) <= 2 and _ulps(ok.cpu(), rk.contiguous().cpu()) <= 2
+    # the per-head mean may round differently, and x·cos + rot(x)·sin can cancel: compare in
+    # absolute terms against the operands' scale (bf16 steps are 2⁻⁸ relative)
+    for o, r in ((oq, rq), (ok, rk)):
+        assert (o.float() - r.float()).abs().max() < 2 * 2 ** -8 * 4 and (o != r).float().mean() < 0.05
