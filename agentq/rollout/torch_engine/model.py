@@ -179,31 +179,26 @@ class DecoderLayer(nn.Module):
         vb, vt = ctx.valid_idx
         ctx.cache.write(self.layer_idx, ctx.slots[vb], ctx.positions[vb, vt],
                         k.permute(0, 2, 1, 3)[vb, vt], v.permute(0, 2, 1, 3)[vb, vt])
-        if ctx.use_decode_kernel:
-            o = self._decode_kernel_attention(q, ctx.cache, ctx.slots32, ctx.lens32)
-        else:
-            kc, vc = ctx.cache.read(self.layer_idx, ctx.slots, ctx.key_len)
-            o = attn_ops.masked_attention(q, kc, vc, ctx.allowed, self.scale)
-        return self._out_and_mlp(x, o)
+        return self._out_and_mlp(x, self._attend(q, ctx))
 
-    def _decode_kernel_attention(self, q, cache: KVCache, slots, new_lens):
-        i = self.layer_idx
-        return attn_ops.decode_attention(
-            q[:, :, 0].contiguous(), cache.k[i], None if cache.k_scale is None else cache.k_scale[i],
-            cache.v[i], None if cache.v_scale is None else cache.v_scale[i],
-            slots, new_lens, self.scale).unsqueeze(2)
+    def _attend(self, q, ctx: "ForwardContext | DecodeContext"):
+        """Attention of q [B, H, T, D] over each row's slot: the Triton decode kernel (one query
+        token, int8/float cache read in place) or the cache read back dequantized + masked SDPA."""
+        i, cache = self.layer_idx, ctx.cache
+        if ctx.use_kernel:
+            return attn_ops.decode_attention(
+                q[:, :, 0].contiguous(), cache.k[i], None if cache.k_scale is None else cache.k_scale[i],
+                cache.v[i], None if cache.v_scale is None else cache.v_scale[i],
+                ctx.slots32, ctx.lens32, self.scale).unsqueeze(2)
+        kc, vc = cache.read(i, ctx.slots, ctx.key_len)
+        return attn_ops.masked_attention(q, kc, vc, ctx.allowed, self.scale)
 
     def decode(self, x, cos, sin, d: "DecodeContext"):
         """One new token per row (x [B, 1, H]); no host synchronisation when `d.use_kernel`, so the
         step can be captured in a CUDA graph. Same arithmetic as `forward` with T = 1."""
         q, k, v = self._qkv(x, cos, sin)
         d.cache.write(self.layer_idx, d.slots, d.positions, k[:, :, 0], v[:, :, 0])
-        if d.use_kernel:
-            o = self._decode_kernel_attention(q, d.cache, d.slots32, d.lens32)
-        else:
-            kc, vc = d.cache.read(self.layer_idx, d.slots, d.key_len)
-            o = attn_ops.masked_attention(q, kc, vc, d.allowed, self.scale)
-        return self._out_and_mlp(x, o)
+        return self._out_and_mlp(x, self._attend(q, d))
 
 
 def decode_kernel_applies(cache: KVCache) -> bool:
@@ -239,10 +234,10 @@ class ForwardContext:
         self.valid_idx = valid.nonzero(as_tuple=True)
         self.key_len = int(new_lens.max())
         t = positions.shape[1]
-        self.use_decode_kernel = allow_decode_kernel and t == 1 and decode_kernel_applies(cache)
-        if self.use_decode_kernel:
+        self.use_kernel = allow_decode_kernel and t == 1 and decode_kernel_applies(cache)
+        if self.use_kernel:
             self.slots32, self.lens32 = slots.to(torch.int32), new_lens.to(torch.int32)
-        if not self.use_decode_kernel:
+        if not self.use_kernel:
             keys = torch.arange(self.key_len, device=positions.device)
             self.allowed = keys.view(1, 1, -1) <= positions.unsqueeze(-1)   # [B, T, L]; causal + per-slot length
 
