@@ -14,6 +14,7 @@ from agentq.agent import ActionParser, AgentLoop, ChatFormat, PromptConfig
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.pool import EnvSpec, make_pool
 from agentq.rollout.backend import SamplingParams
+from agentq.utils.logging import console
 
 
 def device_and_dtype(cfg: DictConfig) -> tuple[torch.device, torch.dtype]:
@@ -27,10 +28,24 @@ def device_and_dtype(cfg: DictConfig) -> tuple[torch.device, torch.dtype]:
         dt = "bfloat16" if dev == "cuda" else "float32"
     if dev == "cpu" and cfg.torch_threads:
         torch.set_num_threads(int(cfg.torch_threads))
+    if dev == "cpu":
+        cpu_int_gemm(cfg)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dt not in dtypes:
         raise ValueError(f"dtype={dt!r}; valid: {sorted(dtypes)} or auto")
     return torch.device(dev), dtypes[dt]
+
+
+def cpu_int_gemm(cfg: DictConfig) -> str:
+    """Fix the process's CPU int8 GEMM path from `cfg.cpu_int_gemm` (once; printed the first time)."""
+    from agentq.kernels import cpu_gemm
+
+    before = cpu_gemm.describe() if cpu_gemm.is_configured() else None
+    path = cpu_gemm.configure(cfg.get("cpu_int_gemm"))
+    info = cpu_gemm.describe()
+    if info != before:
+        console.print(f"CPU int8 GEMM: {path} ({info['source']}; torch CPU capability {info['cpu_capability']})")
+    return path
 
 
 @contextlib.contextmanager
