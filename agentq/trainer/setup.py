@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import random
+import time
 from pathlib import Path
 
 import torch
@@ -50,16 +51,54 @@ def cpu_int_gemm(cfg: DictConfig) -> str:
 
 @contextlib.contextmanager
 def learner_threads(cfg: DictConfig):
-    """Run the learner's phase with `cfg.learner_threads` intra-op threads (null: every core),
+    """Run the learner's phase with `cfg.learner_threads` intra-op threads (null: the cores idle now),
     then go back to `torch_threads` for the rollout, where the env workers need the cores."""
     before = torch.get_num_threads()
     n = cfg.get("learner_threads")
-    n = int(n) if n else (os.cpu_count() or before)
+    n = int(n) if n else idle_cores()
     torch.set_num_threads(n)
     try:
         yield n
     finally:
         torch.set_num_threads(before)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. a container's cpuset), not the host's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                      # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+def idle_cores(window_s: float = 0.1) -> int:
+    """Usable cores that are idle right now: the host's idle share over `window_s` (/proc/stat) times
+    its core count, capped to `usable_cores()`, at least 1.
+
+    Why: OpenMP threads spin at their barriers, so a learner with one thread per core on cores that
+    other processes also want runs many times slower than with fewer threads (measured: learner
+    phases of 140-500 s per step instead of ~40 s when another job shared a 2-core machine).
+    Called when the learner phase starts, the run's own env workers are idle, so only others count."""
+    n = usable_cores()
+    try:
+        a = _cpu_times()
+        time.sleep(window_s)
+        b = _cpu_times()
+    except OSError:                             # no /proc/stat: trust the affinity
+        return n
+    busy, idle = b[0] - a[0], b[1] - a[1]
+    if busy + idle <= 0:
+        return n
+    idle_now = (os.cpu_count() or n) * idle / (busy + idle)
+    return max(1, min(n, int(idle_now + 0.5)))
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(busy, idle) jiffies of all cores together, from /proc/stat's first line."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)       # idle + iowait
+    return sum(v[:8]) - idle, idle
 
 
 # ---------------------------------------------------------------------- environments
