@@ -2,7 +2,7 @@
 
 * CUDA: Triton fused per-token quant + int8 GEMM with fused rescale (`triton_gemm`), when Triton
   is importable; otherwise quant + `torch._int_mm` (padded to its shape rules) + rescale.
-* CPU: torch reference numerics (`quant.w8a8_linear`: `torch._int_mm` with the [N,K].t() view).
+* CPU: torch reference numerics (`quant.w8a8_linear`; the int GEMM path per CPU: `cpu_gemm`).
 
 All paths give identical int32 accumulators; the fp32 epilogue order is fixed by the spec.
 """

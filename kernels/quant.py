@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from . import cpu_gemm
 from .quant_spec import QuantSpec
 
 QMAX = 127.0
@@ -94,12 +95,12 @@ def int8_matmul_ref(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
 def int8_matmul(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
     """X_q[M,K] int8 · W_q[N,K]ᵀ int8 → int32 [M,N]; exact on every path.
 
-    CPU: torch._int_mm with the weight passed as the [N,K] row-major tensor's .t() view (4x faster
-    than a contiguous [K,N]). CUDA: _int_mm needs M > 16 and K, N multiples of 8; smaller M is padded.
-    Anything else falls back to the int64 reference.
+    CPU: `cpu_gemm` (torch._int_mm where the CPU has an int8 dot product, else an exact float-BLAS
+    emulation; all give _int_mm's bits). CUDA: _int_mm needs M > 16 and K, N multiples of 8;
+    smaller M is padded. Anything else falls back to the float64 reference.
     """
     if x_q.device.type == "cpu":
-        return torch._int_mm(x_q, w_q.t())
+        return cpu_gemm.int8_matmul(x_q, w_q)
     m, k = x_q.shape
     n = w_q.shape[0]
     if k % 8 == 0 and n % 8 == 0:

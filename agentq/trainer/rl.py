@@ -128,7 +128,7 @@ class RLTrainer:
 
         # 3. π_old and π_ref log-probs through the aligned forward
         t1 = time.perf_counter()
-        with setup.learner_threads(cfg):
+        with setup.learner_threads(cfg) as n_threads:
             self.learner.fill_old_and_ref(batch)
             mismatch = mismatch_metrics(batch)
 
@@ -154,7 +154,7 @@ class RLTrainer:
             **upd, **prep, **mismatch,
             "int8_codes_changed": sync.int8_codes_changed, "sync_time_s": sync.seconds,
             "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
-            "rollout_time_s": t_roll, "train_time_s": t_train, "step_time_s": step_time,
+            "rollout_time_s": t_roll, "train_time_s": t_train, "step_time_s": step_time, "learner_threads": n_threads,
         }
 
     # ------------------------------------------------------------------ eval, checkpoints

@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import random
+import time
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ from agentq.agent import ActionParser, AgentLoop, ChatFormat, PromptConfig
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.pool import EnvSpec, make_pool
 from agentq.rollout.backend import SamplingParams
+from agentq.utils.logging import console
 
 
 def device_and_dtype(cfg: DictConfig) -> tuple[torch.device, torch.dtype]:
@@ -27,24 +29,76 @@ def device_and_dtype(cfg: DictConfig) -> tuple[torch.device, torch.dtype]:
         dt = "bfloat16" if dev == "cuda" else "float32"
     if dev == "cpu" and cfg.torch_threads:
         torch.set_num_threads(int(cfg.torch_threads))
+    if dev == "cpu":
+        cpu_int_gemm(cfg)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dt not in dtypes:
         raise ValueError(f"dtype={dt!r}; valid: {sorted(dtypes)} or auto")
     return torch.device(dev), dtypes[dt]
 
 
+def cpu_int_gemm(cfg: DictConfig) -> str:
+    """Fix the process's CPU int8 GEMM path from `cfg.cpu_int_gemm` (once; printed the first time)."""
+    from agentq.kernels import cpu_gemm
+
+    before = cpu_gemm.describe() if cpu_gemm.is_configured() else None
+    path = cpu_gemm.configure(cfg.get("cpu_int_gemm"))
+    info = cpu_gemm.describe()
+    if info != before:
+        console.print(f"CPU int8 GEMM: {path} ({info['source']}; torch CPU capability {info['cpu_capability']})")
+    return path
+
+
 @contextlib.contextmanager
 def learner_threads(cfg: DictConfig):
-    """Run the learner's phase with `cfg.learner_threads` intra-op threads (null: every core),
+    """Run the learner's phase with `cfg.learner_threads` intra-op threads (null: the cores idle now),
     then go back to `torch_threads` for the rollout, where the env workers need the cores."""
     before = torch.get_num_threads()
     n = cfg.get("learner_threads")
-    n = int(n) if n else (os.cpu_count() or before)
+    n = int(n) if n else idle_cores()
     torch.set_num_threads(n)
     try:
         yield n
     finally:
         torch.set_num_threads(before)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. a container's cpuset), not the host's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                      # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+def idle_cores(window_s: float = 0.1) -> int:
+    """Usable cores that are idle right now: the host's idle share over `window_s` (/proc/stat) times
+    its core count, capped to `usable_cores()`, at least 1.
+
+    Why: OpenMP threads spin at their barriers, so a learner with one thread per core on cores that
+    other processes also want runs many times slower than with fewer threads (measured: learner
+    phases of 140-500 s per step instead of ~40 s when another job shared a 2-core machine).
+    Called when the learner phase starts, the run's own env workers are idle, so only others count."""
+    n = usable_cores()
+    try:
+        a = _cpu_times()
+        time.sleep(window_s)
+        b = _cpu_times()
+    except OSError:                             # no /proc/stat: trust the affinity
+        return n
+    busy, idle = b[0] - a[0], b[1] - a[1]
+    if busy + idle <= 0:
+        return n
+    idle_now = (os.cpu_count() or n) * idle / (busy + idle)
+    return max(1, min(n, int(idle_now + 0.5)))
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(busy, idle) jiffies of all cores together, from /proc/stat's first line."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)       # idle + iowait
+    return sum(v[:8]) - idle, idle
 
 
 # ---------------------------------------------------------------------- environments

@@ -5,7 +5,7 @@ import torch
 
 from agentq.agent import ActionParser, AgentLoop, BackendPolicy, ChatFormat, EpisodeSpec, PromptConfig
 from agentq.algos import PolicyBatch, grpo_advantages, make_objective, mismatch_metrics
-from agentq.kernels import QuantSpec
+from agentq.kernels import QuantSpec, cpu_gemm
 from agentq.learner.batch import collate
 from agentq.learner.learner import Learner
 from agentq.pool import EnvSpec, InlinePool
@@ -15,8 +15,7 @@ from agentq.rollout.torch_engine.engine import TorchEngine
 SPEC = QuantSpec.preset("w8a8_kv8")
 
 
-@pytest.fixture(scope="module")
-def episodes(tiny_model_dir, tokenizer):
+def play_episodes(tiny_model_dir, tokenizer):
     """6 real TextWorldExpress episodes (3 tasks × 2) played by the W8A8-KV8 engine, 4 turns each."""
     chat = ChatFormat.from_tokenizer(tokenizer)
     pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 4,
@@ -29,6 +28,11 @@ def episodes(tiny_model_dir, tokenizer):
                      BackendPolicy(eng))
     pool.close()
     return trajs
+
+
+@pytest.fixture(scope="module")
+def episodes(tiny_model_dir, tokenizer):
+    return play_episodes(tiny_model_dir, tokenizer)
 
 
 def test_aligned_learner_matches_engine_and_unaligned_does_not(tiny_model_dir, episodes):
@@ -49,6 +53,21 @@ def test_aligned_learner_matches_engine_and_unaligned_does_not(tiny_model_dir, e
     assert d_al.max() <= 1e-4
     assert k3_un >= 10 * k3_al and d_un.max() > 1e-3
     assert aligned.report() == {"quantized_linears": 14, "full_precision_linears": 1}   # lm_head stays fp
+
+
+@pytest.mark.parametrize("path", cpu_gemm.PATHS)
+def test_alignment_holds_on_every_cpu_gemm_path(tiny_model_dir, tokenizer, episodes, path):
+    """Engine and aligned learner both on `path`: the episodes are the default path's, token for token
+    and log-prob for log-prob (the paths share _int_mm's bits), and max |Δ log-prob| ≤ 1e-5 in fp32."""
+    with cpu_gemm.use_path(path):
+        trajs = play_episodes(tiny_model_dir, tokenizer)
+        aligned = Learner(str(tiny_model_dir), SPEC, use_reference=False)
+        batch = collate(trajs)
+        d = (aligned.logprobs(batch) - batch.rollout_logp)[batch.action_mask.bool()].abs()
+    ref = collate(episodes)
+    assert torch.equal(batch.input_ids, ref.input_ids) and torch.equal(batch.rollout_logp, ref.rollout_logp)
+    print(f"\n{path}: max|Δlogp| = {d.max():.3e}")
+    assert d.max() <= 1e-5
 
 
 def test_observation_tokens_carry_no_loss(tiny_model_dir, episodes):

@@ -1,0 +1,102 @@
+"""The CPU int8 GEMM dispatch (kernels/cpu_gemm.py): every path gives torch._int_mm's bits, on random
+shapes with sums past fp32's exact range (|acc| > 2^24) and K not a multiple of the fp32 chunk, and
+the path is chosen, overridden and reported as documented."""
+import pytest
+import torch
+
+from agentq.kernels import QuantSpec, cpu_gemm, quant
+
+SPEC = QuantSpec.preset("w8a8_kv8")
+# (M, K, N): a decode row, odd sizes, K across 1, 2 and 3 fp32 chunks of 1024 (and not a multiple of it)
+SHAPES = [(1, 1, 1), (1, 256, 1024), (7, 1023, 5), (32, 1024, 96), (33, 1025, 65), (5, 2049, 17), (64, 3000, 24),
+          (257, 512, 300)]
+
+
+def _codes(shape, gen, extreme_rows=True):
+    """Random int8 codes; row 0 all -128 so its products (+16384 each) drive |acc| to K·2^14."""
+    t = torch.randint(-128, 128, shape, dtype=torch.int8, generator=gen)
+    if extreme_rows:
+        t[0] = -128
+    return t
+
+
+@pytest.mark.parametrize("path", cpu_gemm.PATHS)
+def test_every_path_gives_int_mm_bits(path):
+    gen = torch.Generator().manual_seed(0)
+    biggest = 0
+    for m, k, n in SHAPES:
+        x_q, w_q = _codes((m, k), gen), _codes((n, k), gen)
+        ref = torch._int_mm(x_q, w_q.t())
+        got = cpu_gemm.run_path(path, x_q, w_q)
+        assert got.dtype == torch.int32 and torch.equal(got, ref), (path, m, k, n)
+        assert torch.equal(got, quant.int8_matmul_ref(x_q, w_q))
+        biggest = max(biggest, int(ref.abs().max()))
+    assert biggest == 3000 * 128 * 128 > 2 ** 24     # the sums really leave fp32's exact integers
+
+
+def test_fp32_path_stays_exact_when_matmul_precision_is_lowered():
+    """'medium'/'high' let BLAS use bf16/TF32 for fp32 matmuls; the fp32 path then goes to fp64."""
+    gen = torch.Generator().manual_seed(1)
+    x_q, w_q = _codes((16, 700), gen), _codes((40, 700), gen)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        assert torch.equal(cpu_gemm.run_path("fp32", x_q, w_q), torch._int_mm(x_q, w_q.t()))
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("path", cpu_gemm.PATHS)
+def test_linears_are_bit_identical_on_every_path(path):
+    """The engine's W8A8 linear and the learner's STE linear (value and gradients) do not see the path."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 11, 1100, generator=gen)
+    w = torch.randn(70, 1100, generator=gen) * 0.05
+    b = torch.randn(70, generator=gen)
+    w_q, s_w = quant.quantize_weight(w, SPEC)
+
+    def run():
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = quant.w8a8_linear_ste(xs, ws, b, SPEC)
+        (y * torch.arange(70.0)).sum().backward()
+        return quant.w8a8_linear(x, w_q, s_w, b, SPEC), y.detach(), xs.grad, ws.grad
+
+    with cpu_gemm.use_path("int_mm"):
+        ref = run()
+    with cpu_gemm.use_path(path):
+        got = run()
+    for a, r in zip(got, ref):
+        assert torch.equal(a, r)
+
+
+def test_choice_env_var_config_and_errors(monkeypatch):
+    saved = dict(cpu_gemm._chosen)
+    try:
+        monkeypatch.setenv(cpu_gemm.ENV_VAR, "fp64")
+        assert cpu_gemm.set_path("auto") == "fp64"
+        assert cpu_gemm.describe()["source"] == f"{cpu_gemm.ENV_VAR}=fp64"
+        assert cpu_gemm.set_path("fp32") == "fp32"                 # an explicit config value wins
+        assert cpu_gemm.current_path() == "fp32"
+        monkeypatch.setenv(cpu_gemm.ENV_VAR, "int8")
+        with pytest.raises(ValueError, match=r"'int8' \(from AGENTQ_CPU_INT_GEMM=int8\); valid: \['auto', 'int_mm'"):
+            cpu_gemm.set_path(None)
+        with pytest.raises(ValueError, match=r"'bf16' \(from cpu_int_gemm\)"):
+            cpu_gemm.set_path("bf16")
+        # auto with no env var: the fastest on the probe (timings faked: this tests the choice, not the CPU)
+        monkeypatch.delenv(cpu_gemm.ENV_VAR)
+        monkeypatch.setattr(cpu_gemm, "probe", lambda shape=cpu_gemm.PROBE_SHAPE: {"int_mm": 9e-3, "fp32": 4e-4,
+                                                                                      "fp64": 8e-4})
+        assert cpu_gemm.configure("auto") == "fp32"
+        assert cpu_gemm.describe()["probe_ms"] == pytest.approx({"int_mm": 9.0, "fp32": 0.4, "fp64": 0.8})
+        monkeypatch.setattr(cpu_gemm, "probe", lambda shape=cpu_gemm.PROBE_SHAPE: {"int_mm": 1e-4, "fp32": 4e-4,
+                                                                                      "fp64": 8e-4})
+        assert cpu_gemm.configure("auto") == "fp32"                # same request: chosen once, not re-probed
+        assert cpu_gemm.configure("int_mm") == "int_mm"
+    finally:
+        cpu_gemm._chosen.clear()
+        cpu_gemm._chosen.update(saved)
+
+
+def test_real_probe_times_every_path():
+    times = cpu_gemm.probe((4, 64, 32))
+    assert set(times) == set(cpu_gemm.PATHS) and all(0 < t < 5 for t in times.values())
