@@ -41,10 +41,10 @@ def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 900):
+def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 900, extra_env: dict | None = None):
     """Run `python -m agentq.cli ...` in a subprocess (as a user would), returning CompletedProcess."""
     import subprocess
 
-    env = dict(os.environ)
+    env = {**os.environ, **(extra_env or {})}
     return subprocess.run([sys.executable, "-m", "agentq.cli", *args], cwd=cwd or REPO, env=env, timeout=timeout,
                           capture_output=True, text=True)
