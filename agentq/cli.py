@@ -5,12 +5,13 @@
     agentq sft env=alfworld sft.num_demos=200
     agentq pipeline                              # the embedded default: tiny model → SFT → RL → eval
     agentq config env=webshop algo=qat          # print the composed config
+    agentq report runs/x                         # runs/x/report.html: curves, evals, by-turn, episode viewer
 """
 from __future__ import annotations
 
 import sys
 
-COMMANDS = ("pipeline", "train", "eval", "sft", "config")
+COMMANDS = ("pipeline", "train", "eval", "sft", "config", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         print(f"agentq: unknown command {cmd!r}; valid: {list(COMMANDS)}", file=sys.stderr)
         return 2
+    if cmd == "report":
+        return report(overrides)
     if any(a in ("-h", "--help") for a in overrides):
         print(__doc__.strip())
         print(f"\n`agentq {cmd}` takes section.key=value overrides; `agentq config` prints every key "
@@ -50,6 +53,23 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"agentq: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def report(args: list[str]) -> int:
+    """`agentq report <run> [out.html]`: a static HTML report of an RL run folder."""
+    if len(args) not in (1, 2) or args[0] in ("-h", "--help"):
+        print("usage: agentq report <run folder> [out.html]   (default: <run folder>/report.html)",
+              file=sys.stderr if args[:1] not in (["-h"], ["--help"]) else sys.stdout)
+        return 0 if args[:1] in (["-h"], ["--help"]) else 2
+    from agentq.eval.report import write_report
+
+    try:
+        out = write_report(args[0], args[1] if len(args) == 2 else None)
+    except FileNotFoundError as e:
+        print(f"agentq: {e}", file=sys.stderr)
+        return 2
+    print(out)
     return 0
 
 

@@ -22,14 +22,40 @@ def _valid_keys(cfg: DictConfig, dotted: str) -> tuple[str, list[str]]:
     return ".".join(path) or "<root>", keys
 
 
+#: entry-point group of config folders shipped by plugins: value = a Python package holding e.g. env/<name>.yaml
+CONF_GROUP = "agentq.conf"
+
+
+def plugin_searchpath() -> list[str]:
+    """Hydra search-path entries (pkg://...) of the config packages installed plugins declare."""
+    from importlib.metadata import entry_points
+
+    return [f"pkg://{ep.value}" for ep in sorted(entry_points(group=CONF_GROUP), key=lambda e: e.name)]
+
+
+def with_searchpath(overrides: list[str], extra: list[str]) -> list[str]:
+    """`overrides` with `extra` appended to hydra.searchpath (a user's own `hydra.searchpath=[...]`
+    entries come first: a config folder given on the command line wins over a plugin's)."""
+    if not extra:
+        return overrides
+    user = [o for o in overrides if o.startswith("hydra.searchpath=")]
+    rest = [o for o in overrides if not o.startswith("hydra.searchpath=")]
+    entries = []
+    for o in user:
+        entries += [e.strip() for e in o.split("=", 1)[1].strip().strip("[]").split(",") if e.strip()]
+    return rest + [f"hydra.searchpath=[{','.join(entries + extra)}]"]
+
+
 def load_config(overrides: list[str] | None = None, config_name: str = "config") -> DictConfig:
     """Compose conf/<config_name>.yaml (config.yaml, or pipeline.yaml for `agentq pipeline`) with
-    `key=value` overrides (Hydra syntax); struct mode on."""
+    `key=value` overrides (Hydra syntax); struct mode on. Config folders outside agentq join the
+    search path from `hydra.searchpath=[file:///abs/conf]` and from plugins (entry points of group
+    `agentq.conf`), so `env=<their name>` finds their conf/env/<name>.yaml."""
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    overrides = list(overrides or [])
+    overrides = with_searchpath(list(overrides or []), plugin_searchpath())
     with initialize_config_module(config_module="agentq.conf", version_base=None):
         try:
             cfg = compose(config_name=config_name, overrides=overrides)
@@ -37,7 +63,7 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
             msg = str(e)
             if "Could not override" in msg or "Key '" in msg:
                 base = compose(config_name=config_name, overrides=[o for o in overrides if "=" in o and
-                                                                _is_group_choice(o)])
+                                                                (_is_group_choice(o) or o.startswith("hydra."))])
                 bad = _bad_key(msg, overrides)
                 where, keys = _valid_keys(base, bad) if bad else ("<root>", sorted(base.keys()))
                 raise ConfigError(f"unknown config key {bad!r}; valid keys under {where}: {keys}") from None

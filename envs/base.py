@@ -114,6 +114,11 @@ class TextEnv(gym.Env[str, str]):
         """The next action of this environment's expert, or None when it has none."""
         return None
 
+    def task_type(self, task_id: str) -> str | None:
+        """The task type of `task_id` without loading it (held-out evals stratify by it), or None
+        when the environment has no task types. Must agree with `info["task_type"]`."""
+        return None
+
     # ------------------------------------------------------------------ public API
     def list_tasks(self, split: str | None = None) -> list[str]:
         split = self._check_split(split or self.split)

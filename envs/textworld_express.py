@@ -153,6 +153,9 @@ class TextWorldExpressEnv(TextEnv):
             seeds = seeds[: self.tasks_per_game]
         return [f"{g}/{s}" for s in seeds for g in self.games]
 
+    def task_type(self, task_id: str) -> str:
+        return task_id.rsplit("/", 1)[0]
+
     def _reset_task(self, task_id: str, split: str) -> tuple[str, TaskStep]:
         game, seed = task_id.rsplit("/", 1)
 

@@ -1,7 +1,7 @@
 """Evaluating a policy on a held-out split: `agentq eval checkpoint=<dir> env=<env> split=<split>`.
 
-Plays the split's tasks (the first `eval.num_tasks`, in the environment's stable order) with the
-rollout numerics of the config (so W8A8-KV8 and bf16 deployment can be compared), and reports
+Plays every task of the split, or a seeded sample of `eval.num_tasks` stratified by task type
+(`selection.py`; the report's `task_selection` says which), with the rollout numerics of the config (so W8A8-KV8 and bf16 deployment can be compared), and reports
 success rate (with a 95 % interval), mean score, mean turns of successful episodes, the share of
 episodes that hit the step cap, and per-task-type success.
 """
@@ -17,10 +17,24 @@ from agentq.agent.trajectory import Trajectory
 from agentq.utils.logging import console, jsonable, progress
 
 from .metrics import summarize
+from .selection import TaskSelection, select_tasks
 
 
-def eval_tasks(all_tasks: list[str], num_tasks: int | None, repeats: int = 1) -> list[str]:
-    tasks = all_tasks if num_tasks is None else all_tasks[: int(num_tasks)]
+def choose_eval_tasks(cfg: DictConfig, split: str, num_tasks: int | None) -> TaskSelection:
+    """The tasks of `split` an evaluation plays: all, or `num_tasks` stratified by task type
+    (`eval.selection`, seeded by `seed`, so every evaluation of a run plays the same tasks)."""
+    from agentq.trainer import setup
+
+    env = setup.make_env(cfg, split)
+    try:
+        u = env.unwrapped
+        return select_tasks(list(u.list_tasks(split)), num_tasks, getattr(u, "task_type", None),
+                            seed=int(cfg.seed), method=str(cfg.eval.get("selection", "stratified")))
+    finally:
+        env.close()
+
+
+def repeat_tasks(tasks: list[str], repeats: int = 1) -> list[str]:
     return [t for t in tasks for _ in range(int(repeats))]
 
 
@@ -46,7 +60,8 @@ def evaluate(cfg: DictConfig) -> dict:
     if not (Path(path) / "config.json").exists():
         raise FileNotFoundError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)")
     split = cfg.split or cfg.env.eval_split
-    tasks = eval_tasks(setup.list_tasks(cfg, split), cfg.eval.num_tasks, cfg.eval.repeats)
+    selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
+    tasks = repeat_tasks(selection.tasks, cfg.eval.repeats)
     chat = ChatFormat.from_tokenizer(setup.load_tokenizer(path))
     n_conc = min(len(tasks), int(cfg.rollout.max_slots), int(cfg.trainer.max_concurrent))
     engine = setup.make_backend(cfg, path, device, dtype, chat.tokenizer, max_slots=n_conc)
@@ -59,7 +74,7 @@ def evaluate(cfg: DictConfig) -> dict:
     finally:
         pool.close()
     report = {"env": cfg.env.name, "split": split, "checkpoint": str(path), "rollout_quant": cfg.rollout.quant,
-              "temperature": float(cfg.eval.temperature), **summarize(trajs)}
+              "temperature": float(cfg.eval.temperature), "task_selection": selection.to_dict(), **summarize(trajs)}
     out = Path(cfg.eval.out_dir) if cfg.eval.out_dir else Path(path) / f"eval-{cfg.env.name}-{split}"
     write_report(out, report, trajs)
     print_report(report)
@@ -83,6 +98,8 @@ def print_report(r: dict) -> None:
     t = Table(title=f"{r['env']} / {r['split']}  ({r['episodes']} episodes, rollout={r['rollout_quant']})")
     for c in ("metric", "value"):
         t.add_column(c)
+    if r.get("task_selection"):
+        t.add_row("tasks", r["task_selection"]["description"])
     lo, hi = r["success_ci95"]
     t.add_row("success rate", f"{100 * r['success_rate']:.1f} %  (95 % CI {100 * lo:.1f}–{100 * hi:.1f})")
     t.add_row("mean score", f"{100 * r['score_mean']:.1f}")

@@ -57,3 +57,51 @@ def learning_curve_figure(rows: list[dict], sft_success: float | None = None, ti
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def mismatch_figure(rows: list[dict]):
+    """K3 (rollout ‖ learner mismatch per action token) and InterQ-RL's α median / p10 / min against RL
+    step, from metrics.jsonl rows (the caller saves and closes the figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in rows if "reward_mean" in r]
+    steps = [r["step"] for r in train]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=110)
+    k3 = [r.get("k3") for r in train]
+    if any(v is not None for v in k3):
+        ax1.plot(steps, [v if v is not None else float("nan") for v in k3], "o-", ms=3)
+        if all(v is None or v > 0 for v in k3):
+            ax1.set_yscale("log")
+    ax1.set_title("K3 per action token", fontsize=10)
+    ax1.set_xlabel("RL step")
+    for key, style in (("alpha_median", "-"), ("alpha_p10", "--"), ("alpha_min", ":")):
+        vals = [r.get(key) for r in train]
+        if any(v is not None for v in vals):
+            ax2.plot(steps, [v if v is not None else float("nan") for v in vals], style, label=key)
+    ax2.set_title("InterQ-RL retention α", fontsize=10)
+    ax2.set_xlabel("RL step")
+    ax2.set_ylim(-0.02, 1.02)
+    if ax2.lines:
+        ax2.legend(fontsize=8)
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def write_run_plots(run_dir: str | Path, split: str | None = None) -> list[Path]:
+    """`learning_curve.png` and `mismatch.png` in an RL run folder (what `agentq train` leaves)."""
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    out = []
+    for name, fig in (("learning_curve.png", learning_curve_figure(rows, split=split, title=run_dir.name)),
+                      ("mismatch.png", mismatch_figure(rows))):
+        fig.savefig(run_dir / name)
+        plt.close(fig)
+        out.append(run_dir / name)
+    return out

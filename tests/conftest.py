@@ -41,10 +41,37 @@ def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 900):
+def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 900, extra_env: dict | None = None):
     """Run `python -m agentq.cli ...` in a subprocess (as a user would), returning CompletedProcess."""
     import subprocess
 
-    env = dict(os.environ)
+    env = {**os.environ, **(extra_env or {})}
     return subprocess.run([sys.executable, "-m", "agentq.cli", *args], cwd=cwd or REPO, env=env, timeout=timeout,
                           capture_output=True, text=True)
+
+
+def chromium() -> tuple[str, str] | None:
+    """(browser, chromedriver) paths, or None when Chromium is not installed."""
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+NO_CHROMIUM = "needs Chromium and ChromeDriver (apt-get install -y chromium chromium-driver)"
+
+
+def headless_chromium(profile_dir: Path):
+    """A selenium driver of headless Chromium (the caller quits it); skips without selenium."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
+    from selenium.webdriver.chrome.service import Service
+
+    browser, driver_path = chromium()
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1200,1000",
+                f"--user-data-dir={profile_dir}"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver_path), options=opts)

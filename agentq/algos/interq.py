@@ -188,6 +188,7 @@ class InterQ(Objective):
                              budget_scope=self.p["budget_scope"], prefix_inclusive=bool(self.p["prefix_inclusive"]),
                              k3_max=self.p["k3_max"])
         batch.extra["retention"] = r.retention.float()                   # [B, L] α per token
+        self.retention = r                                               # per-segment tensors, for the segment history
         w = r.retention                                                  # [B, L] f64
         stats = retention_stats(r, mask)
         if self.p["token_tis_cap"] is not None:                          # optional current-token TIS

@@ -1,27 +1,53 @@
 """Ray actors as environment workers (`env_pool=ray`): the same commands as the subprocess pool,
 for spreading environments over a Ray cluster. A dead actor is recreated and its in-flight
-commands are answered with error results."""
+commands are answered with error results.
+
+Each actor asks for at most one CPU, and less when the cluster has fewer free CPUs than workers
+(`cpus_per_worker`; none at all when every CPU is held, with a warning): Ray would otherwise wait
+forever to place an actor it cannot fit (a 2-CPU machine with 3 workers, or a second pool while the
+first one holds the CPUs). Actors that still cannot start within `start_timeout_s` raise an error
+naming the free resources. The RL trainer plays its evaluations through the training pool, so a
+run holds one set of workers."""
 from __future__ import annotations
+
+import warnings
 
 from .base import EnvResult, EnvSpec, WorkerCore
 
 
+def cpus_per_worker(available_cpus: float, num_workers: int, wanted: float = 1.0) -> float:
+    """CPUs each of `num_workers` actors requests: `wanted`, or an equal share of what is free
+    (rounded down to 1/100; 0 when nothing is free: Ray places zero-CPU actors anywhere)."""
+    return max(0.0, min(float(wanted), int(100 * available_cpus / num_workers) / 100))
+
+
 class RayPool:
     def __init__(self, spec: EnvSpec, num_envs: int, num_workers: int = 2, address: str | None = None,
-                 num_cpus_per_worker: float = 1.0):
+                 num_cpus: int | None = None, num_cpus_per_worker: float = 1.0, start_timeout_s: float = 300.0):
         import ray
 
         self._ray = ray
-        if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     ignore_reinit_error=True, configure_logging=False)
+        if not ray.is_initialized():   # num_cpus sizes a local cluster started here (None: every core)
+            ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False,
+                     log_to_driver=False, ignore_reinit_error=True, configure_logging=False)
         self.spec, self.num_envs = spec, num_envs
         self.num_workers = min(num_workers, num_envs)
-        self._actor_cls = ray.remote(num_cpus=num_cpus_per_worker, max_restarts=0)(WorkerCore)
+        self.cpus_per_worker = cpus_per_worker(ray.available_resources().get("CPU", 0.0), self.num_workers,
+                                               num_cpus_per_worker)
+        if self.cpus_per_worker == 0:
+            warnings.warn(f"the Ray cluster has no free CPU: {self.num_workers} env worker(s) start without a CPU "
+                          "reservation and share the cores with the actors that hold them", stacklevel=2)
+        self._actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=0)(WorkerCore)
         self._slots = {w: [s for s in range(num_envs) if s % self.num_workers == w] for w in range(self.num_workers)}
         self._actors = {w: self._actor_cls.remote(spec, self._slots[w]) for w in range(self.num_workers)}
         self.restarts = 0
-        ray.get([a.__ray_ready__.remote() for a in self._actors.values()])
+        try:
+            ray.get([a.__ray_ready__.remote() for a in self._actors.values()], timeout=start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self.close()
+            raise RuntimeError(
+                f"{self.num_workers} Ray env worker(s) ({self.cpus_per_worker} CPU each) did not start within "
+                f"{start_timeout_s:.0f} s; cluster resources free now: {ray.available_resources()}") from None
 
     def _dispatch(self, cmd: str, items):
         by_worker: dict[int, list] = {}

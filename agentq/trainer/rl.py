@@ -22,12 +22,14 @@ from omegaconf import DictConfig, OmegaConf
 from agentq.agent import BackendPolicy, ChatFormat, EpisodeSpec, episode_seed
 from agentq.algos import grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
-from agentq.eval.evaluate import eval_tasks, run_episodes, write_report
+from agentq.eval.evaluate import choose_eval_tasks, run_episodes, write_report
 from agentq.eval.metrics import summarize
+from agentq.eval.plots import write_run_plots
+from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
 from agentq.learner.batch import collate
 from agentq.learner.learner import Learner
 from agentq.utils.checkpoint import save_hf_checkpoint
-from agentq.utils.logging import MetricsLogger, console, jsonable, progress
+from agentq.utils.logging import MetricsLogger, console, jsonable, progress, step_line
 
 from . import setup
 
@@ -81,6 +83,7 @@ class RLTrainer:
             self.rng = state["np_rng"]
             self.gen.set_state(state["torch_gen"])
             MetricsLogger.truncate(self.run_dir, self.start_step)   # steps after the checkpoint are redone
+            truncate_segments(self.run_dir, self.start_step)
             console.print(f"resumed from {resume_ckpt} at step {self.start_step}")
         self.n_episodes = int(t.tasks_per_step) * int(t.group_size)
         self.n_conc = max(1, min(self.n_episodes, int(t.max_concurrent), int(cfg.rollout.max_slots)))
@@ -96,9 +99,8 @@ class RLTrainer:
         self.pool = setup.env_pool(cfg, self.train_split, self.n_conc)
         self.loop = setup.agent_loop(cfg, self.pool, self.chat, setup.sampling_params(cfg, self.chat), self.n_conc,
                                      run_seed=int(cfg.seed))
-        self._eval_pool = None
-        self._eval_all: list[str] | None = None
-        self.logger = MetricsLogger(self.run_dir)
+        self._eval_selection: dict = {}
+        self.logger = MetricsLogger.from_config(self.run_dir, cfg)
         self.next_episode_id = self.start_step * self.n_episodes
         self.eval_history: list[dict] = []
 
@@ -134,6 +136,9 @@ class RLTrainer:
 
             # 4. objective: per-token weights once per batch, then PPO epochs over minibatches
             prep = self.objective.prepare(batch)
+            if t.get("save_segments", True):    # the segment history (eval/segments.py), before the update
+                write_segments(self.run_dir, step, segment_rows(step, usable, batch, getattr(
+                    self.objective, "retention", None), token_decoder(self.tokenizer)))
             upd = self.learner.update(batch, self.objective, epochs=int(t.ppo_epochs),
                                       minibatch_size=int(t.minibatch_size) if t.minibatch_size else None,
                                       generator=self.gen)
@@ -160,18 +165,20 @@ class RLTrainer:
     # ------------------------------------------------------------------ eval, checkpoints
     def evaluate(self, step: int, num_tasks: int | None) -> dict:
         cfg = self.cfg
-        if self._eval_all is None:
-            self._eval_all = setup.list_tasks(cfg, self.eval_split)
-        tasks = eval_tasks(self._eval_all, num_tasks)
-        if self._eval_pool is None:
-            self._eval_pool = setup.env_pool(cfg, self.eval_split, min(self.n_conc, len(tasks)))
-        loop = setup.agent_loop(cfg, self._eval_pool, self.chat,
+        if num_tasks not in self._eval_selection:
+            self._eval_selection[num_tasks] = choose_eval_tasks(cfg, self.eval_split, num_tasks)
+        selection = self._eval_selection[num_tasks]
+        tasks = selection.tasks
+        # the training pool plays the eval episodes (each reset names its split): no second set of
+        # workers holding CPUs (a Ray cluster the size of the training pool could not place them)
+        loop = setup.agent_loop(cfg, self.pool, self.chat,
                                 setup.sampling_params(self.cfg, self.chat, cfg.eval.temperature),
                                 min(self.n_conc, len(tasks)), run_seed=int(cfg.seed) + 1)
         trajs = run_episodes(loop, BackendPolicy(self.engine), tasks, self.eval_split, int(cfg.seed) + 1,
                              first_id=10**9, description=f"eval step {step}")
         report = {"step": step, "env": cfg.env.name, "split": self.eval_split, "rollout_quant": cfg.rollout.quant,
-                  "temperature": float(cfg.eval.temperature), **summarize(trajs)}
+                  "temperature": float(cfg.eval.temperature), "task_selection": selection.to_dict(),
+                  **summarize(trajs)}
         write_report(self.run_dir / "eval" / f"step_{step:06d}", report, trajs)
         self.eval_history.append(report)
         self.logger.log(step, {k: v for k, v in report.items() if isinstance(v, (int, float))}, prefix="eval/")
@@ -208,6 +215,8 @@ class RLTrainer:
                 last = m
                 prog.update(bar, advance=1, info=f"reward {m['reward_mean']:.3f} succ {m['success_rate']:.2f} "
                                                  f"k3 {m.get('k3', float('nan')):.1e}")
+                if not console.is_terminal:      # a log file: the bar only prints at the end
+                    console.print(step_line(step, steps, m), markup=False, highlight=False, soft_wrap=True)
                 if save_every > 0 and step % save_every == 0 and step < steps:
                     self.save(step)
                 if eval_every > 0 and step % eval_every == 0 and step < steps:
@@ -218,14 +227,13 @@ class RLTrainer:
         summary = {"run_dir": str(self.run_dir), "checkpoint": str(final), "steps": steps, "last_step": last,
                    "final_eval": report}
         (self.run_dir / "train_summary.json").write_text(json.dumps(jsonable(summary), indent=2, default=str))
+        write_run_plots(self.run_dir, self.eval_split)        # learning_curve.png, mismatch.png
         self.close()
         return summary
 
     def close(self):
         self.logger.close()
         self.pool.close()
-        if self._eval_pool is not None:
-            self._eval_pool.close()
 
 
 def train(cfg: DictConfig) -> dict:

@@ -124,7 +124,7 @@ def list_tasks(cfg: DictConfig, split: str) -> list[str]:
 
 def env_pool(cfg: DictConfig, split: str, num_envs: int, expert: bool = False):
     p = cfg.env_pool
-    kw = {"address": p.address} if p.type == "ray" else {}
+    kw = {"address": p.address, "num_cpus": p.get("num_cpus")} if p.type == "ray" else {}
     return make_pool(p.type, env_spec(cfg, split, expert), num_envs, num_workers=int(p.num_workers), **kw)
 
 

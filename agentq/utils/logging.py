@@ -1,4 +1,6 @@
-"""Run outputs: metrics.jsonl (one JSON object per step), TensorBoard scalars, rich progress."""
+"""Run outputs: metrics.jsonl (one JSON object per step, always), TensorBoard scalars and Weights &
+Biases (the `logger` list of the config), rich progress, and one plain line per step when the
+output is not a terminal (a log file gets no progress bar until the end)."""
 from __future__ import annotations
 
 import json
@@ -31,28 +33,73 @@ def jsonable(v: Any):
     return v
 
 
-class MetricsLogger:
-    """Appends one JSON line per step and mirrors every scalar to TensorBoard (lists go to JSONL only)."""
+LOGGERS = ("tensorboard", "wandb")
 
-    def __init__(self, out_dir: str | Path, tensorboard: bool = True):
+
+def scalars(row: dict[str, Any]) -> dict[str, float]:
+    """The numeric entries of a metrics row, without step and time (lists and None left out)."""
+    return {k: v for k, v in row.items() if k not in ("step", "time") and isinstance(v, (int, float))
+            and not isinstance(v, bool)}
+
+
+class WandbSink:
+    """Weights & Biases run mirroring every scalar (`logger` contains wandb; `pip install agentq[wandb]`).
+    mode offline writes under <run>/wandb/ without network (`wandb sync` uploads it later)."""
+
+    def __init__(self, out_dir: str | Path, config: dict | None = None, project: str = "agentq",
+                 entity: str | None = None, mode: str | None = None, name: str | None = None):
+        try:
+            import wandb
+        except ImportError as e:
+            raise ImportError("logger includes 'wandb' but wandb is not installed: pip install 'agentq[wandb]'") from e
+        self.run = wandb.init(project=project, entity=entity, mode=mode, name=name or Path(out_dir).name,
+                              dir=str(out_dir), config=config, reinit="finish_previous")
+
+    def log(self, step: int, row: dict[str, Any]) -> None:
+        self.run.log(scalars(row), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MetricsLogger:
+    """Appends one JSON line per step and mirrors every scalar to TensorBoard and, if given, to
+    W&B (lists go to JSONL only)."""
+
+    def __init__(self, out_dir: str | Path, tensorboard: bool = True, wandb: dict | None = None):
         self.path = Path(out_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tb"))
+        self._wandb = WandbSink(out_dir, **wandb) if wandb is not None else None
+
+    @classmethod
+    def from_config(cls, out_dir: str | Path, cfg) -> "MetricsLogger":
+        """The sinks `cfg.logger` names (a name or a list of them; metrics.jsonl is always written)."""
+        names = cfg.get("logger", ["tensorboard"])
+        names = [names] if isinstance(names, str) else list(names or [])
+        bad = [n for n in names if n not in LOGGERS + ("jsonl",)]
+        if bad:
+            raise ValueError(f"logger={names}: unknown {bad}; valid: {['jsonl', *LOGGERS]}")
+        wandb = None
+        if "wandb" in names:
+            from omegaconf import OmegaConf
+            wandb = {**OmegaConf.to_container(cfg.wandb, resolve=True),
+                     "config": OmegaConf.to_container(cfg, resolve=True)}
+        return cls(out_dir, tensorboard="tensorboard" in names, wandb=wandb)
 
     def log(self, step: int, metrics: dict[str, Any], prefix: str = "") -> None:
         row = {"step": step, "time": time.time(), **{prefix + k: jsonable(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         if self._tb is not None:
-            for k, v in row.items():
-                if k in ("step", "time"):
-                    continue
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, step)
+            for k, v in scalars(row).items():
+                self._tb.add_scalar(k, v, step)
             self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(step, row)
 
     @staticmethod
     def truncate(out_dir: str | Path, last_step: int) -> None:
@@ -68,6 +115,18 @@ class MetricsLogger:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.close()
+
+
+def step_line(step: int, steps: int, m: dict[str, Any]) -> str:
+    """One plain progress line for a log file (no bar, no colour codes)."""
+    def f(key, fmt):
+        v = m.get(key)
+        return format(v, fmt) if isinstance(v, (int, float)) else "nan"
+    return (f"step {step}/{steps}  reward {f('reward_mean', '.3f')}  success {f('success_rate', '.2f')}  "
+            f"turns {f('turns_mean', '.2f')}  k3 {f('k3', '.2e')}  loss {f('loss', '.4f')}  "
+            f"step_time {f('step_time_s', '.1f')} s")
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -121,6 +121,9 @@ class ScienceWorldEnv(TextEnv):
         splits = self._splits()
         return T.split_task_ids(splits, self.tasks, split, self.variations_per_task)
 
+    def task_type(self, task_id: str) -> str:
+        return T.parse_task_id(task_id)[0]
+
     def _splits(self) -> dict:
         try:
             return T.load_splits()

@@ -42,7 +42,10 @@ def test_eval_on_held_out_split(run_dir, tmp_path):
     for key in ("success_rate", "score_mean", "turns_success_mean", "cap_rate"):
         assert key in rep
     eps = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
-    assert [e["task_id"] for e in eps] == ["coin/20000", "coin/20001", "coin/20002"]
+    # 3 of the test split's tasks, a seeded sample (TWX "coin" has one task type), as the report says
+    sel = rep["task_selection"]
+    assert sel["method"] == "stratified" and sel["num_tasks"] == 3 and sel["per_type"]["coin"][0] == 3
+    assert len({e["task_id"] for e in eps}) == 3 and all(e["task_id"].startswith("coin/") for e in eps)
 
 
 def test_cli_errors_list_choices():

@@ -314,3 +314,19 @@ def test_benchmark_handcoded_40_valid_unseen_and_planner(data_dir, tmp_path):
     assert report["handcoded"]["n"] == 40 and report["handcoded"]["success"] >= 0.85, report["handcoded"]
     for split in ("gen_seen", "gen_unseen"):
         assert report["planner"][split]["success"] == 1.0 and report["planner"][split]["n"] == 12
+
+
+
+# ---------------------------------------------------------------------------------- held-out selection
+def test_eval_num_tasks_30_covers_every_task_type_of_valid_unseen(data_dir, cache_dir):
+    from agentq.config import load_config
+    from agentq.eval.evaluate import choose_eval_tasks
+
+    over = ["env=alfworld", f"env.kwargs.data_dir={data_dir}", f"env.kwargs.cache_dir={cache_dir}"]
+    sel = choose_eval_tasks(load_config(over), "valid_unseen", 30)
+    assert sel.method == "stratified" and sel.num_available == 134 and len(sel.tasks) == 30
+    assert sorted(sel.per_type) == sorted(gen.TASK_TYPES)
+    assert all(chosen >= 1 for chosen, _ in sel.per_type.values()), sel.per_type
+    # the first 30 of the type-sorted list (what eval played before) leave types out
+    first = choose_eval_tasks(load_config(over + ["eval.selection=first"]), "valid_unseen", 30)
+    assert sum(1 for chosen, _ in first.per_type.values() if chosen) < len(gen.TASK_TYPES)

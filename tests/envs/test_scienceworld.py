@@ -342,3 +342,15 @@ def test_eight_envs_long_episodes_stay_under_cap():
     assert peak < 1200, peak
     for e in envs:
         e.close()
+
+
+def test_eval_num_tasks_30_covers_every_task_type_of_test(env):
+    from agentq.config import load_config
+    from agentq.eval.evaluate import choose_eval_tasks
+
+    sel = choose_eval_tasks(load_config(["env=scienceworld"]), "test", 30)
+    assert sel.method == "stratified" and sel.num_available == 1819 and len(sel.tasks) == 30
+    assert len(sel.per_type) == 30 and all(chosen == 1 for chosen, _ in sel.per_type.values()), sel.per_type
+    # the type read off the id is the one the episode reports
+    _, info = env.reset(options={"task_id": sel.tasks[-1]})
+    assert info["task_type"] == env.unwrapped.task_type(sel.tasks[-1])

@@ -4,7 +4,6 @@ web view in headless Chromium (skipped when Chromium is not installed)."""
 from __future__ import annotations
 
 import itertools
-import shutil
 import threading
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from agentq.envs.webshop.pages import Session
 from agentq.envs.webshop.reward import (compute_reward, fuzzy_match, heuristic_nouns, normalize_color,
                                         type_reward)
 from agentq.envs.webshop.shop import build_shop, get_shop
+from conftest import NO_CHROMIUM, chromium, headless_chromium
 
 FIXTURE = Path(__file__).parent / "fixtures" / "webshop"
 CONF = Path(__file__).resolve().parents[2] / "conf" / "env" / "webshop.yaml"
@@ -391,17 +391,9 @@ def test_reset_is_seeded_and_ids_are_checked(env):
 
 
 # ------------------------------------------------------------------------------------ web view
-def _chromium() -> tuple[str, str] | None:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    return (browser, driver) if browser and driver else None
-
-
-@pytest.mark.skipif(_chromium() is None, reason="needs Chromium and ChromeDriver "
-                    "(apt-get install -y chromium chromium-driver)")
+@pytest.mark.skipif(chromium() is None, reason=NO_CHROMIUM)
 def test_web_view_in_headless_chromium(tmp_path):
-    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
-    from selenium.webdriver.chrome.service import Service
+    pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -413,14 +405,7 @@ def test_web_view_in_headless_chromium(tmp_path):
     server = make_server("127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_port}"
-    browser, driver_path = _chromium()
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1200,1000",
-                f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        opts.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
+    driver = headless_chromium(tmp_path / "chromium-profile")
     try:
         shop = server.app.config["webshop_env"].shop
         session = Session(shop, shop.goals[0])          # goal test/0, followed in the browser by the oracle

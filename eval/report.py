@@ -1,0 +1,251 @@
+"""`agentq report <run>`: one static HTML file (no server, no network) describing an RL run.
+
+Sections: the learning curves (PNG, embedded), the held-out evaluations (eval/step_*/eval.json),
+K3 and InterQ-RL's α by turn over training (from metrics.jsonl and the segment history), and an
+episode viewer over the segment history (`segments/step_*.parquet`): every turn's observation and
+reply, each action token coloured by δ = log π_old − log μ, by the behaviour log-prob log μ or by
+the turn's retention α (a switch at the top; the numbers are in each token's tooltip), with the
+episode's reward and advantage.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from pathlib import Path
+
+from agentq.utils.logging import read_metrics
+
+from .segments import read_segments, segment_steps
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px;max-width:1200px;color:#222}
+h1{font-size:22px} h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:8px 0} td,th{border:1px solid #ddd;padding:3px 7px;text-align:right}
+th{background:#f4f4f4} td.l,th.l{text-align:left}
+details.episode{border:1px solid #ccc;border-radius:6px;margin:6px 0;padding:4px 8px}
+details.episode summary{cursor:pointer}
+.turn{border-left:6px solid var(--alpha);margin:8px 0;padding:4px 8px;background:#fafafa}
+.obs{white-space:pre-wrap;color:#555;font-size:12px;max-height:12em;overflow:auto}
+.act{font-family:ui-monospace,monospace;margin-top:4px}
+.t{white-space:pre;border-radius:2px}
+body.by-delta .t{background:var(--d)} body.by-logp .t{background:var(--l)} body.by-alpha .t{background:var(--a)}
+.meta{color:#666;font-size:12px}
+.legend span{display:inline-block;padding:1px 6px;margin-right:4px}
+"""
+
+SWITCH_JS = """
+function colourBy(mode){document.body.className='by-'+mode;}
+"""
+
+
+def _png_data_uri(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _fmt(v, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{digits}f}"
+    return html.escape(str(v))
+
+
+# ---------------------------------------------------------------------- colours
+def delta_colour(delta: float, scale: float) -> str:
+    """δ > 0 (π_old above μ) red, δ < 0 blue, opacity |δ| / scale (capped at 1)."""
+    a = min(1.0, abs(delta) / scale) if scale > 0 else 0.0
+    return f"rgba(220,40,40,{a:.3f})" if delta > 0 else f"rgba(40,90,220,{a:.3f})"
+
+
+def logp_colour(logp: float) -> str:
+    """log μ: likely tokens (log μ ≈ 0) pale, unlikely ones (log μ ≤ −5) deep orange."""
+    return f"rgba(230,140,0,{min(1.0, -logp / 5.0):.3f})"
+
+
+def alpha_colour(alpha: float | None) -> str:
+    """α from red (0) through yellow to green (1); grey when the objective has no α."""
+    if alpha is None or math.isnan(alpha):
+        return "#bbb"
+    return f"hsl({120 * max(0.0, min(1.0, alpha)):.0f},70%,45%)"
+
+
+# ---------------------------------------------------------------------- sections
+def curves_section(rows: list[dict], cfg: dict) -> str:
+    from .plots import learning_curve_figure, mismatch_figure
+
+    parts = ["<h2 id='curves'>Learning curves</h2>"]
+    if not any("reward_mean" in r for r in rows):
+        return parts[0] + "<p>No training steps in metrics.jsonl.</p>"
+    split = (cfg.get("env") or {}).get("eval_split")
+    parts.append(f"<img alt='learning curve' src='{_png_data_uri(learning_curve_figure(rows, split=split))}'>")
+    parts.append(f"<img alt='mismatch' src='{_png_data_uri(mismatch_figure(rows))}'>")
+    return "\n".join(parts)
+
+
+def eval_section(run_dir: Path) -> str:
+    reports = [json.loads(p.read_text()) for p in sorted((run_dir / "eval").glob("step_*/eval.json"))]
+    out = ["<h2 id='evals'>Held-out evaluations</h2>"]
+    if not reports:
+        return out[0] + "<p>No evaluations in this run.</p>"
+    out.append("<table id='eval-table'><tr><th>step</th><th class=l>split</th><th>episodes</th><th>success</th>"
+               "<th>95 % CI</th><th>score</th><th>turns (won)</th><th>step cap</th><th class=l>tasks</th></tr>")
+    for r in reports:
+        lo, hi = r.get("success_ci95") or [None, None]
+        sel = (r.get("task_selection") or {}).get("description", "")
+        out.append(f"<tr><td>{r.get('step')}</td><td class=l>{_fmt(r.get('split'))}</td><td>{r.get('episodes')}</td>"
+                   f"<td>{_fmt(r.get('success_rate'))}</td><td>{_fmt(lo)}–{_fmt(hi)}</td><td>{_fmt(r.get('score_mean'))}</td>"
+                   f"<td>{_fmt(r.get('turns_success_mean'), 2)}</td><td>{_fmt(r.get('cap_rate'))}</td>"
+                   f"<td class=l>{html.escape(sel)}</td></tr>")
+    out.append("</table>")
+    last = reports[-1]
+    types = last.get("per_task_type") or {}
+    if types:
+        out.append(f"<p>Per task type at step {last.get('step')}:</p><table id='eval-types'>"
+                   "<tr><th class=l>task type</th><th>episodes</th><th>success</th><th>score</th></tr>")
+        for k, v in types.items():
+            out.append(f"<tr><td class=l>{html.escape(k)}</td><td>{v['episodes']}</td>"
+                       f"<td>{_fmt(v['success_rate'])}</td><td>{_fmt(v.get('score_mean'))}</td></tr>")
+        out.append("</table>")
+    return "\n".join(out)
+
+
+def by_turn_section(rows: list[dict], seg_by_step: dict[int, list[dict]]) -> str:
+    """Steps × turns tables of K3 (metrics.jsonl's k3_by_turn) and of the median α per turn (segments)."""
+    train = [r for r in rows if "k3_by_turn" in r]
+    out = ["<h2 id='by-turn'>K3 and α by turn over training</h2>"]
+    if not train:
+        return out[0] + "<p>No k3_by_turn in metrics.jsonl.</p>"
+    n_turns = max(len(r["k3_by_turn"] or []) for r in train)
+    k3_max = max([v for r in train for v in (r["k3_by_turn"] or []) if v is not None and not math.isnan(v)] or [0.0])
+    head = "".join(f"<th>{s}</th>" for s in range(1, n_turns + 1))
+    out.append(f"<p>K3 per action token of turn s (colour: share of the largest, {_fmt(k3_max)}).</p>"
+               f"<table id='k3-by-turn'><tr><th>step</th>{head}</tr>")
+    for r in train:
+        cells = []
+        for v in (r["k3_by_turn"] or []) + [None] * (n_turns - len(r["k3_by_turn"] or [])):
+            bg = delta_colour(v, k3_max) if v and k3_max > 0 else "none"
+            cells.append(f"<td style='background:{bg}'>{_fmt(v)}</td>")
+        out.append(f"<tr><td>{r['step']}</td>{''.join(cells)}</tr>")
+    out.append("</table>")
+    if any(s["alpha"] is not None for rs in seg_by_step.values() for s in rs):
+        out.append(f"<p>Median retention α of turn s over the step's trajectories.</p>"
+                   f"<table id='alpha-by-turn'><tr><th>step</th>{head}</tr>")
+        for step, rs in sorted(seg_by_step.items()):
+            cells = []
+            for s in range(1, n_turns + 1):
+                vals = sorted(x["alpha"] for x in rs if x["turn"] == s and x["tokens"] > 0 and x["alpha"] is not None)
+                med = vals[len(vals) // 2] if vals else None
+                cells.append(f"<td style='background:{alpha_colour(med) if med is not None else 'none'}'>{_fmt(med)}</td>")
+            out.append(f"<tr><td>{step}</td>{''.join(cells)}</tr>")
+        out.append("</table>")
+    return "\n".join(out)
+
+
+def episode_html(ep: list[dict], delta_scale: float) -> str:
+    """One trajectory (its segment rows, turn order) as a <details> block."""
+    first = ep[0]
+    outcome = "won" if first["won"] else first.get("end_reason") or "lost"
+    head = (f"episode {first['episode_id']} · task {html.escape(str(first['task_id']))} · {outcome} · "
+            f"reward {_fmt(first['reward'])} · advantage {_fmt(first['advantage'])} · {len(ep)} turns")
+    turns = []
+    for seg in ep:
+        toks = []
+        texts = seg.get("token_text") or [str(i) for i in seg["token_ids"]]
+        for text, lp, d in zip(texts, seg["logp_behaviour"], seg["delta"]):
+            tip = f"log μ = {lp:.4f}  δ = {d:.3g}  α = {_fmt(seg['alpha'])}"
+            style = (f"--d:{delta_colour(d, delta_scale)};--l:{logp_colour(lp)};--a:{alpha_colour(seg['alpha'])}")
+            toks.append(f"<span class=t style='{style}' title='{html.escape(tip, quote=True)}'>{html.escape(text)}</span>")
+        turns.append(
+            f"<div class=turn style='--alpha:{alpha_colour(seg['alpha'])}' data-turn='{seg['turn']}'>"
+            f"<div class=meta>turn {seg['turn']} · {seg['tokens']} tokens · Σδ {_fmt(seg['delta_sum'])} · "
+            f"m {_fmt(seg['m'])} · H {_fmt(seg['H'])} · α {_fmt(seg['alpha'])}</div>"
+            f"<div class=obs>{html.escape(seg.get('observation') or '')}</div>"
+            f"<div class=act>{''.join(toks)}</div>"
+            f"<div class=meta>action: {html.escape(str(seg.get('action')))} → "
+            f"{html.escape((seg.get('feedback') or '')[:300])}</div></div>")
+    return (f"<details class=episode data-episode='{first['episode_id']}'><summary>{head}</summary>"
+            f"{''.join(turns)}</details>")
+
+
+def viewer_section(seg_by_step: dict[int, list[dict]], max_episodes: int) -> str:
+    out = ["<h2 id='episodes'>Episode viewer</h2>"]
+    if not seg_by_step:
+        return out[0] + "<p>No segment history (segments/step_*.parquet) in this run.</p>"
+    deltas = sorted(abs(d) for rs in seg_by_step.values() for s in rs for d in s["delta"])
+    scale = deltas[int(0.99 * (len(deltas) - 1))] if deltas else 0.0
+    scale = scale if scale > 0 else (deltas[-1] if deltas else 0.0)
+    out.append(
+        "<p>Colour action tokens by: "
+        "<label><input type=radio name=colour id=colour-delta onclick=\"colourBy('delta')\" checked> δ = log π_old − log μ "
+        f"(red +, blue −; full colour at |δ| = {_fmt(scale)}, the 99th percentile)</label> "
+        "<label><input type=radio name=colour id=colour-logp onclick=\"colourBy('logp')\"> behaviour log μ "
+        "(deep at ≤ −5)</label> "
+        "<label><input type=radio name=colour id=colour-alpha onclick=\"colourBy('alpha')\"> retention α "
+        "(green 1 → red 0)</label>. Hover a token for its numbers; the bar left of a turn is its α.</p>")
+    for step, rs in sorted(seg_by_step.items()):
+        eps: dict[int, list[dict]] = {}
+        for s in rs:
+            eps.setdefault(s["episode_id"], []).append(s)
+        out.append(f"<h3 id='step-{step}'>Step {step} ({len(eps)} trajectories"
+                   f"{', first ' + str(max_episodes) + ' shown' if len(eps) > max_episodes else ''})</h3>")
+        for eid in sorted(eps)[:max_episodes]:
+            out.append(episode_html(sorted(eps[eid], key=lambda s: s["turn"]), scale))
+    return "\n".join(out)
+
+
+def viewer_steps(steps: list[int], k: int) -> list[int]:
+    """Up to k steps spread over the run, always the first and the last."""
+    if len(steps) <= k:
+        return steps
+    return sorted({steps[round(i * (len(steps) - 1) / (k - 1))] for i in range(k)})
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_steps_k: int = 4,
+                 max_episodes: int = 16) -> Path:
+    """Render `<run>/report.html` (or `out`).
+
+    Args:
+        run_dir: an RL run folder (config.yaml, metrics.jsonl, optionally eval/ and segments/).
+        out: the HTML file to write (default <run>/report.html).
+        viewer_steps_k: steps the episode viewer shows (spread over the run, first and last included).
+        max_episodes: trajectories shown per step.
+    Returns:
+        The path of the HTML file.
+    """
+    import yaml
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "metrics.jsonl").exists():
+        raise FileNotFoundError(f"{run_dir} is not an agentq run folder (no metrics.jsonl)")
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    all_steps = segment_steps(run_dir)
+    seg_by_step: dict[int, list[dict]] = {}
+    if all_steps:
+        alpha_cols = ["step", "turn", "tokens", "alpha"]
+        for r in read_segments(run_dir, columns=alpha_cols).to_pylist():
+            seg_by_step.setdefault(r["step"], []).append(r)
+    shown = {s: read_segments(run_dir, steps=[s]).to_pylist() for s in viewer_steps(all_steps, viewer_steps_k)}
+    env = (cfg.get("env") or {}).get("name", "?")
+    algo = (cfg.get("algo") or {}).get("name", "?")
+    steps = max((r["step"] for r in rows if "reward_mean" in r), default=0)
+    title = f"agentq run {run_dir.name}: {env} · {algo} · {steps} steps"
+    body = "\n".join([
+        f"<h1 id='title'>{html.escape(title)}</h1>",
+        "<p><a href='#curves'>curves</a> · <a href='#evals'>evaluations</a> · <a href='#by-turn'>by turn</a> · "
+        "<a href='#episodes'>episodes</a></p>",
+        curves_section(rows, cfg), eval_section(run_dir), by_turn_section(rows, seg_by_step),
+        viewer_section(shown, max_episodes)])
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{CSS}</style><script>{SWITCH_JS}</script></head><body class='by-delta'>{body}</body></html>")
+    out = Path(out) if out else run_dir / "report.html"
+    out.write_text(page, encoding="utf-8")
+    return out

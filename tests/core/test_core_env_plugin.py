@@ -1,0 +1,105 @@
+"""An environment from outside agentq: the worked example of docs/adding-an-environment.md, built
+from that page into a temporary folder, found as a plugin (entry points) and as "module:Class",
+trained 2 RL steps and evaluated through the `agentq` command. agentq's own tree is not touched."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from conftest import REPO, run_cli
+
+DOC = REPO / "docs" / "adding-an-environment.md"
+
+
+def _doc_files() -> dict[str, str]:
+    """The doc's code blocks whose first line is `# file: <path>`."""
+    blocks = re.findall(r"```\w*\n# file: (\S+)\n(.*?)```", DOC.read_text(), flags=re.S)
+    return {path: body for path, body in blocks}
+
+
+def _entry_points(pyproject: str) -> str:
+    """entry_points.txt as pip would write it from the example's pyproject.toml."""
+    import tomllib
+
+    eps = tomllib.loads(pyproject)["project"]["entry-points"]
+    return "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in items.items()) + "\n"
+                   for group, items in eps.items())
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A folder that, on sys.path / PYTHONPATH, holds the example package and its dist-info (the
+    metadata `pip install` writes: importlib.metadata finds the entry points there)."""
+    files = _doc_files()
+    assert set(files) == {"guess_env/__init__.py", "guess_env/conf/env/guess.yaml", "pyproject.toml"}
+    root = tmp_path_factory.mktemp("site")
+    for path in ("guess_env/__init__.py", "guess_env/conf/env/guess.yaml"):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(files[path])
+    (root / "guess_env" / "conf" / "__init__.py").write_text("")
+    info = root / "guess_env-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: guess-env\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(_entry_points(files["pyproject.toml"]))
+    sys.path.insert(0, str(root))
+    yield root
+    sys.path.remove(str(root))
+
+
+def _git_status() -> str:
+    return subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+
+
+def test_plugin_and_module_class_routes_make_the_env(site):
+    import agentq.envs as envs
+    from agentq.config import load_config
+
+    assert envs.plugins()["guess"] == "guess_env:GuessEnv"
+    assert envs.env_id("guess") == "plugin/guess"
+    assert envs.env_id("guess_env:GuessEnv") == "ext/guess_env.GuessEnv"
+    env = envs.make("guess_env:GuessEnv", split="test", expert=True)
+    check_env(env.unwrapped)
+    obs, info = env.reset(options={"task_id": "16/401"})        # target 1 + 401·7919 mod 16 = 16
+    assert obs == "I am thinking of a number between 1 and 16." and info["task_type"] == "range16"
+    actions = []
+    while True:
+        actions.append(info["expert_action"])
+        obs, reward, term, trunc, info = env.step(actions[-1])
+        if term or trunc:
+            break
+    assert actions == ["guess 8", "guess 12", "guess 14", "guess 15", "guess 16"] and reward == 1.0 and info["won"]
+    env.close()
+    # the plugin's config package joins Hydra's search path by itself; a folder can also be given
+    assert load_config(["env=guess"]).env.name == "guess"
+    conf = load_config(["env=guess", "env.name=guess_env:GuessEnv",
+                        f"hydra.searchpath=[file://{site / 'guess_env' / 'conf'}]"])
+    assert conf.env.name == "guess_env:GuessEnv" and conf.env.max_steps == 6
+    with pytest.raises(Exception, match="plugins: \\['guess'\\]"):
+        envs.env_id("gues")
+    with pytest.raises(TypeError, match="not an agentq TextEnv"):
+        envs.make("gymnasium.envs.classic_control:CartPoleEnv")
+
+
+def test_plugin_trains_two_steps_and_evaluates_from_the_cli(site, tmp_path):
+    before = _git_status()
+    out = tmp_path / "run"
+    env = {"PYTHONPATH": str(site)}
+    p = run_cli(["train", "env=guess", "trainer.steps=2", "trainer.tasks_per_step=2", "trainer.group_size=2",
+                 "trainer.eval_num_tasks=4", "env_pool.num_workers=1", f"trainer.out_dir={out}"], extra_env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward_mean" in r] == [1, 2]
+    final = json.loads((out / "eval" / "step_000002" / "eval.json").read_text())
+    assert final["episodes"] == 4 and final["env"] == "guess"
+    assert final["task_selection"]["per_type"] == {"range16": [2, 40], "range8": [2, 40]}
+    p = run_cli(["eval", f"checkpoint={out / 'checkpoints' / 'step_000002'}", "env=guess", "eval.num_tasks=6",
+                 "env_pool.num_workers=1", f"eval.out_dir={tmp_path / 'ev'}"], extra_env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert rep["episodes"] == 6 and set(rep["per_task_type"]) <= {"range8", "range16"}
+    assert _git_status() == before                               # agentq's tree untouched

@@ -1,0 +1,63 @@
+"""Ray env pools on a 2-CPU local cluster: requests sized to the free CPUs (never a wait for an
+actor that cannot be placed), and `agentq train env_pool=ray env_pool.num_workers=2` running its
+periodic and final evaluations to the end. Each test starts its own cluster in a subprocess."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from agentq.pool.ray_pool import cpus_per_worker
+from conftest import REPO, run_cli
+
+pytest.importorskip("ray")
+
+
+def test_cpus_per_worker_by_hand():
+    assert cpus_per_worker(8.0, 2) == 1.0          # room for all: one each
+    assert cpus_per_worker(2.0, 3) == 0.66         # ⌊100·2/3⌋/100
+    assert cpus_per_worker(0.5, 2) == 0.25
+    assert cpus_per_worker(0.0, 2) == 0.0          # all held: zero-CPU actors, placed anyway
+
+
+POOLS = """
+import warnings, ray
+from agentq.pool import EnvSpec, make_pool
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+spec = EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 5,
+                                     "game_params": {"coin": "numLocations=2"}})
+def plays(pool):
+    rs = pool.reset([(i, {"seed": i, "options": {"task_id": f"coin/{i}"}}) for i in range(pool.num_envs)])
+    return all(r.ok for r in rs)
+a = make_pool("ray", spec, 2, num_workers=2)                   # takes both CPUs
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    b = make_pool("ray", spec, 2, num_workers=2, start_timeout_s=120)   # nothing free
+print("A", a.cpus_per_worker, plays(a), "B", b.cpus_per_worker, plays(b), "warned", any("no free CPU" in str(x.message) for x in w))
+a.close(); b.close()
+import time; time.sleep(1)
+c = make_pool("ray", spec, 3, num_workers=3)                   # 2 CPUs free again, 3 workers
+print("C", c.cpus_per_worker, plays(c))
+c.close(); ray.shutdown()
+"""
+
+
+def test_second_pool_fits_beside_the_first_on_two_cpus():
+    p = subprocess.run([sys.executable, "-c", POOLS], cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [line for line in p.stdout.splitlines() if line[:2] in ("A ", "C ")]
+    assert lines == ["A 1.0 True B 0.0 True warned True", "C 0.66 True"]
+
+
+def test_train_and_final_eval_complete_with_ray_on_two_cpus(tmp_path):
+    out = tmp_path / "run"
+    p = run_cli(["train", "env=textworld_express", "env.max_steps=3", "env.max_new_tokens=12", "trainer.steps=2",
+                 "trainer.tasks_per_step=2", "trainer.group_size=2", "trainer.eval_every=1", "trainer.eval_num_tasks=3",
+                 "env_pool=ray", "env_pool.num_workers=2", "env_pool.num_cpus=2", f"trainer.out_dir={out}"],
+                timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["final_eval"]["episodes"] == 3 and summary["final_eval"]["errors"] == 0
+    assert json.loads((out / "eval" / "step_000001" / "eval.json").read_text())["episodes"] == 3
