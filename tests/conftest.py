@@ -48,3 +48,16 @@ def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 900):
     env = dict(os.environ)
     return subprocess.run([sys.executable, "-m", "agentq.cli", *args], cwd=cwd or REPO, env=env, timeout=timeout,
                           capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A small local Ray cluster (2 CPUs) for one test module (tests/distributed/); always shut down."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
