@@ -72,7 +72,7 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
     return cfg
 
 
-_GROUPS = ("env", "model", "rollout", "algo", "trainer", "env_pool")
+_GROUPS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "placement")
 
 
 def _is_group_choice(override: str) -> bool:

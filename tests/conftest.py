@@ -75,3 +75,16 @@ def headless_chromium(profile_dir: Path):
                 f"--user-data-dir={profile_dir}"):
         opts.add_argument(arg)
     return webdriver.Chrome(service=Service(driver_path), options=opts)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A small local Ray cluster (2 CPUs) for one test module (tests/distributed/); always shut down."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -170,6 +170,9 @@ class AgentLoop:
             results = policy(reqs, [active[s]["info"] for s in slots])
             to_step, invalid = [], []
             for s, r in zip(slots, results):
+                if r.finish_reason == "error":      # the backend lost the episode (a dead rollout worker)
+                    finish(s, "error", r.error)
+                    continue
                 traj: Trajectory = active[s]["traj"]
                 traj.turns += 1
                 traj.append(r.token_ids, sampled=True, seg=traj.turns, logps=r.logprobs)

@@ -81,36 +81,57 @@ class Learner:
         n = batch.num_seqs
         mb = minibatch_size or n
         sums: dict[str, float] = {}
-        count = 0
         grad_norms = []
         for _ in range(epochs):
             perm = torch.randperm(n, generator=generator)
             for s in range(0, n, mb):
-                idx = perm[s: s + mb]
-                minib = batch.index(idx)
-                total_units = objective.agg_units(minib)
-                if total_units == 0:
-                    continue
-                self.opt.zero_grad(set_to_none=True)
-                for rows in length_sorted_chunks(minib.attention_mask.sum(1), self.micro_batch_size):
-                    micro = minib.index(rows)
-                    L = int(micro.attention_mask.sum(1).max())
-                    micro = _trim(micro, L).to(self.device)
-                    share = objective.agg_units(micro) / total_units
-                    logp = sequence_logprobs(self.model, micro.input_ids, micro.attention_mask)
-                    loss, stats = objective.loss(logp, micro)
-                    (loss * share).backward()
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + float(v) * share
-                    sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) * share
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)))
-                self.opt.step()
-                count += 1
+                norm = self.minibatch_step(batch.index(perm[s: s + mb]), objective, sums)
+                if norm is not None:
+                    grad_norms.append(norm)
         self.version += 1
-        out = {k: v / max(count, 1) for k, v in sums.items()}
-        out["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1) if grad_norms else 0.0
-        out["optimizer_steps"] = count
-        return out
+        return update_summary(sums, grad_norms)
+
+    def minibatch_step(self, minib: PolicyBatch, objective: Objective, sums: dict[str, float]) -> float | None:
+        """One optimizer step on a minibatch (gradients accumulated over micro-batches, clipped).
+        Adds the minibatch's loss statistics into `sums`; returns the pre-clip gradient norm, or
+        None when the minibatch has no unit of the objective (no step)."""
+        if not self.accumulate_grads(minib, objective, sums):
+            return None
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+        self.opt.step()
+        return norm
+
+    def accumulate_grads(self, minib: PolicyBatch, objective: Objective, sums: dict[str, float]) -> bool:
+        """Zero the gradients, then accumulate the minibatch loss's gradient over micro-batches of the
+        rows this process owns (`local_rows`; all of them here), each weighted by its share of the
+        whole minibatch's units, and combine across processes (`reduce_grads`; nothing here). Returns
+        False (nothing computed) when the minibatch has no unit."""
+        total_units = objective.agg_units(minib)
+        if total_units == 0:
+            return False
+        self.opt.zero_grad(set_to_none=True)
+        local = minib.index(self.local_rows(minib))
+        for rows in length_sorted_chunks(local.attention_mask.sum(1), self.micro_batch_size):
+            micro = local.index(rows)
+            L = int(micro.attention_mask.sum(1).max())
+            micro = _trim(micro, L).to(self.device)
+            share = objective.agg_units(micro) / total_units
+            logp = sequence_logprobs(self.model, micro.input_ids, micro.attention_mask)
+            loss, stats = objective.loss(logp, micro)
+            (loss * share).backward()
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * share
+            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) * share
+        self.reduce_grads()
+        return True
+
+    # hooks of the data-parallel learner (agentq/learner/distributed.py): which rows of a minibatch
+    # this process computes, and how its partial gradients become the minibatch's
+    def local_rows(self, minib: PolicyBatch) -> torch.Tensor:
+        return torch.arange(minib.num_seqs)
+
+    def reduce_grads(self) -> None:
+        pass
 
     # ------------------------------------------------------------------ weights out
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -124,6 +145,16 @@ class Learner:
 
     def report(self) -> dict[str, int]:
         return quantized_module_report(self.model)
+
+
+def update_summary(sums: dict[str, float], grad_norms: list[float]) -> dict[str, float]:
+    """The update's logged numbers: per-step means of the loss statistics, the mean gradient norm,
+    the number of optimizer steps."""
+    count = len(grad_norms)
+    out = {k: v / max(count, 1) for k, v in sums.items()}
+    out["grad_norm"] = sum(grad_norms) / count if count else 0.0
+    out["optimizer_steps"] = count
+    return out
 
 
 def length_sorted_chunks(lengths: torch.Tensor, size: int) -> list[torch.Tensor]:

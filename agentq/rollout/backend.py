@@ -55,8 +55,10 @@ class TurnResult:
     token_ids: list[int]
     logprobs: list[float]            # log μ(token) under the distribution sampled from, fp32
     finish_reason: str               # "stop": a stop token was sampled (and is included);
-                                     # "stop_string": the last token completed a stop string; "length"
+                                     # "stop_string": the last token completed a stop string; "length";
+                                     # "error": the backend lost the episode (a dead rollout worker)
     policy_version: int = 0
+    error: str | None = None         # why, for finish_reason "error" (the episode is reported as errored)
 
 
 @dataclass

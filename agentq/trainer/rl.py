@@ -27,11 +27,11 @@ from agentq.eval.metrics import summarize
 from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
 from agentq.learner.batch import collate
-from agentq.learner.learner import Learner
 from agentq.utils.checkpoint import save_hf_checkpoint
 from agentq.utils.logging import MetricsLogger, console, jsonable, progress, step_line
 
 from . import setup
+from .placement import Placement
 
 
 def run_dir_for(cfg: DictConfig) -> Path:
@@ -73,10 +73,13 @@ class RLTrainer:
         self.tokenizer = setup.load_tokenizer(path)
         self.chat = ChatFormat.from_tokenizer(self.tokenizer)
         self.rollout_spec, learner_spec = setup.quant_specs(cfg)
-        self.learner = Learner(path, learner_spec, dtype=self.dtype, device=str(self.device), lr=float(t.lr),
-                               weight_decay=float(t.weight_decay), betas=tuple(t.betas), grad_clip=float(t.grad_clip),
-                               use_reference=float(cfg.algo.kl_coef) > 0, micro_batch_size=int(t.micro_batch_size),
-                               ref_path=self.init_path if resume_ckpt is not None else None)
+        # where the engines and learner ranks run (placement=single: both here, as before)
+        self.placement = Placement(cfg)
+        self.learner = self.placement.learner(
+            path, learner_spec, dtype=self.dtype, device=str(self.device), lr=float(t.lr),
+            weight_decay=float(t.weight_decay), betas=tuple(t.betas), grad_clip=float(t.grad_clip),
+            use_reference=float(cfg.algo.kl_coef) > 0, micro_batch_size=int(t.micro_batch_size),
+            ref_path=self.init_path if resume_ckpt is not None else None)
         if state is not None:
             self.learner.opt.load_state_dict(state["optimizer"])
             self.start_step = int(state["step"])
@@ -87,7 +90,7 @@ class RLTrainer:
             console.print(f"resumed from {resume_ckpt} at step {self.start_step}")
         self.n_episodes = int(t.tasks_per_step) * int(t.group_size)
         self.n_conc = max(1, min(self.n_episodes, int(t.max_concurrent), int(cfg.rollout.max_slots)))
-        self.engine = setup.make_backend(cfg, path, self.device, self.dtype, self.tokenizer, max_slots=self.n_conc)
+        self.engine = self.placement.rollout(cfg, path, self.device, self.dtype, self.tokenizer, max_slots=self.n_conc)
         self.engine.update_weights(self.learner.named_weights(), version=self.start_step)
         self.objective = make_objective(cfg.algo.objective, clip_eps=float(cfg.algo.clip_eps),
                                         dual_clip=float(cfg.algo.dual_clip), kl_coef=float(cfg.algo.kl_coef),
@@ -234,6 +237,7 @@ class RLTrainer:
     def close(self):
         self.logger.close()
         self.pool.close()
+        self.placement.close()
 
 
 def train(cfg: DictConfig) -> dict:

@@ -11,7 +11,7 @@ GROUPS = {g.name: sorted(p.stem for p in g.glob("*.yaml")) for g in CONF.iterdir
 
 
 def test_groups_exist():
-    assert set(GROUPS) == {"env", "model", "rollout", "algo", "trainer", "env_pool"}
+    assert set(GROUPS) == {"env", "model", "rollout", "algo", "trainer", "env_pool", "placement"}
     assert {"bf16", "flashrl_tis", "ais", "qurl", "qat", "qat_tis", "qat_ais", "interq", "tbpo"} <= set(GROUPS["algo"])
 
 

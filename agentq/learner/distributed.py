@@ -1,0 +1,228 @@
+"""Data-parallel learner: M learner ranks (Ray actors) joined in one torch.distributed group.
+
+Every rank holds a full replica (master weights, AdamW state, the aligned QAT forward, the KL
+reference). The driver keeps the RL step's batch logic (advantages, `Objective.prepare` on the
+whole batch: IS weights and InterQ-RL retention are per trajectory, computed before any split)
+and ships each rank the whole batch plus the minibatch plan; the ranks split only the *rows*:
+
+* old/ref log-probs: each rank computes its share of the rows, the driver reassembles them;
+* update: for every minibatch each rank accumulates the gradient of its rows over micro-batches,
+  each micro-batch weighted by its share of the *whole minibatch's* units (action tokens or
+  trajectories), so the sum over ranks is the one-process gradient; one flat all-reduce (SUM) per
+  optimizer step combines them (the collective DDP issues, without its per-backward hooks, which
+  do not fit uneven row shares and gradient accumulation); clipping and AdamW then run
+  identically on every rank, so the replicas stay equal.
+
+The backend is gloo on CPU and NCCL on CUDA (same code; only the CPU path is tested, see
+docs/distributed.md). FSDP2 (sharded masters and optimizer state) is the path for models whose
+replica does not fit one GPU; it is not implemented.
+"""
+from __future__ import annotations
+
+import datetime
+import socket
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from agentq.algos.base import Objective, PolicyBatch
+
+from .learner import Learner, update_summary
+
+
+class RankLearner(Learner):
+    """One data-parallel rank: a `Learner` whose minibatch gradient covers its own rows and is
+    summed across the group. Runs inside a Ray actor (see `DataParallelLearner`)."""
+
+    def __init__(self, rank: int, world_size: int, model_path: str, spec, threads: int | None = None, **kw):
+        if threads:
+            torch.set_num_threads(int(threads))
+        if kw.get("device") == "auto":
+            kw["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+        super().__init__(model_path, spec, **kw)
+        self.rank, self.world_size = rank, world_size
+
+    # -------------------------------------------------------------- process group
+    @staticmethod
+    def rendezvous_address() -> tuple[str, int]:
+        """This node's IP and a free TCP port (called on rank 0; the group's store listens there)."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def init_group(self, host: str, port: int, timeout_s: float) -> str:
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
+                                world_size=self.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+        return backend
+
+    # -------------------------------------------------------------- hooks of Learner
+    def local_rows(self, minib: PolicyBatch) -> torch.Tensor:
+        return shard_rows(minib.attention_mask.sum(1), self.rank, self.world_size)
+
+    def reduce_grads(self) -> None:
+        """Sum every parameter's gradient over the ranks (one flat buffer, one all-reduce). A rank
+        whose share was empty contributes zeros."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset: offset + n].view_as(p).clone()
+            offset += n
+
+    # -------------------------------------------------------------- called by the driver
+    def logprobs_rows(self, batch: PolicyBatch, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(old, ref) log-probs of `rows` of the batch ([n, L] each; ref None without a reference)."""
+        part = batch.index(rows)
+        return self.logprobs(part), (self.logprobs(part, self.ref) if self.ref is not None else None)
+
+    def update_minibatches(self, batch: PolicyBatch, objective: Objective,
+                           plan: list[torch.Tensor]) -> tuple[dict[str, float], list[float]]:
+        """One optimizer step per minibatch of the plan (row indices into `batch`). Returns this
+        rank's share of the loss statistics (the driver sums them) and the gradient norms."""
+        sums: dict[str, float] = {}
+        norms = []
+        for idx in plan:
+            norm = self.minibatch_step(batch.index(idx), objective, sums)
+            if norm is not None:
+                norms.append(norm)
+        self.version += 1
+        return sums, norms
+
+    def reduced_gradient(self, minib: PolicyBatch, objective: Objective) -> torch.Tensor:
+        """The minibatch's summed gradient, flattened (no optimizer step): for tests and checks."""
+        self.accumulate_grads(minib, objective, {})
+        return flat_grad(self.model)
+
+    def state_dict_cpu(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def optimizer_state(self) -> dict:
+        return self.opt.state_dict()
+
+    def load_optimizer_state(self, state: dict) -> None:
+        self.opt.load_state_dict(state)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def shard_rows(lengths: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank `rank`'s rows: every world_size-th row in order of length, so the ranks get about the
+    same number of tokens; the shards of all ranks partition the rows."""
+    order = torch.argsort(lengths, descending=True, stable=True)
+    return order[rank::world_size]
+
+
+def flat_grad(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).cpu()
+                      for p in model.parameters() if p.requires_grad])
+
+
+class _RemoteOptimizer:
+    """What the trainer reads of an optimizer (state_dict / load_state_dict), for checkpoints:
+    rank 0's state is saved; a loaded state goes to every rank."""
+
+    def __init__(self, owner: "DataParallelLearner"):
+        self._owner = owner
+
+    def state_dict(self) -> dict:
+        return self._owner._get(self._owner.ranks[0].optimizer_state.remote())
+
+    def load_state_dict(self, state: dict) -> None:
+        ref = self._owner._ray.put(state)
+        self._owner._get([r.load_optimizer_state.remote(ref) for r in self._owner.ranks])
+
+
+class DataParallelLearner:
+    """The driver's handle on M `RankLearner` actors, with the `Learner` interface the RL trainer
+    uses (`fill_old_and_ref`, `update`, `named_weights`, `model` and `opt` for checkpoints).
+
+    Args:
+        model_path: HF checkpoint folder (readable on every node that hosts a rank).
+        spec: the learner's QuantSpec (aligned: the rollout's).
+        world_size: learner ranks.
+        actor_options: per-rank Ray actor options (resources, scheduling strategy), a list of M.
+        timeout_s: bound on any call to the ranks (and the process group's collectives).
+        learner_kw: the `Learner` arguments (lr, dtype, device, micro_batch_size, ...).
+    """
+
+    def __init__(self, model_path: str, spec, world_size: int, actor_options: list[dict], timeout_s: float = 600.0,
+                 threads: int | None = None, **learner_kw: Any):
+        import ray
+        from transformers import AutoModelForCausalLM
+
+        if world_size < 1:
+            raise ValueError(f"placement.learner_ranks={world_size}: must be ≥ 1")
+        self._ray, self.timeout_s = ray, float(timeout_s)
+        cls = ray.remote(max_restarts=0)(RankLearner)
+        self.ranks = [cls.options(**actor_options[r]).remote(r, world_size, model_path, spec, threads=threads,
+                                                             **learner_kw)
+                      for r in range(world_size)]
+        host, port = self._get(self.ranks[0].rendezvous_address.remote())
+        self.backend = self._get([r.init_group.remote(host, port, self.timeout_s) for r in self.ranks])[0]
+        # the driver's copy of the weights: for checkpoints and the weight sync to the engines
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=learner_kw.get("dtype", torch.float32))
+        self.opt = _RemoteOptimizer(self)
+        self.world_size = world_size
+        self.version = 0
+
+    def _get(self, refs):
+        return self._ray.get(refs, timeout=self.timeout_s)
+
+    def fill_old_and_ref(self, batch: PolicyBatch) -> None:
+        ref = self._ray.put(batch)
+        shards = [shard_rows(batch.attention_mask.sum(1), r, self.world_size) for r in range(self.world_size)]
+        outs = self._get([rank.logprobs_rows.remote(ref, rows) for rank, rows in zip(self.ranks, shards)])
+        batch.old_logp = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        has_ref = outs[0][1] is not None
+        batch.ref_logp = torch.zeros_like(batch.old_logp) if has_ref else None
+        for rows, (old, refp) in zip(shards, outs):
+            batch.old_logp[rows] = old
+            if has_ref:
+                batch.ref_logp[rows] = refp
+
+    def update(self, batch: PolicyBatch, objective: Objective, epochs: int = 1, minibatch_size: int | None = None,
+               generator: torch.Generator | None = None) -> dict[str, float]:
+        """As `Learner.update`: the same minibatch plan (drawn from `generator` exactly as there),
+        each minibatch's rows split over the ranks."""
+        n = batch.num_seqs
+        mb = minibatch_size or n
+        plan = []
+        for _ in range(epochs):
+            perm = torch.randperm(n, generator=generator)
+            plan += [perm[s: s + mb] for s in range(0, n, mb)]
+        ref = self._ray.put(batch)
+        outs = self._get([r.update_minibatches.remote(ref, objective, plan) for r in self.ranks])
+        sums: dict[str, float] = {}
+        for part, _ in outs:
+            for k, v in part.items():
+                sums[k] = sums.get(k, 0.0) + v
+        self.version += 1
+        return update_summary(sums, outs[0][1])
+
+    def reduced_gradients(self, minib: PolicyBatch, objective: Objective) -> list[torch.Tensor]:
+        """Every rank's summed minibatch gradient (flat; equal across ranks), no optimizer step."""
+        ref = self._ray.put(minib)
+        return self._get([r.reduced_gradient.remote(ref, objective) for r in self.ranks])
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Rank 0's master weights by HF name (all ranks hold the same); the driver's copy follows."""
+        self.model.load_state_dict(self._get(self.ranks[0].state_dict_cpu.remote()))
+        return iter(self.model.state_dict().items())
+
+    def close(self) -> None:
+        for r in self.ranks:
+            try:
+                self._ray.get(r.close.remote(), timeout=30)
+                self._ray.kill(r)
+            except Exception:
+                pass
+        self.ranks = []

@@ -1,0 +1,183 @@
+"""Where the rollout engines and the learner ranks run (`placement=single|colocated|split`).
+
+* `single` (default): one `TorchEngine` and one `Learner` in the trainer process, no Ray.
+* `split`: a Ray placement group with one bundle per engine, then one per learner rank (one GPU
+  each when the cluster has GPUs); engines and ranks never share a device.
+* `colocated`: bundle i holds engine i and learner rank i (half a GPU each when GPUs are used).
+
+The engines form a `DistributedBackend` (agentq/rollout/distributed.py) and the ranks a
+`DataParallelLearner` (agentq/learner/distributed.py); both have the interfaces the RL trainer
+already uses, so the RL step is the same code in every mode. Commands and what each process does
+on several nodes: docs/distributed.md.
+"""
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from . import setup
+
+MODES = ("single", "colocated", "split")
+WEIGHT_SYNCS = ("object_store",)
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+class Placement:
+    """Reserves the cluster resources a mode needs and builds the learner and rollout backend on them.
+
+    Args:
+        cfg: the run's config (reads `placement`, `ray`, `rollout`, `env`, `dtype`, `torch_threads`).
+    """
+
+    def __init__(self, cfg: DictConfig):
+        p = cfg.placement
+        self.mode = str(p.mode)
+        if self.mode not in MODES:
+            raise ValueError(f"placement.mode={self.mode!r}; valid: {list(MODES)}")
+        self.rollout_workers, self.learner_ranks = int(p.rollout_workers), int(p.learner_ranks)
+        self.timeout_s = float(p.timeout_s)
+        self._ray = None
+        self._started_ray = False
+        self._pg = None
+        self._parts: list = []
+        if self.mode == "single":
+            return
+        for key in ("rollout_workers", "learner_ranks"):
+            if int(p[key]) < 1:
+                raise ValueError(f"placement.{key}={p[key]}: must be ≥ 1")
+        if p.weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"placement.weight_sync={p.weight_sync!r}; valid: {list(WEIGHT_SYNCS)} "
+                             "(an NCCL broadcast is the planned GPU path: DistributedBackend.publish_weights)")
+        if p.strategy not in STRATEGIES:
+            raise ValueError(f"placement.strategy={p.strategy!r}; valid: {list(STRATEGIES)}")
+        self._start_ray(cfg)
+        self.use_gpus = self._resolve_gpus(p.use_gpus)
+        self.cpus = float(p.cpus_per_actor)
+        self.device = "cuda" if self.use_gpus else "cpu"
+        self.dtype = actor_dtype(cfg.dtype, self.use_gpus)
+        self.threads = max(1, int(self.cpus)) if not self.use_gpus else None
+        self._reserve(str(p.strategy))
+
+    # -------------------------------------------------------------- cluster
+    def _start_ray(self, cfg: DictConfig) -> None:
+        import ray
+
+        self._ray = ray
+        if not ray.is_initialized():
+            address = cfg.ray.address
+            ray.init(address=address, num_cpus=None if address else cfg.ray.num_cpus, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+            self._started_ray = True
+
+    def _resolve_gpus(self, use_gpus) -> bool:
+        have = self._ray.cluster_resources().get("GPU", 0) > 0
+        if use_gpus == "auto":
+            return have
+        if not isinstance(use_gpus, bool):
+            raise ValueError(f"placement.use_gpus={use_gpus!r}; valid: auto, true, false")
+        if use_gpus and not have:
+            raise RuntimeError("placement.use_gpus=true but the Ray cluster has no GPU")
+        return use_gpus
+
+    def bundles(self) -> list[dict[str, float]]:
+        """The placement group's bundles: split → engines then ranks, one device each; colocated →
+        max(engines, ranks) bundles, each holding engine i and rank i."""
+        gpu = {"GPU": 1.0} if self.use_gpus else {}
+        if self.mode == "split":
+            return [{"CPU": self.cpus, **gpu} for _ in range(self.rollout_workers + self.learner_ranks)]
+        return [{"CPU": 2 * self.cpus, **gpu} for _ in range(max(self.rollout_workers, self.learner_ranks))]
+
+    def _reserve(self, strategy: str) -> None:
+        from ray.util.placement_group import placement_group
+
+        bundles = self.bundles()
+        self._pg = placement_group(bundles, strategy=strategy)
+        try:
+            self._ray.get(self._pg.ready(), timeout=self.timeout_s)
+        except self._ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"placement={self.mode}: the Ray cluster ({self._ray.cluster_resources()}) cannot "
+                               f"hold the bundles {bundles} within {self.timeout_s:.0f} s; lower "
+                               "placement.rollout_workers / learner_ranks / cpus_per_actor or add nodes") from None
+
+    def actor_options(self, bundle: int) -> dict:
+        """Ray options of an actor in `bundle`: its CPU share, its GPU (a whole one in split, half
+        in colocated) and the bundle pin."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        gpu = (1.0 if self.mode == "split" else 0.5) if self.use_gpus else 0
+        return {"num_cpus": self.cpus, "num_gpus": gpu,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=self._pg,
+                                                                        placement_group_bundle_index=bundle)}
+
+    def engine_bundle(self, i: int) -> int:
+        return i
+
+    def rank_bundle(self, r: int) -> int:
+        return self.rollout_workers + r if self.mode == "split" else r
+
+    # -------------------------------------------------------------- components
+    def learner(self, model_path: str, spec, **learner_kw):
+        """A `Learner` in this process (single) or a `DataParallelLearner` over the ranks.
+
+        Args:
+            model_path: HF checkpoint folder (every node hosting a rank must read it).
+            spec: the learner QuantSpec.
+            learner_kw: `Learner` keyword arguments; device and dtype are the placement's for ranks.
+        """
+        if self.mode == "single":
+            from agentq.learner.learner import Learner
+
+            return Learner(model_path, spec, **learner_kw)
+        from agentq.learner.distributed import DataParallelLearner
+
+        kw = {**learner_kw, "device": self.device, "dtype": self.dtype}
+        learner = DataParallelLearner(model_path, spec, self.learner_ranks,
+                                      [self.actor_options(self.rank_bundle(r)) for r in range(self.learner_ranks)],
+                                      timeout_s=self.timeout_s, threads=self.threads, **kw)
+        self._parts.append(learner)
+        return learner
+
+    def rollout(self, cfg: DictConfig, model_path: str, device: torch.device, dtype: torch.dtype, tokenizer,
+                max_slots: int):
+        """The rollout backend: today's engine in this process (single), or the engines as Ray actors
+        (their weights arrive with the trainer's first `update_weights`)."""
+        if self.mode == "single":
+            return setup.make_backend(cfg, model_path, device, dtype, tokenizer, max_slots=max_slots)
+        from transformers import AutoConfig
+
+        from agentq.rollout.distributed import DistributedBackend
+
+        if cfg.rollout.backend != "torch":
+            raise ValueError(f"rollout.backend={cfg.rollout.backend!r}; valid: ['torch']")
+        spec, _ = setup.quant_specs(cfg)
+        engine_kw = {"max_len": int(cfg.env.max_context_tokens), "dtype": self.dtype, "device": self.device,
+                     "prefill_chunk": int(cfg.rollout.prefill_chunk)}
+        backend = DistributedBackend(AutoConfig.from_pretrained(model_path), spec, self.rollout_workers, max_slots,
+                                     [self.actor_options(self.engine_bundle(i)) for i in range(self.rollout_workers)],
+                                     engine_kw, tokenizer=tokenizer, timeout_s=self.timeout_s, threads=self.threads)
+        self._parts.append(backend)
+        return backend
+
+    def close(self) -> None:
+        """Stop the actors, free the placement group, and stop Ray if this placement started it."""
+        for part in self._parts:
+            part.close()
+        self._parts = []
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)
+            self._pg = None
+        if self._started_ray:
+            self._ray.shutdown()
+            self._started_ray = False
+
+
+def actor_dtype(dtype: str, use_gpus: bool) -> torch.dtype:
+    """The actors' compute dtype: `dtype`, with auto → bfloat16 on GPUs, float32 on CPU."""
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype == "auto":
+        return torch.bfloat16 if use_gpus else torch.float32
+    if dtype not in names:
+        raise ValueError(f"dtype={dtype!r}; valid: {sorted(names)} or auto")
+    return names[dtype]

@@ -1,0 +1,125 @@
+"""Rollout workers: N TorchEngines in Ray actors behind one RolloutBackend (`DistributedBackend`).
+
+Episodes stick to one worker (their KV cache and sampling generator live there), the results equal
+one in-process engine's turn for turn, weights broadcast through the object store are requantized
+on every worker, and a killed worker is restarted with the latest weights while the episodes it
+served come back as errors, which the agent loop reports as errored episodes."""
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agentq.agent import ActionParser, AgentLoop, BackendPolicy, ChatFormat, EpisodeSpec, PromptConfig, episode_seed
+from agentq.kernels import QuantSpec
+from agentq.pool import EnvSpec, InlinePool
+from agentq.rollout import SamplingParams, TurnRequest
+from agentq.rollout.distributed import DistributedBackend
+from agentq.rollout.torch_engine.engine import TorchEngine
+
+SPEC = QuantSpec.preset("w8a8_kv8")
+SP = SamplingParams(max_new_tokens=8)
+
+
+def weights(path):
+    return load_file(str(next(path.glob("*.safetensors"))))
+
+
+def perturbed(w, scale=1e-2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + scale * torch.randn(v.shape, generator=g) * v.abs().mean() if v.is_floating_point() else v
+            for k, v in w.items()}
+
+
+def distributed(path, tokenizer, workers=2, max_slots=8):
+    from transformers import AutoConfig
+
+    return DistributedBackend(AutoConfig.from_pretrained(path), SPEC, workers, max_slots, [{"num_cpus": 0.5}] * workers,
+                              {"max_len": 1024, "dtype": torch.float32, "device": "cpu"}, tokenizer=tokenizer,
+                              timeout_s=120, threads=1)
+
+
+def turn(eids, contexts):
+    return [TurnRequest(e, contexts[e], SP, seed=1000 + e) for e in eids]
+
+
+def test_workers_match_one_engine_and_a_killed_worker_is_restarted(ray_cluster, tiny_model_dir, tokenizer):
+    local = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=8, max_len=1024, tokenizer=tokenizer)
+    dist = distributed(tiny_model_dir, tokenizer)
+    try:
+        dist.update_weights(weights(tiny_model_dir).items(), version=0)    # both start from the checkpoint
+        w1 = perturbed(weights(tiny_model_dir))
+        stats = [b.update_weights(w1.items(), version=1) for b in (local, dist)]
+        # fresh-scale requantization on the workers: the same fraction of int8 codes changes as locally
+        assert stats[1].int8_codes_changed == pytest.approx(stats[0].int8_codes_changed, abs=0)
+        assert stats[1].int8_codes_changed > 0 and dist.policy_version == 1
+        ctx = {e: [5 + (e * 7 + j) % 80 for j in range(12 + e)] for e in range(4)}
+
+        def both(eids):
+            a, b = local.generate(turn(eids, ctx)), dist.generate(turn(eids, ctx))
+            for x, y in zip(a, b):
+                assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason
+                assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
+                ctx[x.episode_id] = ctx[x.episode_id] + x.token_ids + [9, 10]   # the next turn's context
+            return b
+
+        both([0, 1, 2, 3])
+        owners = [dist.worker_of(e) for e in range(4)]
+        assert sorted(owners) == [0, 0, 1, 1]            # least-loaded assignment: 2 episodes each
+        both([0, 1, 2, 3])                               # turn 2 goes to the same workers (sticky)
+        assert [dist.worker_of(e) for e in range(4)] == owners
+
+        ray_cluster.kill(dist.workers[1])
+        res = dist.generate(turn([0, 1, 2, 3], ctx))
+        lost = [e for e in range(4) if owners[e] == 1]
+        assert [r.finish_reason == "error" for r in res] == [owners[e] == 1 for e in range(4)]
+        assert all("rollout worker 1 died" in res[e].error for e in lost) and dist.restarts == 1
+        assert dist._load == [2, 0]                      # the restarted worker holds nothing
+
+        # the restarted worker came back with the latest weights: new episodes on it equal the local engine
+        for e in lost:
+            local.release(e)
+        for e in (4, 5):
+            ctx[e] = [11 + j for j in range(10)]
+        both([4, 5])
+        assert [dist.worker_of(e) for e in (4, 5)] == [1, 1]
+    finally:
+        dist.close()
+
+
+def test_agent_loop_reports_a_worker_killed_mid_step_as_errored_episodes(ray_cluster, tiny_model_dir, tokenizer):
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 4,
+                                                    "game_params": {"coin": "numLocations=2"}}), 4)
+    loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(), SamplingParams(max_new_tokens=12),
+                     max_turns=4, max_context_tokens=1024)
+    dist = distributed(tiny_model_dir, tokenizer)
+    dist.update_weights(weights(tiny_model_dir).items(), version=0)
+
+    class KillAfterFirstTurn(BackendPolicy):
+        """Kills worker 1 once the first turn has come back (a crash in the middle of the step)."""
+        calls = 0
+
+        def __call__(self, requests, infos):
+            out = super().__call__(requests, infos)
+            self.calls += 1
+            if self.calls == 1:
+                self.owners = {r.episode_id: dist.worker_of(r.episode_id) for r in requests}
+                ray_cluster.kill(dist.workers[1])
+            return out
+
+    try:
+        specs = [EpisodeSpec(e, f"coin/{e}", "train", seed=episode_seed(0, e)) for e in range(4)]
+        policy = KillAfterFirstTurn(dist)
+        trajs = loop.run(specs, policy)
+        on_dead = {e for e, w in policy.owners.items() if w == 1}
+        assert len(on_dead) == 2 and dist.restarts == 1
+        for t in trajs:
+            if t.episode_id in on_dead and t.turns == 1:     # still running when the worker died
+                assert t.end_reason == "error" and "rollout worker 1 died" in t.error
+            else:
+                assert t.end_reason != "error"
+        assert sum(t.end_reason == "error" for t in trajs) >= 1
+        again = loop.run([EpisodeSpec(e, f"coin/{e}", "train", seed=e) for e in range(10, 14)], BackendPolicy(dist))
+        assert all(t.end_reason != "error" for t in again)   # the restarted worker serves new episodes
+    finally:
+        dist.close()
+        pool.close()
