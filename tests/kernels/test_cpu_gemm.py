@@ -34,6 +34,22 @@ def test_every_path_gives_int_mm_bits(path):
     assert biggest == 3000 * 128 * 128 > 2 ** 24     # the sums really leave fp32's exact integers
 
 
+@pytest.mark.parametrize("path", cpu_gemm.PATHS)
+def test_as_float_equals_the_int32_cast_from_int8_or_fp32_codes(path):
+    """int8_matmul_as_float (the linears' entry: codes possibly held in fp32) is int8_matmul(...).float()
+    bit for bit, sign of zero included (an all-zero row times negative codes)."""
+    gen = torch.Generator().manual_seed(3)
+    with cpu_gemm.use_path(path):
+        for m, k, n in SHAPES:
+            x_q, w_q = _codes((m, k), gen), _codes((n, k), gen)
+            x_q[-1] = 0
+            ref = torch._int_mm(x_q, w_q.t()).float()
+            for xc, wc in ((x_q, w_q), (x_q.float(), w_q.float()), (x_q.float(), w_q)):
+                got = cpu_gemm.int8_matmul_as_float(xc, wc)
+                assert got.dtype == torch.float32 and torch.equal(got, ref), (path, m, k, n)
+                assert torch.equal(torch.signbit(got), torch.signbit(ref))
+
+
 def test_fp32_path_stays_exact_when_matmul_precision_is_lowered():
     """'medium'/'high' let BLAS use bf16/TF32 for fp32 matmuls; the fp32 path then goes to fp64."""
     gen = torch.Generator().manual_seed(1)
@@ -61,8 +77,11 @@ def test_linears_are_bit_identical_on_every_path(path):
         (y * torch.arange(70.0)).sum().backward()
         return quant.w8a8_linear(x, w_q, s_w, b, SPEC), y.detach(), xs.grad, ws.grad
 
-    with cpu_gemm.use_path("int_mm"):
-        ref = run()
+    # independent reference: int8 codes, the float64 GEMM, the epilogue written out, STE gradients by hand
+    x_q, s_x = quant.quantize_act(x.reshape(-1, 1100), SPEC)
+    y_ref = ((quant.int8_matmul_ref(x_q, w_q).float() * s_x[:, None]) * s_w + b).reshape(3, 11, 70)
+    g = torch.arange(70.0).expand(33, 70)
+    ref = (y_ref, y_ref, (g @ (w_q.float() * s_w[:, None])).reshape(3, 11, 1100), g.t() @ (x_q.float() * s_x[:, None]))
     with cpu_gemm.use_path(path):
         got = run()
     for a, r in zip(got, ref):
