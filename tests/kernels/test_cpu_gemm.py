@@ -119,3 +119,20 @@ def test_choice_env_var_config_and_errors(monkeypatch):
 def test_real_probe_times_every_path():
     times = cpu_gemm.probe((4, 64, 32))
     assert set(times) == set(cpu_gemm.PATHS) and all(0 < t < 5 for t in times.values())
+
+
+def test_cpu_benchmark_tables(capsys):
+    """eval/bench_cpu.py's GEMM timing and its side-by-side table (the RL arms are the benchmark's job)."""
+    from agentq.eval import bench_cpu
+
+    rows = bench_cpu.gemm_ms([(4, 64, 8)], reps=1)
+    assert rows[0]["shape"] == [4, 64, 8] and all(rows[0][p] > 0 for p in cpu_gemm.PATHS)
+    arm = {"step_time_s": 60.0, "rollout_time_s": 20.0, "train_time_s": 40.0, "eval_time_s": 30.0, "eval_episodes": 20,
+           "check": {"reward_mean": 0.5}}
+    bench_cpu.print_table({"cpu_capability": "AVX2", "onednn_int8": False, "emulated_no_vnni": True,
+                           "chosen_path": "fp32", "probe_ms": {"int_mm": 9.0, "fp32": 0.4, "fp64": 0.8},
+                           "gemm_ms_1_thread": rows, "same_bits": True,
+                           "arms": {"off (int_mm)": arm, "on (fp32)": {**arm, "step_time_s": 10.0}},
+                           "speedup_off_over_on": {"step_time_s": 6.0}})
+    out = capsys.readouterr().out
+    assert "6.00×" in out and "chosen path fp32" in out and "same episodes and update on both arms: True" in out
