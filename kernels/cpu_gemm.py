@@ -41,6 +41,10 @@ def int_mm(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(x_q, w_q.t())
 
 
+def _fp32_exact_ok(k: int) -> bool:
+    return k <= FP32_EXACT_K and torch.get_float32_matmul_precision() == "highest"
+
+
 def float_exact(x_q: torch.Tensor, w_q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """X_q · W_qᵀ → int32 through a float matmul: exact for fp64 (one matmul) and fp32 (K in chunks
     of `FP32_EXACT_K`, chunk sums added in int32). Needs full-precision fp32 matmul (no TF32/bf16
@@ -165,3 +169,17 @@ def _has_vnni() -> bool:
 def int8_matmul(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
     """X_q[M,K] int8 · W_q[N,K]ᵀ int8 → int32 [M,N] on this process's CPU path."""
     return run_path(current_path(), x_q, w_q)
+
+
+def int8_matmul_as_float(x_c: torch.Tensor, w_c: torch.Tensor) -> torch.Tensor:
+    """`int8_matmul(x_c, w_c).float()` bit for bit, from int8 codes or the same codes held in fp32.
+
+    On the fp32 path with K ≤ `FP32_EXACT_K` this is one fp32 matmul and nothing else: its sums are
+    exact integers ≤ 2²⁴, the values the int32 → fp32 cast gives; fp32 codes also skip the int8 →
+    fp32 casts. (The casts are the learner's largest cost after the GEMM itself.)"""
+    path = current_path()
+    if path == "fp32" and _fp32_exact_ok(x_c.shape[1]):
+        return (x_c.float() @ w_c.float().t()).add_(0.0)     # + 0: a -0.0 sum becomes the cast's +0.0
+    if path == "int_mm":
+        return int_mm(x_c.to(torch.int8), w_c.to(torch.int8)).float()
+    return run_path(path, x_c, w_c).float()

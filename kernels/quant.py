@@ -39,9 +39,15 @@ def _absmax_scale(x: torch.Tensor, floor: float) -> torch.Tensor:
 
 def quantize_rows(x: torch.Tensor, floor: float, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 over the last dim (one scale per row). Returns (codes int8, scales fp32 [...])."""
+    codes, scale = quantize_rows_f32(x, floor, rounding)
+    return codes.to(torch.int8), scale
+
+
+def quantize_rows_f32(x: torch.Tensor, floor: float, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_rows` with the int8 codes held in fp32 (exact): for float GEMMs, which would cast them back."""
     scale = _absmax_scale(x, floor)
     codes = round_half(x.detach().float() / scale.unsqueeze(-1), rounding).clamp_(QMIN, QMAX)
-    return codes.to(torch.int8), scale
+    return codes, scale
 
 
 def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
@@ -114,9 +120,9 @@ def int8_matmul(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
 def w8a8_epilogue(acc: torch.Tensor, s_x: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
                   out_dtype: torch.dtype) -> torch.Tensor:
     """Y = ((acc · s_x[m]) · s_w[n]) (+ bias) in fp32, then cast. The order is part of the spec."""
-    y = acc.float() * s_x.unsqueeze(-1) * s_w
+    y = (acc.float() * s_x.unsqueeze(-1)).mul_(s_w)      # in place on the temporary: same ops, same order
     if bias is not None:
-        y = y + bias.float()
+        y = y.add_(bias.float())
     return y.to(out_dtype)
 
 
@@ -125,9 +131,16 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, bias: tor
     """Quantized linear: per-token int8 X, per-channel int8 W, int32 accumulate, fp32 rescale."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    x_q, s_x = quantize_act(x2, spec)
-    y = w8a8_epilogue(int8_matmul(x_q, w_q), s_x, s_w, bias, x.dtype)
+    x_c, s_x = quantize_rows_f32(x2, spec.act_scale_floor, spec.act_rounding)
+    y = w8a8_epilogue(_codes_matmul(x_c, w_q), s_x, s_w, bias, x.dtype)
     return y.reshape(*shape[:-1], w_q.shape[0])
+
+
+def _codes_matmul(x_c: torch.Tensor, w_c: torch.Tensor) -> torch.Tensor:
+    """int8_matmul(x_c, w_c).float() for codes held as int8 or fp32 (CPU: without needless casts)."""
+    if x_c.device.type == "cpu":
+        return cpu_gemm.int8_matmul_as_float(x_c, w_c)
+    return int8_matmul(x_c.to(torch.int8), w_c.to(torch.int8)).float()
 
 
 # ---------------------------------------------------------------------- learner: STE fake quant
@@ -137,10 +150,12 @@ class _W8A8STE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x2, w, bias, spec):
-        x_q, s_x = quantize_act(x2, spec)
-        w_q, s_w = quantize_weight(w, spec)
-        y = w8a8_epilogue(int8_matmul(x_q, w_q), s_x, s_w, bias, x2.dtype)
-        ctx.save_for_backward(x_q, s_x, w_q, s_w)
+        x_c, s_x = quantize_rows_f32(x2, spec.act_scale_floor, spec.act_rounding)
+        w_c, s_w = quantize_rows_f32(w, spec.weight_scale_floor, spec.weight_rounding)
+        y = w8a8_epilogue(_codes_matmul(x_c, w_c), s_x, s_w, bias, x2.dtype)
+        if not x2.is_cpu:                      # GPU memory: keep int8 codes for backward
+            x_c, w_c = x_c.to(torch.int8), w_c.to(torch.int8)
+        ctx.save_for_backward(x_c, s_x, w_c, s_w)
         ctx.has_bias = bias is not None
         ctx.dtypes = (x2.dtype, w.dtype)
         return y

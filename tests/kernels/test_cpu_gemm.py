@@ -34,6 +34,22 @@ def test_every_path_gives_int_mm_bits(path):
     assert biggest == 3000 * 128 * 128 > 2 ** 24     # the sums really leave fp32's exact integers
 
 
+@pytest.mark.parametrize("path", cpu_gemm.PATHS)
+def test_as_float_equals_the_int32_cast_from_int8_or_fp32_codes(path):
+    """int8_matmul_as_float (the linears' entry: codes possibly held in fp32) is int8_matmul(...).float()
+    bit for bit, sign of zero included (an all-zero row times negative codes)."""
+    gen = torch.Generator().manual_seed(3)
+    with cpu_gemm.use_path(path):
+        for m, k, n in SHAPES:
+            x_q, w_q = _codes((m, k), gen), _codes((n, k), gen)
+            x_q[-1] = 0
+            ref = torch._int_mm(x_q, w_q.t()).float()
+            for xc, wc in ((x_q, w_q), (x_q.float(), w_q.float()), (x_q.float(), w_q)):
+                got = cpu_gemm.int8_matmul_as_float(xc, wc)
+                assert got.dtype == torch.float32 and torch.equal(got, ref), (path, m, k, n)
+                assert torch.equal(torch.signbit(got), torch.signbit(ref))
+
+
 def test_fp32_path_stays_exact_when_matmul_precision_is_lowered():
     """'medium'/'high' let BLAS use bf16/TF32 for fp32 matmuls; the fp32 path then goes to fp64."""
     gen = torch.Generator().manual_seed(1)
@@ -61,8 +77,11 @@ def test_linears_are_bit_identical_on_every_path(path):
         (y * torch.arange(70.0)).sum().backward()
         return quant.w8a8_linear(x, w_q, s_w, b, SPEC), y.detach(), xs.grad, ws.grad
 
-    with cpu_gemm.use_path("int_mm"):
-        ref = run()
+    # independent reference: int8 codes, the float64 GEMM, the epilogue written out, STE gradients by hand
+    x_q, s_x = quant.quantize_act(x.reshape(-1, 1100), SPEC)
+    y_ref = ((quant.int8_matmul_ref(x_q, w_q).float() * s_x[:, None]) * s_w + b).reshape(3, 11, 70)
+    g = torch.arange(70.0).expand(33, 70)
+    ref = (y_ref, y_ref, (g @ (w_q.float() * s_w[:, None])).reshape(3, 11, 1100), g.t() @ (x_q.float() * s_x[:, None]))
     with cpu_gemm.use_path(path):
         got = run()
     for a, r in zip(got, ref):
@@ -100,3 +119,20 @@ def test_choice_env_var_config_and_errors(monkeypatch):
 def test_real_probe_times_every_path():
     times = cpu_gemm.probe((4, 64, 32))
     assert set(times) == set(cpu_gemm.PATHS) and all(0 < t < 5 for t in times.values())
+
+
+def test_cpu_benchmark_tables(capsys):
+    """eval/bench_cpu.py's GEMM timing and its side-by-side table (the RL arms are the benchmark's job)."""
+    from agentq.eval import bench_cpu
+
+    rows = bench_cpu.gemm_ms([(4, 64, 8)], reps=1)
+    assert rows[0]["shape"] == [4, 64, 8] and all(rows[0][p] > 0 for p in cpu_gemm.PATHS)
+    arm = {"step_time_s": 60.0, "rollout_time_s": 20.0, "train_time_s": 40.0, "eval_time_s": 30.0, "eval_episodes": 20,
+           "check": {"reward_mean": 0.5}}
+    bench_cpu.print_table({"cpu_capability": "AVX2", "onednn_int8": False, "emulated_no_vnni": True,
+                           "chosen_path": "fp32", "probe_ms": {"int_mm": 9.0, "fp32": 0.4, "fp64": 0.8},
+                           "gemm_ms_1_thread": rows, "same_bits": True,
+                           "arms": {"off (int_mm)": arm, "on (fp32)": {**arm, "step_time_s": 10.0}},
+                           "speedup_off_over_on": {"step_time_s": 6.0}})
+    out = capsys.readouterr().out
+    assert "6.00×" in out and "chosen path fp32" in out and "same episodes and update on both arms: True" in out
