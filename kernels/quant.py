@@ -45,7 +45,10 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str) -> tuple[torch.T
 
 
 def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    return (codes.float() * scale.unsqueeze(-1)).to(dtype)
+    """dtype(float(codes) · scale[..., None]): the product in fp32, one rounding to `dtype`. One
+    kernel (mul with an `out` of `dtype` computes in fp32 and casts on store), same bits as
+    `(codes.float() * scale[..., None]).to(dtype)` without its two full-size fp32 temporaries."""
+    return torch.mul(codes, scale.unsqueeze(-1), out=torch.empty(codes.shape, dtype=dtype, device=codes.device))
 
 
 # ---------------------------------------------------------------------- per tensor kind

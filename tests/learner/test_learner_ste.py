@@ -136,3 +136,31 @@ def test_cuda_fast_path_equals_torch_path_and_bf16_gradients_are_close():
         assert rel <= 1e-2
     kv = torch.randn(2, 8, 512, 128, device="cuda", generator=g).bfloat16()
     assert torch.equal(ste.kv_roundtrip(kv, SPEC), ste.kv_roundtrip(kv, SPEC, backend="torch"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantize_rows_is_the_fp32_product_rounded_once(dtype):
+    codes = torch.randint(-128, 128, (33, 70), dtype=torch.int8)
+    scale = torch.rand(33) * 0.03
+    assert torch.equal(quant.dequantize_rows(codes, scale, dtype), (codes.float() * scale[:, None]).to(dtype))
+
+
+def test_activation_checkpointing_gives_the_same_update(tiny_model_dir):
+    """Recomputing decoder layers in backward changes memory, not the step (fp32, CPU)."""
+    from agentq.algos import make_objective
+    from agentq.eval.bench_learner import synthetic_batch
+    from agentq.learner.learner import Learner
+    from transformers import AutoConfig
+
+    batch = synthetic_batch(3, 40, AutoConfig.from_pretrained(tiny_model_dir).vocab_size)
+    params = []
+    for ckpt in (False, True):
+        learner = Learner(str(tiny_model_dir), SPEC, use_reference=False, lr=1e-3, micro_batch_size=2,
+                          activation_checkpointing=ckpt)
+        batch.old_logp = learner.logprobs(batch)
+        obj = make_objective("grpo", kl_coef=0.0)
+        obj.prepare(batch)
+        learner.update(batch, obj)
+        params.append([p.detach().clone() for p in learner.model.parameters()])
+    for a, b in zip(*params):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
