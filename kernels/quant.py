@@ -1,4 +1,5 @@
-"""Reference numerics (torch) for every quantizer in `QuantSpec`, and the learner's STE fake quant.
+"""Reference numerics (torch) for every quantizer in `QuantSpec` (the learner's straight-through
+versions live in `ste.py`).
 
 Everything else (Triton kernels, the engine's int8 linears and KV cache, checkpoint export) must
 produce exactly these codes and scales; `tests/kernels` checks it bit for bit.
@@ -51,7 +52,10 @@ def quantize_rows_f32(x: torch.Tensor, floor: float, rounding: str) -> tuple[tor
 
 
 def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    return (codes.float() * scale.unsqueeze(-1)).to(dtype)
+    """dtype(float(codes) · scale[..., None]): the product in fp32, one rounding to `dtype`. One
+    kernel (mul with an `out` of `dtype` computes in fp32 and casts on store), same bits as
+    `(codes.float() * scale[..., None]).to(dtype)` without its two full-size fp32 temporaries."""
+    return torch.mul(codes, scale.unsqueeze(-1), out=torch.empty(codes.shape, dtype=dtype, device=codes.device))
 
 
 # ---------------------------------------------------------------------- per tensor kind
@@ -132,69 +136,12 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, bias: tor
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     x_c, s_x = quantize_rows_f32(x2, spec.act_scale_floor, spec.act_rounding)
-    y = w8a8_epilogue(_codes_matmul(x_c, w_q), s_x, s_w, bias, x.dtype)
+    y = w8a8_epilogue(codes_matmul(x_c, w_q), s_x, s_w, bias, x.dtype)
     return y.reshape(*shape[:-1], w_q.shape[0])
 
 
-def _codes_matmul(x_c: torch.Tensor, w_c: torch.Tensor) -> torch.Tensor:
+def codes_matmul(x_c: torch.Tensor, w_c: torch.Tensor) -> torch.Tensor:
     """int8_matmul(x_c, w_c).float() for codes held as int8 or fp32 (CPU: without needless casts)."""
     if x_c.device.type == "cpu":
         return cpu_gemm.int8_matmul_as_float(x_c, w_c)
     return int8_matmul(x_c.to(torch.int8), w_c.to(torch.int8)).float()
-
-
-# ---------------------------------------------------------------------- learner: STE fake quant
-class _W8A8STE(torch.autograd.Function):
-    """Forward: the engine's exact integer path. Backward: straight-through, i.e. the gradient of
-    Y = X_fq · W_fqᵀ + b with X_fq, W_fq the dequantized tensors, flowing to the full-precision X, W."""
-
-    @staticmethod
-    def forward(ctx, x2, w, bias, spec):
-        x_c, s_x = quantize_rows_f32(x2, spec.act_scale_floor, spec.act_rounding)
-        w_c, s_w = quantize_rows_f32(w, spec.weight_scale_floor, spec.weight_rounding)
-        y = w8a8_epilogue(_codes_matmul(x_c, w_c), s_x, s_w, bias, x2.dtype)
-        if not x2.is_cpu:                      # GPU memory: keep int8 codes for backward
-            x_c, w_c = x_c.to(torch.int8), w_c.to(torch.int8)
-        ctx.save_for_backward(x_c, s_x, w_c, s_w)
-        ctx.has_bias = bias is not None
-        ctx.dtypes = (x2.dtype, w.dtype)
-        return y
-
-    @staticmethod
-    def backward(ctx, gy):
-        x_q, s_x, w_q, s_w = ctx.saved_tensors
-        xd, wd = ctx.dtypes
-        g = gy.float()
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = (g @ dequantize_rows(w_q, s_w)).to(xd)
-        if ctx.needs_input_grad[1]:
-            gw = (g.t() @ dequantize_rows(x_q, s_x)).to(wd)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = g.sum(0).to(wd)
-        return gx, gw, gb, None
-
-
-def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec) -> torch.Tensor:
-    """The learner's aligned linear: value identical to `w8a8_linear(x, *quantize_weight(w))`,
-    straight-through gradients to the master weight `w` and to `x`."""
-    shape = x.shape
-    y = _W8A8STE.apply(x.reshape(-1, shape[-1]), w, bias, spec)
-    return y.reshape(*shape[:-1], w.shape[0])
-
-
-class _KVSTE(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, spec, fp8_scale_value):
-        return kv_roundtrip(x, spec, fp8_scale_value)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None, None
-
-
-def kv_fake_quant(x: torch.Tensor, spec: QuantSpec, fp8_scale_value=None) -> torch.Tensor:
-    """Learner side of the KV cache: the dequantized value the engine reads, identity gradient."""
-    if spec.kv == "none":
-        return x
-    return _KVSTE.apply(x, spec, fp8_scale_value)

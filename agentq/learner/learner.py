@@ -19,27 +19,48 @@ from agentq.kernels.quant_spec import QuantSpec
 from .qat import align_model, quantized_module_report
 
 
-def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """[B, L] log p(token_t | tokens_<t) in fp32 (position 0 = 0). logit[target] − logsumexp(logits)
-    avoids materialising a full log-softmax."""
+    avoids materialising a full log-softmax. attention_mask None = causal only (see `model_mask`)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     tgt = input_ids[:, 1:]
     lp = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
 
 
+def model_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """The mask to give the model for a [B, L] padding mask (CPU tensor: no device sync): None when
+    every row is right-padded, since under causal attention no real token sees a pad after it —
+    attention can then run the fused causal kernel (`qat._fused_causal_ok`) instead of a masked
+    one. Pad positions' log-probs are garbage either way and never used (action_mask is 0)."""
+    m = attention_mask.bool()
+    right_padded = bool(m[:, 0].all()) and bool((m[:, 1:] <= m[:, :-1]).all())
+    return None if right_padded else attention_mask
+
+
 class Learner:
-    def __init__(self, model_path: str, spec: QuantSpec, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                 lr: float = 1e-6, weight_decay: float = 0.01, betas=(0.9, 0.999), grad_clip: float = 1.0,
-                 use_reference: bool = True, micro_batch_size: int = 8, ref_path: str | None = None):
+    def __init__(self, model_path: str | nn.Module, spec: QuantSpec, *, dtype: torch.dtype = torch.float32,
+                 device: str = "cpu", lr: float = 1e-6, weight_decay: float = 0.01, betas=(0.9, 0.999),
+                 grad_clip: float = 1.0, use_reference: bool = True, micro_batch_size: int = 8,
+                 ref_path: str | None = None, activation_checkpointing: bool = False):
+        """Args:
+            model_path: an HF checkpoint folder, or an HF causal LM (e.g. random-init for benchmarks).
+            spec: the learner's QuantSpec (`none` = unaligned); dtype/device: where it computes.
+            use_reference: keep a frozen copy for π_ref (ref_path: load it from there instead).
+            micro_batch_size: trajectories per forward; activation_checkpointing: recompute each
+                decoder layer in backward (HF gradient checkpointing) to fit long contexts.
+        """
         from transformers import AutoModelForCausalLM
 
-        def load_aligned(path: str) -> tuple[nn.Module, dict]:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)
+        def load_aligned(path: str | nn.Module) -> tuple[nn.Module, dict]:
+            model = path if isinstance(path, nn.Module) else AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            model = model.to(device=self.device, dtype=dtype)
             return model, align_model(model, spec)
 
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
         self.model, self.audit = load_aligned(model_path)
+        if activation_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         self.ref = None
         if use_reference:     # the reference sees the same fake quant (no KL floor at θ_0)
@@ -63,7 +84,7 @@ class Learner:
             am = batch.attention_mask[idx]
             L = int(am.sum(1).max())
             out[idx, :L] = sequence_logprobs(model, batch.input_ids[idx, :L].to(self.device),
-                                             am[:, :L].to(self.device)).float().cpu()
+                                             self._device_mask(am[:, :L])).float().cpu()
         model.train(was_training)
         return out
 
@@ -114,9 +135,11 @@ class Learner:
         for rows in length_sorted_chunks(local.attention_mask.sum(1), self.micro_batch_size):
             micro = local.index(rows)
             L = int(micro.attention_mask.sum(1).max())
-            micro = _trim(micro, L).to(self.device)
+            micro = _trim(micro, L)
+            mask = self._device_mask(micro.attention_mask)
+            micro = micro.to(self.device)
             share = objective.agg_units(micro) / total_units
-            logp = sequence_logprobs(self.model, micro.input_ids, micro.attention_mask)
+            logp = sequence_logprobs(self.model, micro.input_ids, mask)
             loss, stats = objective.loss(logp, micro)
             (loss * share).backward()
             for k, v in stats.items():
@@ -132,6 +155,10 @@ class Learner:
 
     def reduce_grads(self) -> None:
         pass
+
+    def _device_mask(self, attention_mask: torch.Tensor) -> torch.Tensor | None:
+        m = model_mask(attention_mask)
+        return None if m is None else m.to(self.device)
 
     # ------------------------------------------------------------------ weights out
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -2,11 +2,12 @@
 
 `align_model(model, spec)` makes the learner compute the function the engine computes:
 
-* every linear the `QuantSpec` quantizes runs `w8a8_linear_ste`: forward value from the same
-  integer path as the engine (per-token int8 X, per-channel int8 W requantized from the current
-  master weight, int32 accumulate, fp32 epilogue), straight-through gradients to the masters;
+* every linear the `QuantSpec` quantizes runs `ste.w8a8_linear_ste`: forward value from the same
+  integer path as the engine (per-token int8 X, per-channel int8 W from the current master weight,
+  int32 accumulate, fp32 epilogue; the engine's Triton kernels on CUDA), straight-through
+  gradients to the masters; the weight's codes are cached per weight version (`WeightCache`);
 * attention reads K (after RoPE and q/k-norm) and V through the KV cache's round trip
-  (`kv_fake_quant`, identity gradient), at every position, as the engine's cache does;
+  (`ste.kv_fake_quant`, identity gradient), at every position, as the engine's cache does;
 * the linear audit (`QuantSpec.check_linears`) runs first: a linear the spec does not name is
   an error, never a silent full-precision layer.
 
@@ -20,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from agentq.kernels import attention as attn_ops
-from agentq.kernels import quant
+from agentq.kernels import ste
 from agentq.kernels.quant_spec import QuantSpec
 
 ATTN_IMPL = "agentq"
@@ -30,31 +31,49 @@ class QATLinear(nn.Linear):
     """An nn.Linear whose forward is the engine's W8A8 linear with STE gradients.
 
     Installed by swapping `__class__` on existing modules, so parameter names, objects and
-    optimizer state are untouched; `spec` is the shared QuantSpec."""
+    optimizer state are untouched; `spec` is the shared QuantSpec, `weight_cache` the weight's
+    int8 codes for its current version (recomputed after each optimizer step)."""
 
     spec: QuantSpec
+    weight_cache: ste.WeightCache
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quant.w8a8_linear_ste(x, self.weight, self.bias, self.spec)
+        return ste.w8a8_linear_ste(x, self.weight, self.bias, self.spec, self.weight_cache)
+
+    def quantized_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w_q int8 [N, K], s_w fp32 [N]) of the current master weight: what the engine's sync
+        computes from it, from the cache when the weight has not changed."""
+        return self.weight_cache.get(self.weight, self.spec)
 
 
 def _agentq_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """HF attention-interface function: KV round trip through the cache numerics, then the same
     masked attention the engine runs. query [B, Hq, T, D], key/value [B, Hkv, L, D]."""
     spec: QuantSpec = getattr(module, "agentq_spec", None) or QuantSpec.preset("none")
-    key = quant.kv_fake_quant(key, spec)
-    value = quant.kv_fake_quant(value, spec)
+    key = ste.kv_fake_quant(key, spec)
+    value = ste.kv_fake_quant(value, spec)
     b, _, t, _ = query.shape
     l = key.shape[2]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if attention_mask is None and t == l and _fused_causal_ok(query):
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale,
+                                             enable_gqa=query.shape[1] != key.shape[1])
+        return out.transpose(1, 2).contiguous(), None
     if attention_mask is None:
         allowed = torch.ones(t, l, dtype=torch.bool, device=query.device).tril(l - t).expand(b, t, l)
     else:
         allowed = attention_mask[:, 0] if attention_mask.dtype == torch.bool else attention_mask[:, 0] > -1
         allowed = allowed.expand(b, t, l).clone()
         allowed[..., 0] |= ~allowed.any(-1)         # fully masked (padding) rows: avoid NaN
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = attn_ops.masked_attention(query, key, value, allowed, scale)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _fused_causal_ok(query: torch.Tensor) -> bool:
+    """A causal-only batch may use SDPA's fused kernels (flash / cuDNN, GQA without repeating K/V):
+    on CUDA in bf16/fp16, where the explicit-mask path would fall back to the math kernel. fp32
+    keeps the masked path (fp64 in no-grad passes, see `attention.attention_accum_dtype`)."""
+    return query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)
 
 
 def _register_attention():
@@ -77,6 +96,7 @@ def align_model(model: nn.Module, spec: QuantSpec) -> dict[str, list[str]]:
         m = mods[name]
         m.__class__ = QATLinear
         m.spec = spec
+        m.weight_cache = ste.WeightCache()
     for m in model.modules():
         if hasattr(m, "k_proj") and hasattr(m, "v_proj"):       # an attention block
             m.agentq_spec = spec
@@ -91,7 +111,20 @@ def unalign_model(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, QATLinear):
             m.__class__ = nn.Linear
-            del m.spec
+            del m.spec, m.weight_cache
+
+
+def invalidate_weight_caches(model: nn.Module) -> None:
+    """Drop every cached weight quantization (needed only after writes through `.data`, which
+    bypass the version counter the caches key on)."""
+    for m in model.modules():
+        if isinstance(m, QATLinear):
+            m.weight_cache.invalidate()
+
+
+def quantized_weights(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """HF weight name → (w_q, s_w) of every QAT linear, from the per-step cache (for a weight sync)."""
+    return {f"{n}.weight": m.quantized_weight() for n, m in model.named_modules() if isinstance(m, QATLinear)}
 
 
 def quantized_module_report(model: nn.Module) -> dict[str, int]:
@@ -101,5 +134,5 @@ def quantized_module_report(model: nn.Module) -> dict[str, int]:
     return {"quantized_linears": q, "full_precision_linears": full}
 
 
-__all__ = ["ATTN_IMPL", "QATLinear", "align_model", "linear_names", "quantized_module_report", "unalign_model"]
-_ = F
+__all__ = ["ATTN_IMPL", "QATLinear", "align_model", "invalidate_weight_caches", "linear_names",
+           "quantized_module_report", "quantized_weights", "unalign_model"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from agentq.kernels import QuantSpec
-from agentq.kernels import quant
+from agentq.kernels import quant, ste
 
 SPEC = QuantSpec.preset("w8a8_kv8")
 
@@ -60,7 +60,7 @@ def test_ste_linear_value_equals_engine_path_and_gradients_flow():
     x = torch.randn(5, 2048, requires_grad=True)     # K > 1040: a float matmul of dequantized values is not exact
     w = torch.randn(64, 2048, requires_grad=True)
     b = torch.randn(64, requires_grad=True)
-    y = quant.w8a8_linear_ste(x, w, b, SPEC)
+    y = ste.w8a8_linear_ste(x, w, b, SPEC)
     w_q, s_w = quant.quantize_weight(w.detach(), SPEC)
     assert torch.equal(y.detach(), quant.w8a8_linear(x.detach(), w_q, s_w, b.detach(), SPEC))
     y.sum().backward()

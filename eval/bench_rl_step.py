@@ -1,0 +1,171 @@
+"""One whole RL step on one device, `algo=interq` (W8A8-KV8 rollouts + aligned learner) vs
+`algo=bf16` (full-precision rollouts and learner), same model and synthetic multi-turn batch.
+
+The batch: E episodes (groups of G) of T turns: a P-token prompt, then per turn N sampled tokens
+(no stop token, so every turn is N long) followed by an O-token observation (random ids, the
+same for both algos). Each phase is timed the way `agentq/trainer/rl.py` runs it:
+  rollout  `TorchEngine.generate` turn by turn (delta prefill of the observation, batched decode);
+  old_ref  `Learner.fill_old_and_ref` (π_old and π_ref no-grad forwards);
+  update   the objective's `prepare` + `Learner.update` (one PPO epoch, whole-batch minibatch);
+  sync     `TorchEngine.update_weights(learner.named_weights())`.
+Only the public engine API is used, so engine speed-ups show up here unchanged. Objective
+parameters come from `conf/algo/<algo>.yaml` (read with PyYAML: no Hydra needed).
+
+    python eval/bench_rl_step.py --model 1b --episodes 64 --turns 4 --out runs/bench    # H200
+    python eval/bench_rl_step.py --model tiny --episodes 8 --turns 2 --prompt 32 --obs 16 --new 8   # CPU
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from agentq.eval.bench_learner import base_parser, random_model, release_memory, sync
+
+PHASES = ("rollout", "old_ref", "update", "sync")
+
+
+def algo_preset(name: str) -> dict:
+    """conf/algo/<name>.yaml → {"rollout_quant", "learner_quant", "objective", "params"}."""
+    import yaml
+
+    text = resources.files("agentq.conf").joinpath("algo", f"{name}.yaml").read_text()
+    doc = yaml.safe_load(text)
+    algo = doc["algo"]
+    rollout = next(d["override /rollout"] for d in doc.get("defaults", []) if isinstance(d, dict)
+                   and "override /rollout" in d)
+    params = dict(algo.get("objective_params") or {})
+    return {"rollout_quant": rollout, "learner_quant": algo["learner_quant"], "objective": algo["objective"],
+            "params": dict(params, clip_eps=algo["clip_eps"], dual_clip=algo["dual_clip"], kl_coef=algo["kl_coef"],
+                           loss_agg=algo["loss_agg"])}
+
+
+def rollout_spec_name(preset: str) -> str:
+    import yaml
+
+    return yaml.safe_load(resources.files("agentq.conf").joinpath("rollout", f"{preset}.yaml").read_text())["quant"]
+
+
+def play(engine, args, vocab: int, step: int):
+    """E episodes × T turns through `engine.generate`; returns Trajectories."""
+    from agentq.agent.trajectory import Trajectory
+    from agentq.rollout import SamplingParams, TurnRequest
+
+    g = torch.Generator().manual_seed(1000 + step)
+    sp = SamplingParams(max_new_tokens=args.new)
+    trajs = [Trajectory(episode_id=step * args.episodes + i, task_id=f"t{i // args.group}", split="train",
+                        group_id=i // args.group) for i in range(args.episodes)]
+    for t in trajs:
+        t.append(torch.randint(0, vocab, (args.prompt,), generator=g).tolist(), sampled=False)
+    for turn in range(1, args.turns + 1):
+        reqs = [TurnRequest(t.episode_id, list(t.input_ids), sp, seed=t.episode_id * 31 + turn) for t in trajs]
+        for t, r in zip(trajs, engine.generate(reqs)):
+            t.append(r.token_ids, sampled=True, seg=turn, logps=r.logprobs)
+            t.turns = turn
+            if turn < args.turns:
+                t.append(torch.randint(0, vocab, (args.obs,), generator=g).tolist(), sampled=False)
+    for t in trajs:
+        engine.release(t.episode_id)
+    return trajs
+
+
+def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
+    from agentq.algos import grpo_advantages, make_objective, mismatch_metrics
+    from agentq.kernels import QuantSpec
+    from agentq.learner.batch import collate
+    from agentq.learner.learner import Learner
+    from agentq.rollout.torch_engine.engine import TorchEngine
+
+    pre = algo_preset(name)
+    rollout_spec = QuantSpec.preset(rollout_spec_name(pre["rollout_quant"]))
+    learner_spec = rollout_spec if pre["learner_quant"] == "aligned" else QuantSpec.preset("none")
+    max_len = args.prompt + args.turns * (args.new + args.obs) + 8
+    model, cfg = random_model(args.model, max_len, device, dtype)
+    learner = Learner(model, learner_spec, dtype=dtype, device=str(device), lr=1e-6,
+                      use_reference=float(pre["params"]["kl_coef"]) > 0, micro_batch_size=args.micro)
+    engine = TorchEngine(cfg, rollout_spec, max_slots=args.episodes, max_len=max_len, dtype=dtype, device=device)
+    engine.update_weights(learner.named_weights(), version=0)
+    objective = make_objective(pre["objective"], **pre["params"])
+    times = {p: [] for p in PHASES}
+    mism = []
+    for step in range(args.warmup + args.steps):
+        t = {}
+        sync(device)
+        t0 = time.perf_counter()
+        trajs = play(engine, args, cfg.vocab_size, step)
+        sync(device)
+        t["rollout"] = time.perf_counter() - t0
+        rewards = torch.rand(len(trajs), generator=torch.Generator().manual_seed(step))
+        batch = collate(trajs, grpo_advantages(rewards, torch.tensor([x.group_id for x in trajs])))
+        t0 = time.perf_counter()
+        learner.fill_old_and_ref(batch)
+        sync(device)
+        t["old_ref"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        objective.prepare(batch)
+        learner.update(batch, objective, epochs=1, minibatch_size=args.episodes)
+        sync(device)
+        t["update"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        engine.update_weights(learner.named_weights(), version=step + 1)
+        sync(device)
+        t["sync"] = time.perf_counter() - t0
+        if step >= args.warmup:
+            for p in PHASES:
+                times[p].append(t[p])
+            mism.append(mismatch_metrics(batch))       # π_old (learner) vs μ (engine), per turn too
+        print(f"[{name}] step {step}: " + " ".join(f"{p} {t[p]:.2f}s" for p in PHASES), flush=True)
+    med = {p: statistics.median(v) for p, v in times.items()}
+    res = {"algo": name, "rollout_quant": rollout_spec.name, "learner_quant": learner_spec.name,
+           "objective": pre["objective"], "phases_s": med, "phases_all_s": times, "step_s": sum(med.values()),
+           "action_tokens": int(sum(x.num_action_tokens for x in trajs)), "tokens": int(sum(x.num_tokens for x in trajs)),
+           "mismatch": mism[-1] if mism else {}}
+    del learner, engine, model
+    release_memory(device)
+    return res
+
+
+def main(argv=None) -> dict:
+    ap = base_parser(__doc__)
+    ap.add_argument("--algos", default="interq,bf16")
+    ap.add_argument("--episodes", type=int, default=64)
+    ap.add_argument("--group", type=int, default=8, help="episodes per task (GRPO group)")
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--obs", type=int, default=128)
+    ap.add_argument("--new", type=int, default=64, help="sampled tokens per turn")
+    ap.add_argument("--micro", type=int, default=8, help="trajectories per learner forward")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=2)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    rows = {a: run_algo(a, args, device, dtype) for a in args.algos.split(",")}
+    report = {"model": args.model, "args": vars(args), "dtype": str(dtype), "torch": torch.__version__,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "results": rows}
+    print(f"\nRL step {args.model}: {args.episodes} episodes x {args.turns} turns, prompt {args.prompt}, "
+          f"obs {args.obs}, {args.new} new/turn, {report['device']} {dtype}")
+    print(f"{'algo':<8} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'step s':>8}")
+    for r in rows.values():
+        print(f"{r['algo']:<8} " + " ".join(f"{r['phases_s'][p]:>9.3f}" for p in PHASES) + f" {r['step_s']:>8.3f}")
+    for r in rows.values():
+        m = r["mismatch"]
+        print(f"{r['algo']} mismatch: max|Δlogp| {m['dlogp_abs_max']:.3e} K3 {m['k3']:.3e} K3 by turn "
+              + " ".join(f"{v:.2e}" for v in m["k3_by_turn"]))
+    if "interq" in rows and "bf16" in rows:
+        q, b = rows["interq"], rows["bf16"]
+        report["speedup_bf16_over_interq"] = b["step_s"] / q["step_s"]
+        print("bf16 / interq: " + " ".join(f"{p} {b['phases_s'][p] / q['phases_s'][p]:.2f}x" for p in PHASES)
+              + f"  step {report['speedup_bf16_over_interq']:.2f}x (> 1 = quantized faster)")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"bench_rl_step_{args.model}.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()

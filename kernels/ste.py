@@ -1,0 +1,165 @@
+"""The learner's straight-through ops: the aligned W8A8 linear and the KV-cache round trip.
+
+Forward values are the engine's (`quant.w8a8_linear`, `quant.kv_roundtrip`) bit for bit; gradients
+are straight-through. On CUDA (with Triton) the forward runs the engine's own kernels: the fused
+per-token quant (`triton_quant`) and the int8 GEMM (`triton_gemm.int8_gemm`), which are
+bit-identical to the torch reference; elsewhere the torch reference runs.
+
+**Weight cache.** `WeightCache` holds one master weight's int8 codes and scales, computed once per
+weight version: its key is the tensor's storage pointer and autograd version counter
+(`Tensor._version`), which every in-place write bumps — `optimizer.step()`, `load_state_dict`,
+`copy_` under `no_grad`. So π_old, π_ref and every micro-batch of a step quantize each weight once,
+and the next optimizer step invalidates it with no hook to forget. (Writes through `.data` bypass
+the counter: call `invalidate()` after those.) The codes are what the engine computes at a weight
+sync (`quantize_weight` of the same tensor), so the cache can feed a sync.
+
+**STE variant (backward).** Y = X_fq · W_fqᵀ + b with X_fq, W_fq the dequantized tensors; the
+gradient goes straight through to the full-precision X and W:
+  dX = dY · W_fq,   dW = dYᵀ · X_fq,   db = Σ_rows dY.
+The backward runs in the compute dtype: fp32 for fp32 models (bit-identical to the previous fp32
+backward), bf16/fp16 GEMMs (fp32 accumulation in cuBLAS) for half-precision models, with W_fq
+dequantized once per weight version (cached beside the codes, built at the first backward) and
+X_fq dequantized from the saved int8 codes (1 byte per activation saved instead of 2).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import quant
+from ._interp import HAVE_TRITON
+from .quant_spec import QuantSpec
+
+
+def triton_path(t: torch.Tensor, backend: str | None = None) -> bool:
+    """Whether the Triton kernels run for tensor `t`: backend "triton" forces them (e.g. under
+    TRITON_INTERPRET=1 on CPU), "torch" forbids them, None = on CUDA when Triton is importable."""
+    if backend not in (None, "triton", "torch"):
+        raise ValueError(f"backend={backend!r}; valid: None, 'triton', 'torch'")
+    if backend is not None:
+        return backend == "triton"
+    return t.is_cuda and HAVE_TRITON
+
+
+def _quantize_rows(x: torch.Tensor, floor: float, rounding: str, backend: str | None):
+    if triton_path(x, backend):
+        from . import triton_quant
+        return triton_quant.quantize_rows(x.detach(), floor, rounding)
+    return quant.quantize_rows(x, floor, rounding)
+
+
+def _int8_linear(x_q, s_x, w_q, s_w, bias, out_dtype, backend: str | None) -> torch.Tensor:
+    if triton_path(x_q, backend):
+        from . import triton_gemm
+        return triton_gemm.int8_gemm(x_q, s_x, w_q, s_w, bias, out_dtype)
+    return quant.w8a8_epilogue(quant.codes_matmul(x_q, w_q), s_x, s_w, bias, out_dtype)
+
+
+def grad_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Dtype of the STE backward GEMMs: the compute dtype for bf16/fp16, fp32 otherwise."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+class WeightCache:
+    """int8 codes + fp32 scales of one master weight, recomputed only when the weight changes.
+
+    `get(w, spec)` returns (w_q, s_w) = `quant.quantize_weight(w)` (bit for bit), from the cache
+    when `w` is the same storage at the same version. `dequantized(dtype)` is W_fq in `dtype`,
+    built once per version (the backward's operand)."""
+
+    def __init__(self):
+        self.key: tuple | None = None
+        self.w_q: torch.Tensor | None = None
+        self.s_w: torch.Tensor | None = None
+        self._deq: torch.Tensor | None = None
+        self.recomputes = 0          # how many times the codes were (re)computed: tests, diagnostics
+
+    def get(self, w: torch.Tensor, spec: QuantSpec, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape), spec)
+        if key != self.key:
+            self.w_q, self.s_w = _quantize_rows(w.detach(), spec.weight_scale_floor, spec.weight_rounding, backend)
+            self._deq = None
+            self.key = key
+            self.recomputes += 1
+        return self.w_q, self.s_w
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        if self._deq is None or self._deq.dtype != dtype:
+            self._deq = quant.dequantize_rows(self.w_q, self.s_w, dtype)
+        return self._deq
+
+    def invalidate(self) -> None:
+        self.key = self.w_q = self.s_w = self._deq = None
+
+
+class _W8A8STE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, w, bias, spec, cache, backend):
+        w_q, s_w = cache.get(w, spec, backend)
+        x_q, s_x = _quantize_rows(x2, spec.act_scale_floor, spec.act_rounding, backend)
+        y = _int8_linear(x_q, s_x, w_q, s_w, bias, x2.dtype, backend)
+        ctx.save_for_backward(x_q, s_x, w_q, s_w)
+        ctx.cache = cache
+        ctx.has_bias = bias is not None
+        ctx.dtypes = (x2.dtype, w.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x_q, s_x, w_q, s_w = ctx.saved_tensors
+        xd, wd = ctx.dtypes
+        cd = grad_dtype(xd)
+        g = gy.to(cd)
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            cache = ctx.cache
+            w_fq = cache.dequantized(cd) if cache.w_q is w_q else quant.dequantize_rows(w_q, s_w, cd)
+            gx = (g @ w_fq).to(xd)
+        if ctx.needs_input_grad[1]:
+            gw = (g.t() @ quant.dequantize_rows(x_q, s_x, cd)).to(wd)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g.sum(0, dtype=torch.float32).to(wd)
+        return gx, gw, gb, None, None, None
+
+
+def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec,
+                    cache: WeightCache | None = None, backend: str | None = None) -> torch.Tensor:
+    """The learner's aligned linear: value identical to `quant.w8a8_linear(x, *quantize_weight(w))`,
+    straight-through gradients to the master weight `w`, to `x` and to `bias`.
+
+    Args:
+        x: [..., K] activations (compute dtype).
+        w: [N, K] master weight; bias: [N] or None.
+        spec: the shared QuantSpec.
+        cache: the module's `WeightCache` (None: quantize `w` for this call only).
+        backend: None (Triton on CUDA), "triton" or "torch" (see `triton_path`).
+    Returns:
+        [..., N] in x's dtype.
+    """
+    shape = x.shape
+    y = _W8A8STE.apply(x.reshape(-1, shape[-1]), w, bias, spec, cache or WeightCache(), backend)
+    return y.reshape(*shape[:-1], w.shape[0])
+
+
+def kv_roundtrip(x: torch.Tensor, spec: QuantSpec, fp8_scale_value=None, backend: str | None = None) -> torch.Tensor:
+    """`quant.kv_roundtrip` with the int8 quantization in one Triton kernel on CUDA (same bits)."""
+    if spec.kv == "int8_per_token_head_sym" and triton_path(x, backend):
+        codes, scale = _quantize_rows(x, spec.kv_scale_floor, spec.kv_rounding, backend)
+        return quant.dequantize_rows(codes, scale, x.dtype)
+    return quant.kv_roundtrip(x, spec, fp8_scale_value)
+
+
+class _KVSTE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, spec, fp8_scale_value, backend):
+        return kv_roundtrip(x, spec, fp8_scale_value, backend)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None, None, None
+
+
+def kv_fake_quant(x: torch.Tensor, spec: QuantSpec, fp8_scale_value=None, backend: str | None = None) -> torch.Tensor:
+    """Learner side of the KV cache: the dequantized value the engine reads, identity gradient."""
+    if spec.kv == "none":
+        return x
+    return _KVSTE.apply(x, spec, fp8_scale_value, backend)
