@@ -74,7 +74,8 @@ class RLTrainer:
         self.learner = Learner(path, learner_spec, dtype=self.dtype, device=str(self.device), lr=float(t.lr),
                                weight_decay=float(t.weight_decay), betas=tuple(t.betas), grad_clip=float(t.grad_clip),
                                use_reference=float(cfg.algo.kl_coef) > 0, micro_batch_size=int(t.micro_batch_size),
-                               ref_path=self.init_path if resume_ckpt is not None else None)
+                               ref_path=self.init_path if resume_ckpt is not None else None,
+                               temperature=setup.learner_temperature(cfg))
         if state is not None:
             self.learner.opt.load_state_dict(state["optimizer"])
             self.start_step = int(state["step"])

@@ -147,6 +147,22 @@ def quant_specs(cfg: DictConfig) -> tuple[QuantSpec, QuantSpec]:
     return rollout, (rollout if lq == "aligned" else QuantSpec.preset("none"))
 
 
+def learner_temperature(cfg: DictConfig) -> float:
+    """The rollout temperature the learner scores with, so δ = log π_old − log μ compares the same
+    distribution. Top-k / top-p truncation is refused for training: the learner would have to
+    reproduce the engine's kept set exactly, and a token the engine kept may fall outside the
+    learner's own top-k (log-prob −inf). Evaluation samples however it likes (it does not train)."""
+    r = cfg.rollout
+    if not float(r.temperature) > 0:
+        raise ValueError(f"rollout.temperature={r.temperature}: RL needs a sampling temperature > 0 "
+                         "(greedy rollouts have no behaviour log-probs); eval.temperature=0 is fine")
+    if int(r.top_k) > 0 or float(r.top_p) < 1.0:
+        raise ValueError(f"rollout.top_k={r.top_k}, rollout.top_p={r.top_p}: RL training supports "
+                         "temperature-only sampling (top_k=-1, top_p=1.0), so the learner scores the exact "
+                         "distribution the engine sampled from; truncation is allowed for evaluation only")
+    return float(r.temperature)
+
+
 def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.dtype, tokenizer,
                  max_slots: int | None = None):
     backend = cfg.rollout.backend

@@ -76,3 +76,17 @@ def test_tiny_model_cache_key_names_only_what_the_corpus_reads():
     assert tiny_corpus_key(load_config(["env.eval_split=dev"])) == base
     assert tiny_corpus_key(load_config(["env.train_split=dev"])) != base
     assert tiny_corpus_key(load_config(["agent.action_tag=act"])) != base
+
+
+def test_training_refuses_truncated_or_greedy_sampling_but_eval_may_use_it():
+    from agentq.trainer.setup import learner_temperature
+
+    assert learner_temperature(load_config(["rollout.temperature=0.7"])) == 0.7
+    with pytest.raises(ValueError, match="rollout.top_k=5"):
+        learner_temperature(load_config(["rollout.top_k=5"]))
+    with pytest.raises(ValueError, match="rollout.top_p=0.9"):
+        learner_temperature(load_config(["rollout.top_p=0.9"]))
+    with pytest.raises(ValueError, match="rollout.temperature=0"):
+        learner_temperature(load_config(["rollout.temperature=0"]))
+    # evaluation samples as it is told (eval.temperature, top-k / top-p): it builds no learner
+    assert load_config(["eval.temperature=0.3", "rollout.top_k=5"]).eval.temperature == 0.3
