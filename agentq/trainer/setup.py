@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.agent import ActionParser, AgentLoop, ChatFormat, PromptConfig
-from agentq.kernels.quant_spec import QuantSpec
+from agentq.kernels.quant_spec import PRESETS, QuantSpec
 from agentq.pool import EnvSpec, make_pool
 from agentq.rollout.backend import SamplingParams
 
@@ -139,12 +139,18 @@ def load_tokenizer(path: str):
 
 
 def quant_specs(cfg: DictConfig) -> tuple[QuantSpec, QuantSpec]:
-    """(rollout spec, learner spec): the learner mirrors the rollout's spec when aligned."""
+    """(rollout spec, learner spec): the learner mirrors the rollout's spec when aligned.
+
+    `algo.learner_quant` is `aligned` (the rollout's spec), `none` (full precision), or a QuantSpec
+    preset name for a partial alignment, e.g. `w8a8` against a `w8a8_kv8` rollout: the KV8 residual
+    a learner that emulates only the linears cannot remove."""
     rollout = QuantSpec.preset(cfg.rollout.quant)
     lq = cfg.algo.learner_quant
-    if lq not in ("aligned", "none"):
-        raise ValueError(f"algo.learner_quant={lq!r}; valid: ['aligned', 'none']")
-    return rollout, (rollout if lq == "aligned" else QuantSpec.preset("none"))
+    if lq == "aligned":
+        return rollout, rollout
+    if lq not in PRESETS:
+        raise ValueError(f"algo.learner_quant={lq!r}; valid: ['aligned', *{sorted(PRESETS)}]")
+    return rollout, QuantSpec.preset(lq)
 
 
 def learner_temperature(cfg: DictConfig) -> float:

@@ -1,0 +1,51 @@
+"""`agentq sweep` in miniature: 2 arms × 1 seed from one shared SFT checkpoint, in 2 parallel
+processes, on real TextWorldExpress episodes; then a resume that reruns nothing."""
+import json
+
+from agentq.cli import main
+from agentq.eval.metrics import aulc, paired_comparison
+
+ARGS = ["sweep", "env=textworld_express", "sweep.arms=[bf16,interq]", "sweep.seeds=[0]", "sweep.parallel=2",
+        "sweep.eval_tasks=4", "sft.num_demos=8", "sft.epochs=1", "trainer.steps=2", "trainer.tasks_per_step=2",
+        "trainer.group_size=2", "trainer.eval_every=1", "env.max_steps=4", "env_pool=inline"]
+
+
+def test_sweep_miniature_and_resume(tmp_path):
+    assert main([*ARGS, f"sweep.out_dir={tmp_path}"]) == 0
+    t = json.loads((tmp_path / "table.json").read_text())
+    assert list(t["arms"]) == ["bf16", "interq"] and t["references"] == ["bf16", "interq"]
+    bf16, iq = t["arms"]["bf16"], t["arms"]["interq"]
+    assert (bf16["rollout_quant"], bf16["learner_quant"]) == ("none", "none")
+    # conf/sweep.yaml: the aligned arms' learner emulates the int8 linears only (the KV8 residual)
+    assert (iq["rollout_quant"], iq["learner_quant"]) == ("w8a8_kv8", "w8a8")
+    assert bf16["k3_max"] < 1e-9 < iq["k3_mean"]            # fp32 twins vs the KV8 residual
+    assert bf16["alpha_min"] is None and 0 < iq["alpha_min"] <= iq["alpha_max"] <= 1
+    for r in (bf16, iq):
+        assert r["episodes"] == 4 and r["seeds"] == [0]
+        c = r["curves"]["0"]
+        assert c["steps"] == [0, 1, 2] and c["success"][0] == t["sft_success_rate"]
+        assert r["aulc"] == aulc(c["steps"], c["success"])
+        assert r["success_rate"] == c["success"][-1]
+        assert r["rollout_time_s"] > 0 and r["learner_time_s"] > 0
+    # the paired test, recomputed from the two final evaluations' episodes
+    won = {arm: {e["task_id"]: e["won"] for e in map(json.loads, (tmp_path / "arms" / arm / "seed_0" / "eval" /
+                                                              "step_000002" / "episodes.jsonl").open())}
+           for arm in ("bf16", "interq")}
+    p = paired_comparison(won["bf16"], won["interq"])
+    assert iq["paired"]["bf16"]["pairs"] == 4
+    assert (iq["paired"]["bf16"]["won_only_after"], iq["paired"]["bf16"]["won_only_before"]) == \
+        (p["won_only_after"], p["won_only_before"])
+    assert "interq" in bf16["paired"] and "bf16" not in bf16["paired"]
+    md = (tmp_path / "table.md").read_text()
+    assert "| interq | w8a8_kv8 / w8a8 |" in md and "vs bf16: b / c, p" in md
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    assert (tmp_path / "arms" / "interq" / "seed_0" / "log.txt").exists()     # parallel: logs per run
+
+    # resume: finished runs and the shared SFT are not redone; the table is rewritten
+    stamp = {p: p.stat().st_mtime_ns for p in tmp_path.glob("arms/*/seed_0/result.json")}
+    sft_stamp = (tmp_path / "sft" / "sft_summary.json").stat().st_mtime_ns
+    (tmp_path / "table.json").unlink()
+    assert main([*ARGS, f"sweep.out_dir={tmp_path}", "sweep.parallel=1"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
+    assert (tmp_path / "sft" / "sft_summary.json").stat().st_mtime_ns == sft_stamp
+    assert json.loads((tmp_path / "table.json").read_text())["arms"]["interq"]["paired"] == iq["paired"]
