@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = ("pipeline", "sweep", "train", "eval", "sft", "config")
+COMMANDS = ("pipeline", "train", "eval", "sft", "config", "sweep")
 CONFIG_OF = {"pipeline": "pipeline", "sweep": "sweep"}      # commands with their own root config
 
 

@@ -135,8 +135,8 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
 
     threads = max(1, (os.cpu_count() or 1) // int(sw.parallel)) if int(sw.parallel) > 1 else None
     jobs = []                                                # 2. arms × seeds, finished ones skipped
-    for arm in arms:
-        for seed in seeds:
+    for seed in seeds:                                       # seed-major: a cut-short sweep has every arm
+        for arm in arms:
             run_dir = out / "arms" / arm / f"seed_{seed}"
             if (run_dir / RESULT).exists():
                 continue
