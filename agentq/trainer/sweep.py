@@ -78,10 +78,10 @@ def run_arm(job: dict) -> dict:
     from agentq.trainer.rl import RLTrainer
 
     cfg = arm_config(job["overrides"])
-    summary = RLTrainer(cfg, init_path=job["sft_checkpoint"]).train(final_eval_tasks=int(cfg.sweep.eval_tasks))
+    RLTrainer(cfg, init_path=job["sft_checkpoint"]).train(final_eval_tasks=int(cfg.sweep.eval_tasks))
     result = {"arm": job["arm"], "seed": job["seed"], "algo": cfg.algo.name, "objective": cfg.algo.objective,
               "rollout_quant": cfg.rollout.quant, "learner_quant": cfg.algo.learner_quant,
-              "steps": int(cfg.trainer.steps), "final_eval_dir": summary["final_eval"]["out_dir"]}
+              "steps": int(cfg.trainer.steps), "overrides": job["overrides"]}
     tmp = run_dir / (RESULT + ".tmp")
     tmp.write_text(json.dumps(jsonable(result), indent=2))
     tmp.replace(run_dir / RESULT)                 # atomic: a result.json is always complete
@@ -128,7 +128,7 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     sft_summary = out / "sft" / "sft_summary.json"           # 1. the shared start (reused on resume)
     if not sft_summary.exists():
         sft(cfg, out_dir=out / "sft", init_path=setup.model_path(cfg))
-    sft_ckpt = json.loads(sft_summary.read_text())["checkpoint"]
+    sft_ckpt = str(out / "sft" / "checkpoint")
     sft_eval = out / "eval_sft" / "eval.json"
     if not sft_eval.exists():
         evaluate_checkpoint(cfg, sft_ckpt, out / "eval_sft", n_eval, split)
@@ -213,7 +213,8 @@ def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -
         done = [(s, d) for s, d in runs if (d / RESULT).exists()]
         if not done:
             continue
-        results = [(s, Path(json.loads((d / RESULT).read_text())["final_eval_dir"])) for s, d in done]
+        # the final evaluation (relative to the run folder: a sweep folder may be moved and resumed)
+        results = [(s, d / "eval" / f"step_{json.loads((d / RESULT).read_text())['steps']:06d}") for s, d in done]
         won[arm] = _won_by_seed_task(results)
         finals = [json.loads((e / "eval.json").read_text()) for _, e in results]
         k = sum(round(f["success_rate"] * f["episodes"]) for f in finals)

@@ -49,3 +49,29 @@ def test_sweep_miniature_and_resume(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
     assert (tmp_path / "sft" / "sft_summary.json").stat().st_mtime_ns == sft_stamp
     assert json.loads((tmp_path / "table.json").read_text())["arms"]["interq"]["paired"] == iq["paired"]
+
+
+def test_train_stats_and_pooling_by_hand():
+    """K3 per turn is averaged over the steps that reached the turn (nan/None skipped); α and K3
+    ranges are extremes; times are per-run totals, pooled as the mean over seeds."""
+    from agentq.trainer.sweep import _pool, train_stats
+
+    a = train_stats([
+        {"step": 1, "reward_mean": 0.0, "k3": 2e-6, "k3_by_turn": [1e-6, 3e-6], "alpha_min": 0.99, "alpha_max": 1.0,
+         "rollout_time_s": 3.0, "train_time_s": 1.0},
+        {"step": 2, "reward_mean": 0.0, "k3": 4e-6, "k3_by_turn": [3e-6, None, 5e-6], "alpha_min": 0.98,
+         "alpha_max": 0.999, "rollout_time_s": 5.0, "train_time_s": 2.0},
+        {"step": 2, "eval/success_rate": 0.5},                       # an eval row is not a training step
+    ])
+    assert a["k3_mean"] == 3e-6 and (a["k3_min"], a["k3_max"]) == (2e-6, 4e-6)
+    assert a["k3_by_turn"] == [2e-6, 3e-6, 5e-6]
+    assert (a["alpha_min"], a["alpha_max"]) == (0.98, 1.0)
+    assert (a["rollout_time_s"], a["learner_time_s"]) == (8.0, 3.0)
+    b = train_stats([{"step": 1, "reward_mean": 0.0, "k3": 6e-6, "k3_by_turn": [4e-6], "rollout_time_s": 2.0,
+                      "train_time_s": 1.0}])
+    assert b["alpha_min"] is None
+    p = _pool([a, b])
+    assert p["k3_mean"] == (3e-6 + 6e-6) / 2 and (p["k3_min"], p["k3_max"]) == (2e-6, 6e-6)
+    assert p["k3_by_turn"] == [3e-6, 3e-6, 5e-6]
+    assert (p["alpha_min"], p["alpha_max"]) == (0.98, 1.0)
+    assert (p["rollout_time_s"], p["learner_time_s"]) == (5.0, 2.0)
