@@ -149,7 +149,7 @@ def quant_specs(cfg: DictConfig) -> tuple[QuantSpec, QuantSpec]:
     if lq == "aligned":
         return rollout, rollout
     if lq not in PRESETS:
-        raise ValueError(f"algo.learner_quant={lq!r}; valid: ['aligned', *{sorted(PRESETS)}]")
+        raise ValueError(f"algo.learner_quant={lq!r}; valid: {['aligned', *sorted(PRESETS)]}")
     return rollout, QuantSpec.preset(lq)
 
 

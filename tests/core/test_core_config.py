@@ -93,3 +93,13 @@ def test_training_refuses_truncated_or_greedy_sampling_but_eval_may_use_it():
         learner_temperature(load_config(["rollout.temperature=0"]))
     # evaluation samples as it is told (eval.temperature, top-k / top-p): it builds no learner
     assert load_config(["eval.temperature=0.3", "rollout.top_k=5"]).eval.temperature == 0.3
+
+
+def test_learner_quant_takes_a_partial_preset():
+    from agentq.trainer.setup import quant_specs
+
+    rollout, learner = quant_specs(load_config(["algo=qat", "algo.learner_quant=w8a8"]))
+    assert rollout.kv_quantized and learner.linear_quantized and not learner.kv_quantized
+    assert quant_specs(load_config(["algo=qat"]))[1] == rollout
+    with pytest.raises(ValueError, match=r"algo.learner_quant='int3'; valid: \['aligned', 'kv8', 'none', 'w8a8'"):
+        quant_specs(load_config(["algo=qat", "algo.learner_quant=int3"]))
