@@ -81,7 +81,8 @@ def sweep_curves(curves: dict[str, dict[str, dict]], out_png: str | Path, title:
     ax.set_ylabel("held-out success")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=7, ncol=2)
+    if curves:
+        ax.legend(loc="best", fontsize=7, ncol=2)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     out_png = Path(out_png)

@@ -18,7 +18,8 @@ tasks every `trainer.eval_every` steps and at the end. The sweep folder gets:
 
 Resumable: a finished arm × seed (its result.json exists) is never rerun, and the SFT checkpoint and
 its evaluation are reused; an unfinished one is started again from the SFT checkpoint.
-`sweep.parallel=N` runs N arm × seed jobs at once in spawned processes (logs in each run folder).
+`sweep.parallel=N` runs N arm × seed jobs at once in spawned processes (logs in each run folder);
+`sweep.table_only=true` writes the table of the runs finished so far and runs nothing.
 `sweep.aligned_learner` sets what the presets' `learner_quant: aligned` means in this sweep
 (`aligned`: exact; `w8a8`: linears only, so the KV8 residual stays; `none`: unaligned).
 """
@@ -142,6 +143,8 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
                 continue
             jobs.append({"arm": arm, "seed": seed, "run_dir": str(run_dir), "sft_checkpoint": sft_ckpt,
                          "overrides": arm_overrides(overrides, arm, seed, run_dir, threads), "redirect": False})
+    if bool(sw.table_only):                                  # the table of what has finished so far
+        jobs = []
     console.print(f"sweep: {len(arms) * len(seeds) - len(jobs)} arm × seed runs already finished, {len(jobs)} to run")
     _run_jobs(jobs, int(sw.parallel))
 

@@ -75,3 +75,13 @@ def test_train_stats_and_pooling_by_hand():
     assert p["k3_by_turn"] == [3e-6, 3e-6, 5e-6]
     assert (p["alpha_min"], p["alpha_max"]) == (0.98, 1.0)
     assert (p["rollout_time_s"], p["learner_time_s"]) == (5.0, 2.0)
+
+
+def test_table_only_runs_nothing(tmp_path):
+    """`sweep.table_only=true` on a folder with no finished run: the shared SFT is still built (the
+    table's step 0), no arm runs, and the table is empty."""
+    args = [a for a in ARGS if not a.startswith("sweep.arms=")]
+    assert main([*args, "sweep.arms=[qat]", "sweep.table_only=true", f"sweep.out_dir={tmp_path}"]) == 0
+    assert not (tmp_path / "arms").exists()
+    t = json.loads((tmp_path / "table.json").read_text())
+    assert t["arms"] == {} and t["sft_episodes"] == 4
