@@ -149,7 +149,7 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     _run_jobs(jobs, int(sw.parallel))
 
     table = sweep_table(out, arms, seeds, refs)              # 3. the comparison
-    write_table(out, table, title=f"{cfg.env.name}/{split}, {len(seeds)} seeds, {int(cfg.trainer.steps)} RL steps "
+    write_table(out, table, title=f"{cfg.env.name}/{split}, seeds {seeds}, {int(cfg.trainer.steps)} RL steps "
                                   f"× {int(cfg.trainer.tasks_per_step) * int(cfg.trainer.group_size)} episodes, "
                                   f"learner of aligned arms: {sw.aligned_learner}")
     return table
@@ -246,7 +246,7 @@ def _fmt(x, spec: str = ".1e") -> str:
 
 def table_markdown(t: dict, title: str) -> str:
     refs = t["references"]
-    head = ["arm", "rollout / learner", "success (95 % CI)", "per seed", "AULC",
+    head = ["arm", "rollout / learner", "success (95 % CI)", "per finished seed", "AULC",
             *[f"vs {r}: b / c, p" for r in refs], "K3 mean [min, max]", "K3 by turn 1, 2, 3, …", "α range",
             "rollout s", "learner s"]
     lines = [f"**{title}.** After SFT: {100 * t['sft_success_rate']:.1f} % of {t['sft_episodes']} held-out "
@@ -261,7 +261,8 @@ def table_markdown(t: dict, title: str) -> str:
         lines.append("| " + " | ".join([
             arm, f"{r['rollout_quant']} / {r['learner_quant']}",
             f"{100 * r['success_rate']:.1f} % ({100 * lo:.1f}–{100 * hi:.1f}), n = {r['episodes']}",
-            ", ".join(f"{100 * s:.0f}" for s in r["success_by_seed"]), f"{100 * r['aulc']:.1f}", *paired,
+            ", ".join(f"s{s}: {100 * x:.0f}" for s, x in zip(r["seeds"], r["success_by_seed"])),
+            f"{100 * r['aulc']:.1f}", *paired,
             f"{_fmt(r['k3_mean'])} [{_fmt(r['k3_min'])}, {_fmt(r['k3_max'])}]",
             ", ".join(_fmt(v, ".0e") for v in r["k3_by_turn"][:8]), alpha,
             _fmt(r["rollout_time_s"], ".0f"), _fmt(r["learner_time_s"], ".0f")]) + " |")
