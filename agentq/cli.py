@@ -4,6 +4,7 @@
     agentq eval checkpoint=runs/x/checkpoints/step_000002 env=textworld_express split=test
     agentq sft env=alfworld sft.num_demos=200
     agentq pipeline                              # the embedded default: tiny model → SFT → RL → eval
+    agentq sweep sweep.parallel=2                # every objective × 3 seeds from one SFT checkpoint
     agentq config env=webshop algo=qat          # print the composed config
     agentq report runs/x                         # runs/x/report.html: curves, evals, by-turn, episode viewer
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = ("pipeline", "train", "eval", "sft", "config", "report")
+COMMANDS = ("pipeline", "train", "eval", "sft", "config", "report", "sweep")
+CONFIG_OF = {"pipeline": "pipeline", "sweep": "sweep"}      # commands with their own root config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,12 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in overrides):
         print(__doc__.strip())
         print(f"\n`agentq {cmd}` takes section.key=value overrides; `agentq config` prints every key "
-              "(`pipeline` starts from conf/pipeline.yaml, which sets the default run's sizes)")
+              "(`pipeline` starts from conf/pipeline.yaml, which sets the default run's sizes; `sweep` from "
+              "conf/sweep.yaml)")
         return 0
     from agentq.config import ConfigError, load_config
 
     try:
-        cfg = load_config(overrides, config_name="pipeline" if cmd == "pipeline" else "config")
+        cfg = load_config(overrides, config_name=CONFIG_OF.get(cmd, "config"))
         if cmd == "config":
             from omegaconf import OmegaConf
             print(OmegaConf.to_yaml(cfg, resolve=True))
@@ -47,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         elif cmd == "pipeline":
             from agentq.trainer.pipeline import pipeline
             pipeline(cfg)
+        elif cmd == "sweep":
+            from agentq.trainer.sweep import sweep
+            sweep(cfg, overrides)
         elif cmd == "sft":
             from agentq.trainer.sft import sft
             sft(cfg)

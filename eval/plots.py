@@ -105,3 +105,35 @@ def write_run_plots(run_dir: str | Path, split: str | None = None) -> list[Path]
         plt.close(fig)
         out.append(run_dir / name)
     return out
+
+
+def sweep_curves(curves: dict[str, dict[str, dict]], out_png: str | Path, title: str = "") -> Path:
+    """`agentq sweep`'s plot: held-out success against RL step, one line per arm (mean over its seeds,
+    each seed's points as faint dots). curves: arm → seed → {"steps": [...], "success": [...]}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=120)
+    colors = plt.get_cmap("tab10")
+    for i, (arm, by_seed) in enumerate(curves.items()):
+        runs = list(by_seed.values())
+        steps = runs[0]["steps"]
+        same = [r["success"] for r in runs if r["steps"] == steps]     # seeds evaluated at the same steps
+        mean = [sum(v) / len(v) for v in zip(*same)]
+        ax.plot(steps, mean, "o-", color=colors(i % 10), lw=2, ms=4, label=f"{arm} ({len(runs)} seeds)")
+        for r in runs:
+            ax.plot(r["steps"], r["success"], ".", color=colors(i % 10), alpha=0.35)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("held-out success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    if curves:
+        ax.legend(loc="best", fontsize=7, ncol=2)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    fig.savefig(out_png)
+    plt.close(fig)
+    return out_png

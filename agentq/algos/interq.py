@@ -21,6 +21,9 @@ Per trajectory a fixed displacement budget B (budget_scope=segment: B_i = b·S_i
     Htot_i = Σ_s H_s,   κ_i = B / max(Htot_i, H_floor)          (Htot = H_floor = 0 → α = 1)
     d_s = κ_i·H_s (Σ_s d_s = B),   α_s = exp(−d_s) = ρ_s^κ_i ∈ [e^−B, 1], non-increasing in s
 
+Default H_floor = B, the capped mode (κ ≤ 1, α_s ≥ ρ_s, α → 1 as mismatch → 0; the fixed budget
+H_floor = 0 turns float-rounding δ into a full correction): docs/algorithms.md.
+
 Loss: §1.4 with w_t = α_{seg(t)} (detached) on every action token (× min(e^δ_t, C) if
 `token_tis_cap` is set; ÷ the minibatch token-mean of α if `renorm_retention`). The KL term is not
 weighted. α is computed once per RL step in `prepare`, on the whole batch, before any minibatch
@@ -171,7 +174,7 @@ def retention_stats(r: Retention, mask: torch.Tensor) -> dict[str, float]:
 class InterQ(Objective):
     """GRPO whose clipped per-token loss is multiplied by the segment retention α_s."""
 
-    defaults = {"budget_B": 1.0, "H_floor": 0.0, "budget_scope": "trajectory", "prefix_inclusive": True,
+    defaults = {"budget_B": 1.0, "H_floor": 1.0, "budget_scope": "trajectory", "prefix_inclusive": True,
                 "k3_max": 10.0, "renorm_retention": False, "token_tis_cap": None}
 
     def __init__(self, **params):

@@ -19,10 +19,14 @@ from agentq.kernels.quant_spec import QuantSpec
 from .qat import align_model, quantized_module_report
 
 
-def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """[B, L] log p(token_t | tokens_<t) in fp32 (position 0 = 0). logit[target] − logsumexp(logits)
-    avoids materialising a full log-softmax. attention_mask None = causal only (see `model_mask`)."""
+def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """[B, L] log p(token_t | tokens_<t) in fp32 (position 0 = 0) under softmax(logits / temperature):
+    the distribution a temperature-T sampler draws from. logit[target] − logsumexp(logits) avoids
+    materialising a full log-softmax. attention_mask None = causal only (see `model_mask`)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
     tgt = input_ids[:, 1:]
     lp = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
@@ -42,15 +46,23 @@ class Learner:
     def __init__(self, model_path: str | nn.Module, spec: QuantSpec, *, dtype: torch.dtype = torch.float32,
                  device: str = "cpu", lr: float = 1e-6, weight_decay: float = 0.01, betas=(0.9, 0.999),
                  grad_clip: float = 1.0, use_reference: bool = True, micro_batch_size: int = 8,
-                 ref_path: str | None = None, activation_checkpointing: bool = False):
+                 ref_path: str | None = None, activation_checkpointing: bool = False, temperature: float = 1.0):
         """Args:
             model_path: an HF checkpoint folder, or an HF causal LM (e.g. random-init for benchmarks).
             spec: the learner's QuantSpec (`none` = unaligned); dtype/device: where it computes.
             use_reference: keep a frozen copy for π_ref (ref_path: load it from there instead).
             micro_batch_size: trajectories per forward; activation_checkpointing: recompute each
                 decoder layer in backward (HF gradient checkpointing) to fit long contexts.
+            temperature: the rollout sampler's; every log-prob (old, reference, training) is of
+                softmax(logits / T), the distribution the engine sampled from (top-k / top-p are
+                refused for training by `trainer.setup.learner_temperature`).
         """
         from transformers import AutoModelForCausalLM
+
+        if not temperature > 0:
+            raise ValueError(f"Learner temperature={temperature!r}: must be > 0 (greedy decoding has no "
+                             "sampling distribution to score)")
+        self.temperature = float(temperature)
 
         def load_aligned(path: str | nn.Module) -> tuple[nn.Module, dict]:
             model = path if isinstance(path, nn.Module) else AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -84,7 +96,7 @@ class Learner:
             am = batch.attention_mask[idx]
             L = int(am.sum(1).max())
             out[idx, :L] = sequence_logprobs(model, batch.input_ids[idx, :L].to(self.device),
-                                             self._device_mask(am[:, :L])).float().cpu()
+                                             self._device_mask(am[:, :L]), self.temperature).float().cpu()
         model.train(was_training)
         return out
 
@@ -139,7 +151,7 @@ class Learner:
             mask = self._device_mask(micro.attention_mask)
             micro = micro.to(self.device)
             share = objective.agg_units(micro) / total_units
-            logp = sequence_logprobs(self.model, micro.input_ids, mask)
+            logp = sequence_logprobs(self.model, micro.input_ids, mask, self.temperature)
             loss, stats = objective.loss(logp, micro)
             (loss * share).backward()
             for k, v in stats.items():

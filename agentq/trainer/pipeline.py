@@ -20,7 +20,8 @@ from agentq.eval.metrics import paired_comparison, two_proportion_z, wilson_inte
 from agentq.utils.logging import console, jsonable
 
 
-def _eval(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int, split: str) -> dict:
+def evaluate_checkpoint(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int, split: str) -> dict:
+    """`agentq eval` of one checkpoint on the first `num_tasks` tasks of `split`, written to `out`."""
     from agentq.eval.evaluate import evaluate
 
     c = cfg.copy()
@@ -31,8 +32,9 @@ def _eval(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int, split: st
     return evaluate(c)
 
 
-def _won_by_task(report: dict) -> dict[str, bool]:
-    with open(Path(report["out_dir"]) / "episodes.jsonl") as f:
+def won_by_task(eval_dir: str | Path) -> dict[str, bool]:
+    """task id → won, from an evaluation folder's episodes.jsonl (one episode per task)."""
+    with open(Path(eval_dir) / "episodes.jsonl") as f:
         return {e["task_id"]: bool(e["won"]) for e in map(json.loads, f)}
 
 
@@ -46,7 +48,7 @@ def _comparison(before: dict, after: dict) -> dict:
         "sft_success_ci95": list(wilson_interval(k1, n1)), "rl_success_ci95": list(wilson_interval(k2, n2)),
         "success_gain": after["success_rate"] - before["success_rate"],
         "gain_z": two_proportion_z(k1, n1, k2, n2),
-        "paired": paired_comparison(_won_by_task(before), _won_by_task(after)),
+        "paired": paired_comparison(won_by_task(before["out_dir"]), won_by_task(after["out_dir"])),
         "sft_score": before["score_mean"], "rl_score": after["score_mean"],
         "sft_turns_success": before["turns_success_mean"], "rl_turns_success": after["turns_success_mean"],
         "sft_cap_rate": before["cap_rate"], "rl_cap_rate": after["cap_rate"],
@@ -88,7 +90,7 @@ def pipeline(cfg: DictConfig) -> dict:
                  f"rollout {cfg.rollout.quant}) → eval on {', '.join([split, *others])}")
     base = setup.model_path(cfg)                                          # 1. tiny model + tokenizer
     s = sft(cfg, out_dir=out / "sft", init_path=base)                     # 2. SFT on expert demos
-    sft_evals = {sp: _eval(cfg, s["checkpoint"], out / f"eval_sft_{sp}", n_eval, sp)   # 3. held-out evals
+    sft_evals = {sp: evaluate_checkpoint(cfg, s["checkpoint"], out / f"eval_sft_{sp}", n_eval, sp)   # 3. held-out evals
                  for sp in (split, *others)}
 
     rl_cfg = cfg.copy()                                                   # 4. RL from the SFT checkpoint
@@ -96,7 +98,8 @@ def pipeline(cfg: DictConfig) -> dict:
     OmegaConf.update(rl_cfg, "trainer.resume", None)
     summary_rl = RLTrainer(rl_cfg, init_path=s["checkpoint"]).train(final_eval_tasks=n_eval)
     rl_evals = {split: summary_rl["final_eval"],                          # 5. the same evals after RL
-                **{sp: _eval(cfg, summary_rl["checkpoint"], out / f"eval_rl_{sp}", n_eval, sp) for sp in others}}
+                **{sp: evaluate_checkpoint(cfg, summary_rl["checkpoint"], out / f"eval_rl_{sp}", n_eval, sp)
+                   for sp in others}}
 
     summary = {
         "env": cfg.env.name, "split": split, "algo": cfg.algo.name, "rollout_quant": cfg.rollout.quant,

@@ -80,7 +80,8 @@ class RLTrainer:
             weight_decay=float(t.weight_decay), betas=tuple(t.betas), grad_clip=float(t.grad_clip),
             use_reference=float(cfg.algo.kl_coef) > 0, micro_batch_size=int(t.micro_batch_size),
             ref_path=self.init_path if resume_ckpt is not None else None,
-            activation_checkpointing=bool(t.activation_checkpointing))
+            activation_checkpointing=bool(t.activation_checkpointing),
+            temperature=setup.learner_temperature(cfg))
         if state is not None:
             self.learner.opt.load_state_dict(state["optimizer"])
             self.start_step = int(state["step"])

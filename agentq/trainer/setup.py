@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.agent import ActionParser, AgentLoop, ChatFormat, PromptConfig
-from agentq.kernels.quant_spec import QuantSpec
+from agentq.kernels.quant_spec import PRESETS, QuantSpec
 from agentq.pool import EnvSpec, make_pool
 from agentq.rollout.backend import SamplingParams
 from agentq.utils.logging import console
@@ -193,12 +193,34 @@ def load_tokenizer(path: str):
 
 
 def quant_specs(cfg: DictConfig) -> tuple[QuantSpec, QuantSpec]:
-    """(rollout spec, learner spec): the learner mirrors the rollout's spec when aligned."""
+    """(rollout spec, learner spec): the learner mirrors the rollout's spec when aligned.
+
+    `algo.learner_quant` is `aligned` (the rollout's spec), `none` (full precision), or a QuantSpec
+    preset name for a partial alignment, e.g. `w8a8` against a `w8a8_kv8` rollout: the KV8 residual
+    a learner that emulates only the linears cannot remove."""
     rollout = QuantSpec.preset(cfg.rollout.quant)
     lq = cfg.algo.learner_quant
-    if lq not in ("aligned", "none"):
-        raise ValueError(f"algo.learner_quant={lq!r}; valid: ['aligned', 'none']")
-    return rollout, (rollout if lq == "aligned" else QuantSpec.preset("none"))
+    if lq == "aligned":
+        return rollout, rollout
+    if lq not in PRESETS:
+        raise ValueError(f"algo.learner_quant={lq!r}; valid: {['aligned', *sorted(PRESETS)]}")
+    return rollout, QuantSpec.preset(lq)
+
+
+def learner_temperature(cfg: DictConfig) -> float:
+    """The rollout temperature the learner scores with, so δ = log π_old − log μ compares the same
+    distribution. Top-k / top-p truncation is refused for training: the learner would have to
+    reproduce the engine's kept set exactly, and a token the engine kept may fall outside the
+    learner's own top-k (log-prob −inf). Evaluation samples however it likes (it does not train)."""
+    r = cfg.rollout
+    if not float(r.temperature) > 0:
+        raise ValueError(f"rollout.temperature={r.temperature}: RL needs a sampling temperature > 0 "
+                         "(greedy rollouts have no behaviour log-probs); eval.temperature=0 is fine")
+    if int(r.top_k) > 0 or float(r.top_p) < 1.0:
+        raise ValueError(f"rollout.top_k={r.top_k}, rollout.top_p={r.top_p}: RL training supports "
+                         "temperature-only sampling (top_k=-1, top_p=1.0), so the learner scores the exact "
+                         "distribution the engine sampled from; truncation is allowed for evaluation only")
+    return float(r.temperature)
 
 
 def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.dtype, tokenizer,

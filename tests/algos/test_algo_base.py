@@ -115,6 +115,23 @@ def test_grpo_advantages_by_hand():
                                           0.0, 0.0], abs=1e-6)
 
 
+def test_grpo_group_of_one_has_zero_advantage_and_no_policy_gradient():
+    """A group left with one rollout (its siblings errored and were dropped) has no baseline: agentq
+    gives Â = 0 whatever its reward (verl would use score / (1 + ε), an uncentred REINFORCE term on
+    another scale than its normalised neighbours). Its tokens then carry no policy gradient; only
+    the KL term reaches them."""
+    rewards = torch.tensor([1.0, 0.0, 1.0, -0.3])
+    groups = torch.tensor([0, 0, 1, 2])               # groups 1 and 2: one survivor each
+    adv = grpo_advantages(rewards, groups)
+    assert adv[2:].tolist() == [0.0, 0.0]
+    assert adv[0] == pytest.approx(0.5 / (math.sqrt(0.5) + 1e-6), abs=1e-6)
+    b = make_batch([[1, 1], [1, 1], [1, 1], [1, 1]], [[1, 1]] * 4, [[0.0, 0.0]] * 4, adv=adv.tolist())
+    logp = (b.old_logp + 0.1).clone().requires_grad_(True)
+    loss, _ = make_objective("grpo", kl_coef=0.0).loss(logp, b)
+    loss.backward()
+    assert logp.grad[2:].abs().max() == 0 and logp.grad[:2].abs().max() > 0
+
+
 def test_mismatch_metrics_on_worked_example():
     mm = mismatch_metrics(example_batch())
     assert mm["k3"] == pytest.approx(0.00432594, abs=1e-8)

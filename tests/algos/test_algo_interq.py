@@ -69,7 +69,7 @@ def test_example_exclusive_prefix():
 
 def test_example_per_token_weights_and_batch_k3():
     b = example_batch()
-    make_objective("interq").prepare(b)
+    make_objective("interq", H_floor=0.0).prepare(b)      # fixed budget (the default is capped)
     w = [0.0] * 18
     for pos in (4, 5, 6):
         w[pos] = 0.985194
@@ -88,7 +88,7 @@ def test_example_per_token_weights_and_batch_k3():
 
 def test_example_stats():
     b = example_batch()
-    stats = make_objective("interq").prepare(b)
+    stats = make_objective("interq", H_floor=0.0).prepare(b)
     assert stats["alpha_min"] == approx(0.434658)
     assert stats["alpha_median"] == approx(0.859085)
     assert stats["alpha_max"] == approx(0.985194)
@@ -129,7 +129,7 @@ def test_uniform_table_medians_through_objective_stats():
     # the same table through a real batch: S equal segments of one token with the same δ
     for S, (_, median) in UNIFORM_TABLE.items():
         b = make_batch([1] * S, list(range(1, S + 1)), [0.1] * S)
-        stats = make_objective("interq").prepare(b)
+        stats = make_objective("interq", H_floor=0.0).prepare(b)
         assert round(stats["alpha_median"], 3) == median
 
 

@@ -97,26 +97,54 @@ def _qurl_batch():
     return b, b.old_logp + torch.log(R)
 
 
+def test_qurl_upper_bound_worked_numbers():
+    """methods §3.4: r = min(1, C/r_pb), bound (1+ε)/r; ε = 0.2, C = 2: r_pb 0.5 → 1.2, 1 → 1.2, 3 → 1.8.
+    The bound only widens, and only on truncated tokens (r_pb > C)."""
+    from agentq.algos.qurl import acr_clip_high
+
+    r_pb = torch.tensor([0.5, 1.0, 3.0], dtype=torch.float64)
+    assert (1 + acr_clip_high(torch.log(r_pb), 0.2, 2.0)).tolist() == pytest.approx([1.2, 1.2, 1.8], abs=1e-12)
+    many = torch.logspace(-3, 3, 61, dtype=torch.float64)
+    hi = 1 + acr_clip_high(torch.log(many), 0.2, 2.0)
+    assert bool((hi >= 1.2 - 1e-12).all())                              # never narrower than PPO's
+    assert float((hi[many <= 2.0] - 1.2).abs().max()) < 1e-12           # plain 1+ε wherever r_pb ≤ C
+    assert float((hi[many > 2.0] - 1.2 * many[many > 2.0] / 2.0).abs().max()) < 1e-9
+
+
 def test_qurl_loss_by_hand():
     b, logp = _qurl_batch()
     obj = make_objective("qurl", kl_coef=0.0)          # ε = 0.2, C = 2, c = 10
     stats = obj.prepare(b)
-    # upper bound (1 + ε) / r_pb per token
-    assert (1 + b.extra["clip_high"][0]).tolist() == pytest.approx([2.4, 0.6, 0.3], abs=TOL)
+    # upper bound (1 + ε) · max(1, r_pb / C) per token: r_pb .5, 2, 4 | 1, .5
+    assert (1 + b.extra["clip_high"][0]).tolist() == pytest.approx([1.2, 1.2, 2.4], abs=TOL)
     assert b.token_weight.flatten().tolist() == pytest.approx([0.5, 2.0, 2.0, 1.0, 0.5, 0.0], abs=TOL)
-    assert stats["acr_upper_bound_mean"] == pytest.approx((2.4 + 0.6 + 0.3 + 1.2 + 2.4) / 5, abs=TOL)
+    assert stats["acr_upper_bound_mean"] == pytest.approx((1.2 + 1.2 + 2.4 + 1.2 + 1.2) / 5, abs=TOL)
     lp = logp.clone().requires_grad_(True)
     loss, stats = obj.loss(lp, b)
-    # Â=+1: r_pb .5, R 2 → inside [.8, 2.4]: u = −2 (plain PPO would clip at 1.2), w .5 → −1
-    #       r_pb 2, R 1 → bound .6 < .8: clipped ratio .6, u = max(−1, −.6) = −.6, w 2 → −1.2
-    #       r_pb 4, R .25 → clipped ratio .3, u = max(−.25, −.3) = −.25 (not clipped), w 2 → −.5
+    # Â=+1: r_pb .5, R 2 → clipped at 1.2: u = max(−2, −1.2) = −1.2, w .5 → −.6
+    #       r_pb 2, R 1 → inside [.8, 1.2]: u = −1, w 2 → −2
+    #       r_pb 4 (truncated), R .25 → bound 2.4; clip gives .8: u = max(−.25, −.8) = −.25 (not clipped), w 2 → −.5
     # Â=−1: r_pb 1, R 30 → u = 30 → dual cap 10, w 1 → 10;  r_pb .5, R .7 → u = max(.7, .8) = .8, w .5 → .4
-    assert float(loss.detach()) == pytest.approx((-1.0 - 1.2 - 0.5 + 10.0 + 0.4) / 5, abs=TOL)
+    assert float(loss.detach()) == pytest.approx((-0.6 - 2.0 - 0.5 + 10.0 + 0.4) / 5, abs=TOL)
     assert float(stats["clip_frac"]) == pytest.approx(2 / 5)
     assert float(stats["dual_clip_frac"]) == pytest.approx(1 / 5)
     loss.backward()
     # gradient only where unclipped: w · (−Â·R) / N
-    assert lp.grad.flatten().tolist() == pytest.approx([0.5 * -2.0 / 5, 0.0, 2.0 * -0.25 / 5, 0.0, 0.0, 0.0], abs=TOL)
+    assert lp.grad.flatten().tolist() == pytest.approx([0.0, 2.0 * -1.0 / 5, 2.0 * -0.25 / 5, 0.0, 0.0, 0.0], abs=TOL)
+
+
+def test_qurl_widened_bound_lets_a_truncated_token_move_further():
+    """Â = +1, r_pb = 3 (truncated, C = 2), R = 1.5: PPO would clip at 1.2 (no gradient); QuRL's bound
+    1.8 keeps the token's gradient, w · (−Â·R) = 2 · (−1.5)."""
+    b = make_batch([[1]], [[1]], torch.log(torch.tensor([[3.0]], dtype=torch.float64)), adv=[1.0],
+                   dtype=torch.float64)
+    lp = (b.old_logp + math.log(1.5)).clone().requires_grad_(True)
+    obj = make_objective("qurl", kl_coef=0.0)
+    obj.prepare(b)
+    loss, stats = obj.loss(lp, b)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(2.0 * -1.5, abs=TOL) and float(stats["clip_frac"]) == 0.0
+    assert float(lp.grad[0, 0]) == pytest.approx(2.0 * -1.5, abs=TOL)
 
 
 def test_qurl_equals_grpo_when_rollout_matches():

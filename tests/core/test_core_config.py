@@ -25,8 +25,11 @@ def test_every_yaml_composes(group, option):
 @pytest.mark.parametrize("env", GROUPS["env"])
 @pytest.mark.parametrize("algo", GROUPS["algo"])
 def test_every_preset_composes_with_every_env(env, algo):
+    from agentq.envs import REGISTRY
+
     cfg = load_config([f"env={env}", f"algo={algo}"])
-    assert cfg.env.name == env and cfg.algo.name == algo
+    # a variant (textworld_express_mapreader) names the registry entry it configures
+    assert cfg.env.name in REGISTRY and env.startswith(cfg.env.name) and cfg.algo.name == algo
     assert cfg.rollout.quant == ("none" if algo == "bf16" else "w8a8_kv8")
     assert cfg.algo.learner_quant in ("aligned", "none")
     from agentq.algos import make_objective
@@ -76,3 +79,27 @@ def test_tiny_model_cache_key_names_only_what_the_corpus_reads():
     assert tiny_corpus_key(load_config(["env.eval_split=dev"])) == base
     assert tiny_corpus_key(load_config(["env.train_split=dev"])) != base
     assert tiny_corpus_key(load_config(["agent.action_tag=act"])) != base
+
+
+def test_training_refuses_truncated_or_greedy_sampling_but_eval_may_use_it():
+    from agentq.trainer.setup import learner_temperature
+
+    assert learner_temperature(load_config(["rollout.temperature=0.7"])) == 0.7
+    with pytest.raises(ValueError, match="rollout.top_k=5"):
+        learner_temperature(load_config(["rollout.top_k=5"]))
+    with pytest.raises(ValueError, match="rollout.top_p=0.9"):
+        learner_temperature(load_config(["rollout.top_p=0.9"]))
+    with pytest.raises(ValueError, match="rollout.temperature=0"):
+        learner_temperature(load_config(["rollout.temperature=0"]))
+    # evaluation samples as it is told (eval.temperature, top-k / top-p): it builds no learner
+    assert load_config(["eval.temperature=0.3", "rollout.top_k=5"]).eval.temperature == 0.3
+
+
+def test_learner_quant_takes_a_partial_preset():
+    from agentq.trainer.setup import quant_specs
+
+    rollout, learner = quant_specs(load_config(["algo=qat", "algo.learner_quant=w8a8"]))
+    assert rollout.kv_quantized and learner.linear_quantized and not learner.kv_quantized
+    assert quant_specs(load_config(["algo=qat"]))[1] == rollout
+    with pytest.raises(ValueError, match=r"algo.learner_quant='int3'; valid: \['aligned', 'kv8', 'none', 'w8a8'"):
+        quant_specs(load_config(["algo=qat", "algo.learner_quant=int3"]))

@@ -120,3 +120,26 @@ def test_a_dead_jvm_is_an_env_crash_and_the_next_reset_recovers():
     obs, info = env.reset(options={"task_id": "coin/3"})
     assert info["task_id"] == "coin/3" and env.step("look around")[0]
     env.close()
+
+
+def test_mapreader_config_has_a_real_horizon():
+    """conf/env/textworld_express_mapreader.yaml (the sweep's task): the expert wins every one of the
+    first 10 train tasks in 4–6 turns (a way to the coin and a way back), within the step cap."""
+    from omegaconf import OmegaConf
+
+    from agentq.config import load_config
+
+    cfg = load_config(["env=textworld_express_mapreader"])
+    env = gym.make("agentq/TextWorldExpress-v0", split="train", max_steps=int(cfg.env.max_steps), expert=True,
+                   **OmegaConf.to_container(cfg.env.kwargs))
+    turns = []
+    for task in env.unwrapped.list_tasks("train")[:10]:
+        _, info = env.reset(options={"task_id": task})
+        for n in range(1, int(cfg.env.max_steps) + 1):
+            _, _, term, trunc, info = env.step(info["expert_action"])
+            if term or trunc:
+                break
+        assert info["won"], task
+        turns.append(n)
+    env.close()
+    assert min(turns) >= 4 and max(turns) <= 6 and sum(turns) / len(turns) > 4.2

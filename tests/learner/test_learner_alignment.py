@@ -15,14 +15,15 @@ from agentq.rollout.torch_engine.engine import TorchEngine
 SPEC = QuantSpec.preset("w8a8_kv8")
 
 
-def play_episodes(tiny_model_dir, tokenizer):
+def play(model_dir, tokenizer, temperature: float = 1.0):
     """6 real TextWorldExpress episodes (3 tasks × 2) played by the W8A8-KV8 engine, 4 turns each."""
     chat = ChatFormat.from_tokenizer(tokenizer)
     pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 4,
                                                     "game_params": {"coin": "numLocations=2"}}), 6)
-    eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=6, max_len=1536)
+    eng = TorchEngine.from_pretrained(str(model_dir), SPEC, max_slots=6, max_len=1536)
     loop = AgentLoop(pool, chat, PromptConfig(system="Reply with <action>...</action>.", actions=""),
-                     ActionParser(), SamplingParams(max_new_tokens=12, stop_token_ids=chat.stop_token_ids),
+                     ActionParser(), SamplingParams(temperature=temperature, max_new_tokens=12,
+                                                    stop_token_ids=chat.stop_token_ids),
                      max_turns=4, max_context_tokens=1536)
     trajs = loop.run([EpisodeSpec(i, f"coin/{i // 2}", "train", group_id=i // 2, seed=i) for i in range(6)],
                      BackendPolicy(eng))
@@ -32,7 +33,7 @@ def play_episodes(tiny_model_dir, tokenizer):
 
 @pytest.fixture(scope="module")
 def episodes(tiny_model_dir, tokenizer):
-    return play_episodes(tiny_model_dir, tokenizer)
+    return play(tiny_model_dir, tokenizer)
 
 
 def test_aligned_learner_matches_engine_and_unaligned_does_not(tiny_model_dir, episodes):
@@ -60,7 +61,7 @@ def test_alignment_holds_on_every_cpu_gemm_path(tiny_model_dir, tokenizer, episo
     """Engine and aligned learner both on `path`: the episodes are the default path's, token for token
     and log-prob for log-prob (the paths share _int_mm's bits), and max |Δ log-prob| ≤ 1e-5 in fp32."""
     with cpu_gemm.use_path(path):
-        trajs = play_episodes(tiny_model_dir, tokenizer)
+        trajs = play(tiny_model_dir, tokenizer)
         aligned = Learner(str(tiny_model_dir), SPEC, use_reference=False)
         batch = collate(trajs)
         d = (aligned.logprobs(batch) - batch.rollout_logp)[batch.action_mask.bool()].abs()
@@ -68,6 +69,52 @@ def test_alignment_holds_on_every_cpu_gemm_path(tiny_model_dir, tokenizer, episo
     assert torch.equal(batch.input_ids, ref.input_ids) and torch.equal(batch.rollout_logp, ref.rollout_logp)
     print(f"\n{path}: max|Δlogp| = {d.max():.3e}")
     assert d.max() <= 1e-5
+
+
+def test_learner_scores_the_rollout_temperature(tiny_model_dir, tokenizer):
+    """Sampled at T = 0.7, the engine's behaviour log-probs are of softmax(logits / 0.7): the aligned
+    learner at T = 0.7 matches them to 1e-5 (fp32, CPU); at T = 1 it would see a systematic δ."""
+    trajs = play(tiny_model_dir, tokenizer, temperature=0.7)
+    batch = collate(trajs)
+    mask = batch.action_mask.bool()
+    at_07 = Learner(str(tiny_model_dir), SPEC, use_reference=False, temperature=0.7)
+    d = (at_07.logprobs(batch) - batch.rollout_logp)[mask].abs()
+    d_t1 = (Learner(str(tiny_model_dir), SPEC, use_reference=False).logprobs(batch) - batch.rollout_logp)[mask].abs()
+    print(f"\nT = 0.7: max|Δlogp| = {d.max():.3e} (learner at T = 0.7), {d_t1.max():.3e} (learner at T = 1)")
+    assert d.max() <= 1e-5
+    assert d_t1.max() > 1e-2
+    with pytest.raises(ValueError, match="temperature"):
+        Learner(str(tiny_model_dir), SPEC, use_reference=False, temperature=0.0)
+
+
+def test_interq_default_retention_is_one_at_rounding_level_and_corrects_real_mismatch(tiny_model_dir, episodes):
+    """The aligned learner's δ is float rounding: the default (capped, H_floor = B) gives α ≥ 1 − 1e-6,
+    where the fixed budget (H_floor = 0) rescales the noise into a full-strength correction. Against
+    the unaligned learner (real mismatch) the default gives α_s = exp(−H_s · B / max(Htot, B))."""
+    from agentq.algos.interq import interq_retention
+
+    batch = collate(episodes, torch.zeros(len(episodes)))
+    batch.old_logp = Learner(str(tiny_model_dir), SPEC, use_reference=False).logprobs(batch)
+    assert mismatch_metrics(batch)["k3"] < 1e-9
+    stats = make_objective("interq").prepare(batch)
+    assert stats["alpha_min"] >= 1 - 1e-6
+    fixed = make_objective("interq", H_floor=0.0).prepare(batch)
+    print(f"\naligned: α_min = {stats['alpha_min']:.9f} (default), {fixed['alpha_min']:.3f} (fixed budget)")
+    assert fixed["alpha_min"] < 0.9                   # the defect the default avoids
+
+    batch.old_logp = Learner(str(tiny_model_dir), QuantSpec.preset("none"), use_reference=False).logprobs(batch)
+    stats = make_objective("interq").prepare(batch)
+    r = interq_retention(batch, budget_B=1.0, H_floor=0.0)
+    scale = 1.0 / torch.clamp(r.Htot, min=1.0)        # κ = B / max(Htot, B)
+    expected = torch.exp(-r.H * scale.view(-1, 1))
+    seg = r.valid & (r.n > 0)
+    print(f"unaligned: K3 = {mismatch_metrics(batch)['k3']:.2e}, Htot max = {float(r.Htot.max()):.3e}, "
+          f"α_min = {stats['alpha_min']:.4f}")
+    assert torch.allclose(interq_retention(batch, budget_B=1.0, H_floor=1.0).alpha[seg], expected[seg],
+                          rtol=0, atol=1e-12)
+    assert stats["alpha_min"] == pytest.approx(float(expected[seg].min()), abs=1e-12)
+    assert stats["alpha_max"] == pytest.approx(float(expected[seg].max()), abs=1e-12)
+    assert stats["alpha_min"] < 1 - 1e-4
 
 
 def test_observation_tokens_carry_no_loss(tiny_model_dir, episodes):

@@ -1,0 +1,280 @@
+"""`agentq sweep`: the quantized-rollout objectives compared side by side, in one command.
+
+    agentq sweep                                  # conf/sweep.yaml: 9 arms × 3 seeds on TWX mapreader
+    agentq sweep sweep.arms=[bf16,interq] sweep.seeds=[0] sweep.parallel=2 sweep.out_dir=runs/s
+
+One shared SFT checkpoint (tiny model → expert demonstrations → SFT, as `agentq pipeline`) is
+evaluated once on the held-out split; then every arm (an `algo=<preset>`) × seed runs RL from it with
+the same budget (trainer.steps × tasks_per_step × group_size episodes), evaluating the same held-out
+tasks every `trainer.eval_every` steps and at the end. The sweep folder gets:
+
+    sft/, eval_sft/                 the shared start and its evaluation (step 0 of every curve)
+    arms/<arm>/seed_<s>/            an ordinary RL run folder, plus result.json once it finished
+    table.md, table.json            per arm: final success pooled over seeds with a 95 % Wilson
+                                    interval, per-seed success, AULC, paired McNemar tests (tasks
+                                    paired by seed and task id) against each `sweep.references` arm,
+                                    K3 (mean, range, per turn), α range, rollout and learner seconds
+    curves.png                      held-out success against RL step, one line per arm (seed mean)
+
+Resumable: a finished arm × seed (its result.json exists) is never rerun, and the SFT checkpoint and
+its evaluation are reused; an unfinished one is started again from the SFT checkpoint.
+`sweep.parallel=N` runs N arm × seed jobs at once in spawned processes (logs in each run folder);
+`sweep.table_only=true` writes the table of the runs finished so far and runs nothing.
+`sweep.aligned_learner` sets what the presets' `learner_quant: aligned` means in this sweep
+(`aligned`: exact; `w8a8`: linears only, so the KV8 residual stays; `none`: unaligned).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from agentq.utils.logging import console, jsonable
+
+RESULT = "result.json"
+
+
+# ---------------------------------------------------------------------- configs
+def arm_overrides(overrides: list[str], arm: str, seed: int, run_dir: Path, threads: int | None) -> list[str]:
+    """The sweep's own overrides with the arm's preset, seed and run folder (a user's `algo=` or
+    `seed=` would fight the sweep's, so they are dropped)."""
+    keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("algo", "seed", "trainer.out_dir")]
+    extra = [f"learner_threads={threads}"] if threads else []
+    return [*keep, f"algo={arm}", f"seed={seed}", f"trainer.out_dir={run_dir}", "trainer.resume=null", *extra]
+
+
+def arm_config(overrides: list[str]) -> DictConfig:
+    """Compose one arm's config (conf/sweep.yaml + overrides) and apply the sweep's learner setting."""
+    from agentq.config import load_config
+
+    cfg = load_config(overrides, config_name="sweep")
+    if cfg.algo.learner_quant == "aligned":
+        OmegaConf.update(cfg, "algo.learner_quant", str(cfg.sweep.aligned_learner))
+    # every interval evaluation plays the same held-out tasks as the final one (and as the SFT eval)
+    OmegaConf.update(cfg, "trainer.eval_num_tasks", int(cfg.sweep.eval_tasks))
+    return cfg
+
+
+def sweep_dir(cfg: DictConfig) -> Path:
+    return Path(cfg.sweep.out_dir or Path("runs") / f"sweep-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+# ---------------------------------------------------------------------- one arm × seed
+def run_arm(job: dict) -> dict:
+    """RL from the shared SFT checkpoint for one arm × seed; writes and returns result.json.
+    Runs in the sweep's process (parallel = 1) or in a spawned one (its output then goes to log.txt)."""
+    run_dir = Path(job["run_dir"])
+    if run_dir.exists():                          # an unfinished earlier attempt: start it over
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    if job["redirect"]:
+        log = os.open(run_dir / "log.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+    from agentq.trainer.rl import RLTrainer
+
+    cfg = arm_config(job["overrides"])
+    RLTrainer(cfg, init_path=job["sft_checkpoint"]).train(final_eval_tasks=int(cfg.sweep.eval_tasks))
+    result = {"arm": job["arm"], "seed": job["seed"], "algo": cfg.algo.name, "objective": cfg.algo.objective,
+              "rollout_quant": cfg.rollout.quant, "learner_quant": cfg.algo.learner_quant,
+              "steps": int(cfg.trainer.steps), "overrides": job["overrides"]}
+    tmp = run_dir / (RESULT + ".tmp")
+    tmp.write_text(json.dumps(jsonable(result), indent=2))
+    tmp.replace(run_dir / RESULT)                 # atomic: a result.json is always complete
+    return result
+
+
+def _run_jobs(jobs: list[dict], parallel: int) -> None:
+    if parallel <= 1:
+        for job in jobs:
+            console.rule(f"[bold]sweep: {job['arm']} seed {job['seed']}")
+            run_arm(job)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=parallel, mp_context=multiprocessing.get_context("spawn")) as ex:
+        futures = {ex.submit(run_arm, {**job, "redirect": True}): job for job in jobs}
+        for f in as_completed(futures):
+            job = futures[f]
+            f.result()                            # an arm's error stops the sweep, naming it
+            console.print(f"sweep: {job['arm']} seed {job['seed']} done ({job['run_dir']})")
+
+
+# ---------------------------------------------------------------------- the sweep
+def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
+    """Shared SFT → arms × seeds RL → table.md / table.json / curves.png in the sweep folder."""
+    from agentq.trainer import setup
+    from agentq.trainer.pipeline import eval_splits, evaluate_checkpoint
+    from agentq.trainer.sft import sft
+
+    sw = cfg.sweep
+    arms, seeds = list(sw.arms), [int(s) for s in sw.seeds]
+    refs = [r for r in sw.references if r in arms]
+    if not arms or not seeds:
+        raise ValueError(f"sweep.arms={arms} and sweep.seeds={seeds} must both be non-empty")
+    out = sweep_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = [o for o in overrides if not o.startswith("sweep.out_dir=")] + [f"sweep.out_dir={out}"]
+    split = eval_splits(cfg)[0]
+    overrides.append(f"env.eval_split={split}")
+    n_eval = int(sw.eval_tasks)
+    console.rule(f"[bold]agentq sweep: {cfg.env.name}/{split} — {len(arms)} arms × {len(seeds)} seeds → {out}")
+
+    sft_summary = out / "sft" / "sft_summary.json"           # 1. the shared start (reused on resume)
+    if not sft_summary.exists():
+        sft(cfg, out_dir=out / "sft", init_path=setup.model_path(cfg))
+    sft_ckpt = str(out / "sft" / "checkpoint")
+    sft_eval = out / "eval_sft" / "eval.json"
+    if not sft_eval.exists():
+        evaluate_checkpoint(cfg, sft_ckpt, out / "eval_sft", n_eval, split)
+
+    threads = max(1, (os.cpu_count() or 1) // int(sw.parallel)) if int(sw.parallel) > 1 else None
+    jobs = []                                                # 2. arms × seeds, finished ones skipped
+    for seed in seeds:                                       # seed-major: a cut-short sweep has every arm
+        for arm in arms:
+            run_dir = out / "arms" / arm / f"seed_{seed}"
+            if (run_dir / RESULT).exists():
+                continue
+            jobs.append({"arm": arm, "seed": seed, "run_dir": str(run_dir), "sft_checkpoint": sft_ckpt,
+                         "overrides": arm_overrides(overrides, arm, seed, run_dir, threads), "redirect": False})
+    if bool(sw.table_only):                                  # the table of what has finished so far
+        jobs = []
+    console.print(f"sweep: {len(arms) * len(seeds) - len(jobs)} arm × seed runs already finished, {len(jobs)} to run")
+    _run_jobs(jobs, int(sw.parallel))
+
+    table = sweep_table(out, arms, seeds, refs)              # 3. the comparison
+    write_table(out, table, title=f"{cfg.env.name}/{split}, seeds {seeds}, {int(cfg.trainer.steps)} RL steps "
+                                  f"× {int(cfg.trainer.tasks_per_step) * int(cfg.trainer.group_size)} episodes, "
+                                  f"learner of aligned arms: {sw.aligned_learner}")
+    return table
+
+
+# ---------------------------------------------------------------------- the table
+def _won_by_seed_task(results: list[tuple[int, Path]]) -> dict[str, bool]:
+    from agentq.trainer.pipeline import won_by_task
+
+    return {f"{seed}/{task}": won for seed, d in results for task, won in won_by_task(d).items()}
+
+
+def _curve(run_dir: Path, sft_success: float) -> tuple[list[int], list[float]]:
+    from agentq.utils.logging import read_metrics
+
+    ev = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/success_rate" in r]
+    return [0] + [int(r["step"]) for r in ev], [sft_success] + [float(r["eval/success_rate"]) for r in ev]
+
+
+def _finite(xs) -> list[float]:
+    return [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+
+
+def train_stats(rows: list[dict]) -> dict:
+    """Mismatch, retention and time over one run's training steps (metrics.jsonl rows)."""
+    steps = [r for r in rows if "reward_mean" in r]
+    k3 = _finite(r.get("k3") for r in steps)
+    n_turns = max((len(r.get("k3_by_turn") or []) for r in steps), default=0)
+    by_turn = [_finite((r.get("k3_by_turn") or [None] * n_turns)[j] if j < len(r.get("k3_by_turn") or []) else None
+                       for r in steps) for j in range(n_turns)]
+    a_min, a_max = _finite(r.get("alpha_min") for r in steps), _finite(r.get("alpha_max") for r in steps)
+    return {"k3_mean": sum(k3) / len(k3) if k3 else None, "k3_min": min(k3, default=None),
+            "k3_max": max(k3, default=None),
+            "k3_by_turn": [sum(v) / len(v) if v else None for v in by_turn],
+            "alpha_min": min(a_min, default=None), "alpha_max": max(a_max, default=None),
+            "rollout_time_s": sum(float(r.get("rollout_time_s", 0.0)) for r in steps),
+            "learner_time_s": sum(float(r.get("train_time_s", 0.0)) for r in steps)}
+
+
+def _pool(stats: list[dict]) -> dict:
+    """Per-seed train_stats → one arm's: means of means and times, extremes of ranges."""
+    def mean(key):
+        v = _finite(s[key] for s in stats)
+        return sum(v) / len(v) if v else None
+    n_turns = max(len(s["k3_by_turn"]) for s in stats)
+    turns = [_finite(s["k3_by_turn"][j] for s in stats if j < len(s["k3_by_turn"])) for j in range(n_turns)]
+    return {"k3_mean": mean("k3_mean"), "k3_min": min(_finite(s["k3_min"] for s in stats), default=None),
+            "k3_max": max(_finite(s["k3_max"] for s in stats), default=None),
+            "k3_by_turn": [sum(v) / len(v) if v else None for v in turns],
+            "alpha_min": min(_finite(s["alpha_min"] for s in stats), default=None),
+            "alpha_max": max(_finite(s["alpha_max"] for s in stats), default=None),
+            "rollout_time_s": mean("rollout_time_s"), "learner_time_s": mean("learner_time_s")}
+
+
+def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -> dict:
+    """Everything table.md shows, from the run folders (arms with no finished seed are left out)."""
+    from agentq.eval.metrics import aulc, paired_comparison, wilson_interval
+    from agentq.utils.logging import read_metrics
+
+    sft = json.loads((out / "eval_sft" / "eval.json").read_text())
+    rows, won = {}, {}
+    for arm in arms:
+        runs = [(s, out / "arms" / arm / f"seed_{s}") for s in seeds]
+        done = [(s, d) for s, d in runs if (d / RESULT).exists()]
+        if not done:
+            continue
+        # the final evaluation (relative to the run folder: a sweep folder may be moved and resumed)
+        results = [(s, d / "eval" / f"step_{json.loads((d / RESULT).read_text())['steps']:06d}") for s, d in done]
+        won[arm] = _won_by_seed_task(results)
+        finals = [json.loads((e / "eval.json").read_text()) for _, e in results]
+        k = sum(round(f["success_rate"] * f["episodes"]) for f in finals)
+        n = sum(int(f["episodes"]) for f in finals)
+        curves = {s: _curve(d, float(sft["success_rate"])) for s, d in done}
+        first = json.loads((done[0][1] / RESULT).read_text())
+        rows[arm] = {
+            "seeds": [s for s, _ in done], "rollout_quant": first["rollout_quant"],
+            "learner_quant": first["learner_quant"], "objective": first["objective"],
+            "success_rate": k / n if n else None, "success_ci95": list(wilson_interval(k, n)), "episodes": n,
+            "success_by_seed": [f["success_rate"] for f in finals],
+            "aulc_by_seed": [aulc(*curves[s]) for s, _ in done],
+            "curves": {str(s): {"steps": c[0], "success": c[1]} for s, c in curves.items()},
+            **_pool([train_stats(read_metrics(d / "metrics.jsonl")) for _, d in done]),
+        }
+        rows[arm]["aulc"] = sum(rows[arm]["aulc_by_seed"]) / len(done)
+    for arm, r in rows.items():        # paired by (seed, task): the same held-out episodes seeds
+        r["paired"] = {ref: paired_comparison(won[ref], won[arm]) for ref in refs if ref in won and ref != arm}
+    return {"sft_success_rate": sft["success_rate"], "sft_episodes": sft["episodes"], "arms": rows,
+            "references": refs, "seeds": seeds}
+
+
+def _fmt(x, spec: str = ".1e") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def table_markdown(t: dict, title: str) -> str:
+    refs = t["references"]
+    head = ["arm", "rollout / learner", "success (95 % CI)", "per finished seed", "AULC",
+            *[f"vs {r}: b / c, p" for r in refs], "K3 mean [min, max]", "K3 by turn 1, 2, 3, …", "α range",
+            "rollout s", "learner s"]
+    lines = [f"**{title}.** After SFT: {100 * t['sft_success_rate']:.1f} % of {t['sft_episodes']} held-out "
+             "episodes. b / c = paired (seed, task) episodes won only by the arm / only by the reference; "
+             "p = exact McNemar. Times are totals per seed (mean over seeds).", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, r in t["arms"].items():
+        lo, hi = r["success_ci95"]
+        paired = [(f"{r['paired'][ref]['won_only_after']} / {r['paired'][ref]['won_only_before']}, "
+                   f"{r['paired'][ref]['mcnemar_p']:.2g}") if ref in r["paired"] else "–" for ref in refs]
+        alpha = "–" if r["alpha_min"] is None else f"{r['alpha_min']:.6f}–{r['alpha_max']:.6f}"
+        lines.append("| " + " | ".join([
+            arm, f"{r['rollout_quant']} / {r['learner_quant']}",
+            f"{100 * r['success_rate']:.1f} % ({100 * lo:.1f}–{100 * hi:.1f}), n = {r['episodes']}",
+            ", ".join(f"s{s}: {100 * x:.0f}" for s, x in zip(r["seeds"], r["success_by_seed"])),
+            f"{100 * r['aulc']:.1f}", *paired,
+            f"{_fmt(r['k3_mean'])} [{_fmt(r['k3_min'])}, {_fmt(r['k3_max'])}]",
+            ", ".join(_fmt(v, ".0e") for v in r["k3_by_turn"][:8]), alpha,
+            _fmt(r["rollout_time_s"], ".0f"), _fmt(r["learner_time_s"], ".0f")]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(out: Path, table: dict, title: str) -> None:
+    from agentq.eval.plots import sweep_curves
+
+    (out / "table.json").write_text(json.dumps(jsonable(table), indent=2))
+    md = table_markdown(table, title)
+    (out / "table.md").write_text(md)
+    sweep_curves({arm: r["curves"] for arm, r in table["arms"].items()}, out / "curves.png", title=title)
+    console.print(md)
+    console.print(f"sweep outputs in {out}/ (table.md, table.json, curves.png)")

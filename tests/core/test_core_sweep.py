@@ -1,0 +1,87 @@
+"""`agentq sweep` in miniature: 2 arms × 1 seed from one shared SFT checkpoint, in 2 parallel
+processes, on real TextWorldExpress episodes; then a resume that reruns nothing."""
+import json
+
+from agentq.cli import main
+from agentq.eval.metrics import aulc, paired_comparison
+
+ARGS = ["sweep", "env=textworld_express", "sweep.arms=[bf16,interq]", "sweep.seeds=[0]", "sweep.parallel=2",
+        "sweep.eval_tasks=4", "sft.num_demos=8", "sft.epochs=1", "trainer.steps=2", "trainer.tasks_per_step=2",
+        "trainer.group_size=2", "trainer.eval_every=1", "env.max_steps=4", "env_pool=inline"]
+
+
+def test_sweep_miniature_and_resume(tmp_path):
+    assert main([*ARGS, f"sweep.out_dir={tmp_path}"]) == 0
+    t = json.loads((tmp_path / "table.json").read_text())
+    assert list(t["arms"]) == ["bf16", "interq"] and t["references"] == ["bf16", "interq"]
+    bf16, iq = t["arms"]["bf16"], t["arms"]["interq"]
+    assert (bf16["rollout_quant"], bf16["learner_quant"]) == ("none", "none")
+    # conf/sweep.yaml: the aligned arms' learner emulates the int8 linears only (the KV8 residual)
+    assert (iq["rollout_quant"], iq["learner_quant"]) == ("w8a8_kv8", "w8a8")
+    assert bf16["k3_max"] < 1e-9 < iq["k3_mean"]            # fp32 twins vs the KV8 residual
+    assert bf16["alpha_min"] is None and 0 < iq["alpha_min"] <= iq["alpha_max"] <= 1
+    for r in (bf16, iq):
+        assert r["episodes"] == 4 and r["seeds"] == [0]
+        c = r["curves"]["0"]
+        assert c["steps"] == [0, 1, 2] and c["success"][0] == t["sft_success_rate"]
+        assert r["aulc"] == aulc(c["steps"], c["success"])
+        assert r["success_rate"] == c["success"][-1]
+        assert r["rollout_time_s"] > 0 and r["learner_time_s"] > 0
+    # the paired test, recomputed from the two final evaluations' episodes
+    won = {arm: {e["task_id"]: e["won"] for e in map(json.loads, (tmp_path / "arms" / arm / "seed_0" / "eval" /
+                                                              "step_000002" / "episodes.jsonl").open())}
+           for arm in ("bf16", "interq")}
+    p = paired_comparison(won["bf16"], won["interq"])
+    assert iq["paired"]["bf16"]["pairs"] == 4
+    assert (iq["paired"]["bf16"]["won_only_after"], iq["paired"]["bf16"]["won_only_before"]) == \
+        (p["won_only_after"], p["won_only_before"])
+    assert "interq" in bf16["paired"] and "bf16" not in bf16["paired"]
+    md = (tmp_path / "table.md").read_text()
+    assert "| interq | w8a8_kv8 / w8a8 |" in md and "vs bf16: b / c, p" in md
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    assert (tmp_path / "arms" / "interq" / "seed_0" / "log.txt").exists()     # parallel: logs per run
+
+    # resume: finished runs and the shared SFT are not redone; the table is rewritten
+    stamp = {p: p.stat().st_mtime_ns for p in tmp_path.glob("arms/*/seed_0/result.json")}
+    sft_stamp = (tmp_path / "sft" / "sft_summary.json").stat().st_mtime_ns
+    (tmp_path / "table.json").unlink()
+    assert main([*ARGS, f"sweep.out_dir={tmp_path}", "sweep.parallel=1"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
+    assert (tmp_path / "sft" / "sft_summary.json").stat().st_mtime_ns == sft_stamp
+    assert json.loads((tmp_path / "table.json").read_text())["arms"]["interq"]["paired"] == iq["paired"]
+
+
+def test_train_stats_and_pooling_by_hand():
+    """K3 per turn is averaged over the steps that reached the turn (nan/None skipped); α and K3
+    ranges are extremes; times are per-run totals, pooled as the mean over seeds."""
+    from agentq.trainer.sweep import _pool, train_stats
+
+    a = train_stats([
+        {"step": 1, "reward_mean": 0.0, "k3": 2e-6, "k3_by_turn": [1e-6, 3e-6], "alpha_min": 0.99, "alpha_max": 1.0,
+         "rollout_time_s": 3.0, "train_time_s": 1.0},
+        {"step": 2, "reward_mean": 0.0, "k3": 4e-6, "k3_by_turn": [3e-6, None, 5e-6], "alpha_min": 0.98,
+         "alpha_max": 0.999, "rollout_time_s": 5.0, "train_time_s": 2.0},
+        {"step": 2, "eval/success_rate": 0.5},                       # an eval row is not a training step
+    ])
+    assert a["k3_mean"] == 3e-6 and (a["k3_min"], a["k3_max"]) == (2e-6, 4e-6)
+    assert a["k3_by_turn"] == [2e-6, 3e-6, 5e-6]
+    assert (a["alpha_min"], a["alpha_max"]) == (0.98, 1.0)
+    assert (a["rollout_time_s"], a["learner_time_s"]) == (8.0, 3.0)
+    b = train_stats([{"step": 1, "reward_mean": 0.0, "k3": 6e-6, "k3_by_turn": [4e-6], "rollout_time_s": 2.0,
+                      "train_time_s": 1.0}])
+    assert b["alpha_min"] is None
+    p = _pool([a, b])
+    assert p["k3_mean"] == (3e-6 + 6e-6) / 2 and (p["k3_min"], p["k3_max"]) == (2e-6, 6e-6)
+    assert p["k3_by_turn"] == [3e-6, 3e-6, 5e-6]
+    assert (p["alpha_min"], p["alpha_max"]) == (0.98, 1.0)
+    assert (p["rollout_time_s"], p["learner_time_s"]) == (5.0, 2.0)
+
+
+def test_table_only_runs_nothing(tmp_path):
+    """`sweep.table_only=true` on a folder with no finished run: the shared SFT is still built (the
+    table's step 0), no arm runs, and the table is empty."""
+    args = [a for a in ARGS if not a.startswith("sweep.arms=")]
+    assert main([*args, "sweep.arms=[qat]", "sweep.table_only=true", f"sweep.out_dir={tmp_path}"]) == 0
+    assert not (tmp_path / "arms").exists()
+    t = json.loads((tmp_path / "table.json").read_text())
+    assert t["arms"] == {} and t["sft_episodes"] == 4
