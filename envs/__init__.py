@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from .base import INFO_KEYS, EnvCrashedError, TaskStep, TextEnv, TextSpace, UnknownTaskError
+from .base import (INFO_KEYS, EnvClosedError, EnvCrashedError, EpisodeOverError, TaskStep, TextEnv, TextSpace,
+                   UnknownTaskError, action_problem)
 
 #: config name (conf/env/<name>.yaml) → (Gymnasium id, entry point)
 REGISTRY: dict[str, tuple[str, str]] = {
@@ -44,4 +45,5 @@ def make(name_or_id: str, **kwargs) -> gym.Env:
     return gym.make(env_id(name_or_id), **kwargs)
 
 
-__all__ = ["EnvCrashedError", "INFO_KEYS", "REGISTRY", "TaskStep", "TextEnv", "TextSpace", "UnknownTaskError", "env_id", "make"]
+__all__ = ["EnvClosedError", "EnvCrashedError", "EpisodeOverError", "INFO_KEYS", "REGISTRY", "TaskStep", "TextEnv", "TextSpace", "UnknownTaskError", "action_problem", "env_id",
+           "make"]
