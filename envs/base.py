@@ -27,6 +27,7 @@ keys, so every environment behaves the same at the edges.
 """
 from __future__ import annotations
 
+import copy
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -218,8 +219,10 @@ class TextEnv(gym.Env[str, str]):
             res = self._last_step = self._step_task(action)
         else:               # a handled turn: the engine never sees it, the state is unchanged
             last = self._last_step
+            # copies: infos returned to the caller never share objects (Gymnasium's check_env)
             res = TaskStep(obs=f"Invalid action: {problem}.", won=last.won, score=last.score,
-                           admissible_actions=last.admissible_actions, extra={**last.extra, "invalid_action": problem})
+                           admissible_actions=copy.deepcopy(last.admissible_actions),
+                           extra={**copy.deepcopy(last.extra), "invalid_action": problem})
         terminated = bool(res.done)
         truncated = not terminated and self._steps >= self.max_steps
         self._done = terminated or truncated
