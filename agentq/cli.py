@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
               "conf/sweep.yaml)")
         return 0
     from agentq.config import ConfigError, load_config
+    from agentq.trainer.run_dir import RunAborted
+    from agentq.utils.checkpoint import CheckpointError
 
     try:
         cfg = load_config(overrides, config_name=CONFIG_OF.get(cmd, "config"))
@@ -56,9 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         elif cmd == "sft":
             from agentq.trainer.sft import sft
             sft(cfg)
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:        # bad input: a key, a run folder, a checkpoint file
         print(f"agentq: {e}", file=sys.stderr)
         return 2
+    except RunAborted as e:
+        print(f"agentq: run stopped: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -69,7 +69,18 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
                 raise ConfigError(f"unknown config key {bad!r}; valid keys under {where}: {keys}") from None
             raise ConfigError(msg.split("\nConfig search path")[0]) from None
     OmegaConf.set_struct(cfg, True)
+    check_config(cfg)
     return cfg
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise ConfigError naming every key whose value has the wrong type or range."""
+    from agentq.config_schema import config_problems
+
+    problems = config_problems(cfg)
+    if problems:
+        raise ConfigError("invalid config value" + ("s" if len(problems) > 1 else "") + ":\n  "
+                          + "\n  ".join(problems))
 
 
 _GROUPS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "placement")

@@ -22,7 +22,8 @@ import re
 
 import gymnasium as gym
 
-from .base import INFO_KEYS, EnvCrashedError, TaskStep, TextEnv, TextSpace, UnknownTaskError
+from .base import (INFO_KEYS, EnvClosedError, EnvCrashedError, EpisodeOverError, TaskStep, TextEnv, TextSpace,
+                   UnknownTaskError, action_problem)
 
 #: config name (conf/env/<name>.yaml) → (Gymnasium id, entry point)
 REGISTRY: dict[str, tuple[str, str]] = {
@@ -93,5 +94,5 @@ def make(name_or_id: str, **kwargs) -> gym.Env:
     return env
 
 
-__all__ = ["EnvCrashedError", "INFO_KEYS", "PLUGIN_GROUP", "REGISTRY", "TaskStep", "TextEnv", "TextSpace", "UnknownTaskError",
-           "env_id", "make", "plugins"]
+__all__ = ["EnvClosedError", "EnvCrashedError", "EpisodeOverError", "INFO_KEYS", "PLUGIN_GROUP", "REGISTRY", "TaskStep",
+           "TextEnv", "TextSpace", "UnknownTaskError", "action_problem", "env_id", "make", "plugins"]

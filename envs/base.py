@@ -11,6 +11,15 @@ A `TextEnv` is a Gymnasium `Env` whose observations and actions are strings:
   (list of strings or None), `won` (bool) and `score` (float in [0, 1] unless the env says
   otherwise), plus `expert_action` when the env was made with `expert=True`.
 * `list_tasks(split)` returns the split's task ids, stable across runs and machines.
+* An action the engines must not see (lone surrogates, i.e. text that was not valid UTF-8;
+  control characters other than tab/newline; longer than `action_space.max_length`) never reaches
+  the engine: the turn counts, the observation says why it was refused, reward 0, and
+  `info["invalid_action"]` holds the reason.
+* Documented exceptions (nothing else escapes `reset`/`step`): `TypeError` (an action that is not
+  a str, options that are not a dict, a non-str task id or split), `ValueError` (unknown option
+  or split), `UnknownTaskError` (a task id not in the split), `EpisodeOverError` (`step` on a
+  finished episode), `EnvClosedError` (`step` after `close()`) and `EnvCrashedError` (the engine
+  died mid-episode). The last three are `RuntimeError`s.
 
 Subclasses implement three hooks (`_tasks`, `_reset_task`, `_step_task`) and, for experts,
 `_expert_action`; the base class owns splits, task selection, the step cap and the `info`
@@ -18,11 +27,14 @@ keys, so every environment behaves the same at the edges.
 """
 from __future__ import annotations
 
+import copy
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 
 INFO_KEYS = ("task", "task_id", "split", "admissible_actions", "won", "score")
@@ -63,6 +75,30 @@ class UnknownTaskError(KeyError):
     """reset() was given a task id that is not in the split."""
 
 
+class EpisodeOverError(RuntimeError):
+    """step() was called on a finished (or never started) episode; call reset() first."""
+
+
+class EnvClosedError(RuntimeError):
+    """step() was called after close(); call reset() to start over."""
+
+
+def action_problem(action: str, max_length: int) -> str | None:
+    """Why `action` must not reach an engine (None: it may). Engines talk over sockets and pipes
+    (py4j, JSON): a lone surrogate cannot be encoded (py4j then desynchronises and the JVM stops
+    answering), control characters break line-based protocols, and huge strings are echoed back."""
+    if len(action) > max_length:
+        return f"the action is {len(action)} characters long (limit {max_length})"
+    try:
+        action.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"the action is not valid Unicode text ({e.reason} at position {e.start})"
+    bad = next((c for c in action if (ord(c) < 32 and c not in "\t\n\r") or 127 <= ord(c) < 160), None)
+    if bad is not None:
+        return f"the action contains the control character {bad!r}"
+    return None
+
+
 class EnvCrashedError(RuntimeError):
     """The environment's engine died (e.g. its JVM or subprocess exited) mid-episode.
 
@@ -81,6 +117,19 @@ class TextEnv(gym.Env[str, str]):
     #: default step cap (can be overridden per instance with `max_steps=`)
     default_max_steps: ClassVar[int] = 50
 
+    def __init_subclass__(cls, **kwargs):
+        # every subclass's close() marks the env closed, so step() after close() is one clear error
+        # (not, e.g., an engine's "not initialized" text returned as an observation)
+        super().__init_subclass__(**kwargs)
+        if "close" in cls.__dict__:
+            close = cls.__dict__["close"]
+
+            def marked_close(self, _close=close):
+                self._closed, self._done = True, True
+                return _close(self)
+            marked_close.__doc__, marked_close.__name__ = close.__doc__, "close"
+            cls.close = marked_close
+
     def __init__(self, split: str | None = None, max_steps: int | None = None, expert: bool = False,
                  render_mode: str | None = None):
         self.observation_space = TextSpace()
@@ -96,7 +145,9 @@ class TextEnv(gym.Env[str, str]):
         self._task_text: str = ""
         self._steps = 0
         self._done = True
+        self._closed = False
         self._last_obs = ""
+        self._last_step = TaskStep(obs="")
 
     # ------------------------------------------------------------------ hooks for subclasses
     def _tasks(self, split: str) -> list[str]:
@@ -127,11 +178,20 @@ class TextEnv(gym.Env[str, str]):
         return self._task_cache[split]
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(f"reset(options=...) must be a dict like {{'task_id': ..., 'split': ...}} or None, "
+                            f"got {type(options).__name__}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+            raise TypeError(f"reset(seed=...) must be an int or None, got {type(seed).__name__}")
         super().reset(seed=seed)
         options = dict(options or {})
-        unknown = set(options) - {"task_id", "split"}
+        unknown = [k for k in options if k not in ("task_id", "split")]
         if unknown:
-            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: ['split', 'task_id']")
+            raise ValueError(f"unknown reset option(s) {unknown!r}; valid: ['split', 'task_id']")
+        for key in ("task_id", "split"):
+            if options.get(key) is not None and not isinstance(options[key], str):
+                raise TypeError(f"reset option {key!r} must be a str, got {type(options[key]).__name__} "
+                                f"({options[key]!r:.80})")
         split = self._check_split(options.get("split") or self.split)
         task_id = options.get("task_id")
         tasks = self.list_tasks(split)
@@ -144,24 +204,39 @@ class TextEnv(gym.Env[str, str]):
                 f"unknown task_id {task_id!r} for split {split!r} of {type(self).__name__} "
                 f"({len(tasks)} tasks, e.g. {tasks[:3]}); see env.unwrapped.list_tasks({split!r})")
         self._done = True            # a reset that raises leaves the env needing another reset
+        self._closed = False
         self.split, self._task_id, self._steps = split, task_id, 0
         self._task_text, first = self._reset_task(task_id, split)
         self._done = False
-        self._last_obs = first.obs
+        self._last_obs, self._last_step = first.obs, first
         return first.obs, self._info(first)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if self._closed:
+            raise EnvClosedError(f"step() called after close() on {type(self).__name__}; call reset() to start over")
         if self._done:
-            raise RuntimeError("step() called on a finished episode; call reset() first")
+            raise EpisodeOverError("step() called on a finished episode; call reset() first")
         if not isinstance(action, str):
             raise TypeError(f"action must be a str, got {type(action).__name__}")
         self._steps += 1
-        res = self._step_task(action)
+        problem = action_problem(action, self.action_space.max_length)
+        if problem is None:
+            res = self._last_step = self._step_task(action)
+        else:               # a handled turn: the engine never sees it, the state is unchanged
+            last = self._last_step
+            # copies: infos returned to the caller never share objects (Gymnasium's check_env)
+            res = TaskStep(obs=f"Invalid action: {problem}.", won=last.won, score=last.score,
+                           admissible_actions=copy.deepcopy(last.admissible_actions),
+                           extra={**copy.deepcopy(last.extra), "invalid_action": problem})
         terminated = bool(res.done)
         truncated = not terminated and self._steps >= self.max_steps
         self._done = terminated or truncated
         self._last_obs = res.obs
         return res.obs, float(res.reward), terminated, truncated, self._info(res)
+
+    def close(self) -> None:
+        """Release the engine (subclasses override; every close() marks the env closed)."""
+        self._closed, self._done = True, True
 
     def render(self) -> str | None:
         return self._last_obs if self.render_mode == "ansi" else None

@@ -35,13 +35,31 @@ def _simulator_class(base):
     return _SIM_CLASS[0]
 
 
-def _acquire_engine():
+def _launch_engine(heap: str, call_timeout_s: float):
+    """TextWorldExpress's own engine class on a JVM with a heap cap (Java's default is a quarter of
+    the machine's RAM, per worker) and a gateway read timeout (a stopped JVM otherwise blocks the
+    caller forever). The package's constructor hard-codes both, so its two py4j names are wrapped
+    for the duration of the call (envs start engines from one thread)."""
+    import textworld_express.textworld_express as twx_module
+
+    launch, params = twx_module.launch_gateway, twx_module.GatewayParameters
+    jvm_opts = [f"-Xmx{heap}", "-XX:+ExitOnOutOfMemoryError"]
+    twx_module.launch_gateway = lambda *a, javaopts=(), **kw: launch(*a, javaopts=[*javaopts, *jvm_opts], **kw)
+    twx_module.GatewayParameters = lambda **kw: params(read_timeout=call_timeout_s, **kw)
+    try:
+        # the base class owns the step cap: the engine's own limit is set far above it
+        return twx_module.TextWorldExpressEnv(envStepLimit=10_000)
+    finally:
+        twx_module.launch_gateway, twx_module.GatewayParameters = launch, params
+
+
+def _acquire_engine(heap: str = "1g", call_timeout_s: float = 60.0):
+    """The process's shared engine (started by the first env, with that env's heap and timeout)."""
     from textworld_express import TextWorldExpressEnv as _TWX
 
     owner = _SHARED["owner"]
     if owner is None or not _engine_alive(owner):
-        # the base class owns the step cap: the engine's own limit is set far above it
-        owner = _SHARED["owner"] = _TWX(envStepLimit=10_000)
+        owner = _SHARED["owner"] = _launch_engine(heap, call_timeout_s)
         _SHARED["users"] = 1
         return owner
     eng = copy.copy(owner)
@@ -99,14 +117,23 @@ class TextWorldExpressEnv(TextEnv):
     default_max_steps: ClassVar[int] = 50
 
     def __init__(self, games: str | list[str] = ("coin",), game_params: dict[str, str] | None = None,
-                 tasks_per_game: int | None = None, **kwargs):
+                 tasks_per_game: int | None = None, jvm_heap: str = "1g", call_timeout_s: float = 60.0,
+                 **kwargs):
         """
         games: one or several of GAMES; tasks of all of them are listed, interleaved by seed.
         game_params: per game, TextWorldExpress's gameParams string, e.g.
             {"coin": "numLocations=2,includeDoors=0,numDistractorItems=0"}.
         tasks_per_game: keep only the first N seeds of each fold (None = all 1,000).
+        jvm_heap: the JVM's -Xmx ("1g", "512m"); call_timeout_s: a JVM call taking longer counts as a
+            hung JVM (killed, EnvCrashedError). The process's JVM is shared: the first env's values hold.
         """
         super().__init__(**kwargs)
+        from .scienceworld.jvm import parse_size   # the same Java size syntax (no JVM started)
+
+        parse_size(jvm_heap)
+        if not float(call_timeout_s) > 0:
+            raise ValueError(f"call_timeout_s must be > 0, got {call_timeout_s!r}")
+        self.jvm_heap, self.call_timeout_s = str(jvm_heap), float(call_timeout_s)
         games = [games] if isinstance(games, str) else list(games)
         bad = [g for g in games if g not in GAMES]
         if bad:
@@ -124,17 +151,29 @@ class TextWorldExpressEnv(TextEnv):
             if not restart:        # mid-episode: the game state is gone with the JVM
                 raise EnvCrashedError("TextWorldExpress JVM died; the episode is lost (reset() restarts it)")
         if self._env is None:
-            self._env = _acquire_engine()
+            self._env = _acquire_engine(self.jvm_heap, self.call_timeout_s)
         return self._env
 
     def _call(self, fn, restart: bool = False):
         """Run an engine call; a dead JVM becomes EnvCrashedError (the episode is reported as errored).
         restart=True (reset, task lists) brings a new JVM up instead."""
+        from py4j.protocol import Py4JError, Py4JJavaError
+
         try:
             return fn(self._engine(restart))
         except EnvCrashedError:
             raise
+        except Py4JJavaError:
+            raise                   # a Java exception: the JVM itself is fine
         except Exception as e:
+            proc = getattr(getattr(self._env, "_gateway", None), "java_process", None)
+            if isinstance(e, Py4JError) and proc is not None and proc.poll() is None:
+                # running but not answering (read timeout, broken protocol): unusable, so stop it
+                proc.kill()
+                proc.wait(timeout=10)
+                raise EnvCrashedError(f"TextWorldExpress JVM stopped answering (call_timeout_s="
+                                      f"{self.call_timeout_s:g}): {type(e).__name__}: {e}; killed, the episode "
+                                      "is lost (reset() restarts it)") from e
             if self._env is not None and not _engine_alive(self._env):
                 raise EnvCrashedError(f"TextWorldExpress JVM died: {type(e).__name__}: {e}") from e
             raise

@@ -3,12 +3,15 @@
 Commands for different workers run in parallel; a worker steps its own environments in turn.
 A worker that dies (segfault, OOM kill, a JVM taking the process down) is detected on the pipe,
 restarted with fresh environments, and every command it had in flight is answered with an
-error result, so those episodes are reported, never lost silently.
+error result, so those episodes are reported, never lost silently. A worker that does not answer
+within `call_timeout_s` per env call it was sent (stopped, deadlocked, a hung engine) counts as
+hung and is handled the same way: killed, restarted, its commands answered with errors.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 
 from .base import EnvResult, EnvSpec, WorkerCore
 
@@ -34,9 +37,18 @@ def _worker_main(conn, spec: EnvSpec, slots: list[int]):
 
 
 class ProcessPool:
-    def __init__(self, spec: EnvSpec, num_envs: int, num_workers: int = 2, start_method: str = "spawn"):
+    def __init__(self, spec: EnvSpec, num_envs: int, num_workers: int = 2, start_method: str = "spawn",
+                 call_timeout_s: float = 120.0, start_timeout_s: float = 600.0):
+        """
+        call_timeout_s: seconds one env call (one slot's reset or step) may take; a worker sent n
+            calls is hung after n × call_timeout_s without an answer.
+        start_timeout_s: seconds a worker may take to build its environments.
+        """
         if num_workers < 1:
             raise ValueError("env_pool.num_workers must be ≥ 1")
+        if not call_timeout_s > 0:
+            raise ValueError(f"env_pool.call_timeout_s must be > 0, got {call_timeout_s!r}")
+        self.call_timeout_s, self.start_timeout_s = float(call_timeout_s), float(start_timeout_s)
         self.spec, self.num_envs = spec, num_envs
         self.num_workers = min(num_workers, num_envs)
         self._ctx = mp.get_context(start_method)
@@ -61,7 +73,11 @@ class ProcessPool:
     def _await_ready(self, w: int):
         p, conn = self._procs[w]
         try:
-            status, msg = conn.recv()
+            if conn.poll(self.start_timeout_s):
+                status, msg = conn.recv()
+            else:
+                p.kill()
+                status, msg = "failed", f"no answer within {self.start_timeout_s:g} s (killed)"
         except EOFError:
             status, msg = "failed", f"exit code {p.exitcode}"
         if status != "ready":
@@ -83,25 +99,33 @@ class ProcessPool:
             except (BrokenPipeError, OSError):
                 sent.append((w, its, False))
         results: dict[int, EnvResult] = {}
+        t0 = time.monotonic()
         for w, its, ok in sent:
             p, conn = self._procs[w]
-            reply = None
+            reply, hung = None, False
             if ok:
+                # every worker started at t0, so each gets its own budget counted from then
+                wait = t0 + self.call_timeout_s * len(its) - time.monotonic()
                 try:
-                    status, reply = conn.recv()
+                    if conn.poll(max(0.0, wait)):
+                        status, reply = conn.recv()
+                    else:
+                        hung = True
                 except (EOFError, ConnectionResetError, OSError):
                     reply = None
-            if reply is None:           # the worker died: restart it, report its commands as errors
-                code = p.exitcode if not p.is_alive() else "hung"
+            if reply is None:           # the worker died or hung: restart it, report its commands as errors
+                why = (f"hung: no answer to {cmd} of {len(its)} slot(s) within {self.call_timeout_s * len(its):g} s "
+                       f"(env_pool.call_timeout_s={self.call_timeout_s:g}); killed" if hung
+                       else f"died (exit code {p.exitcode if not p.is_alive() else 'unknown'})")
                 try:
                     p.kill()
+                    p.join(timeout=10)
                 except Exception:
                     pass
                 self.restarts += 1
                 self._start(w)
                 for it in its:
-                    results[it[0]] = EnvResult(it[0], ok=False,
-                                               error=f"env worker {w} died (exit code {code}); restarted")
+                    results[it[0]] = EnvResult(it[0], ok=False, error=f"env worker {w} {why}; restarted")
             else:
                 for r in reply:
                     results[r.slot] = r

@@ -27,11 +27,12 @@ from agentq.eval.metrics import summarize
 from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
 from agentq.learner.batch import collate
-from agentq.utils.checkpoint import save_hf_checkpoint
+from agentq.utils.checkpoint import TrainerState, load_trainer_state, save_hf_checkpoint
 from agentq.utils.logging import MetricsLogger, console, jsonable, progress, step_line
 
 from . import setup
 from .placement import Placement
+from .run_dir import RunAborted, claim_run_dir, write_lost_episodes
 
 
 def run_dir_for(cfg: DictConfig) -> Path:
@@ -56,19 +57,15 @@ class RLTrainer:
         self.rng = np.random.default_rng(int(cfg.seed))
         self.gen = torch.Generator().manual_seed(int(cfg.seed))
         self.run_dir = run_dir_for(cfg)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = claim_run_dir(self.run_dir, resume=bool(t.resume), overwrite=bool(t.get("overwrite", False)))
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         self.start_step = 0
         resume_ckpt = latest_checkpoint(self.run_dir) if t.resume else None
         if t.resume and resume_ckpt is None:
             raise FileNotFoundError(f"trainer.resume={t.resume!r}: no checkpoints/step_* in that run folder")
-        state = None
-        if resume_ckpt is not None:
-            if not (resume_ckpt / "trainer_state.pt").exists():
-                raise FileNotFoundError(f"{resume_ckpt} has no trainer_state.pt (optimizer, step, RNG): cannot resume")
-            state = torch.load(resume_ckpt / "trainer_state.pt", weights_only=False)
+        state = load_trainer_state(resume_ckpt) if resume_ckpt is not None else None
         # the policy the run started from: the KL reference, also after a resume
-        self.init_path = (state or {}).get("init_path") or init_path or setup.model_path(cfg)
+        self.init_path = (state.meta if state else {}).get("init_path") or init_path or setup.model_path(cfg)
         path = str(resume_ckpt) if resume_ckpt else self.init_path
         self.tokenizer = setup.load_tokenizer(path)
         self.chat = ChatFormat.from_tokenizer(self.tokenizer)
@@ -83,10 +80,10 @@ class RLTrainer:
             activation_checkpointing=bool(t.activation_checkpointing),
             temperature=setup.learner_temperature(cfg))
         if state is not None:
-            self.learner.opt.load_state_dict(state["optimizer"])
-            self.start_step = int(state["step"])
-            self.rng = state["np_rng"]
-            self.gen.set_state(state["torch_gen"])
+            self.learner.opt.load_state_dict(state.tensors["optimizer"])
+            self.start_step = int(state.meta["step"])
+            self.rng.bit_generator.state = state.meta["np_rng"]
+            self.gen.set_state(state.tensors["torch_gen"])
             MetricsLogger.truncate(self.run_dir, self.start_step)   # steps after the checkpoint are redone
             truncate_segments(self.run_dir, self.start_step)
             console.print(f"resumed from {resume_ckpt} at step {self.start_step}")
@@ -108,6 +105,7 @@ class RLTrainer:
         self.logger = MetricsLogger.from_config(self.run_dir, cfg)
         self.next_episode_id = self.start_step * self.n_episodes
         self.eval_history: list[dict] = []
+        self.skipped_in_a_row = 0
 
     # ------------------------------------------------------------------ one RL step
     def step(self, step: int) -> dict:
@@ -124,8 +122,12 @@ class RLTrainer:
         trajs = self.loop.run(specs, BackendPolicy(self.engine))
         t_roll = time.perf_counter() - t0
         rollout = summarize(trajs)
+        write_lost_episodes(self.run_dir, step, trajs)
         usable = [x for x in trajs if x.end_reason != "error" and x.num_action_tokens > 0]
         gen_tokens = sum(x.num_action_tokens for x in trajs)
+        if not usable:
+            return self._skip_step(step, trajs, rollout, time.perf_counter() - t0)
+        self.skipped_in_a_row = 0
 
         # 2. GRPO advantages within each task's group
         rewards = torch.tensor([x.reward for x in usable], dtype=torch.float32)
@@ -165,7 +167,29 @@ class RLTrainer:
             "int8_codes_changed": sync.int8_codes_changed, "sync_time_s": sync.seconds,
             "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
             "rollout_time_s": t_roll, "train_time_s": t_train, "step_time_s": step_time, "learner_threads": n_threads,
+            "skipped_step": 0,
         }
+
+    def _skip_step(self, step: int, trajs, rollout: dict, seconds: float) -> dict:
+        """A step without one usable episode (all errored, or none produced an action token, e.g. the
+        first prompt exceeds env.max_context_tokens): no update, a logged row, and after
+        trainer.max_skipped_steps such steps in a row the run stops with the reason."""
+        self.skipped_in_a_row += 1
+        reasons = {r: sum(x.end_reason == r for x in trajs) for r in sorted({x.end_reason for x in trajs})}
+        limit = int(self.cfg.trainer.get("max_skipped_steps", 3))
+        console.print(f"[yellow]step {step}: no usable episode ({len(trajs)} episodes, end reasons {reasons}); "
+                      f"skipped without an update ({self.skipped_in_a_row} in a row, limit {limit})")
+        if self.skipped_in_a_row >= limit:
+            raise RunAborted(
+                f"{self.skipped_in_a_row} steps in a row had no usable episode (last: end reasons {reasons}; "
+                f"lost episodes' errors in {self.run_dir / 'errors.jsonl'}); stopping "
+                f"(trainer.max_skipped_steps={limit}). 'context' means the first prompt does not fit "
+                f"env.max_context_tokens={int(self.cfg.env.max_context_tokens)}")
+        keys = ("reward_mean", "success_rate", "score_mean", "turns_mean", "cap_rate", "invalid_action_rate",
+                "inadmissible_action_rate", "end_context")
+        return {**{k: rollout[k] for k in keys}, "episodes": len(trajs), "errored_episodes": rollout["errors"],
+                "action_tokens": sum(x.num_action_tokens for x in trajs), "step_time_s": seconds,
+                "skipped_step": 1}
 
     # ------------------------------------------------------------------ eval, checkpoints
     def evaluate(self, step: int, num_tasks: int | None) -> dict:
@@ -194,9 +218,10 @@ class RLTrainer:
         save_hf_checkpoint(self.learner.model, path, self.tokenizer,
                            extra={"step": step, "env": self.cfg.env.name, "algo": self.cfg.algo.name,
                                   "rollout_quant": self.cfg.rollout.quant},
-                           trainer_state={"optimizer": self.learner.opt.state_dict(), "step": step,
-                                          "np_rng": self.rng, "torch_gen": self.gen.get_state(),
-                                          "init_path": str(self.init_path)})
+                           trainer_state=TrainerState(
+                               tensors={"optimizer": self.learner.opt.state_dict(), "torch_gen": self.gen.get_state()},
+                               meta={"step": step, "np_rng": self.rng.bit_generator.state,
+                                     "init_path": str(self.init_path)}))
         keep = int(self.cfg.trainer.keep_checkpoints)
         for old in sorted((self.run_dir / "checkpoints").glob("step_*"))[:-keep] if keep > 0 else []:
             import shutil
@@ -240,7 +265,12 @@ class RLTrainer:
         self.logger.close()
         self.pool.close()
         self.placement.close()
+        self._lock.close()          # releases the run folder
 
 
 def train(cfg: DictConfig) -> dict:
-    return RLTrainer(cfg).train()
+    trainer = RLTrainer(cfg)
+    try:
+        return trainer.train()
+    finally:
+        trainer.close()         # also when the run stops early (workers, lock); a second close is a no-op

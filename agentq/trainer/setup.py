@@ -125,6 +125,8 @@ def list_tasks(cfg: DictConfig, split: str) -> list[str]:
 def env_pool(cfg: DictConfig, split: str, num_envs: int, expert: bool = False):
     p = cfg.env_pool
     kw = {"address": p.address, "num_cpus": p.get("num_cpus")} if p.type == "ray" else {}
+    if p.type in ("process", "ray"):
+        kw["call_timeout_s"] = float(p.call_timeout_s)
     return make_pool(p.type, env_spec(cfg, split, expert), num_envs, num_workers=int(p.num_workers), **kw)
 
 
@@ -187,8 +189,13 @@ def tiny_corpus_key(cfg: DictConfig) -> str:
 
 
 def load_tokenizer(path: str):
+    """The model folder's tokenizer. Every command loads it first, so the folder's weight files are
+    checked here too: a truncated one is named before anything is built."""
     from transformers import AutoTokenizer
 
+    from agentq.utils.checkpoint import check_weight_files
+
+    check_weight_files(path)
     return AutoTokenizer.from_pretrained(path)
 
 

@@ -1,5 +1,10 @@
 """Atomic checkpoints: written into a temporary sibling folder, then renamed into place, so a
-crash mid-save never leaves a half-written checkpoint under the final name."""
+crash mid-save never leaves a half-written checkpoint under the final name.
+
+The trainer state (what `trainer.resume` needs besides the weights) is stored without pickled
+objects, so resuming from a folder never runs code from it: tensors and tensor containers
+(optimizer state, torch RNG state) in `trainer_state.pt`, read back with `weights_only=True`,
+and plain values (step, numpy RNG state, paths) in `trainer_state.json`."""
 from __future__ import annotations
 
 import json
@@ -8,7 +13,79 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
+
+STATE_TENSORS, STATE_META = "trainer_state.pt", "trainer_state.json"
+
+
+@dataclass
+class TrainerState:
+    """What a resume restores besides the weights.
+
+    tensors: tensors and containers of tensors / numbers / strings (e.g. an optimizer state_dict).
+    meta: JSON values (step, numpy `bit_generator.state`, paths)."""
+
+    tensors: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated or in a format that is not loaded (unsafe)."""
+
+
+def check_weight_files(folder: str | os.PathLike) -> None:
+    """Open the header of every *.safetensors file in `folder` (cheap: no tensor is read), so a
+    truncated or corrupt one is an error naming the file, before any model is built.
+
+    Raises:
+        CheckpointError: naming the file and safetensors' reason.
+    """
+    from safetensors import safe_open
+
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except Exception as e:
+            raise CheckpointError(f"weight file {f} is damaged or truncated ({f.stat().st_size} bytes): {e}") from None
+
+
+def save_trainer_state(folder: str | os.PathLike, state: TrainerState) -> None:
+    folder = Path(folder)
+    torch.save(state.tensors, folder / STATE_TENSORS)
+    (folder / STATE_META).write_text(json.dumps(state.meta, indent=1))
+
+
+def load_trainer_state(folder: str | os.PathLike) -> TrainerState:
+    """Read a trainer state written by `save_trainer_state`; never unpickles arbitrary objects.
+
+    Raises:
+        CheckpointError: a file is missing or unreadable, or `trainer_state.pt` holds anything
+        but tensors and plain containers (e.g. a pickle from an older agentq, or a crafted one).
+    """
+    folder = Path(folder)
+    pt, meta = folder / STATE_TENSORS, folder / STATE_META
+    if not pt.exists():
+        raise CheckpointError(f"{folder} has no {STATE_TENSORS} (optimizer, RNG): cannot resume")
+    if not meta.exists():
+        raise CheckpointError(
+            f"{folder} has {STATE_TENSORS} but no {STATE_META}: it was written by an older agentq as a full "
+            "pickle, which is not loaded because unpickling can run code. Start a new run from its weights "
+            f"instead: model.path={str(folder)!r}")
+    try:
+        tensors = torch.load(pt, map_location="cpu", weights_only=True)
+    except Exception as e:      # UnpicklingError for disallowed globals, RuntimeError/EOFError for torn files
+        raise CheckpointError(f"{pt} could not be loaded safely (weights_only=True): {type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}; it is either damaged or holds "
+                              "objects other than tensors, which are never unpickled") from None
+    try:
+        values = json.loads(meta.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{meta} is not valid JSON ({e.msg}); the checkpoint is damaged") from None
+    return TrainerState(tensors=tensors, meta=values)
 
 
 def _atomic_dir(path: Path):
@@ -29,8 +106,8 @@ def _commit(tmp: Path, path: Path) -> None:
 
 
 def save_hf_checkpoint(model, path: str | os.PathLike, tokenizer=None, extra: dict | None = None,
-                       trainer_state: dict | None = None) -> Path:
-    """save_pretrained (safetensors) + tokenizer (+ agentq metadata, optimizer state) atomically."""
+                       trainer_state: TrainerState | None = None) -> Path:
+    """save_pretrained (safetensors) + tokenizer (+ agentq metadata, trainer state) atomically."""
 
     path = Path(path)
     tmp = _atomic_dir(path)
@@ -42,7 +119,7 @@ def save_hf_checkpoint(model, path: str | os.PathLike, tokenizer=None, extra: di
         if extra:
             (tmp / "agentq.json").write_text(json.dumps(extra, indent=2, default=str))
         if trainer_state is not None:
-            torch.save(trainer_state, tmp / "trainer_state.pt")
+            save_trainer_state(tmp, trainer_state)
         _commit(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

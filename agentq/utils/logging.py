@@ -12,6 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from agentq.utils.jsonl import read_jsonl
+
 console = Console(stderr=True)
 
 
@@ -107,9 +109,9 @@ class MetricsLogger:
         path = Path(out_dir) / "metrics.jsonl"
         if not path.exists():
             return
-        keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
+        keep = [row for row in read_jsonl(path) if row["step"] <= last_step]
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in keep))
         tmp.replace(path)
 
     def close(self) -> None:
@@ -130,5 +132,5 @@ def step_line(step: int, steps: int, m: dict[str, Any]) -> str:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """metrics.jsonl rows; a torn last line (a kill mid-write) is dropped with a warning."""
+    return read_jsonl(path)

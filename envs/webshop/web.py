@@ -182,7 +182,10 @@ def create_app(**env_kwargs) -> Flask:
             assert isinstance(actions, list) and all(isinstance(a, str) for a in actions)
         except (ValueError, AssertionError):
             abort(400, "actions must be a JSON list of action strings")
-        k = max(0, min(int(request.args.get("step", len(actions))), len(actions)))
+        step = request.args.get("step", str(len(actions)))
+        if not step.lstrip("-").isdigit():
+            abort(400, f"step must be an integer (the number of actions to replay), got {step[:40]!r}")
+        k = max(0, min(int(step), len(actions)))
         s, log = replay(split, task_id, actions, k)
         base = f"/replay/{split}/{task_id}?actions={quote(json.dumps(actions))}&step="
         items = [f'<li class="{"current" if i == k else ""}"><a href="{base}{i}">{i}. '

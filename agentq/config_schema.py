@@ -1,0 +1,120 @@
+"""Typed checks of the composed config, run once by `load_config` before anything is built, so a
+bad value fails at once with its key named (not after the model and env workers are up, and not
+by running with it: `trainer.steps=-1` would otherwise write `checkpoints/step_-00001`)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+_MISSING = object()
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def positive_int(v: Any) -> str | None:
+    return None if _is_int(v) and v > 0 else "a positive integer"
+
+
+def nonneg_int(v: Any) -> str | None:
+    return None if _is_int(v) and v >= 0 else "an integer >= 0"
+
+
+def any_int(v: Any) -> str | None:
+    return None if _is_int(v) else "an integer"
+
+
+def positive_num(v: Any) -> str | None:
+    return None if _is_num(v) and v > 0 else "a number > 0"
+
+
+def nonneg_num(v: Any) -> str | None:
+    return None if _is_num(v) and v >= 0 else "a number >= 0"
+
+
+def probability(v: Any) -> str | None:
+    return None if _is_num(v) and 0 < v <= 1 else "a number in (0, 1]"
+
+
+def boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "true or false"
+
+
+def text(v: Any) -> str | None:
+    return None if isinstance(v, str) and v else "a non-empty string"
+
+
+def optional(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    def check_or_null(v: Any) -> str | None:
+        return None if v is None else (lambda why: why and f"{why} or null")(check(v))
+    return check_or_null
+
+
+def at_least(lo: int) -> Callable[[Any], str | None]:
+    return lambda v: None if _is_int(v) and v >= lo else f"an integer >= {lo}"
+
+
+#: dotted key → check returning what the value should be (None: fine). Keys a config lacks are skipped.
+RULES: dict[str, Callable[[Any], str | None]] = {
+    "seed": any_int,
+    "torch_threads": optional(positive_int),
+    "learner_threads": optional(positive_int),
+    "trainer.steps": positive_int,
+    "trainer.tasks_per_step": positive_int,
+    "trainer.group_size": positive_int,
+    "trainer.lr": positive_num,
+    "trainer.weight_decay": nonneg_num,
+    "trainer.grad_clip": nonneg_num,
+    "trainer.ppo_epochs": positive_int,
+    "trainer.minibatch_size": optional(positive_int),
+    "trainer.micro_batch_size": positive_int,
+    "trainer.max_concurrent": positive_int,
+    "trainer.save_every": nonneg_int,
+    "trainer.keep_checkpoints": nonneg_int,
+    "trainer.eval_every": at_least(-1),
+    "trainer.eval_num_tasks": nonneg_int,
+    "trainer.overwrite": boolean,
+    "trainer.max_skipped_steps": positive_int,
+    "env.name": text,
+    "env.max_steps": positive_int,
+    "env.max_context_tokens": positive_int,
+    "env.max_new_tokens": positive_int,
+    "env.train_split": text,
+    "env.eval_split": text,
+    "env_pool.num_workers": positive_int,
+    "env_pool.call_timeout_s": positive_num,
+    "rollout.temperature": nonneg_num,
+    "rollout.top_p": probability,
+    "rollout.max_slots": positive_int,
+    "algo.clip_eps": nonneg_num,
+    "algo.kl_coef": nonneg_num,
+    "agent.invalid_action_penalty": nonneg_num,
+    "agent.inadmissible_action_penalty": nonneg_num,
+    "eval.num_tasks": optional(positive_int),
+    "eval.repeats": positive_int,
+    "eval.temperature": nonneg_num,
+    "sft.num_demos": positive_int,
+    "sft.epochs": positive_int,
+    "sft.lr": positive_num,
+    "sft.batch_size": positive_int,
+    "pipeline.eval_tasks": positive_int,
+}
+
+
+def config_problems(cfg: DictConfig) -> list[str]:
+    """One line per key whose value breaks its rule, naming the key, the value and what it should be."""
+    out = []
+    for key, check in RULES.items():
+        value = OmegaConf.select(cfg, key, default=_MISSING)
+        if value is _MISSING:
+            continue
+        want = check(value)
+        if want:
+            out.append(f"{key}={value!r} ({type(value).__name__}): must be {want}")
+    return out

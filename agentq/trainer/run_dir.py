@@ -1,0 +1,96 @@
+"""The run folder's guards: one process per folder (a lock), no silent mixing of two runs, no
+stale temporary checkpoint folders, and a written record of every lost episode.
+
+    lock = claim_run_dir(run_dir, resume=..., overwrite=...)   # at start-up, before anything is built
+    write_lost_episodes(run_dir, step, trajectories)            # each step: errors.jsonl
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from pathlib import Path
+from typing import IO
+
+from agentq.config import ConfigError
+from agentq.utils.jsonl import append_jsonl
+
+LOCK_FILE = ".agentq.lock"
+ERRORS_FILE = "errors.jsonl"
+#: what a training run writes into its folder: the evidence that a folder holds a run, and what
+#: `trainer.overwrite=true` removes (nothing else in the folder is touched)
+RUN_ARTIFACTS = ("metrics.jsonl", "checkpoints", "tb", "eval", "train_summary.json", ERRORS_FILE)
+
+
+class RunDirError(ConfigError):
+    """The run folder cannot be used as asked (in use, or holds another run)."""
+
+
+class RunAborted(RuntimeError):
+    """The run stopped itself because continuing could not produce anything useful."""
+
+
+def holds_run(run_dir: Path) -> list[str]:
+    """The run artifacts present in `run_dir` (empty: a fresh folder)."""
+    return [name for name in RUN_ARTIFACTS if (run_dir / name).exists()]
+
+
+def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool) -> IO:
+    """Lock `run_dir` for this process and make sure it may be written.
+
+    Args:
+        run_dir: the run folder (created if missing).
+        resume: the run continues the one in the folder (`trainer.resume`).
+        overwrite: the folder's earlier run may be replaced (`trainer.overwrite`).
+    Returns:
+        the open lock file; the lock lasts until it is closed (or the process exits).
+    Raises:
+        RunDirError: another process holds the folder, or it holds a run and neither `resume`
+        nor `overwrite` was given.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(run_dir / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise RunDirError(f"run folder {str(run_dir)!r} is in use by another agentq process (pid {holder}); "
+                          "wait for it to finish or pick another trainer.out_dir") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    found = holds_run(run_dir)
+    if found and not resume:
+        if not overwrite:
+            lock.close()
+            raise RunDirError(
+                f"trainer.out_dir={str(run_dir)!r} already holds a run ({', '.join(found)}); continue it with "
+                f"trainer.resume={str(run_dir)!r}, pick another trainer.out_dir, or replace it with "
+                "trainer.overwrite=true")
+        for name in found:
+            path = run_dir / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    remove_stale_temp_dirs(run_dir / "checkpoints")
+    return lock
+
+
+def remove_stale_temp_dirs(folder: Path) -> list[Path]:
+    """Remove the `.step_*.tmp*` / `.step_*.old` folders a kill mid-checkpoint leaves behind.
+    Only safe while the run folder's lock is held (nobody is saving). Returns what was removed."""
+    stale = sorted(folder.glob(".step_*.tmp*")) + sorted(folder.glob(".step_*.old")) if folder.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def write_lost_episodes(run_dir: str | Path, step: int, trajectories) -> int:
+    """Append one errors.jsonl row (step, episode, task, error text) per errored episode.
+    Returns how many were written."""
+    rows = [{"step": step, "episode_id": t.episode_id, "task_id": t.task_id, "split": t.split,
+             "error": t.error or ""} for t in trajectories if t.end_reason == "error"]
+    append_jsonl(Path(run_dir) / ERRORS_FILE, rows)
+    return len(rows)

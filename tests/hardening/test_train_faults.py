@@ -1,0 +1,73 @@
+"""`agentq train` under faults: a stopped and a killed env worker mid-run cost their episodes
+(counted, errors written), not the run; a step without a usable episode is logged and skipped, and
+a run where that keeps happening stops with the reason."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from agentq.cli import main
+from conftest import REPO
+
+SMALL = ["env=textworld_express", "env.max_steps=3", "env.max_new_tokens=12", "trainer.tasks_per_step=2",
+         "trainer.group_size=2", "trainer.eval_every=-1"]
+
+
+def rows(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_steps_without_usable_episodes_are_skipped(tiny_model_dir, tmp_path):
+    # the first prompt alone exceeds the context: every episode ends "context" with no action token
+    run = tmp_path / "r"
+    args = ["train", *SMALL, f"model.path={tiny_model_dir}", "env_pool=inline", "env.max_context_tokens=8"]
+    assert main([*args, "trainer.steps=2", f"trainer.out_dir={run}"]) == 0
+    got = rows(run)
+    assert [r["step"] for r in got] == [1, 2] and all(r["skipped_step"] == 1 and r["end_context"] == 1.0 and r["episodes"] == 4 for r in got)
+    assert (run / "checkpoints" / "step_000002" / "model.safetensors").exists()
+
+
+def test_a_run_of_skipped_steps_stops_with_the_reason(tiny_model_dir, tmp_path, capsys):
+    run = tmp_path / "r"
+    args = ["train", *SMALL, f"model.path={tiny_model_dir}", "env_pool=inline", "env.max_context_tokens=8"]
+    assert main([*args, "trainer.steps=5", "trainer.max_skipped_steps=2", f"trainer.out_dir={run}"]) == 1
+    err = capsys.readouterr().err
+    assert "2 steps in a row had no usable episode" in err and "env.max_context_tokens=8" in err
+    assert [r["step"] for r in rows(run)] == [1]        # step 2 raised before its row
+
+
+def env_workers(proc: psutil.Process) -> list[psutil.Process]:
+    return [c for c in proc.children(recursive=False)
+            if "spawn_main" in " ".join(c.cmdline()) and "resource_tracker" not in " ".join(c.cmdline())]
+
+
+def test_stopped_and_killed_workers_cost_episodes_not_the_run(tiny_model_dir, tmp_path):
+    run = tmp_path / "r"
+    cmd = [sys.executable, "-m", "agentq.cli", "train", *SMALL, f"model.path={tiny_model_dir}", "env_pool=process",
+           "env_pool.num_workers=2", "env_pool.call_timeout_s=10", "trainer.steps=3", f"trainer.out_dir={run}"]
+    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not ((run / "metrics.jsonl").exists() and rows(run)):    # step 1 is done: workers idle
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()[-3000:]
+            time.sleep(0.05)
+        stopped, killed = env_workers(psutil.Process(p.pid))
+        stopped.send_signal(signal.SIGSTOP)
+        killed.send_signal(signal.SIGKILL)
+        out, err = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err[-3000:]
+    got = rows(run)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    # both workers own 2 of the 4 slots: all 4 episodes of step 2 are lost, so that step is skipped
+    assert [r["errored_episodes"] for r in got] == [0, 4, 0] and got[1]["skipped_step"] == 1
+    errors = [json.loads(line) for line in (run / "errors.jsonl").read_text().splitlines()]
+    assert len(errors) == 4 and {e["step"] for e in errors} == {2}
+    assert sum("hung" in e["error"] for e in errors) == 2 and sum("died" in e["error"] for e in errors) == 2
+    assert not stopped.is_running() or stopped.status() == psutil.STATUS_ZOMBIE
