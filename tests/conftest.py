@@ -48,3 +48,11 @@ def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 900):
     env = dict(os.environ)
     return subprocess.run([sys.executable, "-m", "agentq.cli", *args], cwd=cwd or REPO, env=env, timeout=timeout,
                           capture_output=True, text=True)
+
+
+def train_run(tmp_path_factory, args: list[str]) -> Path:
+    """`agentq train <args>` into a fresh run folder (asserting it succeeded); returns the folder."""
+    out = tmp_path_factory.mktemp("run") / "r"
+    p = run_cli(["train", *args, f"trainer.out_dir={out}"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out
