@@ -141,6 +141,15 @@ def test_make_backend_names_the_valid_backends(tiny_model_dir):
         setup.make_backend(cfg, str(tiny_model_dir), torch.device("cpu"), torch.float32, None)
 
 
+def test_torch_engine_sends_other_architectures_to_the_vllm_backend():
+    from transformers import GPT2Config
+
+    from agentq.rollout.torch_engine.model import EngineModel
+
+    with pytest.raises(ValueError, match=r"got 'gpt2'; use rollout.backend=vllm .*\[vllm\]"):
+        EngineModel(GPT2Config(), P("none"))
+
+
 # ---------------------------------------------------------------------- on vLLM
 def vllm_backend(path, preset: str, **kw):
     from agentq.rollout.vllm_backend import VLLMBackend
