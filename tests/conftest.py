@@ -88,3 +88,11 @@ def ray_cluster():
         yield ray
     finally:
         ray.shutdown()
+
+
+def train_run(tmp_path_factory, args: list[str]) -> Path:
+    """`agentq train <args>` into a fresh run folder (asserting it succeeded); returns the folder."""
+    out = tmp_path_factory.mktemp("run") / "r"
+    p = run_cli(["train", *args, f"trainer.out_dir={out}"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out

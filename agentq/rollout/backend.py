@@ -90,3 +90,32 @@ class RolloutBackend(Protocol):
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token of context costs (all layers, K and V, scales included)."""
+
+
+# ---------------------------------------------------------------------- shared by the backends
+def load_safetensors_dir(path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the `*.safetensors` files in an HF checkpoint folder, by name."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {path}")
+    tensors = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def check_requests(requests: list[TurnRequest], max_len: int, vocab: int) -> None:
+    """Refuse a batch a backend cannot run: two turns of one episode, a context that leaves no room
+    for a token within `max_len`, or token ids outside the vocabulary."""
+    if len({r.episode_id for r in requests}) != len(requests):
+        raise ValueError("generate() got two requests for the same episode")
+    for r in requests:
+        if len(r.context_ids) + 1 > max_len:
+            raise ValueError(f"episode {r.episode_id}: context of {len(r.context_ids)} tokens does not fit "
+                             f"max_len={max_len}; the agent loop must end it (context budget)")
+        if not r.context_ids or min(r.context_ids) < 0 or max(r.context_ids) >= vocab:
+            raise ValueError(f"episode {r.episode_id}: context ids must be non-empty and in [0, {vocab})")

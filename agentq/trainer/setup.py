@@ -232,13 +232,22 @@ def learner_temperature(cfg: DictConfig) -> float:
 
 def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.dtype, tokenizer,
                  max_slots: int | None = None):
+    """The rollout backend `rollout.backend` names (torch | vllm), serving the weights in `path`."""
     backend = cfg.rollout.backend
-    if backend != "torch":
-        raise ValueError(f"rollout.backend={backend!r}; valid: ['torch']")
+    if backend not in ("torch", "vllm"):
+        raise ValueError(f"rollout.backend={backend!r}; valid: ['torch', 'vllm']")
+    spec, _ = quant_specs(cfg)
+    slots = int(max_slots or cfg.rollout.max_slots)
+    if backend == "vllm":
+        from agentq.rollout.vllm_backend import VLLMBackend
+
+        v = cfg.rollout.vllm
+        return VLLMBackend.from_pretrained(path, spec, max_slots=slots, max_len=int(cfg.env.max_context_tokens),
+                                           dtype=dtype, seed=int(cfg.seed), sync=str(v.sync),
+                                           gpu_memory_utilization=float(v.gpu_memory_utilization))
     from agentq.rollout.torch_engine.engine import TorchEngine
 
-    spec, _ = quant_specs(cfg)
-    return TorchEngine.from_pretrained(path, spec, max_slots=int(max_slots or cfg.rollout.max_slots),
+    return TorchEngine.from_pretrained(path, spec, max_slots=slots,
                                        max_len=int(cfg.env.max_context_tokens), dtype=dtype, device=device,
                                        prefill_chunk=int(cfg.rollout.prefill_chunk), tokenizer=tokenizer,
                                        sampler=str(cfg.rollout.get("sampler", "auto")),

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, train_run
 
 SMALL = ["env=textworld_express", "env.max_steps=3", "env.max_new_tokens=12", "trainer.tasks_per_step=2",
          "trainer.group_size=2", "trainer.eval_num_tasks=2", "env_pool.num_workers=1"]
@@ -11,10 +11,7 @@ SMALL = ["env=textworld_express", "env.max_steps=3", "env.max_new_tokens=12", "t
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "r"
-    p = run_cli(["train", *SMALL, "trainer.steps=2", f"trainer.out_dir={out}"])
-    assert p.returncode == 0, p.stderr[-3000:]
-    return out
+    return train_run(tmp_path_factory, [*SMALL, "trainer.steps=2"])
 
 
 def test_train_writes_the_run_folder(run_dir):

@@ -18,7 +18,8 @@ from typing import Iterable
 import torch
 
 from agentq.kernels.quant_spec import QuantSpec
-from agentq.rollout.backend import SamplingParams, SyncStats, TurnRequest, TurnResult
+from agentq.rollout.backend import (SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
+                                    load_safetensors_dir)
 
 from .kv_cache import KVCache
 from .decode import DecodeRunner
@@ -68,18 +69,10 @@ class TorchEngine:
 
     @classmethod
     def from_pretrained(cls, path: str, quant: QuantSpec, **kw) -> "TorchEngine":
-        from safetensors.torch import load_file
         from transformers import AutoConfig
-        from pathlib import Path
 
         eng = cls(AutoConfig.from_pretrained(path), quant, **kw)
-        files = sorted(Path(path).glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors weights in {path}")
-        tensors = {}
-        for f in files:
-            tensors.update(load_file(str(f)))
-        eng.update_weights(tensors.items(), version=0)
+        eng.update_weights(load_safetensors_dir(path).items(), version=0)
         return eng
 
     # ------------------------------------------------------------------ protocol
@@ -117,18 +110,10 @@ class TorchEngine:
     def generate(self, requests: list[TurnRequest]) -> list[TurnResult]:
         if not requests:
             return []
-        if len({r.episode_id for r in requests}) != len(requests):
-            raise ValueError("generate() got two requests for the same episode")
+        check_requests(requests, self.max_len, self.model.config.vocab_size)
         params = requests[0].sampling
         if any(r.sampling != params for r in requests):
             raise ValueError("all requests of one generate() call must share SamplingParams")
-        vocab = self.model.config.vocab_size
-        for r in requests:
-            if len(r.context_ids) + 1 > self.max_len:
-                raise ValueError(f"episode {r.episode_id}: context of {len(r.context_ids)} tokens does not fit "
-                                 f"max_len={self.max_len}; the agent loop must end it (context budget)")
-            if not r.context_ids or min(r.context_ids) < 0 or max(r.context_ids) >= vocab:
-                raise ValueError(f"episode {r.episode_id}: context ids must be non-empty and in [0, {vocab})")
         slots = [self._slot(r.episode_id) for r in requests]
         draw = self._drawer(requests, params)
         # 1) prefill each episode's new tokens; logits of its last context token start the turn

@@ -248,7 +248,8 @@ class EngineModel(nn.Module):
         mt = hf_config.model_type
         if mt not in SUPPORTED:
             raise ValueError(f"the torch engine supports model_type {sorted(SUPPORTED)}, got {mt!r}; "
-                             "use rollout.backend=vllm for other architectures")
+                             "use rollout.backend=vllm for other architectures "
+                             "(pip install -e \".[vllm]\"; docs/vllm.md)")
         if getattr(hf_config, "hidden_act", "silu") != "silu":
             raise ValueError(f"only SiLU MLPs are supported, got hidden_act={hf_config.hidden_act!r}")
         self.config, self.spec, self.dtype, self.device = hf_config, spec, dtype, torch.device(device)

