@@ -42,4 +42,7 @@ def test_eval_with_vllm_rollouts(run_dir, tmp_path):
     rep = json.loads((tmp_path / "eval.json").read_text())
     assert rep["split"] == "test" and rep["episodes"] == 3 and rep["rollout_quant"] == "w8a8"
     eps = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
-    assert [e["task_id"] for e in eps] == ["coin/20000", "coin/20001", "coin/20002"]
+    # 3 of the test split's tasks, the seeded sample the report names (TWX coin: one task type)
+    sel = rep["task_selection"]
+    assert sel["method"] == "stratified" and sel["num_tasks"] == 3
+    assert len({e["task_id"] for e in eps}) == 3 and all(e["task_id"].startswith("coin/2") for e in eps)
