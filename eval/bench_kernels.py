@@ -61,6 +61,17 @@ from agentq.kernels.quant_spec import QuantSpec  # noqa: E402
 
 SPEC = QuantSpec()
 LLAMA8B = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+#: (K, N) of the linears each model runs: the engine's fused decode-layer linears, and the learner's
+#: per-projection ones (HF modules: q, k, v, gate, up apart); `--models` picks what `--tune gemm` sweeps
+MODEL_LINEARS = {
+    "llama3-8b": LLAMA8B,
+    "qwen3-8b": {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096)},
+    "qwen3-4b": {"qkv": (2560, 6144), "o": (4096, 2560), "gate_up": (2560, 19456), "down": (9728, 2560)},
+    "qwen3-1.7b": {"qkv": (2048, 4096), "o": (2048, 2048), "gate_up": (2048, 12288), "down": (6144, 2048)},
+    "qwen3-0.6b": {"qkv": (1024, 4096), "o": (2048, 1024), "gate_up": (1024, 6144), "down": (3072, 1024)},
+    "learner-qwen3-8b": {"q": (4096, 4096), "kv": (4096, 1024), "gate": (4096, 12288), "down": (12288, 4096)},
+    "learner-qwen3-1.7b": {"q": (2048, 2048), "kv": (2048, 1024), "gate": (2048, 6144), "down": (6144, 2048)},
+}
 MS = (1, 16, 64, 256)
 ROTATE_BYTES = 256e6
 
@@ -151,6 +162,8 @@ def tune_gemm(shapes, dev, results, deadline: float = float("inf"), ms=MS):
                     continue
                 if cfg.split_k == 1 and programs < 16:
                     continue
+                if cfg.split_k > 1 and programs >= 2 * 132:      # enough tiles already: split-K only adds work
+                    continue
                 try:
                     us = graph_us([partial(tg.int8_gemm, x_q, s_x, sh.w_q[i], sh.s_w[i], None, torch.bfloat16, cfg)
                                    for i in range(sh.n_int8)], rep_ms=25, warmup_ms=5) / sh.n_int8
@@ -163,7 +176,6 @@ def tune_gemm(shapes, dev, results, deadline: float = float("inf"), ms=MS):
             log(f"tune {sh.name:8s} M={m:4d}: best {best[1].short()} {best[0]:.1f} us")
             rows.append((m, best[1]))
         table[(sh.n, sh.k)] = sorted(rows, key=lambda r: r[0])
-    tg.H200_TABLE.clear()
     tg.H200_TABLE.update(table)
     lines = ["H200_TABLE = {"]
     for (n, k), rows in table.items():
@@ -299,14 +311,18 @@ def attn_candidates(kind: str):
             yield AttnConfig(bn, w, st, 1)
         return
     for bn, w, st, sp in ((128, 4, 3, 1), (128, 4, 4, 1), (64, 4, 3, 1), (64, 4, 4, 1), (64, 4, 5, 1),
-                          (32, 4, 4, 1), (32, 4, 6, 1), (128, 4, 3, 2), (64, 4, 4, 2), (64, 2, 4, 1), (128, 8, 3, 1)):
+                          (32, 4, 4, 1), (32, 4, 6, 1), (128, 4, 3, 2), (64, 4, 4, 2), (64, 2, 4, 1), (128, 8, 3, 1),
+                          (128, 4, 2, 2), (128, 4, 3, 4), (64, 4, 4, 4), (256, 8, 2, 1), (256, 8, 3, 1),
+                          (128, 8, 4, 1), (128, 4, 5, 1), (64, 2, 6, 1), (64, 4, 6, 2)):
         yield AttnConfig(bn, w, st, sp)
+    for bn, w, st, sp in ((128, 4, 3, 1), (64, 4, 4, 1), (128, 4, 3, 2)):
+        yield AttnConfig(bn, w, st, sp, k_as_a=True)
     yield AttnConfig(128, 4, 2, 1, words=False, asm=False)       # sweep-1 kernel (byte-wise V)
 
 
-def tune_attention(dev, results, deadline: float = float("inf")):
+def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L: int = 4096):
     from agentq.kernels import triton_attention as ta
-    B, L, Hq, Hkv, D = 64, 4096, 32, 8, 128
+    Hq, Hkv, D = 32, 8, 128
     k, v = make_kv(B, L, Hkv, D, dev)
     (kq, ks), (vq, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
     q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
@@ -323,11 +339,12 @@ def tune_attention(dev, results, deadline: float = float("inf")):
             except Exception as e:
                 log(f"  skip {kind} {cfg.short()}: {type(e).__name__}: {str(e)[:80]}")
                 continue
-            results.setdefault("tune_attn", []).append({"kind": kind, "cfg": cfg.short(), "us": us})
+            results.setdefault("tune_attn", []).append({"kind": kind, "B": B, "L": L, "cfg": cfg.short(), "us": us})
             if kind not in best or us < best[kind][0]:
                 best[kind] = (us, cfg)
         us, cfg = best[kind]
-        log(f"tune attn {kind}: best {cfg.short()} {us:.1f} us")
+        log(f"tune attn {kind} B={B} L={L}: best {cfg.short()} {us:.1f} us")
+        results.setdefault("attn_best", []).append({"kind": kind, "B": B, "L": L, "cfg": cfg.short(), "us": us})
         ta.H200_ATTN[kind] = ta.AttnConfig(cfg.block_n, cfg.num_warps, cfg.num_stages, None, cfg.k_as_a,
                                            cfg.words, cfg.asm)
         results[f"attn_best_{kind}"] = {"cfg": cfg.short(), "us": us}
@@ -403,6 +420,8 @@ def main():
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer attention cases")
     ap.add_argument("--tune-budget-s", type=float, default=240.0, help="stop tuning sweeps after this long")
+    ap.add_argument("--models", default="llama3-8b", help=f"comma list of {sorted(MODEL_LINEARS)} (--tune gemm)")
+    ap.add_argument("--attn-cases", default="64x4096", help="--tune attn: comma list of BxL")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for bench.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -417,16 +436,28 @@ def main():
             (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1, default=str))
 
     shapes = [LinearShape(name, k, n, dev) for name, (k, n) in LLAMA8B.items()]
+    if args.tune and "gemm" in args.tune and args.models != "llama3-8b":
+        wanted = {}
+        for model in args.models.split(","):
+            for name, (k, n) in MODEL_LINEARS[model].items():
+                wanted.setdefault((k, n), f"{model}:{name}")
+        tune_shapes = [LinearShape(name, k, n, dev) for (k, n), name in wanted.items()]
+    else:
+        tune_shapes = shapes
     if args.tune:     # first, so that the checks and the benchmark use the tuned tables
         t = time.time()
         what = {"quant", "gemm", "attn"} if args.tune == "all" else set(args.tune.split(","))
         if "quant" in what:
             tune_quant(dev, results)
         if "gemm" in what:
-            tune_gemm(shapes, dev, results, deadline=t + 0.7 * args.tune_budget_s,
+            tune_gemm(tune_shapes, dev, results, deadline=t + 0.7 * args.tune_budget_s,
                       ms=tuple(int(v) for v in args.tune_ms.split(",")))
+            del tune_shapes
+            torch.cuda.empty_cache()
         if "attn" in what:
-            tune_attention(dev, results, deadline=t + args.tune_budget_s)
+            for case in args.attn_cases.split(","):
+                b, l_ = (int(v) for v in case.split("x"))
+                tune_attention(dev, results, deadline=t + args.tune_budget_s, B=b, L=l_)
         log(f"(tuning took {time.time() - t:.0f}s)")
         save()
     if args.check:

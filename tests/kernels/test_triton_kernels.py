@@ -178,7 +178,7 @@ def test_gemm_config_and_batch_invariance(K):
 def test_gemm_default_config_and_3d_input(K):
     x, w_q, s_w, bias = _gemm_case(6, 48, 160, seed=7)
     x3 = x.reshape(2, 3, 160)
-    y = K.gemm.w8a8_linear(x3, w_q, s_w, None, SPEC)          # pick_config heuristic (split-K path)
+    y = K.gemm.w8a8_linear(x3, w_q, s_w, None, SPEC)          # pick_config: table or heuristic config
     assert y.shape == (2, 3, 48)
     assert torch.equal(y.reshape(6, 48), _reference(x, w_q, s_w, None, torch.bfloat16))
 
