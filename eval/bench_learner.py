@@ -85,6 +85,9 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype) -> 
         torch.cuda.reset_peak_memory_stats(device)
     upd = timed(lambda: learner.update(batch, objective), device, args.warmup, args.iters)
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
+    if args.profile and device.type == "cuda":
+        kernel_table(f"{spec_name}: no-grad forward", lambda: learner.logprobs(batch))
+        kernel_table(f"{spec_name}: update", lambda: learner.update(batch, objective))
     tokens = args.batch * args.seq
     res = {"spec": spec_name, "update_s": statistics.median(upd), "update_all_s": upd,
            "forward_s": statistics.median(fwd), "forward_all_s": fwd,
@@ -93,6 +96,21 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype) -> 
     del learner, model
     release_memory(device)
     return res
+
+
+def kernel_table(title: str, fn, rows: int = 18) -> None:
+    """The CUDA kernels of one call of `fn` by GPU time, and its host-side ops by CPU time (where
+    the aligned learner's time goes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    print(f"--- CUDA kernels, {title}")
+    print(table.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60), flush=True)
+    print(f"--- host ops, {title}")
+    print(table.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60), flush=True)
 
 
 def release_memory(device: torch.device) -> None:
@@ -119,6 +137,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="print the CUDA kernel table of one forward and one update")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -91,11 +91,38 @@ class WeightCache:
         self.key = self.w_q = self.s_w = self._deq = None
 
 
+class ActivationCache:
+    """The int8 codes of the last activation a linear quantized, for linears that read the same
+    input tensor: HF calls q/k/v_proj (and gate/up_proj) with one tensor object, so its per-token
+    quantization runs once instead of three (two) times, with the same bits.
+
+    Keyed on the tensor object itself (held here, so its storage cannot be reused by another tensor
+    while cached) and its version counter (an in-place write invalidates)."""
+
+    def __init__(self):
+        self.x: torch.Tensor | None = None
+        self.key: tuple | None = None
+        self.codes: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.hits = 0                # quantizations saved: tests, diagnostics
+
+    def get(self, x: torch.Tensor, spec: QuantSpec, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (x._version, spec.act_scale_floor, spec.act_rounding, backend)
+        if self.x is x and self.key == key:
+            self.hits += 1
+            return self.codes
+        x2 = x.detach().reshape(-1, x.shape[-1])
+        self.codes = _quantize_rows(x2, spec.act_scale_floor, spec.act_rounding, backend)
+        self.x, self.key = x, key
+        return self.codes
+
+    def clear(self) -> None:
+        self.x = self.key = self.codes = None
+
+
 class _W8A8STE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, w, bias, spec, cache, backend):
+    def forward(ctx, x2, w, bias, spec, cache, backend, x_q, s_x):
         w_q, s_w = cache.get(w, spec, backend)
-        x_q, s_x = _quantize_rows(x2, spec.act_scale_floor, spec.act_rounding, backend)
         y = _int8_linear(x_q, s_x, w_q, s_w, bias, x2.dtype, backend)
         ctx.save_for_backward(x_q, s_x, w_q, s_w)
         ctx.cache = cache
@@ -118,11 +145,12 @@ class _W8A8STE(torch.autograd.Function):
             gw = (g.t() @ quant.dequantize_rows(x_q, s_x, cd)).to(wd)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g.sum(0, dtype=torch.float32).to(wd)
-        return gx, gw, gb, None, None, None
+        return gx, gw, gb, None, None, None, None, None
 
 
 def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec,
-                    cache: WeightCache | None = None, backend: str | None = None) -> torch.Tensor:
+                    cache: WeightCache | None = None, backend: str | None = None,
+                    act_cache: ActivationCache | None = None) -> torch.Tensor:
     """The learner's aligned linear: value identical to `quant.w8a8_linear(x, *quantize_weight(w))`,
     straight-through gradients to the master weight `w`, to `x` and to `bias`.
 
@@ -132,11 +160,13 @@ def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
         spec: the shared QuantSpec.
         cache: the module's `WeightCache` (None: quantize `w` for this call only).
         backend: None (Triton on CUDA), "triton" or "torch" (see `triton_path`).
+        act_cache: the model's `ActivationCache` (None: quantize x for this call only).
     Returns:
         [..., N] in x's dtype.
     """
     shape = x.shape
-    y = _W8A8STE.apply(x.reshape(-1, shape[-1]), w, bias, spec, cache or WeightCache(), backend)
+    x_q, s_x = (act_cache or ActivationCache()).get(x, spec, backend)
+    y = _W8A8STE.apply(x.reshape(-1, shape[-1]), w, bias, spec, cache or WeightCache(), backend, x_q, s_x)
     return y.reshape(*shape[:-1], w.shape[0])
 
 

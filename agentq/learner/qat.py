@@ -5,7 +5,8 @@
 * every linear the `QuantSpec` quantizes runs `ste.w8a8_linear_ste`: forward value from the same
   integer path as the engine (per-token int8 X, per-channel int8 W from the current master weight,
   int32 accumulate, fp32 epilogue; the engine's Triton kernels on CUDA), straight-through
-  gradients to the masters; the weight's codes are cached per weight version (`WeightCache`);
+  gradients to the masters; the weight's codes are cached per weight version (`WeightCache`), and
+  an input several linears read (q/k/v, gate/up) is quantized once (`ActivationCache`);
 * attention reads K (after RoPE and q/k-norm) and V through the KV cache's round trip
   (`ste.kv_fake_quant`, identity gradient), at every position, as the engine's cache does;
 * the linear audit (`QuantSpec.check_linears`) runs first: a linear the spec does not name is
@@ -36,9 +37,10 @@ class QATLinear(nn.Linear):
 
     spec: QuantSpec
     weight_cache: ste.WeightCache
+    act_cache: ste.ActivationCache      # shared by the model's QAT linears (q/k/v and gate/up read one x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ste.w8a8_linear_ste(x, self.weight, self.bias, self.spec, self.weight_cache)
+        return ste.w8a8_linear_ste(x, self.weight, self.bias, self.spec, self.weight_cache, act_cache=self.act_cache)
 
     def quantized_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(w_q int8 [N, K], s_w fp32 [N]) of the current master weight: what the engine's sync
@@ -92,11 +94,13 @@ def align_model(model: nn.Module, spec: QuantSpec) -> dict[str, list[str]]:
     """Install the aligned forward in place; returns the audit {"quantized": [...], "ignored": [...]}."""
     audit = spec.check_linears(linear_names(model))
     mods = dict(model.named_modules())
+    act_cache = ste.ActivationCache()
     for name in audit["quantized"]:
         m = mods[name]
         m.__class__ = QATLinear
         m.spec = spec
         m.weight_cache = ste.WeightCache()
+        m.act_cache = act_cache
     for m in model.modules():
         if hasattr(m, "k_proj") and hasattr(m, "v_proj"):       # an attention block
             m.agentq_spec = spec
@@ -111,7 +115,7 @@ def unalign_model(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, QATLinear):
             m.__class__ = nn.Linear
-            del m.spec, m.weight_cache
+            del m.spec, m.weight_cache, m.act_cache
 
 
 def invalidate_weight_caches(model: nn.Module) -> None:
