@@ -23,9 +23,9 @@ from .selection import TaskSelection, select_tasks
 def choose_eval_tasks(cfg: DictConfig, split: str, num_tasks: int | None) -> TaskSelection:
     """The tasks of `split` an evaluation plays: all, or `num_tasks` stratified by task type
     (`eval.selection`, seeded by `seed`, so every evaluation of a run plays the same tasks)."""
-    from agentq.trainer import setup
+    from agentq import build
 
-    env = setup.make_env(cfg, split)
+    env = build.make_env(cfg, split)
     try:
         u = env.unwrapped
         return select_tasks(list(u.list_tasks(split)), num_tasks, getattr(u, "task_type", None),
@@ -53,21 +53,21 @@ def run_episodes(loop, policy, tasks: list[str], split: str, seed: int, first_id
 
 
 def evaluate(cfg: DictConfig) -> dict:
-    from agentq.trainer import setup
+    from agentq import build
 
-    device, dtype = setup.device_and_dtype(cfg)
-    path = cfg.checkpoint or setup.model_path(cfg)
+    device, dtype = build.device_and_dtype(cfg)
+    path = cfg.checkpoint or build.model_path(cfg)
     if not (Path(path) / "config.json").exists():
         raise FileNotFoundError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)")
     split = cfg.split or cfg.env.eval_split
     selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
     tasks = repeat_tasks(selection.tasks, cfg.eval.repeats)
-    chat = ChatFormat.from_tokenizer(setup.load_tokenizer(path))
+    chat = ChatFormat.from_tokenizer(build.load_tokenizer(path))
     n_conc = min(len(tasks), int(cfg.rollout.max_slots), int(cfg.trainer.max_concurrent))
-    engine = setup.make_backend(cfg, path, device, dtype, chat.tokenizer, max_slots=n_conc)
-    pool = setup.env_pool(cfg, split, n_conc)
+    engine = build.make_backend(cfg, path, device, dtype, chat.tokenizer, max_slots=n_conc)
+    pool = build.env_pool(cfg, split, n_conc)
     try:
-        loop = setup.agent_loop(cfg, pool, chat, setup.sampling_params(cfg, chat, cfg.eval.temperature), n_conc,
+        loop = build.agent_loop(cfg, pool, chat, build.sampling_params(cfg, chat, cfg.eval.temperature), n_conc,
                                 run_seed=int(cfg.seed))
         trajs = run_episodes(loop, BackendPolicy(engine), tasks, split, int(cfg.seed),
                              description=f"eval {cfg.env.name}/{split}")

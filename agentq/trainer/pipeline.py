@@ -73,7 +73,7 @@ def eval_splits(cfg: DictConfig) -> list[str]:
 
 
 def pipeline(cfg: DictConfig) -> dict:
-    from agentq.trainer import setup
+    from agentq import build
     from agentq.trainer.rl import RLTrainer
     from agentq.trainer.sft import sft
 
@@ -88,7 +88,7 @@ def pipeline(cfg: DictConfig) -> dict:
 
     console.rule(f"[bold]agentq pipeline: {cfg.env.name} — tiny model → SFT → RL ({cfg.algo.name}, "
                  f"rollout {cfg.rollout.quant}) → eval on {', '.join([split, *others])}")
-    base = setup.model_path(cfg)                                          # 1. tiny model + tokenizer
+    base = build.model_path(cfg)                                          # 1. tiny model + tokenizer
     s = sft(cfg, out_dir=out / "sft", init_path=base)                     # 2. SFT on expert demos
     sft_evals = {sp: evaluate_checkpoint(cfg, s["checkpoint"], out / f"eval_sft_{sp}", n_eval, sp)   # 3. held-out evals
                  for sp in (split, *others)}

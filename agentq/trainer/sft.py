@@ -27,17 +27,17 @@ from agentq.learner.learner import Learner, sequence_logprobs
 from agentq.utils.checkpoint import save_hf_checkpoint
 from agentq.utils.logging import MetricsLogger, console, progress
 
-from . import setup
+from agentq import build
 
 
 def collect_demos(cfg: DictConfig, chat: ChatFormat, n: int, split: str, seed: int) -> list[Trajectory]:
     import numpy as np
 
-    tasks = sample_tasks(setup.list_tasks(cfg, split), n, np.random.default_rng(seed))
+    tasks = sample_tasks(build.list_tasks(cfg, split), n, np.random.default_rng(seed))
     n_conc = max(1, min(n, int(cfg.trainer.max_concurrent)))
-    pool = setup.env_pool(cfg, split, n_conc, expert=True)
+    pool = build.env_pool(cfg, split, n_conc, expert=True)
     try:
-        loop = setup.agent_loop(cfg, pool, chat, setup.sampling_params(cfg, chat), n_conc, run_seed=seed)
+        loop = build.agent_loop(cfg, pool, chat, build.sampling_params(cfg, chat), n_conc, run_seed=seed)
         specs = [EpisodeSpec(i, t, split, group_id=i, seed=episode_seed(seed, i)) for i, t in enumerate(tasks)]
         with progress(transient=True) as prog:
             bar = prog.add_task("expert demos", total=len(specs), info="")
@@ -93,12 +93,12 @@ def evaluate_nll(learner: Learner, trajs: list[Trajectory], batch_size: int) -> 
 
 def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | None = None) -> dict:
     s = cfg.sft
-    device, dtype = setup.device_and_dtype(cfg)
+    device, dtype = build.device_and_dtype(cfg)
     torch.manual_seed(int(cfg.seed))
     out = Path(out_dir or s.out_dir or Path("runs") / f"sft-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    path = init_path or setup.model_path(cfg)
-    tokenizer = setup.load_tokenizer(path)
+    path = init_path or build.model_path(cfg)
+    tokenizer = build.load_tokenizer(path)
     chat = ChatFormat.from_tokenizer(tokenizer)
 
     # 1. demonstrations through the RL agent loop
@@ -119,7 +119,7 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
     val, train = demos[:n_val], demos[n_val:]
 
     # 2. cross-entropy on action tokens, through the aligned forward (no env workers run now: every core)
-    with setup.learner_threads(cfg):
+    with build.learner_threads(cfg):
         learner, history = _fit(cfg, path, out, train, val, rng, device, dtype)
 
     # 3. an ordinary HF checkpoint
@@ -138,7 +138,7 @@ def _fit(cfg: DictConfig, path: str, out: Path, train: list[Trajectory], val: li
          rng: random.Random, device, dtype):
     """Cross-entropy epochs with linear warm-up; returns the learner and per-epoch losses."""
     s = cfg.sft
-    _, learner_spec = setup.quant_specs(cfg)
+    _, learner_spec = build.quant_specs(cfg)
     learner = Learner(path, learner_spec, dtype=dtype, device=str(device), lr=float(s.lr), weight_decay=0.01,
                       use_reference=False, micro_batch_size=int(s.batch_size))
     logger = MetricsLogger(out)

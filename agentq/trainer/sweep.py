@@ -109,7 +109,7 @@ def _run_jobs(jobs: list[dict], parallel: int) -> None:
 # ---------------------------------------------------------------------- the sweep
 def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     """Shared SFT → arms × seeds RL → table.md / table.json / curves.png in the sweep folder."""
-    from agentq.trainer import setup
+    from agentq import build
     from agentq.trainer.pipeline import eval_splits, evaluate_checkpoint
     from agentq.trainer.sft import sft
 
@@ -128,7 +128,7 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
 
     sft_summary = out / "sft" / "sft_summary.json"           # 1. the shared start (reused on resume)
     if not sft_summary.exists():
-        sft(cfg, out_dir=out / "sft", init_path=setup.model_path(cfg))
+        sft(cfg, out_dir=out / "sft", init_path=build.model_path(cfg))
     sft_ckpt = str(out / "sft" / "checkpoint")
     sft_eval = out / "eval_sft" / "eval.json"
     if not sft_eval.exists():

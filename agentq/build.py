@@ -1,4 +1,10 @@
-"""Building the run's components from the config (shared by `train`, `eval` and `sft`)."""
+"""The composition root: the run's components built from the config (device, model path, tokenizer,
+rollout backend, env pool, agent loop, sampling), shared by the trainer (`train`, `sft`, `pipeline`,
+`sweep`), the evaluation library (`agentq eval`) and the benchmark scripts.
+
+It sits above the component packages (agent, learner, pool, rollout, ...) and below `agentq.eval`
+and `agentq.trainer`, so both build the same way without importing each other (ARCHITECTURE.md).
+"""
 from __future__ import annotations
 
 import contextlib
