@@ -19,10 +19,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from agentq.agent import BackendPolicy, ChatFormat, EpisodeSpec, episode_seed
+from agentq import build
+from agentq.agent import BackendPolicy, ChatFormat
 from agentq.algos import grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
-from agentq.eval.evaluate import choose_eval_tasks, run_episodes, write_report
+from agentq.eval.evaluate import choose_eval_tasks, evaluate_policy
 from agentq.eval.metrics import summarize
 from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
@@ -30,17 +31,14 @@ from agentq.learner.batch import collate
 from agentq.utils.checkpoint import TrainerState, load_trainer_state, save_hf_checkpoint
 from agentq.utils.logging import MetricsLogger, console, jsonable, progress, step_line
 
-from agentq import build
 from .placement import Placement
-from .run_dir import RunAborted, claim_run_dir, write_lost_episodes
+from .run_dir import RunAborted, claim_run_dir, new_run_dir, write_lost_episodes
 
 
 def run_dir_for(cfg: DictConfig) -> Path:
     if cfg.trainer.resume:
         return Path(cfg.trainer.resume)
-    if cfg.trainer.out_dir:
-        return Path(cfg.trainer.out_dir)
-    return Path("runs") / f"{cfg.env.name}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(cfg.trainer.out_dir or new_run_dir(f"{cfg.env.name}-{cfg.algo.name}"))
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -113,12 +111,8 @@ class RLTrainer:
         t0 = time.perf_counter()
         # 1. rollouts from the behaviour policy (the quantized engine)
         tasks = sample_tasks(self.train_tasks, int(t.tasks_per_step), self.rng)
-        specs = []
-        for g, task in enumerate(tasks):
-            for _ in range(int(t.group_size)):
-                eid = self.next_episode_id
-                self.next_episode_id += 1
-                specs.append(EpisodeSpec(eid, task, self.train_split, group_id=g, seed=episode_seed(int(cfg.seed), eid)))
+        specs = build.episode_specs(tasks, self.train_split, int(cfg.seed), self.next_episode_id, int(t.group_size))
+        self.next_episode_id += len(specs)
         trajs = self.loop.run(specs, BackendPolicy(self.engine))
         t_roll = time.perf_counter() - t0
         rollout = summarize(trajs)
@@ -193,22 +187,16 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ eval, checkpoints
     def evaluate(self, step: int, num_tasks: int | None) -> dict:
+        """The held-out evaluation at `step` (the same `num_tasks` tasks every time), into eval/step_*/."""
         cfg = self.cfg
         if num_tasks not in self._eval_selection:
             self._eval_selection[num_tasks] = choose_eval_tasks(cfg, self.eval_split, num_tasks)
-        selection = self._eval_selection[num_tasks]
-        tasks = selection.tasks
         # the training pool plays the eval episodes (each reset names its split): no second set of
         # workers holding CPUs (a Ray cluster the size of the training pool could not place them)
-        loop = build.agent_loop(cfg, self.pool, self.chat,
-                                build.sampling_params(self.cfg, self.chat, cfg.eval.temperature),
-                                min(self.n_conc, len(tasks)), run_seed=int(cfg.seed) + 1)
-        trajs = run_episodes(loop, BackendPolicy(self.engine), tasks, self.eval_split, int(cfg.seed) + 1,
-                             first_id=10**9, description=f"eval step {step}")
-        report = {"step": step, "env": cfg.env.name, "split": self.eval_split, "rollout_quant": cfg.rollout.quant,
-                  "temperature": float(cfg.eval.temperature), "task_selection": selection.to_dict(),
-                  **summarize(trajs)}
-        write_report(self.run_dir / "eval" / f"step_{step:06d}", report, trajs)
+        report = evaluate_policy(cfg, self.engine, self.pool, self.chat, self._eval_selection[num_tasks],
+                                 self.eval_split, self.run_dir / "eval" / f"step_{step:06d}", seed=int(cfg.seed) + 1,
+                                 max_concurrent=self.n_conc, first_id=10**9, description=f"eval step {step}",
+                                 step=step)
         self.eval_history.append(report)
         self.logger.log(step, {k: v for k, v in report.items() if isinstance(v, (int, float))}, prefix="eval/")
         return report
