@@ -1,5 +1,8 @@
 """agentq's text environments, registered with Gymnasium under the `agentq/` namespace.
 
+The top-level folder `envs/`, installed as `agentq.envs` (setup.py maps it); the lowest layer with
+`agentq.kernels`: it imports gymnasium and the env engines, nothing else of agentq (ARCHITECTURE.md).
+
     import gymnasium as gym, agentq.envs
     env = gym.make("agentq/TextWorldExpress-v0", split="test")
 

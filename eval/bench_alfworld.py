@@ -36,10 +36,9 @@ INVALID = "fly to the moon"
 
 
 def make_env(split: str, **kwargs):
-    import gymnasium as gym
+    from agentq.envs import make
 
-    import agentq.envs  # noqa: F401  (registers agentq/*)
-    return gym.make("agentq/ALFWorld-v0", split=split, **kwargs)
+    return make("alfworld", split=split, **kwargs)
 
 
 def fixed_sample(task_ids: list[str], n: int, seed: int = 0) -> list[str]:

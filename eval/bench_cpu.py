@@ -3,9 +3,9 @@ with the CPU int8 GEMM dispatch off (`torch._int_mm`, what torch does) and on (t
 `cpu_int_gemm=auto` picks on this CPU), side by side in one process, printing the CPU capability,
 the chosen path, a table and a JSON file.
 
-    python eval/bench_cpu.py                          # this CPU as it is
-    python eval/bench_cpu.py --emulate-no-vnni        # as on an AVX2-only CPU (see below)
-    python eval/bench_cpu.py --eval-episodes 50 --profile runs/bench_cpu/profile.txt
+    python -m agentq.eval.bench_cpu                          # this CPU as it is
+    python -m agentq.eval.bench_cpu --emulate-no-vnni        # as on an AVX2-only CPU (see below)
+    python -m agentq.eval.bench_cpu --eval-episodes 50 --profile runs/bench_cpu/profile.txt
 
 Both arms start from the same SFT checkpoint (built once with the pipeline's SFT settings and kept
 in --work), the same seed and the same tasks; since every GEMM path gives `_int_mm`'s bits, both
