@@ -30,7 +30,7 @@ from .base import (INFO_KEYS, EnvClosedError, EnvCrashedError, EpisodeOverError,
 
 #: config name (conf/env/<name>.yaml) → (Gymnasium id, entry point)
 REGISTRY: dict[str, tuple[str, str]] = {
-    "textworld_express": ("agentq/TextWorldExpress-v0", "agentq.envs.textworld_express:TextWorldExpressEnv"),
+    "textworld_express": ("agentq/TextWorldExpress-v0", "agentq.envs.textworld_express.env:TextWorldExpressEnv"),
     "alfworld": ("agentq/ALFWorld-v0", "agentq.envs.alfworld.env:ALFWorldEnv"),
     "scienceworld": ("agentq/ScienceWorld-v0", "agentq.envs.scienceworld.env:ScienceWorldEnv"),
     "webshop": ("agentq/WebShop-v0", "agentq.envs.webshop.env:WebShopEnv"),

@@ -20,7 +20,7 @@ import sys
 import time
 
 from agentq.envs.webshop.env import WebShopEnv
-from agentq.envs.webshop.oracle import oracle_action, search_queries
+from agentq.envs.webshop.experts import oracle_action, search_queries
 from agentq.envs.webshop.shop import _cached_shop, get_shop
 
 
