@@ -20,7 +20,6 @@ Writes a JSON report with `--json PATH`. The functions are also used by tests/en
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -31,6 +30,8 @@ import time
 from collections import defaultdict
 
 import numpy as np
+
+from agentq.eval.bench_common import write_json
 
 INVALID = "fly to the moon"
 
@@ -234,9 +235,7 @@ def main(argv=None) -> dict:
         print(f"reset of a game played before: {res['reset_s_uncached']:.2f} s -> {res['reset_s_cached']:.2f} s "
               "with the translation memo")
         real.close()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(report, f, indent=1)
+    write_json(a.json, report)
     return report
 
 

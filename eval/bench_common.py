@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+from pathlib import Path
 
 import torch
 
@@ -60,3 +62,9 @@ def base_parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=None, help="folder for the JSON report")
     return ap
+
+
+def write_json(path: str | Path | None, report: dict, indent: int = 1) -> None:
+    """The benchmark's report as JSON at `path` (its `--json`/`--out` argument); nothing when None."""
+    if path:
+        Path(path).write_text(json.dumps(report, indent=indent))

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import time
 
 import torch
 
-from agentq.eval.bench_common import SHAPES, qwen3_config, sync
+from agentq.eval.bench_common import SHAPES, qwen3_config, sync, write_json
 
 OBS = 64
 
@@ -245,9 +244,7 @@ def main():
         if "decode_step_ms" in r and cuda:
             r["roofline_ms"] = 1e3 * (r["weight_bytes"] + r["kv_bytes_read_per_step"]) / bw
     print_table(a, rows, bw, budget)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"copy_bw": bw, "budget_episodes": budget, "rows": rows}, f, indent=2)
+    write_json(a.json, {"copy_bw": bw, "budget_episodes": budget, "rows": rows}, indent=2)
 
 
 def print_table(a, rows, bw, budget) -> None:

@@ -34,6 +34,7 @@ import gymnasium as gym
 import agentq.envs  # noqa: F401  (registers agentq/* ids)
 from agentq.envs import EnvCrashedError
 from agentq.envs.scienceworld import JVMHost, all_tasks
+from agentq.eval.bench_common import write_json
 
 ENV_ID = "agentq/ScienceWorld-v0"
 MEMORY_TASKS = ("10-2", "10-1", "9-3", "9-2", "5-2", "2-3", "1-1", "3-4")
@@ -375,9 +376,7 @@ def main(argv=None):
               f"won after restart {c['won_after_restart']}")
     print(f"load average: start {results['load_avg_start']}, end {results['load_avg_end']}; {results['cpus']} CPUs; "
           f"wall {results['wall_s']} s")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(a.json, results)
     return 0
 
 
