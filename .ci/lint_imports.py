@@ -42,13 +42,18 @@ def mirror(dest: Path, folders: dict[str, str]) -> None:
                     (out / f).symlink_to(Path(root) / f)
 
 
+def lint_command(*args: str) -> list[str]:
+    """`lint-imports` of this interpreter's environment (also when its bin/ is not on PATH)."""
+    exe = Path(sys.executable).parent / "lint-imports"
+    return [str(exe) if exe.exists() else "lint-imports", str(REPO / "pyproject.toml"), "--no-cache", *args]
+
+
 def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="agentq-imports-") as tmp:
         mirror(Path(tmp), package_folders())
         env = {**os.environ, "PYTHONPATH": tmp}
         # run in the mirror: import-linter puts its working folder first on sys.path
-        cmd = ["lint-imports", str(REPO / "pyproject.toml"), "--no-cache", *argv]
-        return subprocess.run(cmd, cwd=tmp, env=env).returncode
+        return subprocess.run(lint_command(*argv), cwd=tmp, env=env).returncode
 
 
 if __name__ == "__main__":

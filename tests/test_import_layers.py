@@ -35,7 +35,7 @@ def _lint(tmp_path: Path, extra: dict[str, str] | None = None) -> subprocess.Com
     for rel, text in (extra or {}).items():
         (tmp_path / rel).unlink(missing_ok=True)       # a symlink into the checkout: never write through it
         (tmp_path / rel).write_text(text)
-    return subprocess.run(["lint-imports", str(REPO / "pyproject.toml"), "--no-cache"], cwd=tmp_path,
+    return subprocess.run(runner.lint_command(), cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, timeout=300)
 
 
