@@ -1,4 +1,4 @@
-"""Maps the design card's top-level folders into the single `agentq` namespace.
+"""Maps the top-level folders envs/ kernels/ eval/ conf/ into the single `agentq` namespace (agentq.envs, …).
 
 pyproject.toml holds the metadata; this file only computes `packages`/`package_dir`, because
 setuptools' static `package-dir` table cannot discover sub-packages of remapped folders.

@@ -1,5 +1,8 @@
 """agentq's text environments, registered with Gymnasium under the `agentq/` namespace.
 
+The top-level folder `envs/`, installed as `agentq.envs` (setup.py maps it); the lowest layer with
+`agentq.kernels`: it imports gymnasium and the env engines, nothing else of agentq (ARCHITECTURE.md).
+
     import gymnasium as gym, agentq.envs
     env = gym.make("agentq/TextWorldExpress-v0", split="test")
 
@@ -27,7 +30,7 @@ from .base import (INFO_KEYS, EnvClosedError, EnvCrashedError, EpisodeOverError,
 
 #: config name (conf/env/<name>.yaml) → (Gymnasium id, entry point)
 REGISTRY: dict[str, tuple[str, str]] = {
-    "textworld_express": ("agentq/TextWorldExpress-v0", "agentq.envs.textworld_express:TextWorldExpressEnv"),
+    "textworld_express": ("agentq/TextWorldExpress-v0", "agentq.envs.textworld_express.env:TextWorldExpressEnv"),
     "alfworld": ("agentq/ALFWorld-v0", "agentq.envs.alfworld.env:ALFWorldEnv"),
     "scienceworld": ("agentq/ScienceWorld-v0", "agentq.envs.scienceworld.env:ScienceWorldEnv"),
     "webshop": ("agentq/WebShop-v0", "agentq.envs.webshop.env:WebShopEnv"),

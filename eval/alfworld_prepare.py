@@ -26,11 +26,11 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
 
     from agentq.envs.alfworld import generator as gen
-    from agentq.eval.bench_alfworld import make_env
+    from agentq.envs import make
     kwargs = {"cache_dir": a.cache_dir, "data_dir": a.data_dir}
     if a.gen_per_type is not None:
         kwargs["gen_sizes"] = {a.split: a.gen_per_type} if a.split in gen.GEN_SPLITS else None
-    env = make_env(a.split, expert=a.walkthroughs, expert_type="planner", **kwargs)
+    env = make("alfworld", split=a.split, expert=a.walkthroughs, expert_type="planner", **kwargs)
     u = env.unwrapped
     tasks = u.list_tasks()[: a.limit]
     t0 = time.perf_counter()

@@ -20,7 +20,6 @@ Writes a JSON report with `--json PATH`. The functions are also used by tests/en
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -32,14 +31,15 @@ from collections import defaultdict
 
 import numpy as np
 
+from agentq.eval.bench_common import write_json
+
 INVALID = "fly to the moon"
 
 
 def make_env(split: str, **kwargs):
-    import gymnasium as gym
+    from agentq.envs import make
 
-    import agentq.envs  # noqa: F401  (registers agentq/*)
-    return gym.make("agentq/ALFWorld-v0", split=split, **kwargs)
+    return make("alfworld", split=split, **kwargs)
 
 
 def fixed_sample(task_ids: list[str], n: int, seed: int = 0) -> list[str]:
@@ -162,7 +162,7 @@ def _table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> dict:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--archive", help="unpack this json_2.1.1 archive into a temp folder and use it as ALFWORLD_DATA")
     p.add_argument("--data-dir", help="folder holding json_2.1.1 (default $ALFWORLD_DATA)")
@@ -179,65 +179,84 @@ def main(argv=None) -> dict:
     p.add_argument("--quick", action="store_true", help="small sample sizes (smoke run)")
     p.add_argument("--json", help="write the report here")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per episode")
-    a = p.parse_args(argv)
+    return p
+
+
+def handcoded_section(a, data_dir: str | None, cache_dir: str, log) -> dict:
+    """Section 1: the handcoded expert on a fixed sample of real games."""
+    real = make_env(a.real_split, data_dir=data_dir, cache_dir=cache_dir, expert=True, max_steps=a.max_steps)
+    ids = fixed_sample(real.unwrapped.list_tasks(), a.real_games)
+    res = expert_eval(real, ids, a.real_split, log)
+    real.close()
+    print(f"handcoded expert, {a.real_split}, {res['n']} games (numpy seed 0), cap {a.max_steps} steps:\n{_table(res)}")
+    return res
+
+
+def planner_section(a, cache_dir: str, log) -> dict:
+    """Section 2: planner walkthroughs on generated games of both generated splits."""
+    genv = make_env("gen_seen", cache_dir=cache_dir, expert=True, max_steps=a.max_steps)
+    u = genv.unwrapped
+    out = {}
+    for split in ("gen_seen", "gen_unseen"):
+        ids = per_type_sample(u.list_tasks(split), a.gen_per_type, u.task_type)
+        out[split] = res = expert_eval(genv, ids, split, log)
+        print(f"planner walkthrough, {split}, {res['n']} games:\n{_table(res)}")
+    genv.close()
+    return out
+
+
+def handcoded_gen_section(a, cache_dir: str, log) -> dict:
+    """Section 2b (`--handcoded-gen-per-type N`): the handcoded expert on generated games."""
+    genv = make_env("gen_seen", cache_dir=cache_dir, expert=True, expert_type="handcoded", max_steps=a.max_steps)
+    u = genv.unwrapped
+    ids = per_type_sample(u.list_tasks(), a.handcoded_gen_per_type, u.task_type)
+    res = expert_eval(genv, ids, "gen_seen", log)
+    print(f"handcoded expert, gen_seen, {res['n']} games, cap {a.max_steps} steps:\n{_table(res)}")
+    genv.close()
+    return res
+
+
+def speed_section(a, data_dir: str | None, cache_dir: str) -> dict:
+    """Section 3: step and reset time without and with the parse cache, real and generated games."""
+    from agentq.envs.alfworld import generator as gen
+
+    # no expert here: its per-step work would count as step time
+    real = make_env(a.real_split, data_dir=data_dir, cache_dir=cache_dir, max_steps=a.max_steps)
+    ids = fixed_sample(real.unwrapped.list_tasks(), a.speed_games, seed=1)
+    res = speed_compare(real, ids, a.real_split, a.speed_steps)
+    res.update(reset_compare(real, ids[0], a.real_split))
+    gen_ids = per_type_sample(gen.list_gen_tasks("gen_seen", 1), 1, lambda t: t.split("/")[0])[:2]
+    g = speed_compare(real, gen_ids, "gen_seen", a.speed_steps)
+    res["generated"] = g
+    res["identical"] = res["identical"] and g["identical"]
+    print(f"step time, {res['games']} {a.real_split} games x {a.speed_steps} steps ({res['steps']} steps):"
+          f" median {res['median_ms_uncached']:.1f} ms uncached -> {res['median_ms_cached']:.1f} ms with the parse"
+          f" cache ({res['speedup_median']:.2f}x; mean {res['mean_ms_uncached']:.1f} -> {res['mean_ms_cached']:.1f});"
+          f" generated games: {g['median_ms_uncached']:.1f} -> {g['median_ms_cached']:.1f} ms")
+    print(f"outputs byte-identical (observations and admissible commands, real + generated): {res['identical']}")
+    print(f"reset of a game played before: {res['reset_s_uncached']:.2f} s -> {res['reset_s_cached']:.2f} s "
+          "with the translation memo")
+    real.close()
+    return res
+
+
+def main(argv=None) -> dict:
+    a = _parser().parse_args(argv)
     if a.quick:
         a.real_games, a.gen_per_type, a.speed_games = 6, 1, 2
     data_dir = _unpack(a.archive) if a.archive else a.data_dir
     cache_dir = a.cache_dir or tempfile.mkdtemp(prefix="alfworld-cache-")
     log = print if a.verbose else None
     report: dict = {"args": vars(a)}
-
-    from agentq.envs.alfworld import generator as gen
     if "handcoded" not in a.skip:
-        real = make_env(a.real_split, data_dir=data_dir, cache_dir=cache_dir, expert=True, max_steps=a.max_steps)
-        ids = fixed_sample(real.unwrapped.list_tasks(), a.real_games)
-        res = expert_eval(real, ids, a.real_split, log)
-        real.close()
-        report["handcoded"] = res
-        print(f"handcoded expert, {a.real_split}, {res['n']} games (numpy seed 0), cap {a.max_steps} steps:\n{_table(res)}")
-
+        report["handcoded"] = handcoded_section(a, data_dir, cache_dir, log)
     if "planner" not in a.skip:
-        genv = make_env("gen_seen", cache_dir=cache_dir, expert=True, max_steps=a.max_steps)
-        u = genv.unwrapped
-        report["planner"] = {}
-        for split in ("gen_seen", "gen_unseen"):
-            ids = per_type_sample(u.list_tasks(split), a.gen_per_type, u.task_type)
-            res = expert_eval(genv, ids, split, log)
-            report["planner"][split] = res
-            print(f"planner walkthrough, {split}, {res['n']} games:\n{_table(res)}")
-        genv.close()
-
+        report["planner"] = planner_section(a, cache_dir, log)
     if a.handcoded_gen_per_type:
-        genv = make_env("gen_seen", cache_dir=cache_dir, expert=True, expert_type="handcoded", max_steps=a.max_steps)
-        u = genv.unwrapped
-        ids = per_type_sample(u.list_tasks(), a.handcoded_gen_per_type, u.task_type)
-        res = expert_eval(genv, ids, "gen_seen", log)
-        report["handcoded_gen"] = res
-        print(f"handcoded expert, gen_seen, {res['n']} games, cap {a.max_steps} steps:\n{_table(res)}")
-        genv.close()
-
+        report["handcoded_gen"] = handcoded_gen_section(a, cache_dir, log)
     if "speed" not in a.skip:
-        # no expert here: its per-step work would count as step time
-        real = make_env(a.real_split, data_dir=data_dir, cache_dir=cache_dir, max_steps=a.max_steps)
-        ids = fixed_sample(real.unwrapped.list_tasks(), a.speed_games, seed=1)
-        res = speed_compare(real, ids, a.real_split, a.speed_steps)
-        res.update(reset_compare(real, ids[0], a.real_split))
-        gen_ids = per_type_sample(gen.list_gen_tasks("gen_seen", 1), 1, lambda t: t.split("/")[0])[:2]
-        g = speed_compare(real, gen_ids, "gen_seen", a.speed_steps)
-        res["generated"] = g
-        res["identical"] = res["identical"] and g["identical"]
-        report["speed"] = res
-        print(f"step time, {res['games']} {a.real_split} games x {a.speed_steps} steps ({res['steps']} steps):"
-              f" median {res['median_ms_uncached']:.1f} ms uncached -> {res['median_ms_cached']:.1f} ms with the parse"
-              f" cache ({res['speedup_median']:.2f}x; mean {res['mean_ms_uncached']:.1f} -> {res['mean_ms_cached']:.1f});"
-              f" generated games: {g['median_ms_uncached']:.1f} -> {g['median_ms_cached']:.1f} ms")
-        print(f"outputs byte-identical (observations and admissible commands, real + generated): {res['identical']}")
-        print(f"reset of a game played before: {res['reset_s_uncached']:.2f} s -> {res['reset_s_cached']:.2f} s "
-              "with the translation memo")
-        real.close()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(report, f, indent=1)
+        report["speed"] = speed_section(a, data_dir, cache_dir)
+    write_json(a.json, report)
     return report
 
 

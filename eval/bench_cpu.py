@@ -3,9 +3,9 @@ with the CPU int8 GEMM dispatch off (`torch._int_mm`, what torch does) and on (t
 `cpu_int_gemm=auto` picks on this CPU), side by side in one process, printing the CPU capability,
 the chosen path, a table and a JSON file.
 
-    python eval/bench_cpu.py                          # this CPU as it is
-    python eval/bench_cpu.py --emulate-no-vnni        # as on an AVX2-only CPU (see below)
-    python eval/bench_cpu.py --eval-episodes 50 --profile runs/bench_cpu/profile.txt
+    python -m agentq.eval.bench_cpu                          # this CPU as it is
+    python -m agentq.eval.bench_cpu --emulate-no-vnni        # as on an AVX2-only CPU (see below)
+    python -m agentq.eval.bench_cpu --eval-episodes 50 --profile runs/bench_cpu/profile.txt
 
 Both arms start from the same SFT checkpoint (built once with the pipeline's SFT settings and kept
 in --work), the same seed and the same tasks; since every GEMM path gives `_int_mm`'s bits, both
@@ -52,12 +52,12 @@ def gemm_ms(shapes=GEMM_SHAPES, reps: int = 5) -> list[dict]:
 
 def build_sft(cfg, work: Path) -> str:
     """The pipeline's SFT checkpoint for this config (built once, reused from --work)."""
-    from agentq.trainer import setup
+    from agentq import build
     from agentq.trainer.sft import sft
 
     ckpt = work / "sft" / "checkpoint"
     if not (ckpt / "config.json").exists():
-        sft(cfg, out_dir=work / "sft", init_path=setup.model_path(cfg))
+        sft(cfg, out_dir=work / "sft", init_path=build.model_path(cfg))
     return str(ckpt)
 
 
@@ -105,13 +105,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     from agentq.config import load_config
     from agentq.kernels import cpu_gemm
-    from agentq.trainer import setup
+    from agentq import build
 
     work = Path(a.work) / ("no_vnni" if a.emulate_no_vnni else "native")
     gemm = gemm_ms()
     cfg = load_config(["device=cpu", *a.overrides], config_name="pipeline")
     sft_ckpt = build_sft(cfg, Path(a.work))
-    setup.device_and_dtype(cfg)                              # the run's thread count; probes the GEMM paths
+    build.device_and_dtype(cfg)                              # the run's thread count; probes the GEMM paths
     info = cpu_gemm.describe()
     chosen = info["path"]
     arms = {label: path for label, path in (("off (int_mm)", "int_mm"), (f"on ({chosen})", chosen))

@@ -35,16 +35,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from agentq.eval.bench_engine import SHAPES
+from agentq.eval.bench_common import SHAPES, qwen3_config
 
 WORLD = 2
 OBS = 16          # observation tokens appended after every turn (they enter the context, not the loss)
 
 
 def hf_config(args):
-    from transformers import Qwen3Config
-
-    return Qwen3Config(**SHAPES[args.model], max_position_embeddings=max_len(args) + 64, tie_word_embeddings=False)
+    return qwen3_config(args.model, max_len(args))
 
 
 def max_len(args) -> int:

@@ -7,8 +7,8 @@ after the first appends a 16-token observation, so the delta prefill runs). Epis
 the engines by the backend's least-loaded assignment. One warm-up turn per configuration is not
 timed.
 
-    python eval/bench_distributed_rollout.py                        # CPU: tiny model, 2 CPU actors
-    python eval/bench_distributed_rollout.py --gpus --model 1b      # one GPU per engine (not run yet)
+    python -m agentq.eval.bench_distributed_rollout                        # CPU: tiny model, 2 CPU actors
+    python -m agentq.eval.bench_distributed_rollout --gpus --model 1b      # one GPU per engine (not run yet)
 
 On CPU each engine actor gets one core (torch threads = 1); on a 2-core machine that other work
 also loads, the ratio falls short of 2 (reported as measured).
@@ -24,14 +24,13 @@ import torch
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.rollout.backend import SamplingParams, TurnRequest
 from agentq.rollout.distributed import DistributedBackend
-
-from agentq.eval.bench_engine import SHAPES
+from agentq.eval.bench_common import SHAPES, qwen3_config
 
 
 def hf_model(shape: str):
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM
 
-    cfg = Qwen3Config(**SHAPES[shape], max_position_embeddings=4096, tie_word_embeddings=False)
+    cfg = qwen3_config(shape, 4096 - 256)
     torch.manual_seed(0)
     return cfg, AutoModelForCausalLM.from_config(cfg).state_dict()
 

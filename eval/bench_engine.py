@@ -20,21 +20,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import time
 
 import torch
 
-SHAPES = {  # Qwen3-style configs
-    "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=64, vocab_size=1024),
-    "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                 num_key_value_heads=8, head_dim=128, vocab_size=151936),
-    "1b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-               num_key_value_heads=8, head_dim=128, vocab_size=151936),
-    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=128, vocab_size=151936),
-}
+from agentq.eval.bench_common import SHAPES, qwen3_config, sync, write_json
+
 OBS = 64
 
 
@@ -52,17 +43,6 @@ def random_weights(engine, seed: int = 0):
             yield name, torch.ones(shape, device=dev)
         else:
             yield name, torch.randn(shape, generator=g, device=dev, dtype=engine.model.dtype) * 0.02
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _config(model: str, max_len: int):
-    from transformers import Qwen3Config
-
-    return Qwen3Config(**SHAPES[model], max_position_embeddings=max_len + 256, tie_word_embeddings=False)
 
 
 def _contexts(batch: int, prompt: int, vocab: int) -> list[list[int]]:
@@ -84,7 +64,7 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     from agentq.rollout.torch_engine.engine import TorchEngine
 
     max_len = prompt + turns * (new + OBS) + 32
-    cfg = _config(model, max_len)
+    cfg = qwen3_config(model, max_len)
     eng = TorchEngine(cfg, QuantSpec.preset(quant), max_slots=batch, max_len=max_len, dtype=dtype, device=device,
                       cuda_graphs=graphs)
     eng.update_weights(random_weights(eng), version=0)
@@ -93,13 +73,13 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     # warm-up: kernel compilation, autotune, graph capture for every bucket the run will use
     eng.generate([TurnRequest(10_000 + i, c[:64], SamplingParams(max_new_tokens=4), seed=i) for i, c in enumerate(ctx)])
     eng.release_all()
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     turn_s, gen = [], 0
     for t in range(turns):
         ts = time.perf_counter()
         res = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctx)])
-        _sync(device)
+        sync(device)
         turn_s.append(time.perf_counter() - ts)
         gen += sum(len(r.token_ids) for r in res)
         ctx = [c + r.token_ids + [5] * OBS for c, r in zip(ctx, res)]
@@ -145,12 +125,12 @@ def _time_decode(eng, slots, seeds, sp, steps: int, device: str) -> float:
     for _ in range(2):                                   # warm (bucket graph already captured)
         lens = eng._advance(slots, tokens)
         eng.decoder.step(tokens, slots, lens, seeds, sp)
-    _sync(device)
+    sync(device)
     t = time.perf_counter()
     for _ in range(steps):
         lens = eng._advance(slots, tokens)
         eng.decoder.step(tokens, slots, lens, seeds, sp)
-    _sync(device)
+    sync(device)
     return 1e3 * (time.perf_counter() - t) / steps
 
 
@@ -159,7 +139,7 @@ def run_hf(model: str, batch: int, prompt: int, new: int, turns: int) -> dict:
     from transformers import AutoModelForCausalLM
 
     max_len = prompt + turns * (new + OBS) + 32
-    cfg = _config(model, max_len)
+    cfg = qwen3_config(model, max_len)
     with torch.device("cuda"):
         m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     ctx = torch.tensor(_contexts(batch, prompt, cfg.vocab_size), device="cuda")
@@ -216,7 +196,7 @@ def budget_batch(model: str, quant: str, max_len: int, budget_gib: float) -> int
     from agentq.kernels import QuantSpec
     from agentq.rollout.torch_engine.kv_cache import KVCache
 
-    cfg = _config(model, max_len)
+    cfg = qwen3_config(model, max_len)
     probe = KVCache(cfg.num_hidden_layers, 1, cfg.num_key_value_heads, 1, cfg.head_dim, QuantSpec.preset(quant),
                     torch.bfloat16, "meta")
     return int(budget_gib * 2**30 // (probe.bytes_per_token() * max_len))
@@ -264,9 +244,7 @@ def main():
         if "decode_step_ms" in r and cuda:
             r["roofline_ms"] = 1e3 * (r["weight_bytes"] + r["kv_bytes_read_per_step"]) / bw
     print_table(a, rows, bw, budget)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"copy_bw": bw, "budget_episodes": budget, "rows": rows}, f, indent=2)
+    write_json(a.json, {"copy_bw": bw, "budget_episodes": budget, "rows": rows}, indent=2)
 
 
 def print_table(a, rows, bw, budget) -> None:

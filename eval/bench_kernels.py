@@ -13,51 +13,28 @@ One run prints, as ratios against baselines measured in the same run:
 Every timing is a CUDA graph replay timed by `triton.testing.do_bench` (median; L2 flushed before
 each replay); linears rotate over enough weight copies (>= 256 MB) that no weight is read from L2.
 
-    python3 eval/bench_kernels.py --tune --check --out $OUT      # tuning sweep, GPU tests, benchmark
-    python3 eval/bench_kernels.py                                # benchmark with the built-in tables
+    python -m agentq.eval.bench_kernels --tune --check --out $OUT      # tuning sweep, GPU tests, benchmark
+    python -m agentq.eval.bench_kernels                                # benchmark with the built-in tables
 
-Works from a plain checkout (no install): `agentq.kernels` is mapped to `kernels/` when needed.
+Needs the package installed (`pip install -e .`, as for every script in eval/).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
-import sys
 import time
 from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import torch
+import torch.nn.functional as F
 
+from agentq.kernels import quant
+from agentq.kernels.quant_spec import QuantSpec
 
-def bootstrap() -> None:
-    """Make `agentq.kernels` importable without the editable install (maps it onto kernels/)."""
-    try:
-        import agentq.kernels  # noqa: F401
-        return
-    except ImportError:
-        pass
-    for name, folder in (("agentq", "agentq"), ("agentq.kernels", "kernels")):
-        if name in sys.modules:
-            continue
-        spec = importlib.util.spec_from_file_location(name, REPO / folder / "__init__.py",
-                                                      submodule_search_locations=[str(REPO / folder)])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    sys.modules["agentq"].kernels = sys.modules["agentq.kernels"]
-
-
-bootstrap()
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from agentq.kernels import quant  # noqa: E402
-from agentq.kernels.quant_spec import QuantSpec  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]      # the checkout (--check runs its tests/kernels/)
 
 SPEC = QuantSpec()
 LLAMA8B = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}

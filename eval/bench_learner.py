@@ -7,14 +7,12 @@ Times, per spec (median over --iters after --warmup):
   * `forward`: the no-grad forward that computes π_old / π_ref (`Learner.logprobs`).
 Reports tokens/s, peak GPU memory of the update, and aligned / none ratios side by side.
 
-    python eval/bench_learner.py --model 1b --batch 4 --seq 2048 --micro 4 --out runs/bench   # H200
-    python eval/bench_learner.py --model 8b --batch 4 --seq 2048 --micro 1 --out runs/bench   # H200
-    python eval/bench_learner.py --model tiny --batch 4 --seq 128 --iters 3                   # CPU
+    python -m agentq.eval.bench_learner --model 1b --batch 4 --seq 2048 --micro 4 --out runs/bench   # H200
+    python -m agentq.eval.bench_learner --model 8b --batch 4 --seq 2048 --micro 1 --out runs/bench   # H200
+    python -m agentq.eval.bench_learner --model tiny --batch 4 --seq 128 --iters 3                   # CPU
 """
 from __future__ import annotations
 
-import argparse
-import gc
 import json
 import statistics
 import time
@@ -22,20 +20,9 @@ from pathlib import Path
 
 import torch
 
+from agentq.eval.bench_common import base_parser, random_model, release_memory, sync
+
 SPECS = ("none", "w8a8_kv8")
-
-
-def random_model(shape: str, seq: int, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """An HF Qwen3 causal LM with `shape`'s config (eval/bench_engine.SHAPES), random init, built
-    on `device` directly (no checkpoint on disk)."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    from agentq.eval.bench_engine import SHAPES
-
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(**SHAPES[shape], max_position_embeddings=seq + 256, tie_word_embeddings=False)
-    with device:
-        return AutoModelForCausalLM.from_config(cfg, dtype=dtype), cfg
 
 
 def synthetic_batch(batch: int, seq: int, vocab: int, seed: int = 0):
@@ -49,11 +36,6 @@ def synthetic_batch(batch: int, seq: int, vocab: int, seed: int = 0):
     return PolicyBatch(input_ids=ids, attention_mask=torch.ones(batch, seq, dtype=torch.long), action_mask=mask,
                        seg_id=mask.long(), rollout_logp=torch.zeros(batch, seq),
                        adv=torch.randn(batch, generator=g))
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def timed(fn, device: torch.device, warmup: int, iters: int) -> list[float]:
@@ -111,22 +93,6 @@ def kernel_table(title: str, fn, rows: int = 18) -> None:
     print(table.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60), flush=True)
     print(f"--- host ops, {title}")
     print(table.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60), flush=True)
-
-
-def release_memory(device: torch.device) -> None:
-    """Free what the last configuration left, so the next one starts from an empty device."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def base_parser(doc: str) -> argparse.ArgumentParser:
-    """--model, --device, --out: the arguments every benchmark here takes."""
-    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
-    ap.add_argument("--model", default="tiny", choices=["tiny", "1b", "8b"])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--out", default=None, help="folder for the JSON report")
-    return ap
 
 
 def main(argv=None) -> dict:

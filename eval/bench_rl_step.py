@@ -11,8 +11,8 @@ same for both algos). Each phase is timed the way `agentq/trainer/rl.py` runs it
 Only the public engine API is used, so engine speed-ups show up here unchanged. Objective
 parameters come from `conf/algo/<algo>.yaml` (read with PyYAML: no Hydra needed).
 
-    python eval/bench_rl_step.py --model 1b --episodes 64 --turns 4 --out runs/bench    # H200
-    python eval/bench_rl_step.py --model tiny --episodes 8 --turns 2 --prompt 32 --obs 16 --new 8   # CPU
+    python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --out runs/bench    # H200
+    python -m agentq.eval.bench_rl_step --model tiny --episodes 8 --turns 2 --prompt 32 --obs 16 --new 8   # CPU
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from agentq.eval.bench_learner import base_parser, random_model, release_memory, sync
+from agentq.eval.bench_common import base_parser, random_model, release_memory, sync
 
 PHASES = ("rollout", "old_ref", "update", "sync")
 

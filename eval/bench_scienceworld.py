@@ -28,12 +28,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import gymnasium as gym
 
 import agentq.envs  # noqa: F401  (registers agentq/* ids)
 from agentq.envs import EnvCrashedError
 from agentq.envs.scienceworld import JVMHost, all_tasks
+from agentq.eval.bench_common import write_json
 
 ENV_ID = "agentq/ScienceWorld-v0"
 MEMORY_TASKS = ("10-2", "10-1", "9-3", "9-2", "5-2", "2-3", "1-1", "3-4")
@@ -308,7 +310,7 @@ def run_crash(gold: dict, split: str, heap: str) -> dict:
     return out
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sections", default="gold,speed,memory,crash")
     ap.add_argument("--split", default="test", choices=["train", "dev", "test"])
@@ -319,45 +321,25 @@ def main(argv=None):
     ap.add_argument("--gold-file", help="reuse/save the recorded gold sequences (JSON)")
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--memory-worker", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
-    JVM.update(jvm_heap=a.jvm_heap, jvm_opts=a.jvm_opts.split())
-    if a.memory_worker:
-        print(json.dumps(memory_worker(a.memory_worker, a.jvm_heap, a.envs, a.episodes_per_env)))
-        return 0
-    sections = [s.strip() for s in a.sections.split(",") if s.strip()]
-    bad = set(sections) - {"gold", "speed", "memory", "crash"}
-    if bad:
-        ap.error(f"unknown sections {sorted(bad)}; valid: gold, speed, memory, crash")
-    results: dict = {"load_avg_start": load_avg(), "cpus": os.cpu_count(), "jvm_heap": a.jvm_heap,
-                     "jvm_opts": JVM["jvm_opts"]}
-    t0 = time.perf_counter()
-    host = JVMHost.get(a.jvm_heap, tuple(JVM["jvm_opts"]))
-    results["jvm_start_s"] = round(host.start_time_s, 2)
-    results["jvm_command"] = " ".join(host.command())
-    host.shutdown()
-    print(f"JVM start: {results['jvm_start_s']} s  ({results['jvm_command']})")
+    return ap
 
-    gold = None
+
+def gold_sequences(a, sections: list[str], results: dict) -> dict[str, list[str]]:
+    """The gold action sequences: recorded now (section `gold`, or when none are saved) or read
+    from `--gold-file`; a recording's outcome goes into `results["gold"]`."""
     if a.gold_file and os.path.exists(a.gold_file) and "gold" not in sections:
-        gold = json.load(open(a.gold_file))
-    if "gold" in sections or gold is None:
-        g = run_gold(a.split, a.jvm_heap)
-        results["gold"] = {k: v for k, v in g.items() if k != "gold"}
-        gold = g["gold"]
-        if a.gold_file:
-            json.dump(gold, open(a.gold_file, "w"))
-    if "speed" in sections:
-        results["speed"] = run_speed(gold, a.split, a.jvm_heap)
-    if "memory" in sections:
-        results["memory"] = run_memory(gold, a.jvm_heap, a.envs, a.episodes_per_env)
-    if "crash" in sections:
-        results["crash"] = run_crash(gold, a.split, a.jvm_heap)
-    results["load_avg_end"] = load_avg()
-    results["wall_s"] = round(time.perf_counter() - t0, 1)
+        return json.loads(Path(a.gold_file).read_text())
+    g = run_gold(a.split, a.jvm_heap)
+    results["gold"] = {k: v for k, v in g.items() if k != "gold"}
+    if a.gold_file:
+        Path(a.gold_file).write_text(json.dumps(g["gold"]))
+    return g["gold"]
 
+
+def print_summary(results: dict, split: str) -> None:
     print("\n== summary")
     if "gold" in results:
-        print(f"gold paths won: {results['gold']['won']}/{results['gold']['total']} (first {a.split} variation per task)")
+        print(f"gold paths won: {results['gold']['won']}/{results['gold']['total']} (first {split} variation per task)")
     if "speed" in results:
         w = results["speed"]["warm"]
         print(f"median step {w['step']['median_ms']} ms (mean {w['step']['mean_ms']}, p90 {w['step']['p90_ms']}); "
@@ -375,9 +357,38 @@ def main(argv=None):
               f"won after restart {c['won_after_restart']}")
     print(f"load average: start {results['load_avg_start']}, end {results['load_avg_end']}; {results['cpus']} CPUs; "
           f"wall {results['wall_s']} s")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
+
+
+def main(argv=None):
+    ap = _parser()
+    a = ap.parse_args(argv)
+    JVM.update(jvm_heap=a.jvm_heap, jvm_opts=a.jvm_opts.split())
+    if a.memory_worker:
+        print(json.dumps(memory_worker(a.memory_worker, a.jvm_heap, a.envs, a.episodes_per_env)))
+        return 0
+    sections = [s.strip() for s in a.sections.split(",") if s.strip()]
+    bad = set(sections) - {"gold", "speed", "memory", "crash"}
+    if bad:
+        ap.error(f"unknown sections {sorted(bad)}; valid: gold, speed, memory, crash")
+    results: dict = {"load_avg_start": load_avg(), "cpus": os.cpu_count(), "jvm_heap": a.jvm_heap,
+                     "jvm_opts": JVM["jvm_opts"]}
+    t0 = time.perf_counter()
+    host = JVMHost.get(a.jvm_heap, tuple(JVM["jvm_opts"]))
+    results["jvm_start_s"] = round(host.start_time_s, 2)
+    results["jvm_command"] = " ".join(host.command())
+    host.shutdown()
+    print(f"JVM start: {results['jvm_start_s']} s  ({results['jvm_command']})")
+    gold = gold_sequences(a, sections, results)
+    if "speed" in sections:
+        results["speed"] = run_speed(gold, a.split, a.jvm_heap)
+    if "memory" in sections:
+        results["memory"] = run_memory(gold, a.jvm_heap, a.envs, a.episodes_per_env)
+    if "crash" in sections:
+        results["crash"] = run_crash(gold, a.split, a.jvm_heap)
+    results["load_avg_end"] = load_avg()
+    results["wall_s"] = round(time.perf_counter() - t0, 1)
+    print_summary(results, a.split)
+    write_json(a.json, results)
     return 0
 
 

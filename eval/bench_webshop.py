@@ -13,15 +13,15 @@ mean rewards (the oracle must score 1.0).
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import sys
 import time
 
 from agentq.envs.webshop.env import WebShopEnv
-from agentq.envs.webshop.oracle import oracle_action, search_queries
+from agentq.envs.webshop.experts import oracle_action, search_queries
 from agentq.envs.webshop.shop import _cached_shop, get_shop
+from agentq.eval.bench_common import write_json
 
 
 def rss_mb() -> float:
@@ -129,9 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"{r['search_step_ms_mean']:>8.3f}{r['click_step_ms_mean']:>7.3f}{r['reset_ms_mean']:>7.3f}")
     print(f"first 100 test goals: oracle {o['mean_reward_first_100_test']:.4f}, "
           f"first result {f['mean_reward_first_100_test']:.4f}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=2)
+    write_json(args.json, results, indent=2)
     return results
 
 

@@ -12,10 +12,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from agentq.agent import BackendPolicy, ChatFormat, EpisodeSpec, episode_seed
+from agentq import build
+from agentq.agent import BackendPolicy, ChatFormat
 from agentq.agent.trajectory import Trajectory
 from agentq.utils.logging import console, jsonable, progress
 
+from .episodes import eval_record, won_by_task, write_trajectories
 from .metrics import summarize
 from .selection import TaskSelection, select_tasks
 
@@ -23,9 +25,7 @@ from .selection import TaskSelection, select_tasks
 def choose_eval_tasks(cfg: DictConfig, split: str, num_tasks: int | None) -> TaskSelection:
     """The tasks of `split` an evaluation plays: all, or `num_tasks` stratified by task type
     (`eval.selection`, seeded by `seed`, so every evaluation of a run plays the same tasks)."""
-    from agentq.trainer import setup
-
-    env = setup.make_env(cfg, split)
+    env = build.make_env(cfg, split)
     try:
         u = env.unwrapped
         return select_tasks(list(u.list_tasks(split)), num_tasks, getattr(u, "task_type", None),
@@ -40,8 +40,8 @@ def repeat_tasks(tasks: list[str], repeats: int = 1) -> list[str]:
 
 def run_episodes(loop, policy, tasks: list[str], split: str, seed: int, first_id: int = 0,
                  description: str = "eval") -> list[Trajectory]:
-    specs = [EpisodeSpec(first_id + i, t, split, group_id=i, seed=episode_seed(seed, first_id + i))
-             for i, t in enumerate(tasks)]
+    """One episode of each task (ids from `first_id`), with a progress bar counting the wins."""
+    specs = build.episode_specs(tasks, split, seed, first_id)
     with progress(transient=True) as prog:
         task = prog.add_task(description, total=len(specs), info="")
         won = [0]
@@ -52,44 +52,68 @@ def run_episodes(loop, policy, tasks: list[str], split: str, seed: int, first_id
         return loop.run(specs, policy, on_done=done)
 
 
-def evaluate(cfg: DictConfig) -> dict:
-    from agentq.trainer import setup
+def evaluate_policy(cfg: DictConfig, backend, pool, chat: ChatFormat, selection: TaskSelection, split: str,
+                    out: Path, *, seed: int, max_concurrent: int, first_id: int = 0, repeats: int = 1,
+                    description: str = "eval", **header) -> dict:
+    """Play the selected tasks of `split` with `backend` (sampling at `eval.temperature`), write
+    `eval.json` and `episodes.jsonl` to `out`, and return the report. The one evaluation of
+    `agentq eval`, the trainer's periodic and final evaluations and the pipeline's.
 
-    device, dtype = setup.device_and_dtype(cfg)
-    path = cfg.checkpoint or setup.model_path(cfg)
+    Args:
+        backend: the rollout backend that plays (its current weights).
+        pool: env workers whose resets may name `split` (the trainer passes its training pool).
+        selection: the tasks (`choose_eval_tasks`), each played `repeats` times.
+        seed: the evaluation's seed (episode seeds and the agent loop's).
+        max_concurrent: episodes in flight at most (also capped by the number of episodes).
+        first_id: the first episode id (the trainer's evaluations keep clear of its training ids).
+        header: leading report keys (e.g. `step`, `checkpoint`).
+
+    Returns:
+        The report: header, env, split, numerics, `task_selection` and `metrics.summarize`'s keys;
+        in memory also `out_dir` and `won_by_task` (task id → won), which eval.json leaves out.
+    """
+    tasks = repeat_tasks(selection.tasks, repeats)
+    sampling = build.sampling_params(cfg, chat, cfg.eval.temperature)
+    loop = build.agent_loop(cfg, pool, chat, sampling, min(max_concurrent, len(tasks)), run_seed=seed)
+    trajs = run_episodes(loop, BackendPolicy(backend), tasks, split, seed, first_id, description)
+    report = {**header, "env": cfg.env.name, "split": split, "rollout_quant": cfg.rollout.quant,
+              "temperature": float(cfg.eval.temperature), "task_selection": selection.to_dict(), **summarize(trajs)}
+    write_eval(out, report, trajs)
+    return report
+
+
+def evaluate(cfg: DictConfig) -> dict:
+    """`agentq eval`: the checkpoint (or the model) on `split` (default env.eval_split); prints the report."""
+    device, dtype = build.device_and_dtype(cfg)
+    path = cfg.checkpoint or build.model_path(cfg)
     if not (Path(path) / "config.json").exists():
         raise FileNotFoundError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)")
     split = cfg.split or cfg.env.eval_split
     selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
-    tasks = repeat_tasks(selection.tasks, cfg.eval.repeats)
-    chat = ChatFormat.from_tokenizer(setup.load_tokenizer(path))
-    n_conc = min(len(tasks), int(cfg.rollout.max_slots), int(cfg.trainer.max_concurrent))
-    engine = setup.make_backend(cfg, path, device, dtype, chat.tokenizer, max_slots=n_conc)
-    pool = setup.env_pool(cfg, split, n_conc)
+    chat = ChatFormat.from_tokenizer(build.load_tokenizer(path))
+    n_episodes = len(selection.tasks) * int(cfg.eval.repeats)
+    n_conc = min(n_episodes, int(cfg.rollout.max_slots), int(cfg.trainer.max_concurrent))
+    engine = build.make_backend(cfg, path, device, dtype, chat.tokenizer, max_slots=n_conc)
+    pool = build.env_pool(cfg, split, n_conc)
+    out = Path(cfg.eval.out_dir) if cfg.eval.out_dir else Path(path) / f"eval-{cfg.env.name}-{split}"
     try:
-        loop = setup.agent_loop(cfg, pool, chat, setup.sampling_params(cfg, chat, cfg.eval.temperature), n_conc,
-                                run_seed=int(cfg.seed))
-        trajs = run_episodes(loop, BackendPolicy(engine), tasks, split, int(cfg.seed),
-                             description=f"eval {cfg.env.name}/{split}")
+        report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=int(cfg.seed),
+                                 max_concurrent=n_conc, repeats=int(cfg.eval.repeats),
+                                 description=f"eval {cfg.env.name}/{split}", checkpoint=str(path))
     finally:
         pool.close()
-    report = {"env": cfg.env.name, "split": split, "checkpoint": str(path), "rollout_quant": cfg.rollout.quant,
-              "temperature": float(cfg.eval.temperature), "task_selection": selection.to_dict(), **summarize(trajs)}
-    out = Path(cfg.eval.out_dir) if cfg.eval.out_dir else Path(path) / f"eval-{cfg.env.name}-{split}"
-    write_report(out, report, trajs)
     print_report(report)
     return report
 
 
-def write_report(out: Path, report: dict, trajs: list[Trajectory]) -> None:
+def write_eval(out: Path, report: dict, trajs: list[Trajectory]) -> None:
+    """`out/eval.json` (the report) and `out/episodes.jsonl` (one `eval_record` per episode); then
+    adds `out_dir` and `won_by_task` to the report in memory."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(jsonable(report), indent=2))
-    with (out / "episodes.jsonl").open("w") as f:
-        for t in trajs:
-            f.write(json.dumps({"task_id": t.task_id, "won": t.won, "score": t.score, "turns": t.turns,
-                                "end_reason": t.end_reason, "reward": t.reward, "error": t.error,
-                                "task_type": t.info.get("task_type"), "transcript": t.transcript}) + "\n")
+    write_trajectories(out / "episodes.jsonl", trajs, eval_record)
     report["out_dir"] = str(out)
+    report["won_by_task"] = won_by_task(trajs)
 
 
 def print_report(r: dict) -> None:

@@ -1,4 +1,4 @@
-"""Episode metrics shared by training logs and evaluation reports (methods.md §5)."""
+"""Episode metrics shared by training logs and evaluation reports."""
 from __future__ import annotations
 
 import math
@@ -79,7 +79,7 @@ def summarize(trajs: list[Trajectory]) -> dict:
 
 
 def aulc(steps: list[float], values: list[float]) -> float:
-    """Area under the evaluation curve normalised by training length (trapezoid; methods §5)."""
+    """Area under the evaluation curve normalised by training length (trapezoid)."""
     if len(steps) < 2 or steps[-1] == steps[0]:
         return values[0] if values else float("nan")
     area = sum((steps[k] - steps[k - 1]) * (values[k] + values[k - 1]) / 2 for k in range(1, len(steps)))

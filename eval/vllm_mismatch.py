@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     model = args.model
     if model is None:
         from agentq.config import load_config
-        from agentq.trainer import setup
+        from agentq import build
 
-        model = setup.model_path(load_config([]))
+        model = build.model_path(load_config([]))
     for preset in args.presets:
         r = measure(model, preset, args.episodes, args.turns)
         print(json.dumps(r))

@@ -95,7 +95,7 @@ class AttnConfig:
                 f"{'/kA' if self.k_as_a else ''}{'/words' if self.words else ''}{'/asm' if self.asm else ''}")
 
 
-#: H200 defaults by cache kind ("int8", "fp8", "float"), from `eval/bench_kernels.py --tune`
+#: H200 defaults by cache kind ("int8", "fp8", "float"), from `python -m agentq.eval.bench_kernels --tune`
 H200_ATTN: dict[str, AttnConfig] = {
     "int8": AttnConfig(block_n=128, num_warps=4, num_stages=3),   # 189 µs at B 64 x L 4096 (sweep 3)
     "float": AttnConfig(block_n=64, num_warps=4, num_stages=2),   # 249 µs, = SDPA

@@ -47,7 +47,7 @@ class GemmConfig:
 
 # ------------------------------------------------------------------ config table (H200, measured)
 #: (N, K) -> list of (max_M, config): the first entry with M <= max_M is used.
-#: Filled from `eval/bench_kernels.py --tune` on an H200 (see docs/kernels.md); any other shape
+#: Filled from `python -m agentq.eval.bench_kernels --tune` on an H200 (see docs/kernels.md); any other shape
 #: falls back to `heuristic_config`.
 H200_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = {
     # Llama-3-8B decoder layer (H200 sweeps 1 and 3, see docs/kernels.md): qkv, o, gate_up, down

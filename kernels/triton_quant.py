@@ -139,7 +139,7 @@ def _check_mode(rounding: str) -> bool:
 
 
 #: (max rows, max K) -> (BLOCK_K, single pass, num_warps); first match wins, measured on an H200
-#: (`eval/bench_kernels.py --tune quant`); other shapes use the default rule in `_row_launch_params`.
+#: (`python -m agentq.eval.bench_kernels --tune quant`); other shapes use the default rule in `_row_launch_params`.
 H200_QUANT: list[tuple[int, int, tuple[int, bool, int]]] = [
     (64, 4096, (4096, True, 16)), (64, 16384, (16384, True, 32)),
     (256, 4096, (4096, True, 16)), (256, 16384, (2048, False, 8)),

@@ -1,4 +1,4 @@
-"""Session fixtures shared by the core tests: a tiny HF model built locally (no downloads)."""
+"""Session fixtures shared by the tests: a tiny HF model built locally (no downloads)."""
 from __future__ import annotations
 
 import os

@@ -1,8 +1,7 @@
 """The trajectory record: one episode as one token stream, with per-token and per-episode data."""
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 END_REASONS = ("won", "failed", "step_cap", "context", "error")
 
@@ -49,10 +48,3 @@ class Trajectory:
     @property
     def hit_step_cap(self) -> bool:
         return self.end_reason == "step_cap"
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Trajectory":
-        return cls(**d)

@@ -43,7 +43,7 @@ class PolicyBatch:
     token_weight: torch.Tensor | None = None  # [B, L] detached w_t, filled by Objective.prepare
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # objective-specific [B, ...] tensors
     # [B] long: rows sharing an id are one trajectory split over several rows (step-independent
-    # layout, methods §1.5; seg_id is then the turn index within the trajectory). None: one row per
+    # layout; seg_id is then the turn index within the trajectory). None: one row per
     # trajectory. Only per-trajectory quantities (InterQ-RL's prefix) read it.
     traj_id: torch.Tensor | None = None
 
@@ -188,7 +188,7 @@ def weight_stats(prefix: str, w: torch.Tensor, mask: torch.Tensor) -> dict[str, 
 
 @torch.no_grad()
 def mismatch_metrics(batch: PolicyBatch) -> dict[str, float | list[float]]:
-    """Rollout–learner mismatch diagnostics, the same for every objective (methods §1.2).
+    """Rollout–learner mismatch diagnostics, the same for every objective.
 
     With δ_t = clamp(old − rollout, ±20) over action tokens only:
         k3            mean_t (e^δ − 1 − δ)            ≈ KL(μ ‖ π_old) per token (verl rollout_corr/k3_kl)

@@ -55,7 +55,7 @@ class Learner:
                 decoder layer in backward (HF gradient checkpointing) to fit long contexts.
             temperature: the rollout sampler's; every log-prob (old, reference, training) is of
                 softmax(logits / T), the distribution the engine sampled from (top-k / top-p are
-                refused for training by `trainer.setup.learner_temperature`).
+                refused for training by `agentq.build.learner_temperature`).
         """
         from transformers import AutoModelForCausalLM
 

@@ -19,6 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from agentq.eval.metrics import paired_comparison, two_proportion_z, wilson_interval
 from agentq.utils.logging import console, jsonable
 
+from .run_dir import new_run_dir
+
 
 def evaluate_checkpoint(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int, split: str) -> dict:
     """`agentq eval` of one checkpoint on the first `num_tasks` tasks of `split`, written to `out`."""
@@ -32,12 +34,6 @@ def evaluate_checkpoint(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: 
     return evaluate(c)
 
 
-def won_by_task(eval_dir: str | Path) -> dict[str, bool]:
-    """task id → won, from an evaluation folder's episodes.jsonl (one episode per task)."""
-    with open(Path(eval_dir) / "episodes.jsonl") as f:
-        return {e["task_id"]: bool(e["won"]) for e in map(json.loads, f)}
-
-
 def _comparison(before: dict, after: dict) -> dict:
     """SFT vs RL on one split: both success rates with Wilson intervals, the unpaired z, and the
     paired McNemar test over the tasks both evaluated (the same held-out tasks: the sharper test)."""
@@ -48,7 +44,7 @@ def _comparison(before: dict, after: dict) -> dict:
         "sft_success_ci95": list(wilson_interval(k1, n1)), "rl_success_ci95": list(wilson_interval(k2, n2)),
         "success_gain": after["success_rate"] - before["success_rate"],
         "gain_z": two_proportion_z(k1, n1, k2, n2),
-        "paired": paired_comparison(won_by_task(before["out_dir"]), won_by_task(after["out_dir"])),
+        "paired": paired_comparison(before["won_by_task"], after["won_by_task"]),
         "sft_score": before["score_mean"], "rl_score": after["score_mean"],
         "sft_turns_success": before["turns_success_mean"], "rl_turns_success": after["turns_success_mean"],
         "sft_cap_rate": before["cap_rate"], "rl_cap_rate": after["cap_rate"],
@@ -73,13 +69,13 @@ def eval_splits(cfg: DictConfig) -> list[str]:
 
 
 def pipeline(cfg: DictConfig) -> dict:
-    from agentq.trainer import setup
+    from agentq import build
     from agentq.trainer.rl import RLTrainer
     from agentq.trainer.sft import sft
 
     t0 = time.time()
     p = cfg.pipeline
-    out = Path(p.out_dir or Path("runs") / f"pipeline-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(p.out_dir or new_run_dir(f"pipeline-{cfg.env.name}"))
     out.mkdir(parents=True, exist_ok=True)
     n_eval = int(p.eval_tasks)
     split, *others = eval_splits(cfg)
@@ -88,7 +84,7 @@ def pipeline(cfg: DictConfig) -> dict:
 
     console.rule(f"[bold]agentq pipeline: {cfg.env.name} — tiny model → SFT → RL ({cfg.algo.name}, "
                  f"rollout {cfg.rollout.quant}) → eval on {', '.join([split, *others])}")
-    base = setup.model_path(cfg)                                          # 1. tiny model + tokenizer
+    base = build.model_path(cfg)                                          # 1. tiny model + tokenizer
     s = sft(cfg, out_dir=out / "sft", init_path=base)                     # 2. SFT on expert demos
     sft_evals = {sp: evaluate_checkpoint(cfg, s["checkpoint"], out / f"eval_sft_{sp}", n_eval, sp)   # 3. held-out evals
                  for sp in (split, *others)}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from . import setup
+from agentq import build
 
 MODES = ("single", "colocated", "split")
 WEIGHT_SYNCS = ("object_store",)
@@ -142,14 +142,14 @@ class Placement:
         """The rollout backend: today's engine in this process (single), or the engines as Ray actors
         (their weights arrive with the trainer's first `update_weights`)."""
         if self.mode == "single":
-            return setup.make_backend(cfg, model_path, device, dtype, tokenizer, max_slots=max_slots)
+            return build.make_backend(cfg, model_path, device, dtype, tokenizer, max_slots=max_slots)
         from transformers import AutoConfig
 
         from agentq.rollout.distributed import DistributedBackend
 
         if cfg.rollout.backend != "torch":
             raise ValueError(f"rollout.backend={cfg.rollout.backend!r}; valid: ['torch']")
-        spec, _ = setup.quant_specs(cfg)
+        spec, _ = build.quant_specs(cfg)
         engine_kw = {"max_len": int(cfg.env.max_context_tokens), "dtype": self.dtype, "device": self.device,
                      "prefill_chunk": int(cfg.rollout.prefill_chunk)}
         backend = DistributedBackend(AutoConfig.from_pretrained(model_path), spec, self.rollout_workers, max_slots,

@@ -19,10 +19,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from agentq.agent import BackendPolicy, ChatFormat, EpisodeSpec, episode_seed
+from agentq import build
+from agentq.agent import BackendPolicy, ChatFormat
 from agentq.algos import grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
-from agentq.eval.evaluate import choose_eval_tasks, run_episodes, write_report
+from agentq.eval.evaluate import choose_eval_tasks, evaluate_policy
 from agentq.eval.metrics import summarize
 from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
@@ -30,17 +31,14 @@ from agentq.learner.batch import collate
 from agentq.utils.checkpoint import TrainerState, load_trainer_state, save_hf_checkpoint
 from agentq.utils.logging import MetricsLogger, console, jsonable, progress, step_line
 
-from . import setup
 from .placement import Placement
-from .run_dir import RunAborted, claim_run_dir, write_lost_episodes
+from .run_dir import RunAborted, claim_run_dir, new_run_dir, write_lost_episodes
 
 
 def run_dir_for(cfg: DictConfig) -> Path:
     if cfg.trainer.resume:
         return Path(cfg.trainer.resume)
-    if cfg.trainer.out_dir:
-        return Path(cfg.trainer.out_dir)
-    return Path("runs") / f"{cfg.env.name}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(cfg.trainer.out_dir or new_run_dir(f"{cfg.env.name}-{cfg.algo.name}"))
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -52,7 +50,7 @@ class RLTrainer:
     def __init__(self, cfg: DictConfig, init_path: str | None = None):
         self.cfg = cfg
         t = cfg.trainer
-        self.device, self.dtype = setup.device_and_dtype(cfg)
+        self.device, self.dtype = build.device_and_dtype(cfg)
         torch.manual_seed(int(cfg.seed))
         self.rng = np.random.default_rng(int(cfg.seed))
         self.gen = torch.Generator().manual_seed(int(cfg.seed))
@@ -65,11 +63,11 @@ class RLTrainer:
             raise FileNotFoundError(f"trainer.resume={t.resume!r}: no checkpoints/step_* in that run folder")
         state = load_trainer_state(resume_ckpt) if resume_ckpt is not None else None
         # the policy the run started from: the KL reference, also after a resume
-        self.init_path = (state.meta if state else {}).get("init_path") or init_path or setup.model_path(cfg)
+        self.init_path = (state.meta if state else {}).get("init_path") or init_path or build.model_path(cfg)
         path = str(resume_ckpt) if resume_ckpt else self.init_path
-        self.tokenizer = setup.load_tokenizer(path)
+        self.tokenizer = build.load_tokenizer(path)
         self.chat = ChatFormat.from_tokenizer(self.tokenizer)
-        self.rollout_spec, learner_spec = setup.quant_specs(cfg)
+        self.rollout_spec, learner_spec = build.quant_specs(cfg)
         # where the engines and learner ranks run (placement=single: both here, as before)
         self.placement = Placement(cfg)
         self.learner = self.placement.learner(
@@ -78,7 +76,7 @@ class RLTrainer:
             use_reference=float(cfg.algo.kl_coef) > 0, micro_batch_size=int(t.micro_batch_size),
             ref_path=self.init_path if resume_ckpt is not None else None,
             activation_checkpointing=bool(t.activation_checkpointing),
-            temperature=setup.learner_temperature(cfg))
+            temperature=build.learner_temperature(cfg))
         if state is not None:
             self.learner.opt.load_state_dict(state.tensors["optimizer"])
             self.start_step = int(state.meta["step"])
@@ -97,9 +95,9 @@ class RLTrainer:
                                         **(OmegaConf.to_container(cfg.algo.objective_params, resolve=True)
                                            if cfg.algo.objective_params else {}))
         self.train_split, self.eval_split = cfg.env.train_split, cfg.env.eval_split
-        self.train_tasks = setup.list_tasks(cfg, self.train_split)
-        self.pool = setup.env_pool(cfg, self.train_split, self.n_conc)
-        self.loop = setup.agent_loop(cfg, self.pool, self.chat, setup.sampling_params(cfg, self.chat), self.n_conc,
+        self.train_tasks = build.list_tasks(cfg, self.train_split)
+        self.pool = build.env_pool(cfg, self.train_split, self.n_conc)
+        self.loop = build.agent_loop(cfg, self.pool, self.chat, build.sampling_params(cfg, self.chat), self.n_conc,
                                      run_seed=int(cfg.seed))
         self._eval_selection: dict = {}
         self.logger = MetricsLogger.from_config(self.run_dir, cfg)
@@ -113,12 +111,8 @@ class RLTrainer:
         t0 = time.perf_counter()
         # 1. rollouts from the behaviour policy (the quantized engine)
         tasks = sample_tasks(self.train_tasks, int(t.tasks_per_step), self.rng)
-        specs = []
-        for g, task in enumerate(tasks):
-            for _ in range(int(t.group_size)):
-                eid = self.next_episode_id
-                self.next_episode_id += 1
-                specs.append(EpisodeSpec(eid, task, self.train_split, group_id=g, seed=episode_seed(int(cfg.seed), eid)))
+        specs = build.episode_specs(tasks, self.train_split, int(cfg.seed), self.next_episode_id, int(t.group_size))
+        self.next_episode_id += len(specs)
         trajs = self.loop.run(specs, BackendPolicy(self.engine))
         t_roll = time.perf_counter() - t0
         rollout = summarize(trajs)
@@ -137,7 +131,7 @@ class RLTrainer:
 
         # 3. π_old and π_ref log-probs through the aligned forward
         t1 = time.perf_counter()
-        with setup.learner_threads(cfg) as n_threads:
+        with build.learner_threads(cfg) as n_threads:
             self.learner.fill_old_and_ref(batch)
             mismatch = mismatch_metrics(batch)
 
@@ -193,22 +187,16 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ eval, checkpoints
     def evaluate(self, step: int, num_tasks: int | None) -> dict:
+        """The held-out evaluation at `step` (the same `num_tasks` tasks every time), into eval/step_*/."""
         cfg = self.cfg
         if num_tasks not in self._eval_selection:
             self._eval_selection[num_tasks] = choose_eval_tasks(cfg, self.eval_split, num_tasks)
-        selection = self._eval_selection[num_tasks]
-        tasks = selection.tasks
         # the training pool plays the eval episodes (each reset names its split): no second set of
         # workers holding CPUs (a Ray cluster the size of the training pool could not place them)
-        loop = setup.agent_loop(cfg, self.pool, self.chat,
-                                setup.sampling_params(self.cfg, self.chat, cfg.eval.temperature),
-                                min(self.n_conc, len(tasks)), run_seed=int(cfg.seed) + 1)
-        trajs = run_episodes(loop, BackendPolicy(self.engine), tasks, self.eval_split, int(cfg.seed) + 1,
-                             first_id=10**9, description=f"eval step {step}")
-        report = {"step": step, "env": cfg.env.name, "split": self.eval_split, "rollout_quant": cfg.rollout.quant,
-                  "temperature": float(cfg.eval.temperature), "task_selection": selection.to_dict(),
-                  **summarize(trajs)}
-        write_report(self.run_dir / "eval" / f"step_{step:06d}", report, trajs)
+        report = evaluate_policy(cfg, self.engine, self.pool, self.chat, self._eval_selection[num_tasks],
+                                 self.eval_split, self.run_dir / "eval" / f"step_{step:06d}", seed=int(cfg.seed) + 1,
+                                 max_concurrent=self.n_conc, first_id=10**9, description=f"eval step {step}",
+                                 step=step)
         self.eval_history.append(report)
         self.logger.log(step, {k: v for k, v in report.items() if isinstance(v, (int, float))}, prefix="eval/")
         return report

@@ -1,6 +1,7 @@
 """The run folder's guards: one process per folder (a lock), no silent mixing of two runs, no
 stale temporary checkpoint folders, and a written record of every lost episode.
 
+    run_dir = Path(cfg.trainer.out_dir or new_run_dir("alfworld-grpo"))   # runs/alfworld-grpo-<time>
     lock = claim_run_dir(run_dir, resume=..., overwrite=...)   # at start-up, before anything is built
     write_lost_episodes(run_dir, step, trajectories)            # each step: errors.jsonl
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import IO
 
@@ -20,6 +22,12 @@ ERRORS_FILE = "errors.jsonl"
 #: what a training run writes into its folder: the evidence that a folder holds a run, and what
 #: `trainer.overwrite=true` removes (nothing else in the folder is touched)
 RUN_ARTIFACTS = ("metrics.jsonl", "checkpoints", "tb", "eval", "train_summary.json", ERRORS_FILE)
+
+
+def new_run_dir(name: str) -> Path:
+    """The folder of a run the user did not name: `runs/<name>-<YYYYmmdd-HHMMSS>` (relative to the
+    working directory). `name` says what ran, e.g. `sft-alfworld`, `pipeline-textworld_express`."""
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 class RunDirError(ConfigError):

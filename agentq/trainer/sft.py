@@ -13,32 +13,34 @@ from __future__ import annotations
 import json
 import math
 import random
-import time
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
-from agentq.agent import ActionParser, ChatFormat, EpisodeSpec, ExpertPolicy, episode_seed
+from agentq import build
+from agentq.agent import ActionParser, ChatFormat, ExpertPolicy
 from agentq.agent.trajectory import Trajectory
 from agentq.envs.base import sample_tasks
+from agentq.eval.episodes import demo_record, read_trajectories, write_trajectories
 from agentq.learner.batch import collate
 from agentq.learner.learner import Learner, sequence_logprobs
 from agentq.utils.checkpoint import save_hf_checkpoint
 from agentq.utils.logging import MetricsLogger, console, progress
 
-from . import setup
+from .run_dir import new_run_dir
 
 
 def collect_demos(cfg: DictConfig, chat: ChatFormat, n: int, split: str, seed: int) -> list[Trajectory]:
+    """`n` expert episodes of tasks sampled from `split`, played through the RL agent loop."""
     import numpy as np
 
-    tasks = sample_tasks(setup.list_tasks(cfg, split), n, np.random.default_rng(seed))
+    tasks = sample_tasks(build.list_tasks(cfg, split), n, np.random.default_rng(seed))
     n_conc = max(1, min(n, int(cfg.trainer.max_concurrent)))
-    pool = setup.env_pool(cfg, split, n_conc, expert=True)
+    pool = build.env_pool(cfg, split, n_conc, expert=True)
     try:
-        loop = setup.agent_loop(cfg, pool, chat, setup.sampling_params(cfg, chat), n_conc, run_seed=seed)
-        specs = [EpisodeSpec(i, t, split, group_id=i, seed=episode_seed(seed, i)) for i, t in enumerate(tasks)]
+        loop = build.agent_loop(cfg, pool, chat, build.sampling_params(cfg, chat), n_conc, run_seed=seed)
+        specs = build.episode_specs(tasks, split, seed)
         with progress(transient=True) as prog:
             bar = prog.add_task("expert demos", total=len(specs), info="")
             trajs = loop.run(specs, ExpertPolicy(chat, ActionParser(cfg.agent.action_tag)),
@@ -46,30 +48,6 @@ def collect_demos(cfg: DictConfig, chat: ChatFormat, n: int, split: str, seed: i
     finally:
         pool.close()
     return trajs
-
-
-def save_demos(path: Path, trajs: list[Trajectory], tokenizer) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as f:
-        for t in trajs:
-            f.write(json.dumps({"task_id": t.task_id, "split": t.split, "won": t.won, "turns": t.turns,
-                                "end_reason": t.end_reason, "input_ids": t.input_ids, "action_mask": t.action_mask,
-                                "seg_id": t.seg_id, "text": tokenizer.decode(t.input_ids)}) + "\n")
-    tmp.replace(path)
-
-
-def load_demos(path: str | Path) -> list[Trajectory]:
-    out = []
-    with open(path) as f:
-        for i, line in enumerate(f):
-            d = json.loads(line)
-            t = Trajectory(episode_id=i, task_id=d["task_id"], split=d["split"], won=d["won"], turns=d["turns"],
-                           end_reason=d["end_reason"])
-            t.input_ids, t.action_mask, t.seg_id = d["input_ids"], d["action_mask"], d["seg_id"]
-            t.rollout_logp = [0.0] * len(t.input_ids)
-            out.append(t)
-    return out
 
 
 def action_nll(model, trajs: list[Trajectory], device) -> tuple[torch.Tensor, int]:
@@ -93,21 +71,21 @@ def evaluate_nll(learner: Learner, trajs: list[Trajectory], batch_size: int) -> 
 
 def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | None = None) -> dict:
     s = cfg.sft
-    device, dtype = setup.device_and_dtype(cfg)
+    device, dtype = build.device_and_dtype(cfg)
     torch.manual_seed(int(cfg.seed))
-    out = Path(out_dir or s.out_dir or Path("runs") / f"sft-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(out_dir or s.out_dir or new_run_dir(f"sft-{cfg.env.name}"))
     out.mkdir(parents=True, exist_ok=True)
-    path = init_path or setup.model_path(cfg)
-    tokenizer = setup.load_tokenizer(path)
+    path = init_path or build.model_path(cfg)
+    tokenizer = build.load_tokenizer(path)
     chat = ChatFormat.from_tokenizer(tokenizer)
 
     # 1. demonstrations through the RL agent loop
     if s.demos:
-        demos = load_demos(s.demos)
+        demos = read_trajectories(s.demos)
         console.print(f"loaded {len(demos)} demonstrations from {s.demos}")
     else:
         demos = collect_demos(cfg, chat, int(s.num_demos), cfg.env.train_split, int(cfg.seed))
-        save_demos(out / "demos.jsonl", demos, tokenizer)
+        write_trajectories(out / "demos.jsonl", demos, demo_record(tokenizer))
     n_won = sum(t.won for t in demos)
     if s.only_successful:
         demos = [t for t in demos if t.won]
@@ -119,7 +97,7 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
     val, train = demos[:n_val], demos[n_val:]
 
     # 2. cross-entropy on action tokens, through the aligned forward (no env workers run now: every core)
-    with setup.learner_threads(cfg):
+    with build.learner_threads(cfg):
         learner, history = _fit(cfg, path, out, train, val, rng, device, dtype)
 
     # 3. an ordinary HF checkpoint
@@ -138,7 +116,7 @@ def _fit(cfg: DictConfig, path: str, out: Path, train: list[Trajectory], val: li
          rng: random.Random, device, dtype):
     """Cross-entropy epochs with linear warm-up; returns the learner and per-epoch losses."""
     s = cfg.sft
-    _, learner_spec = setup.quant_specs(cfg)
+    _, learner_spec = build.quant_specs(cfg)
     learner = Learner(path, learner_spec, dtype=dtype, device=str(device), lr=float(s.lr), weight_decay=0.01,
                       use_reference=False, micro_batch_size=int(s.batch_size))
     logger = MetricsLogger(out)

@@ -29,12 +29,13 @@ import json
 import math
 import os
 import shutil
-import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.utils.logging import console, jsonable
+
+from .run_dir import new_run_dir
 
 RESULT = "result.json"
 
@@ -61,7 +62,7 @@ def arm_config(overrides: list[str]) -> DictConfig:
 
 
 def sweep_dir(cfg: DictConfig) -> Path:
-    return Path(cfg.sweep.out_dir or Path("runs") / f"sweep-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return Path(cfg.sweep.out_dir or new_run_dir(f"sweep-{cfg.env.name}"))
 
 
 # ---------------------------------------------------------------------- one arm × seed
@@ -109,7 +110,7 @@ def _run_jobs(jobs: list[dict], parallel: int) -> None:
 # ---------------------------------------------------------------------- the sweep
 def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     """Shared SFT → arms × seeds RL → table.md / table.json / curves.png in the sweep folder."""
-    from agentq.trainer import setup
+    from agentq import build
     from agentq.trainer.pipeline import eval_splits, evaluate_checkpoint
     from agentq.trainer.sft import sft
 
@@ -128,7 +129,7 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
 
     sft_summary = out / "sft" / "sft_summary.json"           # 1. the shared start (reused on resume)
     if not sft_summary.exists():
-        sft(cfg, out_dir=out / "sft", init_path=setup.model_path(cfg))
+        sft(cfg, out_dir=out / "sft", init_path=build.model_path(cfg))
     sft_ckpt = str(out / "sft" / "checkpoint")
     sft_eval = out / "eval_sft" / "eval.json"
     if not sft_eval.exists():
@@ -157,9 +158,10 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
 
 # ---------------------------------------------------------------------- the table
 def _won_by_seed_task(results: list[tuple[int, Path]]) -> dict[str, bool]:
-    from agentq.trainer.pipeline import won_by_task
+    from agentq.eval.episodes import read_trajectories, won_by_task
 
-    return {f"{seed}/{task}": won for seed, d in results for task, won in won_by_task(d).items()}
+    return {f"{seed}/{task}": won for seed, d in results
+            for task, won in won_by_task(read_trajectories(d / "episodes.jsonl")).items()}
 
 
 def _curve(run_dir: Path, sft_success: float) -> tuple[list[int], list[float]]:

@@ -182,10 +182,6 @@ class ALFWorldEnv(TextEnv):
         return self._next_expert
 
     # ------------------------------------------------------------------ misc
-    def game_data(self) -> tuple[dict, dict]:
-        """(game.tw-pddl document, traj_data) of the current task."""
-        return self._game, self._traj
-
     def close(self):
         # The engine's copy of the Fast Downward library stays mapped: dlclose()-ing it
         # (fast_downward.close_lib) was seen to crash the interpreter at exit.

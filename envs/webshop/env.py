@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ..base import TaskStep, TextEnv
-from .oracle import oracle_action
+from .experts import oracle_action
 from .pages import DONE, SEP, Session
 from .shop import Shop, get_shop
 
@@ -70,20 +70,20 @@ class WebShopEnv(TextEnv):
     def _reset_task(self, task_id: str, split: str) -> tuple[str, TaskStep]:
         goal = self.shop.goals[int(task_id)]
         self.session = Session(self.shop, goal)
-        return goal["instruction_text"], self._task_step()
+        return goal["instruction_text"], self._to_step()
 
     def _step_task(self, action: str) -> TaskStep:
         out = self.session.step(action)
         obs = self.session.text()
         if not out.valid and self.invalid_feedback:
             obs = f"Invalid action: {out.feedback}.{SEP}{obs}"
-        return self._task_step(obs, out)
+        return self._to_step(obs, out)
 
     def _expert_action(self) -> str | None:
         return oracle_action(self.session)
 
     # ------------------------------------------------------------------ helpers
-    def _task_step(self, obs: str | None = None, out=None) -> TaskStep:
+    def _to_step(self, obs: str | None = None, out=None) -> TaskStep:
         s = self.session
         done = s.page == DONE
         extra = {"page": s.page, "available_actions": s.available_actions(),

@@ -27,7 +27,7 @@ from flask import Flask, abort, redirect, request
 from markupsafe import escape
 
 from .env import WebShopEnv
-from .oracle import oracle_action
+from .experts import oracle_action
 from .pages import DONE, El, Session
 
 STYLE = """

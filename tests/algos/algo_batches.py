@@ -6,7 +6,7 @@ import torch
 
 from agentq.algos import PolicyBatch
 
-# methods §4.5: one trajectory, 18 tokens, P P P P | A A A | O O O | A A | O O | A A A A
+# the InterQ-RL worked example of docs/algorithms.md: one trajectory, 18 tokens, P P P P | A A A | O O O | A A | O O | A A A A
 EX_ACTION_MASK = [0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1]
 EX_SEG_ID = [0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 2, 2, 0, 0, 3, 3, 3, 3]
 EX_DELTA = [0, 0, 0, 0, 0.02, -0.03, 0.01, 0, 0, 0, 0.10, -0.05, 0, 0, -0.20, 0.05, 0.00, 0.15]
@@ -34,7 +34,7 @@ def make_batch(action_mask, seg_id, delta, adv=None, rollout_logp=None, ref_logp
 
 
 def example_batch(dtype=torch.float64, **kw) -> PolicyBatch:
-    """The §4.5 worked example as a one-row batch. float64 log-probs by default, so δ is exactly the
+    """The InterQ-RL worked example (docs/algorithms.md) as a one-row batch. float64 log-probs by default, so δ is exactly the
     printed value (float32 storage of log π ≈ −1 moves δ by ~3e-8, k3 of δ = 0.02 by ~1e-5 relative)."""
     return make_batch(EX_ACTION_MASK, EX_SEG_ID, EX_DELTA, dtype=dtype, **kw)
 
@@ -72,7 +72,7 @@ def concat_layout(trajs, prompt_len: int = 3, adv=None) -> PolicyBatch:
 
 
 def split_layout(trajs, prompt_len: int = 3) -> PolicyBatch:
-    """Step-independent layout (methods §1.5): one row per (trajectory, turn), rows of one trajectory
+    """Step-independent layout: one row per (trajectory, turn), rows of one trajectory
     share a traj_id; the row's prompt (re-rendered history) is never an action. Empty turns get no row."""
     rows, traj_ids = [], []
     for i, segs in enumerate(trajs):

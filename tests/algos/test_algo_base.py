@@ -1,4 +1,4 @@
-"""GRPO base (methods §1.2, §1.4): k3 values, PPO dual-clip and k3-KL loss computed by hand,
+"""GRPO base (docs/algorithms.md): k3 values, PPO dual-clip and k3-KL loss computed by hand,
 advantages and the shared mismatch diagnostics."""
 import math
 
@@ -11,7 +11,7 @@ from algo_batches import example_batch, make_batch
 TOL = 1e-6
 
 
-def test_k3_unit_values():   # §1.2
+def test_k3_unit_values():   # the mismatch diagnostics' k3
     delta = torch.tensor([0.3, -0.5, 1.2, 0.0, -2.0, 5.0, -5.0], dtype=torch.float64)
     assert k3(delta).tolist() == pytest.approx([0.049859, 0.106531, 1.120117, 0.0, 1.135335, 142.413159, 4.006738],
                                                abs=TOL)

@@ -1,5 +1,5 @@
-"""InterQ-RL retention (methods §4): the §4.5 worked example, the uniform-mismatch table, and the
-§4.7 properties. Hand numbers are from methods.md; tolerances are 1e-6 unless the doc prints fewer digits."""
+"""InterQ-RL retention (docs/algorithms.md): the worked example, the uniform-mismatch table, and the
+known properties. Hand numbers are computed by hand; tolerances are 1e-6 unless fewer digits are known."""
 import math
 
 import pytest
@@ -11,14 +11,14 @@ from agentq.algos.interq import retention_stats
 from algo_batches import EX_ACTION_MASK, concat_layout, example_batch, make_batch, random_trajectories, split_layout
 
 TOL = 1e-6
-A = [4, 5, 6, 10, 11, 14, 15, 16, 17]   # action positions of the §4.5 example
+A = [4, 5, 6, 10, 11, 14, 15, 16, 17]   # action positions of the worked example
 
 
 def approx(x, tol=TOL):
     return pytest.approx(x, abs=tol)
 
 
-# ---------------------------------------------------------------------- §4.5 worked example
+# ---------------------------------------------------------------------- worked example
 def test_example_k3_per_token_and_segment_quantities():
     r = interq_retention(example_batch())
     k3_tok = torch.expm1(torch.tensor([0.02, -0.03, 0.01, 0.10, -0.05, -0.20, 0.05, 0.0, 0.15],
@@ -133,7 +133,7 @@ def test_uniform_table_medians_through_objective_stats():
         assert round(stats["alpha_median"], 3) == median
 
 
-# ---------------------------------------------------------------------- properties (§4.7)
+# ---------------------------------------------------------------------- properties
 def _random_concat(seed, n_traj=6, **kw):
     gen = torch.Generator().manual_seed(seed)
     trajs = random_trajectories(gen, n_traj, **kw)

@@ -1,4 +1,4 @@
-"""Token IS-weight baselines: TIS (methods §3.2), AIS (§3.3) and QuRL's adaptive clipping (§3.4),
+"""Token IS-weight baselines: TIS, AIS and QuRL's adaptive clipping (docs/algorithms.md),
 against the worked examples and losses computed by hand."""
 import math
 
@@ -10,11 +10,11 @@ from agentq.algos.ais import ais_lambda
 from algo_batches import make_batch
 
 TOL = 1e-6
-EX_DELTA = [0.3, -0.5, 1.2, 0.0, -2.0]   # §3.2 / §3.3
+EX_DELTA = [0.3, -0.5, 1.2, 0.0, -2.0]   # five example δ
 
 
 def _example_rows(adv=(1.0, -1.0, 1.0)):
-    """The five §3.2 tokens over three rows with observation tokens and padding between them:
+    """The five example tokens over three rows with observation tokens and padding between them:
     row 0 (Â = +1): δ 0.3, −0.5 · row 1 (Â = −1): δ 1.2, 0 · row 2 (Â = +1): δ −2."""
     mask = [[0, 1, 0, 1], [0, 1, 1, 0], [0, 0, 1, 0]]
     seg = [[0, 1, 0, 2], [0, 1, 1, 0], [0, 0, 1, 0]]
@@ -22,7 +22,7 @@ def _example_rows(adv=(1.0, -1.0, 1.0)):
     return make_batch(mask, seg, delta, adv=list(adv), dtype=torch.float64)
 
 
-ACTIONS = (torch.tensor([0, 0, 1, 1, 2]), torch.tensor([1, 3, 1, 2, 2]))   # (row, position) in §3.2 order
+ACTIONS = (torch.tensor([0, 0, 1, 1, 2]), torch.tensor([1, 3, 1, 2, 2]))   # (row, position) in EX_DELTA order
 
 
 # ---------------------------------------------------------------------- TIS
@@ -98,7 +98,7 @@ def _qurl_batch():
 
 
 def test_qurl_upper_bound_worked_numbers():
-    """methods §3.4: r = min(1, C/r_pb), bound (1+ε)/r; ε = 0.2, C = 2: r_pb 0.5 → 1.2, 1 → 1.2, 3 → 1.8.
+    """QuRL's range: r = min(1, C/r_pb), bound (1+ε)/r; ε = 0.2, C = 2: r_pb 0.5 → 1.2, 1 → 1.2, 3 → 1.8.
     The bound only widens, and only on truncated tokens (r_pb > C)."""
     from agentq.algos.qurl import acr_clip_high
 

@@ -1,4 +1,4 @@
-"""TBPO (methods §3.8, band algebra [DESIGN] as in agentq/algos/tbpo.py), against hand numbers."""
+"""TBPO (docs/algorithms.md, band algebra [DESIGN] as in agentq/algos/tbpo.py), against hand numbers."""
 import math
 
 import pytest

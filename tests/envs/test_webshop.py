@@ -17,7 +17,7 @@ from agentq.envs.webshop import catalog as cat
 from agentq.envs.webshop.data import (load_data_dir, normalize_products, parse_pricing,
                                       price_upper_for, write_data_dir)
 from agentq.envs.webshop.env import WebShopEnv
-from agentq.envs.webshop.oracle import oracle_action, search_queries
+from agentq.envs.webshop.experts import oracle_action, search_queries
 from agentq.envs.webshop.pages import Session
 from agentq.envs.webshop.reward import (compute_reward, fuzzy_match, heuristic_nouns, normalize_color,
                                         type_reward)

@@ -34,7 +34,7 @@ def test_a_stopped_worker_is_killed_restarted_and_reported():
 
 
 def twx_jvm(env):
-    from agentq.envs.textworld_express import _SHARED
+    from agentq.envs.textworld_express.env import _SHARED
 
     return _SHARED["owner"]._gateway.java_process
 

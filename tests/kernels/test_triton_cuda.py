@@ -1,6 +1,6 @@
 """agentq's compiled Triton kernels on a CUDA GPU against the torch references (skipped without one).
 
-Run on a GPU machine: `pytest tests/kernels/test_triton_cuda.py` (or `eval/bench_kernels.py --check`).
+Run on a GPU machine: `pytest tests/kernels/test_triton_cuda.py` (or `python -m agentq.eval.bench_kernels --check`).
 Quantization and the W8A8 GEMM must be bit-identical to the torch reference (CPU and CUDA torch);
 decode attention within bf16 rounding of the fp32 reference (and 1e-5 with fp32 queries).
 """

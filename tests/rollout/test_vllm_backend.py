@@ -134,11 +134,11 @@ def test_export_refuses_a_linear_the_spec_does_not_name(tiny_model_dir):
 
 def test_make_backend_names_the_valid_backends(tiny_model_dir):
     from agentq.config import load_config
-    from agentq.trainer import setup
+    from agentq import build
 
     cfg = load_config(["rollout.backend=sglang"])
     with pytest.raises(ValueError, match=r"rollout.backend='sglang'; valid: \['torch', 'vllm'\]"):
-        setup.make_backend(cfg, str(tiny_model_dir), torch.device("cpu"), torch.float32, None)
+        build.make_backend(cfg, str(tiny_model_dir), torch.device("cpu"), torch.float32, None)
 
 
 def test_modules_vllm_cannot_scan_are_hidden_during_the_start_and_restored():

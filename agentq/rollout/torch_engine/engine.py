@@ -91,10 +91,6 @@ class TorchEngine:
         for e in list(self._slot_of):
             self.release(e)
 
-    @property
-    def active_episodes(self) -> int:
-        return len(self._slot_of)
-
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncStats:
         t0 = time.perf_counter()

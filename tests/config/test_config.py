@@ -70,7 +70,7 @@ def test_pipeline_config_overrides_the_base():
 
 
 def test_tiny_model_cache_key_names_only_what_the_corpus_reads():
-    from agentq.trainer.setup import tiny_corpus_key
+    from agentq.build import tiny_corpus_key
 
     base = tiny_corpus_key(load_config([]))
     assert tiny_corpus_key(load_config(["agent.invalid_action_penalty=0.5", "trainer.lr=1e-3"])) == base
@@ -82,7 +82,7 @@ def test_tiny_model_cache_key_names_only_what_the_corpus_reads():
 
 
 def test_training_refuses_truncated_or_greedy_sampling_but_eval_may_use_it():
-    from agentq.trainer.setup import learner_temperature
+    from agentq.build import learner_temperature
 
     assert learner_temperature(load_config(["rollout.temperature=0.7"])) == 0.7
     with pytest.raises(ValueError, match="rollout.top_k=5"):
@@ -96,7 +96,7 @@ def test_training_refuses_truncated_or_greedy_sampling_but_eval_may_use_it():
 
 
 def test_learner_quant_takes_a_partial_preset():
-    from agentq.trainer.setup import quant_specs
+    from agentq.build import quant_specs
 
     rollout, learner = quant_specs(load_config(["algo=qat", "algo.learner_quant=w8a8"]))
     assert rollout.kv_quantized and learner.linear_quantized and not learner.kv_quantized

@@ -1,4 +1,10 @@
-"""Building the run's components from the config (shared by `train`, `eval` and `sft`)."""
+"""The composition root: the run's components built from the config (device, model path, tokenizer,
+rollout backend, env pool, agent loop, sampling), shared by the trainer (`train`, `sft`, `pipeline`,
+`sweep`), the evaluation library (`agentq eval`) and the benchmark scripts.
+
+It sits above the component packages (agent, learner, pool, rollout, ...) and below `agentq.eval`
+and `agentq.trainer`, so both build the same way without importing each other (ARCHITECTURE.md).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from agentq.agent import ActionParser, AgentLoop, ChatFormat, PromptConfig
+from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, PromptConfig, episode_seed
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
 from agentq.pool import EnvSpec, make_pool
 from agentq.rollout.backend import SamplingParams
@@ -281,3 +287,22 @@ def agent_loop(cfg: DictConfig, pool, chat: ChatFormat, sampling: SamplingParams
                      max_concurrent=max_concurrent, invalid_action_penalty=float(cfg.agent.invalid_action_penalty),
                      inadmissible_action_penalty=float(cfg.agent.inadmissible_action_penalty),
                      run_seed=run_seed)
+
+
+def episode_specs(tasks: list[str], split: str, seed: int, first_id: int = 0, group_size: int = 1) -> list[EpisodeSpec]:
+    """The episodes that play `tasks`: `group_size` of each task in a row (one GRPO group per task),
+    numbered from `first_id`, each seeded from (`seed`, its id) so a replay plays the same episode.
+
+    Args:
+        tasks: task ids, one group each (repeat a task in `tasks` to give it several groups).
+        split: the split every episode resets into.
+        seed: the run's seed (`episode_seed(seed, episode_id)` is the episode's).
+        first_id: the first episode id (ids are unique across a run's calls).
+        group_size: episodes per task.
+
+    Returns:
+        `len(tasks) * group_size` specs, `group_id` = the task's index in `tasks`.
+    """
+    return [EpisodeSpec(eid, task, split, group_id=g, seed=episode_seed(seed, eid))
+            for g, task in enumerate(tasks)
+            for eid in range(first_id + g * group_size, first_id + (g + 1) * group_size)]

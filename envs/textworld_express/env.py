@@ -10,7 +10,7 @@ import copy
 import tempfile
 from typing import ClassVar
 
-from .base import EnvCrashedError, TaskStep, TextEnv
+from ..base import EnvCrashedError, TaskStep, TextEnv
 
 # One JVM per process, shared by every TextWorldExpressEnv in it: TextWorldExpress's own class
 # launches a JVM per instance (~150 MB and a second of start-up each); a worker process that owns
@@ -128,7 +128,7 @@ class TextWorldExpressEnv(TextEnv):
             hung JVM (killed, EnvCrashedError). The process's JVM is shared: the first env's values hold.
         """
         super().__init__(**kwargs)
-        from .scienceworld.jvm import parse_size   # the same Java size syntax (no JVM started)
+        from ..scienceworld.jvm import parse_size   # the same Java size syntax (no JVM started)
 
         parse_size(jvm_heap)
         if not float(call_timeout_s) > 0:

@@ -1,15 +1,15 @@
-"""The learner's thread count: the idle cores within the process's CPU affinity (setup.idle_cores)."""
+"""The learner's thread count: the idle cores within the process's CPU affinity (build.idle_cores)."""
 import os
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from agentq.trainer import setup
+from agentq import build
 
 
 def test_usable_cores_is_the_affinity_not_the_host():
-    assert setup.usable_cores() == len(os.sched_getaffinity(0))
+    assert build.usable_cores() == len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize("busy,idle,cores,usable,expected", [
@@ -22,20 +22,20 @@ def test_usable_cores_is_the_affinity_not_the_host():
 def test_idle_cores_from_proc_stat_deltas(monkeypatch, busy, idle, cores, usable, expected):
     """/proc/stat deltas faked (a test cannot make the host busy on cue); the arithmetic is checked."""
     samples = iter([(1000, 5000), (1000 + busy, 5000 + idle)])
-    monkeypatch.setattr(setup, "_cpu_times", lambda: next(samples))
-    monkeypatch.setattr(setup, "usable_cores", lambda: usable)
+    monkeypatch.setattr(build, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(build, "usable_cores", lambda: usable)
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    assert setup.idle_cores(window_s=0.0) == expected
+    assert build.idle_cores(window_s=0.0) == expected
 
 
 def test_real_proc_stat_reads():
-    busy, idle = setup._cpu_times()
+    busy, idle = build._cpu_times()
     assert busy > 0 and idle > 0
-    assert 1 <= setup.idle_cores(window_s=0.05) <= setup.usable_cores()
+    assert 1 <= build.idle_cores(window_s=0.05) <= build.usable_cores()
 
 
 def test_learner_threads_explicit_value_and_restore():
     before = torch.get_num_threads()
-    with setup.learner_threads(OmegaConf.create({"learner_threads": 3})) as n:
+    with build.learner_threads(OmegaConf.create({"learner_threads": 3})) as n:
         assert n == 3 and torch.get_num_threads() == 3
     assert torch.get_num_threads() == before

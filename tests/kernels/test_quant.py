@@ -1,4 +1,4 @@
-"""QuantSpec numerics: the worked numbers of methods.md §2.1–2.2, rounding-mode ties, and
+"""QuantSpec numerics: worked numbers (docs/quantization.md), rounding-mode ties, and
 bit-identical codes across the reference quantizers, the engine's layers and the learner's fake quant."""
 import pytest
 import torch

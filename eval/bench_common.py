@@ -1,0 +1,70 @@
+"""What the benchmark scripts share (a library module: scripts import this, never each other).
+
+Model shapes of real sizes with random weights (throughput does not depend on the weights' values),
+device synchronisation for timing, and the arguments every benchmark takes.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+from pathlib import Path
+
+import torch
+
+SHAPES = {  # Qwen3-style configs
+    "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64, vocab_size=1024),
+    "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936),
+    "1b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+               num_key_value_heads=8, head_dim=128, vocab_size=151936),
+    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, vocab_size=151936),
+}
+
+
+def qwen3_config(shape: str, max_len: int):
+    """The HF `Qwen3Config` of `SHAPES[shape]` for contexts up to `max_len` tokens (untied head)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**SHAPES[shape], max_position_embeddings=max_len + 256, tie_word_embeddings=False)
+
+
+def random_model(shape: str, seq: int, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """An HF Qwen3 causal LM of `shape` with random init, built on `device` directly (no checkpoint
+    on disk). Returns (model, config)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = qwen3_config(shape, seq)
+    with device:
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype), cfg
+
+
+def sync(device: torch.device | str) -> None:
+    """Wait for the device's queued work (timings end here); a no-op on CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def release_memory(device: torch.device) -> None:
+    """Free what the last configuration left, so the next one starts from an empty device."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def base_parser(doc: str) -> argparse.ArgumentParser:
+    """--model, --device, --out: the arguments every benchmark takes."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--model", default="tiny", choices=["tiny", "1b", "8b"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", default=None, help="folder for the JSON report")
+    return ap
+
+
+def write_json(path: str | Path | None, report: dict, indent: int = 1) -> None:
+    """The benchmark's report as JSON at `path` (its `--json`/`--out` argument); nothing when None."""
+    if path:
+        Path(path).write_text(json.dumps(report, indent=indent))
