@@ -26,8 +26,9 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from agentq.algos.base import Objective, PolicyBatch
+from agentq.algos.objective import Objective
 
+from .batch import PolicyBatch
 from .learner import Learner, update_summary
 
 

@@ -13,9 +13,10 @@ from typing import Iterator
 import torch
 import torch.nn as nn
 
-from agentq.algos.base import Objective, PolicyBatch
+from agentq.algos.objective import Objective
 from agentq.kernels.quant_spec import QuantSpec
 
+from .batch import PolicyBatch
 from .qat import align_model, quantized_module_report
 
 
@@ -147,7 +148,7 @@ class Learner:
         for rows in length_sorted_chunks(local.attention_mask.sum(1), self.micro_batch_size):
             micro = local.index(rows)
             L = int(micro.attention_mask.sum(1).max())
-            micro = _trim(micro, L)
+            micro = micro.trim(L)
             mask = self._device_mask(micro.attention_mask)
             micro = micro.to(self.device)
             share = objective.agg_units(micro) / total_units
@@ -203,20 +204,3 @@ def length_sorted_chunks(lengths: torch.Tensor, size: int) -> list[torch.Tensor]
     weighted accumulation), so this is free."""
     order = torch.argsort(lengths, descending=True, stable=True)
     return [order[s: s + size] for s in range(0, len(order), size)]
-
-
-def _trim(b: PolicyBatch, L: int) -> PolicyBatch:
-    from dataclasses import fields
-
-    out = {}
-    for f in fields(b):
-        v = getattr(b, f.name)
-        if f.name == "extra":
-            out["extra"] = {k: (t[:, :L] if t.dim() == 2 and t.shape[1] >= L else t) for k, t in v.items()}
-        elif v is None or v.dim() < 2:
-            out[f.name] = v
-        else:
-            out[f.name] = v[:, :L]
-    return PolicyBatch(**out)
-
-
