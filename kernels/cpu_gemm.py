@@ -102,7 +102,7 @@ def set_path(path: str | None) -> str:
         source = "cpu_int_gemm"
     if requested == "auto":
         times = probe()
-        requested = min(times, key=times.get)
+        requested = min(times, key=lambda p: times[p])
         source = "probe " + ", ".join(f"{p} {1e3 * t:.2f} ms" for p, t in times.items())
         _chosen["probe_ms"] = {p: 1e3 * t for p, t in times.items()}
     if requested not in PATHS:

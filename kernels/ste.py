@@ -80,10 +80,12 @@ class WeightCache:
             self._deq = None
             self.key = key
             self.recomputes += 1
+        assert self.w_q is not None and self.s_w is not None
         return self.w_q, self.s_w
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         if self._deq is None or self._deq.dtype != dtype:
+            assert self.w_q is not None and self.s_w is not None, "get() first"
             self._deq = quant.dequantize_rows(self.w_q, self.s_w, dtype)
         return self._deq
 

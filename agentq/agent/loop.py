@@ -23,6 +23,8 @@ from .trajectory import Trajectory
 
 @dataclass(frozen=True)
 class PromptConfig:
+    """The text around observations: system prompt, turn templates, format feedback (`agent.prompt`)."""
+
     system: str
     first_turn: str = "{task}\n{obs}\n{actions}"
     next_turn: str = "{obs}\n{actions}"
@@ -49,6 +51,8 @@ class PromptConfig:
 
 @dataclass(frozen=True)
 class EpisodeSpec:
+    """One episode to play: which task of which split, its GRPO group and its env seed."""
+
     episode_id: int
     task_id: str
     split: str
@@ -120,6 +124,13 @@ class ExpertPolicy:
 
 
 def episode_seed(run_seed: int, episode_id: int) -> int:
+    """A per-episode seed (env reset, sampling) that depends only on the run seed and the episode id.
+
+    Args:
+        run_seed: the run's seed; episode_id: the episode.
+    Returns:
+        A 62-bit non-negative int (blake2b of both), so batching and restarts cannot change it.
+    """
     h = hashlib.blake2b(f"{run_seed}:{episode_id}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") >> 2
 

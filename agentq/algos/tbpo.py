@@ -39,7 +39,8 @@ from .objective import GRPO, Prepared, _old_logp, register_objective
 
 
 def trust_band_loss(seq_ratio: torch.Tensor, adv: torch.Tensor, pos_high: float, neg_low: float,
-                    neg_high: float, dual_clip: float = float("inf")):
+                    neg_high: float, dual_clip: float = float("inf")
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-sequence TBPO loss u [B] with (is_clipped, is_dual_clipped) [B] bool. seq_ratio, adv: [B]."""
     neg = adv < 0
     hi = torch.where(neg, torch.full_like(seq_ratio, 1.0 + neg_high), torch.full_like(seq_ratio, 1.0 + pos_high))

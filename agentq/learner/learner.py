@@ -8,7 +8,7 @@ QuantSpec's fake quant (W8A8 via the integer path, KV round trip) with straight-
 from __future__ import annotations
 
 import copy
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
@@ -45,7 +45,8 @@ def model_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
 
 class Learner:
     def __init__(self, model_path: str | nn.Module, spec: QuantSpec, *, dtype: torch.dtype = torch.float32,
-                 device: str = "cpu", lr: float = 1e-6, weight_decay: float = 0.01, betas=(0.9, 0.999),
+                 device: str = "cpu", lr: float = 1e-6, weight_decay: float = 0.01,
+                 betas: tuple[float, float] = (0.9, 0.999),
                  grad_clip: float = 1.0, use_reference: bool = True, micro_batch_size: int = 8,
                  ref_path: str | None = None, activation_checkpointing: bool = False, temperature: float = 1.0):
         """Args:
@@ -73,15 +74,16 @@ class Learner:
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
         self.model, self.audit = load_aligned(model_path)
         if activation_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.gradient_checkpointing_enable(  # type: ignore[operator]  # an HF PreTrainedModel method
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
-        self.ref = None
+        self.ref: nn.Module | None = None
         if use_reference:     # the reference sees the same fake quant (no KL floor at θ_0)
             # ref_path: e.g. a resumed run, whose reference is the run's initial policy, not the checkpoint
             self.ref = (copy.deepcopy(self.model) if ref_path is None else load_aligned(ref_path)[0]).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(betas[0], betas[1]), weight_decay=weight_decay)
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
         self.version = 0
@@ -179,7 +181,7 @@ class Learner:
         for name, p in self.model.state_dict().items():
             yield name, p
 
-    def save(self, path: str, tokenizer=None) -> None:
+    def save(self, path: str, tokenizer: Any = None) -> None:
         from agentq.utils.checkpoint import save_hf_checkpoint
         save_hf_checkpoint(self.model, path, tokenizer)
 

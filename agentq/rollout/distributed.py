@@ -25,7 +25,7 @@ import torch
 
 from agentq.kernels.quant_spec import QuantSpec
 
-from .backend import SamplingParams, SyncStats, TurnRequest, TurnResult
+from .backend import RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult
 
 
 class EngineWorker:
@@ -61,7 +61,7 @@ class EngineWorker:
         return self.engine.kv_bytes_per_token()
 
 
-class DistributedBackend:
+class DistributedBackend(RolloutBackend):
     """N `EngineWorker` actors as one rollout backend.
 
     Args:

@@ -32,7 +32,7 @@ import torch
 
 from agentq.kernels import quant
 from agentq.kernels.quant_spec import QuantSpec
-from agentq.rollout.backend import (SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
+from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
                                     load_safetensors_dir)
 from agentq.utils.checkpoint import _atomic_dir, _commit
 
@@ -195,7 +195,7 @@ def turn_seed(episode_seed: int | None, turn: int) -> int | None:
     return None if episode_seed is None else (episode_seed * 1_000_003 + turn) % (2**63)
 
 
-class VLLMBackend:
+class VLLMBackend(RolloutBackend):
     """`RolloutBackend` on a vLLM `LLM` in this process (see the module docstring).
 
     Args:

@@ -15,6 +15,8 @@ give the same token.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from agentq.rollout.backend import SamplingParams
@@ -75,7 +77,7 @@ class DecodeRunner:
         self.buckets = bucket_sizes(max_batch)
         self._bufs: dict[int, _Bucket] = {}
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._pool = None
+        self._pool: Any = None              # the CUDA graphs' shared memory pool
         self._vkeys = vocab_keys(model.config.vocab_size, self.device)
         self._temp = torch.ones((), dtype=torch.float32, device=self.device)
         self.stats = {"graph_replays": 0, "eager_steps": 0, "graphs_captured": 0}

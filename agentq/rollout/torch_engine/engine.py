@@ -18,7 +18,7 @@ from typing import Iterable
 import torch
 
 from agentq.kernels.quant_spec import QuantSpec
-from agentq.rollout.backend import (SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
+from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
                                     load_safetensors_dir)
 
 from .kv_cache import KVCache
@@ -29,7 +29,9 @@ from .sampler import processed_logprobs, sample
 SAMPLERS = ("auto", "generator", "counter")
 
 
-class TorchEngine:
+class TorchEngine(RolloutBackend):
+    """The built-in `RolloutBackend`: many episodes at once, each keeping its KV slot between turns."""
+
     def __init__(self, hf_config, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = 512,
                  tokenizer=None, sampler: str = "auto", cuda_graphs: bool = True):
@@ -216,8 +218,8 @@ class TorchEngine:
             del cached[n:]
             deltas.append(ctx[n:])
             starts.append(n)
-        last = [None] * len(slots)
-        every = [[] for _ in slots]
+        last: list[torch.Tensor | None] = [None] * len(slots)
+        every: list[list[torch.Tensor]] = [[] for _ in slots]
         chunk = self.prefill_chunk
         n_chunks = max((len(d) + chunk - 1) // chunk for d in deltas)
         for c in range(n_chunks):
@@ -233,7 +235,9 @@ class TorchEngine:
             self.stats["prefill_tokens"] += sum(len(p) for p in pieces)
         if all_logits:
             return [torch.cat(e) for e in every]
-        return torch.stack(last)
+        rows_last = [t for t in last if t is not None]
+        assert len(rows_last) == len(last), "every row's last chunk sets its logits"
+        return torch.stack(rows_last)
 
     def _advance(self, slots: list[int], tokens: list[int]) -> list[int]:
         """Append one token to each slot's bookkeeping; returns the slots' new lengths."""
@@ -295,7 +299,7 @@ class _Drawer:
 class _GeneratorDrawer(_Drawer):
     """CPU `torch.Generator` per episode (Gumbel-max over a CPU draw); decode runs eagerly."""
 
-    def __init__(self, engine: TorchEngine, generators: list[torch.Generator], params: SamplingParams):
+    def __init__(self, engine: TorchEngine, generators: list[torch.Generator | None], params: SamplingParams):
         self.engine, self.gens, self.params = engine, generators, params
 
     def first(self, logits, slots):

@@ -29,6 +29,8 @@ class KVCache:
                       "fp8_e4m3_per_tensor": torch.float8_e4m3fn}[spec.kv]
         self.k = [torch.zeros(shape, dtype=code_dtype, device=self.device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=code_dtype, device=self.device) for _ in range(n_layers)]
+        self.k_scale: list[torch.Tensor] | None
+        self.v_scale: list[torch.Tensor] | None
         if spec.kv == "int8_per_token_head_sym":
             self.k_scale = [torch.ones(shape[:3], dtype=torch.float32, device=self.device) for _ in range(n_layers)]
             self.v_scale = [torch.ones(shape[:3], dtype=torch.float32, device=self.device) for _ in range(n_layers)]
@@ -58,6 +60,7 @@ class KVCache:
         if self._fused_int8_write:        # one Triton launch each for K and V (same bits as below)
             from agentq.kernels import triton_quant
             for cache, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+                assert scales is not None                # int8 KV always has scales
                 triton_quant.quantize_kv_to_cache(x, cache[layer], scales[layer], slots, positions, self.spec)
             return
         for cache, scales, x, s8 in ((self.k, self.k_scale, k, self.fp8_k_scale[layer]),

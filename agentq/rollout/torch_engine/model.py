@@ -12,6 +12,7 @@ unquantized by accident.
 from __future__ import annotations
 
 import importlib
+from typing import Any, Sequence, cast
 
 import torch
 import torch.nn as nn
@@ -31,6 +32,12 @@ class EngineLinear(nn.Module):
     input (q/k/v, gate/up): one activation quantization and one GEMM instead of three or two.
     Per-channel weight scales and per-token activation codes make this exact: every output row
     is computed as its own projection would compute it."""
+
+    # buffers (registered in __init__; declared for the type checker)
+    w_q: torch.Tensor
+    s_w: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
 
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool, quantized: bool, spec: QuantSpec,
                  dtype: torch.dtype, device):
@@ -67,6 +74,7 @@ class EngineLinear(nn.Module):
     @torch.no_grad()
     def load_bias(self, b_: torch.Tensor, part: str) -> None:
         a, b = self.offsets[part]
+        assert self.bias is not None, f"{part}: this linear has no bias"
         self.bias[a:b].copy_(b_.to(self.bias.dtype))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
@@ -90,6 +98,8 @@ def use_fused_kernels(dtype: torch.dtype, device: torch.device) -> bool:
 class RMSNorm(nn.Module):
     """Same arithmetic as HF's Llama/Qwen RMSNorm (fp32 statistics, weight applied in input dtype);
     one Triton launch instead of ~7 torch kernels when `fused` (see `kernels.triton_norm`)."""
+
+    weight: torch.Tensor   # a buffer
 
     def __init__(self, dim: int, eps: float, dtype, device):
         super().__init__()
@@ -243,6 +253,13 @@ class ForwardContext:
 
 
 class EngineModel(nn.Module):
+    """The engine's Llama / Qwen2 / Qwen3 decoder: fused int8 linears, KV cache in slots, prefill
+    chunks and one-token decode steps."""
+
+    lm_head: torch.Tensor               # a buffer (untied models)
+    rotary: Any                         # the HF rotary-embedding module of the architecture
+    _rope: tuple[torch.Tensor, torch.Tensor] | None
+
     def __init__(self, hf_config, spec: QuantSpec, dtype: torch.dtype = torch.float32, device="cpu"):
         super().__init__()
         mt = hf_config.model_type
@@ -270,13 +287,18 @@ class EngineModel(nn.Module):
         self._targets = self._param_targets()
         self.set_max_len(int(getattr(hf_config, "max_position_embeddings", 4096)))
 
+    @property
+    def decoder_layers(self) -> Sequence[DecoderLayer]:
+        """`self.layers` with its element type (an nn.ModuleList is untyped)."""
+        return cast("Sequence[DecoderLayer]", self.layers)
+
     # ------------------------------------------------------------------ weights
-    def _param_targets(self) -> dict[str, tuple[nn.Module, str]]:
-        t: dict[str, tuple[nn.Module, str]] = {"model.embed_tokens.weight": (self.embed_tokens, "weight"),
+    def _param_targets(self) -> dict[str, tuple[Any, str | tuple[str, str]]]:
+        t: dict[str, tuple[Any, str | tuple[str, str]]] = {"model.embed_tokens.weight": (self.embed_tokens, "weight"),
                                                "model.norm.weight": (self.norm, "weight")}
         if not self.tied:
             t["lm_head.weight"] = (self, "lm_head")
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers):
             p = f"model.layers.{i}."
             for fused, prefix in ((layer.qkv_proj, "self_attn."), (layer.o_proj, "self_attn."),
                                   (layer.gate_up_proj, "mlp."), (layer.down_proj, "mlp.")):
@@ -323,12 +345,13 @@ class EngineModel(nn.Module):
         """cos/sin of every position [max_len, D] in the model dtype, from the HF rotary class.
         Each entry is one product inv_freq · position followed by cos/sin, so indexing the table
         gives the bits a per-call computation gives."""
-        if getattr(self, "_rope", None) is None or self._rope[0].shape[0] < self._rope_len:
+        rope = getattr(self, "_rope", None)
+        if rope is None or rope[0].shape[0] < self._rope_len:
             pos = torch.arange(self._rope_len, device=self.device)[None]
             x = torch.zeros(1, dtype=self.dtype, device=self.device)
             cos, sin = self.rotary(x, pos)
-            self._rope = (cos[0].contiguous(), sin[0].contiguous())
-        return self._rope
+            rope = self._rope = (cos[0].contiguous(), sin[0].contiguous())
+        return rope
 
     def set_max_len(self, max_len: int) -> None:
         self._rope_len, self._rope = max_len, None
@@ -345,7 +368,7 @@ class EngineModel(nn.Module):
             cos, sin = cos_t[d.positions].unsqueeze(1), sin_t[d.positions].unsqueeze(1)     # [B, 1, D]
         else:                    # CPU/fp32: the very call `forward` makes (pinned bits)
             cos, sin = self.rotary(x, d.positions[:, None])
-        for layer in self.layers:
+        for layer in self.decoder_layers:
             x = layer.decode(x, cos, sin, d)
         x = self.norm(x[:, 0])
         w = self.embed_tokens.weight if self.tied else self.lm_head
