@@ -27,4 +27,6 @@ class BatchView(Protocol):
     traj_id: torch.Tensor | None           # [B] long: rows sharing an id are one trajectory (None: one row each)
 
     @property
-    def num_seqs(self) -> int: ...
+    def num_seqs(self) -> int:
+        """B, the number of rows."""
+        ...

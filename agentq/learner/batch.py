@@ -16,6 +16,8 @@ from agentq.algos.objective import Prepared
 
 @dataclass
 class PolicyBatch:
+    """B trajectories padded to L tokens, the learner's unit of work (`collate` builds it)."""
+
     input_ids: torch.Tensor        # [B, L] long
     attention_mask: torch.Tensor   # [B, L] 1 on real tokens, 0 on padding
     action_mask: torch.Tensor      # [B, L] float, 1 on sampled (action) tokens
@@ -33,6 +35,7 @@ class PolicyBatch:
 
     @property
     def num_seqs(self) -> int:
+        """B, the number of rows."""
         return self.input_ids.shape[0]
 
     def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> PolicyBatch:

@@ -44,6 +44,9 @@ def model_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
 
 
 class Learner:
+    """The policy being trained: log-probs through the aligned forward, PPO updates with an
+    `Objective`, weights out by HF name (module docstring)."""
+
     def __init__(self, model_path: str | nn.Module, spec: QuantSpec, *, dtype: torch.dtype = torch.float32,
                  device: str = "cpu", lr: float = 1e-6, weight_decay: float = 0.01,
                  betas: tuple[float, float] = (0.9, 0.999),
@@ -91,6 +94,13 @@ class Learner:
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
     def logprobs(self, batch: PolicyBatch, model: nn.Module | None = None) -> torch.Tensor:
+        """Log-probs of every token under a model, without gradients.
+
+        Args:
+            batch: the rows to score; model: the policy (default) or the reference.
+        Returns:
+            [B, L] fp32 log p(token_t | tokens_<t) at the rollout temperature (0 at position 0 and on padding).
+        """
         model = model or self.model
         was_training = model.training
         model.eval()
@@ -104,6 +114,7 @@ class Learner:
         return out
 
     def fill_old_and_ref(self, batch: PolicyBatch) -> None:
+        """Set `batch.old_logp` (this policy, before the update) and `batch.ref_logp` (None without a reference)."""
         batch.old_logp = self.logprobs(batch)
         batch.ref_logp = self.logprobs(batch, self.ref) if self.ref is not None else None
 
@@ -166,9 +177,11 @@ class Learner:
     # hooks of the data-parallel learner (agentq/learner/distributed.py): which rows of a minibatch
     # this process computes, and how its partial gradients become the minibatch's
     def local_rows(self, minib: PolicyBatch) -> torch.Tensor:
+        """Indices of the minibatch rows this process computes (all of them here)."""
         return torch.arange(minib.num_seqs)
 
     def reduce_grads(self) -> None:
+        """Combine the partial gradients of all processes (nothing to do in one process)."""
         pass
 
     def _device_mask(self, attention_mask: torch.Tensor) -> torch.Tensor | None:
@@ -182,10 +195,12 @@ class Learner:
             yield name, p
 
     def save(self, path: str, tokenizer: Any = None) -> None:
+        """Write an HF checkpoint (safetensors, atomically) of the master weights, with the tokenizer if given."""
         from agentq.utils.checkpoint import save_hf_checkpoint
         save_hf_checkpoint(self.model, path, tokenizer)
 
     def report(self) -> dict[str, int]:
+        """How many linears run quantized / in full precision (the QAT audit)."""
         return quantized_module_report(self.model)
 
 
