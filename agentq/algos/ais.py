@@ -1,4 +1,4 @@
-"""Adaptive importance sampling (AIS), methods §3.3 / §3.7.
+"""Adaptive importance sampling (AIS); docs/algorithms.md.
 
 [SOURCE: arXiv 2605.13907 abstract] a per-batch mixing coefficient λ ∈ [0, 1], built from three live
 diagnostics (weight reliability, divergence severity, variance amplification), interpolates between

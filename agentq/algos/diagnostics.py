@@ -48,7 +48,7 @@ def weight_stats(prefix: str, w: torch.Tensor, mask: torch.Tensor) -> dict[str, 
 
 @torch.no_grad()
 def mismatch_metrics(batch: BatchView) -> dict[str, float | list[float]]:
-    """Rollout–learner mismatch diagnostics, the same for every objective (methods §1.2).
+    """Rollout–learner mismatch diagnostics, the same for every objective (docs/algorithms.md).
 
     With δ_t = clamp(old − rollout, ±20) over action tokens only:
         k3            mean_t (e^δ − 1 − δ)            ≈ KL(μ ‖ π_old) per token (verl rollout_corr/k3_kl)

@@ -1,4 +1,4 @@
-"""InterQ-RL: bounded execution-prefix correction, methods §4.
+"""InterQ-RL: bounded execution-prefix correction (docs/algorithms.md).
 
 **Every formula here is agentq's own design [DESIGN].** The InterQ-RL paper's full text was not
 available, only its abstract and tables; this reconstruction is consistent with the published
@@ -24,13 +24,13 @@ Per trajectory a fixed displacement budget B (budget_scope=segment: B_i = b·S_i
 Default H_floor = B, the capped mode (κ ≤ 1, α_s ≥ ρ_s, α → 1 as mismatch → 0; the fixed budget
 H_floor = 0 turns float-rounding δ into a full correction): docs/algorithms.md.
 
-Loss: §1.4 with w_t = α_{seg(t)} (detached) on every action token (× min(e^δ_t, C) if
+Loss: the base loss (`losses.py`) with w_t = α_{seg(t)} (detached) on every action token (× min(e^δ_t, C) if
 `token_tis_cap` is set; ÷ the minibatch token-mean of α if `renorm_retention`). The KL term is not
 weighted. α is computed once per RL step in `prepare`, on the whole batch, before any minibatch
 split or shuffle (it needs every segment of a trajectory), and never recomputed per epoch.
 
 Layouts: one row per trajectory (seg_id = turn index), or a trajectory split over several rows
-(step-independent frameworks, methods §1.5) with `batch.traj_id` [B] naming the trajectory and
+(step-independent frameworks) with `batch.traj_id` [B] naming the trajectory and
 seg_id the turn index within it. A trailing empty action segment (an empty generation at the last
 turn) leaves no seg_id behind; pass `batch.extra["num_segments"]` [B] to keep it for the ordering.
 """
@@ -113,7 +113,7 @@ class Retention:
 def interq_retention(batch: BatchView, budget_B: float = 1.0, H_floor: float = 0.0,
                      budget_scope: str = "trajectory", prefix_inclusive: bool = True,
                      k3_max: float | None = 10.0) -> Retention:
-    """α per (trajectory, segment) and per token for a whole batch (methods §4.3)."""
+    """α per (trajectory, segment) and per token for a whole batch."""
     mask = batch.action_mask.bool()                                      # [B, L]
     seg = batch.seg_id.long()                                            # [B, L]
     if bool((seg[mask] < 1).any()):
@@ -153,7 +153,7 @@ def interq_retention(batch: BatchView, budget_B: float = 1.0, H_floor: float = 0
 
 
 def retention_stats(r: Retention, mask: torch.Tensor) -> dict[str, float]:
-    """α diagnostics (methods §4.8). min/p10/median/max are over segments that carry a loss (valid,
+    """α diagnostics. min/p10/median/max are over segments that carry a loss (valid,
     ≥ 1 action token), each counted once; `alpha_frac_below_half` is over action tokens."""
     seg_alpha = r.alpha[r.valid & (r.n > 0)]                             # [#segments]
     tok_alpha = r.retention[mask.bool()]                                 # [N]

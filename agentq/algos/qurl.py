@@ -1,4 +1,4 @@
-"""QuRL's adaptive clipping range (ACR) + TIS cap, methods §3.4. [SECONDARY: papernotes summary of
+"""QuRL's adaptive clipping range (ACR) + TIS cap (docs/algorithms.md). [SECONDARY: papernotes summary of
 arXiv 2602.13953's eqs. 7–9; SOURCE: its abstract]
 
 Decoupled PPO with three policies: behaviour μ (quantized engine), proximal π_old, current π_θ.
@@ -11,12 +11,12 @@ that factor into the upper clip bound:
 so the bound is the standard 1+ε wherever r_pb ≤ C (plain TIS there) and widens to (1+ε)·r_pb/C
 only on truncated tokens (r_pb > C: μ under-weights the token relative to π_old, so TIS's cap
 already shrank its weight and the plain clip would shrink its step a second time). It never
-narrows: the interval is never empty. In §1.4's terms: ε_high,t = (1+ε)·max(1, r_pb/C) − 1 (a
+narrows: the interval is never empty. In the base loss's terms (`losses.py`): ε_high,t = (1+ε)·max(1, r_pb/C) − 1 (a
 per-token `clip_high`), w_t = min(r_pb, C) with C = 2, and [DESIGN] the dual clip c = 10 is kept on
 top for A < 0. Worked numbers (ε = 0.2, C = 2): r_pb = 0.5 → 1.2, 1 → 1.2, 3 → 1.8.
 (An earlier agentq version divided by r_pb itself, which narrowed the bound where r_pb > 1, down to
 an empty interval; a second note reads the band as [r_pb − ε, r_pb + ε] on π_θ/μ; neither is
-implemented.) UAQ (§2.4) belongs to the quantizer, not to this objective.
+implemented.) UAQ belongs to the quantizer, not to this objective.
 """
 from __future__ import annotations
 

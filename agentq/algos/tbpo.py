@@ -1,4 +1,4 @@
-"""TBPO (QaRL's trust-band policy optimization), methods §3.8.
+"""TBPO (QaRL's trust-band policy optimization); docs/algorithms.md.
 
 [SOURCE: arXiv 2604.07853 abstract] a sequence-level objective with dual clipping for negative
 samples, against the "error tokens" of quantized rollouts. [SECONDARY: AI-written paper digests,
@@ -15,17 +15,17 @@ For each row i with n_i ≥ 1 action tokens and advantage A_i:
     A ≥ 0:  u_i = max(−A·r_i, −A·min(r_i, 1+ε⁺))                       PPO clip, upper edge only
     A < 0:  u_i = min(max(−A·r_i, −A·max(r_i, 1−ε⁻_lo)), −A·(1+ε⁻_hi))  = −A·clip(r_i, 1−ε⁻_lo, 1+ε⁻_hi)
             (the band's upper edge is the dual clip; the global dual_clip c also applies if smaller)
-    L_pg = Σ_i n_i·w_i·u_i / Σ_i n_i                                   (loss_agg = token_mean, §1.4)
+    L_pg = Σ_i n_i·w_i·u_i / Σ_i n_i                                   (loss_agg = token_mean)
          or mean_i w_i·u_i  over rows with n_i ≥ 1                     (loss_agg = seq_mean, GSPO)
 
-[DESIGN] token_mean (the preset) is §1.4's aggregation; seq_mean is GSPO's. `algo.loss_agg` picks
+[DESIGN] token_mean (the preset) is the base loss's aggregation (`losses.py`); seq_mean is GSPO's. `algo.loss_agg` picks
 it for every objective, and the learner weights micro-batches by `agg_units`, so both are exact
 under gradient accumulation.
 
 So a negative sequence gets gradient only inside [1−ε⁻_lo, 1+ε⁻_hi]; a positive one only below
 1+ε⁺. `clip_eps` is not used (the bands replace it). "Sequence" = one row: a whole trajectory in
-the one-row layout, one turn's response in the step-independent layout (§1.5). [DESIGN] The KL term
-is §1.4's k3, unweighted, aggregated by loss_agg like every objective's. Stats: clip_frac / dual_clip_frac / ratio_mean are fractions
+the one-row layout, one turn's response in the step-independent layout. [DESIGN] The KL term
+is the base loss's k3, unweighted, aggregated by loss_agg like every objective's. Stats: clip_frac / dual_clip_frac / ratio_mean are fractions
 and means over sequences, not tokens.
 """
 from __future__ import annotations

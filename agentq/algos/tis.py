@@ -1,4 +1,4 @@
-"""Truncated importance sampling (Flash-RL "TIS"), methods §3.2 / §3.6. [SOURCE: Flash-RL, verl]
+"""Truncated importance sampling (Flash-RL "TIS"); docs/algorithms.md. [SOURCE: Flash-RL, verl]
 
 Tokens are sampled by the quantized engine μ but the PPO ratio is anchored at the learner's π_old,
 so each action token's clipped GRPO loss is reweighted by the (truncated) ratio π_old/μ:
@@ -6,7 +6,7 @@ so each action token's clipped GRPO loss is reweighted by the (truncated) ratio 
     δ_t = clamp(log π_old(a_t) − log μ(a_t), ±20)
     w_t = min(exp(δ_t), C)      C = 2 (Flash-RL's "TIS-2"); no lower truncation
 
-w_t is detached and multiplies u_t of §1.4; observation/padding tokens get w_t = 0.
+w_t is detached and multiplies u_t of the base loss (`losses.py`); observation/padding tokens get w_t = 0.
 Example: δ = [0.3, −0.5, 1.2, 0, −2] → w = [1.349859, 0.606531, 2.0, 1.0, 0.135335].
 """
 from __future__ import annotations
