@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import time
+from typing import Iterator
 
 import torch
 
@@ -123,7 +124,7 @@ def configure(path: str | None) -> str:
 
 
 @contextlib.contextmanager
-def use_path(path: str):
+def use_path(path: str) -> Iterator[str]:
     """Run a block on `path` (one of `PATHS`), then restore the process's previous choice."""
     saved = dict(_chosen)
     set_path(path)

@@ -40,14 +40,16 @@ def triton_path(t: torch.Tensor, backend: str | None = None) -> bool:
     return t.is_cuda and HAVE_TRITON
 
 
-def _quantize_rows(x: torch.Tensor, floor: float, rounding: str, backend: str | None):
+def _quantize_rows(x: torch.Tensor, floor: float, rounding: str, backend: str | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     if triton_path(x, backend):
         from . import triton_quant
         return triton_quant.quantize_rows(x.detach(), floor, rounding)
     return quant.quantize_rows(x, floor, rounding)
 
 
-def _int8_linear(x_q, s_x, w_q, s_w, bias, out_dtype, backend: str | None) -> torch.Tensor:
+def _int8_linear(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
+                 out_dtype: torch.dtype, backend: str | None) -> torch.Tensor:
     if triton_path(x_q, backend):
         from . import triton_gemm
         return triton_gemm.int8_gemm(x_q, s_x, w_q, s_w, bias, out_dtype)
@@ -142,7 +144,8 @@ def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     return y.reshape(*shape[:-1], w.shape[0])
 
 
-def kv_roundtrip(x: torch.Tensor, spec: QuantSpec, fp8_scale_value=None, backend: str | None = None) -> torch.Tensor:
+def kv_roundtrip(x: torch.Tensor, spec: QuantSpec, fp8_scale_value: float | None = None,
+                 backend: str | None = None) -> torch.Tensor:
     """`quant.kv_roundtrip` with the int8 quantization in one Triton kernel on CUDA (same bits)."""
     if spec.kv == "int8_per_token_head_sym" and triton_path(x, backend):
         codes, scale = _quantize_rows(x, spec.kv_scale_floor, spec.kv_rounding, backend)
@@ -160,7 +163,8 @@ class _KVSTE(torch.autograd.Function):
         return g, None, None, None
 
 
-def kv_fake_quant(x: torch.Tensor, spec: QuantSpec, fp8_scale_value=None, backend: str | None = None) -> torch.Tensor:
+def kv_fake_quant(x: torch.Tensor, spec: QuantSpec, fp8_scale_value: float | None = None,
+                  backend: str | None = None) -> torch.Tensor:
     """Learner side of the KV cache: the dequantized value the engine reads, identity gradient."""
     if spec.kv == "none":
         return x

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Any, Iterable, Literal, overload
 
 import torch
 
@@ -32,9 +32,9 @@ SAMPLERS = ("auto", "generator", "counter")
 class TorchEngine(RolloutBackend):
     """The built-in `RolloutBackend`: many episodes at once, each keeping its KV slot between turns."""
 
-    def __init__(self, hf_config, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
+    def __init__(self, hf_config: Any, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = 512,
-                 tokenizer=None, sampler: str = "auto", cuda_graphs: bool = True):
+                 tokenizer: Any = None, sampler: str = "auto", cuda_graphs: bool = True):
         """Args:
             hf_config: the HF config of a Llama / Qwen2 / Qwen3 checkpoint.
             quant: the rollout numerics.
@@ -70,7 +70,7 @@ class TorchEngine(RolloutBackend):
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0}
 
     @classmethod
-    def from_pretrained(cls, path: str, quant: QuantSpec, **kw) -> "TorchEngine":
+    def from_pretrained(cls, path: str, quant: QuantSpec, **kw: Any) -> "TorchEngine":
         from transformers import AutoConfig
 
         eng = cls(AutoConfig.from_pretrained(path), quant, **kw)
@@ -201,7 +201,16 @@ class TorchEngine(RolloutBackend):
             self._generators[r.episode_id] = g
         return g
 
-    def _prefill(self, slots: list[int], contexts: list[list[int]], all_logits: bool = False):
+    @overload
+    def _prefill(self, slots: list[int], contexts: list[list[int]], all_logits: Literal[False] = False
+                 ) -> torch.Tensor: ...
+
+    @overload
+    def _prefill(self, slots: list[int], contexts: list[list[int]], all_logits: Literal[True]
+                 ) -> list[torch.Tensor]: ...
+
+    def _prefill(self, slots: list[int], contexts: list[list[int]], all_logits: bool = False
+                 ) -> torch.Tensor | list[torch.Tensor]:
         """Bring each slot's cache up to its context; return logits of each context's last token
         ([B, V]), or with all_logits the logits of every newly prefilled position (list of [n_i, V])."""
         deltas, starts = [], []
@@ -249,14 +258,15 @@ class TorchEngine(RolloutBackend):
         self.stats["decode_tokens"] += len(tokens)
         return new_lens
 
-    def _decode(self, slots: list[int], tokens: list[int]):
+    def _decode(self, slots: list[int], tokens: list[int]) -> torch.Tensor:
         """Feed one token per slot (eagerly); returns the next-token logits [B, V]."""
         new_lens = self._advance(slots, tokens)
         dev = self.device
         return self.model.decode_step(torch.tensor(tokens, device=dev), torch.tensor(slots, device=dev),
                                       torch.tensor(new_lens, device=dev), self.cache)
 
-    def _forward(self, slots: list[int], pieces: list[list[int]], all_logits: bool):
+    def _forward(self, slots: list[int], pieces: list[list[int]], all_logits: bool
+                 ) -> tuple[torch.Tensor, None]:
         """One padded forward of `pieces` appended to `slots`. Returns logits of each piece's last
         token [B, V] (or every token [B, T, V])."""
         dev = self.device

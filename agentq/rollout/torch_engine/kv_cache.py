@@ -48,14 +48,15 @@ class KVCache:
         scales = 2 * self.n_layers * self.n_kv * 4 if self.k_scale is not None else 0
         return codes + scales
 
-    def _encode(self, x: torch.Tensor, fp8_scale: float):
+    def _encode(self, x: torch.Tensor, fp8_scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.spec.kv == "int8_per_token_head_sym":
             return quant.quantize_kv(x, self.spec)
         if self.spec.kv == "fp8_e4m3_per_tensor":
             return quant.quantize_fp8(x, fp8_scale), None
         return x.to(self.dtype), None
 
-    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+              ) -> None:
         """Store N tokens: slots [N], positions [N], k/v [N, n_kv, head_dim]."""
         if self._fused_int8_write:        # one Triton launch each for K and V (same bits as below)
             from agentq.kernels import triton_quant
@@ -67,7 +68,7 @@ class KVCache:
                                      (self.v, self.v_scale, v, self.fp8_v_scale[layer])):
             codes, scale = self._encode(x, s8)
             cache[layer][slots, :, positions] = codes
-            if scales is not None:
+            if scales is not None and scale is not None:     # int8: both, else neither
                 scales[layer][slots, :, positions] = scale
 
     def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,7 @@ unquantized by accident.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Sequence, cast
+from typing import Any, Iterable, Sequence, cast
 
 import torch
 import torch.nn as nn
@@ -40,7 +40,7 @@ class EngineLinear(nn.Module):
     bias: torch.Tensor | None
 
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool, quantized: bool, spec: QuantSpec,
-                 dtype: torch.dtype, device):
+                 dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.quantized, self.spec, self.dtype = quantized, spec, dtype
         self.in_features = in_features
@@ -85,7 +85,7 @@ class EngineLinear(nn.Module):
         return y if len(self.parts) == 1 else y.split(list(self.parts.values()), dim=-1)
 
 
-def use_fused_kernels(dtype: torch.dtype, device: torch.device) -> bool:
+def use_fused_kernels(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Fused Triton norm / SiLU·mul kernels: bf16/fp16 models on CUDA (fp32 keeps torch's exact
     arithmetic, the mode where engine and learner agree to ~1e-6). AGENTQ_FUSED=0 turns them off."""
     import os
@@ -101,7 +101,7 @@ class RMSNorm(nn.Module):
 
     weight: torch.Tensor   # a buffer
 
-    def __init__(self, dim: int, eps: float, dtype, device):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.eps = eps
         self.fused = use_fused_kernels(dtype, device)
@@ -123,7 +123,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg, layer_idx: int, spec: QuantSpec, dtype, device):
+    def __init__(self, cfg: Any, layer_idx: int, spec: QuantSpec, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.layer_idx = layer_idx
         h, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -183,7 +183,7 @@ class DecoderLayer(nn.Module):
             return x + self.down_proj(silu_mul(gate, up))
         return x + self.down_proj(F.silu(gate) * up)
 
-    def forward(self, x, cos, sin, ctx: "ForwardContext"):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: "ForwardContext") -> torch.Tensor:
         q, k, v = self._qkv(x, cos, sin)
         # quantize on write (valid tokens only), then read everything back dequantized
         vb, vt = ctx.valid_idx
@@ -191,7 +191,7 @@ class DecoderLayer(nn.Module):
                         k.permute(0, 2, 1, 3)[vb, vt], v.permute(0, 2, 1, 3)[vb, vt])
         return self._out_and_mlp(x, self._attend(q, ctx))
 
-    def _attend(self, q, ctx: "ForwardContext | DecodeContext"):
+    def _attend(self, q: torch.Tensor, ctx: "ForwardContext | DecodeContext") -> torch.Tensor:
         """Attention of q [B, H, T, D] over each row's slot: the Triton decode kernel (one query
         token, int8/float cache read in place) or the cache read back dequantized + masked SDPA."""
         i, cache = self.layer_idx, ctx.cache
@@ -203,7 +203,7 @@ class DecoderLayer(nn.Module):
         kc, vc = cache.read(i, ctx.slots, ctx.key_len)
         return attn_ops.masked_attention(q, kc, vc, ctx.allowed, self.scale)
 
-    def decode(self, x, cos, sin, d: "DecodeContext"):
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, d: "DecodeContext") -> torch.Tensor:
         """One new token per row (x [B, 1, H]); no host synchronisation when `d.use_kernel`, so the
         step can be captured in a CUDA graph. Same arithmetic as `forward` with T = 1."""
         q, k, v = self._qkv(x, cos, sin)
@@ -239,7 +239,8 @@ class DecodeContext:
 class ForwardContext:
     """Per-forward bookkeeping shared by all layers (positions, masks, cache indices)."""
 
-    def __init__(self, cache: KVCache, slots, positions, valid, new_lens, allow_decode_kernel: bool):
+    def __init__(self, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                 new_lens: torch.Tensor, allow_decode_kernel: bool):
         self.cache, self.slots, self.positions, self.new_lens = cache, slots, positions, new_lens
         self.valid_idx = valid.nonzero(as_tuple=True)
         self.key_len = int(new_lens.max())
@@ -260,7 +261,8 @@ class EngineModel(nn.Module):
     rotary: Any                         # the HF rotary-embedding module of the architecture
     _rope: tuple[torch.Tensor, torch.Tensor] | None
 
-    def __init__(self, hf_config, spec: QuantSpec, dtype: torch.dtype = torch.float32, device="cpu"):
+    def __init__(self, hf_config: Any, spec: QuantSpec, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
         super().__init__()
         mt = hf_config.model_type
         if mt not in SUPPORTED:
@@ -314,7 +316,7 @@ class EngineModel(nn.Module):
         return t
 
     @torch.no_grad()
-    def load_weights(self, named_tensors, strict: bool = True) -> dict:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], strict: bool = True) -> dict:
         """Load HF-named tensors. Quantized linears are requantized (fresh per-channel scales).
         Returns {"loaded": n, "codes_changed": c, "codes_total": t}."""
         seen, changed, total = set(), 0, 0
@@ -375,7 +377,8 @@ class EngineModel(nn.Module):
         return F.linear(x, w).float()
 
     @torch.no_grad()
-    def forward(self, input_ids, positions, valid, slots, new_lens, cache: KVCache, logit_rows=None,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, slots: torch.Tensor,
+                new_lens: torch.Tensor, cache: KVCache, logit_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
                 allow_decode_kernel: bool = True) -> torch.Tensor:
         """input_ids/positions/valid [B, T]; slots/new_lens [B] (slot length after this chunk).
 
