@@ -18,7 +18,7 @@ def _valid_keys(cfg: DictConfig, dotted: str) -> tuple[str, list[str]]:
             path.append(p)
         else:
             break
-    keys = sorted(node.keys()) if isinstance(node, DictConfig) else []
+    keys = sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
     return ".".join(path) or "<root>", keys
 
 
@@ -65,7 +65,7 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
                 base = compose(config_name=config_name, overrides=[o for o in overrides if "=" in o and
                                                                 (_is_group_choice(o) or o.startswith("hydra."))])
                 bad = _bad_key(msg, overrides)
-                where, keys = _valid_keys(base, bad) if bad else ("<root>", sorted(base.keys()))
+                where, keys = _valid_keys(base, bad) if bad else ("<root>", sorted(str(k) for k in base.keys()))
                 raise ConfigError(f"unknown config key {bad!r}; valid keys under {where}: {keys}") from None
             raise ConfigError(msg.split("\nConfig search path")[0]) from None
     OmegaConf.set_struct(cfg, True)

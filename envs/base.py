@@ -111,7 +111,9 @@ class EnvCrashedError(RuntimeError):
 class TextEnv(gym.Env[str, str]):
     """Base class of agentq's text environments (see the module docstring for the contract)."""
 
-    metadata: ClassVar[dict] = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}   # gymnasium declares it per instance
+    action_space: TextSpace
+    observation_space: TextSpace
     #: split names this environment offers; the first is the default training split.
     splits: ClassVar[tuple[str, ...]] = ("train", "dev", "test")
     #: default step cap (can be overridden per instance with `max_steps=`)

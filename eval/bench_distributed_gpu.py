@@ -141,7 +141,7 @@ def rollout_phase(engine, rank: int, args, report: dict):
 
 # ---------------------------------------------------------------------- learner
 def make_batch(parts, args):
-    from agentq.algos.base import grpo_advantages
+    from agentq.algos.advantages import grpo_advantages
     from agentq.learner.batch import collate
 
     trajs = [trajectory(e, r) for eps, recs in parts for e, r in zip(eps, recs)][: args.learn_episodes]
@@ -181,7 +181,7 @@ def learner_phase(model, engine, parts, rank: int, args, report: dict) -> None:
     fill_old_and_ref_sharded(ranker, batch, rank, device)
     sync(args)
     timings["old_ref_logp_s"] = time.perf_counter() - t
-    objective.prepare(batch)                     # token weights once, on the whole batch
+    batch = batch.weighted(objective.prepare(batch))      # token weights once, on the whole batch
     got = ranker.reduced_gradient(batch, objective)
     sums = gather_objects(float(got.double().sum()))
     if rank == 0:                                # the one-device gradient of the same batch

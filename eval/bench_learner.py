@@ -27,7 +27,7 @@ SPECS = ("none", "w8a8_kv8")
 
 def synthetic_batch(batch: int, seq: int, vocab: int, seed: int = 0):
     """B full-length sequences of random ids; every token after the first is an action token."""
-    from agentq.algos import PolicyBatch
+    from agentq.learner.batch import PolicyBatch
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
@@ -62,7 +62,7 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype) -> 
     objective = make_objective("grpo", kl_coef=0.0)
     fwd = timed(lambda: learner.logprobs(batch), device, args.warmup, args.iters)
     batch.old_logp = learner.logprobs(batch)
-    objective.prepare(batch)
+    batch = batch.weighted(objective.prepare(batch))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     upd = timed(lambda: learner.update(batch, objective), device, args.warmup, args.iters)

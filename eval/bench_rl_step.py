@@ -106,7 +106,7 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
         sync(device)
         t["old_ref"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        objective.prepare(batch)
+        batch = batch.weighted(objective.prepare(batch))
         learner.update(batch, objective, epochs=1, minibatch_size=args.episodes)
         sync(device)
         t["update"] = time.perf_counter() - t0

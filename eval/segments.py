@@ -26,9 +26,9 @@ from typing import Callable
 import torch
 
 from agentq.agent.trajectory import Trajectory
-from agentq.algos import interq_retention, k3, token_delta
-from agentq.algos.base import PolicyBatch, quantile
+from agentq.algos import interq_retention, k3, quantile, token_delta
 from agentq.algos.interq import Retention, segment_sums, trajectory_rows
+from agentq.learner.batch import PolicyBatch
 
 FOLDER = "segments"
 

@@ -16,7 +16,7 @@ import json
 import torch
 
 from agentq.agent import ActionParser, AgentLoop, BackendPolicy, ChatFormat, EpisodeSpec, PromptConfig
-from agentq.algos.base import k3, token_delta
+from agentq.algos import k3, token_delta
 from agentq.kernels import QuantSpec
 from agentq.learner.batch import collate
 from agentq.learner.learner import Learner

@@ -17,6 +17,11 @@ import functools
 import importlib
 import os
 import sys
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+if TYPE_CHECKING:
+    import torch
 
 try:   # pragma: no cover - depends on the environment
     import triton
@@ -42,7 +47,7 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def num_sms(device=None) -> int:
+def num_sms(device: torch.device | None = None) -> int:
     """Multiprocessors of a CUDA device (132 on an H200; also the default off CUDA)."""
     if device is not None and device.type == "cuda":
         import torch
@@ -55,7 +60,7 @@ def require_triton(what: str = "this kernel") -> None:
         raise RuntimeError(f"{what} needs triton (pip install 'agentq[triton]'); use the torch reference instead")
 
 
-def runs_interpreted(kernel) -> bool:
+def runs_interpreted(kernel: Any) -> bool:
     """Whether a decorated kernel (JITFunction, InterpretedFunction or Autotuner) is interpreted."""
     while type(kernel).__name__ in ("Autotuner", "Heuristics"):
         kernel = kernel.fn
@@ -71,7 +76,7 @@ def dot_dtype(kernel, dtype):
 
 
 @contextlib.contextmanager
-def interpreter_env(on: bool = True):
+def interpreter_env(on: bool = True) -> Iterator[None]:
     """Set (or clear) TRITON_INTERPRET for the duration of the block, then restore it."""
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if on else "0"
@@ -84,7 +89,7 @@ def interpreter_env(on: bool = True):
             os.environ["TRITON_INTERPRET"] = old
 
 
-def _load(names, interpret: bool):
+def _load(names: Iterable[str], interpret: bool) -> list[ModuleType]:
     mods = []
     with interpreter_env(interpret):
         for name in names:

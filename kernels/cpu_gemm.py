@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import time
+from typing import Iterator
 
 import torch
 
@@ -102,7 +103,7 @@ def set_path(path: str | None) -> str:
         source = "cpu_int_gemm"
     if requested == "auto":
         times = probe()
-        requested = min(times, key=times.get)
+        requested = min(times, key=lambda p: times[p])
         source = "probe " + ", ".join(f"{p} {1e3 * t:.2f} ms" for p, t in times.items())
         _chosen["probe_ms"] = {p: 1e3 * t for p, t in times.items()}
     if requested not in PATHS:
@@ -123,7 +124,7 @@ def configure(path: str | None) -> str:
 
 
 @contextlib.contextmanager
-def use_path(path: str):
+def use_path(path: str) -> Iterator[str]:
     """Run a block on `path` (one of `PATHS`), then restore the process's previous choice."""
     saved = dict(_chosen)
     set_path(path)

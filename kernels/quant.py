@@ -51,7 +51,7 @@ def quantize_rows_f32(x: torch.Tensor, floor: float, rounding: str) -> tuple[tor
     return codes, scale
 
 
-def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """dtype(float(codes) · scale[..., None]): the product in fp32, one rounding to `dtype`. One
     kernel (mul with an `out` of `dtype` computes in fp32 and casts on store), same bits as
     `(codes.float() * scale[..., None]).to(dtype)` without its two full-size fp32 temporaries."""

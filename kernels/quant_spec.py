@@ -20,7 +20,7 @@ prefill and decode alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable
+from typing import Any, Iterable
 
 WEIGHT_FORMATS = ("none", "int8_per_channel_sym")
 ACT_FORMATS = ("none", "int8_per_token_dynamic_sym")
@@ -83,7 +83,7 @@ class QuantSpec:
     def kv_bytes_per_element(self) -> int:
         return 1 if self.kv_quantized else 0   # 0 = "same as the compute dtype"
 
-    def with_(self, **kw) -> "QuantSpec":
+    def with_(self, **kw: Any) -> "QuantSpec":
         return replace(self, **kw)
 
     # ------------------------------------------------------------------ module audit

@@ -40,14 +40,16 @@ def triton_path(t: torch.Tensor, backend: str | None = None) -> bool:
     return t.is_cuda and HAVE_TRITON
 
 
-def _quantize_rows(x: torch.Tensor, floor: float, rounding: str, backend: str | None):
+def _quantize_rows(x: torch.Tensor, floor: float, rounding: str, backend: str | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     if triton_path(x, backend):
         from . import triton_quant
         return triton_quant.quantize_rows(x.detach(), floor, rounding)
     return quant.quantize_rows(x, floor, rounding)
 
 
-def _int8_linear(x_q, s_x, w_q, s_w, bias, out_dtype, backend: str | None) -> torch.Tensor:
+def _int8_linear(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,
+                 out_dtype: torch.dtype, backend: str | None) -> torch.Tensor:
     if triton_path(x_q, backend):
         from . import triton_gemm
         return triton_gemm.int8_gemm(x_q, s_x, w_q, s_w, bias, out_dtype)
@@ -80,10 +82,12 @@ class WeightCache:
             self._deq = None
             self.key = key
             self.recomputes += 1
+        assert self.w_q is not None and self.s_w is not None
         return self.w_q, self.s_w
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         if self._deq is None or self._deq.dtype != dtype:
+            assert self.w_q is not None and self.s_w is not None, "get() first"
             self._deq = quant.dequantize_rows(self.w_q, self.s_w, dtype)
         return self._deq
 
@@ -107,13 +111,13 @@ class ActivationCache:
 
     def get(self, x: torch.Tensor, spec: QuantSpec, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         key = (x._version, spec.act_scale_floor, spec.act_rounding, backend)
-        if self.x is x and self.key == key:
+        if self.x is x and self.key == key and self.codes is not None:
             self.hits += 1
             return self.codes
         x2 = x.detach().reshape(-1, x.shape[-1])
-        self.codes = _quantize_rows(x2, spec.act_scale_floor, spec.act_rounding, backend)
-        self.x, self.key = x, key
-        return self.codes
+        codes = _quantize_rows(x2, spec.act_scale_floor, spec.act_rounding, backend)
+        self.x, self.key, self.codes = x, key, codes
+        return codes
 
     def clear(self) -> None:
         self.x = self.key = self.codes = None
@@ -170,7 +174,8 @@ def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     return y.reshape(*shape[:-1], w.shape[0])
 
 
-def kv_roundtrip(x: torch.Tensor, spec: QuantSpec, fp8_scale_value=None, backend: str | None = None) -> torch.Tensor:
+def kv_roundtrip(x: torch.Tensor, spec: QuantSpec, fp8_scale_value: float | None = None,
+                 backend: str | None = None) -> torch.Tensor:
     """`quant.kv_roundtrip` with the int8 quantization in one Triton kernel on CUDA (same bits)."""
     if spec.kv == "int8_per_token_head_sym" and triton_path(x, backend):
         codes, scale = _quantize_rows(x, spec.kv_scale_floor, spec.kv_rounding, backend)
@@ -188,7 +193,8 @@ class _KVSTE(torch.autograd.Function):
         return g, None, None, None
 
 
-def kv_fake_quant(x: torch.Tensor, spec: QuantSpec, fp8_scale_value=None, backend: str | None = None) -> torch.Tensor:
+def kv_fake_quant(x: torch.Tensor, spec: QuantSpec, fp8_scale_value: float | None = None,
+                  backend: str | None = None) -> torch.Tensor:
     """Learner side of the KV cache: the dequantized value the engine reads, identity gradient."""
     if spec.kv == "none":
         return x

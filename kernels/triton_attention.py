@@ -299,12 +299,8 @@ def _scale_arg(scale, device) -> torch.Tensor:
     return scale.reshape(-1).float() if scale.numel() == 1 else scale
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: torch.Tensor, v_scale,
-                     slot_ids: torch.Tensor, lens: torch.Tensor, sm_scale: float,
-                     config: AttnConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Split-K flash-decoding (Triton) over the slot cache; same signature and result as
-    `decode_attention_ref` (within fp32 rounding; bf16/fp16 q dots in that dtype on CUDA)."""
-    require_triton("triton_attention.decode_attention")
+def _check_decode_args(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: torch.Tensor, v_scale) -> int:
+    """Refuse mismatched shapes, dtypes and scale kinds; returns the scale mode (`_scale_mode`)."""
     b, hq, d = q.shape
     s_, hkv, lmax, d2 = k_cache.shape
     if d2 != d or v_cache.shape != k_cache.shape or hq % hkv:
@@ -314,23 +310,38 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
         raise ValueError("k_scale and v_scale must be of the same kind")
     if (mode != 0) != (k_cache.dtype.itemsize == 1) or k_cache.dtype != v_cache.dtype:
         raise ValueError(f"cache dtype {k_cache.dtype} does not fit scales of kind {mode}")
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "KV caches must be contiguous in head_dim"
+    return mode
+
+
+def _scale_pointers(mode: int, k_scale, v_scale, q: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int], tuple[int, int]]:
+    """The K/V scale tensors the kernel reads and their (slot, head) strides (q and 0 when unused)."""
+    if mode == 0:
+        return q, q, (0, 0), (0, 0)            # unused pointers
+    ks, vs = _scale_arg(k_scale, q.device), _scale_arg(v_scale, q.device)
+    if mode == 2:
+        return ks, vs, (0, 0), (0, 0)
+    assert ks.stride(-1) == 1 and vs.stride(-1) == 1, "scales must be contiguous in Lmax"
+    return ks, vs, (ks.stride(0), ks.stride(1)), (vs.stride(0), vs.stride(1))
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: torch.Tensor, v_scale,
+                     slot_ids: torch.Tensor, lens: torch.Tensor, sm_scale: float,
+                     config: AttnConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Split-K flash-decoding (Triton) over the slot cache; same signature and result as
+    `decode_attention_ref` (within fp32 rounding; bf16/fp16 q dots in that dtype on CUDA)."""
+    require_triton("triton_attention.decode_attention")
+    mode = _check_decode_args(q, k_cache, k_scale, v_cache, v_scale)
+    b, hq, d = q.shape
+    hkv, lmax = k_cache.shape[1], k_cache.shape[2]
     if q.stride(-1) != 1:
         q = q.contiguous()
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "KV caches must be contiguous in head_dim"
     if out is None:
         out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
     if b == 0:
         return out
-    if mode == 0:
-        ks = vs = q            # unused pointers
-        ks_strides = vs_strides = (0, 0)
-    else:
-        ks, vs = _scale_arg(k_scale, q.device), _scale_arg(v_scale, q.device)
-        if mode == 1:
-            assert ks.stride(-1) == 1 and vs.stride(-1) == 1, "scales must be contiguous in Lmax"
-            ks_strides, vs_strides = (ks.stride(0), ks.stride(1)), (vs.stride(0), vs.stride(1))
-        else:
-            ks_strides = vs_strides = (0, 0)
+    ks, vs, ks_strides, vs_strides = _scale_pointers(mode, k_scale, v_scale, q)
     cfg = config or pick_config(b, hkv, lmax, k_cache.dtype, q.device)
     splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n, num_sms(q.device))
     group = hq // hkv
@@ -363,11 +374,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
         K_AS_A=cfg.k_as_a, WORDS=words, ASM_I8=use_asm, BF16_BITS=bf16_bits,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
-        _combine_kernel[(b * hq,)](
-            po, plse, out_arg, splits, hq, out.stride(0), out.stride(1),
-            HEAD_D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_S=max(2, triton.next_power_of_2(splits)),
-            BF16_BITS=bf16_bits, num_warps=4)
+        _combine_splits(po, plse, out, out_arg, bf16_bits)
     return out
+
+
+def _combine_splits(po: torch.Tensor, plse: torch.Tensor, out: torch.Tensor, out_arg: torch.Tensor,
+                    bf16_bits: bool) -> None:
+    """Merge the split-K partial outputs po [B, H, S, D] (log-sum-exp plse [B, H, S]) into out."""
+    b, hq, splits, d = po.shape
+    _combine_kernel[(b * hq,)](
+        po, plse, out_arg, splits, hq, out.stride(0), out.stride(1),
+        HEAD_D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_S=max(2, triton.next_power_of_2(splits)),
+        BF16_BITS=bf16_bits, num_warps=4)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: torch.dtype,

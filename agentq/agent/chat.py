@@ -15,13 +15,17 @@ encoded, piece by piece, identically for rollout, SFT and learner.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 _S, _U1, _A1, _U2 = "\x00SYS\x00", "\x00USER1\x00", "\x00ASSIST1\x00", "\x00USER2\x00"
 
 
 @dataclass
 class ChatFormat:
-    tokenizer: object
+    """The chat template's pieces as token ids (module docstring), and the tokenizer that encodes
+    the framework's own text."""
+
+    tokenizer: Any
     prefix: list[int]
     sys_to_user: list[int]
     gen_prompt: list[int]           # end of a user message + start of the assistant's turn
@@ -30,7 +34,14 @@ class ChatFormat:
     stop_token_ids: tuple[int, ...]
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> "ChatFormat":
+    def from_tokenizer(cls, tokenizer: Any) -> ChatFormat:
+        """Cut the tokenizer's chat template into pieces.
+
+        Args:
+            tokenizer: an HF tokenizer with a `chat_template` and an `eos_token`.
+        Returns:
+            The `ChatFormat`; raises ValueError if the template is not append-only.
+        """
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the tokenizer has no chat_template; agentq needs one to render turns")
         msgs = [{"role": "system", "content": _S}, {"role": "user", "content": _U1},
@@ -55,6 +66,7 @@ class ChatFormat:
                    enc(after_assistant), (tokenizer.eos_token_id,))
 
     def encode(self, text: str) -> list[int]:
+        """Ids of framework text (no special tokens added; [] for "")."""
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
 
     def prompt(self, system: str, user: str) -> list[int]:
@@ -68,4 +80,5 @@ class ChatFormat:
         return (self.after_stop if stopped else self.after_length) + self.encode(text) + self.gen_prompt
 
     def decode(self, ids: list[int]) -> str:
+        """Readable text of sampled ids (for parsing the action; never re-encoded)."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)

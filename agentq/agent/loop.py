@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from agentq.pool.base import EnvPool
-from agentq.rollout.backend import SamplingParams, TurnRequest, TurnResult
+from agentq.rollout.backend import RolloutBackend, SamplingParams, TurnRequest, TurnResult
 
 from .chat import ChatFormat
 from .parser import ActionParser
@@ -23,6 +23,8 @@ from .trajectory import Trajectory
 
 @dataclass(frozen=True)
 class PromptConfig:
+    """The text around observations: system prompt, turn templates, format feedback (`agent.prompt`)."""
+
     system: str
     first_turn: str = "{task}\n{obs}\n{actions}"
     next_turn: str = "{obs}\n{actions}"
@@ -49,6 +51,8 @@ class PromptConfig:
 
 @dataclass(frozen=True)
 class EpisodeSpec:
+    """One episode to play: which task of which split, its GRPO group and its env seed."""
+
     episode_id: int
     task_id: str
     split: str
@@ -57,19 +61,39 @@ class EpisodeSpec:
 
 
 class Policy(Protocol):
-    def __call__(self, requests: list[TurnRequest], infos: list[dict]) -> list[TurnResult]: ...
+    """What the agent loop asks for one assistant turn per active episode: the rollout backend
+    (`BackendPolicy`), an expert (`ExpertPolicy`) or a test's scripted replies."""
+
+    def __call__(self, requests: list[TurnRequest], infos: list[dict]) -> list[TurnResult]:
+        """One turn for each request.
+
+        Args:
+            requests: one per active episode, with its full context so far (token ids).
+            infos: the environment's latest `info` of each episode, in the same order.
+        Returns:
+            One `TurnResult` per request, in order (finish_reason "error" ends that episode).
+        """
+        ...
+
+    def release(self, episode_id: int) -> None:
+        """Forget an ended episode (a backend frees its KV slot).
+
+        Args:
+            episode_id: the episode that just ended, for whatever reason.
+        """
+        ...
 
 
 class BackendPolicy:
     """The rollout backend as the policy (RL rollouts, evaluation)."""
 
-    def __init__(self, backend):
+    def __init__(self, backend: RolloutBackend):
         self.backend = backend
 
-    def __call__(self, requests, infos):
+    def __call__(self, requests: list[TurnRequest], infos: list[dict]) -> list[TurnResult]:
         return self.backend.generate(requests)
 
-    def release(self, episode_id: int):
+    def release(self, episode_id: int) -> None:
         self.backend.release(episode_id)
 
 
@@ -82,29 +106,71 @@ class ExpertPolicy:
     def __init__(self, chat: ChatFormat, parser: ActionParser):
         self.chat, self.parser = chat, parser
 
-    def __call__(self, requests, infos):
-        out = []
-        for r, info in zip(requests, infos):
-            action = info.get("expert_action")
-            if action is None:
-                raise RuntimeError(f"no expert action for task {info.get('task_id')!r}: make the env with expert=True")
-            text = self.parser.format(action)
-            ids, finish = self.chat.encode(text), "stop_string"
-            if not any(text.endswith(s) for s in r.sampling.stop):
-                ids, finish = ids + [self.chat.stop_token_ids[0]], "stop"
-            out.append(TurnResult(r.episode_id, ids, [0.0] * len(ids), finish))
-        return out
+    def __call__(self, requests: list[TurnRequest], infos: list[dict]) -> list[TurnResult]:
+        return [self._expert_turn(r, info) for r, info in zip(requests, infos)]
 
-    def release(self, episode_id: int):
+    def _expert_turn(self, request: TurnRequest, info: dict) -> TurnResult:
+        action = info.get("expert_action")
+        if action is None:
+            raise RuntimeError(f"no expert action for task {info.get('task_id')!r}: make the env with expert=True")
+        text = self.parser.format(action)
+        ids, finish = self.chat.encode(text), "stop_string"
+        if not any(text.endswith(s) for s in request.sampling.stop):
+            ids, finish = ids + [self.chat.stop_token_ids[0]], "stop"
+        return TurnResult(request.episode_id, ids, [0.0] * len(ids), finish)
+
+    def release(self, episode_id: int) -> None:
         pass
 
 
 def episode_seed(run_seed: int, episode_id: int) -> int:
+    """A per-episode seed (env reset, sampling) that depends only on the run seed and the episode id.
+
+    Args:
+        run_seed: the run's seed; episode_id: the episode.
+    Returns:
+        A 62-bit non-negative int (blake2b of both), so batching and restarts cannot change it.
+    """
     h = hashlib.blake2b(f"{run_seed}:{episode_id}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") >> 2
 
 
+@dataclass
+class EpisodeState:
+    """One running episode on an env slot."""
+
+    traj: Trajectory
+    task: str = ""                      # the task text the env gave at reset (every turn repeats it)
+    info: dict = field(default_factory=dict)   # the env's latest info (admissible actions, expert action)
+    turn: dict = field(default_factory=dict)   # the transcript entry being built: assistant, action, obs
+    stopped: bool = False               # the last assistant turn ended with a sampled stop token
+
+
+@dataclass
+class _Run:
+    """The bookkeeping of one `AgentLoop.run` call."""
+
+    queue: deque[EpisodeSpec]
+    free_slots: list[int]
+    policy: Policy
+    on_done: Callable[[Trajectory], None] | None
+    active: dict[int, EpisodeState] = field(default_factory=dict)   # env slot → running episode
+    done: list[Trajectory] = field(default_factory=list)
+
+    def finish(self, slot: int, reason: str, error: str | None = None) -> None:
+        """End the episode on `slot`: record why, free its slot and the policy's state, report it."""
+        traj = self.active.pop(slot).traj
+        traj.end_reason, traj.error = reason, error
+        self.policy.release(traj.episode_id)
+        self.free_slots.append(slot)
+        self.done.append(traj)
+        if self.on_done:
+            self.on_done(traj)
+
+
 class AgentLoop:
+    """Plays many episodes at once on a pool's env slots (see the module docstring)."""
+
     def __init__(self, pool: EnvPool, chat: ChatFormat, prompt: PromptConfig, parser: ActionParser,
                  sampling: SamplingParams, max_turns: int, max_context_tokens: int,
                  max_concurrent: int | None = None, invalid_action_penalty: float = 0.0,
@@ -117,111 +183,126 @@ class AgentLoop:
         self.inadmissible_action_penalty = inadmissible_action_penalty
         self.run_seed = run_seed
 
-    def run(self, episodes: list[EpisodeSpec], policy, on_done: Callable[[Trajectory], None] | None = None
-            ) -> list[Trajectory]:
-        queue = deque(episodes)
-        free_slots = list(range(self.max_concurrent - 1, -1, -1))
-        active: dict[int, dict] = {}       # env slot → episode state
-        done: list[Trajectory] = []
+    def run(self, episodes: list[EpisodeSpec], policy: Policy,
+            on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        """Play every episode to its end, at most `max_concurrent` at a time.
 
-        def finish(slot: int, reason: str, error: str | None = None):
-            st = active.pop(slot)
-            traj: Trajectory = st["traj"]
-            traj.end_reason, traj.error = reason, error
-            policy.release(traj.episode_id)
-            free_slots.append(slot)
-            done.append(traj)
-            if on_done:
-                on_done(traj)
+        Args:
+            episodes: what to play (task, split, group, seed), started in this order as slots free up.
+            policy: writes each assistant turn (`Policy`).
+            on_done: called with each trajectory as its episode ends (e.g. to write it out).
+        Returns:
+            The trajectories, sorted by episode id.
+        """
+        run = _Run(deque(episodes), list(range(self.max_concurrent - 1, -1, -1)), policy, on_done)
+        while run.queue or run.active:
+            self._start_episodes(run)
+            self._end_over_budget(run)
+            if not run.active:
+                continue
+            to_step, invalid = self._take_turns(run)
+            self._step_envs(run, to_step)
+            self._answer_invalid(run, invalid)
+        return sorted(run.done, key=lambda t: t.episode_id)
 
-        while queue or active:
-            # start new episodes on free env slots
-            starting = []
-            while queue and free_slots:
-                spec = queue.popleft()
-                slot = free_slots.pop()
-                traj = Trajectory(spec.episode_id, spec.task_id, spec.split, spec.group_id)
-                active[slot] = {"traj": traj, "spec": spec, "ctx": []}
-                starting.append((slot, {"seed": spec.seed, "options": {"task_id": spec.task_id, "split": spec.split}}))
-            for res in (self.pool.reset(starting) if starting else []):
-                st = active[res.slot]
-                if not res.ok:
-                    finish(res.slot, "error", res.error)
-                    continue
-                st["info"] = res.info
-                st["task"] = res.info.get("task", "")
-                st["traj"].info["task_type"] = res.info.get("task_type")
-                user = self.prompt.render(self.prompt.first_turn, st["task"], res.obs, res.info.get("admissible_actions"),
-                                          res.info)
-                ids = self.chat.prompt(self.prompt.system, user)
-                st["traj"].append(ids, sampled=False)
-                st["traj"].transcript.append({"user": user})
-            if not active:
+    def _start_episodes(self, run: _Run) -> None:
+        """Reset envs for queued episodes on free slots; each gets its first prompt."""
+        starting = []
+        while run.queue and run.free_slots:
+            spec, slot = run.queue.popleft(), run.free_slots.pop()
+            run.active[slot] = EpisodeState(Trajectory(spec.episode_id, spec.task_id, spec.split, spec.group_id))
+            starting.append((slot, {"seed": spec.seed, "options": {"task_id": spec.task_id, "split": spec.split}}))
+        for res in (self.pool.reset(starting) if starting else []):
+            if not res.ok:
+                run.finish(res.slot, "error", res.error)
                 continue
-            # one assistant turn for every active episode that still fits the context budget
-            for slot in [s for s, st in active.items()
-                         if st["traj"].num_tokens + self.sampling.max_new_tokens > self.max_context_tokens]:
-                finish(slot, "context")
-            slots = sorted(active)
-            if not slots:
+            st = run.active[res.slot]
+            st.info, st.task = res.info, res.info.get("task", "")
+            st.traj.info["task_type"] = res.info.get("task_type")
+            user = self.prompt.render(self.prompt.first_turn, st.task, res.obs, res.info.get("admissible_actions"),
+                                      res.info)
+            st.traj.append(self.chat.prompt(self.prompt.system, user), sampled=False)
+            st.traj.transcript.append({"user": user})
+
+    def _end_over_budget(self, run: _Run) -> None:
+        """End the episodes whose next turn would not fit the context budget."""
+        for slot in [s for s, st in run.active.items()
+                     if st.traj.num_tokens + self.sampling.max_new_tokens > self.max_context_tokens]:
+            run.finish(slot, "context")
+
+    def _take_turns(self, run: _Run) -> tuple[list[tuple[int, str]], list[int]]:
+        """One policy turn for every active episode, appended to its trajectory and parsed.
+
+        Returns:
+            (slot, action) pairs to step, and the slots whose turn had no parsable action.
+        """
+        slots = sorted(run.active)
+        reqs = [TurnRequest(run.active[s].traj.episode_id, run.active[s].traj.input_ids, self.sampling,
+                            seed=episode_seed(self.run_seed, run.active[s].traj.episode_id)) for s in slots]
+        results = run.policy(reqs, [run.active[s].info for s in slots])
+        to_step, invalid = [], []
+        for s, r in zip(slots, results):
+            if r.finish_reason == "error":      # the backend lost the episode (a dead rollout worker)
+                run.finish(s, "error", r.error)
                 continue
-            reqs = [TurnRequest(active[s]["traj"].episode_id, active[s]["traj"].input_ids, self.sampling,
-                                seed=episode_seed(self.run_seed, active[s]["traj"].episode_id)) for s in slots]
-            results = policy(reqs, [active[s]["info"] for s in slots])
-            to_step, invalid = [], []
-            for s, r in zip(slots, results):
-                if r.finish_reason == "error":      # the backend lost the episode (a dead rollout worker)
-                    finish(s, "error", r.error)
-                    continue
-                traj: Trajectory = active[s]["traj"]
-                traj.turns += 1
-                traj.append(r.token_ids, sampled=True, seg=traj.turns, logps=r.logprobs)
-                traj.policy_version = r.policy_version
-                active[s]["stopped"] = r.finish_reason == "stop"
-                text = self.chat.decode(r.token_ids)
-                action = self.parser.parse(text)
-                active[s]["turn"] = {"assistant": text, "action": action}
-                if action is None:
-                    invalid.append(s)
-                else:
-                    admissible = active[s]["info"].get("admissible_actions")
-                    if admissible and action.lower() not in {a.lower() for a in admissible}:
-                        traj.inadmissible_actions += 1
-                        traj.reward -= self.inadmissible_action_penalty
-                    to_step.append((s, action))
-            step_results = self.pool.step(to_step) if to_step else []
-            for res in step_results:
-                st = active[res.slot]
-                traj = st["traj"]
-                if not res.ok:
-                    traj.transcript.append(st["turn"])
-                    finish(res.slot, "error", res.error)
-                    continue
-                traj.reward += res.reward
-                traj.won, traj.score = bool(res.info.get("won", False)), float(res.info.get("score", 0.0))
-                st["info"] = res.info
-                st["turn"]["obs"] = res.obs
-                traj.transcript.append(st["turn"])
-                if res.terminated:
-                    finish(res.slot, "won" if traj.won else "failed")
-                elif res.truncated or traj.turns >= self.max_turns:
-                    finish(res.slot, "step_cap")
-                else:
-                    user = self.prompt.render(self.prompt.next_turn, st["task"], res.obs,
-                                              res.info.get("admissible_actions"), res.info)
-                    traj.append(self.chat.next_user(user, st["stopped"]), sampled=False)
-            for s in invalid:
-                st = active[s]
-                traj = st["traj"]
-                traj.invalid_actions += 1
-                traj.reward -= self.invalid_action_penalty
-                st["turn"]["obs"] = self.prompt.invalid_format
-                traj.transcript.append(st["turn"])
-                if traj.turns >= self.max_turns:
-                    finish(s, "step_cap")
-                else:
-                    user = self.prompt.render(self.prompt.next_turn, st["task"], self.prompt.invalid_format,
-                                              st["info"].get("admissible_actions"), st["info"])
-                    traj.append(self.chat.next_user(user, st["stopped"]), sampled=False)
-        done.sort(key=lambda t: t.episode_id)
-        return done
+            action = self._record_turn(run.active[s], r)
+            if action is None:
+                invalid.append(s)
+            else:
+                to_step.append((s, action))
+        return to_step, invalid
+
+    def _record_turn(self, st: EpisodeState, r: TurnResult) -> str | None:
+        """Append the sampled turn to the trajectory; parse its action (None: no valid format) and
+        charge the inadmissible-action penalty."""
+        traj = st.traj
+        traj.turns += 1
+        traj.append(r.token_ids, sampled=True, seg=traj.turns, logps=r.logprobs)
+        traj.policy_version = r.policy_version
+        st.stopped = r.finish_reason == "stop"
+        text = self.chat.decode(r.token_ids)
+        action = self.parser.parse(text)
+        st.turn = {"assistant": text, "action": action}
+        admissible = st.info.get("admissible_actions")
+        if action is not None and admissible and action.lower() not in {a.lower() for a in admissible}:
+            traj.inadmissible_actions += 1
+            traj.reward -= self.inadmissible_action_penalty
+        return action
+
+    def _step_envs(self, run: _Run, to_step: list[tuple[int, str]]) -> None:
+        """Step the envs with the parsed actions; record reward and outcome, end or continue each episode."""
+        for res in (self.pool.step(to_step) if to_step else []):
+            st = run.active[res.slot]
+            traj = st.traj
+            if not res.ok:
+                traj.transcript.append(st.turn)
+                run.finish(res.slot, "error", res.error)
+                continue
+            traj.reward += res.reward
+            traj.won, traj.score = bool(res.info.get("won", False)), float(res.info.get("score", 0.0))
+            st.info = res.info
+            st.turn["obs"] = res.obs
+            traj.transcript.append(st.turn)
+            if res.terminated:
+                run.finish(res.slot, "won" if traj.won else "failed")
+            else:
+                self._next_turn_or_cap(run, res.slot, res.obs, res.truncated)
+
+    def _answer_invalid(self, run: _Run, invalid: list[int]) -> None:
+        """Answer the turns without a parsable action with format feedback (the env is not stepped)."""
+        for s in invalid:
+            st = run.active[s]
+            st.traj.invalid_actions += 1
+            st.traj.reward -= self.invalid_action_penalty
+            st.turn["obs"] = self.prompt.invalid_format
+            st.traj.transcript.append(st.turn)
+            self._next_turn_or_cap(run, s, self.prompt.invalid_format)
+
+    def _next_turn_or_cap(self, run: _Run, slot: int, obs: str, truncated: bool = False) -> None:
+        """End the episode at the step cap, else append the next user message with `obs`."""
+        st = run.active[slot]
+        if truncated or st.traj.turns >= self.max_turns:
+            run.finish(slot, "step_cap")
+            return
+        user = self.prompt.render(self.prompt.next_turn, st.task, obs, st.info.get("admissible_actions"), st.info)
+        st.traj.append(self.chat.next_user(user, st.stopped), sampled=False)

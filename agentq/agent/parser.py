@@ -20,6 +20,13 @@ class ActionParser:
         self._re = re.compile(rf"<{tag}>(.*?)</{tag}>", re.DOTALL)
 
     def parse(self, text: str) -> str | None:
+        """The action of an assistant turn.
+
+        Args:
+            text: the decoded turn.
+        Returns:
+            The last tagged action, whitespace-collapsed; None if there is none, it is empty or too long.
+        """
         found = self._re.findall(text)
         if not found:
             return None
@@ -29,4 +36,5 @@ class ActionParser:
         return action
 
     def format(self, action: str) -> str:
+        """`action` wrapped in the tag, as the policy should write it (expert demonstrations)."""
         return f"<{self.tag}>{action}{self.close}"

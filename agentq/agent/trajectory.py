@@ -8,6 +8,8 @@ END_REASONS = ("won", "failed", "step_cap", "context", "error")
 
 @dataclass
 class Trajectory:
+    """One episode: its token stream with per-token masks, and its outcome."""
+
     episode_id: int
     task_id: str
     split: str
@@ -31,18 +33,30 @@ class Trajectory:
     transcript: list[dict] = field(default_factory=list)  # readable log: [{"action": .., "obs": ..}]
 
     def append(self, ids: list[int], sampled: bool, seg: int = 0, logps: list[float] | None = None) -> None:
+        """Add tokens to the stream.
+
+        Args:
+            ids: the tokens.
+            sampled: True for the policy's turn (action tokens), False for framework text.
+            seg: the turn index s ≥ 1 of sampled tokens.
+            logps: the rollout log-prob of each sampled token (required when sampled).
+        """
         n = len(ids)
+        if sampled and logps is None:
+            raise ValueError("sampled tokens need their rollout log-probs (logps)")
         self.input_ids += ids
         self.action_mask += [1 if sampled else 0] * n
         self.seg_id += [seg if sampled else 0] * n
-        self.rollout_logp += list(logps) if sampled else [0.0] * n
+        self.rollout_logp += list(logps) if sampled and logps is not None else [0.0] * n
 
     @property
     def num_tokens(self) -> int:
+        """Length of the token stream."""
         return len(self.input_ids)
 
     @property
     def num_action_tokens(self) -> int:
+        """Tokens the policy sampled."""
         return sum(self.action_mask)
 
     @property

@@ -1,4 +1,4 @@
-"""Adaptive importance sampling (AIS; docs/algorithms.md, `ais`).
+"""Adaptive importance sampling (AIS); docs/algorithms.md.
 
 [SOURCE: arXiv 2605.13907 abstract] a per-batch mixing coefficient λ ∈ [0, 1], built from three live
 diagnostics (weight reliability, divergence severity, variance amplification), interpolates between
@@ -23,7 +23,9 @@ import math
 
 import torch
 
-from .base import Objective, PolicyBatch, k3, register_objective, token_delta, weight_stats
+from .batch_view import BatchView
+from .diagnostics import k3, token_delta, weight_stats
+from .objective import GRPO, Prepared, register_objective
 from .tis import truncated_is_weight
 
 
@@ -46,21 +48,21 @@ def ais_lambda(w_bar: torch.Tensor, k3_tok: torch.Tensor, adv_tok: torch.Tensor,
 
 
 @register_objective("ais")
-class AIS(Objective):
+class AIS(GRPO):
     """GRPO × AIS weight (1 − λ) + λ·min(e^δ, C) with one λ per batch."""
 
     defaults = {"is_cap": 5.0, "k_ref": 0.05, "k_on": 1e-4}
 
     @torch.no_grad()
-    def prepare(self, batch: PolicyBatch) -> dict[str, float]:
+    def prepare(self, batch: BatchView) -> Prepared:
         mask = batch.action_mask.bool()                                  # [B, L]
         delta = token_delta(batch)                                       # [B, L] f64
-        w_bar = truncated_is_weight(delta, float(self.p["is_cap"]))      # [B, L]
+        w_bar = truncated_is_weight(delta, float(self.params["is_cap"]))      # [B, L]
         adv_tok = batch.adv.double().view(-1, 1).expand_as(delta)        # [B, L] Â broadcast
         stats = ais_lambda(w_bar[mask], k3(delta)[mask], adv_tok[mask],
-                           float(self.p["k_ref"]), float(self.p["k_on"]))
+                           float(self.params["k_ref"]), float(self.params["k_on"]))
         lam = stats["ais_lambda"]
         w = (1.0 - lam) + lam * w_bar                                    # [B, L]
-        batch.token_weight = torch.where(mask, w, torch.zeros_like(w)).float()
-        stats.update(weight_stats("is_weight", batch.token_weight, mask))
-        return stats
+        token_weight = torch.where(mask, w, torch.zeros_like(w)).float()
+        stats.update(weight_stats("is_weight", token_weight, mask))
+        return Prepared(token_weight, stats=stats)

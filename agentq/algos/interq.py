@@ -1,4 +1,4 @@
-"""InterQ-RL: bounded execution-prefix correction (docs/algorithms.md, `interq`).
+"""InterQ-RL: bounded execution-prefix correction (docs/algorithms.md).
 
 **Every formula here is agentq's own design [DESIGN].** The InterQ-RL paper's full text was not
 available, only its abstract and tables; this reconstruction is consistent with the published
@@ -24,7 +24,7 @@ Per trajectory a fixed displacement budget B (budget_scope=segment: B_i = b·S_i
 Default H_floor = B, the capped mode (κ ≤ 1, α_s ≥ ρ_s, α → 1 as mismatch → 0; the fixed budget
 H_floor = 0 turns float-rounding δ into a full correction): docs/algorithms.md.
 
-Loss: the base loss with w_t = α_{seg(t)} (detached) on every action token (× min(e^δ_t, C) if
+Loss: the base loss (`losses.py`) with w_t = α_{seg(t)} (detached) on every action token (× min(e^δ_t, C) if
 `token_tis_cap` is set; ÷ the minibatch token-mean of α if `renorm_retention`). The KL term is not
 weighted. α is computed once per RL step in `prepare`, on the whole batch, before any minibatch
 split or shuffle (it needs every segment of a trajectory), and never recomputed per epoch.
@@ -40,13 +40,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import (Objective, PolicyBatch, k3, masked_mean, quantile, register_objective, token_delta,
-                   weight_stats)
+from .batch_view import BatchView
+from .diagnostics import k3, quantile, token_delta, weight_stats
+from .losses import masked_mean
+from .objective import GRPO, Prepared, register_objective
 from .tis import truncated_is_weight
 
 
 # ---------------------------------------------------------------------- pure pieces
-def trajectory_rows(batch: PolicyBatch) -> tuple[torch.Tensor, int]:
+def trajectory_rows(batch: BatchView) -> tuple[torch.Tensor, int]:
     """Dense trajectory index of every row ([B] long in [0, T)) and T."""
     if batch.traj_id is None:
         return torch.arange(batch.num_seqs, device=batch.seg_id.device), batch.num_seqs
@@ -108,7 +110,7 @@ class Retention:
 
 
 @torch.no_grad()
-def interq_retention(batch: PolicyBatch, budget_B: float = 1.0, H_floor: float = 0.0,
+def interq_retention(batch: BatchView, budget_B: float = 1.0, H_floor: float = 0.0,
                      budget_scope: str = "trajectory", prefix_inclusive: bool = True,
                      k3_max: float | None = 10.0) -> Retention:
     """α per (trajectory, segment) and per token for a whole batch."""
@@ -171,7 +173,7 @@ def retention_stats(r: Retention, mask: torch.Tensor) -> dict[str, float]:
 
 # ---------------------------------------------------------------------- objective
 @register_objective("interq")
-class InterQ(Objective):
+class InterQ(GRPO):
     """GRPO whose clipped per-token loss is multiplied by the segment retention α_s."""
 
     defaults = {"budget_B": 1.0, "H_floor": 1.0, "budget_scope": "trajectory", "prefix_inclusive": True,
@@ -179,32 +181,32 @@ class InterQ(Objective):
 
     def __init__(self, **params):
         super().__init__(**params)
-        if self.p["budget_scope"] not in ("trajectory", "segment"):
-            raise ValueError(f"budget_scope must be 'trajectory' or 'segment', got {self.p['budget_scope']!r}")
-        if float(self.p["budget_B"]) < 0 or float(self.p["H_floor"]) < 0:
+        if self.params["budget_scope"] not in ("trajectory", "segment"):
+            raise ValueError("budget_scope must be 'trajectory' or 'segment', "
+                             f"got {self.params['budget_scope']!r}")
+        if float(self.params["budget_B"]) < 0 or float(self.params["H_floor"]) < 0:
             raise ValueError("budget_B and H_floor must be ≥ 0")
 
     @torch.no_grad()
-    def prepare(self, batch: PolicyBatch) -> dict[str, float]:
+    def prepare(self, batch: BatchView) -> Prepared:
         mask = batch.action_mask.bool()                                  # [B, L]
-        r = interq_retention(batch, budget_B=float(self.p["budget_B"]), H_floor=float(self.p["H_floor"]),
-                             budget_scope=self.p["budget_scope"], prefix_inclusive=bool(self.p["prefix_inclusive"]),
-                             k3_max=self.p["k3_max"])
-        batch.extra["retention"] = r.retention.float()                   # [B, L] α per token
+        p = self.params
+        r = interq_retention(batch, budget_B=float(p["budget_B"]), H_floor=float(p["H_floor"]),
+                             budget_scope=p["budget_scope"], prefix_inclusive=bool(p["prefix_inclusive"]),
+                             k3_max=p["k3_max"])
         self.retention = r                                               # per-segment tensors, for the segment history
         w = r.retention                                                  # [B, L] f64
         stats = retention_stats(r, mask)
-        if self.p["token_tis_cap"] is not None:                          # optional current-token TIS
-            tis = torch.where(mask, truncated_is_weight(token_delta(batch), float(self.p["token_tis_cap"])),
+        if p["token_tis_cap"] is not None:                               # optional current-token TIS
+            tis = torch.where(mask, truncated_is_weight(token_delta(batch), float(p["token_tis_cap"])),
                               torch.zeros_like(w))
             w = w * tis
             stats.update(weight_stats("is_weight", tis, mask))
-        batch.token_weight = w.float()
-        return stats
+        return Prepared(w.float(), {"retention": r.retention.float()}, stats)   # retention: [B, L] α per token
 
-    def token_weights(self, mb: PolicyBatch) -> torch.Tensor:
+    def token_weights(self, mb: BatchView) -> torch.Tensor:
         w = super().token_weights(mb)                                    # [B, L] detached
-        if self.p["renorm_retention"]:                                   # ÷ minibatch token-mean of α
+        if self.params["renorm_retention"]:                              # ÷ minibatch token-mean of α
             mean_alpha = masked_mean(mb.extra["retention"].detach(), mb.action_mask.float())
             w = w / mean_alpha.clamp(min=1e-12)
         return w

@@ -1,4 +1,4 @@
-"""TBPO (QaRL's trust-band policy optimization; docs/algorithms.md, `tbpo`).
+"""TBPO (QaRL's trust-band policy optimization); docs/algorithms.md.
 
 [SOURCE: arXiv 2604.07853 abstract] a sequence-level objective with dual clipping for negative
 samples, against the "error tokens" of quantized rollouts. [SECONDARY: AI-written paper digests,
@@ -15,10 +15,10 @@ For each row i with n_i ≥ 1 action tokens and advantage A_i:
     A ≥ 0:  u_i = max(−A·r_i, −A·min(r_i, 1+ε⁺))                       PPO clip, upper edge only
     A < 0:  u_i = min(max(−A·r_i, −A·max(r_i, 1−ε⁻_lo)), −A·(1+ε⁻_hi))  = −A·clip(r_i, 1−ε⁻_lo, 1+ε⁻_hi)
             (the band's upper edge is the dual clip; the global dual_clip c also applies if smaller)
-    L_pg = Σ_i n_i·w_i·u_i / Σ_i n_i                                   (loss_agg = token_mean, the base loss)
+    L_pg = Σ_i n_i·w_i·u_i / Σ_i n_i                                   (loss_agg = token_mean)
          or mean_i w_i·u_i  over rows with n_i ≥ 1                     (loss_agg = seq_mean, GSPO)
 
-[DESIGN] token_mean (the preset) is the base loss's aggregation; seq_mean is GSPO's. `algo.loss_agg` picks
+[DESIGN] token_mean (the preset) is the base loss's aggregation (`losses.py`); seq_mean is GSPO's. `algo.loss_agg` picks
 it for every objective, and the learner weights micro-batches by `agg_units`, so both are exact
 under gradient accumulation.
 
@@ -32,11 +32,15 @@ from __future__ import annotations
 
 import torch
 
-from .base import LOGRATIO_CLAMP, Objective, PolicyBatch, register_objective, sequence_mean, token_delta
+from .batch_view import BatchView
+from .diagnostics import token_delta
+from .losses import LOGRATIO_CLAMP, rows_mean, sequence_mean
+from .objective import GRPO, Prepared, _old_logp, register_objective
 
 
 def trust_band_loss(seq_ratio: torch.Tensor, adv: torch.Tensor, pos_high: float, neg_low: float,
-                    neg_high: float, dual_clip: float = float("inf")):
+                    neg_high: float, dual_clip: float = float("inf")
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-sequence TBPO loss u [B] with (is_clipped, is_dual_clipped) [B] bool. seq_ratio, adv: [B]."""
     neg = adv < 0
     hi = torch.where(neg, torch.full_like(seq_ratio, 1.0 + neg_high), torch.full_like(seq_ratio, 1.0 + pos_high))
@@ -52,38 +56,38 @@ def trust_band_loss(seq_ratio: torch.Tensor, adv: torch.Tensor, pos_high: float,
 
 
 @register_objective("tbpo")
-class TBPO(Objective):
+class TBPO(GRPO):
     """Sequence-level trust band (GSPO ratio) × capped sequence mismatch weight."""
 
     defaults = {"seq_clip_ratio_high": 4e-4, "neg_seq_clip_ratio_low": 3e-4, "neg_seq_clip_ratio_high": 7e-4,
                 "seq_tis_imp_ratio_cap": 2.0}
 
     @torch.no_grad()
-    def prepare(self, batch: PolicyBatch) -> dict[str, float]:
+    def prepare(self, batch: BatchView) -> Prepared:
         mask = batch.action_mask.float()                                 # [B, L]
         mean_delta, n = sequence_mean(token_delta(batch), mask.double())  # [B], [B]
-        w_seq = torch.exp(mean_delta).clamp(max=float(self.p["seq_tis_imp_ratio_cap"]))   # [B]
-        batch.extra["seq_weight"] = w_seq.float()                        # [B]
-        batch.token_weight = (w_seq.view(-1, 1) * mask.double()).float()  # [B, L] broadcast, 0 off actions
+        w_seq = torch.exp(mean_delta).clamp(max=float(self.params["seq_tis_imp_ratio_cap"]))   # [B]
+        token_weight = (w_seq.view(-1, 1) * mask.double()).float()      # [B, L] broadcast, 0 off actions
         has = n > 0
-        return {"is_weight_mean": float(w_seq[has].mean()) if has.any() else float("nan"),
-                "is_weight_max": float(w_seq[has].max()) if has.any() else float("nan")}
+        stats = {"is_weight_mean": float(w_seq[has].mean()) if has.any() else float("nan"),
+                 "is_weight_max": float(w_seq[has].max()) if has.any() else float("nan")}
+        return Prepared(token_weight, {"seq_weight": w_seq.float()}, stats)   # seq_weight [B]
 
-    def loss(self, logp: torch.Tensor, mb: PolicyBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def loss(self, logp: torch.Tensor, mb: BatchView) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.action_mask.float()                                    # [B, L]
-        mean_lr, n = sequence_mean(logp - mb.old_logp, mask)             # [B] grad flows via logp
+        mean_lr, n = sequence_mean(logp - _old_logp(mb), mask)         # [B] grad flows via logp
         seq_ratio = torch.exp(mean_lr.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP))   # [B]
         u, clipped, dual = trust_band_loss(seq_ratio, mb.adv.to(seq_ratio.dtype),
-                                           float(self.p["seq_clip_ratio_high"]),
-                                           float(self.p["neg_seq_clip_ratio_low"]),
-                                           float(self.p["neg_seq_clip_ratio_high"]), self.dual_clip)
+                                           float(self.params["seq_clip_ratio_high"]),
+                                           float(self.params["neg_seq_clip_ratio_low"]),
+                                           float(self.params["neg_seq_clip_ratio_high"]), self.dual_clip)
         if "seq_weight" in mb.extra:
             w = mb.extra["seq_weight"].detach().to(u.dtype)              # [B]
         else:                                                            # prepare() not run: no correction
             w = torch.ones_like(u)
         has = (n > 0).to(u.dtype)                                        # [B] rows with an action token
         if self.loss_agg == "seq_mean":
-            pg_loss = (has * w * u).sum() / has.sum().clamp(min=1.0)
+            pg_loss = rows_mean(w * u, n)
         else:
             pg_loss = (n * w * u).sum() / n.sum().clamp(min=1.0)
         kl = self.kl_term(logp, mb)

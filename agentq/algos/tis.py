@@ -1,4 +1,4 @@
-"""Truncated importance sampling (Flash-RL "TIS"; docs/algorithms.md, `tis`). [SOURCE: Flash-RL, verl]
+"""Truncated importance sampling (Flash-RL "TIS"); docs/algorithms.md. [SOURCE: Flash-RL, verl]
 
 Tokens are sampled by the quantized engine μ but the PPO ratio is anchored at the learner's π_old,
 so each action token's clipped GRPO loss is reweighted by the (truncated) ratio π_old/μ:
@@ -6,14 +6,17 @@ so each action token's clipped GRPO loss is reweighted by the (truncated) ratio 
     δ_t = clamp(log π_old(a_t) − log μ(a_t), ±20)
     w_t = min(exp(δ_t), C)      C = 2 (Flash-RL's "TIS-2"); no lower truncation
 
-w_t is detached and multiplies u_t of the base loss; observation/padding tokens get w_t = 0.
+w_t is detached and multiplies u_t of the base loss (`losses.py`); observation/padding tokens get w_t = 0.
 Example: δ = [0.3, −0.5, 1.2, 0, −2] → w = [1.349859, 0.606531, 2.0, 1.0, 0.135335].
 """
 from __future__ import annotations
 
 import torch
 
-from .base import Objective, PolicyBatch, masked_mean, register_objective, token_delta, weight_stats
+from .batch_view import BatchView
+from .diagnostics import token_delta, weight_stats
+from .losses import masked_mean
+from .objective import GRPO, Prepared, register_objective
 
 
 def truncated_is_weight(delta: torch.Tensor, cap: float) -> torch.Tensor:
@@ -21,19 +24,30 @@ def truncated_is_weight(delta: torch.Tensor, cap: float) -> torch.Tensor:
     return torch.exp(delta).clamp(max=cap)
 
 
+def tis_prepare(batch: BatchView, cap: float) -> Prepared:
+    """TIS token weights w_t = min(e^δ_t, C) on action tokens (0 elsewhere) and their stats.
+
+    Args:
+        batch: a batch with `old_logp` filled.
+        cap: C.
+    Returns:
+        `Prepared` with the weights and is_weight_mean / _max / _capped_frac.
+    """
+    mask = batch.action_mask.bool()                                 # [B, L]
+    delta = token_delta(batch)                                      # [B, L] f64, 0 off actions
+    w = truncated_is_weight(delta, cap)                             # [B, L]
+    token_weight = torch.where(mask, w, torch.zeros_like(w)).float()
+    stats = weight_stats("is_weight", token_weight, mask)
+    stats["is_weight_capped_frac"] = float(masked_mean((torch.exp(delta) > cap).double(), mask))
+    return Prepared(token_weight, stats=stats)
+
+
 @register_objective("tis")
-class TIS(Objective):
+class TIS(GRPO):
     """GRPO × token TIS weight (rollout W8A8-KV8, learner unaligned or QAT)."""
 
     defaults = {"is_cap": 2.0}
 
     @torch.no_grad()
-    def prepare(self, batch: PolicyBatch) -> dict[str, float]:
-        mask = batch.action_mask.bool()                                 # [B, L]
-        delta = token_delta(batch)                                      # [B, L] f64, 0 off actions
-        cap = float(self.p["is_cap"])
-        w = truncated_is_weight(delta, cap)                             # [B, L]
-        batch.token_weight = torch.where(mask, w, torch.zeros_like(w)).float()
-        stats = weight_stats("is_weight", batch.token_weight, mask)
-        stats["is_weight_capped_frac"] = float(masked_mean((torch.exp(delta) > cap).double(), mask))
-        return stats
+    def prepare(self, batch: BatchView) -> Prepared:
+        return tis_prepare(batch, float(self.params["is_cap"]))

@@ -26,8 +26,10 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from agentq.algos.base import Objective, PolicyBatch
+from agentq.algos.objective import Objective
+from agentq.kernels.quant_spec import QuantSpec
 
+from .batch import PolicyBatch
 from .learner import Learner, update_summary
 
 
@@ -35,7 +37,8 @@ class RankLearner(Learner):
     """One data-parallel rank: a `Learner` whose minibatch gradient covers its own rows and is
     summed across the group. Runs inside a Ray actor (see `DataParallelLearner`)."""
 
-    def __init__(self, rank: int, world_size: int, model_path: str, spec, threads: int | None = None, **kw):
+    def __init__(self, rank: int, world_size: int, model_path: str, spec: QuantSpec, threads: int | None = None,
+                 **kw: Any):
         if threads:
             torch.set_num_threads(int(threads))
         if kw.get("device") == "auto":
@@ -154,7 +157,8 @@ class DataParallelLearner:
         learner_kw: the `Learner` arguments (lr, dtype, device, micro_batch_size, ...).
     """
 
-    def __init__(self, model_path: str, spec, world_size: int, actor_options: list[dict], timeout_s: float = 600.0,
+    def __init__(self, model_path: str, spec: QuantSpec, world_size: int, actor_options: list[dict],
+                 timeout_s: float = 600.0,
                  threads: int | None = None, **learner_kw: Any):
         import ray
         from transformers import AutoModelForCausalLM
@@ -181,13 +185,13 @@ class DataParallelLearner:
         ref = self._ray.put(batch)
         shards = [shard_rows(batch.attention_mask.sum(1), r, self.world_size) for r in range(self.world_size)]
         outs = self._get([rank.logprobs_rows.remote(ref, rows) for rank, rows in zip(self.ranks, shards)])
-        batch.old_logp = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        has_ref = outs[0][1] is not None
-        batch.ref_logp = torch.zeros_like(batch.old_logp) if has_ref else None
+        old_logp = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        ref_logp = torch.zeros_like(old_logp) if outs[0][1] is not None else None
         for rows, (old, refp) in zip(shards, outs):
-            batch.old_logp[rows] = old
-            if has_ref:
-                batch.ref_logp[rows] = refp
+            old_logp[rows] = old
+            if ref_logp is not None:
+                ref_logp[rows] = refp
+        batch.old_logp, batch.ref_logp = old_logp, ref_logp
 
     def update(self, batch: PolicyBatch, objective: Objective, epochs: int = 1, minibatch_size: int | None = None,
                generator: torch.Generator | None = None) -> dict[str, float]:

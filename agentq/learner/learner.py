@@ -8,14 +8,15 @@ QuantSpec's fake quant (W8A8 via the integer path, KV round trip) with straight-
 from __future__ import annotations
 
 import copy
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
 
-from agentq.algos.base import Objective, PolicyBatch
+from agentq.algos.objective import Objective
 from agentq.kernels.quant_spec import QuantSpec
 
+from .batch import PolicyBatch
 from .qat import align_model, quantized_module_report
 
 
@@ -43,8 +44,12 @@ def model_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
 
 
 class Learner:
+    """The policy being trained: log-probs through the aligned forward, PPO updates with an
+    `Objective`, weights out by HF name (module docstring)."""
+
     def __init__(self, model_path: str | nn.Module, spec: QuantSpec, *, dtype: torch.dtype = torch.float32,
-                 device: str = "cpu", lr: float = 1e-6, weight_decay: float = 0.01, betas=(0.9, 0.999),
+                 device: str = "cpu", lr: float = 1e-6, weight_decay: float = 0.01,
+                 betas: tuple[float, float] = (0.9, 0.999),
                  grad_clip: float = 1.0, use_reference: bool = True, micro_batch_size: int = 8,
                  ref_path: str | None = None, activation_checkpointing: bool = False, temperature: float = 1.0):
         """Args:
@@ -72,15 +77,16 @@ class Learner:
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
         self.model, self.audit = load_aligned(model_path)
         if activation_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.gradient_checkpointing_enable(  # type: ignore[operator]  # an HF PreTrainedModel method
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
-        self.ref = None
+        self.ref: nn.Module | None = None
         if use_reference:     # the reference sees the same fake quant (no KL floor at θ_0)
             # ref_path: e.g. a resumed run, whose reference is the run's initial policy, not the checkpoint
             self.ref = (copy.deepcopy(self.model) if ref_path is None else load_aligned(ref_path)[0]).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(betas[0], betas[1]), weight_decay=weight_decay)
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
         self.version = 0
@@ -88,6 +94,13 @@ class Learner:
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
     def logprobs(self, batch: PolicyBatch, model: nn.Module | None = None) -> torch.Tensor:
+        """Log-probs of every token under a model, without gradients.
+
+        Args:
+            batch: the rows to score; model: the policy (default) or the reference.
+        Returns:
+            [B, L] fp32 log p(token_t | tokens_<t) at the rollout temperature (0 at position 0 and on padding).
+        """
         model = model or self.model
         was_training = model.training
         model.eval()
@@ -101,6 +114,7 @@ class Learner:
         return out
 
     def fill_old_and_ref(self, batch: PolicyBatch) -> None:
+        """Set `batch.old_logp` (this policy, before the update) and `batch.ref_logp` (None without a reference)."""
         batch.old_logp = self.logprobs(batch)
         batch.ref_logp = self.logprobs(batch, self.ref) if self.ref is not None else None
 
@@ -147,7 +161,7 @@ class Learner:
         for rows in length_sorted_chunks(local.attention_mask.sum(1), self.micro_batch_size):
             micro = local.index(rows)
             L = int(micro.attention_mask.sum(1).max())
-            micro = _trim(micro, L)
+            micro = micro.trim(L)
             mask = self._device_mask(micro.attention_mask)
             micro = micro.to(self.device)
             share = objective.agg_units(micro) / total_units
@@ -163,9 +177,11 @@ class Learner:
     # hooks of the data-parallel learner (agentq/learner/distributed.py): which rows of a minibatch
     # this process computes, and how its partial gradients become the minibatch's
     def local_rows(self, minib: PolicyBatch) -> torch.Tensor:
+        """Indices of the minibatch rows this process computes (all of them here)."""
         return torch.arange(minib.num_seqs)
 
     def reduce_grads(self) -> None:
+        """Combine the partial gradients of all processes (nothing to do in one process)."""
         pass
 
     def _device_mask(self, attention_mask: torch.Tensor) -> torch.Tensor | None:
@@ -178,11 +194,13 @@ class Learner:
         for name, p in self.model.state_dict().items():
             yield name, p
 
-    def save(self, path: str, tokenizer=None) -> None:
+    def save(self, path: str, tokenizer: Any = None) -> None:
+        """Write an HF checkpoint (safetensors, atomically) of the master weights, with the tokenizer if given."""
         from agentq.utils.checkpoint import save_hf_checkpoint
         save_hf_checkpoint(self.model, path, tokenizer)
 
     def report(self) -> dict[str, int]:
+        """How many linears run quantized / in full precision (the QAT audit)."""
         return quantized_module_report(self.model)
 
 
@@ -203,20 +221,3 @@ def length_sorted_chunks(lengths: torch.Tensor, size: int) -> list[torch.Tensor]
     weighted accumulation), so this is free."""
     order = torch.argsort(lengths, descending=True, stable=True)
     return [order[s: s + size] for s in range(0, len(order), size)]
-
-
-def _trim(b: PolicyBatch, L: int) -> PolicyBatch:
-    from dataclasses import fields
-
-    out = {}
-    for f in fields(b):
-        v = getattr(b, f.name)
-        if f.name == "extra":
-            out["extra"] = {k: (t[:, :L] if t.dim() == 2 and t.shape[1] >= L else t) for k, t in v.items()}
-        elif v is None or v.dim() < 2:
-            out[f.name] = v
-        else:
-            out[f.name] = v[:, :L]
-    return PolicyBatch(**out)
-
-

@@ -103,10 +103,10 @@ def align_model(model: nn.Module, spec: QuantSpec) -> dict[str, list[str]]:
         m.act_cache = act_cache
     for m in model.modules():
         if hasattr(m, "k_proj") and hasattr(m, "v_proj"):       # an attention block
-            m.agentq_spec = spec
+            setattr(m, "agentq_spec", spec)
     _register_attention()
-    model.set_attn_implementation(ATTN_IMPL)
-    model.agentq_spec = spec
+    model.set_attn_implementation(ATTN_IMPL)  # type: ignore[operator]  # an HF PreTrainedModel method
+    setattr(model, "agentq_spec", spec)
     return audit
 
 
@@ -114,7 +114,7 @@ def unalign_model(model: nn.Module) -> None:
     """Back to plain nn.Linear modules (e.g. before save_pretrained)."""
     for m in model.modules():
         if isinstance(m, QATLinear):
-            m.__class__ = nn.Linear
+            m.__class__ = nn.Linear  # type: ignore[assignment]  # swapping the class back in place
             del m.spec, m.weight_cache, m.act_cache
 
 

@@ -79,7 +79,7 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[str], cfg: TinyModelC
         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id, bos_token_id=None,
         rms_norm_eps=1e-6, attention_bias=False)
     torch.manual_seed(cfg.seed)
-    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model = Qwen3ForCausalLM(config).float()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp"))
     model.save_pretrained(tmp)

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import gymnasium as gym
 
 
 @dataclass
 class EnvResult:
+    """One slot's answer to a reset or step: the Gymnasium 5-tuple, or ok=False with the error
+    (the env or its worker died or hung; the episode on that slot is lost)."""
+
     slot: int
     ok: bool
     obs: str = ""
@@ -36,18 +39,43 @@ class EnvSpec:
 
 
 class EnvPool(Protocol):
+    """What the agent loop needs from a pool: `num_envs` slots, batched reset and step."""
+
     num_envs: int
 
     def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
-        """items: (slot, reset kwargs {"seed": .., "options": {"task_id": .., "split": ..}})."""
+        """Start an episode on each named slot.
+
+        Args:
+            items: (slot, reset kwargs {"seed": .., "options": {"task_id": .., "split": ..}}), slots distinct.
+        Returns:
+            One `EnvResult` per item, in order (reward 0, not terminated), or ok=False with the error.
+        """
+        ...
 
     def step(self, items: list[tuple[int, str]]) -> list[EnvResult]:
-        """items: (slot, action)."""
+        """Step each named slot's environment with an action.
 
-    def close(self) -> None: ...
+        Args:
+            items: (slot, action text), slots distinct.
+        Returns:
+            One `EnvResult` per item, in order, or ok=False with the error.
+        """
+        ...
+
+    def close(self) -> None:
+        """Close every environment and stop the workers."""
+        ...
 
 
 def make_env(spec: EnvSpec) -> gym.Env:
+    """Build one environment from its spec (in whichever process calls it).
+
+    Args:
+        spec: the registry name and constructor kwargs.
+    Returns:
+        The Gymnasium environment.
+    """
     import agentq.envs as envs   # registers agentq/* ids in this process
 
     return envs.make(spec.name, **spec.kwargs)
@@ -63,7 +91,7 @@ class WorkerCore:
         for s in slots:
             self.envs[s] = make_env(spec)
 
-    def _run(self, slot: int, fn) -> EnvResult:
+    def _run(self, slot: int, fn: Callable[[gym.Env], EnvResult]) -> EnvResult:
         try:
             return fn(self.envs[slot])
         except Exception as e:   # the episode is lost, the worker lives on; rebuild the env
@@ -79,19 +107,15 @@ class WorkerCore:
             return EnvResult(slot, ok=False, error=err)
 
     def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
-        out = []
-        for slot, kw in items:
-            r = self._run(slot, lambda env, kw=kw: EnvResult(slot, True, *_pair(env.reset(**kw))))
-            out.append(r)
-        return out
+        """`EnvPool.reset` for this core's slots (an env that raises is rebuilt; its result is an error)."""
+        return [self._run(slot, lambda env: EnvResult(slot, True, *_pair(env.reset(**kw)))) for slot, kw in items]
 
     def step(self, items: list[tuple[int, str]]) -> list[EnvResult]:
-        out = []
-        for slot, action in items:
-            out.append(self._run(slot, lambda env, a=action: _step_result(slot, env.step(a))))
-        return out
+        """`EnvPool.step` for this core's slots (an env that raises is rebuilt; its result is an error)."""
+        return [self._run(slot, lambda env: _step_result(slot, env.step(action))) for slot, action in items]
 
     def close(self) -> None:
+        """Close every environment (errors while closing are ignored)."""
         for env in self.envs.values():
             try:
                 env.close()
@@ -99,12 +123,12 @@ class WorkerCore:
                 pass
 
 
-def _pair(reset_out):
+def _pair(reset_out: tuple[str, dict]) -> tuple[str, float, bool, bool, dict]:
     obs, info = reset_out
     return obs, 0.0, False, False, info
 
 
-def _step_result(slot, out) -> EnvResult:
+def _step_result(slot: int, out: tuple) -> EnvResult:
     obs, reward, terminated, truncated, info = out
     return EnvResult(slot, True, obs, float(reward), bool(terminated), bool(truncated), info)
 
@@ -116,11 +140,14 @@ class InlinePool:
         self.num_envs = num_envs
         self.core = WorkerCore(spec, list(range(num_envs)))
 
-    def reset(self, items):
+    def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
+        """See `EnvPool.reset`."""
         return self.core.reset(items)
 
-    def step(self, items):
+    def step(self, items: list[tuple[int, str]]) -> list[EnvResult]:
+        """See `EnvPool.step`."""
         return self.core.step(items)
 
-    def close(self):
+    def close(self) -> None:
+        """See `EnvPool.close`."""
         self.core.close()

@@ -12,11 +12,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
+from multiprocessing.connection import Connection
+from typing import Any, Sequence
 
 from .base import EnvResult, EnvSpec, WorkerCore
 
 
-def _worker_main(conn, spec: EnvSpec, slots: list[int]):
+def _worker_main(conn: Connection, spec: EnvSpec, slots: list[int]) -> None:
+    """A worker process: build the slots' environments, then answer commands until "close"."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         core = WorkerCore(spec, slots)
@@ -37,10 +40,16 @@ def _worker_main(conn, spec: EnvSpec, slots: list[int]):
 
 
 class ProcessPool:
+    """`EnvPool` over subprocess workers; slot s lives in worker s mod num_workers."""
+
     def __init__(self, spec: EnvSpec, num_envs: int, num_workers: int = 2, start_method: str = "spawn",
                  call_timeout_s: float = 120.0, start_timeout_s: float = 600.0):
-        """
-        call_timeout_s: seconds one env call (one slot's reset or step) may take; a worker sent n
+        """Start the workers and wait until each has built its environments.
+
+        Args:
+            spec: how to build each environment; num_envs: slots; num_workers: processes.
+            start_method: multiprocessing start method ("spawn": no state inherited from the trainer).
+            call_timeout_s: seconds one env call (one slot's reset or step) may take; a worker sent n
             calls is hung after n × call_timeout_s without an answer.
         start_timeout_s: seconds a worker may take to build its environments.
         """
@@ -51,7 +60,7 @@ class ProcessPool:
         self.call_timeout_s, self.start_timeout_s = float(call_timeout_s), float(start_timeout_s)
         self.spec, self.num_envs = spec, num_envs
         self.num_workers = min(num_workers, num_envs)
-        self._ctx = mp.get_context(start_method)
+        self._ctx: Any = mp.get_context(start_method)    # its Process/Pipe depend on the start method
         self._slots = {w: [s for s in range(num_envs) if s % self.num_workers == w] for w in range(self.num_workers)}
         self._procs: dict[int, tuple] = {}
         self.restarts = 0
@@ -60,7 +69,7 @@ class ProcessPool:
         for w in range(self.num_workers):
             self._await_ready(w)
 
-    def _start(self, w: int, wait: bool = True):
+    def _start(self, w: int, wait: bool = True) -> None:
         parent, child = self._ctx.Pipe()
         p = self._ctx.Process(target=_worker_main, args=(child, self.spec, self._slots[w]), daemon=True,
                               name=f"agentq-env-{w}")
@@ -70,7 +79,7 @@ class ProcessPool:
         if wait:
             self._await_ready(w)
 
-    def _await_ready(self, w: int):
+    def _await_ready(self, w: int) -> None:
         p, conn = self._procs[w]
         try:
             if conn.poll(self.start_timeout_s):
@@ -84,9 +93,10 @@ class ProcessPool:
             raise RuntimeError(f"env worker {w} failed to start ({self.spec.name}): {msg}")
 
     def worker_pid(self, slot: int) -> int:
+        """The process id of the worker that runs `slot` (tests kill it)."""
         return self._procs[slot % self.num_workers][0].pid
 
-    def _dispatch(self, cmd: str, items: list[tuple[int, object]]) -> list[EnvResult]:
+    def _dispatch(self, cmd: str, items: Sequence[tuple[int, object]]) -> list[EnvResult]:
         by_worker: dict[int, list] = {}
         for it in items:
             by_worker.setdefault(it[0] % self.num_workers, []).append(it)
@@ -131,13 +141,16 @@ class ProcessPool:
                     results[r.slot] = r
         return [results[it[0]] for it in items]
 
-    def reset(self, items):
+    def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
+        """See `EnvPool.reset`; a dead or hung worker's slots answer with errors (the worker restarts)."""
         return self._dispatch("reset", items)
 
-    def step(self, items):
+    def step(self, items: list[tuple[int, str]]) -> list[EnvResult]:
+        """See `EnvPool.step`; a dead or hung worker's slots answer with errors (the worker restarts)."""
         return self._dispatch("step", items)
 
-    def close(self):
+    def close(self) -> None:
+        """Ask every worker to close its environments; kill those that do not exit."""
         for w, (p, conn) in list(self._procs.items()):
             try:
                 conn.send(("close", None))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from typing import Any
 
 from .base import EnvResult, EnvSpec, WorkerCore
 
@@ -47,9 +48,20 @@ def cpus_per_worker(available_cpus: float, num_workers: int, wanted: float = 1.0
 
 
 class RayPool:
+    """`EnvPool` over Ray actors (each a `WorkerCore`); slot s lives in actor s mod num_workers."""
+
     def __init__(self, spec: EnvSpec, num_envs: int, num_workers: int = 2, address: str | None = None,
                  num_cpus: int | None = None, num_cpus_per_worker: float = 1.0, start_timeout_s: float = 300.0,
                  call_timeout_s: float = 120.0):
+        """Join (or start) a Ray cluster and start the actors.
+
+        Args:
+            spec: how to build each environment; num_envs: slots; num_workers: actors.
+            address: a running cluster to join; None starts a local one on 127.0.0.1 with `num_cpus` CPUs.
+            num_cpus_per_worker: CPUs each actor asks for at most (less when fewer are free).
+            start_timeout_s: seconds the actors may take to start (then an error naming free resources).
+            call_timeout_s: seconds one env call may take before its actor counts as hung.
+        """
         import ray
 
         self._ray = ray
@@ -77,7 +89,7 @@ class RayPool:
                 f"{self.num_workers} Ray env worker(s) ({self.cpus_per_worker} CPU each) did not start within "
                 f"{start_timeout_s:.0f} s; cluster resources free now: {ray.available_resources()}") from None
 
-    def _dispatch(self, cmd: str, items):
+    def _dispatch(self, cmd: str, items: list) -> list[EnvResult]:
         by_worker: dict[int, list] = {}
         for it in items:
             by_worker.setdefault(it[0] % self.num_workers, []).append(it)
@@ -101,16 +113,20 @@ class RayPool:
                     results[it[0]] = EnvResult(it[0], ok=False, error=f"env actor {w} {why}; restarted")
         return [results[it[0]] for it in items]
 
-    def actor(self, slot: int):
+    def actor(self, slot: int) -> Any:
+        """The Ray actor handle that runs `slot` (tests kill it)."""
         return self._actors[slot % self.num_workers]
 
-    def reset(self, items):
+    def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
+        """See `EnvPool.reset`; a dead or hung actor's slots answer with errors (the actor is recreated)."""
         return self._dispatch("reset", items)
 
-    def step(self, items):
+    def step(self, items: list[tuple[int, str]]) -> list[EnvResult]:
+        """See `EnvPool.step`; a dead or hung actor's slots answer with errors (the actor is recreated)."""
         return self._dispatch("step", items)
 
-    def close(self):
+    def close(self) -> None:
+        """Close the actors' environments and kill the actors (the cluster keeps running)."""
         for a in self._actors.values():
             try:
                 self._ray.get(a.close.remote(), timeout=10)

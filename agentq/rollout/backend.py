@@ -73,23 +73,52 @@ class SyncStats:
 
 @runtime_checkable
 class RolloutBackend(Protocol):
+    """An inference engine the agent loop can play episodes on (through `BackendPolicy`) and the
+    trainer can sync weights into. The built-in backends subclass it explicitly (`TorchEngine`,
+    `VLLMBackend`, `DistributedBackend`), so the type checker holds each to these signatures.
+    """
+
     quant: QuantSpec
     policy_version: int
 
     def generate(self, requests: list[TurnRequest]) -> list[TurnResult]:
-        """One assistant turn for each request (episodes must be distinct)."""
+        """One assistant turn for each request.
+
+        Args:
+            requests: one per episode (episodes distinct), each with its whole context so far.
+        Returns:
+            One `TurnResult` per request, in order.
+        """
+        ...
 
     def score(self, context_ids: list[int], target_ids: list[int]) -> list[float]:
-        """Teacher-forced log-probs of `target_ids` after `context_ids`, through the rollout numerics."""
+        """Teacher-forced log-probs through the rollout numerics.
+
+        Args:
+            context_ids: the tokens before; target_ids: the tokens scored.
+        Returns:
+            log μ(target_ids[i] | context, target_ids[:i]) for each i.
+        """
+        ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncStats:
-        """Load new weights (HF parameter names); quantized backends requantize with fresh scales."""
+        """Load new weights; quantized backends requantize with fresh scales.
+
+        Args:
+            named_tensors: (HF parameter name, full-precision tensor) pairs.
+            version: the policy version the next turns report.
+        Returns:
+            What the sync did (`SyncStats`).
+        """
+        ...
 
     def release(self, episode_id: int) -> None:
-        """Free the episode's KV slot / prefix."""
+        """Free the episode's KV slot / prefix (a no-op for an unknown episode)."""
+        ...
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token of context costs (all layers, K and V, scales included)."""
+        ...
 
 
 # ---------------------------------------------------------------------- shared by the backends

@@ -25,14 +25,14 @@ import torch
 
 from agentq.kernels.quant_spec import QuantSpec
 
-from .backend import SamplingParams, SyncStats, TurnRequest, TurnResult
+from .backend import RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult
 
 
 class EngineWorker:
     """A `TorchEngine` inside a Ray actor. Built from the HF config (weights arrive by
     `update_weights`), so no node needs the checkpoint on disk."""
 
-    def __init__(self, hf_config, quant: QuantSpec, engine_kw: dict[str, Any], tokenizer=None,
+    def __init__(self, hf_config: Any, quant: QuantSpec, engine_kw: dict[str, Any], tokenizer: Any = None,
                  weights: dict[str, torch.Tensor] | None = None, version: int = 0, threads: int | None = None):
         from .torch_engine.engine import TorchEngine
 
@@ -48,7 +48,8 @@ class EngineWorker:
     def generate(self, requests: list[TurnRequest]) -> list[TurnResult]:
         return self.engine.generate(requests)
 
-    def score(self, context_ids: list[int], target_ids: list[int], params: SamplingParams | None = None):
+    def score(self, context_ids: list[int], target_ids: list[int], params: SamplingParams | None = None
+              ) -> list[float]:
         return self.engine.score(context_ids, target_ids, params)
 
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> SyncStats:
@@ -61,7 +62,7 @@ class EngineWorker:
         return self.engine.kv_bytes_per_token()
 
 
-class DistributedBackend:
+class DistributedBackend(RolloutBackend):
     """N `EngineWorker` actors as one rollout backend.
 
     Args:
@@ -75,8 +76,8 @@ class DistributedBackend:
         timeout_s: bound on every call to a worker; a worker past it counts as dead.
     """
 
-    def __init__(self, hf_config, quant: QuantSpec, num_workers: int, max_slots: int, actor_options: list[dict],
-                 engine_kw: dict[str, Any], tokenizer=None, timeout_s: float = 600.0, threads: int | None = None):
+    def __init__(self, hf_config: Any, quant: QuantSpec, num_workers: int, max_slots: int, actor_options: list[dict],
+                 engine_kw: dict[str, Any], tokenizer: Any = None, timeout_s: float = 600.0, threads: int | None = None):
         import ray
 
         if num_workers < 1:
@@ -97,7 +98,7 @@ class DistributedBackend:
         self.workers = [self._start(w) for w in range(num_workers)]
         self._kv_bytes = self._ray.get(self.workers[0].kv_bytes_per_token.remote(), timeout=self.timeout_s)
 
-    def _start(self, w: int):
+    def _start(self, w: int) -> Any:
         return self._cls.options(**self._options[w]).remote(*self._init, weights=self._weights_ref,
                                                             version=self.policy_version, threads=self._threads)
 
@@ -154,7 +155,7 @@ class DistributedBackend:
     def score(self, context_ids: list[int], target_ids: list[int], params: SamplingParams | None = None) -> list[float]:
         return self._ray.get(self.workers[0].score.remote(context_ids, target_ids, params), timeout=self.timeout_s)
 
-    def publish_weights(self, tensors: dict[str, torch.Tensor]):
+    def publish_weights(self, tensors: dict[str, torch.Tensor]) -> Any:
         """What the workers receive: here an object-store reference (one copy per node). An NCCL
         broadcast would return a handle the workers' `update_weights` receives into."""
         return self._ray.put(tensors)

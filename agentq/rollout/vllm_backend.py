@@ -26,13 +26,13 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 
 from agentq.kernels import quant
 from agentq.kernels.quant_spec import QuantSpec
-from agentq.rollout.backend import (SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
+from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
                                     load_safetensors_dir)
 from agentq.utils.checkpoint import _atomic_dir, _commit
 
@@ -152,7 +152,7 @@ def write_checkpoint(tensors: dict[str, torch.Tensor], ignored_leaves: list[str]
     return out_dir
 
 
-def _survives_vllm_scan(value) -> bool:
+def _survives_vllm_scan(value: Any) -> bool:
     """Does `value` survive what vLLM's start-up module scan does to it (`vars(value).get(...)`)?"""
     try:
         if hasattr(value, "__dict__"):
@@ -185,7 +185,7 @@ def modules_vllm_can_scan():
             sys.modules.setdefault(name, mod)
 
 
-def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+def _reload_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
     """Runs inside each vLLM worker: restore checkpoint-format parameters, load, re-process."""
     worker.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
 
@@ -195,7 +195,7 @@ def turn_seed(episode_seed: int | None, turn: int) -> int | None:
     return None if episode_seed is None else (episode_seed * 1_000_003 + turn) % (2**63)
 
 
-class VLLMBackend:
+class VLLMBackend(RolloutBackend):
     """`RolloutBackend` on a vLLM `LLM` in this process (see the module docstring).
 
     Args:
@@ -248,7 +248,7 @@ class VLLMBackend:
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0}   # cached: prompt tokens served by the prefix cache
 
     @classmethod
-    def from_pretrained(cls, path: str, quant: QuantSpec, **kw) -> "VLLMBackend":
+    def from_pretrained(cls, path: str, quant: QuantSpec, **kw: Any) -> "VLLMBackend":
         """A backend serving the safetensors weights in `path` (exported through `quant`)."""
         be = cls(path, quant, **kw)
         be.update_weights(load_safetensors_dir(path).items(), version=0)
@@ -343,7 +343,7 @@ class VLLMBackend:
             VLLMBackend._live.add(self)
         return self.llm
 
-    def _sampling(self, p: SamplingParams, room: int, seed: int | None):
+    def _sampling(self, p: SamplingParams, room: int, seed: int | None) -> Any:
         """agentq's sampling → vLLM's: the same stop rules as the torch engine (stop ids and stop
         strings only, no implicit EOS; the text that completes a stop string stays), one sampled
         token's log-prob per position."""
@@ -354,7 +354,7 @@ class VLLMBackend:
                    stop=list(p.stop), include_stop_str_in_output=True, ignore_eos=True,
                    skip_special_tokens=False, logprobs=0, seed=seed)
 
-    def _result(self, r: TurnRequest, c) -> TurnResult:
+    def _result(self, r: TurnRequest, c: Any) -> TurnResult:
         ids = list(c.token_ids)
         lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)]
         if c.finish_reason == "length":

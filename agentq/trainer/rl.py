@@ -137,6 +137,7 @@ class RLTrainer:
 
             # 4. objective: per-token weights once per batch, then PPO epochs over minibatches
             prep = self.objective.prepare(batch)
+            batch = batch.weighted(prep)
             if t.get("save_segments", True):    # the segment history (eval/segments.py), before the update
                 write_segments(self.run_dir, step, segment_rows(step, usable, batch, getattr(
                     self.objective, "retention", None), token_decoder(self.tokenizer)))
@@ -157,7 +158,7 @@ class RLTrainer:
             "end_context": rollout["end_context"],
             "adv_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0,
             "action_tokens": gen_tokens, "tokens_per_s": gen_tokens / max(t_roll, 1e-9),
-            **upd, **prep, **mismatch,
+            **upd, **prep.stats, **mismatch,
             "int8_codes_changed": sync.int8_codes_changed, "sync_time_s": sync.seconds,
             "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
             "rollout_time_s": t_roll, "train_time_s": t_train, "step_time_s": step_time, "learner_threads": n_threads,

@@ -54,7 +54,8 @@ class WandbSink:
             import wandb
         except ImportError as e:
             raise ImportError("logger includes 'wandb' but wandb is not installed: pip install 'agentq[wandb]'") from e
-        self.run = wandb.init(project=project, entity=entity, mode=mode, name=name or Path(out_dir).name,
+        self.run = wandb.init(project=project, entity=entity, mode=mode,  # type: ignore[arg-type]  # checked by wandb
+                              name=name or Path(out_dir).name,
                               dir=str(out_dir), config=config, reinit="finish_previous")
 
     def log(self, step: int, row: dict[str, Any]) -> None:
@@ -88,7 +89,9 @@ class MetricsLogger:
         wandb = None
         if "wandb" in names:
             from omegaconf import OmegaConf
-            wandb = {**OmegaConf.to_container(cfg.wandb, resolve=True),
+            settings = OmegaConf.to_container(cfg.wandb, resolve=True)
+            assert isinstance(settings, dict)
+            wandb = {**settings,
                      "config": OmegaConf.to_container(cfg, resolve=True)}
         return cls(out_dir, tensorboard="tensorboard" in names, wandb=wandb)
 

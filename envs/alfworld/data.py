@@ -84,7 +84,8 @@ def list_real_games(split: str, data_dir=None, task_types=TASK_TYPES) -> list[st
     return ids
 
 
-def load_real_game(split: str, task_id: str, data_dir=None) -> tuple[Path, dict, dict]:
+def load_real_game(split: str, task_id: str, data_dir: str | os.PathLike | None = None
+                   ) -> tuple[Path, dict | None, dict]:
     """(path of the game's folder, game.tw-pddl document in the wheel's vocabulary, traj_data)."""
     folder = split_dir(split, data_dir) / task_id
     traj = json.loads((folder / "traj_data.json").read_text())

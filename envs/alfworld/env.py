@@ -25,7 +25,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from ..base import EnvCrashedError, TaskStep, TextEnv
 from . import generator as gen
@@ -74,14 +74,14 @@ class ALFWorldEnv(TextEnv):
         self.expert_type = expert_type
         if self.split in REAL_SPLITS:
             split_dir(self.split, data_dir)        # fail at construction, with how to get the data
-        self._env = None                           # AlfredInfos(AlfredDemangler(PddlEnv))
-        self._pddl = None                          # the PddlEnv inside
+        self._env: Any = None                      # AlfredInfos(AlfredDemangler(PddlEnv))
+        self._pddl: Any = None                     # the PddlEnv inside
         self._loaded: tuple[str, str] | None = None
-        self._game: dict = {}
+        self._game: dict | None = {}
         self._traj: dict = {}
         self._folder: Path | None = None
-        self._state = None
-        self._expert = None
+        self._state: Any = None                    # the engine's last state (a textworld GameState)
+        self._expert: HandcodedExpert | PlannerExpert | None = None
         self._planner: PlannerExpert | None = None
 
     # ------------------------------------------------------------------ engine
@@ -110,7 +110,7 @@ class ALFWorldEnv(TextEnv):
     def task_type(self, task_id: str) -> str:
         return task_id.split("/", 1)[0] if "/FloorPlan" in task_id else task_type_of(task_id)
 
-    def _load(self, task_id: str, split: str) -> tuple[Path, dict, dict]:
+    def _load(self, task_id: str, split: str) -> tuple[Path, dict | None, dict]:
         if split in gen.GEN_SPLITS:
             path = gen.ensure_game(self.cache_dir, task_id)
             return path.parent, json.loads(path.read_text()), json.loads((path.parent / "traj_data.json").read_text())
@@ -145,6 +145,7 @@ class ALFWorldEnv(TextEnv):
             self._drop_engine()
             raise EnvCrashedError(f"ALFWorld engine failed on {command!r} in {self._task_id}: {e!r}") from e
         self._last_command = command
+        assert self._task_id is not None                  # step() checks an episode is running
         return self._to_step(self._state, self._task_id)
 
     def _to_step(self, state, task_id: str) -> TaskStep:
@@ -163,11 +164,13 @@ class ALFWorldEnv(TextEnv):
         self._last_command = ""
         if self._expert_kind(split) == "handcoded":
             self._expert = HandcodedExpert(seed=gen.stable_seed("expert", task_id))
+            assert self._folder is not None               # _reset_task loaded the game first
             self._next_expert = self._expert.reset(self._folder, self._state)
         else:
             if self._planner is None:
                 self._planner = PlannerExpert(self.cache_dir)
             self._expert = self._planner
+            assert self._game is not None                 # the planner reads the game document
             self._next_expert = self._planner.reset(self._pddl, self._game, self._traj["task_type"],
                                                     self._traj["pddl_params"], self._state)
         self._expert_at = 0
@@ -178,6 +181,7 @@ class ALFWorldEnv(TextEnv):
             if isinstance(self._expert, HandcodedExpert):
                 self._next_expert = self._expert.next_action(self._state, self._last_command)
             else:
+                assert self._expert is not None           # _start_expert ran at reset
                 self._next_expert = self._expert.next_action(self._pddl, self._state, self._last_command)
         return self._next_expert
 

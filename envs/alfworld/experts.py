@@ -22,6 +22,7 @@ import random
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from .parse_cache import ONE_OFF_PROBLEM
 
@@ -50,7 +51,7 @@ class HandcodedExpert:
 
     def __init__(self, seed: int, max_steps: int = 200):
         self.seed, self.max_steps = seed, max_steps
-        self._agent = None
+        self._agent: Any = None      # alfworld's HandCodedTWAgent, built per episode
         self._rng = random.Random(seed)
 
     def reset(self, game_folder: Path, state) -> str | None:

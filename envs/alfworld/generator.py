@@ -291,6 +291,44 @@ class _Ids:
                 return loc
 
 
+Receptacle = tuple[str, str, str]   # (id, class, location) or, for objects, (id, class, receptacle id)
+
+
+def _receptacles(rm: Room, ids: _Ids) -> list[Receptacle]:
+    """Every posed receptacle instance of the layout, plus instances of the classes it lists without a pose."""
+    receptacles = list(rm.receptacles)
+    posed = {cls for _, cls, _ in receptacles}
+    for cls in sorted((rm.classes & tables().receptacles) - posed):
+        for _ in range(_UNPOSED_INSTANCES.get(cls, 1)):
+            receptacles.append((ids.object_id(cls), cls, ids.location()))
+    return receptacles
+
+
+def _objects(rng: random.Random, ids: _Ids, rm: Room, receptacles: list[Receptacle], task_type: str,
+             obj_cls: str, parent_cls: str) -> tuple[list[Receptacle], str]:
+    """The task's target objects (not already in the goal receptacle), the lamp of a look-in-light
+    task, and distractors of every other pickupable class; and the toggle target ("" or the lamp)."""
+    T = tables()
+    objects: list[Receptacle] = []
+
+    def holders(cls: str, exclude: str | None = None) -> list[Receptacle]:
+        return [rec for rec in receptacles if cls in T.can_hold[rec[1]] and rec[1] != exclude]
+
+    lo, hi = _TARGETS.get(task_type, (1, 3))
+    for _ in range(rng.randint(lo, hi)):
+        rec = rng.choice(holders(obj_cls, exclude=parent_cls or None))
+        objects.append((ids.object_id(obj_cls), obj_cls, rec[0]))
+    toggle = ""
+    if task_type == "look_at_obj_in_light":
+        toggle = _LAMP
+        rec = rng.choice([r for r in receptacles if r[1] in _LAMP_HOLDERS])
+        objects.append((ids.object_id(_LAMP), _LAMP, rec[0]))
+    for cls in sorted(c for c in rm.classes & T.pickupable if c != obj_cls and holders(c)):
+        for _ in range(rng.randint(*_INSTANCES_PER_DISTRACTOR)):
+            objects.append((ids.object_id(cls), cls, rng.choice(holders(cls))[0]))
+    return objects, toggle
+
+
 def generate(task_type: str, floor_plan: int, seed: int) -> GeneratedGame:
     """The game of (task type, floor plan, seed); raises ValueError where the room cannot host the type."""
     check_task_type(task_type)
@@ -303,36 +341,10 @@ def generate(task_type: str, floor_plan: int, seed: int) -> GeneratedGame:
     rng = random.Random(stable_seed(GENERATOR_VERSION, task_type, floor_plan, seed))
     obj_cls, parent_cls = rng.choice(options)
 
-    # receptacles: every posed instance of the layout, plus one for each class listed without a pose
     ids = _Ids(rng, {rid for rid, _, _ in rm.receptacles} | {loc for _, _, loc in rm.receptacles})
-    receptacles = list(rm.receptacles)
-    posed = {cls for _, cls, _ in receptacles}
-    for cls in sorted((rm.classes & T.receptacles) - posed):
-        for _ in range(_UNPOSED_INSTANCES.get(cls, 1)):
-            receptacles.append((ids.object_id(cls), cls, ids.location()))
+    receptacles = _receptacles(rm, ids)
     start = ids.location()
-
-    objects: list[tuple[str, str, str]] = []   # (id, class, receptacle id)
-    by_class: dict[str, list[tuple[str, str, str]]] = {}
-    for rec in receptacles:
-        by_class.setdefault(rec[1], []).append(rec)
-
-    def holders(cls: str, exclude: str | None = None) -> list[tuple[str, str, str]]:
-        return [rec for rec in receptacles if cls in T.can_hold[rec[1]] and rec[1] != exclude]
-
-    lo, hi = _TARGETS.get(task_type, (1, 3))
-    for _ in range(rng.randint(lo, hi)):
-        rec = rng.choice(holders(obj_cls, exclude=parent_cls or None))
-        objects.append((ids.object_id(obj_cls), obj_cls, rec[0]))
-    toggle = ""
-    if task_type == "look_at_obj_in_light":
-        toggle = _LAMP
-        rec = rng.choice([r for r in receptacles if r[1] in _LAMP_HOLDERS])
-        objects.append((ids.object_id(_LAMP), _LAMP, rec[0]))
-
-    for cls in sorted(c for c in rm.classes & T.pickupable if c != obj_cls and holders(c)):
-        for _ in range(rng.randint(*_INSTANCES_PER_DISTRACTOR)):
-            objects.append((ids.object_id(cls), cls, rng.choice(holders(cls))[0]))
+    objects, toggle = _objects(rng, ids, rm, receptacles, task_type, obj_cls, parent_cls)
 
     desc = rng.choice(T.templates[task_type]).format(
         obj=obj_cls.lower(), recep=parent_cls.lower(), toggle=toggle.lower(), mrecep="")

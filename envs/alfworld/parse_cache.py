@@ -29,7 +29,7 @@ import sys
 import warnings
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Callable
+from typing import Any, Callable
 
 TESTED_VERSIONS = {"textworld": ("1.7.0",), "fast_downward_textworld": ("20.6.4",)}
 _TEXTGEN_RULES = frozenset({"symbols"})
@@ -96,7 +96,7 @@ class _TranslationMemo:
             sys.argv[:] = argv
 
 
-_memos: dict[str, tuple[object, str, object]] = {}   # name → (module, attribute, memo); memos outlive uninstall
+_memos: dict[str, tuple[Any, str, Any]] = {}   # name → (module, attribute, memo); memos outlive uninstall
 _installed: set[str] = set()
 
 

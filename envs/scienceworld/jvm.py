@@ -146,6 +146,7 @@ class JVMHost:
         # is the port, then the simulator's chatter (it prints every step), drained in bulk.
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=cwd, bufsize=0, start_new_session=True)
+        assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None   # all PIPE
         line = proc.stdout.readline()
         if not line.strip().isdigit():
             err = proc.stderr.read().decode(errors="replace") if proc.poll() is not None else ""
@@ -179,7 +180,8 @@ class JVMHost:
         if proc is not None:
             for f in (proc.stdin,):
                 try:
-                    f.close()   # broken pipe: the JVM exits by itself
+                    if f is not None:
+                        f.close()   # broken pipe: the JVM exits by itself
                 except Exception:
                     pass
             try:
@@ -262,10 +264,11 @@ class JVMHost:
     # ------------------------------------------------------------------ memory
     def rss_bytes(self) -> int:
         """Resident memory of the JVM process (0 if not running)."""
-        if not self.alive():
+        if not self.alive() or self.proc is None:
             return 0
+        pid = self.proc.pid
         try:
-            with open(f"/proc/{self.proc.pid}/status") as f:
+            with open(f"/proc/{pid}/status") as f:
                 for line in f:
                     if line.startswith("VmRSS:"):
                         return int(line.split()[1]) * 1024
@@ -273,7 +276,7 @@ class JVMHost:
             pass
         try:
             import psutil
-            return psutil.Process(self.proc.pid).memory_info().rss
+            return psutil.Process(pid).memory_info().rss
         except Exception:
             return 0
 

@@ -95,7 +95,8 @@ def _without_detours(env, reset_kw: dict, gold: list[str]) -> list[str]:
         return info["look"], info["inventory"], info["score"]
 
     env.reset(**reset_kw)
-    states, path = [state(env.step("look around")[3])], []      # a look changes nothing, and reads the state
+    states = [state(env.step("look around")[3])]        # a look changes nothing, and reads the state
+    path: list[str] = []
     env.reset(**reset_kw)
     for action in gold:
         key = state(env.step(action)[3])
@@ -116,7 +117,7 @@ class TextWorldExpressEnv(TextEnv):
     splits: ClassVar[tuple[str, ...]] = ("train", "dev", "test")
     default_max_steps: ClassVar[int] = 50
 
-    def __init__(self, games: str | list[str] = ("coin",), game_params: dict[str, str] | None = None,
+    def __init__(self, games: str | list[str] | tuple[str, ...] = ("coin",), game_params: dict[str, str] | None = None,
                  tasks_per_game: int | None = None, jvm_heap: str = "1g", call_timeout_s: float = 60.0,
                  **kwargs):
         """
@@ -212,6 +213,7 @@ class TextWorldExpressEnv(TextEnv):
 
     def _step_task(self, action: str) -> TaskStep:
         obs, _, _, info = self._call(lambda env: env.step(action.strip().lower()))
+        assert self._task_id is not None                  # step() checks an episode is running
         return self._to_step(obs, info, game=self._task_id.rsplit("/", 1)[0])
 
     def _to_step(self, obs: str, info: dict, game: str) -> TaskStep:

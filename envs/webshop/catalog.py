@@ -320,7 +320,7 @@ def _product(t: ProductType, asin: str, rng: random.Random) -> tuple[dict, list[
 
 def _human_instructions(t: ProductType, asin: str, attrs: list[str], options: dict, n: int,
                         rng: random.Random) -> list[dict]:
-    out = []
+    out: list[dict] = []
     for _ in range(n):
         ins_attrs = rng.sample(attrs, rng.randint(1, min(3, len(attrs))))
         chosen = [(name.lower(), rng.choice(vals)["value"].lower()) for name, vals in options.items()]

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from ..base import TaskStep, TextEnv
 from .experts import oracle_action
-from .pages import DONE, SEP, Session
+from .pages import DONE, SEP, Session, StepOutcome
 from .shop import Shop, get_shop
 
 DEFAULT_SPLIT_SIZES = {"test": 500, "dev": 1000}
@@ -73,18 +73,22 @@ class WebShopEnv(TextEnv):
         return goal["instruction_text"], self._to_step()
 
     def _step_task(self, action: str) -> TaskStep:
-        out = self.session.step(action)
-        obs = self.session.text()
+        out = self._live_session().step(action)
+        obs = self._live_session().text()
         if not out.valid and self.invalid_feedback:
             obs = f"Invalid action: {out.feedback}.{SEP}{obs}"
         return self._to_step(obs, out)
 
     def _expert_action(self) -> str | None:
-        return oracle_action(self.session)
+        return oracle_action(self._live_session())
 
     # ------------------------------------------------------------------ helpers
-    def _to_step(self, obs: str | None = None, out=None) -> TaskStep:
-        s = self.session
+    def _live_session(self) -> Session:
+        assert self.session is not None, "no episode: reset() first"   # TextEnv.step checks this before
+        return self.session
+
+    def _to_step(self, obs: str | None = None, out: StepOutcome | None = None) -> TaskStep:
+        s = self._live_session()
         done = s.page == DONE
         extra = {"page": s.page, "available_actions": s.available_actions(),
                  "action_valid": True if out is None else out.valid}
@@ -92,10 +96,11 @@ class WebShopEnv(TextEnv):
             extra["feedback"] = out.feedback
         reward = float(out.reward) if out is not None else 0.0
         if done:
-            extra.update(reward_info=dict(s.reward_info), purchased_asin=s.asin, purchased_options=dict(s.options),
+            extra.update(reward_info=dict(s.reward_info or {}), purchased_asin=s.asin,
+                         purchased_options=dict(s.options),
                          goal_asin=s.goal["asin"])
         return TaskStep(obs=s.text() if obs is None else obs, reward=reward, done=done,
-                        won=done and s.reward >= 1.0 - 1e-9, score=float(s.reward) if done else 0.0,
+                        won=done and (s.reward or 0.0) >= 1.0 - 1e-9, score=float(s.reward or 0.0) if done else 0.0,
                         admissible_actions=[] if done else s.admissible_actions(), extra=extra)
 
     @property

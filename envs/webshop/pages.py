@@ -19,6 +19,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .shop import Shop
 
 SEARCH, RESULTS, ITEM, ITEM_SUB, DONE = "search", "results", "item", "item_sub", "done"
 BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE, BUY_NOW = "Back to Search", "Next >", "< Prev", "Buy Now"
@@ -63,7 +67,7 @@ class StepOutcome:
 class Session:
     """One goal being shopped for in `shop` (a `shop.Shop`)."""
 
-    shop: object
+    shop: Shop
     goal: dict
     page: str = SEARCH
     keywords: list[str] | None = None
@@ -103,6 +107,7 @@ class Session:
                         El("product_price", p["Price"])]
             return els
         if self.page == ITEM:
+            assert self.asin is not None                  # item pages show the opened product
             p = self.shop.by_asin[self.asin]
             els = head + [El("button", PREV_PAGE, click=PREV_PAGE.lower())]
             for name, values in p["options"].items():
@@ -114,6 +119,7 @@ class Session:
             els.append(El("button", BUY_NOW, click=BUY_NOW.lower()))
             return els
         if self.page == ITEM_SUB:
+            assert self.asin is not None                  # item pages show the opened product
             p = self.shop.by_asin[self.asin]
             els = head + [El("button", PREV_PAGE, click=PREV_PAGE.lower())]
             if self.sub_page == "Description":
@@ -141,7 +147,7 @@ class Session:
         """WebShop's order: buttons and product links in page order, then option values."""
         els = self.elements()
         names = [e.click for e in els if e.click is not None and e.kind != "option"]
-        names += [e.click for e in els if e.kind == "option"]
+        names += [e.click for e in els if e.click is not None and e.kind == "option"]
         return list(dict.fromkeys(names))
 
     @property
@@ -184,6 +190,7 @@ class Session:
     def _click(self, arg: str) -> StepOutcome:
         page = self.page
         if arg == BUY_NOW.lower():
+            assert self.asin is not None                  # Buy Now is only on an item page
             self.reward, self.reward_info = self.shop.reward(self.goal, self.asin, self.options)
             self.page = DONE
             return StepOutcome(reward=self.reward, done=True, reward_info=self.reward_info)
@@ -197,7 +204,7 @@ class Session:
         elif arg == PREV_PAGE.lower() and page == ITEM_SUB:
             self.page, self.sub_page = ITEM, None
         elif arg == PREV_PAGE.lower() and page == ITEM:
-            self._search(self.keywords, self.page_num)
+            self._search(self.keywords or [], self.page_num)
         elif arg in {s.lower() for s in SUB_PAGES}:
             self.page, self.sub_page = ITEM_SUB, next(s for s in SUB_PAGES if s.lower() == arg)
         else:
@@ -213,6 +220,7 @@ class Session:
             self.asin = el.text.upper()
             self.visited.add(self.asin)
         elif el.kind == "option":
+            assert el.group is not None and el.click is not None      # every option El has both
             self.options[el.group] = el.click
         self.page = ITEM
 

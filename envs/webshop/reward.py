@@ -90,7 +90,7 @@ def heuristic_nouns(name: str) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def _spacy_model():
     try:
-        import spacy  # type: ignore[import-not-found]
+        import spacy
         return spacy.load("en_core_web_sm")
     except Exception as e:  # ImportError, or OSError when the model is missing
         raise RuntimeError(

@@ -48,7 +48,7 @@ def build_shop(raw: RawData, human_goals: bool = True, num_products: int | None 
 def _cached_shop(data_dir: str | None, variant: str | None, num_products: int | None, catalog_seed: int,
                  goals_per_product: int, human_goals: bool, price_seed: int, noun_tagger_name: str) -> Shop:
     if data_dir is None:
-        raw = generate_catalog(num_products=num_products, seed=catalog_seed,
+        raw = generate_catalog(num_products=1000 if num_products is None else num_products, seed=catalog_seed,
                                goals_per_product=goals_per_product)
         return build_shop(raw, human_goals, None, price_seed, noun_tagger_name, source=f"generated(seed={catalog_seed})")
     raw = load_data_dir(Path(data_dir), variant=variant, human_goals=human_goals)

@@ -21,9 +21,10 @@ import ipaddress
 import json
 import threading
 import uuid
+from typing import Any, Callable
 from urllib.parse import quote
 
-from flask import Flask, abort, redirect, request
+from flask import Flask, Response, abort, redirect, request
 from markupsafe import escape
 
 from .env import WebShopEnv
@@ -96,20 +97,30 @@ def _html(title: str, body: str) -> str:
             f"<link rel='icon' href='data:,'><style>{STYLE}</style></head><body>{body}</body></html>")
 
 
-def create_app(**env_kwargs) -> Flask:
-    """A Flask app serving the shop that `WebShopEnv(**env_kwargs)` would build."""
-    env = WebShopEnv(**env_kwargs)
-    app = Flask("agentq-webshop")
-    sessions: dict[str, dict] = {}
-    lock = threading.Lock()
+class _ShopSite:
+    """The site's views over one shop: the goal list, live sessions (one per browser visit),
+    replays of an action list, and the oracle's actions for a goal."""
 
-    def goal_of(split: str, task_id: str) -> dict:
-        if split not in env.splits or task_id not in env.list_tasks(split):
-            abort(404, f"unknown goal {split}/{task_id}; splits: {list(env.splits)}")
-        return env.shop.goals[int(task_id)]
+    def __init__(self, env: WebShopEnv):
+        self.env = env
+        self.sessions: dict[str, dict] = {}
+        self.lock = threading.Lock()
 
-    def replay(split: str, task_id: str, actions: list[str], k: int) -> tuple[Session, list]:
-        s = Session(env.shop, goal_of(split, task_id))
+    def routes(self) -> list[tuple[str, Callable[..., Any], list[str]]]:
+        """(URL rule, view, HTTP methods) of every page."""
+        return [("/", self.index, ["GET"]), ("/go", self.go, ["GET"]),
+                ("/goal/<split>/<task_id>", self.new_session, ["GET"]), ("/s/<sid>", self.show, ["GET"]),
+                ("/s/<sid>", self.act, ["POST"]), ("/s/<sid>/text", self.show_text, ["GET"]),
+                ("/replay/<split>/<task_id>", self.show_replay, ["GET"]),
+                ("/expert/<split>/<task_id>", self.expert, ["GET"])]
+
+    def goal_of(self, split: str, task_id: str) -> dict:
+        if split not in self.env.splits or task_id not in self.env.list_tasks(split):
+            abort(404, f"unknown goal {split}/{task_id}; splits: {list(self.env.splits)}")
+        return self.env.shop.goals[int(task_id)]
+
+    def replay(self, split: str, task_id: str, actions: list[str], k: int) -> tuple[Session, list]:
+        s = Session(self.env.shop, self.goal_of(split, task_id))
         log = []
         for a in actions[:k]:
             out = s.step(a)
@@ -118,9 +129,13 @@ def create_app(**env_kwargs) -> Flask:
                 break
         return s, log
 
-    @app.get("/")
-    def index():
-        rows = []
+    def get_state(self, sid: str) -> dict:
+        if sid not in self.sessions:
+            abort(404, f"unknown session {sid}")
+        return self.sessions[sid]
+
+    def index(self) -> str:
+        env, rows = self.env, []
         for split in env.splits:
             ids = env.list_tasks(split)
             links = " ".join(f'<a href="/goal/{split}/{i}">{i}</a>' for i in ids[:10])
@@ -132,26 +147,18 @@ def create_app(**env_kwargs) -> Flask:
                 f"{len(env.shop.goals)} goals</p><ul>{''.join(rows)}</ul>{form}")
         return _html("WebShop", body)
 
-    @app.get("/go")
-    def go():
+    def go(self) -> Any:
         return redirect(f"/goal/{request.args.get('split', 'test')}/{request.args.get('task_id', '0')}")
 
-    @app.get("/goal/<split>/<task_id>")
-    def new_session(split: str, task_id: str):
+    def new_session(self, split: str, task_id: str) -> Any:
         sid = uuid.uuid4().hex[:12]
-        with lock:
-            sessions[sid] = {"session": Session(env.shop, goal_of(split, task_id)), "split": split,
-                             "task_id": task_id, "actions": [], "feedback": ""}
+        with self.lock:
+            self.sessions[sid] = {"session": Session(self.env.shop, self.goal_of(split, task_id)), "split": split,
+                                  "task_id": task_id, "actions": [], "feedback": ""}
         return redirect(f"/s/{sid}")
 
-    def get_state(sid: str) -> dict:
-        if sid not in sessions:
-            abort(404, f"unknown session {sid}")
-        return sessions[sid]
-
-    @app.get("/s/<sid>")
-    def show(sid: str):
-        st = get_state(sid)
+    def show(self, sid: str) -> str:
+        st = self.get_state(sid)
         s: Session = st["session"]
         acts = json.dumps(st["actions"])
         bar = (f'<div class="bar">goal {st["split"]}/{st["task_id"]} · step {len(st["actions"])} · '
@@ -160,23 +167,20 @@ def create_app(**env_kwargs) -> Flask:
                + (f' · <span class="feedback">{escape(st["feedback"])}</span>' if st["feedback"] else "") + "</div>")
         return _html("WebShop", bar + render_page(s.elements(), None if s.page == DONE else f"/s/{sid}"))
 
-    @app.post("/s/<sid>")
-    def act(sid: str):
-        st = get_state(sid)
+    def act(self, sid: str) -> Any:
+        st = self.get_state(sid)
         query = request.form.get("search_query")
         action = f"search[{query}]" if query is not None else request.form.get("action", "")
-        with lock:
+        with self.lock:
             out = st["session"].step(action)
             st["actions"].append(action)
             st["feedback"] = "" if out.valid else f"invalid action {action!r}: {out.feedback}"
         return redirect(f"/s/{sid}")
 
-    @app.get("/s/<sid>/text")
-    def show_text(sid: str):
-        return app.response_class(get_state(sid)["session"].text(), mimetype="text/plain")
+    def show_text(self, sid: str) -> Response:
+        return Response(self.get_state(sid)["session"].text(), mimetype="text/plain")
 
-    @app.get("/replay/<split>/<task_id>")
-    def show_replay(split: str, task_id: str):
+    def show_replay(self, split: str, task_id: str) -> str:
         try:
             actions = json.loads(request.args.get("actions", "[]"))
             assert isinstance(actions, list) and all(isinstance(a, str) for a in actions)
@@ -186,7 +190,7 @@ def create_app(**env_kwargs) -> Flask:
         if not step.lstrip("-").isdigit():
             abort(400, f"step must be an integer (the number of actions to replay), got {step[:40]!r}")
         k = max(0, min(int(step), len(actions)))
-        s, log = replay(split, task_id, actions, k)
+        s, log = self.replay(split, task_id, actions, k)
         base = f"/replay/{split}/{task_id}?actions={quote(json.dumps(actions))}&step="
         items = [f'<li class="{"current" if i == k else ""}"><a href="{base}{i}">{i}. '
                  f'{escape(actions[i - 1]) if i else "(start)"}</a></li>' for i in range(len(actions) + 1)]
@@ -199,17 +203,31 @@ def create_app(**env_kwargs) -> Flask:
                 f'<ul class="steps" style="flex:1;list-style:none">{"".join(items)}</ul></div>')
         return _html("WebShop replay", body)
 
-    @app.get("/expert/<split>/<task_id>")
-    def expert(split: str, task_id: str):
-        s = Session(env.shop, goal_of(split, task_id))
-        actions = []
+    def expert(self, split: str, task_id: str) -> Any:
+        s = Session(self.env.shop, self.goal_of(split, task_id))
+        actions: list[str] = []
         while s.page != DONE and len(actions) < 50:
             a = oracle_action(s)
+            if a is None:                  # the oracle has no move (never on a generated shop)
+                break
             actions.append(a)
             s.step(a)
         return redirect(f"/replay/{split}/{task_id}?actions={quote(json.dumps(actions))}&step=0")
 
-    app.config["webshop_env"] = env
+
+def create_app(**env_kwargs: Any) -> Flask:
+    """A Flask app serving the shop that `WebShopEnv(**env_kwargs)` would build.
+
+    Args:
+        env_kwargs: `WebShopEnv` arguments (data, split, seeds, ...).
+    Returns:
+        The app; `app.config["webshop_env"]` is its environment.
+    """
+    site = _ShopSite(WebShopEnv(**env_kwargs))
+    app = Flask("agentq-webshop")
+    for rule, view, methods in site.routes():
+        app.add_url_rule(rule, view.__name__, view, methods=methods)
+    app.config["webshop_env"] = site.env
     return app
 
 

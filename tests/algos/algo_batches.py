@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentq.algos import PolicyBatch
+from agentq.learner.batch import PolicyBatch
 
 # the InterQ-RL worked example of docs/algorithms.md: one trajectory, 18 tokens, P P P P | A A A | O O O | A A | O O | A A A A
 EX_ACTION_MASK = [0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1]
@@ -99,3 +99,9 @@ def _pad_rows(rows, adv) -> PolicyBatch:
     b.old_logp = torch.where(off, torch.full_like(b.old_logp, 50.0), b.old_logp)
     b.rollout_logp = torch.where(off, torch.full_like(b.rollout_logp, float("nan")), b.rollout_logp)
     return b
+
+
+def prepared(objective, batch: PolicyBatch) -> tuple[PolicyBatch, dict]:
+    """The batch with `objective.prepare`'s weights attached, and its stats (what the trainer does)."""
+    prep = objective.prepare(batch)
+    return batch.weighted(prep), prep.stats

@@ -62,7 +62,7 @@ def _two_row_batch():
 def test_grpo_loss_by_hand():
     b, logp = _two_row_batch()
     obj = make_objective("grpo")             # ε = 0.2, c = 10, β = 0.001
-    obj.prepare(b)
+    b = b.weighted(obj.prepare(b))
     loss, stats = obj.loss(logp.clone().requires_grad_(True), b)
     # u = [−1.2, −0.5, −1.1 | 0.8, 10 (dual), 1.1] → mean 9.1 / 6
     # kl = [0.049859, 0.106531, 1.120117 | 0, 1.135335, min(142.41, 10)] → mean 12.411842 / 6
@@ -79,7 +79,7 @@ def test_grpo_loss_by_hand():
 def test_grpo_loss_gradient_by_hand():
     b, logp = _two_row_batch()
     obj = make_objective("grpo", kl_coef=0.0)
-    obj.prepare(b)
+    b = b.weighted(obj.prepare(b))
     lp = logp.clone().requires_grad_(True)
     obj.loss(lp, b)[0].backward()
     # unclipped tokens: ∂u/∂logp = −A·r, divided by N = 6; clipped/dual tokens and non-actions: 0
@@ -93,7 +93,7 @@ def test_seq_mean_counts_each_trajectory_once_by_hand():
     tok = make_objective("grpo")
     seq = make_objective("grpo", loss_agg="seq_mean")
     for obj in (tok, seq):
-        obj.prepare(b)
+        b = b.weighted(obj.prepare(b))
     _, st_tok = tok.loss(logp, b)
     _, st_seq = seq.loss(logp, b)
     # token mean over 4 tokens: (−1.2 − 0.5 − 1.1 + 1.1) / 4; seq mean: ((−2.8 / 3) + 1.1) / 2

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from agentq.algos import interq_retention, make_objective, mismatch_metrics, prefix_retention
-from agentq.algos.base import quantile
+from agentq.algos import quantile
 from agentq.algos.interq import retention_stats
-from algo_batches import EX_ACTION_MASK, concat_layout, example_batch, make_batch, random_trajectories, split_layout
+from algo_batches import (EX_ACTION_MASK, concat_layout, example_batch, make_batch, prepared, random_trajectories,
+                          split_layout)
 
 TOL = 1e-6
 A = [4, 5, 6, 10, 11, 14, 15, 16, 17]   # action positions of the worked example
@@ -69,7 +70,7 @@ def test_example_exclusive_prefix():
 
 def test_example_per_token_weights_and_batch_k3():
     b = example_batch()
-    make_objective("interq", H_floor=0.0).prepare(b)      # fixed budget (the default is capped)
+    b = b.weighted(make_objective("interq", H_floor=0.0).prepare(b))   # fixed budget (the default is capped)
     w = [0.0] * 18
     for pos in (4, 5, 6):
         w[pos] = 0.985194
@@ -88,7 +89,7 @@ def test_example_per_token_weights_and_batch_k3():
 
 def test_example_stats():
     b = example_batch()
-    stats = make_objective("interq", H_floor=0.0).prepare(b)
+    b, stats = prepared(make_objective("interq", H_floor=0.0), b)
     assert stats["alpha_min"] == approx(0.434658)
     assert stats["alpha_median"] == approx(0.859085)
     assert stats["alpha_max"] == approx(0.985194)
@@ -129,7 +130,7 @@ def test_uniform_table_medians_through_objective_stats():
     # the same table through a real batch: S equal segments of one token with the same δ
     for S, (_, median) in UNIFORM_TABLE.items():
         b = make_batch([1] * S, list(range(1, S + 1)), [0.1] * S)
-        stats = make_objective("interq", H_floor=0.0).prepare(b)
+        b, stats = prepared(make_objective("interq", H_floor=0.0), b)
         assert round(stats["alpha_median"], 3) == median
 
 
@@ -154,7 +155,7 @@ def test_bounds_monotone_and_budget(seed, B):
         if float(r.Htot[i]) > 0:
             assert float(r.d[i].sum()) == approx(B, 1e-9)                  # Σ d_s = B
     # token weights: α of the token's segment on action tokens, 0 elsewhere
-    make_objective("interq", budget_B=B).prepare(b)
+    b = b.weighted(make_objective("interq", budget_B=B).prepare(b))
     assert bool((b.token_weight[~b.action_mask.bool()] == 0).all())
     assert bool((b.token_weight[b.action_mask.bool()] >= math.exp(-B) - 1e-6).all())
 
@@ -193,7 +194,7 @@ def test_all_zero_delta_gives_alpha_one():
     r = interq_retention(b)
     assert bool((r.Htot == 0).all())
     assert bool((r.alpha == 1.0).all())
-    make_objective("interq").prepare(b)
+    b = b.weighted(make_objective("interq").prepare(b))
     assert torch.equal(b.token_weight, b.action_mask.float())
     # capped mode too (κ finite, H = 0)
     assert bool((interq_retention(b, H_floor=1.0).alpha == 1.0).all())
@@ -311,7 +312,7 @@ def test_action_token_without_segment_is_rejected():
 def test_options_token_tis_cap_and_renorm():
     b = example_batch()
     obj = make_objective("interq", token_tis_cap=1.05, renorm_retention=True)
-    stats = obj.prepare(b)
+    b, stats = prepared(obj, b)
     alpha = b.extra["retention"][0, A].double()
     delta = torch.tensor([0.02, -0.03, 0.01, 0.10, -0.05, -0.20, 0.05, 0.0, 0.15], dtype=torch.float64)
     tis = torch.exp(delta).clamp(max=1.05)
@@ -326,8 +327,8 @@ def test_retention_multiplies_the_clipped_token_loss():
     b = example_batch(adv=[-0.7])
     grpo, interq = make_objective("grpo", kl_coef=0.0), make_objective("interq", kl_coef=0.0)
     b2 = b.index(torch.tensor([0]))                       # a copy: each objective fills its own weights
-    grpo.prepare(b)
-    interq.prepare(b2)
+    b = b.weighted(grpo.prepare(b))
+    b2 = b2.weighted(interq.prepare(b2))
     shift = torch.tensor([0.0] * 4 + [0.3, -0.1, 0.05] + [0.0] * 3 + [0.5, -0.4] + [0.0] * 2 + [0.1, 3.0, -0.3, 0.0])
     grads = []
     for obj, batch in ((grpo, b), (interq, b2)):
@@ -346,7 +347,7 @@ def test_alpha_is_computed_once_before_the_minibatch_split():
     trajs = random_trajectories(gen, 4)
     split = split_layout(trajs)
     obj = make_objective("interq")
-    obj.prepare(split)
+    split = split.weighted(obj.prepare(split))
     full = split.token_weight.clone()
     perm = torch.randperm(split.num_seqs, generator=gen)
     for half in (perm[: len(perm) // 2], perm[len(perm) // 2:]):

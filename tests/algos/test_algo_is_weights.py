@@ -7,7 +7,7 @@ import torch
 
 from agentq.algos import make_objective
 from agentq.algos.ais import ais_lambda
-from algo_batches import make_batch
+from algo_batches import make_batch, prepared
 
 TOL = 1e-6
 EX_DELTA = [0.3, -0.5, 1.2, 0.0, -2.0]   # five example δ
@@ -28,20 +28,20 @@ ACTIONS = (torch.tensor([0, 0, 1, 1, 2]), torch.tensor([1, 3, 1, 2, 2]))   # (ro
 # ---------------------------------------------------------------------- TIS
 def test_tis_weights_example():
     b = _example_rows()
-    stats = make_objective("tis").prepare(b)          # C = 2
+    b, stats = prepared(make_objective("tis"), b)     # C = 2
     assert b.token_weight[ACTIONS].tolist() == pytest.approx([1.349859, 0.606531, 2.0, 1.0, 0.135335], abs=TOL)
     assert float(b.token_weight.sum()) == pytest.approx(1.349859 + 0.606531 + 2.0 + 1.0 + 0.135335, abs=1e-5)
     assert stats["is_weight_max"] == pytest.approx(2.0)
     assert stats["is_weight_mean"] == pytest.approx((1.349859 + 0.606531 + 2.0 + 1.0 + 0.135335) / 5, abs=TOL)
     assert stats["is_weight_capped_frac"] == pytest.approx(1 / 5)
-    assert make_objective("tis", is_cap=8.0).prepare(_example_rows())["is_weight_max"] == pytest.approx(3.320117,
-                                                                                                         abs=TOL)
+    stats8 = make_objective("tis", is_cap=8.0).prepare(_example_rows()).stats
+    assert stats8["is_weight_max"] == pytest.approx(3.320117, abs=TOL)
 
 
 def test_tis_loss_by_hand():
     b = _example_rows()
     obj = make_objective("tis", kl_coef=0.0)
-    obj.prepare(b)
+    b = b.weighted(obj.prepare(b))
     logp = b.old_logp.clone().requires_grad_(True)    # R = 1: u = −Â, nothing clipped
     loss, stats = obj.loss(logp, b)
     w = [1.349859, 0.606531, 2.0, 1.0, 0.135335]
@@ -69,7 +69,7 @@ def test_ais_lambda_example():
 
 def test_ais_weights_example_through_the_objective():
     b = _example_rows()
-    stats = make_objective("ais").prepare(b)           # C = 5, k_ref = 0.05, k_on = 1e-4
+    b, stats = prepared(make_objective("ais"), b)     # C = 5, k_ref = 0.05, k_on = 1e-4
     assert stats["ais_lambda"] == pytest.approx(0.202972, abs=TOL)
     assert b.token_weight[ACTIONS].tolist() == pytest.approx([1.071012, 0.920137, 1.470919, 1.0, 0.824497], abs=TOL)
     assert bool((b.token_weight[~b.action_mask.bool()] == 0).all())
@@ -78,11 +78,11 @@ def test_ais_weights_example_through_the_objective():
 
 def test_ais_gate_and_degenerate_advantages():
     b = make_batch([[1, 1, 1]], [[1, 1, 1]], [[0.001, -0.002, 0.0]])   # K3 ≈ 2.5e-6 < k_on
-    stats = make_objective("ais").prepare(b)
+    b, stats = prepared(make_objective("ais"), b)
     assert stats["ais_gate"] == 0.0 and stats["ais_lambda"] == 0.0
     assert b.token_weight.tolist() == [[1.0, 1.0, 1.0]]
     b = _example_rows(adv=(0.0, 0.0, 0.0))             # all Â = 0: no amplification, λ = Sev · Rel
-    stats = make_objective("ais").prepare(b)
+    b, stats = prepared(make_objective("ais"), b)
     assert stats["ais_amplification"] == 1.0
     assert stats["ais_lambda"] == pytest.approx(0.999935 * 0.577757, abs=1e-5)
 
@@ -114,7 +114,7 @@ def test_qurl_upper_bound_worked_numbers():
 def test_qurl_loss_by_hand():
     b, logp = _qurl_batch()
     obj = make_objective("qurl", kl_coef=0.0)          # ε = 0.2, C = 2, c = 10
-    stats = obj.prepare(b)
+    b, stats = prepared(obj, b)
     # upper bound (1 + ε) · max(1, r_pb / C) per token: r_pb .5, 2, 4 | 1, .5
     assert (1 + b.extra["clip_high"][0]).tolist() == pytest.approx([1.2, 1.2, 2.4], abs=TOL)
     assert b.token_weight.flatten().tolist() == pytest.approx([0.5, 2.0, 2.0, 1.0, 0.5, 0.0], abs=TOL)
@@ -140,7 +140,7 @@ def test_qurl_widened_bound_lets_a_truncated_token_move_further():
                    dtype=torch.float64)
     lp = (b.old_logp + math.log(1.5)).clone().requires_grad_(True)
     obj = make_objective("qurl", kl_coef=0.0)
-    obj.prepare(b)
+    b = b.weighted(obj.prepare(b))
     loss, stats = obj.loss(lp, b)
     loss.backward()
     assert float(loss.detach()) == pytest.approx(2.0 * -1.5, abs=TOL) and float(stats["clip_frac"]) == 0.0
@@ -152,7 +152,7 @@ def test_qurl_equals_grpo_when_rollout_matches():
     b, logp = _qurl_batch()
     b.old_logp = b.rollout_logp.clone()
     q, g = make_objective("qurl"), make_objective("grpo")
-    q.prepare(b)
+    b = b.weighted(q.prepare(b))
     b2 = b.index(torch.arange(2))
-    g.prepare(b2)
+    b2 = b2.weighted(g.prepare(b2))
     assert float(q.loss(logp, b)[0]) == pytest.approx(float(g.loss(logp, b2)[0]), abs=1e-6)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentq.algos import make_objective, mismatch_metrics, objective_names, token_delta
-from algo_batches import concat_layout, random_trajectories
+from algo_batches import concat_layout, prepared, random_trajectories
 
 ISSUE_METRICS = {   # prepare() metrics each objective must return (issue 4)
     "grpo": set(),
@@ -35,7 +35,7 @@ def test_prepare_weights_are_detached_and_masked(name):
     b, _ = _batch()
     b.old_logp.requires_grad_(True)
     b.rollout_logp.requires_grad_(True)
-    stats = make_objective(name).prepare(b)
+    b, stats = prepared(make_objective(name), b)
     assert ISSUE_METRICS[name] <= set(stats)
     assert all(isinstance(v, (float, list)) for v in stats.values())
     w = b.token_weight
@@ -48,7 +48,7 @@ def test_prepare_weights_are_detached_and_masked(name):
 def test_loss_backpropagates_over_minibatches_and_epochs(name):
     b, gen = _batch(1)
     obj = make_objective(name)
-    obj.prepare(b)
+    b = b.weighted(obj.prepare(b))
     w0 = b.token_weight.clone()
     params = torch.zeros(b.old_logp.shape, requires_grad=True)     # stand-in for the policy's parameters
     opt = torch.optim.SGD([params], lr=0.1)
@@ -86,7 +86,7 @@ def test_share_accumulation_over_micro_batches_equals_the_minibatch_loss(name, l
     # (action tokens, or trajectories); counted here directly from the mask
     b, _ = _batch(3)
     obj = make_objective(name, loss_agg=loss_agg)
-    obj.prepare(b)
+    b = b.weighted(obj.prepare(b))
     logp = b.old_logp + 0.05 * torch.randn(b.old_logp.shape, generator=torch.Generator().manual_seed(0))
     whole = float(obj.loss(logp, b)[0])
     units = (lambda m: float(m.sum())) if loss_agg == "token_mean" else (lambda m: float((m.sum(1) > 0).sum()))
@@ -113,4 +113,4 @@ def test_registry_and_parameter_errors():
     with pytest.raises(ValueError, match="valid: .*is_cap"):
         make_objective("tis", C=2.0)
     obj = make_objective("tis", is_cap=8.0, clip_eps=0.3)
-    assert obj.p == {"is_cap": 8.0} and obj.clip_eps == 0.3
+    assert obj.params == {"is_cap": 8.0} and obj.clip_eps == 0.3

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from agentq.algos import make_objective
-from algo_batches import make_batch
+from algo_batches import make_batch, prepared
 
 TOL = 1e-7
 
@@ -49,7 +49,7 @@ def _hand():
 def test_tbpo_weights_and_seq_mean_loss_by_hand():
     b, logp = _batch()
     obj = make_objective("tbpo", kl_coef=0.0, loss_agg="seq_mean")
-    stats = obj.prepare(b)
+    b, stats = prepared(obj, b)
     r, w, u = _hand()
     assert w == pytest.approx([math.exp(0.2), 1.0, 2.0, math.exp(-0.2), 1.0])
     assert b.extra["seq_weight"].tolist() == pytest.approx(w, abs=1e-6)
@@ -73,7 +73,7 @@ def test_tbpo_weights_and_seq_mean_loss_by_hand():
 def test_tbpo_token_mean_aggregation():
     b, logp = _batch()
     obj = make_objective("tbpo", kl_coef=0.0)                      # loss_agg = token_mean
-    obj.prepare(b)
+    b = b.weighted(obj.prepare(b))
     r, w, u = _hand()
     n = [2, 3, 1, 1, 1]
     assert float(obj.loss(logp, b)[0]) == pytest.approx(sum(k * x * y for k, x, y in zip(n, w, u)) / 8, abs=TOL)
@@ -82,7 +82,7 @@ def test_tbpo_token_mean_aggregation():
 def test_tbpo_minibatch_rows_and_empty_rows():
     b, logp = _batch()
     obj = make_objective("tbpo", kl_coef=0.0, loss_agg="seq_mean")
-    obj.prepare(b)
+    b = b.weighted(obj.prepare(b))
     r, w, u = _hand()
     mb = b.index(torch.tensor([3, 1]))
     assert float(obj.loss(logp[[3, 1]], mb)[0]) == pytest.approx((w[3] * u[3] + w[1] * u[1]) / 2, abs=TOL)

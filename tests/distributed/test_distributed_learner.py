@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentq.algos import make_objective
-from agentq.algos.base import PolicyBatch
+from agentq.learner.batch import PolicyBatch
 from agentq.kernels import QuantSpec
 from agentq.learner.distributed import DataParallelLearner, flat_grad, shard_rows
 from agentq.learner.learner import Learner
@@ -58,8 +58,8 @@ def test_two_gloo_ranks_give_the_one_process_gradient_and_step(ray_cluster, tiny
         assert (b1.old_logp - b2.old_logp)[real].abs().max() < 1e-5
         assert (b1.ref_logp - b2.ref_logp)[real].abs().max() < 1e-5
         b2.old_logp, b2.ref_logp = b1.old_logp.clone(), b1.ref_logp.clone()   # the same batch from here on
-        objective.prepare(b1)
-        objective.prepare(b2)
+        b1 = b1.weighted(objective.prepare(b1))
+        b2 = b2.weighted(objective.prepare(b2))
         assert torch.equal(b1.token_weight, b2.token_weight)
 
         single.accumulate_grads(b1, objective, {})

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from agentq.agent import ActionParser, AgentLoop, BackendPolicy, ChatFormat, EpisodeSpec, PromptConfig
-from agentq.algos import PolicyBatch, grpo_advantages, make_objective, mismatch_metrics
+from agentq.algos import grpo_advantages, make_objective, mismatch_metrics
+from agentq.learner.batch import PolicyBatch
 from agentq.kernels import QuantSpec, cpu_gemm
 from agentq.learner.batch import collate
 from agentq.learner.learner import Learner
@@ -96,14 +97,14 @@ def test_interq_default_retention_is_one_at_rounding_level_and_corrects_real_mis
     batch = collate(episodes, torch.zeros(len(episodes)))
     batch.old_logp = Learner(str(tiny_model_dir), SPEC, use_reference=False).logprobs(batch)
     assert mismatch_metrics(batch)["k3"] < 1e-9
-    stats = make_objective("interq").prepare(batch)
+    stats = make_objective("interq").prepare(batch).stats
     assert stats["alpha_min"] >= 1 - 1e-6
-    fixed = make_objective("interq", H_floor=0.0).prepare(batch)
+    fixed = make_objective("interq", H_floor=0.0).prepare(batch).stats
     print(f"\naligned: α_min = {stats['alpha_min']:.9f} (default), {fixed['alpha_min']:.3f} (fixed budget)")
     assert fixed["alpha_min"] < 0.9                   # the defect the default avoids
 
     batch.old_logp = Learner(str(tiny_model_dir), QuantSpec.preset("none"), use_reference=False).logprobs(batch)
-    stats = make_objective("interq").prepare(batch)
+    stats = make_objective("interq").prepare(batch).stats
     r = interq_retention(batch, budget_B=1.0, H_floor=0.0)
     scale = 1.0 / torch.clamp(r.Htot, min=1.0)        # κ = B / max(Htot, B)
     expected = torch.exp(-r.H * scale.view(-1, 1))
@@ -124,7 +125,7 @@ def test_observation_tokens_carry_no_loss(tiny_model_dir, episodes):
     batch = collate(episodes, grpo_advantages(rewards, torch.tensor([t.group_id for t in episodes])))
     learner.fill_old_and_ref(batch)
     obj = make_objective("interq")
-    obj.prepare(batch)
+    batch = batch.weighted(obj.prepare(batch))
     from agentq.learner.learner import sequence_logprobs
 
     logp = sequence_logprobs(learner.model, batch.input_ids, batch.attention_mask)
@@ -145,7 +146,7 @@ def test_update_moves_weights_and_sync_reports_changed_codes(tiny_model_dir, epi
     batch = collate(episodes, grpo_advantages(rewards, torch.tensor([t.group_id for t in episodes])))
     learner.fill_old_and_ref(batch)
     obj = make_objective("grpo", kl_coef=0.0)
-    obj.prepare(batch)
+    batch = batch.weighted(obj.prepare(batch))
     stats = learner.update(batch, obj, epochs=1, minibatch_size=3)
     assert stats["optimizer_steps"] == 2 and stats["grad_norm"] > 0
     sync = eng.update_weights(learner.named_weights(), version=1)

@@ -163,7 +163,7 @@ def test_activation_checkpointing_gives_the_same_update(tiny_model_dir):
                           activation_checkpointing=ckpt)
         batch.old_logp = learner.logprobs(batch)
         obj = make_objective("grpo", kl_coef=0.0)
-        obj.prepare(batch)
+        batch = batch.weighted(obj.prepare(batch))
         learner.update(batch, obj)          # the step's gradients stay in .grad after the step
         grads.append([p.grad.clone() for p in learner.model.parameters()])
     for a, b in zip(*grads):

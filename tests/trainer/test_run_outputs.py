@@ -59,7 +59,7 @@ def test_segment_alpha_and_H_reproduce_interq_retention(run):
     import yaml
 
     from agentq.algos import interq_retention
-    from agentq.algos.base import PolicyBatch
+    from agentq.learner.batch import PolicyBatch
     from agentq.eval.segments import read_segments
 
     run_dir, _ = run

@@ -15,6 +15,8 @@ give the same token.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from agentq.rollout.backend import SamplingParams
@@ -75,13 +77,14 @@ class DecodeRunner:
         self.buckets = bucket_sizes(max_batch)
         self._bufs: dict[int, _Bucket] = {}
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._pool = None
+        self._pool: Any = None              # the CUDA graphs' shared memory pool
         self._vkeys = vocab_keys(model.config.vocab_size, self.device)
         self._temp = torch.ones((), dtype=torch.float32, device=self.device)
         self.stats = {"graph_replays": 0, "eager_steps": 0, "graphs_captured": 0}
 
     # ------------------------------------------------------------------ sampling shared with prefill
-    def sample(self, logits: torch.Tensor, params: SamplingParams, seeds: list[int], positions: list[int]):
+    def sample(self, logits: torch.Tensor, params: SamplingParams, seeds: list[int], positions: list[int]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Counter-based draw for rows whose logits are already computed (the first token of a turn)."""
         dev = logits.device
         keys = row_keys(torch.tensor(seeds, dtype=torch.int64, device=dev),
@@ -115,18 +118,18 @@ class DecodeRunner:
             self._bufs[size] = _Bucket(size, self.pad_slot, self.device)
         return self._bufs[size]
 
-    def _run(self, buf: _Bucket, params: SamplingParams):
+    def _run(self, buf: _Bucket, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.model.decode_step(buf.ids, buf.slots, buf.lens, self.cache)
         keys = row_keys(buf.seeds, buf.lens)
         return sample_counter(logits, params, keys, self._vkeys, self._temp)
 
-    def _graph(self, buf: _Bucket, params: SamplingParams):
+    def _graph(self, buf: _Bucket, params: SamplingParams) -> Any:
         key = (buf.size, params.temperature == 0, params.top_k, params.top_p)
         if key not in self._graphs:
             self._graphs[key] = self._capture(buf, params)
         return self._graphs[key]
 
-    def _capture(self, buf: _Bucket, params: SamplingParams):
+    def _capture(self, buf: _Bucket, params: SamplingParams) -> Any:
         """Warm up on a side stream (compiles kernels, allocates workspaces), then capture. The
         buffers' current contents are the live batch; the capture's own writes go to the same
         places the replay that follows writes, so they change nothing."""

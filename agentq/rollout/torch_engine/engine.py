@@ -13,12 +13,12 @@
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Any, Iterable, Literal, overload
 
 import torch
 
 from agentq.kernels.quant_spec import QuantSpec
-from agentq.rollout.backend import (SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
+from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
                                     load_safetensors_dir)
 
 from .kv_cache import KVCache
@@ -29,10 +29,12 @@ from .sampler import processed_logprobs, sample
 SAMPLERS = ("auto", "generator", "counter")
 
 
-class TorchEngine:
-    def __init__(self, hf_config, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
+class TorchEngine(RolloutBackend):
+    """The built-in `RolloutBackend`: many episodes at once, each keeping its KV slot between turns."""
+
+    def __init__(self, hf_config: Any, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = 512,
-                 tokenizer=None, sampler: str = "auto", cuda_graphs: bool = True):
+                 tokenizer: Any = None, sampler: str = "auto", cuda_graphs: bool = True):
         """Args:
             hf_config: the HF config of a Llama / Qwen2 / Qwen3 checkpoint.
             quant: the rollout numerics.
@@ -68,7 +70,7 @@ class TorchEngine:
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0}
 
     @classmethod
-    def from_pretrained(cls, path: str, quant: QuantSpec, **kw) -> "TorchEngine":
+    def from_pretrained(cls, path: str, quant: QuantSpec, **kw: Any) -> "TorchEngine":
         from transformers import AutoConfig
 
         eng = cls(AutoConfig.from_pretrained(path), quant, **kw)
@@ -195,7 +197,16 @@ class TorchEngine:
             self._generators[r.episode_id] = g
         return g
 
-    def _prefill(self, slots: list[int], contexts: list[list[int]], all_logits: bool = False):
+    @overload
+    def _prefill(self, slots: list[int], contexts: list[list[int]], all_logits: Literal[False] = False
+                 ) -> torch.Tensor: ...
+
+    @overload
+    def _prefill(self, slots: list[int], contexts: list[list[int]], all_logits: Literal[True]
+                 ) -> list[torch.Tensor]: ...
+
+    def _prefill(self, slots: list[int], contexts: list[list[int]], all_logits: bool = False
+                 ) -> torch.Tensor | list[torch.Tensor]:
         """Bring each slot's cache up to its context; return logits of each context's last token
         ([B, V]), or with all_logits the logits of every newly prefilled position (list of [n_i, V])."""
         deltas, starts = [], []
@@ -212,8 +223,8 @@ class TorchEngine:
             del cached[n:]
             deltas.append(ctx[n:])
             starts.append(n)
-        last = [None] * len(slots)
-        every = [[] for _ in slots]
+        last: list[torch.Tensor | None] = [None] * len(slots)
+        every: list[list[torch.Tensor]] = [[] for _ in slots]
         chunk = self.prefill_chunk
         n_chunks = max((len(d) + chunk - 1) // chunk for d in deltas)
         for c in range(n_chunks):
@@ -229,7 +240,9 @@ class TorchEngine:
             self.stats["prefill_tokens"] += sum(len(p) for p in pieces)
         if all_logits:
             return [torch.cat(e) for e in every]
-        return torch.stack(last)
+        rows_last = [t for t in last if t is not None]
+        assert len(rows_last) == len(last), "every row's last chunk sets its logits"
+        return torch.stack(rows_last)
 
     def _advance(self, slots: list[int], tokens: list[int]) -> list[int]:
         """Append one token to each slot's bookkeeping; returns the slots' new lengths."""
@@ -241,14 +254,15 @@ class TorchEngine:
         self.stats["decode_tokens"] += len(tokens)
         return new_lens
 
-    def _decode(self, slots: list[int], tokens: list[int]):
+    def _decode(self, slots: list[int], tokens: list[int]) -> torch.Tensor:
         """Feed one token per slot (eagerly); returns the next-token logits [B, V]."""
         new_lens = self._advance(slots, tokens)
         dev = self.device
         return self.model.decode_step(torch.tensor(tokens, device=dev), torch.tensor(slots, device=dev),
                                       torch.tensor(new_lens, device=dev), self.cache)
 
-    def _forward(self, slots: list[int], pieces: list[list[int]], all_logits: bool):
+    def _forward(self, slots: list[int], pieces: list[list[int]], all_logits: bool
+                 ) -> tuple[torch.Tensor, None]:
         """One padded forward of `pieces` appended to `slots`. Returns logits of each piece's last
         token [B, V] (or every token [B, T, V])."""
         dev = self.device
@@ -291,7 +305,7 @@ class _Drawer:
 class _GeneratorDrawer(_Drawer):
     """CPU `torch.Generator` per episode (Gumbel-max over a CPU draw); decode runs eagerly."""
 
-    def __init__(self, engine: TorchEngine, generators: list[torch.Generator], params: SamplingParams):
+    def __init__(self, engine: TorchEngine, generators: list[torch.Generator | None], params: SamplingParams):
         self.engine, self.gens, self.params = engine, generators, params
 
     def first(self, logits, slots):

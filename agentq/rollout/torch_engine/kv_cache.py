@@ -29,6 +29,8 @@ class KVCache:
                       "fp8_e4m3_per_tensor": torch.float8_e4m3fn}[spec.kv]
         self.k = [torch.zeros(shape, dtype=code_dtype, device=self.device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=code_dtype, device=self.device) for _ in range(n_layers)]
+        self.k_scale: list[torch.Tensor] | None
+        self.v_scale: list[torch.Tensor] | None
         if spec.kv == "int8_per_token_head_sym":
             self.k_scale = [torch.ones(shape[:3], dtype=torch.float32, device=self.device) for _ in range(n_layers)]
             self.v_scale = [torch.ones(shape[:3], dtype=torch.float32, device=self.device) for _ in range(n_layers)]
@@ -46,25 +48,27 @@ class KVCache:
         scales = 2 * self.n_layers * self.n_kv * 4 if self.k_scale is not None else 0
         return codes + scales
 
-    def _encode(self, x: torch.Tensor, fp8_scale: float):
+    def _encode(self, x: torch.Tensor, fp8_scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.spec.kv == "int8_per_token_head_sym":
             return quant.quantize_kv(x, self.spec)
         if self.spec.kv == "fp8_e4m3_per_tensor":
             return quant.quantize_fp8(x, fp8_scale), None
         return x.to(self.dtype), None
 
-    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+              ) -> None:
         """Store N tokens: slots [N], positions [N], k/v [N, n_kv, head_dim]."""
         if self._fused_int8_write:        # one Triton launch each for K and V (same bits as below)
             from agentq.kernels import triton_quant
             for cache, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+                assert scales is not None                # int8 KV always has scales
                 triton_quant.quantize_kv_to_cache(x, cache[layer], scales[layer], slots, positions, self.spec)
             return
         for cache, scales, x, s8 in ((self.k, self.k_scale, k, self.fp8_k_scale[layer]),
                                      (self.v, self.v_scale, v, self.fp8_v_scale[layer])):
             codes, scale = self._encode(x, s8)
             cache[layer][slots, :, positions] = codes
-            if scales is not None:
+            if scales is not None and scale is not None:     # int8: both, else neither
                 scales[layer][slots, :, positions] = scale
 
     def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:

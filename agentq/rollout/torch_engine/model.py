@@ -12,6 +12,7 @@ unquantized by accident.
 from __future__ import annotations
 
 import importlib
+from typing import Any, Iterable, Sequence, cast
 
 import torch
 import torch.nn as nn
@@ -32,8 +33,14 @@ class EngineLinear(nn.Module):
     Per-channel weight scales and per-token activation codes make this exact: every output row
     is computed as its own projection would compute it."""
 
+    # buffers (registered in __init__; declared for the type checker)
+    w_q: torch.Tensor
+    s_w: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool, quantized: bool, spec: QuantSpec,
-                 dtype: torch.dtype, device):
+                 dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.quantized, self.spec, self.dtype = quantized, spec, dtype
         self.in_features = in_features
@@ -67,6 +74,7 @@ class EngineLinear(nn.Module):
     @torch.no_grad()
     def load_bias(self, b_: torch.Tensor, part: str) -> None:
         a, b = self.offsets[part]
+        assert self.bias is not None, f"{part}: this linear has no bias"
         self.bias[a:b].copy_(b_.to(self.bias.dtype))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
@@ -77,7 +85,7 @@ class EngineLinear(nn.Module):
         return y if len(self.parts) == 1 else y.split(list(self.parts.values()), dim=-1)
 
 
-def use_fused_kernels(dtype: torch.dtype, device: torch.device) -> bool:
+def use_fused_kernels(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Fused Triton norm / SiLU·mul kernels: bf16/fp16 models on CUDA (fp32 keeps torch's exact
     arithmetic, the mode where engine and learner agree to ~1e-6). AGENTQ_FUSED=0 turns them off."""
     import os
@@ -91,7 +99,9 @@ class RMSNorm(nn.Module):
     """Same arithmetic as HF's Llama/Qwen RMSNorm (fp32 statistics, weight applied in input dtype);
     one Triton launch instead of ~7 torch kernels when `fused` (see `kernels.triton_norm`)."""
 
-    def __init__(self, dim: int, eps: float, dtype, device):
+    weight: torch.Tensor   # a buffer
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.eps = eps
         self.fused = use_fused_kernels(dtype, device)
@@ -113,7 +123,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg, layer_idx: int, spec: QuantSpec, dtype, device):
+    def __init__(self, cfg: Any, layer_idx: int, spec: QuantSpec, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.layer_idx = layer_idx
         h, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -173,7 +183,7 @@ class DecoderLayer(nn.Module):
             return x + self.down_proj(silu_mul(gate, up))
         return x + self.down_proj(F.silu(gate) * up)
 
-    def forward(self, x, cos, sin, ctx: "ForwardContext"):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: "ForwardContext") -> torch.Tensor:
         q, k, v = self._qkv(x, cos, sin)
         # quantize on write (valid tokens only), then read everything back dequantized
         vb, vt = ctx.valid_idx
@@ -181,7 +191,7 @@ class DecoderLayer(nn.Module):
                         k.permute(0, 2, 1, 3)[vb, vt], v.permute(0, 2, 1, 3)[vb, vt])
         return self._out_and_mlp(x, self._attend(q, ctx))
 
-    def _attend(self, q, ctx: "ForwardContext | DecodeContext"):
+    def _attend(self, q: torch.Tensor, ctx: "ForwardContext | DecodeContext") -> torch.Tensor:
         """Attention of q [B, H, T, D] over each row's slot: the Triton decode kernel (one query
         token, int8/float cache read in place) or the cache read back dequantized + masked SDPA."""
         i, cache = self.layer_idx, ctx.cache
@@ -193,7 +203,7 @@ class DecoderLayer(nn.Module):
         kc, vc = cache.read(i, ctx.slots, ctx.key_len)
         return attn_ops.masked_attention(q, kc, vc, ctx.allowed, self.scale)
 
-    def decode(self, x, cos, sin, d: "DecodeContext"):
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, d: "DecodeContext") -> torch.Tensor:
         """One new token per row (x [B, 1, H]); no host synchronisation when `d.use_kernel`, so the
         step can be captured in a CUDA graph. Same arithmetic as `forward` with T = 1."""
         q, k, v = self._qkv(x, cos, sin)
@@ -229,7 +239,8 @@ class DecodeContext:
 class ForwardContext:
     """Per-forward bookkeeping shared by all layers (positions, masks, cache indices)."""
 
-    def __init__(self, cache: KVCache, slots, positions, valid, new_lens, allow_decode_kernel: bool):
+    def __init__(self, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                 new_lens: torch.Tensor, allow_decode_kernel: bool):
         self.cache, self.slots, self.positions, self.new_lens = cache, slots, positions, new_lens
         self.valid_idx = valid.nonzero(as_tuple=True)
         self.key_len = int(new_lens.max())
@@ -243,7 +254,15 @@ class ForwardContext:
 
 
 class EngineModel(nn.Module):
-    def __init__(self, hf_config, spec: QuantSpec, dtype: torch.dtype = torch.float32, device="cpu"):
+    """The engine's Llama / Qwen2 / Qwen3 decoder: fused int8 linears, KV cache in slots, prefill
+    chunks and one-token decode steps."""
+
+    lm_head: torch.Tensor               # a buffer (untied models)
+    rotary: Any                         # the HF rotary-embedding module of the architecture
+    _rope: tuple[torch.Tensor, torch.Tensor] | None
+
+    def __init__(self, hf_config: Any, spec: QuantSpec, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
         super().__init__()
         mt = hf_config.model_type
         if mt not in SUPPORTED:
@@ -270,13 +289,18 @@ class EngineModel(nn.Module):
         self._targets = self._param_targets()
         self.set_max_len(int(getattr(hf_config, "max_position_embeddings", 4096)))
 
+    @property
+    def decoder_layers(self) -> Sequence[DecoderLayer]:
+        """`self.layers` with its element type (an nn.ModuleList is untyped)."""
+        return cast("Sequence[DecoderLayer]", self.layers)
+
     # ------------------------------------------------------------------ weights
-    def _param_targets(self) -> dict[str, tuple[nn.Module, str]]:
-        t: dict[str, tuple[nn.Module, str]] = {"model.embed_tokens.weight": (self.embed_tokens, "weight"),
+    def _param_targets(self) -> dict[str, tuple[Any, str | tuple[str, str]]]:
+        t: dict[str, tuple[Any, str | tuple[str, str]]] = {"model.embed_tokens.weight": (self.embed_tokens, "weight"),
                                                "model.norm.weight": (self.norm, "weight")}
         if not self.tied:
             t["lm_head.weight"] = (self, "lm_head")
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers):
             p = f"model.layers.{i}."
             for fused, prefix in ((layer.qkv_proj, "self_attn."), (layer.o_proj, "self_attn."),
                                   (layer.gate_up_proj, "mlp."), (layer.down_proj, "mlp.")):
@@ -292,7 +316,7 @@ class EngineModel(nn.Module):
         return t
 
     @torch.no_grad()
-    def load_weights(self, named_tensors, strict: bool = True) -> dict:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], strict: bool = True) -> dict:
         """Load HF-named tensors. Quantized linears are requantized (fresh per-channel scales).
         Returns {"loaded": n, "codes_changed": c, "codes_total": t}."""
         seen, changed, total = set(), 0, 0
@@ -323,12 +347,13 @@ class EngineModel(nn.Module):
         """cos/sin of every position [max_len, D] in the model dtype, from the HF rotary class.
         Each entry is one product inv_freq · position followed by cos/sin, so indexing the table
         gives the bits a per-call computation gives."""
-        if getattr(self, "_rope", None) is None or self._rope[0].shape[0] < self._rope_len:
+        rope = getattr(self, "_rope", None)
+        if rope is None or rope[0].shape[0] < self._rope_len:
             pos = torch.arange(self._rope_len, device=self.device)[None]
             x = torch.zeros(1, dtype=self.dtype, device=self.device)
             cos, sin = self.rotary(x, pos)
-            self._rope = (cos[0].contiguous(), sin[0].contiguous())
-        return self._rope
+            rope = self._rope = (cos[0].contiguous(), sin[0].contiguous())
+        return rope
 
     def set_max_len(self, max_len: int) -> None:
         self._rope_len, self._rope = max_len, None
@@ -345,14 +370,15 @@ class EngineModel(nn.Module):
             cos, sin = cos_t[d.positions].unsqueeze(1), sin_t[d.positions].unsqueeze(1)     # [B, 1, D]
         else:                    # CPU/fp32: the very call `forward` makes (pinned bits)
             cos, sin = self.rotary(x, d.positions[:, None])
-        for layer in self.layers:
+        for layer in self.decoder_layers:
             x = layer.decode(x, cos, sin, d)
         x = self.norm(x[:, 0])
         w = self.embed_tokens.weight if self.tied else self.lm_head
         return F.linear(x, w).float()
 
     @torch.no_grad()
-    def forward(self, input_ids, positions, valid, slots, new_lens, cache: KVCache, logit_rows=None,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, slots: torch.Tensor,
+                new_lens: torch.Tensor, cache: KVCache, logit_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
                 allow_decode_kernel: bool = True) -> torch.Tensor:
         """input_ids/positions/valid [B, T]; slots/new_lens [B] (slot length after this chunk).
 

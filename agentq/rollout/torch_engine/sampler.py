@@ -59,7 +59,7 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return hash32(s ^ hash32(positions + 0x9E3779B9))
 
 
-def vocab_keys(vocab: int, device) -> torch.Tensor:
+def vocab_keys(vocab: int, device: torch.device | str) -> torch.Tensor:
     """Per-vocabulary-index hashes (computed once per engine and reused every step)."""
     return hash32(torch.arange(vocab, dtype=torch.int64, device=device) * 2 + 1)
 
@@ -71,7 +71,7 @@ def counter_uniform(keys: torch.Tensor, vkeys: torch.Tensor) -> torch.Tensor:
 
 
 def sample_counter(logits: torch.Tensor, params: SamplingParams, keys: torch.Tensor, vkeys: torch.Tensor,
-                   temperature: torch.Tensor | None = None):
+                   temperature: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Counter-based `sample`: (token ids [B], their log-probs [B]) with Gumbel noise from
     `counter_uniform(keys, vkeys)`. `temperature` (a 0-d tensor) replaces params.temperature when
     given, so a captured CUDA graph can serve any temperature > 0."""
@@ -84,7 +84,8 @@ def sample_counter(logits: torch.Tensor, params: SamplingParams, keys: torch.Ten
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]):
+def sample(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (token ids [B], their log-probs [B])."""
     logp = processed_logprobs(logits, params)
     if params.temperature == 0:
