@@ -154,16 +154,12 @@ def tune_gemm(shapes, dev, results, deadline: float = float("inf"), ms=MS):
             rows.append((m, best[1]))
         table[(sh.n, sh.k)] = sorted(rows, key=lambda r: r[0])
     tg.H200_TABLE.update(table)
-    lines = ["H200_TABLE = {"]
-    for (n, k), rows in table.items():
-        lines.append(f"    ({n}, {k}): [")
-        for m, c in rows:
-            lines.append(f"        ({m}, GemmConfig({c.block_m}, {c.block_n}, {c.block_k}, {c.split_k}, {c.group_m}, "
-                         f"{c.num_warps}, {c.num_stages})),")
-        lines.append("    ],")
-    lines.append("}")
-    log("\n".join(lines))
-    results["gemm_table"] = "\n".join(lines)
+    # rows for kernels/h200_gemm.json ("gemm" section): paste or merge them there
+    rows_json = {f"{n}x{k}": [[m, [c.block_m, c.block_n, c.block_k, c.split_k, c.group_m, c.num_warps, c.num_stages]]
+                              for m, c in rows] for (n, k), rows in table.items()}
+    text = json.dumps(rows_json)
+    log(f"h200_gemm.json rows: {text}")
+    results["gemm_table"] = rows_json
 
 
 def bench_linears(shapes, dev, results):

@@ -19,7 +19,9 @@ bit-identical to `quant.w8a8_linear`.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -32,13 +34,15 @@ INTERPRETED = interpreting()
 
 @dataclass(frozen=True)
 class GemmConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    group_m: int = 8
+    """One launch shape of `_w8a8_gemm_kernel` (it never changes the result's bits)."""
+
+    block_m: int                 # output tile: rows (tokens) ...
+    block_n: int                 # ... and columns (output features) per program
+    block_k: int                 # reduction step per loop iteration
+    split_k: int = 1             # programs sharing one output tile's K range (int32 partials)
+    group_m: int = 8             # row tiles that walk the weight tiles together (L2 reuse)
     num_warps: int = 4
-    num_stages: int = 4
+    num_stages: int = 4          # software-pipelining depth of the K loop
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.split_k}/g{self.group_m}"
@@ -46,34 +50,22 @@ class GemmConfig:
 
 
 # ------------------------------------------------------------------ config table (H200, measured)
-#: (N, K) -> list of (max_M, config): the first entry with M <= max_M is used.
-#: Filled from `python -m agentq.eval.bench_kernels --tune` on an H200 (see docs/kernels.md); any other shape
-#: falls back to `heuristic_config`.
-H200_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = {
-    # Llama-3-8B decoder layer (H200 sweeps 1 and 3, see docs/kernels.md): qkv, o, gate_up, down
-    (6144, 4096): [(1, GemmConfig(16, 64, 256, 1, 8, 4, 6)), (16, GemmConfig(16, 64, 256, 1, 8, 4, 6)),
-                   (64, GemmConfig(64, 64, 256, 1, 8, 4, 4)), (256, GemmConfig(64, 128, 128, 1, 8, 4, 4))],
-    (4096, 4096): [(1, GemmConfig(16, 64, 256, 1, 8, 4, 6)), (16, GemmConfig(16, 32, 256, 1, 8, 4, 4)),
-                   (64, GemmConfig(64, 64, 256, 1, 8, 4, 4)), (256, GemmConfig(128, 64, 128, 1, 8, 4, 4))],
-    (28672, 4096): [(1, GemmConfig(16, 128, 256, 1, 8, 4, 4)), (16, GemmConfig(16, 128, 256, 1, 8, 4, 4)),
-                    (64, GemmConfig(64, 128, 128, 1, 8, 4, 4)), (256, GemmConfig(128, 128, 128, 1, 8, 8, 3))],
-    (4096, 14336): [(1, GemmConfig(16, 64, 256, 4, 8, 4, 4)), (16, GemmConfig(16, 32, 256, 2, 8, 4, 4)),
-                    (64, GemmConfig(64, 64, 256, 1, 8, 4, 4)), (256, GemmConfig(64, 128, 256, 1, 8, 4, 3))],
-    # Qwen3-8B gate_up, down (qkv and o are Llama-3-8B's shapes); H200 sweep 4 (docs/kernels.md)
-    (24576, 4096): [(16, GemmConfig(16, 64, 128, 1, 8, 4, 5)), (64, GemmConfig(64, 128, 128, 1, 8, 4, 4)),
-                    (128, GemmConfig(128, 128, 128, 1, 8, 8, 3)), (256, GemmConfig(64, 128, 128, 1, 8, 4, 4))],
-    (4096, 12288): [(16, GemmConfig(16, 64, 256, 1, 8, 4, 6)), (64, GemmConfig(64, 64, 256, 1, 8, 4, 4)),
-                    (128, GemmConfig(64, 128, 256, 1, 8, 4, 3)), (256, GemmConfig(64, 128, 256, 1, 8, 4, 3))],
-    # Qwen3-1.7B ("1b" in the benchmarks): qkv, o, gate_up, down
-    (4096, 2048): [(16, GemmConfig(16, 32, 256, 1, 8, 4, 4)), (64, GemmConfig(64, 64, 256, 1, 8, 4, 4)),
-                   (256, GemmConfig(64, 128, 256, 1, 8, 4, 3))],
-    (2048, 2048): [(16, GemmConfig(16, 32, 256, 1, 8, 4, 4)), (64, GemmConfig(64, 64, 256, 1, 8, 4, 4)),
-                   (256, GemmConfig(64, 128, 256, 1, 8, 4, 3))],
-    (12288, 2048): [(16, GemmConfig(16, 32, 256, 1, 8, 4, 4)), (64, GemmConfig(64, 128, 256, 1, 8, 8, 3)),
-                    (128, GemmConfig(64, 128, 128, 1, 8, 4, 4)), (256, GemmConfig(128, 128, 128, 1, 8, 8, 3))],
-    (2048, 6144): [(16, GemmConfig(16, 32, 256, 1, 8, 4, 4)), (64, GemmConfig(64, 64, 256, 1, 8, 4, 4)),
-                   (256, GemmConfig(64, 128, 256, 1, 8, 4, 3))],
-}
+TABLE_FILE = Path(__file__).with_name("h200_gemm.json")
+
+
+def load_table(path: Path = TABLE_FILE) -> dict[tuple[int, int], list[tuple[int, GemmConfig]]]:
+    """(N, K) -> [(max_M, config), ...] from the JSON the tuning sweeps fill (`python -m
+    agentq.eval.bench_kernels --tune gemm`, see docs/kernels.md); the first entry with M <= max_M is
+    used, and any other shape falls back to `heuristic_config`."""
+    raw = json.loads(path.read_text())["gemm"]
+    table = {}
+    for key, rows in raw.items():
+        n, k = (int(v) for v in key.split("x"))
+        table[(n, k)] = [(int(max_m), GemmConfig(*cfg)) for max_m, cfg in rows]
+    return table
+
+
+H200_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = load_table()
 
 
 def _cdiv(a: int, b: int) -> int:
