@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentq import build
 from agentq.agent import BackendPolicy, ChatFormat
+from agentq.agent.trajectory import Trajectory
 from agentq.algos import grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
 from agentq.eval.evaluate import choose_eval_tasks, evaluate_policy
@@ -92,8 +93,7 @@ class RLTrainer:
         self.objective = make_objective(cfg.algo.objective, clip_eps=float(cfg.algo.clip_eps),
                                         dual_clip=float(cfg.algo.dual_clip), kl_coef=float(cfg.algo.kl_coef),
                                         loss_agg=str(cfg.algo.loss_agg),
-                                        **(OmegaConf.to_container(cfg.algo.objective_params, resolve=True)
-                                           if cfg.algo.objective_params else {}))
+                                        **build.config_dict(cfg.algo.objective_params))
         self.train_split, self.eval_split = cfg.env.train_split, cfg.env.eval_split
         self.train_tasks = build.list_tasks(cfg, self.train_split)
         self.pool = build.env_pool(cfg, self.train_split, self.n_conc)
@@ -165,7 +165,7 @@ class RLTrainer:
             "skipped_step": 0,
         }
 
-    def _skip_step(self, step: int, trajs, rollout: dict, seconds: float) -> dict:
+    def _skip_step(self, step: int, trajs: list[Trajectory], rollout: dict, seconds: float) -> dict:
         """A step without one usable episode (all errored, or none produced an action token, e.g. the
         first prompt exceeds env.max_context_tokens): no update, a logged row, and after
         trainer.max_skipped_steps such steps in a row the run stops with the reason."""
