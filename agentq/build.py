@@ -12,16 +12,23 @@ import json
 import os
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
+import gymnasium as gym
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, PromptConfig, episode_seed
+from agentq.envs.base import TextEnv
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
-from agentq.pool import EnvSpec, make_pool
-from agentq.rollout.backend import SamplingParams
+from agentq.pool import EnvPool, EnvSpec, make_pool
+from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.logging import console
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def device_and_dtype(cfg: DictConfig) -> tuple[torch.device, torch.dtype]:
@@ -55,8 +62,13 @@ def cpu_int_gemm(cfg: DictConfig) -> str:
     return path
 
 
+def config_dict(node: Any) -> dict[str, Any]:
+    """A config section (resolved) as a plain dict; a null section gives {}."""
+    return cast(dict[str, Any], OmegaConf.to_container(node, resolve=True) or {}) if node is not None else {}
+
+
 @contextlib.contextmanager
-def learner_threads(cfg: DictConfig):
+def learner_threads(cfg: DictConfig) -> Iterator[int]:
     """Run the learner's phase with `cfg.learner_threads` intra-op threads (null: the cores idle now),
     then go back to `torch_threads` for the rollout, where the env workers need the cores."""
     before = torch.get_num_threads()
@@ -109,28 +121,33 @@ def _cpu_times() -> tuple[int, int]:
 
 # ---------------------------------------------------------------------- environments
 def env_spec(cfg: DictConfig, split: str, expert: bool = False) -> EnvSpec:
-    kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True) or {}
+    kwargs = config_dict(cfg.env.kwargs)
     kwargs.update(split=split, max_steps=int(cfg.env.max_steps), expert=expert)
     return EnvSpec(cfg.env.name, kwargs)
 
 
-def make_env(cfg: DictConfig, split: str, expert: bool = False):
+def make_env(cfg: DictConfig, split: str, expert: bool = False) -> gym.Env:
     from agentq.pool.base import make_env as _make
 
     return _make(env_spec(cfg, split, expert))
 
 
+def text_env(env: gym.Env) -> TextEnv:
+    """The agentq environment inside `env`'s wrappers (`agentq.envs.make` refuses any other kind)."""
+    return cast(TextEnv, env.unwrapped)
+
+
 def list_tasks(cfg: DictConfig, split: str) -> list[str]:
     env = make_env(cfg, split)
     try:
-        return list(env.unwrapped.list_tasks(split))
+        return list(text_env(env).list_tasks(split))
     finally:
         env.close()
 
 
-def env_pool(cfg: DictConfig, split: str, num_envs: int, expert: bool = False):
+def env_pool(cfg: DictConfig, split: str, num_envs: int, expert: bool = False) -> EnvPool:
     p = cfg.env_pool
-    kw = {"address": p.address, "num_cpus": p.get("num_cpus")} if p.type == "ray" else {}
+    kw: dict[str, Any] = {"address": p.address, "num_cpus": p.get("num_cpus")} if p.type == "ray" else {}
     if p.type in ("process", "ray"):
         kw["call_timeout_s"] = float(p.call_timeout_s)
     return make_pool(p.type, env_spec(cfg, split, expert), num_envs, num_workers=int(p.num_workers), **kw)
@@ -145,7 +162,7 @@ def env_corpus(cfg: DictConfig, n_episodes: int, seed: int = 0) -> list[str]:
     prompt = prompt_config(cfg)
     env = make_env(cfg, cfg.env.train_split, expert=True)
     rng = random.Random(seed)
-    tasks = env.unwrapped.list_tasks(cfg.env.train_split)
+    tasks = text_env(env).list_tasks(cfg.env.train_split)
     texts = [prompt.system, prompt.invalid_format]
     try:
         for i in range(n_episodes):
@@ -176,7 +193,7 @@ def model_path(cfg: DictConfig) -> str:
         return str(p)
     from agentq.models.tiny import TinyModelConfig, ensure_tiny_model
 
-    t = OmegaConf.to_container(cfg.model.tiny, resolve=True)
+    t = config_dict(cfg.model.tiny)
     n = int(t.pop("corpus_episodes"))
     tcfg = TinyModelConfig(**t)
     return str(ensure_tiny_model(tcfg, tiny_corpus_key(cfg), lambda: env_corpus(cfg, n, seed=tcfg.seed)))
@@ -187,14 +204,14 @@ def tiny_corpus_key(cfg: DictConfig) -> str:
     not, e.g., reward penalties, which would otherwise swap the base model. Bump CORPUS_VERSION
     when an environment's text or expert changes. The corpus plays train_split only, so eval_split is
     left out: the pipeline, which points eval_split at its own split, gets the same base model."""
-    env = OmegaConf.to_container(cfg.env, resolve=True)
+    env = config_dict(cfg.env)
     env.pop("eval_split", None)
     return json.dumps({"env": env,
                        "n": int(cfg.model.tiny.corpus_episodes), "action_tag": cfg.agent.action_tag,
                        "invalid_format": cfg.agent.invalid_format, "v": CORPUS_VERSION}, sort_keys=True)
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     """The model folder's tokenizer. Every command loads it first, so the folder's weight files are
     checked here too: a truncated one is named before anything is built."""
     from transformers import AutoTokenizer
@@ -236,8 +253,8 @@ def learner_temperature(cfg: DictConfig) -> float:
     return float(r.temperature)
 
 
-def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.dtype, tokenizer,
-                 max_slots: int | None = None):
+def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.dtype,
+                 tokenizer: PreTrainedTokenizerBase | None, max_slots: int | None = None) -> RolloutBackend:
     """The rollout backend `rollout.backend` names (torch | vllm), serving the weights in `path`."""
     backend = cfg.rollout.backend
     if backend not in ("torch", "vllm"):
@@ -280,7 +297,7 @@ def action_stop(cfg: DictConfig) -> tuple[str, ...]:
     return (ActionParser(cfg.agent.action_tag).close,) if cfg.agent.stop_at_action_end else ()
 
 
-def agent_loop(cfg: DictConfig, pool, chat: ChatFormat, sampling: SamplingParams, max_concurrent: int,
+def agent_loop(cfg: DictConfig, pool: EnvPool, chat: ChatFormat, sampling: SamplingParams, max_concurrent: int,
                run_seed: int) -> AgentLoop:
     return AgentLoop(pool, chat, prompt_config(cfg), ActionParser(cfg.agent.action_tag), sampling,
                      max_turns=int(cfg.env.max_steps), max_context_tokens=int(cfg.env.max_context_tokens),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from agentq.agent.trajectory import Trajectory
 from agentq.utils.jsonl import read_jsonl
@@ -25,7 +25,7 @@ def eval_record(t: Trajectory) -> dict:
             "reward": t.reward, "error": t.error, "task_type": t.info.get("task_type"), "transcript": t.transcript}
 
 
-def demo_record(tokenizer) -> Callable[[Trajectory], dict]:
+def demo_record(tokenizer: Any) -> Callable[[Trajectory], dict]:
     """A demonstration's line: the token stream with its masks, and its text for reading."""
     def record(t: Trajectory) -> dict:
         return {"task_id": t.task_id, "split": t.split, "won": t.won, "turns": t.turns, "end_reason": t.end_reason,

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
 from agentq import build
-from agentq.agent import BackendPolicy, ChatFormat
+from agentq.agent import AgentLoop, BackendPolicy, ChatFormat
+from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
+from agentq.pool import EnvPool
+from agentq.rollout.backend import RolloutBackend
 from agentq.utils.logging import console, jsonable, progress
 
 from .episodes import eval_record, won_by_task, write_trajectories
@@ -27,7 +31,7 @@ def choose_eval_tasks(cfg: DictConfig, split: str, num_tasks: int | None) -> Tas
     (`eval.selection`, seeded by `seed`, so every evaluation of a run plays the same tasks)."""
     env = build.make_env(cfg, split)
     try:
-        u = env.unwrapped
+        u = build.text_env(env)
         return select_tasks(list(u.list_tasks(split)), num_tasks, getattr(u, "task_type", None),
                             seed=int(cfg.seed), method=str(cfg.eval.get("selection", "stratified")))
     finally:
@@ -38,7 +42,7 @@ def repeat_tasks(tasks: list[str], repeats: int = 1) -> list[str]:
     return [t for t in tasks for _ in range(int(repeats))]
 
 
-def run_episodes(loop, policy, tasks: list[str], split: str, seed: int, first_id: int = 0,
+def run_episodes(loop: AgentLoop, policy: Policy, tasks: list[str], split: str, seed: int, first_id: int = 0,
                  description: str = "eval") -> list[Trajectory]:
     """One episode of each task (ids from `first_id`), with a progress bar counting the wins."""
     specs = build.episode_specs(tasks, split, seed, first_id)
@@ -46,15 +50,15 @@ def run_episodes(loop, policy, tasks: list[str], split: str, seed: int, first_id
         task = prog.add_task(description, total=len(specs), info="")
         won = [0]
 
-        def done(t: Trajectory):
+        def done(t: Trajectory) -> None:
             won[0] += int(t.won)
             prog.update(task, advance=1, info=f"won {won[0]}")
         return loop.run(specs, policy, on_done=done)
 
 
-def evaluate_policy(cfg: DictConfig, backend, pool, chat: ChatFormat, selection: TaskSelection, split: str,
+def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, chat: ChatFormat, selection: TaskSelection, split: str,
                     out: Path, *, seed: int, max_concurrent: int, first_id: int = 0, repeats: int = 1,
-                    description: str = "eval", **header) -> dict:
+                    description: str = "eval", **header: Any) -> dict:
     """Play the selected tasks of `split` with `backend` (sampling at `eval.temperature`), write
     `eval.json` and `episodes.jsonl` to `out`, and return the report. The one evaluation of
     `agentq eval`, the trainer's periodic and final evaluations and the pipeline's.

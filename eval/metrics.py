@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 
 from agentq.agent.trajectory import END_REASONS, Trajectory
 
@@ -78,7 +79,7 @@ def summarize(trajs: list[Trajectory]) -> dict:
     return out
 
 
-def aulc(steps: list[float], values: list[float]) -> float:
+def aulc(steps: Sequence[float], values: Sequence[float]) -> float:
     """Area under the evaluation curve normalised by training length (trapezoid)."""
     if len(steps) < 2 or steps[-1] == steps[0]:
         return values[0] if values else float("nan")

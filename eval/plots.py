@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentq.utils.logging import read_metrics
+
+if TYPE_CHECKING:        # matplotlib loads when a plot is drawn
+    from matplotlib.figure import Figure
 
 
 def learning_curve(metrics_path: str | Path, out_png: str | Path, sft_success: float | None = None,
@@ -19,7 +23,7 @@ def learning_curve(metrics_path: str | Path, out_png: str | Path, sft_success: f
 
 
 def learning_curve_figure(rows: list[dict], sft_success: float | None = None, title: str = "",
-                          split: str | None = None):
+                          split: str | None = None) -> Figure:
     """The learning curve's matplotlib figure from metrics.jsonl rows (the caller saves and closes it)."""
     import matplotlib
 
@@ -59,7 +63,7 @@ def learning_curve_figure(rows: list[dict], sft_success: float | None = None, ti
     return fig
 
 
-def mismatch_figure(rows: list[dict]):
+def mismatch_figure(rows: list[dict]) -> Figure:
     """K3 (rollout ‖ learner mismatch per action token) and InterQ-RL's α median / p10 / min against RL
     step, from metrics.jsonl rows (the caller saves and closes the figure)."""
     import matplotlib

@@ -15,8 +15,12 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentq.utils.logging import read_metrics
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 from .segments import read_segments, segment_steps
 
@@ -41,7 +45,7 @@ function colourBy(mode){document.body.className='by-'+mode;}
 """
 
 
-def _png_data_uri(fig) -> str:
+def _png_data_uri(fig: Figure) -> str:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
@@ -50,7 +54,7 @@ def _png_data_uri(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _fmt(v, digits: int = 3) -> str:
+def _fmt(v: object, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     if isinstance(v, float):

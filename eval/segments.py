@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -29,6 +29,9 @@ from agentq.agent.trajectory import Trajectory
 from agentq.algos import interq_retention, k3, quantile, token_delta
 from agentq.algos.interq import Retention, segment_sums, trajectory_rows
 from agentq.learner.batch import PolicyBatch
+
+if TYPE_CHECKING:        # pyarrow loads when segments are written or read
+    import pyarrow as pa
 
 FOLDER = "segments"
 
@@ -61,6 +64,9 @@ def segment_rows(step: int, trajs: list[Trajectory], batch: PolicyBatch, retenti
     Returns:
         One dict per (trajectory, turn), columns as in the module docstring.
     """
+    if batch.old_logp is None:
+        raise ValueError("segment_rows needs batch.old_logp: call Learner.fill_old_and_ref first")
+    old_logp = batch.old_logp
     mask = batch.action_mask.bool()
     seg = batch.seg_id.long()
     delta = token_delta(batch)                                           # [B, L] f64
@@ -89,13 +95,13 @@ def segment_rows(step: int, trajs: list[Trajectory], batch: PolicyBatch, retenti
                 "observation": t.get("observation"), "assistant": t.get("assistant"), "action": t.get("action"),
                 "feedback": t.get("feedback"),
                 "token_ids": tok, "token_text": decode(tok) if decode else None,
-                "logp_behaviour": batch.rollout_logp[i][on].tolist(), "logp_old": batch.old_logp[i][on].tolist(),
+                "logp_behaviour": batch.rollout_logp[i][on].tolist(), "logp_old": old_logp[i][on].tolist(),
                 "delta": delta[i][on].tolist(),
             })
     return rows
 
 
-def token_decoder(tokenizer) -> Callable[[list[int]], list[str]]:
+def token_decoder(tokenizer: Any) -> Callable[[list[int]], list[str]]:
     """Token ids → the text of each token on its own (what the episode viewer colours)."""
     return lambda ids: tokenizer.batch_decode([[i] for i in ids])
 
@@ -132,7 +138,8 @@ def segment_steps(run_dir: str | Path) -> list[int]:
     return sorted(int(p.stem.split("_")[1]) for p in (Path(run_dir) / FOLDER).glob("step_*.parquet"))
 
 
-def read_segments(run_dir: str | Path, steps: list[int] | None = None, columns: list[str] | None = None):
+def read_segments(run_dir: str | Path, steps: list[int] | None = None,
+                  columns: list[str] | None = None) -> pa.Table:
     """The segment history of a run as one pyarrow Table (`steps`: only those; `columns`: only those).
     `.to_pylist()` gives dicts; `.to_pandas()` a DataFrame when pandas is installed."""
     import pyarrow as pa

@@ -59,6 +59,19 @@ def allocate(counts: dict[str, int], n: int, rng: np.random.Generator) -> dict[s
     return alloc
 
 
+def _stratified(types: list[str | None], counts: dict[str, int], n: int, rng: np.random.Generator) -> list[int]:
+    """`n` task indices: `allocate`'s share of each type, drawn without replacement within the type."""
+    by_type: dict[str, list[int]] = defaultdict(list)
+    for i, ty in enumerate(types):
+        if ty is not None:
+            by_type[ty].append(i)
+    chosen: list[int] = []
+    for ty, k in allocate(dict(counts), n, rng).items():
+        idx = by_type[ty]
+        chosen += [idx[j] for j in rng.choice(len(idx), size=k, replace=False)]
+    return chosen
+
+
 def select_tasks(all_tasks: list[str], num_tasks: int | None, task_type: Callable[[str], str | None] | None = None,
                  seed: int = 0, method: str = "stratified") -> TaskSelection:
     """The tasks an evaluation of `num_tasks` (None: all) plays out of `all_tasks`.
@@ -92,19 +105,14 @@ def select_tasks(all_tasks: list[str], num_tasks: int | None, task_type: Callabl
         seed_used = int(seed)
         if counts and all(ty is not None for ty in types):
             how = "stratified"
-            by_type: dict[str, list[int]] = defaultdict(list)
-            for i, ty in enumerate(types):
-                by_type[ty].append(i)
-            chosen = []
-            for ty, k in allocate(dict(counts), n, rng).items():
-                idx = by_type[ty]
-                chosen += [idx[j] for j in rng.choice(len(idx), size=k, replace=False)]
+            chosen = _stratified(types, counts, n, rng)
         else:
             how = "sample"
             chosen = [int(i) for i in rng.choice(m, size=n, replace=False)]
     chosen = sorted(chosen)
     per_type: dict[str, list[int]] = {ty: [0, c] for ty, c in sorted(counts.items())}
     for i in chosen:
-        if types[i] is not None:
-            per_type[types[i]][0] += 1
+        ty = types[i]
+        if ty is not None:
+            per_type[ty][0] += 1
     return TaskSelection([all_tasks[i] for i in chosen], how, m, seed_used, per_type)

@@ -19,8 +19,8 @@ prefill and decode alike.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from dataclasses import dataclass, field
+from typing import Iterable
 
 WEIGHT_FORMATS = ("none", "int8_per_channel_sym")
 ACT_FORMATS = ("none", "int8_per_token_dynamic_sym")
@@ -75,16 +75,6 @@ class QuantSpec:
     @property
     def kv_quantized(self) -> bool:
         return self.kv != "none"
-
-    @property
-    def is_identity(self) -> bool:
-        return not self.linear_quantized and not self.kv_quantized
-
-    def kv_bytes_per_element(self) -> int:
-        return 1 if self.kv_quantized else 0   # 0 = "same as the compute dtype"
-
-    def with_(self, **kw: Any) -> "QuantSpec":
-        return replace(self, **kw)
 
     # ------------------------------------------------------------------ module audit
     def check_linears(self, linear_names: Iterable[str]) -> dict[str, list[str]]:

@@ -253,7 +253,3 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, bias: tor
     y = int8_gemm(x_q, s_x, w_q, s_w, bias, x.dtype, config)
     return y.reshape(*shape[:-1], w_q.shape[0])
 
-
-def is_interpreted() -> bool:
-    return HAVE_TRITON and runs_interpreted(_w8a8_gemm_kernel)
-

@@ -58,7 +58,3 @@ class Trajectory:
     def num_action_tokens(self) -> int:
         """Tokens the policy sampled."""
         return sum(self.action_mask)
-
-    @property
-    def hit_step_cap(self) -> bool:
-        return self.end_reason == "step_cap"

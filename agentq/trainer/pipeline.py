@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -58,9 +59,11 @@ def eval_splits(cfg: DictConfig) -> list[str]:
     from gymnasium.envs.registration import load_env_creator
 
     from agentq.envs import REGISTRY
+    from agentq.envs.base import TextEnv
 
     splits = list(cfg.pipeline.eval_splits or [cfg.env.eval_split])
-    valid = list(load_env_creator(REGISTRY[cfg.env.name][1]).splits)
+    env_cls = cast("type[TextEnv]", load_env_creator(REGISTRY[cfg.env.name][1]))   # REGISTRY names TextEnv classes
+    valid = list(env_cls.splits)
     bad = [s for s in splits if s not in valid]
     if bad:
         raise ValueError(f"pipeline.eval_splits={splits}: {bad} not a split of {cfg.env.name}; "

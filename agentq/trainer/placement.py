@@ -12,10 +12,20 @@ on several nodes: docs/distributed.md.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 from omegaconf import DictConfig
 
 from agentq import build
+
+if TYPE_CHECKING:       # the learner and Ray-backed parts load when a placement needs them
+    from transformers import PreTrainedTokenizerBase
+
+    from agentq.kernels.quant_spec import QuantSpec
+    from agentq.learner.distributed import DataParallelLearner
+    from agentq.learner.learner import Learner
+    from agentq.rollout.backend import RolloutBackend
 
 MODES = ("single", "colocated", "split")
 WEIGHT_SYNCS = ("object_store",)
@@ -36,9 +46,9 @@ class Placement:
             raise ValueError(f"placement.mode={self.mode!r}; valid: {list(MODES)}")
         self.rollout_workers, self.learner_ranks = int(p.rollout_workers), int(p.learner_ranks)
         self.timeout_s = float(p.timeout_s)
-        self._ray = None
+        self._ray: Any = None           # the ray module once started (ray is untyped here: pyproject.toml)
         self._started_ray = False
-        self._pg = None
+        self._pg: Any = None            # ray's PlacementGroup while reserved
         self._parts: list = []
         if self.mode == "single":
             return
@@ -69,7 +79,7 @@ class Placement:
                      log_to_driver=False, configure_logging=False)
             self._started_ray = True
 
-    def _resolve_gpus(self, use_gpus) -> bool:
+    def _resolve_gpus(self, use_gpus: bool | str) -> bool:
         have = self._ray.cluster_resources().get("GPU", 0) > 0
         if use_gpus == "auto":
             return have
@@ -116,7 +126,7 @@ class Placement:
         return self.rollout_workers + r if self.mode == "split" else r
 
     # -------------------------------------------------------------- components
-    def learner(self, model_path: str, spec, **learner_kw):
+    def learner(self, model_path: str, spec: QuantSpec, **learner_kw: Any) -> Learner | DataParallelLearner:
         """A `Learner` in this process (single) or a `DataParallelLearner` over the ranks.
 
         Args:
@@ -137,8 +147,8 @@ class Placement:
         self._parts.append(learner)
         return learner
 
-    def rollout(self, cfg: DictConfig, model_path: str, device: torch.device, dtype: torch.dtype, tokenizer,
-                max_slots: int):
+    def rollout(self, cfg: DictConfig, model_path: str, device: torch.device, dtype: torch.dtype,
+                tokenizer: PreTrainedTokenizerBase, max_slots: int) -> RolloutBackend:
         """The rollout backend: today's engine in this process (single), or the engines as Ray actors
         (their weights arrive with the trainer's first `update_weights`)."""
         if self.mode == "single":

@@ -21,18 +21,24 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentq import build
 from agentq.agent import BackendPolicy, ChatFormat
-from agentq.algos import grpo_advantages, make_objective, mismatch_metrics
+from agentq.agent.trajectory import Trajectory
+from agentq.algos import Prepared, grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
 from agentq.eval.evaluate import choose_eval_tasks, evaluate_policy
 from agentq.eval.metrics import summarize
 from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
-from agentq.learner.batch import collate
+from agentq.learner.batch import PolicyBatch, collate
 from agentq.utils.checkpoint import TrainerState, load_trainer_state, save_hf_checkpoint
 from agentq.utils.logging import MetricsLogger, console, jsonable, progress, step_line
 
 from .placement import Placement
 from .run_dir import RunAborted, claim_run_dir, new_run_dir, write_lost_episodes
+
+
+#: rollout summary keys (eval.metrics.summarize) every step row carries, skipped steps too
+ROLLOUT_KEYS = ("reward_mean", "success_rate", "score_mean", "turns_mean", "cap_rate", "invalid_action_rate",
+                "inadmissible_action_rate", "end_context")
 
 
 def run_dir_for(cfg: DictConfig) -> Path:
@@ -49,123 +55,160 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 class RLTrainer:
     def __init__(self, cfg: DictConfig, init_path: str | None = None):
         self.cfg = cfg
-        t = cfg.trainer
         self.device, self.dtype = build.device_and_dtype(cfg)
         torch.manual_seed(int(cfg.seed))
         self.rng = np.random.default_rng(int(cfg.seed))
         self.gen = torch.Generator().manual_seed(int(cfg.seed))
         self.run_dir = run_dir_for(cfg)
+        t = cfg.trainer
         self._lock = claim_run_dir(self.run_dir, resume=bool(t.resume), overwrite=bool(t.get("overwrite", False)))
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        self.start_step = 0
-        resume_ckpt = latest_checkpoint(self.run_dir) if t.resume else None
-        if t.resume and resume_ckpt is None:
-            raise FileNotFoundError(f"trainer.resume={t.resume!r}: no checkpoints/step_* in that run folder")
-        state = load_trainer_state(resume_ckpt) if resume_ckpt is not None else None
+        resume_ckpt, state = self._resume_point()
         # the policy the run started from: the KL reference, also after a resume
         self.init_path = (state.meta if state else {}).get("init_path") or init_path or build.model_path(cfg)
         path = str(resume_ckpt) if resume_ckpt else self.init_path
         self.tokenizer = build.load_tokenizer(path)
         self.chat = ChatFormat.from_tokenizer(self.tokenizer)
-        self.rollout_spec, learner_spec = build.quant_specs(cfg)
         # where the engines and learner ranks run (placement=single: both here, as before)
         self.placement = Placement(cfg)
-        self.learner = self.placement.learner(
-            path, learner_spec, dtype=self.dtype, device=str(self.device), lr=float(t.lr),
-            weight_decay=float(t.weight_decay), betas=tuple(t.betas), grad_clip=float(t.grad_clip),
-            use_reference=float(cfg.algo.kl_coef) > 0, micro_batch_size=int(t.micro_batch_size),
-            ref_path=self.init_path if resume_ckpt is not None else None,
-            activation_checkpointing=bool(t.activation_checkpointing),
-            temperature=build.learner_temperature(cfg))
-        if state is not None:
-            self.learner.opt.load_state_dict(state.tensors["optimizer"])
-            self.start_step = int(state.meta["step"])
-            self.rng.bit_generator.state = state.meta["np_rng"]
-            self.gen.set_state(state.tensors["torch_gen"])
-            MetricsLogger.truncate(self.run_dir, self.start_step)   # steps after the checkpoint are redone
-            truncate_segments(self.run_dir, self.start_step)
-            console.print(f"resumed from {resume_ckpt} at step {self.start_step}")
-        self.n_episodes = int(t.tasks_per_step) * int(t.group_size)
-        self.n_conc = max(1, min(self.n_episodes, int(t.max_concurrent), int(cfg.rollout.max_slots)))
-        self.engine = self.placement.rollout(cfg, path, self.device, self.dtype, self.tokenizer, max_slots=self.n_conc)
-        self.engine.update_weights(self.learner.named_weights(), version=self.start_step)
+        self._build_learner(path, resumed=resume_ckpt is not None)
+        self.start_step = self._restore(state, resume_ckpt) if state is not None else 0
+        self._build_rollout(path)
         self.objective = make_objective(cfg.algo.objective, clip_eps=float(cfg.algo.clip_eps),
                                         dual_clip=float(cfg.algo.dual_clip), kl_coef=float(cfg.algo.kl_coef),
                                         loss_agg=str(cfg.algo.loss_agg),
-                                        **(OmegaConf.to_container(cfg.algo.objective_params, resolve=True)
-                                           if cfg.algo.objective_params else {}))
-        self.train_split, self.eval_split = cfg.env.train_split, cfg.env.eval_split
-        self.train_tasks = build.list_tasks(cfg, self.train_split)
-        self.pool = build.env_pool(cfg, self.train_split, self.n_conc)
-        self.loop = build.agent_loop(cfg, self.pool, self.chat, build.sampling_params(cfg, self.chat), self.n_conc,
-                                     run_seed=int(cfg.seed))
+                                        **build.config_dict(cfg.algo.objective_params))
         self._eval_selection: dict = {}
         self.logger = MetricsLogger.from_config(self.run_dir, cfg)
         self.next_episode_id = self.start_step * self.n_episodes
         self.eval_history: list[dict] = []
         self.skipped_in_a_row = 0
 
+    # ------------------------------------------------------------------ construction phases
+    def _resume_point(self) -> tuple[Path | None, TrainerState | None]:
+        """(checkpoint, its trainer state) to resume from with trainer.resume, else (None, None)."""
+        resume = self.cfg.trainer.resume
+        if not resume:
+            return None, None
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"trainer.resume={resume!r}: no checkpoints/step_* in that run folder")
+        return ckpt, load_trainer_state(ckpt)
+
+    def _build_learner(self, path: str, resumed: bool) -> None:
+        """The learner at `path` with the aligned learner spec (`self.rollout_spec` is the engine's)."""
+        cfg, t = self.cfg, self.cfg.trainer
+        self.rollout_spec, learner_spec = build.quant_specs(cfg)
+        self.learner = self.placement.learner(
+            path, learner_spec, dtype=self.dtype, device=str(self.device), lr=float(t.lr),
+            weight_decay=float(t.weight_decay), betas=tuple(t.betas), grad_clip=float(t.grad_clip),
+            use_reference=float(cfg.algo.kl_coef) > 0, micro_batch_size=int(t.micro_batch_size),
+            ref_path=self.init_path if resumed else None,
+            activation_checkpointing=bool(t.activation_checkpointing),
+            temperature=build.learner_temperature(cfg))
+
+    def _restore(self, state: TrainerState, ckpt: Path | None) -> int:
+        """Optimizer and RNG states from a checkpoint; logs after it are cut (those steps are redone).
+
+        Returns:
+            The checkpoint's step (the run continues after it).
+        """
+        step = int(state.meta["step"])
+        self.learner.opt.load_state_dict(state.tensors["optimizer"])
+        self.rng.bit_generator.state = state.meta["np_rng"]
+        self.gen.set_state(state.tensors["torch_gen"])
+        MetricsLogger.truncate(self.run_dir, step)
+        truncate_segments(self.run_dir, step)
+        console.print(f"resumed from {ckpt} at step {step}")
+        return step
+
+    def _build_rollout(self, path: str) -> None:
+        """The engine (synced to the learner's weights), the training tasks, env pool and agent loop."""
+        cfg, t = self.cfg, self.cfg.trainer
+        self.n_episodes = int(t.tasks_per_step) * int(t.group_size)
+        self.n_conc = max(1, min(self.n_episodes, int(t.max_concurrent), int(cfg.rollout.max_slots)))
+        self.engine = self.placement.rollout(cfg, path, self.device, self.dtype, self.tokenizer, max_slots=self.n_conc)
+        self.engine.update_weights(self.learner.named_weights(), version=self.start_step)
+        self.train_split, self.eval_split = cfg.env.train_split, cfg.env.eval_split
+        self.train_tasks = build.list_tasks(cfg, self.train_split)
+        self.pool = build.env_pool(cfg, self.train_split, self.n_conc)
+        self.loop = build.agent_loop(cfg, self.pool, self.chat, build.sampling_params(cfg, self.chat), self.n_conc,
+                                     run_seed=int(cfg.seed))
+
     # ------------------------------------------------------------------ one RL step
     def step(self, step: int) -> dict:
-        t, cfg = self.cfg.trainer, self.cfg
+        """One RL step (module docstring): collect, score, prepare, update, sync; returns the logged row."""
         t0 = time.perf_counter()
-        # 1. rollouts from the behaviour policy (the quantized engine)
-        tasks = sample_tasks(self.train_tasks, int(t.tasks_per_step), self.rng)
-        specs = build.episode_specs(tasks, self.train_split, int(cfg.seed), self.next_episode_id, int(t.group_size))
-        self.next_episode_id += len(specs)
-        trajs = self.loop.run(specs, BackendPolicy(self.engine))
+        trajs = self._collect()
         t_roll = time.perf_counter() - t0
         rollout = summarize(trajs)
         write_lost_episodes(self.run_dir, step, trajs)
         usable = [x for x in trajs if x.end_reason != "error" and x.num_action_tokens > 0]
-        gen_tokens = sum(x.num_action_tokens for x in trajs)
         if not usable:
             return self._skip_step(step, trajs, rollout, time.perf_counter() - t0)
         self.skipped_in_a_row = 0
-
-        # 2. GRPO advantages within each task's group
-        rewards = torch.tensor([x.reward for x in usable], dtype=torch.float32)
-        groups = torch.tensor([x.group_id for x in usable])
-        adv = grpo_advantages(rewards, groups)
-        batch = collate(usable, adv, pad_id=self.tokenizer.pad_token_id or 0)
-
-        # 3. π_old and π_ref log-probs through the aligned forward
+        batch = self._score(usable)
         t1 = time.perf_counter()
-        with build.learner_threads(cfg) as n_threads:
-            self.learner.fill_old_and_ref(batch)
-            mismatch = mismatch_metrics(batch)
-
-            # 4. objective: per-token weights once per batch, then PPO epochs over minibatches
-            prep = self.objective.prepare(batch)
-            batch = batch.weighted(prep)
-            if t.get("save_segments", True):    # the segment history (eval/segments.py), before the update
-                write_segments(self.run_dir, step, segment_rows(step, usable, batch, getattr(
-                    self.objective, "retention", None), token_decoder(self.tokenizer)))
-            upd = self.learner.update(batch, self.objective, epochs=int(t.ppo_epochs),
-                                      minibatch_size=int(t.minibatch_size) if t.minibatch_size else None,
-                                      generator=self.gen)
+        with build.learner_threads(self.cfg) as n_threads:
+            batch, prep, mismatch = self._prepare(step, usable, batch)
+            upd = self._update(batch)
         t_train = time.perf_counter() - t1
-
-        # 5. weight sync: the engine requantizes the new masters with fresh scales
+        # sync: the engine requantizes the new masters with fresh scales
         sync = self.engine.update_weights(self.learner.named_weights(), version=step)
-        step_time = time.perf_counter() - t0
+        gen_tokens = sum(x.num_action_tokens for x in trajs)
         return {
-            "reward_mean": rollout["reward_mean"], "success_rate": rollout["success_rate"],
-            "score_mean": rollout["score_mean"], "turns_mean": rollout["turns_mean"],
-            "cap_rate": rollout["cap_rate"], "invalid_action_rate": rollout["invalid_action_rate"],
-            "inadmissible_action_rate": rollout["inadmissible_action_rate"],
-            "episodes": len(trajs), "errored_episodes": rollout["errors"],
-            "end_context": rollout["end_context"],
-            "adv_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0,
+            **{k: rollout[k] for k in ROLLOUT_KEYS}, "episodes": len(trajs), "errored_episodes": rollout["errors"],
+            "adv_abs_mean": float(batch.adv.abs().mean()) if len(batch.adv) else 0.0,
             "action_tokens": gen_tokens, "tokens_per_s": gen_tokens / max(t_roll, 1e-9),
             **upd, **prep.stats, **mismatch,
             "int8_codes_changed": sync.int8_codes_changed, "sync_time_s": sync.seconds,
             "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
-            "rollout_time_s": t_roll, "train_time_s": t_train, "step_time_s": step_time, "learner_threads": n_threads,
-            "skipped_step": 0,
+            "rollout_time_s": t_roll, "train_time_s": t_train, "step_time_s": time.perf_counter() - t0,
+            "learner_threads": n_threads, "skipped_step": 0,
         }
 
-    def _skip_step(self, step: int, trajs, rollout: dict, seconds: float) -> dict:
+    def _collect(self) -> list[Trajectory]:
+        """Rollouts from the behaviour policy (the quantized engine): `group_size` episodes of each of
+        `tasks_per_step` sampled training tasks."""
+        t = self.cfg.trainer
+        tasks = sample_tasks(self.train_tasks, int(t.tasks_per_step), self.rng)
+        specs = build.episode_specs(tasks, self.train_split, int(self.cfg.seed), self.next_episode_id,
+                                    int(t.group_size))
+        self.next_episode_id += len(specs)
+        return self.loop.run(specs, BackendPolicy(self.engine))
+
+    def _score(self, usable: list[Trajectory]) -> PolicyBatch:
+        """The padded batch with GRPO advantages (episode reward standardised within its task's group)."""
+        rewards = torch.tensor([x.reward for x in usable], dtype=torch.float32)
+        groups = torch.tensor([x.group_id for x in usable])
+        return collate(usable, grpo_advantages(rewards, groups), pad_id=self.tokenizer.pad_token_id or 0)
+
+    def _prepare(self, step: int, usable: list[Trajectory],
+                 batch: PolicyBatch) -> tuple[PolicyBatch, Prepared, dict[str, float | list[float]]]:
+        """π_old / π_ref log-probs through the aligned forward, the rollout ‖ learner mismatch, and the
+        objective's per-token weights (once per batch); the segment history is written here, before
+        the update.
+
+        Returns:
+            (the weighted batch, the objective's `Prepared`, mismatch metrics).
+        """
+        self.learner.fill_old_and_ref(batch)
+        mismatch = mismatch_metrics(batch)
+        prep = self.objective.prepare(batch)
+        batch = batch.weighted(prep)
+        if self.cfg.trainer.get("save_segments", True):     # the segment history (eval/segments.py)
+            write_segments(self.run_dir, step, segment_rows(step, usable, batch, getattr(
+                self.objective, "retention", None), token_decoder(self.tokenizer)))
+        return batch, prep, mismatch
+
+    def _update(self, batch: PolicyBatch) -> dict[str, float]:
+        """PPO epochs over minibatches of `batch`; returns the learner's update metrics."""
+        t = self.cfg.trainer
+        return self.learner.update(batch, self.objective, epochs=int(t.ppo_epochs),
+                                   minibatch_size=int(t.minibatch_size) if t.minibatch_size else None,
+                                   generator=self.gen)
+
+    def _skip_step(self, step: int, trajs: list[Trajectory], rollout: dict, seconds: float) -> dict:
         """A step without one usable episode (all errored, or none produced an action token, e.g. the
         first prompt exceeds env.max_context_tokens): no update, a logged row, and after
         trainer.max_skipped_steps such steps in a row the run stops with the reason."""
@@ -180,9 +223,7 @@ class RLTrainer:
                 f"lost episodes' errors in {self.run_dir / 'errors.jsonl'}); stopping "
                 f"(trainer.max_skipped_steps={limit}). 'context' means the first prompt does not fit "
                 f"env.max_context_tokens={int(self.cfg.env.max_context_tokens)}")
-        keys = ("reward_mean", "success_rate", "score_mean", "turns_mean", "cap_rate", "invalid_action_rate",
-                "inadmissible_action_rate", "end_context")
-        return {**{k: rollout[k] for k in keys}, "episodes": len(trajs), "errored_episodes": rollout["errors"],
+        return {**{k: rollout[k] for k in ROLLOUT_KEYS}, "episodes": len(trajs), "errored_episodes": rollout["errors"],
                 "action_tokens": sum(x.num_action_tokens for x in trajs), "step_time_s": seconds,
                 "skipped_step": 1}
 

@@ -12,10 +12,13 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from agentq.config import ConfigError
 from agentq.utils.jsonl import append_jsonl
+
+if TYPE_CHECKING:
+    from agentq.agent.trajectory import Trajectory
 
 LOCK_FILE = ".agentq.lock"
 ERRORS_FILE = "errors.jsonl"
@@ -95,7 +98,7 @@ def remove_stale_temp_dirs(folder: Path) -> list[Path]:
     return stale
 
 
-def write_lost_episodes(run_dir: str | Path, step: int, trajectories) -> int:
+def write_lost_episodes(run_dir: str | Path, step: int, trajectories: list[Trajectory]) -> int:
     """Append one errors.jsonl row (step, episode, task, error text) per errored episode.
     Returns how many were written."""
     rows = [{"step": step, "episode_id": t.episode_id, "task_id": t.task_id, "split": t.split,

@@ -14,6 +14,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -50,7 +51,7 @@ def collect_demos(cfg: DictConfig, chat: ChatFormat, n: int, split: str, seed: i
     return trajs
 
 
-def action_nll(model, trajs: list[Trajectory], device) -> tuple[torch.Tensor, int]:
+def action_nll(model: torch.nn.Module, trajs: list[Trajectory], device: torch.device | str) -> tuple[torch.Tensor, int]:
     """Token-mean negative log-likelihood over action tokens, and the number of those tokens."""
     b = collate(trajs).to(device)
     logp = sequence_logprobs(model, b.input_ids, b.attention_mask)
@@ -113,7 +114,7 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
 
 
 def _fit(cfg: DictConfig, path: str, out: Path, train: list[Trajectory], val: list[Trajectory],
-         rng: random.Random, device, dtype):
+         rng: random.Random, device: torch.device, dtype: torch.dtype) -> tuple[Learner, list[dict[str, Any]]]:
     """Cross-entropy epochs with linear warm-up; returns the learner and per-epoch losses."""
     s = cfg.sft
     _, learner_spec = build.quant_specs(cfg)

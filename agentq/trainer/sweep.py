@@ -29,6 +29,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -171,7 +172,7 @@ def _curve(run_dir: Path, sft_success: float) -> tuple[list[int], list[float]]:
     return [0] + [int(r["step"]) for r in ev], [sft_success] + [float(r["eval/success_rate"]) for r in ev]
 
 
-def _finite(xs) -> list[float]:
+def _finite(xs: Iterable[float | None]) -> list[float]:
     return [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
 
 
@@ -242,7 +243,7 @@ def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -
             "references": refs, "seeds": seeds}
 
 
-def _fmt(x, spec: str = ".1e") -> str:
+def _fmt(x: float | None, spec: str = ".1e") -> str:
     return "–" if x is None else format(x, spec)
 
 

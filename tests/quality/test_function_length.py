@@ -14,9 +14,6 @@ from layout import REPO
 
 MAX_LINES = 50
 FOLDERS = ("agentq", "envs", "kernels", "eval")
-# Known offenders, to be split by issue 18's other half (agentq/trainer is being restructured there);
-# the test fails once one of them is short, so the list only shrinks.
-KNOWN_LONG = {"agentq/trainer/rl.py:RLTrainer.__init__", "agentq/trainer/rl.py:RLTrainer.step"}
 
 
 def _is_script(tree: ast.Module, path: Path) -> bool:
@@ -55,9 +52,7 @@ def long_functions(repo: Path = REPO, max_lines: int = MAX_LINES) -> dict[str, i
 
 
 def test_no_library_function_is_longer_than_50_lines():
-    found = long_functions()
-    assert set(found) - KNOWN_LONG == set(), {k: v for k, v in found.items() if k not in KNOWN_LONG}
-    assert KNOWN_LONG - set(found) == set(), "no longer long: remove from KNOWN_LONG"
+    assert long_functions() == {}
 
 
 def test_the_checker_counts_def_to_last_line(tmp_path):

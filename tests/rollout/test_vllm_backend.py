@@ -4,6 +4,7 @@ need no vLLM. Tests that need vLLM skip with the reason when it is not installed
 are slow on 2 cores: engines are module-scoped fixtures (about six starts in all)."""
 import importlib.util
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -79,11 +80,11 @@ def test_specs_vllm_cannot_express_are_refused():
     with pytest.raises(ValueError, match="int8_per_token_head.*wrong log-probs"):
         engine_settings(P("w8a8_kv8"), cpu=True)
     with pytest.raises(ValueError, match="act_rounding='half_away'"):
-        engine_settings(P("w8a8").with_(act_rounding="half_away"), cpu=False)
+        engine_settings(replace(P("w8a8"), act_rounding="half_away"), cpu=False)
     with pytest.raises(ValueError, match="kv_rounding='half_even'"):
-        engine_settings(P("w8a8_kv8").with_(kv_rounding="half_even"), cpu=False)
-    no_k = P("w8a8").with_(quantized_modules=("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-                           ignored_modules=("embed_tokens", "lm_head", "k_proj"))
+        engine_settings(replace(P("w8a8_kv8"), kv_rounding="half_even"), cpu=False)
+    no_k = replace(P("w8a8"), quantized_modules=("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                   ignored_modules=("embed_tokens", "lm_head", "k_proj"))
     with pytest.raises(ValueError, match=r"\['q_proj', 'v_proj'\] but not all of \['q_proj', 'k_proj', 'v_proj'\]"):
         engine_settings(no_k, cpu=False)
 
