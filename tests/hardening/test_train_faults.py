@@ -65,9 +65,15 @@ def test_stopped_and_killed_workers_cost_episodes_not_the_run(tiny_model_dir, tm
     assert p.returncode == 0, err[-3000:]
     got = rows(run)
     assert [r["step"] for r in got] == [1, 2, 3]
-    # both workers own 2 of the 4 slots: all 4 episodes of step 2 are lost, so that step is skipped
-    assert [r["errored_episodes"] for r in got] == [0, 4, 0] and got[1]["skipped_step"] == 1
+    # each worker owns 2 of the 4 slots and loses its next 2 episodes once (then it is restarted). The
+    # signals land after step 1's row is written, usually before step 2's episodes reach the workers
+    # (errored 0, 4, 0 and step 2 skipped); on a loaded machine a worker may already have finished
+    # its step-2 episodes, and its loss is then counted in step 3 (seen: 0, 2, 2). Either way: four
+    # episodes lost, two hung and two died, counted where they happened, and the run goes on.
+    errored = [r["errored_episodes"] for r in got]
+    assert errored[0] == 0 and sum(errored) == 4 and errored in ([0, 4, 0], [0, 2, 2]), errored
+    assert all(r.get("skipped_step", 0) == (1 if n == 4 else 0) for r, n in zip(got, errored))
     errors = [json.loads(line) for line in (run / "errors.jsonl").read_text().splitlines()]
-    assert len(errors) == 4 and {e["step"] for e in errors} == {2}
+    assert len(errors) == 4 and [sum(e["step"] == s for e in errors) for s in (1, 2, 3)] == errored
     assert sum("hung" in e["error"] for e in errors) == 2 and sum("died" in e["error"] for e in errors) == 2
     assert not stopped.is_running() or stopped.status() == psutil.STATUS_ZOMBIE
