@@ -29,3 +29,18 @@ def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, bias: tor
         if fn is not None:
             return fn(x, w_q, s_w, bias, spec)
     return quant.w8a8_linear(x, w_q, s_w, bias, spec)
+
+
+def w8a8_linear_codes(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                      bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """The GEMM + epilogue of `w8a8_linear` for activations already quantized per token (a fused
+    norm / SiLU·mul kernel produced x_q [..., K] int8 and s_x [...] fp32): the same result as
+    `w8a8_linear` on the activations those codes came from."""
+    shape = x_q.shape
+    x2, s2 = x_q.reshape(-1, shape[-1]), s_x.reshape(-1)
+    if x_q.is_cuda and _triton_linear() is not None:
+        from .triton_gemm import int8_gemm
+        y = int8_gemm(x2, s2, w_q, s_w, bias, out_dtype)
+    else:
+        y = quant.w8a8_epilogue(quant.int8_matmul(x2, w_q), s2, s_w, bias, out_dtype)
+    return y.reshape(*shape[:-1], w_q.shape[0])

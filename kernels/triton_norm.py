@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ._interp import HAVE_TRITON, interpreting, require_triton, runs_interpreted
+from .triton_quant import PDL_MAX_ROWS, _check_mode, quantize_rows, use_pdl
 
 INTERPRETED = interpreting()
 
@@ -27,7 +28,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from .triton_quant import cast_for_store, store_view
+    from .triton_quant import _quant_block, cast_for_store, store_view
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, N, stride_x, stride_o, eps,
@@ -69,7 +70,57 @@ if HAVE_TRITON:
         tl.store(o_ptr + row * stride_o + offs, cast_for_store(s * u, o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
 
 
-if HAVE_TRITON:
+    @triton.jit
+    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, o_ptr, q_ptr, qs_ptr, N,
+                             stride_x, stride_d, stride_s, stride_o, stride_q, eps, floor,
+                             HAS_DELTA: tl.constexpr, QUANT: tl.constexpr, HALF_AWAY: tl.constexpr,
+                             BLOCK: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr):
+        """One program per row: s = x + delta (rounded to the dtype, stored), h = RMSNorm(s) as
+        `_rms_norm_kernel`, then either h stored or h's per-row int8 codes + scale (`_quant_rows_kernel`'s
+        arithmetic on the rounded h)."""
+        if PDL:    # a GEMM launched early waits (griddepcontrol.wait) for this kernel's stores
+            tl.extra.cuda.gdc_launch_dependents()
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < N
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_DELTA:
+            x = x + tl.load(d_ptr + row * stride_d + offs, mask=mask, other=0.0).to(tl.float32)
+            x = _round_to(x, s_ptr.dtype.element_ty, BF16_BITS)
+            tl.store(s_ptr + row * stride_s + offs, cast_for_store(x, s_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+        var = tl.reduce(x * x, 0, tl.standard._sum_combine) / N
+        h = _round_to(x * tl.math.rsqrt(var + eps), s_ptr.dtype.element_ty, BF16_BITS)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = _round_to(w * h, s_ptr.dtype.element_ty, BF16_BITS)
+        if QUANT:
+            _store_row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, floor, HALF_AWAY)
+        else:
+            tl.store(o_ptr + row * stride_o + offs, cast_for_store(y, o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+
+    @triton.jit
+    def _store_row_codes(y, q_row, s_out, offs, mask, floor, HALF_AWAY: tl.constexpr):
+        """A row held in registers (fp32 values of the model dtype) -> int8 codes + its fp32 scale."""
+        amax = tl.reduce(tl.where(mask, tl.abs(y), 0.0), 0, tl.standard._elementwise_max)
+        scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
+        tl.store(q_row + offs, _quant_block(y, scale, HALF_AWAY), mask=mask)
+        tl.store(s_out, scale)
+
+    @triton.jit
+    def _silu_mul_quant_kernel(g_ptr, u_ptr, q_ptr, qs_ptr, N, stride_g, stride_u, stride_q, floor,
+                               HALF_AWAY: tl.constexpr, BLOCK: tl.constexpr, BF16_BITS: tl.constexpr,
+                               OUT_DTYPE: tl.constexpr, PDL: tl.constexpr):
+        """One program per row: y = silu(gate) * up as `_silu_mul_kernel` rounds it, then its codes + scale."""
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < N
+        g = tl.load(g_ptr + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + row * stride_u + offs, mask=mask, other=0.0).to(tl.float32)
+        s = _round_to(g / (1.0 + tl.exp(-g)), OUT_DTYPE, BF16_BITS)
+        y = _round_to(s * u, OUT_DTYPE, BF16_BITS)
+        _store_row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, floor, HALF_AWAY)
+
     @triton.jit
     def _round_to(y, OUT_DTYPE: tl.constexpr, BF16_BITS: tl.constexpr):
         """Round fp32 to the output dtype and back (the rounding torch does after each op)."""
@@ -80,45 +131,77 @@ if HAVE_TRITON:
         return r
 
     @triton.jit
-    def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr,
-                             T, HQ, HKV, D, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sc_b, sc_t, eps,
-                             NORM: tl.constexpr, BLOCK_D: tl.constexpr, BF16_BITS: tl.constexpr):
-        """One program per (token, head) of q and k: optional per-head RMSNorm, then RoPE
-        (x·cos + rotate_half(x)·sin), each op rounded to the model dtype as torch rounds it."""
+    def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr,
+                             kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr, pos_ptr,
+                             T, HQ, HKV, D, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_h, sc_b, sc_t, eps,
+                             sc_s, sc_h, sc_l, ss_s, ss_h, floor,
+                             NORM: tl.constexpr, WRITE_KV: tl.constexpr, KV_INT8: tl.constexpr,
+                             HALF_AWAY: tl.constexpr, BLOCK_D: tl.constexpr, BF16_BITS: tl.constexpr):
+        """One program per (token, head) of q and k (and v with WRITE_KV): optional per-head
+        RMSNorm, then RoPE (x·cos + rotate_half(x)·sin), each op rounded to the model dtype as torch
+        rounds it. WRITE_KV (decode, T = 1): k and v go straight into the slot cache at
+        (slot[b], pos[b]) — int8 codes + per-token-head scale with KV_INT8 (`quantize_kv_to_cache`'s
+        arithmetic on the rounded values), else the values — and only q is returned."""
         bt = tl.program_id(0).to(tl.int64)
         hh = tl.program_id(1)
         b = bt // T
         t = bt % T
-        is_q = hh < HQ
-        h = tl.where(is_q, hh, hh - HQ)
         offs = tl.arange(0, BLOCK_D)
         mask = offs < D
-        half = D // 2
-        rot = tl.where(offs < half, offs + half, offs - half)
-        sign = tl.where(offs < half, -1.0, 1.0)
-        if is_q:
-            base = q_ptr + b * sq_b + t * sq_t + h * sq_h
-            w_ptr = qw_ptr
-            o_ptr = oq_ptr + (bt * HQ + h) * D
+        if hh >= HQ + HKV:            # WRITE_KV only: a v head, stored as it is
+            h = hh - HQ - HKV
+            y = tl.load(v_ptr + b * sv_b + h * sv_h + offs, mask=mask, other=0.0).to(tl.float32)
+            _store_kv_row(y, vc_ptr, vs_ptr, slot_ptr, pos_ptr, b, h, offs, mask, sc_s, sc_h, sc_l, ss_s, ss_h,
+                          floor, KV_INT8, HALF_AWAY, BF16_BITS)
         else:
-            base = k_ptr + b * sk_b + t * sk_t + h * sk_h
-            w_ptr = kw_ptr
-            o_ptr = ok_ptr + (bt * HKV + h) * D
-        x = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
-        xr = tl.load(base + rot, mask=mask, other=0.0).to(tl.float32)
-        if NORM:
-            var = tl.reduce(x * x, 0, tl.standard._sum_combine) / D
-            inv = tl.math.rsqrt(var + eps)
-            w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            wr = tl.load(w_ptr + rot, mask=mask, other=0.0).to(tl.float32)
-            x = _round_to(w * _round_to(x * inv, oq_ptr.dtype.element_ty, BF16_BITS), oq_ptr.dtype.element_ty, BF16_BITS)
-            xr = _round_to(wr * _round_to(xr * inv, oq_ptr.dtype.element_ty, BF16_BITS), oq_ptr.dtype.element_ty,
-                           BF16_BITS)
-        c = tl.load(cos_ptr + b * sc_b + t * sc_t + offs, mask=mask, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + b * sc_b + t * sc_t + offs, mask=mask, other=0.0).to(tl.float32)
-        a = _round_to(x * c, oq_ptr.dtype.element_ty, BF16_BITS)
-        r = _round_to((sign * xr) * s, oq_ptr.dtype.element_ty, BF16_BITS)
-        tl.store(o_ptr + offs, cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+            is_q = hh < HQ
+            h = tl.where(is_q, hh, hh - HQ)
+            half = D // 2
+            rot = tl.where(offs < half, offs + half, offs - half)
+            sign = tl.where(offs < half, -1.0, 1.0)
+            if is_q:
+                base = q_ptr + b * sq_b + t * sq_t + h * sq_h
+                w_ptr = qw_ptr
+            else:
+                base = k_ptr + b * sk_b + t * sk_t + h * sk_h
+                w_ptr = kw_ptr
+            x = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
+            xr = tl.load(base + rot, mask=mask, other=0.0).to(tl.float32)
+            if NORM:
+                var = tl.reduce(x * x, 0, tl.standard._sum_combine) / D
+                inv = tl.math.rsqrt(var + eps)
+                w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                wr = tl.load(w_ptr + rot, mask=mask, other=0.0).to(tl.float32)
+                x = _round_to(w * _round_to(x * inv, oq_ptr.dtype.element_ty, BF16_BITS), oq_ptr.dtype.element_ty,
+                              BF16_BITS)
+                xr = _round_to(wr * _round_to(xr * inv, oq_ptr.dtype.element_ty, BF16_BITS),
+                               oq_ptr.dtype.element_ty, BF16_BITS)
+            c = tl.load(cos_ptr + b * sc_b + t * sc_t + offs, mask=mask, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + b * sc_b + t * sc_t + offs, mask=mask, other=0.0).to(tl.float32)
+            a = _round_to(x * c, oq_ptr.dtype.element_ty, BF16_BITS)
+            r = _round_to((sign * xr) * s, oq_ptr.dtype.element_ty, BF16_BITS)
+            if is_q:
+                tl.store(oq_ptr + (bt * HQ + h) * D + offs, cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS),
+                         mask=mask)
+            elif WRITE_KV:
+                _store_kv_row(_round_to(a + r, oq_ptr.dtype.element_ty, BF16_BITS), kc_ptr, ks_ptr, slot_ptr,
+                              pos_ptr, b, h, offs, mask, sc_s, sc_h, sc_l, ss_s, ss_h, floor, KV_INT8, HALF_AWAY,
+                              BF16_BITS)
+            else:
+                tl.store(ok_ptr + (bt * HKV + h) * D + offs, cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS),
+                         mask=mask)
+
+    @triton.jit
+    def _store_kv_row(y, c_ptr, cs_ptr, slot_ptr, pos_ptr, b, h, offs, mask, sc_s, sc_h, sc_l, ss_s, ss_h, floor,
+                      KV_INT8: tl.constexpr, HALF_AWAY: tl.constexpr, BF16_BITS: tl.constexpr):
+        """One token's K or V head (fp32 values of the model dtype) into the slot cache."""
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        dst = c_ptr + slot * sc_s + h * sc_h + pos * sc_l
+        if KV_INT8:
+            _store_row_codes(y, dst, cs_ptr + slot * ss_s + h * ss_h + pos, offs, mask, floor, HALF_AWAY)
+        else:
+            tl.store(dst + offs, cast_for_store(y, c_ptr.dtype.element_ty, BF16_BITS), mask=mask)
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight, k_weight, cos: torch.Tensor, sin: torch.Tensor,
@@ -128,22 +211,72 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight, k_weight, cos: torc
     then RoPE, in one launch; the torch code's roundings (see the module docstring for the norm)."""
     require_triton("triton_norm.qk_norm_rope")
     b, t, hq, d = q.shape
+    ok = torch.empty((b, t, k.shape[2], d), dtype=k.dtype, device=k.device)
+    oq = _launch_qk_norm_rope(q, k, None, q_weight, k_weight, cos, sin, eps, ok, None)
+    return oq, ok
+
+
+def qk_norm_rope_to_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight, k_weight,
+                          cos: torch.Tensor, sin: torch.Tensor, eps: float, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+                          slots: torch.Tensor, positions: torch.Tensor, kv_quant: tuple[float, str] | None
+                          ) -> torch.Tensor:
+    """Decode (T = 1): `qk_norm_rope`, with this token's K (after norm + RoPE) and V written
+    straight into the slot cache instead of returned — one launch for what took three.
+
+    Args:
+        q, k, v: [B, 1, H, D] views of the fused qkv projection; cos/sin [B, 1, D].
+        k_cache, v_cache: [S, Hkv, Lmax, D] int8 codes (with k_scale / v_scale [S, Hkv, Lmax] fp32
+            and `kv_quant` = (scale floor, rounding) of the KV spec) or model-dtype values (scales
+            and kv_quant None).
+        slots, positions: [B] where each row's token goes.
+    Returns:
+        q after norm + RoPE, contiguous [B, 1, Hq, D]. The cache holds exactly what
+        `qk_norm_rope` + `triton_quant.quantize_kv_to_cache` (or a plain copy) would store.
+    """
+    require_triton("triton_norm.qk_norm_rope_to_cache")
+    assert q.shape[1] == 1 and v.stride(-1) == 1 and k_cache.stride(-1) == 1
+    assert (k_cache.dtype == torch.int8) == (kv_quant is not None) == (k_scale is not None)
+    return _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, None,
+                                (k_cache, v_cache, k_scale, v_scale, slots, positions, kv_quant))
+
+
+def _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, ok, cache) -> torch.Tensor:
+    """The one launch behind `qk_norm_rope` (ok given) and `qk_norm_rope_to_cache` (cache given)."""
+    b, t, hq, d = q.shape
     hkv = k.shape[2]
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and d % 2 == 0
     cos, sin = cos.expand(b, t, d), sin.expand(b, t, d)
     assert cos.stride(-1) == 1 and sin.stride() == cos.stride()
     oq = torch.empty((b, t, hq, d), dtype=q.dtype, device=q.device)
-    ok = torch.empty((b, t, hkv, d), dtype=k.dtype, device=k.device)
-    if b * t:
-        oq_arg, bits = store_view(oq, runs_interpreted(_qk_norm_rope_kernel))
-        ok_arg, _ = store_view(ok, runs_interpreted(_qk_norm_rope_kernel))
-        norm = q_weight is not None
-        _qk_norm_rope_kernel[(b * t, hq + hkv)](
-            q, k, q_weight if norm else q, k_weight if norm else k, cos, sin, oq_arg, ok_arg,
-            t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            cos.stride(0), cos.stride(1), float(eps), NORM=norm, BLOCK_D=triton.next_power_of_2(d),
-            BF16_BITS=bits, num_warps=1, enable_fp_fusion=False)   # no FMA: each op rounds as torch's
-    return oq, ok
+    if not b * t:
+        return oq
+    interp = runs_interpreted(_qk_norm_rope_kernel)
+    oq_arg, bits = store_view(oq, interp)
+    if cache is None:
+        ok_arg = store_view(ok, interp)[0]
+        kc = vc = ks = vs = slots = pos = oq_arg
+        cstr, sstr, floor, int8, half_away, heads, v = (0, 0, 0), (0, 0), 0.0, False, False, hq + hkv, k
+    else:
+        kc, vc, ks, vs, slots, pos, kv_quant = cache
+        int8 = kv_quant is not None
+        if not int8:
+            kc, vc = store_view(kc, interp)[0], store_view(vc, interp)[0]
+            ks = vs = kc
+        ok_arg, cstr = oq_arg, (kc.stride(0), kc.stride(1), kc.stride(2))
+        sstr = (ks.stride(0), ks.stride(1)) if int8 else (0, 0)
+        floor = float(kv_quant[0]) if int8 else 0.0
+        half_away, heads = _check_mode(kv_quant[1]) if int8 else False, hq + 2 * hkv
+    norm = q_weight is not None
+    _qk_norm_rope_kernel[(b * t, heads)](
+        q, k, v, q_weight if norm else q, k_weight if norm else k, cos, sin, oq_arg, ok_arg,
+        kc, vc, ks, vs, slots, pos,
+        t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(2), cos.stride(0), cos.stride(1), float(eps), *cstr, *sstr, floor,
+        NORM=norm, WRITE_KV=cache is not None, KV_INT8=int8, HALF_AWAY=half_away,
+        BLOCK_D=triton.next_power_of_2(d), BF16_BITS=bits, num_warps=1,
+        enable_fp_fusion=False)   # no FMA: each op rounds as torch's
+    return oq
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -161,7 +294,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         o_arg, bits = store_view(out, runs_interpreted(_rms_norm_kernel))
         block = triton.next_power_of_2(n)
         _rms_norm_kernel[(m,)](x2, weight, o_arg, n, x2.stride(0), out.stride(0), float(eps), BLOCK=block,
-                               BF16_BITS=bits, num_warps=max(1, min(16, block // 256)), enable_fp_fusion=False)
+                               BF16_BITS=bits, num_warps=_norm_warps(block), enable_fp_fusion=False)
     return out.reshape(x.shape)
 
 
@@ -180,4 +313,80 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out.reshape(gate.shape)
 
 
-__all__ = ["qk_norm_rope", "rms_norm", "silu_mul"]
+def _norm_warps(block: int) -> int:
+    return max(1, min(16, block // 256))
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 quant: tuple[float, str] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+    """The residual add and the pre-norm of the next block in one launch (bf16 / fp16 rows).
+
+    Args:
+        x: the residual stream [..., N]; delta: the block output to add to it (None: nothing to add).
+        weight, eps: the RMSNorm's.
+        quant: (scale floor, rounding) to return the normed rows as per-token int8 codes for a
+            W8A8 linear (`triton_quant.quantize_rows`'s arithmetic), or None for the normed rows.
+    Returns:
+        (s, h): s = x + delta rounded to the dtype (x itself when delta is None); h = RMSNorm(s)
+        as `rms_norm` computes it, or (codes int8 [..., N], scales fp32 [...]) of that h.
+    """
+    require_triton("triton_norm.add_rms_norm")
+    x2 = _rows(x)
+    m, n = x2.shape
+    d2 = _rows(delta) if delta is not None else x2
+    s = torch.empty((m, n), dtype=x.dtype, device=x.device) if delta is not None else x2
+    interp = runs_interpreted(_add_rms_norm_kernel)
+    s_arg, bits = store_view(s, interp)
+    if quant is None:
+        out: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        o_arg, q_arg, qs_arg = store_view(out, interp)[0], s_arg, s_arg
+    else:
+        codes = torch.empty((m, n), dtype=torch.int8, device=x.device)
+        scales = torch.empty((m,), dtype=torch.float32, device=x.device)
+        out, o_arg, q_arg, qs_arg = (codes, scales), s_arg, codes, scales
+    if m:
+        block = triton.next_power_of_2(n)
+        pdl = quant is not None and m <= PDL_MAX_ROWS and use_pdl(_add_rms_norm_kernel, x.device)
+        _add_rms_norm_kernel[(m,)](
+            x2, d2, weight, s_arg, o_arg, q_arg, qs_arg, n, x2.stride(0), d2.stride(0), s.stride(0), n,
+            q_arg.stride(0), float(eps), float(quant[0]) if quant else 0.0,
+            HAS_DELTA=delta is not None, QUANT=quant is not None,
+            HALF_AWAY=_check_mode(quant[1]) if quant else False, BLOCK=block, BF16_BITS=bits, PDL=pdl,
+            num_warps=_norm_warps(block), enable_fp_fusion=False)
+    shape = x.shape
+    if quant is None:
+        assert isinstance(out, torch.Tensor)
+        return s.reshape(shape), out.reshape(shape)
+    return s.reshape(shape), (out[0].reshape(shape), out[1].reshape(shape[:-1]))
+
+
+#: rows up to this long are held in registers by `silu_mul_quant`; longer ones take two kernels
+SILU_QUANT_MAX = 16384
+
+
+def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, floor: float, rounding: str
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scales) of `silu_mul(gate, up)` per row, in one launch for rows up to `SILU_QUANT_MAX`."""
+    require_triton("triton_norm.silu_mul_quant")
+    n = gate.shape[-1]
+    if n > SILU_QUANT_MAX:
+        return quantize_rows(silu_mul(gate, up), floor, rounding)
+    g2, u2 = _rows(gate), _rows(up)
+    m = g2.shape[0]
+    codes = torch.empty((m, n), dtype=torch.int8, device=gate.device)
+    scales = torch.empty((m,), dtype=torch.float32, device=gate.device)
+    if m:
+        interp = runs_interpreted(_silu_mul_quant_kernel)
+        bits = interp and gate.dtype == torch.bfloat16
+        out_dt = tl.float16 if gate.dtype == torch.float16 else tl.bfloat16
+        block = triton.next_power_of_2(n)
+        pdl = m <= PDL_MAX_ROWS and use_pdl(_silu_mul_quant_kernel, gate.device)
+        _silu_mul_quant_kernel[(m,)](g2, u2, codes, scales, n, g2.stride(0), u2.stride(0), codes.stride(0),
+                                     float(floor), HALF_AWAY=_check_mode(rounding), BLOCK=block, BF16_BITS=bits,
+                                     OUT_DTYPE=out_dt, PDL=pdl, num_warps=1 if interp else min(32, max(4, block // 512)),
+                                     enable_fp_fusion=False)
+    return codes.reshape(gate.shape), scales.reshape(gate.shape[:-1])
+
+
+__all__ = ["add_rms_norm", "qk_norm_rope", "qk_norm_rope_to_cache", "rms_norm", "silu_mul", "silu_mul_quant"]

@@ -4,16 +4,20 @@ import torch
 import torch.nn.functional as F
 
 from agentq.kernels import _interp
+from agentq.kernels.quant_spec import QuantSpec
 
 pytestmark = pytest.mark.skipif(not _interp.HAVE_TRITON, reason="triton is not installed")
 MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_norm")
+SPEC_KV = QuantSpec.preset("w8a8_kv8")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def K():
-    """The norm kernels (re)imported under the interpreter, compiled ones put back afterwards."""
-    _, norm = _interp.load_interpreted(MODULES)
+    """The norm kernels (re)imported under the interpreter, compiled ones put back afterwards (per
+    test: a CUDA test in between restores the compiled kernels into the same module objects)."""
+    quant_mod, norm = _interp.load_interpreted(MODULES)
     assert norm.INTERPRETED
+    norm.quantize_kv_to_cache = quant_mod.quantize_kv_to_cache
     yield norm
     _interp.restore_compiled(MODULES)
 
@@ -117,3 +121,114 @@ def test_compiled_kernels_on_cuda_match_torch():
     # absolute terms against the operands' scale (bf16 steps are 2⁻⁸ relative)
     for o, r in ((oq, rq), (ok, rk)):
         assert (o.float() - r.float()).abs().max() < 2 * 2 ** -8 * 4 and (o != r).float().mean() < 0.05
+
+
+# ---------------------------------------------------------------- fused pre-norm / quant / KV-write kernels
+def _rows_codes(K, h, floor=1e-8, rounding="half_even"):
+    """The two-launch path the fused kernels replace: codes + scales of already-computed rows."""
+    return K.quantize_rows(h, floor, rounding)
+
+
+@pytest.mark.parametrize("quant", [None, (1e-8, "half_even"), (1e-5, "half_away")])
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_add_rms_norm_equals_add_then_norm_then_quant(K, quant, with_delta):
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(2, 3, 320, generator=g) * 2).bfloat16()        # 320: a masked tail of the block
+    d = torch.randn(2, 3, 320, generator=g).bfloat16() if with_delta else None
+    w = (1 + 0.1 * torch.randn(320, generator=g)).bfloat16()
+    s, h = K.add_rms_norm(x, d, w, 1e-6, quant)
+    ref_s = x + d if with_delta else x                               # torch's bf16 add: one rounding
+    assert torch.equal(s, ref_s)
+    ref_h = K.rms_norm(ref_s, w, 1e-6)
+    if quant is None:
+        assert torch.equal(h, ref_h)
+    else:
+        codes, scales = h
+        ref_c, ref_sc = K.quantize_rows(ref_h, *quant)
+        assert codes.shape == (2, 3, 320) and scales.shape == (2, 3)
+        assert torch.equal(codes, ref_c) and torch.equal(scales, ref_sc)
+        assert int(codes.abs().max()) == 127                         # each row's absmax maps to ±127
+
+
+def test_silu_mul_quant_equals_silu_mul_then_quant(K, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    gate = (torch.randn(3, 700, generator=g) * 4).bfloat16()
+    up = torch.randn(3, 700, generator=g).bfloat16()
+    ref = K.quantize_rows(K.silu_mul(gate, up), 1e-8, "half_even")
+    out = K.silu_mul_quant(gate, up, 1e-8, "half_even")
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    monkeypatch.setattr(K, "SILU_QUANT_MAX", 512)                    # rows too long: the two-kernel path
+    out2 = K.silu_mul_quant(gate, up, 1e-8, "half_even")
+    assert torch.equal(out2[0], ref[0]) and torch.equal(out2[1], ref[1])
+
+
+@pytest.mark.parametrize("kv", ["int8", "bf16"])
+def test_qk_norm_rope_to_cache_writes_what_the_three_launches_write(K, kv):
+    g = torch.Generator().manual_seed(11)
+    b, hq, hkv, d, S, L = 3, 4, 2, 64, 5, 9
+    fused = torch.randn(b, 1, (hq + 2 * hkv) * d, generator=g).bfloat16()
+    q = fused[..., : hq * d].reshape(b, 1, hq, d)
+    k = fused[..., hq * d:(hq + hkv) * d].reshape(b, 1, hkv, d)
+    v = fused[..., (hq + hkv) * d:].reshape(b, 1, hkv, d)
+    nw = (1 + 0.1 * torch.randn(d, generator=g)).bfloat16()
+    ang = torch.randn(b, 1, d // 2, generator=g) * 3
+    cos, sin = torch.cat([ang.cos()] * 2, -1).bfloat16(), torch.cat([ang.sin()] * 2, -1).bfloat16()
+    slots, pos = torch.tensor([4, 0, 2]), torch.tensor([0, 8, 3])
+    dt = torch.int8 if kv == "int8" else torch.bfloat16
+    caches = [torch.full((S, hkv, L, d), 7, dtype=dt) for _ in range(4)]     # 7: "not written"
+    scales = [torch.full((S, hkv, L), 0.5) for _ in range(4)] if kv == "int8" else [None] * 4
+    quant = (SPEC_KV.kv_scale_floor, SPEC_KV.kv_rounding) if kv == "int8" else None
+    oq = K.qk_norm_rope_to_cache(q, k, v, nw, nw, cos, sin, 1e-6, caches[0], caches[1], scales[0], scales[1],
+                                 slots, pos, quant)
+    rq, rk = K.qk_norm_rope(q, k, nw, nw, cos, sin, 1e-6)
+    assert torch.equal(oq, rq)
+    for x, c, sc in ((rk[:, 0], caches[2], scales[2]), (v[:, 0], caches[3], scales[3])):
+        if kv == "int8":
+            K.quantize_kv_to_cache(x, c, sc, slots, pos, SPEC_KV)
+        else:
+            c[slots, :, pos] = x
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    if kv == "int8":
+        assert torch.equal(scales[0], scales[2]) and torch.equal(scales[1], scales[3])
+        assert int((caches[0] != 7).sum()) > 0.9 * b * hkv * d            # the rows were written ...
+        assert int((scales[0] != 0.5).sum()) == b * hkv                   # ... and nothing else
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_fused_prenorm_quant_and_kv_write_equal_the_separate_kernels():
+    """On the GPU the fused launches store exactly what the separate compiled kernels store."""
+    from agentq.kernels import triton_norm, triton_quant
+
+    _interp.restore_compiled(MODULES)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(64, 4096, generator=g, device="cuda").bfloat16()
+    d = torch.randn(64, 4096, generator=g, device="cuda").bfloat16()
+    w = (1 + 0.1 * torch.randn(4096, generator=g, device="cuda")).bfloat16()
+    q8 = (SPEC_KV.act_scale_floor, SPEC_KV.act_rounding)
+    s, (codes, scales) = triton_norm.add_rms_norm(x, d, w, 1e-6, q8)
+    assert torch.equal(s, x + d)
+    ref_c, ref_s = triton_quant.quantize_rows(triton_norm.rms_norm(x + d, w, 1e-6), *q8)
+    assert torch.equal(codes, ref_c) and torch.equal(scales, ref_s)
+    gate, up = (torch.randn(64, 12288, generator=g, device="cuda") * 4).bfloat16(), x.repeat(1, 3)
+    c2, s2 = triton_norm.silu_mul_quant(gate, up, *q8)
+    r2 = triton_quant.quantize_rows(triton_norm.silu_mul(gate, up), *q8)
+    assert torch.equal(c2, r2[0]) and torch.equal(s2, r2[1])
+    qkv = torch.randn(64, 1, 48 * 128, generator=g, device="cuda").bfloat16()
+    q = qkv[..., :32 * 128].reshape(64, 1, 32, 128)
+    k = qkv[..., 32 * 128:40 * 128].reshape(64, 1, 8, 128)
+    v = qkv[..., 40 * 128:].reshape(64, 1, 8, 128)
+    ang = torch.randn(64, 1, 64, generator=g, device="cuda") * 3
+    cos, sin = torch.cat([ang.cos()] * 2, -1).bfloat16(), torch.cat([ang.sin()] * 2, -1).bfloat16()
+    nw = (1 + 0.1 * torch.randn(128, generator=g, device="cuda")).bfloat16()
+    slots = torch.randperm(80, device="cuda")[:64]
+    pos = torch.randint(0, 300, (64,), device="cuda")
+    kvq = (SPEC_KV.kv_scale_floor, SPEC_KV.kv_rounding)
+    caches = [torch.zeros(80, 8, 300, 128, dtype=torch.int8, device="cuda") for _ in range(4)]
+    scl = [torch.zeros(80, 8, 300, device="cuda") for _ in range(4)]
+    oq = triton_norm.qk_norm_rope_to_cache(q, k, v, nw, nw, cos, sin, 1e-6, caches[0], caches[1], scl[0], scl[1],
+                                           slots, pos, kvq)
+    rq, rk = triton_norm.qk_norm_rope(q, k, nw, nw, cos, sin, 1e-6)
+    triton_quant.quantize_kv_to_cache(rk[:, 0], caches[2], scl[2], slots, pos, SPEC_KV)
+    triton_quant.quantize_kv_to_cache(v[:, 0], caches[3], scl[3], slots, pos, SPEC_KV)
+    assert torch.equal(oq, rq)
+    assert all(torch.equal(caches[i], caches[i + 2]) and torch.equal(scl[i], scl[i + 2]) for i in (0, 1))

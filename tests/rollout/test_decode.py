@@ -101,21 +101,26 @@ def test_unknown_sampler_is_refused(tiny_model_dir):
 
 
 def test_fused_norm_rope_silu_kernels_in_the_engine_agree_with_the_torch_layers(tiny_model_dir, monkeypatch):
-    """The engine's bf16 CUDA path runs RMSNorm, q/k-norm + RoPE and SiLU·mul as Triton kernels;
-    here they run under the interpreter inside a CPU bf16 engine, against the same engine on torch
-    ops. bf16 rounding of the norms' means can move an int8 activation code, so agreement is to
-    bf16 level, not bitwise (the CPU fp32 engine never uses these kernels)."""
+    """The engine's bf16 CUDA path runs residual-add + RMSNorm (+ the next linear's int8 activation
+    codes), q/k-norm + RoPE (+ the decode token's K/V write into the cache) and SiLU·mul (+ codes)
+    as Triton kernels; here they run under the interpreter inside a CPU bf16 engine, against the same
+    engine on torch ops. bf16 rounding of the norms' means can move an int8 activation code, so
+    agreement is to bf16 level, not bitwise (the CPU fp32 engine never uses these kernels)."""
     pytest.importorskip("triton")
     from agentq.kernels import _interp
+    from agentq.rollout.torch_engine.kv_cache import KVCache
     from agentq.rollout.torch_engine.model import RMSNorm
 
     mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_norm")
     _, norm_kernels = _interp.load_interpreted(mods)
     calls = {}
-    for name in ("rms_norm", "qk_norm_rope", "silu_mul"):
+    for name in ("add_rms_norm", "qk_norm_rope", "qk_norm_rope_to_cache", "silu_mul_quant", "rms_norm", "silu_mul"):
         fn = getattr(norm_kernels, name)
         monkeypatch.setattr(norm_kernels, name, lambda *a, _f=fn, _n=name, **k: (calls.update({_n: calls.get(_n, 0) + 1}),
                                                                                  _f(*a, **k))[1])
+    # the cache-writing kernel is offered on CUDA only; here the interpreted kernel writes the CPU cache
+    monkeypatch.setattr(KVCache, "fused_write_args", lambda self, i: (self.k[i], self.v[i], self.k_scale[i],
+                                                                      self.v_scale[i]))
     try:
         plain, fused = (TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=2,
                                                     max_len=256, dtype=torch.bfloat16) for _ in range(2))
@@ -126,7 +131,15 @@ def test_fused_norm_rope_silu_kernels_in_the_engine_agree_with_the_torch_layers(
         ctx = [5 + (7 * j) % 200 for j in range(40)]
         tgt = [9 + (5 * j) % 100 for j in range(12)]
         a, b = torch.tensor(plain.score(ctx, tgt)), torch.tensor(fused.score(ctx, tgt))
-        assert calls == {"rms_norm": 5, "qk_norm_rope": 2, "silu_mul": 2}     # 2 layers + the final norm
+        # 2 layers x 2 pre-norms + the final norm; no separate norm, SiLU·mul or quant launch
+        assert calls == {"add_rms_norm": 5, "qk_norm_rope": 2, "silu_mul_quant": 2}
         assert (a - b).abs().max() < 0.1 and (a - b).abs().mean() < 0.02
+        # decode steps: q/k-norm + RoPE write the new token's K/V themselves
+        calls.clear()
+        sp = SamplingParams(max_new_tokens=6, temperature=1e-3)
+        ra, rb = (e.generate([TurnRequest(0, ctx, sp, seed=1)])[0] for e in (plain, fused))
+        assert calls["qk_norm_rope_to_cache"] == 2 * 5 and "qk_norm_rope" in calls     # 5 decode steps; prefill
+        assert ra.token_ids == rb.token_ids
+        assert max(abs(x - y) for x, y in zip(ra.logprobs, rb.logprobs)) < 0.1
     finally:
         _interp.restore_compiled(mods)

@@ -41,6 +41,23 @@ class KVCache:
         self.fp8_k_scale = [1.0] * n_layers
         self.fp8_v_scale = [1.0] * n_layers
 
+    def fused_write_args(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                                    torch.Tensor | None] | None:
+        """(k, v, k_scale, v_scale) of one layer for a kernel that writes a decode token's K/V itself
+        (`triton_norm.qk_norm_rope_to_cache`): int8 or model-dtype caches on CUDA; None otherwise
+        (fp8, CPU), where `write` stores them."""
+        if self.device.type != "cuda" or not _triton_ok() or self.spec.kv == "fp8_e4m3_per_tensor":
+            return None
+        if self.k_scale is None or self.v_scale is None:
+            return self.k[layer], self.v[layer], None, None
+        return self.k[layer], self.v[layer], self.k_scale[layer], self.v_scale[layer]
+
+    def kv_quant(self) -> tuple[float, str] | None:
+        """(scale floor, rounding) of the int8 codes, None for a cache of values."""
+        if self.spec.kv != "int8_per_token_head_sym":
+            return None
+        return self.spec.kv_scale_floor, self.spec.kv_rounding
+
     def bytes_per_token(self) -> int:
         """Bytes one cached token costs over all layers (K and V, codes + scales)."""
         per_elem = self.k[0].element_size()

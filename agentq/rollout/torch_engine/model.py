@@ -27,6 +27,10 @@ from .kv_cache import KVCache
 SUPPORTED = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 
 
+#: a linear's input: rows of the model dtype, or their per-token int8 codes and fp32 scales
+Activation = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
 class EngineLinear(nn.Module):
     """A linear whose output rows may concatenate several HF projections that read the same
     input (q/k/v, gate/up): one activation quantization and one GEMM instead of three or two.
@@ -77,8 +81,15 @@ class EngineLinear(nn.Module):
         assert self.bias is not None, f"{part}: this linear has no bias"
         self.bias[a:b].copy_(b_.to(self.bias.dtype))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
-        if self.quantized:
+    def act_quant(self) -> tuple[float, str] | None:
+        """(scale floor, rounding) of this linear's per-token activation codes, for a kernel
+        before it that can emit them (`Activation`); None when it runs dense."""
+        return (self.spec.act_scale_floor, self.spec.act_rounding) if self.quantized else None
+
+    def forward(self, x: Activation) -> tuple[torch.Tensor, ...] | torch.Tensor:
+        if isinstance(x, tuple):          # already per-token int8 codes + scales (a fused kernel's)
+            y = int8_linear.w8a8_linear_codes(x[0], x[1], self.w_q, self.s_w, self.bias, self.dtype)
+        elif self.quantized:
             y = int8_linear.w8a8_linear(x, self.w_q, self.s_w, self.bias, self.spec)
         else:
             y = F.linear(x, self.weight, self.bias)
@@ -116,6 +127,17 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dt)
 
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor | None, quant: tuple[float, str] | None = None
+                     ) -> tuple[torch.Tensor, Any]:
+        """The residual add before this norm and the norm: (x + delta, norm(x + delta)). Fused, it
+        is one launch that can also emit the normed rows as a W8A8 linear's input codes (`quant`,
+        from `EngineLinear.act_quant`); the values are the same either way."""
+        if self.fused:
+            from agentq.kernels.triton_norm import add_rms_norm
+            return add_rms_norm(x, delta, self.weight, self.eps, quant)
+        s = x if delta is None else x + delta
+        return s, self(s)
+
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
@@ -149,18 +171,23 @@ class DecoderLayer(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
 
-    def _qkv(self, x, cos, sin):
-        """Pre-norm, fused q/k/v projection, q/k-norm, RoPE: q [B, H, T, D], k/v [B, Hkv, T, D]."""
+    # The residual add after each block is deferred into the next pre-norm (`RMSNorm.add_and_norm`):
+    # a layer takes (x, delta) and returns (x', delta') with x' + delta' its output; the first
+    # layer gets delta None and the model's final norm does the last add.
+    def _qkv(self, x, delta, cos, sin):
+        """Residual add + pre-norm, fused q/k/v projection: (x + delta, q, k, v), q/k/v [B, T, H, D]
+        views of one projection output (before q/k-norm and RoPE)."""
         b, t, _ = x.shape
-        h = self.input_layernorm(x)
+        x, h = self.input_layernorm.add_and_norm(x, delta, self.qkv_proj.act_quant())
         q, k, v = self.qkv_proj(h)
-        q = q.reshape(b, t, self.n_heads, self.head_dim)
-        k = k.reshape(b, t, self.n_kv, self.head_dim)
-        v = v.reshape(b, t, self.n_kv, self.head_dim)
+        return (x, q.reshape(b, t, self.n_heads, self.head_dim), k.reshape(b, t, self.n_kv, self.head_dim),
+                v.reshape(b, t, self.n_kv, self.head_dim))
+
+    def _norm_rope(self, q, k, v, cos, sin):
+        """q/k-norm (Qwen3) and RoPE: q [B, H, T, D], k/v [B, Hkv, T, D]."""
         if self.input_layernorm.fused:          # q/k-norm + RoPE in one Triton launch
             from agentq.kernels.triton_norm import qk_norm_rope
-            qw, kw = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
-            eps = self.q_norm.eps if self.qk_norm else 0.0
+            qw, kw, eps = self._qk_norm_args()
             q, k = qk_norm_rope(q, k, qw, kw, cos, sin, eps)
             return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.qk_norm:
@@ -171,20 +198,26 @@ class DecoderLayer(nn.Module):
         k = k * c + _rotate_half(k) * s
         return q, k, v
 
+    def _qk_norm_args(self):
+        return ((self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0))
+
     def _out_and_mlp(self, x, o):
-        """Attention output o [B, H, T, D] → o_proj + residual → MLP block + residual."""
+        """Attention output o [B, H, T, D] → o_proj, residual add + post-norm, MLP: (x', delta')."""
         b, _, t, _ = o.shape
         o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
-        x = x + self.o_proj(o)
-        h = self.post_attention_layernorm(x)
+        x, h = self.post_attention_layernorm.add_and_norm(x, self.o_proj(o), self.gate_up_proj.act_quant())
         gate, up = self.gate_up_proj(h)
         if self.post_attention_layernorm.fused:
-            from agentq.kernels.triton_norm import silu_mul
-            return x + self.down_proj(silu_mul(gate, up))
-        return x + self.down_proj(F.silu(gate) * up)
+            from agentq.kernels import triton_norm
+            quant = self.down_proj.act_quant()
+            act = triton_norm.silu_mul(gate, up) if quant is None else triton_norm.silu_mul_quant(gate, up, *quant)
+            return x, self.down_proj(act)
+        return x, self.down_proj(F.silu(gate) * up)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: "ForwardContext") -> torch.Tensor:
-        q, k, v = self._qkv(x, cos, sin)
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                ctx: "ForwardContext") -> tuple[torch.Tensor, torch.Tensor]:
+        x, q, k, v = self._qkv(x, delta, cos, sin)
+        q, k, v = self._norm_rope(q, k, v, cos, sin)
         # quantize on write (valid tokens only), then read everything back dequantized
         vb, vt = ctx.valid_idx
         ctx.cache.write(self.layer_idx, ctx.slots[vb], ctx.positions[vb, vt],
@@ -203,11 +236,20 @@ class DecoderLayer(nn.Module):
         kc, vc = cache.read(i, ctx.slots, ctx.key_len)
         return attn_ops.masked_attention(q, kc, vc, ctx.allowed, self.scale)
 
-    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, d: "DecodeContext") -> torch.Tensor:
+    def decode(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+               d: "DecodeContext") -> tuple[torch.Tensor, torch.Tensor]:
         """One new token per row (x [B, 1, H]); no host synchronisation when `d.use_kernel`, so the
         step can be captured in a CUDA graph. Same arithmetic as `forward` with T = 1."""
-        q, k, v = self._qkv(x, cos, sin)
-        d.cache.write(self.layer_idx, d.slots, d.positions, k[:, :, 0], v[:, :, 0])
+        x, q, k, v = self._qkv(x, delta, cos, sin)
+        fused_write = d.cache.fused_write_args(self.layer_idx) if self.input_layernorm.fused else None
+        if fused_write is not None:     # q/k-norm + RoPE + this token's K/V into the cache: one launch
+            from agentq.kernels.triton_norm import qk_norm_rope_to_cache
+            qw, kw, eps = self._qk_norm_args()
+            q = qk_norm_rope_to_cache(q, k, v, qw, kw, cos, sin, eps, *fused_write, d.slots, d.positions,
+                                      d.cache.kv_quant()).transpose(1, 2)
+        else:
+            q, k, v = self._norm_rope(q, k, v, cos, sin)
+            d.cache.write(self.layer_idx, d.slots, d.positions, k[:, :, 0], v[:, :, 0])
         return self._out_and_mlp(x, self._attend(q, d))
 
 
@@ -370,9 +412,10 @@ class EngineModel(nn.Module):
             cos, sin = cos_t[d.positions].unsqueeze(1), sin_t[d.positions].unsqueeze(1)     # [B, 1, D]
         else:                    # CPU/fp32: the very call `forward` makes (pinned bits)
             cos, sin = self.rotary(x, d.positions[:, None])
+        delta = None
         for layer in self.decoder_layers:
-            x = layer.decode(x, cos, sin, d)
-        x = self.norm(x[:, 0])
+            x, delta = layer.decode(x, delta, cos, sin, d)
+        _, x = self.norm.add_and_norm(x[:, 0], None if delta is None else delta[:, 0])
         w = self.embed_tokens.weight if self.tied else self.lm_head
         return F.linear(x, w).float()
 
@@ -386,9 +429,11 @@ class EngineModel(nn.Module):
         ctx = ForwardContext(cache, slots, positions, valid, new_lens, allow_decode_kernel)
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(x, positions)
-        for layer in self.layers:
-            x = layer(x, cos, sin, ctx)
-        x = x[logit_rows] if logit_rows is not None else x
-        x = self.norm(x)
+        delta = None
+        for layer in self.decoder_layers:
+            x, delta = layer(x, delta, cos, sin, ctx)
+        if logit_rows is not None:
+            x, delta = x[logit_rows], None if delta is None else delta[logit_rows]
+        _, x = self.norm.add_and_norm(x, delta)
         w = self.embed_tokens.weight if self.tied else self.lm_head
         return F.linear(x, w).float()
