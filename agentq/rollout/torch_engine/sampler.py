@@ -74,7 +74,12 @@ def sample_counter(logits: torch.Tensor, params: SamplingParams, keys: torch.Ten
                    temperature: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Counter-based `sample`: (token ids [B], their log-probs [B]) with Gumbel noise from
     `counter_uniform(keys, vkeys)`. `temperature` (a 0-d tensor) replaces params.temperature when
-    given, so a captured CUDA graph can serve any temperature > 0."""
+    given, so a captured CUDA graph can serve any temperature > 0. On CUDA, temperature-only
+    sampling (no top-k / top-p) runs as one Triton launch (`kernels.triton_sample`)."""
+    if _fused_applies(logits, params, temperature):
+        from agentq.kernels.triton_sample import counter_sample
+        assert temperature is not None
+        return counter_sample(logits.float(), keys, vkeys, temperature, greedy=params.temperature == 0)
     logp = processed_logprobs(logits, params, temperature)
     if params.temperature == 0:
         tokens = logp.argmax(-1)
@@ -82,6 +87,16 @@ def sample_counter(logits: torch.Tensor, params: SamplingParams, keys: torch.Ten
         gumbel = -torch.log(-torch.log(counter_uniform(keys, vkeys)))
         tokens = (logp + gumbel).argmax(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _fused_applies(logits: torch.Tensor, params: SamplingParams, temperature: torch.Tensor | None) -> bool:
+    """The one-launch draw: CUDA logits, Triton importable, temperature-only sampling, a device
+    temperature (what the decode runner passes). AGENTQ_FUSED_SAMPLER=0 keeps the torch ops."""
+    import os
+
+    from agentq.kernels._interp import HAVE_TRITON
+    return (logits.is_cuda and HAVE_TRITON and temperature is not None and params.top_p >= 1.0
+            and not 0 < params.top_k < logits.shape[-1] and os.environ.get("AGENTQ_FUSED_SAMPLER", "1") != "0")
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]
