@@ -339,8 +339,9 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     interp = runs_interpreted(_add_rms_norm_kernel)
     s_arg, bits = store_view(s, interp)
     if quant is None:
-        out: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        o_arg, q_arg, qs_arg = store_view(out, interp)[0], s_arg, s_arg
+        normed = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        out: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = normed
+        o_arg, q_arg, qs_arg = store_view(normed, interp)[0], s_arg, s_arg
     else:
         codes = torch.empty((m, n), dtype=torch.int8, device=x.device)
         scales = torch.empty((m,), dtype=torch.float32, device=x.device)

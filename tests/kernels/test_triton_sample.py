@@ -10,6 +10,11 @@ pytestmark = pytest.mark.skipif(not _interp.HAVE_TRITON, reason="triton is not i
 MODULES = ("agentq.kernels.triton_sample",)
 
 
+# Interpreted tests run in CI (CPU). The GPU machine's Triton 3.6 interpreter cannot run this
+# kernel's loop over a runtime bound (it fails converting the bound); its compiled test is below.
+interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter test (see above)")
+
+
 @pytest.fixture
 def K():
     (mod,) = _interp.load_interpreted(MODULES)
@@ -17,6 +22,7 @@ def K():
     _interp.restore_compiled(MODULES)
 
 
+@interpreted
 @pytest.mark.parametrize("temp", [1.0, 0.7, 0.0])
 def test_counter_sample_kernel_equals_the_torch_sampler(K, temp):
     g = torch.Generator().manual_seed(5)
@@ -37,6 +43,7 @@ def test_counter_sample_kernel_equals_the_torch_sampler(K, temp):
         assert not torch.equal(greedy, tok) and torch.equal(greedy, (logits / t).argmax(-1))
 
 
+@interpreted
 def test_counter_sample_rows_do_not_depend_on_the_batch(K):
     g = torch.Generator().manual_seed(6)
     logits = torch.randn(5, 700, generator=g)
