@@ -22,12 +22,14 @@ from .qat import align_model, quantized_module_report
 
 
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                      temperature: float = 1.0, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+                      temperature: float = 1.0, position_ids: torch.Tensor | None = None,
+                      **model_kw: Any) -> torch.Tensor:
     """[B, L] log p(token_t | tokens_<t) in fp32 (position 0 = 0) under softmax(logits / temperature):
     the distribution a temperature-T sampler draws from. logit[target] − logsumexp(logits) avoids
     materialising a full log-softmax. attention_mask None = causal only (see `model_mask`); a 4D
-    bool mask and `position_ids` (None: 0…L−1) are passed to the model as they are (packing)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[:, :-1].float()
+    bool mask, `position_ids` (None: 0…L−1) and `model_kw` are passed to the model as they are (packing)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   **model_kw).logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     tgt = input_ids[:, 1:]
@@ -36,25 +38,32 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
 
 
 def packed_sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths: torch.Tensor,
-                             temperature: float = 1.0) -> torch.Tensor:
+                             temperature: float = 1.0, row_bounds: bool = True) -> torch.Tensor:
     """`sequence_logprobs` of right-padded rows computed as one packed sequence (no padding).
 
     The rows' tokens are laid end to end; each keeps positions 0…n−1 and attends only to its own
-    earlier tokens (`PackLayout.causal_block_mask`), so each row's log-probs are its own.
+    earlier tokens: by the 4D block mask (`PackLayout.causal_block_mask`, which HF hands to any
+    attention function as it is) and, with `row_bounds`, by the row boundaries as HF's varlen
+    kwargs, which the aligned attention (`qat._agentq_attention`) uses to attend row by row.
 
     Args:
         model: the HF causal LM (aligned or not); input_ids: [R, L] right-padded rows on its device;
-        lengths: [R] real tokens per row (CPU); temperature: as in `sequence_logprobs`.
+        lengths: [R] real tokens per row (CPU); temperature: as in `sequence_logprobs`;
+        row_bounds: pass the boundaries (False: the mask alone; for tests).
     Returns:
         [R, L] fp32 log-probs, 0 at each row's position 0 and past its end.
     """
     layout = PackLayout.of(lengths)
     ids = layout.pack(input_ids)
+    kw: dict[str, Any] = {}
     if layout.num_rows == 1:            # one row: plain causal attention, positions 0…n−1
         mask, pos = None, None
     else:
         mask, pos = layout.causal_block_mask(ids.device), layout.position_ids().to(ids.device)
-    rows = layout.unpack(sequence_logprobs(model, ids, mask, temperature, position_ids=pos), input_ids.shape[1])
+        if row_bounds:
+            kw = {"cu_seq_lens_q": layout.bounds(), "cu_seq_lens_k": layout.bounds()}
+    logp = sequence_logprobs(model, ids, mask, temperature, position_ids=pos, **kw)
+    rows = layout.unpack(logp, input_ids.shape[1])
     # a row's first token has no log-prob (what precedes it in the pack is another row)
     return torch.cat([torch.zeros_like(rows[:, :1]), rows[:, 1:]], dim=1)
 

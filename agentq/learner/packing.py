@@ -77,6 +77,10 @@ class PackLayout:
     def num_rows(self) -> int:
         return int(self.lengths.numel())
 
+    def bounds(self) -> torch.Tensor:
+        """[R + 1] long (CPU): the rows' boundaries 0, n₁, n₁+n₂, …, total (HF's `cu_seq_lens`)."""
+        return torch.cat([self.starts, self.lengths.sum().reshape(1)])
+
     def row_of_token(self) -> torch.Tensor:
         """[total] long: the row each packed token belongs to."""
         return torch.repeat_interleave(torch.arange(self.num_rows), self.lengths)

@@ -5,6 +5,8 @@ exactly one pack within the token budget; a packed forward gives each row the lo
 Tolerances: log-probs ≤ 1e-6 (measured on a Zen 4 CPU: packed = padded bit for bit, 0.0; packed vs
 each row alone 4.8e-7); gradients within 1e-5 · max|g| per entry (measured 2–4e-7: fp32 sums over
 micro-batches of another composition are re-associated, and attention with gradients runs in fp32)."""
+import functools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,6 +16,7 @@ from transformers import AutoConfig
 from agentq.algos import make_objective
 from agentq.kernels import QuantSpec
 from agentq.learner.batch import PolicyBatch
+from agentq.learner import learner as learner_mod
 from agentq.learner.learner import Learner
 from agentq.learner.packing import PackLayout, plan_packs
 
@@ -97,35 +100,49 @@ def alone(learner: Learner, batch: PolicyBatch) -> torch.Tensor:
     return out
 
 
+def mask_only(monkeypatch) -> None:
+    """Packed forwards without the row boundaries: rows kept apart by the 4D block mask alone
+    (what an attention function that ignores HF's varlen kwargs sees)."""
+    monkeypatch.setattr(learner_mod, "packed_sequence_logprobs",
+                        functools.partial(learner_mod.packed_sequence_logprobs, row_bounds=False))
+
+
 @pytest.mark.parametrize("spec", SPECS)
-def test_packed_logprobs_equal_padded_and_alone(tiny_model_dir, vocab, spec):
+@pytest.mark.parametrize("by", ["row_bounds", "mask_only"])
+def test_packed_logprobs_equal_padded_and_alone(tiny_model_dir, vocab, spec, by, monkeypatch):
     batch = mixed_batch(vocab)
     padded = Learner(str(tiny_model_dir), QuantSpec.preset(spec), use_reference=False, micro_batch_size=3)
     packed = Learner(str(tiny_model_dir), QuantSpec.preset(spec), use_reference=False, pack_tokens=BUDGET)
     plan = packed.micro_batches(batch.attention_mask.sum(1))
     # 130 alone (over the budget); 70 + 12 + 8 + 3 + 2 = 95; 55 + 41 = 96
     assert [p.tolist() for p in plan] == [[4], [1, 2, 5, 0, 7], [6, 3]]
+    if by == "mask_only":
+        mask_only(monkeypatch)
     real = batch.attention_mask.bool()
     lp_packed, lp_padded, lp_alone = packed.logprobs(batch), padded.logprobs(batch), alone(padded, batch)
     d_padded = (lp_packed - lp_padded)[real].abs().max().item()
     d_alone = (lp_packed - lp_alone)[real].abs().max().item()
-    print(f"\n{spec}: packed vs padded max|Δ| = {d_padded:.2e}, vs alone {d_alone:.2e}")
+    print(f"\n{spec} {by}: packed vs padded max|Δ| = {d_padded:.2e}, vs alone {d_alone:.2e}")
     assert d_padded <= 1e-6 and d_alone <= 1e-6
     assert (lp_packed[:, 0] == 0).all() and (lp_packed[~real] == 0).all()
     assert lp_packed[real].abs().max() > 1.0      # real numbers, not zeros
 
 
-@pytest.mark.parametrize("leak", ["causal_across_rows", "positions_run_on"])
+@pytest.mark.parametrize("leak", ["mask_across_rows", "bounds_across_rows", "positions_run_on"])
 def test_a_pack_that_leaks_across_rows_changes_the_logprobs(tiny_model_dir, vocab, monkeypatch, leak):
-    """The comparison above can fail: a mask letting a row see the rows before it in its pack, or
-    positions that do not restart per row (RoPE of the packed offset), move the log-probs."""
+    """The comparison above can fail: a mask letting a row see the rows before it in its pack (mask
+    alone), row boundaries that join the rows, or positions that do not restart per row (RoPE of
+    the packed offset) move the log-probs."""
     batch = mixed_batch(vocab)
     learner = Learner(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), use_reference=False, pack_tokens=BUDGET)
     right = learner.logprobs(batch)
-    if leak == "causal_across_rows":
+    if leak == "mask_across_rows":
+        mask_only(monkeypatch)
         monkeypatch.setattr(PackLayout, "causal_block_mask",
                             lambda self, device="cpu": torch.ones(self.total, self.total, dtype=torch.bool,
                                                                   device=device).tril()[None, None])
+    elif leak == "bounds_across_rows":
+        monkeypatch.setattr(PackLayout, "bounds", lambda self: torch.tensor([0, self.total]))
     else:
         monkeypatch.setattr(PackLayout, "position_ids", lambda self: torch.arange(self.total)[None])
     wrong = learner.logprobs(batch)
