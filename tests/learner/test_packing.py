@@ -214,3 +214,17 @@ def test_packing_refuses_left_padded_rows_and_bad_budget(tiny_model_dir, vocab):
     learner = Learner(str(tiny_model_dir), QuantSpec.preset("none"), use_reference=False, pack_tokens=8)
     with pytest.raises(ValueError, match="right-padded"):
         learner.logprobs(batch)
+
+
+def test_packed_gradient_with_activation_checkpointing(tiny_model_dir, vocab):
+    """Recomputed decoder layers get the packed positions and row boundaries again in backward."""
+    objective = make_objective("grpo", kl_coef=0.0)
+    grads = []
+    for pack, ckpt in ((None, False), (BUDGET, True)):
+        learner = Learner(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), use_reference=False, micro_batch_size=3,
+                          pack_tokens=pack, activation_checkpointing=ckpt)
+        batch = mixed_batch(vocab)
+        batch.old_logp = learner.logprobs(batch) - 0.01 * batch.action_mask
+        batch = batch.weighted(objective.prepare(batch))
+        grads.append(step_gradient(learner, batch, objective)[0])
+    assert (grads[1] - grads[0]).abs().max() <= 1e-5 * grads[0].abs().max()
