@@ -74,6 +74,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.ppo_epochs": positive_int,
     "trainer.minibatch_size": optional(positive_int),
     "trainer.micro_batch_size": positive_int,
+    "trainer.pack_tokens": optional(positive_int),
     "trainer.max_concurrent": positive_int,
     "trainer.save_every": nonneg_int,
     "trainer.keep_checkpoints": nonneg_int,

@@ -7,9 +7,16 @@ Times, per spec (median over --iters after --warmup):
   * `forward`: the no-grad forward that computes π_old / π_ref (`Learner.logprobs`).
 Reports tokens/s, peak GPU memory of the update, and aligned / none ratios side by side.
 
+With `--pack-tokens N` it compares instead, for one spec (`--spec`, default the aligned one), the
+micro-batches of today (`--micro` rows each, length-sorted, padded to their longest) against
+sequence packing (`Learner(pack_tokens=N)`: rows end to end, no padding) on a batch of mixed
+lengths (`--mixed`: lengths uniform in [seq/8, seq], seeded): positions computed, forwards per
+pass, and the same two timings.
+
     python -m agentq.eval.bench_learner --model 1b --batch 4 --seq 2048 --micro 4 --out runs/bench   # H200
     python -m agentq.eval.bench_learner --model 8b --batch 4 --seq 2048 --micro 1 --out runs/bench   # H200
     python -m agentq.eval.bench_learner --model tiny --batch 4 --seq 128 --iters 3                   # CPU
+    python -m agentq.eval.bench_learner --model tiny --batch 32 --seq 512 --mixed --micro 2 --pack-tokens 1024  # CPU
 """
 from __future__ import annotations
 
@@ -25,17 +32,26 @@ from agentq.eval.bench_common import base_parser, random_model, release_memory, 
 SPECS = ("none", "w8a8_kv8")
 
 
-def synthetic_batch(batch: int, seq: int, vocab: int, seed: int = 0):
-    """B full-length sequences of random ids; every token after the first is an action token."""
+def synthetic_batch(batch: int, seq: int, vocab: int, seed: int = 0, lengths: list[int] | None = None):
+    """B sequences of random ids, right-padded to `seq` (full length when `lengths` is None); every
+    real token after the first is an action token."""
     from agentq.learner.batch import PolicyBatch
 
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (batch, seq), generator=g)
-    mask = torch.ones(batch, seq)
+    lens = torch.tensor(lengths if lengths is not None else [seq] * batch)
+    attn = (torch.arange(seq)[None] < lens[:, None]).long()
+    ids = torch.randint(0, vocab, (batch, seq), generator=g) * attn
+    mask = attn.float()
     mask[:, 0] = 0
-    return PolicyBatch(input_ids=ids, attention_mask=torch.ones(batch, seq, dtype=torch.long), action_mask=mask,
+    return PolicyBatch(input_ids=ids, attention_mask=attn, action_mask=mask,
                        seg_id=mask.long(), rollout_logp=torch.zeros(batch, seq),
                        adv=torch.randn(batch, generator=g))
+
+
+def mixed_lengths(batch: int, seq: int, seed: int = 0) -> list[int]:
+    """Episode lengths uniform in [seq/8, seq] (multi-turn episodes: won early or run to the cap)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    return torch.randint(max(seq // 8, 2), seq + 1, (batch,), generator=g).tolist()
 
 
 def timed(fn, device: torch.device, warmup: int, iters: int) -> list[float]:
@@ -50,15 +66,20 @@ def timed(fn, device: torch.device, warmup: int, iters: int) -> list[float]:
     return out
 
 
-def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
+def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pack_tokens: int | None = None) -> dict:
     from agentq.algos import make_objective
     from agentq.kernels import QuantSpec
     from agentq.learner.learner import Learner
+    from agentq.learner.packing import padded_tokens
 
     model, cfg = random_model(args.model, args.seq, device, dtype)
     learner = Learner(model, QuantSpec.preset(spec_name), dtype=dtype, device=str(device), use_reference=False,
-                      micro_batch_size=args.micro, lr=1e-6, activation_checkpointing=args.checkpointing)
-    batch = synthetic_batch(args.batch, args.seq, cfg.vocab_size)
+                      micro_batch_size=args.micro, lr=1e-6, activation_checkpointing=args.checkpointing,
+                      pack_tokens=pack_tokens)
+    lengths = mixed_lengths(args.batch, args.seq) if args.mixed else None
+    batch = synthetic_batch(args.batch, args.seq, cfg.vocab_size, lengths=lengths)
+    lengths = batch.attention_mask.sum(1).tolist()
+    groups = [g.tolist() for g in learner.micro_batches(batch.attention_mask.sum(1))]
     objective = make_objective("grpo", kl_coef=0.0)
     fwd = timed(lambda: learner.logprobs(batch), device, args.warmup, args.iters)
     batch.old_logp = learner.logprobs(batch)
@@ -70,8 +91,9 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype) -> 
     if args.profile and device.type == "cuda":
         kernel_table(f"{spec_name}: no-grad forward", lambda: learner.logprobs(batch))
         kernel_table(f"{spec_name}: update", lambda: learner.update(batch, objective))
-    tokens = args.batch * args.seq
-    res = {"spec": spec_name, "update_s": statistics.median(upd), "update_all_s": upd,
+    tokens = sum(lengths)
+    res = {"spec": spec_name, "pack_tokens": pack_tokens, "real_tokens": tokens, "forwards": len(groups),
+           "computed_tokens": padded_tokens(lengths, groups, packed=pack_tokens is not None), "update_s": statistics.median(upd), "update_all_s": upd,
            "forward_s": statistics.median(fwd), "forward_all_s": fwd,
            "update_tokens_per_s": tokens / statistics.median(upd), "forward_tokens_per_s": tokens / statistics.median(fwd),
            "peak_gib": peak, "params": sum(p.numel() for p in learner.model.parameters())}
@@ -104,9 +126,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernel table of one forward and one update")
+    ap.add_argument("--mixed", action="store_true", help="sequence lengths uniform in [seq/8, seq] instead of all seq")
+    ap.add_argument("--pack-tokens", type=int, default=None,
+                    help="compare today's padded micro-batches with packs of at most this many tokens")
+    ap.add_argument("--spec", default="w8a8_kv8", choices=SPECS, help="the spec of the --pack-tokens comparison")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.pack_tokens is not None:
+        return packing_report(args, device, dtype)
     rows = {s: run_spec(s, args, device, dtype) for s in SPECS}
     base, al = rows["none"], rows["w8a8_kv8"]
     report = {"model": args.model, "batch": args.batch, "seq": args.seq, "micro": args.micro,
@@ -125,6 +153,30 @@ def main(argv=None) -> dict:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         path = Path(args.out) / f"bench_learner_{args.model}{'_ckpt' if args.checkpointing else ''}.json"
         path.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def packing_report(args, device: torch.device, dtype: torch.dtype) -> dict:
+    """Today's padded micro-batches vs sequence packing, one spec, the same batch: printed and saved."""
+    rows = {"padded": run_spec(args.spec, args, device, dtype),
+            "packed": run_spec(args.spec, args, device, dtype, pack_tokens=args.pack_tokens)}
+    pad, pk = rows["padded"], rows["packed"]
+    report = {"model": args.model, "batch": args.batch, "seq": args.seq, "mixed": args.mixed, "micro": args.micro,
+              "pack_tokens": args.pack_tokens, "spec": args.spec, "device": str(device), "dtype": str(dtype),
+              "torch": torch.__version__, "threads": torch.get_num_threads(), "results": rows,
+              "speedup_update": pad["update_s"] / pk["update_s"], "speedup_forward": pad["forward_s"] / pk["forward_s"]}
+    print(f"\nlearner {args.model} {args.spec} B={args.batch} L≤{args.seq} mixed={args.mixed} "
+          f"real tokens {pad['real_tokens']} {report['device']} {dtype} threads={report['threads']}")
+    print(f"{'arm':<26} {'positions':>9} {'padding':>8} {'forwards':>8} {'update s':>9} {'fwd s':>8}")
+    for name, r in rows.items():
+        arm = f"{name} (micro {args.micro})" if name == "padded" else f"packed (≤ {args.pack_tokens} tokens)"
+        pad_frac = 1 - r["real_tokens"] / r["computed_tokens"]
+        print(f"{arm:<26} {r['computed_tokens']:>9} {100 * pad_frac:>7.1f}% {r['forwards']:>8} {r['update_s']:>9.3f} "
+              f"{r['forward_s']:>8.3f}")
+    print(f"padded / packed time: update {report['speedup_update']:.2f}x  forward {report['speedup_forward']:.2f}x")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"bench_learner_packing_{args.model}.json").write_text(json.dumps(report, indent=1))
     return report
 
 

@@ -86,7 +86,8 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
     max_len = args.prompt + args.turns * (args.new + args.obs) + 8
     model, cfg = random_model(args.model, max_len, device, dtype)
     learner = Learner(model, learner_spec, dtype=dtype, device=str(device), lr=1e-6,
-                      use_reference=float(pre["params"]["kl_coef"]) > 0, micro_batch_size=args.micro)
+                      use_reference=float(pre["params"]["kl_coef"]) > 0, micro_batch_size=args.micro,
+                      pack_tokens=args.pack_tokens)
     engine = TorchEngine(cfg, rollout_spec, max_slots=args.episodes, max_len=max_len, dtype=dtype, device=device)
     engine.update_weights(learner.named_weights(), version=0)
     objective = make_objective(pre["objective"], **pre["params"])
@@ -139,6 +140,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--obs", type=int, default=128)
     ap.add_argument("--new", type=int, default=64, help="sampled tokens per turn")
     ap.add_argument("--micro", type=int, default=8, help="trajectories per learner forward")
+    ap.add_argument("--pack-tokens", type=int, default=None,
+                    help="learner sequence packing: packs of at most this many tokens (default: padded micro-batches)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
     args = ap.parse_args(argv)

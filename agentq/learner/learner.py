@@ -17,20 +17,55 @@ from agentq.algos.objective import Objective
 from agentq.kernels.quant_spec import QuantSpec
 
 from .batch import PolicyBatch
+from .packing import PackLayout, plan_packs
 from .qat import align_model, quantized_module_report
 
 
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                      temperature: float = 1.0) -> torch.Tensor:
+                      temperature: float = 1.0, position_ids: torch.Tensor | None = None,
+                      **model_kw: Any) -> torch.Tensor:
     """[B, L] log p(token_t | tokens_<t) in fp32 (position 0 = 0) under softmax(logits / temperature):
     the distribution a temperature-T sampler draws from. logit[target] − logsumexp(logits) avoids
-    materialising a full log-softmax. attention_mask None = causal only (see `model_mask`)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    materialising a full log-softmax. attention_mask None = causal only (see `model_mask`); a 4D
+    bool mask, `position_ids` (None: 0…L−1) and `model_kw` are passed to the model as they are (packing)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   **model_kw).logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     tgt = input_ids[:, 1:]
     lp = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+
+
+def packed_sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths: torch.Tensor,
+                             temperature: float = 1.0, row_bounds: bool = True) -> torch.Tensor:
+    """`sequence_logprobs` of right-padded rows computed as one packed sequence (no padding).
+
+    The rows' tokens are laid end to end; each keeps positions 0…n−1 and attends only to its own
+    earlier tokens: by the 4D block mask (`PackLayout.causal_block_mask`, which HF hands to any
+    attention function as it is) and, with `row_bounds`, by the row boundaries as HF's varlen
+    kwargs, which the aligned attention (`qat._agentq_attention`) uses to attend row by row.
+
+    Args:
+        model: the HF causal LM (aligned or not); input_ids: [R, L] right-padded rows on its device;
+        lengths: [R] real tokens per row (CPU); temperature: as in `sequence_logprobs`;
+        row_bounds: pass the boundaries (False: the mask alone; for tests).
+    Returns:
+        [R, L] fp32 log-probs, 0 at each row's position 0 and past its end.
+    """
+    layout = PackLayout.of(lengths)
+    ids = layout.pack(input_ids)
+    kw: dict[str, Any] = {}
+    if layout.num_rows == 1:            # one row: plain causal attention, positions 0…n−1
+        mask, pos = None, None
+    else:
+        mask, pos = layout.causal_block_mask(ids.device), layout.position_ids().to(ids.device)
+        if row_bounds:
+            kw = {"cu_seq_lens_q": layout.bounds(), "cu_seq_lens_k": layout.bounds()}
+    logp = sequence_logprobs(model, ids, mask, temperature, position_ids=pos, **kw)
+    rows = layout.unpack(logp, input_ids.shape[1])
+    # a row's first token has no log-prob (what precedes it in the pack is another row)
+    return torch.cat([torch.zeros_like(rows[:, :1]), rows[:, 1:]], dim=1)
 
 
 def model_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
@@ -51,7 +86,8 @@ class Learner:
                  device: str = "cpu", lr: float = 1e-6, weight_decay: float = 0.01,
                  betas: tuple[float, float] = (0.9, 0.999),
                  grad_clip: float = 1.0, use_reference: bool = True, micro_batch_size: int = 8,
-                 ref_path: str | None = None, activation_checkpointing: bool = False, temperature: float = 1.0):
+                 ref_path: str | None = None, activation_checkpointing: bool = False, temperature: float = 1.0,
+                 pack_tokens: int | None = None):
         """Args:
             model_path: an HF checkpoint folder, or an HF causal LM (e.g. random-init for benchmarks).
             spec: the learner's QuantSpec (`none` = unaligned); dtype/device: where it computes.
@@ -61,6 +97,9 @@ class Learner:
             temperature: the rollout sampler's; every log-prob (old, reference, training) is of
                 softmax(logits / T), the distribution the engine sampled from (top-k / top-p are
                 refused for training by `agentq.build.learner_temperature`).
+            pack_tokens: None = micro-batches of `micro_batch_size` rows padded to their longest;
+                a number = sequence packing: micro-batches are packs of rows laid end to end, at
+                most this many tokens each (a longer row alone), no padding (`packing.py`).
         """
         from transformers import AutoModelForCausalLM
 
@@ -68,6 +107,9 @@ class Learner:
             raise ValueError(f"Learner temperature={temperature!r}: must be > 0 (greedy decoding has no "
                              "sampling distribution to score)")
         self.temperature = float(temperature)
+        if pack_tokens is not None and not (isinstance(pack_tokens, int) and pack_tokens > 0):
+            raise ValueError(f"Learner pack_tokens={pack_tokens!r}: must be a positive integer or None")
+        self.pack_tokens = pack_tokens
 
         def load_aligned(path: str | nn.Module) -> tuple[nn.Module, dict]:
             model = path if isinstance(path, nn.Module) else AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -105,11 +147,10 @@ class Learner:
         was_training = model.training
         model.eval()
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for idx in length_sorted_chunks(batch.attention_mask.sum(1), self.micro_batch_size):
+        for idx in self.micro_batches(batch.attention_mask.sum(1)):
             am = batch.attention_mask[idx]
             L = int(am.sum(1).max())
-            out[idx, :L] = sequence_logprobs(model, batch.input_ids[idx, :L].to(self.device),
-                                             self._device_mask(am[:, :L]), self.temperature).float().cpu()
+            out[idx, :L] = self.rows_logprobs(model, batch.input_ids[idx, :L], am[:, :L]).float().cpu()
         model.train(was_training)
         return out
 
@@ -158,14 +199,13 @@ class Learner:
             return False
         self.opt.zero_grad(set_to_none=True)
         local = minib.index(self.local_rows(minib))
-        for rows in length_sorted_chunks(local.attention_mask.sum(1), self.micro_batch_size):
+        for rows in self.micro_batches(local.attention_mask.sum(1)):
             micro = local.index(rows)
             L = int(micro.attention_mask.sum(1).max())
             micro = micro.trim(L)
-            mask = self._device_mask(micro.attention_mask)
+            logp = self.rows_logprobs(self.model, micro.input_ids, micro.attention_mask)
             micro = micro.to(self.device)
             share = objective.agg_units(micro) / total_units
-            logp = sequence_logprobs(self.model, micro.input_ids, mask, self.temperature)
             loss, stats = objective.loss(logp, micro)
             (loss * share).backward()
             for k, v in stats.items():
@@ -184,9 +224,30 @@ class Learner:
         """Combine the partial gradients of all processes (nothing to do in one process)."""
         pass
 
-    def _device_mask(self, attention_mask: torch.Tensor) -> torch.Tensor | None:
-        m = model_mask(attention_mask)
-        return None if m is None else m.to(self.device)
+    # ------------------------------------------------------------------ micro-batches
+    def micro_batches(self, lengths: torch.Tensor) -> list[torch.Tensor]:
+        """The row groups computed one forward each: packs of at most `pack_tokens` tokens
+        (`plan_packs`), or length-sorted chunks of `micro_batch_size` rows when packing is off.
+
+        Args:
+            lengths: [B] real tokens per row.
+        Returns:
+            Row-index tensors partitioning range(B).
+        """
+        if self.pack_tokens is None:
+            return length_sorted_chunks(lengths, self.micro_batch_size)
+        return [torch.tensor(p, dtype=torch.long) for p in plan_packs(lengths.tolist(), self.pack_tokens)]
+
+    def rows_logprobs(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[n, L] log-probs of one micro-batch of rows (CPU [n, L] ids and padding mask, L = their
+        longest), padded (packing off) or packed into one sequence (on; rows must be right-padded)."""
+        mask = model_mask(attention_mask)
+        if self.pack_tokens is None:
+            return sequence_logprobs(model, input_ids.to(self.device), None if mask is None else mask.to(self.device),
+                                     self.temperature)
+        if mask is not None:
+            raise ValueError("sequence packing (pack_tokens) needs right-padded rows (as `collate` builds them)")
+        return packed_sequence_logprobs(model, input_ids.to(self.device), attention_mask.sum(1), self.temperature)
 
     # ------------------------------------------------------------------ weights out
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

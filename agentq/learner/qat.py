@@ -50,25 +50,43 @@ class QATLinear(nn.Linear):
 
 def _agentq_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """HF attention-interface function: KV round trip through the cache numerics, then the same
-    masked attention the engine runs. query [B, Hq, T, D], key/value [B, Hkv, L, D]."""
+    masked attention the engine runs. query [B, Hq, T, D], key/value [B, Hkv, L, D].
+
+    Packed rows (`learner.packing`) come as one sequence with HF's varlen kwarg `cu_seq_lens_q`
+    (row boundaries [0, n1, n1+n2, …]): each row then attends causally within itself, one call per
+    row (Σ nᵢ² scores, not T²; the fused causal kernel per row on CUDA bf16). Without it the 4D
+    block mask the packer also passes gives the same result (the path any other attention takes)."""
     spec: QuantSpec = getattr(module, "agentq_spec", None) or QuantSpec.preset("none")
     key = ste.kv_fake_quant(key, spec)
     value = ste.kv_fake_quant(value, spec)
     b, _, t, _ = query.shape
     l = key.shape[2]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if attention_mask is None and t == l and _fused_causal_ok(query):
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale,
-                                             enable_gqa=query.shape[1] != key.shape[1])
+    bounds = kwargs.get("cu_seq_lens_q")
+    if bounds is not None and b == 1 and t == l:      # packed rows: attention within each row only
+        cuts = bounds.tolist() if torch.is_tensor(bounds) else [int(x) for x in bounds]
+        out = torch.cat([_causal_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], scale)
+                         for s, e in zip(cuts[:-1], cuts[1:])], dim=2)
         return out.transpose(1, 2).contiguous(), None
     if attention_mask is None:
-        allowed = torch.ones(t, l, dtype=torch.bool, device=query.device).tril(l - t).expand(b, t, l)
-    else:
-        allowed = attention_mask[:, 0] if attention_mask.dtype == torch.bool else attention_mask[:, 0] > -1
-        allowed = allowed.expand(b, t, l).clone()
-        allowed[..., 0] |= ~allowed.any(-1)         # fully masked (padding) rows: avoid NaN
+        return _causal_attention(query, key, value, scale).transpose(1, 2).contiguous(), None
+    allowed = attention_mask[:, 0] if attention_mask.dtype == torch.bool else attention_mask[:, 0] > -1
+    allowed = allowed.expand(b, t, l).clone()
+    allowed[..., 0] |= ~allowed.any(-1)         # fully masked (padding) rows: avoid NaN
     out = attn_ops.masked_attention(query, key, value, allowed, scale)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention, [B, Hq, T, D] out (queries are the last T of the L keys): SDPA's fused
+    kernel where `_fused_causal_ok`, else the engine's masked attention with a causal mask."""
+    b, _, t, _ = query.shape
+    l = key.shape[2]
+    if t == l and _fused_causal_ok(query):
+        return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale,
+                                              enable_gqa=query.shape[1] != key.shape[1])
+    allowed = torch.ones(t, l, dtype=torch.bool, device=query.device).tril(l - t).expand(b, t, l)
+    return attn_ops.masked_attention(query, key, value, allowed, scale)
 
 
 def _fused_causal_ok(query: torch.Tensor) -> bool:

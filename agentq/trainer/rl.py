@@ -105,6 +105,7 @@ class RLTrainer:
             use_reference=float(cfg.algo.kl_coef) > 0, micro_batch_size=int(t.micro_batch_size),
             ref_path=self.init_path if resumed else None,
             activation_checkpointing=bool(t.activation_checkpointing),
+            pack_tokens=None if t.get("pack_tokens") is None else int(t.pack_tokens),
             temperature=build.learner_temperature(cfg))
 
     def _restore(self, state: TrainerState, ckpt: Path | None) -> int:

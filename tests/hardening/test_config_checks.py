@@ -15,6 +15,7 @@ from conftest import run_cli
     ("rollout.top_p=1.5", "rollout.top_p=1.5 (float): must be a number in (0, 1]"),
     ("env_pool.call_timeout_s=0", "env_pool.call_timeout_s=0"),
     ("trainer.overwrite=maybe", "trainer.overwrite='maybe' (str): must be true or false"),
+    ("trainer.pack_tokens=0", "trainer.pack_tokens=0 (int): must be a positive integer or null"),
 ])
 def test_bad_values_name_their_key(override, named):
     with pytest.raises(ConfigError, match="invalid config value") as e:
