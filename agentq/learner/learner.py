@@ -18,7 +18,7 @@ from agentq.kernels.quant_spec import QuantSpec
 
 from .batch import PolicyBatch
 from .packing import PackLayout, plan_packs
-from .qat import align_model, quantized_module_report
+from .qat import align_model, quantized_module_report, release_activation_cache
 
 
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -30,6 +30,7 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     bool mask, `position_ids` (None: 0…L−1) and `model_kw` are passed to the model as they are (packing)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    **model_kw).logits[:, :-1].float()
+    release_activation_cache(model)
     if temperature != 1.0:
         logits = logits / temperature
     tgt = input_ids[:, 1:]

@@ -125,7 +125,16 @@ def align_model(model: nn.Module, spec: QuantSpec) -> dict[str, list[str]]:
     _register_attention()
     model.set_attn_implementation(ATTN_IMPL)  # type: ignore[operator]  # an HF PreTrainedModel method
     setattr(model, "agentq_spec", spec)
+    setattr(model, "agentq_act_cache", act_cache)
     return audit
+
+
+def release_activation_cache(model: nn.Module) -> None:
+    """Drop the shared activation codes after a forward: the cache only serves the linears of one
+    forward, and would otherwise keep the last layer's input and its codes alive until the next."""
+    cache = getattr(model, "agentq_act_cache", None)
+    if cache is not None:
+        cache.clear()
 
 
 def unalign_model(model: nn.Module) -> None:
@@ -157,4 +166,4 @@ def quantized_module_report(model: nn.Module) -> dict[str, int]:
 
 
 __all__ = ["ATTN_IMPL", "QATLinear", "align_model", "invalidate_weight_caches", "linear_names",
-           "quantized_module_report", "quantized_weights", "unalign_model"]
+           "quantized_module_report", "quantized_weights", "release_activation_cache", "unalign_model"]

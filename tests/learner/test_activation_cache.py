@@ -53,3 +53,21 @@ def test_an_in_place_write_invalidates_the_cached_codes():
     assert again is not first and cache.hits == 1
     assert torch.equal(again[0], first[0]) and torch.equal(again[1], 2 * first[1])
     assert cache.get(x.clone(), SPEC, "torch") is not again        # another tensor object: no reuse
+
+
+def test_the_learner_releases_the_cached_activation_after_each_forward(tiny_model_dir):
+    """The cache serves one forward; afterwards it must not keep the last input (and its codes)
+    alive, and the learner's scores are what the model computes with the cache in use."""
+    from agentq.learner.learner import sequence_logprobs
+
+    model = _aligned(tiny_model_dir, True)
+    cache = model.agentq_act_cache
+    assert all(m.act_cache is cache for m in model.modules() if isinstance(m, QATLinear))
+    ids = torch.randint(3, 200, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        lp = sequence_logprobs(model, ids, None)
+        assert cache.x is None and cache.codes is None and cache.hits == 3 * model.config.num_hidden_layers
+        logits = model(input_ids=ids).logits                          # a bare forward keeps it
+    assert cache.x is not None
+    ref = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
+    assert torch.allclose(lp[:, 1:], ref, atol=1e-5)
