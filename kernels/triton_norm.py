@@ -28,7 +28,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from .triton_quant import _quant_block, cast_for_store, store_view
+    from .triton_quant import _store_row_codes, cast_for_store, store_view
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, N, stride_x, stride_o, eps,
@@ -96,14 +96,6 @@ if HAVE_TRITON:
             _store_row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, floor, HALF_AWAY)
         else:
             tl.store(o_ptr + row * stride_o + offs, cast_for_store(y, o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
-
-    @triton.jit
-    def _store_row_codes(y, q_row, s_out, offs, mask, floor, HALF_AWAY: tl.constexpr):
-        """A row held in registers (fp32 values of the model dtype) -> int8 codes + its fp32 scale."""
-        amax = tl.reduce(tl.where(mask, tl.abs(y), 0.0), 0, tl.standard._elementwise_max)
-        scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
-        tl.store(q_row + offs, _quant_block(y, scale, HALF_AWAY), mask=mask)
-        tl.store(s_out, scale)
 
     @triton.jit
     def _silu_mul_quant_kernel(g_ptr, u_ptr, q_ptr, qs_ptr, N, stride_g, stride_u, stride_q, floor,
@@ -338,14 +330,14 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     s = torch.empty((m, n), dtype=x.dtype, device=x.device) if delta is not None else x2
     interp = runs_interpreted(_add_rms_norm_kernel)
     s_arg, bits = store_view(s, interp)
+    normed = codes = scales = None
     if quant is None:
         normed = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        out: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = normed
         o_arg, q_arg, qs_arg = store_view(normed, interp)[0], s_arg, s_arg
     else:
         codes = torch.empty((m, n), dtype=torch.int8, device=x.device)
         scales = torch.empty((m,), dtype=torch.float32, device=x.device)
-        out, o_arg, q_arg, qs_arg = (codes, scales), s_arg, codes, scales
+        o_arg, q_arg, qs_arg = s_arg, codes, scales
     if m:
         block = triton.next_power_of_2(n)
         pdl = quant is not None and m <= PDL_MAX_ROWS and use_pdl(_add_rms_norm_kernel, x.device)
@@ -356,10 +348,10 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
             HALF_AWAY=_check_mode(quant[1]) if quant else False, BLOCK=block, BF16_BITS=bits, PDL=pdl,
             num_warps=_norm_warps(block), enable_fp_fusion=False)
     shape = x.shape
-    if quant is None:
-        assert isinstance(out, torch.Tensor)
-        return s.reshape(shape), out.reshape(shape)
-    return s.reshape(shape), (out[0].reshape(shape), out[1].reshape(shape[:-1]))
+    if normed is not None:
+        return s.reshape(shape), normed.reshape(shape)
+    assert codes is not None and scales is not None
+    return s.reshape(shape), (codes.reshape(shape), scales.reshape(shape[:-1]))
 
 
 #: rows up to this long are held in registers by `silu_mul_quant`; longer ones take two kernels

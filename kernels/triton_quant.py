@@ -65,6 +65,15 @@ if HAVE_TRITON:
         return q.to(tl.int8)
 
     @triton.jit
+    def _store_row_codes(y, q_row, s_out, offs, mask, floor, HALF_AWAY: tl.constexpr):
+        """A row held in registers (fp32 values; masked lanes ignored) -> its int8 codes at q_row
+        and its fp32 scale at s_out: scale = max(absmax / 127, floor), codes = round(y / scale)."""
+        amax = tl.reduce(tl.where(mask, tl.abs(y), 0.0), 0, tl.standard._elementwise_max)
+        scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
+        tl.store(q_row + offs, _quant_block(y, scale, HALF_AWAY), mask=mask)
+        tl.store(s_out, scale)
+
+    @triton.jit
     def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, floor,
                            HALF_AWAY: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_PASS: tl.constexpr,
                            PDL: tl.constexpr):
@@ -78,9 +87,7 @@ if HAVE_TRITON:
         if SINGLE_PASS:
             mask = offs < K
             x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-            amax = tl.reduce(tl.abs(x), 0, tl.standard._elementwise_max)
-            scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
-            tl.store(q_row + offs, _quant_block(x, scale, HALF_AWAY), mask=mask)
+            _store_row_codes(x, q_row, s_ptr + row, offs, mask, floor, HALF_AWAY)
         else:
             amax_v = tl.full([BLOCK_K], 0, dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
@@ -93,7 +100,7 @@ if HAVE_TRITON:
                 mask = k0 + offs < K
                 x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
                 tl.store(q_row + k0 + offs, _quant_block(x, scale, HALF_AWAY), mask=mask)
-        tl.store(s_ptr + row, scale)
+            tl.store(s_ptr + row, scale)
 
     @triton.jit
     def _quant_kv_cache_kernel(x_ptr, slot_ptr, pos_ptr, c_ptr, cs_ptr, D, H,
@@ -109,11 +116,8 @@ if HAVE_TRITON:
         offs = tl.arange(0, BLOCK_D)
         mask = offs < D
         x = tl.load(x_ptr + t.to(tl.int64) * stride_xt + h * stride_xh + offs, mask=mask, other=0.0).to(tl.float32)
-        amax = tl.reduce(tl.abs(x), 0, tl.standard._elementwise_max)
-        scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
-        dst = c_ptr + slot * stride_cs + h * stride_ch + pos * stride_cl
-        tl.store(dst + offs, _quant_block(x, scale, HALF_AWAY), mask=mask)
-        tl.store(cs_ptr + slot * stride_ss + h * stride_sh + pos, scale)
+        _store_row_codes(x, c_ptr + slot * stride_cs + h * stride_ch + pos * stride_cl,
+                         cs_ptr + slot * stride_ss + h * stride_sh + pos, offs, mask, floor, HALF_AWAY)
 
 
 def use_pdl(kernel, device: torch.device) -> bool:

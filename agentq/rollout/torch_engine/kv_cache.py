@@ -37,6 +37,9 @@ class KVCache:
         else:
             self.k_scale = self.v_scale = None
         self._fused_int8_write = spec.kv == "int8_per_token_head_sym" and self.device.type == "cuda" and _triton_ok()
+        # a decode kernel may write K/V itself (int8 or value caches on CUDA; not fp8): decided once
+        self._fused_decode_write = (self.device.type == "cuda" and _triton_ok()
+                                    and spec.kv != "fp8_e4m3_per_tensor")
         # fp8: one per-tensor scale per layer for K and V (1.0 = vLLM's uncalibrated default)
         self.fp8_k_scale = [1.0] * n_layers
         self.fp8_v_scale = [1.0] * n_layers
@@ -46,7 +49,7 @@ class KVCache:
         """(k, v, k_scale, v_scale) of one layer for a kernel that writes a decode token's K/V itself
         (`triton_norm.qk_norm_rope_to_cache`): int8 or model-dtype caches on CUDA; None otherwise
         (fp8, CPU), where `write` stores them."""
-        if self.device.type != "cuda" or not _triton_ok() or self.spec.kv == "fp8_e4m3_per_tensor":
+        if not self._fused_decode_write:
             return None
         if self.k_scale is None or self.v_scale is None:
             return self.k[layer], self.v[layer], None, None
