@@ -394,11 +394,14 @@ def test_reset_is_seeded_and_ids_are_checked(env):
 @pytest.mark.skipif(chromium() is None, reason=NO_CHROMIUM)
 def test_web_view_in_headless_chromium(tmp_path):
     pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import JavascriptException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     from agentq.envs.webshop.web import check_loopback, make_server
+
+    def bar_text(d) -> str:
+        return d.execute_script("const b = document.querySelector('.bar'); return b ? b.textContent : '';")
 
     with pytest.raises(ValueError, match="loopback only"):
         check_loopback("0.0.0.0")
@@ -423,8 +426,11 @@ def test_web_view_in_headless_chromium(tmp_path):
                 driver.find_element(By.CSS_SELECTOR, f'button[value="{action}"]').click()
             session.step(action)
             step += 1
-            WebDriverWait(driver, 10, ignored_exceptions=(StaleElementReferenceException, NoSuchElementException)).until(
-                lambda d, n=step: f"step {n} " in d.find_element(By.CLASS_NAME, "bar").text)
+            # Read the bar in one script call: an element handle found while the click's navigation is
+            # still under way can belong to the old document (chromedriver then raises a plain
+            # WebDriverException, "Node ... does not belong to the document", seen once in CI).
+            WebDriverWait(driver, 10, ignored_exceptions=(JavascriptException, StaleElementReferenceException)).until(
+                lambda d, n=step: f"step {n} " in bar_text(d))
         assert driver.find_element(By.ID, "reward").text == "1.0"
         shot = tmp_path / "webshop_done_page.png"
         driver.save_screenshot(str(shot))
@@ -432,9 +438,11 @@ def test_web_view_in_headless_chromium(tmp_path):
         # the oracle's episode, replayed step by step
         driver.get(f"{base}/expert/test/0")
         assert "(start)" in driver.page_source and "search[" in driver.page_source
-        for _ in range(step):
+        for k in range(1, step + 1):
             driver.find_element(By.ID, "next-step").click()
-        assert f"after {step} of {step} actions · reward 1.0" in driver.find_element(By.CLASS_NAME, "bar").text
+            WebDriverWait(driver, 10, ignored_exceptions=(JavascriptException, StaleElementReferenceException)).until(
+                lambda d, k=k: f"after {k} of {step} actions" in bar_text(d))
+        assert f"after {step} of {step} actions · reward 1.0" in bar_text(driver)
         driver.save_screenshot(str(tmp_path / "webshop_replay.png"))
         print(f"\nweb view screenshots: {tmp_path}")
     finally:
