@@ -68,3 +68,18 @@ def write_json(path: str | Path | None, report: dict, indent: int = 1) -> None:
     """The benchmark's report as JSON at `path` (its `--json`/`--out` argument); nothing when None."""
     if path:
         Path(path).write_text(json.dumps(report, indent=indent))
+
+
+def kernel_table(title: str, fn, rows: int = 18) -> None:
+    """Print the CUDA kernels of one call of `fn` by GPU time, and its host-side ops by CPU time
+    (where a phase's time goes; CUDA only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    print(f"--- CUDA kernels, {title}")
+    print(table.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60), flush=True)
+    print(f"--- host ops, {title}")
+    print(table.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60), flush=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from agentq.eval.bench_common import base_parser, random_model, release_memory, sync
+from agentq.eval.bench_common import base_parser, kernel_table, random_model, release_memory, sync
 
 SPECS = ("none", "w8a8_kv8")
 
@@ -100,21 +100,6 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
     del learner, model
     release_memory(device)
     return res
-
-
-def kernel_table(title: str, fn, rows: int = 18) -> None:
-    """The CUDA kernels of one call of `fn` by GPU time, and its host-side ops by CPU time (where
-    the aligned learner's time goes)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    table = prof.key_averages()
-    print(f"--- CUDA kernels, {title}")
-    print(table.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60), flush=True)
-    print(f"--- host ops, {title}")
-    print(table.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60), flush=True)
 
 
 def main(argv=None) -> dict:

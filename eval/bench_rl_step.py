@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from agentq.eval.bench_common import base_parser, random_model, release_memory, sync
+from agentq.eval.bench_common import base_parser, kernel_table, random_model, release_memory, sync
 
 PHASES = ("rollout", "old_ref", "update", "sync")
 
@@ -120,6 +120,10 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
                 times[p].append(t[p])
             mism.append(mismatch_metrics(batch))       # π_old (learner) vs μ (engine), per turn too
         print(f"[{name}] step {step}: " + " ".join(f"{p} {t[p]:.2f}s" for p in PHASES), flush=True)
+    if args.profile and device.type == "cuda":        # after the timed steps: where old_ref and update go
+        kernel_table(f"{name}: old_ref", lambda: learner.fill_old_and_ref(batch), rows=args.profile_rows)
+        kernel_table(f"{name}: update", lambda: learner.update(batch, objective, epochs=1, minibatch_size=args.episodes),
+                     rows=args.profile_rows)
     med = {p: statistics.median(v) for p, v in times.items()}
     res = {"algo": name, "rollout_quant": rollout_spec.name, "learner_quant": learner_spec.name,
            "objective": pre["objective"], "phases_s": med, "phases_all_s": times, "step_s": sum(med.values()),
@@ -144,6 +148,8 @@ def main(argv=None) -> dict:
                     help="learner sequence packing: packs of at most this many tokens (default: padded micro-batches)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="print the CUDA kernel tables of old_ref and update")
+    ap.add_argument("--profile-rows", type=int, default=25)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
