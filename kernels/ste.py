@@ -19,7 +19,9 @@ gradient goes straight through to the full-precision X and W:
 The backward runs in the compute dtype: fp32 for fp32 models (bit-identical to the previous fp32
 backward), bf16/fp16 GEMMs (fp32 accumulation in cuBLAS) for half-precision models, with W_fq
 dequantized once per weight version (cached beside the codes, built at the first backward) and
-X_fq dequantized from the saved int8 codes (1 byte per activation saved instead of 2).
+X_fq dequantized from the saved int8 codes (1 byte per activation saved instead of 2), once for the
+linears that read the same codes (q/k/v, gate/up: `ActivationCache.dequantized`); on CUDA both
+dequantizations run one Triton kernel (`triton_quant.dequantize_rows`, same bits).
 """
 from __future__ import annotations
 
@@ -56,6 +58,13 @@ def _int8_linear(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: t
     return quant.w8a8_epilogue(quant.codes_matmul(x_q, w_q), s_x, s_w, bias, out_dtype)
 
 
+def _dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, backend: str | None) -> torch.Tensor:
+    if triton_path(codes, backend):
+        from . import triton_quant
+        return triton_quant.dequantize_rows(codes, scale, dtype)
+    return quant.dequantize_rows(codes, scale, dtype)
+
+
 def grad_dtype(dtype: torch.dtype) -> torch.dtype:
     """Dtype of the STE backward GEMMs: the compute dtype for bf16/fp16, fp32 otherwise."""
     return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
@@ -85,10 +94,10 @@ class WeightCache:
         assert self.w_q is not None and self.s_w is not None
         return self.w_q, self.s_w
 
-    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+    def dequantized(self, dtype: torch.dtype, backend: str | None = None) -> torch.Tensor:
         if self._deq is None or self._deq.dtype != dtype:
             assert self.w_q is not None and self.s_w is not None, "get() first"
-            self._deq = quant.dequantize_rows(self.w_q, self.s_w, dtype)
+            self._deq = _dequantize_rows(self.w_q, self.s_w, dtype, backend)
         return self._deq
 
     def invalidate(self) -> None:
@@ -101,13 +110,19 @@ class ActivationCache:
     quantization runs once instead of three (two) times, with the same bits.
 
     Keyed on the tensor object itself (held here, so its storage cannot be reused by another tensor
-    while cached) and its version counter (an in-place write invalidates)."""
+    while cached) and its version counter (an in-place write invalidates).
+
+    The backward side mirrors it: `dequantized` keeps the last X_fq built from a set of codes, so
+    the linears that share them (whose backwards autograd runs one after another) dequantize once.
+    `clear()` drops both: after each forward, and after each backward (the learner calls it)."""
 
     def __init__(self):
         self.x: torch.Tensor | None = None
         self.key: tuple | None = None
         self.codes: tuple[torch.Tensor, torch.Tensor] | None = None
         self.hits = 0                # quantizations saved: tests, diagnostics
+        self._deq: tuple[torch.Tensor, torch.Tensor] | None = None    # (codes, X_fq) of the backward
+        self.deq_hits = 0            # dequantizations saved in backward
 
     def get(self, x: torch.Tensor, spec: QuantSpec, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         key = (x._version, spec.act_scale_floor, spec.act_rounding, backend)
@@ -119,17 +134,30 @@ class ActivationCache:
         self.x, self.key, self.codes = x, key, codes
         return codes
 
+    def dequantized(self, x_q: torch.Tensor, s_x: torch.Tensor, dtype: torch.dtype, backend: str | None) -> torch.Tensor:
+        """X_fq = dequantize(x_q, s_x) in `dtype`, reused while the same codes ask again (same
+        storage and shape: codes are never written in place, and the entry holds them, so their
+        storage cannot be reused by other codes while it stands)."""
+        held = self._deq
+        if (held is not None and held[0].data_ptr() == x_q.data_ptr() and held[0].shape == x_q.shape
+                and held[1].dtype == dtype):
+            self.deq_hits += 1
+            return held[1]
+        x_fq = _dequantize_rows(x_q, s_x, dtype, backend)
+        self._deq = (x_q, x_fq)
+        return x_fq
+
     def clear(self) -> None:
-        self.x = self.key = self.codes = None
+        self.x = self.key = self.codes = self._deq = None
 
 
 class _W8A8STE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, w, bias, spec, cache, backend, x_q, s_x):
+    def forward(ctx, x2, w, bias, spec, cache, backend, x_q, s_x, act_cache):
         w_q, s_w = cache.get(w, spec, backend)
         y = _int8_linear(x_q, s_x, w_q, s_w, bias, x2.dtype, backend)
         ctx.save_for_backward(x_q, s_x, w_q, s_w)
-        ctx.cache = cache
+        ctx.cache, ctx.act_cache, ctx.backend = cache, act_cache, backend
         ctx.has_bias = bias is not None
         ctx.dtypes = (x2.dtype, w.dtype)
         return y
@@ -143,13 +171,13 @@ class _W8A8STE(torch.autograd.Function):
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             cache = ctx.cache
-            w_fq = cache.dequantized(cd) if cache.w_q is w_q else quant.dequantize_rows(w_q, s_w, cd)
+            w_fq = cache.dequantized(cd, ctx.backend) if cache.w_q is w_q else _dequantize_rows(w_q, s_w, cd, ctx.backend)
             gx = (g @ w_fq).to(xd)
         if ctx.needs_input_grad[1]:
-            gw = (g.t() @ quant.dequantize_rows(x_q, s_x, cd)).to(wd)
+            gw = (g.t() @ ctx.act_cache.dequantized(x_q, s_x, cd, ctx.backend)).to(wd)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g.sum(0, dtype=torch.float32).to(wd)
-        return gx, gw, gb, None, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None, None
 
 
 def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec,
@@ -169,17 +197,19 @@ def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
         [..., N] in x's dtype.
     """
     shape = x.shape
-    x_q, s_x = (act_cache or ActivationCache()).get(x, spec, backend)
-    y = _W8A8STE.apply(x.reshape(-1, shape[-1]), w, bias, spec, cache or WeightCache(), backend, x_q, s_x)
+    act_cache = act_cache or ActivationCache()
+    x_q, s_x = act_cache.get(x, spec, backend)
+    y = _W8A8STE.apply(x.reshape(-1, shape[-1]), w, bias, spec, cache or WeightCache(), backend, x_q, s_x, act_cache)
     return y.reshape(*shape[:-1], w.shape[0])
 
 
 def kv_roundtrip(x: torch.Tensor, spec: QuantSpec, fp8_scale_value: float | None = None,
                  backend: str | None = None) -> torch.Tensor:
-    """`quant.kv_roundtrip` with the int8 quantization in one Triton kernel on CUDA (same bits)."""
+    """`quant.kv_roundtrip` (same bits); int8 on CUDA: quantize and dequantize in one Triton
+    launch that reads x in place (HF's K/V are transposed views) and writes x's dtype."""
     if spec.kv == "int8_per_token_head_sym" and triton_path(x, backend):
-        codes, scale = _quantize_rows(x, spec.kv_scale_floor, spec.kv_rounding, backend)
-        return quant.dequantize_rows(codes, scale, x.dtype)
+        from . import triton_quant
+        return triton_quant.kv_roundtrip(x.detach(), spec.kv_scale_floor, spec.kv_rounding)
     return quant.kv_roundtrip(x, spec, fp8_scale_value)
 
 

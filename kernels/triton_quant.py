@@ -58,11 +58,14 @@ if HAVE_TRITON:
         return out
 
     @triton.jit
+    def _codes_f32(x, scale, HALF_AWAY: tl.constexpr):
+        """clamp(round(x / scale), -128, 127) as integer-valued fp32 (IEEE division)."""
+        q = _round_half(tl.math.div_rn(x, scale), HALF_AWAY)
+        return tl.minimum(tl.maximum(q, -128.0), 127.0)
+
+    @triton.jit
     def _quant_block(x, scale, HALF_AWAY: tl.constexpr):
-        v = tl.math.div_rn(x, scale)
-        q = _round_half(v, HALF_AWAY)
-        q = tl.minimum(tl.maximum(q, -128.0), 127.0)
-        return q.to(tl.int8)
+        return _codes_f32(x, scale, HALF_AWAY).to(tl.int8)
 
     @triton.jit
     def _store_row_codes(y, q_row, s_out, offs, mask, floor, HALF_AWAY: tl.constexpr):
@@ -101,6 +104,44 @@ if HAVE_TRITON:
                 x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
                 tl.store(q_row + k0 + offs, _quant_block(x, scale, HALF_AWAY), mask=mask)
             tl.store(s_ptr + row, scale)
+
+    @triton.jit
+    def _quant_row_tiles_kernel(x_ptr, q_ptr, s_ptr, o_ptr, M, K, N1, N2, stride_x0, stride_x1, stride_x2, floor,
+                                HALF_AWAY: tl.constexpr, DEQUANT: tl.constexpr, BF16_BITS: tl.constexpr,
+                                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        """BLOCK_M short rows per program (one row each would leave most lanes of a program idle).
+
+        Row r of the logical [M, K] view is x[r // (N1·N2), (r // N2) % N1, r % N2, :], so a strided
+        (e.g. transposed) input is read in place. DEQUANT: write code · scale in o's dtype (what the
+        KV cache reads back); else the int8 codes to q [M, K] and the fp32 scales to s [M]."""
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs = tl.arange(0, BLOCK_K)
+        mask_m = rows < M
+        mask = mask_m[:, None] & (offs[None, :] < K)
+        base = (rows // (N1 * N2)) * stride_x0 + ((rows // N2) % N1) * stride_x1 + (rows % N2) * stride_x2
+        x = tl.load(x_ptr + base[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+        amax = tl.reduce(tl.where(mask, tl.abs(x), 0.0), 1, tl.standard._elementwise_max)
+        scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
+        codes = _codes_f32(x, scale[:, None], HALF_AWAY)
+        dst = rows[:, None] * K + offs[None, :]
+        if DEQUANT:
+            tl.store(o_ptr + dst, cast_for_store(codes * scale[:, None], o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+        else:
+            tl.store(q_ptr + dst, codes.to(tl.int8), mask=mask)
+            tl.store(s_ptr + rows, scale, mask=mask_m)
+
+    @triton.jit
+    def _dequant_rows_kernel(q_ptr, s_ptr, o_ptr, M, K, BF16_BITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_K: tl.constexpr):
+        """o[r, k] = dtype(float(q[r, k]) · s[r]) over one [BLOCK_M, BLOCK_K] tile (contiguous rows)."""
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask_m = rows < M
+        mask = mask_m[:, None] & (offs[None, :] < K)
+        idx = rows[:, None] * K + offs[None, :]
+        codes = tl.load(q_ptr + idx, mask=mask, other=0).to(tl.float32)
+        scale = tl.load(s_ptr + rows, mask=mask_m, other=0.0)
+        tl.store(o_ptr + idx, cast_for_store(codes * scale[:, None], o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
 
     @triton.jit
     def _quant_kv_cache_kernel(x_ptr, slot_ptr, pos_ptr, c_ptr, cs_ptr, D, H,
@@ -166,6 +207,42 @@ def _row_launch_params(m: int, k: int, interpreted: bool) -> tuple[int, bool, in
     return 4096, False, 8
 
 
+#: rows of at most this many elements, in calls of more than TILE_MIN_ROWS rows (beyond the decode
+#: shapes `H200_QUANT` was tuned on), are quantized BLOCK_M at a time (`_quant_row_tiles_kernel`)
+TILE_MAX_K = 1024
+TILE_MIN_ROWS = 257
+#: elements per program of the tiled kernels (BLOCK_M = this // BLOCK_K, at most 64 rows)
+TILE_ELEMS = 4096
+#: the widest column tile of `dequantize_rows` (longer rows take several programs)
+DEQUANT_MAX_BLOCK_K = 1024
+
+
+def _rows_per_program(k: int) -> int:
+    """BLOCK_M of the tiled kernel: a power of two, about TILE_ELEMS elements, 1 to 64 rows."""
+    rows = max(1, min(64, TILE_ELEMS // triton.next_power_of_2(max(k, 16))))
+    return 1 << (rows.bit_length() - 1)
+
+
+def _launch_row_tiles(x: torch.Tensor, floor: float, half_away: bool, q: torch.Tensor | None,
+                      s: torch.Tensor | None, o: torch.Tensor | None) -> None:
+    """`_quant_row_tiles_kernel` over x [..., K] (≤ 3 leading dims, any strides, K contiguous):
+    codes into q [M, K] and scales into s [M], or (o given) the dequantized rows into o."""
+    k = x.shape[-1]
+    lead = list(x.shape[:-1])
+    strides = list(x.stride()[:-1])
+    while len(lead) < 3:
+        lead.insert(0, 1)
+        strides.insert(0, 0)
+    m = lead[0] * lead[1] * lead[2]
+    bm = _rows_per_program(k)
+    dequant = o is not None
+    o_arg, bf16_bits = store_view(o, runs_interpreted(_quant_row_tiles_kernel)) if o is not None else (x, False)
+    _quant_row_tiles_kernel[(triton.cdiv(m, bm),)](
+        x, q if q is not None else o_arg, s if s is not None else o_arg, o_arg, m, k, lead[1], lead[2], *strides,
+        float(floor), HALF_AWAY=half_away, DEQUANT=dequant, BF16_BITS=bf16_bits, BLOCK_M=bm,
+        BLOCK_K=triton.next_power_of_2(max(k, 16)), num_warps=4, enable_fp_fusion=False)
+
+
 def quantize_rows(x: torch.Tensor, floor: float, rounding: str,
                   launch: tuple[int, bool, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton `quant.quantize_rows`: symmetric int8 over the last dim, one fp32 scale per row.
@@ -180,7 +257,9 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str,
     m = x2.shape[0]
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
     s = torch.empty((m,), dtype=torch.float32, device=x.device)
-    if m > 0:
+    if launch is None and k <= TILE_MAX_K and m >= TILE_MIN_ROWS:
+        _launch_row_tiles(x2, floor, half_away, q, s, None)
+    elif m > 0:
         block, single, warps = launch or _row_launch_params(m, k, runs_interpreted(_quant_rows_kernel))
         pdl = m <= PDL_MAX_ROWS and use_pdl(_quant_rows_kernel, x.device)
         _quant_rows_kernel[(m,)](x2, q, s, k, x2.stride(0), q.stride(0), float(floor),
@@ -197,6 +276,41 @@ def quantize_per_token(x: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, 
 def quantize_kv(x: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """K or V [..., head_dim] -> (int8, fp32 [...]); == `quant.quantize_kv` bit for bit."""
     return quantize_rows(x, spec.kv_scale_floor, spec.kv_rounding)
+
+
+def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Triton `quant.dequantize_rows` (same bits: the product in fp32, one rounding to `dtype`):
+    codes int8 [..., K], scale fp32 [...] -> [..., K] in `dtype`, one read of the codes."""
+    require_triton("triton_quant.dequantize_rows")
+    k = codes.shape[-1]
+    q2, s2 = codes.reshape(-1, k).contiguous(), scale.reshape(-1).contiguous().float()
+    out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
+    m = q2.shape[0]
+    if out.numel():
+        bk = min(triton.next_power_of_2(max(k, 16)), DEQUANT_MAX_BLOCK_K)
+        bm = max(1, TILE_ELEMS // bk)
+        o_arg, bf16_bits = store_view(out.view(m, k), runs_interpreted(_dequant_rows_kernel))
+        _dequant_rows_kernel[(triton.cdiv(m, bm), triton.cdiv(k, bk))](
+            q2, s2, o_arg, m, k, BF16_BITS=bf16_bits, BLOCK_M=bm, BLOCK_K=bk, num_warps=4, enable_fp_fusion=False)
+    return out
+
+
+def kv_roundtrip(x: torch.Tensor, floor: float, rounding: str) -> torch.Tensor:
+    """dequantize(quantize_rows(x)) in x's dtype, in one launch reading x in place (any strides with
+    the last dim contiguous, ≤ 4 dims): what the KV cache gives back, the learner's K/V round trip.
+    Same bits as `quant.dequantize_rows(*quant.quantize_rows(x, floor, rounding), x.dtype)`;
+    returns a contiguous tensor of x's shape."""
+    require_triton("triton_quant.kv_roundtrip")
+    half_away = _check_mode(rounding)
+    if x.dim() > 4 or x.shape[-1] > TILE_ELEMS:
+        codes, scale = quantize_rows(x, floor, rounding)
+        return quant.dequantize_rows(codes, scale, x.dtype)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel():
+        _launch_row_tiles(x, floor, half_away, None, None, out)
+    return out
 
 
 def quantize_kv_to_cache(x: torch.Tensor, cache: torch.Tensor, scale_cache: torch.Tensor,

@@ -209,6 +209,7 @@ class Learner:
             share = objective.agg_units(micro) / total_units
             loss, stats = objective.loss(logp, micro)
             (loss * share).backward()
+            release_activation_cache(self.model)        # the backward's shared X_fq, too
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * share
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) * share

@@ -130,8 +130,9 @@ def align_model(model: nn.Module, spec: QuantSpec) -> dict[str, list[str]]:
 
 
 def release_activation_cache(model: nn.Module) -> None:
-    """Drop the shared activation codes after a forward: the cache only serves the linears of one
-    forward, and would otherwise keep the last layer's input and its codes alive until the next."""
+    """Drop the shared activation codes after a forward (and the shared dequantized input after a
+    backward): the cache only serves the linears of one pass, and would otherwise keep the last
+    layer's tensors alive until the next."""
     cache = getattr(model, "agentq_act_cache", None)
     if cache is not None:
         cache.clear()

@@ -82,6 +82,59 @@ def test_quant_two_pass_path(K, monkeypatch):
         assert torch.equal(q_tri, q_ref) and torch.equal(s_tri, s_ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quant_row_tiles_bit_identical(K, dtype, monkeypatch):
+    """Many short rows go BLOCK_M to a program (`_quant_row_tiles_kernel`): the same bits, with a
+    partial last tile (7 rows of 300, 4 per program) and both rounding modes."""
+    monkeypatch.setattr(K.quant, "TILE_MIN_ROWS", 2)
+    monkeypatch.setattr(K.quant, "TILE_ELEMS", 5 * 512)
+    assert K.quant._rows_per_program(300) == 4
+    x = _quant_inputs(dtype)
+    for mode in ("half_even", "half_away"):
+        q_ref, s_ref = quant.quantize_rows(x, 1e-6, mode)
+        q_tri, s_tri = K.quant.quantize_rows(x, 1e-6, mode)
+        assert torch.equal(q_tri, q_ref) and torch.equal(s_tri, s_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kv_roundtrip_reads_strided_input_bit_identical(K, dtype):
+    """The learner's K/V round trip in one launch: HF's K is a transposed view [B, H, T, D] of a
+    [B, T, H, D] buffer, read in place; the result equals dequantize(quantize(x)) bit for bit."""
+    g = _gen(4)
+    B, T, H, D = 2, 5, 3, 40
+    buf = torch.randn(B, T, H, D, generator=g) * torch.logspace(-3, 2, H)[:, None]
+    buf[1, 2, 0] = 0.0                                   # all-zero row: floor scale, zeros back
+    x = buf.to(dtype).transpose(1, 2)                    # [B, H, T, D], not contiguous
+    assert not x.is_contiguous()
+    got = K.quant.kv_roundtrip(x, SPEC.kv_scale_floor, SPEC.kv_rounding)
+    want = quant.kv_roundtrip(x, SPEC)
+    assert got.shape == x.shape and got.dtype == dtype and got.is_contiguous()
+    assert torch.equal(got, want), (got != want).sum()
+    assert torch.equal(got[1, 0, 2], torch.zeros(D, dtype=dtype))
+    # 2D and 3D inputs too (fewer leading dims), and an empty one
+    assert torch.equal(K.quant.kv_roundtrip(x[0, 1], 1e-8, "half_away"), quant.dequantize_rows(
+        *quant.quantize_rows(x[0, 1], 1e-8, "half_away"), dtype))
+    assert torch.equal(K.quant.kv_roundtrip(x[0], 1e-8, "half_even"), quant.dequantize_rows(
+        *quant.quantize_rows(x[0], 1e-8, "half_even"), dtype))
+    assert K.quant.kv_roundtrip(x[:, :, :0], 1e-8, "half_even").shape == (B, H, 0, D)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dequantize_rows_bit_identical(K, dtype, monkeypatch):
+    """The STE backward's X_fq: float(code) · scale rounded once to dtype, tiled over rows and K
+    (here 3 column tiles of 16 and 3 row tiles of 4, both last ones partial): the same bits as the
+    torch reference."""
+    monkeypatch.setattr(K.quant, "TILE_ELEMS", 64)
+    monkeypatch.setattr(K.quant, "DEQUANT_MAX_BLOCK_K", 16)
+    g = _gen(5)
+    x = torch.randn(2, 5, 40, generator=g) * torch.logspace(-4, 3, 5)[:, None]
+    codes, scale = quant.quantize_rows(x, 1e-8, "half_even")
+    got = K.quant.dequantize_rows(codes, scale, dtype)
+    want = quant.dequantize_rows(codes, scale, dtype)
+    assert got.shape == codes.shape and got.dtype == dtype
+    assert torch.equal(got, want), (got != want).sum()
+
+
 def test_quant_act_and_kv_match_spec(K):
     g = _gen(2)
     x = torch.randn(2, 3, 96, generator=g, dtype=torch.float32).to(torch.bfloat16)

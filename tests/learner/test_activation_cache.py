@@ -1,9 +1,10 @@
 """The aligned model quantizes an input several linears read once: q/k/v_proj share one
 quantization of the attention input, gate/up_proj one of the MLP input (`ste.ActivationCache`).
 
-Asserted: 3 reuses per decoder layer (k, v, up); log-probs and every gradient are bit-identical to
-the same model with one cache per linear (no sharing); an in-place write to the cached tensor
-invalidates it."""
+Asserted: 3 reuses per decoder layer (k, v, up), in the forward's quantization and in the
+backward's dequantized input X_fq; log-probs and every gradient are bit-identical to the same model
+with one cache per linear (no sharing); an in-place write to the cached tensor invalidates it; the
+learner releases the cache after each forward and each backward."""
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -38,6 +39,7 @@ def test_shared_activation_quantization_keeps_every_bit(tiny_model_dir):
     logits_s, grads_s = _loss_and_grads(shared, ids)
     logits_a, grads_a = _loss_and_grads(apart, ids)
     assert cache.hits == 3 * shared.config.num_hidden_layers           # k, v, up per layer
+    assert cache.deq_hits == 3 * shared.config.num_hidden_layers       # their backwards share X_fq too
     assert torch.equal(logits_s, logits_a)
     assert grads_s.keys() == grads_a.keys()
     assert all(torch.equal(grads_s[n], grads_a[n]) for n in grads_s)
@@ -71,3 +73,25 @@ def test_the_learner_releases_the_cached_activation_after_each_forward(tiny_mode
     assert cache.x is not None
     ref = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
     assert torch.allclose(lp[:, 1:], ref, atol=1e-5)
+
+
+def test_the_learner_releases_the_backward_input_after_each_backward(tiny_model_dir):
+    from agentq.agent.trajectory import Trajectory
+    from agentq.algos import make_objective
+    from agentq.learner.batch import collate
+    from agentq.learner.learner import Learner
+
+    model = _aligned(tiny_model_dir, True)
+    learner = Learner(model, SPEC, use_reference=False)
+    cache = learner.model.agentq_act_cache
+    trajs = []
+    for i in range(2):
+        t = Trajectory(episode_id=i, task_id="t", split="train", group_id=0)
+        t.append([5, 6, 7, 8], sampled=False)
+        t.append([9, 10, 11], sampled=True, seg=1, logps=[-1.0, -1.2, -0.9])
+        trajs.append(t)
+    batch = collate(trajs, torch.tensor([1.0, -1.0]))
+    learner.fill_old_and_ref(batch)
+    learner.update(batch, make_objective("grpo"))
+    assert cache.deq_hits == 3 * model.config.num_hidden_layers       # the backward shared X_fq...
+    assert cache._deq is None and cache.x is None                     # ...and let it go afterwards
