@@ -48,6 +48,23 @@ def test_quant_bit_identical_cuda(K, mode, dtype):
         assert torch.equal(q_tri.cpu(), q_cpu), (q_tri.cpu() != q_cpu).sum()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_learner_quant_kernels_bit_identical_cuda(K, dtype):
+    """The learner-shaped launches: many short rows tiled BLOCK_M per program (1B-model K/V rows
+    and a 1024-wide hidden), the K/V round trip from HF's transposed layout, and dequantize_rows
+    (an 8B down-proj input, K = 12288 in column tiles) — all equal to the torch reference."""
+    g = _gen(7)
+    for m, k in ((9000, 128), (4096, 1024), (300, 40)):
+        x = (torch.randn(m, k, generator=g) * torch.logspace(-3, 2, m)[:, None]).to(dtype).to(DEV)
+        q_tri, s_tri = K.quant.quantize_rows(x, 1e-8, "half_even")
+        q_ref, s_ref = quant.quantize_rows(x, 1e-8, "half_even")
+        assert torch.equal(s_tri, s_ref) and torch.equal(q_tri, q_ref)
+    kv = (torch.randn(4, 1024, 8, 128, generator=g) * 3).to(dtype).to(DEV).transpose(1, 2)   # [B, H, T, D] view
+    assert torch.equal(K.quant.kv_roundtrip(kv, SPEC.kv_scale_floor, SPEC.kv_rounding), quant.kv_roundtrip(kv, SPEC))
+    codes, scale = quant.quantize_rows(torch.randn(2048, 12288, generator=g).to(DEV), 1e-8, "half_even")
+    assert torch.equal(K.quant.dequantize_rows(codes, scale, dtype), quant.dequantize_rows(codes, scale, dtype))
+
+
 @pytest.mark.parametrize("mode", ["half_even", "half_away"])
 def test_torch_reference_cuda_equals_cpu(mode):
     """The torch reference itself gives the same codes on CUDA as on the CPU (the spec: IEEE division)."""
