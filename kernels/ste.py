@@ -134,6 +134,14 @@ class ActivationCache:
         self.x, self.key, self.codes = x, key, codes
         return codes
 
+    def put(self, x: torch.Tensor, codes: tuple[torch.Tensor, torch.Tensor], floor: float, rounding: str,
+            backend: str | None = None) -> None:
+        """Record codes computed elsewhere for x (a fused norm / SiLU·mul launch): they must be
+        `quantize_rows(x, floor, rounding)` bit for bit; `get` then returns them as its own."""
+        k = x.shape[-1]
+        self.x, self.key = x, (x._version, floor, rounding, backend)
+        self.codes = (codes[0].reshape(-1, k), codes[1].reshape(-1))
+
     def dequantized(self, x_q: torch.Tensor, s_x: torch.Tensor, dtype: torch.dtype, backend: str | None) -> torch.Tensor:
         """X_fq = dequantize(x_q, s_x) in `dtype`, reused while the same codes ask again (same
         storage and shape: codes are never written in place, and the entry holds them, so their

@@ -73,11 +73,12 @@ if HAVE_TRITON:
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, o_ptr, q_ptr, qs_ptr, N,
                              stride_x, stride_d, stride_s, stride_o, stride_q, eps, floor,
-                             HAS_DELTA: tl.constexpr, QUANT: tl.constexpr, HALF_AWAY: tl.constexpr,
-                             BLOCK: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr):
+                             HAS_DELTA: tl.constexpr, QUANT: tl.constexpr, STORE_NORMED: tl.constexpr,
+                             HALF_AWAY: tl.constexpr, BLOCK: tl.constexpr, BF16_BITS: tl.constexpr,
+                             PDL: tl.constexpr):
         """One program per row: s = x + delta (rounded to the dtype, stored), h = RMSNorm(s) as
-        `_rms_norm_kernel`, then either h stored or h's per-row int8 codes + scale (`_quant_rows_kernel`'s
-        arithmetic on the rounded h)."""
+        `_rms_norm_kernel`, then h stored (STORE_NORMED) and/or h's per-row int8 codes + scale
+        (QUANT; `_quant_rows_kernel`'s arithmetic on the rounded h)."""
         if PDL:    # a GEMM launched early waits (griddepcontrol.wait) for this kernel's stores
             tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
@@ -94,14 +95,15 @@ if HAVE_TRITON:
         y = _round_to(w * h, s_ptr.dtype.element_ty, BF16_BITS)
         if QUANT:
             _store_row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, floor, HALF_AWAY)
-        else:
+        if STORE_NORMED:
             tl.store(o_ptr + row * stride_o + offs, cast_for_store(y, o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
 
     @triton.jit
-    def _silu_mul_quant_kernel(g_ptr, u_ptr, q_ptr, qs_ptr, N, stride_g, stride_u, stride_q, floor,
+    def _silu_mul_quant_kernel(g_ptr, u_ptr, q_ptr, qs_ptr, y_ptr, N, stride_g, stride_u, stride_q, stride_y, floor,
                                HALF_AWAY: tl.constexpr, BLOCK: tl.constexpr, BF16_BITS: tl.constexpr,
-                               OUT_DTYPE: tl.constexpr, PDL: tl.constexpr):
-        """One program per row: y = silu(gate) * up as `_silu_mul_kernel` rounds it, then its codes + scale."""
+                               OUT_DTYPE: tl.constexpr, STORE_Y: tl.constexpr, PDL: tl.constexpr):
+        """One program per row: y = silu(gate) * up as `_silu_mul_kernel` rounds it, then its codes +
+        scale (and y itself with STORE_Y)."""
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
@@ -112,6 +114,8 @@ if HAVE_TRITON:
         s = _round_to(g / (1.0 + tl.exp(-g)), OUT_DTYPE, BF16_BITS)
         y = _round_to(s * u, OUT_DTYPE, BF16_BITS)
         _store_row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, floor, HALF_AWAY)
+        if STORE_Y:
+            tl.store(y_ptr + row * stride_y + offs, cast_for_store(y, OUT_DTYPE, BF16_BITS), mask=mask)
 
     @triton.jit
     def _round_to(y, OUT_DTYPE: tl.constexpr, BF16_BITS: tl.constexpr):
@@ -324,6 +328,25 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
         as `rms_norm` computes it, or (codes int8 [..., N], scales fp32 [...]) of that h.
     """
     require_triton("triton_norm.add_rms_norm")
+    s, normed, codes = _launch_add_rms_norm(x, delta, weight, eps, quant, keep_normed=quant is None)
+    if codes is None:
+        assert normed is not None
+        return s, normed
+    return s, codes
+
+
+def rms_norm_and_codes(x: torch.Tensor, weight: torch.Tensor, eps: float, floor: float, rounding: str
+                       ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """`rms_norm(x)` and its per-row int8 codes + fp32 scales (`quantize_rows` of it, same bits)
+    from one launch: the learner's pre-norm, whose output both autograd and a W8A8 linear read."""
+    require_triton("triton_norm.rms_norm_and_codes")
+    _, normed, codes = _launch_add_rms_norm(x, None, weight, eps, (floor, rounding), keep_normed=True)
+    assert normed is not None and codes is not None
+    return normed, codes
+
+
+def _launch_add_rms_norm(x, delta, weight, eps, quant, keep_normed: bool):
+    """`_add_rms_norm_kernel` over the rows of x: (s, normed or None, (codes, scales) or None)."""
     x2 = _rows(x)
     m, n = x2.shape
     d2 = _rows(delta) if delta is not None else x2
@@ -331,27 +354,26 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     interp = runs_interpreted(_add_rms_norm_kernel)
     s_arg, bits = store_view(s, interp)
     normed = codes = scales = None
-    if quant is None:
+    o_arg = q_arg = qs_arg = s_arg
+    if keep_normed:
         normed = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        o_arg, q_arg, qs_arg = store_view(normed, interp)[0], s_arg, s_arg
-    else:
+        o_arg = store_view(normed, interp)[0]
+    if quant is not None:
         codes = torch.empty((m, n), dtype=torch.int8, device=x.device)
         scales = torch.empty((m,), dtype=torch.float32, device=x.device)
-        o_arg, q_arg, qs_arg = s_arg, codes, scales
+        q_arg, qs_arg = codes, scales
     if m:
         block = triton.next_power_of_2(n)
         pdl = quant is not None and m <= PDL_MAX_ROWS and use_pdl(_add_rms_norm_kernel, x.device)
         _add_rms_norm_kernel[(m,)](
             x2, d2, weight, s_arg, o_arg, q_arg, qs_arg, n, x2.stride(0), d2.stride(0), s.stride(0), n,
             q_arg.stride(0), float(eps), float(quant[0]) if quant else 0.0,
-            HAS_DELTA=delta is not None, QUANT=quant is not None,
+            HAS_DELTA=delta is not None, QUANT=quant is not None, STORE_NORMED=keep_normed,
             HALF_AWAY=_check_mode(quant[1]) if quant else False, BLOCK=block, BF16_BITS=bits, PDL=pdl,
             num_warps=_norm_warps(block), enable_fp_fusion=False)
     shape = x.shape
-    if normed is not None:
-        return s.reshape(shape), normed.reshape(shape)
-    assert codes is not None and scales is not None
-    return s.reshape(shape), (codes.reshape(shape), scales.reshape(shape[:-1]))
+    out_codes = (codes.reshape(shape), scales.reshape(shape[:-1])) if codes is not None and scales is not None else None
+    return s.reshape(shape), normed.reshape(shape) if normed is not None else None, out_codes
 
 
 #: rows up to this long are held in registers by `silu_mul_quant`; longer ones take two kernels
@@ -362,24 +384,44 @@ def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, floor: float, rounding:
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scales) of `silu_mul(gate, up)` per row, in one launch for rows up to `SILU_QUANT_MAX`."""
     require_triton("triton_norm.silu_mul_quant")
+    return _launch_silu_mul_quant(gate, up, floor, rounding, keep_product=False)[1]
+
+
+def silu_mul_and_codes(gate: torch.Tensor, up: torch.Tensor, floor: float, rounding: str
+                       ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """`silu_mul(gate, up)` and its per-row codes + scales (one launch for rows up to
+    `SILU_QUANT_MAX`): the learner's MLP product, which autograd and the down projection read."""
+    require_triton("triton_norm.silu_mul_and_codes")
+    y, codes = _launch_silu_mul_quant(gate, up, floor, rounding, keep_product=True)
+    assert y is not None
+    return y, codes
+
+
+def _launch_silu_mul_quant(gate, up, floor, rounding, keep_product: bool):
+    """(silu·mul product or None, (codes, scales)) of the rows of gate and up."""
     n = gate.shape[-1]
     if n > SILU_QUANT_MAX:
-        return quantize_rows(silu_mul(gate, up), floor, rounding)
+        prod = silu_mul(gate, up)
+        return (prod if keep_product else None), quantize_rows(prod, floor, rounding)
     g2, u2 = _rows(gate), _rows(up)
     m = g2.shape[0]
     codes = torch.empty((m, n), dtype=torch.int8, device=gate.device)
     scales = torch.empty((m,), dtype=torch.float32, device=gate.device)
+    y = torch.empty((m, n), dtype=gate.dtype, device=gate.device) if keep_product else None
     if m:
         interp = runs_interpreted(_silu_mul_quant_kernel)
         bits = interp and gate.dtype == torch.bfloat16
         out_dt = tl.float16 if gate.dtype == torch.float16 else tl.bfloat16
+        y_arg = store_view(y, interp)[0] if y is not None else codes
         block = triton.next_power_of_2(n)
         pdl = m <= PDL_MAX_ROWS and use_pdl(_silu_mul_quant_kernel, gate.device)
-        _silu_mul_quant_kernel[(m,)](g2, u2, codes, scales, n, g2.stride(0), u2.stride(0), codes.stride(0),
-                                     float(floor), HALF_AWAY=_check_mode(rounding), BLOCK=block, BF16_BITS=bits,
-                                     OUT_DTYPE=out_dt, PDL=pdl, num_warps=1 if interp else min(32, max(4, block // 512)),
-                                     enable_fp_fusion=False)
-    return codes.reshape(gate.shape), scales.reshape(gate.shape[:-1])
+        _silu_mul_quant_kernel[(m,)](g2, u2, codes, scales, y_arg, n, g2.stride(0), u2.stride(0), codes.stride(0),
+                                     y_arg.stride(0), float(floor), HALF_AWAY=_check_mode(rounding), BLOCK=block,
+                                     BF16_BITS=bits, OUT_DTYPE=out_dt, STORE_Y=y is not None, PDL=pdl,
+                                     num_warps=1 if interp else min(32, max(4, block // 512)), enable_fp_fusion=False)
+    y_out = y.reshape(gate.shape) if y is not None else None
+    return y_out, (codes.reshape(gate.shape), scales.reshape(gate.shape[:-1]))
 
 
-__all__ = ["add_rms_norm", "qk_norm_rope", "qk_norm_rope_to_cache", "rms_norm", "silu_mul", "silu_mul_quant"]
+__all__ = ["add_rms_norm", "qk_norm_rope", "qk_norm_rope_to_cache", "rms_norm", "rms_norm_and_codes", "silu_mul",
+           "silu_mul_and_codes", "silu_mul_quant"]

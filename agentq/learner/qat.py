@@ -10,10 +10,13 @@
 * attention reads K (after RoPE and q/k-norm) and V through the KV cache's round trip
   (`ste.kv_fake_quant`, identity gradient), at every position, as the engine's cache does;
 * the linear audit (`QuantSpec.check_linears`) runs first: a linear the spec does not name is
-  an error, never a silent full-precision layer.
+  an error, never a silent full-precision layer;
+* on CUDA bf16/fp16, RMSNorms and SiLU MLPs run fused launches (`fused_modules`), the engine's
+  kernels, which also hand the next W8A8 linear its activation codes.
 
 With `spec = QuantSpec.preset("none")` the model is left numerically as HF computes it, apart
-from the attention kernel (shared with the engine, see `kernels.attention`).
+from the attention kernel (shared with the engine, see `kernels.attention`) and, on CUDA
+bf16/fp16, the fused norms (one bf16 rounding step from HF's at most, as in the engine).
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ import torch.nn.functional as F
 from agentq.kernels import attention as attn_ops
 from agentq.kernels import ste
 from agentq.kernels.quant_spec import QuantSpec
+
+from .fused_modules import install_fused_elementwise, remove_fused_elementwise
 
 ATTN_IMPL = "agentq"
 
@@ -119,6 +124,8 @@ def align_model(model: nn.Module, spec: QuantSpec) -> dict[str, list[str]]:
         m.spec = spec
         m.weight_cache = ste.WeightCache()
         m.act_cache = act_cache
+    codes = (spec.act_scale_floor, spec.act_rounding) if audit["quantized"] else None
+    install_fused_elementwise(model, codes, lambda m: isinstance(m, QATLinear), act_cache)
     for m in model.modules():
         if hasattr(m, "k_proj") and hasattr(m, "v_proj"):       # an attention block
             setattr(m, "agentq_spec", spec)
@@ -139,7 +146,8 @@ def release_activation_cache(model: nn.Module) -> None:
 
 
 def unalign_model(model: nn.Module) -> None:
-    """Back to plain nn.Linear modules (e.g. before save_pretrained)."""
+    """Back to plain nn.Linear modules and HF's norm / MLP classes (e.g. before save_pretrained)."""
+    remove_fused_elementwise(model)
     for m in model.modules():
         if isinstance(m, QATLinear):
             m.__class__ = nn.Linear  # type: ignore[assignment]  # swapping the class back in place

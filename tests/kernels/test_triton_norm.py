@@ -162,6 +162,24 @@ def test_silu_mul_quant_equals_silu_mul_then_quant(K, monkeypatch):
     assert torch.equal(out2[0], ref[0]) and torch.equal(out2[1], ref[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_norm_and_silu_with_codes_store_both_outputs(K, dtype):
+    """The learner's variants keep the product too: the normed rows / the SiLU·mul product equal
+    `rms_norm` / `silu_mul`, and the codes equal `quantize_rows` of them, bit for bit."""
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(2, 3, 320, generator=g) * 2).to(dtype)
+    w = (1 + 0.1 * torch.randn(320, generator=g)).to(dtype)
+    y, (codes, scales) = K.rms_norm_and_codes(x, w, 1e-6, 1e-8, "half_away")
+    assert torch.equal(y, K.rms_norm(x, w, 1e-6))
+    ref_c, ref_s = K.quantize_rows(y, 1e-8, "half_away")
+    assert torch.equal(codes, ref_c) and torch.equal(scales, ref_s) and scales.shape == (2, 3)
+    gate, up = (torch.randn(3, 700, generator=g) * 4).to(dtype), torch.randn(3, 700, generator=g).to(dtype)
+    p, (codes, scales) = K.silu_mul_and_codes(gate, up, 1e-8, "half_even")
+    assert torch.equal(p, K.silu_mul(gate, up))
+    ref_c, ref_s = K.quantize_rows(p, 1e-8, "half_even")
+    assert torch.equal(codes, ref_c) and torch.equal(scales, ref_s)
+
+
 @pytest.mark.parametrize("kv", ["int8", "bf16"])
 def test_qk_norm_rope_to_cache_writes_what_the_three_launches_write(K, kv):
     g = torch.Generator().manual_seed(11)

@@ -1,0 +1,120 @@
+"""The learner's fused elementwise ops: RMSNorm and SiLU·mul in one Triton launch each, with
+autograd, optionally also emitting the int8 codes the next W8A8 linear reads.
+
+HF's eager RMSNorm runs ~7 kernels per norm (upcast, square, mean, add, rsqrt, multiply, downcast,
+weight) and keeps fp32 copies for its backward; four to five norms per decoder layer made this the
+largest non-GEMM cost of the learner's forwards on the GPU (`docs/kernels.md`). Here:
+
+* `rms_norm(x, w, eps, quant)`: forward = `triton_norm.rms_norm` (HF's formula, each rounding
+  where torch rounds; the mean's tree sum may differ from torch's in the last fp32 bit, so an
+  output can differ by one bf16 step at most, as in the engine, which runs the same kernel);
+  with `quant` the same launch also returns the per-token codes (`triton_norm.rms_norm_and_codes`).
+  Backward from the saved input in fp32: dx = r·g − r³·x·mean(g·x) with g = dy·w, r = rsqrt(mean(x²) + ε);
+  dw = Σ_rows dy·h, h = (x·r) rounded to the dtype.
+* `silu_mul(gate, up, quant)`: forward = `triton_norm.silu_mul` (or `silu_mul_and_codes`); backward
+  recomputes silu(gate) and runs the ops torch's autograd runs for `F.silu(gate) * up`.
+
+Only for bf16 / fp16 on CUDA (`fused_applies`); fp32 models (the CPU-exact mode) keep HF's torch
+code, so CPU numerics are unchanged. `AGENTQ_FUSED=0` turns the path off (as for the engine).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from ._interp import HAVE_TRITON
+
+Codes = tuple[torch.Tensor, torch.Tensor]
+
+
+def fused_applies(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
+    """Whether the fused ops run for activations x (and a norm weight of x's dtype)."""
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and HAVE_TRITON
+            and (weight is None or weight.dtype == x.dtype) and os.environ.get("AGENTQ_FUSED", "1") != "0")
+
+
+def _outputs(ctx, y: torch.Tensor, codes: Codes | None):
+    """A fused Function's outputs (y, codes, scales): the codes carry no gradient."""
+    if codes is None:
+        return y, None, None
+    ctx.mark_non_differentiable(*codes)
+    return y, codes[0], codes[1]
+
+
+class _RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, quant):
+        from . import triton_norm
+        if quant is None:
+            y, codes = triton_norm.rms_norm(x, weight, eps), None
+        else:
+            y, codes = triton_norm.rms_norm_and_codes(x, weight, eps, *quant)
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return _outputs(ctx, y, codes)
+
+    @staticmethod
+    def backward(ctx, gy, _g_codes, _g_scales):
+        x, weight = ctx.saved_tensors
+        gx, gw = rms_norm_backward(x, weight, ctx.eps, gy)
+        return (gx if ctx.needs_input_grad[0] else None), (gw if ctx.needs_input_grad[1] else None), None, None
+
+
+def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, gy: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of y = w · dtype(x·rsqrt(mean(x²) + ε)), in fp32, rounded once to x's / w's dtype."""
+    xf = x.float()
+    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    h = (xf * r).to(x.dtype).float()
+    gyf = gy.float()
+    gw = (gyf * h).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+    g = gyf * weight.float()
+    gx = r * g - (r ** 3) * xf * (g * xf).mean(-1, keepdim=True)
+    return gx.to(x.dtype), gw
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: tuple[float, str] | None = None
+             ) -> tuple[torch.Tensor, Codes | None]:
+    """Fused RMSNorm with autograd (see module docstring).
+
+    Args:
+        x: [..., N] bf16/fp16 activations; weight: [N] of x's dtype; eps: the norm's ε.
+        quant: (scale floor, rounding) to also return the output's per-token int8 codes.
+    Returns:
+        (y [..., N], (codes int8 [..., N], scales fp32 [...]) or None)."""
+    y, codes, scales = _RMSNormFn.apply(x, weight, float(eps), quant)
+    return y, (None if codes is None else (codes, scales))
+
+
+class _SiLUMulFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, quant):
+        from . import triton_norm
+        if quant is None:
+            y, codes = triton_norm.silu_mul(gate, up), None
+        else:
+            y, codes = triton_norm.silu_mul_and_codes(gate, up, *quant)
+        ctx.save_for_backward(gate, up)
+        return _outputs(ctx, y, codes)
+
+    @staticmethod
+    def backward(ctx, gy, _g_codes, _g_scales):
+        gate, up = ctx.saved_tensors
+        g_gate = g_up = None
+        if ctx.needs_input_grad[0]:
+            g_gate = torch.ops.aten.silu_backward(gy * up, gate)     # MulBackward, then SiluBackward
+        if ctx.needs_input_grad[1]:
+            g_up = gy * F.silu(gate)
+        return g_gate, g_up, None
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, quant: tuple[float, str] | None = None
+             ) -> tuple[torch.Tensor, Codes | None]:
+    """Fused silu(gate) · up with autograd; `quant` as in `rms_norm`. Returns (y, codes or None)."""
+    y, codes, scales = _SiLUMulFn.apply(gate, up, quant)
+    return y, (None if codes is None else (codes, scales))
+
+
+__all__ = ["fused_applies", "rms_norm", "rms_norm_backward", "silu_mul"]

@@ -1,0 +1,94 @@
+"""The learner's fused RMSNorm and SiLU·mul with autograd (`kernels.learner_ops`), Triton under
+TRITON_INTERPRET=1 on CPU: forwards equal the engine's kernels, backwards equal independent
+references (fp64 autograd of HF's formula; torch's own autograd ops for SiLU·mul, bit for bit)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from agentq.kernels import _interp
+
+pytestmark = pytest.mark.skipif(not _interp.HAVE_TRITON, reason="triton is not installed")
+MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_norm")
+
+
+@pytest.fixture
+def K():
+    """Interpreted norm kernels (per test; compiled ones put back afterwards) and the ops module."""
+    if torch.cuda.is_available():
+        pytest.skip("the GPU machine runs the compiled kernels (test_triton_norm's CUDA tests)")
+    quant_mod, norm = _interp.load_interpreted(MODULES)
+    from agentq.kernels import learner_ops
+    yield norm, learner_ops
+    _interp.restore_compiled(MODULES)
+
+
+def _hf_rms_norm(x, w, eps):
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("quant", [None, (1e-8, "half_even")])
+def test_rms_norm_forward_and_backward(K, quant):
+    norm, ops = K
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 6, 96, generator=g) * 3).bfloat16().requires_grad_()
+    w = (1 + 0.2 * torch.randn(96, generator=g)).bfloat16().requires_grad_()
+    gy = torch.randn(2, 6, 96, generator=g).bfloat16()
+    y, codes = ops.rms_norm(x, w, 1e-6, quant)
+    assert torch.equal(y.detach(), norm.rms_norm(x.detach(), w.detach(), 1e-6))
+    if quant is None:
+        assert codes is None
+    else:
+        ref_c, ref_s = norm.quantize_rows(y.detach(), *quant)
+        assert torch.equal(codes[0], ref_c) and torch.equal(codes[1], ref_s) and not codes[0].requires_grad
+    y.backward(gy)
+    # independent reference: fp64 autograd of the same formula (no intermediate roundings)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    h64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    (w64 * h64).backward(gy.double())
+    for got, ref in ((x.grad, x64.grad), (w.grad, w64.grad)):
+        rel = float((got.double() - ref).norm() / ref.norm())
+        assert got.dtype == torch.bfloat16 and rel < 1e-2, rel
+    # and HF's bf16 autograd, the path it replaces, agrees as closely
+    xh, wh = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    _hf_rms_norm(xh, wh, 1e-6).backward(gy)
+    assert float((x.grad.float() - xh.grad.float()).norm() / xh.grad.float().norm()) < 1e-2
+
+
+def test_rms_norm_backward_formula_is_exact_in_fp64(K):
+    """The closed-form backward itself (no bf16 roundings: fp64 in, fp64 out) equals autograd."""
+    _, ops = K
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 40, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(40, generator=g, dtype=torch.float64, requires_grad=True)
+    gy = torch.randn(5, 40, generator=g, dtype=torch.float64)
+    (w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))).backward(gy)
+    gx, gw = ops.rms_norm_backward(x.detach(), w.detach(), 1e-5, gy)
+    # the closed form runs in fp32 (float()) before rounding to the input dtype
+    torch.testing.assert_close(gx, x.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gw, w.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("quant", [None, (1e-8, "half_away")])
+def test_silu_mul_forward_and_backward(K, quant):
+    norm, ops = K
+    g = torch.Generator().manual_seed(2)
+    gate = (torch.randn(3, 300, generator=g) * 3).bfloat16().requires_grad_()
+    up = torch.randn(3, 300, generator=g).bfloat16().requires_grad_()
+    gy = torch.randn(3, 300, generator=g).bfloat16()
+    y, codes = ops.silu_mul(gate, up, quant)
+    assert torch.equal(y.detach(), norm.silu_mul(gate.detach(), up.detach()))
+    if quant is not None:
+        ref_c, ref_s = norm.quantize_rows(y.detach(), *quant)
+        assert torch.equal(codes[0], ref_c) and torch.equal(codes[1], ref_s)
+    y.backward(gy)
+    gh, uh = gate.detach().clone().requires_grad_(), up.detach().clone().requires_grad_()
+    (F.silu(gh) * uh).backward(gy)                 # torch's autograd: the same ops, the same bits
+    assert torch.equal(gate.grad, gh.grad) and torch.equal(up.grad, uh.grad)
+
+
+def test_fused_applies_only_to_half_precision_cuda(K, monkeypatch):
+    _, ops = K
+    assert not ops.fused_applies(torch.zeros(2, 4, dtype=torch.bfloat16))          # CPU
+    assert not ops.fused_applies(torch.zeros(2, 4))                                # fp32
