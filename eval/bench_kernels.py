@@ -21,6 +21,7 @@ Needs the package installed (`pip install -e .`, as for every script in eval/).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -291,7 +292,10 @@ def attn_candidates(kind: str):
         for bn, w, st in ((64, 4, 2), (128, 8, 3), (64, 4, 3), (32, 4, 3), (64, 8, 2)):
             yield AttnConfig(bn, w, st, 1)
         return
-    for bn, w, st, sp in ((128, 4, 3, 1), (128, 4, 4, 1), (64, 4, 3, 1), (64, 4, 4, 1), (64, 4, 5, 1),
+    yield AttnConfig(128, 4, 3, 1)                               # today's default, then the newest idea
+    for bn, w, st, sp in ((128, 4, 3, 1), (128, 4, 2, 1), (64, 4, 3, 1), (64, 4, 4, 1), (128, 8, 3, 1), (64, 2, 4, 1)):
+        yield AttnConfig(bn, w, st, sp, planes=True)       # byte planes as 4 dots (round 4)
+    for bn, w, st, sp in ((128, 4, 4, 1), (64, 4, 3, 1), (64, 4, 4, 1), (64, 4, 5, 1),
                           (32, 4, 4, 1), (32, 4, 6, 1), (128, 4, 3, 2), (64, 4, 4, 2), (64, 2, 4, 1), (128, 8, 3, 1),
                           (128, 4, 2, 2), (128, 4, 3, 4), (64, 4, 4, 4), (256, 8, 2, 1), (256, 8, 3, 1),
                           (128, 8, 4, 1), (128, 4, 5, 1), (64, 2, 6, 1), (64, 4, 6, 2)):
@@ -326,8 +330,7 @@ def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L:
         us, cfg = best[kind]
         log(f"tune attn {kind} B={B} L={L}: best {cfg.short()} {us:.1f} us")
         results.setdefault("attn_best", []).append({"kind": kind, "B": B, "L": L, "cfg": cfg.short(), "us": us})
-        ta.H200_ATTN[kind] = ta.AttnConfig(cfg.block_n, cfg.num_warps, cfg.num_stages, None, cfg.k_as_a,
-                                           cfg.words, cfg.asm)
+        ta.H200_ATTN[kind] = dataclasses.replace(cfg, num_splits=None)
         results[f"attn_best_{kind}"] = {"cfg": cfg.short(), "us": us}
     text = "H200_ATTN = {" + ", ".join(f'"{kd}": {c!r}' for kd, c in ta.H200_ATTN.items()) + "}"
     log(text)

@@ -20,6 +20,7 @@ code, so CPU numerics are unchanged. `AGENTQ_FUSED=0` turns the path off (as for
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +36,8 @@ def fused_applies(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
             and (weight is None or weight.dtype == x.dtype) and os.environ.get("AGENTQ_FUSED", "1") != "0")
 
 
-def _outputs(ctx, y: torch.Tensor, codes: Codes | None):
+def _outputs(ctx: Any, y: torch.Tensor, codes: Codes | None
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """A fused Function's outputs (y, codes, scales): the codes carry no gradient."""
     if codes is None:
         return y, None, None

@@ -25,6 +25,7 @@ throughout; the CPU engine's path and the tests' reference. Rows with ``lens[b] 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -89,10 +90,12 @@ class AttnConfig:
     k_as_a: bool = False               # K tile as the MMA A operand (scores computed transposed)
     words: bool = True                 # int8 caches: load int32 words of 4 codes, unpack in registers
     asm: bool = True                   # ...with the fp16 magic-number PTX (CUDA, bf16/fp16 queries)
+    planes: bool = False               # int8 words: 4 byte planes as 4 dots, no interleaving reshape
 
     def short(self) -> str:
         return (f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/sp{self.num_splits}"
-                f"{'/kA' if self.k_as_a else ''}{'/words' if self.words else ''}{'/asm' if self.asm else ''}")
+                f"{'/kA' if self.k_as_a else ''}{'/words' if self.words else ''}{'/asm' if self.asm else ''}"
+                f"{'/planes' if self.planes else ''}")
 
 
 #: H200 defaults by cache kind ("int8", "fp8", "float"), from `python -m agentq.eval.bench_kernels --tune`
@@ -147,15 +150,7 @@ if HAVE_TRITON:
         and unpacks them in registers, so codes are converted before, not after, the shuffle into
         MMA operand layout (an 8-bit V tile would otherwise be read from shared memory byte by byte)."""
         if WORDS:
-            offs_w = tl.arange(0, BLOCK_D // 4)
-            w = tl.load(base + n[:, None] * stride_l + offs_w[None, :], mask=mask_n[:, None], other=0)
-            if ASM_I8:
-                e0, e1, e2, e3 = _word_to_f16x4(w)
-            else:
-                e0 = ((w << 24) >> 24).to(DTYPE)
-                e1 = ((w << 16) >> 24).to(DTYPE)
-                e2 = ((w << 8) >> 24).to(DTYPE)
-                e3 = (w >> 24).to(DTYPE)
+            e0, e1, e2, e3 = _load_planes(base, n, mask_n, stride_l, DTYPE, ASM_I8, BLOCK_D)
             x = tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), [BLOCK_N, BLOCK_D])
         else:
             if EVEN_D:
@@ -164,6 +159,109 @@ if HAVE_TRITON:
                 msk = mask_n[:, None] & mask_d[None, :]
             x = tl.load(base + n[:, None] * stride_l + offs_d[None, :], mask=msk, other=0.0).to(DTYPE)
         return x
+
+    @triton.jit
+    def _load_planes(base, n, mask_n, stride_l, DTYPE: tl.constexpr, ASM_I8: tl.constexpr, BLOCK_D: tl.constexpr):
+        """The int8 codes of rows n as int32 words, unpacked into four [BLOCK_N, BLOCK_D/4] byte
+        planes: plane j holds the codes of columns 4·w + j."""
+        offs_w = tl.arange(0, BLOCK_D // 4)
+        w = tl.load(base + n[:, None] * stride_l + offs_w[None, :], mask=mask_n[:, None], other=0)
+        if ASM_I8:
+            e0, e1, e2, e3 = _word_to_f16x4(w)
+        else:
+            e0 = ((w << 24) >> 24).to(DTYPE)
+            e1 = ((w << 16) >> 24).to(DTYPE)
+            e2 = ((w << 8) >> 24).to(DTYPE)
+            e3 = (w >> 24).to(DTYPE)
+        return e0, e1, e2, e3
+
+    @triton.jit
+    def _split_range(slot_ptr, lens_ptr, b, sp, num_splits, BLOCK_N: tl.constexpr):
+        """(slot, first, end) of the positions split `sp` of batch row b reads: equal chunks of
+        whole BLOCK_N tiles (an empty range for the splits past the row's length)."""
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        length = tl.load(lens_ptr + b).to(tl.int32)
+        chunk = ((length + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        start = sp * chunk
+        return slot, start, tl.minimum(start + chunk, length)
+
+    @triton.jit(do_not_specialize=["num_splits"])
+    def _decode_planes_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, lens_ptr, o_ptr, po_ptr, plse_ptr,
+                              qk_scale, num_splits,
+                              stride_qb, stride_qh,
+                              stride_ks, stride_kh, stride_kl,
+                              stride_vs, stride_vh, stride_vl,
+                              stride_kss, stride_ksh, stride_vss, stride_vsh,
+                              stride_ob, stride_oh,
+                              GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_D: tl.constexpr,
+                              BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                              INPUT_PREC: tl.constexpr, ASM_I8: tl.constexpr, BF16_BITS: tl.constexpr):
+        """`_decode_kernel` for int8 caches with per-token scales, computed on byte planes: with
+        K = Σ_j K_j over the planes of columns 4w + j, q·Kᵀ = Σ_j q_j·K_jᵀ and P·V's column block j
+        is P·V_j, so each unpacked plane feeds the MMA as it is, never interleaved back into a
+        [BLOCK_N, HEAD_D] tile (the reshape whose shared-memory round trip bank-conflicts)."""
+        b, kvh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        hq = tl.num_programs(1) * GROUP
+        slot, start, end = _split_range(slot_ptr, lens_ptr, b, sp, num_splits, BLOCK_N)
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_w = tl.arange(0, HEAD_D // 4)
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_g = offs_g < GROUP
+        heads = kvh * GROUP + offs_g
+        q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + 4 * offs_w[None, :]
+        q0 = tl.load(q_rows, mask=mask_g[:, None], other=0.0).to(DOT_DTYPE)
+        q1 = tl.load(q_rows + 1, mask=mask_g[:, None], other=0.0).to(DOT_DTYPE)
+        q2 = tl.load(q_rows + 2, mask=mask_g[:, None], other=0.0).to(DOT_DTYPE)
+        q3 = tl.load(q_rows + 3, mask=mask_g[:, None], other=0.0).to(DOT_DTYPE)
+        k_base = k_ptr + slot * stride_ks + kvh * stride_kh
+        v_base = v_ptr + slot * stride_vs + kvh * stride_vh
+        ks_base = ks_ptr + slot * stride_kss + kvh * stride_ksh
+        vs_base = vs_ptr + slot * stride_vss + kvh * stride_vsh
+        m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        l_i = tl.full([BLOCK_G], 0, dtype=tl.float32)
+        a0 = tl.full([BLOCK_G, HEAD_D // 4], 0, dtype=tl.float32)
+        a1 = tl.full([BLOCK_G, HEAD_D // 4], 0, dtype=tl.float32)
+        a2 = tl.full([BLOCK_G, HEAD_D // 4], 0, dtype=tl.float32)
+        a3 = tl.full([BLOCK_G, HEAD_D // 4], 0, dtype=tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + offs_n
+            mask_n = n < end
+            k0, k1, k2, k3 = _load_planes(k_base, n, mask_n, stride_kl, DOT_DTYPE, ASM_I8, HEAD_D)
+            s = tl.dot(q0, tl.trans(k0), input_precision=INPUT_PREC)
+            s = tl.dot(q1, tl.trans(k1), s, input_precision=INPUT_PREC)
+            s = tl.dot(q2, tl.trans(k2), s, input_precision=INPUT_PREC)
+            s = tl.dot(q3, tl.trans(k3), s, input_precision=INPUT_PREC)
+            s = s * tl.load(ks_base + n, mask=mask_n, other=0.0)[None, :]
+            s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+            pv = (p * tl.load(vs_base + n, mask=mask_n, other=0.0)[None, :]).to(DOT_DTYPE)
+            v0, v1, v2, v3 = _load_planes(v_base, n, mask_n, stride_vl, DOT_DTYPE, ASM_I8, HEAD_D)
+            a0 = a0 * alpha[:, None] + tl.dot(pv, v0, input_precision=INPUT_PREC)
+            a1 = a1 * alpha[:, None] + tl.dot(pv, v1, input_precision=INPUT_PREC)
+            a2 = a2 * alpha[:, None] + tl.dot(pv, v2, input_precision=INPUT_PREC)
+            a3 = a3 * alpha[:, None] + tl.dot(pv, v3, input_precision=INPUT_PREC)
+            m_i = m_new
+        safe_l = tl.where(l_i > 0.0, l_i, 1.0)
+        mask_o = mask_g[:, None]
+        if SPLIT:
+            row = (b * hq + heads).to(tl.int64) * num_splits + sp
+            dst = po_ptr + row[:, None] * HEAD_D + 4 * offs_w[None, :]
+            tl.store(dst, a0 / safe_l[:, None], mask=mask_o)
+            tl.store(dst + 1, a1 / safe_l[:, None], mask=mask_o)
+            tl.store(dst + 2, a2 / safe_l[:, None], mask=mask_o)
+            tl.store(dst + 3, a3 / safe_l[:, None], mask=mask_o)
+            lse = tl.where(l_i > 0.0, m_i + tl.math.log2(safe_l), float("-inf"))
+            tl.store(plse_ptr + row, lse, mask=mask_g)
+        else:
+            dst = o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + 4 * offs_w[None, :]
+            ty = o_ptr.dtype.element_ty
+            tl.store(dst, cast_for_store(a0 / safe_l[:, None], ty, BF16_BITS), mask=mask_o)
+            tl.store(dst + 1, cast_for_store(a1 / safe_l[:, None], ty, BF16_BITS), mask=mask_o)
+            tl.store(dst + 2, cast_for_store(a2 / safe_l[:, None], ty, BF16_BITS), mask=mask_o)
+            tl.store(dst + 3, cast_for_store(a3 / safe_l[:, None], ty, BF16_BITS), mask=mask_o)
 
     @triton.jit(do_not_specialize=["num_splits"])
     def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, lens_ptr, o_ptr, po_ptr, plse_ptr,
@@ -178,15 +276,9 @@ if HAVE_TRITON:
                        DOT_DTYPE: tl.constexpr, PV_DTYPE: tl.constexpr, INPUT_PREC: tl.constexpr,
                        EVEN_D: tl.constexpr, K_AS_A: tl.constexpr, WORDS: tl.constexpr, ASM_I8: tl.constexpr,
                        BF16_BITS: tl.constexpr):
-        b = tl.program_id(0)
-        kvh = tl.program_id(1)
-        sp = tl.program_id(2)
+        b, kvh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         hq = tl.num_programs(1) * GROUP
-        slot = tl.load(slot_ptr + b).to(tl.int64)
-        length = tl.load(lens_ptr + b).to(tl.int32)
-        chunk = ((length + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        start = sp * chunk
-        end = tl.minimum(start + chunk, length)
+        slot, start, end = _split_range(slot_ptr, lens_ptr, b, sp, num_splits, BLOCK_N)
 
         offs_g = tl.arange(0, BLOCK_G)
         offs_d = tl.arange(0, BLOCK_D)
@@ -288,9 +380,7 @@ def pick_config(batch: int, num_kv_heads: int, max_len: int, kv_dtype: torch.dty
     if base.num_splits is not None:
         return base
     sms = num_sms(device)
-    return AttnConfig(base.block_n, base.num_warps, base.num_stages,
-                      pick_num_splits(batch, num_kv_heads, max_len, base.block_n, sms), base.k_as_a,
-                      base.words, base.asm)
+    return dataclasses.replace(base, num_splits=pick_num_splits(batch, num_kv_heads, max_len, base.block_n, sms))
 
 
 def _scale_arg(scale, device) -> torch.Tensor:
@@ -360,22 +450,32 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
         plse = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
     else:
         po = plse = out
+    common = (q, kc, vc, ks, vs, slot_ids, lens, out_arg, po, plse, float(sm_scale) * LOG2E, splits,
+              q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
+              vc.stride(0), vc.stride(1), vc.stride(2), *ks_strides, *vs_strides, out.stride(0), out.stride(1))
+    if cfg.planes and words and mode == 1 and d >= 64:
+        _decode_planes_kernel[(b, hkv, splits)](
+            *common, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
+            SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=use_asm, BF16_BITS=bf16_bits,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    else:
+        _launch_decode(common, cfg, splits, group, d, ddt, prec, mode, words, use_asm, bf16_bits)
+    if splits > 1:
+        _combine_splits(po, plse, out, out_arg, bf16_bits)
+    return out
+
+
+def _launch_decode(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt, prec: str, mode: int,
+                   words: bool, use_asm: bool, bf16_bits: bool) -> None:
+    """`_decode_kernel` over grid (B, Hkv, splits); `common` = its positional arguments."""
+    b, hkv = common[0].shape[0], common[1].shape[1]
     _decode_kernel[(b, hkv, splits)](
-        q, kc, vc, ks, vs, slot_ids, lens, out_arg, po, plse,
-        float(sm_scale) * LOG2E, splits,
-        q.stride(0), q.stride(1),
-        kc.stride(0), kc.stride(1), kc.stride(2),
-        vc.stride(0), vc.stride(1), vc.stride(2),
-        *ks_strides, *vs_strides,
-        out.stride(0), out.stride(1),
+        *common,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d,
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=cfg.block_n, SCALE_MODE=mode, SPLIT=splits > 1,
         DOT_DTYPE=ddt, PV_DTYPE=ddt, INPUT_PREC=prec, EVEN_D=triton.next_power_of_2(d) == d and d >= 16,
         K_AS_A=cfg.k_as_a, WORDS=words, ASM_I8=use_asm, BF16_BITS=bf16_bits,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if splits > 1:
-        _combine_splits(po, plse, out, out_arg, bf16_bits)
-    return out
 
 
 def _combine_splits(po: torch.Tensor, plse: torch.Tensor, out: torch.Tensor, out_arg: torch.Tensor,

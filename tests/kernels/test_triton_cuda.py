@@ -163,7 +163,9 @@ def _kv_case(B, Hq, Hkv, D, Lmax, lens, dtype, seed, kv="int8"):
 
 
 ATTN_VARIANTS = {"default": {}, "split1": {"num_splits": 1}, "split4": {"num_splits": 4},
-                 "bytes": {"words": False, "asm": False}, "words_noasm": {"asm": False}, "k_as_a": {"k_as_a": True}}
+                 "bytes": {"words": False, "asm": False}, "words_noasm": {"asm": False}, "k_as_a": {"k_as_a": True},
+                 "planes": {"planes": True, "block_n": 128, "num_stages": 3},
+                 "planes_split4": {"planes": True, "num_splits": 4}}
 
 
 @pytest.mark.parametrize("kv", ["int8", "bf16"])

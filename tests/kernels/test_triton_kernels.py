@@ -271,6 +271,29 @@ def test_decode_attention_matches_ref(K, kv, splits, variant):
     assert (out - ref).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_attention_byte_planes_matches_ref(K, splits, monkeypatch):
+    """The byte-plane kernel (4 dots over columns 4w + j instead of one over an interleaved tile)
+    gives the reference's result, on ragged rows, with and without splits (head_dim 64)."""
+    launched = []
+    kernel = K.attn._decode_planes_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(K.attn, "_decode_planes_kernel", Spy())
+    q, k, v, slots, lens = _attn_case(12, D=64)
+    (kc, ks), (vc, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
+    sm = q.shape[-1] ** -0.5
+    cfg = K.attn.AttnConfig(block_n=32, num_warps=4, num_stages=2, num_splits=splits, planes=True)
+    out = K.attn.decode_attention(q, kc, ks, vc, vs, slots, lens, sm, config=cfg)
+    ref = K.attn.decode_attention_ref(q, kc, ks, vc, vs, slots, lens, sm)
+    assert launched == [(4, 2, splits)]
+    assert (out - ref).abs().max() <= 1e-5
+
+
 def test_decode_attention_ref_is_dequantized_softmax(K):
     """The reference itself: int8 cache == float attention over kv_roundtrip'ed K/V (GQA 4:1)."""
     q, k, v, slots, lens = _attn_case(12)
