@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from agentq.algos.objective import Objective
+from agentq.kernels.logprob import token_logprobs
 from agentq.kernels.quant_spec import QuantSpec
 
 from .batch import PolicyBatch
@@ -25,16 +26,14 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
                       temperature: float = 1.0, position_ids: torch.Tensor | None = None,
                       **model_kw: Any) -> torch.Tensor:
     """[B, L] log p(token_t | tokens_<t) in fp32 (position 0 = 0) under softmax(logits / temperature):
-    the distribution a temperature-T sampler draws from. logit[target] − logsumexp(logits) avoids
-    materialising a full log-softmax. attention_mask None = causal only (see `model_mask`); a 4D
-    bool mask, `position_ids` (None: 0…L−1) and `model_kw` are passed to the model as they are (packing)."""
+    the distribution a temperature-T sampler draws from, by `kernels.logprob.token_logprobs`
+    (logit[target] − logsumexp: on CPU torch's fp32 ops; on CUDA one fused op that never builds an
+    fp32 copy of the logits). attention_mask None = causal only (see `model_mask`); a 4D bool mask,
+    `position_ids` (None: 0…L−1) and `model_kw` are passed to the model as they are (packing)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   **model_kw).logits[:, :-1].float()
+                   **model_kw).logits[:, :-1]
     release_activation_cache(model)
-    if temperature != 1.0:
-        logits = logits / temperature
-    tgt = input_ids[:, 1:]
-    lp = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    lp = token_logprobs(logits, input_ids[:, 1:], temperature)
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
 
 
