@@ -58,8 +58,15 @@ def _int8_linear(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: t
     return quant.w8a8_epilogue(quant.codes_matmul(x_q, w_q), s_x, s_w, bias, out_dtype)
 
 
+def _tiled_triton(t: torch.Tensor, backend: str | None) -> bool:
+    if not triton_path(t, backend):
+        return False
+    from . import triton_quant
+    return triton_quant.tiles_enabled()
+
+
 def _dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, backend: str | None) -> torch.Tensor:
-    if triton_path(codes, backend):
+    if _tiled_triton(codes, backend):
         from . import triton_quant
         return triton_quant.dequantize_rows(codes, scale, dtype)
     return quant.dequantize_rows(codes, scale, dtype)
@@ -215,9 +222,12 @@ def kv_roundtrip(x: torch.Tensor, spec: QuantSpec, fp8_scale_value: float | None
                  backend: str | None = None) -> torch.Tensor:
     """`quant.kv_roundtrip` (same bits); int8 on CUDA: quantize and dequantize in one Triton
     launch that reads x in place (HF's K/V are transposed views) and writes x's dtype."""
-    if spec.kv == "int8_per_token_head_sym" and triton_path(x, backend):
+    if spec.kv == "int8_per_token_head_sym" and _tiled_triton(x, backend):
         from . import triton_quant
         return triton_quant.kv_roundtrip(x.detach(), spec.kv_scale_floor, spec.kv_rounding)
+    if spec.kv == "int8_per_token_head_sym" and triton_path(x, backend):      # AGENTQ_QUANT_TILES=0
+        codes, scale = _quantize_rows(x, spec.kv_scale_floor, spec.kv_rounding, backend)
+        return quant.dequantize_rows(codes, scale, x.dtype)
     return quant.kv_roundtrip(x, spec, fp8_scale_value)
 
 

@@ -217,6 +217,12 @@ TILE_ELEMS = 4096
 DEQUANT_MAX_BLOCK_K = 1024
 
 
+def tiles_enabled() -> bool:
+    """The tiled launches (`_quant_row_tiles_kernel`, `kv_roundtrip`, `dequantize_rows`; round 4)
+    are on unless AGENTQ_QUANT_TILES=0, which brings back the row kernel and torch's dequantization."""
+    return os.environ.get("AGENTQ_QUANT_TILES", "1") != "0"
+
+
 def _rows_per_program(k: int) -> int:
     """BLOCK_M of the tiled kernel: a power of two, about TILE_ELEMS elements, 1 to 64 rows."""
     rows = max(1, min(64, TILE_ELEMS // triton.next_power_of_2(max(k, 16))))
@@ -257,7 +263,7 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str,
     m = x2.shape[0]
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
     s = torch.empty((m,), dtype=torch.float32, device=x.device)
-    if launch is None and k <= TILE_MAX_K and m >= TILE_MIN_ROWS:
+    if launch is None and k <= TILE_MAX_K and m >= TILE_MIN_ROWS and tiles_enabled():
         _launch_row_tiles(x2, floor, half_away, q, s, None)
     elif m > 0:
         block, single, warps = launch or _row_launch_params(m, k, runs_interpreted(_quant_rows_kernel))

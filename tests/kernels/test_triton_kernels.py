@@ -96,6 +96,22 @@ def test_quant_row_tiles_bit_identical(K, dtype, monkeypatch):
         assert torch.equal(q_tri, q_ref) and torch.equal(s_tri, s_ref)
 
 
+def test_tiled_launches_can_be_switched_off(K, monkeypatch):
+    """AGENTQ_QUANT_TILES=0 brings back the one-row-per-program kernel (same bits): the way around
+    a tiled launch that fails on some GPU."""
+    monkeypatch.setattr(K.quant, "TILE_MIN_ROWS", 2)
+    monkeypatch.setenv("AGENTQ_QUANT_TILES", "0")
+
+    def refuse(*a, **k):
+        raise AssertionError("tiled launch used")
+
+    monkeypatch.setattr(K.quant, "_launch_row_tiles", refuse)
+    x = _quant_inputs(torch.float32)
+    q_tri, s_tri = K.quant.quantize_rows(x, 1e-6, "half_even")
+    q_ref, s_ref = quant.quantize_rows(x, 1e-6, "half_even")
+    assert torch.equal(q_tri, q_ref) and torch.equal(s_tri, s_ref)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_kv_roundtrip_reads_strided_input_bit_identical(K, dtype):
     """The learner's K/V round trip in one launch: HF's K is a transposed view [B, H, T, D] of a
