@@ -337,6 +337,26 @@ def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L:
     results["attn_table"] = text
 
 
+def attention_calls(dev, kind: str, case: str, planes: bool) -> None:
+    """Three decode-attention calls (Qwen3-8B heads) and nothing else, for a kernel profiler:
+    `ncu --clock-control none -k regex:_decode --launch-skip 2 --launch-count 1 --set full
+    python -m agentq.eval.bench_kernels --attn-calls int8 --attn-cases 64x2560`."""
+    from agentq.kernels import triton_attention as ta
+    B, L = (int(v) for v in case.split("x"))
+    Hq, Hkv, D = 32, 8, 128
+    k, v = make_kv(B, L, Hkv, D, dev)
+    args = (*quant.quantize_kv(k, SPEC), *quant.quantize_kv(v, SPEC)) if kind == "int8" else (k, None, v, None)
+    q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
+    slots = torch.arange(B, device=dev, dtype=torch.int32)
+    lens = torch.full((B,), L, device=dev, dtype=torch.int32)
+    cfg = ta.pick_config(B, Hkv, L, args[0].dtype, dev)
+    cfg = dataclasses.replace(cfg, planes=True) if planes else cfg
+    for _ in range(3):
+        ta.decode_attention(q, args[0], args[1], args[2], args[3], slots, lens, D ** -0.5, cfg)
+    torch.cuda.synchronize()
+    log(f"decode_attention x3: {kind} B={B} L={L} {cfg.short()}")
+
+
 def bench_attention(dev, results, cases):
     from agentq.kernels import triton_attention as ta
     Hq, Hkv, D = 32, 8, 128
@@ -407,8 +427,14 @@ def main():
     ap.add_argument("--models", default="llama3-8b", help=f"comma list of {sorted(MODEL_LINEARS)} (--tune gemm)")
     ap.add_argument("--attn-cases", default="64x4096", help="--tune attn: comma list of BxL")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for bench.json")
+    ap.add_argument("--attn-calls", metavar="KIND", choices=["int8", "bf16"],
+                    help="only call decode_attention 3 times at the first --attn-cases shape with a KIND cache "
+                         "(default config, or --attn-planes) and exit: the program to put under ncu")
+    ap.add_argument("--attn-planes", action="store_true", help="--attn-calls: the byte-plane kernel")
     args = ap.parse_args()
     dev = torch.device("cuda")
+    if args.attn_calls:
+        return attention_calls(dev, args.attn_calls, args.attn_cases.split(",")[0], args.attn_planes)
     import triton
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     log(f"{results['device']}  torch {torch.__version__}  triton {triton.__version__}")
