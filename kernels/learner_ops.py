@@ -13,6 +13,9 @@ largest non-GEMM cost of the learner's forwards on the GPU (`docs/kernels.md`). 
   dw = Σ_rows dy·h, h = (x·r) rounded to the dtype.
 * `silu_mul(gate, up, quant)`: forward = `triton_norm.silu_mul` (or `silu_mul_and_codes`); backward
   recomputes silu(gate) and runs the ops torch's autograd runs for `F.silu(gate) * up`.
+* `rope(q, k, cos, sin)`: HF's `apply_rotary_pos_emb` (the engine's RoPE kernel without the norm),
+  forward and backward bit-identical to torch's eager ops; HF's version builds `rotate_half` with a
+  `cat` of strided halves, the slowest of its ops on the GPU.
 
 Only for bf16 / fp16 on CUDA (`fused_applies`); fp32 models (the CPU-exact mode) keep HF's torch
 code, so CPU numerics are unchanged. `AGENTQ_FUSED=0` turns the path off (as for the engine).
@@ -119,4 +122,53 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, quant: tuple[float, str] | No
     return y, (None if codes is None else (codes, scales))
 
 
-__all__ = ["fused_applies", "rms_norm", "rms_norm_backward", "silu_mul"]
+def rope_applies(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether `rope` runs fused: half-precision CUDA q/k, cos/sin [B, T, D] of their dtype and
+    without gradient (HF computes them from a buffer), an even head dim."""
+    return (fused_applies(q) and k.dtype == q.dtype == cos.dtype == sin.dtype and cos.dim() == 3
+            and q.dim() == 4 and q.shape[-1] % 2 == 0 and not (cos.requires_grad or sin.requires_grad))
+
+
+class _RoPEFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rope_launch(q, k, cos, sin)
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        cos, sin = ctx.saved_tensors
+        # y = x·cos + rotate_half(x)·sin has dx = dy·cos + rotate_halfᵀ(dy·sin); rotate_halfᵀ(z) =
+        # (z₂, −z₁) is rotate_half with the sign on the other half, so the same launch with
+        # sin' = −(sin₂, sin₁) computes it, with torch autograd's roundings
+        half = sin.shape[-1] // 2
+        sin_t = -torch.cat((sin[..., half:], sin[..., :half]), dim=-1)
+        dq, dk = _rope_launch(gq, gk, cos, sin_t)
+        return dq, dk, None, None
+
+
+def _rope_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`triton_norm.qk_norm_rope` without the norm on HF's [B, H, T, D] layout (views in, views out)."""
+    from . import triton_norm
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+    qt = qt if qt.stride(-1) == 1 else qt.contiguous()
+    kt = kt if kt.stride(-1) == 1 else kt.contiguous()
+    oq, ok = triton_norm.qk_norm_rope(qt, kt, None, None, cos, sin, 0.0)
+    return oq.transpose(1, 2), ok.transpose(1, 2)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's `apply_rotary_pos_emb(q, k, cos, sin)` in one launch each way, with the same bits:
+    x·cos + rotate_half(x)·sin, each product and the sum rounded to the dtype as torch rounds them;
+    the backward is torch autograd's to the bit as well.
+
+    Args:
+        q: [B, Hq, T, D], k: [B, Hkv, T, D] (HF's transposed views are read in place);
+        cos, sin: [B, T, D] (broadcast over heads).
+    Returns:
+        (q_embed, k_embed) of q's and k's shapes."""
+    return _RoPEFn.apply(q, k, cos, sin)
+
+
+__all__ = ["fused_applies", "rms_norm", "rms_norm_backward", "rope", "rope_applies", "silu_mul"]

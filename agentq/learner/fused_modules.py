@@ -7,6 +7,9 @@ elsewhere. Where the next linear is a W8A8 one, the same launch also returns the
 per-token int8 codes and leaves them in the model's `ActivationCache`, so q/k/v (after the input
 norm), gate/up (after the post-attention norm) and down (after SiLU·mul) skip their quantization
 pass — the codes are `quantize_rows` of the output, bit for bit.
+
+`install_fused_rope(model)` routes the attention's RoPE (HF's `apply_rotary_pos_emb`) through one
+launch each way (`learner_ops.rope`), bit-identical to HF's eager ops.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from agentq.kernels import learner_ops, ste
 FUSED_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm")
 #: MLP classes computing down(act(gate(x)) · up(x))
 FUSED_MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
+#: attention classes whose forward calls their modeling module's `apply_rotary_pos_emb(q, k, cos, sin)`
+FUSED_ROPE = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention")
 
 
 class FusedRMSNorm(nn.Module):
@@ -107,6 +112,38 @@ def install_fused_elementwise(model: nn.Module, codes: tuple[float, str] | None,
     return swapped
 
 
+def install_fused_rope(model: nn.Module) -> int:
+    """Route the RoPE of the model's attention classes through `learner_ops.rope` where it applies.
+
+    HF's attention forward calls `apply_rotary_pos_emb` from its modeling module, so the hook is that
+    module's function, replaced by a dispatcher that calls the original for anything `rope` does not
+    take. Process-wide for those classes, and safe so: the fused op gives HF's bits in both
+    directions (tested). Returns the number of modeling modules patched now."""
+    import sys
+
+    patched = 0
+    for m in model.modules():
+        mod = sys.modules.get(type(m).__module__)
+        original = getattr(mod, "apply_rotary_pos_emb", None)
+        if type(m).__name__ not in FUSED_ROPE or original is None or hasattr(original, "agentq_original"):
+            continue
+        setattr(mod, "apply_rotary_pos_emb", _rope_dispatcher(original))
+        patched += 1
+    return patched
+
+
+def _rope_dispatcher(original: Callable) -> Callable:
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        unsqueeze_dim = args[0] if args else kwargs.get("unsqueeze_dim", 1)
+        if unsqueeze_dim == 1 and len(args) <= 1 and set(kwargs) <= {"unsqueeze_dim"} and \
+                learner_ops.rope_applies(q, k, cos, sin):
+            return learner_ops.rope(q, k, cos, sin)
+        return original(q, k, cos, sin, *args, **kwargs)
+
+    apply_rotary_pos_emb.agentq_original = original  # type: ignore[attr-defined]  # marks the patch
+    return apply_rotary_pos_emb
+
+
 def remove_fused_elementwise(model: nn.Module) -> None:
     """Back to the HF classes (e.g. before save_pretrained)."""
     for m in model.modules():
@@ -115,5 +152,5 @@ def remove_fused_elementwise(model: nn.Module) -> None:
             del m.agentq_codes, m.agentq_act_cache
 
 
-__all__ = ["FUSED_MLPS", "FUSED_NORMS", "FusedRMSNorm", "FusedSiLUMLP", "install_fused_elementwise",
-           "remove_fused_elementwise"]
+__all__ = ["FUSED_MLPS", "FUSED_NORMS", "FUSED_ROPE", "FusedRMSNorm", "FusedSiLUMLP", "install_fused_elementwise",
+           "install_fused_rope", "remove_fused_elementwise"]

@@ -11,8 +11,8 @@
   (`ste.kv_fake_quant`, identity gradient), at every position, as the engine's cache does;
 * the linear audit (`QuantSpec.check_linears`) runs first: a linear the spec does not name is
   an error, never a silent full-precision layer;
-* on CUDA bf16/fp16, RMSNorms and SiLU MLPs run fused launches (`fused_modules`), the engine's
-  kernels, which also hand the next W8A8 linear its activation codes.
+* on CUDA bf16/fp16, RMSNorms, SiLU MLPs and RoPE run fused launches (`fused_modules`), the
+  engine's kernels; the norms and SiLU·mul also hand the next W8A8 linear its activation codes.
 
 With `spec = QuantSpec.preset("none")` the model is left numerically as HF computes it, apart
 from the attention kernel (shared with the engine, see `kernels.attention`) and, on CUDA
@@ -28,7 +28,7 @@ from agentq.kernels import attention as attn_ops
 from agentq.kernels import ste
 from agentq.kernels.quant_spec import QuantSpec
 
-from .fused_modules import install_fused_elementwise, remove_fused_elementwise
+from .fused_modules import install_fused_elementwise, install_fused_rope, remove_fused_elementwise
 
 ATTN_IMPL = "agentq"
 
@@ -126,6 +126,7 @@ def align_model(model: nn.Module, spec: QuantSpec) -> dict[str, list[str]]:
         m.act_cache = act_cache
     codes = (spec.act_scale_floor, spec.act_rounding) if audit["quantized"] else None
     install_fused_elementwise(model, codes, lambda m: isinstance(m, QATLinear), act_cache)
+    install_fused_rope(model)
     for m in model.modules():
         if hasattr(m, "k_proj") and hasattr(m, "v_proj"):       # an attention block
             setattr(m, "agentq_spec", spec)

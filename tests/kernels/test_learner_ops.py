@@ -92,3 +92,28 @@ def test_fused_applies_only_to_half_precision_cuda(K, monkeypatch):
     _, ops = K
     assert not ops.fused_applies(torch.zeros(2, 4, dtype=torch.bfloat16))          # CPU
     assert not ops.fused_applies(torch.zeros(2, 4))                                # fp32
+
+
+def test_rope_forward_and_backward_are_hf_bit_for_bit(K):
+    """`rope` on HF's layout (transposed [B, H, T, D] views, cos/sin [B, T, D]) gives exactly HF's
+    `apply_rotary_pos_emb` and exactly torch autograd's gradients, in bf16."""
+    from transformers.models.qwen3 import modeling_qwen3
+
+    _, ops = K
+    hf = getattr(modeling_qwen3.apply_rotary_pos_emb, "agentq_original", modeling_qwen3.apply_rotary_pos_emb)
+    g = torch.Generator().manual_seed(3)
+    B, T, Hq, Hkv, D = 2, 7, 4, 2, 64
+    q = (torch.randn(B, T, Hq, D, generator=g) * 2).bfloat16().transpose(1, 2).requires_grad_()
+    k = (torch.randn(B, T, Hkv, D, generator=g) * 2).bfloat16().transpose(1, 2).requires_grad_()
+    ang = torch.arange(T)[None, :, None] * torch.logspace(0, -3, D // 2).repeat(2)[None, None, :] + torch.rand(B, 1, 1, generator=g)
+    cos, sin = ang.cos().bfloat16(), ang.sin().bfloat16()
+    gq, gk = torch.randn(q.shape, generator=g).bfloat16(), torch.randn(k.shape, generator=g).bfloat16()
+    assert ops.rope_applies(q, k, cos, sin) is False                   # CPU: only when forced
+    oq, ok = ops.rope(q, k, cos, sin)
+    torch.autograd.backward((oq, ok), (gq, gk))
+    q2, k2 = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
+    rq, rk = hf(q2, k2, cos, sin)
+    torch.autograd.backward((rq, rk), (gq, gk))
+    assert oq.shape == rq.shape and ok.shape == rk.shape
+    assert torch.equal(oq, rq) and torch.equal(ok, rk)
+    assert torch.equal(q.grad, q2.grad) and torch.equal(k.grad, k2.grad)

@@ -1,8 +1,9 @@
 """The aligned model's fused norms and SiLU MLPs (`learner.fused_modules`), run on CPU with the
 Triton kernels under TRITON_INTERPRET=1 (on a GPU they run for bf16/fp16 models by themselves).
 
-Asserted on the tiny Qwen3 in bf16: every RMSNorm and MLP is swapped and swapped back; the fused
-launches hand q/k/v, gate/up and down their activation codes (6 reuses per layer instead of 3),
+Asserted on the tiny Qwen3 in bf16: every RMSNorm and MLP is swapped and swapped back, and the
+attention's RoPE is routed through the fused op; the fused launches hand q/k/v, gate/up and down
+their activation codes (6 reuses per layer instead of 3),
 which equal a fresh quantization; log-probs and gradients stay within bf16 rounding of HF's
 eager modules; the fp32 / CPU model keeps HF's forward exactly."""
 import pytest
@@ -58,6 +59,24 @@ def test_norms_and_mlps_are_swapped_and_restored(tiny_model_dir):
     assert type(model.model.norm).__name__ == "Qwen3RMSNorm"
 
 
+def test_rope_dispatcher_is_installed_once_and_falls_back_off_cuda(tiny_model_dir):
+    """Aligning patches the modeling module's `apply_rotary_pos_emb` once (a second model finds it
+    patched); off CUDA the dispatcher calls HF's own function: the same results, bit for bit."""
+    from transformers.models.qwen3 import modeling_qwen3
+
+    from agentq.learner.fused_modules import install_fused_rope
+    _model(tiny_model_dir, torch.float32)
+    patched = modeling_qwen3.apply_rotary_pos_emb
+    assert patched.agentq_original is not None
+    assert install_fused_rope(_model(tiny_model_dir, torch.float32)) == 0
+    assert modeling_qwen3.apply_rotary_pos_emb is patched
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 5, 64, generator=g), torch.randn(1, 2, 5, 64, generator=g)
+    cos, sin = torch.rand(1, 5, 64, generator=g), torch.rand(1, 5, 64, generator=g)
+    for a, b in zip(patched(q, k, cos, sin), patched.agentq_original(q, k, cos, sin)):
+        assert torch.equal(a, b)
+
+
 def test_unquantized_model_gets_fused_norms_without_codes(tiny_model_dir):
     from agentq.learner.fused_modules import FusedRMSNorm, FusedSiLUMLP
     model = _model(tiny_model_dir, torch.float32, QuantSpec.preset("none"))
@@ -98,8 +117,12 @@ def test_fused_bf16_model_hands_codes_and_matches_hf(tiny_model_dir, interpreted
         real_put(x, codes, floor, rounding, backend)
 
     cache.put = put
+    rope_calls = []
+    real_rope = learner_ops.rope
+    monkeypatch.setattr(learner_ops, "rope", lambda *a: rope_calls.append(1) or real_rope(*a))
     lp, g = _logp_and_grads(model, ids)
     layers = model.config.num_hidden_layers
+    assert len(rope_calls) == layers                                  # the attention's RoPE ran fused too
     assert hits_ref == 3 * layers and cache.hits == 6 * layers      # q,k,v + gate,up + down per layer
     assert len(seen) == 3 * layers and all(seen)
     # the norms agree with HF's to one bf16 step at most (0 here, measured); the backward is the
