@@ -158,3 +158,22 @@ def test_cuda_fused_model_matches_hf_modules():
     assert float((lp_f - lp_p).abs().max()) < 5e-2
     for n in g_p:
         assert float((g_f[n] - g_p[n]).norm() / g_p[n].norm().clamp_min(1e-12)) < 2e-2, n
+    # RoPE (process-wide in both models above): HF's bits exactly, both directions, compiled
+    from transformers.models.qwen3 import modeling_qwen3
+
+    from agentq.kernels import learner_ops
+    hf = modeling_qwen3.apply_rotary_pos_emb.agentq_original
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q = torch.randn(4, 512, 16, 128, device="cuda", generator=g).bfloat16().transpose(1, 2).requires_grad_()
+    k = torch.randn(4, 512, 8, 128, device="cuda", generator=g).bfloat16().transpose(1, 2).requires_grad_()
+    ang = torch.rand(4, 512, 128, device="cuda", generator=g) * 100
+    cos, sin = ang.cos().bfloat16(), ang.sin().bfloat16()
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    assert learner_ops.rope_applies(q, k, cos, sin)
+    out = learner_ops.rope(q, k, cos, sin)
+    torch.autograd.backward(out, (gq, gk))
+    q2, k2 = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
+    ref = hf(q2, k2, cos, sin)
+    torch.autograd.backward(ref, (gq, gk))
+    assert all(torch.equal(a, b) for a, b in zip(out, ref))
+    assert torch.equal(q.grad, q2.grad) and torch.equal(k.grad, k2.grad)
