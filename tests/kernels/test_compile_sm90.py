@@ -1,0 +1,102 @@
+"""Every Triton kernel compiles for the H200 (sm_90) on this CPU machine.
+
+The interpreter tests check what the kernels compute, not that they compile: a kernel can pass
+them and still fail in the compiler (shapes the interpreter broadcasts, constexpr branches it never
+lowers). `triton.compile` with a CUDA target runs the whole pipeline to a cubin (Triton's bundled
+ptxas) without a GPU, so CI catches that before a GPU run does. The Triton here may be newer
+than the GPU machine's; the compiled tests in `test_triton_cuda.py` & co. stay the final word.
+
+Arguments not named in a case are 32-bit integers (sizes, strides); pointers and floats are named.
+"""
+import pytest
+
+from agentq.kernels import _interp
+
+pytestmark = pytest.mark.skipif(not _interp.HAVE_TRITON, reason="triton is not installed")
+MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_attention",
+           "agentq.kernels.triton_norm", "agentq.kernels.triton_sample", "agentq.kernels.triton_logprob")
+
+
+def _cases():
+    """(module, kernel, pointer dtypes by arg, float args, constexprs, num_warps, num_stages)."""
+    q8 = {"x_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32"}
+    attn_ptrs = {"q_ptr": "*fp16", "k_ptr": "*i32", "v_ptr": "*i32", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
+                 "slot_ptr": "*i32", "lens_ptr": "*i32", "o_ptr": "*bf16", "po_ptr": "*fp32", "plse_ptr": "*fp32"}
+    attn = {"GROUP": 4, "BLOCK_G": 16, "HEAD_D": 128, "BLOCK_N": 128, "DOT_DTYPE": "fp16", "INPUT_PREC": "tf32",
+            "ASM_I8": True, "BF16_BITS": False}
+    norm_ptrs = {"x_ptr": "*bf16", "d_ptr": "*bf16", "w_ptr": "*bf16", "s_ptr": "*bf16", "o_ptr": "*bf16",
+                 "q_ptr": "*i8", "qs_ptr": "*fp32"}
+    return [
+        ("triton_quant", "_quant_rows_kernel", q8, {"floor"},
+         {"HALF_AWAY": False, "BLOCK_K": 4096, "SINGLE_PASS": True, "PDL": True}, 16, 3),
+        ("triton_quant", "_quant_row_tiles_kernel", {**q8, "o_ptr": "*bf16"}, {"floor"},
+         {"HALF_AWAY": False, "DEQUANT": False, "BF16_BITS": False, "BLOCK_M": 32, "BLOCK_K": 128}, 4, 3),
+        ("triton_quant", "_quant_row_tiles_kernel", {"x_ptr": "*bf16", "q_ptr": "*bf16", "s_ptr": "*bf16",
+                                                     "o_ptr": "*bf16"}, {"floor"},
+         {"HALF_AWAY": True, "DEQUANT": True, "BF16_BITS": False, "BLOCK_M": 32, "BLOCK_K": 128}, 4, 3),
+        ("triton_quant", "_dequant_rows_kernel", {"q_ptr": "*i8", "s_ptr": "*fp32", "o_ptr": "*bf16"}, set(),
+         {"BF16_BITS": False, "BLOCK_M": 4, "BLOCK_K": 1024}, 4, 3),
+        ("triton_quant", "_quant_kv_cache_kernel", {"x_ptr": "*bf16", "slot_ptr": "*i32", "pos_ptr": "*i32",
+                                                    "c_ptr": "*i8", "cs_ptr": "*fp32"}, {"floor"},
+         {"HALF_AWAY": False, "BLOCK_D": 128}, 1, 3),
+        ("triton_gemm", "_w8a8_gemm_kernel", {"xq_ptr": "*i8", "w_ptr": "*i8", "sx_ptr": "*fp32", "sw_ptr": "*fp32",
+                                              "bias_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32",
+                                              "ticket_ptr": "*i32"}, set(),
+         {"HAS_BIAS": False, "USE_SPLIT": False, "EVEN_K": True, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128,
+          "GROUP_M": 8, "BF16_BITS": False, "PDL": False}, 8, 3),
+        ("triton_attention", "_decode_kernel", attn_ptrs, {"qk_scale"},
+         {**attn, "BLOCK_D": 128, "SCALE_MODE": 1, "SPLIT": False, "PV_DTYPE": "fp16", "EVEN_D": True, "K_AS_A": False,
+          "WORDS": True}, 4, 3),
+        ("triton_attention", "_decode_planes_kernel", attn_ptrs, {"qk_scale"}, {**attn, "SPLIT": True}, 4, 3),
+        ("triton_attention", "_combine_kernel", {"po_ptr": "*fp32", "plse_ptr": "*fp32", "o_ptr": "*bf16"}, set(),
+         {"HEAD_D": 128, "BLOCK_D": 128, "BLOCK_S": 4, "BF16_BITS": False}, 4, 3),
+        ("triton_norm", "_rms_norm_kernel", {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16"}, {"eps"},
+         {"BLOCK": 4096, "BF16_BITS": False}, 16, 3),
+        ("triton_norm", "_silu_mul_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "o_ptr": "*bf16"}, set(),
+         {"BLOCK": 1024, "BF16_BITS": False}, 4, 3),
+        ("triton_norm", "_add_rms_norm_kernel", norm_ptrs, {"eps", "floor"},
+         {"HAS_DELTA": True, "QUANT": True, "STORE_NORMED": True, "HALF_AWAY": False, "BLOCK": 4096,
+          "BF16_BITS": False, "PDL": False}, 16, 3),
+        ("triton_norm", "_silu_mul_quant_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "q_ptr": "*i8",
+                                                   "qs_ptr": "*fp32", "y_ptr": "*bf16"}, {"floor"},
+         {"HALF_AWAY": False, "BLOCK": 16384, "BF16_BITS": False, "OUT_DTYPE": "bf16", "STORE_Y": True,
+          "PDL": False}, 32, 3),
+        ("triton_norm", "_qk_norm_rope_kernel", {**{p: "*bf16" for p in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr",
+                                                                          "cos_ptr", "sin_ptr", "oq_ptr", "ok_ptr")},
+                                                  "kc_ptr": "*i8", "vc_ptr": "*i8", "ks_ptr": "*fp32",
+                                                  "vs_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32"},
+         {"eps", "floor"}, {"NORM": False, "WRITE_KV": False, "KV_INT8": False, "HALF_AWAY": False, "BLOCK_D": 128,
+                            "BF16_BITS": False}, 1, 3),
+        ("triton_sample", "_counter_sample_kernel", {"logits_ptr": "*bf16", "keys_ptr": "*i64", "vkeys_ptr": "*i64",
+                                                     "temp_ptr": "*fp32", "tok_ptr": "*i64", "lp_ptr": "*fp32"},
+         set(), {"GREEDY": False, "BLOCK_V": 4096}, 8, 3),
+        ("triton_logprob", "_logprob_fwd_kernel", {"x_ptr": "*bf16", "tgt_ptr": "*i64", "lp_ptr": "*fp32",
+                                                   "lse_ptr": "*fp32"}, {"temperature"},
+         {"SCALED": True, "BLOCK": 4096}, 8, 3),
+        ("triton_logprob", "_logprob_bwd_kernel", {"x_ptr": "*bf16", "tgt_ptr": "*i64", "lse_ptr": "*fp32",
+                                                   "g_ptr": "*fp32", "dx_ptr": "*bf16"}, {"temperature"},
+         {"SCALED": True, "BLOCK": 4096, "BF16_BITS": False}, 8, 3),
+    ]
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c[1]}-{len(c[4])}")
+def test_kernel_compiles_for_sm90(case):
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    module, name, ptrs, floats, consts, warps, stages = case
+    mods = dict(zip((m.rsplit(".", 1)[1] for m in MODULES), _interp.load_compiled(MODULES)))
+    kernel = getattr(mods[module], name)
+    assert not _interp.runs_interpreted(kernel)
+    names = kernel.arg_names
+    unknown = set(ptrs) | floats | set(consts)
+    assert unknown <= set(names), unknown - set(names)
+    signature = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in floats else "i32") for n in names}
+    dtypes = {"fp16": tl.float16, "bf16": tl.bfloat16}
+    values = {k: dtypes.get(v, v) if isinstance(v, str) else v for k, v in consts.items()}
+    src = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(k),): v for k, v in values.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    assert compiled.asm["cubin"][:4] == b"\x7fELF"
+    assert compiled.metadata.shared <= 227 * 1024            # fits an H200 multiprocessor
