@@ -305,16 +305,23 @@ def attn_candidates(kind: str):
     yield AttnConfig(128, 4, 2, 1, words=False, asm=False)       # sweep-1 kernel (byte-wise V)
 
 
-def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L: int = 4096):
-    from agentq.kernels import triton_attention as ta
+def decode_case(B: int, L: int, dev):
+    """Qwen3-8B heads (Hq 32, Hkv 8, D 128), every row L long in slot b: (q, {"int8": (k codes,
+    k scales, v codes, v scales), "float": (k, None, v, None)}, slots, lens, D)."""
     Hq, Hkv, D = 32, 8, 128
     k, v = make_kv(B, L, Hkv, D, dev)
-    (kq, ks), (vq, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
+    caches = {"int8": (*quant.quantize_kv(k, SPEC), *quant.quantize_kv(v, SPEC)), "float": (k, None, v, None)}
     q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
     slots = torch.arange(B, device=dev, dtype=torch.int32)
     lens = torch.full((B,), L, device=dev, dtype=torch.int32)
+    return q, caches, slots, lens, D
+
+
+def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L: int = 4096):
+    from agentq.kernels import triton_attention as ta
+    q, caches, slots, lens, D = decode_case(B, L, dev)
     best = {}
-    for kind, args in (("int8", (kq, ks, vq, vs)), ("float", (k, None, v, None))):
+    for kind, args in caches.items():
         for cfg in attn_candidates(kind):
             if kind in best and time.time() > deadline:
                 break
@@ -343,13 +350,9 @@ def attention_calls(dev, kind: str, case: str, planes: bool) -> None:
     python -m agentq.eval.bench_kernels --attn-calls int8 --attn-cases 64x2560`."""
     from agentq.kernels import triton_attention as ta
     B, L = (int(v) for v in case.split("x"))
-    Hq, Hkv, D = 32, 8, 128
-    k, v = make_kv(B, L, Hkv, D, dev)
-    args = (*quant.quantize_kv(k, SPEC), *quant.quantize_kv(v, SPEC)) if kind == "int8" else (k, None, v, None)
-    q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
-    slots = torch.arange(B, device=dev, dtype=torch.int32)
-    lens = torch.full((B,), L, device=dev, dtype=torch.int32)
-    cfg = ta.pick_config(B, Hkv, L, args[0].dtype, dev)
+    q, caches, slots, lens, D = decode_case(B, L, dev)
+    args = caches["int8" if kind == "int8" else "float"]
+    cfg = ta.pick_config(B, args[0].shape[1], L, args[0].dtype, dev)
     cfg = dataclasses.replace(cfg, planes=True) if planes else cfg
     for _ in range(3):
         ta.decode_attention(q, args[0], args[1], args[2], args[3], slots, lens, D ** -0.5, cfg)
