@@ -287,14 +287,16 @@ def tune_quant(dev, results):
 
 
 def attn_candidates(kind: str):
-    from agentq.kernels.triton_attention import AttnConfig
+    from agentq.kernels.triton_attention import H200_ATTN, AttnConfig
     if kind == "float":
         for bn, w, st in ((64, 4, 2), (128, 8, 3), (64, 4, 3), (32, 4, 3), (64, 8, 2)):
             yield AttnConfig(bn, w, st, 1)
         return
-    yield AttnConfig(128, 4, 3, 1)                               # today's default, then the newest idea
-    for bn, w, st, sp in ((128, 4, 3, 1), (128, 4, 2, 1), (64, 4, 3, 1), (64, 4, 4, 1), (128, 8, 3, 1), (64, 2, 4, 1)):
+    yield dataclasses.replace(H200_ATTN["int8"], num_splits=1)    # today's default, then its neighbours
+    for bn, w, st, sp in ((64, 2, 3, 1), (64, 2, 5, 1), (32, 2, 4, 1), (32, 1, 4, 1), (64, 1, 4, 1), (128, 2, 3, 1),
+                          (128, 4, 3, 1), (64, 4, 3, 1), (64, 2, 4, 2)):
         yield AttnConfig(bn, w, st, sp, planes=True)       # byte planes as 4 dots (round 4)
+    yield AttnConfig(128, 4, 3, 1)                               # the word kernel's sweep-3 default
     for bn, w, st, sp in ((128, 4, 4, 1), (64, 4, 3, 1), (64, 4, 4, 1), (64, 4, 5, 1),
                           (32, 4, 4, 1), (32, 4, 6, 1), (128, 4, 3, 2), (64, 4, 4, 2), (64, 2, 4, 1), (128, 8, 3, 1),
                           (128, 4, 2, 2), (128, 4, 3, 4), (64, 4, 4, 4), (256, 8, 2, 1), (256, 8, 3, 1),
@@ -468,9 +470,11 @@ def main():
             del tune_shapes
             torch.cuda.empty_cache()
         if "attn" in what:
-            for case in args.attn_cases.split(","):
+            cases = args.attn_cases.split(",")
+            for i, case in enumerate(cases):     # the budget left, shared by the cases left
                 b, l_ = (int(v) for v in case.split("x"))
-                tune_attention(dev, results, deadline=t + args.tune_budget_s, B=b, L=l_)
+                left = t + args.tune_budget_s - time.time()
+                tune_attention(dev, results, deadline=time.time() + left / (len(cases) - i), B=b, L=l_)
         log(f"(tuning took {time.time() - t:.0f}s)")
         save()
     if args.check:

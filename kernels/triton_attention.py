@@ -100,7 +100,9 @@ class AttnConfig:
 
 #: H200 defaults by cache kind ("int8", "fp8", "float"), from `python -m agentq.eval.bench_kernels --tune`
 H200_ATTN: dict[str, AttnConfig] = {
-    "int8": AttnConfig(block_n=128, num_warps=4, num_stages=3),   # 189 µs at B 64 x L 4096 (sweep 3)
+    # byte-plane kernel: 101.2 / 186.9 µs at B 64 / 128 x L 2560 against 123.5 µs at B 64 for the
+    # sweep-3 word kernel (n128/w4/st3); round-5 sweep, docs/bench/h200-r5/tune-attn.log
+    "int8": AttnConfig(block_n=64, num_warps=2, num_stages=3, planes=True),
     "float": AttnConfig(block_n=64, num_warps=4, num_stages=2),   # 249 µs, = SDPA
 }
 
