@@ -149,12 +149,12 @@ class _RoPEFn(torch.autograd.Function):
 
 def _rope_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`triton_norm.qk_norm_rope` without the norm on HF's [B, H, T, D] layout (views in, views out)."""
+    """`triton_norm.rope` on HF's [B, H, T, D] layout (views in, views out)."""
     from . import triton_norm
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
     qt = qt if qt.stride(-1) == 1 else qt.contiguous()
     kt = kt if kt.stride(-1) == 1 else kt.contiguous()
-    oq, ok = triton_norm.qk_norm_rope(qt, kt, None, None, cos, sin, 0.0)
+    oq, ok = triton_norm.rope(qt, kt, cos, sin)
     return oq.transpose(1, 2), ok.transpose(1, 2)
 
 

@@ -188,6 +188,42 @@ if HAVE_TRITON:
                          mask=mask)
 
     @triton.jit
+    def _rope_heads_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr, T, HQ, HKV, D,
+                           sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sc_b, sc_t,
+                           HB: tl.constexpr, BLOCK_D: tl.constexpr, BF16_BITS: tl.constexpr):
+        """RoPE alone (`_qk_norm_rope_kernel` without norm or cache, the same roundings) over a
+        [HB heads, D] tile per program: program (token, j) takes q heads j·HB.. while j < cdiv(HQ, HB),
+        else k heads. The learner's sequences have tokens × heads rows of 256 bytes; one warp per
+        row kept the GPU waiting on latency (134 µs where the bytes need ~50)."""
+        bt = tl.program_id(0).to(tl.int64)
+        j = tl.program_id(1)
+        b = bt // T
+        t = bt % T
+        nq = (HQ + HB - 1) // HB
+        is_q = j < nq
+        hs = tl.where(is_q, j, j - nq) * HB + tl.arange(0, HB)
+        offs = tl.arange(0, BLOCK_D)
+        half = D // 2
+        rot = tl.where(offs < half, offs + half, offs - half)
+        sign = tl.where(offs < half, -1.0, 1.0)
+        if is_q:
+            rows = q_ptr + b * sq_b + t * sq_t + hs[:, None].to(tl.int64) * sq_h
+            dst = oq_ptr + (bt * HQ + hs[:, None].to(tl.int64)) * D
+            mask = (hs[:, None] < HQ) & (offs[None, :] < D)
+        else:
+            rows = k_ptr + b * sk_b + t * sk_t + hs[:, None].to(tl.int64) * sk_h
+            dst = ok_ptr + (bt * HKV + hs[:, None].to(tl.int64)) * D
+            mask = (hs[:, None] < HKV) & (offs[None, :] < D)
+        x = tl.load(rows + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+        xr = tl.load(rows + rot[None, :], mask=mask, other=0.0).to(tl.float32)
+        dmask = offs < D
+        c = tl.load(cos_ptr + b * sc_b + t * sc_t + offs, mask=dmask, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + b * sc_b + t * sc_t + offs, mask=dmask, other=0.0).to(tl.float32)
+        a = _round_to(x * c[None, :], oq_ptr.dtype.element_ty, BF16_BITS)
+        r = _round_to((sign[None, :] * xr) * s[None, :], oq_ptr.dtype.element_ty, BF16_BITS)
+        tl.store(dst + offs[None, :], cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+
+    @triton.jit
     def _store_kv_row(y, c_ptr, cs_ptr, slot_ptr, pos_ptr, b, h, offs, mask, sc_s, sc_h, sc_l, ss_s, ss_h, floor,
                       KV_INT8: tl.constexpr, HALF_AWAY: tl.constexpr, BF16_BITS: tl.constexpr):
         """One token's K or V head (fp32 values of the model dtype) into the slot cache."""
@@ -209,6 +245,33 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight, k_weight, cos: torc
     b, t, hq, d = q.shape
     ok = torch.empty((b, t, k.shape[2], d), dtype=k.dtype, device=k.device)
     oq = _launch_qk_norm_rope(q, k, None, q_weight, k_weight, cos, sin, eps, ok, None)
+    return oq, ok
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         heads_per_program: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """`qk_norm_rope` without the norm (the same bits) for long sequences: `heads_per_program`
+    heads of one token per program instead of one. q [B, T, Hq, D], k [B, T, Hkv, D] (any
+    strides, D contiguous), cos/sin [B, T, D] → (q, k) contiguous [B, T, H, D]."""
+    require_triton("triton_norm.rope")
+    b, t, hq, d = q.shape
+    hkv = k.shape[2]
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and d % 2 == 0
+    assert heads_per_program >= 1 and heads_per_program & (heads_per_program - 1) == 0, "a power of two"
+    cos, sin = cos.expand(b, t, d), sin.expand(b, t, d)
+    assert cos.stride(-1) == 1 and sin.stride() == cos.stride()
+    oq = torch.empty((b, t, hq, d), dtype=q.dtype, device=q.device)
+    ok = torch.empty((b, t, hkv, d), dtype=k.dtype, device=k.device)
+    if b * t:
+        interp = runs_interpreted(_rope_heads_kernel)
+        (oq_arg, bits), ok_arg = store_view(oq, interp), store_view(ok, interp)[0]
+        hb = min(heads_per_program, triton.next_power_of_2(max(hq, hkv)))
+        block_d = triton.next_power_of_2(d)
+        _rope_heads_kernel[(b * t, triton.cdiv(hq, hb) + triton.cdiv(hkv, hb))](
+            q, k, cos, sin, oq_arg, ok_arg, t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2), cos.stride(0), cos.stride(1),
+            HB=hb, BLOCK_D=block_d, BF16_BITS=bits, num_warps=max(1, min(8, hb * block_d // 256)),
+            enable_fp_fusion=False)   # no FMA: each op rounds as torch's
     return oq, ok
 
 
@@ -397,6 +460,11 @@ def silu_mul_and_codes(gate: torch.Tensor, up: torch.Tensor, floor: float, round
     return y, codes
 
 
+def silu_quant_warps(block: int) -> int:
+    """Warps of `_silu_mul_quant_kernel` for a row block of `block` (a power of two)."""
+    return min(32, max(4, block // 512))
+
+
 def _launch_silu_mul_quant(gate, up, floor, rounding, keep_product: bool):
     """(silu·mul product or None, (codes, scales)) of the rows of gate and up."""
     n = gate.shape[-1]
@@ -418,10 +486,10 @@ def _launch_silu_mul_quant(gate, up, floor, rounding, keep_product: bool):
         _silu_mul_quant_kernel[(m,)](g2, u2, codes, scales, y_arg, n, g2.stride(0), u2.stride(0), codes.stride(0),
                                      y_arg.stride(0), float(floor), HALF_AWAY=_check_mode(rounding), BLOCK=block,
                                      BF16_BITS=bits, OUT_DTYPE=out_dt, STORE_Y=y is not None, PDL=pdl,
-                                     num_warps=1 if interp else min(32, max(4, block // 512)), enable_fp_fusion=False)
+                                     num_warps=1 if interp else silu_quant_warps(block), enable_fp_fusion=False)
     y_out = y.reshape(gate.shape) if y is not None else None
     return y_out, (codes.reshape(gate.shape), scales.reshape(gate.shape[:-1]))
 
 
-__all__ = ["add_rms_norm", "qk_norm_rope", "qk_norm_rope_to_cache", "rms_norm", "rms_norm_and_codes", "silu_mul",
+__all__ = ["add_rms_norm", "qk_norm_rope", "qk_norm_rope_to_cache", "rms_norm", "rms_norm_and_codes", "rope", "silu_mul",
            "silu_mul_and_codes", "silu_mul_quant"]

@@ -99,6 +99,24 @@ def test_qk_norm_rope_matches_torch(K, norm, t):
             assert torch.equal(o, r)
 
 
+@pytest.mark.parametrize("hq,hkv,hb", [(4, 2, 2), (6, 2, 4), (3, 3, 8)])
+def test_rope_over_head_tiles_is_torch_bit_for_bit(K, hq, hkv, hb):
+    """`rope` (several heads per program, partial head tiles masked) = torch's RoPE to the bit,
+    on strided q/k views of a fused projection and a non-power-of-two head dim."""
+    g = torch.Generator().manual_seed(hq * 10 + hb)
+    b, t, d = 2, 3, 48
+    fused = torch.randn(b, t, (hq + hkv) * d, generator=g).to(torch.bfloat16)
+    q = fused[..., : hq * d].reshape(b, t, hq, d)
+    k = fused[..., hq * d:].reshape(b, t, hkv, d)
+    ang = torch.randn(b, t, d // 2, generator=g) * 3
+    cos = torch.cat([ang.cos(), ang.cos()], -1).to(torch.bfloat16)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).to(torch.bfloat16)
+    rq, rk = _torch_qk_norm_rope(q, k, None, None, cos, sin, 0.0)
+    oq, ok = K.rope(q, k, cos, sin, heads_per_program=hb)
+    assert oq.is_contiguous() and ok.is_contiguous()
+    assert torch.equal(oq, rq) and torch.equal(ok, rk)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_kernels_on_cuda_match_torch():
     from agentq.kernels import triton_norm
@@ -121,6 +139,13 @@ def test_compiled_kernels_on_cuda_match_torch():
     # absolute terms against the operands' scale (bf16 steps are 2⁻⁸ relative)
     for o, r in ((oq, rq), (ok, rk)):
         assert (o.float() - r.float()).abs().max() < 2 * 2 ** -8 * 4 and (o != r).float().mean() < 0.05
+    x = torch.randn(2, 1000, 40 * 128, generator=g, device="cuda").bfloat16()   # 2 × 1000 tokens, 32 + 8 heads
+    q, k = x[..., :32 * 128].reshape(2, 1000, 32, 128), x[..., 32 * 128:].reshape(2, 1000, 8, 128)
+    ang = torch.randn(2, 1000, 64, generator=g, device="cuda") * 3
+    cos, sin = torch.cat([ang.cos()] * 2, -1).bfloat16(), torch.cat([ang.sin()] * 2, -1).bfloat16()
+    rq, rk = _torch_qk_norm_rope(q, k, None, None, cos, sin, 0.0)
+    oq, ok = triton_norm.rope(q, k, cos, sin)
+    assert torch.equal(oq, rq) and torch.equal(ok, rk)
 
 
 # ---------------------------------------------------------------- fused pre-norm / quant / KV-write kernels
