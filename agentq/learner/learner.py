@@ -146,13 +146,14 @@ class Learner:
         model = model or self.model
         was_training = model.training
         model.eval()
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        # filled on the device and read back once: a copy per micro-batch would stall the queue
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
         for idx in self.micro_batches(batch.attention_mask.sum(1)):
             am = batch.attention_mask[idx]
             L = int(am.sum(1).max())
-            out[idx, :L] = self.rows_logprobs(model, batch.input_ids[idx, :L], am[:, :L]).float().cpu()
+            out[idx.to(self.device), :L] = self.rows_logprobs(model, batch.input_ids[idx, :L], am[:, :L]).float()
         model.train(was_training)
-        return out
+        return out.cpu()
 
     def fill_old_and_ref(self, batch: PolicyBatch) -> None:
         """Set `batch.old_logp` (this policy, before the update) and `batch.ref_logp` (None without a reference)."""
@@ -199,20 +200,21 @@ class Learner:
             return False
         self.opt.zero_grad(set_to_none=True)
         local = minib.index(self.local_rows(minib))
+        weighted: dict[str, torch.Tensor | float] = {}
         for rows in self.micro_batches(local.attention_mask.sum(1)):
             micro = local.index(rows)
             L = int(micro.attention_mask.sum(1).max())
             micro = micro.trim(L)
+            share = objective.agg_units(micro) / total_units      # from the CPU rows: no device sync
             logp = self.rows_logprobs(self.model, micro.input_ids, micro.attention_mask)
             micro = micro.to(self.device)
-            share = objective.agg_units(micro) / total_units
             loss, stats = objective.loss(logp, micro)
             (loss * share).backward()
             release_activation_cache(self.model)        # the backward's shared X_fq, too
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * share
-            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) * share
+            add_weighted(weighted, {**stats, "loss": loss.detach()}, share)
         self.reduce_grads()
+        for k, v in read_back(weighted).items():
+            sums[k] = sums.get(k, 0.0) + v
         return True
 
     # hooks of the data-parallel learner (agentq/learner/distributed.py): which rows of a minibatch
@@ -273,6 +275,24 @@ def update_summary(sums: dict[str, float], grad_norms: list[float]) -> dict[str,
     out = {k: v / max(count, 1) for k, v in sums.items()}
     out["grad_norm"] = sum(grad_norms) / count if count else 0.0
     out["optimizer_steps"] = count
+    return out
+
+
+def add_weighted(acc: dict[str, torch.Tensor | float], stats: dict[str, Any], share: float) -> None:
+    """acc[k] += stats[k] · share, device tensors kept on the device (in fp64, as Python floats
+    would add them): reading each micro-batch's numbers back would stall the GPU queue between
+    micro-batches (the CPU waits, then the GPU waits for the CPU's next launches)."""
+    for k, v in stats.items():
+        v = v.detach().double() if torch.is_tensor(v) else float(v)
+        acc[k] = acc.get(k, 0.0) + v * share
+
+
+def read_back(acc: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """`add_weighted`'s sums as floats, with one device-to-host copy for all of them."""
+    keys = [k for k, v in acc.items() if torch.is_tensor(v)]
+    out = {k: float(v) for k, v in acc.items() if not torch.is_tensor(v)}
+    if keys:
+        out.update(zip(keys, torch.stack([acc[k].reshape(()) for k in keys]).tolist()))
     return out
 
 
