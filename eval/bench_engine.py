@@ -92,6 +92,7 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     kv_read = sum(len(eng._cached[s]) for s in slots) * eng.kv_bytes_per_token()
     if PROFILE and device == "cuda":
         _profile(eng, slots, seeds, sp, quant)
+        _profile_prefill(eng, _contexts(batch, prompt, cfg.vocab_size), quant)
     out = {"engine": "agentq", "quant": quant, "model": model, "batch": batch, "prompt": prompt, "new_tokens": new,
            "turns": turns, "turn_s": turn_s, "tokens_per_s": gen / total, "decode_step_ms": ms,
            "kv_bytes_per_token": eng.kv_bytes_per_token(), "weight_bytes": weight_bytes(eng),
@@ -118,6 +119,21 @@ def _profile(eng, slots, seeds, sp, quant: str) -> None:
     eng.decoder.graphable = graphable
     print(f"--- CUDA kernels of 3 decode steps, quant={quant}, B={len(slots)}")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+
+
+def _profile_prefill(eng, ctx: list[list[int]], quant: str) -> None:
+    """Kernel table of one first-turn prefill of the whole batch (fresh episodes, one new token)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from agentq.rollout import SamplingParams, TurnRequest
+
+    eng.release_all()
+    sync("cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eng.generate([TurnRequest(20_000 + i, c, SamplingParams(max_new_tokens=1), seed=i) for i, c in enumerate(ctx)])
+        torch.cuda.synchronize()
+    print(f"--- CUDA kernels of one prefill of {len(ctx)} x {len(ctx[0])} tokens, quant={quant}")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=70))
 
 
 def _time_decode(eng, slots, seeds, sp, steps: int, device: str) -> float:
@@ -215,7 +231,7 @@ def main():
     ap.add_argument("--kv-budget-gib", type=float, default=None,
                     help="report (and with --at-budget run) the most episodes this much KV memory holds")
     ap.add_argument("--at-budget", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="print the CUDA kernel table of eager decode steps")
+    ap.add_argument("--profile", action="store_true", help="print the CUDA kernel tables of eager decode steps and of one prefill")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     global PROFILE
