@@ -102,6 +102,49 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
     return res
 
 
+def host_cost(device: torch.device, dtype: torch.dtype, calls: int = 400) -> dict:
+    """µs of wall time per call at [16, 256] x [256, 256] (the GPU idles; what is measured is the
+    host's launch path): F.linear vs the aligned linear, forward and forward + backward, and the
+    launches the aligned one is made of. On the H200 machine a Triton launch costs ~3.5 torch ops."""
+    import torch.nn.functional as F
+
+    from agentq.kernels import QuantSpec, ste
+    from agentq.kernels.quant import quantize_rows as quantize_rows_ref
+
+    spec = QuantSpec.preset("w8a8_kv8")
+    x = torch.randn(16, 256, device=device, dtype=dtype, requires_grad=True)
+    w = torch.randn(256, 256, device=device, dtype=dtype, requires_grad=True)
+    wc, ac = ste.WeightCache(), ste.ActivationCache()
+    xq, sx = quantize_rows_ref(x.detach(), 1e-8, "half_away")
+    wq, sw = quantize_rows_ref(w.detach(), 1e-8, "half_away")
+
+    def fwd_bwd(f):
+        def run():
+            f().sum().backward()
+            ac.clear()
+        return run
+
+    cases = {"F.linear fwd": lambda: F.linear(x, w),
+             "aligned linear fwd (codes cached)": lambda: ste.w8a8_linear_ste(x, w, None, spec, wc, act_cache=ac),
+             "int8 GEMM launch alone": lambda: ste._int8_linear(xq, sx, wq, sw, None, dtype, None),
+             "activation quantization alone": lambda: ste._quantize_rows(x.detach(), 1e-8, "half_away", None),
+             "one torch op (x + 1)": lambda: x.detach() + 1,
+             "F.linear fwd+bwd": fwd_bwd(lambda: F.linear(x, w)),
+             "aligned linear fwd+bwd": fwd_bwd(lambda: ste.w8a8_linear_ste(x, w, None, spec, wc, act_cache=ac))}
+    out = {}
+    for name, fn in cases.items():
+        for _ in range(20):
+            fn()
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync(device)
+        out[name] = (time.perf_counter() - t) / calls * 1e6
+        print(f"{name:36s} {out[name]:7.1f} µs/call")
+    return out
+
+
 def main(argv=None) -> dict:
     ap = base_parser(__doc__)
     ap.add_argument("--batch", type=int, default=4)
@@ -115,9 +158,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--pack-tokens", type=int, default=None,
                     help="compare today's padded micro-batches with packs of at most this many tokens")
     ap.add_argument("--spec", default="w8a8_kv8", choices=SPECS, help="the spec of the --pack-tokens comparison")
+    ap.add_argument("--host-cost", action="store_true",
+                    help="only the host time per call of the aligned linear vs F.linear (and their launches) at "
+                         "tiny shapes, where the CPU sets the pace")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.host_cost:
+        return host_cost(device, dtype)
     if args.pack_tokens is not None:
         return packing_report(args, device, dtype)
     rows = {s: run_spec(s, args, device, dtype) for s in SPECS}
