@@ -289,10 +289,10 @@ def add_weighted(acc: dict[str, torch.Tensor | float], stats: dict[str, Any], sh
 
 def read_back(acc: dict[str, torch.Tensor | float]) -> dict[str, float]:
     """`add_weighted`'s sums as floats, with one device-to-host copy for all of them."""
-    keys = [k for k, v in acc.items() if torch.is_tensor(v)]
-    out = {k: float(v) for k, v in acc.items() if not torch.is_tensor(v)}
-    if keys:
-        out.update(zip(keys, torch.stack([acc[k].reshape(()) for k in keys]).tolist()))
+    held = {k: v for k, v in acc.items() if isinstance(v, torch.Tensor)}
+    out = {k: float(v) for k, v in acc.items() if not isinstance(v, torch.Tensor)}
+    if held:
+        out.update(zip(held, torch.stack([v.reshape(()) for v in held.values()]).tolist()))
     return out
 
 
