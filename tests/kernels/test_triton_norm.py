@@ -182,6 +182,12 @@ def test_silu_mul_quant_equals_silu_mul_then_quant(K, monkeypatch):
     ref = K.quantize_rows(K.silu_mul(gate, up), 1e-8, "half_even")
     out = K.silu_mul_quant(gate, up, 1e-8, "half_even")
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    monkeypatch.setattr(K, "SILU_QUANT_CHUNKED_ROWS", 2)              # many rows: chunks of 256, a masked tail
+    monkeypatch.setattr(K, "SILU_QUANT_CHUNK", 256)
+    out3 = K.silu_mul_quant(gate, up, 1e-8, "half_even")
+    assert torch.equal(out3[0], ref[0]) and torch.equal(out3[1], ref[1])
+    y, (codes, scales) = K.silu_mul_and_codes(gate, up, 1e-8, "half_even")
+    assert torch.equal(y, K.silu_mul(gate, up)) and torch.equal(codes, ref[0]) and torch.equal(scales, ref[1])
     monkeypatch.setattr(K, "SILU_QUANT_MAX", 512)                    # rows too long: the two-kernel path
     out2 = K.silu_mul_quant(gate, up, 1e-8, "half_even")
     assert torch.equal(out2[0], ref[0]) and torch.equal(out2[1], ref[1])
@@ -256,6 +262,10 @@ def test_compiled_fused_prenorm_quant_and_kv_write_equal_the_separate_kernels():
     c2, s2 = triton_norm.silu_mul_quant(gate, up, *q8)
     r2 = triton_quant.quantize_rows(triton_norm.silu_mul(gate, up), *q8)
     assert torch.equal(c2, r2[0]) and torch.equal(s2, r2[1])
+    gate, up = gate.repeat(8, 1), up.repeat(8, 1)                      # 512 rows: the chunked two-pass kernel
+    y3, (c3, s3) = triton_norm.silu_mul_and_codes(gate, up, *q8)
+    r3 = triton_quant.quantize_rows(triton_norm.silu_mul(gate, up), *q8)
+    assert torch.equal(y3, triton_norm.silu_mul(gate, up)) and torch.equal(c3, r3[0]) and torch.equal(s3, r3[1])
     qkv = torch.randn(64, 1, 48 * 128, generator=g, device="cuda").bfloat16()
     q = qkv[..., :32 * 128].reshape(64, 1, 32, 128)
     k = qkv[..., 32 * 128:40 * 128].reshape(64, 1, 8, 128)
