@@ -58,3 +58,22 @@ def decode_attention_available(device: torch.device) -> bool:
 def decode_attention(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale):
     """One query token per sequence over the engine's cache layout (CUDA Triton kernel)."""
     return _triton_decode()(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale)
+
+
+def prefill_kernel_available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether prefill chunks read the cache in place (`triton_prefill`): CUDA, a bf16/fp16 model
+    (fp32 keeps the exact torch path), a power-of-two head dim; `AGENTQ_PREFILL_KERNEL=0` turns
+    it off (the read-back + masked SDPA path)."""
+    import os
+
+    from ._interp import HAVE_TRITON
+    return (device.type == "cuda" and HAVE_TRITON and dtype in (torch.bfloat16, torch.float16)
+            and head_dim >= 16 and head_dim & (head_dim - 1) == 0
+            and os.environ.get("AGENTQ_PREFILL_KERNEL", "1") != "0")
+
+
+def prefill_attention(q, k_cache, k_scale, v_cache, v_scale, slots, n_new, new_lens, sm_scale):
+    """A prefill chunk's attention over the engine's cache layout, read in place (CUDA Triton
+    kernel; `triton_prefill.prefill_attention`)."""
+    from .triton_prefill import prefill_attention as fn
+    return fn(q, k_cache, k_scale, v_cache, v_scale, slots, n_new, new_lens, sm_scale)

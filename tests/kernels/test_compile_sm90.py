@@ -14,7 +14,8 @@ from agentq.kernels import _interp
 
 pytestmark = pytest.mark.skipif(not _interp.HAVE_TRITON, reason="triton is not installed")
 MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_attention",
-           "agentq.kernels.triton_norm", "agentq.kernels.triton_sample", "agentq.kernels.triton_logprob")
+           "agentq.kernels.triton_norm", "agentq.kernels.triton_sample", "agentq.kernels.triton_logprob",
+           "agentq.kernels.triton_prefill")
 
 
 def _cases():
@@ -77,6 +78,16 @@ def _cases():
         ("triton_sample", "_counter_sample_kernel", {"logits_ptr": "*bf16", "keys_ptr": "*i64", "vkeys_ptr": "*i64",
                                                      "temp_ptr": "*fp32", "tok_ptr": "*i64", "lp_ptr": "*fp32"},
          set(), {"GREEDY": False, "BLOCK_V": 4096}, 8, 3),
+        ("triton_prefill", "_prefill_kernel", {"q_ptr": "*bf16", "k_ptr": "*i8", "v_ptr": "*i8", "ks_ptr": "*fp32",
+                                               "vs_ptr": "*fp32", "slot_ptr": "*i32", "nnew_ptr": "*i32",
+                                               "lens_ptr": "*i32", "o_ptr": "*bf16"}, {"qk_scale"},
+         {"GROUP": 4, "BLOCK_G": 4, "BLOCK_T": 16, "BLOCK_N": 64, "HEAD_D": 128, "SCALED": True, "DOT_DTYPE": "fp16",
+          "INPUT_PREC": "tf32", "BF16_BITS": False}, 4, 2),
+        ("triton_prefill", "_prefill_kernel", {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "ks_ptr": "*bf16",
+                                               "vs_ptr": "*bf16", "slot_ptr": "*i32", "nnew_ptr": "*i32",
+                                               "lens_ptr": "*i32", "o_ptr": "*bf16"}, {"qk_scale"},
+         {"GROUP": 2, "BLOCK_G": 2, "BLOCK_T": 32, "BLOCK_N": 64, "HEAD_D": 128, "SCALED": False,
+          "DOT_DTYPE": "bf16", "INPUT_PREC": "tf32", "BF16_BITS": False}, 4, 2),
         ("triton_logprob", "_logprob_fwd_kernel", {"x_ptr": "*bf16", "tgt_ptr": "*i64", "lp_ptr": "*fp32",
                                                    "lse_ptr": "*fp32"}, {"temperature"},
          {"SCALED": True, "BLOCK": 4096}, 8, 3),

@@ -122,3 +122,20 @@ def test_bf16_engine_vs_aligned_learner_mismatch_per_turn(tiny_model_dir):
         print(f"\n[bf16 engine vs aligned learner] turn {t}: max|Δ|={d.abs().max():.3e} "
               f"K3={(torch.expm1(d) - d).mean():.3e}")
         assert d.abs().max() < 0.1
+
+
+@pytest.mark.parametrize("spec", ["w8a8_kv8", "none"])
+def test_prefill_kernel_scores_like_the_read_back_path(tiny_model_dir, monkeypatch, spec):
+    """bf16 prefill in 64-token chunks (so chunks attend to a cached prefix): the in-place
+    prefill kernel against the cache read back + masked SDPA. Different kernels round differently
+    in bf16, so this bounds the difference rather than asking for bits."""
+    ids = [5 + (13 * j) % 300 for j in range(300)]
+    scores = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("AGENTQ_PREFILL_KERNEL", flag)
+        eng = TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset(spec), max_slots=2, max_len=512,
+                                          dtype=torch.bfloat16, device="cuda", prefill_chunk=64)
+        scores[flag] = torch.tensor(eng.score(ids[:20], ids[20:]), dtype=torch.float64)
+    d = (scores["1"] - scores["0"]).abs()
+    print(f"\n[prefill kernel vs read-back, {spec}] max|Δlogp| {d.max():.3e} mean {d.mean():.3e}")
+    assert d.max() < 0.1 and d.mean() < 0.01

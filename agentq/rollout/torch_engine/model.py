@@ -233,6 +233,11 @@ class DecoderLayer(nn.Module):
                 q[:, :, 0].contiguous(), cache.k[i], None if cache.k_scale is None else cache.k_scale[i],
                 cache.v[i], None if cache.v_scale is None else cache.v_scale[i],
                 ctx.slots32, ctx.lens32, self.scale).unsqueeze(2)
+        in_place = cache.fused_write_args(i) if isinstance(ctx, ForwardContext) and ctx.prefill_kernel else None
+        if in_place is not None:         # a prefill chunk: the cache read in place, no copies
+            assert isinstance(ctx, ForwardContext)
+            k, v, ks, vs = in_place
+            return attn_ops.prefill_attention(q, k, ks, v, vs, ctx.slots32, ctx.n_new32, ctx.lens32, self.scale)
         kc, vc = cache.read(i, ctx.slots, ctx.key_len)
         return attn_ops.masked_attention(q, kc, vc, ctx.allowed, self.scale)
 
@@ -288,9 +293,12 @@ class ForwardContext:
         self.key_len = int(new_lens.max())
         t = positions.shape[1]
         self.use_kernel = allow_decode_kernel and t == 1 and decode_kernel_applies(cache)
-        if self.use_kernel:
+        self.prefill_kernel = (not self.use_kernel and cache.fused_write_args(0) is not None
+                               and attn_ops.prefill_kernel_available(cache.device, cache.dtype, cache.head_dim))
+        if self.use_kernel or self.prefill_kernel:
             self.slots32, self.lens32 = slots.to(torch.int32), new_lens.to(torch.int32)
-        if not self.use_kernel:
+            self.n_new32 = valid.sum(1, dtype=torch.int32)    # valid tokens are each row's first n (`_forward`)
+        else:
             keys = torch.arange(self.key_len, device=positions.device)
             self.allowed = keys.view(1, 1, -1) <= positions.unsqueeze(-1)   # [B, T, L]; causal + per-slot length
 

@@ -1,0 +1,198 @@
+"""Prefill attention over the slot KV cache, read in place (Triton).
+
+A prefill chunk of T new tokens per row attends to the row's cached prefix and to itself. The
+torch path (`attention.masked_attention`) reads the whole prefix back (a gather over slots, a
+dequantization of int8 codes), repeats K/V heads for GQA and builds a [B, T, L] mask for SDPA: on
+the H200 those copies took as long as SDPA itself (8B, 64 × 2048 tokens in 512-token chunks: ~0.5 s
+of a 2.8 s prefill, `docs/bench/h200-r5/e8b-prefill-profile.log`). Here one program takes BLOCK_T
+query tokens of one row and the GROUP query heads that share a KV head (rows of the MMA tile are
+(token, head) pairs, so GQA costs nothing), walks the row's cache positions [0, last query position]
+in BLOCK_N tiles with an online softmax, and applies the causal mask from positions:
+
+    o[b, h, t] = softmax_j≤pos(b,t) (q·k_j · sm_scale) · v_j,   pos(b, t) = start_b + t
+
+int8 caches (per token-head scales, the KV spec's layout) are read as codes: the scores are
+(q · codesᵀ) · k_scale and the values enter as (p · v_scale) · codes, so no dequantized tile is
+ever written (the decode kernel's arithmetic); float caches are read as they are. Dots run in
+fp16 for int8 codes (exact) and in the model dtype for float caches, accumulating in fp32.
+
+The chunk layout is the engine's (`TorchEngine._forward`): row b's valid tokens are its first
+n_b positions of T, at cache positions start_b … start_b + n_b − 1, already written to the cache;
+start_b = new_len_b − n_b. Outputs of padding tokens (t ≥ n_b) are zeros.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._interp import HAVE_TRITON, dot_dtype, interpreting, require_triton, runs_interpreted
+
+INTERPRETED = interpreting()
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    block_t: int = 16          # query tokens per program (× the GQA group = MMA rows)
+    block_n: int = 64          # cache positions per tile
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+#: H200 default (round 5); `None` fields of a caller's config are not supported: pass a whole one
+H200_PREFILL = PrefillConfig()
+
+
+def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                          v_cache: torch.Tensor, v_scale: torch.Tensor | None, slots: torch.Tensor,
+                          n_new: torch.Tensor, new_lens: torch.Tensor, sm_scale: float) -> torch.Tensor:
+    """The fp32 reference: q [B, Hq, T, D] → [B, Hq, T, D] (q's dtype), zeros on padding tokens."""
+    b, hq, t, d = q.shape
+    hkv = k_cache.shape[1]
+    length = int(new_lens.max())
+    sl = slots.long()
+    k, v = k_cache[sl, :, :length].float(), v_cache[sl, :, :length].float()
+    if k_scale is not None and v_scale is not None:
+        k = k * k_scale[sl, :, :length, None]
+        v = v * v_scale[sl, :, :length, None]
+    k, v = k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1)
+    start = (new_lens - n_new).long()
+    pos = start[:, None] + torch.arange(t, device=q.device)[None, :]                         # [B, T]
+    keys = torch.arange(length, device=q.device)
+    allowed = keys[None, None, :] <= pos[:, :, None]                                          # [B, T, L]
+    s = torch.einsum("bhtd,bhld->bhtl", q.float(), k) * sm_scale
+    s = s.masked_fill(~allowed[:, None], float("-inf"))
+    o = torch.einsum("bhtl,bhld->bhtd", torch.softmax(s, dim=-1), v)
+    real = torch.arange(t, device=q.device)[None, :] < n_new.long()[:, None]                 # [B, T]
+    return torch.where(real[:, None, :, None], o, torch.zeros_like(o)).to(q.dtype)
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    from .triton_quant import cast_for_store, store_view
+
+    @triton.jit
+    def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, nnew_ptr, lens_ptr, o_ptr, qk_scale,
+                        T, stride_qb, stride_qh, stride_qt, stride_ks, stride_kh, stride_kl,
+                        stride_vs, stride_vh, stride_vl, stride_kss, stride_ksh, stride_vss, stride_vsh,
+                        stride_ob, stride_oh, stride_ot,
+                        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                        HEAD_D: tl.constexpr, SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                        INPUT_PREC: tl.constexpr, BF16_BITS: tl.constexpr):
+        """Program (b, kv head, query block): rows r of the tile are token t0 + r // BLOCK_G,
+        query head kvh·GROUP + r % BLOCK_G."""
+        b, kvh, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        n_new = tl.load(nnew_ptr + b).to(tl.int32)
+        start = tl.load(lens_ptr + b).to(tl.int32) - n_new
+        t0 = tb * BLOCK_T
+        rows = tl.arange(0, BLOCK_T * BLOCK_G)
+        tok = t0 + rows // BLOCK_G
+        head = kvh * GROUP + rows % BLOCK_G
+        real = (rows % BLOCK_G < GROUP) & (tok < n_new)
+        offs_d = tl.arange(0, HEAD_D)
+        q_rows = q_ptr + b.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + tok.to(tl.int64) * stride_qt
+        q = tl.load(q_rows[:, None] + offs_d[None, :], mask=real[:, None], other=0.0).to(DOT_DTYPE)
+        qpos = start + tok
+        # keys up to the block's last real query (none when the block has no real token)
+        end = tl.where(t0 < n_new, start + tl.minimum(t0 + BLOCK_T, n_new), 0)
+        k_base = k_ptr + slot * stride_ks + kvh.to(tl.int64) * stride_kh
+        v_base = v_ptr + slot * stride_vs + kvh.to(tl.int64) * stride_vh
+        ks_base = ks_ptr + slot * stride_kss + kvh.to(tl.int64) * stride_ksh
+        vs_base = vs_ptr + slot * stride_vss + kvh.to(tl.int64) * stride_vsh
+        offs_n = tl.arange(0, BLOCK_N)
+        m_i = tl.full([BLOCK_T * BLOCK_G], float("-inf"), dtype=tl.float32)
+        l_i = tl.full([BLOCK_T * BLOCK_G], 0, dtype=tl.float32)
+        acc = tl.full([BLOCK_T * BLOCK_G, HEAD_D], 0, dtype=tl.float32)
+        for n0 in range(0, end, BLOCK_N):
+            n = n0 + offs_n
+            mask_n = n < end
+            k = tl.load(k_base + n[:, None].to(tl.int64) * stride_kl + offs_d[None, :], mask=mask_n[:, None],
+                        other=0).to(DOT_DTYPE)
+            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PREC)
+            if SCALED:
+                s = s * tl.load(ks_base + n, mask=mask_n, other=0.0)[None, :]
+            ok = (n[None, :] <= qpos[:, None]) & mask_n[None, :] & real[:, None]
+            s = tl.where(ok, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)     # a row with no key yet
+            alpha = tl.math.exp2(m_i - m_safe)
+            p = tl.math.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+            if SCALED:
+                p = p * tl.load(vs_base + n, mask=mask_n, other=0.0)[None, :]
+            v = tl.load(v_base + n[:, None].to(tl.int64) * stride_vl + offs_d[None, :], mask=mask_n[:, None],
+                        other=0).to(DOT_DTYPE)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=INPUT_PREC)
+            m_i = m_new
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        dst = o_ptr + b.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + tok.to(tl.int64) * stride_ot
+        store = (rows % BLOCK_G < GROUP) & (tok < T)
+        tl.store(dst[:, None] + offs_d[None, :], cast_for_store(out, o_ptr.dtype.element_ty, BF16_BITS),
+                 mask=store[:, None])
+
+
+def prefill_applies(q: torch.Tensor, k_cache: torch.Tensor, k_scale) -> bool:
+    """Whether `prefill_attention` takes this call: CUDA (or the interpreter), a power-of-two head
+    dim ≥ 16, an int8 cache with per-token-head scales or a cache of q's dtype."""
+    d = q.shape[-1]
+    int8 = k_cache.dtype == torch.int8 and k_scale is not None and torch.is_tensor(k_scale) and k_scale.dim() == 3
+    return (HAVE_TRITON and (q.is_cuda or INTERPRETED) and d >= 16 and d & (d - 1) == 0
+            and (int8 or (k_scale is None and k_cache.dtype == q.dtype)))
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                      v_cache: torch.Tensor, v_scale: torch.Tensor | None, slots: torch.Tensor,
+                      n_new: torch.Tensor, new_lens: torch.Tensor, sm_scale: float,
+                      config: PrefillConfig | None = None) -> torch.Tensor:
+    """Attention of a prefill chunk over each row's cache (module docstring).
+
+    Args:
+        q: [B, Hq, T, D] (any strides, D contiguous), after RoPE.
+        k_cache, v_cache: [S, Hkv, Lmax, D] int8 codes (with k_scale / v_scale [S, Hkv, Lmax] fp32)
+            or values of q's dtype (scales None); the chunk's K/V already written.
+        slots: [B] int slot of each row; n_new: [B] valid tokens of the chunk per row (its first n);
+        new_lens: [B] slot length after the chunk.
+        sm_scale: the softmax scale.
+    Returns:
+        [B, Hq, T, D] in q's dtype (a transposed view of a contiguous [B, T, Hq, D]); zeros for
+        padding tokens.
+    """
+    require_triton("triton_prefill.prefill_attention")
+    if not prefill_applies(q, k_cache, k_scale):
+        raise ValueError(f"prefill_attention does not take q {q.dtype} {tuple(q.shape)} with a {k_cache.dtype} cache")
+    b, hq, t, d = q.shape
+    hkv = k_cache.shape[1]
+    if hq % hkv or k_cache.shape != v_cache.shape or k_cache.shape[-1] != d:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    # written token-major: the o-projection reads [B, T, Hq·D] rows without a copy
+    out = torch.empty((b, t, hq, d), dtype=q.dtype, device=q.device).transpose(1, 2)
+    if b == 0 or t == 0:
+        return out
+    cfg = config or H200_PREFILL
+    group = hq // hkv
+    block_g = triton.next_power_of_2(group)
+    block_t = max(cfg.block_t, 16 // block_g)           # ≥ 16 MMA rows
+    scaled = k_cache.dtype == torch.int8
+    ddt = dot_dtype(_prefill_kernel, q.dtype)
+    if scaled and ddt != tl.float32:
+        ddt = tl.float16                                 # int8 codes are exact in fp16; p · v_scale keeps 3 more bits
+    ks, vs = (k_scale, v_scale) if scaled else (k_cache, v_cache)
+    assert ks is not None and vs is not None
+    kss, vss = (ks.stride(0), ks.stride(1)) if scaled else (0, 0), (vs.stride(0), vs.stride(1)) if scaled else (0, 0)
+    out_arg, bits = store_view(out, runs_interpreted(_prefill_kernel))
+    _prefill_kernel[(b, hkv, triton.cdiv(t, block_t))](
+        q, k_cache, v_cache, ks, vs, slots, n_new, new_lens, out_arg, float(sm_scale) * 1.4426950408889634,
+        t, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), *kss, *vss,
+        out.stride(0), out.stride(1), out.stride(2),
+        GROUP=group, BLOCK_G=block_g, BLOCK_T=block_t, BLOCK_N=cfg.block_n, HEAD_D=d, SCALED=scaled,
+        DOT_DTYPE=ddt, INPUT_PREC="ieee" if ddt == tl.float32 else "tf32", BF16_BITS=bits,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+__all__ = ["H200_PREFILL", "PrefillConfig", "prefill_applies", "prefill_attention", "prefill_attention_ref"]
