@@ -407,8 +407,8 @@ def bench_attention(dev, results, cases):
 #: (rows, N) of a 1B learner micro-batch of 10,240 tokens: hidden-size norms, and Qwen3's q/k
 #: norms over 32 heads (rows = tokens × heads)
 LEARNER_NORMS = ((10240, 2048), (10240 * 32, 128))
-#: backward launches swept after the default: (elements per block, programs per SM, warps)
-NORM_BWD_LAUNCHES = ((2048, 4, 4), (4096, 4, 8), (8192, 2, 16), (8192, 1, 16), (16384, 1, 16))
+#: backward launches swept after the default: (elements per block, programs per SM, warps, stages)
+NORM_BWD_LAUNCHES = ((4096, 2, 8, 1), (2048, 4, 4, 2), (2048, 4, 4, 3), (8192, 1, 16, 2), (8192, 1, 16, 3))
 
 
 def bench_learner_norms(dev, results):

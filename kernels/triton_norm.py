@@ -73,30 +73,30 @@ if HAVE_TRITON:
 
     @triton.jit
     def _rms_norm_bwd_kernel(x_ptr, w_ptr, gy_ptr, dx_ptr, dwp_ptr, M, N, n_blocks, stride_x, stride_gy,
-                             stride_dx, eps,
-                             ROWS: tl.constexpr, BLOCK: tl.constexpr, BF16_BITS: tl.constexpr):
+                             stride_dx, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+                             BF16_BITS: tl.constexpr):
         """RMSNorm backward (`rms_norm_backward`). Program p takes the blocks of ROWS rows p, p + P,
-        p + 2P, ... (P programs): dx of each row, rounded once to the dtype, and Σ gy·h over its
+        p + 2P, ... (P programs; n_blocks = ⌈M / ROWS⌉; STAGES > 1 prefetches the next block's rows
+        while this one computes): dx of each row, rounded once to the dtype, and Σ gy·h over its
         rows in fp32 into dwp[p] (the caller sums the P partials: no atomics, same bits every run)."""
         pid = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         cmask = offs < N
         w = tl.load(w_ptr + offs, mask=cmask, other=0.0).to(tl.float32)
-        acc = tl.full([BLOCK], 0.0, tl.float32)
-        for blk in range(pid, n_blocks, tl.num_programs(0)):     # n_blocks = ⌈M / ROWS⌉
+        acc = tl.full([ROWS, BLOCK], 0.0, tl.float32)       # Σ gy·h per (row slot, column), reduced once at the end
+        for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
             rows = (blk * ROWS + tl.arange(0, ROWS)).to(tl.int64)     # blk·ROWS < M fits int32
             mask = (rows < M)[:, None] & cmask[None, :]
             x = tl.load(x_ptr + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0).to(tl.float32)
             gy = tl.load(gy_ptr + rows[:, None] * stride_gy + offs[None, :], mask=mask, other=0.0).to(tl.float32)
             r = tl.math.rsqrt(tl.reduce(x * x, 1, tl.standard._sum_combine) / N + eps)[:, None]
-            h = _round_to(x * r, dx_ptr.dtype.element_ty, BF16_BITS)
-            acc += tl.reduce(gy * h, 0, tl.standard._sum_combine)
+            acc += gy * _round_to(x * r, dx_ptr.dtype.element_ty, BF16_BITS)
             g = gy * w[None, :]
             mean_gx = tl.reduce(g * x, 1, tl.standard._sum_combine) / N
             dx = r * g - ((r * r * r) * x) * mean_gx[:, None]       # torch's order: (r³·x)·mean
             tl.store(dx_ptr + rows[:, None] * stride_dx + offs[None, :],
                      cast_for_store(dx, dx_ptr.dtype.element_ty, BF16_BITS), mask=mask)
-        tl.store(dwp_ptr + pid.to(tl.int64) * N + offs, acc, mask=cmask)
+        tl.store(dwp_ptr + pid.to(tl.int64) * N + offs, tl.reduce(acc, 0, tl.standard._sum_combine), mask=cmask)
 
     @triton.jit
     def _bf16_round(y):
@@ -398,10 +398,14 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 FWD_MAX_MULTI_ROW = 1024
 FWD_ELEMS = 2048
 #: the backward's launch: blocks of about BWD_ELEMS elements (ROWS·BLOCK) in BWD_WARPS warps, one
-#: program per row block up to BWD_PROGRAMS_PER_SM per multiprocessor (each then loops over blocks)
+#: program per row block up to BWD_PROGRAMS_PER_SM per multiprocessor (each then loops over blocks,
+#: loading the next while computing one with BWD_STAGES = 2). ptxas (sm_90) gives the default ~104
+#: registers a thread, so 2 programs of 8 warps fit a multiprocessor: the grid is one wave.
+#: Not yet tuned on the GPU (`bench_kernels --learner-norms` sweeps a few launches).
 BWD_ELEMS = 4096
 BWD_WARPS = 8
 BWD_PROGRAMS_PER_SM = 2
+BWD_STAGES = 2
 #: rows longer than this keep the torch backward (a row must fit one program's registers)
 BWD_MAX_N = 16384
 
@@ -446,7 +450,7 @@ def _multi_row_fits(x2: torch.Tensor, weight: torch.Tensor, block: int) -> bool:
 
 
 def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, gy: torch.Tensor,
-                      launch: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      launch: tuple[int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of y = w · dtype(x·rsqrt(mean(x²) + ε)) (`rms_norm`), each row in fp32: r = rsqrt(mean(x²) + ε),
     h = dtype(x·r), g = gy·w, dx = r·g − r³·x·mean(g·x) rounded once to x's dtype; dw = Σ_rows gy·h
     in fp32 (per-program partials summed by torch), rounded once to w's dtype.
@@ -454,8 +458,9 @@ def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, gy: tor
     Args:
         x: the forward's input [..., N] (bf16 / fp16, N ≤ `BWD_MAX_N`); weight: [N]; eps: the norm's ε;
         gy: the gradient of y, x's shape.
-        launch: (elements per block, programs per multiprocessor, warps) overriding `BWD_ELEMS`,
-            `BWD_PROGRAMS_PER_SM`, `BWD_WARPS` (tuning; dw's fp32 sum order follows the program count).
+        launch: (elements per block, programs per multiprocessor, warps, stages) overriding
+            `BWD_ELEMS`, `BWD_PROGRAMS_PER_SM`, `BWD_WARPS`, `BWD_STAGES` (tuning; dw's fp32 sum
+            order follows the block and program counts).
     Returns:
         (dx of x's shape and dtype, dw [N] of weight's dtype). The sums run in another order than
         torch's, so values can differ from the torch formula by fp32 rounding (tested)."""
@@ -464,7 +469,7 @@ def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, gy: tor
     m, n = x2.shape
     if n > BWD_MAX_N:
         raise ValueError(f"rms_norm_backward: rows of {n} elements are over BWD_MAX_N = {BWD_MAX_N}")
-    elems, per_sm, warps = launch or (BWD_ELEMS, BWD_PROGRAMS_PER_SM, BWD_WARPS)
+    elems, per_sm, warps, stages = launch or (BWD_ELEMS, BWD_PROGRAMS_PER_SM, BWD_WARPS, BWD_STAGES)
     block = triton.next_power_of_2(n)
     rows = triton.next_power_of_2(max(1, elems // block))
     blocks = triton.cdiv(m, rows)
@@ -475,7 +480,7 @@ def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, gy: tor
         dx_arg, bits = store_view(dx, runs_interpreted(_rms_norm_bwd_kernel))
         _rms_norm_bwd_kernel[(programs,)](
             x2, weight, gy2, dx_arg, partial, m, n, blocks, x2.stride(0), gy2.stride(0), dx.stride(0), float(eps),
-            ROWS=rows, BLOCK=block, BF16_BITS=bits, num_warps=warps,
+            ROWS=rows, BLOCK=block, STAGES=stages, BF16_BITS=bits, num_warps=warps,
             enable_fp_fusion=False)   # no FMA: each op rounds as the torch formula's
     return dx.reshape(x.shape), partial.sum(0).to(weight.dtype)
 
