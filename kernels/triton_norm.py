@@ -475,7 +475,8 @@ def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, gy: tor
     blocks = triton.cdiv(m, rows)
     programs = max(1, min(blocks, per_sm * num_sms(x.device)))
     dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    partial = torch.zeros((programs, n), dtype=torch.float32, device=x.device)
+    # every program writes its row of partials (zeros only when there is no row to launch for)
+    partial = (torch.empty if m else torch.zeros)((programs, n), dtype=torch.float32, device=x.device)
     if m:
         dx_arg, bits = store_view(dx, runs_interpreted(_rms_norm_bwd_kernel))
         _rms_norm_bwd_kernel[(programs,)](

@@ -129,6 +129,8 @@ def test_rms_norm_backward_reads_strided_gradients_and_refuses_long_rows(K):
     dx, dw = K.rms_norm_backward(x, w, 1e-6, gy)
     rx, rw = K.rms_norm_backward(x, w, 1e-6, gy.contiguous())
     assert torch.equal(dx, rx) and torch.equal(dw, rw)
+    dx, dw = K.rms_norm_backward(x[:0], w, 1e-6, gy[:0])                      # no rows: dw = 0
+    assert dx.shape == (0, 6, 64) and torch.equal(dw, torch.zeros_like(w))
     with pytest.raises(ValueError, match="BWD_MAX_N"):
         K.rms_norm_backward(torch.zeros(1, K.BWD_MAX_N + 1).bfloat16(), torch.ones(K.BWD_MAX_N + 1).bfloat16(),
                             1e-6, torch.zeros(1, K.BWD_MAX_N + 1).bfloat16())
