@@ -15,6 +15,7 @@ each replay); linears rotate over enough weight copies (>= 256 MB) that no weigh
 
     python -m agentq.eval.bench_kernels --tune --check --out $OUT      # tuning sweep, GPU tests, benchmark
     python -m agentq.eval.bench_kernels                                # benchmark with the built-in tables
+    python -m agentq.eval.bench_kernels --learner-norms                # the learner's RMSNorm only (~20 s)
 
 Needs the package installed (`pip install -e .`, as for every script in eval/).
 """
@@ -402,6 +403,45 @@ def bench_attention(dev, results, cases):
         torch.cuda.empty_cache()
 
 
+# ---------------------------------------------------------------------- the learner's RMSNorms
+#: (rows, N) of a 1B learner micro-batch of 10,240 tokens: hidden-size norms, and Qwen3's q/k
+#: norms over 32 heads (rows = tokens × heads)
+LEARNER_NORMS = ((10240, 2048), (10240 * 32, 128))
+#: backward launches swept after the default: (elements per block, programs per SM, warps, stages)
+NORM_BWD_LAUNCHES = ((4096, 2, 8, 1), (2048, 4, 4, 2), (2048, 4, 4, 3), (8192, 1, 16, 2), (8192, 1, 16, 3))
+
+
+def bench_learner_norms(dev, results):
+    """The learner's RMSNorm at 1B shapes, bf16: forward one row per program vs several (short
+    rows), backward Triton (default launch and a few others) vs the torch formula it replaces."""
+    import triton
+
+    from agentq.kernels import learner_ops, triton_norm
+    log("\n== learner RMSNorm (bf16; µs per call, effective GB/s of the bytes each must move) ==")
+    for m, n in LEARNER_NORMS:
+        g = torch.Generator(device=dev).manual_seed(n)
+        x = (torch.randn(m, n, generator=g, device=dev) * 3).bfloat16()
+        w = (1 + 0.1 * torch.randn(n, generator=g, device=dev)).bfloat16()
+        gy = torch.randn(m, n, generator=g, device=dev).bfloat16()
+        fwd_bytes, bwd_bytes = 2 * m * n * 2, 3 * m * n * 2       # x in, y out; x, gy in, dx out
+        cases = [("fwd one row/program", fwd_bytes, lambda: triton_norm.rms_norm(x, w, 1e-6, multi_row=False))]
+        if triton.next_power_of_2(n) <= triton_norm.FWD_MAX_MULTI_ROW:
+            cases.append(("fwd multi-row", fwd_bytes, lambda: triton_norm.rms_norm(x, w, 1e-6)))
+        cases += [("bwd torch formula", bwd_bytes, lambda: learner_ops.rms_norm_backward(x, w, 1e-6, gy)),
+                  ("bwd triton", bwd_bytes, lambda: triton_norm.rms_norm_backward(x, w, 1e-6, gy))]
+        for launch in NORM_BWD_LAUNCHES:
+            if triton.next_power_of_2(n) <= launch[0]:
+                cases.append((f"bwd triton {launch}", bwd_bytes,
+                              partial(triton_norm.rms_norm_backward, x, w, 1e-6, gy, launch)))
+        for name, nbytes, fn in cases:
+            us = graph_us([fn], rep_ms=40.0, warmup_ms=10.0)
+            log(f"{m:7d} x {n:5d}  {name:34s} {us:8.1f} µs  {nbytes / us / 1e3:7.0f} GB/s")
+            results.setdefault("learner_norms", []).append({"rows": m, "n": n, "case": name, "us": us,
+                                                            "gbps": nbytes / us / 1e3})
+        del x, gy
+        torch.cuda.empty_cache()
+
+
 def kv_bytes(results):
     from agentq.kernels.triton_attention import kv_bytes_per_token
     log("\n== KV cache bytes per token (K+V, all layers; int8 includes fp32 per-token-head scales) ==")
@@ -436,6 +476,8 @@ def main():
                     help="only call decode_attention 3 times at the first --attn-cases shape with a KIND cache "
                          "(default config, or --attn-planes) and exit: the program to put under ncu")
     ap.add_argument("--attn-planes", action="store_true", help="--attn-calls: the byte-plane kernel")
+    ap.add_argument("--learner-norms", action="store_true",
+                    help="only time the learner's RMSNorm forward / backward at 1B shapes (~20 s) and exit")
     args = ap.parse_args()
     dev = torch.device("cuda")
     if args.attn_calls:
@@ -449,6 +491,10 @@ def main():
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1, default=str))
+
+    if args.learner_norms:
+        bench_learner_norms(dev, results)
+        return save()
 
     shapes = [LinearShape(name, k, n, dev) for name, (k, n) in LLAMA8B.items()]
     if args.tune and "gemm" in args.tune and args.models != "llama3-8b":

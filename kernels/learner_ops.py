@@ -9,8 +9,12 @@ largest non-GEMM cost of the learner's forwards on the GPU (`docs/kernels.md`). 
   where torch rounds; the mean's tree sum may differ from torch's in the last fp32 bit, so an
   output can differ by one bf16 step at most, as in the engine, which runs the same kernel);
   with `quant` the same launch also returns the per-token codes (`triton_norm.rms_norm_and_codes`).
-  Backward from the saved input in fp32: dx = r·g − r³·x·mean(g·x) with g = dy·w, r = rsqrt(mean(x²) + ε);
-  dw = Σ_rows dy·h, h = (x·r) rounded to the dtype.
+  Backward from the saved input, each row in fp32: dx = r·g − r³·x·mean(g·x) with g = dy·w,
+  r = rsqrt(mean(x²) + ε), rounded once to x's dtype; dw = Σ_rows dy·h in fp32, h = (x·r) rounded to
+  the dtype, rounded once to w's dtype. One Triton launch (`triton_norm.rms_norm_backward`: dx, and
+  per-program fp32 partials of dw that one torch sum adds up, deterministic) instead of ~20 torch
+  kernels over [tokens, N] fp32 temporaries; `rms_norm_backward` here is the same formula in torch
+  (the reference, and the path for rows over `triton_norm.BWD_MAX_N`).
 * `silu_mul(gate, up, quant)`: forward = `triton_norm.silu_mul` (or `silu_mul_and_codes`); backward
   recomputes silu(gate) and runs the ops torch's autograd runs for `F.silu(gate) * up`.
 * `rope(q, k, cos, sin)`: HF's `apply_rotary_pos_emb` (the engine's RoPE kernel without the norm),
@@ -62,14 +66,19 @@ class _RMSNormFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy, _g_codes, _g_scales):
+        from . import triton_norm
         x, weight = ctx.saved_tensors
-        gx, gw = rms_norm_backward(x, weight, ctx.eps, gy)
+        if fused_applies(x, weight) and x.shape[-1] <= triton_norm.BWD_MAX_N:
+            gx, gw = triton_norm.rms_norm_backward(x, weight, ctx.eps, gy)
+        else:
+            gx, gw = rms_norm_backward(x, weight, ctx.eps, gy)
         return (gx if ctx.needs_input_grad[0] else None), (gw if ctx.needs_input_grad[1] else None), None, None
 
 
 def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, gy: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dw) of y = w · dtype(x·rsqrt(mean(x²) + ε)), in fp32, rounded once to x's / w's dtype."""
+    """(dx, dw) of y = w · dtype(x·rsqrt(mean(x²) + ε)), in fp32, rounded once to x's / w's dtype: the
+    torch formula `triton_norm.rms_norm_backward` computes in one launch (see the module docstring)."""
     xf = x.float()
     r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     h = (xf * r).to(x.dtype).float()

@@ -8,6 +8,10 @@ these kernels do each norm, and the SiLU·mul of the MLP, in one launch.
   with the weight product rounded like torch's (bf16 × bf16 is exact in fp32, then one rounding).
   The mean is a tree sum in another order than torch's reduction, so it can differ from torch in the
   last fp32 bit; outputs agree to one bf16 rounding step at the very most (tested).
+  Short aligned rows (N ≤ 1,024) go several to a program with each row in the one-row kernel's
+  threads and warps, so with the same bits (`_rms_norm_rows_kernel`).
+* `rms_norm_backward(x, w, eps, gy)`: the learner's RMSNorm backward (`learner_ops`), each row in
+  fp32 registers, dw from per-program fp32 partials (deterministic).
 * `silu_mul(gate, up)`: ``silu(gate) * up`` as torch computes it in that dtype: silu in fp32
   rounded to the dtype, then the product rounded to the dtype (Triton's exp may differ from
   torch's in the last fp32 bit, so a result can differ by one rounding step of the dtype).
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ._interp import HAVE_TRITON, interpreting, require_triton, runs_interpreted
+from ._interp import HAVE_TRITON, interpreting, num_sms, require_triton, runs_interpreted
 from .triton_quant import PDL_MAX_ROWS, _check_mode, quantize_rows, use_pdl
 
 INTERPRETED = interpreting()
@@ -46,6 +50,53 @@ if HAVE_TRITON:
             h = h.to(o_ptr.dtype.element_ty).to(tl.float32)
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(o_ptr + row * stride_o + offs, cast_for_store(w * h, o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+
+    @triton.jit
+    def _rms_norm_rows_kernel(x_ptr, w_ptr, o_ptr, M, N, stride_x, stride_o, eps,
+                              ROWS: tl.constexpr, BLOCK: tl.constexpr, BF16_BITS: tl.constexpr):
+        """`_rms_norm_kernel` for ROWS rows per program as a [ROWS, BLOCK] block. Launched with ROWS
+        times the one-row kernel's warps on 16-byte-aligned rows (`_multi_row_fits`), each row gets
+        the one-row layout (the same elements per thread, lanes and warps; checked by
+        tests/kernels/test_compile_sm90.py), so its sum of squares adds up in the same order: the
+        same bits as `_rms_norm_kernel` and `_add_rms_norm_kernel`."""
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        offs = tl.arange(0, BLOCK)
+        cmask = offs < N
+        mask = (rows < M)[:, None] & cmask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+        var = tl.reduce(x * x, 1, tl.standard._sum_combine) / N    # (tl.sum breaks the reloaded interpreter)
+        # h.to(dt) then weight * h in dt: both roundings as torch does them
+        h = _round_to(x * tl.math.rsqrt(var + eps)[:, None], o_ptr.dtype.element_ty, BF16_BITS)
+        w = tl.load(w_ptr + offs, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(o_ptr + rows[:, None] * stride_o + offs[None, :],
+                 cast_for_store(w[None, :] * h, o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+
+    @triton.jit
+    def _rms_norm_bwd_kernel(x_ptr, w_ptr, gy_ptr, dx_ptr, dwp_ptr, M, N, n_blocks, stride_x, stride_gy,
+                             stride_dx, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+                             BF16_BITS: tl.constexpr):
+        """RMSNorm backward (`rms_norm_backward`). Program p takes the blocks of ROWS rows p, p + P,
+        p + 2P, ... (P programs; n_blocks = ⌈M / ROWS⌉; STAGES > 1 prefetches the next block's rows
+        while this one computes): dx of each row, rounded once to the dtype, and Σ gy·h over its
+        rows in fp32 into dwp[p] (the caller sums the P partials: no atomics, same bits every run)."""
+        pid = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        cmask = offs < N
+        w = tl.load(w_ptr + offs, mask=cmask, other=0.0).to(tl.float32)
+        acc = tl.full([ROWS, BLOCK], 0.0, tl.float32)       # Σ gy·h per (row slot, column), reduced once at the end
+        for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
+            rows = (blk * ROWS + tl.arange(0, ROWS)).to(tl.int64)     # blk·ROWS < M fits int32
+            mask = (rows < M)[:, None] & cmask[None, :]
+            x = tl.load(x_ptr + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+            gy = tl.load(gy_ptr + rows[:, None] * stride_gy + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+            r = tl.math.rsqrt(tl.reduce(x * x, 1, tl.standard._sum_combine) / N + eps)[:, None]
+            acc += gy * _round_to(x * r, dx_ptr.dtype.element_ty, BF16_BITS)
+            g = gy * w[None, :]
+            mean_gx = tl.reduce(g * x, 1, tl.standard._sum_combine) / N
+            dx = r * g - ((r * r * r) * x) * mean_gx[:, None]       # torch's order: (r³·x)·mean
+            tl.store(dx_ptr + rows[:, None] * stride_dx + offs[None, :],
+                     cast_for_store(dx, dx_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+        tl.store(dwp_ptr + pid.to(tl.int64) * N + offs, tl.reduce(acc, 0, tl.standard._sum_combine), mask=cmask)
 
     @triton.jit
     def _bf16_round(y):
@@ -368,18 +419,96 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim of x (bf16 / fp16), one program per row."""
+#: rows of up to this block (power of two ≥ N) are normalized ROWS = FWD_ELEMS // block per program
+FWD_MAX_MULTI_ROW = 1024
+FWD_ELEMS = 2048
+#: the backward's launch: blocks of about BWD_ELEMS elements (ROWS·BLOCK) in BWD_WARPS warps, one
+#: program per row block up to BWD_PROGRAMS_PER_SM per multiprocessor (each then loops over blocks,
+#: loading the next while computing one with BWD_STAGES = 2). ptxas (sm_90) gives the default ~104
+#: registers a thread, so 2 programs of 8 warps fit a multiprocessor: the grid is one wave.
+#: Not yet tuned on the GPU (`bench_kernels --learner-norms` sweeps a few launches).
+BWD_ELEMS = 4096
+BWD_WARPS = 8
+BWD_PROGRAMS_PER_SM = 2
+BWD_STAGES = 2
+#: rows longer than this keep the torch backward (a row must fit one program's registers)
+BWD_MAX_N = 16384
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, multi_row: bool = True) -> torch.Tensor:
+    """RMSNorm over the last dim of x (bf16 / fp16).
+
+    Args:
+        x: [..., N]; weight: [N]; eps: the norm's ε.
+        multi_row: short rows (N ≤ `FWD_MAX_MULTI_ROW`, e.g. Qwen3's q/k norms, N = 128) go
+            `FWD_ELEMS` // N rows to a program instead of one (fewer, fuller programs; the same
+            bits, see `_rms_norm_rows_kernel`); False: one row per program always (benchmarks).
+    Returns:
+        the normed rows, x's shape and dtype."""
     require_triton("triton_norm.rms_norm")
     x2 = _rows(x)
     m, n = x2.shape
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m:
-        o_arg, bits = store_view(out, runs_interpreted(_rms_norm_kernel))
-        block = triton.next_power_of_2(n)
+    if not m:
+        return out.reshape(x.shape)
+    interp = runs_interpreted(_rms_norm_kernel)
+    o_arg, bits = store_view(out, interp)
+    block = triton.next_power_of_2(n)
+    rows = min(16, FWD_ELEMS // block) if multi_row and _multi_row_fits(x2, weight, block) else 1
+    if rows > 1:      # each row keeps the one-row kernel's warps (and with them its summation order)
+        _rms_norm_rows_kernel[(triton.cdiv(m, rows),)](
+            x2, weight, o_arg, m, n, x2.stride(0), out.stride(0), float(eps), ROWS=rows, BLOCK=block,
+            BF16_BITS=bits, num_warps=rows * _norm_warps(block), enable_fp_fusion=False)
+    else:
         _rms_norm_kernel[(m,)](x2, weight, o_arg, n, x2.stride(0), out.stride(0), float(eps), BLOCK=block,
                                BF16_BITS=bits, num_warps=_norm_warps(block), enable_fp_fusion=False)
     return out.reshape(x.shape)
+
+
+def _multi_row_fits(x2: torch.Tensor, weight: torch.Tensor, block: int) -> bool:
+    """Whether `_rms_norm_rows_kernel` gives each row the one-row kernel's layout: short rows, and
+    16-byte-aligned pointers and 16-divisible sizes, which Triton specializes on (vector loads; the
+    layouts were compared for these, tests/kernels/test_compile_sm90.py)."""
+    n = x2.shape[1]
+    return (block <= FWD_MAX_MULTI_ROW and n % 16 == 0 and x2.stride(0) % 16 == 0
+            and x2.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0)
+
+
+def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, gy: torch.Tensor,
+                      launch: tuple[int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of y = w · dtype(x·rsqrt(mean(x²) + ε)) (`rms_norm`), each row in fp32: r = rsqrt(mean(x²) + ε),
+    h = dtype(x·r), g = gy·w, dx = r·g − r³·x·mean(g·x) rounded once to x's dtype; dw = Σ_rows gy·h
+    in fp32 (per-program partials summed by torch), rounded once to w's dtype.
+
+    Args:
+        x: the forward's input [..., N] (bf16 / fp16, N ≤ `BWD_MAX_N`); weight: [N]; eps: the norm's ε;
+        gy: the gradient of y, x's shape.
+        launch: (elements per block, programs per multiprocessor, warps, stages) overriding
+            `BWD_ELEMS`, `BWD_PROGRAMS_PER_SM`, `BWD_WARPS`, `BWD_STAGES` (tuning; dw's fp32 sum
+            order follows the block and program counts).
+    Returns:
+        (dx of x's shape and dtype, dw [N] of weight's dtype). The sums run in another order than
+        torch's, so values can differ from the torch formula by fp32 rounding (tested)."""
+    require_triton("triton_norm.rms_norm_backward")
+    x2, gy2 = _rows(x), _rows(gy)
+    m, n = x2.shape
+    if n > BWD_MAX_N:
+        raise ValueError(f"rms_norm_backward: rows of {n} elements are over BWD_MAX_N = {BWD_MAX_N}")
+    elems, per_sm, warps, stages = launch or (BWD_ELEMS, BWD_PROGRAMS_PER_SM, BWD_WARPS, BWD_STAGES)
+    block = triton.next_power_of_2(n)
+    rows = triton.next_power_of_2(max(1, elems // block))
+    blocks = triton.cdiv(m, rows)
+    programs = max(1, min(blocks, per_sm * num_sms(x.device)))
+    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    # every program writes its row of partials (zeros only when there is no row to launch for)
+    partial = (torch.empty if m else torch.zeros)((programs, n), dtype=torch.float32, device=x.device)
+    if m:
+        dx_arg, bits = store_view(dx, runs_interpreted(_rms_norm_bwd_kernel))
+        _rms_norm_bwd_kernel[(programs,)](
+            x2, weight, gy2, dx_arg, partial, m, n, blocks, x2.stride(0), gy2.stride(0), dx.stride(0), float(eps),
+            ROWS=rows, BLOCK=block, STAGES=stages, BF16_BITS=bits, num_warps=warps,
+            enable_fp_fusion=False)   # no FMA: each op rounds as the torch formula's
+    return dx.reshape(x.shape), partial.sum(0).to(weight.dtype)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -521,5 +650,5 @@ def _launch_silu_mul_quant(gate, up, floor, rounding, keep_product: bool):
     return y_out, (codes.reshape(gate.shape), scales.reshape(gate.shape[:-1]))
 
 
-__all__ = ["add_rms_norm", "qk_norm_rope", "qk_norm_rope_to_cache", "rms_norm", "rms_norm_and_codes", "rope", "silu_mul",
-           "silu_mul_and_codes", "silu_mul_quant"]
+__all__ = ["add_rms_norm", "qk_norm_rope", "qk_norm_rope_to_cache", "rms_norm", "rms_norm_and_codes",
+           "rms_norm_backward", "rope", "silu_mul", "silu_mul_and_codes", "silu_mul_quant"]

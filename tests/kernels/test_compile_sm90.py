@@ -8,6 +8,8 @@ than the GPU machine's; the compiled tests in `test_triton_cuda.py` & co. stay t
 
 Arguments not named in a case are 32-bit integers (sizes, strides); pointers and floats are named.
 """
+import re
+
 import pytest
 
 from agentq.kernels import _interp
@@ -16,6 +18,9 @@ pytestmark = pytest.mark.skipif(not _interp.HAVE_TRITON, reason="triton is not i
 MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_attention",
            "agentq.kernels.triton_norm", "agentq.kernels.triton_sample", "agentq.kernels.triton_logprob",
            "agentq.kernels.triton_prefill")
+BWD_PTRS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "gy_ptr": "*bf16", "dx_ptr": "*bf16", "dwp_ptr": "*fp32"}
+NORM_PTRS = {"x_ptr": "*bf16", "d_ptr": "*bf16", "w_ptr": "*bf16", "s_ptr": "*bf16", "o_ptr": "*bf16",
+             "q_ptr": "*i8", "qs_ptr": "*fp32"}
 
 
 def _cases():
@@ -25,8 +30,6 @@ def _cases():
                  "slot_ptr": "*i32", "lens_ptr": "*i32", "o_ptr": "*bf16", "po_ptr": "*fp32", "plse_ptr": "*fp32"}
     attn = {"GROUP": 4, "BLOCK_G": 16, "HEAD_D": 128, "BLOCK_N": 128, "DOT_DTYPE": "fp16", "INPUT_PREC": "tf32",
             "ASM_I8": True, "BF16_BITS": False}
-    norm_ptrs = {"x_ptr": "*bf16", "d_ptr": "*bf16", "w_ptr": "*bf16", "s_ptr": "*bf16", "o_ptr": "*bf16",
-                 "q_ptr": "*i8", "qs_ptr": "*fp32"}
     return [
         ("triton_quant", "_quant_rows_kernel", q8, {"floor"},
          {"HALF_AWAY": False, "BLOCK_K": 4096, "SINGLE_PASS": True, "PDL": True}, 16, 3),
@@ -53,9 +56,16 @@ def _cases():
          {"HEAD_D": 128, "BLOCK_D": 128, "BLOCK_S": 4, "BF16_BITS": False}, 4, 3),
         ("triton_norm", "_rms_norm_kernel", {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16"}, {"eps"},
          {"BLOCK": 4096, "BF16_BITS": False}, 16, 3),
+        ("triton_norm", "_rms_norm_rows_kernel", {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16"}, {"eps"},
+         {"ROWS": 16, "BLOCK": 128, "BF16_BITS": False}, 16, 3),
+        ("triton_norm", "_rms_norm_bwd_kernel", BWD_PTRS, {"eps"},
+         {"ROWS": 2, "BLOCK": 2048, "STAGES": 2, "BF16_BITS": False}, 8, 3),
+        ("triton_norm", "_rms_norm_bwd_kernel", {**BWD_PTRS, "x_ptr": "*fp16", "w_ptr": "*fp16", "gy_ptr": "*fp16",
+                                                 "dx_ptr": "*fp16"}, {"eps"},
+         {"ROWS": 32, "BLOCK": 128, "STAGES": 1, "BF16_BITS": False}, 8, 3),
         ("triton_norm", "_silu_mul_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "o_ptr": "*bf16"}, set(),
          {"BLOCK": 1024, "BF16_BITS": False}, 4, 3),
-        ("triton_norm", "_add_rms_norm_kernel", norm_ptrs, {"eps", "floor"},
+        ("triton_norm", "_add_rms_norm_kernel", NORM_PTRS, {"eps", "floor"},
          {"HAS_DELTA": True, "QUANT": True, "STORE_NORMED": True, "HALF_AWAY": False, "BLOCK": 4096,
           "BF16_BITS": False, "PDL": False}, 16, 3),
         ("triton_norm", "_silu_mul_quant_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "q_ptr": "*i8",
@@ -97,24 +107,67 @@ def _cases():
     ]
 
 
-@pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c[1]}-{len(c[4])}")
-def test_kernel_compiles_for_sm90(case):
+def _compile(module, name, ptrs, floats, consts, warps, stages, aligned=()):
+    """`triton.compile` for sm_90; the integer / pointer args named in `aligned` specialized as
+    divisible by 16 (as the JIT specializes them when they are)."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    module, name, ptrs, floats, consts, warps, stages = case
     mods = dict(zip((m.rsplit(".", 1)[1] for m in MODULES), _interp.load_compiled(MODULES)))
     kernel = getattr(mods[module], name)
     assert not _interp.runs_interpreted(kernel)
     names = kernel.arg_names
-    unknown = set(ptrs) | floats | set(consts)
+    unknown = set(ptrs) | floats | set(consts) | set(aligned)
     assert unknown <= set(names), unknown - set(names)
     signature = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in floats else "i32") for n in names}
     dtypes = {"fp16": tl.float16, "bf16": tl.bfloat16}
     values = {k: dtypes.get(v, v) if isinstance(v, str) else v for k, v in consts.items()}
-    src = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(k),): v for k, v in values.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    src = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(k),): v for k, v in values.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c[1]}-{len(c[4])}")
+def test_kernel_compiles_for_sm90(case):
+    compiled = _compile(*case)
     assert compiled.asm["cubin"][:4] == b"\x7fELF"
     assert compiled.metadata.shared <= 227 * 1024            # fits an H200 multiprocessor
+
+
+def _row_layout(compiled) -> dict[str, list[int]]:
+    """The blocked layout of the first reduction's operand (a norm's sum of squares) in the
+    compiled kernel's TTGIR, keyed by field (sizePerThread, threadsPerWarp, warpsPerCTA, order)."""
+    ttgir = compiled.asm["ttgir"]
+    operand = re.search(r"\}\) : \(tensor<[0-9x]+xf32, (#\w+)>\)", ttgir)
+    assert operand, "no reduction found"
+    layout = re.search(rf"^{operand.group(1)} = #ttg\.blocked<\{{(.*)\}}>", ttgir, re.M)
+    assert layout, f"{operand.group(1)} is not a blocked layout"
+    return {k: [int(v) for v in vals.split(",")] for k, vals in re.findall(r"(\w+) = \[([\d, ]+)\]", layout.group(1))}
+
+
+@pytest.mark.parametrize("block", [32, 64, 128, 256, 512, 1024])
+def test_multi_row_norm_gives_each_row_the_one_row_layout(block):
+    """`rms_norm`'s multi-row launch (aligned rows) puts each row's elements in the threads, lanes
+    and warps the one-row kernels use, so its sum of squares adds up in the same order and the
+    outputs are the same bits (what `_rms_norm_rows_kernel` promises; the CUDA test checks values)."""
+    from agentq.kernels import triton_norm
+    ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16"}
+    aligned = ("x_ptr", "w_ptr", "o_ptr", "N", "stride_x", "stride_o")
+    rows = min(16, triton_norm.FWD_ELEMS // block)
+    warps = triton_norm._norm_warps(block)
+    assert rows > 1 and block <= triton_norm.FWD_MAX_MULTI_ROW
+    multi = _row_layout(_compile("triton_norm", "_rms_norm_rows_kernel", ptrs, {"eps"},
+                                 {"ROWS": rows, "BLOCK": block, "BF16_BITS": False}, rows * warps, 3, aligned))
+    one = _row_layout(_compile("triton_norm", "_rms_norm_kernel", ptrs, {"eps"},
+                               {"BLOCK": block, "BF16_BITS": False}, warps, 3, aligned))
+    fused = _row_layout(_compile("triton_norm", "_add_rms_norm_kernel", NORM_PTRS, {"eps", "floor"},
+                                 {"HAS_DELTA": False, "QUANT": True, "STORE_NORMED": True, "HALF_AWAY": False,
+                                  "BLOCK": block, "BF16_BITS": False, "PDL": False}, warps, 3,
+                                 aligned + ("s_ptr", "q_ptr", "stride_s", "stride_q")))
+    assert one == fused
+    # rows on dim 0, one row's elements along dim 1 exactly as the 1-D kernels hold them
+    assert multi["sizePerThread"] == [1] + one["sizePerThread"]
+    assert multi["threadsPerWarp"] == [1] + one["threadsPerWarp"]
+    assert multi["warpsPerCTA"] == [rows] + one["warpsPerCTA"]

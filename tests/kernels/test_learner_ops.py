@@ -28,9 +28,16 @@ def _hf_rms_norm(x, w, eps):
     return w * h.to(x.dtype)
 
 
+@pytest.mark.parametrize("backward", ["triton", "torch"])
 @pytest.mark.parametrize("quant", [None, (1e-8, "half_even")])
-def test_rms_norm_forward_and_backward(K, quant):
+def test_rms_norm_forward_and_backward(K, monkeypatch, quant, backward):
+    """backward="triton": the path CUDA bf16 takes (`triton_norm.rms_norm_backward`, interpreted
+    here); "torch": the torch formula (CPU, AGENTQ_FUSED=0 between forward and backward)."""
     norm, ops = K
+    calls = []
+    real_bwd = norm.rms_norm_backward
+    monkeypatch.setattr(norm, "rms_norm_backward", lambda *a: calls.append(1) or real_bwd(*a))
+    monkeypatch.setattr(ops, "fused_applies", lambda x, weight=None: backward == "triton")
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(2, 6, 96, generator=g) * 3).bfloat16().requires_grad_()
     w = (1 + 0.2 * torch.randn(96, generator=g)).bfloat16().requires_grad_()
@@ -43,6 +50,7 @@ def test_rms_norm_forward_and_backward(K, quant):
         ref_c, ref_s = norm.quantize_rows(y.detach(), *quant)
         assert torch.equal(codes[0], ref_c) and torch.equal(codes[1], ref_s) and not codes[0].requires_grad
     y.backward(gy)
+    assert len(calls) == (backward == "triton")
     # independent reference: fp64 autograd of the same formula (no intermediate roundings)
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     h64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)

@@ -50,6 +50,92 @@ def test_rms_norm_matches_torch_to_one_rounding_step(K, dtype, n):
     assert (out != ref).float().mean() < 0.02        # almost every element is bit-identical
 
 
+@pytest.mark.parametrize("n", [128, 320, 96])
+def test_multi_row_rms_norm_is_the_one_row_kernel_bit_for_bit(K, n):
+    """Short rows go several to a program (`_rms_norm_rows_kernel`): the same bits as one row per
+    program and as the fused pre-norm, rows not a multiple of the program's rows included."""
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(3, 13, n, generator=g) * 3).bfloat16()           # 39 rows: 16 + 16 + 7
+    w = (1 + 0.1 * torch.randn(n, generator=g)).bfloat16()
+    assert K._multi_row_fits(x.reshape(-1, n), w, K.triton.next_power_of_2(n))
+    multi = K.rms_norm(x, w, 1e-6)
+    assert torch.equal(multi, K.rms_norm(x, w, 1e-6, multi_row=False))
+    assert torch.equal(multi, K.rms_norm_and_codes(x, w, 1e-6, 1e-8, "half_even")[0])
+    assert _ulps(multi, _torch_rms_norm(x, w, 1e-6)) <= 1
+
+
+def _unit_roundoff(dtype) -> float:
+    return 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+
+
+def _assert_within_one_rounding(got, ref, u):
+    """Within one step of the dtype (≤ 2u relative) plus fp32 noise (1e-5 of the largest value),
+    and almost everywhere the same bits."""
+    got, ref32 = got.float(), ref.float()
+    torch.testing.assert_close(got, ref32, rtol=2 * u, atol=1e-5 * float(ref32.abs().max()))
+    assert (got != ref32).float().mean() < 0.01
+
+
+def _hf_norm_grads(x, w, gy, eps, dtype):
+    """(dx, dw) from torch autograd through HF's Qwen3RMSNorm module in `dtype`."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+    norm = Qwen3RMSNorm(x.shape[-1], eps=eps).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(w.to(dtype))
+    xr = x.to(dtype).requires_grad_()
+    norm(xr).backward(gy.to(dtype))
+    return xr.grad, norm.weight.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,rows", [(128, 77), (96, 45), (1000, 11), (2048, 5)])
+@pytest.mark.parametrize("sms", [None, 1])
+def test_rms_norm_backward_matches_torch_formula_and_hf_autograd(K, monkeypatch, dtype, n, rows, sms):
+    """`rms_norm_backward` (Triton) against (a) the learner's torch formula, (b) torch autograd of
+    HF's Qwen3RMSNorm in fp32 and (c) in the dtype. Row counts are no multiple of a program's rows;
+    sms=1: `BWD_PROGRAMS_PER_SM` programs in all, each looping over several row blocks."""
+    from agentq.kernels.learner_ops import rms_norm_backward as torch_formula
+    if sms:
+        monkeypatch.setattr(K, "num_sms", lambda device=None: sms)
+    g = torch.Generator().manual_seed(n + rows)
+    x = (torch.randn(rows, n, generator=g) * 3).to(dtype)
+    w = (1 + 0.2 * torch.randn(n, generator=g)).to(dtype)
+    gy = torch.randn(rows, n, generator=g).to(dtype)
+    dx, dw = K.rms_norm_backward(x, w, 1e-6, gy)
+    assert dx.dtype == dtype and dw.dtype == dtype and dx.shape == x.shape and dw.shape == (n,)
+    u = _unit_roundoff(dtype)
+    # (a) the same formula, sums in another order: within one rounding of the dtype of each value
+    # (+ fp32 noise where dx cancels), almost all bit-identical
+    rx, rw = torch_formula(x, w, 1e-6, gy)
+    _assert_within_one_rounding(dx, rx, u)
+    _assert_within_one_rounding(dw, rw, u)
+    # (b) fp32 autograd of HF's module: dx is the exact gradient rounded once (≤ u relative); dw
+    # differs by h's rounding to the dtype in the forward: |Δdw| ≤ u·Σ|gy·h| + u·|dw|
+    hx, hw = _hf_norm_grads(x, w, gy, 1e-6, torch.float32)
+    assert ((dx.float() - hx).abs() <= u * hx.abs() * 1.001 + 1e-5 * float(hx.abs().max())).all()
+    h = _torch_rms_norm(x, torch.ones_like(w), 1e-6).float()
+    bound = u * (gy.float() * h).abs().sum(0) + u * hw.abs() * 1.001
+    assert ((dw.float() - hw).abs() <= bound).all()
+    # (c) HF's autograd in the dtype, the path this replaces (more roundings: relative norms 3e-3 here)
+    for got, ref in zip((dx, dw), _hf_norm_grads(x, w, gy, 1e-6, dtype)):
+        assert float((got.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+
+
+def test_rms_norm_backward_reads_strided_gradients_and_refuses_long_rows(K):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 6, 64, generator=g).bfloat16()
+    w = (1 + 0.1 * torch.randn(64, generator=g)).bfloat16()
+    gy = torch.randn(6, 4, 64, generator=g).bfloat16().transpose(0, 1)       # no row-contiguous layout
+    dx, dw = K.rms_norm_backward(x, w, 1e-6, gy)
+    rx, rw = K.rms_norm_backward(x, w, 1e-6, gy.contiguous())
+    assert torch.equal(dx, rx) and torch.equal(dw, rw)
+    dx, dw = K.rms_norm_backward(x[:0], w, 1e-6, gy[:0])                      # no rows: dw = 0
+    assert dx.shape == (0, 6, 64) and torch.equal(dw, torch.zeros_like(w))
+    with pytest.raises(ValueError, match="BWD_MAX_N"):
+        K.rms_norm_backward(torch.zeros(1, K.BWD_MAX_N + 1).bfloat16(), torch.ones(K.BWD_MAX_N + 1).bfloat16(),
+                            1e-6, torch.zeros(1, K.BWD_MAX_N + 1).bfloat16())
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_silu_mul_matches_torch_to_one_rounding_step(K, dtype):
     silu_mul = K.silu_mul
@@ -146,6 +232,31 @@ def test_compiled_kernels_on_cuda_match_torch():
     rq, rk = _torch_qk_norm_rope(q, k, None, None, cos, sin, 0.0)
     oq, ok = triton_norm.rope(q, k, cos, sin)
     assert torch.equal(oq, rq) and torch.equal(ok, rk)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rows,n", [(8192, 2048), (8192 * 16, 128)])
+def test_compiled_learner_norm_at_1b_shapes(rows, n):
+    """The learner's norms at 1B shapes (hidden 2048; Qwen3's q/k norms over 16 heads): the
+    multi-row forward is the one-row kernel and the fused pre-norm bit for bit; the backward is the
+    torch formula within one bf16 rounding, and the same bits on a second run (no atomics)."""
+    from agentq.kernels import triton_norm
+    from agentq.kernels.learner_ops import rms_norm_backward as torch_formula
+
+    _interp.restore_compiled(MODULES)
+    g = torch.Generator(device="cuda").manual_seed(n)
+    x = (torch.randn(rows, n, generator=g, device="cuda") * 3).bfloat16()
+    w = (1 + 0.2 * torch.randn(n, generator=g, device="cuda")).bfloat16()
+    gy = torch.randn(rows, n, generator=g, device="cuda").bfloat16()
+    y = triton_norm.rms_norm(x, w, 1e-6)
+    assert torch.equal(y, triton_norm.rms_norm(x, w, 1e-6, multi_row=False))
+    assert torch.equal(y, triton_norm.rms_norm_and_codes(x, w, 1e-6, 1e-8, "half_even")[0])
+    dx, dw = triton_norm.rms_norm_backward(x, w, 1e-6, gy)
+    rx, rw = torch_formula(x, w, 1e-6, gy)
+    _assert_within_one_rounding(dx, rx, 2.0 ** -8)
+    _assert_within_one_rounding(dw, rw, 2.0 ** -8)
+    dx2, dw2 = triton_norm.rms_norm_backward(x, w, 1e-6, gy)
+    assert torch.equal(dx, dx2) and torch.equal(dw, dw2)
 
 
 # ---------------------------------------------------------------- fused pre-norm / quant / KV-write kernels
