@@ -33,13 +33,15 @@ INTERPRETED = interpreting()
 
 @dataclass(frozen=True)
 class PrefillConfig:
-    block_t: int = 16          # query tokens per program (× the GQA group = MMA rows)
-    block_n: int = 64          # cache positions per tile
+    block_t: int = 32          # query tokens per program (× the GQA group = MMA rows)
+    block_n: int = 32          # cache positions per tile
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3
 
 
-#: H200 default (round 5); `None` fields of a caller's config are not supported: pass a whole one
+#: H200 default: the best of 8 launch shapes at Qwen3-8B heads, B 64, the last 512-token chunk of a
+#: 2048-token prompt (round 5, docs/bench/h200-r5/prefill-tune.log): int8 cache 4.72 ms (16/64/w4/st2:
+#: 6.14 ms; read-back + masked SDPA 6.98 ms), bf16 cache 2.55 ms (4.06; 6.01)
 H200_PREFILL = PrefillConfig()
 
 
@@ -73,7 +75,7 @@ if HAVE_TRITON:
 
     from .triton_quant import cast_for_store, store_view
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["T"])     # each delta-prefill length would otherwise compile anew
     def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, nnew_ptr, lens_ptr, o_ptr, qk_scale,
                         T, stride_qb, stride_qh, stride_qt, stride_ks, stride_kh, stride_kl,
                         stride_vs, stride_vh, stride_vl, stride_kss, stride_ksh, stride_vss, stride_vsh,
