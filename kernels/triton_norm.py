@@ -424,13 +424,14 @@ FWD_MAX_MULTI_ROW = 1024
 FWD_ELEMS = 2048
 #: the backward's launch: blocks of about BWD_ELEMS elements (ROWS·BLOCK) in BWD_WARPS warps, one
 #: program per row block up to BWD_PROGRAMS_PER_SM per multiprocessor (each then loops over blocks,
-#: loading the next while computing one with BWD_STAGES = 2). ptxas (sm_90) gives the default ~104
-#: registers a thread, so 2 programs of 8 warps fit a multiprocessor: the grid is one wave.
-#: Not yet tuned on the GPU (`bench_kernels --learner-norms` sweeps a few launches).
-BWD_ELEMS = 4096
-BWD_WARPS = 8
-BWD_PROGRAMS_PER_SM = 2
-BWD_STAGES = 2
+#: loading the next ones while computing one, BWD_STAGES deep): the grid is one wave. The best of
+#: the six launches `bench_kernels --learner-norms` swept on the H200 (round 5, bf16): 49.9 µs at
+#: 10240 × 2048 (2.5 TB/s) and 77.7 µs at 327680 × 128 (3.2 TB/s; the torch formula 1,909 µs);
+#: the first default (4096 elements, 2 per SM, 8 warps, 2 stages) took 98.4 µs at 327680 × 128.
+BWD_ELEMS = 8192
+BWD_WARPS = 16
+BWD_PROGRAMS_PER_SM = 1
+BWD_STAGES = 3
 #: rows longer than this keep the torch backward (a row must fit one program's registers)
 BWD_MAX_N = 16384
 
