@@ -442,6 +442,73 @@ def bench_learner_norms(dev, results):
         torch.cuda.empty_cache()
 
 
+def bench_learner_elementwise(dev, results, m: int = 10240):
+    """SiLU·mul + codes (whole rows per program vs chunked rows, `triton_norm.SILU_QUANT_*`) at
+    [m, 6144] and RoPE (one head per program vs `triton_norm.rope`'s head tiles) at m tokens of
+    16 + 8 and 32 + 8 heads, bf16, µs per call."""
+    from agentq.kernels import triton_norm as tn
+    log("\n== learner SiLU·mul + codes and RoPE (bf16; µs per call) ==")
+    gate, up = (torch.randn(m, 6144, device=dev) * 3).bfloat16(), torch.randn(m, 6144, device=dev).bfloat16()
+    saved = tn.SILU_QUANT_CHUNKED_ROWS
+    for name, rows_min in (("whole rows", 1 << 30), ("chunked rows", 1)):
+        tn.SILU_QUANT_CHUNKED_ROWS = rows_min
+        us = graph_us([lambda: tn.silu_mul_and_codes(gate, up, 1e-8, "half_away")], rep_ms=40.0, warmup_ms=10.0)
+        log(f"silu_mul_and_codes {m} x 6144 {name:13s} {us:8.1f}")
+        results.setdefault("learner_elementwise", []).append({"op": f"silu_mul_and_codes {name}", "us": us})
+    tn.SILU_QUANT_CHUNKED_ROWS = saved
+    for hq, hkv in ((16, 8), (32, 8)):
+        qkv = torch.randn(1, m, (hq + hkv) * 128, device=dev).bfloat16()
+        q, k = qkv[..., :hq * 128].view(1, m, hq, 128), qkv[..., hq * 128:].view(1, m, hkv, 128)
+        ang = torch.randn(1, m, 64, device=dev) * 3
+        cos, sin = torch.cat([ang.cos()] * 2, -1).bfloat16(), torch.cat([ang.sin()] * 2, -1).bfloat16()
+        for name, fn in (("one head/program", lambda: tn.qk_norm_rope(q, k, None, None, cos, sin, 0.0)),
+                         ("head tiles", lambda: tn.rope(q, k, cos, sin))):
+            us = graph_us([fn], rep_ms=40.0, warmup_ms=10.0)
+            log(f"rope {m} tokens x {hq}+{hkv} heads {name:17s} {us:8.1f}")
+            results.setdefault("learner_elementwise", []).append({"op": f"rope {hq}+{hkv} {name}", "us": us})
+
+
+# ---------------------------------------------------------------------- prefill attention
+#: (block_t, block_n, warps, stages) of the prefill kernel swept by --prefill
+PREFILL_LAUNCHES = ((16, 64, 4, 2), (32, 64, 4, 2), (16, 64, 4, 3), (32, 64, 8, 2), (32, 128, 8, 2),
+                    (16, 128, 8, 2), (32, 32, 4, 3), (64, 64, 8, 2))
+
+
+def bench_prefill(dev, results, B: int = 64, L: int = 2048, T: int = 512):
+    """Prefill attention at Qwen3-8B heads: the last T-token chunk of an L-token prompt for B rows,
+    the engine's read-back path (slot gather, dequantization, masked SDPA with repeated heads)
+    against the in-place kernel at each launch of `PREFILL_LAUNCHES`, int8 and bf16 caches."""
+    from agentq.kernels import triton_prefill as tp
+    from agentq.kernels.attention import masked_attention
+    Hq, Hkv, D = 32, 8, 128
+    kf, vf = make_kv(B, L, Hkv, D, dev)
+    q = torch.randn(B, T, Hq, D, device=dev).bfloat16().transpose(1, 2)
+    slots = torch.arange(B, device=dev, dtype=torch.int32)
+    n_new, lens = torch.full_like(slots, T), torch.full_like(slots, L)
+    pos = (L - T) + torch.arange(T, device=dev)
+    allowed = (torch.arange(L, device=dev)[None, None, :] <= pos[None, :, None]).expand(B, T, L)
+    caches = {"int8": (*quant.quantize_kv(kf, SPEC), *quant.quantize_kv(vf, SPEC)), "bf16": (kf, None, vf, None)}
+    log(f"\n== prefill attention, Qwen3-8B heads, B {B}, chunk {T} after {L - T} cached (µs per call) ==")
+    for kind, (kc, ks, vc, vs) in caches.items():
+        def read_back(kc=kc, ks=ks, vc=vc, vs=vs):      # what KVCache.read + masked_attention do
+            sl = slots.long()
+            k = kc[sl] if ks is None else quant.dequantize_rows(kc[sl], ks[sl], torch.bfloat16)
+            v = vc[sl] if vs is None else quant.dequantize_rows(vc[sl], vs[sl], torch.bfloat16)
+            return masked_attention(q, k, v, allowed, D ** -0.5)
+        ref = read_back()
+        row = {"kind": kind, "read_back_us": graph_us([read_back], rep_ms=100.0, warmup_ms=20.0)}
+        line = f"{kind}: read-back + masked SDPA {row['read_back_us']:.0f}"
+        for launch in PREFILL_LAUNCHES:
+            cfg = tp.PrefillConfig(*launch)
+            fn = partial(tp.prefill_attention, q, kc, ks, vc, vs, slots, n_new, lens, D ** -0.5, cfg)
+            us = graph_us([fn], rep_ms=100.0, warmup_ms=20.0)
+            err = (fn().float() - ref.float()).abs().max().item()
+            row[str(launch)] = us
+            line += f" | {launch} {us:.0f} (err {err:.1e})"
+        log(line)
+        results.setdefault("prefill", []).append(row)
+
+
 def kv_bytes(results):
     from agentq.kernels.triton_attention import kv_bytes_per_token
     log("\n== KV cache bytes per token (K+V, all layers; int8 includes fp32 per-token-head scales) ==")
@@ -478,6 +545,11 @@ def main():
     ap.add_argument("--attn-planes", action="store_true", help="--attn-calls: the byte-plane kernel")
     ap.add_argument("--learner-norms", action="store_true",
                     help="only time the learner's RMSNorm forward / backward at 1B shapes (~20 s) and exit")
+    ap.add_argument("--learner-elementwise", action="store_true",
+                    help="only time the learner's SiLU·mul + codes and RoPE launches (whole vs chunked rows, "
+                         "one head vs head tiles per program) and exit")
+    ap.add_argument("--prefill", action="store_true",
+                    help="only time prefill attention, the read-back path vs the in-place kernel's launches, and exit")
     args = ap.parse_args()
     dev = torch.device("cuda")
     if args.attn_calls:
@@ -494,6 +566,12 @@ def main():
 
     if args.learner_norms:
         bench_learner_norms(dev, results)
+        return save()
+    if args.prefill:
+        bench_prefill(dev, results)
+        return save()
+    if args.learner_elementwise:
+        bench_learner_elementwise(dev, results)
         return save()
 
     shapes = [LinearShape(name, k, n, dev) for name, (k, n) in LLAMA8B.items()]
