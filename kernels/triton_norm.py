@@ -32,7 +32,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from .triton_quant import _quant_block, _store_row_codes, cast_for_store, store_view
+    from .triton_quant import _absmax_to_scale, _quant_block, _store_row_codes, cast_for_store, store_view
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, N, stride_x, stride_o, eps,
@@ -172,7 +172,7 @@ if HAVE_TRITON:
                 if STORE_Y:
                     tl.store(y_row + n0 + offs, cast_for_store(y, OUT_DTYPE, BF16_BITS), mask=mask)
             amax = tl.reduce(amax_v, 0, tl.standard._elementwise_max)
-            scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
+            scale = _absmax_to_scale(amax, floor)
             for n0 in range(0, N, BLOCK):
                 mask = n0 + offs < N
                 y = _silu_mul_row_part(g_row + n0, u_row + n0, offs, mask, OUT_DTYPE, BF16_BITS)
@@ -330,13 +330,10 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     heads of one token per program instead of one. q [B, T, Hq, D], k [B, T, Hkv, D] (any
     strides, D contiguous), cos/sin [B, T, D] → (q, k) contiguous [B, T, H, D]."""
     require_triton("triton_norm.rope")
+    assert heads_per_program >= 1 and heads_per_program & (heads_per_program - 1) == 0, "a power of two"
+    cos, sin, oq = _rope_operands(q, k, cos, sin)
     b, t, hq, d = q.shape
     hkv = k.shape[2]
-    assert q.stride(-1) == 1 and k.stride(-1) == 1 and d % 2 == 0
-    assert heads_per_program >= 1 and heads_per_program & (heads_per_program - 1) == 0, "a power of two"
-    cos, sin = cos.expand(b, t, d), sin.expand(b, t, d)
-    assert cos.stride(-1) == 1 and sin.stride() == cos.stride()
-    oq = torch.empty((b, t, hq, d), dtype=q.dtype, device=q.device)
     ok = torch.empty((b, t, hkv, d), dtype=k.dtype, device=k.device)
     if b * t:
         interp = runs_interpreted(_rope_heads_kernel)
@@ -376,14 +373,22 @@ def qk_norm_rope_to_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_w
                                 (k_cache, v_cache, k_scale, v_scale, slots, positions, kv_quant))
 
 
-def _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, ok, cache) -> torch.Tensor:
-    """The one launch behind `qk_norm_rope` (ok given) and `qk_norm_rope_to_cache` (cache given)."""
+def _rope_operands(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The RoPE launches' shared checks: q [B, T, Hq, D] / k [B, T, Hkv, D] with D contiguous and
+    even; cos / sin broadcast to [B, T, D]. Returns (cos, sin, the [B, T, Hq, D] q output)."""
     b, t, hq, d = q.shape
-    hkv = k.shape[2]
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and d % 2 == 0
     cos, sin = cos.expand(b, t, d), sin.expand(b, t, d)
     assert cos.stride(-1) == 1 and sin.stride() == cos.stride()
-    oq = torch.empty((b, t, hq, d), dtype=q.dtype, device=q.device)
+    return cos, sin, torch.empty((b, t, hq, d), dtype=q.dtype, device=q.device)
+
+
+def _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, ok, cache) -> torch.Tensor:
+    """The one launch behind `qk_norm_rope` (ok given) and `qk_norm_rope_to_cache` (cache given)."""
+    cos, sin, oq = _rope_operands(q, k, cos, sin)
+    b, t, hq, d = q.shape
+    hkv = k.shape[2]
     if not b * t:
         return oq
     interp = runs_interpreted(_qk_norm_rope_kernel)

@@ -68,11 +68,16 @@ if HAVE_TRITON:
         return _codes_f32(x, scale, HALF_AWAY).to(tl.int8)
 
     @triton.jit
+    def _absmax_to_scale(amax, floor):
+        """A row's (or row tile's) scale from its absmax: max(absmax / 127, floor), IEEE division."""
+        return tl.maximum(tl.math.div_rn(amax, 127.0), floor)
+
+    @triton.jit
     def _store_row_codes(y, q_row, s_out, offs, mask, floor, HALF_AWAY: tl.constexpr):
         """A row held in registers (fp32 values; masked lanes ignored) -> its int8 codes at q_row
         and its fp32 scale at s_out: scale = max(absmax / 127, floor), codes = round(y / scale)."""
         amax = tl.reduce(tl.where(mask, tl.abs(y), 0.0), 0, tl.standard._elementwise_max)
-        scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
+        scale = _absmax_to_scale(amax, floor)
         tl.store(q_row + offs, _quant_block(y, scale, HALF_AWAY), mask=mask)
         tl.store(s_out, scale)
 
@@ -98,7 +103,7 @@ if HAVE_TRITON:
                 x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
                 amax_v = tl.maximum(amax_v, tl.abs(x))
             amax = tl.reduce(amax_v, 0, tl.standard._elementwise_max)
-            scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
+            scale = _absmax_to_scale(amax, floor)
             for k0 in range(0, K, BLOCK_K):
                 mask = k0 + offs < K
                 x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
@@ -121,7 +126,7 @@ if HAVE_TRITON:
         base = (rows // (N1 * N2)) * stride_x0 + ((rows // N2) % N1) * stride_x1 + (rows % N2) * stride_x2
         x = tl.load(x_ptr + base[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
         amax = tl.reduce(tl.where(mask, tl.abs(x), 0.0), 1, tl.standard._elementwise_max)
-        scale = tl.maximum(tl.math.div_rn(amax, 127.0), floor)
+        scale = _absmax_to_scale(amax, floor)
         codes = _codes_f32(x, scale[:, None], HALF_AWAY)
         dst = rows[:, None] * K + offs[None, :]
         if DEQUANT:

@@ -233,9 +233,9 @@ class DecoderLayer(nn.Module):
                 q[:, :, 0].contiguous(), cache.k[i], None if cache.k_scale is None else cache.k_scale[i],
                 cache.v[i], None if cache.v_scale is None else cache.v_scale[i],
                 ctx.slots32, ctx.lens32, self.scale).unsqueeze(2)
-        in_place = cache.fused_write_args(i) if isinstance(ctx, ForwardContext) and ctx.prefill_kernel else None
-        if in_place is not None:         # a prefill chunk: the cache read in place, no copies
-            assert isinstance(ctx, ForwardContext)
+        if isinstance(ctx, ForwardContext) and ctx.prefill_kernel:     # the cache read in place, no copies
+            in_place = cache.fused_write_args(i)
+            assert in_place is not None                                  # prefill_kernel implies it
             k, v, ks, vs = in_place
             return attn_ops.prefill_attention(q, k, ks, v, vs, ctx.slots32, ctx.n_new32, ctx.lens32, self.scale)
         kc, vc = cache.read(i, ctx.slots, ctx.key_len)
