@@ -89,6 +89,7 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     slots = [eng._slot_of[i] for i in range(batch)]
     seeds = list(range(batch))
     ms = _time_decode(eng, slots, seeds, sp, steps, device)
+    sweep = _decode_sweep(eng, slots, seeds, sp, device) if DECODE_SWEEP and quant != "none" else []
     kv_read = sum(len(eng._cached[s]) for s in slots) * eng.kv_bytes_per_token()
     if PROFILE and device == "cuda":
         _profile(eng, slots, seeds, sp, quant)
@@ -97,13 +98,56 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
            "turns": turns, "turn_s": turn_s, "tokens_per_s": gen / total, "decode_step_ms": ms,
            "kv_bytes_per_token": eng.kv_bytes_per_token(), "weight_bytes": weight_bytes(eng),
            "kv_bytes_read_per_step": kv_read, "decode_stats": dict(eng.decoder.stats), "graphs": eng.decoder.graphable,
-           "eager_run": not graphs}
+           "eager_run": not graphs, **({"decode_sweep": sweep} if sweep else {})}
     del eng
     _free(device)
     return out
 
 
 PROFILE = False
+#: --decode-sweep: knob -> values, timed on the quantized engine after its turns
+DECODE_SWEEP: dict[str, list[float]] = {}
+
+
+#: --decode-sweep knobs: name -> (module, attribute, type)
+SWEEP_KNOBS = {"pdl_max_rows": ("agentq.kernels.triton_quant", "PDL_MAX_ROWS", int)}
+
+
+def _knob(name: str) -> tuple:
+    if name not in SWEEP_KNOBS:
+        raise ValueError(f"unknown --decode-sweep knob {name!r}; valid: {sorted(SWEEP_KNOBS)}")
+    import importlib
+    mod, attr, typ = SWEEP_KNOBS[name]
+    return importlib.import_module(mod), attr, typ
+
+
+def _decode_sweep(eng, slots, seeds, sp, device: str, steps: int = 32) -> list[dict]:
+    """Decode step time per knob value at fixed lengths (every step re-feeds the same position, so
+    each value does the same work); graphs are re-captured per value, each value is timed twice in
+    interleaved order (a drift shows as a gap between the two), and the knobs are put back."""
+    tokens = [3] * len(slots)
+    lens = eng._advance(slots, tokens)
+    out = []
+    for name, values in DECODE_SWEEP.items():
+        mod, attr, typ = _knob(name)
+        saved = getattr(mod, attr)
+        for rep in range(2):
+            for v in values:
+                setattr(mod, attr, typ(v))
+                eng.decoder.reset()
+                for _ in range(3):                       # capture + warm
+                    eng.decoder.step(tokens, slots, lens, seeds, sp)
+                sync(device)
+                t = time.perf_counter()
+                for _ in range(steps):
+                    eng.decoder.step(tokens, slots, lens, seeds, sp)
+                sync(device)
+                ms = 1e3 * (time.perf_counter() - t) / steps
+                out.append({"knob": name, "value": v, "rep": rep, "decode_step_ms": ms})
+                print(f"  decode sweep B={len(slots)} {name}={v:g} (pass {rep + 1}): {ms:.3f} ms/step", flush=True)
+        setattr(mod, attr, saved)
+    eng.decoder.reset()
+    return out
 
 
 def _profile(eng, slots, seeds, sp, quant: str) -> None:
@@ -232,10 +276,16 @@ def main():
                     help="report (and with --at-budget run) the most episodes this much KV memory holds")
     ap.add_argument("--at-budget", action="store_true")
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernel tables of eager decode steps and of one prefill")
+    ap.add_argument("--decode-sweep", action="append", default=[], metavar="KNOB=V1,V2",
+                    help=f"time the W8A8 decode step per value of a launch knob ({', '.join(SWEEP_KNOBS)})")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     global PROFILE
     PROFILE = a.profile
+    for item in a.decode_sweep:
+        name, _, values = item.partition("=")
+        _knob(name)                                      # an unknown knob fails before any model is built
+        DECODE_SWEEP[name] = [float(v) for v in values.split(",")]
     cuda = a.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     bw = copy_bandwidth(a.device)

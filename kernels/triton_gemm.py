@@ -234,7 +234,7 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
         ws = tickets = s_w       # unused
     has_bias = bias is not None
     out_arg, bf16_bits = triton_quant.store_view(out, runs_interpreted(_w8a8_gemm_kernel))
-    pdl = m <= triton_quant.PDL_MAX_ROWS and triton_quant.use_pdl(_w8a8_gemm_kernel, x_q.device)
+    pdl = triton_quant.use_pdl(_w8a8_gemm_kernel, x_q.device, m)
     _w8a8_gemm_kernel[(num_m * num_n, split)](
         x_q, w_q, s_x, s_w, bias if has_bias else s_w, out_arg, ws, tickets,
         m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0), k_per_split, split,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from ._interp import HAVE_TRITON, interpreting, num_sms, require_triton, runs_interpreted
-from .triton_quant import PDL_MAX_ROWS, _check_mode, quantize_rows, use_pdl
+from .triton_quant import _check_mode, quantize_rows, use_pdl
 
 INTERPRETED = interpreting()
 
@@ -587,7 +587,7 @@ def _launch_add_rms_norm(x, delta, weight, eps, quant, keep_normed: bool):
         q_arg, qs_arg = codes, scales
     if m:
         block = triton.next_power_of_2(n)
-        pdl = quant is not None and m <= PDL_MAX_ROWS and use_pdl(_add_rms_norm_kernel, x.device)
+        pdl = quant is not None and use_pdl(_add_rms_norm_kernel, x.device, m)
         _add_rms_norm_kernel[(m,)](
             x2, d2, weight, s_arg, o_arg, q_arg, qs_arg, n, x2.stride(0), d2.stride(0), s.stride(0), n,
             q_arg.stride(0), float(eps), float(quant[0]) if quant else 0.0,
@@ -647,7 +647,7 @@ def _launch_silu_mul_quant(gate, up, floor, rounding, keep_product: bool):
         y_arg = store_view(y, interp)[0] if y is not None else codes
         chunked = m >= SILU_QUANT_CHUNKED_ROWS
         block = min(SILU_QUANT_CHUNK, triton.next_power_of_2(n)) if chunked else triton.next_power_of_2(n)
-        pdl = m <= PDL_MAX_ROWS and use_pdl(_silu_mul_quant_kernel, gate.device)
+        pdl = use_pdl(_silu_mul_quant_kernel, gate.device, m)
         _silu_mul_quant_kernel[(m,)](g2, u2, codes, scales, y_arg, n, g2.stride(0), u2.stride(0), codes.stride(0),
                                      y_arg.stride(0), float(floor), HALF_AWAY=_check_mode(rounding), BLOCK=block,
                                      BF16_BITS=bits, OUT_DTYPE=out_dt, STORE_Y=y is not None, PDL=pdl, CHUNKED=chunked,

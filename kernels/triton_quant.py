@@ -166,11 +166,12 @@ if HAVE_TRITON:
                          cs_ptr + slot * stride_ss + h * stride_sh + pos, offs, mask, floor, HALF_AWAY)
 
 
-def use_pdl(kernel, device: torch.device) -> bool:
+def use_pdl(kernel, device: torch.device, rows: int) -> bool:
     """Programmatic dependent launch (Hopper+): a GEMM may launch while the quant kernel before it
-    still runs and waits (griddepcontrol.wait) before reading anything. Off under the interpreter,
-    before sm_90, and with AGENTQ_PDL=0."""
-    if runs_interpreted(kernel) or device.type != "cuda" or os.environ.get("AGENTQ_PDL", "1") == "0":
+    still runs and waits (griddepcontrol.wait) before reading anything. For launches over at most
+    `PDL_MAX_ROWS` rows; off under the interpreter, before sm_90, and with AGENTQ_PDL=0."""
+    if (rows > PDL_MAX_ROWS or runs_interpreted(kernel) or device.type != "cuda"
+            or os.environ.get("AGENTQ_PDL", "1") == "0"):
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 
@@ -272,7 +273,7 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str,
         _launch_row_tiles(x2, floor, half_away, q, s, None)
     elif m > 0:
         block, single, warps = launch or _row_launch_params(m, k, runs_interpreted(_quant_rows_kernel))
-        pdl = m <= PDL_MAX_ROWS and use_pdl(_quant_rows_kernel, x.device)
+        pdl = use_pdl(_quant_rows_kernel, x.device, m)
         _quant_rows_kernel[(m,)](x2, q, s, k, x2.stride(0), q.stride(0), float(floor),
                                  HALF_AWAY=half_away, BLOCK_K=block, SINGLE_PASS=single,
                                  PDL=pdl, num_warps=warps, enable_fp_fusion=False)
