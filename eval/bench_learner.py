@@ -135,19 +135,22 @@ def host_cost(device: torch.device, dtype: torch.dtype, calls: int = 400) -> dic
              "aligned linear fwd+bwd": fwd_bwd(lambda: ste.w8a8_linear_ste(x, w, None, spec, wc, act_cache=ac))}
     out: dict[str, dict[str, float]] = {}
     print(f"{'µs per call':36s} {'Triton launch':>13s} {'launch cache':>13s}")
+    modes = {"triton_launch": "0", "launch_cache": "1"}           # kernels.launch's switch
     for name, fn in cases.items():
-        row = out[name] = {}
-        for mode, env in (("triton_launch", "0"), ("launch_cache", "1")):   # kernels.launch's switch
-            os.environ["AGENTQ_LAUNCH_CACHE"] = env
-            for _ in range(20):
-                fn()
-            sync(device)
-            t = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            sync(device)
-            row[mode] = (time.perf_counter() - t) / calls * 1e6
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        for _ in range(5):                # alternating rounds, medians: the host's speed drifts
+            for mode, env in modes.items():
+                os.environ["AGENTQ_LAUNCH_CACHE"] = env
+                for _ in range(10):
+                    fn()
+                sync(device)
+                t = time.perf_counter()
+                for _ in range(calls // 5):
+                    fn()
+                sync(device)
+                times[mode].append((time.perf_counter() - t) / (calls // 5) * 1e6)
         os.environ.pop("AGENTQ_LAUNCH_CACHE")
+        row = out[name] = {m: statistics.median(v) for m, v in times.items()}
         print(f"{name:36s} {row['triton_launch']:13.1f} {row['launch_cache']:13.1f}")
     return out
 

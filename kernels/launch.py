@@ -74,11 +74,16 @@ def _knobs() -> Any:
     return getattr(triton, "knobs", None)         # Triton >= 3.4: launch hooks live in knobs.runtime
 
 
+def _unset(hook: Any) -> bool:
+    """No launch hook: None, or (newer Triton) an empty `HookChain`."""
+    return hook is None or getattr(hook, "calls", None) == []
+
+
 def _fast_path(cache: LaunchCache) -> bool:
     if not cache.compiled_kernel or os.environ.get("AGENTQ_LAUNCH_CACHE", "1") == "0":
         return False
     knobs = _knobs()
-    return knobs is not None and knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+    return knobs is not None and _unset(knobs.runtime.launch_enter_hook) and _unset(knobs.runtime.launch_exit_hook)
 
 
 def _value_key(v: Any) -> Any:

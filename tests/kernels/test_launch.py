@@ -33,6 +33,30 @@ def test_interpreted_kernels_take_tritons_path():
         _interp.restore_compiled(("agentq.kernels.triton_quant",))
 
 
+def test_a_launch_hook_turns_the_cache_off(monkeypatch):
+    """Triton >= 3.4 keeps launch hooks in `knobs.runtime` (None, or an empty chain when unset);
+    a profiler's hook must see every launch, so the cache steps aside while one is set."""
+    import triton
+
+    (tg,) = _interp.load_compiled(("agentq.kernels.triton_gemm",))
+    cache = launch.cache_of(tg._w8a8_gemm_kernel)
+    assert cache.compiled_kernel and "w_ptr" in cache.arg_names
+    runtime = triton.knobs.runtime
+    assert launch._fast_path(cache)                              # no hook set: the cache is on
+    if hasattr(runtime.launch_enter_hook, "add"):
+        hook = lambda metadata: None                             # noqa: E731
+        runtime.launch_enter_hook.add(hook)
+        try:
+            assert not launch._fast_path(cache)
+        finally:
+            runtime.launch_enter_hook.remove(hook)
+    else:
+        monkeypatch.setattr(runtime, "launch_enter_hook", lambda metadata: None)
+        assert not launch._fast_path(cache)
+    monkeypatch.setenv("AGENTQ_LAUNCH_CACHE", "0")
+    assert not launch._fast_path(cache)
+
+
 def test_stand_ins_take_their_own_call():
     calls = []
 
