@@ -21,7 +21,6 @@ pass, and the same two timings.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -106,8 +105,7 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
 def host_cost(device: torch.device, dtype: torch.dtype, calls: int = 400) -> dict:
     """µs of wall time per call at [16, 256] x [256, 256] (the GPU idles; what is measured is the
     host's launch path): F.linear vs the aligned linear, forward and forward + backward, and the
-    launches the aligned one is made of, each through Triton's launch and through `kernels.launch`'s
-    cache. On the H200 machine a Triton launch costs ~3.5 torch ops."""
+    launches the aligned one is made of. On the H200 machine a Triton launch costs ~3.5 torch ops."""
     import torch.nn.functional as F
 
     from agentq.kernels import QuantSpec, ste
@@ -133,25 +131,17 @@ def host_cost(device: torch.device, dtype: torch.dtype, calls: int = 400) -> dic
              "one torch op (x + 1)": lambda: x.detach() + 1,
              "F.linear fwd+bwd": fwd_bwd(lambda: F.linear(x, w)),
              "aligned linear fwd+bwd": fwd_bwd(lambda: ste.w8a8_linear_ste(x, w, None, spec, wc, act_cache=ac))}
-    out: dict[str, dict[str, float]] = {}
-    print(f"{'µs per call':36s} {'Triton launch':>13s} {'launch cache':>13s}")
-    modes = {"triton_launch": "0", "launch_cache": "1"}           # kernels.launch's switch
+    out = {}
     for name, fn in cases.items():
-        times: dict[str, list[float]] = {m: [] for m in modes}
-        for _ in range(5):                # alternating rounds, medians: the host's speed drifts
-            for mode, env in modes.items():
-                os.environ["AGENTQ_LAUNCH_CACHE"] = env
-                for _ in range(10):
-                    fn()
-                sync(device)
-                t = time.perf_counter()
-                for _ in range(calls // 5):
-                    fn()
-                sync(device)
-                times[mode].append((time.perf_counter() - t) / (calls // 5) * 1e6)
-        os.environ.pop("AGENTQ_LAUNCH_CACHE")
-        row = out[name] = {m: statistics.median(v) for m, v in times.items()}
-        print(f"{name:36s} {row['triton_launch']:13.1f} {row['launch_cache']:13.1f}")
+        for _ in range(20):
+            fn()
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync(device)
+        out[name] = (time.perf_counter() - t) / calls * 1e6
+        print(f"{name:36s} {out[name]:7.1f} µs/call")
     return out
 
 

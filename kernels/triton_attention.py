@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import torch
 
 from ._interp import HAVE_TRITON, dot_dtype, interpreting, num_sms, require_triton, runs_interpreted
-from .launch import launch_kernel
 
 INTERPRETED = interpreting()
 LOG2E = 1.4426950408889634
@@ -457,7 +456,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
               q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
               vc.stride(0), vc.stride(1), vc.stride(2), *ks_strides, *vs_strides, out.stride(0), out.stride(1))
     if cfg.planes and words and mode == 1 and d >= 64:
-        launch_kernel(_decode_planes_kernel, (b, hkv, splits),
+        _decode_planes_kernel[(b, hkv, splits)](
             *common, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
             SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=use_asm, BF16_BITS=bf16_bits,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -472,7 +471,7 @@ def _launch_decode(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt
                    words: bool, use_asm: bool, bf16_bits: bool) -> None:
     """`_decode_kernel` over grid (B, Hkv, splits); `common` = its positional arguments."""
     b, hkv = common[0].shape[0], common[1].shape[1]
-    launch_kernel(_decode_kernel, (b, hkv, splits),
+    _decode_kernel[(b, hkv, splits)](
         *common,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d,
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=cfg.block_n, SCALE_MODE=mode, SPLIT=splits > 1,
@@ -485,7 +484,7 @@ def _combine_splits(po: torch.Tensor, plse: torch.Tensor, out: torch.Tensor, out
                     bf16_bits: bool) -> None:
     """Merge the split-K partial outputs po [B, H, S, D] (log-sum-exp plse [B, H, S]) into out."""
     b, hq, splits, d = po.shape
-    launch_kernel(_combine_kernel, (b * hq,),
+    _combine_kernel[(b * hq,)](
         po, plse, out_arg, splits, hq, out.stride(0), out.stride(1),
         HEAD_D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_S=max(2, triton.next_power_of_2(splits)),
         BF16_BITS=bf16_bits, num_warps=4)

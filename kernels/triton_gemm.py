@@ -27,7 +27,6 @@ import torch
 
 from . import quant, triton_quant
 from ._interp import HAVE_TRITON, interpreting, num_sms, require_triton, runs_interpreted
-from .launch import launch_kernel
 from .quant_spec import QuantSpec
 
 INTERPRETED = interpreting()
@@ -236,7 +235,7 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
     has_bias = bias is not None
     out_arg, bf16_bits = triton_quant.store_view(out, runs_interpreted(_w8a8_gemm_kernel))
     pdl = triton_quant.use_pdl(_w8a8_gemm_kernel, x_q.device, m)
-    launch_kernel(_w8a8_gemm_kernel, (num_m * num_n, split),
+    _w8a8_gemm_kernel[(num_m * num_n, split)](
         x_q, w_q, s_x, s_w, bias if has_bias else s_w, out_arg, ws, tickets,
         m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0), k_per_split, split,
         HAS_BIAS=has_bias, USE_SPLIT=split > 1, EVEN_K=even_k,

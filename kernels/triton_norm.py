@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 
 from ._interp import HAVE_TRITON, interpreting, num_sms, require_triton, runs_interpreted
-from .launch import launch_kernel
 from .triton_quant import _check_mode, quantize_rows, use_pdl
 
 INTERPRETED = interpreting()
@@ -341,7 +340,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         (oq_arg, bits), ok_arg = store_view(oq, interp), store_view(ok, interp)[0]
         hb = min(heads_per_program, triton.next_power_of_2(max(hq, hkv)))
         block_d = triton.next_power_of_2(d)
-        launch_kernel(_rope_heads_kernel, (b * t, triton.cdiv(hq, hb) + triton.cdiv(hkv, hb)),
+        _rope_heads_kernel[(b * t, triton.cdiv(hq, hb) + triton.cdiv(hkv, hb))](
             q, k, cos, sin, oq_arg, ok_arg, t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2), cos.stride(0), cos.stride(1),
             HB=hb, BLOCK_D=block_d, BF16_BITS=bits, num_warps=max(1, min(8, hb * block_d // 256)),
@@ -409,7 +408,7 @@ def _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, ok, cache) 
         floor = float(kv_quant[0]) if int8 else 0.0
         half_away, heads = _check_mode(kv_quant[1]) if int8 else False, hq + 2 * hkv
     norm = q_weight is not None
-    launch_kernel(_qk_norm_rope_kernel, (b * t, heads),
+    _qk_norm_rope_kernel[(b * t, heads)](
         q, k, v, q_weight if norm else q, k_weight if norm else k, cos, sin, oq_arg, ok_arg,
         kc, vc, ks, vs, slots, pos,
         t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -463,11 +462,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, multi_row: bool 
     block = triton.next_power_of_2(n)
     rows = min(16, FWD_ELEMS // block) if multi_row and _multi_row_fits(x2, weight, block) else 1
     if rows > 1:      # each row keeps the one-row kernel's warps (and with them its summation order)
-        launch_kernel(_rms_norm_rows_kernel, (triton.cdiv(m, rows),),
+        _rms_norm_rows_kernel[(triton.cdiv(m, rows),)](
             x2, weight, o_arg, m, n, x2.stride(0), out.stride(0), float(eps), ROWS=rows, BLOCK=block,
             BF16_BITS=bits, num_warps=rows * _norm_warps(block), enable_fp_fusion=False)
     else:
-        launch_kernel(_rms_norm_kernel, (m,), x2, weight, o_arg, n, x2.stride(0), out.stride(0), float(eps), BLOCK=block,
+        _rms_norm_kernel[(m,)](x2, weight, o_arg, n, x2.stride(0), out.stride(0), float(eps), BLOCK=block,
                                BF16_BITS=bits, num_warps=_norm_warps(block), enable_fp_fusion=False)
     return out.reshape(x.shape)
 
@@ -511,7 +510,7 @@ def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, gy: tor
     partial = (torch.empty if m else torch.zeros)((programs, n), dtype=torch.float32, device=x.device)
     if m:
         dx_arg, bits = store_view(dx, runs_interpreted(_rms_norm_bwd_kernel))
-        launch_kernel(_rms_norm_bwd_kernel, (programs,),
+        _rms_norm_bwd_kernel[(programs,)](
             x2, weight, gy2, dx_arg, partial, m, n, blocks, x2.stride(0), gy2.stride(0), dx.stride(0), float(eps),
             ROWS=rows, BLOCK=block, STAGES=stages, BF16_BITS=bits, num_warps=warps,
             enable_fp_fusion=False)   # no FMA: each op rounds as the torch formula's
@@ -527,7 +526,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if m:
         o_arg, bits = store_view(out, runs_interpreted(_silu_mul_kernel))
         block = 1024
-        launch_kernel(_silu_mul_kernel, (m, triton.cdiv(n, block)), g2, u2, o_arg, n, g2.stride(0), u2.stride(0), out.stride(0),
+        _silu_mul_kernel[(m, triton.cdiv(n, block))](g2, u2, o_arg, n, g2.stride(0), u2.stride(0), out.stride(0),
                                                      BLOCK=block, BF16_BITS=bits, num_warps=4,
                                                      enable_fp_fusion=False)
     return out.reshape(gate.shape)
@@ -589,7 +588,7 @@ def _launch_add_rms_norm(x, delta, weight, eps, quant, keep_normed: bool):
     if m:
         block = triton.next_power_of_2(n)
         pdl = quant is not None and use_pdl(_add_rms_norm_kernel, x.device, m)
-        launch_kernel(_add_rms_norm_kernel, (m,),
+        _add_rms_norm_kernel[(m,)](
             x2, d2, weight, s_arg, o_arg, q_arg, qs_arg, n, x2.stride(0), d2.stride(0), s.stride(0), n,
             q_arg.stride(0), float(eps), float(quant[0]) if quant else 0.0,
             HAS_DELTA=delta is not None, QUANT=quant is not None, STORE_NORMED=keep_normed,
@@ -649,7 +648,7 @@ def _launch_silu_mul_quant(gate, up, floor, rounding, keep_product: bool):
         chunked = m >= SILU_QUANT_CHUNKED_ROWS
         block = min(SILU_QUANT_CHUNK, triton.next_power_of_2(n)) if chunked else triton.next_power_of_2(n)
         pdl = use_pdl(_silu_mul_quant_kernel, gate.device, m)
-        launch_kernel(_silu_mul_quant_kernel, (m,), g2, u2, codes, scales, y_arg, n, g2.stride(0), u2.stride(0), codes.stride(0),
+        _silu_mul_quant_kernel[(m,)](g2, u2, codes, scales, y_arg, n, g2.stride(0), u2.stride(0), codes.stride(0),
                                      y_arg.stride(0), float(floor), HALF_AWAY=_check_mode(rounding), BLOCK=block,
                                      BF16_BITS=bits, OUT_DTYPE=out_dt, STORE_Y=y is not None, PDL=pdl, CHUNKED=chunked,
                                      num_warps=1 if interp else silu_quant_warps(block), enable_fp_fusion=False)

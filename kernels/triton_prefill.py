@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import torch
 
 from ._interp import HAVE_TRITON, dot_dtype, interpreting, require_triton, runs_interpreted
-from .launch import launch_kernel
 from .triton_attention import LOG2E
 
 INTERPRETED = interpreting()
@@ -188,7 +187,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Ten
     assert ks is not None and vs is not None
     kss, vss = (ks.stride(0), ks.stride(1)) if scaled else (0, 0), (vs.stride(0), vs.stride(1)) if scaled else (0, 0)
     out_arg, bits = store_view(out, runs_interpreted(_prefill_kernel))
-    launch_kernel(_prefill_kernel, (b, hkv, triton.cdiv(t, block_t)),
+    _prefill_kernel[(b, hkv, triton.cdiv(t, block_t))](
         q, k_cache, v_cache, ks, vs, slots, n_new, new_lens, out_arg, float(sm_scale) * LOG2E,
         t, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), *kss, *vss,

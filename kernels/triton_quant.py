@@ -18,7 +18,6 @@ import torch
 
 from . import quant
 from ._interp import HAVE_TRITON, interpreting, require_triton, runs_interpreted
-from .launch import launch_kernel
 from .quant_spec import QuantSpec
 
 INTERPRETED = interpreting()
@@ -250,7 +249,7 @@ def _launch_row_tiles(x: torch.Tensor, floor: float, half_away: bool, q: torch.T
     bm = _rows_per_program(k)
     dequant = o is not None
     o_arg, bf16_bits = store_view(o, runs_interpreted(_quant_row_tiles_kernel)) if o is not None else (x, False)
-    launch_kernel(_quant_row_tiles_kernel, (triton.cdiv(m, bm),),
+    _quant_row_tiles_kernel[(triton.cdiv(m, bm),)](
         x, q if q is not None else o_arg, s if s is not None else o_arg, o_arg, m, k, lead[1], lead[2], *strides,
         float(floor), HALF_AWAY=half_away, DEQUANT=dequant, BF16_BITS=bf16_bits, BLOCK_M=bm,
         BLOCK_K=triton.next_power_of_2(max(k, 16)), num_warps=4, enable_fp_fusion=False)
@@ -275,7 +274,7 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str,
     elif m > 0:
         block, single, warps = launch or _row_launch_params(m, k, runs_interpreted(_quant_rows_kernel))
         pdl = use_pdl(_quant_rows_kernel, x.device, m)
-        launch_kernel(_quant_rows_kernel, (m,), x2, q, s, k, x2.stride(0), q.stride(0), float(floor),
+        _quant_rows_kernel[(m,)](x2, q, s, k, x2.stride(0), q.stride(0), float(floor),
                                  HALF_AWAY=half_away, BLOCK_K=block, SINGLE_PASS=single,
                                  PDL=pdl, num_warps=warps, enable_fp_fusion=False)
     return q.reshape(shape), s.reshape(shape[:-1])
@@ -303,7 +302,7 @@ def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype
         bk = min(triton.next_power_of_2(max(k, 16)), DEQUANT_MAX_BLOCK_K)
         bm = max(1, TILE_ELEMS // bk)
         o_arg, bf16_bits = store_view(out.view(m, k), runs_interpreted(_dequant_rows_kernel))
-        launch_kernel(_dequant_rows_kernel, (triton.cdiv(m, bm), triton.cdiv(k, bk)),
+        _dequant_rows_kernel[(triton.cdiv(m, bm), triton.cdiv(k, bk))](
             q2, s2, o_arg, m, k, BF16_BITS=bf16_bits, BLOCK_M=bm, BLOCK_K=bk, num_warps=4, enable_fp_fusion=False)
     return out
 
@@ -342,7 +341,7 @@ def quantize_kv_to_cache(x: torch.Tensor, cache: torch.Tensor, scale_cache: torc
     assert cache.shape[1] == h and cache.shape[3] == d
     if t == 0:
         return
-    launch_kernel(_quant_kv_cache_kernel, (t * h,),
+    _quant_kv_cache_kernel[(t * h,)](
         x, slot_ids, positions, cache, scale_cache, d, h,
         x.stride(0), x.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
         scale_cache.stride(0), scale_cache.stride(1), float(spec.kv_scale_floor),

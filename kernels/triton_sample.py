@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 
 from ._interp import HAVE_TRITON, interpreting, require_triton
-from .launch import launch_kernel
 
 INTERPRETED = interpreting()
 
@@ -100,7 +99,7 @@ def counter_sample(logits: torch.Tensor, keys: torch.Tensor, vkeys: torch.Tensor
     tokens = torch.empty(b, dtype=torch.int64, device=logits.device)
     logps = torch.empty(b, dtype=torch.float32, device=logits.device)
     if b:
-        launch_kernel(_counter_sample_kernel, (b,), logits, keys.contiguous(), vkeys, temperature.reshape(1), tokens, logps,
+        _counter_sample_kernel[(b,)](logits, keys.contiguous(), vkeys, temperature.reshape(1), tokens, logps,
                                      v, logits.stride(0), GREEDY=greedy, BLOCK_V=block_v, num_warps=8)
     return tokens, logps
 

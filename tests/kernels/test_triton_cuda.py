@@ -121,31 +121,6 @@ def test_w8a8_linear_bit_exact_llama_shapes(K, name):
             assert torch.equal(K.gemm.w8a8_linear(x, w_q, s_w, bias, SPEC, cfg), ref), (name, m, split)
 
 
-def test_launch_cache_launches_the_same_kernel(K, monkeypatch):
-    """A repeated GEMM launch goes through the cached compiled kernel (a hit) and gives Triton's
-    bits; a new size, an unaligned operand and the switch AGENTQ_LAUNCH_CACHE=0 all still do."""
-    from agentq.kernels import launch
-
-    cache = launch.cache_of(K.gemm._w8a8_gemm_kernel)
-    k, n = LLAMA8B["o"]
-    for m in (24, 24, 40, 24):
-        x, w_q, s_w, bias = _linear_case(m, k, n, seed=m)
-        hits = cache.hits
-        assert torch.equal(K.gemm.w8a8_linear(x, w_q, s_w, bias, SPEC), _ref(x, w_q, s_w, bias)), m
-    assert cache.hits > hits                                   # the last 24 hit the entry of the first
-    x, w_q, s_w, bias = _linear_case(24, k, n, seed=1)
-    x_q, s_x = K.quant.quantize_per_token(x, SPEC)
-    buf = torch.empty(x_q.numel() + 1, dtype=torch.int8, device=DEV)
-    x_odd = buf[1:].view_as(x_q).copy_(x_q)                    # a pointer off the 16-byte grid
-    want = quant.w8a8_epilogue(quant.int8_matmul(x_q, w_q), s_x, s_w, bias, torch.bfloat16)
-    for _ in range(2):
-        assert torch.equal(K.gemm.int8_gemm(x_odd, s_x, w_q, s_w, bias, torch.bfloat16), want)
-    monkeypatch.setenv("AGENTQ_LAUNCH_CACHE", "0")
-    hits = cache.hits
-    assert torch.equal(K.gemm.int8_gemm(x_q, s_x, w_q, s_w, bias, torch.bfloat16), want)
-    assert cache.hits == hits
-
-
 def test_w8a8_odd_shapes_vs_int64_reference(K):
     for m, k, n in ((1, 4100, 4100), (17, 300, 96), (33, 1000, 250)):
         x, w_q, s_w, bias = _linear_case(m, k, n, seed=k)
