@@ -102,7 +102,7 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
     return res
 
 
-def host_cost(device: torch.device, dtype: torch.dtype, calls: int = 400) -> dict:
+def host_cost(device: torch.device, dtype: torch.dtype, calls: int = 400, profile: bool = False) -> dict:
     """µs of wall time per call at [16, 256] x [256, 256] (the GPU idles; what is measured is the
     host's launch path): F.linear vs the aligned linear, forward and forward + backward, and the
     launches the aligned one is made of. On the H200 machine a Triton launch costs ~3.5 torch ops."""
@@ -142,7 +142,26 @@ def host_cost(device: torch.device, dtype: torch.dtype, calls: int = 400) -> dic
         sync(device)
         out[name] = (time.perf_counter() - t) / calls * 1e6
         print(f"{name:36s} {out[name]:7.1f} µs/call")
+    if profile:
+        for name in ("int8 GEMM launch alone", "aligned linear fwd+bwd"):
+            _profile_host(name, cases[name], calls)
     return out
+
+
+def _profile_host(name: str, fn, calls: int, rows: int = 22) -> None:
+    """cProfile of `calls` calls: the Python functions the host time is spent in (own time)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    print(f"\n--- host profile: {name}, {calls} calls (own time, then cumulative) ---")
+    stats = pstats.Stats(prof).strip_dirs()
+    stats.sort_stats("tottime").print_stats(rows)
+    stats.sort_stats("cumulative").print_stats(rows)
 
 
 def main(argv=None) -> dict:
@@ -161,11 +180,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--host-cost", action="store_true",
                     help="only the host time per call of the aligned linear vs F.linear (and their launches) at "
                          "tiny shapes, where the CPU sets the pace")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="--host-cost, then cProfile tables of the int8 GEMM launch and the aligned linear fwd+bwd")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    if args.host_cost:
-        return host_cost(device, dtype)
+    if args.host_cost or args.host_profile:
+        return host_cost(device, dtype, profile=args.host_profile)
     if args.pack_tokens is not None:
         return packing_report(args, device, dtype)
     rows = {s: run_spec(s, args, device, dtype) for s in SPECS}
