@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ._interp import HAVE_TRITON
+from .grad_mode import records_graph
 
 Codes = tuple[torch.Tensor, torch.Tensor]
 
@@ -52,14 +53,18 @@ def _outputs(ctx: Any, y: torch.Tensor, codes: Codes | None
     return y, codes[0], codes[1]
 
 
+def _rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: tuple[float, str] | None
+                     ) -> tuple[torch.Tensor, Codes | None]:
+    from . import triton_norm
+    if quant is None:
+        return triton_norm.rms_norm(x, weight, eps), None
+    return triton_norm.rms_norm_and_codes(x, weight, eps, *quant)
+
+
 class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, quant):
-        from . import triton_norm
-        if quant is None:
-            y, codes = triton_norm.rms_norm(x, weight, eps), None
-        else:
-            y, codes = triton_norm.rms_norm_and_codes(x, weight, eps, *quant)
+        y, codes = _rms_norm_forward(x, weight, eps, quant)
         ctx.save_for_backward(x, weight)
         ctx.eps = eps
         return _outputs(ctx, y, codes)
@@ -98,18 +103,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: tuple[flo
         quant: (scale floor, rounding) to also return the output's per-token int8 codes.
     Returns:
         (y [..., N], (codes int8 [..., N], scales fp32 [...]) or None)."""
+    if not records_graph(x, weight):
+        return _rms_norm_forward(x, weight, float(eps), quant)
     y, codes, scales = _RMSNormFn.apply(x, weight, float(eps), quant)
     return y, (None if codes is None else (codes, scales))
+
+
+def _silu_mul_forward(gate: torch.Tensor, up: torch.Tensor, quant: tuple[float, str] | None
+                      ) -> tuple[torch.Tensor, Codes | None]:
+    from . import triton_norm
+    if quant is None:
+        return triton_norm.silu_mul(gate, up), None
+    return triton_norm.silu_mul_and_codes(gate, up, *quant)
 
 
 class _SiLUMulFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, quant):
-        from . import triton_norm
-        if quant is None:
-            y, codes = triton_norm.silu_mul(gate, up), None
-        else:
-            y, codes = triton_norm.silu_mul_and_codes(gate, up, *quant)
+        y, codes = _silu_mul_forward(gate, up, quant)
         ctx.save_for_backward(gate, up)
         return _outputs(ctx, y, codes)
 
@@ -127,6 +138,8 @@ class _SiLUMulFn(torch.autograd.Function):
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, quant: tuple[float, str] | None = None
              ) -> tuple[torch.Tensor, Codes | None]:
     """Fused silu(gate) · up with autograd; `quant` as in `rms_norm`. Returns (y, codes or None)."""
+    if not records_graph(gate, up):
+        return _silu_mul_forward(gate, up, quant)
     y, codes, scales = _SiLUMulFn.apply(gate, up, quant)
     return y, (None if codes is None else (codes, scales))
 
@@ -177,6 +190,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
         cos, sin: [B, T, D] (broadcast over heads).
     Returns:
         (q_embed, k_embed) of q's and k's shapes."""
+    if not records_graph(q, k):
+        return _rope_launch(q, k, cos, sin)
     return _RoPEFn.apply(q, k, cos, sin)
 
 

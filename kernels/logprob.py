@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .grad_mode import records_graph
 from .ste import triton_path
 
 
@@ -74,9 +75,13 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
         raise ValueError(f"logits must be [B, L, V] or [N, V] and targets their leading shape; got logits "
                          f"{tuple(logits.shape)}, targets {tuple(targets.shape)}")
     x = logits if logits.stride(-1) == 1 else logits.contiguous()
-    if x.dim() == 2:
-        return _FusedTokenLogprobs.apply(x.unsqueeze(0), targets.unsqueeze(0), float(temperature))[0]
-    return _FusedTokenLogprobs.apply(x, targets, float(temperature))
+    x3, t3 = (x.unsqueeze(0), targets.unsqueeze(0)) if x.dim() == 2 else (x, targets)
+    if records_graph(x):
+        lp = _FusedTokenLogprobs.apply(x3, t3, float(temperature))
+    else:                                     # no_grad: the Function's forward, without its graph node
+        from . import triton_logprob
+        lp = triton_logprob.logprob_forward(x3, t3, float(temperature))[0]
+    return lp[0] if x.dim() == 2 else lp
 
 
 __all__ = ["fused_logprobs", "token_logprobs", "token_logprobs_ref"]

@@ -29,6 +29,7 @@ import torch
 
 from . import quant
 from ._interp import HAVE_TRITON
+from .grad_mode import records_graph
 from .quant_spec import QuantSpec
 
 
@@ -214,7 +215,11 @@ def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     shape = x.shape
     act_cache = act_cache or ActivationCache()
     x_q, s_x = act_cache.get(x, spec, backend)
-    y = _W8A8STE.apply(x.reshape(-1, shape[-1]), w, bias, spec, cache or WeightCache(), backend, x_q, s_x, act_cache)
+    cache = cache or WeightCache()
+    if records_graph(x, w, bias):
+        y = _W8A8STE.apply(x.reshape(-1, shape[-1]), w, bias, spec, cache, backend, x_q, s_x, act_cache)
+    else:                       # no_grad (π_old, π_ref): _W8A8STE.forward's computation, no graph node
+        y = _int8_linear(x_q, s_x, *cache.get(w, spec, backend), bias, x.dtype, backend)
     return y.reshape(*shape[:-1], w.shape[0])
 
 
@@ -246,4 +251,6 @@ def kv_fake_quant(x: torch.Tensor, spec: QuantSpec, fp8_scale_value: float | Non
     """Learner side of the KV cache: the dequantized value the engine reads, identity gradient."""
     if spec.kv == "none":
         return x
+    if not records_graph(x):
+        return kv_roundtrip(x, spec, fp8_scale_value, backend)
     return _KVSTE.apply(x, spec, fp8_scale_value, backend)

@@ -125,3 +125,35 @@ def test_rope_forward_and_backward_are_hf_bit_for_bit(K):
     assert oq.shape == rq.shape and ok.shape == rk.shape
     assert torch.equal(oq, rq) and torch.equal(ok, rk)
     assert torch.equal(q.grad, q2.grad) and torch.equal(k.grad, k2.grad)
+
+
+def test_no_grad_forwards_skip_the_autograd_functions(K, monkeypatch):
+    """Under no_grad (π_old, π_ref) the fused ops run their forward directly: the same bits as the
+    recorded path, and no autograd Function is applied (each `apply` would cost host time)."""
+    norm, ops = K
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(5, 96, generator=g) * 3).bfloat16()
+    w = (1 + 0.2 * torch.randn(96, generator=g)).bfloat16()
+    gate, up = torch.randn(5, 300, generator=g).bfloat16(), torch.randn(5, 300, generator=g).bfloat16()
+    q = torch.randn(1, 6, 4, 64, generator=g).bfloat16().transpose(1, 2)
+    k = torch.randn(1, 6, 2, 64, generator=g).bfloat16().transpose(1, 2)
+    cos, sin = torch.rand(1, 6, 64, generator=g).bfloat16(), torch.rand(1, 6, 64, generator=g).bfloat16()
+    quant = (1e-8, "half_away")
+    recorded = {name: fn() for name, fn in {
+        "norm": lambda: ops.rms_norm(x.requires_grad_(), w, 1e-6, quant),
+        "silu": lambda: ops.silu_mul(gate.requires_grad_(), up, quant),
+        "rope": lambda: ops.rope(q.requires_grad_(), k, cos, sin)}.items()}
+    for t in (x, gate, q):
+        t.requires_grad_(False)
+
+    def refuse(*a):
+        raise AssertionError("an autograd Function was applied under no_grad")
+    for fn in (ops._RMSNormFn, ops._SiLUMulFn, ops._RoPEFn):
+        monkeypatch.setattr(fn, "apply", refuse)
+    with torch.no_grad():
+        direct = {"norm": ops.rms_norm(x, w, 1e-6, quant), "silu": ops.silu_mul(gate, up, quant),
+                  "rope": ops.rope(q, k, cos, sin)}
+    for name in ("norm", "silu"):
+        (y0, (c0, s0)), (y1, (c1, s1)) = recorded[name], direct[name]
+        assert torch.equal(y0.detach(), y1) and torch.equal(c0, c1) and torch.equal(s0, s1), name
+    assert all(torch.equal(a.detach(), b) for a, b in zip(recorded["rope"], direct["rope"]))

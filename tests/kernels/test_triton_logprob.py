@@ -113,6 +113,9 @@ def test_autograd_op_reads_a_slice_and_matches_torch(K, dtype):
     assert ((fused_grad.float() - full.grad.float()).abs() <= tol * full.grad.float().abs() + 1e-6).all()
     flat = token_logprobs(full[0, :-1].detach(), ids[0, 1:], 0.7, backend="triton")     # [N, V] input
     assert torch.equal(flat, lp[0].detach())
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:    # π_old / π_ref: no autograd Function
+        mp.setattr(logprob._FusedTokenLogprobs, "apply", lambda *a: pytest.fail("Function applied under no_grad"))
+        assert torch.equal(token_logprobs(full[:, :-1], ids[:, 1:], 0.7, backend="triton"), lp.detach())
 
 
 @needs_triton

@@ -55,6 +55,31 @@ def test_bf16_gradients_match_fp32_reference_within_tolerance():
         assert rel <= 1e-2, rel
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_grad_forward_skips_the_autograd_function(monkeypatch, dtype):
+    """π_old / π_ref run under no_grad: the aligned linear and the KV round trip then compute
+    their forward without an autograd Function (host time), with the same bits and the same
+    weight-cache use."""
+    x, w, b, _ = _inputs(dtype)
+    kv = torch.randn(2, 3, 5, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
+    cache = ste.WeightCache()
+    y_graph = ste.w8a8_linear_ste(x, w, b, SPEC, cache)
+    kv_graph = ste.kv_fake_quant(kv.requires_grad_(), SPEC)
+
+    def refuse(*a):
+        raise AssertionError("an autograd Function was applied under no_grad")
+    monkeypatch.setattr(ste._W8A8STE, "apply", refuse)
+    monkeypatch.setattr(ste._KVSTE, "apply", refuse)
+    with torch.no_grad():
+        y = ste.w8a8_linear_ste(x, w, b, SPEC, cache)
+        kv_direct = ste.kv_fake_quant(kv, SPEC)
+    assert torch.equal(y, y_graph.detach()) and y.dtype == dtype
+    assert torch.equal(kv_direct, kv_graph.detach())
+    assert cache.recomputes == 1                     # the no-grad call reused the codes
+    with pytest.raises(AssertionError, match="no_grad"):
+        ste.w8a8_linear_ste(x, w, b, SPEC, cache)     # grad mode with grad-requiring inputs: the Function
+
+
 def test_weight_cache_quantizes_once_per_optimizer_step():
     x, w, b, gy = _inputs(torch.float32, k=64)
     cache = ste.WeightCache()
