@@ -128,6 +128,8 @@ def gemm_candidates(m: int):
     for bm, bn, bk, w, st in tiles:
         for sp in splits:
             yield GemmConfig(bm, bn, bk, sp, 8, w, st)
+            if sp > 1:                 # the split-K fix-up by plain loads (opt-in until measured)
+                yield GemmConfig(bm, bn, bk, sp, 8, w, st, load_fixup=True)
 
 
 def tune_gemm(shapes, dev, results, deadline: float = float("inf"), ms=MS):
@@ -165,7 +167,8 @@ def tune_gemm(shapes, dev, results, deadline: float = float("inf"), ms=MS):
         table[(sh.n, sh.k)] = sorted(rows, key=lambda r: r[0])
     tg.H200_TABLE.update(table)
     # rows for kernels/h200_gemm.json ("gemm" section): paste or merge them there
-    rows_json = {f"{n}x{k}": [[m, [c.block_m, c.block_n, c.block_k, c.split_k, c.group_m, c.num_warps, c.num_stages]]
+    rows_json = {f"{n}x{k}": [[m, [c.block_m, c.block_n, c.block_k, c.split_k, c.group_m, c.num_warps, c.num_stages]
+                                  + ([True] if c.load_fixup else [])]
                               for m, c in rows] for (n, k), rows in table.items()}
     text = json.dumps(rows_json)
     log(f"h200_gemm.json rows: {text}")
