@@ -127,8 +127,7 @@ def _decode_sweep(eng, slots, seeds, sp, device: str, steps: int = 32) -> list[d
     """Decode step time per knob value at fixed lengths (every step re-feeds the same position, so
     each value does the same work); graphs are re-captured per value, each value is timed twice in
     interleaved order (a drift shows as a gap between the two), and the knobs are put back."""
-    tokens = [3] * len(slots)
-    lens = eng._advance(slots, tokens)
+    lens = eng._advance(slots, [3] * len(slots))
     out = []
     for name, values in DECODE_SWEEP.items():
         mod, attr, typ = _knob(name)
@@ -136,15 +135,8 @@ def _decode_sweep(eng, slots, seeds, sp, device: str, steps: int = 32) -> list[d
         for rep in range(2):
             for v in values:
                 setattr(mod, attr, typ(v))
-                eng.decoder.reset()
-                for _ in range(3):                       # capture + warm
-                    eng.decoder.step(tokens, slots, lens, seeds, sp)
-                sync(device)
-                t = time.perf_counter()
-                for _ in range(steps):
-                    eng.decoder.step(tokens, slots, lens, seeds, sp)
-                sync(device)
-                ms = 1e3 * (time.perf_counter() - t) / steps
+                eng.decoder.reset()                      # re-captured by the first warm step
+                ms = _time_decode(eng, slots, seeds, sp, steps, device, warm=3, fixed_lens=lens)
                 out.append({"knob": name, "value": v, "rep": rep, "decode_step_ms": ms})
                 print(f"  decode sweep B={len(slots)} {name}={v:g} (pass {rep + 1}): {ms:.3f} ms/step", flush=True)
         setattr(mod, attr, saved)
@@ -182,16 +174,22 @@ def _profile_prefill(eng, ctx: list[list[int]], quant: str) -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=70))
 
 
-def _time_decode(eng, slots, seeds, sp, steps: int, device: str) -> float:
+def _time_decode(eng, slots, seeds, sp, steps: int, device: str, warm: int = 2,
+                 fixed_lens: list[int] | None = None) -> float:
+    """ms per decode step after `warm` untimed ones (the bucket's graph is captured by the first
+    step if it is not yet). Each step appends a token to every episode, or with `fixed_lens`
+    re-feeds the same positions, so every step does the same work."""
     tokens = [3] * len(slots)
-    for _ in range(2):                                   # warm (bucket graph already captured)
-        lens = eng._advance(slots, tokens)
+
+    def step():
+        lens = fixed_lens if fixed_lens is not None else eng._advance(slots, tokens)
         eng.decoder.step(tokens, slots, lens, seeds, sp)
+    for _ in range(warm):
+        step()
     sync(device)
     t = time.perf_counter()
     for _ in range(steps):
-        lens = eng._advance(slots, tokens)
-        eng.decoder.step(tokens, slots, lens, seeds, sp)
+        step()
     sync(device)
     return 1e3 * (time.perf_counter() - t) / steps
 

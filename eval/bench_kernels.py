@@ -167,9 +167,7 @@ def tune_gemm(shapes, dev, results, deadline: float = float("inf"), ms=MS):
         table[(sh.n, sh.k)] = sorted(rows, key=lambda r: r[0])
     tg.H200_TABLE.update(table)
     # rows for kernels/h200_gemm.json ("gemm" section): paste or merge them there
-    rows_json = {f"{n}x{k}": [[m, [c.block_m, c.block_n, c.block_k, c.split_k, c.group_m, c.num_warps, c.num_stages]
-                                  + ([True] if c.load_fixup else [])]
-                              for m, c in rows] for (n, k), rows in table.items()}
+    rows_json = {f"{n}x{k}": [[m, c.table_row()] for m, c in rows] for (n, k), rows in table.items()}
     text = json.dumps(rows_json)
     log(f"h200_gemm.json rows: {text}")
     results["gemm_table"] = rows_json

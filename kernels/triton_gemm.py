@@ -9,15 +9,16 @@ int8 row-major (K contiguous, what int8 tensor-core MMAs want) and `s_w [N]` fp3
 Split-K (small M, large K: more programs than output tiles) reduces **int32** partials before any
 scaling: every split adds its partial into an int32 workspace with integer atomics, and the last
 split to arrive at a tile (an atomic ticket per tile) reads the total back with an atomic exchange
-(which also re-zeroes the workspace), runs the epilogue and resets the ticket. That exchange is
-acquire-release per element, so each thread's 16-32 of them run one L2 round trip after another:
-on the H200 split-K added ~17-20 µs per launch at decode shapes (`docs/bench/h200-r2/tune-qwen3-
-decode.json`: Qwen3-8B o-proj at M = 64, 10.4 µs unsplit, 27.2 µs in 2 splits).
-`GemmConfig(load_fixup=True)` reads the total with plain L2 loads after the ticket's acquire and
-a barrier, and re-zeroes it with plain stores (opt-in until a GPU run measures and checks it). Integer addition is
+(which also re-zeroes the workspace), runs the epilogue and resets the ticket. Integer addition is
 associative, so every tiling and split gives the same int32 accumulator and the result does not
 depend on the batch size, the config or the arrival order. The workspace and tickets are persistent
 per device (CUDA-graph safe); two launches must not run concurrently on different streams.
+
+That exchange is acquire-release per element, so each thread's 16-32 of them run one L2 round
+trip after another: on the H200 split-K added ~17-20 µs per launch at decode shapes
+(`docs/bench/h200-r2/tune-qwen3-decode.json`: Qwen3-8B o-proj at M = 64, 10.4 µs unsplit, 27.2 µs
+in 2 splits). `GemmConfig(load_fixup=True)` reads the total with plain L2 loads after the ticket's
+acquire and a barrier, and re-zeroes it with plain stores (opt-in until a GPU run measures it).
 
 `w8a8_linear(x, w_q, s_w, bias, spec)`: fused per-token quantization (`triton_quant`) + this GEMM;
 bit-identical to `quant.w8a8_linear`.
@@ -55,6 +56,13 @@ class GemmConfig:
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.split_k}/g{self.group_m}"
                 f"/w{self.num_warps}/st{self.num_stages}{'/ld' if self.load_fixup else ''}")
+
+    def table_row(self) -> list:
+        """The config as `h200_gemm.json` lists it (`load_table` reads it back with GemmConfig(*row)):
+        the seven launch fields, then `true` only for the load fix-up."""
+        row: list = [self.block_m, self.block_n, self.block_k, self.split_k, self.group_m, self.num_warps,
+                     self.num_stages]
+        return row + [True] if self.load_fixup else row
 
 
 # ------------------------------------------------------------------ config table (H200, measured)

@@ -261,6 +261,7 @@ def test_table_rows_may_name_the_load_fixup(K, tmp_path):
     table = K.gemm.load_table(path)
     assert [c.load_fixup for _, c in table[(64, 32)]] == [False, True]
     assert table[(64, 32)][1][1].short() == "64x32x64/s4/g8/w4/st3/ld"
+    assert [c.table_row() for _, c in table[(64, 32)]] == [[16, 32, 64, 2, 8, 4, 3], [64, 32, 64, 4, 8, 4, 3, True]]
 
 
 def test_heuristic_configs_are_valid(K):
