@@ -128,8 +128,6 @@ def gemm_candidates(m: int):
     for bm, bn, bk, w, st in tiles:
         for sp in splits:
             yield GemmConfig(bm, bn, bk, sp, 8, w, st)
-            if sp > 1:                 # the split-K fix-up by plain loads (opt-in until measured)
-                yield GemmConfig(bm, bn, bk, sp, 8, w, st, load_fixup=True)
 
 
 def tune_gemm(shapes, dev, results, deadline: float = float("inf"), ms=MS):

@@ -17,8 +17,9 @@ per device (CUDA-graph safe); two launches must not run concurrently on differen
 That exchange is acquire-release per element, so each thread's 16-32 of them run one L2 round
 trip after another: on the H200 split-K added ~17-20 µs per launch at decode shapes
 (`docs/bench/h200-r2/tune-qwen3-decode.json`: Qwen3-8B o-proj at M = 64, 10.4 µs unsplit, 27.2 µs
-in 2 splits). `GemmConfig(load_fixup=True)` reads the total with plain L2 loads after the ticket's
-acquire and a barrier, and re-zeroes it with plain stores (opt-in until a GPU run measures it).
+in 2 splits). A fix-up by plain L2 loads after the ticket's acquire and a barrier (round 6) halved
+that but never beat one split at any decode shape, and returned wrong sums on the H200 (3 splits),
+where the interpreter had been bit-exact; it was removed (`docs/kernels.md`, round 7).
 
 `w8a8_linear(x, w_q, s_w, bias, spec)`: fused per-token quantization (`triton_quant`) + this GEMM;
 bit-identical to `quant.w8a8_linear`.
@@ -49,20 +50,15 @@ class GemmConfig:
     group_m: int = 8             # row tiles that walk the weight tiles together (L2 reuse)
     num_warps: int = 4
     num_stages: int = 4          # software-pipelining depth of the K loop
-    # split-K: the last split reads the int32 total back with plain L2 loads and re-zeroes it with
-    # plain stores, instead of one acquire-release exchange per element (see the module docstring)
-    load_fixup: bool = False
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.split_k}/g{self.group_m}"
-                f"/w{self.num_warps}/st{self.num_stages}{'/ld' if self.load_fixup else ''}")
+                f"/w{self.num_warps}/st{self.num_stages}")
 
     def table_row(self) -> list:
-        """The config as `h200_gemm.json` lists it (`load_table` reads it back with GemmConfig(*row)):
-        the seven launch fields, then `true` only for the load fix-up."""
-        row: list = [self.block_m, self.block_n, self.block_k, self.split_k, self.group_m, self.num_warps,
-                     self.num_stages]
-        return row + [True] if self.load_fixup else row
+        """The config as `h200_gemm.json` lists it (`load_table` reads it back with GemmConfig(*row))."""
+        return [self.block_m, self.block_n, self.block_k, self.split_k, self.group_m, self.num_warps,
+                self.num_stages]
 
 
 # ------------------------------------------------------------------ config table (H200, measured)
@@ -138,8 +134,7 @@ if HAVE_TRITON:
                           M, N, K, stride_xm, stride_wn, stride_om, k_per_split, num_splits,
                           HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr,
-                          LOAD_FIXUP: tl.constexpr):
+                          GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr):
         if PDL:   # launched early (programmatic dependent launch): wait for the producer of x_q/s_x
             tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
@@ -188,15 +183,8 @@ if HAVE_TRITON:
             tile = pid_m * num_n + pid_n
             ticket = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
             if ticket == num_splits - 1:
-                zeros = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32)
-                if LOAD_FIXUP:
-                    # the ticket's acquire (one thread) orders the whole program after every split's
-                    # release through the barrier; .cg reads the L2 the atomics wrote
-                    tl.debug_barrier()
-                    total = tl.load(ws_ptrs, mask=mask, other=0, cache_modifier=".cg")
-                    tl.store(ws_ptrs, zeros, mask=mask)
-                else:
-                    total = tl.atomic_xchg(ws_ptrs, zeros, mask=mask, sem="acq_rel")
+                total = tl.atomic_xchg(ws_ptrs, tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32), mask=mask,
+                                       sem="acq_rel")
                 _epilogue_store(total, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
                                 HAS_BIAS, BF16_BITS)
                 tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed")
@@ -264,8 +252,7 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
         m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0), k_per_split, split,
         HAS_BIAS=has_bias, USE_SPLIT=split > 1, EVEN_K=even_k,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, BF16_BITS=bf16_bits,
-        PDL=pdl, LOAD_FIXUP=cfg.load_fixup and split > 1, launch_pdl=pdl, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, enable_fp_fusion=False)
+        PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
     return out
 
 
