@@ -237,6 +237,15 @@ def quant_specs(cfg: DictConfig) -> tuple[QuantSpec, QuantSpec]:
     return rollout, QuantSpec.preset(lq)
 
 
+def learner_batching(cfg: DictConfig) -> dict[str, int | None]:
+    """The `Learner`'s micro-batching arguments from `cfg.trainer` (absent optional keys: None)."""
+    t = cfg.trainer
+    out: dict[str, int | None] = {"micro_batch_size": int(t.micro_batch_size)}
+    for key in ("pack_tokens", "logprob_micro_batch_size", "logprob_pack_tokens"):
+        out[key] = None if t.get(key) is None else int(t[key])
+    return out
+
+
 def learner_temperature(cfg: DictConfig) -> float:
     """The rollout temperature the learner scores with, so δ = log π_old − log μ compares the same
     distribution. Top-k / top-p truncation is refused for training: the learner would have to

@@ -75,6 +75,8 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.minibatch_size": optional(positive_int),
     "trainer.micro_batch_size": positive_int,
     "trainer.pack_tokens": optional(positive_int),
+    "trainer.logprob_micro_batch_size": optional(positive_int),
+    "trainer.logprob_pack_tokens": optional(positive_int),
     "trainer.max_concurrent": positive_int,
     "trainer.save_every": nonneg_int,
     "trainer.keep_checkpoints": nonneg_int,

@@ -75,7 +75,7 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
     model, cfg = random_model(args.model, args.seq, device, dtype)
     learner = Learner(model, QuantSpec.preset(spec_name), dtype=dtype, device=str(device), use_reference=False,
                       micro_batch_size=args.micro, lr=1e-6, activation_checkpointing=args.checkpointing,
-                      pack_tokens=pack_tokens)
+                      pack_tokens=pack_tokens, logprob_micro_batch_size=args.logprob_micro)
     lengths = mixed_lengths(args.batch, args.seq) if args.mixed else None
     batch = synthetic_batch(args.batch, args.seq, cfg.vocab_size, lengths=lengths)
     lengths = batch.attention_mask.sum(1).tolist()
@@ -169,6 +169,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--micro", type=int, default=4, help="sequences per forward (gradient accumulation)")
+    ap.add_argument("--logprob-micro", type=int, default=None,
+                    help="sequences per no-grad forward (Learner logprob_micro_batch_size; default --micro)")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=3)
@@ -192,10 +194,12 @@ def main(argv=None) -> dict:
     rows = {s: run_spec(s, args, device, dtype) for s in SPECS}
     base, al = rows["none"], rows["w8a8_kv8"]
     report = {"model": args.model, "batch": args.batch, "seq": args.seq, "micro": args.micro,
+              "logprob_micro": args.logprob_micro,
               "checkpointing": args.checkpointing, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "dtype": str(dtype), "torch": torch.__version__, "results": rows,
               "ratio_update": al["update_s"] / base["update_s"], "ratio_forward": al["forward_s"] / base["forward_s"]}
-    print(f"\nlearner {args.model} B={args.batch} L={args.seq} micro={args.micro} ckpt={args.checkpointing} "
+    print(f"\nlearner {args.model} B={args.batch} L={args.seq} micro={args.micro} "
+          f"logprob micro={args.logprob_micro or args.micro} ckpt={args.checkpointing} "
           f"{report['device']} {dtype}")
     print(f"{'spec':<10} {'update s':>9} {'upd tok/s':>10} {'fwd s':>8} {'fwd tok/s':>10} {'peak GiB':>9}")
     for r in rows.values():

@@ -87,7 +87,8 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
     model, cfg = random_model(args.model, max_len, device, dtype)
     learner = Learner(model, learner_spec, dtype=dtype, device=str(device), lr=1e-6,
                       use_reference=float(pre["params"]["kl_coef"]) > 0, micro_batch_size=args.micro,
-                      pack_tokens=args.pack_tokens)
+                      pack_tokens=args.pack_tokens, logprob_micro_batch_size=args.logprob_micro,
+                      logprob_pack_tokens=args.logprob_pack_tokens)
     engine = TorchEngine(cfg, rollout_spec, max_slots=args.episodes, max_len=max_len, dtype=dtype, device=device)
     engine.update_weights(learner.named_weights(), version=0)
     objective = make_objective(pre["objective"], **pre["params"])
@@ -146,6 +147,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--micro", type=int, default=8, help="trajectories per learner forward")
     ap.add_argument("--pack-tokens", type=int, default=None,
                     help="learner sequence packing: packs of at most this many tokens (default: padded micro-batches)")
+    ap.add_argument("--logprob-micro", type=int, default=None,
+                    help="trajectories per no-grad forward of π_old / π_ref (default: --micro)")
+    ap.add_argument("--logprob-pack-tokens", type=int, default=None,
+                    help="packs of the no-grad forwards (default: --pack-tokens)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernel tables of old_ref and update")

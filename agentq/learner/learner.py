@@ -8,6 +8,7 @@ QuantSpec's fake quant (W8A8 via the integer path, KV round trip) with straight-
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -30,8 +31,9 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     (logit[target] − logsumexp: on CPU torch's fp32 ops; on CUDA one fused op that never builds an
     fp32 copy of the logits). attention_mask None = causal only (see `model_mask`); a 4D bool mask,
     `position_ids` (None: 0…L−1) and `model_kw` are passed to the model as they are (packing)."""
+    # use_cache=False: HF would otherwise fill a KV cache nobody reads (two concatenations per layer)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   **model_kw).logits[:, :-1]
+                   use_cache=False, **model_kw).logits[:, :-1]
     release_activation_cache(model)
     lp = token_logprobs(logits, input_ids[:, 1:], temperature)
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
@@ -87,7 +89,8 @@ class Learner:
                  betas: tuple[float, float] = (0.9, 0.999),
                  grad_clip: float = 1.0, use_reference: bool = True, micro_batch_size: int = 8,
                  ref_path: str | None = None, activation_checkpointing: bool = False, temperature: float = 1.0,
-                 pack_tokens: int | None = None):
+                 pack_tokens: int | None = None, logprob_micro_batch_size: int | None = None,
+                 logprob_pack_tokens: int | None = None):
         """Args:
             model_path: an HF checkpoint folder, or an HF causal LM (e.g. random-init for benchmarks).
             spec: the learner's QuantSpec (`none` = unaligned); dtype/device: where it computes.
@@ -100,6 +103,10 @@ class Learner:
             pack_tokens: None = micro-batches of `micro_batch_size` rows padded to their longest;
                 a number = sequence packing: micro-batches are packs of rows laid end to end, at
                 most this many tokens each (a longer row alone), no padding (`packing.py`).
+            logprob_micro_batch_size / logprob_pack_tokens: the same two for the no-grad forwards
+                of π_old / π_ref (None: as for training). They keep no activations for a backward,
+                so they can take several times the rows; fewer, larger forwards also amortize the
+                host's launch cost, which sets the pace of small ones on a GPU.
         """
         from transformers import AutoModelForCausalLM
 
@@ -107,9 +114,15 @@ class Learner:
             raise ValueError(f"Learner temperature={temperature!r}: must be > 0 (greedy decoding has no "
                              "sampling distribution to score)")
         self.temperature = float(temperature)
-        if pack_tokens is not None and not (isinstance(pack_tokens, int) and pack_tokens > 0):
-            raise ValueError(f"Learner pack_tokens={pack_tokens!r}: must be a positive integer or None")
-        self.pack_tokens = pack_tokens
+        for key, value in (("pack_tokens", pack_tokens), ("logprob_micro_batch_size", logprob_micro_batch_size),
+                           ("logprob_pack_tokens", logprob_pack_tokens)):
+            if value is not None and not (isinstance(value, int) and value > 0):
+                raise ValueError(f"Learner {key}={value!r}: must be a positive integer or None")
+        if not (isinstance(micro_batch_size, int) and micro_batch_size > 0):
+            raise ValueError(f"Learner micro_batch_size={micro_batch_size!r}: must be a positive integer")
+        self.train_batching = MicroBatching(micro_batch_size, pack_tokens)
+        self.logprob_batching = MicroBatching(logprob_micro_batch_size or micro_batch_size,
+                                              logprob_pack_tokens or pack_tokens)
 
         def load_aligned(path: str | nn.Module) -> tuple[nn.Module, dict]:
             model = path if isinstance(path, nn.Module) else AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -130,7 +143,6 @@ class Learner:
                 p.requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(betas[0], betas[1]), weight_decay=weight_decay)
         self.grad_clip = grad_clip
-        self.micro_batch_size = micro_batch_size
         self.version = 0
 
     # ------------------------------------------------------------------ log-probs
@@ -148,10 +160,12 @@ class Learner:
         model.eval()
         # filled on the device and read back once: a copy per micro-batch would stall the queue
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
-        for idx in self.micro_batches(batch.attention_mask.sum(1)):
+        plan = self.logprob_batching
+        for idx in plan.groups(batch.attention_mask.sum(1)):
             am = batch.attention_mask[idx]
             L = int(am.sum(1).max())
-            out[idx.to(self.device), :L] = self.rows_logprobs(model, batch.input_ids[idx, :L], am[:, :L]).float()
+            out[idx.to(self.device), :L] = self.rows_logprobs(model, batch.input_ids[idx, :L], am[:, :L],
+                                                              plan.pack_tokens).float()
         model.train(was_training)
         return out.cpu()
 
@@ -206,7 +220,8 @@ class Learner:
             L = int(micro.attention_mask.sum(1).max())
             micro = micro.trim(L)
             share = objective.agg_units(micro) / total_units      # from the CPU rows: no device sync
-            logp = self.rows_logprobs(self.model, micro.input_ids, micro.attention_mask)
+            logp = self.rows_logprobs(self.model, micro.input_ids, micro.attention_mask,
+                                      self.train_batching.pack_tokens)
             micro = micro.to(self.device)
             loss, stats = objective.loss(logp, micro)
             (loss * share).backward()
@@ -229,23 +244,15 @@ class Learner:
 
     # ------------------------------------------------------------------ micro-batches
     def micro_batches(self, lengths: torch.Tensor) -> list[torch.Tensor]:
-        """The row groups computed one forward each: packs of at most `pack_tokens` tokens
-        (`plan_packs`), or length-sorted chunks of `micro_batch_size` rows when packing is off.
+        """The row groups of the training forwards (`MicroBatching.groups`)."""
+        return self.train_batching.groups(lengths)
 
-        Args:
-            lengths: [B] real tokens per row.
-        Returns:
-            Row-index tensors partitioning range(B).
-        """
-        if self.pack_tokens is None:
-            return length_sorted_chunks(lengths, self.micro_batch_size)
-        return [torch.tensor(p, dtype=torch.long) for p in plan_packs(lengths.tolist(), self.pack_tokens)]
-
-    def rows_logprobs(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def rows_logprobs(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      pack_tokens: int | None) -> torch.Tensor:
         """[n, L] log-probs of one micro-batch of rows (CPU [n, L] ids and padding mask, L = their
-        longest), padded (packing off) or packed into one sequence (on; rows must be right-padded)."""
+        longest), padded (pack_tokens None) or packed into one sequence (rows must be right-padded)."""
         mask = model_mask(attention_mask)
-        if self.pack_tokens is None:
+        if pack_tokens is None:
             return sequence_logprobs(model, input_ids.to(self.device), None if mask is None else mask.to(self.device),
                                      self.temperature)
         if mask is not None:
@@ -294,6 +301,25 @@ def read_back(acc: dict[str, torch.Tensor | float]) -> dict[str, float]:
     if held:
         out.update(zip(held, torch.stack([v.reshape(()) for v in held.values()]).tolist()))
     return out
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a pass splits its rows into forwards: packs of at most `pack_tokens` tokens laid end to
+    end (`plan_packs`), or, with packing off, length-sorted chunks of `rows` rows, each padded to
+    its longest."""
+    rows: int
+    pack_tokens: int | None = None
+
+    def groups(self, lengths: torch.Tensor) -> list[torch.Tensor]:
+        """Args:
+            lengths: [B] real tokens per row.
+        Returns:
+            Row-index tensors partitioning range(B), one forward each.
+        """
+        if self.pack_tokens is None:
+            return length_sorted_chunks(lengths, self.rows)
+        return [torch.tensor(p, dtype=torch.long) for p in plan_packs(lengths.tolist(), self.pack_tokens)]
 
 
 def length_sorted_chunks(lengths: torch.Tensor, size: int) -> list[torch.Tensor]:

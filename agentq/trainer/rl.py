@@ -102,10 +102,8 @@ class RLTrainer:
         self.learner = self.placement.learner(
             path, learner_spec, dtype=self.dtype, device=str(self.device), lr=float(t.lr),
             weight_decay=float(t.weight_decay), betas=tuple(t.betas), grad_clip=float(t.grad_clip),
-            use_reference=float(cfg.algo.kl_coef) > 0, micro_batch_size=int(t.micro_batch_size),
-            ref_path=self.init_path if resumed else None,
-            activation_checkpointing=bool(t.activation_checkpointing),
-            pack_tokens=None if t.get("pack_tokens") is None else int(t.pack_tokens),
+            use_reference=float(cfg.algo.kl_coef) > 0, ref_path=self.init_path if resumed else None,
+            activation_checkpointing=bool(t.activation_checkpointing), **build.learner_batching(cfg),
             temperature=build.learner_temperature(cfg))
 
     def _restore(self, state: TrainerState, ckpt: Path | None) -> int:
