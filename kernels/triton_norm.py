@@ -35,12 +35,12 @@ if HAVE_TRITON:
     from .triton_quant import _absmax_to_scale, _quant_block, _store_row_codes, cast_for_store, store_view
 
     @triton.jit
-    def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, N, stride_x, stride_o, eps,
+    def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, N, stride_x, stride_o, eps, inner, stride_xi,
                          BLOCK: tl.constexpr, BF16_BITS: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         mask = offs < N
-        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + _row_offset(row, inner, stride_x, stride_xi) + offs, mask=mask, other=0.0).to(tl.float32)
         var = tl.reduce(x * x, 0, tl.standard._sum_combine) / N      # (tl.sum breaks the reloaded interpreter)
         h = x * tl.math.rsqrt(var + eps)
         # h.to(dt) then weight * h in dt: both roundings as torch does them
@@ -52,7 +52,7 @@ if HAVE_TRITON:
         tl.store(o_ptr + row * stride_o + offs, cast_for_store(w * h, o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
 
     @triton.jit
-    def _rms_norm_rows_kernel(x_ptr, w_ptr, o_ptr, M, N, stride_x, stride_o, eps,
+    def _rms_norm_rows_kernel(x_ptr, w_ptr, o_ptr, M, N, stride_x, stride_o, eps, inner, stride_xi,
                               ROWS: tl.constexpr, BLOCK: tl.constexpr, BF16_BITS: tl.constexpr):
         """`_rms_norm_kernel` for ROWS rows per program as a [ROWS, BLOCK] block. Launched with ROWS
         times the one-row kernel's warps on 16-byte-aligned rows (`_multi_row_fits`), each row gets
@@ -63,7 +63,8 @@ if HAVE_TRITON:
         offs = tl.arange(0, BLOCK)
         cmask = offs < N
         mask = (rows < M)[:, None] & cmask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + _row_offset(rows, inner, stride_x, stride_xi)[:, None] + offs[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
         var = tl.reduce(x * x, 1, tl.standard._sum_combine) / N    # (tl.sum breaks the reloaded interpreter)
         # h.to(dt) then weight * h in dt: both roundings as torch does them
         h = _round_to(x * tl.math.rsqrt(var + eps)[:, None], o_ptr.dtype.element_ty, BF16_BITS)
@@ -73,8 +74,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _rms_norm_bwd_kernel(x_ptr, w_ptr, gy_ptr, dx_ptr, dwp_ptr, M, N, n_blocks, stride_x, stride_gy,
-                             stride_dx, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr,
-                             BF16_BITS: tl.constexpr):
+                             stride_dx, eps, inner, stride_xi, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                             STAGES: tl.constexpr, BF16_BITS: tl.constexpr):
         """RMSNorm backward (`rms_norm_backward`). Program p takes the blocks of ROWS rows p, p + P,
         p + 2P, ... (P programs; n_blocks = ⌈M / ROWS⌉; STAGES > 1 prefetches the next block's rows
         while this one computes): dx of each row, rounded once to the dtype, and Σ gy·h over its
@@ -87,7 +88,8 @@ if HAVE_TRITON:
         for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
             rows = (blk * ROWS + tl.arange(0, ROWS)).to(tl.int64)     # blk·ROWS < M fits int32
             mask = (rows < M)[:, None] & cmask[None, :]
-            x = tl.load(x_ptr + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + _row_offset(rows, inner, stride_x, stride_xi)[:, None] + offs[None, :], mask=mask,
+                        other=0.0).to(tl.float32)
             gy = tl.load(gy_ptr + rows[:, None] * stride_gy + offs[None, :], mask=mask, other=0.0).to(tl.float32)
             r = tl.math.rsqrt(tl.reduce(x * x, 1, tl.standard._sum_combine) / N + eps)[:, None]
             acc += gy * _round_to(x * r, dx_ptr.dtype.element_ty, BF16_BITS)
@@ -97,6 +99,12 @@ if HAVE_TRITON:
             tl.store(dx_ptr + rows[:, None] * stride_dx + offs[None, :],
                      cast_for_store(dx, dx_ptr.dtype.element_ty, BF16_BITS), mask=mask)
         tl.store(dwp_ptr + pid.to(tl.int64) * N + offs, tl.reduce(acc, 0, tl.standard._sum_combine), mask=cmask)
+
+    @triton.jit
+    def _row_offset(rows, inner, stride_outer, stride_inner):
+        """Element offset of rows laid out as [outer, inner] with two strides (`_row_layout`);
+        inner = 1 is the plain [rows, N] layout (Triton specializes the 1: no division)."""
+        return (rows // inner) * stride_outer + (rows % inner) * stride_inner
 
     @triton.jit
     def _bf16_round(y):
@@ -424,6 +432,29 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+def _row_layout(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int, int]:
+    """(tensor, rows, inner, stride_outer, stride_inner) addressing x's rows (last dim, stride 1)
+    without a copy where two strides reach them: row r starts at (r // inner)·stride_outer +
+    (r % inner)·stride_inner. That covers per-head views of a wider projection output (Qwen3's q/k
+    norms read [B, T, H, D] column slices of the grouped q/k/v GEMM's output, `qat.ProjectionGroup`);
+    anything else is copied to plain rows."""
+    n = x.shape[-1]
+    if x.stride(-1) == 1:
+        try:
+            x2 = x.view(-1, n)
+            return x2, x2.shape[0], 1, x2.stride(0), 0
+        except RuntimeError:
+            pass
+        if x.dim() >= 3:
+            try:
+                x3 = x.view(-1, x.shape[-2], n)
+                return x3, x3.shape[0] * x3.shape[1], x3.shape[1], x3.stride(0), x3.stride(1)
+            except RuntimeError:
+                pass
+    x2 = _rows(x)
+    return x2, x2.shape[0], 1, x2.stride(0), 0
+
+
 #: rows of up to this block (power of two ≥ N) are normalized ROWS = FWD_ELEMS // block per program
 FWD_MAX_MULTI_ROW = 1024
 FWD_ELEMS = 2048
@@ -452,21 +483,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, multi_row: bool 
     Returns:
         the normed rows, x's shape and dtype."""
     require_triton("triton_norm.rms_norm")
-    x2 = _rows(x)
-    m, n = x2.shape
+    x2, m, inner, s_outer, s_inner = _row_layout(x)
+    n = x.shape[-1]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if not m:
         return out.reshape(x.shape)
     interp = runs_interpreted(_rms_norm_kernel)
     o_arg, bits = store_view(out, interp)
     block = triton.next_power_of_2(n)
-    rows = min(16, FWD_ELEMS // block) if multi_row and _multi_row_fits(x2, weight, block) else 1
+    fits = _multi_row_fits(x2, weight, block) and s_outer % 16 == 0 and s_inner % 16 == 0
+    rows = min(16, FWD_ELEMS // block) if multi_row and fits else 1
     if rows > 1:      # each row keeps the one-row kernel's warps (and with them its summation order)
         _rms_norm_rows_kernel[(triton.cdiv(m, rows),)](
-            x2, weight, o_arg, m, n, x2.stride(0), out.stride(0), float(eps), ROWS=rows, BLOCK=block,
+            x2, weight, o_arg, m, n, s_outer, out.stride(0), float(eps), inner, s_inner, ROWS=rows, BLOCK=block,
             BF16_BITS=bits, num_warps=rows * _norm_warps(block), enable_fp_fusion=False)
     else:
-        _rms_norm_kernel[(m,)](x2, weight, o_arg, n, x2.stride(0), out.stride(0), float(eps), BLOCK=block,
+        _rms_norm_kernel[(m,)](x2, weight, o_arg, n, s_outer, out.stride(0), float(eps), inner, s_inner, BLOCK=block,
                                BF16_BITS=bits, num_warps=_norm_warps(block), enable_fp_fusion=False)
     return out.reshape(x.shape)
 
@@ -475,7 +507,7 @@ def _multi_row_fits(x2: torch.Tensor, weight: torch.Tensor, block: int) -> bool:
     """Whether `_rms_norm_rows_kernel` gives each row the one-row kernel's layout: short rows, and
     16-byte-aligned pointers and 16-divisible sizes, which Triton specializes on (vector loads; the
     layouts were compared for these, tests/kernels/test_compile_sm90.py)."""
-    n = x2.shape[1]
+    n = x2.shape[-1]
     return (block <= FWD_MAX_MULTI_ROW and n % 16 == 0 and x2.stride(0) % 16 == 0
             and x2.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0)
 
@@ -496,8 +528,8 @@ def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, gy: tor
         (dx of x's shape and dtype, dw [N] of weight's dtype). The sums run in another order than
         torch's, so values can differ from the torch formula by fp32 rounding (tested)."""
     require_triton("triton_norm.rms_norm_backward")
-    x2, gy2 = _rows(x), _rows(gy)
-    m, n = x2.shape
+    (x2, m, inner, s_outer, s_inner), gy2 = _row_layout(x), _rows(gy)
+    n = x.shape[-1]
     if n > BWD_MAX_N:
         raise ValueError(f"rms_norm_backward: rows of {n} elements are over BWD_MAX_N = {BWD_MAX_N}")
     elems, per_sm, warps, stages = launch or (BWD_ELEMS, BWD_PROGRAMS_PER_SM, BWD_WARPS, BWD_STAGES)
@@ -511,8 +543,8 @@ def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, gy: tor
     if m:
         dx_arg, bits = store_view(dx, runs_interpreted(_rms_norm_bwd_kernel))
         _rms_norm_bwd_kernel[(programs,)](
-            x2, weight, gy2, dx_arg, partial, m, n, blocks, x2.stride(0), gy2.stride(0), dx.stride(0), float(eps),
-            ROWS=rows, BLOCK=block, STAGES=stages, BF16_BITS=bits, num_warps=warps,
+            x2, weight, gy2, dx_arg, partial, m, n, blocks, s_outer, gy2.stride(0), dx.stride(0), float(eps),
+            inner, s_inner, ROWS=rows, BLOCK=block, STAGES=stages, BF16_BITS=bits, num_warps=warps,
             enable_fp_fusion=False)   # no FMA: each op rounds as the torch formula's
     return dx.reshape(x.shape), partial.sum(0).to(weight.dtype)
 

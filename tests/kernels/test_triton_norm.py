@@ -140,6 +140,35 @@ def test_rms_norm_backward_reads_strided_gradients_and_refuses_long_rows(K):
                             1e-6, torch.zeros(1, K.BWD_MAX_N + 1).bfloat16())
 
 
+def test_norm_reads_per_head_views_of_a_wider_row_in_place(K, monkeypatch):
+    """Qwen3's q/k norms over [B, T, H, D] column slices of a grouped projection's output: the rows
+    are reached with two strides (`_row_layout`, no copy) and normed bit for bit as a contiguous
+    copy, forward (one-row and multi-row launches) and backward."""
+    g = torch.Generator().manual_seed(9)
+    b, t, h, d, wide = 2, 5, 3, 64, 7 * 64          # q = heads 0-2 of a 7-head-wide row
+    out = (torch.randn(b, t, wide, generator=g) * 3).bfloat16()
+    q = out[..., : h * d].view(b, t, h, d)
+    k = out[..., h * d: (h + 2) * d].view(b, t, 2, d)
+    w = (1 + 0.1 * torch.randn(d, generator=g)).bfloat16()
+    x2, rows, inner, s_outer, s_inner = K._row_layout(q)
+    assert (rows, inner, s_outer, s_inner) == (b * t * h, h, wide, d) and x2.data_ptr() == q.data_ptr()
+    assert K._row_layout(q.contiguous())[2:] == (1, d, 0)
+    copies = []
+    real_rows = K._rows
+    monkeypatch.setattr(K, "_rows", lambda x: copies.append(x) or real_rows(x))
+    for view in (q, k):
+        ref = K.rms_norm(view.contiguous(), w, 1e-6)
+        assert torch.equal(K.rms_norm(view, w, 1e-6), ref)
+        assert torch.equal(K.rms_norm(view, w, 1e-6, multi_row=False), ref)
+        gy = torch.randn(view.shape, generator=g).bfloat16()
+        dx, dw = K.rms_norm_backward(view, w, 1e-6, gy)
+        rx, rw = K.rms_norm_backward(view.contiguous(), w, 1e-6, gy)
+        assert torch.equal(dx, rx) and torch.equal(dw, rw) and dx.shape == view.shape
+    assert not any(c is q or c is k for c in copies)    # the views were never copied to plain rows
+    bad = out.transpose(1, 2)[..., :d]                  # last dim not contiguous: copied, same result
+    assert torch.equal(K.rms_norm(bad, w, 1e-6), K.rms_norm(bad.contiguous(), w, 1e-6))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_silu_mul_matches_torch_to_one_rounding_step(K, dtype):
     silu_mul = K.silu_mul
