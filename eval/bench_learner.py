@@ -89,8 +89,8 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
     upd = timed(lambda: learner.update(batch, objective), device, args.warmup, args.iters)
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
     if args.profile and device.type == "cuda":
-        kernel_table(f"{spec_name}: no-grad forward", lambda: learner.logprobs(batch))
-        kernel_table(f"{spec_name}: update", lambda: learner.update(batch, objective))
+        kernel_table(f"{spec_name}: no-grad forward", lambda: learner.logprobs(batch), rows=args.profile_rows)
+        kernel_table(f"{spec_name}: update", lambda: learner.update(batch, objective), rows=args.profile_rows)
     tokens = sum(lengths)
     res = {"spec": spec_name, "pack_tokens": pack_tokens, "real_tokens": tokens, "forwards": len(groups),
            "computed_tokens": padded_tokens(lengths, groups, packed=pack_tokens is not None), "update_s": statistics.median(upd), "update_all_s": upd,
@@ -175,6 +175,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernel table of one forward and one update")
+    ap.add_argument("--profile-rows", type=int, default=18)
     ap.add_argument("--mixed", action="store_true", help="sequence lengths uniform in [seq/8, seq] instead of all seq")
     ap.add_argument("--pack-tokens", type=int, default=None,
                     help="compare today's padded micro-batches with packs of at most this many tokens")

@@ -79,11 +79,13 @@ def grad_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class WeightCache:
-    """int8 codes + fp32 scales of one master weight, recomputed only when the weight changes.
+    """int8 codes + fp32 scales of one master weight (or of several stacked by rows), recomputed
+    only when a weight changes.
 
     `get(w, spec)` returns (w_q, s_w) = `quant.quantize_weight(w)` (bit for bit), from the cache
-    when `w` is the same storage at the same version. `dequantized(dtype)` is W_fq in `dtype`,
-    built once per version (the backward's operand)."""
+    when `w` is the same storage at the same version; `get((w1, w2, …), spec)` the same for the
+    row-stacked weights (per-channel codes: row for row those of each weight alone).
+    `dequantized(dtype)` is W_fq in `dtype`, built once per version (the backward's operand)."""
 
     def __init__(self):
         self.key: tuple | None = None
@@ -92,10 +94,13 @@ class WeightCache:
         self._deq: torch.Tensor | None = None
         self.recomputes = 0          # how many times the codes were (re)computed: tests, diagnostics
 
-    def get(self, w: torch.Tensor, spec: QuantSpec, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape), spec)
+    def get(self, w: torch.Tensor | tuple[torch.Tensor, ...], spec: QuantSpec, backend: str | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        ws = (w,) if isinstance(w, torch.Tensor) else w
+        key = (tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in ws), ws[0].dtype, ws[0].device, spec)
         if key != self.key:
-            self.w_q, self.s_w = _quantize_rows(w.detach(), spec.weight_scale_floor, spec.weight_rounding, backend)
+            rows = ws[0].detach() if len(ws) == 1 else torch.cat([t.detach() for t in ws])
+            self.w_q, self.s_w = _quantize_rows(rows, spec.weight_scale_floor, spec.weight_rounding, backend)
             self._deq = None
             self.key = key
             self.recomputes += 1
@@ -167,15 +172,24 @@ class ActivationCache:
         self.x = self.key = self.codes = self._deq = None
 
 
+def _stacked_bias(biases: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+    return None if not biases else biases[0] if len(biases) == 1 else torch.cat(biases)
+
+
 class _W8A8STE(torch.autograd.Function):
+    """Y = [X·W1ᵀ + b1 | X·W2ᵀ + b2 | …] for one or more weights read by the same X, as one W8A8
+    GEMM over the row-stacked codes; `params` = the weights, then their biases (all or none)."""
+
     @staticmethod
-    def forward(ctx, x2, w, bias, spec, cache, backend, x_q, s_x, act_cache):
-        w_q, s_w = cache.get(w, spec, backend)
-        y = _int8_linear(x_q, s_x, w_q, s_w, bias, x2.dtype, backend)
+    def forward(ctx, x2, spec, cache, backend, x_q, s_x, act_cache, n_weights, *params):
+        ws = params[:n_weights]
+        w_q, s_w = cache.get(ws, spec, backend)
+        y = _int8_linear(x_q, s_x, w_q, s_w, _stacked_bias(params[n_weights:]), x2.dtype, backend)
         ctx.save_for_backward(x_q, s_x, w_q, s_w)
         ctx.cache, ctx.act_cache, ctx.backend = cache, act_cache, backend
-        ctx.has_bias = bias is not None
-        ctx.dtypes = (x2.dtype, w.dtype)
+        ctx.rows = [w.shape[0] for w in ws]
+        ctx.has_bias = len(params) > n_weights
+        ctx.dtypes = (x2.dtype, ws[0].dtype)
         return y
 
     @staticmethod
@@ -184,43 +198,57 @@ class _W8A8STE(torch.autograd.Function):
         xd, wd = ctx.dtypes
         cd = grad_dtype(xd)
         g = gy.to(cd)
-        gx = gw = gb = None
+        n = len(ctx.rows)
+        gx = None
+        gws: list[torch.Tensor | None] = [None] * n
+        gbs: list[torch.Tensor | None] = [None] * n if ctx.has_bias else []
         if ctx.needs_input_grad[0]:
             cache = ctx.cache
             w_fq = cache.dequantized(cd, ctx.backend) if cache.w_q is w_q else _dequantize_rows(w_q, s_w, cd, ctx.backend)
             gx = (g @ w_fq).to(xd)
-        if ctx.needs_input_grad[1]:
+        if any(ctx.needs_input_grad[8: 8 + n]):     # one dW GEMM for the stack, split by rows
             gw = (g.t() @ ctx.act_cache.dequantized(x_q, s_x, cd, ctx.backend)).to(wd)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gws = [gw] if n == 1 else list(gw.split(ctx.rows))
+        if ctx.has_bias and any(ctx.needs_input_grad[8 + n:]):
             gb = g.sum(0, dtype=torch.float32).to(wd)
-        return gx, gw, gb, None, None, None, None, None, None
+            gbs = [gb] if n == 1 else list(gb.split(ctx.rows))
+        return (gx, None, None, None, None, None, None, None, *gws, *gbs)
 
 
-def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec,
+def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor | tuple[torch.Tensor, ...],
+                    bias: torch.Tensor | tuple[torch.Tensor, ...] | None, spec: QuantSpec,
                     cache: WeightCache | None = None, backend: str | None = None,
                     act_cache: ActivationCache | None = None) -> torch.Tensor:
     """The learner's aligned linear: value identical to `quant.w8a8_linear(x, *quantize_weight(w))`,
     straight-through gradients to the master weight `w`, to `x` and to `bias`.
 
+    Several linears that read the same x (q/k/v, gate/up) may run as one: `w` a tuple of weights,
+    `bias` a tuple of their biases (or None), and the output their outputs side by side, each
+    bit for bit its own linear's (per-channel codes, per-token scales, exact int32 sums). Their
+    backward is one dX GEMM over the stacked weights (the sum of the separate dX, rounded once)
+    and one dW GEMM split by rows.
+
     Args:
         x: [..., K] activations (compute dtype).
-        w: [N, K] master weight; bias: [N] or None.
+        w: [N, K] master weight, or a tuple of [Nᵢ, K]; bias: [N] (a tuple of [Nᵢ]) or None.
         spec: the shared QuantSpec.
         cache: the module's `WeightCache` (None: quantize `w` for this call only).
         backend: None (Triton on CUDA), "triton" or "torch" (see `triton_path`).
         act_cache: the model's `ActivationCache` (None: quantize x for this call only).
     Returns:
-        [..., N] in x's dtype.
+        [..., N] (N = Σ Nᵢ) in x's dtype.
     """
     shape = x.shape
+    ws = (w,) if isinstance(w, torch.Tensor) else tuple(w)
+    bs = () if bias is None else (bias,) if isinstance(bias, torch.Tensor) else tuple(bias)
     act_cache = act_cache or ActivationCache()
     x_q, s_x = act_cache.get(x, spec, backend)
     cache = cache or WeightCache()
-    if records_graph(x, w, bias):
-        y = _W8A8STE.apply(x.reshape(-1, shape[-1]), w, bias, spec, cache, backend, x_q, s_x, act_cache)
+    if records_graph(x, *ws, *bs):
+        y = _W8A8STE.apply(x.reshape(-1, shape[-1]), spec, cache, backend, x_q, s_x, act_cache, len(ws), *ws, *bs)
     else:                       # no_grad (π_old, π_ref): _W8A8STE.forward's computation, no graph node
-        y = _int8_linear(x_q, s_x, *cache.get(w, spec, backend), bias, x.dtype, backend)
-    return y.reshape(*shape[:-1], w.shape[0])
+        y = _int8_linear(x_q, s_x, *cache.get(ws, spec, backend), _stacked_bias(bs), x.dtype, backend)
+    return y.reshape(*shape[:-1], y.shape[-1])
 
 
 def kv_roundtrip(x: torch.Tensor, spec: QuantSpec, fp8_scale_value: float | None = None,

@@ -104,9 +104,7 @@ class Learner:
                 a number = sequence packing: micro-batches are packs of rows laid end to end, at
                 most this many tokens each (a longer row alone), no padding (`packing.py`).
             logprob_micro_batch_size / logprob_pack_tokens: the same two for the no-grad forwards
-                of π_old / π_ref (None: as for training). They keep no activations for a backward,
-                so they can take several times the rows; fewer, larger forwards also amortize the
-                host's launch cost, which sets the pace of small ones on a GPU.
+                of π_old / π_ref (None: as for training; see `batching_plans`).
         """
         from transformers import AutoModelForCausalLM
 
@@ -114,15 +112,8 @@ class Learner:
             raise ValueError(f"Learner temperature={temperature!r}: must be > 0 (greedy decoding has no "
                              "sampling distribution to score)")
         self.temperature = float(temperature)
-        for key, value in (("pack_tokens", pack_tokens), ("logprob_micro_batch_size", logprob_micro_batch_size),
-                           ("logprob_pack_tokens", logprob_pack_tokens)):
-            if value is not None and not (isinstance(value, int) and value > 0):
-                raise ValueError(f"Learner {key}={value!r}: must be a positive integer or None")
-        if not (isinstance(micro_batch_size, int) and micro_batch_size > 0):
-            raise ValueError(f"Learner micro_batch_size={micro_batch_size!r}: must be a positive integer")
-        self.train_batching = MicroBatching(micro_batch_size, pack_tokens)
-        self.logprob_batching = MicroBatching(logprob_micro_batch_size or micro_batch_size,
-                                              logprob_pack_tokens or pack_tokens)
+        self.train_batching, self.logprob_batching = batching_plans(micro_batch_size, pack_tokens,
+                                                                    logprob_micro_batch_size, logprob_pack_tokens)
 
         def load_aligned(path: str | nn.Module) -> tuple[nn.Module, dict]:
             model = path if isinstance(path, nn.Module) else AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -142,8 +133,7 @@ class Learner:
             for p in self.ref.parameters():
                 p.requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(betas[0], betas[1]), weight_decay=weight_decay)
-        self.grad_clip = grad_clip
-        self.version = 0
+        self.grad_clip, self.version = grad_clip, 0
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
@@ -301,6 +291,24 @@ def read_back(acc: dict[str, torch.Tensor | float]) -> dict[str, float]:
     if held:
         out.update(zip(held, torch.stack([v.reshape(()) for v in held.values()]).tolist()))
     return out
+
+
+def batching_plans(micro_batch_size: int, pack_tokens: int | None, logprob_micro_batch_size: int | None,
+                   logprob_pack_tokens: int | None) -> tuple["MicroBatching", "MicroBatching"]:
+    """The Learner's (training, no-grad) micro-batching from its arguments; a value that is not a
+    positive integer (or None, where allowed) is refused. The no-grad forwards of π_old / π_ref
+    keep no activations for a backward, so they can take several times the rows; fewer, larger
+    forwards also amortize the host's launch cost, which sets the pace of small ones on a GPU."""
+    values = {"micro_batch_size": micro_batch_size, "pack_tokens": pack_tokens,
+              "logprob_micro_batch_size": logprob_micro_batch_size, "logprob_pack_tokens": logprob_pack_tokens}
+    for key, value in values.items():
+        if value is None and key != "micro_batch_size":
+            continue
+        if not (isinstance(value, int) and value > 0):
+            raise ValueError(f"Learner {key}={value!r}: must be a positive integer"
+                             + ("" if key == "micro_batch_size" else " or None"))
+    return (MicroBatching(micro_batch_size, pack_tokens),
+            MicroBatching(logprob_micro_batch_size or micro_batch_size, logprob_pack_tokens or pack_tokens))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,9 @@ bf16/fp16, the fused norms (one bf16 rounding step from HF's at most, as in the 
 """
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -43,14 +46,81 @@ class QATLinear(nn.Linear):
     spec: QuantSpec
     weight_cache: ste.WeightCache
     act_cache: ste.ActivationCache      # shared by the model's QAT linears (q/k/v and gate/up read one x)
+    group: "ProjectionGroup | None"     # the linears reading the same input, run as one GEMM
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group is not None:
+            return self.group.output(self, x)
         return ste.w8a8_linear_ste(x, self.weight, self.bias, self.spec, self.weight_cache, act_cache=self.act_cache)
 
     def quantized_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(w_q int8 [N, K], s_w fp32 [N]) of the current master weight: what the engine's sync
         computes from it, from the cache when the weight has not changed."""
+        if self.group is not None:
+            return self.group.quantized_weight(self)
         return self.weight_cache.get(self.weight, self.spec)
+
+
+class ProjectionGroup:
+    """Linears that read one input in the same forward (q/k/v_proj; gate/up_proj) run as one W8A8
+    GEMM over their row-stacked weights (`ste.w8a8_linear_ste` with a tuple of weights), as the
+    engine runs them: each output is its linear's bit for bit, and the learner pays one launch
+    (and one dX, one dW GEMM in backward) where it paid two or three; per call, the aligned
+    linear's launch costs the host several times a cuBLAS call's.
+
+    The first member called with an input computes all outputs and holds the others' (views of
+    the stacked output) until their members ask for them with the same tensor at the same
+    version; any other call recomputes. `clear()` drops what is held (after each forward)."""
+
+    def __init__(self, members: list[QATLinear]):
+        self.members = members
+        self.cache = ste.WeightCache()       # codes of the stacked weights, once per weight version
+        self.held: tuple[torch.Tensor, int, dict[int, torch.Tensor]] | None = None
+
+    @staticmethod
+    def fits(members: list[Any]) -> bool:
+        """All QAT linears of one spec and input width, with a bias on all or none."""
+        first = members[0]
+        return (all(isinstance(m, QATLinear) for m in members) and len({m.in_features for m in members}) == 1
+                and all(m.spec == first.spec for m in members)
+                and len({m.bias is None for m in members}) == 1)
+
+    def output(self, member: QATLinear, x: torch.Tensor) -> torch.Tensor:
+        held = self.held
+        if held is not None and held[0] is x and held[1] == x._version and id(member) in held[2]:
+            y = held[2].pop(id(member))
+            if not held[2]:
+                self.held = None
+            return y
+        first = self.members[0]
+        biases = None if first.bias is None else tuple(m.bias for m in self.members)
+        y = ste.w8a8_linear_ste(x, tuple(m.weight for m in self.members), biases, first.spec, self.cache,
+                                act_cache=first.act_cache)
+        outs = dict(zip(map(id, self.members), y.split([m.out_features for m in self.members], dim=-1)))
+        mine = outs.pop(id(member))
+        self.held = (x, x._version, outs)
+        return mine
+
+    def quantized_weight(self, member: QATLinear) -> tuple[torch.Tensor, torch.Tensor]:
+        """The member's rows of the stacked codes (the same codes as its weight's alone)."""
+        w_q, s_w = self.cache.get(tuple(m.weight for m in self.members), member.spec)
+        start = 0
+        for m in self.members:
+            if m is member:
+                return w_q[start: start + m.out_features], s_w[start: start + m.out_features]
+            start += m.out_features
+        raise ValueError("not a member of this group")
+
+    def invalidate(self) -> None:
+        self.cache.invalidate()
+        self.held = None
+
+    def clear(self) -> None:
+        self.held = None
+
+
+#: linears HF decoder layers call with one input tensor, by their parent module's attribute names
+PROJECTION_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def _agentq_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -113,8 +183,13 @@ def linear_names(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
-def align_model(model: nn.Module, spec: QuantSpec) -> dict[str, list[str]]:
-    """Install the aligned forward in place; returns the audit {"quantized": [...], "ignored": [...]}."""
+def align_model(model: nn.Module, spec: QuantSpec, group_projections: bool | None = None) -> dict[str, list[str]]:
+    """Install the aligned forward in place; returns the audit {"quantized": [...], "ignored": [...]}.
+
+    group_projections: q/k/v_proj and gate/up_proj (`PROJECTION_GROUPS`) run as one GEMM each
+    (`ProjectionGroup`: the same forward values, fewer launches); None = unless AGENTQ_GROUPED=0."""
+    if group_projections is None:
+        group_projections = os.environ.get("AGENTQ_GROUPED", "1") != "0"
     audit = spec.check_linears(linear_names(model))
     mods = dict(model.named_modules())
     act_cache = ste.ActivationCache()
@@ -124,6 +199,15 @@ def align_model(model: nn.Module, spec: QuantSpec) -> dict[str, list[str]]:
         m.spec = spec
         m.weight_cache = ste.WeightCache()
         m.act_cache = act_cache
+        m.group = None
+    groups = []
+    for parent in model.modules() if group_projections else ():
+        for names in PROJECTION_GROUPS:
+            members = [m for n in names if isinstance(m := getattr(parent, n, None), QATLinear)]
+            if len(members) == len(names) and ProjectionGroup.fits(members):
+                groups.append(ProjectionGroup(members))
+                for m in members:
+                    m.group = groups[-1]
     codes = (spec.act_scale_floor, spec.act_rounding) if audit["quantized"] else None
     install_fused_elementwise(model, codes, lambda m: isinstance(m, QATLinear), act_cache)
     install_fused_rope(model)
@@ -134,6 +218,7 @@ def align_model(model: nn.Module, spec: QuantSpec) -> dict[str, list[str]]:
     model.set_attn_implementation(ATTN_IMPL)  # type: ignore[operator]  # an HF PreTrainedModel method
     setattr(model, "agentq_spec", spec)
     setattr(model, "agentq_act_cache", act_cache)
+    setattr(model, "agentq_groups", groups)
     return audit
 
 
@@ -144,6 +229,8 @@ def release_activation_cache(model: nn.Module) -> None:
     cache = getattr(model, "agentq_act_cache", None)
     if cache is not None:
         cache.clear()
+    for group in getattr(model, "agentq_groups", ()):
+        group.clear()
 
 
 def unalign_model(model: nn.Module) -> None:
@@ -152,7 +239,9 @@ def unalign_model(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, QATLinear):
             m.__class__ = nn.Linear  # type: ignore[assignment]  # swapping the class back in place
-            del m.spec, m.weight_cache, m.act_cache
+            del m.spec, m.weight_cache, m.act_cache, m.group
+    if hasattr(model, "agentq_groups"):
+        del model.agentq_groups
 
 
 def invalidate_weight_caches(model: nn.Module) -> None:
@@ -161,6 +250,8 @@ def invalidate_weight_caches(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, QATLinear):
             m.weight_cache.invalidate()
+            if m.group is not None:
+                m.group.invalidate()
 
 
 def quantized_weights(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -175,5 +266,5 @@ def quantized_module_report(model: nn.Module) -> dict[str, int]:
     return {"quantized_linears": q, "full_precision_linears": full}
 
 
-__all__ = ["ATTN_IMPL", "QATLinear", "align_model", "invalidate_weight_caches", "linear_names",
+__all__ = ["ATTN_IMPL", "PROJECTION_GROUPS", "ProjectionGroup", "QATLinear", "align_model", "invalidate_weight_caches", "linear_names",
            "quantized_module_report", "quantized_weights", "release_activation_cache", "unalign_model"]

@@ -1,5 +1,7 @@
 """The aligned model quantizes an input several linears read once: q/k/v_proj share one
 quantization of the attention input, gate/up_proj one of the MLP input (`ste.ActivationCache`).
+These tests run the linears one by one (`group_projections=False`, AGENTQ_GROUPED=0), where the
+sharing is the cache's; grouped (the default) each group is one call (`test_projection_groups.py`).
 
 Asserted: 3 reuses per decoder layer (k, v, up), in the forward's quantization and in the
 backward's dequantized input X_fq; log-probs and every gradient are bit-identical to the same model
@@ -17,7 +19,7 @@ SPEC = QuantSpec.preset("w8a8_kv8")
 
 def _aligned(path, shared: bool):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    align_model(model, SPEC)
+    align_model(model, SPEC, group_projections=False)
     if not shared:
         for m in model.modules():
             if isinstance(m, QATLinear):
@@ -75,12 +77,13 @@ def test_the_learner_releases_the_cached_activation_after_each_forward(tiny_mode
     assert torch.allclose(lp[:, 1:], ref, atol=1e-5)
 
 
-def test_the_learner_releases_the_backward_input_after_each_backward(tiny_model_dir):
+def test_the_learner_releases_the_backward_input_after_each_backward(tiny_model_dir, monkeypatch):
     from agentq.agent.trajectory import Trajectory
     from agentq.algos import make_objective
     from agentq.learner.batch import collate
     from agentq.learner.learner import Learner
 
+    monkeypatch.setenv("AGENTQ_GROUPED", "0")          # the Learner aligns the model again
     model = _aligned(tiny_model_dir, True)
     learner = Learner(model, SPEC, use_reference=False)
     cache = learner.model.agentq_act_cache
