@@ -183,13 +183,25 @@ def linear_names(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
+def grouping_default(model: nn.Module) -> bool:
+    """Whether `align_model` groups projections when not told: AGENTQ_GROUPED=1 / 0 forces it on /
+    off; unset, on for a model on CUDA only. Grouping saves the GPU host's launch time; on the CPU,
+    where a launch costs nothing, it would only change the fp32 backward's sums (one dX GEMM over
+    the stack re-associates them) and with them the default run's trajectory."""
+    forced = os.environ.get("AGENTQ_GROUPED")
+    if forced in ("0", "1"):
+        return forced == "1"
+    first = next(model.parameters(), None)
+    return first is not None and first.is_cuda
+
+
 def align_model(model: nn.Module, spec: QuantSpec, group_projections: bool | None = None) -> dict[str, list[str]]:
     """Install the aligned forward in place; returns the audit {"quantized": [...], "ignored": [...]}.
 
     group_projections: q/k/v_proj and gate/up_proj (`PROJECTION_GROUPS`) run as one GEMM each
-    (`ProjectionGroup`: the same forward values, fewer launches); None = unless AGENTQ_GROUPED=0."""
+    (`ProjectionGroup`: the same forward values, fewer launches). None = `grouping_default`."""
     if group_projections is None:
-        group_projections = os.environ.get("AGENTQ_GROUPED", "1") != "0"
+        group_projections = grouping_default(model)
     audit = spec.check_linears(linear_names(model))
     mods = dict(model.named_modules())
     act_cache = ste.ActivationCache()

@@ -98,6 +98,7 @@ def test_fp32_on_cpu_keeps_hf_forward_bit_for_bit(tiny_model_dir):
 
 def test_fused_bf16_model_hands_codes_and_matches_hf(tiny_model_dir, interpreted, monkeypatch):
     learner_ops = interpreted
+    monkeypatch.setenv("AGENTQ_GROUPED", "1")          # grouped q/k/v, gate/up: the CUDA default
     ids = torch.randint(3, 200, (2, 20), generator=torch.Generator().manual_seed(1))
     monkeypatch.setattr(learner_ops, "fused_applies", lambda x, weight=None: False)
     ref_model = _model(tiny_model_dir, torch.bfloat16)

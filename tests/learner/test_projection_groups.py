@@ -147,3 +147,18 @@ def test_cuda_grouped_model_matches_linears_alone():
     worst = max(float((gg[n] - ga[n]).norm() / ga[n].norm().clamp_min(1e-12)) for n in ga)
     print(f"grouped vs alone on CUDA: logits equal, worst relative gradient difference {worst:.2e}")
     assert worst < 1e-2
+
+
+def test_grouping_default_is_cuda_only_unless_forced(tiny_model_dir, monkeypatch):
+    """Grouping saves GPU launch time; on the CPU it would only re-associate the fp32 backward's
+    sums (and move the default run's trajectory), so a CPU model stays ungrouped by default."""
+    from agentq.learner.qat import grouping_default
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    monkeypatch.delenv("AGENTQ_GROUPED", raising=False)
+    assert grouping_default(model) is False
+    monkeypatch.setenv("AGENTQ_GROUPED", "1")
+    assert grouping_default(model) is True
+    align_model(model, SPEC)
+    assert len(model.agentq_groups) == 2 * model.config.num_hidden_layers
+    monkeypatch.setenv("AGENTQ_GROUPED", "0")
+    assert grouping_default(model) is False
