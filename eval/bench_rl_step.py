@@ -12,11 +12,11 @@ Only the public engine API is used, so engine speed-ups show up here unchanged. 
 parameters come from `conf/algo/<algo>.yaml` (read with PyYAML: no Hydra needed).
 
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --out runs/bench  # H200
+    python -m agentq.eval.bench_rl_step --model tiny --episodes 8 --turns 2 --prompt 32 --obs 16 --new 8   # CPU
 
 On a GPU the learner wants larger forwards than the trainer's CPU-sized default of 8 trajectories:
 the aligned path launches more per layer, so small forwards leave it host-bound (round 7 on the
 H200: 0.90x at --micro 8, 1.06-1.11x at --micro 16 --logprob-micro 64; docs/kernels.md).
-    python -m agentq.eval.bench_rl_step --model tiny --episodes 8 --turns 2 --prompt 32 --obs 16 --new 8   # CPU
 """
 from __future__ import annotations
 

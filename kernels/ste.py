@@ -176,6 +176,10 @@ def _stacked_bias(biases: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
     return None if not biases else biases[0] if len(biases) == 1 else torch.cat(biases)
 
 
+#: arguments of `_W8A8STE.forward` before its weights and biases (x2 … n_weights)
+_STE_LEAD_ARGS = 8
+
+
 class _W8A8STE(torch.autograd.Function):
     """Y = [X·W1ᵀ + b1 | X·W2ᵀ + b2 | …] for one or more weights read by the same X, as one W8A8
     GEMM over the row-stacked codes; `params` = the weights, then their biases (all or none)."""
@@ -206,10 +210,11 @@ class _W8A8STE(torch.autograd.Function):
             cache = ctx.cache
             w_fq = cache.dequantized(cd, ctx.backend) if cache.w_q is w_q else _dequantize_rows(w_q, s_w, cd, ctx.backend)
             gx = (g @ w_fq).to(xd)
-        if any(ctx.needs_input_grad[8: 8 + n]):     # one dW GEMM for the stack, split by rows
+        first_w = _STE_LEAD_ARGS
+        if any(ctx.needs_input_grad[first_w: first_w + n]):     # one dW GEMM for the stack, split by rows
             gw = (g.t() @ ctx.act_cache.dequantized(x_q, s_x, cd, ctx.backend)).to(wd)
             gws = [gw] if n == 1 else list(gw.split(ctx.rows))
-        if ctx.has_bias and any(ctx.needs_input_grad[8 + n:]):
+        if ctx.has_bias and any(ctx.needs_input_grad[first_w + n:]):
             gb = g.sum(0, dtype=torch.float32).to(wd)
             gbs = [gb] if n == 1 else list(gb.split(ctx.rows))
         return (gx, None, None, None, None, None, None, None, *gws, *gbs)

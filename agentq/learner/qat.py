@@ -74,6 +74,7 @@ class ProjectionGroup:
 
     def __init__(self, members: list[QATLinear]):
         self.members = members
+        self.rows = [m.out_features for m in members]      # each member's rows of the stack
         self.cache = ste.WeightCache()       # codes of the stacked weights, once per weight version
         self.held: tuple[torch.Tensor, int, dict[int, torch.Tensor]] | None = None
 
@@ -96,20 +97,16 @@ class ProjectionGroup:
         biases = None if first.bias is None else tuple(m.bias for m in self.members)
         y = ste.w8a8_linear_ste(x, tuple(m.weight for m in self.members), biases, first.spec, self.cache,
                                 act_cache=first.act_cache)
-        outs = dict(zip(map(id, self.members), y.split([m.out_features for m in self.members], dim=-1)))
+        outs = dict(zip(map(id, self.members), y.split(self.rows, dim=-1)))
         mine = outs.pop(id(member))
         self.held = (x, x._version, outs)
         return mine
 
     def quantized_weight(self, member: QATLinear) -> tuple[torch.Tensor, torch.Tensor]:
         """The member's rows of the stacked codes (the same codes as its weight's alone)."""
+        i = self.members.index(member)             # ValueError for a module not in the group
         w_q, s_w = self.cache.get(tuple(m.weight for m in self.members), member.spec)
-        start = 0
-        for m in self.members:
-            if m is member:
-                return w_q[start: start + m.out_features], s_w[start: start + m.out_features]
-            start += m.out_features
-        raise ValueError("not a member of this group")
+        return w_q.split(self.rows)[i], s_w.split(self.rows)[i]
 
     def invalidate(self) -> None:
         self.cache.invalidate()
