@@ -171,7 +171,7 @@ def _profile_prefill(eng, ctx: list[list[int]], quant: str) -> None:
         eng.generate([TurnRequest(20_000 + i, c, SamplingParams(max_new_tokens=1), seed=i) for i, c in enumerate(ctx)])
         torch.cuda.synchronize()
     print(f"--- CUDA kernels of one prefill of {len(ctx)} x {len(ctx[0])} tokens, quant={quant}")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=70))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=26, max_name_column_width=70))
 
 
 def _time_decode(eng, slots, seeds, sp, steps: int, device: str, warm: int = 2,

@@ -468,18 +468,26 @@ def bench_learner_elementwise(dev, results, m: int = 10240):
 
 
 # ---------------------------------------------------------------------- prefill attention
-#: (block_t, block_n, warps, stages) of the prefill kernel swept by --prefill
-PREFILL_LAUNCHES = ((16, 64, 4, 2), (32, 64, 4, 2), (16, 64, 4, 3), (32, 64, 8, 2), (32, 128, 8, 2),
-                    (16, 128, 8, 2), (32, 32, 4, 3), (64, 64, 8, 2))
+#: (block_t, block_n, warps, stages) of the prefill kernel swept by --prefill (int8 caches: each
+#: with codes read as words and, for the default launch, as bytes too)
+PREFILL_LAUNCHES = ((32, 32, 4, 3), (16, 32, 4, 3), (32, 32, 4, 4), (32, 64, 4, 2), (32, 64, 4, 3),
+                    (64, 32, 8, 3), (64, 64, 8, 2), (16, 64, 4, 3), (32, 128, 8, 2))
+#: (name, query heads, KV heads) of the head layouts --prefill times
+PREFILL_HEADS = (("Qwen3-8B", 32, 8), ("Qwen3-1.7B", 16, 8))
 
 
 def bench_prefill(dev, results, B: int = 64, L: int = 2048, T: int = 512):
-    """Prefill attention at Qwen3-8B heads: the last T-token chunk of an L-token prompt for B rows,
-    the engine's read-back path (slot gather, dequantization, masked SDPA with repeated heads)
-    against the in-place kernel at each launch of `PREFILL_LAUNCHES`, int8 and bf16 caches."""
+    """Prefill attention: the last T-token chunk of an L-token prompt for B rows, per head layout of
+    `PREFILL_HEADS`, the engine's read-back path (slot gather, dequantization, masked SDPA with
+    repeated heads) against the in-place kernel at each launch of `PREFILL_LAUNCHES`, int8 caches
+    with codes read as words (and as bytes at the default launch) and bf16 caches."""
+    for name, hq, hkv in PREFILL_HEADS:
+        _bench_prefill_heads(dev, results, name, hq, hkv, B, L, T)
+
+
+def _bench_prefill_heads(dev, results, name: str, Hq: int, Hkv: int, B: int, L: int, T: int, D: int = 128):
     from agentq.kernels import triton_prefill as tp
     from agentq.kernels.attention import masked_attention
-    Hq, Hkv, D = 32, 8, 128
     kf, vf = make_kv(B, L, Hkv, D, dev)
     q = torch.randn(B, T, Hq, D, device=dev).bfloat16().transpose(1, 2)
     slots = torch.arange(B, device=dev, dtype=torch.int32)
@@ -487,7 +495,7 @@ def bench_prefill(dev, results, B: int = 64, L: int = 2048, T: int = 512):
     pos = (L - T) + torch.arange(T, device=dev)
     allowed = (torch.arange(L, device=dev)[None, None, :] <= pos[None, :, None]).expand(B, T, L)
     caches = {"int8": (*quant.quantize_kv(kf, SPEC), *quant.quantize_kv(vf, SPEC)), "bf16": (kf, None, vf, None)}
-    log(f"\n== prefill attention, Qwen3-8B heads, B {B}, chunk {T} after {L - T} cached (µs per call) ==")
+    log(f"\n== prefill attention, {name} heads, B {B}, chunk {T} after {L - T} cached (µs per call) ==")
     for kind, (kc, ks, vc, vs) in caches.items():
         def read_back(kc=kc, ks=ks, vc=vc, vs=vs):      # what KVCache.read + masked_attention do
             sl = slots.long()
@@ -495,16 +503,19 @@ def bench_prefill(dev, results, B: int = 64, L: int = 2048, T: int = 512):
             v = vc[sl] if vs is None else quant.dequantize_rows(vc[sl], vs[sl], torch.bfloat16)
             return masked_attention(q, k, v, allowed, D ** -0.5)
         ref = read_back()
-        row = {"kind": kind, "read_back_us": graph_us([read_back], rep_ms=100.0, warmup_ms=20.0)}
-        line = f"{kind}: read-back + masked SDPA {row['read_back_us']:.0f}"
-        for launch in PREFILL_LAUNCHES:
-            cfg = tp.PrefillConfig(*launch)
+        row = {"heads": name, "kind": kind, "read_back_us": graph_us([read_back], rep_ms=100.0, warmup_ms=20.0)}
+        log(f"{kind}: read-back + masked SDPA {row['read_back_us']:.0f}")
+        launches = [tp.PrefillConfig(*launch) for launch in PREFILL_LAUNCHES]
+        if kind == "int8":
+            launches.insert(1, tp.PrefillConfig(*PREFILL_LAUNCHES[0], words=False))
+        for cfg in launches:
             fn = partial(tp.prefill_attention, q, kc, ks, vc, vs, slots, n_new, lens, D ** -0.5, cfg)
             us = graph_us([fn], rep_ms=100.0, warmup_ms=20.0)
             err = (fn().float() - ref.float()).abs().max().item()
-            row[str(launch)] = us
-            line += f" | {launch} {us:.0f} (err {err:.1e})"
-        log(line)
+            tag = f"{cfg.block_t}/{cfg.block_n}/w{cfg.num_warps}/st{cfg.num_stages}" + (
+                "" if kind != "int8" else "/words" if cfg.words else "/bytes")
+            row[tag] = us
+            log(f"  {tag:22s} {us:8.0f} (err {err:.1e})")
         results.setdefault("prefill", []).append(row)
 
 

@@ -91,13 +91,17 @@ def interpreter_env(on: bool = True) -> Iterator[None]:
 
 def _load(names: Iterable[str], interpret: bool) -> list[ModuleType]:
     mods = []
+    reloaded = False
     with interpreter_env(interpret):
         for name in names:
             mod = sys.modules.get(name)
             if mod is None:
                 mod = importlib.import_module(name)
-            elif getattr(mod, "INTERPRETED", None) != interpret:
+            elif reloaded or getattr(mod, "INTERPRETED", None) != interpret:
+                # a later module may hold kernels of an earlier one (`from .triton_attention import
+                # _load_tile`): once one is reloaded, the rest are too, so no stale kernel is kept
                 mod = importlib.reload(mod)
+                reloaded = True
             mods.append(mod)
     return mods
 

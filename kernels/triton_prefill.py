@@ -38,12 +38,25 @@ class PrefillConfig:
     block_n: int = 32          # cache positions per tile
     num_warps: int = 4
     num_stages: int = 3
+    words: bool = True         # int8 caches: codes read as int32 words and unpacked in registers
 
 
-#: H200 default: the best of 8 launch shapes at Qwen3-8B heads, B 64, the last 512-token chunk of a
-#: 2048-token prompt (round 5, docs/bench/h200-r5/prefill-tune.log): int8 cache 4.72 ms (16/64/w4/st2:
-#: 6.14 ms; read-back + masked SDPA 6.98 ms), bf16 cache 2.55 ms (4.06; 6.01)
-H200_PREFILL = PrefillConfig()
+#: H200 launches per cache kind and GQA group, the best of `bench_kernels --prefill`'s sweep (the
+#: last 512-token chunk of a 2048-token prompt, B 64; docs/bench/h200-r8/prefill-tune.log), µs:
+#: int8, group 4 (Qwen3-8B heads): 32/32/w4/st3 4,373 (codes as bytes 4,719; 32/64/w4/st3 4,908)
+#: int8, group 2 (Qwen3-1.7B heads): 32/64/w4/st3 2,563 (32/32/w4/st3 3,065, as bytes 3,532)
+#: bf16, group 4: 64/32/w8/st3 2,819 (32/32/w4/st3 3,060); group 2: 64/32/w8/st3 1,517 (1,971)
+H200_PREFILL = {("int8", 4): PrefillConfig(32, 32, 4, 3), ("int8", 2): PrefillConfig(32, 64, 4, 3),
+                ("float", 4): PrefillConfig(64, 32, 8, 3), ("float", 2): PrefillConfig(64, 32, 8, 3)}
+
+
+def pick_prefill_config(int8_cache: bool, group: int) -> PrefillConfig:
+    """The tuned launch for this cache kind and GQA group (the nearest tuned group: MMA rows per
+    program are block_t × the group rounded up to a power of two)."""
+    kind = "int8" if int8_cache else "float"
+    tuned = sorted(g for k, g in H200_PREFILL if k == kind)
+    nearest = min(tuned, key=lambda g: (abs(g - group), g))
+    return H200_PREFILL[(kind, nearest)]
 
 
 def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None,
@@ -74,6 +87,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
+    from .triton_attention import _load_tile
     from .triton_quant import cast_for_store, store_view
 
     @triton.jit(do_not_specialize=["T"])     # each delta-prefill length would otherwise compile anew
@@ -83,7 +97,8 @@ if HAVE_TRITON:
                         stride_ob, stride_oh, stride_ot,
                         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                         HEAD_D: tl.constexpr, SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                        INPUT_PREC: tl.constexpr, BF16_BITS: tl.constexpr):
+                        INPUT_PREC: tl.constexpr, BF16_BITS: tl.constexpr, WORDS: tl.constexpr = False,
+                        ASM_I8: tl.constexpr = False):
         """Program (b, kv head, query block): rows r of the tile are token t0 + r // BLOCK_G,
         query head kvh·GROUP + r % BLOCK_G."""
         b, kvh, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -112,8 +127,7 @@ if HAVE_TRITON:
         for n0 in range(0, end, BLOCK_N):
             n = n0 + offs_n
             mask_n = n < end
-            k = tl.load(k_base + n[:, None].to(tl.int64) * stride_kl + offs_d[None, :], mask=mask_n[:, None],
-                        other=0).to(DOT_DTYPE)
+            k = _load_cache_tile(k_base, n, mask_n, stride_kl, offs_d, DOT_DTYPE, WORDS, ASM_I8, BLOCK_N, HEAD_D)
             s = tl.dot(q, tl.trans(k), input_precision=INPUT_PREC)
             if SCALED:
                 s = s * tl.load(ks_base + n, mask=mask_n, other=0.0)[None, :]
@@ -126,8 +140,7 @@ if HAVE_TRITON:
             l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
             if SCALED:
                 p = p * tl.load(vs_base + n, mask=mask_n, other=0.0)[None, :]
-            v = tl.load(v_base + n[:, None].to(tl.int64) * stride_vl + offs_d[None, :], mask=mask_n[:, None],
-                        other=0).to(DOT_DTYPE)
+            v = _load_cache_tile(v_base, n, mask_n, stride_vl, offs_d, DOT_DTYPE, WORDS, ASM_I8, BLOCK_N, HEAD_D)
             acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=INPUT_PREC)
             m_i = m_new
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -137,6 +150,22 @@ if HAVE_TRITON:
                  mask=store[:, None])
 
 
+    @triton.jit
+    def _load_cache_tile(base, n, mask_n, stride_l, offs_d, DOT_DTYPE: tl.constexpr, WORDS: tl.constexpr,
+                         ASM_I8: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr):
+        """A [BLOCK_N, HEAD_D] cache tile as DOT_DTYPE values. WORDS (int8 codes, `base` and
+        `stride_l` in int32 words): the decode kernel's word unpacking, which with ASM_I8 turns four
+        codes into exact fp16 values with a few integer / half2 ops where a plain cast costs two
+        slow conversions per code (I2F + F2F on sm_90, more issue slots than the tile's MMAs)."""
+        if WORDS:
+            x = _load_tile(base, n.to(tl.int64), mask_n, stride_l, offs_d, mask_n, DOT_DTYPE, True, ASM_I8, True,
+                           BLOCK_N, HEAD_D)
+        else:
+            x = tl.load(base + n[:, None].to(tl.int64) * stride_l + offs_d[None, :], mask=mask_n[:, None],
+                        other=0).to(DOT_DTYPE)
+        return x
+
+
 def prefill_applies(q: torch.Tensor, k_cache: torch.Tensor, k_scale) -> bool:
     """Whether `prefill_attention` takes this call: CUDA (or the interpreter), a power-of-two head
     dim ≥ 16, an int8 cache with per-token-head scales or a cache of q's dtype."""
@@ -144,6 +173,17 @@ def prefill_applies(q: torch.Tensor, k_cache: torch.Tensor, k_scale) -> bool:
     int8 = k_cache.dtype == torch.int8 and k_scale is not None and torch.is_tensor(k_scale) and k_scale.dim() == 3
     return (HAVE_TRITON and (q.is_cuda or INTERPRETED) and d >= 16 and d & (d - 1) == 0
             and (int8 or (k_scale is None and k_cache.dtype == q.dtype)))
+
+
+def _cache_args(k_cache: torch.Tensor, k_scale, v_cache: torch.Tensor, v_scale, words: bool):
+    """The kernel's cache operands: (k, v, k scales, v scales, their (slot, head) strides, words).
+    int8 codes go as int32 words when `words` (d is a power of two ≥ 16, so a multiple of 4);
+    float caches pass themselves as the unused scale pointers."""
+    if k_cache.dtype != torch.int8:
+        return k_cache, v_cache, k_cache, v_cache, (0, 0), (0, 0), False
+    assert k_scale is not None and v_scale is not None
+    kc, vc = (k_cache.view(torch.int32), v_cache.view(torch.int32)) if words else (k_cache, v_cache)
+    return kc, vc, k_scale, v_scale, (k_scale.stride(0), k_scale.stride(1)), (v_scale.stride(0), v_scale.stride(1)), words
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None,
@@ -175,27 +215,27 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Ten
     out = torch.empty((b, t, hq, d), dtype=q.dtype, device=q.device).transpose(1, 2)
     if b == 0 or t == 0:
         return out
-    cfg = config or H200_PREFILL
     group = hq // hkv
+    cfg = config or pick_prefill_config(k_cache.dtype == torch.int8, group)
     block_g = triton.next_power_of_2(group)
     block_t = max(cfg.block_t, 16 // block_g)           # ≥ 16 MMA rows
     scaled = k_cache.dtype == torch.int8
     ddt = dot_dtype(_prefill_kernel, q.dtype)
     if scaled and ddt != tl.float32:
         ddt = tl.float16                                 # int8 codes are exact in fp16; p · v_scale keeps 3 more bits
-    ks, vs = (k_scale, v_scale) if scaled else (k_cache, v_cache)
-    assert ks is not None and vs is not None
-    kss, vss = (ks.stride(0), ks.stride(1)) if scaled else (0, 0), (vs.stride(0), vs.stride(1)) if scaled else (0, 0)
-    out_arg, bits = store_view(out, runs_interpreted(_prefill_kernel))
+    kc, vc, ks, vs, kss, vss, words = _cache_args(k_cache, k_scale, v_cache, v_scale, cfg.words)
+    interp = runs_interpreted(_prefill_kernel)
+    out_arg, bits = store_view(out, interp)
     _prefill_kernel[(b, hkv, triton.cdiv(t, block_t))](
-        q, k_cache, v_cache, ks, vs, slots, n_new, new_lens, out_arg, float(sm_scale) * LOG2E,
-        t, q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), *kss, *vss,
+        q, kc, vc, ks, vs, slots, n_new, new_lens, out_arg, float(sm_scale) * LOG2E,
+        t, q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
+        vc.stride(0), vc.stride(1), vc.stride(2), *kss, *vss,
         out.stride(0), out.stride(1), out.stride(2),
         GROUP=group, BLOCK_G=block_g, BLOCK_T=block_t, BLOCK_N=cfg.block_n, HEAD_D=d, SCALED=scaled,
         DOT_DTYPE=ddt, INPUT_PREC="ieee" if ddt == tl.float32 else "tf32", BF16_BITS=bits,
+        WORDS=words, ASM_I8=words and not interp and ddt == tl.float16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 
-__all__ = ["H200_PREFILL", "PrefillConfig", "prefill_applies", "prefill_attention", "prefill_attention_ref"]
+__all__ = ["H200_PREFILL", "PrefillConfig", "pick_prefill_config", "prefill_applies", "prefill_attention", "prefill_attention_ref"]

@@ -7,7 +7,7 @@ from agentq.kernels import _interp, quant
 from agentq.kernels.quant_spec import QuantSpec
 
 pytestmark = pytest.mark.skipif(not _interp.HAVE_TRITON, reason="triton is not installed")
-MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_prefill")
+MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_attention", "agentq.kernels.triton_prefill")
 SPEC = QuantSpec.preset("w8a8_kv8")
 
 
@@ -16,7 +16,7 @@ def P():
     """triton_prefill (re)imported under the interpreter, compiled kernels put back afterwards."""
     if torch.cuda.is_available():
         pytest.skip("CPU interpreter test (the GPU machine runs the compiled test below)")
-    _, mod = _interp.load_interpreted(MODULES)
+    *_, mod = _interp.load_interpreted(MODULES)
     assert mod.INTERPRETED
     yield mod
     _interp.restore_compiled(MODULES)
@@ -51,6 +51,18 @@ def test_prefill_matches_the_reference(P, hq, hkv, cache, dtype):
     assert (out.float() - ref.float()).abs().max() <= 4 * step
     assert torch.equal(out[:, :, 3:][1], torch.zeros_like(out[:, :, 3:][1]))   # padding tokens: zeros
     assert torch.equal(out[2], torch.zeros_like(out[2]))                       # a row with no new token
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_int8_codes_read_as_words_give_the_bits_of_codes_read_as_bytes(P, dtype):
+    """The word path (four codes per int32 load, unpacked in registers) feeds the dots the same
+    exact fp16 values as a byte load + cast, so the outputs are the same bits."""
+    q, kf, vf, rows = _case(8, 2, d=32, seed=5)
+    q = q.to(dtype)
+    (k, ks), (v, vs) = quant.quantize_kv(kf, SPEC), quant.quantize_kv(vf, SPEC)
+    out = {w: P.prefill_attention(q, k, ks, v, vs, *rows, 0.25, P.PrefillConfig(block_t=4, block_n=16, words=w))
+           for w in (True, False)}
+    assert torch.equal(out[True], out[False])
 
 
 def test_prefill_is_the_engines_read_back_attention(P):
@@ -116,3 +128,15 @@ def test_compiled_prefill_on_cuda_matches_the_reference(cache):
     err = (out.float() - ref.float()).abs().max().item()
     print(f"\n[prefill {cache}] max|out - fp32 ref| = {err:.2e}")
     assert err < 2e-2                                  # bf16 output and operands (fp16 codes for int8)
+
+
+def test_prefill_launch_is_picked_per_cache_kind_and_group():
+    """Each (cache kind, GQA group) gets its tuned launch; untuned groups take the nearest one."""
+    from agentq.kernels import triton_prefill as tp
+    table = tp.H200_PREFILL
+    assert tp.pick_prefill_config(True, 4) is table[("int8", 4)]
+    assert tp.pick_prefill_config(True, 2) is table[("int8", 2)]
+    assert tp.pick_prefill_config(True, 1) is table[("int8", 2)]
+    assert tp.pick_prefill_config(True, 8) is table[("int8", 4)]
+    assert tp.pick_prefill_config(False, 2) is table[("float", 2)]
+    assert tp.pick_prefill_config(True, 4) != tp.pick_prefill_config(True, 2)      # the sweep's winners differ
