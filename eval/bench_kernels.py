@@ -470,8 +470,8 @@ def bench_learner_elementwise(dev, results, m: int = 10240):
 # ---------------------------------------------------------------------- prefill attention
 #: (block_t, block_n, warps, stages) of the prefill kernel swept by --prefill (int8 caches: each
 #: with codes read as words and, for the default launch, as bytes too)
-PREFILL_LAUNCHES = ((32, 32, 4, 3), (16, 32, 4, 3), (32, 32, 4, 4), (32, 64, 4, 2), (32, 64, 4, 3),
-                    (64, 32, 8, 3), (64, 64, 8, 2), (16, 64, 4, 3), (32, 128, 8, 2))
+PREFILL_LAUNCHES = ((32, 32, 4, 3), (32, 64, 4, 3), (64, 32, 8, 3), (32, 32, 8, 3), (32, 32, 8, 2),
+                    (32, 64, 8, 3), (32, 64, 8, 2), (64, 64, 8, 3), (16, 64, 8, 3), (64, 32, 8, 2), (32, 32, 4, 4))
 #: (name, query heads, KV heads) of the head layouts --prefill times
 PREFILL_HEADS = (("Qwen3-8B", 32, 8), ("Qwen3-1.7B", 16, 8))
 
@@ -505,15 +505,16 @@ def _bench_prefill_heads(dev, results, name: str, Hq: int, Hkv: int, B: int, L: 
         ref = read_back()
         row = {"heads": name, "kind": kind, "read_back_us": graph_us([read_back], rep_ms=100.0, warmup_ms=20.0)}
         log(f"{kind}: read-back + masked SDPA {row['read_back_us']:.0f}")
-        launches = [tp.PrefillConfig(*launch) for launch in PREFILL_LAUNCHES]
+        reads = ("words", "copy") if kind == "int8" else ("words",)
+        launches = [tp.PrefillConfig(*launch, codes=r) for launch in PREFILL_LAUNCHES for r in reads]
         if kind == "int8":
-            launches.insert(1, tp.PrefillConfig(*PREFILL_LAUNCHES[0], words=False))
+            launches.insert(0, tp.PrefillConfig(*PREFILL_LAUNCHES[0], codes="bytes"))
         for cfg in launches:
-            fn = partial(tp.prefill_attention, q, kc, ks, vc, vs, slots, n_new, lens, D ** -0.5, cfg)
+            fn = partial(tp.prefill_attention, q, kc, ks, vc, vs, slots, n_new, lens, D ** -0.5, cfg, key_len=L)
             us = graph_us([fn], rep_ms=100.0, warmup_ms=20.0)
             err = (fn().float() - ref.float()).abs().max().item()
             tag = f"{cfg.block_t}/{cfg.block_n}/w{cfg.num_warps}/st{cfg.num_stages}" + (
-                "" if kind != "int8" else "/words" if cfg.words else "/bytes")
+                f"/{cfg.codes}" if kind == "int8" else "")
             row[tag] = us
             log(f"  {tag:22s} {us:8.0f} (err {err:.1e})")
         results.setdefault("prefill", []).append(row)

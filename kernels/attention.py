@@ -72,8 +72,8 @@ def prefill_kernel_available(device: torch.device, dtype: torch.dtype, head_dim:
             and os.environ.get("AGENTQ_PREFILL_KERNEL", "1") != "0")
 
 
-def prefill_attention(q, k_cache, k_scale, v_cache, v_scale, slots, n_new, new_lens, sm_scale):
+def prefill_attention(q, k_cache, k_scale, v_cache, v_scale, slots, n_new, new_lens, sm_scale, key_len=None):
     """A prefill chunk's attention over the engine's cache layout, read in place (CUDA Triton
-    kernel; `triton_prefill.prefill_attention`)."""
+    kernel; `triton_prefill.prefill_attention`; key_len = max(new_lens) when known)."""
     from .triton_prefill import prefill_attention as fn
-    return fn(q, k_cache, k_scale, v_cache, v_scale, slots, n_new, new_lens, sm_scale)
+    return fn(q, k_cache, k_scale, v_cache, v_scale, slots, n_new, new_lens, sm_scale, key_len=key_len)

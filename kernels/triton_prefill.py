@@ -32,22 +32,40 @@ from .triton_attention import LOG2E
 INTERPRETED = interpreting()
 
 
+#: how an int8 cache reaches the dots: "bytes" (a cast per code, in registers) or "words" (four
+#: codes per int32 load, unpacked in registers), each with the scales applied to the scores and
+#: to p; or "copy": one launch first writes the rows' K/V dequantized in the model dtype (the
+#: values `quant.dequantize_rows` and the learner's KV round trip give), then the float-cache
+#: kernel reads them as a bf16 cache. On the H200 the in-register paths spill (255 registers)
+#: and round-trip each tile through shared memory with 8-way bank conflicts (ncu,
+#: docs/bench/h200-r8/): 1.6-1.7x the bf16 kernel's time, where the copy costs one pass
+CODE_READS = ("bytes", "words", "copy")
+#: the copy costs a pass over each row's whole cache, so shorter chunks read the codes in place
+COPY_MIN_TOKENS = 64
+#: the largest fp16 copy (K and V) one call allocates; larger calls read the codes in place
+COPY_MAX_BYTES = 2 << 30
+
+
 @dataclass(frozen=True)
 class PrefillConfig:
     block_t: int = 32          # query tokens per program (× the GQA group = MMA rows)
     block_n: int = 32          # cache positions per tile
     num_warps: int = 4
     num_stages: int = 3
-    words: bool = True         # int8 caches: codes read as int32 words and unpacked in registers
+    codes: str = "words"       # int8 caches: one of CODE_READS
+
+    def __post_init__(self):
+        if self.codes not in CODE_READS:
+            raise ValueError(f"PrefillConfig.codes={self.codes!r}; valid: {CODE_READS}")
 
 
 #: H200 launches per cache kind and GQA group, the best of `bench_kernels --prefill`'s sweep (the
-#: last 512-token chunk of a 2048-token prompt, B 64; docs/bench/h200-r8/prefill-tune.log), µs:
-#: int8, group 4 (Qwen3-8B heads): 32/32/w4/st3 4,373 (codes as bytes 4,719; 32/64/w4/st3 4,908)
-#: int8, group 2 (Qwen3-1.7B heads): 32/64/w4/st3 2,563 (32/32/w4/st3 3,065, as bytes 3,532)
-#: bf16, group 4: 64/32/w8/st3 2,819 (32/32/w4/st3 3,060); group 2: 64/32/w8/st3 1,517 (1,971)
-H200_PREFILL = {("int8", 4): PrefillConfig(32, 32, 4, 3), ("int8", 2): PrefillConfig(32, 64, 4, 3),
-                ("float", 4): PrefillConfig(64, 32, 8, 3), ("float", 2): PrefillConfig(64, 32, 8, 3)}
+#: last 512-token chunk of a 2048-token prompt, B 64; docs/bench/h200-r8/prefill-tune-*.log). int8
+#: caches take the dequantized copy and then the float launch (round 8: in place, codes as bytes /
+#: words, 8B heads 4,717 / 4,378 us at their best launch, bf16 2,579)
+H200_PREFILL = {("int8", 4): PrefillConfig(64, 64, 8, 3, codes="copy"),
+                ("int8", 2): PrefillConfig(64, 64, 8, 3, codes="copy"),
+                ("float", 4): PrefillConfig(64, 64, 8, 3), ("float", 2): PrefillConfig(64, 64, 8, 3)}
 
 
 def pick_prefill_config(int8_cache: bool, group: int) -> PrefillConfig:
@@ -98,11 +116,13 @@ if HAVE_TRITON:
                         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                         HEAD_D: tl.constexpr, SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr,
                         INPUT_PREC: tl.constexpr, BF16_BITS: tl.constexpr, WORDS: tl.constexpr = False,
-                        ASM_I8: tl.constexpr = False):
+                        ASM_I8: tl.constexpr = False, KV_BY_ROW: tl.constexpr = False):
         """Program (b, kv head, query block): rows r of the tile are token t0 + r // BLOCK_G,
-        query head kvh·GROUP + r % BLOCK_G."""
+        query head kvh·GROUP + r % BLOCK_G. KV_BY_ROW: k/v are indexed by batch row, not slot (the
+        fp16 copy of the codes `_codes_to_f16_kernel` wrote); the scales stay in the slot cache."""
         b, kvh, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         slot = tl.load(slot_ptr + b).to(tl.int64)
+        kv_row = b.to(tl.int64) if KV_BY_ROW else slot
         n_new = tl.load(nnew_ptr + b).to(tl.int32)
         start = tl.load(lens_ptr + b).to(tl.int32) - n_new
         t0 = tb * BLOCK_T
@@ -116,8 +136,8 @@ if HAVE_TRITON:
         qpos = start + tok
         # keys up to the block's last real query (none when the block has no real token)
         end = tl.where(t0 < n_new, start + tl.minimum(t0 + BLOCK_T, n_new), 0)
-        k_base = k_ptr + slot * stride_ks + kvh.to(tl.int64) * stride_kh
-        v_base = v_ptr + slot * stride_vs + kvh.to(tl.int64) * stride_vh
+        k_base = k_ptr + kv_row * stride_ks + kvh.to(tl.int64) * stride_kh
+        v_base = v_ptr + kv_row * stride_vs + kvh.to(tl.int64) * stride_vh
         ks_base = ks_ptr + slot * stride_kss + kvh.to(tl.int64) * stride_ksh
         vs_base = vs_ptr + slot * stride_vss + kvh.to(tl.int64) * stride_vsh
         offs_n = tl.arange(0, BLOCK_N)
@@ -149,7 +169,6 @@ if HAVE_TRITON:
         tl.store(dst[:, None] + offs_d[None, :], cast_for_store(out, o_ptr.dtype.element_ty, BF16_BITS),
                  mask=store[:, None])
 
-
     @triton.jit
     def _load_cache_tile(base, n, mask_n, stride_l, offs_d, DOT_DTYPE: tl.constexpr, WORDS: tl.constexpr,
                          ASM_I8: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr):
@@ -165,6 +184,33 @@ if HAVE_TRITON:
                         other=0).to(DOT_DTYPE)
         return x
 
+    @triton.jit
+    def _dequant_copy_kernel(k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, lens_ptr, ok_ptr, ov_ptr,
+                             stride_s, stride_h, stride_l, stride_ss, stride_sh, stride_ob, stride_oh, stride_ol,
+                             BLOCK_L: tl.constexpr, HEAD_D: tl.constexpr, BF16_BITS: tl.constexpr):
+        """Program (b, kv head, position block): the row's K and V below its length dequantized as
+        `quant.dequantize_rows` does (fp32 code · scale, one rounding to the output dtype) into
+        [B, Hkv, L, D] copies indexed by batch row."""
+        b, h, lb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        length = tl.load(lens_ptr + b).to(tl.int32)
+        if lb * BLOCK_L < length:
+            slot = tl.load(slot_ptr + b).to(tl.int64)
+            pos = lb * BLOCK_L + tl.arange(0, BLOCK_L)
+            in_row = pos < length
+            offs_d = tl.arange(0, HEAD_D)
+            src = slot * stride_s + h.to(tl.int64) * stride_h + pos[:, None].to(tl.int64) * stride_l + offs_d[None, :]
+            scl = slot * stride_ss + h.to(tl.int64) * stride_sh + pos
+            dst = (b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + pos[:, None].to(tl.int64) * stride_ol
+                   + offs_d[None, :])
+            _dequant_tile(k_ptr + src, ks_ptr + scl, ok_ptr + dst, in_row, BF16_BITS)
+            _dequant_tile(v_ptr + src, vs_ptr + scl, ov_ptr + dst, in_row, BF16_BITS)
+
+    @triton.jit
+    def _dequant_tile(codes, scales, out, in_row, BF16_BITS: tl.constexpr):
+        x = tl.load(codes, mask=in_row[:, None], other=0).to(tl.float32)
+        x = x * tl.load(scales, mask=in_row, other=0.0)[:, None]
+        tl.store(out, cast_for_store(x, out.dtype.element_ty, BF16_BITS), mask=in_row[:, None])
+
 
 def prefill_applies(q: torch.Tensor, k_cache: torch.Tensor, k_scale) -> bool:
     """Whether `prefill_attention` takes this call: CUDA (or the interpreter), a power-of-two head
@@ -175,21 +221,66 @@ def prefill_applies(q: torch.Tensor, k_cache: torch.Tensor, k_scale) -> bool:
             and (int8 or (k_scale is None and k_cache.dtype == q.dtype)))
 
 
-def _cache_args(k_cache: torch.Tensor, k_scale, v_cache: torch.Tensor, v_scale, words: bool):
-    """The kernel's cache operands: (k, v, k scales, v scales, their (slot, head) strides, words).
-    int8 codes go as int32 words when `words` (d is a power of two ≥ 16, so a multiple of 4);
-    float caches pass themselves as the unused scale pointers."""
+def _code_read(cfg: PrefillConfig, k_cache: torch.Tensor, b: int, t: int, key_len: int) -> str:
+    """How this call reads the cache: "float", or the int8 `CODE_READS` entry that applies."""
     if k_cache.dtype != torch.int8:
-        return k_cache, v_cache, k_cache, v_cache, (0, 0), (0, 0), False
+        return "float"
+    copy_bytes = 2 * b * k_cache.shape[1] * key_len * k_cache.shape[-1] * 2
+    if cfg.codes == "copy" and (t < COPY_MIN_TOKENS or copy_bytes > COPY_MAX_BYTES):
+        return "words"
+    return cfg.codes
+
+
+def _dequant_copy(k_cache, k_scale, v_cache, v_scale, slots, new_lens, key_len: int, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's K and V below its length dequantized (`quant.dequantize_rows`'s values, the ones
+    the learner's KV round trip gives) as [B, Hkv, key_len, D] of `dtype`; positions past a row's
+    length are left unwritten (the attention never reads them)."""
+    b, hkv, d = slots.shape[0], k_cache.shape[1], k_cache.shape[-1]
+    kx = torch.empty((b, hkv, key_len, d), dtype=dtype, device=k_cache.device)
+    vx = torch.empty_like(kx)
+    interp = runs_interpreted(_dequant_copy_kernel)
+    (kx_arg, bits), vx_arg = store_view(kx, interp), store_view(vx, interp)[0]
+    block_l = 64
+    _dequant_copy_kernel[(b, hkv, triton.cdiv(key_len, block_l))](
+        k_cache, v_cache, k_scale, v_scale, slots, new_lens, kx_arg, vx_arg,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0), k_scale.stride(1),
+        kx.stride(0), kx.stride(1), kx.stride(2), BLOCK_L=block_l, HEAD_D=d, BF16_BITS=bits, num_warps=4)
+    return kx, vx
+
+
+def _cache_args(k_cache: torch.Tensor, k_scale, v_cache: torch.Tensor, v_scale, slots, new_lens, read: str,
+                key_len: int, dtype: torch.dtype):
+    """The kernel's cache operands: (k, v, k scales, v scales, their (slot, head) strides, words,
+    k/v indexed by row). int8 codes go as int32 words for "words" (d is a power of two ≥ 16, so a
+    multiple of 4), as a dequantized copy of `dtype` indexed by row for "copy" (then read as a float
+    cache); float caches pass themselves as the unused scales."""
+    if read == "float":
+        return k_cache, v_cache, k_cache, v_cache, (0, 0), (0, 0), False, False
     assert k_scale is not None and v_scale is not None
-    kc, vc = (k_cache.view(torch.int32), v_cache.view(torch.int32)) if words else (k_cache, v_cache)
-    return kc, vc, k_scale, v_scale, (k_scale.stride(0), k_scale.stride(1)), (v_scale.stride(0), v_scale.stride(1)), words
+    strides = (k_scale.stride(0), k_scale.stride(1)), (v_scale.stride(0), v_scale.stride(1))
+    if read == "copy":
+        kx, vx = _dequant_copy(k_cache, k_scale, v_cache, v_scale, slots, new_lens, key_len, dtype)
+        return kx, vx, kx, vx, (0, 0), (0, 0), False, True
+    if read == "words":
+        return k_cache.view(torch.int32), v_cache.view(torch.int32), k_scale, v_scale, *strides, True, False
+    return k_cache, v_cache, k_scale, v_scale, *strides, False, False
+
+
+def _check_args(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: torch.Tensor) -> None:
+    require_triton("triton_prefill.prefill_attention")
+    if not prefill_applies(q, k_cache, k_scale):
+        raise ValueError(f"prefill_attention does not take q {q.dtype} {tuple(q.shape)} with a {k_cache.dtype} cache")
+    hq, d, hkv = q.shape[1], q.shape[-1], k_cache.shape[1]
+    if hq % hkv or k_cache.shape != v_cache.shape or k_cache.shape[-1] != d:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None,
                       v_cache: torch.Tensor, v_scale: torch.Tensor | None, slots: torch.Tensor,
                       n_new: torch.Tensor, new_lens: torch.Tensor, sm_scale: float,
-                      config: PrefillConfig | None = None) -> torch.Tensor:
+                      config: PrefillConfig | None = None, key_len: int | None = None) -> torch.Tensor:
     """Attention of a prefill chunk over each row's cache (module docstring).
 
     Args:
@@ -199,18 +290,15 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Ten
         slots: [B] int slot of each row; n_new: [B] valid tokens of the chunk per row (its first n);
         new_lens: [B] slot length after the chunk.
         sm_scale: the softmax scale.
+        config: the launch (None: `pick_prefill_config`).
+        key_len: max(new_lens) when the caller knows it (the "copy" read needs it; else a sync).
     Returns:
         [B, Hq, T, D] in q's dtype (a transposed view of a contiguous [B, T, Hq, D]); zeros for
         padding tokens.
     """
-    require_triton("triton_prefill.prefill_attention")
-    if not prefill_applies(q, k_cache, k_scale):
-        raise ValueError(f"prefill_attention does not take q {q.dtype} {tuple(q.shape)} with a {k_cache.dtype} cache")
+    _check_args(q, k_cache, k_scale, v_cache)
     b, hq, t, d = q.shape
     hkv = k_cache.shape[1]
-    if hq % hkv or k_cache.shape != v_cache.shape or k_cache.shape[-1] != d:
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
-    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     # written token-major: the o-projection reads [B, T, Hq·D] rows without a copy
     out = torch.empty((b, t, hq, d), dtype=q.dtype, device=q.device).transpose(1, 2)
     if b == 0 or t == 0:
@@ -219,11 +307,14 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Ten
     cfg = config or pick_prefill_config(k_cache.dtype == torch.int8, group)
     block_g = triton.next_power_of_2(group)
     block_t = max(cfg.block_t, 16 // block_g)           # ≥ 16 MMA rows
-    scaled = k_cache.dtype == torch.int8
+    if cfg.codes == "copy" and key_len is None:
+        key_len = int(new_lens.max())
+    read = _code_read(cfg, k_cache, b, t, key_len or 0)
+    scaled = read not in ("float", "copy")                # codes in the dots, scales on the scores and p
     ddt = dot_dtype(_prefill_kernel, q.dtype)
-    if scaled and ddt != tl.float32:
-        ddt = tl.float16                                 # int8 codes are exact in fp16; p · v_scale keeps 3 more bits
-    kc, vc, ks, vs, kss, vss, words = _cache_args(k_cache, k_scale, v_cache, v_scale, cfg.words)
+    ddt = tl.float16 if scaled and ddt != tl.float32 else ddt   # codes are exact in fp16; p · v_scale keeps 3 bits
+    kc, vc, ks, vs, kss, vss, words, by_row = _cache_args(k_cache, k_scale, v_cache, v_scale, slots, new_lens, read,
+                                                          key_len or 0, q.dtype)
     interp = runs_interpreted(_prefill_kernel)
     out_arg, bits = store_view(out, interp)
     _prefill_kernel[(b, hkv, triton.cdiv(t, block_t))](
@@ -233,9 +324,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Ten
         out.stride(0), out.stride(1), out.stride(2),
         GROUP=group, BLOCK_G=block_g, BLOCK_T=block_t, BLOCK_N=cfg.block_n, HEAD_D=d, SCALED=scaled,
         DOT_DTYPE=ddt, INPUT_PREC="ieee" if ddt == tl.float32 else "tf32", BF16_BITS=bits,
-        WORDS=words, ASM_I8=words and not interp and ddt == tl.float16,
+        WORDS=words, ASM_I8=words and not interp and ddt == tl.float16, KV_BY_ROW=by_row,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 
-__all__ = ["H200_PREFILL", "PrefillConfig", "pick_prefill_config", "prefill_applies", "prefill_attention", "prefill_attention_ref"]
+__all__ = ["CODE_READS", "H200_PREFILL", "PrefillConfig", "pick_prefill_config", "prefill_applies", "prefill_attention", "prefill_attention_ref"]

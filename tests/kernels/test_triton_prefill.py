@@ -60,9 +60,44 @@ def test_int8_codes_read_as_words_give_the_bits_of_codes_read_as_bytes(P, dtype)
     q, kf, vf, rows = _case(8, 2, d=32, seed=5)
     q = q.to(dtype)
     (k, ks), (v, vs) = quant.quantize_kv(kf, SPEC), quant.quantize_kv(vf, SPEC)
-    out = {w: P.prefill_attention(q, k, ks, v, vs, *rows, 0.25, P.PrefillConfig(block_t=4, block_n=16, words=w))
-           for w in (True, False)}
-    assert torch.equal(out[True], out[False])
+    out = {c: P.prefill_attention(q, k, ks, v, vs, *rows, 0.25, P.PrefillConfig(block_t=4, block_n=16, codes=c))
+           for c in ("words", "bytes")}
+    assert torch.equal(out["words"], out["bytes"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_copy_read_is_the_float_kernel_over_the_dequantized_cache(P, dtype, monkeypatch):
+    """"copy" dequantizes each row's K/V (`quant.dequantize_rows`, the values the learner's KV round
+    trip gives) and runs the float-cache kernel on them: the same bits as that kernel over a float
+    cache holding those values. Made once per call, and only for chunks of ≥ COPY_MIN_TOKENS
+    tokens within COPY_MAX_BYTES; otherwise the codes are read in place (words)."""
+    q, kf, vf, rows = _case(8, 2, d=32, seed=5)
+    q = q.to(dtype)
+    (k, ks), (v, vs) = quant.quantize_kv(kf, SPEC), quant.quantize_kv(vf, SPEC)
+    kd, vd = quant.dequantize_rows(k, ks, dtype), quant.dequantize_rows(v, vs, dtype)
+    launch = dict(block_t=4, block_n=16)
+    as_float = P.prefill_attention(q, kd, None, vd, None, *rows, 0.25, P.PrefillConfig(**launch))
+    in_place = P.prefill_attention(q, k, ks, v, vs, *rows, 0.25, P.PrefillConfig(**launch, codes="words"))
+    copies = []
+    real_copy = P._dequant_copy
+    monkeypatch.setattr(P, "_dequant_copy", lambda *a: copies.append(a[-2]) or real_copy(*a))
+
+    def run(**kw):
+        return P.prefill_attention(q, k, ks, v, vs, *rows, 0.25, P.PrefillConfig(**launch, codes="copy"), **kw)
+    assert torch.equal(run(), in_place) and copies == []            # 7 tokens < COPY_MIN_TOKENS: in place
+    monkeypatch.setattr(P, "COPY_MIN_TOKENS", 4)
+    assert torch.equal(run(), as_float) and copies == [20]          # key_len = the longest row (a sync)
+    assert torch.equal(run(key_len=20), as_float) and copies == [20, 20]
+    ref = P.prefill_attention_ref(q, k, ks, v, vs, *rows, 0.25)
+    step = 2 ** -10 if dtype == torch.float16 else 2 ** -7
+    assert (run().float() - ref.float()).abs().max() <= 4 * step
+    monkeypatch.setattr(P, "COPY_MAX_BYTES", 2 * 3 * 2 * 20 * 32 * 2 - 1)  # one byte short of this call's copy
+    assert torch.equal(run(), in_place) and copies == [20, 20, 20]
+
+
+def test_prefill_config_refuses_an_unknown_code_read(P):
+    with pytest.raises(ValueError, match="codes="):
+        P.PrefillConfig(codes="nibbles")
 
 
 def test_prefill_is_the_engines_read_back_attention(P):
@@ -139,4 +174,4 @@ def test_prefill_launch_is_picked_per_cache_kind_and_group():
     assert tp.pick_prefill_config(True, 1) is table[("int8", 2)]
     assert tp.pick_prefill_config(True, 8) is table[("int8", 4)]
     assert tp.pick_prefill_config(False, 2) is table[("float", 2)]
-    assert tp.pick_prefill_config(True, 4) != tp.pick_prefill_config(True, 2)      # the sweep's winners differ
+    assert tp.pick_prefill_config(True, 4).codes in tp.CODE_READS

@@ -237,7 +237,8 @@ class DecoderLayer(nn.Module):
             in_place = cache.fused_write_args(i)
             assert in_place is not None                                  # prefill_kernel implies it
             k, v, ks, vs = in_place
-            return attn_ops.prefill_attention(q, k, ks, v, vs, ctx.slots32, ctx.n_new32, ctx.lens32, self.scale)
+            return attn_ops.prefill_attention(q, k, ks, v, vs, ctx.slots32, ctx.n_new32, ctx.lens32, self.scale,
+                                              key_len=ctx.key_len)
         kc, vc = cache.read(i, ctx.slots, ctx.key_len)
         return attn_ops.masked_attention(q, kc, vc, ctx.allowed, self.scale)
 
