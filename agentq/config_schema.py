@@ -56,6 +56,10 @@ def optional(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
     return check_or_null
 
 
+def one_of(*values: str) -> Callable[[Any], str | None]:
+    return lambda v: None if isinstance(v, str) and v in values else f"one of {list(values)}"
+
+
 def at_least(lo: int) -> Callable[[Any], str | None]:
     return lambda v: None if _is_int(v) and v >= lo else f"an integer >= {lo}"
 
@@ -77,6 +81,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.pack_tokens": optional(positive_int),
     "trainer.logprob_micro_batch_size": optional(positive_int),
     "trainer.logprob_pack_tokens": optional(positive_int),
+    "trainer.grad_input": one_of("bf16", "int8"),
     "trainer.max_concurrent": positive_int,
     "trainer.save_every": nonneg_int,
     "trainer.keep_checkpoints": nonneg_int,

@@ -6,6 +6,11 @@ Times, per spec (median over --iters after --warmup):
     gradient clipping, AdamW) on B sequences of L tokens;
   * `forward`: the no-grad forward that computes π_old / π_ref (`Learner.logprobs`).
 Reports tokens/s, peak GPU memory of the update, and aligned / none ratios side by side.
+`--grad-input int8` runs the aligned learner's backward with int8 dX (`Learner(grad_input=)`; the
+none spec has no aligned linears and is unaffected). Either way the aligned model's gradient error
+of int8 dX against bf16 dX is measured on the same batch and weights after the timings: the
+weight gradients of one minibatch under each option, compared per parameter kind over the layers
+(cosine similarity, relative error ‖g_int8 − g_bf16‖ / ‖g_bf16‖), so one run reports speed and error.
 
 With `--pack-tokens N` it compares instead, for one spec (`--spec`, default the aligned one), the
 micro-batches of today (`--micro` rows each, length-sorted, padded to their longest) against
@@ -14,6 +19,7 @@ lengths (`--mixed`: lengths uniform in [seq/8, seq], seeded): positions computed
 pass, and the same two timings.
 
     python -m agentq.eval.bench_learner --model 1b --batch 4 --seq 2048 --micro 4 --out runs/bench   # H200
+    python -m agentq.eval.bench_learner --model 1b --batch 4 --seq 2048 --micro 4 --grad-input int8   # H200
     python -m agentq.eval.bench_learner --model 8b --batch 4 --seq 2048 --micro 1 --out runs/bench   # H200
     python -m agentq.eval.bench_learner --model tiny --batch 4 --seq 128 --iters 3                   # CPU
     python -m agentq.eval.bench_learner --model tiny --batch 32 --seq 512 --mixed --micro 2 --pack-tokens 1024  # CPU
@@ -21,6 +27,7 @@ pass, and the same two timings.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -73,9 +80,11 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
     from agentq.learner.packing import padded_tokens
 
     model, cfg = random_model(args.model, args.seq, device, dtype)
+    aligned = spec_name != "none"
     learner = Learner(model, QuantSpec.preset(spec_name), dtype=dtype, device=str(device), use_reference=False,
                       micro_batch_size=args.micro, lr=1e-6, activation_checkpointing=args.checkpointing,
-                      pack_tokens=pack_tokens, logprob_micro_batch_size=args.logprob_micro)
+                      pack_tokens=pack_tokens, logprob_micro_batch_size=args.logprob_micro,
+                      grad_input=args.grad_input if aligned else "bf16")
     lengths = mixed_lengths(args.batch, args.seq) if args.mixed else None
     batch = synthetic_batch(args.batch, args.seq, cfg.vocab_size, lengths=lengths)
     lengths = batch.attention_mask.sum(1).tolist()
@@ -92,14 +101,58 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
         kernel_table(f"{spec_name}: no-grad forward", lambda: learner.logprobs(batch), rows=args.profile_rows)
         kernel_table(f"{spec_name}: update", lambda: learner.update(batch, objective), rows=args.profile_rows)
     tokens = sum(lengths)
-    res = {"spec": spec_name, "pack_tokens": pack_tokens, "real_tokens": tokens, "forwards": len(groups),
+    res = {"spec": spec_name, "grad_input": learner.grad_input, "pack_tokens": pack_tokens, "real_tokens": tokens,
+           "forwards": len(groups),
            "computed_tokens": padded_tokens(lengths, groups, packed=pack_tokens is not None), "update_s": statistics.median(upd), "update_all_s": upd,
            "forward_s": statistics.median(fwd), "forward_all_s": fwd,
            "update_tokens_per_s": tokens / statistics.median(upd), "forward_tokens_per_s": tokens / statistics.median(fwd),
            "peak_gib": peak, "params": sum(p.numel() for p in learner.model.parameters())}
+    if aligned and args.grad_error and args.pack_tokens is None:     # the main comparison only
+        res["grad_error"] = grad_error(learner, batch, objective)
     del learner, model
     release_memory(device)
     return res
+
+
+def grad_error(learner, batch, objective) -> dict:
+    """The weight gradients of one minibatch (the whole batch, the learner's micro-batches) with int8
+    dX against bf16 dX, the same weights: per parameter kind (layer index folded to *), the min /
+    median cosine similarity and median / max relative error over the layers, and the same two for
+    all parameters as one vector. The learner's own option is restored afterwards."""
+    from agentq.learner.qat import set_grad_input
+
+    own = learner.grad_input
+    set_grad_input(learner.model, "bf16")
+    learner.accumulate_grads(batch, objective, {})
+    ref = {n: p.grad.detach().clone() for n, p in learner.model.named_parameters() if p.grad is not None}
+    set_grad_input(learner.model, "int8")
+    learner.accumulate_grads(batch, objective, {})
+    set_grad_input(learner.model, own)
+    kinds: dict[str, list[tuple[float, float]]] = {}
+    dot = sq_a = sq_b = sq_d = 0.0
+    for name, p in learner.model.named_parameters():
+        if name not in ref:
+            continue
+        a, b = p.grad.detach().float().flatten(), ref.pop(name).float().flatten()
+        ab, aa, bb, dd = (float(v) for v in (a @ b, a @ a, b @ b, (a - b).pow(2).sum()))
+        dot, sq_a, sq_b, sq_d = dot + ab, sq_a + aa, sq_b + bb, sq_d + dd
+        cos = ab / max((aa * bb) ** 0.5, 1e-300)
+        kinds.setdefault(re.sub(r"\.\d+\.", ".*.", name), []).append((cos, (dd / max(bb, 1e-300)) ** 0.5))
+    learner.opt.zero_grad(set_to_none=True)
+    per_kind = {k: {"layers": len(v), "cos_min": min(c for c, _ in v), "cos_median": statistics.median(c for c, _ in v),
+                    "rel_median": statistics.median(r for _, r in v), "rel_max": max(r for _, r in v)}
+                for k, v in kinds.items()}
+    return {"per_kind": per_kind, "cos_all": dot / max((sq_a * sq_b) ** 0.5, 1e-300),
+            "rel_all": (sq_d / max(sq_b, 1e-300)) ** 0.5}
+
+
+def print_grad_error(err: dict) -> None:
+    print("\ngradient error of int8 dX vs bf16 dX (aligned model, the measured batch, same weights)")
+    print(f"{'parameter kind':<46} {'layers':>6} {'cos min':>9} {'cos med':>9} {'rel med':>9} {'rel max':>9}")
+    for kind, r in err["per_kind"].items():
+        print(f"{kind:<46} {r['layers']:>6} {r['cos_min']:>9.6f} {r['cos_median']:>9.6f} {r['rel_median']:>9.2e} "
+              f"{r['rel_max']:>9.2e}")
+    print(f"{'all parameters, one vector':<46} {'':>6} {err['cos_all']:>9.6f} {'':>9} {err['rel_all']:>9.2e}")
 
 
 def host_cost(device: torch.device, dtype: torch.dtype, calls: int = 400, profile: bool = False) -> dict:
@@ -172,6 +225,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--logprob-micro", type=int, default=None,
                     help="sequences per no-grad forward (Learner logprob_micro_batch_size; default --micro)")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
+    ap.add_argument("--grad-input", default="bf16", choices=["bf16", "int8"],
+                    help="the aligned learner's dX GEMM in backward (Learner grad_input; the none spec is unaffected)")
+    ap.add_argument("--no-grad-error", dest="grad_error", action="store_false",
+                    help="skip the int8-vs-bf16 dX gradient comparison after the timings")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernel table of one forward and one update")
@@ -195,22 +252,25 @@ def main(argv=None) -> dict:
     rows = {s: run_spec(s, args, device, dtype) for s in SPECS}
     base, al = rows["none"], rows["w8a8_kv8"]
     report = {"model": args.model, "batch": args.batch, "seq": args.seq, "micro": args.micro,
-              "logprob_micro": args.logprob_micro,
+              "logprob_micro": args.logprob_micro, "grad_input": args.grad_input,
               "checkpointing": args.checkpointing, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "dtype": str(dtype), "torch": torch.__version__, "results": rows,
               "ratio_update": al["update_s"] / base["update_s"], "ratio_forward": al["forward_s"] / base["forward_s"]}
     print(f"\nlearner {args.model} B={args.batch} L={args.seq} micro={args.micro} "
           f"logprob micro={args.logprob_micro or args.micro} ckpt={args.checkpointing} "
-          f"{report['device']} {dtype}")
+          f"aligned dX {args.grad_input} {report['device']} {dtype}")
     print(f"{'spec':<10} {'update s':>9} {'upd tok/s':>10} {'fwd s':>8} {'fwd tok/s':>10} {'peak GiB':>9}")
     for r in rows.values():
         peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"
         print(f"{r['spec']:<10} {r['update_s']:>9.3f} {r['update_tokens_per_s']:>10.0f} {r['forward_s']:>8.3f} "
               f"{r['forward_tokens_per_s']:>10.0f} {peak:>9}")
     print(f"aligned / none: update {report['ratio_update']:.3f}x  forward {report['ratio_forward']:.3f}x")
+    if "grad_error" in al:
+        print_grad_error(al["grad_error"])
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        path = Path(args.out) / f"bench_learner_{args.model}{'_ckpt' if args.checkpointing else ''}.json"
+        path = Path(args.out) / (f"bench_learner_{args.model}{'_ckpt' if args.checkpointing else ''}"
+                                 f"{'_int8dx' if args.grad_input == 'int8' else ''}.json")
         path.write_text(json.dumps(report, indent=1))
     return report
 

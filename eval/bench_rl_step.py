@@ -9,9 +9,12 @@ same for both algos). Each phase is timed the way `agentq/trainer/rl.py` runs it
   update   the objective's `prepare` + `Learner.update` (one PPO epoch, whole-batch minibatch);
   sync     `TorchEngine.update_weights(learner.named_weights())`.
 Only the public engine API is used, so engine speed-ups show up here unchanged. Objective
-parameters come from `conf/algo/<algo>.yaml` (read with PyYAML: no Hydra needed).
+parameters come from `conf/algo/<algo>.yaml` (read with PyYAML: no Hydra needed). `--grad-input
+int8` gives the aligned learners (interq) int8 dX in backward (`trainer.grad_input`); a learner
+without aligned linears (bf16) is unaffected.
 
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --out runs/bench  # H200
+    python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --grad-input int8  # H200
     python -m agentq.eval.bench_rl_step --model tiny --episodes 8 --turns 2 --prompt 32 --obs 16 --new 8   # CPU
 
 On a GPU the learner wants larger forwards than the trainer's CPU-sized default of 8 trajectories:
@@ -86,13 +89,14 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
 
     pre = algo_preset(name)
     rollout_spec = QuantSpec.preset(rollout_spec_name(pre["rollout_quant"]))
-    learner_spec = rollout_spec if pre["learner_quant"] == "aligned" else QuantSpec.preset("none")
+    aligned = pre["learner_quant"] == "aligned"
+    learner_spec = rollout_spec if aligned else QuantSpec.preset("none")
     max_len = args.prompt + args.turns * (args.new + args.obs) + 8
     model, cfg = random_model(args.model, max_len, device, dtype)
     learner = Learner(model, learner_spec, dtype=dtype, device=str(device), lr=1e-6,
                       use_reference=float(pre["params"]["kl_coef"]) > 0, micro_batch_size=args.micro,
                       pack_tokens=args.pack_tokens, logprob_micro_batch_size=args.logprob_micro,
-                      logprob_pack_tokens=args.logprob_pack_tokens)
+                      logprob_pack_tokens=args.logprob_pack_tokens, grad_input=args.grad_input if aligned else "bf16")
     engine = TorchEngine(cfg, rollout_spec, max_slots=args.episodes, max_len=max_len, dtype=dtype, device=device)
     engine.update_weights(learner.named_weights(), version=0)
     objective = make_objective(pre["objective"], **pre["params"])
@@ -131,6 +135,7 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
                      rows=args.profile_rows)
     med = {p: statistics.median(v) for p, v in times.items()}
     res = {"algo": name, "rollout_quant": rollout_spec.name, "learner_quant": learner_spec.name,
+           "grad_input": learner.grad_input,
            "objective": pre["objective"], "phases_s": med, "phases_all_s": times, "step_s": sum(med.values()),
            "action_tokens": int(sum(x.num_action_tokens for x in trajs)), "tokens": int(sum(x.num_tokens for x in trajs)),
            "mismatch": mism[-1] if mism else {}}
@@ -155,6 +160,8 @@ def main(argv=None) -> dict:
                     help="trajectories per no-grad forward of π_old / π_ref (default: --micro)")
     ap.add_argument("--logprob-pack-tokens", type=int, default=None,
                     help="packs of the no-grad forwards (default: --pack-tokens)")
+    ap.add_argument("--grad-input", default="bf16", choices=["bf16", "int8"],
+                    help="the aligned learner's dX GEMM in backward (trainer.grad_input; bf16 learners unaffected)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernel tables of old_ref and update")
@@ -166,7 +173,7 @@ def main(argv=None) -> dict:
     report = {"model": args.model, "args": vars(args), "dtype": str(dtype), "torch": torch.__version__,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "results": rows}
     print(f"\nRL step {args.model}: {args.episodes} episodes x {args.turns} turns, prompt {args.prompt}, "
-          f"obs {args.obs}, {args.new} new/turn, {report['device']} {dtype}")
+          f"obs {args.obs}, {args.new} new/turn, aligned dX {args.grad_input}, {report['device']} {dtype}")
     print(f"{'algo':<8} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'step s':>8}")
     for r in rows.values():
         print(f"{r['algo']:<8} " + " ".join(f"{r['phases_s'][p]:>9.3f}" for p in PHASES) + f" {r['step_s']:>8.3f}")
@@ -181,7 +188,8 @@ def main(argv=None) -> dict:
               + f"  step {report['speedup_bf16_over_interq']:.2f}x (> 1 = quantized faster)")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / f"bench_rl_step_{args.model}.json").write_text(json.dumps(report, indent=1))
+        suffix = "_int8dx" if args.grad_input == "int8" else ""
+        (Path(args.out) / f"bench_rl_step_{args.model}{suffix}.json").write_text(json.dumps(report, indent=1))
     return report
 
 

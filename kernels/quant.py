@@ -14,6 +14,11 @@ from .quant_spec import QuantSpec
 QMAX = 127.0
 QMIN = -128.0
 FP8_MAX = 448.0
+#: scale floor of the learner's per-token int8 gradient rows (grad_input="int8"). Gradients lie many
+#: decades below activations, where the activations' 1e-8 floor would coarsen or zero whole rows; this
+#: only keeps an all-zero row from dividing by zero. A subnormal value (which a GPU may flush) over a
+#: scale of at least 1e-30 always rounds to code 0, so CPU and GPU give the same codes.
+GRAD_SCALE_FLOOR = 1e-30
 
 
 def round_half(x: torch.Tensor, mode: str) -> torch.Tensor:
@@ -49,6 +54,14 @@ def quantize_rows_f32(x: torch.Tensor, floor: float, rounding: str) -> tuple[tor
     scale = _absmax_scale(x, floor)
     codes = round_half(x.detach().float() / scale.unsqueeze(-1), rounding).clamp_(QMIN, QMAX)
     return codes, scale
+
+
+def quantize_scaled_rows(x: torch.Tensor, col_scale: torch.Tensor, floor: float, rounding: str
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_rows(fp32(x) · col_scale[None, :])`: each column times its fp32 scale (one rounding
+    per product), then symmetric int8 per row. The learner's int8 dX quantizes dY · s_w this way:
+    s_w lies on that GEMM's reduction axis, so it must go into the codes (`ste`, grad_input="int8")."""
+    return quantize_rows(x.detach().float() * col_scale, floor, rounding)
 
 
 def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

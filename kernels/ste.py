@@ -22,6 +22,11 @@ dequantized once per weight version (cached beside the codes, built at the first
 X_fq dequantized from the saved int8 codes (1 byte per activation saved instead of 2), once for the
 linears that read the same codes (q/k/v, gate/up: `ActivationCache.dequantized`); on CUDA both
 dequantizations run one Triton kernel (`triton_quant.dequantize_rows`, same bits).
+
+**int8 dX (opt-in, `grad_input="int8"`).** dX = (dY · s_w) · W_q with dY · s_w quantized per token
+to int8 (SwitchBack-style; dW and db stay in the compute dtype): one int8 GEMM instead of a bf16
+one, against the transposed weight codes `WeightCache.transposed()` (once per weight version). Its
+error is the gradient rows' int8 rounding, ≈1 % relative (Frobenius) on Gaussian-like rows.
 """
 from __future__ import annotations
 
@@ -43,11 +48,14 @@ def triton_path(t: torch.Tensor, backend: str | None = None) -> bool:
     return t.is_cuda and HAVE_TRITON
 
 
-def _quantize_rows(x: torch.Tensor, floor: float, rounding: str, backend: str | None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_rows(x: torch.Tensor, floor: float, rounding: str, backend: str | None,
+                   col_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row int8 codes of x (of x · col_scale per column when given)."""
     if triton_path(x, backend):
         from . import triton_quant
-        return triton_quant.quantize_rows(x.detach(), floor, rounding)
+        return triton_quant.quantize_rows(x.detach(), floor, rounding, col_scale=col_scale)
+    if col_scale is not None:
+        return quant.quantize_scaled_rows(x, col_scale, floor, rounding)
     return quant.quantize_rows(x, floor, rounding)
 
 
@@ -73,6 +81,18 @@ def _dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtyp
     return quant.dequantize_rows(codes, scale, dtype)
 
 
+#: the STE backward's dX GEMM: "bf16" = dY · W_fq in the compute dtype (fp32 on CPU); "int8" = the
+#: per-token int8 codes of dY · s_w times the weight codes (`_int8_grad_input`)
+GRAD_INPUTS = ("bf16", "int8")
+
+
+def check_grad_input(grad_input: str) -> str:
+    """`grad_input` itself when it names a dX GEMM (`GRAD_INPUTS`), else a ValueError listing them."""
+    if grad_input not in GRAD_INPUTS:
+        raise ValueError(f"grad_input={grad_input!r}; valid: {list(GRAD_INPUTS)}")
+    return grad_input
+
+
 def grad_dtype(dtype: torch.dtype) -> torch.dtype:
     """Dtype of the STE backward GEMMs: the compute dtype for bf16/fp16, fp32 otherwise."""
     return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
@@ -85,14 +105,17 @@ class WeightCache:
     `get(w, spec)` returns (w_q, s_w) = `quant.quantize_weight(w)` (bit for bit), from the cache
     when `w` is the same storage at the same version; `get((w1, w2, …), spec)` the same for the
     row-stacked weights (per-channel codes: row for row those of each weight alone).
-    `dequantized(dtype)` is W_fq in `dtype`, built once per version (the backward's operand)."""
+    `dequantized(dtype)` is W_fq in `dtype`, built once per version (the backward's operand);
+    `transposed()` the codes as the int8 dX GEMM's weight, also once per version."""
 
     def __init__(self):
         self.key: tuple | None = None
         self.w_q: torch.Tensor | None = None
         self.s_w: torch.Tensor | None = None
         self._deq: torch.Tensor | None = None
+        self._t: tuple[torch.Tensor, torch.Tensor] | None = None
         self.recomputes = 0          # how many times the codes were (re)computed: tests, diagnostics
+        self.transposes = 0          # how many times `transposed()` was built: tests
 
     def get(self, w: torch.Tensor | tuple[torch.Tensor, ...], spec: QuantSpec, backend: str | None = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,7 +124,7 @@ class WeightCache:
         if key != self.key:
             rows = ws[0].detach() if len(ws) == 1 else torch.cat([t.detach() for t in ws])
             self.w_q, self.s_w = _quantize_rows(rows, spec.weight_scale_floor, spec.weight_rounding, backend)
-            self._deq = None
+            self._deq = self._t = None
             self.key = key
             self.recomputes += 1
         assert self.w_q is not None and self.s_w is not None
@@ -113,8 +136,22 @@ class WeightCache:
             self._deq = _dequantize_rows(self.w_q, self.s_w, dtype, backend)
         return self._deq
 
+    def transposed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_qᵀ [K, N] int8 contiguous, ones [K] fp32): the weight operand of the int8 dX GEMM
+        (its rows are the K input features) and its unit per-row scales."""
+        if self._t is None:
+            assert self.w_q is not None, "get() first"
+            self._t = transposed_codes(self.w_q)
+            self.transposes += 1
+        return self._t
+
     def invalidate(self) -> None:
-        self.key = self.w_q = self.s_w = self._deq = None
+        self.key = self.w_q = self.s_w = self._deq = self._t = None
+
+
+def transposed_codes(w_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`WeightCache.transposed` of codes `w_q` [N, K], uncached."""
+    return w_q.t().contiguous(), torch.ones(w_q.shape[1], dtype=torch.float32, device=w_q.device)
 
 
 class ActivationCache:
@@ -177,7 +214,18 @@ def _stacked_bias(biases: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
 
 
 #: arguments of `_W8A8STE.forward` before its weights and biases (x2 … n_weights)
-_STE_LEAD_ARGS = 8
+_STE_LEAD_ARGS = 9
+
+
+def _int8_grad_input(g: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, cache: WeightCache, spec: QuantSpec,
+                     out_dtype: torch.dtype, backend: str | None) -> torch.Tensor:
+    """dX = dY · W_fq = (dY · s_w[None, :]) · W_q as an int8 GEMM (SwitchBack-style): G' = dY · s_w
+    (s_w lies on the reduction axis N, so it goes into G' rather than the epilogue) quantized per
+    token (symmetric absmax, the activations' rounding, `quant.GRAD_SCALE_FLOOR`), then G'_q [M, N]
+    times W_qᵀ [K, N] with exact int32 sums, scaled by s_g per row and 1 per column."""
+    g_q, s_g = _quantize_rows(g, quant.GRAD_SCALE_FLOOR, spec.act_rounding, backend, col_scale=s_w)
+    w_t, unit = cache.transposed() if cache.w_q is w_q else transposed_codes(w_q)
+    return _int8_linear(g_q, s_g, w_t, unit, None, out_dtype, backend)
 
 
 class _W8A8STE(torch.autograd.Function):
@@ -185,12 +233,13 @@ class _W8A8STE(torch.autograd.Function):
     GEMM over the row-stacked codes; `params` = the weights, then their biases (all or none)."""
 
     @staticmethod
-    def forward(ctx, x2, spec, cache, backend, x_q, s_x, act_cache, n_weights, *params):
+    def forward(ctx, x2, spec, cache, backend, x_q, s_x, act_cache, grad_input, n_weights, *params):
         ws = params[:n_weights]
         w_q, s_w = cache.get(ws, spec, backend)
         y = _int8_linear(x_q, s_x, w_q, s_w, _stacked_bias(params[n_weights:]), x2.dtype, backend)
         ctx.save_for_backward(x_q, s_x, w_q, s_w)
         ctx.cache, ctx.act_cache, ctx.backend = cache, act_cache, backend
+        ctx.spec, ctx.grad_input = spec, grad_input
         ctx.rows = [w.shape[0] for w in ws]
         ctx.has_bias = len(params) > n_weights
         ctx.dtypes = (x2.dtype, ws[0].dtype)
@@ -206,7 +255,9 @@ class _W8A8STE(torch.autograd.Function):
         gx = None
         gws: list[torch.Tensor | None] = [None] * n
         gbs: list[torch.Tensor | None] = [None] * n if ctx.has_bias else []
-        if ctx.needs_input_grad[0]:
+        if ctx.needs_input_grad[0] and ctx.grad_input == "int8":
+            gx = _int8_grad_input(g, w_q, s_w, ctx.cache, ctx.spec, xd, ctx.backend)
+        elif ctx.needs_input_grad[0]:
             cache = ctx.cache
             w_fq = cache.dequantized(cd, ctx.backend) if cache.w_q is w_q else _dequantize_rows(w_q, s_w, cd, ctx.backend)
             gx = (g @ w_fq).to(xd)
@@ -217,13 +268,13 @@ class _W8A8STE(torch.autograd.Function):
         if ctx.has_bias and any(ctx.needs_input_grad[first_w + n:]):
             gb = g.sum(0, dtype=torch.float32).to(wd)
             gbs = [gb] if n == 1 else list(gb.split(ctx.rows))
-        return (gx, None, None, None, None, None, None, None, *gws, *gbs)
+        return (gx, *[None] * (_STE_LEAD_ARGS - 1), *gws, *gbs)
 
 
 def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor | tuple[torch.Tensor, ...],
                     bias: torch.Tensor | tuple[torch.Tensor, ...] | None, spec: QuantSpec,
                     cache: WeightCache | None = None, backend: str | None = None,
-                    act_cache: ActivationCache | None = None) -> torch.Tensor:
+                    act_cache: ActivationCache | None = None, grad_input: str = "bf16") -> torch.Tensor:
     """The learner's aligned linear: value identical to `quant.w8a8_linear(x, *quantize_weight(w))`,
     straight-through gradients to the master weight `w`, to `x` and to `bias`.
 
@@ -240,9 +291,12 @@ def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor | tuple[torch.Tensor, ...],
         cache: the module's `WeightCache` (None: quantize `w` for this call only).
         backend: None (Triton on CUDA), "triton" or "torch" (see `triton_path`).
         act_cache: the model's `ActivationCache` (None: quantize x for this call only).
+        grad_input: dX in backward, one of `GRAD_INPUTS`: "bf16" (dY · W_fq in the compute dtype)
+            or "int8" (`_int8_grad_input`: per-token int8 dY · s_w, int8 GEMM; ≈1 % relative error).
     Returns:
         [..., N] (N = Σ Nᵢ) in x's dtype.
     """
+    check_grad_input(grad_input)
     shape = x.shape
     ws = (w,) if isinstance(w, torch.Tensor) else tuple(w)
     bs = () if bias is None else (bias,) if isinstance(bias, torch.Tensor) else tuple(bias)
@@ -250,7 +304,8 @@ def w8a8_linear_ste(x: torch.Tensor, w: torch.Tensor | tuple[torch.Tensor, ...],
     x_q, s_x = act_cache.get(x, spec, backend)
     cache = cache or WeightCache()
     if records_graph(x, *ws, *bs):
-        y = _W8A8STE.apply(x.reshape(-1, shape[-1]), spec, cache, backend, x_q, s_x, act_cache, len(ws), *ws, *bs)
+        y = _W8A8STE.apply(x.reshape(-1, shape[-1]), spec, cache, backend, x_q, s_x, act_cache, grad_input, len(ws),
+                           *ws, *bs)
     else:                       # no_grad (π_old, π_ref): _W8A8STE.forward's computation, no graph node
         y = _int8_linear(x_q, s_x, *cache.get(ws, spec, backend), _stacked_bias(bs), x.dtype, backend)
     return y.reshape(*shape[:-1], y.shape[-1])

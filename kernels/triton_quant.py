@@ -1,6 +1,8 @@
 """Fused dynamic int8 quantization kernels (Triton), bit-identical to `quant.quantize_rows`.
 
 * `quantize_per_token(x[M, K], spec) -> (int8 [M, K], fp32 [M])`: activations, per token.
+* `quantize_rows(x, floor, rounding, col_scale=s)`: the rows of x · s (s per column) in one pass,
+  for the learner's int8 dX (dY · s_w).
 * `quantize_kv(x[..., D], spec) -> (int8 [..., D], fp32 [...])`: K or V, per token per KV head.
 * `quantize_kv_to_cache(...)`: the same, scattered straight into a slot-based KV cache.
 
@@ -82,10 +84,19 @@ if HAVE_TRITON:
         tl.store(s_out, scale)
 
     @triton.jit
-    def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, floor,
+    def _load_row_f32(x_row, cs_ptr, offs, mask, COL_SCALE: tl.constexpr):
+        """A row's values in fp32; with COL_SCALE each times its column's fp32 scale (one rounding)."""
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        if COL_SCALE:
+            x = x * tl.load(cs_ptr + offs, mask=mask, other=0.0)
+        return x
+
+    @triton.jit
+    def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, cs_ptr, K, stride_x, stride_q, floor,
                            HALF_AWAY: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_PASS: tl.constexpr,
-                           PDL: tl.constexpr):
-        """One program per row: scale = max(absmax/127, floor); codes = round(x/scale)."""
+                           PDL: tl.constexpr, COL_SCALE: tl.constexpr):
+        """One program per row: scale = max(absmax/127, floor); codes = round(x/scale). COL_SCALE:
+        of x[:, k] · cs[k] instead (the learner's int8 dX: dY · s_w, never written out)."""
         if PDL:   # let a GEMM launched with programmatic dependent launch start (it waits for us)
             tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
@@ -94,19 +105,19 @@ if HAVE_TRITON:
         q_row = q_ptr + row * stride_q
         if SINGLE_PASS:
             mask = offs < K
-            x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+            x = _load_row_f32(x_row, cs_ptr, offs, mask, COL_SCALE)
             _store_row_codes(x, q_row, s_ptr + row, offs, mask, floor, HALF_AWAY)
         else:
             amax_v = tl.full([BLOCK_K], 0, dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 mask = k0 + offs < K
-                x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
+                x = _load_row_f32(x_row, cs_ptr, k0 + offs, mask, COL_SCALE)
                 amax_v = tl.maximum(amax_v, tl.abs(x))
             amax = tl.reduce(amax_v, 0, tl.standard._elementwise_max)
             scale = _absmax_to_scale(amax, floor)
             for k0 in range(0, K, BLOCK_K):
                 mask = k0 + offs < K
-                x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
+                x = _load_row_f32(x_row, cs_ptr, k0 + offs, mask, COL_SCALE)
                 tl.store(q_row + k0 + offs, _quant_block(x, scale, HALF_AWAY), mask=mask)
             tl.store(s_ptr + row, scale)
 
@@ -255,10 +266,12 @@ def _launch_row_tiles(x: torch.Tensor, floor: float, half_away: bool, q: torch.T
         BLOCK_K=triton.next_power_of_2(max(k, 16)), num_warps=4, enable_fp_fusion=False)
 
 
-def quantize_rows(x: torch.Tensor, floor: float, rounding: str,
-                  launch: tuple[int, bool, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, floor: float, rounding: str, launch: tuple[int, bool, int] | None = None,
+                  col_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton `quant.quantize_rows`: symmetric int8 over the last dim, one fp32 scale per row.
-    `launch` = (BLOCK_K, single pass, num_warps) overrides the table (tuning)."""
+    `launch` = (BLOCK_K, single pass, num_warps) overrides the table (tuning). `col_scale` (fp32
+    [K]): the codes of fp32(x) · col_scale instead, in the same launch (`quant.quantize_scaled_rows`,
+    same bits)."""
     require_triton("triton_quant.quantize_rows")
     half_away = _check_mode(rounding)
     shape = x.shape
@@ -266,17 +279,20 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str,
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
+    if col_scale is not None:
+        assert col_scale.shape == (k,) and col_scale.dtype == torch.float32, (col_scale.shape, col_scale.dtype)
+        col_scale = col_scale.contiguous()
     m = x2.shape[0]
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
     s = torch.empty((m,), dtype=torch.float32, device=x.device)
-    if launch is None and k <= TILE_MAX_K and m >= TILE_MIN_ROWS and tiles_enabled():
+    if launch is None and col_scale is None and k <= TILE_MAX_K and m >= TILE_MIN_ROWS and tiles_enabled():
         _launch_row_tiles(x2, floor, half_away, q, s, None)
     elif m > 0:
         block, single, warps = launch or _row_launch_params(m, k, runs_interpreted(_quant_rows_kernel))
         pdl = use_pdl(_quant_rows_kernel, x.device, m)
-        _quant_rows_kernel[(m,)](x2, q, s, k, x2.stride(0), q.stride(0), float(floor),
-                                 HALF_AWAY=half_away, BLOCK_K=block, SINGLE_PASS=single,
-                                 PDL=pdl, num_warps=warps, enable_fp_fusion=False)
+        _quant_rows_kernel[(m,)](x2, q, s, col_scale if col_scale is not None else s, k, x2.stride(0), q.stride(0),
+                                 float(floor), HALF_AWAY=half_away, BLOCK_K=block, SINGLE_PASS=single,
+                                 PDL=pdl, COL_SCALE=col_scale is not None, num_warps=warps, enable_fp_fusion=False)
     return q.reshape(shape), s.reshape(shape[:-1])
 
 

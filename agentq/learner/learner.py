@@ -17,6 +17,7 @@ import torch.nn as nn
 from agentq.algos.objective import Objective
 from agentq.kernels.logprob import token_logprobs
 from agentq.kernels.quant_spec import QuantSpec
+from agentq.kernels.ste import check_grad_input
 
 from .batch import PolicyBatch
 from .packing import PackLayout, plan_packs
@@ -90,7 +91,7 @@ class Learner:
                  grad_clip: float = 1.0, use_reference: bool = True, micro_batch_size: int = 8,
                  ref_path: str | None = None, activation_checkpointing: bool = False, temperature: float = 1.0,
                  pack_tokens: int | None = None, logprob_micro_batch_size: int | None = None,
-                 logprob_pack_tokens: int | None = None):
+                 logprob_pack_tokens: int | None = None, grad_input: str = "bf16"):
         """Args:
             model_path: an HF checkpoint folder, or an HF causal LM (e.g. random-init for benchmarks).
             spec: the learner's QuantSpec (`none` = unaligned); dtype/device: where it computes.
@@ -105,23 +106,18 @@ class Learner:
                 most this many tokens each (a longer row alone), no padding (`packing.py`).
             logprob_micro_batch_size / logprob_pack_tokens: the same two for the no-grad forwards
                 of π_old / π_ref (None: as for training; see `batching_plans`).
+            grad_input: the aligned linears' dX GEMM in backward: "bf16" (the compute dtype, fp32
+                on CPU) or "int8" (per-token int8 gradients; `qat.align_model`).
         """
-        from transformers import AutoModelForCausalLM
-
         if not temperature > 0:
             raise ValueError(f"Learner temperature={temperature!r}: must be > 0 (greedy decoding has no "
                              "sampling distribution to score)")
         self.temperature = float(temperature)
+        self.grad_input = check_grad_input(grad_input)        # before the model loads: a bad value fails at once
         self.train_batching, self.logprob_batching = batching_plans(micro_batch_size, pack_tokens,
                                                                     logprob_micro_batch_size, logprob_pack_tokens)
-
-        def load_aligned(path: str | nn.Module) -> tuple[nn.Module, dict]:
-            model = path if isinstance(path, nn.Module) else AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-            model = model.to(device=self.device, dtype=dtype)
-            return model, align_model(model, spec)
-
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
-        self.model, self.audit = load_aligned(model_path)
+        self.model, self.audit = self.load_aligned(model_path)
         if activation_checkpointing:
             self.model.gradient_checkpointing_enable(  # type: ignore[operator]  # an HF PreTrainedModel method
                 gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -129,11 +125,20 @@ class Learner:
         self.ref: nn.Module | None = None
         if use_reference:     # the reference sees the same fake quant (no KL floor at θ_0)
             # ref_path: e.g. a resumed run, whose reference is the run's initial policy, not the checkpoint
-            self.ref = (copy.deepcopy(self.model) if ref_path is None else load_aligned(ref_path)[0]).eval()
+            self.ref = (copy.deepcopy(self.model) if ref_path is None else self.load_aligned(ref_path)[0]).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(betas[0], betas[1]), weight_decay=weight_decay)
         self.grad_clip, self.version = grad_clip, 0
+
+    def load_aligned(self, path: str | nn.Module) -> tuple[nn.Module, dict]:
+        """(model, audit): the HF checkpoint at `path` (or the model given) on the learner's device and
+        dtype, aligned to its spec with its dX option (`qat.align_model`)."""
+        from transformers import AutoModelForCausalLM
+
+        model = path if isinstance(path, nn.Module) else AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        model = model.to(device=self.device, dtype=self.dtype)
+        return model, align_model(model, self.spec, grad_input=self.grad_input)
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()

@@ -47,11 +47,13 @@ class QATLinear(nn.Linear):
     weight_cache: ste.WeightCache
     act_cache: ste.ActivationCache      # shared by the model's QAT linears (q/k/v and gate/up read one x)
     group: "ProjectionGroup | None"     # the linears reading the same input, run as one GEMM
+    grad_input: str                     # the backward's dX GEMM: "bf16" | "int8" (`ste.GRAD_INPUTS`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is not None:
             return self.group.output(self, x)
-        return ste.w8a8_linear_ste(x, self.weight, self.bias, self.spec, self.weight_cache, act_cache=self.act_cache)
+        return ste.w8a8_linear_ste(x, self.weight, self.bias, self.spec, self.weight_cache, act_cache=self.act_cache,
+                                   grad_input=self.grad_input)
 
     def quantized_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(w_q int8 [N, K], s_w fp32 [N]) of the current master weight: what the engine's sync
@@ -80,10 +82,10 @@ class ProjectionGroup:
 
     @staticmethod
     def fits(members: list[Any]) -> bool:
-        """All QAT linears of one spec and input width, with a bias on all or none."""
+        """All QAT linears of one spec, dX GEMM and input width, with a bias on all or none."""
         first = members[0]
         return (all(isinstance(m, QATLinear) for m in members) and len({m.in_features for m in members}) == 1
-                and all(m.spec == first.spec for m in members)
+                and all(m.spec == first.spec and m.grad_input == first.grad_input for m in members)
                 and len({m.bias is None for m in members}) == 1)
 
     def output(self, member: QATLinear, x: torch.Tensor) -> torch.Tensor:
@@ -96,7 +98,7 @@ class ProjectionGroup:
         first = self.members[0]
         biases = None if first.bias is None else tuple(m.bias for m in self.members)
         y = ste.w8a8_linear_ste(x, tuple(m.weight for m in self.members), biases, first.spec, self.cache,
-                                act_cache=first.act_cache)
+                                act_cache=first.act_cache, grad_input=first.grad_input)
         outs = dict(zip(map(id, self.members), y.split(self.rows, dim=-1)))
         mine = outs.pop(id(member))
         self.held = (x, x._version, outs)
@@ -192,11 +194,15 @@ def grouping_default(model: nn.Module) -> bool:
     return first is not None and first.is_cuda
 
 
-def align_model(model: nn.Module, spec: QuantSpec, group_projections: bool | None = None) -> dict[str, list[str]]:
+def align_model(model: nn.Module, spec: QuantSpec, group_projections: bool | None = None,
+                grad_input: str = "bf16") -> dict[str, list[str]]:
     """Install the aligned forward in place; returns the audit {"quantized": [...], "ignored": [...]}.
 
     group_projections: q/k/v_proj and gate/up_proj (`PROJECTION_GROUPS`) run as one GEMM each
-    (`ProjectionGroup`: the same forward values, fewer launches). None = `grouping_default`."""
+    (`ProjectionGroup`: the same forward values, fewer launches). None = `grouping_default`.
+    grad_input: the W8A8 linears' dX in backward (`ste.GRAD_INPUTS`): "bf16", the compute dtype's
+    GEMM as before (fp32 on CPU), or "int8", per-token int8 gradients (`ste._int8_grad_input`)."""
+    ste.check_grad_input(grad_input)
     if group_projections is None:
         group_projections = grouping_default(model)
     audit = spec.check_linears(linear_names(model))
@@ -209,6 +215,7 @@ def align_model(model: nn.Module, spec: QuantSpec, group_projections: bool | Non
         m.weight_cache = ste.WeightCache()
         m.act_cache = act_cache
         m.group = None
+        m.grad_input = grad_input
     groups = []
     for parent in model.modules() if group_projections else ():
         for names in PROJECTION_GROUPS:
@@ -248,9 +255,18 @@ def unalign_model(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, QATLinear):
             m.__class__ = nn.Linear  # type: ignore[assignment]  # swapping the class back in place
-            del m.spec, m.weight_cache, m.act_cache, m.group
+            del m.spec, m.weight_cache, m.act_cache, m.group, m.grad_input
     if hasattr(model, "agentq_groups"):
         del model.agentq_groups
+
+
+def set_grad_input(model: nn.Module, grad_input: str) -> None:
+    """Switch an aligned model's dX GEMM in backward (`align_model`'s grad_input) in place, e.g. to
+    compare the two options' gradients on the same weights (`eval/bench_learner.py`)."""
+    ste.check_grad_input(grad_input)
+    for m in model.modules():
+        if isinstance(m, QATLinear):
+            m.grad_input = grad_input
 
 
 def invalidate_weight_caches(model: nn.Module) -> None:
@@ -276,4 +292,5 @@ def quantized_module_report(model: nn.Module) -> dict[str, int]:
 
 
 __all__ = ["ATTN_IMPL", "PROJECTION_GROUPS", "ProjectionGroup", "QATLinear", "align_model", "invalidate_weight_caches", "linear_names",
-           "quantized_module_report", "quantized_weights", "release_activation_cache", "unalign_model"]
+           "quantized_module_report", "quantized_weights", "release_activation_cache", "set_grad_input",
+           "unalign_model"]

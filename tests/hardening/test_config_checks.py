@@ -16,6 +16,7 @@ from conftest import run_cli
     ("env_pool.call_timeout_s=0", "env_pool.call_timeout_s=0"),
     ("trainer.overwrite=maybe", "trainer.overwrite='maybe' (str): must be true or false"),
     ("trainer.pack_tokens=0", "trainer.pack_tokens=0 (int): must be a positive integer or null"),
+    ("trainer.grad_input=fp8", "trainer.grad_input='fp8' (str): must be one of ['bf16', 'int8']"),
 ])
 def test_bad_values_name_their_key(override, named):
     with pytest.raises(ConfigError, match="invalid config value") as e:

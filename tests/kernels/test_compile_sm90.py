@@ -31,8 +31,12 @@ def _cases():
     attn = {"GROUP": 4, "BLOCK_G": 16, "HEAD_D": 128, "BLOCK_N": 128, "DOT_DTYPE": "fp16", "INPUT_PREC": "tf32",
             "ASM_I8": True, "BF16_BITS": False}
     return [
-        ("triton_quant", "_quant_rows_kernel", q8, {"floor"},
-         {"HALF_AWAY": False, "BLOCK_K": 4096, "SINGLE_PASS": True, "PDL": True}, 16, 3),
+        ("triton_quant", "_quant_rows_kernel", {**q8, "cs_ptr": "*fp32"}, {"floor"},
+         {"HALF_AWAY": False, "BLOCK_K": 4096, "SINGLE_PASS": True, "PDL": True, "COL_SCALE": False}, 16, 3),
+        ("triton_quant", "_quant_rows_kernel", {**q8, "cs_ptr": "*fp32"}, {"floor"},       # the int8 dX's dY · s_w
+         {"HALF_AWAY": False, "BLOCK_K": 4096, "SINGLE_PASS": True, "PDL": False, "COL_SCALE": True}, 8, 3),
+        ("triton_quant", "_quant_rows_kernel", {**q8, "cs_ptr": "*fp32"}, {"floor"},
+         {"HALF_AWAY": False, "BLOCK_K": 4096, "SINGLE_PASS": False, "PDL": False, "COL_SCALE": True}, 8, 3),
         ("triton_quant", "_quant_row_tiles_kernel", {**q8, "o_ptr": "*bf16"}, {"floor"},
          {"HALF_AWAY": False, "DEQUANT": False, "BF16_BITS": False, "BLOCK_M": 32, "BLOCK_K": 128}, 4, 3),
         ("triton_quant", "_quant_row_tiles_kernel", {"x_ptr": "*bf16", "q_ptr": "*bf16", "s_ptr": "*bf16",

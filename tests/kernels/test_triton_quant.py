@@ -1,0 +1,68 @@
+"""`triton_quant.quantize_rows(..., col_scale=s)` (the learner's int8 dX quantizes dY · s_w in one
+launch) under TRITON_INTERPRET=1 against its torch reference `quant.quantize_scaled_rows`: the same
+codes and scales bit for bit, single- and two-pass rows, rows the tiled kernel would otherwise take,
+zero and tiny rows, both roundings, the gradients' floor and the activations'."""
+import pytest
+import torch
+
+from agentq.kernels import _interp, quant
+
+pytestmark = pytest.mark.skipif(not _interp.HAVE_TRITON, reason="triton is not installed")
+MODULES = ("agentq.kernels.triton_quant",)
+
+
+@pytest.fixture
+def TQ():
+    """triton_quant with interpreted kernels for one test, compiled ones put back afterwards; skipped on
+    a GPU machine (the compiled path runs in tests/learner/test_ste.py's CUDA test there)."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU interpreter test (the GPU machine runs the compiled tests)")
+    (tq,) = _interp.load_interpreted(MODULES)
+    assert tq.INTERPRETED
+    yield tq
+    _interp.restore_compiled(MODULES)
+
+
+def _grad_like(rows: int, k: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dY-like rows over many decades, per-column scales like s_w): a zero row, a row whose products
+    are subnormal, a tie-heavy row, outliers."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g) * torch.logspace(-12, 0, rows)[:, None]
+    x[1] = 0.0
+    x[2] = 1e-36 * torch.randn(k, generator=g)             # x · s subnormal: below the floor, codes 0
+    x[3, ::5] *= 50.0
+    s = torch.rand(k, generator=g) * 1e-3 + 1e-5
+    s[4] = 0.0                                              # an all-zero weight channel (floored scale)
+    return x.to(dtype), s
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["half_even", "half_away"])
+def test_col_scaled_rows_are_the_torch_reference_bit_for_bit(TQ, dtype, mode):
+    x, s = _grad_like(9, 300, dtype)
+    for floor in (quant.GRAD_SCALE_FLOOR, 1e-8):
+        q_ref, s_ref = quant.quantize_scaled_rows(x, s, floor, mode)
+        q_tri, s_tri = TQ.quantize_rows(x, floor, mode, col_scale=s)
+        assert torch.equal(s_tri, s_ref)
+        assert torch.equal(q_tri, q_ref), int((q_tri != q_ref).sum())
+    assert torch.equal(q_tri[1], torch.zeros(300, dtype=torch.int8))
+    assert torch.equal(q_ref, quant.quantize_rows(x.float() * s, 1e-8, mode)[0])   # the reference's definition
+
+
+def test_col_scaled_two_pass_rows(TQ, monkeypatch):
+    monkeypatch.setattr(TQ, "MAX_SINGLE_PASS", 64)         # rows of 200: the two-pass loop (16k+ on a GPU)
+    x, s = _grad_like(6, 200, torch.bfloat16, seed=1)
+    q_ref, s_ref = quant.quantize_scaled_rows(x, s, quant.GRAD_SCALE_FLOOR, "half_even")
+    q_tri, s_tri = TQ.quantize_rows(x, quant.GRAD_SCALE_FLOOR, "half_even", col_scale=s)
+    assert torch.equal(q_tri, q_ref) and torch.equal(s_tri, s_ref)
+
+
+def test_col_scale_is_applied_where_the_tiled_kernel_would_run(TQ):
+    """Many short rows go to the tiled kernel, which has no column scales: with them the row kernel
+    runs (strided input included)."""
+    x, s = _grad_like(TQ.TILE_MIN_ROWS + 3, 96, torch.float32, seed=2)
+    x = torch.cat([x, x], dim=1)[:, 96:]                   # a row stride of 192
+    q_ref, s_ref = quant.quantize_scaled_rows(x, s, quant.GRAD_SCALE_FLOOR, "half_even")
+    q_tri, s_tri = TQ.quantize_rows(x, quant.GRAD_SCALE_FLOOR, "half_even", col_scale=s)
+    assert torch.equal(q_tri, q_ref) and torch.equal(s_tri, s_ref)
+    assert not torch.equal(q_tri, TQ.quantize_rows(x, quant.GRAD_SCALE_FLOOR, "half_even")[0])
