@@ -171,3 +171,38 @@ def test_other_families_match_hf(family, tmp_path):
     assert (ref - torch.tensor(r.logprobs)).abs().max() < 1e-4
     w8 = TorchEngine.from_pretrained(str(tmp_path), QuantSpec.preset("w8a8_kv8"), max_slots=2, max_len=128)
     assert w8.model.audit["quantized"][:3] == ["layers.0.q_proj", "layers.0.k_proj", "layers.0.v_proj"]
+
+
+@pytest.mark.parametrize("quant", ["none", "w8a8_kv8"])
+def test_prefill_writes_the_same_cache_with_and_without_padding(quant):
+    """A chunk whose tokens are all valid is written from the projection rows as they lie (no
+    gather); a padded chunk gathers its valid tokens. Both address every token the same way: the
+    cache holds the same K/V whichever way a row's tokens arrive."""
+    from agentq.rollout.torch_engine.kv_cache import KVCache
+    from agentq.rollout.torch_engine.model import ForwardContext
+
+    g = torch.Generator().manual_seed(0)
+    b, t, hkv, d = 3, 5, 2, 8
+    k = torch.randn(b, t, hkv, d, generator=g).permute(0, 2, 1, 3)          # [B, Hkv, T, D], strided like the engine's
+    slots, starts = torch.tensor([4, 0, 2]), torch.tensor([0, 7, 3])
+    positions = starts[:, None] + torch.arange(t)[None, :]
+
+    def write(valid):
+        cache = KVCache(1, 5, hkv, 16, d, QuantSpec.preset(quant), torch.float32)
+        ctx = ForwardContext(cache, slots, positions, valid, starts + valid.sum(1), allow_decode_kernel=False)
+        cache.write(0, ctx.write_slots, ctx.write_positions, ctx.new_tokens(k), ctx.new_tokens(k))
+        return ctx, cache
+
+    full_ctx, full = write(torch.ones(b, t, dtype=torch.bool))
+    assert full_ctx.all_valid and full_ctx.new_tokens(k).data_ptr() == k.data_ptr()    # a view, no gather
+    padded = torch.ones(b, t, dtype=torch.bool)
+    padded[1, 3:] = False
+    part_ctx, part = write(padded)
+    assert not part_ctx.all_valid and part_ctx.new_tokens(k).shape[0] == b * t - 2
+    for row in range(b):                                          # every written token equal in both caches
+        for j in range(t if row != 1 else 3):
+            s, p = int(slots[row]), int(positions[row, j])
+            assert torch.equal(full.k[0][s, :, p], part.k[0][s, :, p])
+    assert torch.equal(part.k[0][0, :, 10:12], torch.zeros_like(part.k[0][0, :, 10:12]))   # the padding: not written
+    if quant == "none":                                           # row 0's token 2 at slot 4, position 2
+        assert torch.equal(full.k[0][4, :, 2], k[0, :, 2])

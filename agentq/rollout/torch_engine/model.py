@@ -219,9 +219,7 @@ class DecoderLayer(nn.Module):
         x, q, k, v = self._qkv(x, delta, cos, sin)
         q, k, v = self._norm_rope(q, k, v, cos, sin)
         # quantize on write (valid tokens only), then read everything back dequantized
-        vb, vt = ctx.valid_idx
-        ctx.cache.write(self.layer_idx, ctx.slots[vb], ctx.positions[vb, vt],
-                        k.permute(0, 2, 1, 3)[vb, vt], v.permute(0, 2, 1, 3)[vb, vt])
+        ctx.cache.write(self.layer_idx, ctx.write_slots, ctx.write_positions, ctx.new_tokens(k), ctx.new_tokens(v))
         return self._out_and_mlp(x, self._attend(q, ctx))
 
     def _attend(self, q: torch.Tensor, ctx: "ForwardContext | DecodeContext") -> torch.Tensor:
@@ -291,6 +289,14 @@ class ForwardContext:
                  new_lens: torch.Tensor, allow_decode_kernel: bool):
         self.cache, self.slots, self.positions, self.new_lens = cache, slots, positions, new_lens
         self.valid_idx = valid.nonzero(as_tuple=True)
+        # the valid tokens' cache addresses, once for all layers; when every token is valid (a
+        # first-turn chunk of equal rows) the K/V rows are written as they lie, without a gather
+        self.all_valid = self.valid_idx[0].numel() == valid.numel()
+        if self.all_valid:
+            self.write_slots = slots.repeat_interleave(positions.shape[1])
+            self.write_positions = positions.reshape(-1)
+        else:
+            self.write_slots, self.write_positions = slots[self.valid_idx[0]], positions[self.valid_idx]
         self.key_len = int(new_lens.max())
         t = positions.shape[1]
         self.use_kernel = allow_decode_kernel and t == 1 and decode_kernel_applies(cache)
@@ -302,6 +308,13 @@ class ForwardContext:
         else:
             keys = torch.arange(self.key_len, device=positions.device)
             self.allowed = keys.view(1, 1, -1) <= positions.unsqueeze(-1)   # [B, T, L]; causal + per-slot length
+
+
+    def new_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """The valid tokens of K or V [B, Hkv, T, D] as [N, Hkv, D] (a view when all are valid and
+        the layout allows; the cache writes take any token / head strides)."""
+        x = x.permute(0, 2, 1, 3)
+        return x.reshape(-1, *x.shape[2:]) if self.all_valid else x[self.valid_idx]
 
 
 class EngineModel(nn.Module):
