@@ -11,10 +11,13 @@ in BLOCK_N tiles with an online softmax, and applies the causal mask from positi
 
     o[b, h, t] = softmax_j≤pos(b,t) (q·k_j · sm_scale) · v_j,   pos(b, t) = start_b + t
 
-int8 caches (per token-head scales, the KV spec's layout) are read as codes: the scores are
-(q · codesᵀ) · k_scale and the values enter as (p · v_scale) · codes, so no dequantized tile is
-ever written (the decode kernel's arithmetic); float caches are read as they are. Dots run in
-fp16 for int8 codes (exact) and in the model dtype for float caches, accumulating in fp32.
+Float caches are read as they are. int8 caches (per token-head scales, the KV spec's layout) are,
+by default on long chunks, first dequantized per row into a scratch copy (`quant.dequantize_rows`'
+values, what the learner's KV round trip gives) that the same kernel then reads as a float cache
+(`CODE_READS`, "copy": the in-register paths below spill and round-trip every tile through shared
+memory, 1.6-1.7x bf16's time on the H200). Short chunks read the codes in place: the scores are
+(q · codesᵀ) · k_scale and the values enter as (p · v_scale) · codes (the decode kernel's
+arithmetic), with dots in fp16 (codes are exact there). Dots accumulate in fp32.
 
 The chunk layout is the engine's (`TorchEngine._forward`): row b's valid tokens are its first
 n_b positions of T, at cache positions start_b … start_b + n_b − 1, already written to the cache;
