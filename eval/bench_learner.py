@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from agentq.eval.bench_common import base_parser, kernel_table, random_model, release_memory, sync
+from agentq.kernels.ste import GRAD_INPUTS
 
 SPECS = ("none", "w8a8_kv8")
 
@@ -225,7 +226,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--logprob-micro", type=int, default=None,
                     help="sequences per no-grad forward (Learner logprob_micro_batch_size; default --micro)")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
-    ap.add_argument("--grad-input", default="bf16", choices=["bf16", "int8"],
+    ap.add_argument("--grad-input", default="bf16", choices=GRAD_INPUTS,
                     help="the aligned learner's dX GEMM in backward (Learner grad_input; the none spec is unaffected)")
     ap.add_argument("--no-grad-error", dest="grad_error", action="store_false",
                     help="skip the int8-vs-bf16 dX gradient comparison after the timings")

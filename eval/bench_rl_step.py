@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from agentq.eval.bench_common import base_parser, kernel_table, random_model, release_memory, sync
+from agentq.kernels.ste import GRAD_INPUTS
 
 PHASES = ("rollout", "old_ref", "update", "sync")
 
@@ -160,7 +161,7 @@ def main(argv=None) -> dict:
                     help="trajectories per no-grad forward of π_old / π_ref (default: --micro)")
     ap.add_argument("--logprob-pack-tokens", type=int, default=None,
                     help="packs of the no-grad forwards (default: --pack-tokens)")
-    ap.add_argument("--grad-input", default="bf16", choices=["bf16", "int8"],
+    ap.add_argument("--grad-input", default="bf16", choices=GRAD_INPUTS,
                     help="the aligned learner's dX GEMM in backward (trainer.grad_input; bf16 learners unaffected)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)

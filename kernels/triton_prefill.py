@@ -62,22 +62,12 @@ class PrefillConfig:
             raise ValueError(f"PrefillConfig.codes={self.codes!r}; valid: {CODE_READS}")
 
 
-#: H200 launches per cache kind and GQA group, the best of `bench_kernels --prefill`'s sweep (the
-#: last 512-token chunk of a 2048-token prompt, B 64; docs/bench/h200-r8/prefill-tune-*.log). int8
-#: caches take the dequantized copy and then the float launch (round 8: in place, codes as bytes /
-#: words, 8B heads 4,717 / 4,378 us at their best launch, bf16 2,579)
-H200_PREFILL = {("int8", 4): PrefillConfig(64, 64, 8, 3, codes="copy"),
-                ("int8", 2): PrefillConfig(64, 64, 8, 3, codes="copy"),
-                ("float", 4): PrefillConfig(64, 64, 8, 3), ("float", 2): PrefillConfig(64, 64, 8, 3)}
-
-
-def pick_prefill_config(int8_cache: bool, group: int) -> PrefillConfig:
-    """The tuned launch for this cache kind and GQA group (the nearest tuned group: MMA rows per
-    program are block_t × the group rounded up to a power of two)."""
-    kind = "int8" if int8_cache else "float"
-    tuned = sorted(g for k, g in H200_PREFILL if k == kind)
-    nearest = min(tuned, key=lambda g: (abs(g - group), g))
-    return H200_PREFILL[(kind, nearest)]
+#: H200 launches per cache kind, the best of `bench_kernels --prefill`'s sweep at Qwen3-8B and
+#: Qwen3-1.7B heads (GQA groups 4 and 2 picked the same one; the last 512-token chunk of a 2048-token
+#: prompt, B 64; docs/bench/h200-r8/prefill-tune-*.log). int8 caches take the dequantized copy and
+#: then the float launch (round 8: in place, codes as bytes / words, 8B heads 4,717 / 4,378 us at
+#: their best launch, bf16 2,579)
+H200_PREFILL = {"int8": PrefillConfig(64, 64, 8, 3, codes="copy"), "float": PrefillConfig(64, 64, 8, 3)}
 
 
 def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None,
@@ -109,7 +99,7 @@ if HAVE_TRITON:
     import triton.language as tl
 
     from .triton_attention import _load_tile
-    from .triton_quant import cast_for_store, store_view
+    from .triton_quant import cast_for_store, dequant_tile, store_view
 
     @triton.jit(do_not_specialize=["T"])     # each delta-prefill length would otherwise compile anew
     def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, nnew_ptr, lens_ptr, o_ptr, qk_scale,
@@ -122,7 +112,7 @@ if HAVE_TRITON:
                         ASM_I8: tl.constexpr = False, KV_BY_ROW: tl.constexpr = False):
         """Program (b, kv head, query block): rows r of the tile are token t0 + r // BLOCK_G,
         query head kvh·GROUP + r % BLOCK_G. KV_BY_ROW: k/v are indexed by batch row, not slot (the
-        fp16 copy of the codes `_codes_to_f16_kernel` wrote); the scales stay in the slot cache."""
+        dequantized copy `_dequant_copy_kernel` wrote, read as a float cache)."""
         b, kvh, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         slot = tl.load(slot_ptr + b).to(tl.int64)
         kv_row = b.to(tl.int64) if KV_BY_ROW else slot
@@ -205,14 +195,9 @@ if HAVE_TRITON:
             scl = slot * stride_ss + h.to(tl.int64) * stride_sh + pos
             dst = (b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + pos[:, None].to(tl.int64) * stride_ol
                    + offs_d[None, :])
-            _dequant_tile(k_ptr + src, ks_ptr + scl, ok_ptr + dst, in_row, BF16_BITS)
-            _dequant_tile(v_ptr + src, vs_ptr + scl, ov_ptr + dst, in_row, BF16_BITS)
-
-    @triton.jit
-    def _dequant_tile(codes, scales, out, in_row, BF16_BITS: tl.constexpr):
-        x = tl.load(codes, mask=in_row[:, None], other=0).to(tl.float32)
-        x = x * tl.load(scales, mask=in_row, other=0.0)[:, None]
-        tl.store(out, cast_for_store(x, out.dtype.element_ty, BF16_BITS), mask=in_row[:, None])
+            mask = in_row[:, None]
+            dequant_tile(k_ptr + src, ks_ptr + scl, ok_ptr + dst, mask, in_row, BF16_BITS)
+            dequant_tile(v_ptr + src, vs_ptr + scl, ov_ptr + dst, mask, in_row, BF16_BITS)
 
 
 def prefill_applies(q: torch.Tensor, k_cache: torch.Tensor, k_scale) -> bool:
@@ -293,7 +278,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Ten
         slots: [B] int slot of each row; n_new: [B] valid tokens of the chunk per row (its first n);
         new_lens: [B] slot length after the chunk.
         sm_scale: the softmax scale.
-        config: the launch (None: `pick_prefill_config`).
+        config: the launch (None: `H200_PREFILL` for the cache kind).
         key_len: max(new_lens) when the caller knows it (the "copy" read needs it; else a sync).
     Returns:
         [B, Hq, T, D] in q's dtype (a transposed view of a contiguous [B, T, Hq, D]); zeros for
@@ -307,7 +292,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Ten
     if b == 0 or t == 0:
         return out
     group = hq // hkv
-    cfg = config or pick_prefill_config(k_cache.dtype == torch.int8, group)
+    cfg = config or H200_PREFILL["int8" if k_cache.dtype == torch.int8 else "float"]
     block_g = triton.next_power_of_2(group)
     block_t = max(cfg.block_t, 16 // block_g)           # ≥ 16 MMA rows
     if cfg.codes == "copy" and key_len is None:
@@ -332,4 +317,4 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Ten
     return out
 
 
-__all__ = ["CODE_READS", "H200_PREFILL", "PrefillConfig", "pick_prefill_config", "prefill_applies", "prefill_attention", "prefill_attention_ref"]
+__all__ = ["CODE_READS", "H200_PREFILL", "PrefillConfig", "prefill_applies", "prefill_attention", "prefill_attention_ref"]

@@ -155,9 +155,15 @@ if HAVE_TRITON:
         mask_m = rows < M
         mask = mask_m[:, None] & (offs[None, :] < K)
         idx = rows[:, None] * K + offs[None, :]
-        codes = tl.load(q_ptr + idx, mask=mask, other=0).to(tl.float32)
-        scale = tl.load(s_ptr + rows, mask=mask_m, other=0.0)
-        tl.store(o_ptr + idx, cast_for_store(codes * scale[:, None], o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+        dequant_tile(q_ptr + idx, s_ptr + rows, o_ptr + idx, mask, mask_m, BF16_BITS)
+
+    @triton.jit
+    def dequant_tile(codes, scales, out, mask, row_mask, BF16_BITS: tl.constexpr):
+        """out = dtype(float(codes) · scale of the row) over a [rows, cols] tile of pointers (the
+        arithmetic of `quant.dequantize_rows`); `scales` and `row_mask` are per row."""
+        x = tl.load(codes, mask=mask, other=0).to(tl.float32)
+        x = x * tl.load(scales, mask=row_mask, other=0.0)[:, None]
+        tl.store(out, cast_for_store(x, out.dtype.element_ty, BF16_BITS), mask=mask)
 
     @triton.jit
     def _quant_kv_cache_kernel(x_ptr, slot_ptr, pos_ptr, c_ptr, cs_ptr, D, H,

@@ -165,13 +165,8 @@ def test_compiled_prefill_on_cuda_matches_the_reference(cache):
     assert err < 2e-2                                  # bf16 output and operands (fp16 codes for int8)
 
 
-def test_prefill_launch_is_picked_per_cache_kind_and_group():
-    """Each (cache kind, GQA group) gets its tuned launch; untuned groups take the nearest one."""
+def test_prefill_default_launch_per_cache_kind():
+    """int8 caches default to the dequantized copy; every default launch names a valid code read."""
     from agentq.kernels import triton_prefill as tp
-    table = tp.H200_PREFILL
-    assert tp.pick_prefill_config(True, 4) is table[("int8", 4)]
-    assert tp.pick_prefill_config(True, 2) is table[("int8", 2)]
-    assert tp.pick_prefill_config(True, 1) is table[("int8", 2)]
-    assert tp.pick_prefill_config(True, 8) is table[("int8", 4)]
-    assert tp.pick_prefill_config(False, 2) is table[("float", 2)]
-    assert tp.pick_prefill_config(True, 4).codes in tp.CODE_READS
+    assert tp.H200_PREFILL["int8"].codes == "copy"
+    assert all(cfg.codes in tp.CODE_READS for cfg in tp.H200_PREFILL.values())

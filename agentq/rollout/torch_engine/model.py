@@ -309,7 +309,6 @@ class ForwardContext:
             keys = torch.arange(self.key_len, device=positions.device)
             self.allowed = keys.view(1, 1, -1) <= positions.unsqueeze(-1)   # [B, T, L]; causal + per-slot length
 
-
     def new_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """The valid tokens of K or V [B, Hkv, T, D] as [N, Hkv, D] (a view when all are valid and
         the layout allows; the cache writes take any token / head strides)."""
