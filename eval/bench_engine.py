@@ -60,7 +60,7 @@ def weight_bytes(engine) -> int:
 
 
 def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns: int, device: str,
-               dtype: torch.dtype, graphs: bool = True) -> dict:
+               dtype: torch.dtype, graphs: bool = True, run_ahead: bool = True) -> dict:
     from agentq.kernels import QuantSpec
     from agentq.rollout import SamplingParams, TurnRequest
     from agentq.rollout.torch_engine.engine import TorchEngine
@@ -68,7 +68,7 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     max_len = prompt + turns * (new + OBS) + 32
     cfg = qwen3_config(model, max_len)
     eng = TorchEngine(cfg, QuantSpec.preset(quant), max_slots=batch, max_len=max_len, dtype=dtype, device=device,
-                      cuda_graphs=graphs)
+                      cuda_graphs=graphs, run_ahead=run_ahead)
     eng.update_weights(random_weights(eng), version=0)
     sp = SamplingParams(max_new_tokens=new)
     ctx = _contexts(batch, prompt, cfg.vocab_size)
@@ -88,7 +88,11 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     steps = 16
     slots = [eng._slot_of[i] for i in range(batch)]
     seeds = list(range(batch))
+    cached = {s: len(eng._cached[s]) for s in slots}
     ms = _time_decode(eng, slots, seeds, sp, steps, device)
+    for s in slots:                      # the pipelined timing re-writes the same positions
+        del eng._cached[s][cached[s]:]
+    ms_pipe = _time_decode_pipelined(eng, slots, seeds, sp, steps, device)
     sweep = _decode_sweep(eng, slots, seeds, sp, device) if DECODE_SWEEP and quant != "none" else []
     kv_read = sum(len(eng._cached[s]) for s in slots) * eng.kv_bytes_per_token()
     if PROFILE and device == "cuda":
@@ -96,6 +100,7 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
         _profile_prefill(eng, _contexts(batch, prompt, cfg.vocab_size), quant)
     out = {"engine": "agentq", "quant": quant, "model": model, "batch": batch, "prompt": prompt, "new_tokens": new,
            "turns": turns, "turn_s": turn_s, "tokens_per_s": gen / total, "decode_step_ms": ms,
+           "decode_step_pipelined_ms": ms_pipe, "run_ahead": run_ahead,
            "kv_bytes_per_token": eng.kv_bytes_per_token(), "weight_bytes": weight_bytes(eng),
            "kv_bytes_read_per_step": kv_read, "decode_stats": dict(eng.decoder.stats), "graphs": eng.decoder.graphable,
            "eager_run": not graphs, **({"decode_sweep": sweep} if sweep else {})}
@@ -210,6 +215,31 @@ def _time_decode(eng, slots, seeds, sp, steps: int, device: str, warm: int = 2,
     return 1e3 * (time.perf_counter() - t) / steps
 
 
+def _time_decode_pipelined(eng, slots, seeds, sp, steps: int, device: str, warm: int = 2) -> float:
+    """ms per decode step as `generate` runs them with run-ahead: each step is queued from the
+    device (`DecodeRunner.launch_next`) before the host reads the previous step's tokens and does
+    its bookkeeping, so host time between steps overlaps the GPU."""
+    dec = eng.decoder
+    rows, tokens = list(range(len(slots))), [3] * len(slots)
+    cur = dec.launch(tokens, slots, eng._advance(slots, tokens), seeds, sp, rows)
+
+    def step(cur):
+        nxt = dec.launch_next(cur, rows, sp)
+        tok, _ = cur.result()
+        eng._advance(slots, tok)
+        return nxt
+    for _ in range(warm):
+        cur = step(cur)
+    cur.result()
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(steps):
+        cur = step(cur)
+    cur.result()
+    sync(device)
+    return 1e3 * (time.perf_counter() - t) / steps
+
+
 def run_hf(model: str, batch: int, prompt: int, new: int, turns: int) -> dict:
     """HF `generate` with a static cache, bf16, multinomial sampling at T = 1, exactly `new` tokens."""
     from transformers import AutoModelForCausalLM
@@ -294,6 +324,8 @@ def main():
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernel tables of eager decode steps and of one prefill")
     ap.add_argument("--decode-sweep", action="append", default=[], metavar="KNOB=V1,V2",
                     help=f"time the W8A8 decode step per value of a launch knob ({', '.join(SWEEP_KNOBS)})")
+    ap.add_argument("--run-ahead", choices=["on", "off", "both"], default="on",
+                    help="engines that queue each decode step before reading the last one's tokens (both: A/B)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     global PROFILE
@@ -308,7 +340,8 @@ def main():
     rows = []
     for b in a.batch:
         for q in ("none", "w8a8_kv8"):
-            rows.append(run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype))
+            for ahead in {"on": (True,), "off": (False,), "both": (True, False)}[a.run_ahead]:
+                rows.append(run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype, run_ahead=ahead))
             if a.eager and cuda:
                 rows.append(run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype, graphs=False))
         if cuda and not a.no_hf:
@@ -332,26 +365,40 @@ def main():
 def print_table(a, rows, bw, budget) -> None:
     print(f"\nengine throughput: model={a.model} prompt={a.prompt} new={a.new} × {a.turns} turns (+{OBS}-token "
           f"observations), {a.device}; copy bandwidth {bw / 1e12:.2f} TB/s")
-    print(f"{'engine':12s} {'quant':9s} {'B':>4s} {'graphs':>6s} {'tok/s':>9s} {'decode ms':>9s} "
-          f"{'roofline':>8s} {'KV B/tok':>9s}")
+    print(f"{'engine':12s} {'quant':9s} {'B':>4s} {'graphs':>6s} {'ahead':>5s} {'tok/s':>9s} {'decode ms':>9s} "
+          f"{'pipelined':>9s} {'roofline':>8s} {'KV B/tok':>9s}")
     for r in rows:
         print(f"{r['engine']:12s} {r['quant']:9s} {r['batch']:4d} {str(r.get('graphs', '-')):>6s} "
-              f"{r['tokens_per_s']:9.0f} {r.get('decode_step_ms', float('nan')):9.2f} "
+              f"{str(r.get('run_ahead', '-')):>5s} {r['tokens_per_s']:9.0f} {r.get('decode_step_ms', float('nan')):9.2f} "
+              f"{r.get('decode_step_pipelined_ms', float('nan')):9.2f} "
               f"{r.get('roofline_ms', float('nan')):8.2f} {r.get('kv_bytes_per_token', 0):9d}"
               f"{'  (at budget)' if r.get('at_budget') else ''}")
-    print("\nratios (same batch):")
+    print("\nratios (same batch; decode step: host-synchronized per step / pipelined as generate runs it):")
     for b in a.batch:
-        by = {(r["engine"], r["quant"]): r for r in rows if r["batch"] == b and not r.get("eager_run")
-              and not r.get("at_budget")}
-        q, f, hf = by.get(("agentq", "w8a8_kv8")), by.get(("agentq", "none")), by.get(("hf_generate", "bf16"))
-        if q and f:
-            line = (f"  B={b}: W8A8-KV8 vs bf16 engine: decode step {f['decode_step_ms'] / q['decode_step_ms']:.2f}× "
-                    f"faster, tokens/s {q['tokens_per_s'] / f['tokens_per_s']:.2f}×")
-            if "roofline_ms" in f:
-                line += f"; bf16 step / its roofline {f['decode_step_ms'] / f['roofline_ms']:.2f}×"
-            if hf:
-                line += f"; W8A8-KV8 vs HF generate tokens/s {q['tokens_per_s'] / hf['tokens_per_s']:.2f}×"
-            print(line)
+        for ahead in (True, False):
+            _print_ratios(b, ahead, [r for r in rows if r["batch"] == b and not r.get("eager_run")
+                                     and not r.get("at_budget") and r.get("run_ahead", True) in (ahead, None)])
+    _print_budget(a, rows, budget)
+
+
+def _print_ratios(b: int, ahead: bool, rows: list[dict]) -> None:
+    by = {(r["engine"], r["quant"]): r for r in rows}
+    q, f, hf = by.get(("agentq", "w8a8_kv8")), by.get(("agentq", "none")), by.get(("hf_generate", "bf16"))
+    if not (q and f):
+        return
+    line = (f"  B={b}{'' if ahead else ' (no run-ahead)'}: W8A8-KV8 vs bf16 engine: decode step "
+            f"{f['decode_step_ms'] / q['decode_step_ms']:.2f}× / "
+            f"{f['decode_step_pipelined_ms'] / q['decode_step_pipelined_ms']:.2f}× faster, "
+            f"tokens/s {q['tokens_per_s'] / f['tokens_per_s']:.2f}×")
+    if "roofline_ms" in f:
+        line += (f"; bf16 step / its roofline {f['decode_step_ms'] / f['roofline_ms']:.2f}× / "
+                 f"{f['decode_step_pipelined_ms'] / f['roofline_ms']:.2f}×")
+    if hf:
+        line += f"; W8A8-KV8 vs HF generate tokens/s {q['tokens_per_s'] / hf['tokens_per_s']:.2f}×"
+    print(line)
+
+
+def _print_budget(a, rows, budget) -> None:
     if budget:
         at = {r["quant"]: r for r in rows if r.get("at_budget")}
         line = (f"  KV budget {a.kv_budget_gib} GiB: bf16 holds {budget['none']} episodes, int8 KV "

@@ -143,3 +143,52 @@ def test_fused_norm_rope_silu_kernels_in_the_engine_agree_with_the_torch_layers(
         assert max(abs(x - y) for x, y in zip(ra.logprobs, rb.logprobs)) < 0.1
     finally:
         _interp.restore_compiled(mods)
+
+
+def _turns_with_early_stops(eng, n: int = 6, turns: int = 3):
+    """Turns in which rows end at different steps: a stop-token set that random sampling hits
+    often, plus a slot limit that ends the longest rows by length in the last turn."""
+    stop = tuple(range(3, 512, 9))
+    ctxs = [[5 + (11 * j + 17 * i) % 300 for j in range(30 + 13 * i)] for i in range(n)]
+    out = []
+    for t in range(turns):
+        sp = SamplingParams(max_new_tokens=24, stop_token_ids=stop)
+        res = eng.generate([TurnRequest(i, c, sp, seed=40 + i) for i, c in enumerate(ctxs)])
+        out.append([(r.token_ids, r.logprobs, r.finish_reason) for r in res])
+        ctxs = [c + r.token_ids + [7, 8, 9] for c, r in zip(ctxs, res)]
+    return out
+
+
+def test_run_ahead_gives_the_tokens_of_step_by_step_decoding(tiny_model_dir):
+    """Queuing each decode step before the previous one's tokens are read (rows that finished in
+    the meantime dropped on the device, their extra token discarded) changes nothing: the same
+    tokens and finish reasons and the same log-probs to fp32 re-association, turn after turn (so the extra K/V written past a
+    finished row's length is harmless), down to rows ended by the slot limit."""
+    runs = {}
+    for ahead in (True, False):
+        eng = TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=8,
+                                          max_len=160, sampler="counter", run_ahead=ahead)
+        runs[ahead] = (_turns_with_early_stops(eng), dict(eng.decoder.stats))
+    for turn_a, turn_b in zip(runs[True][0], runs[False][0]):
+        for (ids_a, lp_a, fin_a), (ids_b, lp_b, fin_b) in zip(turn_a, turn_b):
+            assert ids_a == ids_b and fin_a == fin_b
+            # a row's step may run in a larger batch than step by step would: fp32 GEMMs of another
+            # M re-associate (as between any two batch compositions, test above)
+            assert lp_a == pytest.approx(lp_b, abs=1e-6)
+    reasons = {f for turn in runs[True][0] for _, _, f in turn}
+    lengths = {len(ids) for turn in runs[True][0] for ids, _, _ in turn}
+    assert {"stop", "length"} <= reasons and len(lengths) > 4        # rows really ended apart
+    assert runs[False][1]["queued_ahead"] == 0
+    # one step per turn is filled from the host (the first); every other one is queued ahead
+    assert runs[True][1]["eager_steps"] - runs[True][1]["queued_ahead"] == 3
+
+
+def test_run_ahead_queues_every_step_but_the_first_from_the_device(tiny_model_dir):
+    """With no row ending early, one host-filled step per turn; every later step is queued from
+    the device before the host reads its predecessor, and none is wasted at the turn's end."""
+    eng = _engine(tiny_model_dir, sampler="counter")
+    sp = SamplingParams(max_new_tokens=9)
+    eng.generate([TurnRequest(i, [5 + i + j for j in range(20)], sp, seed=i) for i in range(3)])
+    # 9 tokens: the first from the prefill's logits, 8 decode steps, 7 of them queued ahead
+    assert eng.decoder.stats["eager_steps"] == 8
+    assert eng.decoder.stats["queued_ahead"] == 7

@@ -22,7 +22,7 @@ from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, T
                                     load_safetensors_dir)
 
 from .kv_cache import KVCache
-from .decode import DecodeRunner
+from .decode import DecodeRunner, DecodeStep
 from .model import EngineModel
 from .sampler import processed_logprobs, sample
 
@@ -34,7 +34,7 @@ class TorchEngine(RolloutBackend):
 
     def __init__(self, hf_config: Any, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = 512,
-                 tokenizer: Any = None, sampler: str = "auto", cuda_graphs: bool = True):
+                 tokenizer: Any = None, sampler: str = "auto", cuda_graphs: bool = True, run_ahead: bool = True):
         """Args:
             hf_config: the HF config of a Llama / Qwen2 / Qwen3 checkpoint.
             quant: the rollout numerics.
@@ -43,6 +43,8 @@ class TorchEngine(RolloutBackend):
                 (seed, position), on the logits' device) or "auto" (counter on CUDA, else generator).
             cuda_graphs: replay decode steps from CUDA graphs where the step allows it (CUDA,
                 Triton decode kernel, counter sampler).
+            run_ahead: with the counter sampler, queue each decode step before the host has read
+                the previous one's tokens (same tokens; the host's per-step work overlaps the GPU).
         """
         if sampler not in SAMPLERS:
             raise ValueError(f"rollout sampler must be one of {SAMPLERS}, got {sampler!r}")
@@ -60,6 +62,7 @@ class TorchEngine(RolloutBackend):
         self.decoder = DecodeRunner(self.model, self.cache, pad_slot=max_slots, max_batch=max_slots,
                                     use_graphs=cuda_graphs and self.sampler == "counter")
         self.max_slots, self.max_len, self.prefill_chunk = max_slots, max_len, prefill_chunk
+        self.run_ahead = run_ahead
         self.policy_version = 0
         self._slot_of: dict[int, int] = {}          # episode id → slot
         self._cached: dict[int, list[int]] = {}     # slot → token ids whose K/V is in the cache
@@ -130,16 +133,18 @@ class TorchEngine(RolloutBackend):
             for j, i in enumerate(active):
                 out_ids[i].append(tok_l[j])
                 out_lp[i].append(lp_l[j])
-                slot_len = len(self._cached[slots[i]])
                 if tok_l[j] in stop:
                     finish[i] = "stop"
                 elif params.stop and self._ends_with_stop_string(out_ids[i], params.stop):
                     finish[i] = "stop_string"
-                elif len(out_ids[i]) < params.max_new_tokens and slot_len + 1 < self.max_len:
+                elif self._may_grow(len(out_ids[i]), slots[i], params, steps=1):
                     still.append(i)
             active = still
             if active:
-                tok_l, lp_l = draw.next(active, [slots[i] for i in active], [out_ids[i][-1] for i in active])
+                # a step after this one is worth queueing early if some row can still be live then
+                ahead = any(self._may_grow(len(out_ids[i]), slots[i], params, steps=2) for i in active)
+                tok_l, lp_l = draw.next(active, [slots[i] for i in active], [out_ids[i][-1] for i in active], ahead)
+        draw.close()
         return [TurnResult(r.episode_id, out_ids[i], out_lp[i], finish[i], self.policy_version)
                 for i, r in enumerate(requests)]
 
@@ -160,6 +165,12 @@ class TorchEngine(RolloutBackend):
             self.release(eid)
 
     # ------------------------------------------------------------------ internals
+    def _may_grow(self, n_out: int, slot: int, params: SamplingParams, steps: int) -> bool:
+        """Can a row with n_out tokens out still be sampling after `steps` more fed tokens (turn
+        and slot limits; the slot's cached length counts the tokens fed so far)?"""
+        return (n_out + steps - 1 < params.max_new_tokens
+                and len(self._cached[slot]) + steps < self.max_len)
+
     def _ends_with_stop_string(self, ids: list[int], stops: tuple[str, ...]) -> bool:
         """Did the newest token complete a stop string? Only the tail is decoded: every token is at
         least one byte, so len(stop) + 1 tokens cover any occurrence that ends in the newest one (and
@@ -296,10 +307,20 @@ class _Drawer:
     prefill logits, then fused decode-and-sample steps over the live rows."""
 
     def first(self, logits: torch.Tensor, slots: list[int]) -> tuple[list[int], list[float]]:
+        """Args: logits [B, V] of each row's last context token; slots: the rows' KV slots.
+        Returns: (tokens, log-probs), one per row."""
         raise NotImplementedError
 
-    def next(self, rows: list[int], slots: list[int], tokens: list[int]) -> tuple[list[int], list[float]]:
+    def next(self, rows: list[int], slots: list[int], tokens: list[int], ahead: bool
+             ) -> tuple[list[int], list[float]]:
+        """Args: rows: the live rows (indices into the call's requests); slots: theirs; tokens: the
+        token each feeds (the last one it sampled); ahead: whether a step after this one may be
+        needed (a hint: drawers that run ahead skip the extra step when it is False).
+        Returns: (tokens, log-probs) sampled for `rows`."""
         raise NotImplementedError
+
+    def close(self) -> None:
+        """The call is over: forget any step queued ahead."""
 
 
 class _GeneratorDrawer(_Drawer):
@@ -312,7 +333,7 @@ class _GeneratorDrawer(_Drawer):
         tok, lp = sample(logits, self.params, self.gens)
         return tok.tolist(), lp.tolist()
 
-    def next(self, rows, slots, tokens):
+    def next(self, rows, slots, tokens, ahead):
         logits = self.engine._decode(slots, tokens)
         tok, lp = sample(logits, self.params, [self.gens[i] for i in rows])
         return tok.tolist(), lp.tolist()
@@ -320,17 +341,32 @@ class _GeneratorDrawer(_Drawer):
 
 class _CounterDrawer(_Drawer):
     """Counter-based draws keyed by (episode seed, position of the sampled token); decode steps
-    go through the engine's `DecodeRunner` (CUDA-graph replay where possible)."""
+    go through the engine's `DecodeRunner` (CUDA-graph replay where possible). With
+    `engine.run_ahead` the step after the current one is queued before the current one's tokens
+    are read (`DecodeRunner.launch_next`), so the GPU never waits for the host between steps."""
 
     def __init__(self, engine: TorchEngine, seeds: list[int], params: SamplingParams):
         self.engine, self.seeds, self.params = engine, seeds, params
+        self.queued: DecodeStep | None = None     # the step queued ahead: it feeds what the last one sampled
 
     def first(self, logits, slots):
         positions = [len(self.engine._cached[s]) for s in slots]
         tok, lp = self.engine.decoder.sample(logits, self.params, self.seeds, positions)
         return tok.tolist(), lp.tolist()
 
-    def next(self, rows, slots, tokens):
-        eng = self.engine
+    def next(self, rows, slots, tokens, ahead):
+        eng, dec = self.engine, self.engine.decoder
         new_lens = eng._advance(slots, tokens)
-        return eng.decoder.step(tokens, slots, new_lens, [self.seeds[i] for i in rows], self.params)
+        cur = self.queued
+        if cur is None:
+            cur = dec.launch(tokens, slots, new_lens, [self.seeds[i] for i in rows], self.params, rows)
+        self.queued = dec.launch_next(cur, rows, self.params) if eng.run_ahead and ahead else None
+        tok, lp = cur.result()
+        if cur.rows == rows:
+            return tok, lp
+        # rows that finished after the step was queued computed one more token: drop it
+        where = {r: j for j, r in enumerate(cur.rows)}
+        return [tok[where[r]] for r in rows], [lp[where[r]] for r in rows]
+
+    def close(self):
+        self.queued = None
