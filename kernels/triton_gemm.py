@@ -50,15 +50,17 @@ class GemmConfig:
     group_m: int = 8             # row tiles that walk the weight tiles together (L2 reuse)
     num_warps: int = 4
     num_stages: int = 4          # software-pipelining depth of the K loop
+    persistent: int = 0          # 1: `_w8a8_gemm_tma_kernel` (one program per SM walks the tiles, TMA loads);
+    #                              2: the same with its tile loop flattened (next tile's loads overlap the epilogue)
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.split_k}/g{self.group_m}"
-                f"/w{self.num_warps}/st{self.num_stages}")
+                f"/w{self.num_warps}/st{self.num_stages}" + (f"/p{self.persistent}" if self.persistent else ""))
 
     def table_row(self) -> list:
         """The config as `h200_gemm.json` lists it (`load_table` reads it back with GemmConfig(*row))."""
-        return [self.block_m, self.block_n, self.block_k, self.split_k, self.group_m, self.num_warps,
-                self.num_stages]
+        row = [self.block_m, self.block_n, self.block_k, self.split_k, self.group_m, self.num_warps, self.num_stages]
+        return row + [self.persistent] if self.persistent else row
 
 
 # ------------------------------------------------------------------ config table (H200, measured)
@@ -68,7 +70,8 @@ TABLE_FILE = Path(__file__).with_name("h200_gemm.json")
 def load_table(path: Path = TABLE_FILE) -> dict[tuple[int, int], list[tuple[int, GemmConfig]]]:
     """(N, K) -> [(max_M, config), ...] from the JSON the tuning sweeps fill (`python -m
     agentq.eval.bench_kernels --tune gemm`, see docs/kernels.md); the first entry with M <= max_M is
-    used, and any other shape falls back to `heuristic_config`."""
+    used, a last entry measured at `LARGE_M` rows or more also serves larger M, and any other shape
+    falls back to `heuristic_config`."""
     raw = json.loads(path.read_text())["gemm"]
     table = {}
     for key, rows in raw.items():
@@ -102,10 +105,17 @@ def heuristic_config(m: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
     return GemmConfig(bm, bn, bk, 1, 8, warps, stages)
 
 
+#: table rows measured at this many rows or more are compute-bound configs: they also serve any larger M
+LARGE_M = 2048
+
+
 def pick_config(m: int, n: int, k: int, device: torch.device | None = None) -> GemmConfig:
-    for max_m, cfg in H200_TABLE.get((n, k), ()):
+    rows = H200_TABLE.get((n, k), ())
+    for max_m, cfg in rows:
         if m <= max_m:
             return cfg
+    if rows and rows[-1][0] >= LARGE_M:
+        return rows[-1][1]
     return heuristic_config(m, n, k, num_sms(device))
 
 
@@ -113,7 +123,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from .triton_quant import cast_for_store
+    from .triton_quant import cast_for_store, pdl_start
 
     @triton.jit
     def _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
@@ -135,8 +145,7 @@ if HAVE_TRITON:
                           HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr):
-        if PDL:   # launched early (programmatic dependent launch): wait for the producer of x_q/s_x
-            tl.extra.cuda.gdc_wait()
+        pdl_start(PDL)   # launched early: wait for the producer of x_q / s_x, let the consumer launch
         pid = tl.program_id(0)
         pid_k = tl.program_id(1)
         num_m = (M + BLOCK_M - 1) // BLOCK_M
@@ -190,6 +199,45 @@ if HAVE_TRITON:
                 tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed")
 
 
+    @triton.jit
+    def _tile_of(tile, num_m, num_n, GROUP_M: tl.constexpr):
+        """(row tile, column tile) of a linear tile index in the grouped order of `_w8a8_gemm_kernel`."""
+        width = GROUP_M * num_n
+        first_m = (tile // width) * GROUP_M
+        size_m = tl.minimum(num_m - first_m, GROUP_M)
+        return first_m + (tile % width) % size_m, (tile % width) // size_m
+
+    @triton.jit(do_not_specialize=["M"])
+    def _w8a8_gemm_tma_kernel(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, M, N, K, stride_om,
+                              HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+                              FLATTEN: tl.constexpr, BF16_BITS: tl.constexpr):
+        """The same GEMM for many rows: NUM_PROGRAMS programs (one per SM) walk the output tiles in
+        the grouped order, loading X_q / W_q tiles through TMA descriptors (out-of-range rows and
+        K columns read as zeros, which add nothing to the integer sums). Same int32 accumulator,
+        same epilogue, so the same bits as `_w8a8_gemm_kernel`."""
+        first = tl.program_id(0)
+        num_m = (M + BLOCK_M - 1) // BLOCK_M
+        num_n = (N + BLOCK_N - 1) // BLOCK_N
+        k_tiles = (K + BLOCK_K - 1) // BLOCK_K
+        # the epilogue recomputes its tile from its own counter: with FLATTEN the compiler
+        # software-pipelines across tiles, so the loads may already belong to the next one
+        tile_out = first - NUM_PROGRAMS
+        for tile in tl.range(first, num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN):
+            pid_m, pid_n = _tile_of(tile, num_m, num_n, GROUP_M)
+            acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32)
+            for kt in range(k_tiles):
+                a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+                b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+                acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
+            tile_out += NUM_PROGRAMS
+            out_m, out_n = _tile_of(tile_out, num_m, num_n, GROUP_M)
+            offs_m = out_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = out_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+                            HAS_BIAS, BF16_BITS)
+
+
 class _Workspace:
     """Persistent zeroed int32 split-K workspace and tickets per device (kept zero by the kernel)."""
 
@@ -234,6 +282,8 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
         return out.copy_(quant.w8a8_epilogue(torch.zeros(m, n, dtype=torch.int32, device=x_q.device),
                                              s_x, s_w, bias, out_dtype))
     cfg = config or pick_config(m, n, k, x_q.device)
+    if cfg.persistent and _tma_applies(x_q, w_q, out):
+        return _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, cfg)
     split = max(1, min(cfg.split_k, _cdiv(k, cfg.block_k)))
     k_per_split = _cdiv(_cdiv(k, split), cfg.block_k) * cfg.block_k
     split = _cdiv(k, k_per_split)        # no empty splits
@@ -253,6 +303,33 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
         HAS_BIAS=has_bias, USE_SPLIT=split > 1, EVEN_K=even_k,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, BF16_BITS=bf16_bits,
         PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
+    return out
+
+
+def _tma_applies(x_q: torch.Tensor, w_q: torch.Tensor, out: torch.Tensor) -> bool:
+    """TMA descriptors need sm_90+ (or the interpreter), 16-byte aligned bases and row strides."""
+    if not runs_interpreted(_w8a8_gemm_tma_kernel):
+        if x_q.device.type != "cuda" or torch.cuda.get_device_capability(x_q.device)[0] < 9:
+            return False
+    return all(t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in (x_q, w_q))
+
+
+def _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, cfg: GemmConfig) -> torch.Tensor:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, k = x_q.shape
+    n = w_q.shape[0]
+    interp = runs_interpreted(_w8a8_gemm_tma_kernel)
+    x_desc = TensorDescriptor(x_q, [m, k], [x_q.stride(0), 1], [cfg.block_m, cfg.block_k])
+    w_desc = TensorDescriptor(w_q, [n, k], [w_q.stride(0), 1], [cfg.block_n, cfg.block_k])
+    tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+    programs = min(tiles, 4 if interp else num_sms(x_q.device))
+    out_arg, bf16_bits = triton_quant.store_view(out, interp)
+    _w8a8_gemm_tma_kernel[(programs,)](
+        x_desc, w_desc, s_x, s_w, bias if bias is not None else s_w, out_arg, m, n, k, out.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, FLATTEN=cfg.persistent == 2, BF16_BITS=bf16_bits,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
     return out
 
 

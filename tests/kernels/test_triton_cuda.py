@@ -121,6 +121,17 @@ def test_w8a8_linear_bit_exact_llama_shapes(K, name):
             assert torch.equal(K.gemm.w8a8_linear(x, w_q, s_w, bias, SPEC, cfg), ref), (name, m, split)
 
 
+@pytest.mark.parametrize("persistent", [1, 2])
+def test_persistent_tma_gemm_bit_exact_prefill_rows(K, persistent):
+    """The persistent TMA kernel at prefill rows (ragged M, a K tail) = the spec's result."""
+    for m, k, n in ((4133, 4096, 6144), (1000, 2048 + 64, 1000)):
+        x, w_q, s_w, bias = _linear_case(m, k, n, seed=m)
+        ref = _ref(x, w_q, s_w, bias)
+        for bm, bn in ((128, 128), (256, 128), (128, 256)):
+            cfg = K.gemm.GemmConfig(bm, bn, 128, 1, 8, 8, 3, persistent)
+            assert torch.equal(K.gemm.w8a8_linear(x, w_q, s_w, bias, SPEC, cfg), ref), (m, k, n, cfg)
+
+
 def test_w8a8_odd_shapes_vs_int64_reference(K):
     for m, k, n in ((1, 4100, 4100), (17, 300, 96), (33, 1000, 250)):
         x, w_q, s_w, bias = _linear_case(m, k, n, seed=k)

@@ -244,6 +244,18 @@ def test_gemm_config_and_batch_invariance(K):
     assert ws and all(int(b.abs().sum()) == 0 for b in ws.values())   # split-K leaves workspace/tickets zeroed
 
 
+@pytest.mark.parametrize("persistent", [1, 2])
+def test_persistent_tma_gemm_gives_the_same_bits(K, persistent):
+    """The persistent TMA kernel (prefill rows): ragged M, N and K (TMA reads zeros past the edges,
+    which add nothing to the integer sums), more tiles than programs, bias and none."""
+    x, w_q, s_w, bias = _gemm_case(70, 80, 200, seed=11)
+    cfg = K.gemm.GemmConfig(32, 32, 64, 1, 2, 4, 2, persistent)
+    for out_dtype, b in ((torch.bfloat16, bias), (torch.float32, None)):
+        xin = x.to(out_dtype)
+        y = K.gemm.w8a8_linear(xin, w_q, s_w, b, SPEC, cfg)
+        assert torch.equal(y, _reference(xin, w_q, s_w, b, out_dtype))
+
+
 def test_gemm_default_config_and_3d_input(K):
     x, w_q, s_w, bias = _gemm_case(6, 48, 160, seed=7)
     x3 = x.reshape(2, 3, 160)
@@ -258,6 +270,17 @@ def test_table_rows_round_trip(K, tmp_path):
     table = K.gemm.load_table(path)
     assert table[(64, 32)][1][1].short() == "64x32x64/s4/g8/w4/st3"
     assert [c.table_row() for _, c in table[(64, 32)]] == [[16, 32, 64, 2, 8, 4, 3], [64, 32, 64, 4, 8, 4, 3]]
+    persistent = K.gemm.GemmConfig(128, 128, 128, 1, 8, 8, 3, 2)
+    assert K.gemm.GemmConfig(*persistent.table_row()) == persistent and persistent.short().endswith("/p2")
+
+
+def test_large_m_table_rows_serve_larger_m(K, monkeypatch):
+    small, large = K.gemm.GemmConfig(64, 32, 256, 1, 8, 4, 6), K.gemm.GemmConfig(256, 128, 128, 1, 8, 8, 3, 2)
+    monkeypatch.setitem(K.gemm.H200_TABLE, (96, 32), [(64, small), (K.gemm.LARGE_M, large)])
+    monkeypatch.setitem(K.gemm.H200_TABLE, (80, 32), [(64, small)])
+    assert K.gemm.pick_config(64, 96, 32) == small and K.gemm.pick_config(100, 96, 32) == large
+    assert K.gemm.pick_config(10 * K.gemm.LARGE_M, 96, 32) == large       # beyond the last measured M
+    assert K.gemm.pick_config(10 * K.gemm.LARGE_M, 80, 32) == K.gemm.heuristic_config(10 * K.gemm.LARGE_M, 80, 32)
 
 
 def test_heuristic_configs_are_valid(K):
