@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ._interp import HAVE_TRITON, dot_dtype, interpreting, num_sms, require_triton, runs_interpreted
+from .triton_quant import use_pdl
 
 INTERPRETED = interpreting()
 LOG2E = 1.4426950408889634
@@ -122,7 +123,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from .triton_quant import cast_for_store, store_view
+    from .triton_quant import cast_for_store, pdl_start, store_view
 
     @triton.jit
     def _word_to_f16x4(w):
@@ -197,11 +198,13 @@ if HAVE_TRITON:
                               stride_ob, stride_oh,
                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_D: tl.constexpr,
                               BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                              INPUT_PREC: tl.constexpr, ASM_I8: tl.constexpr, BF16_BITS: tl.constexpr):
+                              INPUT_PREC: tl.constexpr, ASM_I8: tl.constexpr, BF16_BITS: tl.constexpr,
+                              PDL: tl.constexpr):
         """`_decode_kernel` for int8 caches with per-token scales, computed on byte planes: with
         K = Σ_j K_j over the planes of columns 4w + j, q·Kᵀ = Σ_j q_j·K_jᵀ and P·V's column block j
         is P·V_j, so each unpacked plane feeds the MMA as it is, never interleaved back into a
         [BLOCK_N, HEAD_D] tile (the reshape whose shared-memory round trip bank-conflicts)."""
+        pdl_start(PDL)
         b, kvh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         hq = tl.num_programs(1) * GROUP
         slot, start, end = _split_range(slot_ptr, lens_ptr, b, sp, num_splits, BLOCK_N)
@@ -277,7 +280,8 @@ if HAVE_TRITON:
                        BLOCK_N: tl.constexpr, SCALE_MODE: tl.constexpr, SPLIT: tl.constexpr,
                        DOT_DTYPE: tl.constexpr, PV_DTYPE: tl.constexpr, INPUT_PREC: tl.constexpr,
                        EVEN_D: tl.constexpr, K_AS_A: tl.constexpr, WORDS: tl.constexpr, ASM_I8: tl.constexpr,
-                       BF16_BITS: tl.constexpr):
+                       BF16_BITS: tl.constexpr, PDL: tl.constexpr):
+        pdl_start(PDL)
         b, kvh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         hq = tl.num_programs(1) * GROUP
         slot, start, end = _split_range(slot_ptr, lens_ptr, b, sp, num_splits, BLOCK_N)
@@ -353,8 +357,9 @@ if HAVE_TRITON:
     @triton.jit(do_not_specialize=["num_splits"])
     def _combine_kernel(po_ptr, plse_ptr, o_ptr, num_splits, num_heads, stride_ob, stride_oh,
                         HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                        BF16_BITS: tl.constexpr):
+                        BF16_BITS: tl.constexpr, PDL: tl.constexpr):
         """out[b, h] = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse) (empty splits: 0)."""
+        pdl_start(PDL)
         pid = tl.program_id(0)
         b = pid // num_heads
         h = pid % num_heads
@@ -447,6 +452,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
     if words:
         kc, vc = k_cache.view(torch.int32), v_cache.view(torch.int32)
     out_arg, bf16_bits = store_view(out, runs_interpreted(_decode_kernel))
+    pdl = use_pdl(_decode_kernel, q.device, b)
     if splits > 1:
         po = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
         plse = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
@@ -459,16 +465,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
         _decode_planes_kernel[(b, hkv, splits)](
             *common, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
             SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=use_asm, BF16_BITS=bf16_bits,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     else:
-        _launch_decode(common, cfg, splits, group, d, ddt, prec, mode, words, use_asm, bf16_bits)
+        _launch_decode(common, cfg, splits, group, d, ddt, prec, mode, words, use_asm, bf16_bits, pdl)
     if splits > 1:
-        _combine_splits(po, plse, out, out_arg, bf16_bits)
+        _combine_splits(po, plse, out, out_arg, bf16_bits, pdl)
     return out
 
 
 def _launch_decode(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt, prec: str, mode: int,
-                   words: bool, use_asm: bool, bf16_bits: bool) -> None:
+                   words: bool, use_asm: bool, bf16_bits: bool, pdl: bool) -> None:
     """`_decode_kernel` over grid (B, Hkv, splits); `common` = its positional arguments."""
     b, hkv = common[0].shape[0], common[1].shape[1]
     _decode_kernel[(b, hkv, splits)](
@@ -476,18 +482,18 @@ def _launch_decode(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d,
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=cfg.block_n, SCALE_MODE=mode, SPLIT=splits > 1,
         DOT_DTYPE=ddt, PV_DTYPE=ddt, INPUT_PREC=prec, EVEN_D=triton.next_power_of_2(d) == d and d >= 16,
-        K_AS_A=cfg.k_as_a, WORDS=words, ASM_I8=use_asm, BF16_BITS=bf16_bits,
+        K_AS_A=cfg.k_as_a, WORDS=words, ASM_I8=use_asm, BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _combine_splits(po: torch.Tensor, plse: torch.Tensor, out: torch.Tensor, out_arg: torch.Tensor,
-                    bf16_bits: bool) -> None:
+                    bf16_bits: bool, pdl: bool = False) -> None:
     """Merge the split-K partial outputs po [B, H, S, D] (log-sum-exp plse [B, H, S]) into out."""
     b, hq, splits, d = po.shape
     _combine_kernel[(b * hq,)](
         po, plse, out_arg, splits, hq, out.stride(0), out.stride(1),
         HEAD_D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_S=max(2, triton.next_power_of_2(splits)),
-        BF16_BITS=bf16_bits, num_warps=4)
+        BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl, num_warps=4)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: torch.dtype,

@@ -32,7 +32,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from .triton_quant import _absmax_to_scale, _quant_block, _store_row_codes, cast_for_store, store_view
+    from .triton_quant import _absmax_to_scale, _quant_block, _store_row_codes, cast_for_store, pdl_start, store_view
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, N, stride_x, stride_o, eps, inner, stride_xi,
@@ -138,8 +138,7 @@ if HAVE_TRITON:
         """One program per row: s = x + delta (rounded to the dtype, stored), h = RMSNorm(s) as
         `_rms_norm_kernel`, then h stored (STORE_NORMED) and/or h's per-row int8 codes + scale
         (QUANT; `_quant_rows_kernel`'s arithmetic on the rounded h)."""
-        if PDL:    # a GEMM launched early waits (griddepcontrol.wait) for this kernel's stores
-            tl.extra.cuda.gdc_launch_dependents()
+        pdl_start(PDL)
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         mask = offs < N
@@ -166,8 +165,7 @@ if HAVE_TRITON:
         scale (and y itself with STORE_Y). CHUNKED: the row in BLOCK-wide chunks, twice (absmax,
         then y again and its codes; the same y both times, so the same bits) instead of held whole
         in registers: many rows (prefill, the learner) then keep more programs per SM in flight."""
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
+        pdl_start(PDL)
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         g_row, u_row, y_row = g_ptr + row * stride_g, u_ptr + row * stride_u, y_ptr + row * stride_y
@@ -216,12 +214,14 @@ if HAVE_TRITON:
                              T, HQ, HKV, D, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_h, sc_b, sc_t, eps,
                              sc_s, sc_h, sc_l, ss_s, ss_h, floor,
                              NORM: tl.constexpr, WRITE_KV: tl.constexpr, KV_INT8: tl.constexpr,
-                             HALF_AWAY: tl.constexpr, BLOCK_D: tl.constexpr, BF16_BITS: tl.constexpr):
+                             HALF_AWAY: tl.constexpr, BLOCK_D: tl.constexpr, BF16_BITS: tl.constexpr,
+                             PDL: tl.constexpr):
         """One program per (token, head) of q and k (and v with WRITE_KV): optional per-head
         RMSNorm, then RoPE (x·cos + rotate_half(x)·sin), each op rounded to the model dtype as torch
         rounds it. WRITE_KV (decode, T = 1): k and v go straight into the slot cache at
         (slot[b], pos[b]) — int8 codes + per-token-head scale with KV_INT8 (`quantize_kv_to_cache`'s
         arithmetic on the rounded values), else the values — and only q is returned."""
+        pdl_start(PDL)
         bt = tl.program_id(0).to(tl.int64)
         hh = tl.program_id(1)
         b = bt // T
@@ -416,13 +416,14 @@ def _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, ok, cache) 
         floor = float(kv_quant[0]) if int8 else 0.0
         half_away, heads = _check_mode(kv_quant[1]) if int8 else False, hq + 2 * hkv
     norm = q_weight is not None
+    pdl = use_pdl(_qk_norm_rope_kernel, q.device, b * t)
     _qk_norm_rope_kernel[(b * t, heads)](
         q, k, v, q_weight if norm else q, k_weight if norm else k, cos, sin, oq_arg, ok_arg,
         kc, vc, ks, vs, slots, pos,
         t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(2), cos.stride(0), cos.stride(1), float(eps), *cstr, *sstr, floor,
         NORM=norm, WRITE_KV=cache is not None, KV_INT8=int8, HALF_AWAY=half_away,
-        BLOCK_D=triton.next_power_of_2(d), BF16_BITS=bits, num_warps=1,
+        BLOCK_D=triton.next_power_of_2(d), BF16_BITS=bits, PDL=pdl, launch_pdl=pdl, num_warps=1,
         enable_fp_fusion=False)   # no FMA: each op rounds as torch's
     return oq
 
@@ -619,13 +620,13 @@ def _launch_add_rms_norm(x, delta, weight, eps, quant, keep_normed: bool):
         q_arg, qs_arg = codes, scales
     if m:
         block = triton.next_power_of_2(n)
-        pdl = quant is not None and use_pdl(_add_rms_norm_kernel, x.device, m)
+        pdl = use_pdl(_add_rms_norm_kernel, x.device, m)
         _add_rms_norm_kernel[(m,)](
             x2, d2, weight, s_arg, o_arg, q_arg, qs_arg, n, x2.stride(0), d2.stride(0), s.stride(0), n,
             q_arg.stride(0), float(eps), float(quant[0]) if quant else 0.0,
             HAS_DELTA=delta is not None, QUANT=quant is not None, STORE_NORMED=keep_normed,
             HALF_AWAY=_check_mode(quant[1]) if quant else False, BLOCK=block, BF16_BITS=bits, PDL=pdl,
-            num_warps=_norm_warps(block), enable_fp_fusion=False)
+            launch_pdl=pdl, num_warps=_norm_warps(block), enable_fp_fusion=False)
     shape = x.shape
     out_codes = (codes.reshape(shape), scales.reshape(shape[:-1])) if codes is not None and scales is not None else None
     return s.reshape(shape), normed.reshape(shape) if normed is not None else None, out_codes
@@ -683,7 +684,8 @@ def _launch_silu_mul_quant(gate, up, floor, rounding, keep_product: bool):
         _silu_mul_quant_kernel[(m,)](g2, u2, codes, scales, y_arg, n, g2.stride(0), u2.stride(0), codes.stride(0),
                                      y_arg.stride(0), float(floor), HALF_AWAY=_check_mode(rounding), BLOCK=block,
                                      BF16_BITS=bits, OUT_DTYPE=out_dt, STORE_Y=y is not None, PDL=pdl, CHUNKED=chunked,
-                                     num_warps=1 if interp else silu_quant_warps(block), enable_fp_fusion=False)
+                                     num_warps=1 if interp else silu_quant_warps(block), enable_fp_fusion=False,
+                                     launch_pdl=pdl)
     y_out = y.reshape(gate.shape) if y is not None else None
     return y_out, (codes.reshape(gate.shape), scales.reshape(gate.shape[:-1]))
 

@@ -92,13 +92,22 @@ if HAVE_TRITON:
         return x
 
     @triton.jit
+    def pdl_start(PDL: tl.constexpr):
+        """First statement of a kernel that may be launched with programmatic dependent launch
+        (Hopper): wait until the kernel before it in the stream has finished and its writes are
+        visible (nothing is read or written before this), then let the next kernel launch, so
+        its launch and prologue overlap this kernel instead of following it."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
     def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, cs_ptr, K, stride_x, stride_q, floor,
                            HALF_AWAY: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_PASS: tl.constexpr,
                            PDL: tl.constexpr, COL_SCALE: tl.constexpr):
         """One program per row: scale = max(absmax/127, floor); codes = round(x/scale). COL_SCALE:
         of x[:, k] · cs[k] instead (the learner's int8 dX: dY · s_w, never written out)."""
-        if PDL:   # let a GEMM launched with programmatic dependent launch start (it waits for us)
-            tl.extra.cuda.gdc_launch_dependents()
+        pdl_start(PDL)
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK_K)
         x_row = x_ptr + row * stride_x
@@ -184,9 +193,9 @@ if HAVE_TRITON:
 
 
 def use_pdl(kernel, device: torch.device, rows: int) -> bool:
-    """Programmatic dependent launch (Hopper+): a GEMM may launch while the quant kernel before it
-    still runs and waits (griddepcontrol.wait) before reading anything. For launches over at most
-    `PDL_MAX_ROWS` rows; off under the interpreter, before sm_90, and with AGENTQ_PDL=0."""
+    """Programmatic dependent launch (Hopper+): the decode step's Triton kernels launch while the
+    kernel before them still runs and wait (`pdl_start`) before touching memory. For launches over
+    at most `PDL_MAX_ROWS` rows; off under the interpreter, before sm_90, and with AGENTQ_PDL=0."""
     if (rows > PDL_MAX_ROWS or runs_interpreted(kernel) or device.type != "cuda"
             or os.environ.get("AGENTQ_PDL", "1") == "0"):
         return False
@@ -298,7 +307,8 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str, launch: tuple[in
         pdl = use_pdl(_quant_rows_kernel, x.device, m)
         _quant_rows_kernel[(m,)](x2, q, s, col_scale if col_scale is not None else s, k, x2.stride(0), q.stride(0),
                                  float(floor), HALF_AWAY=half_away, BLOCK_K=block, SINGLE_PASS=single,
-                                 PDL=pdl, COL_SCALE=col_scale is not None, num_warps=warps, enable_fp_fusion=False)
+                                 PDL=pdl, COL_SCALE=col_scale is not None, num_warps=warps, enable_fp_fusion=False,
+                                 launch_pdl=pdl)
     return q.reshape(shape), s.reshape(shape[:-1])
 
 
