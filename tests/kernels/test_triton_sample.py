@@ -1,4 +1,4 @@
-"""The one-launch counter sampler (Triton, interpreted on CPU) against the torch ops it replaces."""
+"""The fused counter sampler (Triton, interpreted on CPU) against the torch ops it replaces."""
 import pytest
 import torch
 
@@ -7,7 +7,7 @@ from agentq.rollout import SamplingParams
 from agentq.rollout.torch_engine.sampler import row_keys, sample_counter, vocab_keys
 
 pytestmark = pytest.mark.skipif(not _interp.HAVE_TRITON, reason="triton is not installed")
-MODULES = ("agentq.kernels.triton_sample",)
+MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_sample")   # pdl_start lives in triton_quant
 
 
 # Interpreted tests run in CI (CPU). The GPU machine's Triton 3.6 interpreter cannot run this
@@ -17,14 +17,17 @@ interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpre
 
 @pytest.fixture
 def K():
-    (mod,) = _interp.load_interpreted(MODULES)
+    _, mod = _interp.load_interpreted(MODULES)
     yield mod
     _interp.restore_compiled(MODULES)
 
 
 @interpreted
+@pytest.mark.parametrize("split_v", [8192, 1024])
 @pytest.mark.parametrize("temp", [1.0, 0.7, 0.0])
-def test_counter_sample_kernel_equals_the_torch_sampler(K, temp):
+def test_counter_sample_kernel_equals_the_torch_sampler(K, temp, split_v, monkeypatch):
+    """One vocabulary split, and three (3000 entries in splits of 1024: a short last split)."""
+    monkeypatch.setattr(K, "SPLIT_V", split_v)
     g = torch.Generator().manual_seed(5)
     b, v = 6, 3000                                          # 3000: a partial last block of 1024
     logits = torch.randn(b, v, generator=g) * 3
@@ -44,7 +47,8 @@ def test_counter_sample_kernel_equals_the_torch_sampler(K, temp):
 
 
 @interpreted
-def test_counter_sample_rows_do_not_depend_on_the_batch(K):
+def test_counter_sample_rows_do_not_depend_on_the_batch(K, monkeypatch):
+    monkeypatch.setattr(K, "SPLIT_V", 256)                  # 3 splits of the 700 entries
     g = torch.Generator().manual_seed(6)
     logits = torch.randn(5, 700, generator=g)
     keys = row_keys(torch.arange(5, dtype=torch.int64), torch.full((5,), 9, dtype=torch.int64))
@@ -56,7 +60,7 @@ def test_counter_sample_rows_do_not_depend_on_the_batch(K):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_counter_sample_matches_the_torch_ops_on_cuda(monkeypatch):
-    """Qwen3 vocabulary, B = 64: the one launch against the ~40 torch kernels it replaces."""
+    """Qwen3 vocabulary, B = 64: the split launches against the ~40 torch kernels they replace."""
     _interp.restore_compiled(MODULES)
     from agentq.kernels.triton_sample import counter_sample
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -75,7 +75,7 @@ def sample_counter(logits: torch.Tensor, params: SamplingParams, keys: torch.Ten
     """Counter-based `sample`: (token ids [B], their log-probs [B]) with Gumbel noise from
     `counter_uniform(keys, vkeys)`. `temperature` (a 0-d tensor) replaces params.temperature when
     given, so a captured CUDA graph can serve any temperature > 0. On CUDA, temperature-only
-    sampling (no top-k / top-p) runs as one Triton launch (`kernels.triton_sample`)."""
+    sampling (no top-k / top-p) runs as three Triton launches (`kernels.triton_sample`)."""
     if _fused_applies(logits, params, temperature):
         from agentq.kernels.triton_sample import counter_sample
         assert temperature is not None
@@ -90,7 +90,7 @@ def sample_counter(logits: torch.Tensor, params: SamplingParams, keys: torch.Ten
 
 
 def _fused_applies(logits: torch.Tensor, params: SamplingParams, temperature: torch.Tensor | None) -> bool:
-    """The one-launch draw: CUDA logits, Triton importable, temperature-only sampling, a device
+    """The fused Triton draw: CUDA logits, Triton importable, temperature-only sampling, a device
     temperature (what the decode runner passes). AGENTQ_FUSED_SAMPLER=0 keeps the torch ops."""
     import os
 
