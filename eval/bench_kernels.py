@@ -122,12 +122,15 @@ def gemm_candidates(m: int):
         splits = (1, 2)
     elif m >= 2048:
         # prefill / learner rows: compute-bound, no split-K (thousands of output tiles); the
-        # persistent TMA kernel (p1) and its flattened tile loop (p2) against the plain one
+        # persistent TMA kernel (p1), its flattened tile loop (p2) and warp-specialized (p3)
+        # against the plain one
         for bm, bn, bk, w, st, p in ((128, 128, 128, 8, 3, 0), (256, 128, 128, 8, 3, 0),
                                      (128, 128, 128, 8, 3, 1), (128, 128, 128, 8, 4, 1), (128, 256, 128, 8, 3, 1),
                                      (256, 128, 128, 8, 3, 1), (128, 128, 128, 8, 3, 2), (128, 128, 128, 8, 4, 2),
                                      (128, 256, 128, 8, 3, 2), (256, 128, 128, 8, 3, 2), (128, 256, 64, 8, 4, 2),
-                                     (256, 128, 64, 8, 4, 2)):
+                                     (256, 128, 64, 8, 4, 2), (128, 256, 128, 8, 4, 2), (256, 128, 128, 8, 4, 2),
+                                     (128, 256, 64, 8, 6, 2), (128, 128, 128, 8, 4, 3), (128, 256, 128, 8, 3, 3),
+                                     (256, 128, 128, 8, 3, 3)):
             yield GemmConfig(bm, bn, bk, 1, 8, w, st, p)
         return
     else:

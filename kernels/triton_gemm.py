@@ -26,7 +26,9 @@ bit-identical to `quant.w8a8_linear`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +53,8 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 4          # software-pipelining depth of the K loop
     persistent: int = 0          # 1: `_w8a8_gemm_tma_kernel` (one program per SM walks the tiles, TMA loads);
-    #                              2: the same with its tile loop flattened (next tile's loads overlap the epilogue)
+    #                              2: the same with its tile loop flattened (next tile's loads overlap the epilogue);
+    #                              3: flattened and warp-specialized
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.split_k}/g{self.group_m}"
@@ -207,35 +210,48 @@ if HAVE_TRITON:
         size_m = tl.minimum(num_m - first_m, GROUP_M)
         return first_m + (tile % width) % size_m, (tile % width) // size_m
 
+    @triton.jit
+    def _tma_tile(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, M, N, K, stride_om, tile, tile_out,
+                  num_m, num_n, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr):
+        """One output tile of `_w8a8_gemm_tma_kernel`: the K loop of `tile`, the epilogue of `tile_out`
+        (the same tile; the epilogue recomputes it from its own counter so that a flattened or
+        warp-specialized loop may already be loading the next tile)."""
+        pid_m, pid_n = _tile_of(tile, num_m, num_n, GROUP_M)
+        acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32)
+        for kt in range((K + BLOCK_K - 1) // BLOCK_K):
+            a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+            b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
+        out_m, out_n = _tile_of(tile_out, num_m, num_n, GROUP_M)
+        offs_m = out_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = out_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS, BF16_BITS)
+
     @triton.jit(do_not_specialize=["M"])
     def _w8a8_gemm_tma_kernel(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, M, N, K, stride_om,
                               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-                              FLATTEN: tl.constexpr, BF16_BITS: tl.constexpr):
+                              FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr, BF16_BITS: tl.constexpr):
         """The same GEMM for many rows: NUM_PROGRAMS programs (one per SM) walk the output tiles in
         the grouped order, loading X_q / W_q tiles through TMA descriptors (out-of-range rows and
         K columns read as zeros, which add nothing to the integer sums). Same int32 accumulator,
-        same epilogue, so the same bits as `_w8a8_gemm_kernel`."""
+        same epilogue, so the same bits as `_w8a8_gemm_kernel`. FLATTEN / WARP_SPEC: the tile loop
+        flattened into the K loop / warp-specialized (producer and consumer warps) by the compiler."""
         first = tl.program_id(0)
         num_m = (M + BLOCK_M - 1) // BLOCK_M
         num_n = (N + BLOCK_N - 1) // BLOCK_N
-        k_tiles = (K + BLOCK_K - 1) // BLOCK_K
-        # the epilogue recomputes its tile from its own counter: with FLATTEN the compiler
-        # software-pipelines across tiles, so the loads may already belong to the next one
         tile_out = first - NUM_PROGRAMS
-        for tile in tl.range(first, num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN):
-            pid_m, pid_n = _tile_of(tile, num_m, num_n, GROUP_M)
-            acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32)
-            for kt in range(k_tiles):
-                a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
-                b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-                acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
-            tile_out += NUM_PROGRAMS
-            out_m, out_n = _tile_of(tile_out, num_m, num_n, GROUP_M)
-            offs_m = out_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            offs_n = out_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
-                            HAS_BIAS, BF16_BITS)
+        if WARP_SPEC:     # (the keyword only where asked: not every Triton takes it)
+            for tile in tl.range(first, num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=True):
+                tile_out += NUM_PROGRAMS
+                _tma_tile(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, M, N, K, stride_om, tile, tile_out,
+                          num_m, num_n, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BF16_BITS)
+        else:
+            for tile in tl.range(first, num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN):
+                tile_out += NUM_PROGRAMS
+                _tma_tile(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, M, N, K, stride_om, tile, tile_out,
+                          num_m, num_n, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BF16_BITS)
 
 
 class _Workspace:
@@ -282,6 +298,8 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
         return out.copy_(quant.w8a8_epilogue(torch.zeros(m, n, dtype=torch.int32, device=x_q.device),
                                              s_x, s_w, bias, out_dtype))
     cfg = config or pick_config(m, n, k, x_q.device)
+    if cfg.persistent and not config and os.environ.get("AGENTQ_PERSISTENT_GEMM", "1") == "0":
+        cfg = dataclasses.replace(cfg, persistent=0)
     if cfg.persistent and _tma_applies(x_q, w_q, out):
         return _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, cfg)
     split = max(1, min(cfg.split_k, _cdiv(k, cfg.block_k)))
@@ -328,7 +346,8 @@ def _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, cfg: GemmConfig) -> torch.Tens
     _w8a8_gemm_tma_kernel[(programs,)](
         x_desc, w_desc, s_x, s_w, bias if bias is not None else s_w, out_arg, m, n, k, out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, FLATTEN=cfg.persistent == 2, BF16_BITS=bf16_bits,
+        GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, FLATTEN=cfg.persistent >= 2, WARP_SPEC=cfg.persistent == 3,
+        BF16_BITS=bf16_bits,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
     return out
 

@@ -56,7 +56,7 @@ def _cases():
                                                   "w_desc": "tensordesc<i8[128,128]>", "sx_ptr": "*fp32",
                                                   "sw_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*bf16"}, set(),
          {"HAS_BIAS": False, "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "NUM_PROGRAMS": 132,
-          "FLATTEN": True, "BF16_BITS": False}, 8, 3),
+          "FLATTEN": True, "WARP_SPEC": False, "BF16_BITS": False}, 8, 3),
         ("triton_attention", "_decode_kernel", attn_ptrs, {"qk_scale"},
          {**attn, "BLOCK_D": 128, "SCALE_MODE": 1, "SPLIT": False, "PV_DTYPE": "fp16", "EVEN_D": True, "K_AS_A": False,
           "WORDS": True, "PDL": False}, 4, 3),

@@ -244,7 +244,7 @@ def test_gemm_config_and_batch_invariance(K):
     assert ws and all(int(b.abs().sum()) == 0 for b in ws.values())   # split-K leaves workspace/tickets zeroed
 
 
-@pytest.mark.parametrize("persistent", [1, 2])
+@pytest.mark.parametrize("persistent", [1, 2, 3])
 def test_persistent_tma_gemm_gives_the_same_bits(K, persistent):
     """The persistent TMA kernel (prefill rows): ragged M, N and K (TMA reads zeros past the edges,
     which add nothing to the integer sums), more tiles than programs, bias and none."""
