@@ -283,7 +283,8 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
                                        max_len=int(cfg.env.max_context_tokens), dtype=dtype, device=device,
                                        prefill_chunk=int(cfg.rollout.prefill_chunk), tokenizer=tokenizer,
                                        sampler=str(cfg.rollout.get("sampler", "auto")),
-                                       cuda_graphs=bool(cfg.rollout.get("cuda_graphs", True)))
+                                       cuda_graphs=bool(cfg.rollout.get("cuda_graphs", True)),
+                                       run_ahead=bool(cfg.rollout.get("run_ahead", True)))
 
 
 # ---------------------------------------------------------------------- agent loop

@@ -100,6 +100,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "rollout.temperature": nonneg_num,
     "rollout.top_p": probability,
     "rollout.max_slots": positive_int,
+    "rollout.run_ahead": boolean,
     "algo.clip_eps": nonneg_num,
     "algo.kl_coef": nonneg_num,
     "agent.invalid_action_penalty": nonneg_num,
