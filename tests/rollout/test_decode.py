@@ -192,3 +192,36 @@ def test_run_ahead_queues_every_step_but_the_first_from_the_device(tiny_model_di
     # 9 tokens: the first from the prefill's logits, 8 decode steps, 7 of them queued ahead
     assert eng.decoder.stats["eager_steps"] == 8
     assert eng.decoder.stats["queued_ahead"] == 7
+
+
+@pytest.fixture(scope="module")
+def ahead_pair(tiny_model_dir):
+    """Two counter-sampler CPU engines, one queuing steps ahead, one stepping (reused across examples)."""
+    return {ahead: TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=6,
+                                               max_len=96, sampler="counter", run_ahead=ahead)
+            for ahead in (True, False)}
+
+
+def test_run_ahead_matches_stepping_for_any_batch_limits_and_stops(ahead_pair):
+    """Property: for any batch, turn length, stop-token density and prompt lengths up to the slot
+    limit, queuing ahead gives the step-by-step tokens and finish reasons, and never writes past a
+    slot (the CPU cache would raise)."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+
+    @hypothesis.settings(max_examples=12, deadline=None, derandomize=True)
+    @hypothesis.given(n=st.integers(1, 6), new=st.integers(1, 12), every=st.integers(2, 40),
+                      lens=st.lists(st.integers(3, 90), min_size=6, max_size=6), seed=st.integers(0, 1000))
+    def check(n, new, every, lens, seed):
+        sp = SamplingParams(max_new_tokens=new, stop_token_ids=tuple(range(1, 512, every)))
+        out = {}
+        for ahead, eng in ahead_pair.items():
+            eng.release_all()
+            reqs = [TurnRequest(i, [5 + (7 * j + 3 * i) % 400 for j in range(lens[i])], sp, seed=seed + i)
+                    for i in range(n)]
+            out[ahead] = eng.generate(reqs)
+        for a, b in zip(out[True], out[False]):
+            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
+
+    check()
