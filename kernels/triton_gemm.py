@@ -142,6 +142,15 @@ if HAVE_TRITON:
         ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         tl.store(ptrs, cast_for_store(y, out_ptr.dtype.element_ty, BF16_BITS), mask=mask_m[:, None] & mask_n[None, :])
 
+    @triton.jit
+    def _tile_of(tile, num_m, num_n, GROUP_M: tl.constexpr):
+        """(row tile, column tile) of a linear tile index in grouped order: GROUP_M row tiles share
+        the weight tiles they stream (L2 reuse)."""
+        width = GROUP_M * num_n
+        first_m = (tile // width) * GROUP_M
+        size_m = tl.minimum(num_m - first_m, GROUP_M)
+        return first_m + (tile % width) % size_m, (tile % width) // size_m
+
     @triton.jit(do_not_specialize=["M", "num_splits"])
     def _w8a8_gemm_kernel(xq_ptr, w_ptr, sx_ptr, sw_ptr, bias_ptr, out_ptr, ws_ptr, ticket_ptr,
                           M, N, K, stride_xm, stride_wn, stride_om, k_per_split, num_splits,
@@ -153,13 +162,7 @@ if HAVE_TRITON:
         pid_k = tl.program_id(1)
         num_m = (M + BLOCK_M - 1) // BLOCK_M
         num_n = (N + BLOCK_N - 1) // BLOCK_N
-        # grouped tile order: GROUP_M row-tiles share the weight tiles they stream
-        width = GROUP_M * num_n
-        group = pid // width
-        first_m = group * GROUP_M
-        size_m = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % width) % size_m
-        pid_n = (pid % width) // size_m
+        pid_m, pid_n = _tile_of(pid, num_m, num_n, GROUP_M)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -201,14 +204,6 @@ if HAVE_TRITON:
                                 HAS_BIAS, BF16_BITS)
                 tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed")
 
-
-    @triton.jit
-    def _tile_of(tile, num_m, num_n, GROUP_M: tl.constexpr):
-        """(row tile, column tile) of a linear tile index in the grouped order of `_w8a8_gemm_kernel`."""
-        width = GROUP_M * num_n
-        first_m = (tile // width) * GROUP_M
-        size_m = tl.minimum(num_m - first_m, GROUP_M)
-        return first_m + (tile % width) % size_m, (tile % width) // size_m
 
     @triton.jit
     def _tma_tile(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, M, N, K, stride_om, tile, tile_out,
@@ -300,7 +295,7 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
     cfg = config or pick_config(m, n, k, x_q.device)
     if cfg.persistent and not config and os.environ.get("AGENTQ_PERSISTENT_GEMM", "1") == "0":
         cfg = dataclasses.replace(cfg, persistent=0)
-    if cfg.persistent and _tma_applies(x_q, w_q, out):
+    if cfg.persistent and _tma_applies(x_q, w_q):
         return _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, cfg)
     split = max(1, min(cfg.split_k, _cdiv(k, cfg.block_k)))
     k_per_split = _cdiv(_cdiv(k, split), cfg.block_k) * cfg.block_k
@@ -324,7 +319,7 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
     return out
 
 
-def _tma_applies(x_q: torch.Tensor, w_q: torch.Tensor, out: torch.Tensor) -> bool:
+def _tma_applies(x_q: torch.Tensor, w_q: torch.Tensor) -> bool:
     """TMA descriptors need sm_90+ (or the interpreter), 16-byte aligned bases and row strides."""
     if not runs_interpreted(_w8a8_gemm_tma_kernel):
         if x_q.device.type != "cuda" or torch.cuda.get_device_capability(x_q.device)[0] < 9:

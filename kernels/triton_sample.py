@@ -42,6 +42,13 @@ if HAVE_TRITON:
         return x ^ (x >> 16)
 
     @triton.jit
+    def _first_max(values, indices):
+        """(max of values, the smallest index among the entries that reach it): ties go to the
+        first vocabulary entry, in a split and across splits alike."""
+        top = tl.reduce(values, 0, tl.standard._elementwise_max)   # (tl.max breaks the reloaded interpreter)
+        return top, tl.reduce(tl.where(values == top, indices, 2147483647), 0, tl.standard._elementwise_min)
+
+    @triton.jit
     def _split_max_sum_kernel(logits_ptr, temp_ptr, pm_ptr, ps_ptr, V, stride_l, chunk, num_splits,
                               BLOCK_V: tl.constexpr, PDL: tl.constexpr):
         """Program (row, split): max m_s of x = logits / T over the split's slice of the vocabulary,
@@ -108,10 +115,9 @@ if HAVE_TRITON:
             better = score > best_v                    # strictly: an earlier index keeps a tie
             best_i = tl.where(better, idx.to(tl.int32), best_i)
             best_v = tl.where(better, score, best_v)
-        top = tl.reduce(best_v, 0, tl.standard._elementwise_max)
+        top, top_i = _first_max(best_v, best_i)
         tl.store(pv_ptr + row * num_splits + sp, top)
-        tl.store(pi_ptr + row * num_splits + sp,
-                 tl.reduce(tl.where(best_v == top, best_i, 2147483647), 0, tl.standard._elementwise_min))
+        tl.store(pi_ptr + row * num_splits + sp, top_i)
 
     @triton.jit
     def _pick_kernel(logits_ptr, temp_ptr, pv_ptr, pi_ptr, norm_ptr, tok_ptr, lp_ptr, stride_l, num_splits,
@@ -123,8 +129,7 @@ if HAVE_TRITON:
         mask_s = offs_s < num_splits
         pv = tl.load(pv_ptr + row * num_splits + offs_s, mask=mask_s, other=float("-inf"))
         pi = tl.load(pi_ptr + row * num_splits + offs_s, mask=mask_s, other=2147483647)
-        top = tl.reduce(pv, 0, tl.standard._elementwise_max)
-        tok = tl.reduce(tl.where(pv == top, pi, 2147483647), 0, tl.standard._elementwise_min)
+        _, tok = _first_max(pv, pi)
         x_tok = tl.load(logits_ptr + row * stride_l + tok) / tl.load(temp_ptr)
         tl.store(tok_ptr + row, tok.to(tl.int64))
         tl.store(lp_ptr + row, (x_tok - tl.load(norm_ptr + row * 2)) - tl.load(norm_ptr + row * 2 + 1))

@@ -99,11 +99,21 @@ class DecodeStep:
     lp: torch.Tensor
     done: Any = None                     # a CUDA event recorded after the copies (None on CPU)
 
-    def result(self) -> tuple[list[int], list[float]]:
+    def positions(self, rows: list[int]) -> list[int]:
+        """Where each of `rows` (a subset of self.rows) sits in this step's bucket."""
+        where = {r: j for j, r in enumerate(self.rows)}
+        return [where[r] for r in rows]
+
+    def result(self, rows: list[int] | None = None) -> tuple[list[int], list[float]]:
+        """(tokens, log-probs) of `rows` (default: all of this step's rows), once the step has ended."""
         if self.done is not None:
             self.done.synchronize()
         n = len(self.rows)
-        return self.tok[:n].tolist(), self.lp[:n].tolist()
+        tok, lp = self.tok[:n].tolist(), self.lp[:n].tolist()
+        if rows is None or rows == self.rows:
+            return tok, lp
+        at = self.positions(rows)
+        return [tok[j] for j in at], [lp[j] for j in at]
 
 
 class DecodeRunner:
@@ -163,9 +173,8 @@ class DecodeRunner:
         self.stats["queued_ahead"] += 1
         if rows == prev.rows:
             return self._queue(prev.bucket, rows, params)
-        where = {r: j for j, r in enumerate(prev.rows)}
         buf = self._buffers(self._bucket_for(len(rows)))
-        buf.gather_from(prev.bucket, [where[r] for r in rows])
+        buf.gather_from(prev.bucket, prev.positions(rows))
         return self._queue(buf, rows, params)
 
     def _bucket_for(self, n: int) -> int:

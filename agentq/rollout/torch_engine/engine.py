@@ -361,12 +361,8 @@ class _CounterDrawer(_Drawer):
         if cur is None:
             cur = dec.launch(tokens, slots, new_lens, [self.seeds[i] for i in rows], self.params, rows)
         self.queued = dec.launch_next(cur, rows, self.params) if eng.run_ahead and ahead else None
-        tok, lp = cur.result()
-        if cur.rows == rows:
-            return tok, lp
-        # rows that finished after the step was queued computed one more token: drop it
-        where = {r: j for j, r in enumerate(cur.rows)}
-        return [tok[where[r]] for r in rows], [lp[where[r]] for r in rows]
+        # rows that finished after the step was queued computed one more token: result() drops it
+        return cur.result(rows)
 
     def close(self):
         self.queued = None
