@@ -184,6 +184,82 @@ def tune_gemm(shapes, dev, results, deadline: float = float("inf"), ms=MS):
     results["gemm_table"] = rows_json
 
 
+def glu_candidates(m: int):
+    """`int8_gemm_glu` launches to sweep (block_n counts the gate columns; as many up rows ride along)."""
+    from agentq.kernels.triton_gemm import GemmConfig
+    if m >= 2048:
+        for bm, bn, bk, w, st, p in ((128, 128, 128, 8, 3, 2), (128, 128, 128, 8, 3, 1), (128, 64, 128, 8, 4, 2),
+                                     (256, 64, 128, 8, 3, 2), (128, 128, 64, 8, 4, 2), (128, 128, 128, 8, 3, 0),
+                                     (128, 64, 128, 4, 4, 2), (64, 128, 128, 4, 4, 2)):
+            yield GemmConfig(bm, bn, bk, 1, 8, w, st, p)
+        return
+    for bn, bk, w, st in ((32, 256, 4, 4), (32, 128, 4, 6), (64, 128, 4, 4), (64, 256, 4, 3), (16, 256, 4, 6),
+                          (32, 512, 4, 3), (64, 256, 8, 3)):
+        yield GemmConfig(128 if m > 64 else 64, bn, bk, 1, 8, w, st)
+
+
+def bench_glu(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128, 32768), tune: bool = True):
+    """The gate_up GEMM with SiLU·mul in its epilogue + the one-read codes (`int8_gemm_glu`,
+    `quantize_rows_from_amax`) against what it replaces (the gate_up GEMM, then `silu_mul_quant`),
+    and bf16 cuBLAS + `silu_mul` for scale; with `tune`, a sweep of GLU launches per M whose best
+    rows go to h200_gemm.json's "glu" section."""
+    from agentq.kernels import triton_gemm as tg
+    from agentq.kernels import triton_norm as tn
+    from agentq.kernels import triton_quant as tq
+    floor, rounding = SPEC.act_scale_floor, SPEC.act_rounding
+    log("\n== gate_up + SiLU·mul + codes: GLU GEMM vs GEMM then silu_mul_quant (µs per call) ==")
+    table = {}
+    for model in models:
+        k, n2 = MODEL_LINEARS[model]["gate_up"]
+        n = n2 // 2
+        sh = LinearShape(f"{model}:gate_up", k, n2, dev)
+        rows = []
+        for m in ms:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            x_q, s_x = tq.quantize_per_token(x, SPEC)
+            reps = max(1, min(sh.n_int8, 4 if m >= 2048 else sh.n_int8))
+
+            def two_launch(i, cfg=None):
+                gu = tg.int8_gemm(x_q, s_x, sh.w_q[i], sh.s_w[i], None, torch.bfloat16, cfg)
+                tn.silu_mul_quant(gu[:, :n], gu[:, n:], floor, rounding)
+
+            def glu(i, cfg=None):
+                h, amax = tg.int8_gemm_glu(x_q, s_x, sh.w_q[i], sh.s_w[i], None, torch.bfloat16, cfg)
+                tq.quantize_rows_from_amax(h, amax, floor, rounding)
+
+            def bf16(i):
+                gu = F.linear(x, sh.w_bf16[i % sh.n_bf16])
+                tn.silu_mul(gu[:, :n], gu[:, n:])
+
+            t_two = graph_us([partial(two_launch, i) for i in range(reps)]) / reps
+            t_glu = graph_us([partial(glu, i) for i in range(reps)]) / reps
+            t_bf16 = graph_us([partial(bf16, i) for i in range(min(reps, sh.n_bf16))]) / min(reps, sh.n_bf16)
+            best = (t_glu, tg.glu_config(m, n, k, dev))
+            if tune:
+                for cfg in glu_candidates(m):
+                    try:
+                        us = graph_us([partial(glu, i, cfg) for i in range(reps)], rep_ms=25, warmup_ms=5) / reps
+                    except Exception as e:    # e.g. out of shared memory for this tile
+                        log(f"  skip {cfg.short()}: {type(e).__name__}: {str(e)[:80]}")
+                        continue
+                    results.setdefault("tune_glu", []).append({"shape": sh.name, "M": m, "cfg": cfg.short(), "us": us})
+                    if us < best[0]:
+                        best = (us, cfg)
+                rows.append([m, best[1].table_row()])
+            row = {"shape": sh.name, "M": m, "two_launch_us": t_two, "glu_us": t_glu, "bf16_us": t_bf16,
+                   "best_cfg": best[1].short(), "best_us": best[0]}
+            results.setdefault("glu", []).append(row)
+            log(f"{sh.name:18s} M={m:6d}: GEMM + silu_mul_quant {t_two:9.1f}  GLU {t_glu:9.1f} "
+                f"({t_two / t_glu:.2f}x)  best {best[1].short()} {best[0]:9.1f}  | bf16 + silu_mul {t_bf16:9.1f}")
+        if rows:
+            table[f"{n}x{k}"] = rows
+        del sh
+        torch.cuda.empty_cache()
+    if table:
+        log(f"h200_gemm.json glu rows: {json.dumps(table)}")
+        results["glu_table"] = table
+
+
 def bench_linears(shapes, dev, results):
     from agentq.kernels import triton_gemm as tg
     from agentq.kernels import triton_quant as tq
@@ -572,6 +648,9 @@ def main():
     ap.add_argument("--learner-elementwise", action="store_true",
                     help="only time the learner's SiLU·mul + codes and RoPE launches (whole vs chunked rows, "
                          "one head vs head tiles per program) and exit")
+    ap.add_argument("--glu", nargs="?", const="tune", choices=["tune", "bench"],
+                    help="only time the gate_up GEMM with SiLU·mul in its epilogue against GEMM + silu_mul_quant "
+                         "(Qwen3-8B / 1.7B, M 64 / 128 / 32768; 'tune': also sweep its launches) and exit")
     ap.add_argument("--prefill", action="store_true",
                     help="only time prefill attention, the read-back path vs the in-place kernel's launches, and exit")
     args = ap.parse_args()
@@ -593,6 +672,9 @@ def main():
         return save()
     if args.prefill:
         bench_prefill(dev, results)
+        return save()
+    if args.glu:
+        bench_glu(dev, results, tune=args.glu == "tune")
         return save()
     if args.learner_elementwise:
         bench_learner_elementwise(dev, results)

@@ -70,12 +70,13 @@ class GemmConfig:
 TABLE_FILE = Path(__file__).with_name("h200_gemm.json")
 
 
-def load_table(path: Path = TABLE_FILE) -> dict[tuple[int, int], list[tuple[int, GemmConfig]]]:
+def load_table(path: Path = TABLE_FILE, section: str = "gemm") -> dict[tuple[int, int], list[tuple[int, GemmConfig]]]:
     """(N, K) -> [(max_M, config), ...] from the JSON the tuning sweeps fill (`python -m
     agentq.eval.bench_kernels --tune gemm`, see docs/kernels.md); the first entry with M <= max_M is
     used, a last entry measured at `LARGE_M` rows or more also serves larger M, and any other shape
-    falls back to `heuristic_config`."""
-    raw = json.loads(path.read_text())["gemm"]
+    falls back to `heuristic_config`. Section "glu": `int8_gemm_glu`'s launches, keyed by its
+    output width N (the weight has 2N rows) and K (`bench_kernels --glu`)."""
+    raw = json.loads(path.read_text()).get(section, {})
     table = {}
     for key, rows in raw.items():
         n, k = (int(v) for v in key.split("x"))
@@ -84,6 +85,7 @@ def load_table(path: Path = TABLE_FILE) -> dict[tuple[int, int], list[tuple[int,
 
 
 H200_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = load_table()
+H200_GLU_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = load_table(section="glu")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -112,21 +114,25 @@ def heuristic_config(m: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
 LARGE_M = 2048
 
 
-def pick_config(m: int, n: int, k: int, device: torch.device | None = None) -> GemmConfig:
-    rows = H200_TABLE.get((n, k), ())
+def _table_config(table, m: int, n: int, k: int) -> GemmConfig | None:
+    rows = table.get((n, k), ())
     for max_m, cfg in rows:
         if m <= max_m:
             return cfg
     if rows and rows[-1][0] >= LARGE_M:
         return rows[-1][1]
-    return heuristic_config(m, n, k, num_sms(device))
+    return None
+
+
+def pick_config(m: int, n: int, k: int, device: torch.device | None = None) -> GemmConfig:
+    return _table_config(H200_TABLE, m, n, k) or heuristic_config(m, n, k, num_sms(device))
 
 
 if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from .triton_quant import cast_for_store, pdl_start
+    from .triton_quant import cast_for_store, pdl_start, round_to, silu_mul_values
 
     @triton.jit
     def _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
@@ -135,12 +141,39 @@ if HAVE_TRITON:
         mask_n = offs_n < N
         sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
         sw = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
+        y = _epilogue_values(acc, sx, sw, bias_ptr, offs_n, mask_n, HAS_BIAS)
+        ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(ptrs, cast_for_store(y, out_ptr.dtype.element_ty, BF16_BITS), mask=mask_m[:, None] & mask_n[None, :])
+
+    @triton.jit
+    def _epilogue_values(acc, sx, sw, bias_ptr, offs_n, mask_n, HAS_BIAS: tl.constexpr):
+        """fp32 (acc · s_x) · s_w (+ bias), unrounded: `quant.w8a8_epilogue` before its final cast."""
         y = acc.to(tl.float32) * sx[:, None]
         y = y * sw[None, :]
         if HAS_BIAS:
             y = y + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        return y
+
+    @triton.jit
+    def _glu_epilogue_store(acc_g, acc_u, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N,
+                            stride_om, pid_n, num_n, HAS_BIAS: tl.constexpr, BF16_BITS: tl.constexpr):
+        """GLU epilogue of a gate_up GEMM (W rows [gate; up], N = the width of each): g and u as the
+        plain epilogue would store them (rounded to the output dtype), then silu(g) · u rounded as
+        `silu_mul` rounds it, stored; and the tile's per-row absmax of that product at
+        amax[row, pid_n] (rows of `num_n` partials), from which the codes' scales follow exactly."""
+        mask_m = offs_m < M
+        mask_n = offs_n < N
+        sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
+        sw_g = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
+        sw_u = tl.load(sw_ptr + N + offs_n, mask=mask_n, other=0.0)
+        g = round_to(_epilogue_values(acc_g, sx, sw_g, bias_ptr, offs_n, mask_n, HAS_BIAS), out_ptr.dtype.element_ty, BF16_BITS)
+        u = round_to(_epilogue_values(acc_u, sx, sw_u, bias_ptr + N, offs_n, mask_n, HAS_BIAS), out_ptr.dtype.element_ty, BF16_BITS)
+        y = silu_mul_values(g, u, out_ptr.dtype.element_ty, BF16_BITS)
+        mask = mask_m[:, None] & mask_n[None, :]
         ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-        tl.store(ptrs, cast_for_store(y, out_ptr.dtype.element_ty, BF16_BITS), mask=mask_m[:, None] & mask_n[None, :])
+        tl.store(ptrs, cast_for_store(y, out_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+        amax = tl.reduce(tl.where(mask, tl.abs(y), 0.0), 1, tl.standard._elementwise_max)
+        tl.store(amax_ptr + offs_m.to(tl.int64) * num_n + pid_n, amax, mask=mask_m)
 
     @triton.jit
     def _tile_of(tile, num_m, num_n, GROUP_M: tl.constexpr):
@@ -152,11 +185,14 @@ if HAVE_TRITON:
         return first_m + (tile % width) % size_m, (tile % width) // size_m
 
     @triton.jit(do_not_specialize=["M", "num_splits"])
-    def _w8a8_gemm_kernel(xq_ptr, w_ptr, sx_ptr, sw_ptr, bias_ptr, out_ptr, ws_ptr, ticket_ptr,
+    def _w8a8_gemm_kernel(xq_ptr, w_ptr, sx_ptr, sw_ptr, bias_ptr, out_ptr, ws_ptr, ticket_ptr, amax_ptr,
                           M, N, K, stride_xm, stride_wn, stride_om, k_per_split, num_splits,
                           HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr):
+                          GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr,
+                          GLU: tl.constexpr = False):
+        """GLU (`int8_gemm_glu`; no split-K): W holds 2N rows [gate; up]; each program keeps a
+        second accumulator over the up rows of its columns and runs `_glu_epilogue_store`."""
         pdl_start(PDL)   # launched early: wait for the producer of x_q / s_x, let the consumer launch
         pid = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -175,7 +211,9 @@ if HAVE_TRITON:
         a_ptrs = xq_ptr + rm[:, None] * stride_xm + (k_lo + offs_k)[None, :]
         b_ptrs = w_ptr + rn[None, :] * stride_wn + (k_lo + offs_k)[:, None]
 
+        up_rows = N * stride_wn          # GLU: the up row of column n is row N + n
         acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32)
+        acc_u = acc
         for k in range(k_lo, k_hi, BLOCK_K):
             if EVEN_K:
                 a = tl.load(a_ptrs)
@@ -184,10 +222,19 @@ if HAVE_TRITON:
                 a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < k_hi, other=0)
                 b = tl.load(b_ptrs, mask=(k + offs_k)[:, None] < k_hi, other=0)
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+            if GLU:
+                if EVEN_K:
+                    b_u = tl.load(b_ptrs + up_rows)
+                else:
+                    b_u = tl.load(b_ptrs + up_rows, mask=(k + offs_k)[:, None] < k_hi, other=0)
+                acc_u = tl.dot(a, b_u, acc_u, out_dtype=tl.int32)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
 
-        if not USE_SPLIT:
+        if GLU:
+            _glu_epilogue_store(acc, acc_u, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N,
+                                stride_om, pid_n, num_n, HAS_BIAS, BF16_BITS)
+        elif not USE_SPLIT:
             _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
                             HAS_BIAS, BF16_BITS)
         else:
@@ -206,28 +253,38 @@ if HAVE_TRITON:
 
 
     @triton.jit
-    def _tma_tile(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, M, N, K, stride_om, tile, tile_out,
+    def _tma_tile(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, M, N, K, stride_om, tile, tile_out,
                   num_m, num_n, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr):
+                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr, GLU: tl.constexpr):
         """One output tile of `_w8a8_gemm_tma_kernel`: the K loop of `tile`, the epilogue of `tile_out`
         (the same tile; the epilogue recomputes it from its own counter so that a flattened or
         warp-specialized loop may already be loading the next tile)."""
         pid_m, pid_n = _tile_of(tile, num_m, num_n, GROUP_M)
         acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32)
+        acc_u = acc
         for kt in range((K + BLOCK_K - 1) // BLOCK_K):
             a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
             b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
+            if GLU:     # the up rows; a gate tile running past N reads up rows, dropped by the store
+                b_u = w_desc.load([N + pid_n * BLOCK_N, kt * BLOCK_K])
+                acc_u = tl.dot(a, b_u.T, acc_u, out_dtype=tl.int32)
         out_m, out_n = _tile_of(tile_out, num_m, num_n, GROUP_M)
         offs_m = out_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = out_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS, BF16_BITS)
+        if GLU:
+            _glu_epilogue_store(acc, acc_u, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N,
+                                stride_om, out_n, num_n, HAS_BIAS, BF16_BITS)
+        else:
+            _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS,
+                            BF16_BITS)
 
     @triton.jit(do_not_specialize=["M"])
-    def _w8a8_gemm_tma_kernel(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, M, N, K, stride_om,
+    def _w8a8_gemm_tma_kernel(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, M, N, K, stride_om,
                               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-                              FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr, BF16_BITS: tl.constexpr):
+                              FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr, BF16_BITS: tl.constexpr,
+                              GLU: tl.constexpr = False):
         """The same GEMM for many rows: NUM_PROGRAMS programs (one per SM) walk the output tiles in
         the grouped order, loading X_q / W_q tiles through TMA descriptors (out-of-range rows and
         K columns read as zeros, which add nothing to the integer sums). Same int32 accumulator,
@@ -240,13 +297,13 @@ if HAVE_TRITON:
         if WARP_SPEC:     # (the keyword only where asked: not every Triton takes it)
             for tile in tl.range(first, num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=True):
                 tile_out += NUM_PROGRAMS
-                _tma_tile(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, M, N, K, stride_om, tile, tile_out,
-                          num_m, num_n, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BF16_BITS)
+                _tma_tile(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, M, N, K, stride_om, tile,
+                          tile_out, num_m, num_n, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BF16_BITS, GLU)
         else:
             for tile in tl.range(first, num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN):
                 tile_out += NUM_PROGRAMS
-                _tma_tile(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, M, N, K, stride_om, tile, tile_out,
-                          num_m, num_n, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BF16_BITS)
+                _tma_tile(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, M, N, K, stride_om, tile,
+                          tile_out, num_m, num_n, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BF16_BITS, GLU)
 
 
 class _Workspace:
@@ -270,21 +327,34 @@ class _Workspace:
 _WORKSPACE = _Workspace()
 
 
-def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
-              bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig | None = None,
-              out: torch.Tensor | None = None) -> torch.Tensor:
-    """Y = w8a8_epilogue(X_q · W_qᵀ, s_x, s_w, bias, out_dtype) for X_q [M, K], W_q [N, K] int8."""
-    require_triton("triton_gemm.int8_gemm")
+def _operands(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor):
+    """The GEMM's operands checked and made K-contiguous (scales contiguous)."""
     m, k = x_q.shape
-    n = w_q.shape[0]
     assert x_q.dtype == torch.int8 and w_q.dtype == torch.int8 and w_q.shape[1] == k
     assert s_x.dtype == torch.float32 and s_w.dtype == torch.float32
     if x_q.stride(-1) != 1:
         x_q = x_q.contiguous()
     if w_q.stride(-1) != 1:
         w_q = w_q.contiguous()
-    s_x = s_x.contiguous()
-    s_w = s_w.contiguous()
+    return x_q, s_x.contiguous(), w_q, s_w.contiguous()
+
+
+def _resolve_config(cfg: GemmConfig, explicit: bool) -> GemmConfig:
+    """The table's config, minus the persistent kernel when AGENTQ_PERSISTENT_GEMM=0 (not for an
+    explicit config: tuning sweeps measure what they ask for)."""
+    if cfg.persistent and not explicit and os.environ.get("AGENTQ_PERSISTENT_GEMM", "1") == "0":
+        return dataclasses.replace(cfg, persistent=0)
+    return cfg
+
+
+def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+              bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig | None = None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """Y = w8a8_epilogue(X_q · W_qᵀ, s_x, s_w, bias, out_dtype) for X_q [M, K], W_q [N, K] int8."""
+    require_triton("triton_gemm.int8_gemm")
+    x_q, s_x, w_q, s_w = _operands(x_q, s_x, w_q, s_w)
+    m, k = x_q.shape
+    n = w_q.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
     if m == 0 or n == 0:
@@ -292,31 +362,84 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
     if k == 0:
         return out.copy_(quant.w8a8_epilogue(torch.zeros(m, n, dtype=torch.int32, device=x_q.device),
                                              s_x, s_w, bias, out_dtype))
-    cfg = config or pick_config(m, n, k, x_q.device)
-    if cfg.persistent and not config and os.environ.get("AGENTQ_PERSISTENT_GEMM", "1") == "0":
-        cfg = dataclasses.replace(cfg, persistent=0)
+    cfg = _resolve_config(config or pick_config(m, n, k, x_q.device), config is not None)
     if cfg.persistent and _tma_applies(x_q, w_q):
-        return _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, cfg)
+        _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, s_w, n, cfg, glu=False)
+        return out
     split = max(1, min(cfg.split_k, _cdiv(k, cfg.block_k)))
     k_per_split = _cdiv(_cdiv(k, split), cfg.block_k) * cfg.block_k
     split = _cdiv(k, k_per_split)        # no empty splits
-    even_k = k % cfg.block_k == 0
-    num_m, num_n = _cdiv(m, cfg.block_m), _cdiv(n, cfg.block_n)
     if split > 1:
         ws = _WORKSPACE.get(x_q.device, "acc", m * n)
-        tickets = _WORKSPACE.get(x_q.device, "ticket", num_m * num_n)
+        tickets = _WORKSPACE.get(x_q.device, "ticket", _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n))
     else:
         ws = tickets = s_w       # unused
-    has_bias = bias is not None
+    _launch_plain(x_q, s_x, w_q, s_w, bias, out, ws, tickets, s_w, n, cfg, k_per_split, split, glu=False)
+    return out
+
+
+def glu_config(m: int, n: int, k: int, device: torch.device | None = None) -> GemmConfig:
+    """`int8_gemm_glu`'s launch for a gate_up weight [2n, k]: the "glu" table's row if measured,
+    else the (2n, k) GEMM config with half the columns per program (each program then streams the
+    same weight bytes: block_n gate rows and as many up rows), without split-K."""
+    tuned = _table_config(H200_GLU_TABLE, m, n, k)
+    if tuned is not None:
+        return tuned
+    cfg = pick_config(m, 2 * n, k, device)
+    return dataclasses.replace(cfg, block_n=max(16, cfg.block_n // 2), split_k=1)
+
+
+def int8_gemm_glu(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                  bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A gate_up GEMM with SiLU·mul in its epilogue: W_q [2N, K] stacks the gate rows over the up
+    rows (an `EngineLinear` of parts gate_proj, up_proj), and the result is
+
+        h = silu_mul(g, u),   [g | u] = int8_gemm(X_q, s_x, W_q, s_w, bias, out_dtype)
+
+    bit for bit (`triton_norm.silu_mul`'s roundings), without g and u ever written. Returns
+    (h [M, N], amax [M, P]): P per-column-tile partial row absmaxes of h, whose max is h's row
+    absmax (`triton_quant.quantize_rows_from_amax` turns h into its codes in one read)."""
+    require_triton("triton_gemm.int8_gemm_glu")
+    x_q, s_x, w_q, s_w = _operands(x_q, s_x, w_q, s_w)
+    m, k = x_q.shape
+    if w_q.shape[0] % 2:
+        raise ValueError(f"a GLU weight stacks gate and up rows: {w_q.shape[0]} rows is odd")
+    n = w_q.shape[0] // 2
+    cfg = _resolve_config(config or glu_config(m, n, k, x_q.device), config is not None)
+    if cfg.split_k != 1:
+        raise ValueError("int8_gemm_glu has no split-K (each program needs whole sums of its gate and up columns)")
+    out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
+    # every (row, column tile) partial is written by the tile's program: no memset launch
+    amax = torch.empty((m, max(1, _cdiv(n, cfg.block_n))), dtype=torch.float32, device=x_q.device)
+    if m == 0 or n == 0 or k == 0:
+        amax.zero_()
+        if m and n:   # k == 0: zero sums through the same epilogue and SiLU·mul (the torch ops)
+            gu = quant.w8a8_epilogue(torch.zeros(m, 2 * n, dtype=torch.int32, device=x_q.device),
+                                     s_x, s_w, bias, out_dtype)
+            out.copy_(torch.nn.functional.silu(gu[:, :n]) * gu[:, n:])
+            amax[:, 0] = out.float().abs().amax(1)
+        return out, amax
+    if cfg.persistent and _tma_applies(x_q, w_q):
+        _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, amax, n, cfg, glu=True)
+    else:
+        _launch_plain(x_q, s_x, w_q, s_w, bias, out, s_w, s_w, amax, n, cfg, k, 1, glu=True)
+    return out, amax
+
+
+def _launch_plain(x_q, s_x, w_q, s_w, bias, out, ws, tickets, amax, n: int, cfg: GemmConfig, k_per_split: int,
+                  split: int, glu: bool) -> None:
+    """`_w8a8_gemm_kernel` over grid (output tiles, splits) for n output columns."""
+    m, k = x_q.shape
     out_arg, bf16_bits = triton_quant.store_view(out, runs_interpreted(_w8a8_gemm_kernel))
     pdl = triton_quant.use_pdl(_w8a8_gemm_kernel, x_q.device, m)
-    _w8a8_gemm_kernel[(num_m * num_n, split)](
-        x_q, w_q, s_x, s_w, bias if has_bias else s_w, out_arg, ws, tickets,
+    _w8a8_gemm_kernel[(_cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n), split)](
+        x_q, w_q, s_x, s_w, bias if bias is not None else s_w, out_arg, ws, tickets, amax,
         m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0), k_per_split, split,
-        HAS_BIAS=has_bias, USE_SPLIT=split > 1, EVEN_K=even_k,
+        HAS_BIAS=bias is not None, USE_SPLIT=split > 1, EVEN_K=k % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, BF16_BITS=bf16_bits,
-        PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
-    return out
+        PDL=pdl, GLU=glu, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        enable_fp_fusion=False)
 
 
 def _tma_applies(x_q: torch.Tensor, w_q: torch.Tensor) -> bool:
@@ -327,24 +450,23 @@ def _tma_applies(x_q: torch.Tensor, w_q: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in (x_q, w_q))
 
 
-def _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, cfg: GemmConfig) -> torch.Tensor:
+def _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, amax, n: int, cfg: GemmConfig, glu: bool) -> None:
+    """`_w8a8_gemm_tma_kernel`: one program per SM over the output tiles of n columns."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, k = x_q.shape
-    n = w_q.shape[0]
     interp = runs_interpreted(_w8a8_gemm_tma_kernel)
     x_desc = TensorDescriptor(x_q, [m, k], [x_q.stride(0), 1], [cfg.block_m, cfg.block_k])
-    w_desc = TensorDescriptor(w_q, [n, k], [w_q.stride(0), 1], [cfg.block_n, cfg.block_k])
+    w_desc = TensorDescriptor(w_q, [w_q.shape[0], k], [w_q.stride(0), 1], [cfg.block_n, cfg.block_k])
     tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
     programs = min(tiles, 4 if interp else num_sms(x_q.device))
     out_arg, bf16_bits = triton_quant.store_view(out, interp)
     _w8a8_gemm_tma_kernel[(programs,)](
-        x_desc, w_desc, s_x, s_w, bias if bias is not None else s_w, out_arg, m, n, k, out.stride(0),
+        x_desc, w_desc, s_x, s_w, bias if bias is not None else s_w, out_arg, amax, m, n, k, out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, FLATTEN=cfg.persistent >= 2, WARP_SPEC=cfg.persistent == 3,
-        BF16_BITS=bf16_bits,
+        BF16_BITS=bf16_bits, GLU=glu,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
-    return out
 
 
 def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,

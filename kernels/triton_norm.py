@@ -32,7 +32,10 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from .triton_quant import _absmax_to_scale, _quant_block, _store_row_codes, cast_for_store, pdl_start, store_view
+    from .triton_quant import (_absmax_to_scale, _quant_block, _store_row_codes, cast_for_store, pdl_start,
+                               silu_mul_values, store_view)
+    from .triton_quant import bf16_round as _bf16_round
+    from .triton_quant import round_to as _round_to
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, N, stride_x, stride_o, eps, inner, stride_xi,
@@ -107,13 +110,6 @@ if HAVE_TRITON:
         return (rows // inner) * stride_outer + (rows % inner) * stride_inner
 
     @triton.jit
-    def _bf16_round(y):
-        """fp32 → nearest-even bf16 value, as fp32 (the interpreter's casts truncate)."""
-        bits = y.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
-        return bits.to(tl.float32, bitcast=True)
-
-    @triton.jit
     def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, N, stride_g, stride_u, stride_o,
                          BLOCK: tl.constexpr, BF16_BITS: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
@@ -121,12 +117,8 @@ if HAVE_TRITON:
         mask = offs < N
         g = tl.load(g_ptr + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(u_ptr + row * stride_u + offs, mask=mask, other=0.0).to(tl.float32)
-        s = g / (1.0 + tl.exp(-g))
-        if BF16_BITS:
-            s = _bf16_round(s)
-        else:
-            s = s.to(o_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(o_ptr + row * stride_o + offs, cast_for_store(s * u, o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+        y = silu_mul_values(g, u, o_ptr.dtype.element_ty, BF16_BITS)
+        tl.store(o_ptr + row * stride_o + offs, cast_for_store(y, o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
 
 
     @triton.jit
@@ -196,17 +188,7 @@ if HAVE_TRITON:
         """silu(gate) · up over one block of a row, fp32 values of the dtype, rounded as torch does."""
         g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(u_row + offs, mask=mask, other=0.0).to(tl.float32)
-        s = _round_to(g / (1.0 + tl.exp(-g)), OUT_DTYPE, BF16_BITS)
-        return _round_to(s * u, OUT_DTYPE, BF16_BITS)
-
-    @triton.jit
-    def _round_to(y, OUT_DTYPE: tl.constexpr, BF16_BITS: tl.constexpr):
-        """Round fp32 to the output dtype and back (the rounding torch does after each op)."""
-        if BF16_BITS:
-            r = _bf16_round(y)
-        else:
-            r = y.to(OUT_DTYPE).to(tl.float32)
-        return r
+        return silu_mul_values(g, u, OUT_DTYPE, BF16_BITS)
 
     @triton.jit
     def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr,

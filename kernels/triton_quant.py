@@ -60,6 +60,30 @@ if HAVE_TRITON:
         return out
 
     @triton.jit
+    def bf16_round(y):
+        """fp32 → nearest-even bf16 value, as fp32 (the interpreter's casts truncate)."""
+        bits = y.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def round_to(y, OUT_DTYPE: tl.constexpr, BF16_BITS: tl.constexpr):
+        """Round fp32 to the output dtype and back (the rounding torch does after each op)."""
+        if BF16_BITS:
+            r = bf16_round(y)
+        else:
+            r = y.to(OUT_DTYPE).to(tl.float32)
+        return r
+
+    @triton.jit
+    def silu_mul_values(g, u, OUT_DTYPE: tl.constexpr, BF16_BITS: tl.constexpr):
+        """silu(g) · u of fp32 values of the dtype, each op rounded to it as torch's
+        `F.silu(g) * u` rounds (silu in fp32, then one rounding; the product, then another). The
+        one home of this arithmetic: the SiLU·mul kernels and the gate_up GEMM's GLU epilogue."""
+        s = round_to(g / (1.0 + tl.exp(-g)), OUT_DTYPE, BF16_BITS)
+        return round_to(s * u, OUT_DTYPE, BF16_BITS)
+
+    @triton.jit
     def _codes_f32(x, scale, HALF_AWAY: tl.constexpr):
         """clamp(round(x / scale), -128, 127) as integer-valued fp32 (IEEE division)."""
         q = _round_half(tl.math.div_rn(x, scale), HALF_AWAY)
@@ -128,6 +152,26 @@ if HAVE_TRITON:
                 mask = k0 + offs < K
                 x = _load_row_f32(x_row, cs_ptr, k0 + offs, mask, COL_SCALE)
                 tl.store(q_row + k0 + offs, _quant_block(x, scale, HALF_AWAY), mask=mask)
+            tl.store(s_ptr + row, scale)
+
+    @triton.jit
+    def _quant_rows_amax_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, K, P, stride_x, stride_q, floor,
+                                HALF_AWAY: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+                                PDL: tl.constexpr):
+        """Program (row, column block): the row's scale from its P partial absmaxes (the GLU GEMM's
+        epilogue wrote them), then the codes of one BLOCK_K block: each element read once, and
+        a row spread over many programs."""
+        pdl_start(PDL)
+        row = tl.program_id(0).to(tl.int64)
+        blk = tl.program_id(1)
+        offs_p = tl.arange(0, BLOCK_P)
+        parts = tl.load(amax_ptr + row * P + offs_p, mask=offs_p < P, other=0.0)
+        scale = _absmax_to_scale(tl.reduce(parts, 0, tl.standard._elementwise_max), floor)
+        offs = blk * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask = offs < K
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(q_ptr + row * stride_q + offs, _quant_block(x, scale, HALF_AWAY), mask=mask)
+        if blk == 0:
             tl.store(s_ptr + row, scale)
 
     @triton.jit
@@ -310,6 +354,36 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str, launch: tuple[in
                                  PDL=pdl, COL_SCALE=col_scale is not None, num_warps=warps, enable_fp_fusion=False,
                                  launch_pdl=pdl)
     return q.reshape(shape), s.reshape(shape[:-1])
+
+
+#: columns per program of `quantize_rows_from_amax`
+AMAX_BLOCK_K = 2048
+
+
+def quantize_rows_from_amax(x: torch.Tensor, amax: torch.Tensor, floor: float, rounding: str
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_rows(x, floor, rounding)` for rows x [M, K] whose absmax is already known as the
+    max of P partials amax [M, P] (the GLU GEMM's epilogue): the same codes and scales (max is
+    exact, and the scale and code formulas are the same), with x read once and each row split
+    over ⌈K / AMAX_BLOCK_K⌉ programs."""
+    require_triton("triton_quant.quantize_rows_from_amax")
+    half_away = _check_mode(rounding)
+    m, k = x.shape
+    assert amax.shape[0] == m and amax.dtype == torch.float32 and x.stride(-1) == 1
+    amax = amax.contiguous()
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    s = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if m and not k:
+        s.fill_(float(floor))          # an empty row's absmax is 0 (`quant.quantize_rows`)
+    if m and k:
+        block = min(AMAX_BLOCK_K, triton.next_power_of_2(max(k, 16)))
+        interp = runs_interpreted(_quant_rows_amax_kernel)
+        pdl = use_pdl(_quant_rows_amax_kernel, x.device, m)
+        _quant_rows_amax_kernel[(m, triton.cdiv(k, block))](
+            x, amax, q, s, k, amax.shape[1], x.stride(0), q.stride(0), float(floor), HALF_AWAY=half_away,
+            BLOCK_K=block, BLOCK_P=max(2, triton.next_power_of_2(amax.shape[1])), PDL=pdl, launch_pdl=pdl,
+            num_warps=1 if interp else max(1, min(8, block // 256)), enable_fp_fusion=False)
+    return q, s
 
 
 def quantize_per_token(x: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:

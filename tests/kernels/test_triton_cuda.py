@@ -132,6 +132,26 @@ def test_persistent_tma_gemm_bit_exact_prefill_rows(K, persistent):
             assert torch.equal(K.gemm.w8a8_linear(x, w_q, s_w, bias, SPEC, cfg), ref), (m, k, n, cfg)
 
 
+@pytest.mark.parametrize("k,n", [(4096, 12288), (2048, 6144)], ids=["qwen3-8b", "qwen3-1.7b"])
+def test_glu_gemm_equals_gate_up_then_silu_mul(K, k, n):
+    """The gate_up GEMM with SiLU·mul in its epilogue, at decode and prefill rows (the table's
+    configs, plain and persistent TMA, and AGENTQ_PERSISTENT_GEMM's plain fallback) = the GEMM,
+    then `silu_mul`; the codes from its partial absmaxes = `quantize_rows` of that product."""
+    from agentq.kernels import triton_norm
+    for m in (1, 64, 128, 4133, 8192):
+        x, w_q, s_w, bias = _linear_case(m, k, 2 * n, seed=m)
+        x_q, s_x = K.quant.quantize_per_token(x, SPEC)
+        gu = K.gemm.int8_gemm(x_q, s_x, w_q, s_w, None, torch.bfloat16)
+        ref = triton_norm.silu_mul(gu[:, :n], gu[:, n:])
+        cfg = K.gemm.glu_config(m, n, k, DEV)
+        for c in {cfg, K.gemm.dataclasses.replace(cfg, persistent=0)}:
+            h, amax = K.gemm.int8_gemm_glu(x_q, s_x, w_q, s_w, None, torch.bfloat16, c)
+            assert torch.equal(h, ref), (m, c)
+            codes = K.quant.quantize_rows_from_amax(h, amax, SPEC.act_scale_floor, SPEC.act_rounding)
+            ref_codes = K.quant.quantize_rows(ref, SPEC.act_scale_floor, SPEC.act_rounding)
+            assert all(torch.equal(a, b) for a, b in zip(codes, ref_codes)), (m, c)
+
+
 def test_w8a8_odd_shapes_vs_int64_reference(K):
     for m, k, n in ((1, 4100, 4100), (17, 300, 96), (33, 1000, 250)):
         x, w_q, s_w, bias = _linear_case(m, k, n, seed=k)

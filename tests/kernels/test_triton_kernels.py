@@ -245,15 +245,20 @@ def test_gemm_config_and_batch_invariance(K):
 
 
 @pytest.mark.parametrize("persistent", [1, 2, 3])
-def test_persistent_tma_gemm_gives_the_same_bits(K, persistent):
+def test_persistent_tma_gemm_gives_the_same_bits(K, persistent, monkeypatch):
     """The persistent TMA kernel (prefill rows): ragged M, N and K (TMA reads zeros past the edges,
-    which add nothing to the integer sums), more tiles than programs, bias and none."""
-    x, w_q, s_w, bias = _gemm_case(70, 80, 200, seed=11)
+    which add nothing to the integer sums), more tiles than programs, bias and none. K = 208: rows
+    of 16-byte multiples, which TMA needs (at K = 200 the plain kernel would run instead)."""
+    x, w_q, s_w, bias = _gemm_case(70, 80, 208, seed=11)
     cfg = K.gemm.GemmConfig(32, 32, 64, 1, 2, 4, 2, persistent)
+    ran = []
+    tma = K.gemm._int8_gemm_tma
+    monkeypatch.setattr(K.gemm, "_int8_gemm_tma", lambda *a, **kw: (ran.append(1), tma(*a, **kw))[1])
     for out_dtype, b in ((torch.bfloat16, bias), (torch.float32, None)):
         xin = x.to(out_dtype)
         y = K.gemm.w8a8_linear(xin, w_q, s_w, b, SPEC, cfg)
         assert torch.equal(y, _reference(xin, w_q, s_w, b, out_dtype))
+    assert len(ran) == 2
 
 
 def test_gemm_default_config_and_3d_input(K):

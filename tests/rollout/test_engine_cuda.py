@@ -167,3 +167,18 @@ def test_run_ahead_with_graphs_gives_the_step_by_step_tokens(tiny_model_dir):
             assert max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0.0) < 5e-2
             lengths.add(len(a.token_ids))
     assert len(lengths) > 3
+
+
+def test_glu_gemm_gives_the_two_launch_tokens_and_logprobs(tiny_model_dir, monkeypatch):
+    """The gate_up GEMM with SiLU·mul in its epilogue (`int8_linear.GLU_GEMM`) against the gate_up
+    GEMM + SiLU·mul + codes launches: the same bits, so the same tokens and identical log-probs
+    over three multi-turn turns (prefill chunks and graph-replayed decode)."""
+    from agentq.kernels import int8_linear
+    out = {}
+    for on in (True, False):
+        monkeypatch.setattr(int8_linear, "GLU_GEMM", on)
+        eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=4, max_len=512, dtype=torch.bfloat16,
+                                          device="cuda")
+        out[on] = _turns(eng)
+    assert out[True][0] == out[False][0]
+    assert out[True][1] == out[False][1]

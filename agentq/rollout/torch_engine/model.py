@@ -95,6 +95,19 @@ class EngineLinear(nn.Module):
             y = F.linear(x, self.weight, self.bias)
         return y if len(self.parts) == 1 else y.split(list(self.parts.values()), dim=-1)
 
+    def silu_mul(self, x: Activation, act_quant: tuple[float, str] | None) -> Activation:
+        """silu(gate) · up of this gate/up linear, as the down projection reads it: per-token codes
+        + scales (`act_quant` = that linear's (scale floor, rounding)) or rows (None). On CUDA a
+        quantized linear fed codes runs one GEMM with SiLU·mul in its epilogue (gate and up never
+        written) and a one-read quantization; otherwise the GEMM, then the fused SiLU·mul (+ codes)
+        kernel. Same bits either way. Needs the fused kernels (bf16 / fp16 on CUDA)."""
+        assert tuple(self.parts.values())[0] * 2 == self.out_features, "parts: gate, then up, of equal width"
+        if isinstance(x, tuple) and self.quantized and int8_linear.glu_applies(x[0]):
+            return int8_linear.w8a8_glu_codes(x[0], x[1], self.w_q, self.s_w, self.bias, self.dtype, act_quant)
+        from agentq.kernels import triton_norm
+        gate, up = self(x)
+        return triton_norm.silu_mul(gate, up) if act_quant is None else triton_norm.silu_mul_quant(gate, up, *act_quant)
+
 
 def use_fused_kernels(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Fused Triton norm / SiLU·mul kernels: bf16/fp16 models on CUDA (fp32 keeps torch's exact
@@ -206,12 +219,9 @@ class DecoderLayer(nn.Module):
         b, _, t, _ = o.shape
         o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
         x, h = self.post_attention_layernorm.add_and_norm(x, self.o_proj(o), self.gate_up_proj.act_quant())
-        gate, up = self.gate_up_proj(h)
         if self.post_attention_layernorm.fused:
-            from agentq.kernels import triton_norm
-            quant = self.down_proj.act_quant()
-            act = triton_norm.silu_mul(gate, up) if quant is None else triton_norm.silu_mul_quant(gate, up, *quant)
-            return x, self.down_proj(act)
+            return x, self.down_proj(self.gate_up_proj.silu_mul(h, self.down_proj.act_quant()))
+        gate, up = self.gate_up_proj(h)
         return x, self.down_proj(F.silu(gate) * up)
 
     def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,

@@ -1,0 +1,125 @@
+"""The gate_up GEMM with SiLU·mul in its epilogue (`triton_gemm.int8_gemm_glu`) and the one-read
+quantization from its partial row absmaxes (`triton_quant.quantize_rows_from_amax`), under
+TRITON_INTERPRET=1: bit-identical to the two-launch path they replace (the gate_up GEMM, then
+`triton_norm.silu_mul`, then `quantize_rows`)."""
+import pytest
+import torch
+
+from agentq.kernels import _interp, quant
+from agentq.kernels.quant_spec import QuantSpec
+
+pytestmark = pytest.mark.skipif(not _interp.HAVE_TRITON, reason="triton is not installed")
+MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_norm")
+SPEC = QuantSpec()
+
+
+@pytest.fixture(scope="module")
+def K():
+    if torch.cuda.is_available():
+        pytest.skip("CPU interpreter test (the GPU machine runs the compiled kernels)")
+    tq, tg, tn = _interp.load_interpreted(MODULES)
+    assert _interp.runs_interpreted(tg._w8a8_gemm_kernel) and _interp.runs_interpreted(tn._silu_mul_kernel)
+    yield tq, tg, tn
+    _interp.restore_compiled(MODULES)
+
+
+def _glu_case(m, n, k, seed, bias=True):
+    """Per-token codes of random rows and a [2n, k] gate_up weight (gate rows, then up rows)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
+    w_q, s_w = quant.quantize_weight(torch.randn(2 * n, k, generator=g) * 0.05, SPEC)
+    x_q, s_x = quant.quantize_act(x, SPEC)
+    b = torch.randn(2 * n, generator=g) if bias else None
+    return x_q, s_x, w_q, s_w, b
+
+
+def _two_launch(K, x_q, s_x, w_q, s_w, b, out_dtype):
+    """What the engine ran before: the gate_up GEMM, then the SiLU·mul kernel on its halves."""
+    _, tg, tn = K
+    n = w_q.shape[0] // 2
+    gu = tg.int8_gemm(x_q, s_x, w_q, s_w, b, out_dtype, tg.GemmConfig(16, 32, 64, 1, 2, 4, 2))
+    assert torch.equal(gu, quant.w8a8_epilogue(quant.int8_matmul_ref(x_q, w_q), s_x, s_w, b, out_dtype))
+    return tn.silu_mul(gu[:, :n], gu[:, n:])
+
+
+CONFIGS = [   # plain (ragged M / N / K tiles, GROUP_M 1 and 2) and the persistent TMA kernel
+    (16, 16, 64, 1, 2, 4, 2, 0),
+    (32, 32, 32, 1, 1, 4, 2, 0),
+    (32, 16, 64, 1, 2, 4, 2, 1),
+    (16, 32, 64, 1, 2, 4, 2, 2),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"p{c[-1]}-{c[0]}x{c[1]}x{c[2]}")
+def test_glu_gemm_equals_gemm_then_silu_mul(K, cfg, monkeypatch):
+    _, tg, _ = K
+    config = tg.GemmConfig(*cfg)
+    launched = []
+    for name in ("_int8_gemm_tma", "_launch_plain"):     # the path the config asks for is the one that ran
+        fn = getattr(tg, name)
+        monkeypatch.setattr(tg, name, lambda *a, _fn=fn, _name=name, **kw: (launched.append(_name), _fn(*a, **kw))[1])
+    # m = 37 rows and n = 40 columns: ragged against every tile; k = 208: a ragged K tile, 16-byte rows (TMA)
+    for out_dtype, bias in ((torch.bfloat16, True), (torch.float32, False)):
+        x_q, s_x, w_q, s_w, b = _glu_case(37, 40, 208, seed=3, bias=bias)
+        launched.clear()
+        h, amax = tg.int8_gemm_glu(x_q, s_x, w_q, s_w, b, out_dtype, config)
+        assert launched == ["_int8_gemm_tma" if config.persistent else "_launch_plain"]
+        ref = _two_launch(K, x_q, s_x, w_q, s_w, b, out_dtype)
+        assert h.dtype == out_dtype and torch.equal(h, ref), (h.float() - ref.float()).abs().max()
+        assert amax.shape == (37, -(-40 // config.block_n))
+        assert torch.equal(amax.max(1).values, ref.float().abs().amax(1))     # partials of the row absmax
+
+
+def test_codes_from_amax_equal_quantize_rows(K):
+    tq, tg, _ = K
+    x_q, s_x, w_q, s_w, b = _glu_case(9, 24, 64, seed=5)
+    h, amax = tg.int8_gemm_glu(x_q, s_x, w_q, s_w, b, torch.bfloat16, tg.GemmConfig(16, 16, 32, 1, 2, 4, 2))
+    for rounding in ("half_even", "half_away"):
+        codes, scales = tq.quantize_rows_from_amax(h, amax, 1e-8, rounding)
+        ref_codes, ref_scales = quant.quantize_rows(h, 1e-8, rounding)
+        assert torch.equal(codes, ref_codes) and torch.equal(scales, ref_scales)
+    # rows of 3,000: spread over two column blocks, with the scale written once
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 3000, generator=g) * 2).to(torch.bfloat16)
+    x[1] = 0                                                    # an all-zero row takes the floor
+    parts = x.float().abs().reshape(3, 3, 1000).amax(-1)
+    codes, scales = tq.quantize_rows_from_amax(x, parts, 1e-6, "half_even")
+    ref_codes, ref_scales = quant.quantize_rows(x, 1e-6, "half_even")
+    assert torch.equal(codes, ref_codes) and torch.equal(scales, ref_scales) and scales[1] == 1e-6
+
+
+def test_glu_gemm_refuses_bad_input(K):
+    _, tg, _ = K
+    x_q, s_x, w_q, s_w, _ = _glu_case(4, 8, 32, seed=1)
+    with pytest.raises(ValueError, match="odd"):
+        tg.int8_gemm_glu(x_q, s_x, w_q[:15], s_w[:15], None, torch.bfloat16)
+    with pytest.raises(ValueError, match="split-K"):
+        tg.int8_gemm_glu(x_q, s_x, w_q, s_w, None, torch.bfloat16, tg.GemmConfig(16, 16, 32, 2, 2, 4, 2))
+
+
+def test_glu_config_keeps_the_weight_bytes_per_program(K, monkeypatch):
+    """Without a measured "glu" row: the gate_up GEMM's config at half the columns per program; a
+    measured row wins."""
+    _, tg, _ = K
+    monkeypatch.setattr(tg, "H200_GLU_TABLE", {})
+    for m, n, k in ((64, 12288, 4096), (32768, 12288, 4096), (64, 6144, 2048)):
+        full, glu = tg.pick_config(m, 2 * n, k), tg.glu_config(m, n, k)
+        assert glu.block_n * 2 == max(32, full.block_n) and glu.split_k == 1 and glu.block_m == full.block_m
+    tuned = tg.GemmConfig(64, 32, 256, 1, 8, 4, 5)
+    monkeypatch.setattr(tg, "H200_GLU_TABLE", {(12288, 4096): [(64, tuned)]})
+    assert tg.glu_config(64, 12288, 4096) == tuned and tg.glu_config(65, 12288, 4096) != tuned
+
+
+def test_w8a8_glu_codes_is_the_engine_path(K):
+    """`int8_linear.w8a8_glu_codes` (what `EngineLinear.silu_mul` runs on CUDA) on [B, T, K] codes:
+    the product's rows, or their codes = `quantize_rows` of the two-launch product."""
+    from agentq.kernels import int8_linear
+    x_q, s_x, w_q, s_w, b = _glu_case(6, 24, 64, seed=8)
+    ref = _two_launch(K, x_q, s_x, w_q, s_w, b, torch.bfloat16)
+    h = int8_linear.w8a8_glu_codes(x_q.reshape(2, 3, 64), s_x.reshape(2, 3), w_q, s_w, b, torch.bfloat16, None)
+    assert h.shape == (2, 3, 24) and torch.equal(h.reshape(6, 24), ref)
+    codes, scales = int8_linear.w8a8_glu_codes(x_q.reshape(2, 3, 64), s_x.reshape(2, 3), w_q, s_w, b,
+                                               torch.bfloat16, (1e-8, "half_away"))
+    ref_codes, ref_scales = quant.quantize_rows(ref, 1e-8, "half_away")
+    assert torch.equal(codes.reshape(6, 24), ref_codes) and torch.equal(scales.reshape(6), ref_scales)
+    assert not int8_linear.glu_applies(x_q)          # CPU tensors keep the two-launch path
