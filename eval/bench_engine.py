@@ -134,7 +134,8 @@ DECODE_SWEEP: dict[str, list[float]] = {}
 
 #: --decode-sweep knobs: name -> (module, attribute, type)
 SWEEP_KNOBS = {"pdl_max_rows": ("agentq.kernels.triton_quant", "PDL_MAX_ROWS", int),
-               "glu_gemm": ("agentq.kernels.int8_linear", "GLU_GEMM", int)}
+               "glu_gemm": ("agentq.kernels.int8_linear", "GLU_GEMM", int),
+               "attn_tma": ("agentq.kernels.triton_attention", "TMA_TILES", int)}
 
 
 def _knob(name: str) -> tuple:

@@ -382,6 +382,9 @@ def attn_candidates(kind: str):
             yield AttnConfig(bn, w, st, 1)
         return
     yield dataclasses.replace(H200_ATTN["int8"], num_splits=1)    # today's default, then its neighbours
+    for bn, w, st, sp in ((64, 2, 3, 1), (64, 2, 4, 1), (64, 4, 3, 1), (128, 4, 3, 1), (32, 2, 4, 1), (128, 2, 3, 1),
+                          (64, 2, 3, 2), (64, 1, 4, 1), (32, 1, 6, 1), (128, 4, 4, 1)):
+        yield AttnConfig(bn, w, st, sp, planes=True, tma=True)   # their word tiles through TMA (round 10)
     for bn, w, st, sp in ((64, 2, 3, 1), (64, 2, 5, 1), (32, 2, 4, 1), (32, 1, 4, 1), (64, 1, 4, 1), (128, 2, 3, 1),
                           (128, 4, 3, 1), (64, 4, 3, 1), (64, 2, 4, 2)):
         yield AttnConfig(bn, w, st, sp, planes=True)       # byte planes as 4 dots (round 4)
@@ -435,7 +438,7 @@ def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L:
     results["attn_table"] = text
 
 
-def attention_calls(dev, kind: str, case: str, planes: bool) -> None:
+def attention_calls(dev, kind: str, case: str, planes: bool, tma: bool = False) -> None:
     """Three decode-attention calls (Qwen3-8B heads) and nothing else, for a kernel profiler:
     `ncu --clock-control none -k regex:_decode --launch-skip 2 --launch-count 1 --set full
     python -m agentq.eval.bench_kernels --attn-calls int8 --attn-cases 64x2560`."""
@@ -444,7 +447,8 @@ def attention_calls(dev, kind: str, case: str, planes: bool) -> None:
     q, caches, slots, lens, D = decode_case(B, L, dev)
     args = caches["int8" if kind == "int8" else "float"]
     cfg = ta.pick_config(B, args[0].shape[1], L, args[0].dtype, dev)
-    cfg = dataclasses.replace(cfg, planes=True) if planes else cfg
+    cfg = dataclasses.replace(cfg, planes=True) if planes or tma else cfg
+    cfg = dataclasses.replace(cfg, tma=True) if tma else cfg
     for _ in range(3):
         ta.decode_attention(q, args[0], args[1], args[2], args[3], slots, lens, D ** -0.5, cfg)
     torch.cuda.synchronize()
@@ -643,6 +647,7 @@ def main():
                     help="only call decode_attention 3 times at the first --attn-cases shape with a KIND cache "
                          "(default config, or --attn-planes) and exit: the program to put under ncu")
     ap.add_argument("--attn-planes", action="store_true", help="--attn-calls: the byte-plane kernel")
+    ap.add_argument("--attn-tma", action="store_true", help="--attn-calls: the byte-plane kernel with TMA word tiles")
     ap.add_argument("--learner-norms", action="store_true",
                     help="only time the learner's RMSNorm forward / backward at 1B shapes (~20 s) and exit")
     ap.add_argument("--learner-elementwise", action="store_true",
@@ -656,7 +661,7 @@ def main():
     args = ap.parse_args()
     dev = torch.device("cuda")
     if args.attn_calls:
-        return attention_calls(dev, args.attn_calls, args.attn_cases.split(",")[0], args.attn_planes)
+        return attention_calls(dev, args.attn_calls, args.attn_cases.split(",")[0], args.attn_planes, args.attn_tma)
     import triton
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     log(f"{results['device']}  torch {torch.__version__}  triton {triton.__version__}")

@@ -92,20 +92,26 @@ class AttnConfig:
     words: bool = True                 # int8 caches: load int32 words of 4 codes, unpack in registers
     asm: bool = True                   # ...with the fp16 magic-number PTX (CUDA, bf16/fp16 queries)
     planes: bool = False               # int8 words: 4 byte planes as 4 dots, no interleaving reshape
+    tma: bool = False                  # planes: K/V word tiles loaded by TMA (host descriptors; sm_90+)
 
     def short(self) -> str:
         return (f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/sp{self.num_splits}"
                 f"{'/kA' if self.k_as_a else ''}{'/words' if self.words else ''}{'/asm' if self.asm else ''}"
-                f"{'/planes' if self.planes else ''}")
+                f"{'/planes' if self.planes else ''}{'/tma' if self.tma else ''}")
 
 
 #: H200 defaults by cache kind ("int8", "fp8", "float"), from `python -m agentq.eval.bench_kernels --tune`
 H200_ATTN: dict[str, AttnConfig] = {
     # byte-plane kernel: 101.2 / 186.9 µs at B 64 / 128 x L 2560 against 123.5 µs at B 64 for the
     # sweep-3 word kernel (n128/w4/st3); round-5 sweep, docs/bench/h200-r5/tune-attn.log
-    "int8": AttnConfig(block_n=64, num_warps=2, num_stages=3, planes=True),
+    # round 10: its word tiles through TMA, 4 stages: 93.1 / 167.8 µs at B 64 / 128 x L 2304 against
+    # 91.8-92.4 / 170.4 µs with pointer loads at 3 stages (the sweep's best: 90.7 µs n64/w2/st3/tma at
+    # B 64, 163.9 µs n64/w1/st4/tma at B 128; docs/bench/h200-r10/tune-attn-tma.log)
+    "int8": AttnConfig(block_n=64, num_warps=2, num_stages=4, planes=True, tma=True),
     "float": AttnConfig(block_n=64, num_warps=4, num_stages=2),   # 249 µs, = SDPA
 }
+#: the int8 default's TMA word tiles (off: pointer loads, 3 stages; `bench_engine --decode-sweep attn_tma=0,1`)
+TMA_TILES = True
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, num_sms: int = 132) -> int:
@@ -169,6 +175,11 @@ if HAVE_TRITON:
         planes: plane j holds the codes of columns 4·w + j."""
         offs_w = tl.arange(0, BLOCK_D // 4)
         w = tl.load(base + n[:, None] * stride_l + offs_w[None, :], mask=mask_n[:, None], other=0)
+        return _unpack_planes(w, DTYPE, ASM_I8)
+
+    @triton.jit
+    def _unpack_planes(w, DTYPE: tl.constexpr, ASM_I8: tl.constexpr):
+        """int32 words of 4 codes -> the four byte planes as DTYPE values (`_load_planes`)."""
         if ASM_I8:
             e0, e1, e2, e3 = _word_to_f16x4(w)
         else:
@@ -190,7 +201,7 @@ if HAVE_TRITON:
 
     @triton.jit(do_not_specialize=["num_splits"])
     def _decode_planes_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, lens_ptr, o_ptr, po_ptr, plse_ptr,
-                              qk_scale, num_splits,
+                              k_desc, v_desc, qk_scale, num_splits,
                               stride_qb, stride_qh,
                               stride_ks, stride_kh, stride_kl,
                               stride_vs, stride_vh, stride_vl,
@@ -199,11 +210,16 @@ if HAVE_TRITON:
                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_D: tl.constexpr,
                               BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
                               INPUT_PREC: tl.constexpr, ASM_I8: tl.constexpr, BF16_BITS: tl.constexpr,
-                              PDL: tl.constexpr):
+                              PDL: tl.constexpr, TMA: tl.constexpr = False):
         """`_decode_kernel` for int8 caches with per-token scales, computed on byte planes: with
         K = Σ_j K_j over the planes of columns 4w + j, q·Kᵀ = Σ_j q_j·K_jᵀ and P·V's column block j
         is P·V_j, so each unpacked plane feeds the MMA as it is, never interleaved back into a
-        [BLOCK_N, HEAD_D] tile (the reshape whose shared-memory round trip bank-conflicts)."""
+        [BLOCK_N, HEAD_D] tile (the reshape whose shared-memory round trip bank-conflicts).
+
+        TMA: the word tiles come through k_desc / v_desc, descriptors over the caches viewed as
+        [S·Hkv·Lmax, HEAD_D/4] int32 rows (slot, head, position), so the copy engine streams them
+        into shared memory. Rows past the row's length read other positions' codes (finite; their
+        scores are masked to -inf, so their probabilities are 0) or, past the tensor, zeros."""
         pdl_start(PDL)
         b, kvh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         hq = tl.num_programs(1) * GROUP
@@ -228,10 +244,14 @@ if HAVE_TRITON:
         a1 = tl.full([BLOCK_G, HEAD_D // 4], 0, dtype=tl.float32)
         a2 = tl.full([BLOCK_G, HEAD_D // 4], 0, dtype=tl.float32)
         a3 = tl.full([BLOCK_G, HEAD_D // 4], 0, dtype=tl.float32)
+        desc_row = (slot * stride_ks + kvh * stride_kh) // stride_kl      # descriptor row of (slot, head, 0)
         for n0 in range(start, end, BLOCK_N):
             n = n0 + offs_n
             mask_n = n < end
-            k0, k1, k2, k3 = _load_planes(k_base, n, mask_n, stride_kl, DOT_DTYPE, ASM_I8, HEAD_D)
+            if TMA:
+                k0, k1, k2, k3 = _unpack_planes(k_desc.load([(desc_row + n0).to(tl.int32), 0]), DOT_DTYPE, ASM_I8)
+            else:
+                k0, k1, k2, k3 = _load_planes(k_base, n, mask_n, stride_kl, DOT_DTYPE, ASM_I8, HEAD_D)
             s = tl.dot(q0, tl.trans(k0), input_precision=INPUT_PREC)
             s = tl.dot(q1, tl.trans(k1), s, input_precision=INPUT_PREC)
             s = tl.dot(q2, tl.trans(k2), s, input_precision=INPUT_PREC)
@@ -243,7 +263,10 @@ if HAVE_TRITON:
             p = tl.math.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
             pv = (p * tl.load(vs_base + n, mask=mask_n, other=0.0)[None, :]).to(DOT_DTYPE)
-            v0, v1, v2, v3 = _load_planes(v_base, n, mask_n, stride_vl, DOT_DTYPE, ASM_I8, HEAD_D)
+            if TMA:
+                v0, v1, v2, v3 = _unpack_planes(v_desc.load([(desc_row + n0).to(tl.int32), 0]), DOT_DTYPE, ASM_I8)
+            else:
+                v0, v1, v2, v3 = _load_planes(v_base, n, mask_n, stride_vl, DOT_DTYPE, ASM_I8, HEAD_D)
             a0 = a0 * alpha[:, None] + tl.dot(pv, v0, input_precision=INPUT_PREC)
             a1 = a1 * alpha[:, None] + tl.dot(pv, v1, input_precision=INPUT_PREC)
             a2 = a2 * alpha[:, None] + tl.dot(pv, v2, input_precision=INPUT_PREC)
@@ -384,6 +407,8 @@ def pick_config(batch: int, num_kv_heads: int, max_len: int, kv_dtype: torch.dty
                 device: torch.device | None = None) -> AttnConfig:
     kind = "int8" if kv_dtype == torch.int8 else ("fp8" if kv_dtype.itemsize == 1 else "float")
     base = H200_ATTN.get(kind, AttnConfig())
+    if base.tma and not TMA_TILES:
+        base = dataclasses.replace(base, tma=False, num_stages=3)
     if base.num_splits is not None:
         return base
     sms = num_sms(device)
@@ -462,8 +487,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
               q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
               vc.stride(0), vc.stride(1), vc.stride(2), *ks_strides, *vs_strides, out.stride(0), out.stride(1))
     if cfg.planes and words and mode == 1 and d >= 64:
+        tma = cfg.tma and _tma_descs_apply(kc, vc)
+        k_desc, v_desc = _word_descs(kc, vc, cfg.block_n) if tma else (kc, vc)
         _decode_planes_kernel[(b, hkv, splits)](
-            *common, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
+            *common[:10], k_desc, v_desc, *common[10:], TMA=tma,
+            GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
             SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=use_asm, BF16_BITS=bf16_bits,
             PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     else:
@@ -471,6 +499,22 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
     if splits > 1:
         _combine_splits(po, plse, out, out_arg, bf16_bits, pdl)
     return out
+
+
+def _tma_descs_apply(kc: torch.Tensor, vc: torch.Tensor) -> bool:
+    """TMA word tiles: sm_90+ (or the interpreter), caches laid out [S, Hkv, Lmax, D/4] int32
+    contiguously (one descriptor row per position), 16-byte aligned."""
+    if not INTERPRETED:
+        if kc.device.type != "cuda" or torch.cuda.get_device_capability(kc.device)[0] < 9:
+            return False
+    return all(c.is_contiguous() and c.data_ptr() % 16 == 0 for c in (kc, vc))
+
+
+def _word_descs(kc: torch.Tensor, vc: torch.Tensor, block_n: int):
+    """Host TMA descriptors over the int32 word caches as [S·Hkv·Lmax, D/4] rows, tiles of block_n rows."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    words = kc.shape[-1]
+    return tuple(TensorDescriptor(c, [c.numel() // words, words], [words, 1], [block_n, words]) for c in (kc, vc))
 
 
 def _launch_decode(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt, prec: str, mode: int,

@@ -196,7 +196,19 @@ def _kv_case(B, Hq, Hkv, D, Lmax, lens, dtype, seed, kv="int8"):
 ATTN_VARIANTS = {"default": {}, "split1": {"num_splits": 1}, "split4": {"num_splits": 4},
                  "bytes": {"words": False, "asm": False}, "words_noasm": {"asm": False}, "k_as_a": {"k_as_a": True},
                  "planes": {"planes": True, "block_n": 128, "num_stages": 3},
-                 "planes_split4": {"planes": True, "num_splits": 4}}
+                 "planes_split4": {"planes": True, "num_splits": 4},
+                 "planes_tma": {"planes": True, "tma": True, "num_warps": 2, "num_stages": 3},
+                 "planes_tma_split4": {"planes": True, "tma": True, "num_splits": 4}}
+
+
+def test_tma_planes_equal_pointer_planes_cuda(K):
+    """TMA word tiles and pointer loads feed the same arithmetic: the same bits on the H200."""
+    case = _kv_case(8, 32, 8, 128, 4096, [4096, 1, 77, 2048, 3000, 513, 4000, 64], torch.bfloat16, seed=9)
+    for bn, warps, splits in ((64, 2, 1), (128, 4, 1), (64, 2, 3)):
+        cfg = K.attn.AttnConfig(block_n=bn, num_warps=warps, num_stages=3, num_splits=splits, planes=True)
+        a = K.attn.decode_attention(*case, 128 ** -0.5, config=cfg)
+        b = K.attn.decode_attention(*case, 128 ** -0.5, config=K.attn.dataclasses.replace(cfg, tma=True))
+        assert torch.equal(a, b), (bn, warps, splits)
 
 
 @pytest.mark.parametrize("kv", ["int8", "bf16"])

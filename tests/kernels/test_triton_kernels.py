@@ -5,6 +5,7 @@ must match `decode_attention_ref` within 1e-5. The kernel modules are (re)import
 kernels by a module fixture and put back as compiled ones afterwards, so this file passes alone and
 next to tests that imported the compiled kernels first.
 """
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -323,10 +324,11 @@ def test_decode_attention_matches_ref(K, kv, splits, variant):
     assert (out - ref).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-def test_decode_attention_byte_planes_matches_ref(K, splits, monkeypatch):
+@pytest.mark.parametrize("splits,tma", [(1, False), (3, False), (1, True), (3, True)])
+def test_decode_attention_byte_planes_matches_ref(K, splits, tma, monkeypatch):
     """The byte-plane kernel (4 dots over columns 4w + j instead of one over an interleaved tile)
-    gives the reference's result, on ragged rows, with and without splits (head_dim 64)."""
+    gives the reference's result, on ragged rows, with and without splits (head_dim 64); with its
+    word tiles loaded through TMA descriptors, the same bits as with pointer loads."""
     launched = []
     kernel = K.attn._decode_planes_kernel
 
@@ -336,13 +338,20 @@ def test_decode_attention_byte_planes_matches_ref(K, splits, monkeypatch):
             return kernel[grid]
 
     monkeypatch.setattr(K.attn, "_decode_planes_kernel", Spy())
+    descs = []
+    word_descs = K.attn._word_descs
+    monkeypatch.setattr(K.attn, "_word_descs", lambda *a: (descs.append(a[2]), word_descs(*a))[1])
     q, k, v, slots, lens = _attn_case(12, D=64)
     (kc, ks), (vc, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
     sm = q.shape[-1] ** -0.5
-    cfg = K.attn.AttnConfig(block_n=32, num_warps=4, num_stages=2, num_splits=splits, planes=True)
+    cfg = K.attn.AttnConfig(block_n=32, num_warps=4, num_stages=2, num_splits=splits, planes=True, tma=tma)
     out = K.attn.decode_attention(q, kc, ks, vc, vs, slots, lens, sm, config=cfg)
     ref = K.attn.decode_attention_ref(q, kc, ks, vc, vs, slots, lens, sm)
     assert launched == [(4, 2, splits)]
+    assert descs == ([32] if tma else [])        # the TMA path ran when asked for
+    if tma:
+        plain = K.attn.decode_attention(q, kc, ks, vc, vs, slots, lens, sm, config=dataclasses.replace(cfg, tma=False))
+        assert torch.equal(out, plain)
     assert (out - ref).abs().max() <= 1e-5
 
 
