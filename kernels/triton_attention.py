@@ -487,18 +487,26 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
               q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
               vc.stride(0), vc.stride(1), vc.stride(2), *ks_strides, *vs_strides, out.stride(0), out.stride(1))
     if cfg.planes and words and mode == 1 and d >= 64:
-        tma = cfg.tma and _tma_descs_apply(kc, vc)
-        k_desc, v_desc = _word_descs(kc, vc, cfg.block_n) if tma else (kc, vc)
-        _decode_planes_kernel[(b, hkv, splits)](
-            *common[:10], k_desc, v_desc, *common[10:], TMA=tma,
-            GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
-            SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=use_asm, BF16_BITS=bf16_bits,
-            PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        _launch_planes(common, cfg, splits, group, d, ddt, prec, use_asm, bf16_bits, pdl)
     else:
         _launch_decode(common, cfg, splits, group, d, ddt, prec, mode, words, use_asm, bf16_bits, pdl)
     if splits > 1:
         _combine_splits(po, plse, out, out_arg, bf16_bits, pdl)
     return out
+
+
+def _launch_planes(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt, prec: str, use_asm: bool,
+                   bf16_bits: bool, pdl: bool) -> None:
+    """`_decode_planes_kernel` over grid (B, Hkv, splits), its word tiles through TMA where `cfg.tma`
+    and the caches allow; `common` = `_decode_kernel`'s positional arguments."""
+    b, kc, vc = common[0].shape[0], common[1], common[2]
+    tma = cfg.tma and _tma_descs_apply(kc, vc)
+    k_desc, v_desc = _word_descs(kc, vc, cfg.block_n) if tma else (kc, vc)
+    _decode_planes_kernel[(b, kc.shape[1], splits)](
+        *common[:10], k_desc, v_desc, *common[10:], TMA=tma,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
+        SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=use_asm, BF16_BITS=bf16_bits,
+        PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _tma_descs_apply(kc: torch.Tensor, vc: torch.Tensor) -> bool:
