@@ -192,17 +192,18 @@ if HAVE_TRITON:
 
     @triton.jit
     def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr,
-                             kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr, pos_ptr,
-                             T, HQ, HKV, D, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_h, sc_b, sc_t, eps,
+                             kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr, pos_ptr, nnew_ptr,
+                             T, HQ, HKV, D, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sc_b, sc_t, eps,
                              sc_s, sc_h, sc_l, ss_s, ss_h, floor,
-                             NORM: tl.constexpr, WRITE_KV: tl.constexpr, KV_INT8: tl.constexpr,
-                             HALF_AWAY: tl.constexpr, BLOCK_D: tl.constexpr, BF16_BITS: tl.constexpr,
-                             PDL: tl.constexpr):
+                             NORM: tl.constexpr, WRITE_KV: tl.constexpr, RAGGED: tl.constexpr,
+                             KV_INT8: tl.constexpr, HALF_AWAY: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BF16_BITS: tl.constexpr, PDL: tl.constexpr):
         """One program per (token, head) of q and k (and v with WRITE_KV): optional per-head
         RMSNorm, then RoPE (x·cos + rotate_half(x)·sin), each op rounded to the model dtype as torch
-        rounds it. WRITE_KV (decode, T = 1): k and v go straight into the slot cache at
-        (slot[b], pos[b]) — int8 codes + per-token-head scale with KV_INT8 (`quantize_kv_to_cache`'s
-        arithmetic on the rounded values), else the values — and only q is returned."""
+        rounds it. WRITE_KV: k and v of token (b, t) go straight into the slot cache at
+        (slot[b], pos[b·T + t]) — int8 codes + per-token-head scale with KV_INT8
+        (`quantize_kv_to_cache`'s arithmetic on the rounded values), else the values — and only q
+        is returned; RAGGED (prefill chunks): only each row's first nnew[b] tokens are written."""
         pdl_start(PDL)
         bt = tl.program_id(0).to(tl.int64)
         hh = tl.program_id(1)
@@ -212,9 +213,9 @@ if HAVE_TRITON:
         mask = offs < D
         if hh >= HQ + HKV:            # WRITE_KV only: a v head, stored as it is
             h = hh - HQ - HKV
-            y = tl.load(v_ptr + b * sv_b + h * sv_h + offs, mask=mask, other=0.0).to(tl.float32)
-            _store_kv_row(y, vc_ptr, vs_ptr, slot_ptr, pos_ptr, b, h, offs, mask, sc_s, sc_h, sc_l, ss_s, ss_h,
-                          floor, KV_INT8, HALF_AWAY, BF16_BITS)
+            y = tl.load(v_ptr + b * sv_b + t * sv_t + h * sv_h + offs, mask=mask, other=0.0).to(tl.float32)
+            _store_kv_row(y, vc_ptr, vs_ptr, slot_ptr, pos_ptr, nnew_ptr, b, t, bt, h, offs, mask, sc_s, sc_h, sc_l,
+                          ss_s, ss_h, floor, RAGGED, KV_INT8, HALF_AWAY, BF16_BITS)
         else:
             is_q = hh < HQ
             h = tl.where(is_q, hh, hh - HQ)
@@ -247,8 +248,8 @@ if HAVE_TRITON:
                          mask=mask)
             elif WRITE_KV:
                 _store_kv_row(_round_to(a + r, oq_ptr.dtype.element_ty, BF16_BITS), kc_ptr, ks_ptr, slot_ptr,
-                              pos_ptr, b, h, offs, mask, sc_s, sc_h, sc_l, ss_s, ss_h, floor, KV_INT8, HALF_AWAY,
-                              BF16_BITS)
+                              pos_ptr, nnew_ptr, b, t, bt, h, offs, mask, sc_s, sc_h, sc_l, ss_s, ss_h, floor, RAGGED,
+                              KV_INT8, HALF_AWAY, BF16_BITS)
             else:
                 tl.store(ok_ptr + (bt * HKV + h) * D + offs, cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS),
                          mask=mask)
@@ -290,16 +291,22 @@ if HAVE_TRITON:
         tl.store(dst + offs[None, :], cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS), mask=mask)
 
     @triton.jit
-    def _store_kv_row(y, c_ptr, cs_ptr, slot_ptr, pos_ptr, b, h, offs, mask, sc_s, sc_h, sc_l, ss_s, ss_h, floor,
-                      KV_INT8: tl.constexpr, HALF_AWAY: tl.constexpr, BF16_BITS: tl.constexpr):
-        """One token's K or V head (fp32 values of the model dtype) into the slot cache."""
-        slot = tl.load(slot_ptr + b).to(tl.int64)
-        pos = tl.load(pos_ptr + b).to(tl.int64)
-        dst = c_ptr + slot * sc_s + h * sc_h + pos * sc_l
-        if KV_INT8:
-            _store_row_codes(y, dst, cs_ptr + slot * ss_s + h * ss_h + pos, offs, mask, floor, HALF_AWAY)
-        else:
-            tl.store(dst + offs, cast_for_store(y, c_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+    def _store_kv_row(y, c_ptr, cs_ptr, slot_ptr, pos_ptr, nnew_ptr, b, t, bt, h, offs, mask, sc_s, sc_h, sc_l,
+                      ss_s, ss_h, floor, RAGGED: tl.constexpr, KV_INT8: tl.constexpr, HALF_AWAY: tl.constexpr,
+                      BF16_BITS: tl.constexpr):
+        """Token t of row b (flat index bt), one K or V head (fp32 values of the model dtype), into
+        the slot cache at (slot[b], pos[bt]); RAGGED: only if t < nnew[b] (padding is not written)."""
+        live = True                   # a constexpr: decode compiles no branch
+        if RAGGED:
+            live = t < tl.load(nnew_ptr + b)
+        if live:
+            slot = tl.load(slot_ptr + b).to(tl.int64)
+            pos = tl.load(pos_ptr + bt).to(tl.int64)
+            dst = c_ptr + slot * sc_s + h * sc_h + pos * sc_l
+            if KV_INT8:
+                _store_row_codes(y, dst, cs_ptr + slot * ss_s + h * ss_h + pos, offs, mask, floor, HALF_AWAY)
+            else:
+                tl.store(dst + offs, cast_for_store(y, c_ptr.dtype.element_ty, BF16_BITS), mask=mask)
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight, k_weight, cos: torch.Tensor, sin: torch.Tensor,
@@ -341,26 +348,33 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 def qk_norm_rope_to_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight, k_weight,
                           cos: torch.Tensor, sin: torch.Tensor, eps: float, k_cache: torch.Tensor,
                           v_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
-                          slots: torch.Tensor, positions: torch.Tensor, kv_quant: tuple[float, str] | None
-                          ) -> torch.Tensor:
-    """Decode (T = 1): `qk_norm_rope`, with this token's K (after norm + RoPE) and V written
-    straight into the slot cache instead of returned — one launch for what took three.
+                          slots: torch.Tensor, positions: torch.Tensor, kv_quant: tuple[float, str] | None,
+                          n_new: torch.Tensor | None = None) -> torch.Tensor:
+    """`qk_norm_rope`, with the tokens' K (after norm + RoPE) and V written straight into the slot
+    cache instead of returned — one launch for what took three (a decode step, T = 1, or a
+    prefill chunk, whose attention then reads K/V from the cache).
 
     Args:
-        q, k, v: [B, 1, H, D] views of the fused qkv projection; cos/sin [B, 1, D].
+        q, k, v: [B, T, H, D] views of the fused qkv projection; cos/sin [B, T, D].
         k_cache, v_cache: [S, Hkv, Lmax, D] int8 codes (with k_scale / v_scale [S, Hkv, Lmax] fp32
             and `kv_quant` = (scale floor, rounding) of the KV spec) or model-dtype values (scales
             and kv_quant None).
-        slots, positions: [B] where each row's token goes.
+        slots: [B] each row's slot; positions: [B, T] (or [B] when T = 1) each token's position in it.
+        n_new: [B] valid tokens per row, its first n_new[b]; the rest are padding and leave the
+            cache untouched. None: every token is written.
     Returns:
-        q after norm + RoPE, contiguous [B, 1, Hq, D]. The cache holds exactly what
-        `qk_norm_rope` + `triton_quant.quantize_kv_to_cache` (or a plain copy) would store.
+        q after norm + RoPE, contiguous [B, T, Hq, D] (padding tokens included): `qk_norm_rope`'s
+        q. The cache holds exactly what `qk_norm_rope` + `triton_quant.quantize_kv_to_cache` (or a
+        plain copy) of the valid tokens would store.
     """
     require_triton("triton_norm.qk_norm_rope_to_cache")
-    assert q.shape[1] == 1 and v.stride(-1) == 1 and k_cache.stride(-1) == 1
+    b, t = q.shape[:2]
+    assert v.stride(-1) == 1 and k_cache.stride(-1) == 1
     assert (k_cache.dtype == torch.int8) == (kv_quant is not None) == (k_scale is not None)
+    # the kernel reads token (b, t)'s position at b·T + t (a view when positions are contiguous)
     return _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, None,
-                                (k_cache, v_cache, k_scale, v_scale, slots, positions, kv_quant))
+                                (k_cache, v_cache, k_scale, v_scale, slots, positions.reshape(b * t), n_new,
+                                 kv_quant))
 
 
 def _rope_operands(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -387,8 +401,9 @@ def _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, ok, cache) 
         ok_arg = store_view(ok, interp)[0]
         kc = vc = ks = vs = slots = pos = oq_arg
         cstr, sstr, floor, int8, half_away, heads, v = (0, 0, 0), (0, 0), 0.0, False, False, hq + hkv, k
+        n_new = None
     else:
-        kc, vc, ks, vs, slots, pos, kv_quant = cache
+        kc, vc, ks, vs, slots, pos, n_new, kv_quant = cache
         int8 = kv_quant is not None
         if not int8:
             kc, vc = store_view(kc, interp)[0], store_view(vc, interp)[0]
@@ -401,10 +416,10 @@ def _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, ok, cache) 
     pdl = use_pdl(_qk_norm_rope_kernel, q.device, b * t)
     _qk_norm_rope_kernel[(b * t, heads)](
         q, k, v, q_weight if norm else q, k_weight if norm else k, cos, sin, oq_arg, ok_arg,
-        kc, vc, ks, vs, slots, pos,
+        kc, vc, ks, vs, slots, pos, slots if n_new is None else n_new,     # (n_new read only when RAGGED)
         t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(2), cos.stride(0), cos.stride(1), float(eps), *cstr, *sstr, floor,
-        NORM=norm, WRITE_KV=cache is not None, KV_INT8=int8, HALF_AWAY=half_away,
+        v.stride(0), v.stride(1), v.stride(2), cos.stride(0), cos.stride(1), float(eps), *cstr, *sstr, floor,
+        NORM=norm, WRITE_KV=cache is not None, RAGGED=n_new is not None, KV_INT8=int8, HALF_AWAY=half_away,
         BLOCK_D=triton.next_power_of_2(d), BF16_BITS=bits, PDL=pdl, launch_pdl=pdl, num_warps=1,
         enable_fp_fusion=False)   # no FMA: each op rounds as torch's
     return oq

@@ -30,6 +30,8 @@ def _cases():
                  "slot_ptr": "*i32", "lens_ptr": "*i32", "o_ptr": "*bf16", "po_ptr": "*fp32", "plse_ptr": "*fp32"}
     attn = {"GROUP": 4, "BLOCK_G": 16, "HEAD_D": 128, "BLOCK_N": 128, "DOT_DTYPE": "fp16", "INPUT_PREC": "tf32",
             "ASM_I8": True, "BF16_BITS": False}
+    rope_io = {p: "*bf16" for p in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "oq_ptr",
+                                    "ok_ptr")}
     return [
         ("triton_quant", "_quant_rows_kernel", {**q8, "cs_ptr": "*fp32"}, {"floor"},
          {"HALF_AWAY": False, "BLOCK_K": 4096, "SINGLE_PASS": True, "PDL": True, "COL_SCALE": False}, 16, 3),
@@ -95,12 +97,14 @@ def _cases():
                                                    "qs_ptr": "*fp32", "y_ptr": "*bf16"}, {"floor"},
          {"HALF_AWAY": True, "BLOCK": 2048, "BF16_BITS": False, "OUT_DTYPE": "bf16", "STORE_Y": True,
           "PDL": False, "CHUNKED": True}, 4, 3),
-        ("triton_norm", "_qk_norm_rope_kernel", {**{p: "*bf16" for p in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr",
-                                                                          "cos_ptr", "sin_ptr", "oq_ptr", "ok_ptr")},
-                                                  "kc_ptr": "*i8", "vc_ptr": "*i8", "ks_ptr": "*fp32",
-                                                  "vs_ptr": "*fp32", "slot_ptr": "*i32", "pos_ptr": "*i32"},
-         {"eps", "floor"}, {"NORM": False, "WRITE_KV": False, "KV_INT8": False, "HALF_AWAY": False, "BLOCK_D": 128,
-                            "BF16_BITS": False, "PDL": True}, 1, 3),
+        # qk_norm_rope; decode's K/V write; a prefill chunk's (ragged rows) into an int8 and a bf16 cache
+        *(("triton_norm", "_qk_norm_rope_kernel", {**rope_io, "kc_ptr": code, "vc_ptr": code, "ks_ptr": scale,
+                                                    "vs_ptr": scale, "slot_ptr": "*i64", "pos_ptr": "*i64",
+                                                    "nnew_ptr": "*i32"},
+           {"eps", "floor"}, {"NORM": write, "WRITE_KV": write, "RAGGED": ragged, "KV_INT8": code == "*i8",
+                              "HALF_AWAY": False, "BLOCK_D": 128, "BF16_BITS": False, "PDL": True}, 1, 3)
+          for write, ragged, code, scale in ((False, False, "*i8", "*fp32"), (True, False, "*i8", "*fp32"),
+                                             (True, True, "*i8", "*fp32"), (True, True, "*bf16", "*bf16"))),
         ("triton_norm", "_rope_heads_kernel", {p: "*bf16" for p in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "oq_ptr",
                                                                      "ok_ptr")},
          set(), {"HB": 8, "BLOCK_D": 128, "BF16_BITS": False}, 4, 3),

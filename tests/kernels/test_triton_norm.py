@@ -387,6 +387,67 @@ def test_qk_norm_rope_to_cache_writes_what_the_three_launches_write(K, kv):
         assert int((scales[0] != 0.5).sum()) == b * hkv                   # ... and nothing else
 
 
+@pytest.mark.parametrize("kv, dtype, norm", [("int8", torch.bfloat16, True), ("int8", torch.float16, False),
+                                             ("values", torch.bfloat16, True), ("values", torch.float16, False)])
+def test_qk_norm_rope_to_cache_writes_the_valid_tokens_of_a_prefill_chunk(K, kv, dtype, norm):
+    _check_prefill_chunk_write(K, K.quantize_kv_to_cache, kv, dtype, norm, d=16, device="cpu")
+
+
+def _check_prefill_chunk_write(norm_mod, quantize_kv_to_cache, kv, dtype, norm, d, device):
+    """A padded prefill chunk (T > 1, rows of 3, 1, 0 and 2 valid tokens, three of them a second
+    turn's delta prefill starting past position 0) through `norm_mod.qk_norm_rope_to_cache`: the
+    valid tokens' K/V land at their positions exactly as `qk_norm_rope` + `quantize_kv_to_cache`
+    (or a copy) of those tokens store them; padding (whose position is 0, as the engine pads) and
+    every other entry stay untouched; q is `qk_norm_rope`'s, padding tokens included."""
+    g = torch.Generator().manual_seed(5)
+    b, t, hq, hkv, S, L = 4, 3, 4, 2, 5, 8
+    fused = torch.randn(b, t, (hq + 2 * hkv) * d, generator=g).to(device, dtype)
+    q = fused[..., : hq * d].reshape(b, t, hq, d)
+    k = fused[..., hq * d:(hq + hkv) * d].reshape(b, t, hkv, d)
+    v = fused[..., (hq + hkv) * d:].reshape(b, t, hkv, d)
+    nw = (1 + 0.1 * torch.randn(d, generator=g)).to(device, dtype) if norm else None
+    ang = torch.randn(b, t, d // 2, generator=g) * 3
+    cos, sin = (torch.cat([f(ang)] * 2, -1).to(device, dtype) for f in (torch.cos, torch.sin))
+    slots = torch.tensor([3, 0, 4, 1], device=device)
+    n_new = torch.tensor([3, 1, 0, 2], dtype=torch.int32, device=device)
+    valid = torch.arange(t, device=device)[None, :] < n_new[:, None]
+    start = torch.tensor([0, 5, 2, 4], device=device)[:, None]
+    positions = torch.where(valid, start + torch.arange(t, device=device), 0)      # [B, T]
+    dt = torch.int8 if kv == "int8" else dtype
+    caches = [torch.full((S, hkv, L, d), 7, dtype=dt, device=device) for _ in range(4)]     # 7: "not written"
+    scales = [torch.full((S, hkv, L), 0.5, device=device) for _ in range(4)] if kv == "int8" else [None] * 4
+    quant = (SPEC_KV.kv_scale_floor, SPEC_KV.kv_rounding) if kv == "int8" else None
+    oq = norm_mod.qk_norm_rope_to_cache(q, k, v, nw, nw, cos, sin, 1e-6, caches[0], caches[1], scales[0], scales[1],
+                                        slots, positions, quant, n_new)
+    rq, rk = norm_mod.qk_norm_rope(q, k, nw, nw, cos, sin, 1e-6)
+    assert torch.equal(oq, rq)
+    sl, pos = slots[:, None].expand(b, t)[valid], positions[valid]
+    for x, c, sc in ((rk[valid], caches[2], scales[2]), (v[valid], caches[3], scales[3])):
+        if kv == "int8":
+            quantize_kv_to_cache(x, c, sc, sl, pos, SPEC_KV)
+        else:
+            c[sl, :, pos] = x
+    written = torch.zeros(S, 1, L, dtype=torch.bool, device=device)
+    written[sl, 0, pos] = True                                           # 6 (slot, position) pairs
+    for i in (0, 1):
+        assert torch.equal(caches[i], caches[i + 2])
+        assert torch.equal((caches[i] != 7).any(-1), written.expand(S, hkv, L))
+        if kv == "int8":
+            assert torch.equal(scales[i], scales[i + 2])
+            assert torch.equal(scales[i] != 0.5, written.expand(S, hkv, L))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kv", ["int8", "values"])
+def test_compiled_prefill_chunk_kv_write_equals_the_separate_kernels(kv):
+    """`_check_prefill_chunk_write` with the compiled kernels (head_dim 128, bf16)."""
+    from agentq.kernels import triton_norm, triton_quant
+
+    _interp.restore_compiled(MODULES)
+    _check_prefill_chunk_write(triton_norm, triton_quant.quantize_kv_to_cache, kv, torch.bfloat16, True, d=128,
+                               device="cuda")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_fused_prenorm_quant_and_kv_write_equal_the_separate_kernels():
     """On the GPU the fused launches store exactly what the separate compiled kernels store."""

@@ -108,6 +108,7 @@ def test_fused_norm_rope_silu_kernels_in_the_engine_agree_with_the_torch_layers(
     agreement is to bf16 level, not bitwise (the CPU fp32 engine never uses these kernels)."""
     pytest.importorskip("triton")
     from agentq.kernels import _interp
+    from agentq.rollout.torch_engine import model as engine_model
     from agentq.rollout.torch_engine.kv_cache import KVCache
     from agentq.rollout.torch_engine.model import RMSNorm
 
@@ -141,6 +142,57 @@ def test_fused_norm_rope_silu_kernels_in_the_engine_agree_with_the_torch_layers(
         assert calls["qk_norm_rope_to_cache"] == 2 * 5 and "qk_norm_rope" in calls     # 5 decode steps; prefill
         assert ra.token_ids == rb.token_ids
         assert max(abs(x - y) for x, y in zip(ra.logprobs, rb.logprobs)) < 0.1
+    finally:
+        _interp.restore_compiled(mods)
+
+
+@pytest.mark.parametrize("spec", ["w8a8_kv8", "none"])
+def test_prefill_kv_written_by_the_rope_launch_equals_the_separate_write(tiny_model_dir, monkeypatch, spec):
+    """Where prefill attention reads the cache in place, the q/k-norm + RoPE launch writes each
+    chunk's K/V itself (`qk_norm_rope_to_cache` with T > 1): ragged rows in 8-token chunks, a
+    second turn's delta prefill and the decode steps leave the very cache bits, tokens and
+    log-probs that qk_norm_rope + `KVCache.write` leave (the kernels interpreted in a CPU bf16 engine)."""
+    pytest.importorskip("triton")
+    from agentq.kernels import _interp
+    from agentq.kernels import attention as attn_ops
+    from agentq.rollout.torch_engine import model as engine_model
+    from agentq.rollout.torch_engine.kv_cache import KVCache
+    from agentq.rollout.torch_engine.model import RMSNorm
+
+    mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_attention", "agentq.kernels.triton_prefill",
+            "agentq.kernels.triton_norm")
+    norm_kernels = _interp.load_interpreted(mods)[-1]
+    chunk_lens = []
+    fn = norm_kernels.qk_norm_rope_to_cache
+    monkeypatch.setattr(norm_kernels, "qk_norm_rope_to_cache",
+                        lambda q, *a: (chunk_lens.append(q.shape[1]), fn(q, *a))[1])
+    # CUDA-only switches, turned on for the CPU engine (the interpreted kernels run there)
+    monkeypatch.setattr(KVCache, "fused_write_args", lambda self, i: (
+        self.k[i], self.v[i], *((self.k_scale[i], self.v_scale[i]) if self.k_scale else (None, None))))
+    monkeypatch.setattr(attn_ops, "prefill_kernel_available", lambda *a: True)
+    monkeypatch.setattr(engine_model, "PREFILL_KV_WRITE", True)          # opt-in until run on a GPU
+    try:
+        engines = [TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset(spec), max_slots=2, max_len=64,
+                                               dtype=torch.bfloat16, prefill_chunk=8) for _ in range(2)]
+        for m in (m for e in engines for m in e.model.modules() if isinstance(m, RMSNorm)):
+            m.fused = True
+        for layer in engines[1].model.decoder_layers:          # the reference: K/V stored by `KVCache.write`
+            monkeypatch.setattr(layer, "_fused_write", lambda ctx: None)
+        ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(11 + 9 * i)] for i in range(2)]     # 11 and 20 tokens
+        sp = SamplingParams(max_new_tokens=3, temperature=1e-3)
+        out = []
+        for eng in engines:
+            turn1 = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctxs)])
+            nxt = [c + r.token_ids + [7, 8, 9, 10][: 2 + 2 * i] for i, (c, r) in enumerate(zip(ctxs, turn1))]
+            turn2 = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(nxt)])
+            out.append([(r.token_ids, r.logprobs) for r in turn1 + turn2])
+        assert out[0] == out[1]
+        assert max(chunk_lens) > 1 and chunk_lens.count(1) == 2 * 2 * 2     # 2 layers × 2 turns × 2 decode steps
+        fused, ref = (e.cache for e in engines)
+        for i in range(fused.n_layers):
+            assert torch.equal(fused.k[i], ref.k[i]) and torch.equal(fused.v[i], ref.v[i])
+            if spec == "w8a8_kv8":
+                assert torch.equal(fused.k_scale[i], ref.k_scale[i]) and torch.equal(fused.v_scale[i], ref.v_scale[i])
     finally:
         _interp.restore_compiled(mods)
 

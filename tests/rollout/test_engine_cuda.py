@@ -182,3 +182,18 @@ def test_glu_gemm_gives_the_two_launch_tokens_and_logprobs(tiny_model_dir, monke
         out[on] = _turns(eng)
     assert out[True][0] == out[False][0]
     assert out[True][1] == out[False][1]
+
+
+def test_prefill_kv_write_by_the_rope_launch_gives_the_separate_write_tokens(tiny_model_dir, monkeypatch):
+    """The prefill chunks' K/V written by the q/k-norm + RoPE launch (`model.PREFILL_KV_WRITE`,
+    opt-in until this passes on a GPU) against the separate cache write: the same bits, so the same
+    tokens and identical log-probs over three multi-turn turns, in an int8 and a bf16 cache."""
+    from agentq.rollout.torch_engine import model as engine_model
+    for spec in (SPEC, QuantSpec.preset("none")):
+        out = {}
+        for on in (True, False):
+            monkeypatch.setattr(engine_model, "PREFILL_KV_WRITE", on)
+            eng = TorchEngine.from_pretrained(str(tiny_model_dir), spec, max_slots=4, max_len=512,
+                                              dtype=torch.bfloat16, device="cuda", prefill_chunk=32)
+            out[on] = _turns(eng)
+        assert out[True] == out[False], spec

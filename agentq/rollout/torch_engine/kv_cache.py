@@ -14,6 +14,10 @@ from agentq.kernels import quant
 from agentq.kernels.quant_spec import QuantSpec
 
 
+#: one layer's (k, v, k_scale, v_scale) for a kernel that writes K/V itself (scales None: a cache of values)
+KVTensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
 def _triton_ok() -> bool:
     from agentq.kernels._interp import HAVE_TRITON
     return HAVE_TRITON
@@ -44,9 +48,8 @@ class KVCache:
         self.fp8_k_scale = [1.0] * n_layers
         self.fp8_v_scale = [1.0] * n_layers
 
-    def fused_write_args(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
-                                                    torch.Tensor | None] | None:
-        """(k, v, k_scale, v_scale) of one layer for a kernel that writes a decode token's K/V itself
+    def fused_write_args(self, layer: int) -> KVTensors | None:
+        """(k, v, k_scale, v_scale) of one layer for a kernel that writes the tokens' K/V itself
         (`triton_norm.qk_norm_rope_to_cache`): int8 or model-dtype caches on CUDA; None otherwise
         (fp8, CPU), where `write` stores them."""
         if not self._fused_decode_write:

@@ -12,6 +12,7 @@ unquantized by accident.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any, Iterable, Sequence, cast
 
 import torch
@@ -22,9 +23,14 @@ from agentq.kernels import attention as attn_ops
 from agentq.kernels import int8_linear, quant
 from agentq.kernels.quant_spec import QuantSpec
 
-from .kv_cache import KVCache
+from .kv_cache import KVCache, KVTensors
 
 SUPPORTED = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+#: prefill chunks' K/V written by the q/k-norm + RoPE launch where the prefill kernel reads the cache
+#: in place (same bits as the separate cache write, under the interpreter and in the sm_90 compile).
+#: Opt-in (AGENTQ_PREFILL_KV_WRITE=1) until `test_engine_cuda.py` has run it on a GPU: the round that
+#: built it had no GPU left to run it on
+PREFILL_KV_WRITE = os.environ.get("AGENTQ_PREFILL_KV_WRITE", "0") == "1"
 
 
 #: a linear's input: rows of the model dtype, or their per-token int8 codes and fp32 scales
@@ -227,10 +233,32 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: "ForwardContext") -> tuple[torch.Tensor, torch.Tensor]:
         x, q, k, v = self._qkv(x, delta, cos, sin)
-        q, k, v = self._norm_rope(q, k, v, cos, sin)
-        # quantize on write (valid tokens only), then read everything back dequantized
-        ctx.cache.write(self.layer_idx, ctx.write_slots, ctx.write_positions, ctx.new_tokens(k), ctx.new_tokens(v))
+        # the prefill kernel reads K/V from the cache: q/k-norm + RoPE write the valid tokens' K/V there
+        fused_write = self._fused_write(ctx) if ctx.prefill_kernel and PREFILL_KV_WRITE else None
+        if fused_write is not None:
+            q = self._norm_rope_to_cache(q, k, v, cos, sin, ctx, fused_write, ctx.n_new32)
+        else:
+            q, k, v = self._norm_rope(q, k, v, cos, sin)
+            # quantize on write (valid tokens only), then read everything back dequantized
+            ctx.cache.write(self.layer_idx, ctx.write_slots, ctx.write_positions, ctx.new_tokens(k),
+                            ctx.new_tokens(v))
         return self._out_and_mlp(x, self._attend(q, ctx))
+
+    def _fused_write(self, ctx: "ForwardContext | DecodeContext") -> KVTensors | None:
+        """This layer's cache tensors for `_norm_rope_to_cache` (`KVCache.fused_write_args`), or None:
+        the layer runs torch ops, or the cache takes no direct writes (fp8, CPU)."""
+        return ctx.cache.fused_write_args(self.layer_idx) if self.input_layernorm.fused else None
+
+    def _norm_rope_to_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                            sin: torch.Tensor, ctx: "ForwardContext | DecodeContext", fused_write: KVTensors,
+                            n_new: torch.Tensor | None = None) -> torch.Tensor:
+        """q/k-norm + RoPE in one launch that also writes the tokens' K/V into the cache at
+        (ctx.slots, ctx.positions) (`triton_norm.qk_norm_rope_to_cache`; n_new: [B] each row's valid
+        tokens, None: all). Returns q [B, H, T, D]."""
+        from agentq.kernels.triton_norm import qk_norm_rope_to_cache
+        qw, kw, eps = self._qk_norm_args()
+        return qk_norm_rope_to_cache(q, k, v, qw, kw, cos, sin, eps, *fused_write, ctx.slots, ctx.positions,
+                                     ctx.cache.kv_quant(), n_new).transpose(1, 2)
 
     def _attend(self, q: torch.Tensor, ctx: "ForwardContext | DecodeContext") -> torch.Tensor:
         """Attention of q [B, H, T, D] over each row's slot: the Triton decode kernel (one query
@@ -255,12 +283,9 @@ class DecoderLayer(nn.Module):
         """One new token per row (x [B, 1, H]); no host synchronisation when `d.use_kernel`, so the
         step can be captured in a CUDA graph. Same arithmetic as `forward` with T = 1."""
         x, q, k, v = self._qkv(x, delta, cos, sin)
-        fused_write = d.cache.fused_write_args(self.layer_idx) if self.input_layernorm.fused else None
+        fused_write = self._fused_write(d)
         if fused_write is not None:     # q/k-norm + RoPE + this token's K/V into the cache: one launch
-            from agentq.kernels.triton_norm import qk_norm_rope_to_cache
-            qw, kw, eps = self._qk_norm_args()
-            q = qk_norm_rope_to_cache(q, k, v, qw, kw, cos, sin, eps, *fused_write, d.slots, d.positions,
-                                      d.cache.kv_quant()).transpose(1, 2)
+            q = self._norm_rope_to_cache(q, k, v, cos, sin, d, fused_write)
         else:
             q, k, v = self._norm_rope(q, k, v, cos, sin)
             d.cache.write(self.layer_idx, d.slots, d.positions, k[:, :, 0], v[:, :, 0])
