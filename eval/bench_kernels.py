@@ -260,6 +260,30 @@ def bench_glu(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128, 3276
         results["glu_table"] = table
 
 
+def bench_int_mm(dev, results, m: int = 32768):
+    """cuBLASLt's int8 GEMM (`torch._int_mm`, int32 out, no epilogue) against the Triton W8A8 GEMM
+    (fused epilogue, bf16 out) and cuBLAS bf16 at prefill rows, Qwen3-8B shapes: whether a vendor
+    int8 GEMM with the epilogue moved into its consumer could beat Triton's ~60 % of the int8 peak."""
+    from agentq.kernels import triton_gemm as tg
+    from agentq.kernels import triton_quant as tq
+    log(f"\n== int8 GEMM at M = {m}: torch._int_mm (int32 out) vs Triton W8A8 (bf16 out) vs bf16 cuBLAS ==")
+    for name, (k, n) in MODEL_LINEARS["qwen3-8b"].items():
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+        x_q, s_x = tq.quantize_per_token(x, SPEC)
+        w_q, s_w = quant.quantize_weight(w, SPEC)
+        w_qt = w_q.t()
+        t_mm = graph_us([lambda: torch._int_mm(x_q, w_qt)])
+        t_tr = graph_us([lambda: tg.int8_gemm(x_q, s_x, w_q, s_w, None, torch.bfloat16)])
+        t_bf = graph_us([lambda: F.linear(x, w)])
+        tera = 2 * m * n * k / 1e12
+        row = {"shape": name, "M": m, "int_mm_us": t_mm, "triton_us": t_tr, "bf16_us": t_bf}
+        results.setdefault("int_mm", []).append(row)
+        log(f"{name:8s} N={n:6d} K={k:6d}: _int_mm {t_mm:8.1f} us ({tera / t_mm * 1e6:5.0f} TOP/s)  "
+            f"Triton {t_tr:8.1f} us ({tera / t_tr * 1e6:5.0f})  bf16 {t_bf:8.1f} us ({tera / t_bf * 1e6:5.0f} TFLOP/s)")
+        del x, w, x_q, w_q, w_qt
+
+
 def bench_linears(shapes, dev, results):
     from agentq.kernels import triton_gemm as tg
     from agentq.kernels import triton_quant as tq
@@ -656,6 +680,8 @@ def main():
     ap.add_argument("--glu", nargs="?", const="tune", choices=["tune", "bench"],
                     help="only time the gate_up GEMM with SiLU·mul in its epilogue against GEMM + silu_mul_quant "
                          "(Qwen3-8B / 1.7B, M 64 / 128 / 32768; 'tune': also sweep its launches) and exit")
+    ap.add_argument("--int-mm", action="store_true",
+                    help="only time torch._int_mm against the Triton W8A8 GEMM and bf16 at prefill rows and exit")
     ap.add_argument("--prefill", action="store_true",
                     help="only time prefill attention, the read-back path vs the in-place kernel's launches, and exit")
     args = ap.parse_args()
@@ -677,6 +703,9 @@ def main():
         return save()
     if args.prefill:
         bench_prefill(dev, results)
+        return save()
+    if args.int_mm:
+        bench_int_mm(dev, results)
         return save()
     if args.glu:
         bench_glu(dev, results, tune=args.glu == "tune")
