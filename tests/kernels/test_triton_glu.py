@@ -59,7 +59,7 @@ def test_glu_gemm_equals_gemm_then_silu_mul(K, cfg, monkeypatch):
         fn = getattr(tg, name)
         monkeypatch.setattr(tg, name, lambda *a, _fn=fn, _name=name, **kw: (launched.append(_name), _fn(*a, **kw))[1])
     # m = 37 rows and n = 40 columns: ragged against every tile; k = 208: a ragged K tile, 16-byte rows (TMA)
-    for out_dtype, bias in ((torch.bfloat16, True), (torch.float32, False)):
+    for out_dtype, bias in ((torch.bfloat16, True), (torch.float16, True), (torch.float32, False)):
         x_q, s_x, w_q, s_w, b = _glu_case(37, 40, 208, seed=3, bias=bias)
         launched.clear()
         h, amax = tg.int8_gemm_glu(x_q, s_x, w_q, s_w, b, out_dtype, config)
