@@ -64,6 +64,30 @@ def base_parser(doc: str) -> argparse.ArgumentParser:
     return ap
 
 
+#: the fast paths' module switches a benchmark reports (name -> (module, attribute))
+SWITCHES = {
+    "glu_gemm": ("agentq.kernels.int8_linear", "GLU_GEMM"),
+    "attn_tma": ("agentq.kernels.triton_attention", "TMA_TILES"),
+    "prefill_kv_write": ("agentq.rollout.torch_engine.model", "PREFILL_KV_WRITE"),
+    "pdl_max_rows": ("agentq.kernels.triton_quant", "PDL_MAX_ROWS"),
+}
+
+
+def fast_path_switches() -> dict:
+    """The switches in force (module values, and every AGENTQ_* environment variable), so a
+    report says which paths it measured."""
+    import importlib
+    import os
+
+    out: dict = {k: v for k, v in sorted(os.environ.items()) if k.startswith("AGENTQ_")}
+    for name, (mod, attr) in SWITCHES.items():
+        try:
+            out[name] = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError):      # e.g. no triton: that path does not exist here
+            out[name] = None
+    return out
+
+
 def write_json(path: str | Path | None, report: dict, indent: int = 1) -> None:
     """The benchmark's report as JSON at `path` (its `--json`/`--out` argument); nothing when None."""
     if path:

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from agentq.eval.bench_common import SHAPES, qwen3_config, sync, write_json
+from agentq.eval.bench_common import SHAPES, SWITCHES, fast_path_switches, qwen3_config, sync, write_json
 
 OBS = 64
 
@@ -133,9 +133,7 @@ DECODE_SWEEP: dict[str, list[float]] = {}
 
 
 #: --decode-sweep knobs: name -> (module, attribute, type)
-SWEEP_KNOBS = {"pdl_max_rows": ("agentq.kernels.triton_quant", "PDL_MAX_ROWS", int),
-               "glu_gemm": ("agentq.kernels.int8_linear", "GLU_GEMM", int),
-               "attn_tma": ("agentq.kernels.triton_attention", "TMA_TILES", int)}
+SWEEP_KNOBS = {name: (*SWITCHES[name], int) for name in ("pdl_max_rows", "glu_gemm", "attn_tma")}
 
 
 def _knob(name: str) -> tuple:
@@ -361,12 +359,14 @@ def main():
         if "decode_step_ms" in r and cuda:
             r["roofline_ms"] = 1e3 * (r["weight_bytes"] + r["kv_bytes_read_per_step"]) / bw
     print_table(a, rows, bw, budget)
-    write_json(a.json, {"copy_bw": bw, "budget_episodes": budget, "rows": rows}, indent=2)
+    write_json(a.json, {"copy_bw": bw, "budget_episodes": budget, "rows": rows, "switches": fast_path_switches()},
+               indent=2)
 
 
 def print_table(a, rows, bw, budget) -> None:
     print(f"\nengine throughput: model={a.model} prompt={a.prompt} new={a.new} × {a.turns} turns (+{OBS}-token "
           f"observations), {a.device}; copy bandwidth {bw / 1e12:.2f} TB/s")
+    print("switches: " + ", ".join(f"{k}={v}" for k, v in fast_path_switches().items()))
     print(f"{'engine':12s} {'quant':9s} {'B':>4s} {'graphs':>6s} {'ahead':>5s} {'tok/s':>9s} {'decode ms':>9s} "
           f"{'pipelined':>9s} {'roofline':>8s} {'KV B/tok':>9s}")
     for r in rows:
