@@ -197,3 +197,17 @@ def test_prefill_kv_write_by_the_rope_launch_gives_the_separate_write_tokens(tin
                                               dtype=torch.bfloat16, device="cuda", prefill_chunk=32)
             out[on] = _turns(eng)
         assert out[True] == out[False], spec
+
+
+def test_tma_attention_tiles_give_the_pointer_load_tokens(tiny_model_dir, monkeypatch):
+    """The int8 decode attention's TMA word tiles (`triton_attention.TMA_TILES`, the default since
+    round 10) against pointer loads, through CUDA-graph-replayed decode steps: the same bits, so the
+    same tokens and identical log-probs."""
+    from agentq.kernels import triton_attention
+    out = {}
+    for on in (True, False):
+        monkeypatch.setattr(triton_attention, "TMA_TILES", on)
+        eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=4, max_len=512, dtype=torch.bfloat16,
+                                          device="cuda")
+        out[on] = _turns(eng)
+    assert out[True] == out[False]
