@@ -409,6 +409,8 @@ def attn_candidates(kind: str):
     for bn, w, st, sp in ((64, 2, 3, 1), (64, 2, 4, 1), (64, 4, 3, 1), (128, 4, 3, 1), (32, 2, 4, 1), (128, 2, 3, 1),
                           (64, 2, 3, 2), (64, 1, 4, 1), (32, 1, 6, 1), (128, 4, 4, 1)):
         yield AttnConfig(bn, w, st, sp, planes=True, tma=True)   # their word tiles through TMA (round 10)
+    for bn, w, st in ((64, 2, 4), (64, 2, 3), (64, 1, 4), (128, 4, 4)):
+        yield AttnConfig(bn, w, st, 1, planes=True, tma=True, pairs=True)   # + fp16 pairs formed in the asm
     for bn, w, st, sp in ((64, 2, 3, 1), (64, 2, 5, 1), (32, 2, 4, 1), (32, 1, 4, 1), (64, 1, 4, 1), (128, 2, 3, 1),
                           (128, 4, 3, 1), (64, 4, 3, 1), (64, 2, 4, 2)):
         yield AttnConfig(bn, w, st, sp, planes=True)       # byte planes as 4 dots (round 4)

@@ -93,11 +93,12 @@ class AttnConfig:
     asm: bool = True                   # ...with the fp16 magic-number PTX (CUDA, bf16/fp16 queries)
     planes: bool = False               # int8 words: 4 byte planes as 4 dots, no interleaving reshape
     tma: bool = False                  # planes: K/V word tiles loaded by TMA (host descriptors; sm_90+)
+    pairs: bool = False                # planes + asm: unpack two words per asm call into ready fp16 pairs
 
     def short(self) -> str:
         return (f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/sp{self.num_splits}"
                 f"{'/kA' if self.k_as_a else ''}{'/words' if self.words else ''}{'/asm' if self.asm else ''}"
-                f"{'/planes' if self.planes else ''}{'/tma' if self.tma else ''}")
+                f"{'/planes' if self.planes else ''}{'/tma' if self.tma else ''}{'/pairs' if self.pairs else ''}")
 
 
 #: H200 defaults by cache kind ("int8", "fp8", "float"), from `python -m agentq.eval.bench_kernels --tune`
@@ -151,6 +152,32 @@ if HAVE_TRITON:
             is_pure=True, pack=1)
 
     @triton.jit
+    def _word_pairs_to_f16x4(w):
+        """CUDA, two words per call (pack=2): the four byte planes of words w0, w1, each plane as one
+        register holding the fp16 pair (byte j of w0, byte j of w1), which is how the MMA operands
+        hold them; `_word_to_f16x4`'s arithmetic (the same values), without the two PRMTs per word
+        that pair its single halves afterwards: 2 LOP3 + 6 PRMT + 4 HSUB2 per pair of words."""
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 t0, t1, lo, hi, m;
+            xor.b32 t0, $4, 0x80808080;
+            xor.b32 t1, $5, 0x80808080;
+            prmt.b32 lo, t0, t1, 0x5140;
+            prmt.b32 hi, t0, t1, 0x7362;
+            mov.b32 m, 0x64806480;
+            prmt.b32 $0, lo, 0x64646464, 0x5140;
+            prmt.b32 $1, lo, 0x64646464, 0x7362;
+            prmt.b32 $2, hi, 0x64646464, 0x5140;
+            prmt.b32 $3, hi, 0x64646464, 0x7362;
+            sub.f16x2 $0, $0, m;
+            sub.f16x2 $1, $1, m;
+            sub.f16x2 $2, $2, m;
+            sub.f16x2 $3, $3, m;
+            }""",
+            constraints="=r,=r,=r,=r,r,r", args=[w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True, pack=2)
+
+    @triton.jit
     def _load_tile(base, n, mask_n, stride_l, offs_d, mask_d, DTYPE: tl.constexpr, WORDS: tl.constexpr,
                    ASM_I8: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
         """A [BLOCK_N, BLOCK_D] cache tile as DTYPE values (codes for a quantized cache).
@@ -179,8 +206,11 @@ if HAVE_TRITON:
 
     @triton.jit
     def _unpack_planes(w, DTYPE: tl.constexpr, ASM_I8: tl.constexpr):
-        """int32 words of 4 codes -> the four byte planes as DTYPE values (`_load_planes`)."""
-        if ASM_I8:
+        """int32 words of 4 codes -> the four byte planes as DTYPE values (`_load_planes`). ASM_I8:
+        0 shifts and converts, 1 `_word_to_f16x4`, 2 `_word_pairs_to_f16x4` (CUDA; same values)."""
+        if ASM_I8 == 2:
+            e0, e1, e2, e3 = _word_pairs_to_f16x4(w)
+        elif ASM_I8:
             e0, e1, e2, e3 = _word_to_f16x4(w)
         else:
             e0 = ((w << 24) >> 24).to(DTYPE)
@@ -505,8 +535,8 @@ def _launch_planes(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt
     _decode_planes_kernel[(b, kc.shape[1], splits)](
         *common[:10], k_desc, v_desc, *common[10:], TMA=tma,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
-        SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=use_asm, BF16_BITS=bf16_bits,
-        PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=2 if use_asm and cfg.pairs else int(use_asm),
+        BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _tma_descs_apply(kc: torch.Tensor, vc: torch.Tensor) -> bool:

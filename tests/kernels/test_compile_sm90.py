@@ -15,9 +15,6 @@ import pytest
 from agentq.kernels import _interp
 
 pytestmark = pytest.mark.skipif(not _interp.HAVE_TRITON, reason="triton is not installed")
-MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_attention",
-           "agentq.kernels.triton_norm", "agentq.kernels.triton_sample", "agentq.kernels.triton_logprob",
-           "agentq.kernels.triton_prefill")
 BWD_PTRS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "gy_ptr": "*bf16", "dx_ptr": "*bf16", "dwp_ptr": "*fp32"}
 NORM_PTRS = {"x_ptr": "*bf16", "d_ptr": "*bf16", "w_ptr": "*bf16", "s_ptr": "*bf16", "o_ptr": "*bf16",
              "q_ptr": "*i8", "qs_ptr": "*fp32"}
@@ -70,9 +67,10 @@ def _cases():
           "WORDS": True, "PDL": False}, 4, 3),
         ("triton_attention", "_decode_planes_kernel", attn_ptrs, {"qk_scale"},
          {**attn, "SPLIT": True, "PDL": True, "TMA": False}, 4, 3),
-        ("triton_attention", "_decode_planes_kernel", {**attn_ptrs, "k_desc": "tensordesc<i32[64,32]>",
-                                                       "v_desc": "tensordesc<i32[64,32]>"}, {"qk_scale"},
-         {**attn, "BLOCK_N": 64, "SPLIT": False, "PDL": True, "TMA": True}, 2, 3),
+        *(("triton_attention", "_decode_planes_kernel", {**attn_ptrs, "k_desc": "tensordesc<i32[64,32]>",
+                                                         "v_desc": "tensordesc<i32[64,32]>"}, {"qk_scale"},
+           {**attn, "BLOCK_N": 64, "SPLIT": False, "PDL": True, "TMA": True, "ASM_I8": asm}, 2, 4)
+          for asm in (1, 2)),
         ("triton_attention", "_combine_kernel", {"po_ptr": "*fp32", "plse_ptr": "*fp32", "o_ptr": "*bf16"}, set(),
          {"HEAD_D": 128, "BLOCK_D": 128, "BLOCK_S": 4, "BF16_BITS": False, "PDL": True}, 4, 3),
         ("triton_norm", "_rms_norm_kernel", {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16"}, {"eps"},
@@ -143,26 +141,9 @@ def _cases():
     ]
 
 
-def _compile(module, name, ptrs, floats, consts, warps, stages, aligned=()):
-    """`triton.compile` for sm_90; the integer / pointer args named in `aligned` specialized as
-    divisible by 16 (as the JIT specializes them when they are)."""
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    mods = dict(zip((m.rsplit(".", 1)[1] for m in MODULES), _interp.load_compiled(MODULES)))
-    kernel = getattr(mods[module], name)
-    assert not _interp.runs_interpreted(kernel)
-    names = kernel.arg_names
-    unknown = set(ptrs) | floats | set(consts) | set(aligned)
-    assert unknown <= set(names), unknown - set(names)
-    signature = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in floats else "i32") for n in names}
-    dtypes = {"fp16": tl.float16, "bf16": tl.bfloat16}
-    values = {k: dtypes.get(v, v) if isinstance(v, str) else v for k, v in consts.items()}
-    src = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(k),): v for k, v in values.items()},
-                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+def _compile(*case):
+    from agentq.eval.sass_loop import compile_sm90      # (the script that counts a kernel's loop)
+    return compile_sm90(*case)
 
 
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c[1]}-{len(c[4])}")

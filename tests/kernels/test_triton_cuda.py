@@ -198,17 +198,20 @@ ATTN_VARIANTS = {"default": {}, "split1": {"num_splits": 1}, "split4": {"num_spl
                  "planes": {"planes": True, "block_n": 128, "num_stages": 3},
                  "planes_split4": {"planes": True, "num_splits": 4},
                  "planes_tma": {"planes": True, "tma": True, "num_warps": 2, "num_stages": 3},
-                 "planes_tma_split4": {"planes": True, "tma": True, "num_splits": 4}}
+                 "planes_tma_split4": {"planes": True, "tma": True, "num_splits": 4},
+                 "planes_tma_pairs": {"planes": True, "tma": True, "pairs": True, "num_warps": 2, "num_stages": 4}}
 
 
 def test_tma_planes_equal_pointer_planes_cuda(K):
-    """TMA word tiles and pointer loads feed the same arithmetic: the same bits on the H200."""
+    """TMA word tiles and pointer loads, and the word-pair unpacking, feed the same arithmetic: the
+    same bits on the H200."""
     case = _kv_case(8, 32, 8, 128, 4096, [4096, 1, 77, 2048, 3000, 513, 4000, 64], torch.bfloat16, seed=9)
     for bn, warps, splits in ((64, 2, 1), (128, 4, 1), (64, 2, 3)):
         cfg = K.attn.AttnConfig(block_n=bn, num_warps=warps, num_stages=3, num_splits=splits, planes=True)
         a = K.attn.decode_attention(*case, 128 ** -0.5, config=cfg)
         b = K.attn.decode_attention(*case, 128 ** -0.5, config=K.attn.dataclasses.replace(cfg, tma=True))
-        assert torch.equal(a, b), (bn, warps, splits)
+        c = K.attn.decode_attention(*case, 128 ** -0.5, config=K.attn.dataclasses.replace(cfg, tma=True, pairs=True))
+        assert torch.equal(a, b) and torch.equal(a, c), (bn, warps, splits)
 
 
 @pytest.mark.parametrize("kv", ["int8", "bf16"])
@@ -226,15 +229,20 @@ def test_decode_attention_cuda(K, kv, variant):
     assert torch.isfinite(out).all() and err <= 2e-2 and rel <= 5e-3
 
 
-def test_int8_word_to_fp16_is_exact(K):
-    """The PTX magic-number unpacking gives every int8 code exactly, in byte order."""
+@pytest.mark.parametrize("pairs", [False, True])
+def test_int8_word_to_fp16_is_exact(K, pairs):
+    """The PTX magic-number unpacking gives every int8 code exactly, in byte order (one word per
+    asm call, or two with the fp16 pairs formed in the asm)."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def _unpack(w_ptr, o_ptr, N: tl.constexpr):
+    def _unpack(w_ptr, o_ptr, N: tl.constexpr, PAIRS: tl.constexpr):
         offs = tl.arange(0, N)
-        e0, e1, e2, e3 = triton_attention._word_to_f16x4(tl.load(w_ptr + offs))
+        if PAIRS:
+            e0, e1, e2, e3 = triton_attention._word_pairs_to_f16x4(tl.load(w_ptr + offs))
+        else:
+            e0, e1, e2, e3 = triton_attention._word_to_f16x4(tl.load(w_ptr + offs))
         tl.store(o_ptr + 4 * offs, e0)
         tl.store(o_ptr + 4 * offs + 1, e1)
         tl.store(o_ptr + 4 * offs + 2, e2)
@@ -242,7 +250,7 @@ def test_int8_word_to_fp16_is_exact(K):
 
     codes = torch.arange(-128, 128, dtype=torch.int8, device=DEV)[torch.randperm(256, device=DEV)]
     out = torch.empty(256, dtype=torch.float16, device=DEV)
-    _unpack[(1,)](codes.view(torch.int32), out, N=64)
+    _unpack[(1,)](codes.view(torch.int32), out, N=64, PAIRS=pairs)
     assert torch.equal(out, codes.half())
 
 
