@@ -411,6 +411,10 @@ def attn_candidates(kind: str):
         yield AttnConfig(bn, w, st, sp, planes=True, tma=True)   # their word tiles through TMA (round 10)
     for bn, w, st in ((64, 2, 4), (64, 2, 3), (64, 1, 4), (128, 4, 4)):
         yield AttnConfig(bn, w, st, 1, planes=True, tma=True, pairs=True)   # + fp16 pairs formed in the asm
+    # two splits (1,024 programs at B 64 x Hkv 8) in one wave: few enough warps / shared memory per
+    # program that ~7.8 fit an SM (round 10's split-2 candidates took 40 KB each, 5 per SM: two waves)
+    for bn, w, st in ((32, 1, 3), (32, 1, 2), (64, 1, 2), (32, 1, 4), (64, 2, 2)):
+        yield AttnConfig(bn, w, st, 2, planes=True, tma=True)
     for bn, w, st, sp in ((64, 2, 3, 1), (64, 2, 5, 1), (32, 2, 4, 1), (32, 1, 4, 1), (64, 1, 4, 1), (128, 2, 3, 1),
                           (128, 4, 3, 1), (64, 4, 3, 1), (64, 2, 4, 2)):
         yield AttnConfig(bn, w, st, sp, planes=True)       # byte planes as 4 dots (round 4)
