@@ -111,8 +111,11 @@ H200_ATTN: dict[str, AttnConfig] = {
     "int8": AttnConfig(block_n=64, num_warps=2, num_stages=4, planes=True, tma=True),
     "float": AttnConfig(block_n=64, num_warps=4, num_stages=2),   # 249 µs, = SDPA
 }
-#: the int8 default's TMA word tiles (off: pointer loads, 3 stages; `bench_engine --decode-sweep attn_tma=0,1`)
+#: the int8 default's TMA word tiles (off: pointer loads; `bench_engine --decode-sweep attn_tma=0,1`)
 TMA_TILES = True
+#: the most stages the planes kernel's pointer loads take: they measured best at 3, where its TMA
+#: tiles take 4 (shared-memory tiles loaded by the threads cost registers that TMA's do not)
+POINTER_STAGES = 3
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, num_sms: int = 132) -> int:
@@ -438,7 +441,7 @@ def pick_config(batch: int, num_kv_heads: int, max_len: int, kv_dtype: torch.dty
     kind = "int8" if kv_dtype == torch.int8 else ("fp8" if kv_dtype.itemsize == 1 else "float")
     base = H200_ATTN.get(kind, AttnConfig())
     if base.tma and not TMA_TILES:
-        base = dataclasses.replace(base, tma=False, num_stages=3)
+        base = dataclasses.replace(base, tma=False, num_stages=min(base.num_stages, POINTER_STAGES))
     if base.num_splits is not None:
         return base
     sms = num_sms(device)
@@ -532,11 +535,13 @@ def _launch_planes(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt
     b, kc, vc = common[0].shape[0], common[1], common[2]
     tma = cfg.tma and _tma_descs_apply(kc, vc)
     k_desc, v_desc = _word_descs(kc, vc, cfg.block_n) if tma else (kc, vc)
+    # a TMA launch where TMA does not apply (before sm_90, strided caches) runs pointer loads
+    stages = cfg.num_stages if tma or not cfg.tma else min(cfg.num_stages, POINTER_STAGES)
     _decode_planes_kernel[(b, kc.shape[1], splits)](
         *common[:10], k_desc, v_desc, *common[10:], TMA=tma,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
         SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=2 if use_asm and cfg.pairs else int(use_asm),
-        BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=stages)
 
 
 def _tma_descs_apply(kc: torch.Tensor, vc: torch.Tensor) -> bool:

@@ -355,6 +355,25 @@ def test_decode_attention_byte_planes_matches_ref(K, splits, tma, monkeypatch):
     assert (out - ref).abs().max() <= 1e-5
 
 
+def test_decode_attention_tma_config_on_strided_caches_loads_by_pointer(K, monkeypatch):
+    """A TMA launch on caches a descriptor cannot cover (here a position slice of a longer cache)
+    falls back to pointer loads, and gives the same result as on the contiguous caches."""
+    descs = []
+    word_descs = K.attn._word_descs
+    monkeypatch.setattr(K.attn, "_word_descs", lambda *a: (descs.append(a[2]), word_descs(*a))[1])
+    q, k, v, slots, lens = _attn_case(13, D=64)
+    (kc, ks), (vc, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
+    sm = q.shape[-1] ** -0.5
+    cfg = K.attn.AttnConfig(block_n=32, num_warps=4, num_stages=4, num_splits=1, planes=True, tma=True)
+    out = K.attn.decode_attention(q, kc, ks, vc, vs, slots, lens, sm, config=cfg)
+    assert descs == [32]
+    pad = lambda c: torch.cat([c, torch.zeros_like(c[:, :, :8])], dim=2)[:, :, :c.shape[2]]   # noqa: E731
+    kc_s, vc_s = pad(kc), pad(vc)
+    assert not kc_s.is_contiguous()
+    strided = K.attn.decode_attention(q, kc_s, ks, vc_s, vs, slots, lens, sm, config=cfg)
+    assert descs == [32] and torch.equal(strided, out)
+
+
 def test_decode_attention_ref_is_dequantized_softmax(K):
     """The reference itself: int8 cache == float attention over kv_roundtrip'ed K/V (GQA 4:1)."""
     q, k, v, slots, lens = _attn_case(12)
