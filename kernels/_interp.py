@@ -55,6 +55,15 @@ def num_sms(device: torch.device | None = None) -> int:
     return 132
 
 
+def tma_available(device: torch.device, interpreted: bool) -> bool:
+    """Whether kernels may load through TMA descriptors on `device`: sm_90+ CUDA devices, or any
+    device when the kernels are interpreted (the interpreter emulates descriptor loads)."""
+    if interpreted:
+        return True
+    import torch
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def require_triton(what: str = "this kernel") -> None:
     if not HAVE_TRITON:
         raise RuntimeError(f"{what} needs triton (pip install 'agentq[triton]'); use the torch reference instead")

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._interp import HAVE_TRITON, dot_dtype, interpreting, num_sms, require_triton, runs_interpreted
+from ._interp import (HAVE_TRITON, dot_dtype, interpreting, num_sms, require_triton, runs_interpreted,
+                      tma_available)
 from .triton_quant import use_pdl
 
 INTERPRETED = interpreting()
@@ -111,7 +112,7 @@ H200_ATTN: dict[str, AttnConfig] = {
     "int8": AttnConfig(block_n=64, num_warps=2, num_stages=4, planes=True, tma=True),
     "float": AttnConfig(block_n=64, num_warps=4, num_stages=2),   # 249 µs, = SDPA
 }
-#: the int8 default's TMA word tiles (off: pointer loads; `bench_engine --decode-sweep attn_tma=0,1`)
+#: TMA word tiles where a config asks for them (off: pointer loads; `bench_engine --decode-sweep attn_tma=0,1`)
 TMA_TILES = True
 #: the most stages the planes kernel's pointer loads take: they measured best at 3, where its TMA
 #: tiles take 4 (shared-memory tiles loaded by the threads cost registers that TMA's do not)
@@ -208,6 +209,17 @@ if HAVE_TRITON:
         return _unpack_planes(w, DTYPE, ASM_I8)
 
     @triton.jit
+    def _plane_tile(desc, base, row, n, mask_n, stride_l, DTYPE: tl.constexpr, ASM_I8: tl.constexpr,
+                    HEAD_D: tl.constexpr, TMA: tl.constexpr):
+        """The byte planes of one K or V tile: its words through the TMA descriptor from descriptor
+        row `row`, or loaded by pointer from `base` (positions n)."""
+        if TMA:
+            planes = _unpack_planes(desc.load([row.to(tl.int32), 0]), DTYPE, ASM_I8)
+        else:
+            planes = _load_planes(base, n, mask_n, stride_l, DTYPE, ASM_I8, HEAD_D)
+        return planes
+
+    @triton.jit
     def _unpack_planes(w, DTYPE: tl.constexpr, ASM_I8: tl.constexpr):
         """int32 words of 4 codes -> the four byte planes as DTYPE values (`_load_planes`). ASM_I8:
         0 shifts and converts, 1 `_word_to_f16x4`, 2 `_word_pairs_to_f16x4` (CUDA; same values)."""
@@ -281,10 +293,8 @@ if HAVE_TRITON:
         for n0 in range(start, end, BLOCK_N):
             n = n0 + offs_n
             mask_n = n < end
-            if TMA:
-                k0, k1, k2, k3 = _unpack_planes(k_desc.load([(desc_row + n0).to(tl.int32), 0]), DOT_DTYPE, ASM_I8)
-            else:
-                k0, k1, k2, k3 = _load_planes(k_base, n, mask_n, stride_kl, DOT_DTYPE, ASM_I8, HEAD_D)
+            k0, k1, k2, k3 = _plane_tile(k_desc, k_base, desc_row + n0, n, mask_n, stride_kl, DOT_DTYPE, ASM_I8,
+                                         HEAD_D, TMA)
             s = tl.dot(q0, tl.trans(k0), input_precision=INPUT_PREC)
             s = tl.dot(q1, tl.trans(k1), s, input_precision=INPUT_PREC)
             s = tl.dot(q2, tl.trans(k2), s, input_precision=INPUT_PREC)
@@ -296,10 +306,8 @@ if HAVE_TRITON:
             p = tl.math.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
             pv = (p * tl.load(vs_base + n, mask=mask_n, other=0.0)[None, :]).to(DOT_DTYPE)
-            if TMA:
-                v0, v1, v2, v3 = _unpack_planes(v_desc.load([(desc_row + n0).to(tl.int32), 0]), DOT_DTYPE, ASM_I8)
-            else:
-                v0, v1, v2, v3 = _load_planes(v_base, n, mask_n, stride_vl, DOT_DTYPE, ASM_I8, HEAD_D)
+            v0, v1, v2, v3 = _plane_tile(v_desc, v_base, desc_row + n0, n, mask_n, stride_vl, DOT_DTYPE, ASM_I8,
+                                         HEAD_D, TMA)
             a0 = a0 * alpha[:, None] + tl.dot(pv, v0, input_precision=INPUT_PREC)
             a1 = a1 * alpha[:, None] + tl.dot(pv, v1, input_precision=INPUT_PREC)
             a2 = a2 * alpha[:, None] + tl.dot(pv, v2, input_precision=INPUT_PREC)
@@ -440,8 +448,6 @@ def pick_config(batch: int, num_kv_heads: int, max_len: int, kv_dtype: torch.dty
                 device: torch.device | None = None) -> AttnConfig:
     kind = "int8" if kv_dtype == torch.int8 else ("fp8" if kv_dtype.itemsize == 1 else "float")
     base = H200_ATTN.get(kind, AttnConfig())
-    if base.tma and not TMA_TILES:
-        base = dataclasses.replace(base, tma=False, num_stages=min(base.num_stages, POINTER_STAGES))
     if base.num_splits is not None:
         return base
     sms = num_sms(device)
@@ -533,9 +539,9 @@ def _launch_planes(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt
     """`_decode_planes_kernel` over grid (B, Hkv, splits), its word tiles through TMA where `cfg.tma`
     and the caches allow; `common` = `_decode_kernel`'s positional arguments."""
     b, kc, vc = common[0].shape[0], common[1], common[2]
-    tma = cfg.tma and _tma_descs_apply(kc, vc)
+    tma = cfg.tma and TMA_TILES and _tma_descs_apply(kc, vc)
     k_desc, v_desc = _word_descs(kc, vc, cfg.block_n) if tma else (kc, vc)
-    # a TMA launch where TMA does not apply (before sm_90, strided caches) runs pointer loads
+    # a TMA config run with pointer loads (TMA_TILES off, before sm_90, strided caches)
     stages = cfg.num_stages if tma or not cfg.tma else min(cfg.num_stages, POINTER_STAGES)
     _decode_planes_kernel[(b, kc.shape[1], splits)](
         *common[:10], k_desc, v_desc, *common[10:], TMA=tma,
@@ -547,10 +553,7 @@ def _launch_planes(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt
 def _tma_descs_apply(kc: torch.Tensor, vc: torch.Tensor) -> bool:
     """TMA word tiles: sm_90+ (or the interpreter), caches laid out [S, Hkv, Lmax, D/4] int32
     contiguously (one descriptor row per position), 16-byte aligned."""
-    if not INTERPRETED:
-        if kc.device.type != "cuda" or torch.cuda.get_device_capability(kc.device)[0] < 9:
-            return False
-    return all(c.is_contiguous() and c.data_ptr() % 16 == 0 for c in (kc, vc))
+    return tma_available(kc.device, INTERPRETED) and all(c.is_contiguous() and c.data_ptr() % 16 == 0 for c in (kc, vc))
 
 
 def _word_descs(kc: torch.Tensor, vc: torch.Tensor, block_n: int):

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from . import quant, triton_quant
-from ._interp import HAVE_TRITON, interpreting, num_sms, require_triton, runs_interpreted
+from ._interp import HAVE_TRITON, interpreting, num_sms, require_triton, runs_interpreted, tma_available
 from .quant_spec import QuantSpec
 
 INTERPRETED = interpreting()
@@ -444,10 +444,8 @@ def _launch_plain(x_q, s_x, w_q, s_w, bias, out, ws, tickets, amax, n: int, cfg:
 
 def _tma_applies(x_q: torch.Tensor, w_q: torch.Tensor) -> bool:
     """TMA descriptors need sm_90+ (or the interpreter), 16-byte aligned bases and row strides."""
-    if not runs_interpreted(_w8a8_gemm_tma_kernel):
-        if x_q.device.type != "cuda" or torch.cuda.get_device_capability(x_q.device)[0] < 9:
-            return False
-    return all(t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in (x_q, w_q))
+    return (tma_available(x_q.device, INTERPRETED)
+            and all(t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in (x_q, w_q)))
 
 
 def _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, amax, n: int, cfg: GemmConfig, glu: bool) -> None:

@@ -324,6 +324,21 @@ def test_decode_attention_matches_ref(K, kv, splits, variant):
     assert (out - ref).abs().max() <= 1e-5
 
 
+def _record_word_descs(K, monkeypatch) -> list:
+    """The block_n of every TMA descriptor pair `decode_attention` builds (the TMA path ran)."""
+    descs: list = []
+    word_descs = K.attn._word_descs
+    monkeypatch.setattr(K.attn, "_word_descs", lambda *a: (descs.append(a[2]), word_descs(*a))[1])
+    return descs
+
+
+def _int8_attn_case(seed):
+    """`_attn_case` at head_dim 64 with int8 K/V: (q, k codes, k scales, v codes, v scales, slots, lens, sm_scale)."""
+    q, k, v, slots, lens = _attn_case(seed, D=64)
+    (kc, ks), (vc, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
+    return q, kc, ks, vc, vs, slots, lens, q.shape[-1] ** -0.5
+
+
 @pytest.mark.parametrize("splits,tma", [(1, False), (3, False), (1, True), (3, True)])
 def test_decode_attention_byte_planes_matches_ref(K, splits, tma, monkeypatch):
     """The byte-plane kernel (4 dots over columns 4w + j instead of one over an interleaved tile)
@@ -338,12 +353,8 @@ def test_decode_attention_byte_planes_matches_ref(K, splits, tma, monkeypatch):
             return kernel[grid]
 
     monkeypatch.setattr(K.attn, "_decode_planes_kernel", Spy())
-    descs = []
-    word_descs = K.attn._word_descs
-    monkeypatch.setattr(K.attn, "_word_descs", lambda *a: (descs.append(a[2]), word_descs(*a))[1])
-    q, k, v, slots, lens = _attn_case(12, D=64)
-    (kc, ks), (vc, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
-    sm = q.shape[-1] ** -0.5
+    descs = _record_word_descs(K, monkeypatch)
+    q, kc, ks, vc, vs, slots, lens, sm = _int8_attn_case(12)
     cfg = K.attn.AttnConfig(block_n=32, num_warps=4, num_stages=2, num_splits=splits, planes=True, tma=tma)
     out = K.attn.decode_attention(q, kc, ks, vc, vs, slots, lens, sm, config=cfg)
     ref = K.attn.decode_attention_ref(q, kc, ks, vc, vs, slots, lens, sm)
@@ -358,12 +369,8 @@ def test_decode_attention_byte_planes_matches_ref(K, splits, tma, monkeypatch):
 def test_decode_attention_tma_config_on_strided_caches_loads_by_pointer(K, monkeypatch):
     """A TMA launch on caches a descriptor cannot cover (here a position slice of a longer cache)
     falls back to pointer loads, and gives the same result as on the contiguous caches."""
-    descs = []
-    word_descs = K.attn._word_descs
-    monkeypatch.setattr(K.attn, "_word_descs", lambda *a: (descs.append(a[2]), word_descs(*a))[1])
-    q, k, v, slots, lens = _attn_case(13, D=64)
-    (kc, ks), (vc, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
-    sm = q.shape[-1] ** -0.5
+    descs = _record_word_descs(K, monkeypatch)
+    q, kc, ks, vc, vs, slots, lens, sm = _int8_attn_case(13)
     cfg = K.attn.AttnConfig(block_n=32, num_warps=4, num_stages=4, num_splits=1, planes=True, tma=True)
     out = K.attn.decode_attention(q, kc, ks, vc, vs, slots, lens, sm, config=cfg)
     assert descs == [32]

@@ -169,17 +169,23 @@ def test_run_ahead_with_graphs_gives_the_step_by_step_tokens(tiny_model_dir):
     assert len(lengths) > 3
 
 
+def _turns_with_switch(path, monkeypatch, module, name: str, spec=SPEC, **engine_kw) -> dict:
+    """`_turns` of a fresh bf16 CUDA engine with the module switch `name` on and off: {True: …, False: …}."""
+    out = {}
+    for on in (True, False):
+        monkeypatch.setattr(module, name, on)
+        eng = TorchEngine.from_pretrained(str(path), spec, max_slots=4, max_len=512, dtype=torch.bfloat16,
+                                          device="cuda", **engine_kw)
+        out[on] = _turns(eng)
+    return out
+
+
 def test_glu_gemm_gives_the_two_launch_tokens_and_logprobs(tiny_model_dir, monkeypatch):
     """The gate_up GEMM with SiLU·mul in its epilogue (`int8_linear.GLU_GEMM`) against the gate_up
     GEMM + SiLU·mul + codes launches: the same bits, so the same tokens and identical log-probs
     over three multi-turn turns (prefill chunks and graph-replayed decode)."""
     from agentq.kernels import int8_linear
-    out = {}
-    for on in (True, False):
-        monkeypatch.setattr(int8_linear, "GLU_GEMM", on)
-        eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=4, max_len=512, dtype=torch.bfloat16,
-                                          device="cuda")
-        out[on] = _turns(eng)
+    out = _turns_with_switch(tiny_model_dir, monkeypatch, int8_linear, "GLU_GEMM")
     assert out[True][0] == out[False][0]
     assert out[True][1] == out[False][1]
 
@@ -190,12 +196,8 @@ def test_prefill_kv_write_by_the_rope_launch_gives_the_separate_write_tokens(tin
     tokens and identical log-probs over three multi-turn turns, in an int8 and a bf16 cache."""
     from agentq.rollout.torch_engine import model as engine_model
     for spec in (SPEC, QuantSpec.preset("none")):
-        out = {}
-        for on in (True, False):
-            monkeypatch.setattr(engine_model, "PREFILL_KV_WRITE", on)
-            eng = TorchEngine.from_pretrained(str(tiny_model_dir), spec, max_slots=4, max_len=512,
-                                              dtype=torch.bfloat16, device="cuda", prefill_chunk=32)
-            out[on] = _turns(eng)
+        out = _turns_with_switch(tiny_model_dir, monkeypatch, engine_model, "PREFILL_KV_WRITE", spec,
+                                 prefill_chunk=32)
         assert out[True] == out[False], spec
 
 
@@ -204,10 +206,5 @@ def test_tma_attention_tiles_give_the_pointer_load_tokens(tiny_model_dir, monkey
     round 10) against pointer loads, through CUDA-graph-replayed decode steps: the same bits, so the
     same tokens and identical log-probs."""
     from agentq.kernels import triton_attention
-    out = {}
-    for on in (True, False):
-        monkeypatch.setattr(triton_attention, "TMA_TILES", on)
-        eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=4, max_len=512, dtype=torch.bfloat16,
-                                          device="cuda")
-        out[on] = _turns(eng)
+    out = _turns_with_switch(tiny_model_dir, monkeypatch, triton_attention, "TMA_TILES")
     assert out[True] == out[False]
