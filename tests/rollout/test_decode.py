@@ -170,7 +170,7 @@ def test_prefill_kv_written_by_the_rope_launch_equals_the_separate_write(tiny_mo
     monkeypatch.setattr(KVCache, "fused_write_args", lambda self, i: (
         self.k[i], self.v[i], *((self.k_scale[i], self.v_scale[i]) if self.k_scale else (None, None))))
     monkeypatch.setattr(attn_ops, "prefill_kernel_available", lambda *a: True)
-    monkeypatch.setattr(engine_model, "PREFILL_KV_WRITE", True)          # opt-in until run on a GPU
+    monkeypatch.setattr(engine_model, "PREFILL_KV_WRITE", True)          # whatever the environment says
     try:
         engines = [TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset(spec), max_slots=2, max_len=64,
                                                dtype=torch.bfloat16, prefill_chunk=8) for _ in range(2)]

@@ -27,10 +27,9 @@ from .kv_cache import KVCache, KVTensors
 
 SUPPORTED = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 #: prefill chunks' K/V written by the q/k-norm + RoPE launch where the prefill kernel reads the cache
-#: in place (same bits as the separate cache write, under the interpreter and in the sm_90 compile).
-#: Opt-in (AGENTQ_PREFILL_KV_WRITE=1) until `test_engine_cuda.py` has run it on a GPU: the round that
-#: built it had no GPU left to run it on
-PREFILL_KV_WRITE = os.environ.get("AGENTQ_PREFILL_KV_WRITE", "0") == "1"
+#: in place (same tokens and log-probs as the separate cache write: interpreter and H200 engine tests,
+#: docs/bench/h200-r11/gputests-r11a.log); AGENTQ_PREFILL_KV_WRITE=0 turns it off
+PREFILL_KV_WRITE = os.environ.get("AGENTQ_PREFILL_KV_WRITE", "1") != "0"
 
 
 #: a linear's input: rows of the model dtype, or their per-token int8 codes and fp32 scales
