@@ -21,6 +21,8 @@ these only where the decode kernel runs (`EngineModel` decides once).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ._interp import HAVE_TRITON, interpreting, num_sms, require_triton, runs_interpreted
@@ -196,63 +198,81 @@ if HAVE_TRITON:
                              T, HQ, HKV, D, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sc_b, sc_t, eps,
                              sc_s, sc_h, sc_l, ss_s, ss_h, floor,
                              NORM: tl.constexpr, WRITE_KV: tl.constexpr, RAGGED: tl.constexpr,
-                             KV_INT8: tl.constexpr, HALF_AWAY: tl.constexpr, BLOCK_D: tl.constexpr,
-                             BF16_BITS: tl.constexpr, PDL: tl.constexpr):
-        """One program per (token, head) of q and k (and v with WRITE_KV): optional per-head
-        RMSNorm, then RoPE (x·cos + rotate_half(x)·sin), each op rounded to the model dtype as torch
-        rounds it. WRITE_KV: k and v of token (b, t) go straight into the slot cache at
-        (slot[b], pos[b·T + t]) — int8 codes + per-token-head scale with KV_INT8
-        (`quantize_kv_to_cache`'s arithmetic on the rounded values), else the values — and only q
-        is returned; RAGGED (prefill chunks): only each row's first nnew[b] tokens are written."""
+                             KV_INT8: tl.constexpr, HALF_AWAY: tl.constexpr, HEADS: tl.constexpr,
+                             BLOCK_D: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr):
+        """One program per (token, group of HEADS heads) of q, of k (and of v with WRITE_KV; a
+        group never mixes them: program (token, j) takes q heads j·HEADS.. while j < ⌈HQ / HEADS⌉,
+        then k heads, then v heads; heads past the count are masked), as a [HEADS, BLOCK_D] block:
+        optional per-head RMSNorm (reduced along axis 1), then RoPE (x·cos + rotate_half(x)·sin),
+        each op rounded to the model dtype as torch rounds it. Launched with HEADS warps, each head
+        gets the one-head program's layout (checked by tests/kernels/test_compile_sm90.py), so its
+        sum of squares adds up in the same order: the same bits for every HEADS. WRITE_KV: k and v
+        of token (b, t) go straight into the slot cache at (slot[b], pos[b·T + t]) — int8 codes +
+        per-token-head scale with KV_INT8 (`quantize_kv_to_cache`'s arithmetic on the rounded
+        values), else the values — and only q is returned; RAGGED (prefill chunks): only each
+        row's first nnew[b] tokens are written."""
         pdl_start(PDL)
         bt = tl.program_id(0).to(tl.int64)
-        hh = tl.program_id(1)
+        j = tl.program_id(1)
         b = bt // T
         t = bt % T
+        nq = (HQ + HEADS - 1) // HEADS
+        nk = (HKV + HEADS - 1) // HEADS
         offs = tl.arange(0, BLOCK_D)
-        mask = offs < D
-        if hh >= HQ + HKV:            # WRITE_KV only: a v head, stored as it is
-            h = hh - HQ - HKV
-            y = tl.load(v_ptr + b * sv_b + t * sv_t + h * sv_h + offs, mask=mask, other=0.0).to(tl.float32)
-            _store_kv_row(y, vc_ptr, vs_ptr, slot_ptr, pos_ptr, nnew_ptr, b, t, bt, h, offs, mask, sc_s, sc_h, sc_l,
-                          ss_s, ss_h, floor, RAGGED, KV_INT8, HALF_AWAY, BF16_BITS)
+        dmask = offs < D
+        if j >= nq + nk:            # WRITE_KV only: v heads, stored as they are
+            hs = (j - nq - nk) * HEADS + tl.arange(0, HEADS)
+            mask = (hs < HKV)[:, None] & dmask[None, :]
+            y = tl.load(v_ptr + b * sv_b + t * sv_t + hs[:, None].to(tl.int64) * sv_h + offs[None, :], mask=mask,
+                        other=0.0).to(tl.float32)
+            _store_kv_rows(y, vc_ptr, vs_ptr, slot_ptr, pos_ptr, nnew_ptr, b, t, bt, hs, HKV, offs, mask, sc_s, sc_h,
+                           sc_l, ss_s, ss_h, floor, RAGGED, KV_INT8, HALF_AWAY, BF16_BITS)
         else:
-            is_q = hh < HQ
-            h = tl.where(is_q, hh, hh - HQ)
+            is_q = j < nq
+            hs = tl.where(is_q, j, j - nq) * HEADS + tl.arange(0, HEADS)
             half = D // 2
             rot = tl.where(offs < half, offs + half, offs - half)
             sign = tl.where(offs < half, -1.0, 1.0)
             if is_q:
-                base = q_ptr + b * sq_b + t * sq_t + h * sq_h
+                base = q_ptr + b * sq_b + t * sq_t + hs[:, None].to(tl.int64) * sq_h
                 w_ptr = qw_ptr
+                hmask = hs < HQ
             else:
-                base = k_ptr + b * sk_b + t * sk_t + h * sk_h
+                base = k_ptr + b * sk_b + t * sk_t + hs[:, None].to(tl.int64) * sk_h
                 w_ptr = kw_ptr
-            x = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
-            xr = tl.load(base + rot, mask=mask, other=0.0).to(tl.float32)
+                hmask = hs < HKV
+            mask = hmask[:, None] & dmask[None, :]
+            # the weights, cos and sin as whole [HEADS, BLOCK_D] blocks (a warp's copy per head, as a
+            # broadcast costs): aligned, their vector loads then set the block's layout as they set
+            # the one-head program's (tests/kernels/test_compile_sm90.py)
+            cols = tl.full([HEADS, 1], 0, tl.int32) + offs[None, :]
+            cols_r = tl.full([HEADS, 1], 0, tl.int32) + rot[None, :]
+            dmask2 = cols < D
+            x = tl.load(base + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+            xr = tl.load(base + rot[None, :], mask=mask, other=0.0).to(tl.float32)
             if NORM:
-                var = tl.reduce(x * x, 0, tl.standard._sum_combine) / D
-                inv = tl.math.rsqrt(var + eps)
-                w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                wr = tl.load(w_ptr + rot, mask=mask, other=0.0).to(tl.float32)
+                var = tl.reduce(x * x, 1, tl.standard._sum_combine) / D
+                inv = tl.math.rsqrt(var + eps)[:, None]
+                w = tl.load(w_ptr + cols, mask=dmask2, other=0.0).to(tl.float32)
+                wr = tl.load(w_ptr + cols_r, mask=dmask2, other=0.0).to(tl.float32)
                 x = _round_to(w * _round_to(x * inv, oq_ptr.dtype.element_ty, BF16_BITS), oq_ptr.dtype.element_ty,
                               BF16_BITS)
                 xr = _round_to(wr * _round_to(xr * inv, oq_ptr.dtype.element_ty, BF16_BITS),
                                oq_ptr.dtype.element_ty, BF16_BITS)
-            c = tl.load(cos_ptr + b * sc_b + t * sc_t + offs, mask=mask, other=0.0).to(tl.float32)
-            s = tl.load(sin_ptr + b * sc_b + t * sc_t + offs, mask=mask, other=0.0).to(tl.float32)
+            c = tl.load(cos_ptr + b * sc_b + t * sc_t + cols, mask=dmask2, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + b * sc_b + t * sc_t + cols, mask=dmask2, other=0.0).to(tl.float32)
             a = _round_to(x * c, oq_ptr.dtype.element_ty, BF16_BITS)
-            r = _round_to((sign * xr) * s, oq_ptr.dtype.element_ty, BF16_BITS)
+            r = _round_to((sign[None, :] * xr) * s, oq_ptr.dtype.element_ty, BF16_BITS)
             if is_q:
-                tl.store(oq_ptr + (bt * HQ + h) * D + offs, cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS),
-                         mask=mask)
+                tl.store(oq_ptr + (bt * HQ + hs[:, None]) * D + offs[None, :],
+                         cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS), mask=mask)
             elif WRITE_KV:
-                _store_kv_row(_round_to(a + r, oq_ptr.dtype.element_ty, BF16_BITS), kc_ptr, ks_ptr, slot_ptr,
-                              pos_ptr, nnew_ptr, b, t, bt, h, offs, mask, sc_s, sc_h, sc_l, ss_s, ss_h, floor, RAGGED,
-                              KV_INT8, HALF_AWAY, BF16_BITS)
+                _store_kv_rows(_round_to(a + r, oq_ptr.dtype.element_ty, BF16_BITS), kc_ptr, ks_ptr, slot_ptr,
+                               pos_ptr, nnew_ptr, b, t, bt, hs, HKV, offs, mask, sc_s, sc_h, sc_l, ss_s, ss_h, floor,
+                               RAGGED, KV_INT8, HALF_AWAY, BF16_BITS)
             else:
-                tl.store(ok_ptr + (bt * HKV + h) * D + offs, cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS),
-                         mask=mask)
+                tl.store(ok_ptr + (bt * HKV + hs[:, None]) * D + offs[None, :],
+                         cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS), mask=mask)
 
     @triton.jit
     def _rope_heads_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr, T, HQ, HKV, D,
@@ -291,22 +311,36 @@ if HAVE_TRITON:
         tl.store(dst + offs[None, :], cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS), mask=mask)
 
     @triton.jit
-    def _store_kv_row(y, c_ptr, cs_ptr, slot_ptr, pos_ptr, nnew_ptr, b, t, bt, h, offs, mask, sc_s, sc_h, sc_l,
-                      ss_s, ss_h, floor, RAGGED: tl.constexpr, KV_INT8: tl.constexpr, HALF_AWAY: tl.constexpr,
-                      BF16_BITS: tl.constexpr):
-        """Token t of row b (flat index bt), one K or V head (fp32 values of the model dtype), into
-        the slot cache at (slot[b], pos[bt]); RAGGED: only if t < nnew[b] (padding is not written)."""
+    def _store_kv_rows(y, c_ptr, cs_ptr, slot_ptr, pos_ptr, nnew_ptr, b, t, bt, hs, H, offs, mask, sc_s, sc_h, sc_l,
+                       ss_s, ss_h, floor, RAGGED: tl.constexpr, KV_INT8: tl.constexpr, HALF_AWAY: tl.constexpr,
+                       BF16_BITS: tl.constexpr):
+        """Token t of row b (flat index bt), K or V heads hs (a [len(hs), BLOCK_D] block of fp32
+        values of the model dtype; heads ≥ H and `mask`'s other lanes are not written), into the
+        slot cache at (slot[b], pos[bt]); RAGGED: only if t < nnew[b] (padding is not written)."""
         live = True                   # a constexpr: decode compiles no branch
         if RAGGED:
             live = t < tl.load(nnew_ptr + b)
         if live:
             slot = tl.load(slot_ptr + b).to(tl.int64)
             pos = tl.load(pos_ptr + bt).to(tl.int64)
-            dst = c_ptr + slot * sc_s + h * sc_h + pos * sc_l
+            h = hs.to(tl.int64)
+            dst = c_ptr + slot * sc_s + h[:, None] * sc_h + pos * sc_l
             if KV_INT8:
-                _store_row_codes(y, dst, cs_ptr + slot * ss_s + h * ss_h + pos, offs, mask, floor, HALF_AWAY)
+                _store_rows_codes(y, dst, cs_ptr + slot * ss_s + h * ss_h + pos, offs, mask, hs < H, floor,
+                                  HALF_AWAY)
             else:
-                tl.store(dst + offs, cast_for_store(y, c_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+                tl.store(dst + offs[None, :], cast_for_store(y, c_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+
+    @triton.jit
+    def _store_rows_codes(y, q_rows, s_out, offs, mask, row_mask, floor, HALF_AWAY: tl.constexpr):
+        """`_store_row_codes` for a [R, BLOCK] block of rows held in registers (fp32 values;
+        masked lanes ignored), each row on its own: its int8 codes at q_rows[r] + offs and its fp32
+        scale at s_out[r] (rows off `row_mask` not written), with the same arithmetic helpers
+        (`_absmax_to_scale`, `_quant_block`; the absmax is a max, exact in any order)."""
+        amax = tl.reduce(tl.where(mask, tl.abs(y), 0.0), 1, tl.standard._elementwise_max)
+        scale = _absmax_to_scale(amax, floor)
+        tl.store(q_rows + offs[None, :], _quant_block(y, scale[:, None], HALF_AWAY), mask=mask)
+        tl.store(s_out, scale, mask=row_mask)
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight, k_weight, cos: torch.Tensor, sin: torch.Tensor,
@@ -388,8 +422,42 @@ def _rope_operands(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
     return cos, sin, torch.empty((b, t, hq, d), dtype=q.dtype, device=q.device)
 
 
+#: heads of one token per `_qk_norm_rope_kernel` program above `ROPE_ONE_HEAD_MAX_ROWS` tokens
+#: (prefill chunks): one [heads, D] block in as many warps, a warp per head (the one-head program's
+#: layout, so the same bits). One warp per (token, head) is 1.57M programs for a 32768-token chunk
+#: of Qwen3-8B (32 + 8 + 8 heads): 790 µs on the H200 where the bytes it moves need ~170.
+ROPE_HEADS_PER_PROGRAM = 8
+#: up to this many tokens (decode steps: B ≤ 256 rows of one token) a program takes one head, the
+#: launch the decode step was measured with
+ROPE_ONE_HEAD_MAX_ROWS = 256
+#: environment variable that overrides the choice (a power of two ≤ 32; A/B runs on the GPU)
+ROPE_HEADS_ENV = "AGENTQ_ROPE_HEADS"
+
+
+def rope_heads_per_program(rows: int) -> int:
+    """Heads per `_qk_norm_rope_kernel` program for a launch over `rows` = B·T tokens: 1 up to
+    `ROPE_ONE_HEAD_MAX_ROWS` (decode), `ROPE_HEADS_PER_PROGRAM` above (prefill), or the value of
+    $AGENTQ_ROPE_HEADS when set. Every choice stores the same bits; only the speed differs."""
+    env = os.environ.get(ROPE_HEADS_ENV, "").strip()
+    heads = int(env) if env else (1 if rows <= ROPE_ONE_HEAD_MAX_ROWS else ROPE_HEADS_PER_PROGRAM)
+    if not 1 <= heads <= 32 or heads & (heads - 1):
+        raise ValueError(f"{ROPE_HEADS_ENV}={heads}: heads per program must be a power of two in [1, 32]")
+    return heads
+
+
+def _heads_fit(q: torch.Tensor, k: torch.Tensor, d: int) -> bool:
+    """Whether `_qk_norm_rope_kernel` can take several heads per program and keep the one-head
+    program's bits: q and k 16-byte-aligned with 16-divisible strides and head dim, which Triton
+    specializes on (vector loads), so each head's row gets the one-head layout (compared in
+    tests/kernels/test_compile_sm90.py); unaligned rows could be split across warps instead."""
+    return d % 16 == 0 and all(x.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in x.stride()[:-1])
+                               for x in (q, k))
+
+
 def _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, ok, cache) -> torch.Tensor:
-    """The one launch behind `qk_norm_rope` (ok given) and `qk_norm_rope_to_cache` (cache given)."""
+    """The one launch behind `qk_norm_rope` (ok given) and `qk_norm_rope_to_cache` (cache given):
+    `rope_heads_per_program` heads per program (at most the larger head count, rounded up to a
+    power of two; 1 unless `_heads_fit`), one warp each."""
     cos, sin, oq = _rope_operands(q, k, cos, sin)
     b, t, hq, d = q.shape
     hkv = k.shape[2]
@@ -397,11 +465,12 @@ def _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, ok, cache) 
         return oq
     interp = runs_interpreted(_qk_norm_rope_kernel)
     oq_arg, bits = store_view(oq, interp)
+    hb = min(rope_heads_per_program(b * t), triton.next_power_of_2(max(hq, hkv))) if _heads_fit(q, k, d) else 1
+    groups = triton.cdiv(hq, hb) + triton.cdiv(hkv, hb) * (1 if cache is None else 2)     # q, k (, v) groups
     if cache is None:
         ok_arg = store_view(ok, interp)[0]
         kc = vc = ks = vs = slots = pos = oq_arg
-        cstr, sstr, floor, int8, half_away, heads, v = (0, 0, 0), (0, 0), 0.0, False, False, hq + hkv, k
-        n_new = None
+        cstr, sstr, floor, int8, half_away, v, n_new = (0, 0, 0), (0, 0), 0.0, False, False, k, None
     else:
         kc, vc, ks, vs, slots, pos, n_new, kv_quant = cache
         int8 = kv_quant is not None
@@ -411,16 +480,16 @@ def _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, ok, cache) 
         ok_arg, cstr = oq_arg, (kc.stride(0), kc.stride(1), kc.stride(2))
         sstr = (ks.stride(0), ks.stride(1)) if int8 else (0, 0)
         floor = float(kv_quant[0]) if int8 else 0.0
-        half_away, heads = _check_mode(kv_quant[1]) if int8 else False, hq + 2 * hkv
+        half_away = _check_mode(kv_quant[1]) if int8 else False
     norm = q_weight is not None
     pdl = use_pdl(_qk_norm_rope_kernel, q.device, b * t)
-    _qk_norm_rope_kernel[(b * t, heads)](
+    _qk_norm_rope_kernel[(b * t, groups)](
         q, k, v, q_weight if norm else q, k_weight if norm else k, cos, sin, oq_arg, ok_arg,
         kc, vc, ks, vs, slots, pos, slots if n_new is None else n_new,     # (n_new read only when RAGGED)
         t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), cos.stride(0), cos.stride(1), float(eps), *cstr, *sstr, floor,
         NORM=norm, WRITE_KV=cache is not None, RAGGED=n_new is not None, KV_INT8=int8, HALF_AWAY=half_away,
-        BLOCK_D=triton.next_power_of_2(d), BF16_BITS=bits, PDL=pdl, launch_pdl=pdl, num_warps=1,
+        HEADS=hb, BLOCK_D=triton.next_power_of_2(d), BF16_BITS=bits, PDL=pdl, launch_pdl=pdl, num_warps=hb,
         enable_fp_fusion=False)   # no FMA: each op rounds as torch's
     return oq
 

@@ -95,14 +95,18 @@ def _cases():
                                                    "qs_ptr": "*fp32", "y_ptr": "*bf16"}, {"floor"},
          {"HALF_AWAY": True, "BLOCK": 2048, "BF16_BITS": False, "OUT_DTYPE": "bf16", "STORE_Y": True,
           "PDL": False, "CHUNKED": True}, 4, 3),
-        # qk_norm_rope; decode's K/V write; a prefill chunk's (ragged rows) into an int8 and a bf16 cache
+        # qk_norm_rope; decode's K/V write; a prefill chunk's (ragged rows) into an int8 and a bf16 cache;
+        # one head per program (decode's launch) and head groups (prefill's), a warp per head
         *(("triton_norm", "_qk_norm_rope_kernel", {**rope_io, "kc_ptr": code, "vc_ptr": code, "ks_ptr": scale,
                                                     "vs_ptr": scale, "slot_ptr": "*i64", "pos_ptr": "*i64",
                                                     "nnew_ptr": "*i32"},
            {"eps", "floor"}, {"NORM": write, "WRITE_KV": write, "RAGGED": ragged, "KV_INT8": code == "*i8",
-                              "HALF_AWAY": False, "BLOCK_D": 128, "BF16_BITS": False, "PDL": True}, 1, 3)
-          for write, ragged, code, scale in ((False, False, "*i8", "*fp32"), (True, False, "*i8", "*fp32"),
-                                             (True, True, "*i8", "*fp32"), (True, True, "*bf16", "*bf16"))),
+                              "HALF_AWAY": False, "HEADS": heads, "BLOCK_D": 128, "BF16_BITS": False,
+                              "PDL": heads == 1}, heads, 3)
+          for write, ragged, code, scale, heads in (
+              (False, False, "*i8", "*fp32", 1), (True, False, "*i8", "*fp32", 1), (True, True, "*i8", "*fp32", 1),
+              (True, True, "*bf16", "*bf16", 1), (False, False, "*i8", "*fp32", 8), (True, True, "*i8", "*fp32", 8),
+              (True, True, "*bf16", "*bf16", 8), (True, True, "*i8", "*fp32", 16))),
         ("triton_norm", "_rope_heads_kernel", {p: "*bf16" for p in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "oq_ptr",
                                                                      "ok_ptr")},
          set(), {"HB": 8, "BLOCK_D": 128, "BF16_BITS": False}, 4, 3),
@@ -153,11 +157,13 @@ def test_kernel_compiles_for_sm90(case):
     assert compiled.metadata.shared <= 227 * 1024            # fits an H200 multiprocessor
 
 
-def _row_layout(compiled) -> dict[str, list[int]]:
-    """The blocked layout of the first reduction's operand (a norm's sum of squares) in the
-    compiled kernel's TTGIR, keyed by field (sizePerThread, threadsPerWarp, warpsPerCTA, order)."""
+def _row_layout(compiled, combine: str | None = None) -> dict[str, list[int]]:
+    """The blocked layout of the first reduction's operand (a norm's sum of squares; with
+    `combine`, e.g. "addf", the first reduction combining with that op) in the compiled kernel's
+    TTGIR, keyed by field (sizePerThread, threadsPerWarp, warpsPerCTA, order)."""
     ttgir = compiled.asm["ttgir"]
-    operand = re.search(r"\}\) : \(tensor<[0-9x]+xf32, (#\w+)>\)", ttgir)
+    body = rf"arith\.{combine} [^\n]*\n\s*tt\.reduce\.return[^\n]*\n\s*" if combine else ""
+    operand = re.search(body + r"\}\) : \(tensor<[0-9x]+xf32, (#\w+)>\)", ttgir)
     assert operand, "no reduction found"
     layout = re.search(rf"^{operand.group(1)} = #ttg\.blocked<\{{(.*)\}}>", ttgir, re.M)
     assert layout, f"{operand.group(1)} is not a blocked layout"
@@ -188,3 +194,27 @@ def test_multi_row_norm_gives_each_row_the_one_row_layout(block):
     assert multi["sizePerThread"] == [1] + one["sizePerThread"]
     assert multi["threadsPerWarp"] == [1] + one["threadsPerWarp"]
     assert multi["warpsPerCTA"] == [rows] + one["warpsPerCTA"]
+
+
+@pytest.mark.parametrize("dtype", ["*bf16", "*fp32"])
+@pytest.mark.parametrize("write", [False, True])
+@pytest.mark.parametrize("heads", [2, 8, 16])
+def test_qk_norm_rope_head_groups_give_each_head_the_one_head_layout(dtype, write, heads):
+    """`_qk_norm_rope_kernel` over HEADS heads per program in HEADS warps (its launch on aligned q
+    and k, `triton_norm._heads_fit`) holds each head's row in the threads, lanes and single warp
+    that the one-head program holds it in, so the norm's sum of squares adds up in the same order
+    and every HEADS stores the same bits (the CUDA test in test_triton_norm.py checks values).
+    Fewer warps than heads would not: e.g. 8 heads in 4 warps put a row in 16 lanes × 8 elements."""
+    ptrs = {**{p: dtype for p in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "oq_ptr",
+                                  "ok_ptr")},
+            "kc_ptr": "*i8", "vc_ptr": "*i8", "ks_ptr": "*fp32", "vs_ptr": "*fp32", "slot_ptr": "*i64",
+            "pos_ptr": "*i64", "nnew_ptr": "*i32"}
+    aligned = ("q_ptr", "k_ptr", "D", "sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h")     # what _heads_fit asks
+    consts = {"NORM": True, "WRITE_KV": write, "RAGGED": write, "KV_INT8": True, "HALF_AWAY": False, "BLOCK_D": 128,
+              "BF16_BITS": False, "PDL": False}
+    one = _row_layout(_compile("triton_norm", "_qk_norm_rope_kernel", ptrs, {"eps", "floor"},
+                               {**consts, "HEADS": 1}, 1, 3, aligned), "addf")
+    multi = _row_layout(_compile("triton_norm", "_qk_norm_rope_kernel", ptrs, {"eps", "floor"},
+                                 {**consts, "HEADS": heads}, heads, 3, aligned), "addf")
+    assert one["threadsPerWarp"] == [1, 32] and one["warpsPerCTA"] == [1, 1]
+    assert multi == {**one, "warpsPerCTA": [heads, 1]}

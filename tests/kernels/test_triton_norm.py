@@ -437,6 +437,104 @@ def _check_prefill_chunk_write(norm_mod, quantize_kv_to_cache, kv, dtype, norm, 
             assert torch.equal(scales[i] != 0.5, written.expand(S, hkv, L))
 
 
+def test_rope_heads_per_program_rule(K, monkeypatch):
+    """One head per program for decode-sized launches, `ROPE_HEADS_PER_PROGRAM` above; the
+    environment variable overrides both and must name a power of two up to 32."""
+    monkeypatch.delenv(K.ROPE_HEADS_ENV, raising=False)
+    assert K.rope_heads_per_program(1) == K.rope_heads_per_program(K.ROPE_ONE_HEAD_MAX_ROWS) == 1
+    assert K.rope_heads_per_program(K.ROPE_ONE_HEAD_MAX_ROWS + 1) == K.ROPE_HEADS_PER_PROGRAM
+    monkeypatch.setenv(K.ROPE_HEADS_ENV, "4")
+    assert K.rope_heads_per_program(1) == K.rope_heads_per_program(32768) == 4
+    for bad in ("3", "0", "64"):
+        monkeypatch.setenv(K.ROPE_HEADS_ENV, bad)
+        with pytest.raises(ValueError):
+            K.rope_heads_per_program(1)
+
+
+def _rope_heads_run(K, q, k, v, nw, cos, sin, kv, slots, positions, n_new):
+    """(q, k) of `qk_norm_rope`, then q and the caches + scales `qk_norm_rope_to_cache` leaves in
+    sentinel-filled caches (7 codes / values, 0.5 scales: "not written")."""
+    S, L, hkv, d = 4, 8, k.shape[2], k.shape[3]
+    dt = torch.int8 if kv == "int8" else q.dtype
+    caches = [torch.full((S, hkv, L, d), 7, dtype=dt) for _ in range(2)]
+    scales = [torch.full((S, hkv, L), 0.5) for _ in range(2)] if kv == "int8" else [None, None]
+    quant = (SPEC_KV.kv_scale_floor, SPEC_KV.kv_rounding) if kv == "int8" else None
+    rq, rk = K.qk_norm_rope(q, k, nw, nw, cos, sin, 1e-6)
+    oq = K.qk_norm_rope_to_cache(q, k, v, nw, nw, cos, sin, 1e-6, caches[0], caches[1], scales[0], scales[1],
+                                 slots, positions, quant, n_new)
+    return [rq, rk, oq, *caches, *(sc for sc in scales if sc is not None)]
+
+
+@pytest.mark.parametrize("kv, dtype, norm", [("int8", torch.bfloat16, True), ("int8", torch.float32, True),
+                                             ("values", torch.bfloat16, True), ("values", torch.float32, False)])
+def test_qk_norm_rope_head_groups_store_the_same_bits(K, monkeypatch, kv, dtype, norm):
+    """`_qk_norm_rope_kernel` over groups of 1, 2 and 8 heads per program (`AGENTQ_ROPE_HEADS`):
+    6 q and 2 k/v heads, so the last q group and every k/v group of 8 are partly masked; a ragged
+    prefill chunk (rows of 3, 1, 0 and 2 valid tokens of 3). q, k, the caches and the scales are
+    the same bits for every group size, and padding tokens leave the sentinels untouched."""
+    g = torch.Generator().manual_seed(17)
+    b, t, hq, hkv, d = 4, 3, 6, 2, 32
+    fused = torch.randn(b, t, (hq + 2 * hkv) * d, generator=g).to(dtype)
+    q = fused[..., : hq * d].reshape(b, t, hq, d)
+    k = fused[..., hq * d:(hq + hkv) * d].reshape(b, t, hkv, d)
+    v = fused[..., (hq + hkv) * d:].reshape(b, t, hkv, d)
+    nw = (1 + 0.1 * torch.randn(d, generator=g)).to(dtype) if norm else None
+    ang = torch.randn(b, t, d // 2, generator=g) * 3
+    cos, sin = (torch.cat([f(ang)] * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
+    slots = torch.tensor([3, 0, 2, 1])
+    n_new = torch.tensor([3, 1, 0, 2], dtype=torch.int32)
+    valid = torch.arange(t)[None, :] < n_new[:, None]
+    positions = torch.where(valid, torch.tensor([0, 5, 2, 4])[:, None] + torch.arange(t), 0)
+    assert K._heads_fit(q, k, d)                                   # so the groups below are launched
+    outs = {}
+    for heads in (1, 2, 8):
+        monkeypatch.setenv(K.ROPE_HEADS_ENV, str(heads))
+        outs[heads] = _rope_heads_run(K, q, k, v, nw, cos, sin, kv, slots, positions, n_new)
+    for heads in (2, 8):
+        assert all(torch.equal(x, y) for x, y in zip(outs[1], outs[heads])), heads
+    written = torch.zeros(4, 1, 8, dtype=torch.bool)
+    written[slots[:, None].expand(b, t)[valid], 0, positions[valid]] = True      # 6 (slot, position) pairs
+    for cache in outs[8][3:5]:
+        assert torch.equal((cache != 7).any(-1), written.expand(4, hkv, 8))
+    if kv == "int8":
+        for sc in outs[8][5:]:
+            assert torch.equal(sc != 0.5, written.expand(4, hkv, 8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_compiled_qk_norm_rope_head_groups_store_the_same_bits(monkeypatch, dtype):
+    """On the GPU: `qk_norm_rope` and `qk_norm_rope_to_cache` (int8 cache, ragged rows) at Qwen3-8B
+    heads (32 q, 8 k/v, head dim 128) store the same bits for 1, 2, 4, 8 and 16 heads per program
+    (each head keeps the one-head program's layout, so the norm sums in the same order)."""
+    from agentq.kernels import triton_norm
+
+    _interp.restore_compiled(MODULES)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    b, t, hq, hkv, d = 4, 300, 32, 8, 128
+    fused = (torch.randn(b, t, (hq + 2 * hkv) * d, generator=g, device="cuda") * 2).to(dtype)
+    q = fused[..., : hq * d].reshape(b, t, hq, d)
+    k = fused[..., hq * d:(hq + hkv) * d].reshape(b, t, hkv, d)
+    v = fused[..., (hq + hkv) * d:].reshape(b, t, hkv, d)
+    nw = (1 + 0.1 * torch.randn(d, generator=g, device="cuda")).to(dtype)
+    ang = torch.randn(b, t, d // 2, generator=g, device="cuda") * 3
+    cos, sin = (torch.cat([f(ang)] * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
+    slots = torch.tensor([3, 0, 2, 1], device="cuda")
+    n_new = torch.tensor([300, 17, 0, 256], dtype=torch.int32, device="cuda")
+    positions = torch.arange(t, device="cuda").repeat(b, 1)
+    kvq = (SPEC_KV.kv_scale_floor, SPEC_KV.kv_rounding)
+    outs = []
+    for heads in (1, 2, 4, 8, 16):
+        monkeypatch.setenv(triton_norm.ROPE_HEADS_ENV, str(heads))
+        caches = [torch.full((4, hkv, t, d), 7, dtype=torch.int8, device="cuda") for _ in range(2)]
+        scl = [torch.full((4, hkv, t), 0.5, device="cuda") for _ in range(2)]
+        oq = triton_norm.qk_norm_rope_to_cache(q, k, v, nw, nw, cos, sin, 1e-6, caches[0], caches[1], scl[0],
+                                               scl[1], slots, positions, kvq, n_new)
+        outs.append([*triton_norm.qk_norm_rope(q, k, nw, nw, cos, sin, 1e-6), oq, *caches, *scl])
+    for other in outs[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(outs[0], other))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kv", ["int8", "values"])
 def test_compiled_prefill_chunk_kv_write_equals_the_separate_kernels(kv):
