@@ -185,24 +185,24 @@ def tune_gemm(shapes, dev, results, deadline: float = float("inf"), ms=MS):
 
 
 def glu_candidates(m: int):
-    """`int8_gemm_glu` launches to sweep (block_n counts the gate columns; as many up rows ride along)."""
+    """`int8_gemm_glu` launches to sweep (block_n counts paired rows: half of them gate columns)."""
     from agentq.kernels.triton_gemm import GemmConfig
     if m >= 2048:
-        for bm, bn, bk, w, st, p in ((128, 128, 128, 8, 3, 2), (128, 128, 128, 8, 3, 1), (128, 64, 128, 8, 4, 2),
-                                     (256, 64, 128, 8, 3, 2), (128, 128, 64, 8, 4, 2), (128, 128, 128, 8, 3, 0),
-                                     (128, 64, 128, 4, 4, 2), (64, 128, 128, 4, 4, 2)):
+        for bm, bn, bk, w, st, p in ((256, 128, 128, 8, 3, 2), (128, 256, 128, 8, 3, 2), (128, 128, 128, 8, 3, 2),
+                                     (128, 256, 128, 8, 3, 1), (256, 128, 128, 8, 3, 1), (128, 128, 128, 8, 4, 2),
+                                     (128, 256, 64, 8, 4, 2), (256, 128, 128, 8, 3, 0)):
             yield GemmConfig(bm, bn, bk, 1, 8, w, st, p)
         return
-    for bn, bk, w, st in ((32, 256, 4, 4), (32, 128, 4, 6), (64, 128, 4, 4), (64, 256, 4, 3), (16, 256, 4, 6),
-                          (32, 512, 4, 3), (64, 256, 8, 3)):
+    for bn, bk, w, st in ((64, 256, 4, 4), (64, 128, 4, 6), (128, 128, 4, 4), (128, 256, 4, 3), (32, 256, 4, 6),
+                          (64, 512, 4, 3), (128, 256, 8, 3), (256, 128, 8, 3)):
         yield GemmConfig(128 if m > 64 else 64, bn, bk, 1, 8, w, st)
 
 
 def bench_glu(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128, 32768), tune: bool = True):
-    """The gate_up GEMM with SiLU·mul in its epilogue + the one-read codes (`int8_gemm_glu`,
-    `quantize_rows_from_amax`) against what it replaces (the gate_up GEMM, then `silu_mul_quant`),
-    and bf16 cuBLAS + `silu_mul` for scale; with `tune`, a sweep of GLU launches per M whose best
-    rows go to h200_gemm.json's "glu" section."""
+    """The gate_up GEMM with SiLU·mul in its epilogue + the one-read codes (`int8_gemm_glu` on
+    paired rows, `quantize_rows_from_amax`) against what it replaces (the stacked gate_up GEMM,
+    then `silu_mul_quant`), and bf16 cuBLAS + `silu_mul` for scale; with `tune`, a sweep of GLU
+    launches per M whose best rows would go to h200_gemm.json's "glu" section (by paired rows)."""
     from agentq.kernels import triton_gemm as tg
     from agentq.kernels import triton_norm as tn
     from agentq.kernels import triton_quant as tq
@@ -213,6 +213,7 @@ def bench_glu(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128, 3276
         k, n2 = MODEL_LINEARS[model]["gate_up"]
         n = n2 // 2
         sh = LinearShape(f"{model}:gate_up", k, n2, dev)
+        paired = [(tg.glu_pair_rows(w), tg.glu_pair_rows(s)) for w, s in zip(sh.w_q, sh.s_w)]
         rows = []
         for m in ms:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -224,7 +225,7 @@ def bench_glu(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128, 3276
                 tn.silu_mul_quant(gu[:, :n], gu[:, n:], floor, rounding)
 
             def glu(i, cfg=None):
-                h, amax = tg.int8_gemm_glu(x_q, s_x, sh.w_q[i], sh.s_w[i], None, torch.bfloat16, cfg)
+                h, amax = tg.int8_gemm_glu(x_q, s_x, *paired[i], None, torch.bfloat16, cfg)
                 tq.quantize_rows_from_amax(h, amax, floor, rounding)
 
             def bf16(i):
@@ -234,7 +235,7 @@ def bench_glu(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128, 3276
             t_two = graph_us([partial(two_launch, i) for i in range(reps)]) / reps
             t_glu = graph_us([partial(glu, i) for i in range(reps)]) / reps
             t_bf16 = graph_us([partial(bf16, i) for i in range(min(reps, sh.n_bf16))]) / min(reps, sh.n_bf16)
-            best = (t_glu, tg.glu_config(m, n, k, dev))
+            best = (t_glu, tg.glu_config(m, n2, k, dev))
             if tune:
                 for cfg in glu_candidates(m):
                     try:
@@ -252,8 +253,8 @@ def bench_glu(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128, 3276
             log(f"{sh.name:18s} M={m:6d}: GEMM + silu_mul_quant {t_two:9.1f}  GLU {t_glu:9.1f} "
                 f"({t_two / t_glu:.2f}x)  best {best[1].short()} {best[0]:9.1f}  | bf16 + silu_mul {t_bf16:9.1f}")
         if rows:
-            table[f"{n}x{k}"] = rows
-        del sh
+            table[f"{n2}x{k}"] = rows
+        del sh, paired
         torch.cuda.empty_cache()
     if table:
         log(f"h200_gemm.json glu rows: {json.dumps(table)}")
@@ -590,6 +591,62 @@ def bench_learner_elementwise(dev, results, m: int = 10240):
             results.setdefault("learner_elementwise", []).append({"op": f"rope {hq}+{hkv} {name}", "us": us})
 
 
+#: (B, T) rows `--rope` times: a decode step's and a prefill chunk's (32768 tokens)
+ROPE_ROWS = ((64, 1), (16, 2048))
+#: heads per `_qk_norm_rope_kernel` program `--rope` sweeps (`AGENTQ_ROPE_HEADS`)
+ROPE_HEADS = (1, 2, 4, 8, 16)
+
+
+def bench_rope(dev, results, hq: int = 32, hkv: int = 8, d: int = 128, cache_len: int = 2048):
+    """q/k-norm + RoPE at Qwen3-8B heads, bf16: `triton_norm.qk_norm_rope_to_cache` (K/V into an
+    int8 cache, as the engine's decode step and prefill chunks run it) and `qk_norm_rope`, at each
+    of `ROPE_ROWS` for each of `ROPE_HEADS` heads per program; µs per call and effective GB/s of
+    the bytes each must move (inputs read once, outputs written once, cos/sin once per token)."""
+    from agentq.kernels import triton_norm as tn
+    log(f"\n== q/k-norm + RoPE, {hq} + {hkv} heads x {d} (bf16; int8 KV cache; µs per call, GB/s moved) ==")
+    saved = os.environ.get(tn.ROPE_HEADS_ENV)
+    kvq = (SPEC.kv_scale_floor, SPEC.kv_rounding)
+    try:
+        for b, t in ROPE_ROWS:
+            n = b * t
+            g = torch.Generator(device=dev).manual_seed(n)
+            qkv = torch.randn(b, t, (hq + 2 * hkv) * d, generator=g, device=dev).bfloat16()
+            q = qkv[..., :hq * d].view(b, t, hq, d)
+            k, v = qkv[..., hq * d:(hq + hkv) * d].view(b, t, hkv, d), qkv[..., (hq + hkv) * d:].view(b, t, hkv, d)
+            nw = (1 + 0.1 * torch.randn(d, generator=g, device=dev)).bfloat16()
+            ang = torch.randn(b, t, d // 2, generator=g, device=dev) * 3
+            cos, sin = torch.cat([ang.cos()] * 2, -1).bfloat16(), torch.cat([ang.sin()] * 2, -1).bfloat16()
+            kc, vc = (torch.zeros(b, hkv, cache_len, d, dtype=torch.int8, device=dev) for _ in range(2))
+            ks, vs = (torch.zeros(b, hkv, cache_len, device=dev) for _ in range(2))
+            slots = torch.arange(b, device=dev)
+            if t == 1:      # decode: one token per row at a random position, every token written
+                pos, n_new = torch.randint(0, cache_len, (b,), generator=g, device=dev), None
+            else:           # a prefill chunk (the engine passes its rows' valid counts: the ragged path)
+                pos, n_new = torch.arange(t, device=dev).repeat(b, 1), torch.full((b,), t, dtype=torch.int32,
+                                                                                  device=dev)
+            cs_bytes = n * d * 2 * 2
+            cases = (("qk_norm_rope_to_cache", n * ((hq + 2 * hkv) * d * 2 + hq * d * 2 + 2 * hkv * (d + 4)) + cs_bytes,
+                      lambda: tn.qk_norm_rope_to_cache(q, k, v, nw, nw, cos, sin, 1e-6, kc, vc, ks, vs, slots, pos,
+                                                       kvq, n_new)),
+                     ("qk_norm_rope", n * (hq + hkv) * d * 2 * 2 + cs_bytes,
+                      lambda: tn.qk_norm_rope(q, k, nw, nw, cos, sin, 1e-6)))
+            for name, nbytes, fn in cases:
+                for heads in ROPE_HEADS:
+                    os.environ[tn.ROPE_HEADS_ENV] = str(heads)
+                    us = graph_us([fn], rep_ms=40.0, warmup_ms=10.0)
+                    log(f"{b:3d} x {t:5d} tokens  {name:22s} {heads:2d} heads/program {us:8.1f} µs  "
+                        f"{nbytes / us / 1e3:6.0f} GB/s")
+                    results.setdefault("rope", []).append({"b": b, "t": t, "op": name, "heads": heads, "us": us,
+                                                           "gbps": nbytes / us / 1e3})
+            del qkv, kc, vc, ks, vs
+            torch.cuda.empty_cache()
+    finally:
+        if saved is None:
+            os.environ.pop(tn.ROPE_HEADS_ENV, None)
+        else:
+            os.environ[tn.ROPE_HEADS_ENV] = saved
+
+
 # ---------------------------------------------------------------------- prefill attention
 #: (block_t, block_n, warps, stages) of the prefill kernel swept by --prefill (int8 caches: each
 #: with codes read as words and, for the default launch, as bytes too)
@@ -688,6 +745,9 @@ def main():
                          "(Qwen3-8B / 1.7B, M 64 / 128 / 32768; 'tune': also sweep its launches) and exit")
     ap.add_argument("--int-mm", action="store_true",
                     help="only time torch._int_mm against the Triton W8A8 GEMM and bf16 at prefill rows and exit")
+    ap.add_argument("--rope", action="store_true",
+                    help="only time qk_norm_rope_to_cache (int8 cache) and qk_norm_rope at Qwen3-8B heads, decode "
+                         "(64 x 1) and prefill (16 x 2048) rows, 1 to 16 heads per program, and exit")
     ap.add_argument("--prefill", action="store_true",
                     help="only time prefill attention, the read-back path vs the in-place kernel's launches, and exit")
     args = ap.parse_args()
@@ -712,6 +772,9 @@ def main():
         return save()
     if args.int_mm:
         bench_int_mm(dev, results)
+        return save()
+    if args.rope:
+        bench_rope(dev, results)
         return save()
     if args.glu:
         bench_glu(dev, results, tune=args.glu == "tune")

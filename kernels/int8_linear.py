@@ -48,30 +48,28 @@ def w8a8_linear_codes(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s
     return y.reshape(*shape[:-1], w_q.shape[0])
 
 
-#: the gate_up GEMM with SiLU·mul in its epilogue (`w8a8_glu_codes`); AGENTQ_GLU_GEMM=0 turns it off
-#: (the two-launch path: gate_up GEMM, then SiLU·mul + codes; same bits, kept for A/B measurements)
+#: gate_up linears on CUDA store their gate and up rows paired and run the GEMM with SiLU·mul in
+#: its epilogue (`w8a8_glu_codes`) at every row count; AGENTQ_GLU_GEMM=0 keeps the stacked rows and
+#: the two-launch path (gate_up GEMM, then SiLU·mul + codes; the same bits, kept for A/B runs).
+#: Read when an engine is built: the weight layout follows it.
 GLU_GEMM = os.environ.get("AGENTQ_GLU_GEMM", "1") != "0"
-#: ...for at most this many rows (decode steps). At prefill rows the two launches are faster on the
-#: H200: 6.50 against 6.60 ms at its best launch (7.16 ms at the default one) for Qwen3-8B at
-#: M = 32,768, 1.97 against 2.04 ms for 1.7B; at M = 64 the GLU path wins, 38.1 → 35.3 µs (8B)
-#: and 15.5 → 13.6 µs (1.7B) (`bench_kernels --glu`, docs/bench/h200-r10/glu-tune.log)
-GLU_MAX_ROWS = 256
 
 
-def glu_applies(x_q: torch.Tensor) -> bool:
-    """Whether `w8a8_glu_codes` runs for the codes x_q [..., K]: on CUDA with Triton, for decode
-    rows (`GLU_MAX_ROWS`), while `GLU_GEMM` is on."""
-    rows = x_q.numel() // max(1, x_q.shape[-1])
-    return bool(GLU_GEMM) and rows <= GLU_MAX_ROWS and x_q.is_cuda and _triton_linear() is not None
+def glu_layout(quantized: bool, device: torch.device | str) -> bool:
+    """Whether a gate_up linear built now on `device` pairs its rows (`triton_gemm.glu_pair_rows`)
+    and runs `w8a8_glu_codes`: quantized, on CUDA with Triton, while `GLU_GEMM` is on."""
+    return (bool(GLU_GEMM) and quantized and torch.device(device).type == "cuda"
+            and _triton_linear() is not None)
 
 
 def w8a8_glu_codes(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
                    bias: torch.Tensor | None, out_dtype: torch.dtype, act_quant: tuple[float, str] | None
                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """silu(gate) · up of a gate_up W8A8 linear (W_q [2N, K]: gate rows, then up rows) on per-token
-    codes x_q [..., K] / s_x [...]: the rows [..., N], or with `act_quant` = (scale floor,
-    rounding) their per-token codes and scales for the down projection. The same bits as the
-    gate_up GEMM + `triton_norm.silu_mul` (+ `quantize_rows`), in two launches (`glu_applies`)."""
+    """silu(gate) · up of a gate_up W8A8 linear (W_q [2N, K], s_w, bias: gate and up rows paired,
+    `triton_gemm.glu_pair_rows`) on per-token codes x_q [..., K] / s_x [...]: the rows [..., N],
+    or with `act_quant` = (scale floor, rounding) their per-token codes and scales for the down
+    projection. The same bits as the stacked gate_up GEMM + `triton_norm.silu_mul` (+
+    `quantize_rows`), in two launches (`glu_layout`)."""
     from .triton_gemm import int8_gemm_glu
     from .triton_quant import quantize_rows_from_amax
     shape = x_q.shape

@@ -74,8 +74,9 @@ def load_table(path: Path = TABLE_FILE, section: str = "gemm") -> dict[tuple[int
     """(N, K) -> [(max_M, config), ...] from the JSON the tuning sweeps fill (`python -m
     agentq.eval.bench_kernels --tune gemm`, see docs/kernels.md); the first entry with M <= max_M is
     used, a last entry measured at `LARGE_M` rows or more also serves larger M, and any other shape
-    falls back to `heuristic_config`. Section "glu": `int8_gemm_glu`'s launches, keyed by its
-    output width N (the weight has 2N rows) and K (`bench_kernels --glu`)."""
+    falls back to `heuristic_config`. Section "glu": `int8_gemm_glu`'s launches where they differ
+    from the plain GEMM's, keyed by the paired weight's rows (2 × the output width) and K
+    (`bench_kernels --glu tune`)."""
     raw = json.loads(path.read_text()).get(section, {})
     table = {}
     for key, rows in raw.items():
@@ -155,22 +156,26 @@ if HAVE_TRITON:
         return y
 
     @triton.jit
-    def _glu_epilogue_store(acc_g, acc_u, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N,
-                            stride_om, pid_n, num_n, HAS_BIAS: tl.constexpr, BF16_BITS: tl.constexpr):
-        """GLU epilogue of a gate_up GEMM (W rows [gate; up], N = the width of each): g and u as the
-        plain epilogue would store them (rounded to the output dtype), then silu(g) · u rounded as
-        `silu_mul` rounds it, stored; and the tile's per-row absmax of that product at
-        amax[row, pid_n] (rows of `num_n` partials), from which the codes' scales follow exactly."""
+    def _glu_epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N, stride_om,
+                            pid_n, num_n, HAS_BIAS: tl.constexpr, BF16_BITS: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """GLU epilogue of a gate_up GEMM over paired rows (`glu_pair_rows`: row 2j is gate j, row
+        2j+1 up j; N = 2·width): g and u as the plain epilogue would store them (rounded to the
+        output dtype), then silu(g) · u rounded as `silu_mul` rounds it, stored at columns
+        pid_n·BLOCK_N/2 + [0, BLOCK_N/2); and the tile's per-row absmax of that product at
+        amax[row, pid_n] (rows of `num_n` partials), from which the codes' scales follow exactly.
+        A thread of the MMA layout holds adjacent accumulator columns, so the pair split is local."""
         mask_m = offs_m < M
         mask_n = offs_n < N
         sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
-        sw_g = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
-        sw_u = tl.load(sw_ptr + N + offs_n, mask=mask_n, other=0.0)
-        g = round_to(_epilogue_values(acc_g, sx, sw_g, bias_ptr, offs_n, mask_n, HAS_BIAS), out_ptr.dtype.element_ty, BF16_BITS)
-        u = round_to(_epilogue_values(acc_u, sx, sw_u, bias_ptr + N, offs_n, mask_n, HAS_BIAS), out_ptr.dtype.element_ty, BF16_BITS)
+        sw = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
+        gu = round_to(_epilogue_values(acc, sx, sw, bias_ptr, offs_n, mask_n, HAS_BIAS), out_ptr.dtype.element_ty,
+                      BF16_BITS)
+        g, u = tl.split(tl.reshape(gu, [BLOCK_M, BLOCK_N // 2, 2]))
         y = silu_mul_values(g, u, out_ptr.dtype.element_ty, BF16_BITS)
-        mask = mask_m[:, None] & mask_n[None, :]
-        ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        offs_h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        mask = mask_m[:, None] & (offs_h < N // 2)[None, :]
+        ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_h[None, :]
         tl.store(ptrs, cast_for_store(y, out_ptr.dtype.element_ty, BF16_BITS), mask=mask)
         amax = tl.reduce(tl.where(mask, tl.abs(y), 0.0), 1, tl.standard._elementwise_max)
         tl.store(amax_ptr + offs_m.to(tl.int64) * num_n + pid_n, amax, mask=mask_m)
@@ -191,8 +196,8 @@ if HAVE_TRITON:
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr,
                           GLU: tl.constexpr = False):
-        """GLU (`int8_gemm_glu`; no split-K): W holds 2N rows [gate; up]; each program keeps a
-        second accumulator over the up rows of its columns and runs `_glu_epilogue_store`."""
+        """GLU (`int8_gemm_glu`; no split-K): W's N rows pair gate and up rows (`glu_pair_rows`), and
+        each program's tile goes through `_glu_epilogue_store` instead of the plain epilogue."""
         pdl_start(PDL)   # launched early: wait for the producer of x_q / s_x, let the consumer launch
         pid = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -211,9 +216,7 @@ if HAVE_TRITON:
         a_ptrs = xq_ptr + rm[:, None] * stride_xm + (k_lo + offs_k)[None, :]
         b_ptrs = w_ptr + rn[None, :] * stride_wn + (k_lo + offs_k)[:, None]
 
-        up_rows = N * stride_wn          # GLU: the up row of column n is row N + n
         acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32)
-        acc_u = acc
         for k in range(k_lo, k_hi, BLOCK_K):
             if EVEN_K:
                 a = tl.load(a_ptrs)
@@ -222,18 +225,12 @@ if HAVE_TRITON:
                 a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < k_hi, other=0)
                 b = tl.load(b_ptrs, mask=(k + offs_k)[:, None] < k_hi, other=0)
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-            if GLU:
-                if EVEN_K:
-                    b_u = tl.load(b_ptrs + up_rows)
-                else:
-                    b_u = tl.load(b_ptrs + up_rows, mask=(k + offs_k)[:, None] < k_hi, other=0)
-                acc_u = tl.dot(a, b_u, acc_u, out_dtype=tl.int32)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
 
         if GLU:
-            _glu_epilogue_store(acc, acc_u, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N,
-                                stride_om, pid_n, num_n, HAS_BIAS, BF16_BITS)
+            _glu_epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N,
+                                stride_om, pid_n, num_n, HAS_BIAS, BF16_BITS, BLOCK_M, BLOCK_N)
         elif not USE_SPLIT:
             _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
                             HAS_BIAS, BF16_BITS)
@@ -261,20 +258,16 @@ if HAVE_TRITON:
         warp-specialized loop may already be loading the next tile)."""
         pid_m, pid_n = _tile_of(tile, num_m, num_n, GROUP_M)
         acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32)
-        acc_u = acc
         for kt in range((K + BLOCK_K - 1) // BLOCK_K):
             a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
             b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
-            if GLU:     # the up rows; a gate tile running past N reads up rows, dropped by the store
-                b_u = w_desc.load([N + pid_n * BLOCK_N, kt * BLOCK_K])
-                acc_u = tl.dot(a, b_u.T, acc_u, out_dtype=tl.int32)
         out_m, out_n = _tile_of(tile_out, num_m, num_n, GROUP_M)
         offs_m = out_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = out_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if GLU:
-            _glu_epilogue_store(acc, acc_u, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N,
-                                stride_om, out_n, num_n, HAS_BIAS, BF16_BITS)
+            _glu_epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N, stride_om,
+                                out_n, num_n, HAS_BIAS, BF16_BITS, BLOCK_M, BLOCK_N)
         else:
             _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS,
                             BF16_BITS)
@@ -378,52 +371,67 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
     return out
 
 
-def glu_config(m: int, n: int, k: int, device: torch.device | None = None) -> GemmConfig:
-    """`int8_gemm_glu`'s launch for a gate_up weight [2n, k]: the "glu" table's row if measured,
-    else the (2n, k) GEMM config with half the columns per program (each program then streams the
-    same weight bytes: block_n gate rows and as many up rows), without split-K."""
-    tuned = _table_config(H200_GLU_TABLE, m, n, k)
-    if tuned is not None:
-        return tuned
-    cfg = pick_config(m, 2 * n, k, device)
-    return dataclasses.replace(cfg, block_n=max(16, cfg.block_n // 2), split_k=1)
+def glu_pair_rows(t: torch.Tensor) -> torch.Tensor:
+    """A gate_up weight, scale or bias stacked [gate; up] along dim 0 (2N rows) → paired rows: row
+    2j is gate row j, row 2j + 1 up row j, the layout `int8_gemm_glu` reads (`glu_unpair_rows`
+    undoes it). Paired, each GEMM tile holds the gate and up columns its SiLU·mul needs."""
+    n2 = t.shape[0]
+    if n2 % 2:
+        raise ValueError(f"a gate_up weight stacks gate and up rows: {n2} rows is odd")
+    return t.reshape(2, n2 // 2, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
+def glu_unpair_rows(t: torch.Tensor) -> torch.Tensor:
+    """The inverse of `glu_pair_rows`: paired rows back to [gate; up]."""
+    n2 = t.shape[0]
+    return t.reshape(n2 // 2, 2, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
+def glu_config(m: int, n2: int, k: int, device: torch.device | None = None) -> GemmConfig:
+    """`int8_gemm_glu`'s launch for a paired gate_up weight [n2, k]: the "glu" table's row if
+    measured, else the plain GEMM's config for that weight (the same tiles and bytes: the epilogue
+    differs), without split-K (each program needs whole sums of its gate and up columns)."""
+    tuned = _table_config(H200_GLU_TABLE, m, n2, k)
+    return tuned if tuned is not None else dataclasses.replace(pick_config(m, n2, k, device), split_k=1)
 
 
 def int8_gemm_glu(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
                   bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A gate_up GEMM with SiLU·mul in its epilogue: W_q [2N, K] stacks the gate rows over the up
-    rows (an `EngineLinear` of parts gate_proj, up_proj), and the result is
+    """A gate_up GEMM with SiLU·mul in its epilogue: W_q [2N, K], s_w and bias hold the gate and
+    up rows paired (`glu_pair_rows` of an `EngineLinear`'s [gate; up] rows), and the result is
 
-        h = silu_mul(g, u),   [g | u] = int8_gemm(X_q, s_x, W_q, s_w, bias, out_dtype)
+        h = silu_mul(g, u),   [g | u] = int8_gemm(X_q, s_x, W_q', s_w', bias', out_dtype)
 
-    bit for bit (`triton_norm.silu_mul`'s roundings), without g and u ever written. Returns
-    (h [M, N], amax [M, P]): P per-column-tile partial row absmaxes of h, whose max is h's row
-    absmax (`triton_quant.quantize_rows_from_amax` turns h into its codes in one read)."""
+    (primes: the stacked rows, `glu_unpair_rows`) bit for bit (`triton_norm.silu_mul`'s
+    roundings), without g and u ever written. Returns (h [M, N], amax [M, P]): P per-column-tile
+    partial row absmaxes of h, whose max is h's row absmax (`triton_quant.quantize_rows_from_amax`
+    turns h into its codes in one read)."""
     require_triton("triton_gemm.int8_gemm_glu")
     x_q, s_x, w_q, s_w = _operands(x_q, s_x, w_q, s_w)
     m, k = x_q.shape
-    if w_q.shape[0] % 2:
-        raise ValueError(f"a GLU weight stacks gate and up rows: {w_q.shape[0]} rows is odd")
-    n = w_q.shape[0] // 2
-    cfg = _resolve_config(config or glu_config(m, n, k, x_q.device), config is not None)
+    n2 = w_q.shape[0]
+    if n2 % 2:
+        raise ValueError(f"a GLU weight pairs gate and up rows: {n2} rows is odd")
+    n = n2 // 2
+    cfg = _resolve_config(config or glu_config(m, n2, k, x_q.device), config is not None)
     if cfg.split_k != 1:
         raise ValueError("int8_gemm_glu has no split-K (each program needs whole sums of its gate and up columns)")
     out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
     # every (row, column tile) partial is written by the tile's program: no memset launch
-    amax = torch.empty((m, max(1, _cdiv(n, cfg.block_n))), dtype=torch.float32, device=x_q.device)
+    amax = torch.empty((m, max(1, _cdiv(n2, cfg.block_n))), dtype=torch.float32, device=x_q.device)
     if m == 0 or n == 0 or k == 0:
         amax.zero_()
         if m and n:   # k == 0: zero sums through the same epilogue and SiLU·mul (the torch ops)
-            gu = quant.w8a8_epilogue(torch.zeros(m, 2 * n, dtype=torch.int32, device=x_q.device),
+            gu = quant.w8a8_epilogue(torch.zeros(m, n2, dtype=torch.int32, device=x_q.device),
                                      s_x, s_w, bias, out_dtype)
-            out.copy_(torch.nn.functional.silu(gu[:, :n]) * gu[:, n:])
+            out.copy_(torch.nn.functional.silu(gu[:, 0::2]) * gu[:, 1::2])
             amax[:, 0] = out.float().abs().amax(1)
         return out, amax
     if cfg.persistent and _tma_applies(x_q, w_q):
-        _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, amax, n, cfg, glu=True)
+        _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, amax, n2, cfg, glu=True)
     else:
-        _launch_plain(x_q, s_x, w_q, s_w, bias, out, s_w, s_w, amax, n, cfg, k, 1, glu=True)
+        _launch_plain(x_q, s_x, w_q, s_w, bias, out, s_w, s_w, amax, n2, cfg, k, 1, glu=True)
     return out, amax
 
 

@@ -134,7 +134,7 @@ def test_persistent_tma_gemm_bit_exact_prefill_rows(K, persistent):
 
 @pytest.mark.parametrize("k,n", [(4096, 12288), (2048, 6144)], ids=["qwen3-8b", "qwen3-1.7b"])
 def test_glu_gemm_equals_gate_up_then_silu_mul(K, k, n):
-    """The gate_up GEMM with SiLU·mul in its epilogue, at decode and prefill rows (the table's
+    """The gate_up GEMM with SiLU·mul in its epilogue (paired rows), at decode and prefill rows (the table's
     configs, plain and persistent TMA, and AGENTQ_PERSISTENT_GEMM's plain fallback) = the GEMM,
     then `silu_mul`; the codes from its partial absmaxes = `quantize_rows` of that product."""
     from agentq.kernels import triton_norm
@@ -143,9 +143,10 @@ def test_glu_gemm_equals_gate_up_then_silu_mul(K, k, n):
         x_q, s_x = K.quant.quantize_per_token(x, SPEC)
         gu = K.gemm.int8_gemm(x_q, s_x, w_q, s_w, None, torch.bfloat16)
         ref = triton_norm.silu_mul(gu[:, :n], gu[:, n:])
-        cfg = K.gemm.glu_config(m, n, k, DEV)
+        cfg = K.gemm.glu_config(m, 2 * n, k, DEV)
+        w_p, s_p = K.gemm.glu_pair_rows(w_q), K.gemm.glu_pair_rows(s_w)
         for c in {cfg, K.gemm.dataclasses.replace(cfg, persistent=0)}:
-            h, amax = K.gemm.int8_gemm_glu(x_q, s_x, w_q, s_w, None, torch.bfloat16, c)
+            h, amax = K.gemm.int8_gemm_glu(x_q, s_x, w_p, s_p, None, torch.bfloat16, c)
             assert torch.equal(h, ref), (m, c)
             codes = K.quant.quantize_rows_from_amax(h, amax, SPEC.act_scale_floor, SPEC.act_rounding)
             ref_codes = K.quant.quantize_rows(ref, SPEC.act_scale_floor, SPEC.act_rounding)

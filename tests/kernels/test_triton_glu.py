@@ -1,7 +1,7 @@
-"""The gate_up GEMM with SiLU·mul in its epilogue (`triton_gemm.int8_gemm_glu`) and the one-read
-quantization from its partial row absmaxes (`triton_quant.quantize_rows_from_amax`), under
-TRITON_INTERPRET=1: bit-identical to the two-launch path they replace (the gate_up GEMM, then
-`triton_norm.silu_mul`, then `quantize_rows`)."""
+"""The gate_up GEMM with SiLU·mul in its epilogue (`triton_gemm.int8_gemm_glu`, gate and up rows
+paired) and the one-read quantization from its partial row absmaxes
+(`triton_quant.quantize_rows_from_amax`), under TRITON_INTERPRET=1: bit-identical to the two-launch
+path they replace (the stacked gate_up GEMM, then `triton_norm.silu_mul`, then `quantize_rows`)."""
 import pytest
 import torch
 
@@ -24,7 +24,8 @@ def K():
 
 
 def _glu_case(m, n, k, seed, bias=True):
-    """Per-token codes of random rows and a [2n, k] gate_up weight (gate rows, then up rows)."""
+    """Per-token codes of random rows and a [2n, k] gate_up weight, scales and bias (gate rows, then
+    up rows: `_paired` gives what `int8_gemm_glu` reads)."""
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
     w_q, s_w = quant.quantize_weight(torch.randn(2 * n, k, generator=g) * 0.05, SPEC)
@@ -42,12 +43,28 @@ def _two_launch(K, x_q, s_x, w_q, s_w, b, out_dtype):
     return tn.silu_mul(gu[:, :n], gu[:, n:])
 
 
+def _paired(tg, w_q, s_w, b):
+    pair = tg.glu_pair_rows
+    return pair(w_q), pair(s_w), None if b is None else pair(b)
+
+
 CONFIGS = [   # plain (ragged M / N / K tiles, GROUP_M 1 and 2) and the persistent TMA kernel
     (16, 16, 64, 1, 2, 4, 2, 0),
     (32, 32, 32, 1, 1, 4, 2, 0),
     (32, 16, 64, 1, 2, 4, 2, 1),
     (16, 32, 64, 1, 2, 4, 2, 2),
+    (16, 64, 64, 1, 1, 4, 2, 0),
 ]
+
+
+def test_pair_rows_interleaves_gate_and_up(K):
+    _, tg, _ = K
+    t = torch.arange(12).reshape(6, 2)                 # gate rows 0-2, up rows 3-5
+    p = tg.glu_pair_rows(t)
+    assert p[:, 0].tolist() == [0, 6, 2, 8, 4, 10] and torch.equal(tg.glu_unpair_rows(p), t)
+    assert tg.glu_pair_rows(torch.arange(4)).tolist() == [0, 2, 1, 3]
+    with pytest.raises(ValueError, match="odd"):
+        tg.glu_pair_rows(torch.zeros(5, 2))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"p{c[-1]}-{c[0]}x{c[1]}x{c[2]}")
@@ -62,18 +79,19 @@ def test_glu_gemm_equals_gemm_then_silu_mul(K, cfg, monkeypatch):
     for out_dtype, bias in ((torch.bfloat16, True), (torch.float16, True), (torch.float32, False)):
         x_q, s_x, w_q, s_w, b = _glu_case(37, 40, 208, seed=3, bias=bias)
         launched.clear()
-        h, amax = tg.int8_gemm_glu(x_q, s_x, w_q, s_w, b, out_dtype, config)
+        h, amax = tg.int8_gemm_glu(x_q, s_x, *_paired(tg, w_q, s_w, b), out_dtype, config)
         assert launched == ["_int8_gemm_tma" if config.persistent else "_launch_plain"]
         ref = _two_launch(K, x_q, s_x, w_q, s_w, b, out_dtype)
         assert h.dtype == out_dtype and torch.equal(h, ref), (h.float() - ref.float()).abs().max()
-        assert amax.shape == (37, -(-40 // config.block_n))
+        assert amax.shape == (37, -(-80 // config.block_n))     # a partial per tile of the 80 paired rows
         assert torch.equal(amax.max(1).values, ref.float().abs().amax(1))     # partials of the row absmax
 
 
 def test_codes_from_amax_equal_quantize_rows(K):
     tq, tg, _ = K
     x_q, s_x, w_q, s_w, b = _glu_case(9, 24, 64, seed=5)
-    h, amax = tg.int8_gemm_glu(x_q, s_x, w_q, s_w, b, torch.bfloat16, tg.GemmConfig(16, 16, 32, 1, 2, 4, 2))
+    h, amax = tg.int8_gemm_glu(x_q, s_x, *_paired(tg, w_q, s_w, b), torch.bfloat16,
+                               tg.GemmConfig(16, 16, 32, 1, 2, 4, 2))
     for rounding in ("half_even", "half_away"):
         codes, scales = tq.quantize_rows_from_amax(h, amax, 1e-8, rounding)
         ref_codes, ref_scales = quant.quantize_rows(h, 1e-8, rounding)
@@ -97,29 +115,32 @@ def test_glu_gemm_refuses_bad_input(K):
         tg.int8_gemm_glu(x_q, s_x, w_q, s_w, None, torch.bfloat16, tg.GemmConfig(16, 16, 32, 2, 2, 4, 2))
 
 
-def test_glu_config_keeps_the_weight_bytes_per_program(K, monkeypatch):
-    """Without a measured "glu" row: the gate_up GEMM's config at half the columns per program; a
-    measured row wins."""
+def test_glu_config_is_the_plain_gemm_config_unless_measured(K, monkeypatch):
+    """Without a measured "glu" row: the plain GEMM's config for the paired weight, unsplit (the
+    same tiles and weight bytes per program); a measured row wins."""
     _, tg, _ = K
     monkeypatch.setattr(tg, "H200_GLU_TABLE", {})
-    for m, n, k in ((64, 12288, 4096), (32768, 12288, 4096), (64, 6144, 2048)):
-        full, glu = tg.pick_config(m, 2 * n, k), tg.glu_config(m, n, k)
-        assert glu.block_n * 2 == max(32, full.block_n) and glu.split_k == 1 and glu.block_m == full.block_m
+    for m, n2, k in ((64, 24576, 4096), (32768, 24576, 4096), (64, 12288, 2048), (16, 8192, 4096)):
+        full, glu = tg.pick_config(m, n2, k), tg.glu_config(m, n2, k)
+        assert glu == tg.dataclasses.replace(full, split_k=1)
     tuned = tg.GemmConfig(64, 32, 256, 1, 8, 4, 5)
-    monkeypatch.setattr(tg, "H200_GLU_TABLE", {(12288, 4096): [(64, tuned)]})
-    assert tg.glu_config(64, 12288, 4096) == tuned and tg.glu_config(65, 12288, 4096) != tuned
+    monkeypatch.setattr(tg, "H200_GLU_TABLE", {(24576, 4096): [(64, tuned)]})
+    assert tg.glu_config(64, 24576, 4096) == tuned and tg.glu_config(65, 24576, 4096) != tuned
 
 
 def test_w8a8_glu_codes_is_the_engine_path(K):
     """`int8_linear.w8a8_glu_codes` (what `EngineLinear.silu_mul` runs on CUDA) on [B, T, K] codes:
     the product's rows, or their codes = `quantize_rows` of the two-launch product."""
     from agentq.kernels import int8_linear
+    _, tg, _ = K
     x_q, s_x, w_q, s_w, b = _glu_case(6, 24, 64, seed=8)
     ref = _two_launch(K, x_q, s_x, w_q, s_w, b, torch.bfloat16)
-    h = int8_linear.w8a8_glu_codes(x_q.reshape(2, 3, 64), s_x.reshape(2, 3), w_q, s_w, b, torch.bfloat16, None)
+    paired = _paired(tg, w_q, s_w, b)
+    h = int8_linear.w8a8_glu_codes(x_q.reshape(2, 3, 64), s_x.reshape(2, 3), *paired, torch.bfloat16, None)
     assert h.shape == (2, 3, 24) and torch.equal(h.reshape(6, 24), ref)
-    codes, scales = int8_linear.w8a8_glu_codes(x_q.reshape(2, 3, 64), s_x.reshape(2, 3), w_q, s_w, b,
+    codes, scales = int8_linear.w8a8_glu_codes(x_q.reshape(2, 3, 64), s_x.reshape(2, 3), *paired,
                                                torch.bfloat16, (1e-8, "half_away"))
     ref_codes, ref_scales = quant.quantize_rows(ref, 1e-8, "half_away")
     assert torch.equal(codes.reshape(6, 24), ref_codes) and torch.equal(scales.reshape(6), ref_scales)
-    assert not int8_linear.glu_applies(x_q)          # CPU tensors keep the two-launch path
+    # CPU engines keep the stacked rows and the two-launch path; CUDA ones pair them while GLU_GEMM is on
+    assert not int8_linear.glu_layout(True, "cpu") and not int8_linear.glu_layout(False, "cuda")

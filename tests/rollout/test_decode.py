@@ -197,6 +197,41 @@ def test_prefill_kv_written_by_the_rope_launch_equals_the_separate_write(tiny_mo
         _interp.restore_compiled(mods)
 
 
+def test_paired_glu_engine_equals_the_stacked_two_launch_engine(tiny_model_dir, monkeypatch):
+    """A gate_up linear built for the GLU GEMM (`int8_linear.glu_layout`, CUDA-only, turned on here
+    for a CPU bf16 engine whose kernels run interpreted) stores gate and up rows paired and runs
+    SiLU·mul in the GEMM's epilogue at prefill and decode rows: the same tokens and log-probs as the
+    stacked rows + gate_up GEMM + SiLU·mul-and-codes launches, and its rows unpair to theirs."""
+    pytest.importorskip("triton")
+    from agentq.kernels import _interp, int8_linear
+    from agentq.rollout.torch_engine.model import RMSNorm
+
+    mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_norm")
+    tg = _interp.load_interpreted(mods)[1]
+    calls = []
+    fn = tg.int8_gemm_glu
+    monkeypatch.setattr(tg, "int8_gemm_glu", lambda x_q, *a: (calls.append(x_q.shape[0]), fn(x_q, *a))[1])
+    try:
+        engines = []
+        for paired in (True, False):
+            monkeypatch.setattr(int8_linear, "glu_layout", lambda quantized, device, _p=paired: _p and quantized)
+            engines.append(TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=2,
+                                                       max_len=64, dtype=torch.bfloat16, prefill_chunk=8))
+        for m in (m for e in engines for m in e.model.modules() if isinstance(m, RMSNorm)):
+            m.fused = True
+        (pa, st) = (e.model.decoder_layers[0].gate_up_proj for e in engines)
+        assert pa.paired and not st.paired
+        assert torch.equal(tg.glu_unpair_rows(pa.w_q), st.w_q) and torch.equal(tg.glu_unpair_rows(pa.s_w), st.s_w)
+        ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(11 + 9 * i)] for i in range(2)]
+        sp = SamplingParams(max_new_tokens=3, temperature=1e-3)
+        out = [[(r.token_ids, r.logprobs) for r in e.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctxs)])]
+               for e in engines]
+        assert out[0] == out[1]
+        assert max(calls) > 1 and calls.count(2) >= 2          # prefill chunks and batched decode steps
+    finally:
+        _interp.restore_compiled(mods)
+
+
 def _turns_with_early_stops(eng, n: int = 6, turns: int = 3):
     """Turns in which rows end at different steps: a stop-token set that random sampling hits
     often, plus a slot limit that ends the longest rows by length in the last turn."""

@@ -49,9 +49,13 @@ class EngineLinear(nn.Module):
     bias: torch.Tensor | None
 
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool, quantized: bool, spec: QuantSpec,
-                 dtype: torch.dtype, device: torch.device | str):
+                 dtype: torch.dtype, device: torch.device | str, glu: bool = False):
         super().__init__()
         self.quantized, self.spec, self.dtype = quantized, spec, dtype
+        if glu and (len(parts) != 2 or len(set(parts.values())) != 1):
+            raise ValueError(f"a GLU linear has two parts of equal width (gate, up), not {parts}")
+        # gate/up on CUDA: rows paired (gate j at 2j, up j at 2j + 1) for the GLU GEMM's tiles
+        self.paired = glu and int8_linear.glu_layout(quantized, device)
         self.in_features = in_features
         self.parts = dict(parts)                     # HF projection name → output rows
         self.offsets, o = {}, 0
@@ -69,22 +73,29 @@ class EngineLinear(nn.Module):
     @torch.no_grad()
     def load(self, w: torch.Tensor, part: str) -> tuple[int, int]:
         """Load one projection's full-precision weight; returns (int8 codes changed, codes total)."""
-        a, b = self.offsets[part]
         if not self.quantized:
-            self.weight[a:b].copy_(w)
+            self._rows(self.weight, part).copy_(w)
             return 0, 0
         # E = the weight in the engine's compute dtype, then per-channel int8 with fresh scales.
         w_q, s_w = quant.quantize_weight(w.to(self.dtype), self.spec)
-        changed = int((w_q != self.w_q[a:b]).sum())
-        self.w_q[a:b].copy_(w_q)
-        self.s_w[a:b].copy_(s_w)
+        rows = self._rows(self.w_q, part)
+        changed = int((w_q != rows).sum())
+        rows.copy_(w_q)
+        self._rows(self.s_w, part).copy_(s_w)
         return changed, w_q.numel()
 
     @torch.no_grad()
     def load_bias(self, b_: torch.Tensor, part: str) -> None:
-        a, b = self.offsets[part]
         assert self.bias is not None, f"{part}: this linear has no bias"
-        self.bias[a:b].copy_(b_.to(self.bias.dtype))
+        self._rows(self.bias, part).copy_(b_.to(self.bias.dtype))
+
+    def _rows(self, t: torch.Tensor, part: str) -> torch.Tensor:
+        """The rows of `t` (weight, codes, scales or bias) that hold projection `part`: a slice,
+        or every other row when gate and up are paired."""
+        if self.paired:
+            return t[list(self.parts).index(part)::2]
+        a, b = self.offsets[part]
+        return t[a:b]
 
     def act_quant(self) -> tuple[float, str] | None:
         """(scale floor, rounding) of this linear's per-token activation codes, for a kernel
@@ -98,6 +109,8 @@ class EngineLinear(nn.Module):
             y = int8_linear.w8a8_linear(x, self.w_q, self.s_w, self.bias, self.spec)
         else:
             y = F.linear(x, self.weight, self.bias)
+        if self.paired:                   # (gate, up) as strided views; `silu_mul` is the fast path
+            return y.unflatten(-1, (-1, 2)).unbind(-1)
         return y if len(self.parts) == 1 else y.split(list(self.parts.values()), dim=-1)
 
     def silu_mul(self, x: Activation, act_quant: tuple[float, str] | None) -> Activation:
@@ -107,7 +120,11 @@ class EngineLinear(nn.Module):
         written) and a one-read quantization; otherwise the GEMM, then the fused SiLU·mul (+ codes)
         kernel. Same bits either way. Needs the fused kernels (bf16 / fp16 on CUDA)."""
         assert tuple(self.parts.values())[0] * 2 == self.out_features, "parts: gate, then up, of equal width"
-        if isinstance(x, tuple) and self.quantized and int8_linear.glu_applies(x[0]):
+        if self.paired:
+            if not isinstance(x, tuple):
+                from agentq.kernels import triton_quant
+                x_q, s_x = triton_quant.quantize_per_token(x.reshape(-1, x.shape[-1]), self.spec)
+                x = x_q.reshape(x.shape), s_x.reshape(x.shape[:-1])
             return int8_linear.w8a8_glu_codes(x[0], x[1], self.w_q, self.s_w, self.bias, self.dtype, act_quant)
         from agentq.kernels import triton_norm
         gate, up = self(x)
@@ -174,13 +191,13 @@ class DecoderLayer(nn.Module):
         mlp_bias = bool(getattr(cfg, "mlp_bias", False))
         q = spec.linear_quantized
 
-        def lin(i, parts, b):
-            return EngineLinear(i, parts, b, q, spec, dtype, device)
+        def lin(i, parts, b, glu=False):
+            return EngineLinear(i, parts, b, q, spec, dtype, device, glu)
 
         inter = cfg.intermediate_size
         self.qkv_proj = lin(h, {"q_proj": nh * hd, "k_proj": nkv * hd, "v_proj": nkv * hd}, qkv_bias)
         self.o_proj = lin(nh * hd, {"o_proj": h}, bool(getattr(cfg, "attention_bias", False)) and cfg.model_type == "llama")
-        self.gate_up_proj = lin(h, {"gate_proj": inter, "up_proj": inter}, mlp_bias)
+        self.gate_up_proj = lin(h, {"gate_proj": inter, "up_proj": inter}, mlp_bias, glu=True)
         self.down_proj = lin(inter, {"down_proj": h}, mlp_bias)
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype, device)
