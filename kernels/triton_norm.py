@@ -422,24 +422,27 @@ def _rope_operands(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
     return cos, sin, torch.empty((b, t, hq, d), dtype=q.dtype, device=q.device)
 
 
-#: heads of one token per `_qk_norm_rope_kernel` program above `ROPE_ONE_HEAD_MAX_ROWS` tokens
+#: heads of one token per `_qk_norm_rope_kernel` program above `ROPE_DECODE_MAX_ROWS` tokens
 #: (prefill chunks): one [heads, D] block in as many warps, a warp per head (the one-head program's
-#: layout, so the same bits). One warp per (token, head) is 1.57M programs for a 32768-token chunk
-#: of Qwen3-8B (32 + 8 + 8 heads): 790 µs on the H200 where the bytes it moves need ~170.
+#: layout, so the same bits). One warp per (token, head) was 1.57M programs for a 32768-token chunk
+#: of Qwen3-8B (32 + 8 + 8 heads): 950 µs with the int8 K/V write on the H200, 484 µs at 4 or 8
+#: heads per program (`bench_kernels --rope`, docs/bench/h200-r11/rope.log)
 ROPE_HEADS_PER_PROGRAM = 8
-#: up to this many tokens (decode steps: B ≤ 256 rows of one token) a program takes one head, the
-#: launch the decode step was measured with
-ROPE_ONE_HEAD_MAX_ROWS = 256
+#: ...and up to this many tokens (decode steps: B ≤ 256 rows of one token), `ROPE_DECODE_HEADS`:
+#: 5.9 µs at B 64 against 7.6 µs with one head per program (6.2-6.9 µs at 4-16)
+ROPE_DECODE_MAX_ROWS = 256
+ROPE_DECODE_HEADS = 2
 #: environment variable that overrides the choice (a power of two ≤ 32; A/B runs on the GPU)
 ROPE_HEADS_ENV = "AGENTQ_ROPE_HEADS"
 
 
 def rope_heads_per_program(rows: int) -> int:
-    """Heads per `_qk_norm_rope_kernel` program for a launch over `rows` = B·T tokens: 1 up to
-    `ROPE_ONE_HEAD_MAX_ROWS` (decode), `ROPE_HEADS_PER_PROGRAM` above (prefill), or the value of
-    $AGENTQ_ROPE_HEADS when set. Every choice stores the same bits; only the speed differs."""
+    """Heads per `_qk_norm_rope_kernel` program for a launch over `rows` = B·T tokens:
+    `ROPE_DECODE_HEADS` up to `ROPE_DECODE_MAX_ROWS` (decode), `ROPE_HEADS_PER_PROGRAM` above
+    (prefill), or the value of $AGENTQ_ROPE_HEADS when set. Every choice stores the same bits; only
+    the speed differs."""
     env = os.environ.get(ROPE_HEADS_ENV, "").strip()
-    heads = int(env) if env else (1 if rows <= ROPE_ONE_HEAD_MAX_ROWS else ROPE_HEADS_PER_PROGRAM)
+    heads = int(env) if env else (ROPE_DECODE_HEADS if rows <= ROPE_DECODE_MAX_ROWS else ROPE_HEADS_PER_PROGRAM)
     if not 1 <= heads <= 32 or heads & (heads - 1):
         raise ValueError(f"{ROPE_HEADS_ENV}={heads}: heads per program must be a power of two in [1, 32]")
     return heads

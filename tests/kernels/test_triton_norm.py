@@ -438,11 +438,11 @@ def _check_prefill_chunk_write(norm_mod, quantize_kv_to_cache, kv, dtype, norm, 
 
 
 def test_rope_heads_per_program_rule(K, monkeypatch):
-    """One head per program for decode-sized launches, `ROPE_HEADS_PER_PROGRAM` above; the
+    """`ROPE_DECODE_HEADS` per program for decode-sized launches, `ROPE_HEADS_PER_PROGRAM` above; the
     environment variable overrides both and must name a power of two up to 32."""
     monkeypatch.delenv(K.ROPE_HEADS_ENV, raising=False)
-    assert K.rope_heads_per_program(1) == K.rope_heads_per_program(K.ROPE_ONE_HEAD_MAX_ROWS) == 1
-    assert K.rope_heads_per_program(K.ROPE_ONE_HEAD_MAX_ROWS + 1) == K.ROPE_HEADS_PER_PROGRAM
+    assert K.rope_heads_per_program(1) == K.rope_heads_per_program(K.ROPE_DECODE_MAX_ROWS) == K.ROPE_DECODE_HEADS
+    assert K.rope_heads_per_program(K.ROPE_DECODE_MAX_ROWS + 1) == K.ROPE_HEADS_PER_PROGRAM
     monkeypatch.setenv(K.ROPE_HEADS_ENV, "4")
     assert K.rope_heads_per_program(1) == K.rope_heads_per_program(32768) == 4
     for bad in ("3", "0", "64"):
