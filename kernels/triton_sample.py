@@ -42,6 +42,20 @@ if HAVE_TRITON:
         return x ^ (x >> 16)
 
     @triton.jit
+    def _row_keys_kernel(seeds_ptr, pos_ptr, out_ptr, B, BLOCK: tl.constexpr):
+        """`sampler.row_keys` for B rows in one launch (its ~70 int64 torch ops each a launch):
+        hash32(hash32(hash32(lo(seed)) ^ hi(seed)) ^ hash32(pos + 0x9E3779B9)), 32-bit halves."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < B
+        seeds = tl.load(seeds_ptr + offs, mask=mask, other=0).to(tl.int64)
+        pos = tl.load(pos_ptr + offs, mask=mask, other=0).to(tl.int64)
+        lo = (seeds & 0xFFFFFFFF).to(tl.uint32)
+        hi = ((seeds >> 32) & 0xFFFFFFFF).to(tl.uint32)
+        p = ((pos + 0x9E3779B9) & 0xFFFFFFFF).to(tl.uint32)
+        key = _hash32(_hash32(_hash32(lo) ^ hi) ^ _hash32(p))
+        tl.store(out_ptr + offs, key.to(tl.int64), mask=mask)
+
+    @triton.jit
     def _first_max(values, indices):
         """(max of values, the smallest index among the entries that reach it): ties go to the
         first vocabulary entry, in a split and across splits alike."""
@@ -64,7 +78,7 @@ if HAVE_TRITON:
         s_v = tl.full([BLOCK_V], 0, tl.float32)
         for v0 in range(lo, hi, BLOCK_V):
             mask = v0 + offs < hi
-            x = tl.load(base + v0 + offs, mask=mask, other=float("-inf")) / t
+            x = tl.load(base + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) / t
             m_new = tl.maximum(m_v, x)
             safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             s_v = s_v * tl.exp(m_v - safe) + tl.exp(x - safe)
@@ -104,7 +118,7 @@ if HAVE_TRITON:
         for v0 in range(lo, hi, BLOCK_V):
             idx = v0 + offs
             mask = idx < hi
-            x = tl.load(base + idx, mask=mask, other=float("-inf")) / t
+            x = tl.load(base + idx, mask=mask, other=float("-inf")).to(tl.float32) / t
             score = (x - m) - log_s
             if not GREEDY:
                 vk = tl.load(vkeys_ptr + idx, mask=mask, other=0)
@@ -130,9 +144,22 @@ if HAVE_TRITON:
         pv = tl.load(pv_ptr + row * num_splits + offs_s, mask=mask_s, other=float("-inf"))
         pi = tl.load(pi_ptr + row * num_splits + offs_s, mask=mask_s, other=2147483647)
         _, tok = _first_max(pv, pi)
-        x_tok = tl.load(logits_ptr + row * stride_l + tok) / tl.load(temp_ptr)
+        x_tok = tl.load(logits_ptr + row * stride_l + tok).to(tl.float32) / tl.load(temp_ptr)
         tl.store(tok_ptr + row, tok.to(tl.int64))
         tl.store(lp_ptr + row, (x_tok - tl.load(norm_ptr + row * 2)) - tl.load(norm_ptr + row * 2 + 1))
+
+
+def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """`sampler.row_keys(seeds, positions)` (int64 [B] each → int64 keys in [0, 2³²)) in one
+    launch: the same integer arithmetic, so the same keys."""
+    require_triton("triton_sample.row_keys")
+    assert seeds.shape == positions.shape and seeds.dim() == 1
+    out = torch.empty_like(seeds, dtype=torch.int64)
+    if seeds.numel():
+        block = max(16, min(1024, triton.next_power_of_2(seeds.numel())))
+        _row_keys_kernel[(triton.cdiv(seeds.numel(), block),)](seeds.contiguous(), positions.contiguous(), out,
+                                                               seeds.numel(), BLOCK=block, num_warps=1)
+    return out
 
 
 #: vocabulary entries per split: the split count depends on V only, so a row's result (max,
@@ -145,7 +172,8 @@ def counter_sample(logits: torch.Tensor, keys: torch.Tensor, vkeys: torch.Tensor
     """(tokens int64 [B], log-probs fp32 [B]) of the temperature-only counter draw (module docstring).
 
     Args:
-        logits: [B, V] fp32 (V contiguous). keys: [B] int64 row keys (`sampler.row_keys`).
+        logits: [B, V] fp32, or bf16 / fp16 read as their exact fp32 values (the lm-head's
+            output without an fp32 copy), V contiguous. keys: [B] int64 row keys (`sampler.row_keys`).
         vkeys: [V] int64 vocabulary keys (`sampler.vocab_keys`). temperature: a 1-element fp32
             tensor (1.0 when greedy), read on the device so a CUDA graph serves any temperature.
         greedy: T = 0 (no noise).
@@ -153,7 +181,7 @@ def counter_sample(logits: torch.Tensor, keys: torch.Tensor, vkeys: torch.Tensor
     """
     require_triton("triton_sample.counter_sample")
     b, v = logits.shape
-    assert logits.dtype == torch.float32 and logits.stride(-1) == 1
+    assert logits.dtype in (torch.float32, torch.bfloat16, torch.float16) and logits.stride(-1) == 1
     dev = logits.device
     tokens = torch.empty(b, dtype=torch.int64, device=dev)
     logps = torch.empty(b, dtype=torch.float32, device=dev)
@@ -177,4 +205,4 @@ def counter_sample(logits: torch.Tensor, keys: torch.Tensor, vkeys: torch.Tensor
     return tokens, logps
 
 
-__all__ = ["counter_sample"]
+__all__ = ["counter_sample", "row_keys"]

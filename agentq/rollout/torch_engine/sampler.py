@@ -54,7 +54,11 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
 
 
 def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """One 32-bit key per row from its episode seed (any int64) and the sampled token's position."""
+    """One 32-bit key per row from its episode seed (any int64) and the sampled token's position.
+    On CUDA one Triton launch computes it (`triton_sample.row_keys`, the same integers) instead of
+    ~70 int64 torch ops, each a launch in every decode step."""
+    if seeds.is_cuda and _triton_sampler() is not None:
+        return _triton_sampler().row_keys(seeds, positions)
     s = hash32(hash32(seeds & 0xFFFFFFFF) ^ ((seeds >> 32) & 0xFFFFFFFF))
     return hash32(s ^ hash32(positions + 0x9E3779B9))
 
@@ -79,7 +83,7 @@ def sample_counter(logits: torch.Tensor, params: SamplingParams, keys: torch.Ten
     if _fused_applies(logits, params, temperature):
         from agentq.kernels.triton_sample import counter_sample
         assert temperature is not None
-        return counter_sample(logits.float(), keys, vkeys, temperature, greedy=params.temperature == 0)
+        return counter_sample(logits, keys, vkeys, temperature, greedy=params.temperature == 0)
     logp = processed_logprobs(logits, params, temperature)
     if params.temperature == 0:
         tokens = logp.argmax(-1)
@@ -89,14 +93,22 @@ def sample_counter(logits: torch.Tensor, params: SamplingParams, keys: torch.Ten
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def _fused_applies(logits: torch.Tensor, params: SamplingParams, temperature: torch.Tensor | None) -> bool:
-    """The fused Triton draw: CUDA logits, Triton importable, temperature-only sampling, a device
-    temperature (what the decode runner passes). AGENTQ_FUSED_SAMPLER=0 keeps the torch ops."""
+def _triton_sampler():
+    """`kernels.triton_sample` where Triton imports (and AGENTQ_FUSED_SAMPLER is not 0), else None."""
     import os
 
     from agentq.kernels._interp import HAVE_TRITON
-    return (logits.is_cuda and HAVE_TRITON and temperature is not None and params.top_p >= 1.0
-            and not 0 < params.top_k < logits.shape[-1] and os.environ.get("AGENTQ_FUSED_SAMPLER", "1") != "0")
+    if not HAVE_TRITON or os.environ.get("AGENTQ_FUSED_SAMPLER", "1") == "0":
+        return None
+    from agentq.kernels import triton_sample
+    return triton_sample
+
+
+def _fused_applies(logits: torch.Tensor, params: SamplingParams, temperature: torch.Tensor | None) -> bool:
+    """The fused Triton draw: CUDA logits, Triton importable, temperature-only sampling, a device
+    temperature (what the decode runner passes). AGENTQ_FUSED_SAMPLER=0 keeps the torch ops."""
+    return (logits.is_cuda and temperature is not None and params.top_p >= 1.0
+            and not 0 < params.top_k < logits.shape[-1] and _triton_sampler() is not None)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator | None]
