@@ -78,7 +78,7 @@ if HAVE_TRITON:
         s_v = tl.full([BLOCK_V], 0, tl.float32)
         for v0 in range(lo, hi, BLOCK_V):
             mask = v0 + offs < hi
-            x = tl.load(base + v0 + offs, mask=mask, other=float("-inf")).to(tl.float32) / t
+            x = tl.load(base + v0 + offs, mask=mask, other=float("-inf")) / t
             m_new = tl.maximum(m_v, x)
             safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             s_v = s_v * tl.exp(m_v - safe) + tl.exp(x - safe)
@@ -118,7 +118,7 @@ if HAVE_TRITON:
         for v0 in range(lo, hi, BLOCK_V):
             idx = v0 + offs
             mask = idx < hi
-            x = tl.load(base + idx, mask=mask, other=float("-inf")).to(tl.float32) / t
+            x = tl.load(base + idx, mask=mask, other=float("-inf")) / t
             score = (x - m) - log_s
             if not GREEDY:
                 vk = tl.load(vkeys_ptr + idx, mask=mask, other=0)
@@ -144,7 +144,7 @@ if HAVE_TRITON:
         pv = tl.load(pv_ptr + row * num_splits + offs_s, mask=mask_s, other=float("-inf"))
         pi = tl.load(pi_ptr + row * num_splits + offs_s, mask=mask_s, other=2147483647)
         _, tok = _first_max(pv, pi)
-        x_tok = tl.load(logits_ptr + row * stride_l + tok).to(tl.float32) / tl.load(temp_ptr)
+        x_tok = tl.load(logits_ptr + row * stride_l + tok) / tl.load(temp_ptr)
         tl.store(tok_ptr + row, tok.to(tl.int64))
         tl.store(lp_ptr + row, (x_tok - tl.load(norm_ptr + row * 2)) - tl.load(norm_ptr + row * 2 + 1))
 
@@ -172,8 +172,7 @@ def counter_sample(logits: torch.Tensor, keys: torch.Tensor, vkeys: torch.Tensor
     """(tokens int64 [B], log-probs fp32 [B]) of the temperature-only counter draw (module docstring).
 
     Args:
-        logits: [B, V] fp32, or bf16 / fp16 read as their exact fp32 values (the lm-head's
-            output without an fp32 copy), V contiguous. keys: [B] int64 row keys (`sampler.row_keys`).
+        logits: [B, V] fp32 (V contiguous). keys: [B] int64 row keys (`sampler.row_keys`).
         vkeys: [V] int64 vocabulary keys (`sampler.vocab_keys`). temperature: a 1-element fp32
             tensor (1.0 when greedy), read on the device so a CUDA graph serves any temperature.
         greedy: T = 0 (no noise).
@@ -181,7 +180,7 @@ def counter_sample(logits: torch.Tensor, keys: torch.Tensor, vkeys: torch.Tensor
     """
     require_triton("triton_sample.counter_sample")
     b, v = logits.shape
-    assert logits.dtype in (torch.float32, torch.bfloat16, torch.float16) and logits.stride(-1) == 1
+    assert logits.dtype == torch.float32 and logits.stride(-1) == 1
     dev = logits.device
     tokens = torch.empty(b, dtype=torch.int64, device=dev)
     logps = torch.empty(b, dtype=torch.float32, device=dev)

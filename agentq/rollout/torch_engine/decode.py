@@ -210,8 +210,7 @@ class DecodeRunner:
         return self._bufs[size]
 
     def _run(self, buf: _Bucket, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        # model-dtype logits: the sampler widens them (the fused draw in its loads, torch by .float())
-        logits = self.model.decode_step(buf.ids, buf.slots, buf.lens, self.cache, fp32_logits=False)
+        logits = self.model.decode_step(buf.ids, buf.slots, buf.lens, self.cache)
         keys = row_keys(buf.seeds, buf.lens)
         tok, lp = sample_counter(logits, params, keys, self._vkeys, self._temp)
         # advance the inputs for a following `launch_next` (a host `fill` overwrites them)

@@ -474,11 +474,9 @@ class EngineModel(nn.Module):
 
     @torch.no_grad()
     def decode_step(self, input_ids: torch.Tensor, slots: torch.Tensor, new_lens: torch.Tensor,
-                    cache: KVCache, fp32_logits: bool = True) -> torch.Tensor:
-        """One token per row: input_ids / slots / new_lens [B] → logits [B, V], fp32 (or, with
-        `fp32_logits` False, the lm-head's own dtype: the same values for a reader that widens
-        them itself, without an fp32 copy of B × V). Writes the tokens' K/V at position
-        new_lens - 1 of each slot. Free of host syncs on the kernel path."""
+                    cache: KVCache) -> torch.Tensor:
+        """One token per row: input_ids / slots / new_lens [B] → fp32 logits [B, V]. Writes the
+        tokens' K/V at position new_lens - 1 of each slot. Free of host syncs on the kernel path."""
         d = DecodeContext(cache, slots, new_lens)
         x = self.embed_tokens(input_ids[:, None])
         if d.use_kernel:         # a table lookup: no host-side work to replay in a CUDA graph
@@ -491,8 +489,7 @@ class EngineModel(nn.Module):
             x, delta = layer.decode(x, delta, cos, sin, d)
         _, x = self.norm.add_and_norm(x[:, 0], None if delta is None else delta[:, 0])
         w = self.embed_tokens.weight if self.tied else self.lm_head
-        logits = F.linear(x, w)
-        return logits.float() if fp32_logits else logits
+        return F.linear(x, w).float()
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, slots: torch.Tensor,

@@ -83,7 +83,7 @@ def sample_counter(logits: torch.Tensor, params: SamplingParams, keys: torch.Ten
     if _fused_applies(logits, params, temperature):
         from agentq.kernels.triton_sample import counter_sample
         assert temperature is not None
-        return counter_sample(logits, keys, vkeys, temperature, greedy=params.temperature == 0)
+        return counter_sample(logits.float(), keys, vkeys, temperature, greedy=params.temperature == 0)
     logp = processed_logprobs(logits, params, temperature)
     if params.temperature == 0:
         tokens = logp.argmax(-1)
