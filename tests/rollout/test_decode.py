@@ -7,6 +7,7 @@ import torch
 
 from agentq.kernels import QuantSpec
 from agentq.rollout import SamplingParams, TurnRequest
+from agentq.rollout.backend import load_safetensors_dir
 from agentq.rollout.torch_engine.decode import bucket_sizes
 from agentq.rollout.torch_engine.engine import TorchEngine
 from agentq.rollout.torch_engine.sampler import counter_uniform, hash32, row_keys, sample_counter, vocab_keys
@@ -224,10 +225,22 @@ def test_paired_glu_engine_equals_the_stacked_two_launch_engine(tiny_model_dir, 
         assert torch.equal(tg.glu_unpair_rows(pa.w_q), st.w_q) and torch.equal(tg.glu_unpair_rows(pa.s_w), st.s_w)
         ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(11 + 9 * i)] for i in range(2)]
         sp = SamplingParams(max_new_tokens=3, temperature=1e-3)
-        out = [[(r.token_ids, r.logprobs) for r in e.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctxs)])]
-               for e in engines]
+
+        def play(e):
+            return [(r.token_ids, r.logprobs) for r in e.generate([TurnRequest(i, c, sp, seed=i)
+                                                                   for i, c in enumerate(ctxs)])]
+        out = [play(e) for e in engines]
         assert out[0] == out[1]
         assert max(calls) > 1 and calls.count(2) >= 2          # prefill chunks and batched decode steps
+        # a weight sync writes the paired rows in place (every other row per projection)
+        g = torch.Generator().manual_seed(0)
+        new = {n: w + 0.05 * torch.randn(w.shape, generator=g) * w.abs().mean() if "mlp." in n else w
+               for n, w in load_safetensors_dir(tiny_model_dir).items()}
+        stats = [e.update_weights(new.items(), version=1) for e in engines]
+        assert stats[0].int8_codes_changed == stats[1].int8_codes_changed > 0
+        assert torch.equal(tg.glu_unpair_rows(pa.w_q), st.w_q) and torch.equal(tg.glu_unpair_rows(pa.s_w), st.s_w)
+        out = [play(e) for e in engines]
+        assert out[0] == out[1]
     finally:
         _interp.restore_compiled(mods)
 

@@ -115,10 +115,10 @@ class EngineLinear(nn.Module):
 
     def silu_mul(self, x: Activation, act_quant: tuple[float, str] | None) -> Activation:
         """silu(gate) · up of this gate/up linear, as the down projection reads it: per-token codes
-        + scales (`act_quant` = that linear's (scale floor, rounding)) or rows (None). On CUDA a
-        quantized linear fed codes runs one GEMM with SiLU·mul in its epilogue (gate and up never
-        written) and a one-read quantization; otherwise the GEMM, then the fused SiLU·mul (+ codes)
-        kernel. Same bits either way. Needs the fused kernels (bf16 / fp16 on CUDA)."""
+        + scales (`act_quant` = that linear's (scale floor, rounding)) or rows (None). A linear with
+        paired rows (quantized, on CUDA) runs one GEMM with SiLU·mul in its epilogue (gate and up
+        never written) and a one-read quantization; otherwise the GEMM, then the fused SiLU·mul (+
+        codes) kernel. Same bits either way. Needs the fused kernels (bf16 / fp16 on CUDA)."""
         assert tuple(self.parts.values())[0] * 2 == self.out_features, "parts: gate, then up, of equal width"
         if self.paired:
             if not isinstance(x, tuple):
