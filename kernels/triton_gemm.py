@@ -371,20 +371,23 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
     return out
 
 
+def _glu_width(rows: int) -> int:
+    """The gate (= up) width of a gate_up weight of `rows` rows; an odd count is an error."""
+    if rows % 2:
+        raise ValueError(f"a gate_up weight holds as many gate as up rows: {rows} rows is odd")
+    return rows // 2
+
+
 def glu_pair_rows(t: torch.Tensor) -> torch.Tensor:
     """A gate_up weight, scale or bias stacked [gate; up] along dim 0 (2N rows) → paired rows: row
     2j is gate row j, row 2j + 1 up row j, the layout `int8_gemm_glu` reads (`glu_unpair_rows`
     undoes it). Paired, each GEMM tile holds the gate and up columns its SiLU·mul needs."""
-    n2 = t.shape[0]
-    if n2 % 2:
-        raise ValueError(f"a gate_up weight stacks gate and up rows: {n2} rows is odd")
-    return t.reshape(2, n2 // 2, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+    return t.reshape(2, _glu_width(t.shape[0]), *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
 def glu_unpair_rows(t: torch.Tensor) -> torch.Tensor:
     """The inverse of `glu_pair_rows`: paired rows back to [gate; up]."""
-    n2 = t.shape[0]
-    return t.reshape(n2 // 2, 2, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+    return t.reshape(_glu_width(t.shape[0]), 2, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
 def glu_config(m: int, n2: int, k: int, device: torch.device | None = None) -> GemmConfig:
@@ -411,9 +414,7 @@ def int8_gemm_glu(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: 
     x_q, s_x, w_q, s_w = _operands(x_q, s_x, w_q, s_w)
     m, k = x_q.shape
     n2 = w_q.shape[0]
-    if n2 % 2:
-        raise ValueError(f"a GLU weight pairs gate and up rows: {n2} rows is odd")
-    n = n2 // 2
+    n = _glu_width(n2)
     cfg = _resolve_config(config or glu_config(m, n2, k, x_q.device), config is not None)
     if cfg.split_k != 1:
         raise ValueError("int8_gemm_glu has no split-K (each program needs whole sums of its gate and up columns)")

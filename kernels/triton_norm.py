@@ -34,8 +34,8 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from .triton_quant import (_absmax_to_scale, _quant_block, _store_row_codes, cast_for_store, pdl_start,
-                               silu_mul_values, store_view)
+    from .triton_quant import (_absmax_to_scale, _quant_block, _store_row_codes, _store_rows_codes, cast_for_store,
+                               pdl_start, silu_mul_values, store_view)
     from .triton_quant import bf16_round as _bf16_round
     from .triton_quant import round_to as _round_to
 
@@ -330,17 +330,6 @@ if HAVE_TRITON:
                                   HALF_AWAY)
             else:
                 tl.store(dst + offs[None, :], cast_for_store(y, c_ptr.dtype.element_ty, BF16_BITS), mask=mask)
-
-    @triton.jit
-    def _store_rows_codes(y, q_rows, s_out, offs, mask, row_mask, floor, HALF_AWAY: tl.constexpr):
-        """`_store_row_codes` for a [R, BLOCK] block of rows held in registers (fp32 values;
-        masked lanes ignored), each row on its own: its int8 codes at q_rows[r] + offs and its fp32
-        scale at s_out[r] (rows off `row_mask` not written), with the same arithmetic helpers
-        (`_absmax_to_scale`, `_quant_block`; the absmax is a max, exact in any order)."""
-        amax = tl.reduce(tl.where(mask, tl.abs(y), 0.0), 1, tl.standard._elementwise_max)
-        scale = _absmax_to_scale(amax, floor)
-        tl.store(q_rows + offs[None, :], _quant_block(y, scale[:, None], HALF_AWAY), mask=mask)
-        tl.store(s_out, scale, mask=row_mask)
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight, k_weight, cos: torch.Tensor, sin: torch.Tensor,

@@ -108,6 +108,17 @@ if HAVE_TRITON:
         tl.store(s_out, scale)
 
     @triton.jit
+    def _store_rows_codes(y, q_rows, s_out, offs, mask, row_mask, floor, HALF_AWAY: tl.constexpr):
+        """`_store_row_codes` for a [R, BLOCK] block of rows held in registers (fp32 values;
+        masked lanes ignored), each row on its own: its int8 codes at q_rows[r] + offs and its fp32
+        scale at s_out[r] (rows off `row_mask` not written), with the same arithmetic helpers
+        (`_absmax_to_scale`, `_quant_block`; the absmax is a max, exact in any order)."""
+        amax = tl.reduce(tl.where(mask, tl.abs(y), 0.0), 1, tl.standard._elementwise_max)
+        scale = _absmax_to_scale(amax, floor)
+        tl.store(q_rows + offs[None, :], _quant_block(y, scale[:, None], HALF_AWAY), mask=mask)
+        tl.store(s_out, scale, mask=row_mask)
+
+    @triton.jit
     def _load_row_f32(x_row, cs_ptr, offs, mask, COL_SCALE: tl.constexpr):
         """A row's values in fp32; with COL_SCALE each times its column's fp32 scale (one rounding)."""
         x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)

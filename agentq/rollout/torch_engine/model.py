@@ -120,11 +120,8 @@ class EngineLinear(nn.Module):
         never written) and a one-read quantization; otherwise the GEMM, then the fused SiLU·mul (+
         codes) kernel. Same bits either way. Needs the fused kernels (bf16 / fp16 on CUDA)."""
         assert tuple(self.parts.values())[0] * 2 == self.out_features, "parts: gate, then up, of equal width"
-        if self.paired:
-            if not isinstance(x, tuple):
-                from agentq.kernels import triton_quant
-                x_q, s_x = triton_quant.quantize_per_token(x.reshape(-1, x.shape[-1]), self.spec)
-                x = x_q.reshape(x.shape), s_x.reshape(x.shape[:-1])
+        if self.paired:     # quantized, so the fused norm before it hands over codes
+            assert isinstance(x, tuple), "a paired gate_up linear takes per-token codes"
             return int8_linear.w8a8_glu_codes(x[0], x[1], self.w_q, self.s_w, self.bias, self.dtype, act_quant)
         from agentq.kernels import triton_norm
         gate, up = self(x)

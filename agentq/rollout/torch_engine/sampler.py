@@ -57,8 +57,9 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """One 32-bit key per row from its episode seed (any int64) and the sampled token's position.
     On CUDA one Triton launch computes it (`triton_sample.row_keys`, the same integers) instead of
     ~70 int64 torch ops, each a launch in every decode step."""
-    if seeds.is_cuda and _triton_sampler() is not None:
-        return _triton_sampler().row_keys(seeds, positions)
+    fused = _triton_sampler() if seeds.is_cuda else None
+    if fused is not None:
+        return fused.row_keys(seeds, positions)
     s = hash32(hash32(seeds & 0xFFFFFFFF) ^ ((seeds >> 32) & 0xFFFFFFFF))
     return hash32(s ^ hash32(positions + 0x9E3779B9))
 
