@@ -70,6 +70,7 @@ SWITCHES = {
     "attn_tma": ("agentq.kernels.triton_attention", "TMA_TILES"),
     "prefill_kv_write": ("agentq.rollout.torch_engine.model", "PREFILL_KV_WRITE"),
     "pdl_max_rows": ("agentq.kernels.triton_quant", "PDL_MAX_ROWS"),
+    "partial_sums": ("agentq.kernels.int8_linear", "PARTIAL_SUMS"),
 }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import time
 
 import torch
@@ -128,13 +129,14 @@ def _warm_up(eng, ctx: list[list[int]], new: int) -> None:
 #: new tokens per warm-up turn (plus new's residue mod 16)
 WARM_NEW = 16
 PROFILE = False
-#: --decode-sweep: knob -> values, timed on the quantized engine after its turns
+#: --decode-sweep: knob -> values, timed on the quantized engine after its turns, SWEEP_PASSES times each
 DECODE_SWEEP: dict[str, list[float]] = {}
+SWEEP_PASSES = 2
 
 
 #: --decode-sweep knobs: name -> (module, attribute, type)
 # (glu_gemm is not one: the gate_up weights' layout follows it when an engine is built; AGENTQ_GLU_GEMM=0 runs)
-SWEEP_KNOBS = {name: (*SWITCHES[name], int) for name in ("pdl_max_rows", "attn_tma")}
+SWEEP_KNOBS = {name: (*SWITCHES[name], int) for name in ("pdl_max_rows", "attn_tma", "partial_sums")}
 
 
 def _knob(name: str) -> tuple:
@@ -147,14 +149,15 @@ def _knob(name: str) -> tuple:
 
 def _decode_sweep(eng, slots, seeds, sp, device: str, steps: int = 32) -> list[dict]:
     """Decode step time per knob value at fixed lengths (every step re-feeds the same position, so
-    each value does the same work); graphs are re-captured per value, each value is timed twice in
-    interleaved order (a drift shows as a gap between the two), and the knobs are put back."""
+    each value does the same work); graphs are re-captured per value, each value is timed
+    `SWEEP_PASSES` times in interleaved order (a drift shows as a gap between passes; the summary
+    line gives each value's median), and the knobs are put back."""
     lens = eng._advance(slots, [3] * len(slots))
     out = []
     for name, values in DECODE_SWEEP.items():
         mod, attr, typ = _knob(name)
         saved = getattr(mod, attr)
-        for rep in range(2):
+        for rep in range(SWEEP_PASSES):
             for v in values:
                 setattr(mod, attr, typ(v))
                 eng.decoder.reset()                      # re-captured by the first warm step
@@ -162,6 +165,10 @@ def _decode_sweep(eng, slots, seeds, sp, device: str, steps: int = 32) -> list[d
                 out.append({"knob": name, "value": v, "rep": rep, "decode_step_ms": ms})
                 print(f"  decode sweep B={len(slots)} {name}={v:g} (pass {rep + 1}): {ms:.3f} ms/step", flush=True)
         setattr(mod, attr, saved)
+        medians = {v: statistics.median(r["decode_step_ms"] for r in out if r["knob"] == name and r["value"] == v)
+                   for v in values}
+        print(f"  decode sweep B={len(slots)} {name}: median of {SWEEP_PASSES} passes "
+              + ", ".join(f"{v:g}: {ms:.3f}" for v, ms in medians.items()) + " ms/step", flush=True)
     eng.decoder.reset()
     return out
 
@@ -325,12 +332,13 @@ def main():
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernel tables of eager decode steps and of one prefill")
     ap.add_argument("--decode-sweep", action="append", default=[], metavar="KNOB=V1,V2",
                     help=f"time the W8A8 decode step per value of a launch knob ({', '.join(SWEEP_KNOBS)})")
+    ap.add_argument("--sweep-passes", type=int, default=2, help="--decode-sweep: interleaved passes per value")
     ap.add_argument("--run-ahead", choices=["on", "off", "both"], default="on",
                     help="engines that queue each decode step before reading the last one's tokens (both: A/B)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    global PROFILE
-    PROFILE = a.profile
+    global PROFILE, SWEEP_PASSES
+    PROFILE, SWEEP_PASSES = a.profile, a.sweep_passes
     for item in a.decode_sweep:
         name, _, values = item.partition("=")
         _knob(name)                                      # an unknown knob fails before any model is built

@@ -8,6 +8,7 @@ All paths give identical int32 accumulators; the fp32 epilogue order is fixed by
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -46,6 +47,44 @@ def w8a8_linear_codes(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s
     else:
         y = quant.w8a8_epilogue(quant.int8_matmul(x2, w_q), s2, s_w, bias, out_dtype)
     return y.reshape(*shape[:-1], w_q.shape[0])
+
+
+#: a decode step's o and down projections split K and hand int32 partial sums to the norm after
+#: them (`w8a8_linear_partials`) where the H200 table measured that faster; AGENTQ_PARTIAL_SUMS=0
+#: keeps the GEMM with its epilogue (the same bits, kept for A/B runs).
+PARTIAL_SUMS = os.environ.get("AGENTQ_PARTIAL_SUMS", "1") != "0"
+
+
+def partials_config(rows: int, w_q: torch.Tensor):
+    """`triton_gemm.int8_gemm_partials`'s launch for `rows` rows through W_q [N, K], or None: the
+    table has no row for the shape, the weight is not on CUDA, or `PARTIAL_SUMS` is off."""
+    if not (PARTIAL_SUMS and w_q.is_cuda and _triton_linear() is not None):
+        return None
+    from .triton_gemm import partials_config as table_config
+    return table_config(rows, *w_q.shape)
+
+
+def w8a8_linear_partials(x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], w_q: torch.Tensor,
+                         s_w: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec, out_dtype: torch.dtype
+                         ) -> torch.Tensor | quant.PartialSums:
+    """A W8A8 linear whose output only a fused residual add + RMSNorm reads
+    (`triton_norm.add_rms_norm`): its partial sums (`quant.PartialSums`, leading dims of x) where
+    `partials_config` has a split launch for the shape, else the output itself. x: rows in the
+    model dtype (quantized per token here) or (codes, scales) from a fused kernel."""
+    codes = isinstance(x, tuple)
+    lead = tuple((x[0] if codes else x).shape[:-1])
+    rows = 1
+    for d in lead:
+        rows *= d
+    cfg = partials_config(rows, w_q)
+    if cfg is None:
+        return w8a8_linear_codes(x[0], x[1], w_q, s_w, bias, out_dtype) if codes else \
+            w8a8_linear(x, w_q, s_w, bias, spec)
+    from .triton_gemm import int8_gemm_partials
+    from .triton_quant import quantize_per_token
+    k = w_q.shape[1]
+    x_q, s_x = (x[0].reshape(rows, k), x[1].reshape(rows)) if codes else quantize_per_token(x.reshape(rows, k), spec)
+    return dataclasses.replace(int8_gemm_partials(x_q, s_x, w_q, s_w, bias, out_dtype, cfg), lead=lead)
 
 
 #: gate_up linears on CUDA store their gate and up rows paired and run the GEMM with SiLU·mul in

@@ -6,6 +6,8 @@ produce exactly these codes and scales; `tests/kernels` checks it bit for bit.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from . import cpu_gemm
@@ -141,6 +143,35 @@ def w8a8_epilogue(acc: torch.Tensor, s_x: torch.Tensor, s_w: torch.Tensor, bias:
     if bias is not None:
         y = y.add_(bias.float())
     return y.to(out_dtype)
+
+
+@dataclass(frozen=True)
+class PartialSums:
+    """A W8A8 linear's output before its epilogue, as int32 partial sums over K slices:
+
+        Y = w8a8_epilogue(sums.sum(0), s_x, s_w, bias, dtype).reshape(*lead, N)
+
+    sums [S, M, N] (M = prod(lead)), s_x [M], s_w [N] fp32, bias [N] or None. Integer addition is
+    associative, so Y does not depend on S or on how K was sliced. A kernel that reads Y anyway
+    (the next residual add + RMSNorm, `triton_norm.add_rms_norm`) adds the slices and runs the
+    epilogue itself: the GEMM splits K with neither atomics nor a reduction launch
+    (`triton_gemm.int8_gemm_partials`)."""
+
+    sums: torch.Tensor
+    s_x: torch.Tensor
+    s_w: torch.Tensor
+    bias: torch.Tensor | None
+    dtype: torch.dtype
+    lead: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.lead, self.sums.shape[-1])
+
+    def value(self) -> torch.Tensor:
+        """Y itself (torch ops; the same bits as the GEMM with its epilogue)."""
+        acc = self.sums.sum(0, dtype=torch.int32)
+        return w8a8_epilogue(acc, self.s_x, self.s_w, self.bias, self.dtype).reshape(self.shape)
 
 
 def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,

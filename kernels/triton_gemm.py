@@ -20,6 +20,9 @@ trip after another: on the H200 split-K added ~17-20 µs per launch at decode sh
 in 2 splits). A fix-up by plain L2 loads after the ticket's acquire and a barrier (round 6) halved
 that but never beat one split at any decode shape, and returned wrong sums on the H200 (3 splits),
 where the interpreter had been bit-exact; it was removed (`docs/kernels.md`, round 7).
+`int8_gemm_partials` splits K without either: each split stores its int32 sums to its own slice
+and the kernel that reads the output anyway (the next residual add + RMSNorm) adds them and runs
+the epilogue (`quant.PartialSums`; round 12, the o / down projections at decode rows).
 
 `w8a8_linear(x, w_q, s_w, bias, spec)`: fused per-token quantization (`triton_quant`) + this GEMM;
 bit-identical to `quant.w8a8_linear`.
@@ -74,7 +77,10 @@ def load_table(path: Path = TABLE_FILE, section: str = "gemm") -> dict[tuple[int
     """(N, K) -> [(max_M, config), ...] from the JSON the tuning sweeps fill (`python -m
     agentq.eval.bench_kernels --tune gemm`, see docs/kernels.md); the first entry with M <= max_M is
     used, a last entry measured at `LARGE_M` rows or more also serves larger M, and any other shape
-    falls back to `heuristic_config`. Section "glu": `int8_gemm_glu`'s launches where they differ
+    falls back to `heuristic_config`. Section "partials": `int8_gemm_partials`'s split launches,
+    where handing the K slices' int32 sums to the next norm measured faster than the GEMM with its
+    epilogue (`bench_kernels --partials tune`); no row, no split. Section "glu":
+    `int8_gemm_glu`'s launches where they differ
     from the plain GEMM's, keyed by the paired weight's rows (2 × the output width) and K
     (`bench_kernels --glu tune`)."""
     raw = json.loads(path.read_text()).get(section, {})
@@ -87,6 +93,7 @@ def load_table(path: Path = TABLE_FILE, section: str = "gemm") -> dict[tuple[int
 
 H200_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = load_table()
 H200_GLU_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = load_table(section="glu")
+H200_PARTIALS_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = load_table(section="partials")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -133,7 +140,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from .triton_quant import cast_for_store, pdl_start, round_to, silu_mul_values
+    from .triton_quant import cast_for_store, pdl_start, round_to, silu_mul_values, w8a8_values
 
     @triton.jit
     def _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
@@ -142,18 +149,9 @@ if HAVE_TRITON:
         mask_n = offs_n < N
         sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
         sw = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
-        y = _epilogue_values(acc, sx, sw, bias_ptr, offs_n, mask_n, HAS_BIAS)
+        y = w8a8_values(acc, sx[:, None], sw[None, :], bias_ptr, offs_n, mask_n, HAS_BIAS)
         ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         tl.store(ptrs, cast_for_store(y, out_ptr.dtype.element_ty, BF16_BITS), mask=mask_m[:, None] & mask_n[None, :])
-
-    @triton.jit
-    def _epilogue_values(acc, sx, sw, bias_ptr, offs_n, mask_n, HAS_BIAS: tl.constexpr):
-        """fp32 (acc · s_x) · s_w (+ bias), unrounded: `quant.w8a8_epilogue` before its final cast."""
-        y = acc.to(tl.float32) * sx[:, None]
-        y = y * sw[None, :]
-        if HAS_BIAS:
-            y = y + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        return y
 
     @triton.jit
     def _glu_epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N, stride_om,
@@ -169,8 +167,8 @@ if HAVE_TRITON:
         mask_n = offs_n < N
         sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
         sw = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
-        gu = round_to(_epilogue_values(acc, sx, sw, bias_ptr, offs_n, mask_n, HAS_BIAS), out_ptr.dtype.element_ty,
-                      BF16_BITS)
+        gu = round_to(w8a8_values(acc, sx[:, None], sw[None, :], bias_ptr, offs_n, mask_n, HAS_BIAS),
+                      out_ptr.dtype.element_ty, BF16_BITS)
         g, u = tl.split(tl.reshape(gu, [BLOCK_M, BLOCK_N // 2, 2]))
         y = silu_mul_values(g, u, out_ptr.dtype.element_ty, BF16_BITS)
         offs_h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
@@ -195,9 +193,11 @@ if HAVE_TRITON:
                           HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr,
-                          GLU: tl.constexpr = False):
+                          GLU: tl.constexpr = False, PARTIALS: tl.constexpr = False):
         """GLU (`int8_gemm_glu`; no split-K): W's N rows pair gate and up rows (`glu_pair_rows`), and
-        each program's tile goes through `_glu_epilogue_store` instead of the plain epilogue."""
+        each program's tile goes through `_glu_epilogue_store` instead of the plain epilogue.
+        PARTIALS (`int8_gemm_partials`): split s stores its int32 sums at ws[s] ([splits, M, N],
+        plain stores, no epilogue); the reader adds them up."""
         pdl_start(PDL)   # launched early: wait for the producer of x_q / s_x, let the consumer launch
         pid = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -231,6 +231,10 @@ if HAVE_TRITON:
         if GLU:
             _glu_epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N,
                                 stride_om, pid_n, num_n, HAS_BIAS, BF16_BITS, BLOCK_M, BLOCK_N)
+        elif PARTIALS:
+            mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+            slab = ws_ptr + pid_k.to(tl.int64) * M * N
+            tl.store(slab + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], acc, mask=mask)
         elif not USE_SPLIT:
             _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
                             HAS_BIAS, BF16_BITS)
@@ -359,9 +363,7 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
     if cfg.persistent and _tma_applies(x_q, w_q):
         _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, s_w, n, cfg, glu=False)
         return out
-    split = max(1, min(cfg.split_k, _cdiv(k, cfg.block_k)))
-    k_per_split = _cdiv(_cdiv(k, split), cfg.block_k) * cfg.block_k
-    split = _cdiv(k, k_per_split)        # no empty splits
+    k_per_split, split = _k_slices(k, cfg)
     if split > 1:
         ws = _WORKSPACE.get(x_q.device, "acc", m * n)
         tickets = _WORKSPACE.get(x_q.device, "ticket", _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n))
@@ -369,6 +371,45 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
         ws = tickets = s_w       # unused
     _launch_plain(x_q, s_x, w_q, s_w, bias, out, ws, tickets, s_w, n, cfg, k_per_split, split, glu=False)
     return out
+
+
+def _k_slices(k: int, cfg: GemmConfig) -> tuple[int, int]:
+    """(K per split, splits) of cfg's split-K over k > 0: whole BLOCK_K steps, no empty split."""
+    split = max(1, min(cfg.split_k, _cdiv(k, cfg.block_k)))
+    k_per_split = _cdiv(_cdiv(k, split), cfg.block_k) * cfg.block_k
+    return k_per_split, _cdiv(k, k_per_split)
+
+
+def partials_config(m: int, n: int, k: int) -> GemmConfig | None:
+    """`int8_gemm_partials`'s launch for M rows of a [N, K] weight: the "partials" table's row, or
+    None where none was measured faster than the one-split GEMM with its epilogue (no row, or a
+    row of split 1)."""
+    cfg = _table_config(H200_PARTIALS_TABLE, m, n, k)
+    return cfg if cfg is not None and cfg.split_k > 1 else None
+
+
+def int8_gemm_partials(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
+                       bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig) -> quant.PartialSums:
+    """The W8A8 GEMM with its K range split `config.split_k` ways and no epilogue: each split's
+    int32 sums go to their own slice of `sums` [S, M, N] (plain stores), for a reader that adds
+    them and runs the epilogue (`quant.PartialSums`; `triton_norm.add_rms_norm`). At decode rows
+    this buys more programs of wider weight tiles, each reading less of X_q, without the atomics
+    and tickets whose cost sank the in-kernel split-K (module docstring)."""
+    require_triton("triton_gemm.int8_gemm_partials")
+    x_q, s_x, w_q, s_w = _operands(x_q, s_x, w_q, s_w)
+    m, k = x_q.shape
+    n = w_q.shape[0]
+    if config.persistent:
+        raise ValueError("int8_gemm_partials runs the plain kernel: a persistent config has no split-K")
+    k_per_split, split = _k_slices(k, config) if k else (0, 1)
+    sums = torch.empty((split, m, n), dtype=torch.int32, device=x_q.device)
+    if m and n:
+        if k == 0:
+            sums.zero_()
+        else:
+            _launch_plain(x_q, s_x, w_q, s_w, bias, sums[0], sums, s_w, s_w, n, config, k_per_split, split,
+                          glu=False, partials=True)
+    return quant.PartialSums(sums, s_x, s_w, bias, out_dtype, (m,))
 
 
 def _glu_width(rows: int) -> int:
@@ -437,17 +478,18 @@ def int8_gemm_glu(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: 
 
 
 def _launch_plain(x_q, s_x, w_q, s_w, bias, out, ws, tickets, amax, n: int, cfg: GemmConfig, k_per_split: int,
-                  split: int, glu: bool) -> None:
-    """`_w8a8_gemm_kernel` over grid (output tiles, splits) for n output columns."""
+                  split: int, glu: bool, partials: bool = False) -> None:
+    """`_w8a8_gemm_kernel` over grid (output tiles, splits) for n output columns (partials: each
+    split's sums to ws[split], no epilogue)."""
     m, k = x_q.shape
     out_arg, bf16_bits = triton_quant.store_view(out, runs_interpreted(_w8a8_gemm_kernel))
     pdl = triton_quant.use_pdl(_w8a8_gemm_kernel, x_q.device, m)
     _w8a8_gemm_kernel[(_cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n), split)](
         x_q, w_q, s_x, s_w, bias if bias is not None else s_w, out_arg, ws, tickets, amax,
         m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0), k_per_split, split,
-        HAS_BIAS=bias is not None, USE_SPLIT=split > 1, EVEN_K=k % cfg.block_k == 0,
+        HAS_BIAS=bias is not None, USE_SPLIT=split > 1 and not partials, EVEN_K=k % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, BF16_BITS=bf16_bits,
-        PDL=pdl, GLU=glu, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, GLU=glu, PARTIALS=partials, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         enable_fp_fusion=False)
 
 

@@ -26,6 +26,7 @@ import os
 import torch
 
 from ._interp import HAVE_TRITON, interpreting, num_sms, require_triton, runs_interpreted
+from .quant import PartialSums
 from .triton_quant import _check_mode, quantize_rows, use_pdl
 
 INTERPRETED = interpreting()
@@ -35,7 +36,7 @@ if HAVE_TRITON:
     import triton.language as tl
 
     from .triton_quant import (_absmax_to_scale, _quant_block, _store_row_codes, _store_rows_codes, cast_for_store,
-                               pdl_start, silu_mul_values, store_view)
+                               pdl_start, silu_mul_values, store_view, w8a8_values)
     from .triton_quant import bf16_round as _bf16_round
     from .triton_quant import round_to as _round_to
 
@@ -124,21 +125,32 @@ if HAVE_TRITON:
 
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, o_ptr, q_ptr, qs_ptr, N,
-                             stride_x, stride_d, stride_s, stride_o, stride_q, eps, floor,
+    def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, o_ptr, q_ptr, qs_ptr, psx_ptr, psw_ptr, pb_ptr, N,
+                             stride_x, stride_d, stride_s, stride_o, stride_q, p_slab, eps, floor,
                              HAS_DELTA: tl.constexpr, QUANT: tl.constexpr, STORE_NORMED: tl.constexpr,
                              HALF_AWAY: tl.constexpr, BLOCK: tl.constexpr, BF16_BITS: tl.constexpr,
-                             PDL: tl.constexpr):
+                             PDL: tl.constexpr, PARTIALS: tl.constexpr = 0, P_BIAS: tl.constexpr = False):
         """One program per row: s = x + delta (rounded to the dtype, stored), h = RMSNorm(s) as
         `_rms_norm_kernel`, then h stored (STORE_NORMED) and/or h's per-row int8 codes + scale
-        (QUANT; `_quant_rows_kernel`'s arithmetic on the rounded h)."""
+        (QUANT; `_quant_rows_kernel`'s arithmetic on the rounded h). PARTIALS > 0: delta is a W8A8
+        linear's int32 partial sums (`quant.PartialSums`: PARTIALS slices `p_slab` apart at d_ptr,
+        scales at psx / psw, bias at pb), added up here and put through the GEMM's epilogue and
+        output rounding, so delta has the bits the GEMM would have stored."""
         pdl_start(PDL)
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         mask = offs < N
         x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_DELTA:
-            x = x + tl.load(d_ptr + row * stride_d + offs, mask=mask, other=0.0).to(tl.float32)
+            if PARTIALS > 0:
+                acc = tl.load(d_ptr + row * stride_d + offs, mask=mask, other=0)
+                for sl in tl.static_range(1, PARTIALS):
+                    acc += tl.load(d_ptr + sl * p_slab + row * stride_d + offs, mask=mask, other=0)
+                sw = tl.load(psw_ptr + offs, mask=mask, other=0.0)
+                d = w8a8_values(acc, tl.load(psx_ptr + row), sw, pb_ptr, offs, mask, P_BIAS)
+                x = x + _round_to(d, s_ptr.dtype.element_ty, BF16_BITS)
+            else:
+                x = x + tl.load(d_ptr + row * stride_d + offs, mask=mask, other=0.0).to(tl.float32)
             x = _round_to(x, s_ptr.dtype.element_ty, BF16_BITS)
             tl.store(s_ptr + row * stride_s + offs, cast_for_store(x, s_ptr.dtype.element_ty, BF16_BITS), mask=mask)
         var = tl.reduce(x * x, 0, tl.standard._sum_combine) / N
@@ -627,13 +639,15 @@ def _norm_warps(block: int) -> int:
     return max(1, min(16, block // 256))
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | PartialSums | None, weight: torch.Tensor, eps: float,
                  quant: tuple[float, str] | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
     """The residual add and the pre-norm of the next block in one launch (bf16 / fp16 rows).
 
     Args:
-        x: the residual stream [..., N]; delta: the block output to add to it (None: nothing to add).
+        x: the residual stream [..., N]; delta: the block output to add to it (None: nothing to
+            add), or that output still as a W8A8 linear's partial sums (`quant.PartialSums`, one
+            row per row of x, its dtype x's), whose epilogue then runs here with the same bits.
         weight, eps: the RMSNorm's.
         quant: (scale floor, rounding) to return the normed rows as per-token int8 codes for a
             W8A8 linear (`triton_quant.quantize_rows`'s arithmetic), or None for the normed rows.
@@ -663,7 +677,16 @@ def _launch_add_rms_norm(x, delta, weight, eps, quant, keep_normed: bool):
     """`_add_rms_norm_kernel` over the rows of x: (s, normed or None, (codes, scales) or None)."""
     x2 = _rows(x)
     m, n = x2.shape
-    d2 = _rows(delta) if delta is not None else x2
+    partials = isinstance(delta, PartialSums)
+    if partials:
+        if delta.sums.shape[1:] != (m, n) or delta.dtype != x.dtype:
+            raise ValueError(f"partial sums {tuple(delta.sums.shape)} of {delta.dtype} for {m} rows of {n} "
+                             f"{x.dtype}: one [M, N] slice per split, in x's dtype")
+        d2, psx, psw = delta.sums.contiguous(), delta.s_x.contiguous(), delta.s_w.contiguous()
+        pb = delta.bias if delta.bias is not None else psw
+    else:
+        d2 = _rows(delta) if delta is not None else x2
+        psx = psw = pb = weight                       # unused
     s = torch.empty((m, n), dtype=x.dtype, device=x.device) if delta is not None else x2
     interp = runs_interpreted(_add_rms_norm_kernel)
     s_arg, bits = store_view(s, interp)
@@ -680,10 +703,11 @@ def _launch_add_rms_norm(x, delta, weight, eps, quant, keep_normed: bool):
         block = triton.next_power_of_2(n)
         pdl = use_pdl(_add_rms_norm_kernel, x.device, m)
         _add_rms_norm_kernel[(m,)](
-            x2, d2, weight, s_arg, o_arg, q_arg, qs_arg, n, x2.stride(0), d2.stride(0), s.stride(0), n,
-            q_arg.stride(0), float(eps), float(quant[0]) if quant else 0.0,
+            x2, d2, weight, s_arg, o_arg, q_arg, qs_arg, psx, psw, pb, n, x2.stride(0), d2.stride(-2), s.stride(0), n,
+            q_arg.stride(0), m * n, float(eps), float(quant[0]) if quant else 0.0,
             HAS_DELTA=delta is not None, QUANT=quant is not None, STORE_NORMED=keep_normed,
             HALF_AWAY=_check_mode(quant[1]) if quant else False, BLOCK=block, BF16_BITS=bits, PDL=pdl,
+            PARTIALS=d2.shape[0] if partials else 0, P_BIAS=partials and delta.bias is not None,
             launch_pdl=pdl, num_warps=_norm_warps(block), enable_fp_fusion=False)
     shape = x.shape
     out_codes = (codes.reshape(shape), scales.reshape(shape[:-1])) if codes is not None and scales is not None else None

@@ -76,6 +76,18 @@ if HAVE_TRITON:
         return r
 
     @triton.jit
+    def w8a8_values(acc, sx, sw, bias_ptr, offs_n, mask_n, HAS_BIAS: tl.constexpr):
+        """fp32 (acc · s_x) · s_w (+ bias) of int32 sums, unrounded: `quant.w8a8_epilogue` before
+        its final cast. sx / sw come broadcastable to acc ([BM, 1] / [BN] in a GEMM tile; a row's
+        scalar / [BLOCK] in a norm that reads partial sums); the bias is loaded at offs_n. The one
+        home of this arithmetic: the GEMM epilogues and `triton_norm`'s partial-sums reader."""
+        y = acc.to(tl.float32) * sx
+        y = y * sw
+        if HAS_BIAS:
+            y = y + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        return y
+
+    @triton.jit
     def silu_mul_values(g, u, OUT_DTYPE: tl.constexpr, BF16_BITS: tl.constexpr):
         """silu(g) · u of fp32 values of the dtype, each op rounded to it as torch's
         `F.silu(g) * u` rounds (silu in fp32, then one rounding; the product, then another). The

@@ -90,6 +90,25 @@ def ray_cluster():
         ray.shutdown()
 
 
+#: the modules of the W8A8 GEMM and the norms that read its outputs, reloaded interpreted together
+GEMM_NORM_MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_norm")
+
+
+@pytest.fixture(scope="module")
+def gemm_norm_kernels():
+    """(triton_quant, triton_gemm, triton_norm) under TRITON_INTERPRET=1 for one test module: CPU
+    tests of what the kernels compute (skipped on a machine with a GPU, which runs them compiled)."""
+    import torch
+
+    from agentq.kernels import _interp
+    if torch.cuda.is_available():
+        pytest.skip("CPU interpreter test (the GPU machine runs the compiled kernels)")
+    tq, tg, tn = _interp.load_interpreted(GEMM_NORM_MODULES)
+    assert _interp.runs_interpreted(tg._w8a8_gemm_kernel) and _interp.runs_interpreted(tn._add_rms_norm_kernel)
+    yield tq, tg, tn
+    _interp.restore_compiled(GEMM_NORM_MODULES)
+
+
 def train_run(tmp_path_factory, args: list[str]) -> Path:
     """`agentq train <args>` into a fresh run folder (asserting it succeeded); returns the folder."""
     out = tmp_path_factory.mktemp("run") / "r"

@@ -17,7 +17,7 @@ from agentq.kernels import _interp
 pytestmark = pytest.mark.skipif(not _interp.HAVE_TRITON, reason="triton is not installed")
 BWD_PTRS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "gy_ptr": "*bf16", "dx_ptr": "*bf16", "dwp_ptr": "*fp32"}
 NORM_PTRS = {"x_ptr": "*bf16", "d_ptr": "*bf16", "w_ptr": "*bf16", "s_ptr": "*bf16", "o_ptr": "*bf16",
-             "q_ptr": "*i8", "qs_ptr": "*fp32"}
+             "q_ptr": "*i8", "qs_ptr": "*fp32", "psx_ptr": "*fp32", "psw_ptr": "*fp32", "pb_ptr": "*bf16"}
 
 
 def _cases():
@@ -47,11 +47,11 @@ def _cases():
                                                     "c_ptr": "*i8", "cs_ptr": "*fp32"}, {"floor"},
          {"HALF_AWAY": False, "BLOCK_D": 128}, 1, 3),
         *(("triton_gemm", "_w8a8_gemm_kernel", {"xq_ptr": "*i8", "w_ptr": "*i8", "sx_ptr": "*fp32", "sw_ptr": "*fp32",
-                                                "bias_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32",
+                                                "bias_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*i32",
                                                 "ticket_ptr": "*i32", "amax_ptr": "*fp32"}, set(),
            {"HAS_BIAS": glu, "USE_SPLIT": False, "EVEN_K": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128,
-            "GROUP_M": 8, "BF16_BITS": False, "PDL": True, "GLU": glu}, 8 if bm > 64 else 4, 3)
-          for bm, bn, glu in ((128, 128, False), (64, 64, True))),
+            "GROUP_M": 8, "BF16_BITS": False, "PDL": True, "GLU": glu, "PARTIALS": parts}, 8 if bm > 64 else 4, 3)
+          for bm, bn, glu, parts in ((128, 128, False, False), (64, 64, True, False), (64, 128, False, True))),
         *(("triton_gemm", "_w8a8_gemm_tma_kernel", {"x_desc": f"tensordesc<i8[{bm},128]>",
                                                     "w_desc": "tensordesc<i8[128,128]>", "sx_ptr": "*fp32",
                                                     "sw_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*bf16",
@@ -84,9 +84,11 @@ def _cases():
          {"ROWS": 32, "BLOCK": 128, "STAGES": 1, "BF16_BITS": False}, 8, 3),
         ("triton_norm", "_silu_mul_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "o_ptr": "*bf16"}, set(),
          {"BLOCK": 1024, "BF16_BITS": False}, 4, 3),
-        ("triton_norm", "_add_rms_norm_kernel", NORM_PTRS, {"eps", "floor"},
-         {"HAS_DELTA": True, "QUANT": True, "STORE_NORMED": True, "HALF_AWAY": False, "BLOCK": 4096,
-          "BF16_BITS": False, "PDL": True}, 16, 3),
+        *(("triton_norm", "_add_rms_norm_kernel", {**NORM_PTRS, "d_ptr": "*i32" if parts else "*bf16"},
+           {"eps", "floor"},
+           {"HAS_DELTA": True, "QUANT": True, "STORE_NORMED": True, "HALF_AWAY": False, "BLOCK": 4096,
+            "BF16_BITS": False, "PDL": True, "PARTIALS": parts, "P_BIAS": parts > 0}, 16, 3)
+          for parts in (0, 3)),      # delta as rows, or as a W8A8 linear's partial sums
         ("triton_norm", "_silu_mul_quant_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "q_ptr": "*i8",
                                                    "qs_ptr": "*fp32", "y_ptr": "*bf16"}, {"floor"},
          {"HALF_AWAY": False, "BLOCK": 16384, "BF16_BITS": False, "OUT_DTYPE": "bf16", "STORE_Y": True,
@@ -189,7 +191,8 @@ def test_multi_row_norm_gives_each_row_the_one_row_layout(block):
                                {"BLOCK": block, "BF16_BITS": False}, warps, 3, aligned))
     fused = _row_layout(_compile("triton_norm", "_add_rms_norm_kernel", NORM_PTRS, {"eps", "floor"},
                                  {"HAS_DELTA": False, "QUANT": True, "STORE_NORMED": True, "HALF_AWAY": False,
-                                  "BLOCK": block, "BF16_BITS": False, "PDL": False}, warps, 3,
+                                  "BLOCK": block, "BF16_BITS": False, "PDL": False, "PARTIALS": 0,
+                                  "P_BIAS": False}, warps, 3,
                                  aligned + ("s_ptr", "q_ptr", "stride_s", "stride_q")))
     assert one == fused
     # rows on dim 0, one row's elements along dim 1 exactly as the 1-D kernels hold them
@@ -220,3 +223,4 @@ def test_qk_norm_rope_head_groups_give_each_head_the_one_head_layout(dtype, writ
                                  {**consts, "HEADS": heads}, heads, 3, aligned), "addf")
     assert one["threadsPerWarp"] == [1, 32] and one["warpsPerCTA"] == [1, 1]
     assert multi == {**one, "warpsPerCTA": [heads, 1]}
+

@@ -245,6 +245,52 @@ def test_paired_glu_engine_equals_the_stacked_two_launch_engine(tiny_model_dir, 
         _interp.restore_compiled(mods)
 
 
+def test_partial_sums_engine_equals_the_one_split_engine(tiny_model_dir, monkeypatch):
+    """o_proj and down_proj of a decode step handing int32 partial sums over K slices to the fused
+    norm after them (`int8_linear.w8a8_linear_partials`; CUDA-only and table-driven, forced here for
+    a CPU bf16 engine whose kernels run interpreted): the same tokens and log-probs as the GEMMs
+    with their epilogues, over two turns, before and after a weight sync."""
+    pytest.importorskip("triton")
+    from agentq.kernels import _interp, int8_linear
+    from agentq.rollout.torch_engine.model import RMSNorm
+
+    mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_norm")
+    tg = _interp.load_interpreted(mods)[1]
+    calls = []
+    fn = tg.int8_gemm_partials
+    monkeypatch.setattr(tg, "int8_gemm_partials", lambda x_q, *a: (calls.append(tuple(x_q.shape)), fn(x_q, *a))[1])
+    try:
+        engines = [TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=2,
+                                               max_len=64, dtype=torch.bfloat16, prefill_chunk=8) for _ in range(2)]
+        for m in (m for e in engines for m in e.model.modules() if isinstance(m, RMSNorm)):
+            m.fused = True
+        ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(11 + 9 * i)] for i in range(2)]
+        sp = SamplingParams(max_new_tokens=4, temperature=1e-3)
+
+        def play(e, partials):
+            # 3 splits of K (256 or 512) in 32-wide steps: ragged slices, two tile shapes
+            monkeypatch.setattr(int8_linear, "partials_config", lambda rows, w_q: tg.GemmConfig(16, 32, 32, 3, 1, 4, 2)
+                                if partials else None)
+            turn1 = e.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctxs)])
+            nxt = [c + r.token_ids + [7, 8, 9] for c, r in zip(ctxs, turn1)]
+            turn2 = e.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(nxt)])
+            return [(r.token_ids, r.logprobs) for r in turn1 + turn2]
+
+        out = [play(e, p) for e, p in zip(engines, (True, False))]
+        assert out[0] == out[1]
+        # decode steps only (prefill rows keep the epilogue): o (K 256) and down (K 512), 2 layers
+        assert calls and {k for _, k in calls} == {256, 512} and max(m for m, _ in calls) <= 2
+        g = torch.Generator().manual_seed(0)
+        new = {n: w + 0.05 * torch.randn(w.shape, generator=g) * w.abs().mean()
+               for n, w in load_safetensors_dir(tiny_model_dir).items()}
+        for e in engines:
+            e.update_weights(new.items(), version=1)
+        out = [play(e, p) for e, p in zip(engines, (True, False))]
+        assert out[0] == out[1]
+    finally:
+        _interp.restore_compiled(mods)
+
+
 def _turns_with_early_stops(eng, n: int = 6, turns: int = 3):
     """Turns in which rows end at different steps: a stop-token set that random sampling hits
     often, plus a slot limit that ends the longest rows by length in the last turn."""

@@ -190,6 +190,27 @@ def test_glu_gemm_gives_the_two_launch_tokens_and_logprobs(tiny_model_dir, monke
     assert out[True][1] == out[False][1]
 
 
+def test_partial_sums_give_the_one_split_tokens_and_logprobs(tiny_model_dir, monkeypatch):
+    """o_proj and down_proj of graph-replayed decode steps handing int32 partial sums to the norm
+    after them (`int8_linear.w8a8_linear_partials`; a split config forced for the tiny shapes,
+    which the H200 table does not list) against the GEMMs with their epilogues: the same bits, so
+    the same tokens and identical log-probs over three multi-turn turns."""
+    from agentq.kernels import int8_linear
+    from agentq.kernels import triton_gemm as tg
+    calls = []
+    fn = tg.int8_gemm_partials
+    monkeypatch.setattr(tg, "int8_gemm_partials", lambda x_q, *a: (calls.append(x_q.shape[0]), fn(x_q, *a))[1])
+    out = {}
+    for on in (True, False):
+        monkeypatch.setattr(int8_linear, "partials_config",
+                            lambda rows, w_q, _on=on: tg.GemmConfig(16, 32, 64, 3, 8, 4, 3) if _on else None)
+        eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=4, max_len=512, dtype=torch.bfloat16,
+                                          device="cuda")
+        out[on] = _turns(eng)
+    assert calls and max(calls) <= 4                    # decode steps ran it (rows = batch rows)
+    assert out[True] == out[False]
+
+
 def test_prefill_kv_write_by_the_rope_launch_gives_the_separate_write_tokens(tiny_model_dir, monkeypatch):
     """The prefill chunks' K/V written by the q/k-norm + RoPE launch (`model.PREFILL_KV_WRITE`,
     opt-in until this passes on a GPU) against the separate cache write: the same bits, so the same

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from agentq.kernels import attention as attn_ops
 from agentq.kernels import int8_linear, quant
+from agentq.kernels.quant import PartialSums
 from agentq.kernels.quant_spec import QuantSpec
 
 from .kv_cache import KVCache, KVTensors
@@ -102,7 +103,13 @@ class EngineLinear(nn.Module):
         before it that can emit them (`Activation`); None when it runs dense."""
         return (self.spec.act_scale_floor, self.spec.act_rounding) if self.quantized else None
 
-    def forward(self, x: Activation) -> tuple[torch.Tensor, ...] | torch.Tensor:
+    def forward(self, x: Activation, partial_sums: bool = False
+                ) -> tuple[torch.Tensor, ...] | torch.Tensor | PartialSums:
+        """The output rows (split per part), or with `partial_sums` (a one-part quantized linear
+        whose output only a fused residual add + norm reads) possibly its int32 partial sums
+        (`int8_linear.w8a8_linear_partials`)."""
+        if partial_sums and self.quantized and len(self.parts) == 1:
+            return int8_linear.w8a8_linear_partials(x, self.w_q, self.s_w, self.bias, self.spec, self.dtype)
         if isinstance(x, tuple):          # already per-token int8 codes + scales (a fused kernel's)
             y = int8_linear.w8a8_linear_codes(x[0], x[1], self.w_q, self.s_w, self.bias, self.dtype)
         elif self.quantized:
@@ -159,14 +166,17 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dt)
 
-    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor | None, quant: tuple[float, str] | None = None
-                     ) -> tuple[torch.Tensor, Any]:
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor | PartialSums | None,
+                     quant: tuple[float, str] | None = None) -> tuple[torch.Tensor, Any]:
         """The residual add before this norm and the norm: (x + delta, norm(x + delta)). Fused, it
         is one launch that can also emit the normed rows as a W8A8 linear's input codes (`quant`,
-        from `EngineLinear.act_quant`); the values are the same either way."""
+        from `EngineLinear.act_quant`) and take delta as a linear's partial sums; the values are
+        the same either way."""
         if self.fused:
             from agentq.kernels.triton_norm import add_rms_norm
             return add_rms_norm(x, delta, self.weight, self.eps, quant)
+        if isinstance(delta, PartialSums):      # one row per row of x (the fused norm's contract)
+            delta = delta.value().reshape(x.shape)
         s = x if delta is None else x + delta
         return s, self(s)
 
@@ -233,13 +243,17 @@ class DecoderLayer(nn.Module):
     def _qk_norm_args(self):
         return ((self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0))
 
-    def _out_and_mlp(self, x, o):
-        """Attention output o [B, H, T, D] → o_proj, residual add + post-norm, MLP: (x', delta')."""
+    def _out_and_mlp(self, x, o, partial_sums: bool = False):
+        """Attention output o [B, H, T, D] → o_proj, residual add + post-norm, MLP: (x', delta').
+        partial_sums (decode, fused norms): o_proj and down_proj may hand their int32 partial sums
+        to the norm after them (`EngineLinear.forward`), so delta' can be `PartialSums`."""
         b, _, t, _ = o.shape
         o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
-        x, h = self.post_attention_layernorm.add_and_norm(x, self.o_proj(o), self.gate_up_proj.act_quant())
-        if self.post_attention_layernorm.fused:
-            return x, self.down_proj(self.gate_up_proj.silu_mul(h, self.down_proj.act_quant()))
+        fused = self.post_attention_layernorm.fused
+        x, h = self.post_attention_layernorm.add_and_norm(x, self.o_proj(o, partial_sums and fused),
+                                                          self.gate_up_proj.act_quant())
+        if fused:
+            return x, self.down_proj(self.gate_up_proj.silu_mul(h, self.down_proj.act_quant()), partial_sums)
         gate, up = self.gate_up_proj(h)
         return x, self.down_proj(F.silu(gate) * up)
 
@@ -302,7 +316,7 @@ class DecoderLayer(nn.Module):
         else:
             q, k, v = self._norm_rope(q, k, v, cos, sin)
             d.cache.write(self.layer_idx, d.slots, d.positions, k[:, :, 0], v[:, :, 0])
-        return self._out_and_mlp(x, self._attend(q, d))
+        return self._out_and_mlp(x, self._attend(q, d), partial_sums=True)
 
 
 def decode_kernel_applies(cache: KVCache) -> bool:
@@ -484,7 +498,9 @@ class EngineModel(nn.Module):
         delta = None
         for layer in self.decoder_layers:
             x, delta = layer.decode(x, delta, cos, sin, d)
-        _, x = self.norm.add_and_norm(x[:, 0], None if delta is None else delta[:, 0])
+        # (partial sums already hold one row per batch row: the norm flattens its rows)
+        _, x = self.norm.add_and_norm(x[:, 0], delta if delta is None or isinstance(delta, PartialSums)
+                                      else delta[:, 0])
         w = self.embed_tokens.weight if self.tied else self.lm_head
         return F.linear(x, w).float()
 
