@@ -274,11 +274,29 @@ def table_json(raw: dict) -> str:
     return "{\n" + ",\n".join(out) + "\n}\n"
 
 
-def partials_candidates(m: int, n: int, k: int):
+def partials_candidates(m: int, n: int, k: int, wide: bool = False):
     """`int8_gemm_partials` launches to sweep at decode rows: wider weight tiles than the one-split
-    GEMM's, K split so that ~100-270 programs run (132 SMs), each split at least two K steps."""
+    GEMM's, K split so that ~100-270 programs run (132 SMs), each split at least two K steps.
+    wide: instead, splits whose programs fit two or more to an SM (200-600 programs, ≥ 85 % of
+    the last wave filled) and 512-byte K steps: more weight bytes in flight per SM."""
     from agentq.kernels.triton_gemm import GemmConfig
     bm = 64
+    if wide:
+        for bn in (16, 32, 64, 128):
+            for bk in (128, 256, 512):
+                for stages in (3, 4, 5, 6, 8):
+                    smem = (bm + bn) * bk * stages
+                    per_sm = max(1, (227 << 10) // (smem + 1024))
+                    for split in (2, 3, 4, 6, 8):
+                        programs = -(-m // bm) * -(-n // bn) * split
+                        slots = 132 * per_sm
+                        filled = programs / (-(-programs // slots) * slots)
+                        if not (40 << 10) <= smem <= (200 << 10) or k // bk < 2 * split or filled < 0.85:
+                            continue
+                        if (per_sm >= 2 and 200 <= programs <= 600) or (bk == 512 and stages in (3, 4)
+                                                                        and 96 <= programs <= 600):
+                            yield GemmConfig(bm, bn, bk, split, 8, 4, stages)
+        return
     for bn, bk, warps, stages in ((32, 256, 4, 6), (64, 256, 4, 4), (64, 256, 4, 5), (64, 128, 4, 8),
                                   (128, 256, 4, 3), (128, 256, 4, 4), (128, 128, 4, 6), (256, 128, 8, 4)):
         for split in (2, 3, 4, 6, 8):
@@ -288,72 +306,81 @@ def partials_candidates(m: int, n: int, k: int):
 
 
 def bench_partials(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128), tune: bool = True,
-                   write_table: bool = False, deadline: float = float("inf")):
+                   write_table: bool = False, deadline: float = float("inf"), wide: bool = False):
     """The o / down GEMM handing int32 partial sums over K slices to the residual add + RMSNorm (+
     codes) after it (`int8_gemm_partials` + `add_rms_norm` of `PartialSums`) against the GEMM with
     its epilogue + the same norm, the pair a decode step runs, in µs per pair. With `tune`, a
     sweep of split launches per M; a config that beats the one-split pair by 3 % or more becomes
     a row of h200_gemm.json's "partials" section (`write_table`: written to the installed
-    table, which later processes load), a row with split 1 where none does (no split)."""
+    table, which later processes load), a row with split 1 where none does (no split). wide:
+    `partials_candidates(wide=True)` at M 64 for Qwen3-8B o / down and Qwen3-1.7B down, the
+    table's current row counted as a candidate (rows for other M are kept)."""
     from agentq.kernels import triton_gemm as tg
     from agentq.kernels import triton_norm as tn
     from agentq.kernels import triton_quant as tq
     quant_args = (SPEC.act_scale_floor, SPEC.act_rounding)
     log("\n== o / down GEMM + residual add + RMSNorm + codes: partial sums vs the GEMM's epilogue (µs per pair) ==")
     table = {}
-    for model in models:
-        for lin in ("o", "down"):
-            k, n = MODEL_LINEARS[model][lin]
-            sh = LinearShape(f"{model}:{lin}", k, n, dev)
-            weight = torch.ones(n, device=dev, dtype=torch.bfloat16)
-            rows = []
-            for m in ms:
-                x_q, s_x = tq.quantize_per_token(torch.randn(m, k, device=dev, dtype=torch.bfloat16), SPEC)
-                resid = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    cases = [("qwen3-8b", "o"), ("qwen3-8b", "down"), ("qwen3-1.7b", "down")] if wide else \
+        [(model, lin) for model in models for lin in ("o", "down")]
+    ms = (64,) if wide else ms
+    for i_case, (model, lin) in enumerate(cases):
+        k, n = MODEL_LINEARS[model][lin]
+        sh = LinearShape(f"{model}:{lin}", k, n, dev)
+        case_deadline = time.time() + (deadline - time.time()) / (len(cases) - i_case)   # the budget left, shared
+        weight = torch.ones(n, device=dev, dtype=torch.bfloat16)
+        rows = []
+        for m in ms:
+            x_q, s_x = tq.quantize_per_token(torch.randn(m, k, device=dev, dtype=torch.bfloat16), SPEC)
+            resid = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
 
-                def base(i):
-                    y = tg.int8_gemm(x_q, s_x, sh.w_q[i], sh.s_w[i], None, torch.bfloat16)
-                    tn.add_rms_norm(resid, y, weight, 1e-6, quant_args)
+            def base(i):
+                y = tg.int8_gemm(x_q, s_x, sh.w_q[i], sh.s_w[i], None, torch.bfloat16)
+                tn.add_rms_norm(resid, y, weight, 1e-6, quant_args)
 
-                def split(i, cfg):
-                    ps = tg.int8_gemm_partials(x_q, s_x, sh.w_q[i], sh.s_w[i], None, torch.bfloat16, cfg)
-                    tn.add_rms_norm(resid, ps, weight, 1e-6, quant_args)
+            def split(i, cfg):
+                ps = tg.int8_gemm_partials(x_q, s_x, sh.w_q[i], sh.s_w[i], None, torch.bfloat16, cfg)
+                tn.add_rms_norm(resid, ps, weight, 1e-6, quant_args)
 
-                reps = sh.n_int8
-                t_base = graph_us([partial(base, i) for i in range(reps)]) / reps
-                current = tg.partials_config(m, n, k)
-                t_cur = (graph_us([partial(split, i, current) for i in range(reps)]) / reps
-                         if current is not None and current.split_k > 1 else None)
-                best = None
-                if tune:
-                    for cfg in partials_candidates(m, n, k):
-                        if best is not None and time.time() > deadline:
-                            break
-                        try:
-                            us = graph_us([partial(split, i, cfg) for i in range(reps)], rep_ms=25,
-                                          warmup_ms=5) / reps
-                        except Exception as e:    # e.g. out of shared memory for this tile
-                            log(f"  skip {cfg.short()}: {type(e).__name__}: {str(e)[:80]}")
-                            continue
-                        results.setdefault("tune_partials", []).append(
-                            {"shape": sh.name, "M": m, "cfg": cfg.short(), "us": us})
-                        if best is None or us < best[0]:
-                            best = (us, cfg)
-                    keep = best is not None and best[0] <= 0.97 * t_base
-                    plain = dataclasses.replace(tg.pick_config(m, n, k, dev), split_k=1, persistent=0)
-                    rows.append([m, (best[1] if keep else plain).table_row()])
-                row = {"shape": sh.name, "M": m, "one_split_us": t_base, "table_us": t_cur,
-                       "best_cfg": best[1].short() if best else None, "best_us": best[0] if best else None}
-                results.setdefault("partials", []).append(row)
-                log(f"{sh.name:16s} M={m:4d}: GEMM + norm {t_base:7.1f}"
-                    + (f"  table partials {t_cur:7.1f} ({t_base / t_cur:.2f}x)" if t_cur else "")
-                    + (f"  best {best[1].short()} {best[0]:7.1f} ({t_base / best[0]:.2f}x)" if best else ""))
-            if rows:
-                # decode batches below the measured M keep the one-split GEMM (split 1: no partials)
-                first = dataclasses.replace(tg.pick_config(min(ms) // 2, n, k, dev), split_k=1, persistent=0)
-                table[f"{n}x{k}"] = [[min(ms) // 2, first.table_row()]] + rows
-            del sh
-            torch.cuda.empty_cache()
+            reps = sh.n_int8
+            t_base = graph_us([partial(base, i) for i in range(reps)]) / reps
+            current = tg.partials_config(m, n, k)
+            t_cur = (graph_us([partial(split, i, current) for i in range(reps)]) / reps
+                     if current is not None and current.split_k > 1 else None)
+            best = (t_cur, current) if wide and t_cur is not None else None
+            if tune:
+                for cfg in partials_candidates(m, n, k, wide):
+                    if best is not None and time.time() > case_deadline:
+                        break
+                    try:
+                        us = graph_us([partial(split, i, cfg) for i in range(reps)], rep_ms=25,
+                                      warmup_ms=5) / reps
+                    except Exception as e:    # e.g. out of shared memory for this tile
+                        log(f"  skip {cfg.short()}: {type(e).__name__}: {str(e)[:80]}")
+                        continue
+                    results.setdefault("tune_partials", []).append(
+                        {"shape": sh.name, "M": m, "cfg": cfg.short(), "us": us})
+                    if best is None or us < best[0]:
+                        best = (us, cfg)
+                keep = best is not None and best[0] <= 0.97 * t_base
+                plain = dataclasses.replace(tg.pick_config(m, n, k, dev), split_k=1, persistent=0)
+                rows.append([m, (best[1] if keep else plain).table_row()])
+            row = {"shape": sh.name, "M": m, "one_split_us": t_base, "table_us": t_cur,
+                   "best_cfg": best[1].short() if best else None, "best_us": best[0] if best else None}
+            results.setdefault("partials", []).append(row)
+            log(f"{sh.name:16s} M={m:4d}: GEMM + norm {t_base:7.1f}"
+                + (f"  table partials {t_cur:7.1f} ({t_base / t_cur:.2f}x)" if t_cur else "")
+                + (f"  best {best[1].short()} {best[0]:7.1f} ({t_base / best[0]:.2f}x)" if best else ""))
+        if rows and wide:        # this M's row replaced, the others kept
+            kept = {mm: c.table_row() for mm, c in tg.H200_PARTIALS_TABLE.get((n, k), [])}
+            kept.update(dict(rows))
+            table[f"{n}x{k}"] = [[mm, row] for mm, row in sorted(kept.items())]
+        elif rows:
+            # decode batches below the measured M keep the one-split GEMM (split 1: no partials)
+            first = dataclasses.replace(tg.pick_config(min(ms) // 2, n, k, dev), split_k=1, persistent=0)
+            table[f"{n}x{k}"] = [[min(ms) // 2, first.table_row()]] + rows
+        del sh
+        torch.cuda.empty_cache()
     if table:
         log(f"h200_gemm.json partials rows: {json.dumps(table)}")
         results["partials_table"] = table
@@ -846,7 +873,7 @@ def main():
     ap.add_argument("--glu", nargs="?", const="tune", choices=["tune", "bench"],
                     help="only time the gate_up GEMM with SiLU·mul in its epilogue against GEMM + silu_mul_quant "
                          "(Qwen3-8B / 1.7B, M 64 / 128 / 32768; 'tune': also sweep its launches) and exit")
-    ap.add_argument("--partials", nargs="?", const="tune", choices=["tune", "bench"],
+    ap.add_argument("--partials", nargs="?", const="tune", choices=["tune", "bench", "wide"],
                     help="only time the o / down GEMMs handing partial sums to the norm against the GEMM with its "
                          "epilogue + the norm (Qwen3-8B / 1.7B, M 64 / 128; 'tune': also sweep split launches) "
                          "and exit")
@@ -889,8 +916,8 @@ def main():
         bench_glu(dev, results, tune=args.glu == "tune")
         return save()
     if args.partials:
-        bench_partials(dev, results, tune=args.partials == "tune", write_table=args.write_table,
-                       deadline=t0 + args.tune_budget_s)
+        bench_partials(dev, results, tune=args.partials != "bench", write_table=args.write_table,
+                       deadline=t0 + args.tune_budget_s, wide=args.partials == "wide")
         return save()
     if args.learner_elementwise:
         bench_learner_elementwise(dev, results)
