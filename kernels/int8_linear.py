@@ -9,6 +9,7 @@ All paths give identical int32 accumulators; the fp32 epilogue order is fixed by
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 import torch
@@ -73,9 +74,7 @@ def w8a8_linear_partials(x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], w_
     model dtype (quantized per token here) or (codes, scales) from a fused kernel."""
     codes = isinstance(x, tuple)
     lead = tuple((x[0] if codes else x).shape[:-1])
-    rows = 1
-    for d in lead:
-        rows *= d
+    rows = math.prod(lead)
     cfg = partials_config(rows, w_q)
     if cfg is None:
         return w8a8_linear_codes(x[0], x[1], w_q, s_w, bias, out_dtype) if codes else \
