@@ -11,11 +11,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import quant
 from .quant_spec import QuantSpec
+
+if TYPE_CHECKING:
+    from .triton_gemm import GemmConfig
 
 
 def _triton_linear():
@@ -56,7 +60,7 @@ def w8a8_linear_codes(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s
 PARTIAL_SUMS = os.environ.get("AGENTQ_PARTIAL_SUMS", "1") != "0"
 
 
-def partials_config(rows: int, w_q: torch.Tensor):
+def partials_config(rows: int, w_q: torch.Tensor) -> GemmConfig | None:
     """`triton_gemm.int8_gemm_partials`'s launch for `rows` rows through W_q [N, K], or None: the
     table has no row for the shape, the weight is not on CUDA, or `PARTIAL_SUMS` is off."""
     if not (PARTIAL_SUMS and w_q.is_cuda and _triton_linear() is not None):
@@ -72,17 +76,20 @@ def w8a8_linear_partials(x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], w_
     (`triton_norm.add_rms_norm`): its partial sums (`quant.PartialSums`, leading dims of x) where
     `partials_config` has a split launch for the shape, else the output itself. x: rows in the
     model dtype (quantized per token here) or (codes, scales) from a fused kernel."""
-    codes = isinstance(x, tuple)
-    lead = tuple((x[0] if codes else x).shape[:-1])
+    lead = tuple((x[0] if isinstance(x, tuple) else x).shape[:-1])
     rows = math.prod(lead)
     cfg = partials_config(rows, w_q)
     if cfg is None:
-        return w8a8_linear_codes(x[0], x[1], w_q, s_w, bias, out_dtype) if codes else \
-            w8a8_linear(x, w_q, s_w, bias, spec)
+        if isinstance(x, tuple):
+            return w8a8_linear_codes(x[0], x[1], w_q, s_w, bias, out_dtype)
+        return w8a8_linear(x, w_q, s_w, bias, spec)
     from .triton_gemm import int8_gemm_partials
     from .triton_quant import quantize_per_token
     k = w_q.shape[1]
-    x_q, s_x = (x[0].reshape(rows, k), x[1].reshape(rows)) if codes else quantize_per_token(x.reshape(rows, k), spec)
+    if isinstance(x, tuple):
+        x_q, s_x = x[0].reshape(rows, k), x[1].reshape(rows)
+    else:
+        x_q, s_x = quantize_per_token(x.reshape(rows, k), spec)
     return dataclasses.replace(int8_gemm_partials(x_q, s_x, w_q, s_w, bias, out_dtype, cfg), lead=lead)
 
 

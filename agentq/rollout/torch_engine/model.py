@@ -243,7 +243,7 @@ class DecoderLayer(nn.Module):
     def _qk_norm_args(self):
         return ((self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0))
 
-    def _out_and_mlp(self, x, o, partial_sums: bool = False):
+    def _out_and_mlp(self, x, o, partial_sums=False):
         """Attention output o [B, H, T, D] → o_proj, residual add + post-norm, MLP: (x', delta').
         partial_sums (decode, fused norms): o_proj and down_proj may hand their int32 partial sums
         to the norm after them (`EngineLinear.forward`), so delta' can be `PartialSums`."""
