@@ -498,11 +498,9 @@ class EngineModel(nn.Module):
         delta = None
         for layer in self.decoder_layers:
             x, delta = layer.decode(x, delta, cos, sin, d)
-        # (partial sums already hold one row per batch row: the norm flattens its rows)
-        _, x = self.norm.add_and_norm(x[:, 0], delta if delta is None or isinstance(delta, PartialSums)
-                                      else delta[:, 0])
+        _, x = self.norm.add_and_norm(x, delta)
         w = self.embed_tokens.weight if self.tied else self.lm_head
-        return F.linear(x, w).float()
+        return F.linear(x[:, 0], w).float()
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, slots: torch.Tensor,
