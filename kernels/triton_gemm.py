@@ -79,10 +79,9 @@ def load_table(path: Path = TABLE_FILE, section: str = "gemm") -> dict[tuple[int
     used, a last entry measured at `LARGE_M` rows or more also serves larger M, and any other shape
     falls back to `heuristic_config`. Section "partials": `int8_gemm_partials`'s split launches,
     where handing the K slices' int32 sums to the next norm measured faster than the GEMM with its
-    epilogue (`bench_kernels --partials tune`); no row, no split. Section "glu":
-    `int8_gemm_glu`'s launches where they differ
-    from the plain GEMM's, keyed by the paired weight's rows (2 × the output width) and K
-    (`bench_kernels --glu tune`)."""
+    epilogue (`bench_kernels --partials tune`); no row, no split. Section "glu": `int8_gemm_glu`'s
+    launches where they differ from the plain GEMM's, keyed by the paired weight's rows (2 × the
+    output width) and K (`bench_kernels --glu tune`)."""
     raw = json.loads(path.read_text()).get(section, {})
     table = {}
     for key, rows in raw.items():

@@ -78,7 +78,7 @@ if HAVE_TRITON:
     @triton.jit
     def w8a8_values(acc, sx, sw, bias_ptr, offs_n, mask_n, HAS_BIAS: tl.constexpr):
         """fp32 (acc · s_x) · s_w (+ bias) of int32 sums, unrounded: `quant.w8a8_epilogue` before
-        its final cast. sx / sw come broadcastable to acc ([BM, 1] / [BN] in a GEMM tile; a row's
+        its final cast. sx / sw come broadcastable to acc ([BM, 1] / [1, BN] in a GEMM tile; a row's
         scalar / [BLOCK] in a norm that reads partial sums); the bias is loaded at offs_n. The one
         home of this arithmetic: the GEMM epilogues and `triton_norm`'s partial-sums reader."""
         y = acc.to(tl.float32) * sx

@@ -147,6 +147,27 @@ def test_fused_norm_rope_silu_kernels_in_the_engine_agree_with_the_torch_layers(
         _interp.restore_compiled(mods)
 
 
+def _fused_cpu_engine(path, spec: str = "w8a8_kv8") -> TorchEngine:
+    """A CPU bf16 engine (2 slots, 64 positions, 8-token prefill chunks) with the fused norm
+    launches on, which an engine turns on by itself only on CUDA (the tests load the Triton kernels
+    interpreted)."""
+    from agentq.rollout.torch_engine.model import RMSNorm
+    eng = TorchEngine.from_pretrained(str(path), QuantSpec.preset(spec), max_slots=2, max_len=64,
+                                      dtype=torch.bfloat16, prefill_chunk=8)
+    for m in eng.model.modules():
+        if isinstance(m, RMSNorm):
+            m.fused = True
+    return eng
+
+
+def _perturbed_weights(path, only: str = "") -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors, those whose name holds `only` moved by 5 % of their mean |w| (a
+    weight sync's new version)."""
+    g = torch.Generator().manual_seed(0)
+    return {n: w + 0.05 * torch.randn(w.shape, generator=g) * w.abs().mean() if only in n else w
+            for n, w in load_safetensors_dir(path).items()}
+
+
 @pytest.mark.parametrize("spec", ["w8a8_kv8", "none"])
 def test_prefill_kv_written_by_the_rope_launch_equals_the_separate_write(tiny_model_dir, monkeypatch, spec):
     """Where prefill attention reads the cache in place, the q/k-norm + RoPE launch writes each
@@ -158,7 +179,6 @@ def test_prefill_kv_written_by_the_rope_launch_equals_the_separate_write(tiny_mo
     from agentq.kernels import attention as attn_ops
     from agentq.rollout.torch_engine import model as engine_model
     from agentq.rollout.torch_engine.kv_cache import KVCache
-    from agentq.rollout.torch_engine.model import RMSNorm
 
     mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_attention", "agentq.kernels.triton_prefill",
             "agentq.kernels.triton_norm")
@@ -173,10 +193,7 @@ def test_prefill_kv_written_by_the_rope_launch_equals_the_separate_write(tiny_mo
     monkeypatch.setattr(attn_ops, "prefill_kernel_available", lambda *a: True)
     monkeypatch.setattr(engine_model, "PREFILL_KV_WRITE", True)          # whatever the environment says
     try:
-        engines = [TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset(spec), max_slots=2, max_len=64,
-                                               dtype=torch.bfloat16, prefill_chunk=8) for _ in range(2)]
-        for m in (m for e in engines for m in e.model.modules() if isinstance(m, RMSNorm)):
-            m.fused = True
+        engines = [_fused_cpu_engine(tiny_model_dir, spec) for _ in range(2)]
         for layer in engines[1].model.decoder_layers:          # the reference: K/V stored by `KVCache.write`
             monkeypatch.setattr(layer, "_fused_write", lambda ctx: None)
         ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(11 + 9 * i)] for i in range(2)]     # 11 and 20 tokens
@@ -205,7 +222,6 @@ def test_paired_glu_engine_equals_the_stacked_two_launch_engine(tiny_model_dir, 
     stacked rows + gate_up GEMM + SiLU·mul-and-codes launches, and its rows unpair to theirs."""
     pytest.importorskip("triton")
     from agentq.kernels import _interp, int8_linear
-    from agentq.rollout.torch_engine.model import RMSNorm
 
     mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_norm")
     tg = _interp.load_interpreted(mods)[1]
@@ -216,10 +232,7 @@ def test_paired_glu_engine_equals_the_stacked_two_launch_engine(tiny_model_dir, 
         engines = []
         for paired in (True, False):
             monkeypatch.setattr(int8_linear, "glu_layout", lambda quantized, device, _p=paired: _p and quantized)
-            engines.append(TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=2,
-                                                       max_len=64, dtype=torch.bfloat16, prefill_chunk=8))
-        for m in (m for e in engines for m in e.model.modules() if isinstance(m, RMSNorm)):
-            m.fused = True
+            engines.append(_fused_cpu_engine(tiny_model_dir))
         (pa, st) = (e.model.decoder_layers[0].gate_up_proj for e in engines)
         assert pa.paired and not st.paired
         assert torch.equal(tg.glu_unpair_rows(pa.w_q), st.w_q) and torch.equal(tg.glu_unpair_rows(pa.s_w), st.s_w)
@@ -233,9 +246,7 @@ def test_paired_glu_engine_equals_the_stacked_two_launch_engine(tiny_model_dir, 
         assert out[0] == out[1]
         assert max(calls) > 1 and calls.count(2) >= 2          # prefill chunks and batched decode steps
         # a weight sync writes the paired rows in place (every other row per projection)
-        g = torch.Generator().manual_seed(0)
-        new = {n: w + 0.05 * torch.randn(w.shape, generator=g) * w.abs().mean() if "mlp." in n else w
-               for n, w in load_safetensors_dir(tiny_model_dir).items()}
+        new = _perturbed_weights(tiny_model_dir, "mlp.")
         stats = [e.update_weights(new.items(), version=1) for e in engines]
         assert stats[0].int8_codes_changed == stats[1].int8_codes_changed > 0
         assert torch.equal(tg.glu_unpair_rows(pa.w_q), st.w_q) and torch.equal(tg.glu_unpair_rows(pa.s_w), st.s_w)
@@ -252,7 +263,6 @@ def test_partial_sums_engine_equals_the_one_split_engine(tiny_model_dir, monkeyp
     with their epilogues, over two turns, before and after a weight sync."""
     pytest.importorskip("triton")
     from agentq.kernels import _interp, int8_linear
-    from agentq.rollout.torch_engine.model import RMSNorm
 
     mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_norm")
     tg = _interp.load_interpreted(mods)[1]
@@ -260,10 +270,7 @@ def test_partial_sums_engine_equals_the_one_split_engine(tiny_model_dir, monkeyp
     fn = tg.int8_gemm_partials
     monkeypatch.setattr(tg, "int8_gemm_partials", lambda x_q, *a: (calls.append(tuple(x_q.shape)), fn(x_q, *a))[1])
     try:
-        engines = [TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=2,
-                                               max_len=64, dtype=torch.bfloat16, prefill_chunk=8) for _ in range(2)]
-        for m in (m for e in engines for m in e.model.modules() if isinstance(m, RMSNorm)):
-            m.fused = True
+        engines = [_fused_cpu_engine(tiny_model_dir) for _ in range(2)]
         ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(11 + 9 * i)] for i in range(2)]
         sp = SamplingParams(max_new_tokens=4, temperature=1e-3)
 
@@ -280,9 +287,7 @@ def test_partial_sums_engine_equals_the_one_split_engine(tiny_model_dir, monkeyp
         assert out[0] == out[1]
         # decode steps only (prefill rows keep the epilogue): o (K 256) and down (K 512), 2 layers
         assert calls and {k for _, k in calls} == {256, 512} and max(m for m, _ in calls) <= 2
-        g = torch.Generator().manual_seed(0)
-        new = {n: w + 0.05 * torch.randn(w.shape, generator=g) * w.abs().mean()
-               for n, w in load_safetensors_dir(tiny_model_dir).items()}
+        new = _perturbed_weights(tiny_model_dir)
         for e in engines:
             e.update_weights(new.items(), version=1)
         out = [play(e, p) for e, p in zip(engines, (True, False))]
