@@ -530,8 +530,36 @@ def tune_quant(dev, results):
     results["quant_table"] = text
 
 
-def attn_candidates(kind: str):
+#: several online softmaxes per program (`_decode_streams_kernel`), fp16 pairs formed in the asm;
+#: (block_n, warps, stages, streams, offset, tma) — round 13
+STREAM_CANDIDATES = ((64, 2, 3, 2, True, True), (64, 2, 2, 2, True, True), (64, 2, 3, 2, False, True),
+                     (32, 2, 4, 2, True, True), (32, 2, 3, 2, True, True), (32, 1, 4, 2, True, True),
+                     (32, 1, 3, 2, True, True), (32, 2, 3, 4, True, True), (64, 4, 2, 4, True, True),
+                     (32, 4, 3, 4, True, True), (16, 2, 4, 4, True, True), (64, 1, 3, 2, True, True),
+                     # pointer loads, several warps each on its own stream (round 13's read probe: 4 warps
+                     # loading 32-position tiles by pointer read the cache at 3.67 TB/s, 64-position TMA
+                     # tiles at 3.4)
+                     (32, 4, 2, 4, True, False), (32, 4, 3, 4, True, False), (64, 4, 2, 4, True, False),
+                     (32, 2, 3, 2, True, False), (64, 2, 2, 2, True, False), (32, 8, 2, 8, True, False),
+                     (16, 4, 3, 4, True, False), (32, 4, 2, 4, False, False))
+
+
+def stream_configs():
+    from agentq.kernels.triton_attention import AttnConfig
+    for bn, w, st, streams, offset, tma in STREAM_CANDIDATES:
+        yield AttnConfig(bn, w, st, 1, planes=True, tma=tma, pairs=True, streams=streams, offset=offset)
+
+
+def attn_candidates(kind: str, focus: bool = False):
+    """Decode-attention launches to sweep for a cache kind; `focus`: today's default, its pairs
+    variant and the stream kernels only."""
     from agentq.kernels.triton_attention import H200_ATTN, AttnConfig
+    if focus and kind == "int8":
+        yield dataclasses.replace(H200_ATTN["int8"], num_splits=1)
+        yield AttnConfig(64, 2, 4, 1, planes=True, tma=True)
+        yield AttnConfig(64, 2, 4, 1, planes=True, tma=True, pairs=True)
+        yield from stream_configs()
+        return
     if kind == "float":
         for bn, w, st in ((64, 4, 2), (128, 8, 3), (64, 4, 3), (32, 4, 3), (64, 8, 2)):
             yield AttnConfig(bn, w, st, 1)
@@ -560,10 +588,11 @@ def attn_candidates(kind: str):
     yield AttnConfig(128, 4, 2, 1, words=False, asm=False)       # sweep-1 kernel (byte-wise V)
 
 
-def decode_case(B: int, L: int, dev):
-    """Qwen3-8B heads (Hq 32, Hkv 8, D 128), every row L long in slot b: (q, {"int8": (k codes,
-    k scales, v codes, v scales), "float": (k, None, v, None)}, slots, lens, D)."""
-    Hq, Hkv, D = 32, 8, 128
+def decode_case(B: int, L: int, dev, heads: tuple[int, int] = (32, 8)):
+    """Qwen3-8B heads (Hq 32, Hkv 8, D 128; `heads` = (Hq, Hkv) for others), every row L long in
+    slot b: (q, {"int8": (k codes, k scales, v codes, v scales), "float": (k, None, v, None)}, slots,
+    lens, D)."""
+    (Hq, Hkv), D = heads, 128
     k, v = make_kv(B, L, Hkv, D, dev)
     caches = {"int8": (*quant.quantize_kv(k, SPEC), *quant.quantize_kv(v, SPEC)), "float": (k, None, v, None)}
     q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16)
@@ -572,12 +601,16 @@ def decode_case(B: int, L: int, dev):
     return q, caches, slots, lens, D
 
 
-def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L: int = 4096):
+def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L: int = 4096,
+                   heads: tuple[int, int] = (32, 8), focus: bool = False):
     from agentq.kernels import triton_attention as ta
-    q, caches, slots, lens, D = decode_case(B, L, dev)
+    q, caches, slots, lens, D = decode_case(B, L, dev, heads)
+    if focus:
+        caches = {"int8": caches["int8"]}
     best = {}
     for kind, args in caches.items():
-        for cfg in attn_candidates(kind):
+        ref = ta.decode_attention_ref(q, *args, slots, lens, D ** -0.5).float() if focus else None
+        for cfg in attn_candidates(kind, focus):
             if kind in best and time.time() > deadline:
                 break
             try:
@@ -586,7 +619,14 @@ def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L:
             except Exception as e:
                 log(f"  skip {kind} {cfg.short()}: {type(e).__name__}: {str(e)[:80]}")
                 continue
-            results.setdefault("tune_attn", []).append({"kind": kind, "B": B, "L": L, "cfg": cfg.short(), "us": us})
+            err = None
+            if ref is not None:      # the focus sweep also checks each launch's result
+                out = ta.decode_attention(q, args[0], args[1], args[2], args[3], slots, lens, D ** -0.5, cfg)
+                err = (out.float() - ref).abs().max().item()
+            log(f"  attn {kind} {heads[0]}:{heads[1]} B={B} L={L} {cfg.short():44s} {us:8.1f} us"
+                + (f"  max|err| {err:.1e}" if err is not None else ""))
+            results.setdefault("tune_attn", []).append({"kind": kind, "B": B, "L": L, "heads": heads,
+                                                        "cfg": cfg.short(), "us": us, "err": err})
             if kind not in best or us < best[kind][0]:
                 best[kind] = (us, cfg)
         us, cfg = best[kind]
@@ -859,6 +899,11 @@ def main():
     ap.add_argument("--tune-budget-s", type=float, default=240.0, help="stop tuning sweeps after this long")
     ap.add_argument("--models", default="llama3-8b", help=f"comma list of {sorted(MODEL_LINEARS)} (--tune gemm)")
     ap.add_argument("--attn-cases", default="64x4096", help="--tune attn: comma list of BxL")
+    ap.add_argument("--attn-heads", default="32:8", help="--tune attn: comma list of Hq:Hkv (32:8 Qwen3-8B, "
+                    "16:8 Qwen3-1.7B)")
+    ap.add_argument("--attn-focus", action="store_true",
+                    help="--tune attn: only today's default and the stream kernels, int8 cache, each checked "
+                         "against the reference")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for bench.json")
     ap.add_argument("--attn-calls", metavar="KIND", choices=["int8", "bf16"],
                     help="only call decode_attention 3 times at the first --attn-cases shape with a KIND cache "
@@ -943,11 +988,13 @@ def main():
             del tune_shapes
             torch.cuda.empty_cache()
         if "attn" in what:
-            cases = args.attn_cases.split(",")
-            for i, case in enumerate(cases):     # the budget left, shared by the cases left
+            cases = [(tuple(int(v) for v in h.split(":")), c) for h in args.attn_heads.split(",")
+                     for c in args.attn_cases.split(",")]
+            for i, (heads, case) in enumerate(cases):     # the budget left, shared by the cases left
                 b, l_ = (int(v) for v in case.split("x"))
                 left = t + args.tune_budget_s - time.time()
-                tune_attention(dev, results, deadline=time.time() + left / (len(cases) - i), B=b, L=l_)
+                tune_attention(dev, results, deadline=time.time() + left / (len(cases) - i), B=b, L=l_,
+                               heads=heads, focus=args.attn_focus)
         log(f"(tuning took {time.time() - t:.0f}s)")
         save()
     if args.check:
