@@ -137,27 +137,14 @@ SWEEP_PASSES = 2
 #: --decode-sweep knobs: name -> (module, attribute, type)
 # (glu_gemm is not one: the gate_up weights' layout follows it when an engine is built; AGENTQ_GLU_GEMM=0 runs)
 SWEEP_KNOBS = {name: (*SWITCHES[name], int) for name in ("pdl_max_rows", "attn_tma", "partial_sums")}
-#: attn_cfg=0,1,..: the int8 decode attention's launch, 0 the table's, i > 0 the i-th of
-#: `bench_kernels.stream_configs()` (the stream kernels' sweep)
-ATTN_CFG_KNOB = "attn_cfg"
 
 
 def _knob(name: str) -> tuple:
-    """(get, set) of a --decode-sweep knob's value."""
-    import importlib
-    if name == ATTN_CFG_KNOB:
-        from agentq.eval.bench_kernels import stream_configs
-        from agentq.kernels import triton_attention as ta
-        table, configs = dict(ta.H200_ATTN), list(stream_configs())
-
-        def set_cfg(v):
-            ta.H200_ATTN["int8"] = table["int8"] if int(v) == 0 else configs[int(v) - 1]
-        return (lambda: 0), set_cfg
     if name not in SWEEP_KNOBS:
-        raise ValueError(f"unknown --decode-sweep knob {name!r}; valid: {sorted(SWEEP_KNOBS)} and {ATTN_CFG_KNOB}")
-    mod_name, attr, typ = SWEEP_KNOBS[name]
-    mod = importlib.import_module(mod_name)
-    return (lambda: getattr(mod, attr)), (lambda v: setattr(mod, attr, typ(v)))
+        raise ValueError(f"unknown --decode-sweep knob {name!r}; valid: {sorted(SWEEP_KNOBS)}")
+    import importlib
+    mod, attr, typ = SWEEP_KNOBS[name]
+    return importlib.import_module(mod), attr, typ
 
 
 def _decode_sweep(eng, slots, seeds, sp, device: str, steps: int = 32) -> list[dict]:
@@ -168,16 +155,16 @@ def _decode_sweep(eng, slots, seeds, sp, device: str, steps: int = 32) -> list[d
     lens = eng._advance(slots, [3] * len(slots))
     out = []
     for name, values in DECODE_SWEEP.items():
-        get, put = _knob(name)
-        saved = get()
+        mod, attr, typ = _knob(name)
+        saved = getattr(mod, attr)
         for rep in range(SWEEP_PASSES):
             for v in values:
-                put(v)
+                setattr(mod, attr, typ(v))
                 eng.decoder.reset()                      # re-captured by the first warm step
                 ms = _time_decode(eng, slots, seeds, sp, steps, device, warm=3, fixed_lens=lens)
                 out.append({"knob": name, "value": v, "rep": rep, "decode_step_ms": ms})
                 print(f"  decode sweep B={len(slots)} {name}={v:g} (pass {rep + 1}): {ms:.3f} ms/step", flush=True)
-        put(saved)
+        setattr(mod, attr, saved)
         medians = {v: statistics.median(r["decode_step_ms"] for r in out if r["knob"] == name and r["value"] == v)
                    for v in values}
         print(f"  decode sweep B={len(slots)} {name}: median of {SWEEP_PASSES} passes "

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from agentq.kernels import quant
+from agentq.kernels._interp import HAVE_TRITON as HAVE_TRITON_JIT
 from agentq.kernels.quant_spec import QuantSpec
 
 REPO = Path(__file__).resolve().parents[1]      # the checkout (--check runs its tests/kernels/)
@@ -415,6 +416,37 @@ def bench_int_mm(dev, results, m: int = 32768):
         del x, w, x_q, w_q, w_qt
 
 
+def bench_int_mm_decode(dev, results, ms=(64, 128)):
+    """`bench_int_mm` at a decode step's rows (Qwen3-8B and 1.7B shapes), weights rotated past the
+    L2 (`copies_for`): whether cuBLASLt's int8 GEMM, its int32 sums handed to the norm after it as
+    partial sums of one slice, could replace the Triton GEMM at M 64 / 128."""
+    from agentq.kernels import triton_gemm as tg
+    log("\n== int8 GEMM at decode rows: torch._int_mm (int32 out) vs Triton W8A8 (bf16 out) vs bf16 cuBLAS, "
+        "µs per call, weights rotated past L2 ==")
+    for model in ("qwen3-8b", "qwen3-1.7b"):
+        for name, (k, n) in MODEL_LINEARS[model].items():
+            n_i8, n_bf = copies_for(n * k), copies_for(2 * n * k)
+            w_q = [torch.randint(-127, 128, (n, k), dtype=torch.int8, device=dev) for _ in range(n_i8)]
+            w_bf = [torch.randn(n, k, dtype=torch.bfloat16, device=dev) for _ in range(n_bf)]
+            s_w = torch.rand(n, device=dev)
+            for m in ms:
+                x_q = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=dev)
+                s_x = torch.rand(m, device=dev)
+                x = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+                t_mm = graph_us([partial(torch._int_mm, x_q, w.t()) for w in w_q]) / n_i8
+                t_tr = graph_us([partial(tg.int8_gemm, x_q, s_x, w, s_w, None, torch.bfloat16) for w in w_q]) / n_i8
+                t_bf = graph_us([partial(F.linear, x, w) for w in w_bf]) / n_bf
+                exact = torch.equal(torch._int_mm(x_q, w_q[0].t()), (x_q.double() @ w_q[0].double().t()).int())
+                results.setdefault("int_mm_decode", []).append(
+                    {"model": model, "shape": name, "M": m, "int_mm_us": t_mm, "triton_us": t_tr, "bf16_us": t_bf,
+                     "int_mm_exact": exact})
+                log(f"{model:10s} {name:8s} M {m:4d}: _int_mm {t_mm:6.1f} us ({n * k / t_mm / 1e6:4.2f} TB/s)  "
+                    f"Triton {t_tr:6.1f} us ({n * k / t_tr / 1e6:4.2f})  bf16 {t_bf:6.1f} us "
+                    f"({2 * n * k / t_bf / 1e6:4.2f})  _int_mm exact: {exact}")
+            del w_q, w_bf
+            torch.cuda.empty_cache()
+
+
 def bench_linears(shapes, dev, results):
     from agentq.kernels import triton_gemm as tg
     from agentq.kernels import triton_quant as tq
@@ -530,36 +562,8 @@ def tune_quant(dev, results):
     results["quant_table"] = text
 
 
-#: several online softmaxes per program (`_decode_streams_kernel`), fp16 pairs formed in the asm;
-#: (block_n, warps, stages, streams, offset, tma) — round 13
-STREAM_CANDIDATES = ((64, 2, 3, 2, True, True), (64, 2, 2, 2, True, True), (64, 2, 3, 2, False, True),
-                     (32, 2, 4, 2, True, True), (32, 2, 3, 2, True, True), (32, 1, 4, 2, True, True),
-                     (32, 1, 3, 2, True, True), (32, 2, 3, 4, True, True), (64, 4, 2, 4, True, True),
-                     (32, 4, 3, 4, True, True), (16, 2, 4, 4, True, True), (64, 1, 3, 2, True, True),
-                     # pointer loads, several warps each on its own stream (round 13's read probe: 4 warps
-                     # loading 32-position tiles by pointer read the cache at 3.67 TB/s, 64-position TMA
-                     # tiles at 3.4)
-                     (32, 4, 2, 4, True, False), (32, 4, 3, 4, True, False), (64, 4, 2, 4, True, False),
-                     (32, 2, 3, 2, True, False), (64, 2, 2, 2, True, False), (32, 8, 2, 8, True, False),
-                     (16, 4, 3, 4, True, False), (32, 4, 2, 4, False, False))
-
-
-def stream_configs():
-    from agentq.kernels.triton_attention import AttnConfig
-    for bn, w, st, streams, offset, tma in STREAM_CANDIDATES:
-        yield AttnConfig(bn, w, st, 1, planes=True, tma=tma, pairs=True, streams=streams, offset=offset)
-
-
-def attn_candidates(kind: str, focus: bool = False):
-    """Decode-attention launches to sweep for a cache kind; `focus`: today's default, its pairs
-    variant and the stream kernels only."""
+def attn_candidates(kind: str):
     from agentq.kernels.triton_attention import H200_ATTN, AttnConfig
-    if focus and kind == "int8":
-        yield dataclasses.replace(H200_ATTN["int8"], num_splits=1)
-        yield AttnConfig(64, 2, 4, 1, planes=True, tma=True)
-        yield AttnConfig(64, 2, 4, 1, planes=True, tma=True, pairs=True)
-        yield from stream_configs()
-        return
     if kind == "float":
         for bn, w, st in ((64, 4, 2), (128, 8, 3), (64, 4, 3), (32, 4, 3), (64, 8, 2)):
             yield AttnConfig(bn, w, st, 1)
@@ -602,15 +606,12 @@ def decode_case(B: int, L: int, dev, heads: tuple[int, int] = (32, 8)):
 
 
 def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L: int = 4096,
-                   heads: tuple[int, int] = (32, 8), focus: bool = False):
+                   heads: tuple[int, int] = (32, 8)):
     from agentq.kernels import triton_attention as ta
     q, caches, slots, lens, D = decode_case(B, L, dev, heads)
-    if focus:
-        caches = {"int8": caches["int8"]}
     best = {}
     for kind, args in caches.items():
-        ref = ta.decode_attention_ref(q, *args, slots, lens, D ** -0.5).float() if focus else None
-        for cfg in attn_candidates(kind, focus):
+        for cfg in attn_candidates(kind):
             if kind in best and time.time() > deadline:
                 break
             try:
@@ -619,14 +620,9 @@ def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L:
             except Exception as e:
                 log(f"  skip {kind} {cfg.short()}: {type(e).__name__}: {str(e)[:80]}")
                 continue
-            err = None
-            if ref is not None:      # the focus sweep also checks each launch's result
-                out = ta.decode_attention(q, args[0], args[1], args[2], args[3], slots, lens, D ** -0.5, cfg)
-                err = (out.float() - ref).abs().max().item()
-            log(f"  attn {kind} {heads[0]}:{heads[1]} B={B} L={L} {cfg.short():44s} {us:8.1f} us"
-                + (f"  max|err| {err:.1e}" if err is not None else ""))
+            log(f"  attn {kind} {heads[0]}:{heads[1]} B={B} L={L} {cfg.short():40s} {us:8.1f} us")
             results.setdefault("tune_attn", []).append({"kind": kind, "B": B, "L": L, "heads": heads,
-                                                        "cfg": cfg.short(), "us": us, "err": err})
+                                                        "cfg": cfg.short(), "us": us})
             if kind not in best or us < best[kind][0]:
                 best[kind] = (us, cfg)
         us, cfg = best[kind]
@@ -637,6 +633,68 @@ def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L:
     text = "H200_ATTN = {" + ", ".join(f'"{kd}": {c!r}' for kd, c in ta.H200_ATTN.items()) + "}"
     log(text)
     results["attn_table"] = text
+
+
+if HAVE_TRITON_JIT:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _read_tiles_kernel(k_ptr, v_ptr, k_desc, v_desc, out_ptr, length, max_len, BLOCK_N: tl.constexpr,
+                           WORDS: tl.constexpr, TMA: tl.constexpr):
+        """Decode attention's reads and nothing else: program (b, h) XORs the int32 words of its
+        K and V rows 0..length-1 (cache [B, H, max_len, WORDS]) tile by tile, by TMA or pointer."""
+        b, h, heads = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+        row0 = (b * heads + h) * max_len
+        offs = tl.arange(0, BLOCK_N)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
+        acc = tl.full([BLOCK_N, WORDS], 0, tl.int32)
+        for n0 in range(0, length, BLOCK_N):
+            if TMA:
+                acc ^= k_desc.load([row0 + n0, 0]) ^ v_desc.load([row0 + n0, 0])
+            else:
+                base = (row0 + n0).to(tl.int64) * WORDS
+                acc ^= tl.load(k_ptr + base + offs) ^ tl.load(v_ptr + base + offs)
+        tl.store(out_ptr + b * heads + h, tl.reduce(tl.reduce(acc, 1, _xor), 0, _xor))
+
+    @triton.jit
+    def _xor(a, b):
+        return a ^ b
+
+
+def bench_attention_reads(dev, results, B: int = 64, L: int = 2304, Hkv: int = 8, D: int = 128):
+    """The read time of decode attention's access pattern (one program per batch row and KV head,
+    K and V tiles in turn) with no arithmetic, by TMA and by pointer, per tile size and warps:
+    the floor under the int8 kernel's time that no change to its arithmetic can go below."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from agentq.kernels import triton_attention as ta
+    words = D // 4
+    kc = torch.randint(-127, 128, (B, Hkv, L, D), dtype=torch.int8, device=dev)
+    vc = torch.randint(-127, 128, (B, Hkv, L, D), dtype=torch.int8, device=dev)
+    kw, vw = kc.view(torch.int32), vc.view(torch.int32)
+    out = torch.empty(B * Hkv, dtype=torch.int32, device=dev)
+    nbytes = 2 * kc.numel()
+    log(f"\n== decode attention's reads alone: B {B} x Hkv {Hkv} x L {L}, int8 D {D} ({nbytes / 1e6:.0f} MB), "
+        "µs per call ==")
+    for bn in (16, 32, 64, 128):
+        for warps in (1, 2, 4, 8):
+            descs = [TensorDescriptor(c, [c.numel() // words, words], [words, 1], [bn, words]) for c in (kw, vw)]
+            row = {"block_n": bn, "warps": warps}
+            for tma in (True, False):
+                us = graph_us([partial(_read_tiles_kernel[(B, Hkv)], kw, vw, *descs, out, L, L, BLOCK_N=bn,
+                                       WORDS=words, TMA=tma, num_warps=warps)])
+                row["tma_us" if tma else "pointer_us"] = us
+            results.setdefault("attn_reads", []).append(row)
+            log(f"  n{bn:<3d} w{warps}: TMA {row['tma_us']:7.1f} us ({nbytes / row['tma_us'] / 1e6:4.2f} TB/s)  "
+                f"pointer {row['pointer_us']:7.1f} us ({nbytes / row['pointer_us'] / 1e6:4.2f} TB/s)")
+    ks, vs = (torch.rand(B, Hkv, L, device=dev) * 0.05 for _ in range(2))
+    q = torch.randn(B, 4 * Hkv, D, device=dev, dtype=torch.bfloat16)
+    slots = torch.arange(B, device=dev, dtype=torch.int32)
+    lens = torch.full((B,), L, device=dev, dtype=torch.int32)
+    us = graph_us([partial(ta.decode_attention, q, kc, ks, vc, vs, slots, lens, D ** -0.5)])
+    cfg = ta.pick_config(B, Hkv, L, torch.int8, dev).short()
+    results["attn_reads_kernel_us"] = us
+    log(f"  the int8 kernel ({cfg}): {us:.1f} us ({(nbytes + 2 * ks.numel() * 4) / us / 1e6:.2f} TB/s with its scales)")
 
 
 def attention_calls(dev, kind: str, case: str, planes: bool, tma: bool = False) -> None:
@@ -901,9 +959,6 @@ def main():
     ap.add_argument("--attn-cases", default="64x4096", help="--tune attn: comma list of BxL")
     ap.add_argument("--attn-heads", default="32:8", help="--tune attn: comma list of Hq:Hkv (32:8 Qwen3-8B, "
                     "16:8 Qwen3-1.7B)")
-    ap.add_argument("--attn-focus", action="store_true",
-                    help="--tune attn: only today's default and the stream kernels, int8 cache, each checked "
-                         "against the reference")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for bench.json")
     ap.add_argument("--attn-calls", metavar="KIND", choices=["int8", "bf16"],
                     help="only call decode_attention 3 times at the first --attn-cases shape with a KIND cache "
@@ -924,8 +979,12 @@ def main():
                          "and exit")
     ap.add_argument("--write-table", action="store_true",
                     help="--partials tune: write the measured rows into the installed h200_gemm.json")
-    ap.add_argument("--int-mm", action="store_true",
-                    help="only time torch._int_mm against the Triton W8A8 GEMM and bf16 at prefill rows and exit")
+    ap.add_argument("--int-mm", nargs="?", const="prefill", choices=["prefill", "decode"],
+                    help="only time torch._int_mm against the Triton W8A8 GEMM and bf16 at prefill rows (or at "
+                         "decode rows, M 64 / 128) and exit")
+    ap.add_argument("--attn-reads", action="store_true",
+                    help="only time decode attention's reads with no arithmetic (TMA / pointer tiles, B 64 x "
+                         "L 2304) beside the int8 kernel, and exit")
     ap.add_argument("--rope", action="store_true",
                     help="only time qk_norm_rope_to_cache (int8 cache) and qk_norm_rope at Qwen3-8B heads, decode "
                          "(64 x 1) and prefill (16 x 2048) rows, 1 to 16 heads per program, and exit")
@@ -952,7 +1011,10 @@ def main():
         bench_prefill(dev, results)
         return save()
     if args.int_mm:
-        bench_int_mm(dev, results)
+        (bench_int_mm_decode if args.int_mm == "decode" else bench_int_mm)(dev, results)
+        return save()
+    if args.attn_reads:
+        bench_attention_reads(dev, results)
         return save()
     if args.rope:
         bench_rope(dev, results)
@@ -994,7 +1056,7 @@ def main():
                 b, l_ = (int(v) for v in case.split("x"))
                 left = t + args.tune_budget_s - time.time()
                 tune_attention(dev, results, deadline=time.time() + left / (len(cases) - i), B=b, L=l_,
-                               heads=heads, focus=args.attn_focus)
+                               heads=heads)
         log(f"(tuning took {time.time() - t:.0f}s)")
         save()
     if args.check:

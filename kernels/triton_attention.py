@@ -95,14 +95,11 @@ class AttnConfig:
     planes: bool = False               # int8 words: 4 byte planes as 4 dots, no interleaving reshape
     tma: bool = False                  # planes: K/V word tiles loaded by TMA (host descriptors; sm_90+)
     pairs: bool = False                # planes + asm: unpack two words per asm call into ready fp16 pairs
-    streams: int = 1                   # planes: independent online softmaxes per program (`_decode_streams_kernel`)
-    offset: bool = False               # streams + pairs: dots on codes + 1152, corrected after (`_decode_streams_kernel`)
 
     def short(self) -> str:
         return (f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/sp{self.num_splits}"
                 f"{'/kA' if self.k_as_a else ''}{'/words' if self.words else ''}{'/asm' if self.asm else ''}"
-                f"{'/planes' if self.planes else ''}{'/tma' if self.tma else ''}{'/pairs' if self.pairs else ''}"
-                f"{f'/s{self.streams}' if self.streams > 1 else ''}{'/off' if self.offset else ''}")
+                f"{'/planes' if self.planes else ''}{'/tma' if self.tma else ''}{'/pairs' if self.pairs else ''}")
 
 
 #: H200 defaults by cache kind ("int8", "fp8", "float"), from `python -m agentq.eval.bench_kernels --tune`
@@ -180,26 +177,6 @@ if HAVE_TRITON:
             sub.f16x2 $1, $1, m;
             sub.f16x2 $2, $2, m;
             sub.f16x2 $3, $3, m;
-            }""",
-            constraints="=r,=r,=r,=r,r,r", args=[w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-            is_pure=True, pack=2)
-
-    @triton.jit
-    def _word_pairs_to_f16x4_biased(w):
-        """`_word_pairs_to_f16x4` without its subtractions: the fp16 pairs hold 1152 + code (exact),
-        for a kernel that corrects the offset after its dots (`_decode_streams_kernel` OFFSET):
-        2 LOP3 + 6 PRMT per pair of words."""
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 t0, t1, lo, hi;
-            xor.b32 t0, $4, 0x80808080;
-            xor.b32 t1, $5, 0x80808080;
-            prmt.b32 lo, t0, t1, 0x5140;
-            prmt.b32 hi, t0, t1, 0x7362;
-            prmt.b32 $0, lo, 0x64646464, 0x5140;
-            prmt.b32 $1, lo, 0x64646464, 0x7362;
-            prmt.b32 $2, hi, 0x64646464, 0x5140;
-            prmt.b32 $3, hi, 0x64646464, 0x7362;
             }""",
             constraints="=r,=r,=r,=r,r,r", args=[w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
             is_pure=True, pack=2)
@@ -356,140 +333,6 @@ if HAVE_TRITON:
             tl.store(dst + 3, cast_for_store(a3 / safe_l[:, None], ty, BF16_BITS), mask=mask_o)
 
     @triton.jit(do_not_specialize=["num_splits"])
-    def _decode_streams_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, lens_ptr, o_ptr, po_ptr, plse_ptr,
-                               k_desc, v_desc, qk_scale, num_splits,
-                               stride_qb, stride_qh,
-                               stride_ks, stride_kh, stride_kl,
-                               stride_vs, stride_vh, stride_vl,
-                               stride_kss, stride_ksh, stride_vss, stride_vsh,
-                               stride_ob, stride_oh,
-                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_D: tl.constexpr,
-                               BLOCK_N: tl.constexpr, STREAMS: tl.constexpr, SPLIT: tl.constexpr,
-                               DOT_DTYPE: tl.constexpr, INPUT_PREC: tl.constexpr, ASM_I8: tl.constexpr,
-                               OFFSET: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr,
-                               TMA: tl.constexpr = False):
-        """`_decode_planes_kernel` with STREAMS independent online softmaxes per program: a loop step
-        takes STREAMS consecutive BLOCK_N tiles as the batch dimension of 3-D dots, whose warps sit on
-        that dimension, so each stream's row max and sum stay inside its warps (no shared-memory
-        exchange and barrier per tile, as when the warps split one tile's positions); the streams
-        merge once, after the loop, like splits do.
-
-        OFFSET: the planes hold 1152 + code (`_word_pairs_to_f16x4_biased`, no subtraction per code
-        pair), and the offset comes off after the dots: q·(K + 1152)ᵀ = q·Kᵀ + 1152·Σ_d q_d per
-        query row, P·(V + 1152) = P·V + 1152·Σ_n P per row (carried like the row sum). Exact in
-        real arithmetic; in fp32 the sums carry the offset's magnitude, ~1e-7 of 1152·Σ|q| on a
-        score and of 1152·Σ P on an output before it is rounded to bf16."""
-        pdl_start(PDL)
-        b, kvh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        hq = tl.num_programs(1) * GROUP
-        STEP: tl.constexpr = STREAMS * BLOCK_N
-        slot, start, end = _split_range(slot_ptr, lens_ptr, b, sp, num_splits, STEP)
-        offs_g = tl.arange(0, BLOCK_G)
-        offs_w = tl.arange(0, HEAD_D // 4)
-        pos = tl.arange(0, STREAMS)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]    # [S, N]
-        mask_g = offs_g < GROUP
-        heads = kvh * GROUP + offs_g
-        q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + 4 * offs_w[None, :]
-        q0 = tl.load(q_rows, mask=mask_g[:, None], other=0.0).to(DOT_DTYPE)
-        q1 = tl.load(q_rows + 1, mask=mask_g[:, None], other=0.0).to(DOT_DTYPE)
-        q2 = tl.load(q_rows + 2, mask=mask_g[:, None], other=0.0).to(DOT_DTYPE)
-        q3 = tl.load(q_rows + 3, mask=mask_g[:, None], other=0.0).to(DOT_DTYPE)
-        if OFFSET:      # 1152 · Σ_d q_d per query row, from the values the dots read
-            q_off = 1152.0 * tl.reduce(q0.to(tl.float32) + q1.to(tl.float32) + q2.to(tl.float32) + q3.to(tl.float32), 1, tl.standard._sum_combine)
-        z = tl.full([STREAMS, BLOCK_G, HEAD_D // 4], 0, dtype=DOT_DTYPE)
-        q0, q1, q2, q3 = z + q0[None, :, :], z + q1[None, :, :], z + q2[None, :, :], z + q3[None, :, :]
-        k_base = k_ptr + slot * stride_ks + kvh * stride_kh
-        v_base = v_ptr + slot * stride_vs + kvh * stride_vh
-        ks_base = ks_ptr + slot * stride_kss + kvh * stride_ksh
-        vs_base = vs_ptr + slot * stride_vss + kvh * stride_vsh
-        m_i = tl.full([STREAMS, BLOCK_G], float("-inf"), dtype=tl.float32)
-        l_i = tl.full([STREAMS, BLOCK_G], 0, dtype=tl.float32)
-        c_i = tl.full([STREAMS, BLOCK_G], 0, dtype=tl.float32)         # OFFSET: Σ P as the V dots read it
-        a0 = tl.full([STREAMS, BLOCK_G, HEAD_D // 4], 0, dtype=tl.float32)
-        a1 = tl.full([STREAMS, BLOCK_G, HEAD_D // 4], 0, dtype=tl.float32)
-        a2 = tl.full([STREAMS, BLOCK_G, HEAD_D // 4], 0, dtype=tl.float32)
-        a3 = tl.full([STREAMS, BLOCK_G, HEAD_D // 4], 0, dtype=tl.float32)
-        desc_row = (slot * stride_ks + kvh * stride_kh) // stride_kl
-        for n0 in range(start, end, STEP):
-            n = n0 + pos
-            mask_n = n < end
-            k0, k1, k2, k3 = _stream_planes(k_desc, k_base, desc_row + n0, n, mask_n, stride_kl, DOT_DTYPE, ASM_I8,
-                                            OFFSET, HEAD_D, STREAMS, BLOCK_N, TMA)
-            s = tl.dot(q0, tl.permute(k0, (0, 2, 1)), input_precision=INPUT_PREC)
-            s = tl.dot(q1, tl.permute(k1, (0, 2, 1)), s, input_precision=INPUT_PREC)
-            s = tl.dot(q2, tl.permute(k2, (0, 2, 1)), s, input_precision=INPUT_PREC)
-            s = tl.dot(q3, tl.permute(k3, (0, 2, 1)), s, input_precision=INPUT_PREC)
-            if OFFSET:
-                s = s - q_off[None, :, None]
-            s = s * tl.load(ks_base + n, mask=mask_n, other=0.0)[:, None, :]
-            s = tl.where(mask_n[:, None, :], s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.reduce(s, 2, tl.standard._elementwise_max))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)       # a stream with no position yet
-            alpha = tl.math.exp2(m_i - m_use)
-            p = tl.math.exp2(s - m_use[:, :, None])
-            l_i = l_i * alpha + tl.reduce(p, 2, tl.standard._sum_combine)
-            pv = (p * tl.load(vs_base + n, mask=mask_n, other=0.0)[:, None, :]).to(DOT_DTYPE)
-            if OFFSET:
-                c_i = c_i * alpha + tl.reduce(pv.to(tl.float32), 2, tl.standard._sum_combine)
-            v0, v1, v2, v3 = _stream_planes(v_desc, v_base, desc_row + n0, n, mask_n, stride_vl, DOT_DTYPE, ASM_I8,
-                                            OFFSET, HEAD_D, STREAMS, BLOCK_N, TMA)
-            a0 = a0 * alpha[:, :, None] + tl.dot(pv, v0, input_precision=INPUT_PREC)
-            a1 = a1 * alpha[:, :, None] + tl.dot(pv, v1, input_precision=INPUT_PREC)
-            a2 = a2 * alpha[:, :, None] + tl.dot(pv, v2, input_precision=INPUT_PREC)
-            a3 = a3 * alpha[:, :, None] + tl.dot(pv, v3, input_precision=INPUT_PREC)
-            m_i = m_new
-        # merge the streams, weights 2^(m_s - m) (a stream that saw no position weighs 0)
-        m_row = tl.reduce(m_i, 0, tl.standard._elementwise_max)
-        m_row = tl.where(m_row == float("-inf"), 0.0, m_row)
-        w = tl.math.exp2(m_i - m_row[None, :])
-        l_row = tl.reduce(l_i * w, 0, tl.standard._sum_combine)
-        safe_l = tl.where(l_row > 0.0, l_row, 1.0)
-        if OFFSET:
-            off = (1152.0 * c_i)[:, :, None]
-            a0, a1, a2, a3 = a0 - off, a1 - off, a2 - off, a3 - off
-        w3 = w[:, :, None]
-        o0 = tl.reduce(a0 * w3, 0, tl.standard._sum_combine) / safe_l[:, None]
-        o1 = tl.reduce(a1 * w3, 0, tl.standard._sum_combine) / safe_l[:, None]
-        o2 = tl.reduce(a2 * w3, 0, tl.standard._sum_combine) / safe_l[:, None]
-        o3 = tl.reduce(a3 * w3, 0, tl.standard._sum_combine) / safe_l[:, None]
-        mask_o = mask_g[:, None]
-        if SPLIT:
-            row = (b * hq + heads).to(tl.int64) * num_splits + sp
-            dst = po_ptr + row[:, None] * HEAD_D + 4 * offs_w[None, :]
-            tl.store(dst, o0, mask=mask_o)
-            tl.store(dst + 1, o1, mask=mask_o)
-            tl.store(dst + 2, o2, mask=mask_o)
-            tl.store(dst + 3, o3, mask=mask_o)
-            lse = tl.where(l_row > 0.0, m_row + tl.math.log2(safe_l), float("-inf"))
-            tl.store(plse_ptr + row, lse, mask=mask_g)
-        else:
-            dst = o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + 4 * offs_w[None, :]
-            ty = o_ptr.dtype.element_ty
-            tl.store(dst, cast_for_store(o0, ty, BF16_BITS), mask=mask_o)
-            tl.store(dst + 1, cast_for_store(o1, ty, BF16_BITS), mask=mask_o)
-            tl.store(dst + 2, cast_for_store(o2, ty, BF16_BITS), mask=mask_o)
-            tl.store(dst + 3, cast_for_store(o3, ty, BF16_BITS), mask=mask_o)
-
-    @triton.jit
-    def _stream_planes(desc, base, row, n, mask_n, stride_l, DTYPE: tl.constexpr, ASM_I8: tl.constexpr,
-                       OFFSET: tl.constexpr, HEAD_D: tl.constexpr, STREAMS: tl.constexpr, BLOCK_N: tl.constexpr,
-                       TMA: tl.constexpr):
-        """`_plane_tile` for STREAMS consecutive tiles: byte planes [STREAMS, BLOCK_N, HEAD_D/4] of
-        the positions n [STREAMS, BLOCK_N] (OFFSET: 1152 + code)."""
-        if TMA:
-            w = tl.reshape(desc.load([row.to(tl.int32), 0]), [STREAMS, BLOCK_N, HEAD_D // 4])
-        else:
-            offs_w = tl.arange(0, HEAD_D // 4)
-            w = tl.load(base + n[:, :, None] * stride_l + offs_w[None, None, :], mask=mask_n[:, :, None], other=0)
-        if OFFSET and ASM_I8 == 2:
-            e0, e1, e2, e3 = _word_pairs_to_f16x4_biased(w)
-        else:
-            e0, e1, e2, e3 = _unpack_planes(w, DTYPE, ASM_I8)
-            if OFFSET:
-                e0, e1, e2, e3 = e0 + 1152.0, e1 + 1152.0, e2 + 1152.0, e3 + 1152.0
-        return e0, e1, e2, e3
-
-    @triton.jit(do_not_specialize=["num_splits"])
     def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, lens_ptr, o_ptr, po_ptr, plse_ptr,
                        qk_scale, num_splits,
                        stride_qb, stride_qh,
@@ -608,8 +451,7 @@ def pick_config(batch: int, num_kv_heads: int, max_len: int, kv_dtype: torch.dty
     if base.num_splits is not None:
         return base
     sms = num_sms(device)
-    return dataclasses.replace(base, num_splits=pick_num_splits(batch, num_kv_heads, max_len,
-                                                                base.block_n * base.streams, sms))
+    return dataclasses.replace(base, num_splits=pick_num_splits(batch, num_kv_heads, max_len, base.block_n, sms))
 
 
 def _scale_arg(scale, device) -> torch.Tensor:
@@ -662,7 +504,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
         return out
     ks, vs, ks_strides, vs_strides = _scale_pointers(mode, k_scale, v_scale, q)
     cfg = config or pick_config(b, hkv, lmax, k_cache.dtype, q.device)
-    splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n * cfg.streams, num_sms(q.device))
+    splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n, num_sms(q.device))
     group = hq // hkv
     ddt = dot_dtype(_decode_kernel, q.dtype)
     prec = "ieee" if ddt == tl.float32 else "tf32"
@@ -698,20 +540,14 @@ def _launch_planes(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt
     and the caches allow; `common` = `_decode_kernel`'s positional arguments."""
     b, kc, vc = common[0].shape[0], common[1], common[2]
     tma = cfg.tma and TMA_TILES and _tma_descs_apply(kc, vc)
-    k_desc, v_desc = _word_descs(kc, vc, cfg.block_n * cfg.streams) if tma else (kc, vc)
+    k_desc, v_desc = _word_descs(kc, vc, cfg.block_n) if tma else (kc, vc)
     # a TMA config run with pointer loads (TMA_TILES off, before sm_90, strided caches)
     stages = cfg.num_stages if tma or not cfg.tma else min(cfg.num_stages, POINTER_STAGES)
-    asm_i8 = 2 if use_asm and cfg.pairs else int(use_asm)
-    consts = dict(GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
-                  SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=asm_i8, BF16_BITS=bf16_bits, PDL=pdl,
-                  launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=stages)
-    if cfg.streams > 1:
-        _decode_streams_kernel[(b, kc.shape[1], splits)](
-            *common[:10], k_desc, v_desc, *common[10:], TMA=tma, STREAMS=cfg.streams,
-            OFFSET=cfg.offset and (asm_i8 == 2 or not use_asm), **consts)
-    else:
-        _decode_planes_kernel[(b, kc.shape[1], splits)](*common[:10], k_desc, v_desc, *common[10:], TMA=tma,
-                                                        **consts)
+    _decode_planes_kernel[(b, kc.shape[1], splits)](
+        *common[:10], k_desc, v_desc, *common[10:], TMA=tma,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
+        SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=2 if use_asm and cfg.pairs else int(use_asm),
+        BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=stages)
 
 
 def _tma_descs_apply(kc: torch.Tensor, vc: torch.Tensor) -> bool:

@@ -71,15 +71,6 @@ def _cases():
                                                          "v_desc": "tensordesc<i32[64,32]>"}, {"qk_scale"},
            {**attn, "BLOCK_N": 64, "SPLIT": False, "PDL": True, "TMA": True, "ASM_I8": asm}, 2, 4)
           for asm in (1, 2)),
-        # stream kernels: TMA tiles of streams x block_n rows, with and without the code offset; pointer loads + splits
-        *(("triton_attention", "_decode_streams_kernel", {**attn_ptrs, "k_desc": f"tensordesc<i32[{streams * bn},32]>",
-                                                          "v_desc": f"tensordesc<i32[{streams * bn},32]>"},
-           {"qk_scale"}, {**attn, "BLOCK_N": bn, "STREAMS": streams, "SPLIT": False, "PDL": True, "TMA": True,
-                          "ASM_I8": 2, "OFFSET": offset}, warps, 3)
-          for bn, streams, warps, offset in ((64, 2, 2, True), (32, 2, 1, True), (32, 4, 4, False))),
-        ("triton_attention", "_decode_streams_kernel", attn_ptrs, {"qk_scale"},
-         {**attn, "BLOCK_N": 32, "STREAMS": 2, "SPLIT": True, "PDL": False, "TMA": False, "ASM_I8": 1, "OFFSET": False},
-         2, 3),
         ("triton_attention", "_combine_kernel", {"po_ptr": "*fp32", "plse_ptr": "*fp32", "o_ptr": "*bf16"}, set(),
          {"HEAD_D": 128, "BLOCK_D": 128, "BLOCK_S": 4, "BF16_BITS": False, "PDL": True}, 4, 3),
         ("triton_norm", "_rms_norm_kernel", {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16"}, {"eps"},

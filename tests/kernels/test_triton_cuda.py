@@ -200,15 +200,7 @@ ATTN_VARIANTS = {"default": {}, "split1": {"num_splits": 1}, "split4": {"num_spl
                  "planes_split4": {"planes": True, "num_splits": 4},
                  "planes_tma": {"planes": True, "tma": True, "num_warps": 2, "num_stages": 3},
                  "planes_tma_split4": {"planes": True, "tma": True, "num_splits": 4},
-                 "planes_tma_pairs": {"planes": True, "tma": True, "pairs": True, "num_warps": 2, "num_stages": 4},
-                 "streams2": {"planes": True, "streams": 2, "num_warps": 2, "num_stages": 3},
-                 "streams2_tma_offset": {"planes": True, "tma": True, "pairs": True, "streams": 2, "offset": True,
-                                         "num_warps": 2, "num_stages": 3},
-                 "streams4_tma_offset_split3": {"block_n": 32, "planes": True, "tma": True, "pairs": True,
-                                                "streams": 4, "offset": True, "num_warps": 4, "num_stages": 2,
-                                                "num_splits": 3},
-                 "streams2_w1_offset": {"block_n": 32, "planes": True, "tma": True, "pairs": True, "streams": 2,
-                                        "offset": True, "num_warps": 1, "num_stages": 4}}
+                 "planes_tma_pairs": {"planes": True, "tma": True, "pairs": True, "num_warps": 2, "num_stages": 4}}
 
 
 def test_tma_planes_equal_pointer_planes_cuda(K):
@@ -238,10 +230,10 @@ def test_decode_attention_cuda(K, kv, variant):
     assert torch.isfinite(out).all() and err <= 2e-2 and rel <= 5e-3
 
 
-@pytest.mark.parametrize("variant", ["default", "planes_tma_pairs", "streams2_tma_offset", "streams2_w1_offset"])
+@pytest.mark.parametrize("variant", ["default", "planes_tma_pairs"])
 def test_decode_attention_gqa2_cuda(K, variant):
-    """Qwen3-1.7B heads (GQA 2:1: 2 of the 16 MMA rows are queries) through the plane and stream
-    kernels, against the reference."""
+    """Qwen3-1.7B heads (GQA 2:1: 2 of the 16 MMA rows are queries) through the plane kernel,
+    against the reference."""
     lens = [2304, 1, 77, 2048, 1500, 513, 2300, 64]
     case = _kv_case(8, 16, 8, 128, 2304, lens, torch.bfloat16, seed=11)
     cfg = None if variant == "default" else K.attn.AttnConfig(**{"block_n": 64, **ATTN_VARIANTS[variant]})
@@ -253,19 +245,17 @@ def test_decode_attention_gqa2_cuda(K, variant):
     assert torch.isfinite(out).all() and err <= 2e-2 and rel <= 5e-3
 
 
-@pytest.mark.parametrize("pairs", [False, True, "biased"])
+@pytest.mark.parametrize("pairs", [False, True])
 def test_int8_word_to_fp16_is_exact(K, pairs):
     """The PTX magic-number unpacking gives every int8 code exactly, in byte order (one word per
-    asm call, or two with the fp16 pairs formed in the asm; "biased": 1152 + code, exact too)."""
+    asm call, or two with the fp16 pairs formed in the asm)."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def _unpack(w_ptr, o_ptr, N: tl.constexpr, PAIRS: tl.constexpr, BIASED: tl.constexpr):
+    def _unpack(w_ptr, o_ptr, N: tl.constexpr, PAIRS: tl.constexpr):
         offs = tl.arange(0, N)
-        if BIASED:
-            e0, e1, e2, e3 = triton_attention._word_pairs_to_f16x4_biased(tl.load(w_ptr + offs))
-        elif PAIRS:
+        if PAIRS:
             e0, e1, e2, e3 = triton_attention._word_pairs_to_f16x4(tl.load(w_ptr + offs))
         else:
             e0, e1, e2, e3 = triton_attention._word_to_f16x4(tl.load(w_ptr + offs))
@@ -276,8 +266,8 @@ def test_int8_word_to_fp16_is_exact(K, pairs):
 
     codes = torch.arange(-128, 128, dtype=torch.int8, device=DEV)[torch.randperm(256, device=DEV)]
     out = torch.empty(256, dtype=torch.float16, device=DEV)
-    _unpack[(1,)](codes.view(torch.int32), out, N=64, PAIRS=bool(pairs), BIASED=pairs == "biased")
-    assert torch.equal(out, codes.half() + (1152 if pairs == "biased" else 0))
+    _unpack[(1,)](codes.view(torch.int32), out, N=64, PAIRS=pairs)
+    assert torch.equal(out, codes.half())
 
 
 def test_decode_attention_fp32_queries_cuda(K):

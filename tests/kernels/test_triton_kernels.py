@@ -366,35 +366,6 @@ def test_decode_attention_byte_planes_matches_ref(K, splits, tma, monkeypatch):
     assert (out - ref).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("streams,splits,tma,offset", [(2, 1, False, False), (2, 3, True, False),
-                                                       (4, 1, True, True), (2, 3, False, True), (4, 3, True, False)])
-def test_decode_attention_streams_matches_ref(K, streams, splits, tma, offset, monkeypatch):
-    """Several online softmaxes per program (`_decode_streams_kernel`), merged after the loop:
-    the reference's result on ragged rows, where a row of 7 or 1 tokens leaves its later streams
-    empty (they must weigh 0, not NaN); with splits, through TMA, and with the code offset
-    (dots on 1152 + code, corrected after them)."""
-    launched = []
-    kernel = K.attn._decode_streams_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return kernel[grid]
-
-    monkeypatch.setattr(K.attn, "_decode_streams_kernel", Spy())
-    descs = _record_word_descs(K, monkeypatch)
-    q, kc, ks, vc, vs, slots, lens, sm = _int8_attn_case(14)
-    cfg = K.attn.AttnConfig(block_n=16, num_warps=2, num_stages=2, num_splits=splits, planes=True, tma=tma,
-                            streams=streams, offset=offset)
-    out = K.attn.decode_attention(q, kc, ks, vc, vs, slots, lens, sm, config=cfg)
-    ref = K.attn.decode_attention_ref(q, kc, ks, vc, vs, slots, lens, sm)
-    assert launched == [(4, 2, splits)]
-    assert descs == ([16 * streams] if tma else [])
-    assert torch.isfinite(out).all()
-    # fp32 dots on 1152 + code lose ~1e-7 of the offset's magnitude (the kernel's docstring)
-    assert (out - ref).abs().max() <= (2e-4 if offset else 1e-5)
-
-
 def test_decode_attention_tma_config_on_strided_caches_loads_by_pointer(K, monkeypatch):
     """A TMA launch on caches a descriptor cannot cover (here a position slice of a longer cache)
     falls back to pointer loads, and gives the same result as on the contiguous caches."""
