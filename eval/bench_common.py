@@ -71,7 +71,6 @@ SWITCHES = {
     "prefill_kv_write": ("agentq.rollout.torch_engine.model", "PREFILL_KV_WRITE"),
     "pdl_max_rows": ("agentq.kernels.triton_quant", "PDL_MAX_ROWS"),
     "partial_sums": ("agentq.kernels.int8_linear", "PARTIAL_SUMS"),
-    "attn_codes": ("agentq.kernels.attention", "ATTN_CODES"),
 }
 
 

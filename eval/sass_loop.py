@@ -89,14 +89,12 @@ def attention_case(tma: bool, pairs: bool) -> tuple:
     """`_decode_planes_kernel` as the engine launches it for Qwen3-8B heads (GQA 4:1, D 128, int8
     cache, bf16 out, 64-token tiles, 2 warps, one split)."""
     ptrs = {"q_ptr": "*fp16", "k_ptr": "*i32", "v_ptr": "*i32", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
-            "slot_ptr": "*i32", "lens_ptr": "*i32", "o_ptr": "*bf16", "po_ptr": "*fp32", "plse_ptr": "*fp32",
-            "tk_ptr": "*i32", "cq_ptr": "*i8", "cs_ptr": "*fp32"}
+            "slot_ptr": "*i32", "lens_ptr": "*i32", "o_ptr": "*bf16", "po_ptr": "*fp32", "plse_ptr": "*fp32"}
     if tma:
         ptrs |= {"k_desc": "tensordesc<i32[64,32]>", "v_desc": "tensordesc<i32[64,32]>"}
     consts = {"GROUP": 4, "BLOCK_G": 16, "HEAD_D": 128, "BLOCK_N": 64, "SPLIT": False, "DOT_DTYPE": "fp16",
-              "INPUT_PREC": "tf32", "ASM_I8": 2 if pairs else 1, "BF16_BITS": False, "PDL": True, "TMA": tma,
-              "CODES": True, "HALF_AWAY": False, "ROW": 4096}
-    return "triton_attention", "_decode_planes_kernel", ptrs, {"qk_scale", "floor"}, consts, 2, 4 if tma else 3
+              "INPUT_PREC": "tf32", "ASM_I8": 2 if pairs else 1, "BF16_BITS": False, "PDL": True, "TMA": tma}
+    return "triton_attention", "_decode_planes_kernel", ptrs, {"qk_scale"}, consts, 2, 4 if tma else 3
 
 
 def main() -> None:

@@ -2,8 +2,6 @@
 prefill, and the dispatch to the Triton int8-KV decode kernel on CUDA."""
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
@@ -60,25 +58,6 @@ def decode_attention_available(device: torch.device) -> bool:
 def decode_attention(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale):
     """One query token per sequence over the engine's cache layout (CUDA Triton kernel)."""
     return _triton_decode()(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale)
-
-
-#: a W8A8 decode step's attention also quantizes its output rows for the o-projection, in its own
-#: launch (`triton_attention.decode_attention_codes`); AGENTQ_ATTN_CODES=0 quantizes them in a
-#: launch of their own, as before (the same bits; kept for A/B runs)
-ATTN_CODES = os.environ.get("AGENTQ_ATTN_CODES", "1") != "0"
-
-
-def decode_attention_codes(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None,
-                           v_cache: torch.Tensor, v_scale: torch.Tensor | None, slot_ids: torch.Tensor,
-                           lens: torch.Tensor, sm_scale: float, tickets: torch.Tensor, floor: float, rounding: str
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`decode_attention` whose output the o-projection reads as per-token int8 codes: (codes
-    [B, Hq·D], scales [B]) made in the attention launch; tickets: [B] int32 zeros, used once."""
-    from .triton_attention import RowCodes
-    from .triton_attention import decode_attention_codes as fn
-    _, codes, scales = fn(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale,
-                          RowCodes(tickets, floor, rounding))
-    return codes, scales
 
 
 def prefill_kernel_available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:

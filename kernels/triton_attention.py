@@ -134,7 +134,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from .triton_quant import _store_row_codes, cast_for_store, pdl_start, store_view
+    from .triton_quant import cast_for_store, pdl_start, store_view
 
     @triton.jit
     def _word_to_f16x4(w):
@@ -235,28 +235,6 @@ if HAVE_TRITON:
         return e0, e1, e2, e3
 
     @triton.jit
-    def _row_codes_on_last_arrival(o_ptr, b, row_len, arrivals, tk_ptr, cq_ptr, cs_ptr, floor,
-                                   ROW: tl.constexpr, HALF_AWAY: tl.constexpr, BF16_BITS: tl.constexpr):
-        """The o-projection's input codes of batch row b, made by whichever program of the row's
-        `arrivals` programs stores its part of the output last: each program counts itself in
-        at tk_ptr[b] (after a barrier, so every thread's stores precede the count; acquire-release
-        at GPU scope, as a CUTLASS semaphore), and the last one reads the whole row back through
-        L2 (`.cg`) and writes its per-token int8 codes and fp32 scale with `quantize_rows`'
-        arithmetic (`_store_row_codes`: the same bits as quantizing the stored row). The counters
-        must be zero on entry; each is used once (the caller zeroes them once per decode step)."""
-        tl.debug_barrier()
-        ticket = tl.atomic_add(tk_ptr + b, 1, sem="acq_rel", scope="gpu")
-        if ticket == arrivals - 1:
-            offs = tl.arange(0, ROW)
-            mask = offs < row_len
-            x = tl.load(o_ptr + b.to(tl.int64) * row_len + offs, mask=mask, other=0, cache_modifier=".cg")
-            if BF16_BITS:        # int16 bits of bf16 values (`store_view`)
-                x = (x.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-            else:
-                x = x.to(tl.float32)
-            _store_row_codes(x, cq_ptr + b.to(tl.int64) * row_len, cs_ptr + b, offs, mask, floor, HALF_AWAY)
-
-    @triton.jit
     def _split_range(slot_ptr, lens_ptr, b, sp, num_splits, BLOCK_N: tl.constexpr):
         """(slot, first, end) of the positions split `sp` of batch row b reads: equal chunks of
         whole BLOCK_N tiles (an empty range for the splits past the row's length)."""
@@ -273,12 +251,11 @@ if HAVE_TRITON:
                               stride_ks, stride_kh, stride_kl,
                               stride_vs, stride_vh, stride_vl,
                               stride_kss, stride_ksh, stride_vss, stride_vsh,
-                              stride_ob, stride_oh, tk_ptr, cq_ptr, cs_ptr, floor,
+                              stride_ob, stride_oh,
                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_D: tl.constexpr,
                               BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
                               INPUT_PREC: tl.constexpr, ASM_I8: tl.constexpr, BF16_BITS: tl.constexpr,
-                              PDL: tl.constexpr, CODES: tl.constexpr, HALF_AWAY: tl.constexpr, ROW: tl.constexpr,
-                              TMA: tl.constexpr = False):
+                              PDL: tl.constexpr, TMA: tl.constexpr = False):
         """`_decode_kernel` for int8 caches with per-token scales, computed on byte planes: with
         K = Σ_j K_j over the planes of columns 4w + j, q·Kᵀ = Σ_j q_j·K_jᵀ and P·V's column block j
         is P·V_j, so each unpacked plane feeds the MMA as it is, never interleaved back into a
@@ -354,9 +331,6 @@ if HAVE_TRITON:
             tl.store(dst + 1, cast_for_store(a1 / safe_l[:, None], ty, BF16_BITS), mask=mask_o)
             tl.store(dst + 2, cast_for_store(a2 / safe_l[:, None], ty, BF16_BITS), mask=mask_o)
             tl.store(dst + 3, cast_for_store(a3 / safe_l[:, None], ty, BF16_BITS), mask=mask_o)
-            if CODES:
-                _row_codes_on_last_arrival(o_ptr, b, hq * HEAD_D, tl.num_programs(1), tk_ptr, cq_ptr, cs_ptr, floor,
-                                           ROW, HALF_AWAY, BF16_BITS)
 
     @triton.jit(do_not_specialize=["num_splits"])
     def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, lens_ptr, o_ptr, po_ptr, plse_ptr,
@@ -365,13 +339,12 @@ if HAVE_TRITON:
                        stride_ks, stride_kh, stride_kl,
                        stride_vs, stride_vh, stride_vl,
                        stride_kss, stride_ksh, stride_vss, stride_vsh,
-                       stride_ob, stride_oh, tk_ptr, cq_ptr, cs_ptr, floor,
+                       stride_ob, stride_oh,
                        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
                        BLOCK_N: tl.constexpr, SCALE_MODE: tl.constexpr, SPLIT: tl.constexpr,
                        DOT_DTYPE: tl.constexpr, PV_DTYPE: tl.constexpr, INPUT_PREC: tl.constexpr,
                        EVEN_D: tl.constexpr, K_AS_A: tl.constexpr, WORDS: tl.constexpr, ASM_I8: tl.constexpr,
-                       BF16_BITS: tl.constexpr, PDL: tl.constexpr, CODES: tl.constexpr, HALF_AWAY: tl.constexpr,
-                       ROW: tl.constexpr):
+                       BF16_BITS: tl.constexpr, PDL: tl.constexpr):
         pdl_start(PDL)
         b, kvh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         hq = tl.num_programs(1) * GROUP
@@ -444,18 +417,12 @@ if HAVE_TRITON:
         else:
             tl.store(o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                      cast_for_store(out, o_ptr.dtype.element_ty, BF16_BITS), mask=mask_g[:, None] & mask_d[None, :])
-            if CODES:
-                _row_codes_on_last_arrival(o_ptr, b, hq * HEAD_D, tl.num_programs(1), tk_ptr, cq_ptr, cs_ptr, floor,
-                                           ROW, HALF_AWAY, BF16_BITS)
 
     @triton.jit(do_not_specialize=["num_splits"])
     def _combine_kernel(po_ptr, plse_ptr, o_ptr, num_splits, num_heads, stride_ob, stride_oh,
-                        tk_ptr, cq_ptr, cs_ptr, floor,
                         HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                        BF16_BITS: tl.constexpr, PDL: tl.constexpr, CODES: tl.constexpr, HALF_AWAY: tl.constexpr,
-                        ROW: tl.constexpr):
-        """out[b, h] = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse) (empty splits: 0);
-        CODES: the row's codes too (`_row_codes_on_last_arrival`, over the row's num_heads programs)."""
+                        BF16_BITS: tl.constexpr, PDL: tl.constexpr):
+        """out[b, h] = sum_s w_s * o_s / sum_s w_s with w_s = 2^(lse_s - max lse) (empty splits: 0)."""
         pdl_start(PDL)
         pid = tl.program_id(0)
         b = pid // num_heads
@@ -475,9 +442,6 @@ if HAVE_TRITON:
         out = tl.reduce(w[:, None] * po, 0, tl.standard._sum_combine) / tl.where(den > 0.0, den, 1.0)
         tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d,
                  cast_for_store(out, o_ptr.dtype.element_ty, BF16_BITS), mask=mask_d)
-        if CODES:
-            _row_codes_on_last_arrival(o_ptr, b, num_heads * HEAD_D, num_heads, tk_ptr, cq_ptr, cs_ptr, floor,
-                                       ROW, HALF_AWAY, BF16_BITS)
 
 
 def pick_config(batch: int, num_kv_heads: int, max_len: int, kv_dtype: torch.dtype,
@@ -523,46 +487,11 @@ def _scale_pointers(mode: int, k_scale, v_scale, q: torch.Tensor
     return ks, vs, (ks.stride(0), ks.stride(1)), (vs.stride(0), vs.stride(1))
 
 
-@dataclass(frozen=True)
-class RowCodes:
-    """`decode_attention_codes`' request: the output rows' per-token int8 codes for the
-    o-projection, made inside the attention launch. tickets: [≥ B] int32 zeros, one counter per
-    batch row, each used by one call (a decode step zeroes one row of them per layer); floor and
-    rounding: the linear's activation scale floor and rounding (`QuantSpec`)."""
-    tickets: torch.Tensor
-    floor: float
-    rounding: str
-
-
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: torch.Tensor, v_scale,
                      slot_ids: torch.Tensor, lens: torch.Tensor, sm_scale: float,
                      config: AttnConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Split-K flash-decoding (Triton) over the slot cache; same signature and result as
     `decode_attention_ref` (within fp32 rounding; bf16/fp16 q dots in that dtype on CUDA)."""
-    return _decode_attention(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, config, out)[0]
-
-
-def decode_attention_codes(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: torch.Tensor, v_scale,
-                           slot_ids: torch.Tensor, lens: torch.Tensor, sm_scale: float, codes: RowCodes,
-                           config: AttnConfig | None = None
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`decode_attention` that also quantizes each output row [Hq·D] per token, as the
-    o-projection reads it: (out [B, Hq, D], codes [B, Hq·D] int8, scales [B] fp32), the same bits
-    as `triton_quant.quantize_rows(out.reshape(B, -1), codes.floor, codes.rounding)` in one launch
-    fewer (the last program of each row quantizes it: `_row_codes_on_last_arrival`)."""
-    b = q.shape[0]
-    if codes.tickets.dtype != torch.int32 or codes.tickets.numel() < b or not codes.tickets.is_contiguous():
-        raise ValueError(f"tickets must be ≥ {b} contiguous int32 zeros, not {codes.tickets.dtype} "
-                         f"{tuple(codes.tickets.shape)}")
-    out, cq, cs = _decode_attention(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, config, None,
-                                    codes)
-    assert cq is not None and cs is not None
-    return out, cq, cs
-
-
-def _decode_attention(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale,
-                      config: AttnConfig | None, out: torch.Tensor | None, codes: RowCodes | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     require_triton("triton_attention.decode_attention")
     mode = _check_decode_args(q, k_cache, k_scale, v_cache, v_scale)
     b, hq, d = q.shape
@@ -571,10 +500,8 @@ def _decode_attention(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_
         q = q.contiguous()
     if out is None:
         out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
-    cq, cs = ((torch.empty((b, hq * d), dtype=torch.int8, device=q.device),    # rows read back: `out` made here
-               torch.empty((b,), dtype=torch.float32, device=q.device)) if codes is not None else (None, None))
     if b == 0:
-        return out, cq, cs
+        return out
     ks, vs, ks_strides, vs_strides = _scale_pointers(mode, k_scale, v_scale, q)
     cfg = config or pick_config(b, hkv, lmax, k_cache.dtype, q.device)
     splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n, num_sms(q.device))
@@ -595,33 +522,20 @@ def _decode_attention(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_
         plse = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
     else:
         po = plse = out
-    row_codes = _row_codes_args(codes, cq, cs, q)
-    fused = dict(CODES=codes is not None and splits == 1, HALF_AWAY=row_codes[4],
-                 ROW=triton.next_power_of_2(hq * d))
     common = (q, kc, vc, ks, vs, slot_ids, lens, out_arg, po, plse, float(sm_scale) * LOG2E, splits,
               q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
-              vc.stride(0), vc.stride(1), vc.stride(2), *ks_strides, *vs_strides, out.stride(0), out.stride(1),
-              *row_codes[:4])
+              vc.stride(0), vc.stride(1), vc.stride(2), *ks_strides, *vs_strides, out.stride(0), out.stride(1))
     if cfg.planes and words and mode == 1 and d >= 64:
-        _launch_planes(common, cfg, splits, group, d, ddt, prec, use_asm, bf16_bits, pdl, fused)
+        _launch_planes(common, cfg, splits, group, d, ddt, prec, use_asm, bf16_bits, pdl)
     else:
-        _launch_decode(common, cfg, splits, group, d, ddt, prec, mode, words, use_asm, bf16_bits, pdl, fused)
+        _launch_decode(common, cfg, splits, group, d, ddt, prec, mode, words, use_asm, bf16_bits, pdl)
     if splits > 1:
-        _combine_splits(po, plse, out, out_arg, bf16_bits, pdl, row_codes, codes is not None)
-    return out, cq, cs
-
-
-def _row_codes_args(codes: RowCodes | None, cq: torch.Tensor | None, cs: torch.Tensor | None, q: torch.Tensor
-                    ) -> tuple:
-    """(tickets, codes, scales, floor, half_away) as the kernels take them (q as an unused pointer)."""
-    if codes is None or cq is None or cs is None:
-        return q, q, q, 0.0, False
-    from .triton_quant import _check_mode
-    return codes.tickets, cq, cs, float(codes.floor), _check_mode(codes.rounding)
+        _combine_splits(po, plse, out, out_arg, bf16_bits, pdl)
+    return out
 
 
 def _launch_planes(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt, prec: str, use_asm: bool,
-                   bf16_bits: bool, pdl: bool, fused: dict) -> None:
+                   bf16_bits: bool, pdl: bool) -> None:
     """`_decode_planes_kernel` over grid (B, Hkv, splits), its word tiles through TMA where `cfg.tma`
     and the caches allow; `common` = `_decode_kernel`'s positional arguments."""
     b, kc, vc = common[0].shape[0], common[1], common[2]
@@ -633,7 +547,7 @@ def _launch_planes(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt
         *common[:10], k_desc, v_desc, *common[10:], TMA=tma,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
         SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=2 if use_asm and cfg.pairs else int(use_asm),
-        BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=stages, **fused)
+        BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=stages)
 
 
 def _tma_descs_apply(kc: torch.Tensor, vc: torch.Tensor) -> bool:
@@ -650,7 +564,7 @@ def _word_descs(kc: torch.Tensor, vc: torch.Tensor, block_n: int):
 
 
 def _launch_decode(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt, prec: str, mode: int,
-                   words: bool, use_asm: bool, bf16_bits: bool, pdl: bool, fused: dict) -> None:
+                   words: bool, use_asm: bool, bf16_bits: bool, pdl: bool) -> None:
     """`_decode_kernel` over grid (B, Hkv, splits); `common` = its positional arguments."""
     b, hkv = common[0].shape[0], common[1].shape[1]
     _decode_kernel[(b, hkv, splits)](
@@ -659,20 +573,17 @@ def _launch_decode(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=cfg.block_n, SCALE_MODE=mode, SPLIT=splits > 1,
         DOT_DTYPE=ddt, PV_DTYPE=ddt, INPUT_PREC=prec, EVEN_D=triton.next_power_of_2(d) == d and d >= 16,
         K_AS_A=cfg.k_as_a, WORDS=words, ASM_I8=use_asm, BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **fused)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _combine_splits(po: torch.Tensor, plse: torch.Tensor, out: torch.Tensor, out_arg: torch.Tensor,
-                    bf16_bits: bool, pdl: bool = False, row_codes: tuple | None = None, codes: bool = False) -> None:
-    """Merge the split-K partial outputs po [B, H, S, D] (log-sum-exp plse [B, H, S]) into out;
-    `codes`: and quantize each row (`_row_codes_args`' row_codes)."""
+                    bf16_bits: bool, pdl: bool = False) -> None:
+    """Merge the split-K partial outputs po [B, H, S, D] (log-sum-exp plse [B, H, S]) into out."""
     b, hq, splits, d = po.shape
-    tk, cq, cs, floor, half_away = row_codes or _row_codes_args(None, None, None, out)
     _combine_kernel[(b * hq,)](
-        po, plse, out_arg, splits, hq, out.stride(0), out.stride(1), tk, cq, cs, floor,
+        po, plse, out_arg, splits, hq, out.stride(0), out.stride(1),
         HEAD_D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_S=max(2, triton.next_power_of_2(splits)),
-        BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl, num_warps=4, CODES=codes, HALF_AWAY=half_away,
-        ROW=triton.next_power_of_2(hq * d))
+        BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl, num_warps=4)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: torch.dtype,
@@ -682,5 +593,5 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dty
     return 2 * num_layers * num_kv_heads * per_head
 
 
-__all__ = ["AttnConfig", "RowCodes", "decode_attention", "decode_attention_codes", "decode_attention_ref",
-           "kv_bytes_per_token", "pick_config", "pick_num_splits"]
+__all__ = ["AttnConfig", "decode_attention", "decode_attention_ref", "kv_bytes_per_token", "pick_config",
+           "pick_num_splits"]

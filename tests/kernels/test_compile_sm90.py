@@ -24,11 +24,9 @@ def _cases():
     """(module, kernel, pointer dtypes by arg, float args, constexprs, num_warps, num_stages)."""
     q8 = {"x_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32"}
     attn_ptrs = {"q_ptr": "*fp16", "k_ptr": "*i32", "v_ptr": "*i32", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
-                 "slot_ptr": "*i32", "lens_ptr": "*i32", "o_ptr": "*bf16", "po_ptr": "*fp32", "plse_ptr": "*fp32",
-                 "tk_ptr": "*i32", "cq_ptr": "*i8", "cs_ptr": "*fp32"}
-    # CODES: the o-projection's input codes made by each row's last program (decode_attention_codes)
+                 "slot_ptr": "*i32", "lens_ptr": "*i32", "o_ptr": "*bf16", "po_ptr": "*fp32", "plse_ptr": "*fp32"}
     attn = {"GROUP": 4, "BLOCK_G": 16, "HEAD_D": 128, "BLOCK_N": 128, "DOT_DTYPE": "fp16", "INPUT_PREC": "tf32",
-            "ASM_I8": True, "BF16_BITS": False, "CODES": False, "HALF_AWAY": False, "ROW": 4096}
+            "ASM_I8": True, "BF16_BITS": False}
     rope_io = {p: "*bf16" for p in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "oq_ptr",
                                     "ok_ptr")}
     return [
@@ -64,20 +62,17 @@ def _cases():
         ("triton_quant", "_quant_rows_amax_kernel", {"x_ptr": "*bf16", "amax_ptr": "*fp32", "q_ptr": "*i8",
                                                      "s_ptr": "*fp32"}, {"floor"},
          {"HALF_AWAY": False, "BLOCK_K": 2048, "BLOCK_P": 128, "PDL": True}, 8, 3),
-        ("triton_attention", "_decode_kernel", attn_ptrs, {"qk_scale", "floor"},
+        ("triton_attention", "_decode_kernel", attn_ptrs, {"qk_scale"},
          {**attn, "BLOCK_D": 128, "SCALE_MODE": 1, "SPLIT": False, "PV_DTYPE": "fp16", "EVEN_D": True, "K_AS_A": False,
           "WORDS": True, "PDL": False}, 4, 3),
-        ("triton_attention", "_decode_planes_kernel", attn_ptrs, {"qk_scale", "floor"},
+        ("triton_attention", "_decode_planes_kernel", attn_ptrs, {"qk_scale"},
          {**attn, "SPLIT": True, "PDL": True, "TMA": False}, 4, 3),
         *(("triton_attention", "_decode_planes_kernel", {**attn_ptrs, "k_desc": "tensordesc<i32[64,32]>",
-                                                         "v_desc": "tensordesc<i32[64,32]>"}, {"qk_scale", "floor"},
-           {**attn, "BLOCK_N": 64, "SPLIT": False, "PDL": True, "TMA": True, "ASM_I8": asm, "CODES": codes}, 2, 4)
-          for asm, codes in ((1, False), (2, False), (1, True))),
-        *(("triton_attention", "_combine_kernel", {"po_ptr": "*fp32", "plse_ptr": "*fp32", "o_ptr": "*bf16",
-                                                   "tk_ptr": "*i32", "cq_ptr": "*i8", "cs_ptr": "*fp32"}, {"floor"},
-           {"HEAD_D": 128, "BLOCK_D": 128, "BLOCK_S": 4, "BF16_BITS": False, "PDL": True, "CODES": codes,
-            "HALF_AWAY": codes, "ROW": 4096}, 4, 3)
-          for codes in (False, True)),
+                                                         "v_desc": "tensordesc<i32[64,32]>"}, {"qk_scale"},
+           {**attn, "BLOCK_N": 64, "SPLIT": False, "PDL": True, "TMA": True, "ASM_I8": asm}, 2, 4)
+          for asm in (1, 2)),
+        ("triton_attention", "_combine_kernel", {"po_ptr": "*fp32", "plse_ptr": "*fp32", "o_ptr": "*bf16"}, set(),
+         {"HEAD_D": 128, "BLOCK_D": 128, "BLOCK_S": 4, "BF16_BITS": False, "PDL": True}, 4, 3),
         ("triton_norm", "_rms_norm_kernel", {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16"}, {"eps"},
          {"BLOCK": 4096, "BF16_BITS": False}, 16, 3),
         ("triton_norm", "_rms_norm_rows_kernel", {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16"}, {"eps"},

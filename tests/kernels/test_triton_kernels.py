@@ -366,41 +366,6 @@ def test_decode_attention_byte_planes_matches_ref(K, splits, tma, monkeypatch):
     assert (out - ref).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("variant,splits,dtype", [
-    ({"planes": True, "tma": True}, 1, torch.float32), ({"planes": True}, 3, torch.bfloat16),
-    ({}, 1, torch.bfloat16), ({}, 3, torch.float32), ({"kv": "float"}, 1, torch.bfloat16)])
-def test_decode_attention_codes_equal_quantized_rows(K, variant, splits, dtype):
-    """The o-projection's input codes made inside the attention launch (by the last program of each
-    row, `_row_codes_on_last_arrival`; by the combine kernel with splits) are the bits
-    `quantize_rows` gives on the stored rows, for the plane, word and float-cache kernels, fp32 and
-    bf16 outputs (bf16 stored through its int16 bits here); every row's counter ends at the number
-    of programs that wrote it."""
-    variant = dict(variant)
-    kv = variant.pop("kv", "int8")
-    q, kc, ks, vc, vs, slots, lens, sm = _int8_attn_case(15)
-    if kv == "float":
-        _, k, v, _, _ = _attn_case(15, D=64)
-        kc, ks, vc, vs = k, None, v, None
-    q = q.to(dtype)
-    tickets = torch.zeros(q.shape[0] + 2, dtype=torch.int32)
-    cfg = K.attn.AttnConfig(block_n=32, num_warps=4, num_stages=2, num_splits=splits, **variant)
-    codes = K.attn.RowCodes(tickets, 1e-8, "half_even")
-    out, cq, cs = K.attn.decode_attention_codes(q, kc, ks, vc, vs, slots, lens, sm, codes, config=cfg)
-    plain = K.attn.decode_attention(q, kc, ks, vc, vs, slots, lens, sm, config=cfg)
-    ref_q, ref_s = K.quant.quantize_rows(out.reshape(q.shape[0], -1), 1e-8, "half_even")
-    assert torch.equal(out, plain)
-    assert torch.equal(cq, ref_q) and torch.equal(cs, ref_s)
-    arrivals = q.shape[1] if splits > 1 else kc.shape[1]
-    assert tickets.tolist() == [arrivals] * q.shape[0] + [0, 0]
-
-
-def test_decode_attention_codes_refuses_bad_tickets(K):
-    q, kc, ks, vc, vs, slots, lens, sm = _int8_attn_case(16)
-    for bad in (torch.zeros(2, dtype=torch.int32), torch.zeros(8, dtype=torch.int64)):
-        with pytest.raises(ValueError, match="tickets"):
-            K.attn.decode_attention_codes(q, kc, ks, vc, vs, slots, lens, sm, K.attn.RowCodes(bad, 1e-8, "half_even"))
-
-
 def test_decode_attention_tma_config_on_strided_caches_loads_by_pointer(K, monkeypatch):
     """A TMA launch on caches a descriptor cannot cover (here a position slice of a longer cache)
     falls back to pointer loads, and gives the same result as on the contiguous caches."""

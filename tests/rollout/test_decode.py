@@ -296,42 +296,6 @@ def test_partial_sums_engine_equals_the_one_split_engine(tiny_model_dir, monkeyp
         _interp.restore_compiled(mods)
 
 
-def test_attention_codes_engine_equals_the_separate_quantization(tiny_model_dir, monkeypatch):
-    """A W8A8 decode step whose attention launch also makes the o-projection's input codes
-    (`attn_ops.ATTN_CODES`: each row's last program quantizes it) against the same engine
-    quantizing the attention output in a launch of its own: the same tokens and log-probs over two
-    turns (a CPU bf16 engine, the decode attention kernel forced on and interpreted), and every
-    layer's codes came from the attention launch."""
-    pytest.importorskip("triton")
-    from agentq.kernels import _interp
-    from agentq.kernels import attention as attn_ops
-    from agentq.rollout.torch_engine import model as engine_model
-
-    mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_attention", "agentq.kernels.triton_gemm",
-            "agentq.kernels.triton_norm")
-    _interp.load_interpreted(mods)
-    monkeypatch.setattr(engine_model, "decode_kernel_applies", lambda cache: True)     # CUDA-only, forced
-    calls = []
-    fn = attn_ops.decode_attention_codes
-    monkeypatch.setattr(attn_ops, "decode_attention_codes", lambda q, *a: (calls.append(q.shape[0]), fn(q, *a))[1])
-    try:
-        ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(11 + 9 * i)] for i in range(2)]
-        sp = SamplingParams(max_new_tokens=3, temperature=1e-3)
-        out = {}
-        for fused in (True, False):
-            monkeypatch.setattr(attn_ops, "ATTN_CODES", fused)
-            e = _fused_cpu_engine(tiny_model_dir)
-            turn1 = e.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctxs)])
-            nxt = [c + r.token_ids + [7, 8, 9] for c, r in zip(ctxs, turn1)]
-            turn2 = e.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(nxt)])
-            out[fused] = [(r.token_ids, r.logprobs) for r in turn1 + turn2]
-            n_layers = e.cache.n_layers
-        assert out[True] == out[False]
-        assert len(calls) == n_layers * 2 * 2          # every layer of the 2 decode steps of 2 turns
-    finally:
-        _interp.restore_compiled(mods)
-
-
 def _turns_with_early_stops(eng, n: int = 6, turns: int = 3):
     """Turns in which rows end at different steps: a stop-token set that random sampling hits
     often, plus a slot limit that ends the longest rows by length in the last turn."""

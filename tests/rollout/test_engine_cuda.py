@@ -229,12 +229,3 @@ def test_tma_attention_tiles_give_the_pointer_load_tokens(tiny_model_dir, monkey
     from agentq.kernels import triton_attention
     out = _turns_with_switch(tiny_model_dir, monkeypatch, triton_attention, "TMA_TILES")
     assert out[True] == out[False]
-
-
-def test_attention_codes_give_the_separate_quantization_tokens(tiny_model_dir, monkeypatch):
-    """The o-projection's input codes made by each row's last attention program
-    (`attn_ops.ATTN_CODES`, graph-replayed decode steps) against a launch of their own: the same
-    bits, so the same tokens and identical log-probs over three multi-turn turns."""
-    from agentq.kernels import attention as attn_ops
-    out = _turns_with_switch(tiny_model_dir, monkeypatch, attn_ops, "ATTN_CODES")
-    assert out[True] == out[False]

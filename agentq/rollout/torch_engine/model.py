@@ -244,13 +244,11 @@ class DecoderLayer(nn.Module):
         return ((self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0))
 
     def _out_and_mlp(self, x, o, partial_sums=False):
-        """Attention output o [B, H, T, D] (or already the o-projection's input codes: ([B, T, H·D],
-        [B, T])) → o_proj, residual add + post-norm, MLP: (x', delta'). partial_sums (decode, fused
-        norms): o_proj and down_proj may hand their int32 partial sums to the norm after them
-        (`EngineLinear.forward`), so delta' can be `PartialSums`."""
-        if not isinstance(o, tuple):
-            b, _, t, _ = o.shape
-            o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
+        """Attention output o [B, H, T, D] → o_proj, residual add + post-norm, MLP: (x', delta').
+        partial_sums (decode, fused norms): o_proj and down_proj may hand their int32 partial sums
+        to the norm after them (`EngineLinear.forward`), so delta' can be `PartialSums`."""
+        b, _, t, _ = o.shape
+        o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
         fused = self.post_attention_layernorm.fused
         x, h = self.post_attention_layernorm.add_and_norm(x, self.o_proj(o, partial_sums and fused),
                                                           self.gate_up_proj.act_quant())
@@ -318,21 +316,7 @@ class DecoderLayer(nn.Module):
         else:
             q, k, v = self._norm_rope(q, k, v, cos, sin)
             d.cache.write(self.layer_idx, d.slots, d.positions, k[:, :, 0], v[:, :, 0])
-        return self._out_and_mlp(x, self._attend_decode(q, d), partial_sums=True)
-
-    def _attend_decode(self, q: torch.Tensor, d: "DecodeContext") -> Activation:
-        """A decode step's attention as the o-projection reads it: with the kernel and a quantized
-        o_proj, its per-token codes from the attention launch itself (`attn_ops.ATTN_CODES`);
-        otherwise the output rows [B, H, 1, D]."""
-        act = self.o_proj.act_quant()
-        if not (d.use_kernel and act is not None and attn_ops.ATTN_CODES):
-            return self._attend(q, d)
-        i, cache = self.layer_idx, d.cache
-        codes, scales = attn_ops.decode_attention_codes(
-            q[:, :, 0].contiguous(), cache.k[i], None if cache.k_scale is None else cache.k_scale[i],
-            cache.v[i], None if cache.v_scale is None else cache.v_scale[i], d.slots32, d.lens32, self.scale,
-            d.attn_tickets()[i], *act)
-        return codes.unsqueeze(1), scales.unsqueeze(1)
+        return self._out_and_mlp(x, self._attend(q, d), partial_sums=True)
 
 
 def decode_kernel_applies(cache: KVCache) -> bool:
@@ -352,21 +336,12 @@ class DecodeContext:
         self.cache, self.slots, self.new_lens = cache, slots, new_lens
         self.positions = new_lens - 1
         self.use_kernel = decode_kernel_applies(cache)
-        self._tickets: torch.Tensor | None = None
         if self.use_kernel:      # the kernel's index dtype, converted once per step, not per layer
             self.slots32, self.lens32 = slots.to(torch.int32), new_lens.to(torch.int32)
         else:
             self.key_len = int(new_lens.max())
             keys = torch.arange(self.key_len, device=slots.device)
             self.allowed = (keys.view(1, -1) < new_lens.view(-1, 1)).unsqueeze(1)     # [B, 1, L]
-
-    def attn_tickets(self) -> torch.Tensor:
-        """[layers, B] int32 zeros: each layer's per-row arrival counters for
-        `attn_ops.decode_attention_codes` (one memset per step, so no counter outlives its step)."""
-        if self._tickets is None:
-            self._tickets = torch.zeros((self.cache.n_layers, self.slots.shape[0]), dtype=torch.int32,
-                                        device=self.slots.device)
-        return self._tickets
 
 
 class ForwardContext:
