@@ -15,8 +15,11 @@ from ..base import EnvCrashedError, TaskStep, TextEnv
 # One JVM per process, shared by every TextWorldExpressEnv in it: TextWorldExpress's own class
 # launches a JVM per instance (~150 MB and a second of start-up each); a worker process that owns
 # 16 env slots would otherwise run 16 JVMs. Each env gets its own simulator (PythonInterface) on
-# the shared gateway.
-_SHARED: dict = {"owner": None, "users": 0}
+# the shared gateway, or, when its call timeout differs from the first env's, on a gateway client
+# of its own (the read timeout belongs to a py4j client).
+# "gen" numbers the JVMs started: an env still holding an engine of a dead JVM releases it without
+# touching the count of the one that replaced it.
+_SHARED: dict = {"owner": None, "users": 0, "timeout": None, "gen": 0}
 
 
 def _engine_alive(engine) -> bool:
@@ -54,30 +57,54 @@ def _launch_engine(heap: str, call_timeout_s: float):
 
 
 def _acquire_engine(heap: str = "1g", call_timeout_s: float = 60.0):
-    """The process's shared engine (started by the first env, with that env's heap and timeout)."""
+    """The process's shared engine (its JVM started by the first env, with that env's heap); this
+    env's calls time out after its own call_timeout_s."""
     from textworld_express import TextWorldExpressEnv as _TWX
 
     owner = _SHARED["owner"]
     if owner is None or not _engine_alive(owner):
-        owner = _SHARED["owner"] = _launch_engine(heap, call_timeout_s)
-        _SHARED["users"] = 1
+        owner = _launch_engine(heap, call_timeout_s)
+        owner._agentq_gen, owner._agentq_own_client = _SHARED["gen"] + 1, False
+        _SHARED.update(owner=owner, users=1, timeout=call_timeout_s, gen=owner._agentq_gen)
         return owner
     eng = copy.copy(owner)
     eng.__class__ = _simulator_class(_TWX)        # closing/collecting it must not stop the shared JVM
-    eng.server = owner._gateway.jvm.textworldexpress.runtime.PythonInterface()
+    eng._agentq_own_client = call_timeout_s != _SHARED["timeout"]
+    if eng._agentq_own_client:
+        eng._gateway = _client_with_timeout(owner._gateway, call_timeout_s)
+    eng.server = eng._gateway.jvm.textworldexpress.runtime.PythonInterface()
     eng.runHistory, eng.lastStepScore, eng.seed, eng.gameName, eng.gameParams = [], 0, None, None, ""
     eng._obj_tree_tempfile = tempfile.NamedTemporaryFile()
     _SHARED["users"] += 1
     return eng
 
 
-def _release_engine() -> None:
+def _client_with_timeout(gateway, call_timeout_s: float):
+    """A py4j client of the running JVM whose calls time out after call_timeout_s (py4j sets the
+    read timeout per client); it knows the JVM's process, so a hung JVM can be killed through it."""
+    from py4j.java_gateway import GatewayParameters, JavaGateway
+
+    params = gateway.gateway_parameters
+    return JavaGateway(gateway_parameters=GatewayParameters(address=params.address, port=params.port,
+                                                            auth_token=params.auth_token, auto_field=True,
+                                                            read_timeout=call_timeout_s),
+                       java_process=gateway.java_process)
+
+
+def _release_engine(eng) -> None:
+    """An env stops using its engine `eng` (its own gateway client, if it has one, is closed); the
+    last env of the running JVM stops it. An engine of a JVM that has died and been replaced
+    leaves the replacement's count alone."""
+    if eng._agentq_own_client:
+        eng._gateway.close()
+    if eng._agentq_gen != _SHARED["gen"]:
+        return
     _SHARED["users"] -= 1
     if _SHARED["users"] <= 0 and _SHARED["owner"] is not None:
         try:
             _SHARED["owner"].close()
         finally:
-            _SHARED["owner"], _SHARED["users"] = None, 0
+            _SHARED["owner"], _SHARED["users"], _SHARED["timeout"] = None, 0, None
 
 _SEEDS: dict = {}   # (split, games, params) → the fold's seeds, shared by all envs in the process
 
@@ -126,7 +153,8 @@ class TextWorldExpressEnv(TextEnv):
             {"coin": "numLocations=2,includeDoors=0,numDistractorItems=0"}.
         tasks_per_game: keep only the first N seeds of each fold (None = all 1,000).
         jvm_heap: the JVM's -Xmx ("1g", "512m"); call_timeout_s: a JVM call taking longer counts as a
-            hung JVM (killed, EnvCrashedError). The process's JVM is shared: the first env's values hold.
+            hung JVM (killed, EnvCrashedError). The process's JVM is shared: the first env's heap holds;
+            each env's calls time out after its own call_timeout_s.
         """
         super().__init__(**kwargs)
         from ..scienceworld.jvm import parse_size   # the same Java size syntax (no JVM started)
@@ -147,8 +175,8 @@ class TextWorldExpressEnv(TextEnv):
 
     def _engine(self, restart: bool):
         if self._env is not None and not _engine_alive(self._env):
-            self._env = None
-            _release_engine()
+            eng, self._env = self._env, None
+            _release_engine(eng)
             if not restart:        # mid-episode: the game state is gone with the JVM
                 raise EnvCrashedError("TextWorldExpress JVM died; the episode is lost (reset() restarts it)")
         if self._env is None:
@@ -230,5 +258,5 @@ class TextWorldExpressEnv(TextEnv):
 
     def close(self):
         if self._env is not None:
-            self._env = None
-            _release_engine()
+            eng, self._env = self._env, None
+            _release_engine(eng)
