@@ -16,6 +16,10 @@ each replay); linears rotate over enough weight copies (>= 256 MB) that no weigh
     python -m agentq.eval.bench_kernels --tune --check --out $OUT      # tuning sweep, GPU tests, benchmark
     python -m agentq.eval.bench_kernels                                # benchmark with the built-in tables
     python -m agentq.eval.bench_kernels --learner-norms                # the learner's RMSNorm only (~20 s)
+    python -m agentq.eval.bench_kernels --attn-reads                   # decode attention's reads alone vs the kernel
+    python -m agentq.eval.bench_kernels --int-mm decode                # cuBLASLt int8 vs Triton at decode rows
+
+Other single-purpose modes (`--glu`, `--partials`, `--rope`, `--prefill`, ...): `--help`.
 
 Needs the package installed (`pip install -e .`, as for every script in eval/).
 """
