@@ -16,13 +16,31 @@ SPEC = EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_s
                                      "game_params": {"coin": "numLocations=2"}})
 
 
+def stop(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGSTOP `pid` and wait until every thread of it is stopped: kill() returns before a thread
+    running on another core has stopped, and a sub-millisecond env call could still be answered
+    in that window (what made the TWX test below fail now and then)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            states = [open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                      for t in os.listdir(f"/proc/{pid}/task")]
+        except (FileNotFoundError, ProcessLookupError):       # a thread ended while we looked
+            continue
+        if all(s in "tT" for s in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} did not stop within {timeout_s} s")
+
+
 def test_a_stopped_worker_is_killed_restarted_and_reported():
     pool = make_pool("process", SPEC, 4, num_workers=2)
     try:
         assert all(r.ok for r in pool.reset([(i, {"options": {"task_id": f"coin/{i}"}}) for i in range(4)]))
         pool.call_timeout_s = 2.0           # after the first reset, which starts each worker's JVM
         pid = pool.worker_pid(1)
-        os.kill(pid, signal.SIGSTOP)
+        stop(pid)
         res = pool.step([(i, "look around") for i in range(4)])
         assert [r.ok for r in res] == [True, False, True, False]
         assert "hung: no answer to step of 2 slot(s) within 4 s (env_pool.call_timeout_s=2); killed" in res[1].error
@@ -53,7 +71,7 @@ def test_a_stopped_twx_jvm_times_out_and_is_restarted(earlier_env):
             first.reset(options={"task_id": "coin/2"})
         env.reset(options={"task_id": "coin/1"})
         jvm = twx_jvm(env)
-        os.kill(jvm.pid, signal.SIGSTOP)
+        stop(jvm.pid)
         t0 = time.monotonic()
         with pytest.raises(EnvCrashedError, match="stopped answering \\(call_timeout_s=2\\)"):
             env.step("look around")
