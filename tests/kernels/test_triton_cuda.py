@@ -215,19 +215,24 @@ def test_tma_planes_equal_pointer_planes_cuda(K):
         assert torch.equal(a, b) and torch.equal(a, c), (bn, warps, splits)
 
 
-@pytest.mark.parametrize("kv", ["int8", "bf16"])
-@pytest.mark.parametrize("variant", list(ATTN_VARIANTS))
-def test_decode_attention_cuda(K, kv, variant):
-    lens = [4096, 1, 77, 2048, 3000, 513, 4000, 64]
-    case = _kv_case(8, 32, 8, 128, 4096, lens, torch.bfloat16, seed=7, kv=kv)
+def _check_decode_variant(K, case, variant: str, label: str) -> None:
+    """`decode_attention` with an ATTN_VARIANTS launch (64-position tiles unless it says otherwise)
+    against the fp32 reference, within bf16 rounding."""
     cfg = None if variant == "default" else K.attn.AttnConfig(**{"block_n": 64, **ATTN_VARIANTS[variant]})
     out = K.attn.decode_attention(*case, 128 ** -0.5, config=cfg)
     ref = K.attn.decode_attention_ref(*case, 128 ** -0.5)
     err = (out.float() - ref.float()).abs().max().item()
     rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-    print(f"decode {kv} {variant}: max|err|={err:.2e} rel={rel:.2e}")
+    print(f"decode {label} {variant}: max|err|={err:.2e} rel={rel:.2e}")
     # bf16 output: 1 ulp is 7.8e-3 at |x| in [1, 2)
     assert torch.isfinite(out).all() and err <= 2e-2 and rel <= 5e-3
+
+
+@pytest.mark.parametrize("kv", ["int8", "bf16"])
+@pytest.mark.parametrize("variant", list(ATTN_VARIANTS))
+def test_decode_attention_cuda(K, kv, variant):
+    lens = [4096, 1, 77, 2048, 3000, 513, 4000, 64]
+    _check_decode_variant(K, _kv_case(8, 32, 8, 128, 4096, lens, torch.bfloat16, seed=7, kv=kv), variant, kv)
 
 
 @pytest.mark.parametrize("variant", ["default", "planes_tma_pairs"])
@@ -235,14 +240,7 @@ def test_decode_attention_gqa2_cuda(K, variant):
     """Qwen3-1.7B heads (GQA 2:1: 2 of the 16 MMA rows are queries) through the plane kernel,
     against the reference."""
     lens = [2304, 1, 77, 2048, 1500, 513, 2300, 64]
-    case = _kv_case(8, 16, 8, 128, 2304, lens, torch.bfloat16, seed=11)
-    cfg = None if variant == "default" else K.attn.AttnConfig(**{"block_n": 64, **ATTN_VARIANTS[variant]})
-    out = K.attn.decode_attention(*case, 128 ** -0.5, config=cfg)
-    ref = K.attn.decode_attention_ref(*case, 128 ** -0.5)
-    err = (out.float() - ref.float()).abs().max().item()
-    rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-    print(f"decode gqa2 {variant}: max|err|={err:.2e} rel={rel:.2e}")
-    assert torch.isfinite(out).all() and err <= 2e-2 and rel <= 5e-3
+    _check_decode_variant(K, _kv_case(8, 16, 8, 128, 2304, lens, torch.bfloat16, seed=11), variant, "gqa2")
 
 
 @pytest.mark.parametrize("pairs", [False, True])
