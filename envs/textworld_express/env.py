@@ -19,7 +19,7 @@ from ..base import EnvCrashedError, TaskStep, TextEnv
 # of its own (the read timeout belongs to a py4j client).
 # "gen" numbers the JVMs started: an env still holding an engine of a dead JVM releases it without
 # touching the count of the one that replaced it.
-_SHARED: dict = {"owner": None, "users": 0, "timeout": None, "gen": 0}
+_SHARED: dict = {"owner": None, "users": 0, "gen": 0}
 
 
 def _engine_alive(engine) -> bool:
@@ -65,11 +65,11 @@ def _acquire_engine(heap: str = "1g", call_timeout_s: float = 60.0):
     if owner is None or not _engine_alive(owner):
         owner = _launch_engine(heap, call_timeout_s)
         owner._agentq_gen, owner._agentq_own_client = _SHARED["gen"] + 1, False
-        _SHARED.update(owner=owner, users=1, timeout=call_timeout_s, gen=owner._agentq_gen)
+        _SHARED.update(owner=owner, users=1, gen=owner._agentq_gen)
         return owner
     eng = copy.copy(owner)
     eng.__class__ = _simulator_class(_TWX)        # closing/collecting it must not stop the shared JVM
-    eng._agentq_own_client = call_timeout_s != _SHARED["timeout"]
+    eng._agentq_own_client = call_timeout_s != owner._gateway.gateway_parameters.read_timeout
     if eng._agentq_own_client:
         eng._gateway = _client_with_timeout(owner._gateway, call_timeout_s)
     eng.server = eng._gateway.jvm.textworldexpress.runtime.PythonInterface()
@@ -104,7 +104,7 @@ def _release_engine(eng) -> None:
         try:
             _SHARED["owner"].close()
         finally:
-            _SHARED["owner"], _SHARED["users"], _SHARED["timeout"] = None, 0, None
+            _SHARED["owner"], _SHARED["users"] = None, 0
 
 _SEEDS: dict = {}   # (split, games, params) → the fold's seeds, shared by all envs in the process
 
