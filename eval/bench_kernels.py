@@ -18,6 +18,7 @@ each replay); linears rotate over enough weight copies (>= 256 MB) that no weigh
     python -m agentq.eval.bench_kernels --learner-norms                # the learner's RMSNorm only (~20 s)
     python -m agentq.eval.bench_kernels --attn-reads                   # decode attention's reads alone vs the kernel
     python -m agentq.eval.bench_kernels --int-mm decode                # cuBLASLt int8 vs Triton at decode rows
+    python -m agentq.eval.bench_kernels --spread --write-table         # decode qkv / gate_up over all SMs
 
 Other single-purpose modes (`--glu`, `--partials`, `--rope`, `--prefill`, ...): `--help`.
 
@@ -394,6 +395,111 @@ def bench_partials(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128)
             raw.setdefault("partials", {}).update(table)
             tg.TABLE_FILE.write_text(table_json(raw))
             log(f"wrote the partials rows to {tg.TABLE_FILE}")
+
+
+def spread_candidates(m: int, n: int):
+    """Spread-column launches (`GemmConfig.spread`, `triton_gemm.column_split`) to sweep for an
+    [n, K] weight at decode rows: one or two column programs per SM, each a power-of-two tile
+    1-4x as wide as its columns (wider tiles waste loads nothing and MMA work little)."""
+    from agentq.kernels.triton_gemm import GemmConfig, column_split
+    bms = (64, 128) if m > 64 else (64,)
+    for spread in (1, 2):
+        for bn, bk, warps, stages in ((32, 256, 4, 6), (64, 256, 4, 4), (64, 256, 4, 6), (64, 128, 4, 8),
+                                      (128, 128, 4, 4), (128, 256, 4, 3), (128, 128, 8, 5), (256, 128, 8, 3),
+                                      (256, 128, 8, 4), (256, 64, 8, 6)):
+            cols, _ = column_split(n, GemmConfig(64, bn, bk, spread=spread), 132)
+            if cols == bn or not cols <= bn < 4 * cols:   # == bn: the plain launch, measured as the table's
+                continue
+            for bm in bms:
+                if (bm * bk + bn * bk) * stages <= 200 << 10:
+                    yield GemmConfig(bm, bn, bk, 1, 8, warps, stages, 0, spread)
+
+
+def bench_spread(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128), write_table: bool = False,
+                 deadline: float = float("inf")):
+    """The qkv GEMM and the gate_up GEMM with SiLU·mul (+ the codes from its row absmaxes) at decode
+    rows: the table's launch against launches whose columns spread evenly over the SMs
+    (`spread_candidates`), in µs per call. A launch 3 % or more faster becomes the row for that M
+    of h200_gemm.json's "gemm" (qkv) / "glu" (gate_up, keyed by paired rows) section
+    (`write_table`: written to the installed table, which later processes load). The sweep stops
+    at `deadline`, each case given an even share of the time left."""
+    from agentq.kernels import triton_gemm as tg
+    from agentq.kernels import triton_quant as tq
+    floor, rounding = SPEC.act_scale_floor, SPEC.act_rounding
+    cases_left = len(models) * 2 * len(ms)
+    log("\n== qkv / gate_up (GLU) GEMMs at decode rows: the table's launch vs spread columns (µs per call) ==")
+    gemm_rows: dict[str, dict[int, list]] = {}
+    glu_rows: dict[str, dict[int, list]] = {}
+    for model in models:
+        for lin in ("qkv", "gate_up"):
+            k, n = MODEL_LINEARS[model][lin]
+            sh = LinearShape(f"{model}:{lin}", k, n, dev)
+            glu = lin == "gate_up"
+            weights = [(tg.glu_pair_rows(w), tg.glu_pair_rows(s)) if glu else (w, s) for w, s in zip(sh.w_q, sh.s_w)]
+            for m in ms:
+                x_q, s_x = tq.quantize_per_token(torch.randn(m, k, device=dev, dtype=torch.bfloat16), SPEC)
+
+                def call(i, cfg):
+                    if glu:
+                        h, amax = tg.int8_gemm_glu(x_q, s_x, *weights[i], None, torch.bfloat16, cfg)
+                        tq.quantize_rows_from_amax(h, amax, floor, rounding)
+                    else:
+                        tg.int8_gemm(x_q, s_x, *weights[i], None, torch.bfloat16, cfg)
+
+                table_cfg = tg.glu_config(m, n, k, dev) if glu else tg.pick_config(m, n, k, dev)
+                reps = sh.n_int8
+                t_table = graph_us([partial(call, i, table_cfg) for i in range(reps)]) / reps
+                best = (t_table, table_cfg)
+                case_deadline = time.time() + (deadline - time.time()) / cases_left
+                cases_left -= 1
+                for cfg in spread_candidates(m, n):
+                    if time.time() > case_deadline:
+                        log(f"  {sh.name} M={m}: out of time, the other candidates not measured")
+                        break
+                    try:
+                        us = graph_us([partial(call, i, cfg) for i in range(reps)], rep_ms=25, warmup_ms=5) / reps
+                    except Exception as e:    # e.g. out of shared memory for this tile
+                        log(f"  skip {cfg.short()}: {type(e).__name__}: {str(e)[:80]}")
+                        continue
+                    results.setdefault("tune_spread", []).append({"shape": sh.name, "M": m, "cfg": cfg.short(),
+                                                                   "us": us})
+                    if us < best[0]:
+                        best = (us, cfg)
+                keep = best[0] <= 0.97 * t_table
+                (glu_rows if glu else gemm_rows).setdefault(f"{n}x{k}", {})[m] = (best[1] if keep else table_cfg
+                                                                                  ).table_row()
+                gbs = n * k / (best[0] * 1e3)
+                results.setdefault("spread", []).append({"shape": sh.name, "M": m, "table_cfg": table_cfg.short(),
+                                                         "table_us": t_table, "best_cfg": best[1].short(),
+                                                         "best_us": best[0], "kept": keep})
+                log(f"{sh.name:18s} M={m:4d}: table {table_cfg.short():26s} {t_table:7.1f}   best "
+                    f"{best[1].short():30s} {best[0]:7.1f} ({t_table / best[0]:.2f}x, {gbs:.0f} GB/s of weights)"
+                    + ("" if keep else "  (not kept)"))
+            del sh, weights
+            torch.cuda.empty_cache()
+    _write_spread_rows(gemm_rows, glu_rows, results, write_table)
+
+
+def _write_spread_rows(gemm_rows, glu_rows, results, write_table: bool):
+    """Merge `bench_spread`'s rows per M into the "gemm" / "glu" sections (other M kept; glu rows
+    below the smallest measured M keep the plain GEMM's launch) and print / write them."""
+    from agentq.kernels import triton_gemm as tg
+    raw = json.loads(tg.TABLE_FILE.read_text())
+    for section, rows, table in (("gemm", gemm_rows, tg.H200_TABLE), ("glu", glu_rows, tg.H200_GLU_TABLE)):
+        for key, by_m in rows.items():
+            n, k = (int(v) for v in key.split("x"))
+            kept = {mm: c.table_row() for mm, c in table.get((n, k), [])}
+            if section == "glu" and not kept:
+                low = min(by_m) // 2
+                kept[low] = dataclasses.replace(tg.pick_config(low, n, k), split_k=1).table_row()
+            kept.update(by_m)
+            raw.setdefault(section, {})[key] = [[mm, row] for mm, row in sorted(kept.items())]
+            table[(n, k)] = [(mm, tg.GemmConfig(*row)) for mm, row in sorted(kept.items())]
+    results["spread_table"] = {sec: raw.get(sec, {}) for sec in ("gemm", "glu")}
+    log(f"h200_gemm.json gemm / glu rows: {json.dumps(results['spread_table'])}")
+    if write_table:
+        tg.TABLE_FILE.write_text(table_json(raw))
+        log(f"wrote the rows to {tg.TABLE_FILE}")
 
 
 def bench_int_mm(dev, results, m: int = 32768):
@@ -981,8 +1087,11 @@ def main():
                     help="only time the o / down GEMMs handing partial sums to the norm against the GEMM with its "
                          "epilogue + the norm (Qwen3-8B / 1.7B, M 64 / 128; 'tune': also sweep split launches) "
                          "and exit")
+    ap.add_argument("--spread", action="store_true",
+                    help="only time the qkv GEMM and the gate_up GLU GEMM at decode rows (Qwen3-8B / 1.7B, M 64 / "
+                         "128), the table's launch against columns spread evenly over the SMs, and exit")
     ap.add_argument("--write-table", action="store_true",
-                    help="--partials tune: write the measured rows into the installed h200_gemm.json")
+                    help="--partials tune / --spread: write the measured rows into the installed h200_gemm.json")
     ap.add_argument("--int-mm", nargs="?", const="prefill", choices=["prefill", "decode"],
                     help="only time torch._int_mm against the Triton W8A8 GEMM and bf16 at prefill rows (or at "
                          "decode rows, M 64 / 128) and exit")
@@ -1025,6 +1134,9 @@ def main():
         return save()
     if args.glu:
         bench_glu(dev, results, tune=args.glu == "tune")
+        return save()
+    if args.spread:
+        bench_spread(dev, results, write_table=args.write_table, deadline=t0 + args.tune_budget_s)
         return save()
     if args.partials:
         bench_partials(dev, results, tune=args.partials != "bench", write_table=args.write_table,

@@ -58,14 +58,23 @@ class GemmConfig:
     persistent: int = 0          # 1: `_w8a8_gemm_tma_kernel` (one program per SM walks the tiles, TMA loads);
     #                              2: the same with its tile loop flattened (next tile's loads overlap the epilogue);
     #                              3: flattened and warp-specialized
+    spread: int = 0              # > 0: the N columns spread evenly over spread × (the device's SMs) column
+    #                              programs (`column_split`), each a masked block_n-wide tile; 0: block_n apiece
+
+    def __post_init__(self):
+        if self.spread and self.persistent:
+            raise ValueError("GemmConfig: spread columns are a launch of the plain kernel, not of the persistent one")
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.split_k}/g{self.group_m}"
-                f"/w{self.num_warps}/st{self.num_stages}" + (f"/p{self.persistent}" if self.persistent else ""))
+                f"/w{self.num_warps}/st{self.num_stages}" + (f"/p{self.persistent}" if self.persistent else "")
+                + (f"/sp{self.spread}" if self.spread else ""))
 
     def table_row(self) -> list:
         """The config as `h200_gemm.json` lists it (`load_table` reads it back with GemmConfig(*row))."""
         row = [self.block_m, self.block_n, self.block_k, self.split_k, self.group_m, self.num_warps, self.num_stages]
+        if self.spread:
+            return row + [self.persistent, self.spread]
         return row + [self.persistent] if self.persistent else row
 
 
@@ -97,6 +106,19 @@ H200_PARTIALS_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = load_
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def column_split(n: int, cfg: GemmConfig, sms: int) -> tuple[int, int]:
+    """(columns per program, column programs) of cfg's launch over n output columns on a device of
+    `sms` SMs. With `spread`, ⌈n / (spread·sms)⌉ rounded up to even (a GLU's gate / up pairs stay
+    whole) when that fits in block_n: at decode rows a weight of 192 block_n-tiles on 132 SMs
+    leaves 60 SMs streaming two tiles while 72 idle after one, and evenly spread columns do not
+    (a power-of-two tile, masked, covers them). Otherwise block_n columns a program."""
+    if cfg.spread:
+        cols = 2 * _cdiv(_cdiv(n, cfg.spread * sms), 2)
+        if cols <= cfg.block_n:
+            return cols, _cdiv(n, cols)
+    return cfg.block_n, _cdiv(n, cfg.block_n)
 
 
 def heuristic_config(m: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
@@ -142,10 +164,10 @@ if HAVE_TRITON:
     from .triton_quant import cast_for_store, pdl_start, round_to, silu_mul_values, w8a8_values
 
     @triton.jit
-    def _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+    def _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, mask_n, M, stride_om,
                         HAS_BIAS: tl.constexpr, BF16_BITS: tl.constexpr):
+        """The plain epilogue of a tile whose valid columns are `mask_n`."""
         mask_m = offs_m < M
-        mask_n = offs_n < N
         sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
         sw = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
         y = w8a8_values(acc, sx[:, None], sw[None, :], bias_ptr, offs_n, mask_n, HAS_BIAS)
@@ -153,25 +175,25 @@ if HAVE_TRITON:
         tl.store(ptrs, cast_for_store(y, out_ptr.dtype.element_ty, BF16_BITS), mask=mask_m[:, None] & mask_n[None, :])
 
     @triton.jit
-    def _glu_epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N, stride_om,
-                            pid_n, num_n, HAS_BIAS: tl.constexpr, BF16_BITS: tl.constexpr,
+    def _glu_epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, mask_n, M, N,
+                            stride_om, pid_n, num_n, cols, HAS_BIAS: tl.constexpr, BF16_BITS: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         """GLU epilogue of a gate_up GEMM over paired rows (`glu_pair_rows`: row 2j is gate j, row
         2j+1 up j; N = 2·width): g and u as the plain epilogue would store them (rounded to the
         output dtype), then silu(g) · u rounded as `silu_mul` rounds it, stored at columns
-        pid_n·BLOCK_N/2 + [0, BLOCK_N/2); and the tile's per-row absmax of that product at
-        amax[row, pid_n] (rows of `num_n` partials), from which the codes' scales follow exactly.
-        A thread of the MMA layout holds adjacent accumulator columns, so the pair split is local."""
+        pid_n·cols/2 + [0, cols/2) (the program's `cols` paired rows, even, from column
+        pid_n·cols: `mask_n`); and the tile's per-row absmax of that product at amax[row, pid_n]
+        (rows of `num_n` partials), from which the codes' scales follow exactly. A thread of the
+        MMA layout holds adjacent accumulator columns, so the pair split is local."""
         mask_m = offs_m < M
-        mask_n = offs_n < N
         sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
         sw = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
         gu = round_to(w8a8_values(acc, sx[:, None], sw[None, :], bias_ptr, offs_n, mask_n, HAS_BIAS),
                       out_ptr.dtype.element_ty, BF16_BITS)
         g, u = tl.split(tl.reshape(gu, [BLOCK_M, BLOCK_N // 2, 2]))
         y = silu_mul_values(g, u, out_ptr.dtype.element_ty, BF16_BITS)
-        offs_h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        mask = mask_m[:, None] & (offs_h < N // 2)[None, :]
+        offs_h = pid_n * (cols // 2) + tl.arange(0, BLOCK_N // 2)
+        mask = mask_m[:, None] & ((tl.arange(0, BLOCK_N // 2) < cols // 2) & (offs_h < N // 2))[None, :]
         ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_h[None, :]
         tl.store(ptrs, cast_for_store(y, out_ptr.dtype.element_ty, BF16_BITS), mask=mask)
         amax = tl.reduce(tl.where(mask, tl.abs(y), 0.0), 1, tl.standard._elementwise_max)
@@ -188,26 +210,33 @@ if HAVE_TRITON:
 
     @triton.jit(do_not_specialize=["M", "num_splits"])
     def _w8a8_gemm_kernel(xq_ptr, w_ptr, sx_ptr, sw_ptr, bias_ptr, out_ptr, ws_ptr, ticket_ptr, amax_ptr,
-                          M, N, K, stride_xm, stride_wn, stride_om, k_per_split, num_splits,
+                          M, N, K, stride_xm, stride_wn, stride_om, k_per_split, num_splits, cols,
                           HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr,
-                          GLU: tl.constexpr = False, PARTIALS: tl.constexpr = False):
+                          GLU: tl.constexpr = False, PARTIALS: tl.constexpr = False, SPREAD: tl.constexpr = False):
         """GLU (`int8_gemm_glu`; no split-K): W's N rows pair gate and up rows (`glu_pair_rows`), and
         each program's tile goes through `_glu_epilogue_store` instead of the plain epilogue.
         PARTIALS (`int8_gemm_partials`): split s stores its int32 sums at ws[s] ([splits, M, N],
-        plain stores, no epilogue); the reader adds them up."""
+        plain stores, no epilogue); the reader adds them up. A program owns `cols` columns from
+        pid_n·cols (= BLOCK_N unless SPREAD, `column_split`: then the tile's other columns are
+        masked off, loaded as zeros and never stored)."""
         pdl_start(PDL)   # launched early: wait for the producer of x_q / s_x, let the consumer launch
         pid = tl.program_id(0)
         pid_k = tl.program_id(1)
         num_m = (M + BLOCK_M - 1) // BLOCK_M
-        num_n = (N + BLOCK_N - 1) // BLOCK_N
+        num_n = (N + cols - 1) // cols
         pid_m, pid_n = _tile_of(pid, num_m, num_n, GROUP_M)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = pid_n * cols + tl.arange(0, BLOCK_N)
+        if SPREAD:
+            mask_n = (tl.arange(0, BLOCK_N) < cols) & (offs_n < N)
+        else:
+            mask_n = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
         # out-of-range rows/columns re-read valid ones (no load masks); the store drops them
+        # (SPREAD: a masked load, since a tile's spare columns are mostly the next program's)
         rm = (offs_m % M).to(tl.int64)
         rn = (offs_n % N).to(tl.int64)
         k_lo = pid_k * k_per_split
@@ -219,26 +248,29 @@ if HAVE_TRITON:
         for k in range(k_lo, k_hi, BLOCK_K):
             if EVEN_K:
                 a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
+                if SPREAD:
+                    b = tl.load(b_ptrs, mask=mask_n[None, :], other=0)
+                else:
+                    b = tl.load(b_ptrs)
             else:
                 a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < k_hi, other=0)
-                b = tl.load(b_ptrs, mask=(k + offs_k)[:, None] < k_hi, other=0)
+                b = tl.load(b_ptrs, mask=((k + offs_k)[:, None] < k_hi) & mask_n[None, :], other=0)
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
 
         if GLU:
-            _glu_epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N,
-                                stride_om, pid_n, num_n, HAS_BIAS, BF16_BITS, BLOCK_M, BLOCK_N)
+            _glu_epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, mask_n, M, N,
+                                stride_om, pid_n, num_n, cols, HAS_BIAS, BF16_BITS, BLOCK_M, BLOCK_N)
         elif PARTIALS:
-            mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+            mask = (offs_m < M)[:, None] & mask_n[None, :]
             slab = ws_ptr + pid_k.to(tl.int64) * M * N
             tl.store(slab + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], acc, mask=mask)
         elif not USE_SPLIT:
-            _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+            _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, mask_n, M, stride_om,
                             HAS_BIAS, BF16_BITS)
         else:
-            mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+            mask = (offs_m < M)[:, None] & mask_n[None, :]
             ws_ptrs = ws_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
             tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
             tl.debug_barrier()
@@ -247,7 +279,7 @@ if HAVE_TRITON:
             if ticket == num_splits - 1:
                 total = tl.atomic_xchg(ws_ptrs, tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32), mask=mask,
                                        sem="acq_rel")
-                _epilogue_store(total, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om,
+                _epilogue_store(total, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, mask_n, M, stride_om,
                                 HAS_BIAS, BF16_BITS)
                 tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed")
 
@@ -269,11 +301,11 @@ if HAVE_TRITON:
         offs_m = out_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = out_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if GLU:
-            _glu_epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, M, N, stride_om,
-                                out_n, num_n, HAS_BIAS, BF16_BITS, BLOCK_M, BLOCK_N)
+            _glu_epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, offs_n < N, M, N,
+                                stride_om, out_n, num_n, BLOCK_N, HAS_BIAS, BF16_BITS, BLOCK_M, BLOCK_N)
         else:
-            _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS,
-                            BF16_BITS)
+            _epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, offs_m, offs_n, offs_n < N, M, stride_om,
+                            HAS_BIAS, BF16_BITS)
 
     @triton.jit(do_not_specialize=["M"])
     def _w8a8_gemm_tma_kernel(x_desc, w_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, M, N, K, stride_om,
@@ -365,7 +397,8 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
     k_per_split, split = _k_slices(k, cfg)
     if split > 1:
         ws = _WORKSPACE.get(x_q.device, "acc", m * n)
-        tickets = _WORKSPACE.get(x_q.device, "ticket", _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n))
+        tickets = _WORKSPACE.get(x_q.device, "ticket",
+                                 _cdiv(m, cfg.block_m) * column_split(n, cfg, num_sms(x_q.device))[1])
     else:
         ws = tickets = s_w       # unused
     _launch_plain(x_q, s_x, w_q, s_w, bias, out, ws, tickets, s_w, n, cfg, k_per_split, split, glu=False)
@@ -459,8 +492,9 @@ def int8_gemm_glu(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: 
     if cfg.split_k != 1:
         raise ValueError("int8_gemm_glu has no split-K (each program needs whole sums of its gate and up columns)")
     out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
-    # every (row, column tile) partial is written by the tile's program: no memset launch
-    amax = torch.empty((m, max(1, _cdiv(n2, cfg.block_n))), dtype=torch.float32, device=x_q.device)
+    # every (row, column program) partial is written by that program: no memset launch
+    amax = torch.empty((m, max(1, column_split(n2, cfg, num_sms(x_q.device))[1])), dtype=torch.float32,
+                       device=x_q.device)
     if m == 0 or n == 0 or k == 0:
         amax.zero_()
         if m and n:   # k == 0: zero sums through the same epilogue and SiLU·mul (the torch ops)
@@ -478,18 +512,19 @@ def int8_gemm_glu(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: 
 
 def _launch_plain(x_q, s_x, w_q, s_w, bias, out, ws, tickets, amax, n: int, cfg: GemmConfig, k_per_split: int,
                   split: int, glu: bool, partials: bool = False) -> None:
-    """`_w8a8_gemm_kernel` over grid (output tiles, splits) for n output columns (partials: each
-    split's sums to ws[split], no epilogue)."""
+    """`_w8a8_gemm_kernel` over grid (row tiles × column programs, splits) for n output columns
+    (partials: each split's sums to ws[split], no epilogue; spread configs: `column_split`)."""
     m, k = x_q.shape
     out_arg, bf16_bits = triton_quant.store_view(out, runs_interpreted(_w8a8_gemm_kernel))
     pdl = triton_quant.use_pdl(_w8a8_gemm_kernel, x_q.device, m)
-    _w8a8_gemm_kernel[(_cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n), split)](
+    cols, column_programs = column_split(n, cfg, num_sms(x_q.device))
+    _w8a8_gemm_kernel[(_cdiv(m, cfg.block_m) * column_programs, split)](
         x_q, w_q, s_x, s_w, bias if bias is not None else s_w, out_arg, ws, tickets, amax,
-        m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0), k_per_split, split,
+        m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0), k_per_split, split, cols,
         HAS_BIAS=bias is not None, USE_SPLIT=split > 1 and not partials, EVEN_K=k % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, BF16_BITS=bf16_bits,
-        PDL=pdl, GLU=glu, PARTIALS=partials, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        enable_fp_fusion=False)
+        PDL=pdl, GLU=glu, PARTIALS=partials, SPREAD=cols != cfg.block_n, launch_pdl=pdl, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, enable_fp_fusion=False)
 
 
 def _tma_applies(x_q: torch.Tensor, w_q: torch.Tensor) -> bool:

@@ -50,8 +50,11 @@ def _cases():
                                                 "bias_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*i32",
                                                 "ticket_ptr": "*i32", "amax_ptr": "*fp32"}, set(),
            {"HAS_BIAS": glu, "USE_SPLIT": False, "EVEN_K": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128,
-            "GROUP_M": 8, "BF16_BITS": False, "PDL": True, "GLU": glu, "PARTIALS": parts}, 8 if bm > 64 else 4, 3)
-          for bm, bn, glu, parts in ((128, 128, False, False), (64, 64, True, False), (64, 128, False, True))),
+            "GROUP_M": 8, "BF16_BITS": False, "PDL": True, "GLU": glu, "PARTIALS": parts, "SPREAD": spread},
+           8 if bm > 64 or bn > 128 else 4, 3)
+          for bm, bn, glu, parts, spread in ((128, 128, False, False, False), (64, 64, True, False, False),
+                                             (64, 128, False, True, False), (64, 256, True, False, True),
+                                             (64, 64, False, False, True))),
         *(("triton_gemm", "_w8a8_gemm_tma_kernel", {"x_desc": f"tensordesc<i8[{bm},128]>",
                                                     "w_desc": "tensordesc<i8[128,128]>", "sx_ptr": "*fp32",
                                                     "sw_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*bf16",

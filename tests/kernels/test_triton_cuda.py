@@ -153,6 +153,31 @@ def test_glu_gemm_equals_gate_up_then_silu_mul(K, k, n):
             assert all(torch.equal(a, b) for a, b in zip(codes, ref_codes)), (m, c)
 
 
+@pytest.mark.parametrize("k,n", [(4096, 6144), (4096, 24576), (2048, 12288)],
+                         ids=["qwen3-8b-qkv", "qwen3-8b-gate_up", "qwen3-1.7b-gate_up"])
+def test_spread_columns_bit_exact_at_decode_rows(K, k, n):
+    """Columns spread evenly over the SMs (`GemmConfig.spread`: e.g. 188 of a 256-wide tile on 131
+    programs) = the spec's result, for the plain GEMM, the GLU GEMM (+ codes) and partial sums."""
+    from agentq.kernels import triton_norm
+    for m in (1, 64, 128):
+        x, w_q, s_w, bias = _linear_case(m, k, n, seed=m + n)
+        ref = _ref(x, w_q, s_w, bias)
+        x_q, s_x = K.quant.quantize_per_token(x, SPEC)
+        gu = K.gemm.int8_gemm(x_q, s_x, w_q, s_w, None, torch.bfloat16)
+        glu_ref = triton_norm.silu_mul(gu[:, :n // 2], gu[:, n // 2:])
+        w_p, s_p = K.gemm.glu_pair_rows(w_q), K.gemm.glu_pair_rows(s_w)
+        for bn, bk, warps, stages, spread in ((64, 256, 4, 4, 1), (256, 128, 8, 3, 1), (128, 128, 4, 4, 2)):
+            cfg = K.gemm.GemmConfig(64 if m <= 64 else 128, bn, bk, 1, 8, warps, stages, 0, spread)
+            assert torch.equal(K.gemm.w8a8_linear(x, w_q, s_w, bias, SPEC, cfg), ref), (m, cfg)
+            h, amax = K.gemm.int8_gemm_glu(x_q, s_x, w_p, s_p, None, torch.bfloat16, cfg)
+            assert torch.equal(h, glu_ref), (m, cfg)
+            assert amax.shape[1] == K.gemm.column_split(n, cfg, K.gemm.num_sms(DEV))[1]
+            assert torch.equal(amax.max(1).values, glu_ref.float().abs().amax(1)), (m, cfg)
+            ps = K.gemm.int8_gemm_partials(x_q, s_x, w_q, s_w, None, torch.bfloat16,
+                                           K.gemm.dataclasses.replace(cfg, split_k=2))
+            assert torch.equal(ps.value(), gu), (m, cfg)
+
+
 def test_w8a8_odd_shapes_vs_int64_reference(K):
     for m, k, n in ((1, 4100, 4100), (17, 300, 96), (33, 1000, 250)):
         x, w_q, s_w, bias = _linear_case(m, k, n, seed=k)

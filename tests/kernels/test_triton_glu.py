@@ -42,12 +42,13 @@ def _paired(tg, w_q, s_w, b):
     return pair(w_q), pair(s_w), None if b is None else pair(b)
 
 
-CONFIGS = [   # plain (ragged M / N / K tiles, GROUP_M 1 and 2) and the persistent TMA kernel
+CONFIGS = [   # plain (ragged M / N / K tiles, GROUP_M 1 and 2), the persistent TMA kernel, spread columns
     (16, 16, 64, 1, 2, 4, 2, 0),
     (32, 32, 32, 1, 1, 4, 2, 0),
     (32, 16, 64, 1, 2, 4, 2, 1),
     (16, 32, 64, 1, 2, 4, 2, 2),
     (16, 64, 64, 1, 1, 4, 2, 0),
+    (16, 32, 64, 1, 2, 4, 2, 0, 1),     # on 3 "SMs": 28 + 28 + 24 of the 80 paired rows, 32-row tiles
 ]
 
 
@@ -61,10 +62,12 @@ def test_pair_rows_interleaves_gate_and_up(K):
         tg.glu_pair_rows(torch.zeros(5, 2))
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"p{c[-1]}-{c[0]}x{c[1]}x{c[2]}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"p{c[7]}-{c[0]}x{c[1]}x{c[2]}" + ("-spread" if c[8:] else ""))
 def test_glu_gemm_equals_gemm_then_silu_mul(K, cfg, monkeypatch):
     _, tg, _ = K
     config = tg.GemmConfig(*cfg)
+    monkeypatch.setattr(tg, "num_sms", lambda device=None: 3)
+    programs = 3 if config.spread else -(-80 // config.block_n)     # column programs over the 80 paired rows
     launched = []
     for name in ("_int8_gemm_tma", "_launch_plain"):     # the path the config asks for is the one that ran
         fn = getattr(tg, name)
@@ -77,7 +80,7 @@ def test_glu_gemm_equals_gemm_then_silu_mul(K, cfg, monkeypatch):
         assert launched == ["_int8_gemm_tma" if config.persistent else "_launch_plain"]
         ref = _two_launch(K, x_q, s_x, w_q, s_w, b, out_dtype)
         assert h.dtype == out_dtype and torch.equal(h, ref), (h.float() - ref.float()).abs().max()
-        assert amax.shape == (37, -(-80 // config.block_n))     # a partial per tile of the 80 paired rows
+        assert amax.shape == (37, programs)                          # a partial per column program
         assert torch.equal(amax.max(1).values, ref.float().abs().amax(1))     # partials of the row absmax
 
 

@@ -245,6 +245,35 @@ def test_gemm_config_and_batch_invariance(K):
     assert ws and all(int(b.abs().sum()) == 0 for b in ws.values())   # split-K leaves workspace/tickets zeroed
 
 
+def test_column_split_spreads_columns_over_the_sms(K):
+    cs, cfg = K.gemm.column_split, K.gemm.GemmConfig
+    assert cs(24576, cfg(64, 256, 128, spread=1), 132) == (188, 131)    # Qwen3-8B gate_up: 192 tiles of 128
+    assert cs(6144, cfg(64, 64, 256, spread=1), 132) == (48, 128)       # Qwen3-8B qkv: 96 tiles of 64
+    assert cs(6144, cfg(64, 64, 256, spread=2), 132) == (24, 256)
+    assert cs(80, cfg(16, 32, 64, spread=1), 3) == (28, 3)              # 28 + 28 + 24, rounded up to even
+    assert cs(6144, cfg(64, 32, 256, spread=1), 132) == (32, 192)       # 48 columns do not fit: block_n apiece
+    assert cs(6144, cfg(64, 64, 256), 132) == (64, 96)
+    with pytest.raises(ValueError, match="persistent"):
+        cfg(64, 64, 256, persistent=1, spread=1)
+    spread = cfg(64, 256, 128, 2, 8, 8, 3, 0, 1)
+    assert cfg(*spread.table_row()) == spread and spread.short().endswith("/st3/sp1")
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_spread_columns_give_the_same_bits(K, split, monkeypatch):
+    """Columns spread over 3 "SMs" (28 + 28 + 24 of 80, in masked 32-wide tiles): the spare columns
+    of a tile belong to the next program and must be neither summed nor stored; ragged K (200), an
+    atomic split-K, bias and none."""
+    monkeypatch.setattr(K.gemm, "num_sms", lambda device=None: 3)
+    x, w_q, s_w, bias = _gemm_case(17, 80, 200, seed=13)
+    cfg = K.gemm.GemmConfig(16, 32, 64, split, 2, 4, 2, 0, 1)
+    for out_dtype, b in ((torch.bfloat16, bias), (torch.float32, None)):
+        xin = x.to(out_dtype)
+        y = K.gemm.w8a8_linear(xin, w_q, s_w, b, SPEC, cfg)
+        assert torch.equal(y, _reference(xin, w_q, s_w, b, out_dtype))
+    assert all(int(t.abs().sum()) == 0 for t in K.gemm._WORKSPACE.bufs.values())
+
+
 @pytest.mark.parametrize("persistent", [1, 2, 3])
 def test_persistent_tma_gemm_gives_the_same_bits(K, persistent, monkeypatch):
     """The persistent TMA kernel (prefill rows): ragged M, N and K (TMA reads zeros past the edges,

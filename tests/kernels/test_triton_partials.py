@@ -28,13 +28,16 @@ def _case(m, n, k, seed, dtype, bias):
 
 # (block_m, block_n, block_k, split_k, group_m, warps, stages): K = 208 is 13 steps of 16, so 3 or 4
 # splits leave a ragged last slice and a ragged K tile; 7 splits of 64 over 208 leave 4 (no empty slice)
-SPLITS = [(16, 16, 16, 3, 1, 4, 2), (32, 32, 32, 4, 2, 4, 2), (16, 32, 64, 7, 1, 4, 2), (16, 16, 64, 1, 1, 4, 2)]
+# (the last: 40 columns spread over 3 "SMs", 14 + 14 + 12 in masked 32-wide tiles)
+SPLITS = [(16, 16, 16, 3, 1, 4, 2), (32, 32, 32, 4, 2, 4, 2), (16, 32, 64, 7, 1, 4, 2), (16, 16, 64, 1, 1, 4, 2),
+          (16, 32, 16, 3, 1, 4, 2, 0, 1)]
 
 
-@pytest.mark.parametrize("cfg", SPLITS, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}s{c[3]}")
+@pytest.mark.parametrize("cfg", SPLITS, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}s{c[3]}" + ("sp" if c[8:] else ""))
 @pytest.mark.parametrize("dtype,bias", [(torch.bfloat16, True), (torch.float16, False)])
-def test_partial_sums_add_up_and_the_norm_stores_the_gemm_bits(K, cfg, dtype, bias):
+def test_partial_sums_add_up_and_the_norm_stores_the_gemm_bits(K, cfg, dtype, bias, monkeypatch):
     _, tg, tn = K
+    monkeypatch.setattr(tg, "num_sms", lambda device=None: 3)
     m, n, k = 37, 40, 208            # ragged against every tile
     x_q, s_x, w_q, s_w, b, resid = _case(m, n, k, seed=5, dtype=dtype, bias=bias)
     ps = tg.int8_gemm_partials(x_q, s_x, w_q, s_w, b, dtype, tg.GemmConfig(*cfg))
