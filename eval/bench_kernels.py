@@ -466,8 +466,8 @@ def bench_spread(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128), 
                     if us < best[0]:
                         best = (us, cfg)
                 keep = best[0] <= 0.97 * t_table
-                (glu_rows if glu else gemm_rows).setdefault(f"{n}x{k}", {})[m] = (best[1] if keep else table_cfg
-                                                                                  ).table_row()
+                if keep:
+                    (glu_rows if glu else gemm_rows).setdefault(f"{n}x{k}", {})[m] = best[1].table_row()
                 gbs = n * k / (best[0] * 1e3)
                 results.setdefault("spread", []).append({"shape": sh.name, "M": m, "table_cfg": table_cfg.short(),
                                                          "table_us": t_table, "best_cfg": best[1].short(),
@@ -481,8 +481,8 @@ def bench_spread(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128), 
 
 
 def _write_spread_rows(gemm_rows, glu_rows, results, write_table: bool):
-    """Merge `bench_spread`'s rows per M into the "gemm" / "glu" sections (other M kept; glu rows
-    below the smallest measured M keep the plain GEMM's launch) and print / write them."""
+    """Merge `bench_spread`'s kept rows per M into the "gemm" / "glu" sections (other M kept; glu
+    rows below the smallest kept M keep the plain GEMM's launch) and print / write them."""
     from agentq.kernels import triton_gemm as tg
     raw = json.loads(tg.TABLE_FILE.read_text())
     for section, rows, table in (("gemm", gemm_rows, tg.H200_TABLE), ("glu", glu_rows, tg.H200_GLU_TABLE)):
@@ -495,11 +495,55 @@ def _write_spread_rows(gemm_rows, glu_rows, results, write_table: bool):
             kept.update(by_m)
             raw.setdefault(section, {})[key] = [[mm, row] for mm, row in sorted(kept.items())]
             table[(n, k)] = [(mm, tg.GemmConfig(*row)) for mm, row in sorted(kept.items())]
-    results["spread_table"] = {sec: raw.get(sec, {}) for sec in ("gemm", "glu")}
-    log(f"h200_gemm.json gemm / glu rows: {json.dumps(results['spread_table'])}")
+    results["spread_table"] = {"gemm": {key: raw["gemm"][key] for key in gemm_rows},
+                               "glu": {key: raw["glu"][key] for key in glu_rows}}
+    log(f"h200_gemm.json rows changed: {json.dumps(results['spread_table'])}")
     if write_table:
         tg.TABLE_FILE.write_text(table_json(raw))
         log(f"wrote the rows to {tg.TABLE_FILE}")
+
+
+def bench_tiled(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128)):
+    """The decode GEMMs as the engine launches them (qkv plain, o / down partial sums where the
+    table splits them, gate_up with SiLU·mul), each on the row-major weight and on the same weight
+    stored as contiguous block_n x block_k tiles (`triton_gemm.tile_weight`), same launch, in µs:
+    whether the weight stream's DRAM locality (128 rows of 128-byte pieces a K step vs one
+    contiguous tile) limits these GEMMs."""
+    from agentq.kernels import triton_gemm as tg
+    from agentq.kernels import triton_quant as tq
+    log("\n== decode GEMMs: row-major vs tiled weights, same launch (µs per call) ==")
+    for model in models:
+        for lin in ("qkv", "o", "gate_up", "down"):
+            k, n = MODEL_LINEARS[model][lin]
+            sh = LinearShape(f"{model}:{lin}", k, n, dev)
+            glu = lin == "gate_up"
+            weights = [(tg.glu_pair_rows(w), tg.glu_pair_rows(s)) if glu else (w, s) for w, s in zip(sh.w_q, sh.s_w)]
+            for m in ms:
+                x_q, s_x = tq.quantize_per_token(torch.randn(m, k, device=dev, dtype=torch.bfloat16), SPEC)
+                cfg = (tg.glu_config(m, n, k, dev) if glu else
+                       tg.partials_config(m, n, k) or tg.pick_config(m, n, k, dev))
+                cfg = dataclasses.replace(cfg, spread=0, persistent=0)
+                tiled = [(tg.tile_weight(w, cfg.block_n, cfg.block_k), s) for w, s in weights]
+
+                def call(i, ws, flag):
+                    w, s_w = ws[i]
+                    if glu:
+                        tg.int8_gemm_glu(x_q, s_x, w, s_w, None, torch.bfloat16, cfg, w_tiled=flag)
+                    elif cfg.split_k > 1:
+                        tg.int8_gemm_partials(x_q, s_x, w, s_w, None, torch.bfloat16, cfg, w_tiled=flag)
+                    else:
+                        tg.int8_gemm(x_q, s_x, w, s_w, None, torch.bfloat16, cfg, w_tiled=flag)
+
+                reps = sh.n_int8
+                t_row = graph_us([partial(call, i, weights, False) for i in range(reps)]) / reps
+                t_tiled = graph_us([partial(call, i, tiled, True) for i in range(reps)]) / reps
+                results.setdefault("tiled", []).append({"shape": sh.name, "M": m, "cfg": cfg.short(),
+                                                        "row_major_us": t_row, "tiled_us": t_tiled})
+                log(f"{sh.name:18s} M={m:4d} {cfg.short():26s}: row-major {t_row:7.1f}  tiled {t_tiled:7.1f} "
+                    f"({t_row / t_tiled:.2f}x; {n * k / (t_tiled * 1e3):.0f} GB/s)")
+                del tiled
+            del sh, weights
+            torch.cuda.empty_cache()
 
 
 def bench_int_mm(dev, results, m: int = 32768):
@@ -1090,6 +1134,9 @@ def main():
     ap.add_argument("--spread", action="store_true",
                     help="only time the qkv GEMM and the gate_up GLU GEMM at decode rows (Qwen3-8B / 1.7B, M 64 / "
                          "128), the table's launch against columns spread evenly over the SMs, and exit")
+    ap.add_argument("--tiled", action="store_true",
+                    help="only time the decode GEMMs on row-major against tiled weights (Qwen3-8B / 1.7B, M 64 / "
+                         "128) and exit")
     ap.add_argument("--write-table", action="store_true",
                     help="--partials tune / --spread: write the measured rows into the installed h200_gemm.json")
     ap.add_argument("--int-mm", nargs="?", const="prefill", choices=["prefill", "decode"],
@@ -1134,6 +1181,9 @@ def main():
         return save()
     if args.glu:
         bench_glu(dev, results, tune=args.glu == "tune")
+        return save()
+    if args.tiled:
+        bench_tiled(dev, results)
         return save()
     if args.spread:
         bench_spread(dev, results, write_table=args.write_table, deadline=t0 + args.tune_budget_s)
