@@ -503,49 +503,6 @@ def _write_spread_rows(gemm_rows, glu_rows, results, write_table: bool):
         log(f"wrote the rows to {tg.TABLE_FILE}")
 
 
-def bench_tiled(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128)):
-    """The decode GEMMs as the engine launches them (qkv plain, o / down partial sums where the
-    table splits them, gate_up with SiLU·mul), each on the row-major weight and on the same weight
-    stored as contiguous block_n x block_k tiles (`triton_gemm.tile_weight`), same launch, in µs:
-    whether the weight stream's DRAM locality (128 rows of 128-byte pieces a K step vs one
-    contiguous tile) limits these GEMMs."""
-    from agentq.kernels import triton_gemm as tg
-    from agentq.kernels import triton_quant as tq
-    log("\n== decode GEMMs: row-major vs tiled weights, same launch (µs per call) ==")
-    for model in models:
-        for lin in ("qkv", "o", "gate_up", "down"):
-            k, n = MODEL_LINEARS[model][lin]
-            sh = LinearShape(f"{model}:{lin}", k, n, dev)
-            glu = lin == "gate_up"
-            weights = [(tg.glu_pair_rows(w), tg.glu_pair_rows(s)) if glu else (w, s) for w, s in zip(sh.w_q, sh.s_w)]
-            for m in ms:
-                x_q, s_x = tq.quantize_per_token(torch.randn(m, k, device=dev, dtype=torch.bfloat16), SPEC)
-                cfg = (tg.glu_config(m, n, k, dev) if glu else
-                       tg.partials_config(m, n, k) or tg.pick_config(m, n, k, dev))
-                cfg = dataclasses.replace(cfg, spread=0, persistent=0)
-                tiled = [(tg.tile_weight(w, cfg.block_n, cfg.block_k), s) for w, s in weights]
-
-                def call(i, ws, flag):
-                    w, s_w = ws[i]
-                    if glu:
-                        tg.int8_gemm_glu(x_q, s_x, w, s_w, None, torch.bfloat16, cfg, w_tiled=flag)
-                    elif cfg.split_k > 1:
-                        tg.int8_gemm_partials(x_q, s_x, w, s_w, None, torch.bfloat16, cfg, w_tiled=flag)
-                    else:
-                        tg.int8_gemm(x_q, s_x, w, s_w, None, torch.bfloat16, cfg, w_tiled=flag)
-
-                reps = sh.n_int8
-                t_row = graph_us([partial(call, i, weights, False) for i in range(reps)]) / reps
-                t_tiled = graph_us([partial(call, i, tiled, True) for i in range(reps)]) / reps
-                results.setdefault("tiled", []).append({"shape": sh.name, "M": m, "cfg": cfg.short(),
-                                                        "row_major_us": t_row, "tiled_us": t_tiled})
-                log(f"{sh.name:18s} M={m:4d} {cfg.short():26s}: row-major {t_row:7.1f}  tiled {t_tiled:7.1f} "
-                    f"({t_row / t_tiled:.2f}x; {n * k / (t_tiled * 1e3):.0f} GB/s)")
-                del tiled
-            del sh, weights
-            torch.cuda.empty_cache()
-
-
 def bench_int_mm(dev, results, m: int = 32768):
     """cuBLASLt's int8 GEMM (`torch._int_mm`, int32 out, no epilogue) against the Triton W8A8 GEMM
     (fused epilogue, bf16 out) and cuBLAS bf16 at prefill rows, Qwen3-8B shapes: whether a vendor
@@ -1134,9 +1091,6 @@ def main():
     ap.add_argument("--spread", action="store_true",
                     help="only time the qkv GEMM and the gate_up GLU GEMM at decode rows (Qwen3-8B / 1.7B, M 64 / "
                          "128), the table's launch against columns spread evenly over the SMs, and exit")
-    ap.add_argument("--tiled", action="store_true",
-                    help="only time the decode GEMMs on row-major against tiled weights (Qwen3-8B / 1.7B, M 64 / "
-                         "128) and exit")
     ap.add_argument("--write-table", action="store_true",
                     help="--partials tune / --spread: write the measured rows into the installed h200_gemm.json")
     ap.add_argument("--int-mm", nargs="?", const="prefill", choices=["prefill", "decode"],
@@ -1181,9 +1135,6 @@ def main():
         return save()
     if args.glu:
         bench_glu(dev, results, tune=args.glu == "tune")
-        return save()
-    if args.tiled:
-        bench_tiled(dev, results)
         return save()
     if args.spread:
         bench_spread(dev, results, write_table=args.write_table, deadline=t0 + args.tune_budget_s)

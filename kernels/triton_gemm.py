@@ -214,8 +214,7 @@ if HAVE_TRITON:
                           HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr,
-                          GLU: tl.constexpr = False, PARTIALS: tl.constexpr = False, SPREAD: tl.constexpr = False,
-                          W_TILED: tl.constexpr = False):
+                          GLU: tl.constexpr = False, PARTIALS: tl.constexpr = False, SPREAD: tl.constexpr = False):
         """GLU (`int8_gemm_glu`; no split-K): W's N rows pair gate and up rows (`glu_pair_rows`), and
         each program's tile goes through `_glu_epilogue_store` instead of the plain epilogue.
         PARTIALS (`int8_gemm_partials`): split s stores its int32 sums at ws[s] ([splits, M, N],
@@ -243,11 +242,7 @@ if HAVE_TRITON:
         k_lo = pid_k * k_per_split
         k_hi = tl.minimum(k_lo + k_per_split, K)
         a_ptrs = xq_ptr + rm[:, None] * stride_xm + (k_lo + offs_k)[None, :]
-        if W_TILED:   # W in [N/BLOCK_N, K/BLOCK_K, BLOCK_N, BLOCK_K] tiles: each K step reads one contiguous tile
-            tile0 = (pid_n.to(tl.int64) * (K // BLOCK_K) + k_lo // BLOCK_K) * (BLOCK_N * BLOCK_K)
-            b_ptrs = w_ptr + tile0 + tl.arange(0, BLOCK_N)[None, :] * BLOCK_K + offs_k[:, None]
-        else:
-            b_ptrs = w_ptr + rn[None, :] * stride_wn + (k_lo + offs_k)[:, None]
+        b_ptrs = w_ptr + rn[None, :] * stride_wn + (k_lo + offs_k)[:, None]
 
         acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.int32)
         for k in range(k_lo, k_hi, BLOCK_K):
@@ -262,7 +257,7 @@ if HAVE_TRITON:
                 b = tl.load(b_ptrs, mask=((k + offs_k)[:, None] < k_hi) & mask_n[None, :], other=0)
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
             a_ptrs += BLOCK_K
-            b_ptrs += BLOCK_N * BLOCK_K if W_TILED else BLOCK_K
+            b_ptrs += BLOCK_K
 
         if GLU:
             _glu_epilogue_store(acc, sx_ptr, sw_ptr, bias_ptr, out_ptr, amax_ptr, offs_m, offs_n, mask_n, M, N,
@@ -382,7 +377,7 @@ def _resolve_config(cfg: GemmConfig, explicit: bool) -> GemmConfig:
 
 def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
               bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig | None = None,
-              out: torch.Tensor | None = None, w_tiled: bool = False) -> torch.Tensor:
+              out: torch.Tensor | None = None) -> torch.Tensor:
     """Y = w8a8_epilogue(X_q · W_qᵀ, s_x, s_w, bias, out_dtype) for X_q [M, K], W_q [N, K] int8."""
     require_triton("triton_gemm.int8_gemm")
     x_q, s_x, w_q, s_w = _operands(x_q, s_x, w_q, s_w)
@@ -396,7 +391,7 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
         return out.copy_(quant.w8a8_epilogue(torch.zeros(m, n, dtype=torch.int32, device=x_q.device),
                                              s_x, s_w, bias, out_dtype))
     cfg = _resolve_config(config or pick_config(m, n, k, x_q.device), config is not None)
-    if cfg.persistent and _tma_applies(x_q, w_q) and not w_tiled:
+    if cfg.persistent and _tma_applies(x_q, w_q):
         _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, s_w, n, cfg, glu=False)
         return out
     k_per_split, split = _k_slices(k, cfg)
@@ -406,8 +401,7 @@ def int8_gemm(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torc
                                  _cdiv(m, cfg.block_m) * column_split(n, cfg, num_sms(x_q.device))[1])
     else:
         ws = tickets = s_w       # unused
-    _launch_plain(x_q, s_x, w_q, s_w, bias, out, ws, tickets, s_w, n, cfg, k_per_split, split, glu=False,
-                  w_tiled=w_tiled)
+    _launch_plain(x_q, s_x, w_q, s_w, bias, out, ws, tickets, s_w, n, cfg, k_per_split, split, glu=False)
     return out
 
 
@@ -427,8 +421,7 @@ def partials_config(m: int, n: int, k: int) -> GemmConfig | None:
 
 
 def int8_gemm_partials(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
-                       bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig,
-                       w_tiled: bool = False) -> quant.PartialSums:
+                       bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig) -> quant.PartialSums:
     """The W8A8 GEMM with its K range split `config.split_k` ways and no epilogue: each split's
     int32 sums go to their own slice of `sums` [S, M, N] (plain stores), for a reader that adds
     them and runs the epilogue (`quant.PartialSums`; `triton_norm.add_rms_norm`). At decode rows
@@ -447,7 +440,7 @@ def int8_gemm_partials(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, 
             sums.zero_()
         else:
             _launch_plain(x_q, s_x, w_q, s_w, bias, sums[0], sums, s_w, s_w, n, config, k_per_split, split,
-                          glu=False, partials=True, w_tiled=w_tiled)
+                          glu=False, partials=True)
     return quant.PartialSums(sums, s_x, s_w, bias, out_dtype, (m,))
 
 
@@ -479,8 +472,8 @@ def glu_config(m: int, n2: int, k: int, device: torch.device | None = None) -> G
 
 
 def int8_gemm_glu(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor,
-                  bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig | None = None,
-                  w_tiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """A gate_up GEMM with SiLU·mul in its epilogue: W_q [2N, K], s_w and bias hold the gate and
     up rows paired (`glu_pair_rows` of an `EngineLinear`'s [gate; up] rows), and the result is
 
@@ -510,40 +503,27 @@ def int8_gemm_glu(x_q: torch.Tensor, s_x: torch.Tensor, w_q: torch.Tensor, s_w: 
             out.copy_(torch.nn.functional.silu(gu[:, 0::2]) * gu[:, 1::2])
             amax[:, 0] = out.float().abs().amax(1)
         return out, amax
-    if cfg.persistent and _tma_applies(x_q, w_q) and not w_tiled:
+    if cfg.persistent and _tma_applies(x_q, w_q):
         _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, amax, n2, cfg, glu=True)
     else:
-        _launch_plain(x_q, s_x, w_q, s_w, bias, out, s_w, s_w, amax, n2, cfg, k, 1, glu=True, w_tiled=w_tiled)
+        _launch_plain(x_q, s_x, w_q, s_w, bias, out, s_w, s_w, amax, n2, cfg, k, 1, glu=True)
     return out, amax
 
 
-def tile_weight(w_q: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
-    """W_q [N, K] as [N/block_n, K/block_k, block_n, block_k] contiguous tiles (flattened back to
-    [N, K] storage): the layout `w_tiled` launches read, one contiguous tile per program and K step."""
-    n, k = w_q.shape
-    if n % block_n or k % block_k:
-        raise ValueError(f"tile_weight: [{n}, {k}] is not a whole number of {block_n} x {block_k} tiles")
-    return w_q.reshape(n // block_n, block_n, k // block_k, block_k).permute(0, 2, 1, 3).contiguous().reshape(n, k)
-
-
 def _launch_plain(x_q, s_x, w_q, s_w, bias, out, ws, tickets, amax, n: int, cfg: GemmConfig, k_per_split: int,
-                  split: int, glu: bool, partials: bool = False, w_tiled: bool = False) -> None:
+                  split: int, glu: bool, partials: bool = False) -> None:
     """`_w8a8_gemm_kernel` over grid (row tiles × column programs, splits) for n output columns
     (partials: each split's sums to ws[split], no epilogue; spread configs: `column_split`)."""
     m, k = x_q.shape
     out_arg, bf16_bits = triton_quant.store_view(out, runs_interpreted(_w8a8_gemm_kernel))
     pdl = triton_quant.use_pdl(_w8a8_gemm_kernel, x_q.device, m)
     cols, column_programs = column_split(n, cfg, num_sms(x_q.device))
-    if w_tiled and (cfg.persistent or cols != cfg.block_n or n % cfg.block_n or k % cfg.block_k
-                    or k_per_split % cfg.block_k):
-        raise ValueError(f"a tiled weight needs whole {cfg.block_n} x {cfg.block_k} tiles and a plain launch: {cfg}")
     _w8a8_gemm_kernel[(_cdiv(m, cfg.block_m) * column_programs, split)](
         x_q, w_q, s_x, s_w, bias if bias is not None else s_w, out_arg, ws, tickets, amax,
         m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0), k_per_split, split, cols,
         HAS_BIAS=bias is not None, USE_SPLIT=split > 1 and not partials, EVEN_K=k % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, BF16_BITS=bf16_bits,
-        PDL=pdl, GLU=glu, PARTIALS=partials, SPREAD=cols != cfg.block_n, W_TILED=w_tiled, launch_pdl=pdl,
-        num_warps=cfg.num_warps,
+        PDL=pdl, GLU=glu, PARTIALS=partials, SPREAD=cols != cfg.block_n, launch_pdl=pdl, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, enable_fp_fusion=False)
 
 
