@@ -289,9 +289,11 @@ H200_QUANT: list[tuple[int, int, tuple[int, bool, int]]] = [
     (256, 4096, (4096, True, 16)), (256, 16384, (2048, False, 8)),
 ]
 
-#: rows up to this many let a following GEMM start early (programmatic dependent launch); with
-#: many rows the waiting GEMM programs would hold SMs that the quant programs need (measured)
-PDL_MAX_ROWS = 64
+#: rows up to this many let a following kernel start early (programmatic dependent launch); with
+#: many rows the waiting GEMM programs would hold SMs that the quant programs need (256 rows, round
+#: 2); 128 since round 14: the decode step at B 128 measured faster with it in 9 of 10 passes
+#: (docs/kernels.md)
+PDL_MAX_ROWS = 128
 
 
 def _row_launch_params(m: int, k: int, interpreted: bool) -> tuple[int, bool, int]:
