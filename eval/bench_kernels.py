@@ -485,7 +485,8 @@ def _write_spread_rows(gemm_rows, glu_rows, results, write_table: bool):
     rows below the smallest kept M keep the plain GEMM's launch) and print / write them."""
     from agentq.kernels import triton_gemm as tg
     raw = json.loads(tg.TABLE_FILE.read_text())
-    for section, rows, table in (("gemm", gemm_rows, tg.H200_TABLE), ("glu", glu_rows, tg.H200_GLU_TABLE)):
+    # glu first: its rows below the kept ones are the plain launch as it was before this sweep
+    for section, rows, table in (("glu", glu_rows, tg.H200_GLU_TABLE), ("gemm", gemm_rows, tg.H200_TABLE)):
         for key, by_m in rows.items():
             n, k = (int(v) for v in key.split("x"))
             kept = {mm: c.table_row() for mm, c in table.get((n, k), [])}

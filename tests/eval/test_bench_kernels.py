@@ -1,11 +1,13 @@
 """The pieces of `eval/bench_kernels.py` that run without a GPU: the GEMM table's text format,
-the split launches the partial-sums sweeps try, and the read probe's kernel (interpreted)."""
+the split launches the partial-sums sweeps try, the spread launches and how their rows are
+written, and the read probe's kernel (interpreted)."""
 import json
 
 import pytest
 import torch
 
-from agentq.eval.bench_kernels import MODEL_LINEARS, partials_candidates, table_json
+from agentq.eval import bench_kernels
+from agentq.eval.bench_kernels import MODEL_LINEARS, partials_candidates, spread_candidates, table_json
 from agentq.kernels import triton_gemm
 
 
@@ -31,6 +33,44 @@ def test_partials_candidates_split_k_into_whole_steps_over_enough_programs():
                 assert c.split_k > 1 and k // c.block_k >= 2 * c.split_k       # each split ≥ 2 K steps
                 assert (200 if wide and c.block_k < 512 else 96) <= programs <= (600 if wide else 270)
                 assert (c.block_m + c.block_n) * c.block_k * c.num_stages <= 227 << 10     # fits an SM
+
+
+def test_spread_candidates_cover_their_columns_with_one_tile():
+    for model in ("qwen3-8b", "qwen3-1.7b"):
+        for lin in ("qkv", "gate_up"):
+            n = MODEL_LINEARS[model][lin][1]
+            for m in (64, 128):
+                cands = list(spread_candidates(m, n))
+                assert cands, (model, lin, m)
+                for c in cands:
+                    cols, programs = triton_gemm.column_split(n, c, 132)
+                    assert c.spread in (1, 2) and c.split_k == 1 and c.persistent == 0
+                    assert cols < c.block_n < 4 * cols and programs <= c.spread * 132    # a masked tile each
+                    assert (c.block_m + c.block_n) * c.block_k * c.num_stages <= 200 << 10
+
+
+def test_spread_rows_merge_into_the_table_per_m(tmp_path, monkeypatch):
+    """`bench_spread --write-table` replaces only the measured M's rows of a "gemm" shape, and gives
+    a "glu" shape its kept rows plus the plain launch below them; the file and the loaded tables agree."""
+    path = tmp_path / "h200_gemm.json"
+    path.write_text(table_json({"_about": "x", "gemm": {"96x32": [[16, [16, 32, 32, 1, 8, 4, 2]],
+                                                                  [64, [64, 32, 32, 1, 8, 4, 2]],
+                                                                  [128, [64, 64, 32, 1, 8, 4, 2]]]},
+                                "glu": {}, "partials": {}}))
+    monkeypatch.setattr(triton_gemm, "TABLE_FILE", path)
+    gemm_table = triton_gemm.load_table(path)
+    monkeypatch.setattr(triton_gemm, "H200_TABLE", gemm_table)
+    monkeypatch.setattr(triton_gemm, "H200_GLU_TABLE", {})
+    spread = triton_gemm.GemmConfig(64, 64, 32, 1, 8, 4, 3, 0, 1)
+    results: dict = {}
+    bench_kernels._write_spread_rows({"96x32": {64: spread.table_row()}}, {"96x32": {128: spread.table_row()}},
+                                     results, write_table=True)
+    raw = json.loads(path.read_text())
+    assert raw["gemm"]["96x32"] == [[16, [16, 32, 32, 1, 8, 4, 2]], [64, spread.table_row()],
+                                    [128, [64, 64, 32, 1, 8, 4, 2]]]
+    assert raw["glu"]["96x32"] == [[64, [64, 32, 32, 1, 8, 4, 2]], [128, spread.table_row()]]
+    assert triton_gemm.pick_config(64, 96, 32) == spread == triton_gemm.glu_config(100, 96, 32)
+    assert results["spread_table"]["gemm"] == {"96x32": raw["gemm"]["96x32"]}
 
 
 @pytest.mark.parametrize("tma", [True, False])
