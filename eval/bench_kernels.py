@@ -1090,8 +1090,9 @@ def main():
                          "epilogue + the norm (Qwen3-8B / 1.7B, M 64 / 128; 'tune': also sweep split launches) "
                          "and exit")
     ap.add_argument("--spread", action="store_true",
-                    help="only time the qkv GEMM and the gate_up GLU GEMM at decode rows (Qwen3-8B / 1.7B, M 64 / "
-                         "128), the table's launch against columns spread evenly over the SMs, and exit")
+                    help="only time the qkv GEMM and the gate_up GLU GEMM at decode rows (Qwen3-8B / 1.7B, or "
+                         "--models; M 64 / 128), the table's launch against columns spread evenly over the SMs, "
+                         "and exit")
     ap.add_argument("--write-table", action="store_true",
                     help="--partials tune / --spread: write the measured rows into the installed h200_gemm.json")
     ap.add_argument("--int-mm", nargs="?", const="prefill", choices=["prefill", "decode"],
@@ -1138,7 +1139,8 @@ def main():
         bench_glu(dev, results, tune=args.glu == "tune")
         return save()
     if args.spread:
-        bench_spread(dev, results, write_table=args.write_table, deadline=t0 + args.tune_budget_s)
+        models = tuple(args.models.split(",")) if args.models != "llama3-8b" else ("qwen3-8b", "qwen3-1.7b")
+        bench_spread(dev, results, models, write_table=args.write_table, deadline=t0 + args.tune_budget_s)
         return save()
     if args.partials:
         bench_partials(dev, results, tune=args.partials != "bench", write_table=args.write_table,

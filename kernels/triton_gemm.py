@@ -62,6 +62,8 @@ class GemmConfig:
     #                              programs (`column_split`), each a masked block_n-wide tile; 0: block_n apiece
 
     def __post_init__(self):
+        if self.spread < 0:
+            raise ValueError(f"GemmConfig: spread is a count of column programs per SM (0: off), not {self.spread}")
         if self.spread and self.persistent:
             raise ValueError("GemmConfig: spread columns are a launch of the plain kernel, not of the persistent one")
 

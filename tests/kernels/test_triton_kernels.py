@@ -255,6 +255,8 @@ def test_column_split_spreads_columns_over_the_sms(K):
     assert cs(6144, cfg(64, 64, 256), 132) == (64, 96)
     with pytest.raises(ValueError, match="persistent"):
         cfg(64, 64, 256, persistent=1, spread=1)
+    with pytest.raises(ValueError, match="per SM"):
+        cfg(64, 64, 256, spread=-1)
     spread = cfg(64, 256, 128, 2, 8, 8, 3, 0, 1)
     assert cfg(*spread.table_row()) == spread and spread.short().endswith("/st3/sp1")
 
