@@ -400,14 +400,9 @@ def bench_partials(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128)
 def spread_candidates(m: int, n: int):
     """Spread-column launches (`GemmConfig.spread`, `triton_gemm.column_split`) to sweep for an
     [n, K] weight at decode rows: one or two column programs per SM, each a power-of-two tile
-    1-4x as wide as its columns (wider tiles waste loads nothing and MMA work little); then the
-    persistent TMA kernel (one program per SM walking the tiles; p3: a producer warp issuing the
-    TMA loads, warp-specialized by the compiler)."""
+    1-4x as wide as its columns (wider tiles waste loads nothing and MMA work little)."""
     from agentq.kernels.triton_gemm import GemmConfig, column_split
     bms = (64, 128) if m > 64 else (64,)
-    for bn, warps, stages in ((64, 4, 6), (128, 4, 4), (128, 4, 6), (256, 8, 3), (256, 8, 4)):
-        for persistent in (1, 3):
-            yield GemmConfig(bms[-1], bn, 128, 1, 8, warps, stages, persistent)
     for spread in (1, 2):
         for bn, bk, warps, stages in ((32, 256, 4, 6), (64, 256, 4, 4), (64, 256, 4, 6), (64, 128, 4, 8),
                                       (128, 128, 4, 4), (128, 256, 4, 3), (128, 128, 8, 5), (256, 128, 8, 3),
@@ -423,8 +418,8 @@ def spread_candidates(m: int, n: int):
 def bench_spread(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128), write_table: bool = False,
                  deadline: float = float("inf")):
     """The qkv GEMM and the gate_up GEMM with SiLU·mul (+ the codes from its row absmaxes) at decode
-    rows: the table's launch against launches whose columns spread evenly over the SMs and the
-    persistent TMA kernel (`spread_candidates`), in µs per call. A launch 3 % or more faster becomes the row for that M
+    rows: the table's launch against launches whose columns spread evenly over the SMs
+    (`spread_candidates`), in µs per call. A launch 3 % or more faster becomes the row for that M
     of h200_gemm.json's "gemm" (qkv) / "glu" (gate_up, keyed by paired rows) section
     (`write_table`: written to the installed table, which later processes load). The sweep stops
     at `deadline`, each case given an even share of the time left."""

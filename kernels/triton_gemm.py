@@ -314,14 +314,12 @@ if HAVE_TRITON:
                               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
                               FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr, BF16_BITS: tl.constexpr,
-                              GLU: tl.constexpr = False, PDL: tl.constexpr = False):
+                              GLU: tl.constexpr = False):
         """The same GEMM for many rows: NUM_PROGRAMS programs (one per SM) walk the output tiles in
         the grouped order, loading X_q / W_q tiles through TMA descriptors (out-of-range rows and
         K columns read as zeros, which add nothing to the integer sums). Same int32 accumulator,
         same epilogue, so the same bits as `_w8a8_gemm_kernel`. FLATTEN / WARP_SPEC: the tile loop
-        flattened into the K loop / warp-specialized (producer and consumer warps) by the compiler.
-        PDL: launched early at decode rows, like the plain kernel (`pdl_start`)."""
-        pdl_start(PDL)
+        flattened into the K loop / warp-specialized (producer and consumer warps) by the compiler."""
         first = tl.program_id(0)
         num_m = (M + BLOCK_M - 1) // BLOCK_M
         num_n = (N + BLOCK_N - 1) // BLOCK_N
@@ -548,12 +546,11 @@ def _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, amax, n: int, cfg: GemmConfig,
     tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
     programs = min(tiles, 4 if interp else num_sms(x_q.device))
     out_arg, bf16_bits = triton_quant.store_view(out, interp)
-    pdl = triton_quant.use_pdl(_w8a8_gemm_tma_kernel, x_q.device, m)
     _w8a8_gemm_tma_kernel[(programs,)](
         x_desc, w_desc, s_x, s_w, bias if bias is not None else s_w, out_arg, amax, m, n, k, out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, FLATTEN=cfg.persistent >= 2, WARP_SPEC=cfg.persistent == 3,
-        BF16_BITS=bf16_bits, GLU=glu, PDL=pdl, launch_pdl=pdl,
+        BF16_BITS=bf16_bits, GLU=glu,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)
 
 

@@ -60,7 +60,7 @@ def _cases():
                                                     "sw_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*bf16",
                                                     "amax_ptr": "*fp32"}, set(),
            {"HAS_BIAS": False, "BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "NUM_PROGRAMS": 132,
-            "FLATTEN": True, "WARP_SPEC": False, "BF16_BITS": False, "GLU": glu, "PDL": glu}, 8, 3)
+            "FLATTEN": True, "WARP_SPEC": False, "BF16_BITS": False, "GLU": glu}, 8, 3)
           for bm, glu in ((256, False), (128, True))),
         ("triton_quant", "_quant_rows_amax_kernel", {"x_ptr": "*bf16", "amax_ptr": "*fp32", "q_ptr": "*i8",
                                                      "s_ptr": "*fp32"}, {"floor"},
