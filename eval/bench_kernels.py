@@ -1087,8 +1087,8 @@ def main():
                          "(Qwen3-8B / 1.7B, M 64 / 128 / 32768; 'tune': also sweep its launches) and exit")
     ap.add_argument("--partials", nargs="?", const="tune", choices=["tune", "bench", "wide"],
                     help="only time the o / down GEMMs handing partial sums to the norm against the GEMM with its "
-                         "epilogue + the norm (Qwen3-8B / 1.7B, M 64 / 128; 'tune': also sweep split launches) "
-                         "and exit")
+                         "epilogue + the norm (Qwen3-8B / 1.7B, or --models; M 64 / 128; 'tune': also sweep split "
+                         "launches) and exit")
     ap.add_argument("--spread", action="store_true",
                     help="only time the qkv GEMM and the gate_up GLU GEMM at decode rows (Qwen3-8B / 1.7B, or "
                          "--models; M 64 / 128), the table's launch against columns spread evenly over the SMs, "
@@ -1143,7 +1143,8 @@ def main():
         bench_spread(dev, results, models, write_table=args.write_table, deadline=t0 + args.tune_budget_s)
         return save()
     if args.partials:
-        bench_partials(dev, results, tune=args.partials != "bench", write_table=args.write_table,
+        models = tuple(args.models.split(",")) if args.models != "llama3-8b" else ("qwen3-8b", "qwen3-1.7b")
+        bench_partials(dev, results, models, tune=args.partials != "bench", write_table=args.write_table,
                        deadline=t0 + args.tune_budget_s, wide=args.partials == "wide")
         return save()
     if args.learner_elementwise:
