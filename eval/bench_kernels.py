@@ -311,6 +311,15 @@ def partials_candidates(m: int, n: int, k: int, wide: bool = False):
                 yield GemmConfig(bm, bn, bk, split, 8, warps, stages)
 
 
+def merged_rows(current, new: dict[int, list]) -> list[list]:
+    """A table shape's rows as h200_gemm.json lists them ([max_M, config row], by M): the
+    `current` (max_M, GemmConfig) rows with the measured `new` ones ({max_M: config row}) in
+    place of those of the same M."""
+    rows = {mm: c.table_row() for mm, c in current}
+    rows.update(new)
+    return [[mm, row] for mm, row in sorted(rows.items())]
+
+
 def bench_partials(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128), tune: bool = True,
                    write_table: bool = False, deadline: float = float("inf"), wide: bool = False):
     """The o / down GEMM handing int32 partial sums over K slices to the residual add + RMSNorm (+
@@ -378,9 +387,7 @@ def bench_partials(dev, results, models=("qwen3-8b", "qwen3-1.7b"), ms=(64, 128)
                 + (f"  table partials {t_cur:7.1f} ({t_base / t_cur:.2f}x)" if t_cur else "")
                 + (f"  best {best[1].short()} {best[0]:7.1f} ({t_base / best[0]:.2f}x)" if best else ""))
         if rows and wide:        # this M's row replaced, the others kept
-            kept = {mm: c.table_row() for mm, c in tg.H200_PARTIALS_TABLE.get((n, k), [])}
-            kept.update(dict(rows))
-            table[f"{n}x{k}"] = [[mm, row] for mm, row in sorted(kept.items())]
+            table[f"{n}x{k}"] = merged_rows(tg.H200_PARTIALS_TABLE.get((n, k), []), dict(rows))
         elif rows:
             # decode batches below the measured M keep the one-split GEMM (split 1: no partials)
             first = dataclasses.replace(tg.pick_config(min(ms) // 2, n, k, dev), split_k=1, persistent=0)
@@ -489,13 +496,13 @@ def _write_spread_rows(gemm_rows, glu_rows, results, write_table: bool):
     for section, rows, table in (("glu", glu_rows, tg.H200_GLU_TABLE), ("gemm", gemm_rows, tg.H200_TABLE)):
         for key, by_m in rows.items():
             n, k = (int(v) for v in key.split("x"))
-            kept = {mm: c.table_row() for mm, c in table.get((n, k), [])}
-            if section == "glu" and not kept:
+            current = table.get((n, k), [])
+            if section == "glu" and not current:
                 low = min(by_m) // 2
-                kept[low] = dataclasses.replace(tg.pick_config(low, n, k), split_k=1).table_row()
-            kept.update(by_m)
-            raw.setdefault(section, {})[key] = [[mm, row] for mm, row in sorted(kept.items())]
-            table[(n, k)] = [(mm, tg.GemmConfig(*row)) for mm, row in sorted(kept.items())]
+                current = [(low, dataclasses.replace(tg.pick_config(low, n, k), split_k=1))]
+            rows_json = merged_rows(current, by_m)
+            raw.setdefault(section, {})[key] = rows_json
+            table[(n, k)] = [(mm, tg.GemmConfig(*row)) for mm, row in rows_json]
     results["spread_table"] = {"gemm": {key: raw["gemm"][key] for key in gemm_rows},
                                "glu": {key: raw["glu"][key] for key in glu_rows}}
     log(f"h200_gemm.json rows changed: {json.dumps(results['spread_table'])}")
@@ -1059,6 +1066,12 @@ def run_checks(results) -> int:
     return int(rc)
 
 
+def decode_models(models_arg: str) -> tuple[str, ...]:
+    """The models a decode-row sweep (`--spread`, `--partials`) covers: `--models` when given, else
+    Qwen3-8B and Qwen3-1.7B (`--models`'s default, Llama-3-8B, is `--tune gemm`'s)."""
+    return tuple(models_arg.split(",")) if models_arg != "llama3-8b" else ("qwen3-8b", "qwen3-1.7b")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="run tests/kernels/test_triton_cuda.py first")
@@ -1139,12 +1152,10 @@ def main():
         bench_glu(dev, results, tune=args.glu == "tune")
         return save()
     if args.spread:
-        models = tuple(args.models.split(",")) if args.models != "llama3-8b" else ("qwen3-8b", "qwen3-1.7b")
-        bench_spread(dev, results, models, write_table=args.write_table, deadline=t0 + args.tune_budget_s)
+        bench_spread(dev, results, decode_models(args.models), write_table=args.write_table, deadline=t0 + args.tune_budget_s)
         return save()
     if args.partials:
-        models = tuple(args.models.split(",")) if args.models != "llama3-8b" else ("qwen3-8b", "qwen3-1.7b")
-        bench_partials(dev, results, models, tune=args.partials != "bench", write_table=args.write_table,
+        bench_partials(dev, results, decode_models(args.models), tune=args.partials != "bench", write_table=args.write_table,
                        deadline=t0 + args.tune_budget_s, wide=args.partials == "wide")
         return save()
     if args.learner_elementwise:
