@@ -154,7 +154,8 @@ class TextWorldExpressEnv(TextEnv):
         tasks_per_game: keep only the first N seeds of each fold (None = all 1,000).
         jvm_heap: the JVM's -Xmx ("1g", "512m"); call_timeout_s: a JVM call taking longer counts as a
             hung JVM (killed, EnvCrashedError). The process's JVM is shared: the first env's heap holds;
-            each env's calls time out after its own call_timeout_s.
+            each env's calls time out after its own call_timeout_s (py4j's delete of a collected
+            Java object goes through the client that made it, so it waits that env's timeout).
         """
         super().__init__(**kwargs)
         from ..scienceworld.jvm import parse_size   # the same Java size syntax (no JVM started)

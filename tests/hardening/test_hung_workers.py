@@ -1,6 +1,7 @@
 """Nothing waits forever: a stopped env worker or TWX JVM is detected by a timeout, killed,
 restarted, and its episodes are reported like a crash. Every JVM runs with a heap cap, and a
 local Ray cluster listens on loopback only."""
+import gc
 import os
 import signal
 import time
@@ -71,11 +72,19 @@ def test_a_stopped_twx_jvm_times_out_and_is_restarted(earlier_env):
             first.reset(options={"task_id": "coin/2"})
         env.reset(options={"task_id": "coin/1"})
         jvm = twx_jvm(env)
-        stop(jvm.pid)
-        t0 = time.monotonic()
-        with pytest.raises(EnvCrashedError, match="stopped answering \\(call_timeout_s=2\\)"):
-            env.step("look around")
-        assert time.monotonic() - t0 < 20
+        # py4j deletes a collected Java object through the client that made it: a cyclic-GC pass
+        # during the step would wait out `first`'s 60 s client twice (CI saw 124 s). That is
+        # `first`'s timeout, not this env's, so the timed window runs with the collector paused.
+        gc.collect()
+        gc.disable()
+        try:
+            stop(jvm.pid)
+            t0 = time.monotonic()
+            with pytest.raises(EnvCrashedError, match="stopped answering \\(call_timeout_s=2\\)"):
+                env.step("look around")
+            assert time.monotonic() - t0 < 20
+        finally:
+            gc.enable()
         assert jvm.poll() is not None                   # killed, not left stopped
         obs, info = env.reset(options={"task_id": "coin/1"})
         assert twx_jvm(env).pid != jvm.pid and info["task_id"] == "coin/1"
