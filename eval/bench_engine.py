@@ -17,6 +17,8 @@ context again, as it keeps no cache between calls). Reported per configuration:
     python -m agentq.eval.bench_engine --model tiny --batch 4 --prompt 128 --new 16 --turns 2     # CPU
     python -m agentq.eval.bench_engine --model 8b --batch 64 --prompt 2048 --new 128 --no-hf \
         --decode-sweep pdl_max_rows=0,64,128      # + the W8A8 decode step per launch-knob value
+    python -m agentq.eval.bench_engine --model 8b --batch 64 --prompt 2048 --new 128 --no-hf \
+        --quants none w8a8_kv8 w8a8_kv8_head        # + the preset whose LM head is W8A8 too
 """
 from __future__ import annotations
 
@@ -57,7 +59,8 @@ def weight_bytes(engine) -> int:
     (the embedding table only when it is the tied head; a step reads B of its rows otherwise)."""
     m = engine.model
     n = sum(b.numel() * b.element_size() for b in m.buffers())
-    return n + (m.embed_tokens.weight.numel() * m.embed_tokens.weight.element_size() if m.tied else 0)
+    tied_fp_head = m.tied and m.head is None
+    return n + (m.embed_tokens.weight.numel() * m.embed_tokens.weight.element_size() if tied_fp_head else 0)
 
 
 def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns: int, device: str,
@@ -335,6 +338,8 @@ def main():
     ap.add_argument("--sweep-passes", type=int, default=2, help="--decode-sweep: interleaved passes per value")
     ap.add_argument("--run-ahead", choices=["on", "off", "both"], default="on",
                     help="engines that queue each decode step before reading the last one's tokens (both: A/B)")
+    ap.add_argument("--quants", nargs="+", default=["none", "w8a8_kv8"],
+                    help="QuantSpec presets to run; each quantized one is compared with `none` (which must be listed)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     global PROFILE, SWEEP_PASSES
@@ -343,12 +348,14 @@ def main():
         name, _, values = item.partition("=")
         _knob(name)                                      # an unknown knob fails before any model is built
         DECODE_SWEEP[name] = [float(v) for v in values.split(",")]
+    if "none" not in a.quants:
+        raise SystemExit("--quants: list `none` too (every ratio is against the bf16 engine)")
     cuda = a.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     bw = copy_bandwidth(a.device)
     rows = []
     for b in a.batch:
-        for q in ("none", "w8a8_kv8"):
+        for q in a.quants:
             for ahead in {"on": (True,), "off": (False,), "both": (True, False)}[a.run_ahead]:
                 rows.append(run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype, run_ahead=ahead))
             if a.eager and cuda:
@@ -376,10 +383,10 @@ def print_table(a, rows, bw, budget) -> None:
     print(f"\nengine throughput: model={a.model} prompt={a.prompt} new={a.new} × {a.turns} turns (+{OBS}-token "
           f"observations), {a.device}; copy bandwidth {bw / 1e12:.2f} TB/s")
     print("switches: " + ", ".join(f"{k}={v}" for k, v in fast_path_switches().items()))
-    print(f"{'engine':12s} {'quant':9s} {'B':>4s} {'graphs':>6s} {'ahead':>5s} {'tok/s':>9s} {'decode ms':>9s} "
+    print(f"{'engine':12s} {'quant':13s} {'B':>4s} {'graphs':>6s} {'ahead':>5s} {'tok/s':>9s} {'decode ms':>9s} "
           f"{'pipelined':>9s} {'roofline':>8s} {'KV B/tok':>9s}")
     for r in rows:
-        print(f"{r['engine']:12s} {r['quant']:9s} {r['batch']:4d} {str(r.get('graphs', '-')):>6s} "
+        print(f"{r['engine']:12s} {r['quant']:13s} {r['batch']:4d} {str(r.get('graphs', '-')):>6s} "
               f"{str(r.get('run_ahead', '-')):>5s} {r['tokens_per_s']:9.0f} {r.get('decode_step_ms', float('nan')):9.2f} "
               f"{r.get('decode_step_pipelined_ms', float('nan')):9.2f} "
               f"{r.get('roofline_ms', float('nan')):8.2f} {r.get('kv_bytes_per_token', 0):9d}"
@@ -387,17 +394,21 @@ def print_table(a, rows, bw, budget) -> None:
     print("\nratios (same batch; decode step: host-synchronized per step / pipelined as generate runs it):")
     for b in a.batch:
         for ahead in (True, False):
-            _print_ratios(b, ahead, [r for r in rows if r["batch"] == b and not r.get("eager_run")
-                                     and not r.get("at_budget") and r.get("run_ahead", True) in (ahead, None)])
+            same = [r for r in rows if r["batch"] == b and not r.get("eager_run") and not r.get("at_budget")
+                    and r.get("run_ahead", True) in (ahead, None)]
+            for quant in a.quants:
+                if quant != "none":
+                    _print_ratios(b, ahead, same, quant)
     _print_budget(a, rows, budget)
 
 
-def _print_ratios(b: int, ahead: bool, rows: list[dict]) -> None:
+def _print_ratios(b: int, ahead: bool, rows: list[dict], quant: str = "w8a8_kv8") -> None:
     by = {(r["engine"], r["quant"]): r for r in rows}
-    q, f, hf = by.get(("agentq", "w8a8_kv8")), by.get(("agentq", "none")), by.get(("hf_generate", "bf16"))
+    q, f, hf = by.get(("agentq", quant)), by.get(("agentq", "none")), by.get(("hf_generate", "bf16"))
     if not (q and f):
         return
-    line = (f"  B={b}{'' if ahead else ' (no run-ahead)'}: W8A8-KV8 vs bf16 engine: decode step "
+    name = "W8A8-KV8" if quant == "w8a8_kv8" else quant
+    line = (f"  B={b}{'' if ahead else ' (no run-ahead)'}: {name} vs bf16 engine: decode step "
             f"{f['decode_step_ms'] / q['decode_step_ms']:.2f}× / "
             f"{f['decode_step_pipelined_ms'] / q['decode_step_pipelined_ms']:.2f}× faster, "
             f"tokens/s {q['tokens_per_s'] / f['tokens_per_s']:.2f}×")
@@ -405,7 +416,7 @@ def _print_ratios(b: int, ahead: bool, rows: list[dict]) -> None:
         line += (f"; bf16 step / its roofline {f['decode_step_ms'] / f['roofline_ms']:.2f}× / "
                  f"{f['decode_step_pipelined_ms'] / f['roofline_ms']:.2f}×")
     if hf:
-        line += f"; W8A8-KV8 vs HF generate tokens/s {q['tokens_per_s'] / hf['tokens_per_s']:.2f}×"
+        line += f"; {name} vs HF generate tokens/s {q['tokens_per_s'] / hf['tokens_per_s']:.2f}×"
     print(line)
 
 

@@ -15,6 +15,7 @@ without aligned linears (bf16) is unaffected.
 
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --out runs/bench  # H200
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --grad-input int8  # H200
+    python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --quantized-rollout w8a8_kv8_head
     python -m agentq.eval.bench_rl_step --model tiny --episodes 8 --turns 2 --prompt 32 --obs 16 --new 8   # CPU
 
 On a GPU the learner wants larger forwards than the trainer's CPU-sized default of 8 trajectories:
@@ -90,6 +91,8 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
 
     pre = algo_preset(name)
     rollout_spec = QuantSpec.preset(rollout_spec_name(pre["rollout_quant"]))
+    if args.quantized_rollout and rollout_spec.linear_quantized:      # e.g. w8a8_kv8_head for interq
+        rollout_spec = QuantSpec.preset(args.quantized_rollout)
     aligned = pre["learner_quant"] == "aligned"
     learner_spec = rollout_spec if aligned else QuantSpec.preset("none")
     max_len = args.prompt + args.turns * (args.new + args.obs) + 8
@@ -163,6 +166,9 @@ def main(argv=None) -> dict:
                     help="packs of the no-grad forwards (default: --pack-tokens)")
     ap.add_argument("--grad-input", default="bf16", choices=GRAD_INPUTS,
                     help="the aligned learner's dX GEMM in backward (trainer.grad_input; bf16 learners unaffected)")
+    ap.add_argument("--quantized-rollout", default=None, metavar="PRESET",
+                    help="QuantSpec preset for the algos whose rollouts are quantized (default: their conf/algo "
+                         "preset's, w8a8_kv8); an aligned learner follows it")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernel tables of old_ref and update")

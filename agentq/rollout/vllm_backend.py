@@ -68,6 +68,10 @@ def engine_settings(spec: QuantSpec, cpu: bool) -> dict:
         if spec.act_rounding != "half_even":
             raise ValueError(f"QuantSpec.act_rounding={spec.act_rounding!r}: vLLM's dynamic per-token int8 "
                              "activation quantization rounds half to even; use act_rounding='half_even'")
+        if "lm_head" in spec.quantized_modules:
+            raise ValueError(f"QuantSpec {spec.name!r} quantizes lm_head: vLLM runs a compressed-tensors "
+                             "checkpoint's LM head in full precision; use rollout.quant=w8a8_kv8 (head in "
+                             "full precision) or the torch backend (rollout.backend=torch)")
         for group in FUSED_GROUPS:
             inside = [m for m in group if m in spec.quantized_modules]
             if inside and len(inside) != len(group):

@@ -40,15 +40,17 @@ def _learner_gap(path, spec, dtype, ctxs, logps):
     return d.abs().max().item(), (torch.expm1(d) - d).mean().item()
 
 
+@pytest.mark.parametrize("preset", ["w8a8_kv8", "w8a8_kv8_head"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_engine_runs_triton_paths_and_matches_learner(tiny_model_dir, dtype):
-    eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=8, max_len=512, dtype=dtype, device="cuda")
+def test_cuda_engine_runs_triton_paths_and_matches_learner(tiny_model_dir, dtype, preset):
+    spec = QuantSpec.preset(preset)
+    eng = TorchEngine.from_pretrained(str(tiny_model_dir), spec, max_slots=8, max_len=512, dtype=dtype, device="cuda")
     from agentq.kernels.attention import decode_attention_available
     assert decode_attention_available(torch.device("cuda"))     # bf16 decode runs the Triton kernel
     ctxs, logps = _turns(eng)
-    gap_al, k3_al = _learner_gap(tiny_model_dir, SPEC, dtype, ctxs, logps)
+    gap_al, k3_al = _learner_gap(tiny_model_dir, spec, dtype, ctxs, logps)
     gap_un, k3_un = _learner_gap(tiny_model_dir, QuantSpec.preset("none"), dtype, ctxs, logps)
-    print(f"\n[cuda {dtype}] aligned max|Δ|={gap_al:.3e} K3={k3_al:.3e} | unaligned max|Δ|={gap_un:.3e} K3={k3_un:.3e}")
+    print(f"\n[cuda {dtype} {preset}] aligned max|Δ|={gap_al:.3e} K3={k3_al:.3e} | unaligned max|Δ|={gap_un:.3e} K3={k3_un:.3e}")
     if dtype == torch.float32:      # fp64 attention in no-grad passes: the CPU-level agreement
         assert gap_al < 1e-4 and k3_un > 100 * k3_al
     else:                           # bf16 rounding moves int8 codes on both sides: alignment is loose
@@ -67,13 +69,14 @@ def test_cuda_engine_agrees_with_cpu_engine_fp32(tiny_model_dir):
     assert (a - b).abs().max() < 2e-3
 
 
-def test_cuda_graph_replay_gives_the_eager_tokens(tiny_model_dir):
+@pytest.mark.parametrize("preset", ["w8a8_kv8", "w8a8_kv8_head"])
+def test_cuda_graph_replay_gives_the_eager_tokens(tiny_model_dir, preset):
     """Decode steps replayed from CUDA graphs vs the same steps run eagerly: identical tokens and
     log-probs for the same seeds, over several turns (graphs captured once, replayed across turns
     and across batch buckets as episodes finish)."""
     res = {}
     for graphs in (True, False):
-        eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=8, max_len=512, dtype=torch.bfloat16,
+        eng = TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset(preset), max_slots=8, max_len=512, dtype=torch.bfloat16,
                                           device="cuda", cuda_graphs=graphs)
         assert eng.sampler == "counter"
         ctxs, logps = _turns(eng, n=5, turns=3, seed=7)

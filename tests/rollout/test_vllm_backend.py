@@ -87,6 +87,8 @@ def test_specs_vllm_cannot_express_are_refused():
                    ignored_modules=("embed_tokens", "lm_head", "k_proj"))
     with pytest.raises(ValueError, match=r"\['q_proj', 'v_proj'\] but not all of \['q_proj', 'k_proj', 'v_proj'\]"):
         engine_settings(no_k, cpu=False)
+    with pytest.raises(ValueError, match="'w8a8_kv8_head' quantizes lm_head: vLLM runs .* LM head in full precision"):
+        engine_settings(P("w8a8_kv8_head"), cpu=False)
 
 
 def test_turn_seeds_are_distinct_per_turn_and_reproducible():

@@ -382,7 +382,7 @@ class EngineModel(nn.Module):
     """The engine's Llama / Qwen2 / Qwen3 decoder: fused int8 linears, KV cache in slots, prefill
     chunks and one-token decode steps."""
 
-    lm_head: torch.Tensor               # a buffer (untied models)
+    lm_head: torch.Tensor               # a buffer (untied models, head in full precision)
     rotary: Any                         # the HF rotary-embedding module of the architecture
     _rope: tuple[torch.Tensor, torch.Tensor] | None
 
@@ -403,7 +403,13 @@ class EngineModel(nn.Module):
                                      for i in range(hf_config.num_hidden_layers)])
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, dtype, device)
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        if not self.tied:
+        # a W8A8 head when the spec lists lm_head (its codes come from the embedding when tied); a
+        # full-precision head reads the embedding table itself, or its own buffer
+        self.head = None
+        if spec.linear_quantized and "lm_head" in spec.quantized_modules:
+            self.head = EngineLinear(hf_config.hidden_size, {"lm_head": hf_config.vocab_size}, False, True, spec,
+                                     dtype, device)
+        elif not self.tied:
             self.register_buffer("lm_head", torch.zeros(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype, device=device))
         mod = importlib.import_module(f"transformers.models.{mt}.modeling_{mt}")
         self.rotary = getattr(mod, f"{SUPPORTED[mt]}RotaryEmbedding")(config=hf_config).to(device)
@@ -423,8 +429,8 @@ class EngineModel(nn.Module):
     def _param_targets(self) -> dict[str, tuple[Any, str | tuple[str, str]]]:
         t: dict[str, tuple[Any, str | tuple[str, str]]] = {"model.embed_tokens.weight": (self.embed_tokens, "weight"),
                                                "model.norm.weight": (self.norm, "weight")}
-        if not self.tied:
-            t["lm_head.weight"] = (self, "lm_head")
+        if not self.tied:               # a tied head is loaded with the embedding (`load_weights`)
+            t["lm_head.weight"] = (self, "lm_head") if self.head is None else (self.head, ("load", "lm_head"))
         for i, layer in enumerate(self.decoder_layers):
             p = f"model.layers.{i}."
             for fused, prefix in ((layer.qkv_proj, "self_attn."), (layer.o_proj, "self_attn."),
@@ -448,6 +454,9 @@ class EngineModel(nn.Module):
         for name, w in named_tensors:
             if name == "lm_head.weight" and self.tied:
                 continue
+            if name == "model.embed_tokens.weight" and self.tied and self.head is not None:
+                c, n = self.head.load(w.detach().to(self.device), "lm_head")     # the tied head's codes
+                changed, total = changed + c, total + n
             if name not in self._targets:
                 if name.endswith("rotary_emb.inv_freq"):
                     continue
@@ -498,9 +507,7 @@ class EngineModel(nn.Module):
         delta = None
         for layer in self.decoder_layers:
             x, delta = layer.decode(x, delta, cos, sin, d)
-        _, x = self.norm.add_and_norm(x, delta)
-        w = self.embed_tokens.weight if self.tied else self.lm_head
-        return F.linear(x[:, 0], w).float()
+        return self.logits(x, delta, first_token=True)
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, slots: torch.Tensor,
@@ -517,6 +524,19 @@ class EngineModel(nn.Module):
             x, delta = layer(x, delta, cos, sin, ctx)
         if logit_rows is not None:
             x, delta = x[logit_rows], None if delta is None else delta[logit_rows]
-        _, x = self.norm.add_and_norm(x, delta)
+        return self.logits(x, delta)
+
+    def logits(self, x: torch.Tensor, delta: torch.Tensor | PartialSums | None,
+               first_token: bool = False) -> torch.Tensor:
+        """The last residual add, the final norm and the LM head: fp32 logits [..., V] (of token 0
+        of each row of x [B, T, H] with `first_token`). A W8A8 head takes its input codes from the
+        fused norm (`EngineLinear.act_quant`)."""
+        _, h = self.norm.add_and_norm(x, delta, None if self.head is None else self.head.act_quant())
+        if first_token:
+            h = (h[0][:, 0], h[1][:, 0]) if isinstance(h, tuple) else h[:, 0]
+        if self.head is not None:
+            out = self.head(h)
+            assert isinstance(out, torch.Tensor)             # one part, no partial sums
+            return out.float()
         w = self.embed_tokens.weight if self.tied else self.lm_head
-        return F.linear(x, w).float()
+        return F.linear(h, w).float()
