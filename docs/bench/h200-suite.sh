@@ -1,0 +1,29 @@
+# The GPU checks and benchmarks behind docs/kernels.md, in parts that each fit a 10-minute call.
+# Usage: bash docs/bench/h200-suite.sh PART OUT_DIR   (from the checkout, agentq importable)
+#   tests   the CUDA tests (kernels, engine, learner): pytest logs                      ~3 min
+#   heads   GEMM sweep for the LM heads of preset w8a8_kv8_head (rows printed, to merge) ~2 min
+#   engine  bench_engine 8B and 1B, B 64 / 128: bf16 vs w8a8_kv8 vs w8a8_kv8_head       ~6 min
+#   rl      bench_rl_step 1B: interq vs bf16, then interq with the int8 head              ~6 min
+set -eu
+part="${1:?tests | heads | engine | rl}"
+out="${2:?an output folder}"
+mkdir -p "$out"
+export TRITON_DEFAULT_FP_FUSION=1
+run() { local name="$1"; shift; echo "+ $*" | tee "$out/$name.log"; "$@" 2>&1 | tee -a "$out/$name.log"; }
+case "$part" in
+  tests)
+    run gputests python -m pytest -q -s tests/kernels tests/rollout/test_engine_cuda.py tests/learner -p no:cacheprovider ;;
+  heads)
+    run tune-heads python -m agentq.eval.bench_kernels --tune gemm --models qwen3-lm-heads --tune-ms 64,128 \
+      --no-bench --out "$out" ;;
+  engine)
+    for m in 8b 1b; do
+      run "e$m" python -m agentq.eval.bench_engine --model "$m" --batch 64 128 --prompt 2048 --new 128 --turns 3 \
+        --no-hf --quants none w8a8_kv8 w8a8_kv8_head --json "$out/e$m.json"
+    done ;;
+  rl)
+    run rl1b python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64
+    run rl1b-head python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 \
+      --logprob-micro 64 --algos interq --quantized-rollout w8a8_kv8_head ;;
+  *) echo "unknown part $part" >&2; exit 2 ;;
+esac
