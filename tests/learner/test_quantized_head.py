@@ -82,3 +82,23 @@ def test_quantized_head_preset_is_checked():
     assert "lm_head" in HEAD.quantized_modules and HEAD.ignored_modules == ("embed_tokens",)
     with pytest.raises(ValueError, match="both quantized and ignored"):
         QuantSpec(quantized_modules=HEAD.quantized_modules)
+
+
+def test_head_takes_the_fused_norms_codes_like_rows(untied_model_dir, monkeypatch):
+    """Where the final norm is fused (CUDA) it hands the W8A8 head per-token codes, and a decode
+    step keeps token 0 of each row of those codes: the logits equal the row path's. The fused norm
+    is stood in for by the reference quantizer on CPU (the CUDA tests run the real one)."""
+    from agentq.kernels import quant
+
+    model = TorchEngine.from_pretrained(str(untied_model_dir), HEAD, max_slots=2, max_len=64).model
+    x = torch.randn(3, 1, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    rows = model.logits(x, None, first_token=True)
+    norm_rows = model.norm.add_and_norm
+
+    def fused(x, delta, quant_args=None):
+        s, h = norm_rows(x, delta)
+        assert quant_args == (HEAD.act_scale_floor, HEAD.act_rounding)
+        return s, quant.quantize_rows(h, *quant_args)
+    monkeypatch.setattr(model.norm, "add_and_norm", fused)
+    codes = model.logits(x, None, first_token=True)
+    assert rows.shape == (3, model.config.vocab_size) and torch.equal(codes, rows)
