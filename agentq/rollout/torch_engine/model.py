@@ -72,15 +72,17 @@ class EngineLinear(nn.Module):
         self.register_buffer("bias", torch.zeros(o, dtype=dtype, device=device) if bias else None)
 
     @torch.no_grad()
-    def load(self, w: torch.Tensor, part: str) -> tuple[int, int]:
-        """Load one projection's full-precision weight; returns (int8 codes changed, codes total)."""
+    def load(self, w: torch.Tensor, part: str) -> tuple[torch.Tensor | int, int]:
+        """Load one projection's full-precision weight; returns (int8 codes changed, codes total),
+        the first a count on the device (summed by the caller, read once per sync: a read per
+        projection would wait for the device ~200 times per 1B-model sync)."""
         if not self.quantized:
             self._rows(self.weight, part).copy_(w)
             return 0, 0
         # E = the weight in the engine's compute dtype, then per-channel int8 with fresh scales.
         w_q, s_w = quant.quantize_weight(w.to(self.dtype), self.spec)
         rows = self._rows(self.w_q, part)
-        changed = int((w_q != rows).sum())
+        changed = (w_q != rows).sum()
         rows.copy_(w_q)
         self._rows(self.s_w, part).copy_(s_w)
         return changed, w_q.numel()
@@ -450,7 +452,8 @@ class EngineModel(nn.Module):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], strict: bool = True) -> dict:
         """Load HF-named tensors. Quantized linears are requantized (fresh per-channel scales).
         Returns {"loaded": n, "codes_changed": c, "codes_total": t}."""
-        seen, changed, total = set(), 0, 0
+        seen, total = set(), 0
+        changed: torch.Tensor | int = 0
         for name, w in named_tensors:
             if name == "lm_head.weight" and self.tied:
                 continue
@@ -474,7 +477,7 @@ class EngineModel(nn.Module):
         missing = set(self._targets) - seen
         if strict and missing:
             raise KeyError(f"weights missing for {sorted(missing)[:5]}{' ...' if len(missing) > 5 else ''}")
-        return {"loaded": len(seen), "codes_changed": changed, "codes_total": total}
+        return {"loaded": len(seen), "codes_changed": int(changed), "codes_total": total}
 
     # ------------------------------------------------------------------ forward
     def rope_table(self) -> tuple[torch.Tensor, torch.Tensor]:
