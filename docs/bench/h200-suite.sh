@@ -1,6 +1,6 @@
 # The GPU checks and benchmarks behind docs/kernels.md, in parts that each fit a 10-minute call.
 # Usage: bash docs/bench/h200-suite.sh PART OUT_DIR   (from the checkout, agentq importable)
-#   tests   the CUDA tests (kernels, engine, learner): pytest logs                      ~3 min
+#   tests   the test files with CUDA cases (kernels, engine, learner)                    ~4 min
 #   heads   GEMM sweep for the LM heads of preset w8a8_kv8_head (rows printed, to merge) ~2 min
 #   engine  bench_engine 8B and 1B, B 64 / 128: bf16 vs w8a8_kv8 vs w8a8_kv8_head       ~6 min
 #   rl      bench_rl_step 1B: interq vs bf16, then interq with the int8 head              ~6 min
@@ -12,7 +12,14 @@ export TRITON_DEFAULT_FP_FUSION=1
 run() { local name="$1"; shift; echo "+ $*" | tee "$out/$name.log"; "$@" 2>&1 | tee -a "$out/$name.log"; }
 case "$part" in
   tests)
-    run gputests python -m pytest -q -s tests/kernels tests/rollout/test_engine_cuda.py tests/learner -p no:cacheprovider ;;
+    # the files with CUDA cases (the device has no Java: no environment-backed tests here), and the
+    # int8-head tests, whose models are built locally
+    run gputests python -m pytest -q -s -p no:cacheprovider tests/rollout/test_engine_cuda.py \
+      tests/kernels/test_triton_cuda.py tests/kernels/test_triton_norm.py tests/kernels/test_triton_partials.py \
+      tests/kernels/test_triton_prefill.py tests/kernels/test_triton_quant.py tests/kernels/test_triton_sample.py \
+      tests/kernels/test_triton_logprob.py tests/kernels/test_learner_ops.py tests/learner/test_ste.py \
+      tests/learner/test_fused_logprobs.py tests/learner/test_fused_modules.py tests/learner/test_packing.py \
+      tests/learner/test_projection_groups.py tests/learner/test_quantized_head.py ;;
   heads)
     run tune-heads python -m agentq.eval.bench_kernels --tune gemm --models qwen3-lm-heads --tune-ms 64,128 \
       --no-bench --out "$out" ;;
