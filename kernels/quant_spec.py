@@ -76,6 +76,10 @@ class QuantSpec:
     def kv_quantized(self) -> bool:
         return self.kv != "none"
 
+    def quantizes(self, module: str) -> bool:
+        """Whether linears of this leaf name (`q_proj`, `lm_head`, ...) run W8A8 under this spec."""
+        return self.linear_quantized and module in self.quantized_modules
+
     # ------------------------------------------------------------------ module audit
     def check_linears(self, linear_names: Iterable[str]) -> dict[str, list[str]]:
         """Classify a model's nn.Linear names; raise if any is neither quantized nor ignored.
@@ -90,7 +94,7 @@ class QuantSpec:
             leaf = full.rsplit(".", 1)[-1]
             if leaf in self.ignored_modules:
                 ignored.append(full)
-            elif leaf in self.quantized_modules and self.linear_quantized:
+            elif self.quantizes(leaf):
                 quantized.append(full)
                 seen.add(leaf)
             elif leaf in self.quantized_modules:

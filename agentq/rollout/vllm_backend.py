@@ -68,7 +68,7 @@ def engine_settings(spec: QuantSpec, cpu: bool) -> dict:
         if spec.act_rounding != "half_even":
             raise ValueError(f"QuantSpec.act_rounding={spec.act_rounding!r}: vLLM's dynamic per-token int8 "
                              "activation quantization rounds half to even; use act_rounding='half_even'")
-        if "lm_head" in spec.quantized_modules:
+        if spec.quantizes("lm_head"):
             raise ValueError(f"QuantSpec {spec.name!r} quantizes lm_head: vLLM runs a compressed-tensors "
                              "checkpoint's LM head in full precision; use rollout.quant=w8a8_kv8 (head in "
                              "full precision) or the torch backend (rollout.backend=torch)")

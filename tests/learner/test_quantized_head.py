@@ -80,6 +80,9 @@ def test_quantized_head_logits_by_hand(untied_model_dir):
 
 def test_quantized_head_preset_is_checked():
     assert "lm_head" in HEAD.quantized_modules and HEAD.ignored_modules == ("embed_tokens",)
+    assert HEAD.quantizes("lm_head") and HEAD.quantizes("q_proj") and not HEAD.quantizes("embed_tokens")
+    assert not QuantSpec.preset("w8a8_kv8").quantizes("lm_head")
+    assert not QuantSpec.preset("kv8").quantizes("q_proj")          # lists it, but quantizes no linear
     with pytest.raises(ValueError, match="both quantized and ignored"):
         QuantSpec(quantized_modules=HEAD.quantized_modules)
 

@@ -408,7 +408,7 @@ class EngineModel(nn.Module):
         # a W8A8 head when the spec lists lm_head (its codes come from the embedding when tied); a
         # full-precision head reads the embedding table itself, or its own buffer
         self.head = None
-        if spec.linear_quantized and "lm_head" in spec.quantized_modules:
+        if spec.quantizes("lm_head"):
             self.head = EngineLinear(hf_config.hidden_size, {"lm_head": hf_config.vocab_size}, False, True, spec,
                                      dtype, device)
         elif not self.tied:
