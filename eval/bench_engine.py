@@ -402,7 +402,7 @@ def print_table(a, rows, bw, budget) -> None:
     _print_budget(a, rows, budget)
 
 
-def _print_ratios(b: int, ahead: bool, rows: list[dict], quant: str = "w8a8_kv8") -> None:
+def _print_ratios(b: int, ahead: bool, rows: list[dict], quant: str) -> None:
     by = {(r["engine"], r["quant"]): r for r in rows}
     q, f, hf = by.get(("agentq", quant)), by.get(("agentq", "none")), by.get(("hf_generate", "bf16"))
     if not (q and f):

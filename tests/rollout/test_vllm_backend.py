@@ -154,11 +154,13 @@ def test_fp32_int8_linears_are_steered_off_the_amx_kernel_and_restored():
     from agentq.rollout.vllm_backend import int8_gemm_for_fp32_on_cpu
 
     original = cpu_mm.check_cpu_sgl_kernel
-    with int8_gemm_for_fp32_on_cpu(torch.float32):
+    with int8_gemm_for_fp32_on_cpu(torch.float32, cpu=True):
         assert cpu_mm.check_cpu_sgl_kernel(4096, 4096, torch.int8) is False
         assert cpu_mm.check_cpu_sgl_kernel(4096, 4096, torch.bfloat16) == original(4096, 4096, torch.bfloat16)
     assert cpu_mm.check_cpu_sgl_kernel is original
-    with int8_gemm_for_fp32_on_cpu(torch.bfloat16):
+    with int8_gemm_for_fp32_on_cpu(torch.bfloat16, cpu=True):
+        assert cpu_mm.check_cpu_sgl_kernel is original
+    with int8_gemm_for_fp32_on_cpu(torch.float32, cpu=False):
         assert cpu_mm.check_cpu_sgl_kernel is original
 
 
