@@ -1,9 +1,11 @@
-# The GPU checks and benchmarks behind docs/kernels.md, in parts that each fit a 10-minute call.
-# Usage: bash docs/bench/h200-suite.sh PART OUT_DIR   (from the checkout, agentq importable)
-#   tests   the test files with CUDA cases (kernels, engine, learner)                    ~4 min
-#   heads   GEMM sweep for the LM heads of preset w8a8_kv8_head (rows printed, to merge) ~2 min
-#   engine  bench_engine 8B and 1B, B 64 / 128: bf16 vs w8a8_kv8 vs w8a8_kv8_head       ~6 min
-#   rl      bench_rl_step 1B: interq vs bf16, then interq with the int8 head              ~6 min
+# The GPU checks and benchmarks behind docs/kernels.md, in parts that each fit a 10-minute call (times: an H200, round 16).
+# Usage: bash docs/bench/h200-suite.sh PART OUT_DIR   (from the checkout)
+# Needs agentq importable (`pip install --no-deps --no-build-isolation -e .`) and gymnasium (the learner
+# tests import the agent loop); a machine without a registry takes them as carried wheels.
+#   tests   the test files with CUDA cases (kernels, engine, learner)                  ~3.5 min
+#   heads   GEMM sweep for the LM heads of preset w8a8_kv8_head (rows printed, to merge) ~0.5 min
+#   engine  bench_engine 8B and 1B, B 64 / 128: bf16 vs w8a8_kv8 vs w8a8_kv8_head     ~2.5 min
+#   rl      bench_rl_step 1B: interq vs bf16, then interq with the int8 head              ~5 min
 set -eu
 part="${1:?tests | heads | engine | rl}"
 out="${2:?an output folder}"
