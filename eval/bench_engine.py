@@ -14,6 +14,8 @@ context again, as it keeps no cache between calls). Reported per configuration:
   `--at-budget` also runs each engine at the largest batch its budget holds.
 
     python -m agentq.eval.bench_engine --model 8b --batch 64 128 --prompt 2048 --new 128 --turns 3
+    python -m agentq.eval.bench_engine --model 8b --batch 16 64 128 256 --prompt 2048 --new 128 \
+        --no-hf --kv-budget-gib 24 --at-budget      # every batch size of the benchmark spec, + budget
     python -m agentq.eval.bench_engine --model tiny --batch 4 --prompt 128 --new 16 --turns 2     # CPU
     python -m agentq.eval.bench_engine --model 8b --batch 64 --prompt 2048 --new 128 --no-hf \
         --decode-sweep pdl_max_rows=0,64,128      # + the W8A8 decode step per launch-knob value

@@ -4,7 +4,7 @@
 # tests import the agent loop); a machine without a registry takes them as carried wheels.
 #   tests   the test files with CUDA cases (kernels, engine, learner)                  ~3.5 min
 #   heads   GEMM sweep for the LM heads of preset w8a8_kv8_head (rows printed, to merge) ~0.5 min
-#   engine  bench_engine 8B and 1B, B 64 / 128: bf16 vs w8a8_kv8 vs w8a8_kv8_head     ~2.5 min
+#   engine  bench_engine 8B and 1B, B 16 / 64 / 128 / 256: bf16 vs w8a8_kv8 vs _head   ~7 min (est.)
 #   rl      bench_rl_step 1B: interq vs bf16, then interq with the int8 head              ~5 min
 set -eu
 part="${1:?tests | heads | engine | rl}"
@@ -27,7 +27,7 @@ case "$part" in
       --no-bench --out "$out" ;;
   engine)
     for m in 8b 1b; do
-      run "e$m" python -m agentq.eval.bench_engine --model "$m" --batch 64 128 --prompt 2048 --new 128 --turns 3 \
+      run "e$m" python -m agentq.eval.bench_engine --model "$m" --batch 16 64 128 256 --prompt 2048 --new 128 --turns 3 \
         --no-hf --quants none w8a8_kv8 w8a8_kv8_head --json "$out/e$m.json"
     done ;;
   rl)
