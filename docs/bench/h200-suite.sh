@@ -4,10 +4,11 @@
 # tests import the agent loop); a machine without a registry takes them as carried wheels.
 #   tests   the test files with CUDA cases (kernels, engine, learner)                  ~3.5 min
 #   heads   GEMM sweep for the LM heads of preset w8a8_kv8_head (rows printed, to merge) ~0.5 min
-#   engine  bench_engine 8B and 1B, B 16 / 64 / 128 / 256: bf16 vs w8a8_kv8 vs _head   ~7 min (est.)
+#   engine  bench_engine 8B and 1B, B 64 / 128: bf16 vs w8a8_kv8 vs w8a8_kv8_head     ~2.5 min
+#   sweep   bench_engine 8B and 1B, B 16 / 256, bf16 vs w8a8_kv8; 8B at a 24 GiB KV budget ~4.5 min
 #   rl      bench_rl_step 1B: interq vs bf16, then interq with the int8 head              ~5 min
 set -eu
-part="${1:?tests | heads | engine | rl}"
+part="${1:?tests | heads | engine | sweep | rl}"
 out="${2:?an output folder}"
 mkdir -p "$out"
 export TRITON_DEFAULT_FP_FUSION=1
@@ -27,9 +28,17 @@ case "$part" in
       --no-bench --out "$out" ;;
   engine)
     for m in 8b 1b; do
-      run "e$m" python -m agentq.eval.bench_engine --model "$m" --batch 16 64 128 256 --prompt 2048 --new 128 --turns 3 \
+      run "e$m" python -m agentq.eval.bench_engine --model "$m" --batch 64 128 --prompt 2048 --new 128 --turns 3 \
         --no-hf --quants none w8a8_kv8 w8a8_kv8_head --json "$out/e$m.json"
     done ;;
+  sweep)
+    # the benchmark spec's other batch sizes, and the most episodes a fixed KV budget holds
+    for m in 8b 1b; do
+      run "s$m" python -m agentq.eval.bench_engine --model "$m" --batch 16 256 --prompt 2048 --new 128 --turns 3 \
+        --no-hf --quants none w8a8_kv8 --json "$out/s$m.json"
+    done
+    run budget8b python -m agentq.eval.bench_engine --model 8b --batch 64 --prompt 2048 --new 128 --turns 3 \
+      --no-hf --kv-budget-gib 24 --at-budget --quants none w8a8_kv8 --json "$out/budget8b.json" ;;
   rl)
     run rl1b python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64
     run rl1b-head python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 \
