@@ -457,15 +457,15 @@ class EngineModel(nn.Module):
         for name, w in named_tensors:
             if name == "lm_head.weight" and self.tied:
                 continue
-            if name == "model.embed_tokens.weight" and self.tied and self.head is not None:
-                c, n = self.head.load(w.detach().to(self.device), "lm_head")     # the tied head's codes
-                changed, total = changed + c, total + n
             if name not in self._targets:
                 if name.endswith("rotary_emb.inv_freq"):
                     continue
                 raise KeyError(f"engine has no parameter for {name!r} (model_type={self.config.model_type})")
             mod, attr = self._targets[name]
             w = w.detach().to(self.device)
+            if name == "model.embed_tokens.weight" and self.tied and self.head is not None:
+                c, n = self.head.load(w, "lm_head")     # the tied head's codes, from the one device copy
+                changed, total = changed + c, total + n
             if isinstance(attr, tuple) and attr[0] == "load":
                 c, n = mod.load(w, attr[1])
                 changed, total = changed + c, total + n
