@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -46,6 +47,19 @@ def sync(device: torch.device | str) -> None:
     """Wait for the device's queued work (timings end here); a no-op on CPU."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def time_calls(fn, calls: int, device: torch.device | str, warm: int = 20) -> float:
+    """Seconds per call of fn() over `calls` calls after `warm` unmeasured ones, synchronized
+    with the device before the clock starts and after it stops."""
+    for _ in range(warm):
+        fn()
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t) / calls
 
 
 def release_memory(device: torch.device) -> None:

@@ -31,7 +31,8 @@ import time
 
 import torch
 
-from agentq.eval.bench_common import SHAPES, SWITCHES, fast_path_switches, qwen3_config, sync, write_json
+from agentq.eval.bench_common import (SHAPES, SWITCHES, fast_path_switches, qwen3_config, sync, time_calls,
+                                      write_json)
 
 OBS = 64
 
@@ -218,14 +219,7 @@ def _time_decode(eng, slots, seeds, sp, steps: int, device: str, warm: int = 2,
     def step():
         lens = fixed_lens if fixed_lens is not None else eng._advance(slots, tokens)
         eng.decoder.step(tokens, slots, lens, seeds, sp)
-    for _ in range(warm):
-        step()
-    sync(device)
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync(device)
-    return 1e3 * (time.perf_counter() - t) / steps
+    return 1e3 * time_calls(step, steps, device, warm)
 
 
 def _time_decode_pipelined(eng, slots, seeds, sp, steps: int, device: str, warm: int = 2) -> float:

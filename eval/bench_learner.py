@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from agentq.eval.bench_common import base_parser, kernel_table, random_model, release_memory, sync
+from agentq.eval.bench_common import base_parser, kernel_table, random_model, release_memory, sync, time_calls
 from agentq.kernels.ste import GRAD_INPUTS
 
 SPECS = ("none", "w8a8_kv8")
@@ -159,10 +159,12 @@ def print_grad_error(err: dict) -> None:
 def host_cost(device: torch.device, dtype: torch.dtype, calls: int = 400, profile: bool = False) -> dict:
     """µs of wall time per call at [16, 256] x [256, 256] (the GPU idles; what is measured is the
     host's launch path): F.linear vs the aligned linear, forward and forward + backward, and the
-    launches the aligned one is made of. On the H200 machine a Triton launch costs ~3.5 torch ops."""
+    launches the aligned one is made of; the launch-heavy cases again through Triton's own launch
+    path instead of `_launch`'s direct one. On the H200 machine (round 16, Triton's path) a Triton
+    launch cost ~5 torch ops."""
     import torch.nn.functional as F
 
-    from agentq.kernels import QuantSpec, ste
+    from agentq.kernels import QuantSpec, _launch, ste
     from agentq.kernels.quant import quantize_rows as quantize_rows_ref
 
     spec = QuantSpec.preset("w8a8_kv8")
@@ -186,16 +188,15 @@ def host_cost(device: torch.device, dtype: torch.dtype, calls: int = 400, profil
              "F.linear fwd+bwd": fwd_bwd(lambda: F.linear(x, w)),
              "aligned linear fwd+bwd": fwd_bwd(lambda: ste.w8a8_linear_ste(x, w, None, spec, wc, act_cache=ac))}
     out = {}
-    for name, fn in cases.items():
-        for _ in range(20):
-            fn()
-        sync(device)
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync(device)
-        out[name] = (time.perf_counter() - t) / calls * 1e6
-        print(f"{name:36s} {out[name]:7.1f} µs/call")
+    # each launch-heavy case again through Triton's own launch path (`_launch.direct_launches(False)`)
+    runs = [(name, fn, True) for name, fn in cases.items()] + [
+        (f"{name} [Triton's launch]", cases[name], False)
+        for name in ("int8 GEMM launch alone", "activation quantization alone", "aligned linear fwd+bwd")]
+    for name, fn, direct in runs:
+        with _launch.direct_launches(direct):
+            out[name] = time_calls(fn, calls, device) * 1e6
+        print(f"{name:52s} {out[name]:7.1f} µs/call")
+    print(f"direct launches on: {_launch.enabled()}; launches since import {dict(_launch.counts)}")
     if profile:
         for name in ("int8 GEMM launch alone", "aligned linear fwd+bwd"):
             _profile_host(name, cases[name], calls)

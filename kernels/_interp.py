@@ -47,6 +47,19 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    import torch
+    return torch.cuda.get_device_capability(index)
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device, queried once per device: launch
+    wrappers ask per call, and torch's query costs a device-properties lookup each time."""
+    import torch
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def num_sms(device: torch.device | None = None) -> int:
     """Multiprocessors of a CUDA device (132 on an H200; also the default off CUDA)."""
     if device is not None and device.type == "cuda":
@@ -60,8 +73,7 @@ def tma_available(device: torch.device, interpreted: bool) -> bool:
     device when the kernels are interpreted (the interpreter emulates descriptor loads)."""
     if interpreted:
         return True
-    import torch
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return device.type == "cuda" and capability(device)[0] >= 9
 
 
 def require_triton(what: str = "this kernel") -> None:
@@ -85,17 +97,22 @@ def dot_dtype(kernel, dtype):
 
 
 @contextlib.contextmanager
-def interpreter_env(on: bool = True) -> Iterator[None]:
-    """Set (or clear) TRITON_INTERPRET for the duration of the block, then restore it."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
+def env_set(name: str, value: str) -> Iterator[None]:
+    """Environment variable `name` = value for the duration of the block, then as it was."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["TRITON_INTERPRET"] = old
+            os.environ[name] = old
+
+
+def interpreter_env(on: bool = True) -> contextlib.AbstractContextManager[None]:
+    """Set (or clear) TRITON_INTERPRET for the duration of the block, then restore it."""
+    return env_set("TRITON_INTERPRET", "1" if on else "0")
 
 
 def _load(names: Iterable[str], interpret: bool) -> list[ModuleType]:

@@ -32,6 +32,7 @@ import torch
 
 from ._interp import (HAVE_TRITON, dot_dtype, interpreting, num_sms, require_triton, runs_interpreted,
                       tma_available)
+from ._launch import launch_kernel
 from .triton_quant import use_pdl
 
 INTERPRETED = interpreting()
@@ -543,7 +544,7 @@ def _launch_planes(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt
     k_desc, v_desc = _word_descs(kc, vc, cfg.block_n) if tma else (kc, vc)
     # a TMA config run with pointer loads (TMA_TILES off, before sm_90, strided caches)
     stages = cfg.num_stages if tma or not cfg.tma else min(cfg.num_stages, POINTER_STAGES)
-    _decode_planes_kernel[(b, kc.shape[1], splits)](
+    launch_kernel(_decode_planes_kernel, (b, kc.shape[1], splits),
         *common[:10], k_desc, v_desc, *common[10:], TMA=tma,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
         SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=2 if use_asm and cfg.pairs else int(use_asm),
@@ -567,7 +568,7 @@ def _launch_decode(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt
                    words: bool, use_asm: bool, bf16_bits: bool, pdl: bool) -> None:
     """`_decode_kernel` over grid (B, Hkv, splits); `common` = its positional arguments."""
     b, hkv = common[0].shape[0], common[1].shape[1]
-    _decode_kernel[(b, hkv, splits)](
+    launch_kernel(_decode_kernel, (b, hkv, splits),
         *common,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d,
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=cfg.block_n, SCALE_MODE=mode, SPLIT=splits > 1,
@@ -580,7 +581,7 @@ def _combine_splits(po: torch.Tensor, plse: torch.Tensor, out: torch.Tensor, out
                     bf16_bits: bool, pdl: bool = False) -> None:
     """Merge the split-K partial outputs po [B, H, S, D] (log-sum-exp plse [B, H, S]) into out."""
     b, hq, splits, d = po.shape
-    _combine_kernel[(b * hq,)](
+    launch_kernel(_combine_kernel, (b * hq,),
         po, plse, out_arg, splits, hq, out.stride(0), out.stride(1),
         HEAD_D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_S=max(2, triton.next_power_of_2(splits)),
         BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl, num_warps=4)

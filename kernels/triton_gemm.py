@@ -39,6 +39,7 @@ import torch
 
 from . import quant, triton_quant
 from ._interp import HAVE_TRITON, interpreting, num_sms, require_triton, runs_interpreted, tma_available
+from ._launch import launch_kernel
 from .quant_spec import QuantSpec
 
 INTERPRETED = interpreting()
@@ -520,7 +521,7 @@ def _launch_plain(x_q, s_x, w_q, s_w, bias, out, ws, tickets, amax, n: int, cfg:
     out_arg, bf16_bits = triton_quant.store_view(out, runs_interpreted(_w8a8_gemm_kernel))
     pdl = triton_quant.use_pdl(_w8a8_gemm_kernel, x_q.device, m)
     cols, column_programs = column_split(n, cfg, num_sms(x_q.device))
-    _w8a8_gemm_kernel[(_cdiv(m, cfg.block_m) * column_programs, split)](
+    launch_kernel(_w8a8_gemm_kernel, (_cdiv(m, cfg.block_m) * column_programs, split),
         x_q, w_q, s_x, s_w, bias if bias is not None else s_w, out_arg, ws, tickets, amax,
         m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0), k_per_split, split, cols,
         HAS_BIAS=bias is not None, USE_SPLIT=split > 1 and not partials, EVEN_K=k % cfg.block_k == 0,
@@ -546,7 +547,7 @@ def _int8_gemm_tma(x_q, s_x, w_q, s_w, bias, out, amax, n: int, cfg: GemmConfig,
     tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
     programs = min(tiles, 4 if interp else num_sms(x_q.device))
     out_arg, bf16_bits = triton_quant.store_view(out, interp)
-    _w8a8_gemm_tma_kernel[(programs,)](
+    launch_kernel(_w8a8_gemm_tma_kernel, (programs,),
         x_desc, w_desc, s_x, s_w, bias if bias is not None else s_w, out_arg, amax, m, n, k, out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, FLATTEN=cfg.persistent >= 2, WARP_SPEC=cfg.persistent == 3,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ._interp import HAVE_TRITON, interpreting, require_triton, runs_interpreted
+from ._launch import launch_kernel
 
 INTERPRETED = interpreting()
 #: vocabulary block of one loop step (forward) and of one program (backward)
@@ -104,9 +105,9 @@ def logprob_forward(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     lp = torch.empty((b, l), dtype=torch.float32, device=logits.device)
     lse = torch.empty_like(lp)
     if lp.numel():
-        _logprob_fwd_kernel[(b * l,)](logits, targets.contiguous(), lp, lse, l, v, logits.stride(0),
-                                      logits.stride(1), float(temperature), SCALED=temperature != 1.0,
-                                      BLOCK=block_v, num_warps=8)
+        launch_kernel(_logprob_fwd_kernel, (b * l,), logits, targets.contiguous(), lp, lse, l, v, logits.stride(0),
+                      logits.stride(1), float(temperature), SCALED=temperature != 1.0,
+                      BLOCK=block_v, num_warps=8)
     return lp, lse
 
 
@@ -124,7 +125,7 @@ def logprob_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Ten
     dx = torch.empty((b, l, v), dtype=logits.dtype, device=logits.device)
     if dx.numel():
         dx_arg, bits = store_view(dx, runs_interpreted(_logprob_bwd_kernel))
-        _logprob_bwd_kernel[(b * l, triton.cdiv(v, block_v))](
+        launch_kernel(_logprob_bwd_kernel, (b * l, triton.cdiv(v, block_v)),
             logits, targets.contiguous(), lse.contiguous(), grad.float().contiguous(), dx_arg, l, v,
             logits.stride(0), logits.stride(1), float(temperature), SCALED=temperature != 1.0,
             BLOCK=block_v, BF16_BITS=bits, num_warps=8)

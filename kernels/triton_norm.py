@@ -26,6 +26,7 @@ import os
 import torch
 
 from ._interp import HAVE_TRITON, interpreting, num_sms, require_triton, runs_interpreted
+from ._launch import launch_kernel
 from .quant import PartialSums
 from .triton_quant import _check_mode, quantize_rows, use_pdl
 
@@ -372,7 +373,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         (oq_arg, bits), ok_arg = store_view(oq, interp), store_view(ok, interp)[0]
         hb = min(heads_per_program, triton.next_power_of_2(max(hq, hkv)))
         block_d = triton.next_power_of_2(d)
-        _rope_heads_kernel[(b * t, triton.cdiv(hq, hb) + triton.cdiv(hkv, hb))](
+        launch_kernel(_rope_heads_kernel, (b * t, triton.cdiv(hq, hb) + triton.cdiv(hkv, hb)),
             q, k, cos, sin, oq_arg, ok_arg, t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2), cos.stride(0), cos.stride(1),
             HB=hb, BLOCK_D=block_d, BF16_BITS=bits, num_warps=max(1, min(8, hb * block_d // 256)),
@@ -487,7 +488,7 @@ def _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, ok, cache) 
         half_away = _check_mode(kv_quant[1]) if int8 else False
     norm = q_weight is not None
     pdl = use_pdl(_qk_norm_rope_kernel, q.device, b * t)
-    _qk_norm_rope_kernel[(b * t, groups)](
+    launch_kernel(_qk_norm_rope_kernel, (b * t, groups),
         q, k, v, q_weight if norm else q, k_weight if norm else k, cos, sin, oq_arg, ok_arg,
         kc, vc, ks, vs, slots, pos, slots if n_new is None else n_new,     # (n_new read only when RAGGED)
         t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -565,12 +566,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, multi_row: bool 
     fits = _multi_row_fits(x2, weight, block) and s_outer % 16 == 0 and s_inner % 16 == 0
     rows = min(16, FWD_ELEMS // block) if multi_row and fits else 1
     if rows > 1:      # each row keeps the one-row kernel's warps (and with them its summation order)
-        _rms_norm_rows_kernel[(triton.cdiv(m, rows),)](
+        launch_kernel(_rms_norm_rows_kernel, (triton.cdiv(m, rows),),
             x2, weight, o_arg, m, n, s_outer, out.stride(0), float(eps), inner, s_inner, ROWS=rows, BLOCK=block,
             BF16_BITS=bits, num_warps=rows * _norm_warps(block), enable_fp_fusion=False)
     else:
-        _rms_norm_kernel[(m,)](x2, weight, o_arg, n, s_outer, out.stride(0), float(eps), inner, s_inner, BLOCK=block,
-                               BF16_BITS=bits, num_warps=_norm_warps(block), enable_fp_fusion=False)
+        launch_kernel(_rms_norm_kernel, (m,),
+            x2, weight, o_arg, n, s_outer, out.stride(0), float(eps), inner, s_inner, BLOCK=block,
+            BF16_BITS=bits, num_warps=_norm_warps(block), enable_fp_fusion=False)
     return out.reshape(x.shape)
 
 
@@ -613,7 +615,7 @@ def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, eps: float, gy: tor
     partial = (torch.empty if m else torch.zeros)((programs, n), dtype=torch.float32, device=x.device)
     if m:
         dx_arg, bits = store_view(dx, runs_interpreted(_rms_norm_bwd_kernel))
-        _rms_norm_bwd_kernel[(programs,)](
+        launch_kernel(_rms_norm_bwd_kernel, (programs,),
             x2, weight, gy2, dx_arg, partial, m, n, blocks, s_outer, gy2.stride(0), dx.stride(0), float(eps),
             inner, s_inner, ROWS=rows, BLOCK=block, STAGES=stages, BF16_BITS=bits, num_warps=warps,
             enable_fp_fusion=False)   # no FMA: each op rounds as the torch formula's
@@ -629,9 +631,10 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if m:
         o_arg, bits = store_view(out, runs_interpreted(_silu_mul_kernel))
         block = 1024
-        _silu_mul_kernel[(m, triton.cdiv(n, block))](g2, u2, o_arg, n, g2.stride(0), u2.stride(0), out.stride(0),
-                                                     BLOCK=block, BF16_BITS=bits, num_warps=4,
-                                                     enable_fp_fusion=False)
+        launch_kernel(_silu_mul_kernel, (m, triton.cdiv(n, block)),
+            g2, u2, o_arg, n, g2.stride(0), u2.stride(0), out.stride(0),
+            BLOCK=block, BF16_BITS=bits, num_warps=4,
+            enable_fp_fusion=False)
     return out.reshape(gate.shape)
 
 
@@ -702,7 +705,7 @@ def _launch_add_rms_norm(x, delta, weight, eps, quant, keep_normed: bool):
     if m:
         block = triton.next_power_of_2(n)
         pdl = use_pdl(_add_rms_norm_kernel, x.device, m)
-        _add_rms_norm_kernel[(m,)](
+        launch_kernel(_add_rms_norm_kernel, (m,),
             x2, d2, weight, s_arg, o_arg, q_arg, qs_arg, psx, psw, pb, n, x2.stride(0), d2.stride(-2), s.stride(0), n,
             q_arg.stride(0), m * n, float(eps), float(quant[0]) if quant else 0.0,
             HAS_DELTA=delta is not None, QUANT=quant is not None, STORE_NORMED=keep_normed,
@@ -763,11 +766,12 @@ def _launch_silu_mul_quant(gate, up, floor, rounding, keep_product: bool):
         chunked = m >= SILU_QUANT_CHUNKED_ROWS
         block = min(SILU_QUANT_CHUNK, triton.next_power_of_2(n)) if chunked else triton.next_power_of_2(n)
         pdl = use_pdl(_silu_mul_quant_kernel, gate.device, m)
-        _silu_mul_quant_kernel[(m,)](g2, u2, codes, scales, y_arg, n, g2.stride(0), u2.stride(0), codes.stride(0),
-                                     y_arg.stride(0), float(floor), HALF_AWAY=_check_mode(rounding), BLOCK=block,
-                                     BF16_BITS=bits, OUT_DTYPE=out_dt, STORE_Y=y is not None, PDL=pdl, CHUNKED=chunked,
-                                     num_warps=1 if interp else silu_quant_warps(block), enable_fp_fusion=False,
-                                     launch_pdl=pdl)
+        launch_kernel(_silu_mul_quant_kernel, (m,),
+            g2, u2, codes, scales, y_arg, n, g2.stride(0), u2.stride(0), codes.stride(0),
+            y_arg.stride(0), float(floor), HALF_AWAY=_check_mode(rounding), BLOCK=block,
+            BF16_BITS=bits, OUT_DTYPE=out_dt, STORE_Y=y is not None, PDL=pdl, CHUNKED=chunked,
+            num_warps=1 if interp else silu_quant_warps(block), enable_fp_fusion=False,
+            launch_pdl=pdl)
     y_out = y.reshape(gate.shape) if y is not None else None
     return y_out, (codes.reshape(gate.shape), scales.reshape(gate.shape[:-1]))
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ._interp import HAVE_TRITON, dot_dtype, interpreting, require_triton, runs_interpreted
+from ._launch import launch_kernel
 from .triton_attention import LOG2E
 
 INTERPRETED = interpreting()
@@ -230,7 +231,7 @@ def _dequant_copy(k_cache, k_scale, v_cache, v_scale, slots, new_lens, key_len: 
     interp = runs_interpreted(_dequant_copy_kernel)
     (kx_arg, bits), vx_arg = store_view(kx, interp), store_view(vx, interp)[0]
     block_l = 64
-    _dequant_copy_kernel[(b, hkv, triton.cdiv(key_len, block_l))](
+    launch_kernel(_dequant_copy_kernel, (b, hkv, triton.cdiv(key_len, block_l)),
         k_cache, v_cache, k_scale, v_scale, slots, new_lens, kx_arg, vx_arg,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0), k_scale.stride(1),
         kx.stride(0), kx.stride(1), kx.stride(2), BLOCK_L=block_l, HEAD_D=d, BF16_BITS=bits, num_warps=4)
@@ -305,7 +306,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Ten
                                                           key_len or 0, q.dtype)
     interp = runs_interpreted(_prefill_kernel)
     out_arg, bits = store_view(out, interp)
-    _prefill_kernel[(b, hkv, triton.cdiv(t, block_t))](
+    launch_kernel(_prefill_kernel, (b, hkv, triton.cdiv(t, block_t)),
         q, kc, vc, ks, vs, slots, n_new, new_lens, out_arg, float(sm_scale) * LOG2E,
         t, q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2), *kss, *vss,

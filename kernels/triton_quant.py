@@ -19,7 +19,8 @@ import os
 import torch
 
 from . import quant
-from ._interp import HAVE_TRITON, interpreting, require_triton, runs_interpreted
+from ._interp import HAVE_TRITON, capability, interpreting, require_triton, runs_interpreted
+from ._launch import launch_kernel
 from .quant_spec import QuantSpec
 
 INTERPRETED = interpreting()
@@ -266,7 +267,7 @@ def use_pdl(kernel, device: torch.device, rows: int) -> bool:
     if (rows > PDL_MAX_ROWS or runs_interpreted(kernel) or device.type != "cuda"
             or os.environ.get("AGENTQ_PDL", "1") == "0"):
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return capability(device)[0] >= 9
 
 
 def store_view(out: torch.Tensor, interpreted: bool) -> tuple[torch.Tensor, bool]:
@@ -344,7 +345,7 @@ def _launch_row_tiles(x: torch.Tensor, floor: float, half_away: bool, q: torch.T
     bm = _rows_per_program(k)
     dequant = o is not None
     o_arg, bf16_bits = store_view(o, runs_interpreted(_quant_row_tiles_kernel)) if o is not None else (x, False)
-    _quant_row_tiles_kernel[(triton.cdiv(m, bm),)](
+    launch_kernel(_quant_row_tiles_kernel, (triton.cdiv(m, bm),),
         x, q if q is not None else o_arg, s if s is not None else o_arg, o_arg, m, k, lead[1], lead[2], *strides,
         float(floor), HALF_AWAY=half_away, DEQUANT=dequant, BF16_BITS=bf16_bits, BLOCK_M=bm,
         BLOCK_K=triton.next_power_of_2(max(k, 16)), num_warps=4, enable_fp_fusion=False)
@@ -374,10 +375,11 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str, launch: tuple[in
     elif m > 0:
         block, single, warps = launch or _row_launch_params(m, k, runs_interpreted(_quant_rows_kernel))
         pdl = use_pdl(_quant_rows_kernel, x.device, m)
-        _quant_rows_kernel[(m,)](x2, q, s, col_scale if col_scale is not None else s, k, x2.stride(0), q.stride(0),
-                                 float(floor), HALF_AWAY=half_away, BLOCK_K=block, SINGLE_PASS=single,
-                                 PDL=pdl, COL_SCALE=col_scale is not None, num_warps=warps, enable_fp_fusion=False,
-                                 launch_pdl=pdl)
+        launch_kernel(_quant_rows_kernel, (m,),
+            x2, q, s, col_scale if col_scale is not None else s, k, x2.stride(0), q.stride(0),
+            float(floor), HALF_AWAY=half_away, BLOCK_K=block, SINGLE_PASS=single,
+            PDL=pdl, COL_SCALE=col_scale is not None, num_warps=warps, enable_fp_fusion=False,
+            launch_pdl=pdl)
     return q.reshape(shape), s.reshape(shape[:-1])
 
 
@@ -404,7 +406,7 @@ def quantize_rows_from_amax(x: torch.Tensor, amax: torch.Tensor, floor: float, r
         block = min(AMAX_BLOCK_K, triton.next_power_of_2(max(k, 16)))
         interp = runs_interpreted(_quant_rows_amax_kernel)
         pdl = use_pdl(_quant_rows_amax_kernel, x.device, m)
-        _quant_rows_amax_kernel[(m, triton.cdiv(k, block))](
+        launch_kernel(_quant_rows_amax_kernel, (m, triton.cdiv(k, block)),
             x, amax, q, s, k, amax.shape[1], x.stride(0), q.stride(0), float(floor), HALF_AWAY=half_away,
             BLOCK_K=block, BLOCK_P=max(2, triton.next_power_of_2(amax.shape[1])), PDL=pdl, launch_pdl=pdl,
             num_warps=1 if interp else max(1, min(8, block // 256)), enable_fp_fusion=False)
@@ -433,7 +435,7 @@ def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype
         bk = min(triton.next_power_of_2(max(k, 16)), DEQUANT_MAX_BLOCK_K)
         bm = max(1, TILE_ELEMS // bk)
         o_arg, bf16_bits = store_view(out.view(m, k), runs_interpreted(_dequant_rows_kernel))
-        _dequant_rows_kernel[(triton.cdiv(m, bm), triton.cdiv(k, bk))](
+        launch_kernel(_dequant_rows_kernel, (triton.cdiv(m, bm), triton.cdiv(k, bk)),
             q2, s2, o_arg, m, k, BF16_BITS=bf16_bits, BLOCK_M=bm, BLOCK_K=bk, num_warps=4, enable_fp_fusion=False)
     return out
 
@@ -472,7 +474,7 @@ def quantize_kv_to_cache(x: torch.Tensor, cache: torch.Tensor, scale_cache: torc
     assert cache.shape[1] == h and cache.shape[3] == d
     if t == 0:
         return
-    _quant_kv_cache_kernel[(t * h,)](
+    launch_kernel(_quant_kv_cache_kernel, (t * h,),
         x, slot_ids, positions, cache, scale_cache, d, h,
         x.stride(0), x.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
         scale_cache.stride(0), scale_cache.stride(1), float(spec.kv_scale_floor),

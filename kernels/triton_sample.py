@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ._interp import HAVE_TRITON, interpreting, require_triton
+from ._launch import launch_kernel
 from .triton_quant import use_pdl
 
 INTERPRETED = interpreting()
@@ -157,8 +158,9 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(seeds, dtype=torch.int64)
     if seeds.numel():
         block = max(16, min(1024, triton.next_power_of_2(seeds.numel())))
-        _row_keys_kernel[(triton.cdiv(seeds.numel(), block),)](seeds.contiguous(), positions.contiguous(), out,
-                                                               seeds.numel(), BLOCK=block, num_warps=1)
+        launch_kernel(_row_keys_kernel, (triton.cdiv(seeds.numel(), block),),
+            seeds.contiguous(), positions.contiguous(), out,
+            seeds.numel(), BLOCK=block, num_warps=1)
     return out
 
 
@@ -194,13 +196,15 @@ def counter_sample(logits: torch.Tensor, keys: torch.Tensor, vkeys: torch.Tensor
     t = temperature.reshape(1)
     pdl = use_pdl(_pick_kernel, dev, b)
     block_s = max(2, triton.next_power_of_2(splits))
-    _split_max_sum_kernel[(b, splits)](logits, t, pm, ps, v, logits.stride(0), chunk, splits,
-                                       BLOCK_V=block_v, PDL=pdl, launch_pdl=pdl, num_warps=4)
-    _split_argmax_kernel[(b, splits)](logits, keys.contiguous(), vkeys, t, pm, ps, pv, pi, norm, v, logits.stride(0),
-                                      chunk, splits, GREEDY=greedy, BLOCK_V=block_v, BLOCK_S=block_s, PDL=pdl,
-                                      launch_pdl=pdl, num_warps=4)
-    _pick_kernel[(b,)](logits, t, pv, pi, norm, tokens, logps, logits.stride(0), splits, BLOCK_S=block_s, PDL=pdl,
-                       launch_pdl=pdl, num_warps=1)
+    launch_kernel(_split_max_sum_kernel, (b, splits), logits, t, pm, ps, v, logits.stride(0), chunk, splits,
+                  BLOCK_V=block_v, PDL=pdl, launch_pdl=pdl, num_warps=4)
+    launch_kernel(_split_argmax_kernel, (b, splits),
+        logits, keys.contiguous(), vkeys, t, pm, ps, pv, pi, norm, v, logits.stride(0),
+        chunk, splits, GREEDY=greedy, BLOCK_V=block_v, BLOCK_S=block_s, PDL=pdl,
+        launch_pdl=pdl, num_warps=4)
+    launch_kernel(_pick_kernel, (b,),
+        logits, t, pv, pi, norm, tokens, logps, logits.stride(0), splits, BLOCK_S=block_s, PDL=pdl,
+        launch_pdl=pdl, num_warps=1)
     return tokens, logps
 
 
