@@ -16,7 +16,10 @@ largest non-GEMM cost of the learner's forwards on the GPU (`docs/kernels.md`). 
   kernels over [tokens, N] fp32 temporaries; `rms_norm_backward` here is the same formula in torch
   (the reference, and the path for rows over `triton_norm.BWD_MAX_N`).
 * `silu_mul(gate, up, quant)`: forward = `triton_norm.silu_mul` (or `silu_mul_and_codes`); backward
-  recomputes silu(gate) and runs the ops torch's autograd runs for `F.silu(gate) * up`.
+  = what torch's autograd computes for `F.silu(gate) * up` (silu(gate) recomputed), in one launch
+  (`triton_norm.silu_mul_backward`; torch's four kernels over strided halves of a grouped gate_up
+  output ran at ~1.4 TB/s) or, off the fused path, torch's ops. `silu_mul_stacked(gu, n, quant)`
+  takes the grouped output itself, so its gradient is written whole instead of concatenated.
 * `rope(q, k, cos, sin)`: HF's `apply_rotary_pos_emb` (the engine's RoPE kernel without the norm),
   forward and backward bit-identical to torch's eager ops; HF's version builds `rotate_half` with a
   `cat` of strided halves, the slowest of its ops on the GPU.
@@ -117,6 +120,22 @@ def _silu_mul_forward(gate: torch.Tensor, up: torch.Tensor, quant: tuple[float, 
     return triton_norm.silu_mul_and_codes(gate, up, *quant)
 
 
+def silu_mul_backward(gy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+                      out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d gate, d up) of silu(gate) · up: one launch where the fused ops apply
+    (`triton_norm.silu_mul_backward`), else the ops torch's autograd runs for `F.silu(gate) * up`
+    (MulBackward, then SiluBackward). `out`: tensors to write them into."""
+    if fused_applies(gy):
+        from . import triton_norm
+        return triton_norm.silu_mul_backward(gy, gate, up, out)
+    dg, du = torch.ops.aten.silu_backward(gy * up, gate), gy * F.silu(gate)
+    if out is None:
+        return dg, du
+    out[0].copy_(dg)
+    out[1].copy_(du)
+    return out
+
+
 class _SiLUMulFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, quant):
@@ -127,12 +146,31 @@ class _SiLUMulFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, _g_codes, _g_scales):
         gate, up = ctx.saved_tensors
-        g_gate = g_up = None
-        if ctx.needs_input_grad[0]:
-            g_gate = torch.ops.aten.silu_backward(gy * up, gate)     # MulBackward, then SiluBackward
-        if ctx.needs_input_grad[1]:
-            g_up = gy * F.silu(gate)
-        return g_gate, g_up, None
+        if not any(ctx.needs_input_grad[:2]):
+            return None, None, None
+        g_gate, g_up = silu_mul_backward(gy, gate, up)
+        return (g_gate if ctx.needs_input_grad[0] else None), (g_up if ctx.needs_input_grad[1] else None), None
+
+
+class _SiLUMulStackedFn(torch.autograd.Function):
+    """silu(gu[..., :n]) · gu[..., n:] over one grouped gate_up output: the backward writes the
+    gradient of gu as one tensor, where two views' gradients would be concatenated by autograd
+    (a copy of [tokens, 2n]) after elementwise ops over strided halves."""
+
+    @staticmethod
+    def forward(ctx, gu, n, quant):
+        y, codes = _silu_mul_forward(gu[..., :n], gu[..., n:], quant)
+        ctx.save_for_backward(gu)
+        ctx.n = n
+        return _outputs(ctx, y, codes)
+
+    @staticmethod
+    def backward(ctx, gy, _g_codes, _g_scales):
+        (gu,) = ctx.saved_tensors
+        n = ctx.n
+        g = torch.empty(gu.shape, dtype=gu.dtype, device=gu.device)
+        silu_mul_backward(gy, gu[..., :n], gu[..., n:], (g[..., :n], g[..., n:]))
+        return g, None, None
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, quant: tuple[float, str] | None = None
@@ -141,6 +179,16 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, quant: tuple[float, str] | No
     if not records_graph(gate, up):
         return _silu_mul_forward(gate, up, quant)
     y, codes, scales = _SiLUMulFn.apply(gate, up, quant)
+    return y, (None if codes is None else (codes, scales))
+
+
+def silu_mul_stacked(gu: torch.Tensor, n: int, quant: tuple[float, str] | None = None
+                     ) -> tuple[torch.Tensor, Codes | None]:
+    """`silu_mul(gu[..., :n], gu[..., n:], quant)` for gate and up side by side in one tensor (a
+    grouped gate_up projection's output), with the gradient of gu written as one tensor."""
+    if not records_graph(gu):
+        return _silu_mul_forward(gu[..., :n], gu[..., n:], quant)
+    y, codes, scales = _SiLUMulStackedFn.apply(gu, n, quant)
     return y, (None if codes is None else (codes, scales))
 
 

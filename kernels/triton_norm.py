@@ -126,6 +126,29 @@ if HAVE_TRITON:
 
 
     @triton.jit
+    def _silu_mul_bwd_kernel(gy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, N, stride_gy, stride_g, stride_u, stride_dg,
+                             stride_du, BLOCK: tl.constexpr, BF16_BITS: tl.constexpr):
+        """The backward of y = silu(g) · u as torch autograd computes it, one pass over a row tile:
+        du = dy · silu(g) (silu rounded to the dtype as `F.silu` rounds it, then the product), dg =
+        silu_backward(dy · u, g) (dy · u rounded first, then torch's opmath formula
+        dy·s·(1 + g·(1 − s)), s = 1 / (1 + exp(−g)), rounded once). g / u / dg / du may be column
+        slices of wider rows (a grouped gate_up output and its gradient)."""
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < N
+        dt = dg_ptr.dtype.element_ty
+        gy = tl.load(gy_ptr + row * stride_gy + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + row * stride_u + offs, mask=mask, other=0.0).to(tl.float32)
+        e = 1.0 + tl.exp(-g)
+        du = _round_to(gy * _round_to(g / e, dt, BF16_BITS), dt, BF16_BITS)
+        dyu = _round_to(gy * u, dt, BF16_BITS)
+        s = 1.0 / e
+        dg = dyu * s * (1.0 + g * (1.0 - s))
+        tl.store(dg_ptr + row * stride_dg + offs, cast_for_store(dg, dt, BF16_BITS), mask=mask)
+        tl.store(du_ptr + row * stride_du + offs, cast_for_store(du, dt, BF16_BITS), mask=mask)
+
+    @triton.jit
     def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, s_ptr, o_ptr, q_ptr, qs_ptr, psx_ptr, psw_ptr, pb_ptr, N,
                              stride_x, stride_d, stride_s, stride_o, stride_q, p_slab, eps, floor,
                              HAS_DELTA: tl.constexpr, QUANT: tl.constexpr, STORE_NORMED: tl.constexpr,
@@ -636,6 +659,31 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
             BLOCK=block, BF16_BITS=bits, num_warps=4,
             enable_fp_fusion=False)
     return out.reshape(gate.shape)
+
+
+def silu_mul_backward(gy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+                      out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d gate, d up) of y = silu(gate) · up for the gradient gy, in one launch: torch autograd's
+    `silu_backward(gy · up, gate)` and `gy · F.silu(gate)` with its roundings (the exponential and
+    division as the forward kernels take them; torch's own kernel may contract g·(1 − s) + 1 into
+    an FMA or not, so d gate can differ from it in the last bit). `out`: where to write them (e.g.
+    the two column halves of one grouped gate_up gradient); gate and up may be column slices."""
+    require_triton("triton_norm.silu_mul_backward")
+    g2, u2, gy2 = _rows(gate), _rows(up), _rows(gy)
+    m, n = g2.shape
+    dg, du = out if out is not None else (torch.empty_like(gate), torch.empty_like(up))
+    dg2, du2 = dg.reshape(-1, n), du.reshape(-1, n)
+    if dg2.stride(-1) != 1 or du2.stride(-1) != 1 or dg2.data_ptr() != dg.data_ptr() or du2.data_ptr() != du.data_ptr():
+        raise ValueError("silu_mul_backward: out tensors need rows of stride-1 elements addressable as [M, N] views")
+    if m:
+        interp = runs_interpreted(_silu_mul_bwd_kernel)
+        dg_arg, bits = store_view(dg2, interp)
+        du_arg = store_view(du2, interp)[0]
+        block = 1024
+        launch_kernel(_silu_mul_bwd_kernel, (m, triton.cdiv(n, block)),
+            gy2, g2, u2, dg_arg, du_arg, n, gy2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0),
+            BLOCK=block, BF16_BITS=bits, num_warps=4)
+    return dg, du
 
 
 def _norm_warps(block: int) -> int:

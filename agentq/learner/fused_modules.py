@@ -13,7 +13,7 @@ launch each way (`learner_ops.rope`), bit-identical to HF's eager ops.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -57,10 +57,27 @@ class FusedSiLUMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not learner_ops.fused_applies(x):
             return super().forward(x)
-        h, codes = learner_ops.silu_mul(self.gate_proj(x), self.up_proj(x), self.agentq_codes)
+        group = _gate_up_group(self.gate_proj, self.up_proj)
+        if group is not None:          # one [.., 2N] output: its gradient is written whole (no cat)
+            n = int(group.rows[0])
+            h, codes = learner_ops.silu_mul_stacked(group.stacked(x), n, self.agentq_codes)
+        else:
+            h, codes = learner_ops.silu_mul(self.gate_proj(x), self.up_proj(x), self.agentq_codes)
         if codes is not None and self.agentq_codes is not None:
             self.agentq_act_cache.put(h, codes, *self.agentq_codes)
         return self.down_proj(h)
+
+
+def _gate_up_group(gate: nn.Module, up: nn.Module) -> Any:
+    """The `qat.ProjectionGroup` of exactly [gate, up] (in that order) when neither module has
+    hooks that calling the group directly would skip; else None."""
+    group = getattr(gate, "group", None)
+    members = getattr(group, "members", None)
+    if group is None or getattr(up, "group", None) is not group or members is None or list(members) != [gate, up]:
+        return None
+    if any(m._forward_hooks or m._forward_pre_hooks for m in (gate, up)):
+        return None
+    return group
 
 
 _CLASSES: dict[tuple[type, type], type] = {}

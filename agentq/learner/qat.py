@@ -95,14 +95,19 @@ class ProjectionGroup:
             if not held[2]:
                 self.held = None
             return y
-        first = self.members[0]
-        biases = None if first.bias is None else tuple(m.bias for m in self.members)
-        y = ste.w8a8_linear_ste(x, tuple(m.weight for m in self.members), biases, first.spec, self.cache,
-                                act_cache=first.act_cache, grad_input=first.grad_input)
+        y = self.stacked(x)
         outs = dict(zip(map(id, self.members), y.split(self.rows, dim=-1)))
         mine = outs.pop(id(member))
         self.held = (x, x._version, outs)
         return mine
+
+    def stacked(self, x: torch.Tensor) -> torch.Tensor:
+        """All members' outputs side by side [..., Σ rows] (one W8A8 GEMM), for a caller that
+        takes them together (`fused_modules.FusedSiLUMLP`: gate and up)."""
+        first = self.members[0]
+        biases = None if first.bias is None else tuple(m.bias for m in self.members)
+        return ste.w8a8_linear_ste(x, tuple(m.weight for m in self.members), biases, first.spec, self.cache,
+                                   act_cache=first.act_cache, grad_input=first.grad_input)
 
     def quantized_weight(self, member: QATLinear) -> tuple[torch.Tensor, torch.Tensor]:
         """The member's rows of the stacked codes (the same codes as its weight's alone)."""
