@@ -9,11 +9,20 @@ catalog order, as Lucene breaks them by document id.
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
 
-import bm25s
 import numpy as np
 import Stemmer
+
+# bm25s runs a JAX op when it is imported if JAX is installed. On a GPU machine that starts JAX's CUDA
+# backend, which takes 75 % of the GPU's memory, and the engine and learner then fail to allocate
+# (`CUBLAS_STATUS_ALLOC_FAILED` at the first rollout, seen on an H200 whose image has jax[cuda]).
+# This search runs on the CPU: keep JAX there unless the process has imported JAX itself, or the user chose.
+if "jax" not in sys.modules:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import bm25s  # noqa: E402  (after the JAX guard above)
 
 TOP_N = 50
 K1, B = 0.9, 0.4

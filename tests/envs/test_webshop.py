@@ -29,6 +29,25 @@ CONF = Path(__file__).resolve().parents[2] / "conf" / "env" / "webshop.yaml"
 TRAIL_CATEGORY = "Grocery & Gourmet Food › Snacks & Sweets › Snack Foods › Trail Mix"
 
 
+# ------------------------------------------------------------------------------------ search
+@pytest.mark.parametrize("preset", [None, "cuda"])
+def test_search_keeps_jax_on_the_cpu_unless_told(preset):
+    """bm25s runs a JAX op on import when JAX is installed; on a GPU machine JAX's CUDA backend would
+    take 75 % of the GPU before the engine allocates. Importing the search module in a fresh process
+    sets JAX_PLATFORMS=cpu, and leaves a value the user set alone (JAX itself is not needed here)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    if preset is not None:
+        env["JAX_PLATFORMS"] = preset
+    code = "import os, agentq.envs.webshop.search; print(os.environ.get('JAX_PLATFORMS'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (preset or "cpu")
+
+
 # ------------------------------------------------------------------------------------ reward
 def _product(name="Acme Gluten Free Trail Mix Snack Packs", query="trail mix", category=TRAIL_CATEGORY):
     return {"asin": "B0TEST0001", "name": name, "Title": name, "query": query, "product_category": category,
