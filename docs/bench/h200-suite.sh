@@ -22,6 +22,7 @@ case "$part" in
       tests/kernels/test_triton_prefill.py tests/kernels/test_triton_quant.py tests/kernels/test_triton_sample.py \
       tests/kernels/test_triton_logprob.py tests/kernels/test_learner_ops.py tests/learner/test_ste.py \
       tests/learner/test_fused_logprobs.py tests/learner/test_fused_modules.py tests/learner/test_packing.py \
+      tests/kernels/test_launch.py \
       tests/learner/test_projection_groups.py tests/learner/test_quantized_head.py ;;
   heads)
     run tune-heads python -m agentq.eval.bench_kernels --tune gemm --models qwen3-lm-heads --tune-ms 64,128 \
