@@ -7,8 +7,10 @@
 #   engine  bench_engine 8B and 1B, B 64 / 128: bf16 vs w8a8_kv8 vs w8a8_kv8_head     ~2.5 min
 #   sweep   bench_engine 8B and 1B, B 16 / 256, bf16 vs w8a8_kv8; 8B at a 24 GiB KV budget ~4.5 min
 #   rl      bench_rl_step 1B: interq vs bf16, then interq with the int8 head              ~5 min
+#   train   agentq train env=webshop device=cuda, 2 RL steps through the CLI (needs Hydra and
+#           WebShop's deps: hydra-core, omegaconf, antlr4, bm25s, PyStemmer, thefuzz, rapidfuzz) ~1 min
 set -eu
-part="${1:?tests | heads | engine | sweep | rl}"
+part="${1:?tests | heads | engine | sweep | rl | train}"
 out="${2:?an output folder}"
 mkdir -p "$out"
 export TRITON_DEFAULT_FP_FUSION=1
@@ -44,5 +46,9 @@ case "$part" in
     run rl1b python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64
     run rl1b-head python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 \
       --logprob-micro 64 --algos interq --quantized-rollout w8a8_kv8_head ;;
+  train)
+    # the CLI on the GPU: the Triton engine for rollouts, the aligned learner, WebShop in-process
+    AGENTQ_CACHE="$out/cache" run train-webshop-cuda python -m agentq.cli train env=webshop device=cuda \
+      trainer.steps=2 trainer.out_dir="$out/train" ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac
