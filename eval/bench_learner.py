@@ -74,6 +74,26 @@ def timed(fn, device: torch.device, warmup: int, iters: int) -> list[float]:
     return out
 
 
+def timed_launch_ab(fn, device: torch.device, warmup: int, iters: int) -> dict[str, list[float]]:
+    """Seconds per call of fn with direct Triton launches and with Triton's own launch path,
+    alternating call by call in one process (`_launch.direct_launches`), so the two share the host,
+    the allocator state and the GPU clocks: {"direct": [...], "triton": [...]}, `iters` each."""
+    from agentq.kernels import _launch
+
+    out: dict[str, list[float]] = {"direct": [], "triton": []}
+    for i in range(2 * (warmup + iters)):
+        direct = i % 2 == 0
+        with _launch.direct_launches(direct):
+            _launch.enabled()                 # the switch is read (and Triton's source checked) untimed
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            if i >= 2 * warmup:
+                out["direct" if direct else "triton"].append(time.perf_counter() - t0)
+    return out
+
+
 def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pack_tokens: int | None = None) -> dict:
     from agentq.algos import make_objective
     from agentq.kernels import QuantSpec
@@ -98,6 +118,8 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
         torch.cuda.reset_peak_memory_stats(device)
     upd = timed(lambda: learner.update(batch, objective), device, args.warmup, args.iters)
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
+    launch_ab = (timed_launch_ab(lambda: learner.update(batch, objective), device, args.warmup, args.iters)
+                 if args.launch_ab else None)
     if args.profile and device.type == "cuda":
         kernel_table(f"{spec_name}: no-grad forward", lambda: learner.logprobs(batch), rows=args.profile_rows)
         kernel_table(f"{spec_name}: update", lambda: learner.update(batch, objective), rows=args.profile_rows)
@@ -108,6 +130,9 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
            "forward_s": statistics.median(fwd), "forward_all_s": fwd,
            "update_tokens_per_s": tokens / statistics.median(upd), "forward_tokens_per_s": tokens / statistics.median(fwd),
            "peak_gib": peak, "params": sum(p.numel() for p in learner.model.parameters())}
+    if launch_ab is not None:
+        res["launch_ab_update_s"] = {k: statistics.median(v) for k, v in launch_ab.items()}
+        res["launch_ab_update_all_s"] = launch_ab
     if aligned and args.grad_error and args.pack_tokens is None:     # the main comparison only
         res["grad_error"] = grad_error(learner, batch, objective)
     del learner, model
@@ -239,6 +264,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--pack-tokens", type=int, default=None,
                     help="compare today's padded micro-batches with packs of at most this many tokens")
     ap.add_argument("--spec", default="w8a8_kv8", choices=SPECS, help="the spec of the --pack-tokens comparison")
+    ap.add_argument("--launch-ab", action="store_true",
+                    help="also time each spec's update with direct Triton launches and with Triton's own launch "
+                         "path, alternating call by call in one process")
     ap.add_argument("--host-cost", action="store_true",
                     help="only the host time per call of the aligned linear vs F.linear (and their launches) at "
                          "tiny shapes, where the CPU sets the pace")
@@ -267,6 +295,12 @@ def main(argv=None) -> dict:
         print(f"{r['spec']:<10} {r['update_s']:>9.3f} {r['update_tokens_per_s']:>10.0f} {r['forward_s']:>8.3f} "
               f"{r['forward_tokens_per_s']:>10.0f} {peak:>9}")
     print(f"aligned / none: update {report['ratio_update']:.3f}x  forward {report['ratio_forward']:.3f}x")
+    if args.launch_ab:
+        d = {s: rows[s]["launch_ab_update_s"] for s in SPECS}
+        print("update, direct launches / Triton's launch path (alternating in one process): "
+              + ", ".join(f"{s} {d[s]['direct']:.3f} / {d[s]['triton']:.3f} s" for s in SPECS)
+              + f"; aligned / none {d['w8a8_kv8']['direct'] / d['none']['direct']:.3f}x / "
+              f"{d['w8a8_kv8']['triton'] / d['none']['triton']:.3f}x")
     if "grad_error" in al:
         print_grad_error(al["grad_error"])
     if args.out:
