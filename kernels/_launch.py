@@ -13,7 +13,7 @@ pass them (`JITFunction.run`'s last lines, mirrored).
 where Triton would pick the same compiled kernel: constexpr arguments and launch options by
 value; tensors by dtype and 16-byte alignment; integers by (== 1, % 16 == 0, 32-bit range,
 unsigned 64-bit range); floats as one class (Triton passes them as fp32, unspecialized); bools
-and None by value; tensor descriptors by dtype, block shape and padding. Anything else (a callable
+and None by value; tensor descriptors by dtype, block shape, padding and layout. Anything else (a callable
 grid, a tuple argument, a type not listed) takes Triton's path. `tests/kernels/test_launch.py`
 holds the key against Triton's own specializer.
 
@@ -90,7 +90,8 @@ def arg_class(v: Any) -> Any:
     if t is bool or v is None:
         return v
     if type(v).__name__ == "TensorDescriptor" and hasattr(v, "base"):
-        return ("desc", v.base.dtype, tuple(v.block_shape), str(getattr(v, "padding", "")))
+        return ("desc", v.base.dtype, tuple(v.block_shape), str(getattr(v, "padding", "")),
+                repr(getattr(v, "layout", None)))        # Gluon's descriptors specialize on their layout too
     raise _NoPlan
 
 

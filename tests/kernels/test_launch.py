@@ -75,6 +75,21 @@ def test_scalars_none_bool_and_unkeyed(specialize):
         cls((1, 2))
 
 
+def test_tensor_descriptor_class_is_finer_than_triton(specialize):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def desc(t, block):
+        return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], block)
+    a, b = torch.zeros(64, 128, dtype=torch.int8), torch.zeros(32, 256, dtype=torch.int8)
+    cases = [desc(a, [16, 64]), desc(b, [16, 64]), desc(a, [32, 64]), desc(a.view(torch.int16)[:, :32], [16, 32])]
+    for x in cases:
+        for y in cases:
+            if _launch.arg_class(x) == _launch.arg_class(y):
+                assert specialize(x) == specialize(y)
+    assert _launch.arg_class(cases[0]) == _launch.arg_class(cases[1])      # other base and shape: one plan
+    assert _launch.arg_class(cases[0]) != _launch.arg_class(cases[2])      # other block: another kernel
+
+
 def test_installed_triton_launch_is_the_mirrored_one(monkeypatch):
     """If this fails after a Triton upgrade, direct launches are off (Triton's path runs): update
     `MIRRORED_LAUNCH` and `_run_plan` to the new `JITFunction.run`."""
