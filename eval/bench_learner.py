@@ -85,12 +85,9 @@ def timed_launch_ab(fn, device: torch.device, warmup: int, iters: int) -> dict[s
         direct = i % 2 == 0
         with _launch.direct_launches(direct):
             _launch.enabled()                 # the switch is read (and Triton's source checked) untimed
-            sync(device)
-            t0 = time.perf_counter()
-            fn()
-            sync(device)
-            if i >= 2 * warmup:
-                out["direct" if direct else "triton"].append(time.perf_counter() - t0)
+            (t,) = timed(fn, device, 0, 1)
+        if i >= 2 * warmup:
+            out["direct" if direct else "triton"].append(t)
     return out
 
 

@@ -53,18 +53,22 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def _index(device: torch.device) -> int:
+    """A CUDA device's index (the current device for a bare "cuda")."""
+    import torch
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def capability(device: torch.device) -> tuple[int, int]:
     """(major, minor) compute capability of a CUDA device, queried once per device: launch
     wrappers ask per call, and torch's query costs a device-properties lookup each time."""
-    import torch
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+    return _capability(_index(device))
 
 
 def num_sms(device: torch.device | None = None) -> int:
     """Multiprocessors of a CUDA device (132 on an H200; also the default off CUDA)."""
     if device is not None and device.type == "cuda":
-        import torch
-        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        return _sm_count(_index(device))
     return 132
 
 

@@ -37,6 +37,13 @@ import torch
 
 from ._interp import HAVE_TRITON, env_set
 
+try:   # what the direct path calls, imported once (not per launch)
+    from triton import knobs as _knobs
+    from triton.runtime.driver import driver as _driver
+    from triton.runtime.jit import JITFunction as _JITFunction
+except Exception:   # no Triton, or another layout: every launch takes Triton's own path
+    _knobs = _driver = _JITFunction = None
+
 #: `JITFunction.run`'s launch, whitespace-normalized: the call `_run_plan` makes in its place
 MIRRORED_LAUNCH = ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, "
                    "launch_metadata, knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, "
@@ -54,14 +61,11 @@ class _NoPlan(Exception):
 def enabled() -> bool:
     """Whether direct launches are on: Triton importable, its launch the one mirrored, and
     AGENTQ_FAST_LAUNCH not 0. Read once per process (`enabled.cache_clear()` to re-read)."""
-    if not HAVE_TRITON or os.environ.get("AGENTQ_FAST_LAUNCH", "1") == "0":
+    if not HAVE_TRITON or _JITFunction is None or os.environ.get("AGENTQ_FAST_LAUNCH", "1") == "0":
         return False
     try:
-        from triton import knobs  # noqa: F401  (the hooks' home the mirrored call reads)
-        from triton.runtime.driver import driver  # noqa: F401
-        from triton.runtime.jit import JITFunction
-        src = " ".join(inspect.getsource(JITFunction.run).split())
-    except Exception:   # pragma: no cover - another Triton layout: its own path
+        src = " ".join(inspect.getsource(_JITFunction.run).split())
+    except Exception:   # pragma: no cover - no source to check: Triton's own path
         return False
     return MIRRORED_LAUNCH in src
 
@@ -129,12 +133,11 @@ def call_class(sig: _Signature, args: tuple, kwargs: dict) -> tuple:
 
 def launch_kernel(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
     """`kernel[grid](*args, **kwargs)`, through a cached plan where one applies (module docstring)."""
-    if type(kernel).__name__ != "JITFunction" or not enabled() or callable(grid):
+    if type(kernel) is not _JITFunction or not enabled() or callable(grid):
         kernel[grid](*args, **kwargs)
         return
-    from triton.runtime.driver import driver
     sig = _signature(kernel)
-    device = driver.active.get_current_device()
+    device = _driver.active.get_current_device()
     try:
         key = (device, call_class(sig, args, kwargs))
         plan = sig.plans.get(key)
@@ -151,12 +154,12 @@ def launch_kernel(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
     counts["direct"] += 1
     compiled, tail = plan
     values = args + tuple(kwargs[n] if n in kwargs else d for n, d in tail)
-    _run_plan(compiled, grid, driver.active.get_current_stream(device), values)
+    _run_plan(compiled, grid, _driver.active.get_current_stream(device), values)
 
 
 def _run_plan(kernel: Any, grid: tuple, stream: Any, values: tuple) -> None:
     """`JITFunction.run`'s launch (`MIRRORED_LAUNCH`) of compiled `kernel` with bound `values`."""
-    from triton import knobs
+    knobs = _knobs
     grid_size = len(grid)
     grid_0 = grid[0]
     grid_1 = grid[1] if grid_size > 1 else 1

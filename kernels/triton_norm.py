@@ -140,10 +140,9 @@ if HAVE_TRITON:
         gy = tl.load(gy_ptr + row * stride_gy + offs, mask=mask, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(u_ptr + row * stride_u + offs, mask=mask, other=0.0).to(tl.float32)
-        e = 1.0 + tl.exp(-g)
-        du = _round_to(gy * _round_to(g / e, dt, BF16_BITS), dt, BF16_BITS)
+        du = silu_mul_values(g, gy, dt, BF16_BITS)        # F.silu(g) rounded, times dy, rounded
         dyu = _round_to(gy * u, dt, BF16_BITS)
-        s = 1.0 / e
+        s = 1.0 / (1.0 + tl.exp(-g))
         dg = dyu * s * (1.0 + g * (1.0 - s))
         tl.store(dg_ptr + row * stride_dg + offs, cast_for_store(dg, dt, BF16_BITS), mask=mask)
         tl.store(du_ptr + row * stride_du + offs, cast_for_store(du, dt, BF16_BITS), mask=mask)

@@ -72,8 +72,8 @@ def _gate_up_group(gate: nn.Module, up: nn.Module) -> Any:
     """The `qat.ProjectionGroup` of exactly [gate, up] (in that order) when neither module has
     hooks that calling the group directly would skip; else None."""
     group = getattr(gate, "group", None)
-    members = getattr(group, "members", None)
-    if group is None or getattr(up, "group", None) is not group or members is None or list(members) != [gate, up]:
+    members = getattr(group, "members", None)          # None when gate has no group
+    if members is None or getattr(up, "group", None) is not group or list(members) != [gate, up]:
         return None
     if any(m._forward_hooks or m._forward_pre_hooks for m in (gate, up)):
         return None
