@@ -82,6 +82,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.logprob_micro_batch_size": optional(positive_int),
     "trainer.logprob_pack_tokens": optional(positive_int),
     "trainer.grad_input": one_of("bf16", "int8"),
+    "trainer.cuda_graphs": boolean,
     "trainer.max_concurrent": positive_int,
     "trainer.save_every": nonneg_int,
     "trainer.keep_checkpoints": nonneg_int,

@@ -106,7 +106,13 @@ class WeightCache:
     when `w` is the same storage at the same version; `get((w1, w2, …), spec)` the same for the
     row-stacked weights (per-channel codes: row for row those of each weight alone).
     `dequantized(dtype)` is W_fq in `dtype`, built once per version (the backward's operand);
-    `transposed()` the codes as the int8 dX GEMM's weight, also once per version."""
+    `transposed()` the codes as the int8 dX GEMM's weight, also once per version.
+
+    A *pinned* cache (`pin()`, for CUDA graphs that read its tensors by address) recomputes in
+    place: the codes, scales and, where they were built, W_fq and the transposed codes are
+    rewritten into the same tensors at the next `get` after a weight changes. (Unpinned caches
+    make new tensors, so a backward still pending on old codes keeps them; a pinned cache's
+    rewrite of codes saved for such a backward fails autograd's version check instead.)"""
 
     def __init__(self):
         self.key: tuple | None = None
@@ -114,6 +120,7 @@ class WeightCache:
         self.s_w: torch.Tensor | None = None
         self._deq: torch.Tensor | None = None
         self._t: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.pinned = False
         self.recomputes = 0          # how many times the codes were (re)computed: tests, diagnostics
         self.transposes = 0          # how many times `transposed()` was built: tests
 
@@ -123,8 +130,12 @@ class WeightCache:
         key = (tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in ws), ws[0].dtype, ws[0].device, spec)
         if key != self.key:
             rows = ws[0].detach() if len(ws) == 1 else torch.cat([t.detach() for t in ws])
-            self.w_q, self.s_w = _quantize_rows(rows, spec.weight_scale_floor, spec.weight_rounding, backend)
-            self._deq = self._t = None
+            w_q, s_w = _quantize_rows(rows, spec.weight_scale_floor, spec.weight_rounding, backend)
+            if self.pinned and self.w_q is not None:
+                self._rewrite(w_q, s_w, backend)
+            else:
+                self.w_q, self.s_w = w_q, s_w
+                self._deq = self._t = None
             self.key = key
             self.recomputes += 1
         assert self.w_q is not None and self.s_w is not None
@@ -145,8 +156,27 @@ class WeightCache:
             self.transposes += 1
         return self._t
 
+    def pin(self) -> None:
+        """From now on recompute in place (class docstring): a CUDA graph captured over this
+        cache's tensors stays valid across weight updates."""
+        self.pinned = True
+
+    def _rewrite(self, w_q: torch.Tensor, s_w: torch.Tensor, backend: str | None) -> None:
+        assert self.w_q is not None and self.s_w is not None
+        if w_q.shape != self.w_q.shape or s_w.shape != self.s_w.shape:
+            raise RuntimeError(f"a pinned WeightCache's weight changed shape ({tuple(self.w_q.shape)} -> "
+                               f"{tuple(w_q.shape)}): the CUDA graphs reading it would read stale codes")
+        self.w_q.copy_(w_q)
+        self.s_w.copy_(s_w)
+        if self._deq is not None:
+            self._deq.copy_(_dequantize_rows(w_q, s_w, self._deq.dtype, backend))
+        if self._t is not None:
+            self._t[0].copy_(w_q.t())
+
     def invalidate(self) -> None:
-        self.key = self.w_q = self.s_w = self._deq = self._t = None
+        self.key = None
+        if not self.pinned:              # a pinned cache keeps its tensors; the next get rewrites them
+            self.w_q = self.s_w = self._deq = self._t = None
 
 
 def transposed_codes(w_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

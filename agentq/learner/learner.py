@@ -8,6 +8,7 @@ QuantSpec's fake quant (W8A8 via the integer path, KV round trip) with straight-
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -20,8 +21,9 @@ from agentq.kernels.quant_spec import QuantSpec
 from agentq.kernels.ste import check_grad_input
 
 from .batch import PolicyBatch
+from .graphs import GraphPool, PackGraphs
 from .packing import PackLayout, plan_packs
-from .qat import align_model, quantized_module_report, release_activation_cache
+from .qat import align_model, quantized_module_report, release_activation_cache, varlen_inputs
 
 
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -45,30 +47,56 @@ def packed_sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths:
     """`sequence_logprobs` of right-padded rows computed as one packed sequence (no padding).
 
     The rows' tokens are laid end to end; each keeps positions 0…n−1 and attends only to its own
-    earlier tokens: by the 4D block mask (`PackLayout.causal_block_mask`, which HF hands to any
-    attention function as it is) and, with `row_bounds`, by the row boundaries as HF's varlen
-    kwargs, which the aligned attention (`qat._agentq_attention`) uses to attend row by row.
+    earlier tokens: with `row_bounds`, by the row boundaries as HF's varlen kwargs, which the
+    aligned attention (`qat._agentq_attention`) uses (one varlen flash call on CUDA bf16/fp16,
+    `qat.varlen_inputs`; row by row elsewhere, with the 4D block mask passed too); without, by
+    the 4D block mask alone (`PackLayout.causal_block_mask`, which HF hands to any attention
+    function as it is).
 
     Args:
-        model: the HF causal LM (aligned or not); input_ids: [R, L] right-padded rows on its device;
-        lengths: [R] real tokens per row (CPU); temperature: as in `sequence_logprobs`;
-        row_bounds: pass the boundaries (False: the mask alone; for tests).
+        model: the HF causal LM (aligned or not); input_ids: [R, L] right-padded rows (CPU or the
+        model's device); lengths: [R] real tokens per row (CPU); temperature: as in
+        `sequence_logprobs`; row_bounds: pass the boundaries (False: the mask alone; for tests).
     Returns:
         [R, L] fp32 log-probs, 0 at each row's position 0 and past its end.
     """
     layout = PackLayout.of(lengths)
-    ids = layout.pack(input_ids)
+    device = next(model.parameters()).device
+    ids = layout.pack(input_ids).to(device)
     kw: dict[str, Any] = {}
     if layout.num_rows == 1:            # one row: plain causal attention, positions 0…n−1
         mask, pos = None, None
+    elif row_bounds and varlen_model(model):
+        mask, kw = varlen_inputs(layout.bounds().to(device, torch.int32), int(layout.lengths.max()))
+        pos = layout.position_ids().to(device)
     else:
-        mask, pos = layout.causal_block_mask(ids.device), layout.position_ids().to(ids.device)
+        mask, pos = layout.causal_block_mask(device), layout.position_ids().to(device)
         if row_bounds:
             kw = {"cu_seq_lens_q": layout.bounds(), "cu_seq_lens_k": layout.bounds()}
     logp = sequence_logprobs(model, ids, mask, temperature, position_ids=pos, **kw)
-    rows = layout.unpack(logp, input_ids.shape[1])
-    # a row's first token has no log-prob (what precedes it in the pack is another row)
+    return unpack_rows(layout, logp, input_ids.shape[1])
+
+
+def unpack_rows(layout: PackLayout, logp: torch.Tensor, length: int) -> torch.Tensor:
+    """[R, length] rows of a pack's [1, ≥ total] log-probs, 0 at each row's first token (what
+    precedes it in the pack is another row) and past its end."""
+    rows = layout.unpack(logp, length)
     return torch.cat([torch.zeros_like(rows[:, :1]), rows[:, 1:]], dim=1)
+
+
+def varlen_model(model: nn.Module) -> bool:
+    """Whether packed rows go through the varlen flash attention: a CUDA bf16/fp16 model."""
+    p = next(model.parameters())
+    return p.is_cuda and p.dtype in (torch.bfloat16, torch.float16)
+
+
+def packed_forward(model: nn.Module, temperature: float, ids: torch.Tensor, positions: torch.Tensor,
+                   bounds: torch.Tensor, max_len: int) -> torch.Tensor:
+    """[1, T] fp32 log-probs of a padded pack (`graphs.padded_inputs`: ids, positions, int32 row
+    boundaries on the model's GPU; max_len ≥ its longest row) through the varlen attention: the
+    function `graphs.PackGraphs` captures."""
+    mask, kw = varlen_inputs(bounds, max_len)
+    return sequence_logprobs(model, ids, mask, temperature, position_ids=positions, **kw)
 
 
 def model_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
@@ -85,13 +113,16 @@ class Learner:
     """The policy being trained: log-probs through the aligned forward, PPO updates with an
     `Objective`, weights out by HF name (module docstring)."""
 
+    graphs: dict[tuple[int, bool], PackGraphs]
+    graph_pool: GraphPool | None
+
     def __init__(self, model_path: str | nn.Module, spec: QuantSpec, *, dtype: torch.dtype = torch.float32,
                  device: str = "cpu", lr: float = 1e-6, weight_decay: float = 0.01,
                  betas: tuple[float, float] = (0.9, 0.999),
                  grad_clip: float = 1.0, use_reference: bool = True, micro_batch_size: int = 8,
                  ref_path: str | None = None, activation_checkpointing: bool = False, temperature: float = 1.0,
                  pack_tokens: int | None = None, logprob_micro_batch_size: int | None = None,
-                 logprob_pack_tokens: int | None = None, grad_input: str = "bf16"):
+                 logprob_pack_tokens: int | None = None, grad_input: str = "bf16", cuda_graphs: bool = False):
         """Args:
             model_path: an HF checkpoint folder, or an HF causal LM (e.g. random-init for benchmarks).
             spec: the learner's QuantSpec (`none` = unaligned); dtype/device: where it computes.
@@ -108,6 +139,10 @@ class Learner:
                 of π_old / π_ref (None: as for training; see `batching_plans`).
             grad_input: the aligned linears' dX GEMM in backward: "bf16" (the compute dtype, fp32
                 on CPU) or "int8" (per-token int8 gradients; `qat.align_model`).
+            cuda_graphs: replay the packed passes' forwards (and the training backward) as CUDA
+                graphs, one per pack shape (`graphs.PackGraphs`): takes the host out of the GPU
+                learner's step. Needs a CUDA bf16/fp16 learner and packing (pack_tokens and/or
+                logprob_pack_tokens; the passes that pack are graphed), no activation checkpointing.
         """
         if not temperature > 0:
             raise ValueError(f"Learner temperature={temperature!r}: must be > 0 (greedy decoding has no "
@@ -126,10 +161,22 @@ class Learner:
         if use_reference:     # the reference sees the same fake quant (no KL floor at θ_0)
             # ref_path: e.g. a resumed run, whose reference is the run's initial policy, not the checkpoint
             self.ref = (copy.deepcopy(self.model) if ref_path is None else self.load_aligned(ref_path)[0]).eval()
-            for p in self.ref.parameters():
-                p.requires_grad_(False)
+            self.ref.requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(betas[0], betas[1]), weight_decay=weight_decay)
         self.grad_clip, self.version = grad_clip, 0
+        self.cuda_graphs = check_graphable(self, cuda_graphs, activation_checkpointing)
+        self.graphs, self.graph_pool = {}, None     # CUDA-graph runners by (id(model), training); their memory
+
+    def graph_runner(self, model: nn.Module, pack_tokens: int, train: bool) -> PackGraphs:
+        """The CUDA-graph runner of `model`'s packed forward (training: with its backward), made at
+        its first use. All runners share one memory pool (`graphs.GraphPool`)."""
+        key = (id(model), train)
+        runner = self.graphs.get(key)
+        if runner is None:
+            self.graph_pool = self.graph_pool or GraphPool()
+            runner = self.graphs[key] = PackGraphs(model, functools.partial(packed_forward, model, self.temperature),
+                                                   pack_tokens, train=train, pool=self.graph_pool)
+        return runner
 
     def load_aligned(self, path: str | nn.Module) -> tuple[nn.Module, dict]:
         """(model, audit): the HF checkpoint at `path` (or the model given) on the learner's device and
@@ -208,6 +255,8 @@ class Learner:
         if total_units == 0:
             return False
         self.opt.zero_grad(set_to_none=True)
+        if self.graph_pool is not None:
+            self.graph_pool.clear_pending()     # a step that failed between a forward and its backward
         local = minib.index(self.local_rows(minib))
         weighted: dict[str, torch.Tensor | float] = {}
         for rows in self.micro_batches(local.attention_mask.sum(1)):
@@ -222,6 +271,7 @@ class Learner:
             (loss * share).backward()
             release_activation_cache(self.model)        # the backward's shared X_fq, too
             add_weighted(weighted, {**stats, "loss": loss.detach()}, share)
+            del logp, loss          # the autograd graph goes now, not when the next forward is done
         self.reduce_grads()
         for k, v in read_back(weighted).items():
             sums[k] = sums.get(k, 0.0) + v
@@ -252,7 +302,14 @@ class Learner:
                                      self.temperature)
         if mask is not None:
             raise ValueError("sequence packing (pack_tokens) needs right-padded rows (as `collate` builds them)")
-        return packed_sequence_logprobs(model, input_ids.to(self.device), attention_mask.sum(1), self.temperature)
+        lengths = attention_mask.sum(1)
+        if self.cuda_graphs:
+            layout = PackLayout.of(lengths)
+            runner = self.graph_runner(model, pack_tokens, train=torch.is_grad_enabled())
+            logp = runner.run(layout, layout.pack(input_ids))
+            if logp is not None:
+                return unpack_rows(layout, logp, input_ids.shape[1])
+        return packed_sequence_logprobs(model, input_ids, lengths, self.temperature)
 
     # ------------------------------------------------------------------ weights out
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -268,6 +325,22 @@ class Learner:
     def report(self) -> dict[str, int]:
         """How many linears run quantized / in full precision (the QAT audit)."""
         return quantized_module_report(self.model)
+
+
+def check_graphable(learner: Learner, cuda_graphs: bool, activation_checkpointing: bool) -> bool:
+    """`cuda_graphs` as a bool, or a ValueError where graphs cannot apply, saying why (Learner's
+    docstring)."""
+    if not cuda_graphs:
+        return False
+    p = next(learner.model.parameters())
+    if not (p.is_cuda and p.dtype in (torch.bfloat16, torch.float16)):
+        raise ValueError(f"cuda_graphs=True needs a CUDA bf16/fp16 learner (got {p.dtype} on {p.device})")
+    if learner.train_batching.pack_tokens is None and learner.logprob_batching.pack_tokens is None:
+        raise ValueError("cuda_graphs=True graphs packed forwards: set pack_tokens and/or logprob_pack_tokens")
+    if activation_checkpointing:
+        raise ValueError("cuda_graphs=True and activation_checkpointing=True cannot be combined "
+                         "(the graphs keep one pack's activations in their own memory pool)")
+    return True
 
 
 def update_summary(sums: dict[str, float], grad_norms: list[float]) -> dict[str, float]:

@@ -132,9 +132,11 @@ def _agentq_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     masked attention the engine runs. query [B, Hq, T, D], key/value [B, Hkv, L, D].
 
     Packed rows (`learner.packing`) come as one sequence with HF's varlen kwarg `cu_seq_lens_q`
-    (row boundaries [0, n1, n1+n2, …]): each row then attends causally within itself, one call per
-    row (Σ nᵢ² scores, not T²; the fused causal kernel per row on CUDA bf16). Without it the 4D
-    block mask the packer also passes gives the same result (the path any other attention takes)."""
+    (row boundaries [0, n1, n1+n2, …]): each row then attends causally within itself (Σ nᵢ²
+    scores, not T²). With the boundaries on CUDA in bf16/fp16 (`varlen_inputs`) that is one
+    varlen flash-attention call for all rows, whose launch depends only on the pack's token count
+    (CUDA graphs, `learner.graphs`); with them on the CPU, one causal call per row. Without them
+    the 4D block mask the packer passes gives the same result (the path any other attention takes)."""
     spec: QuantSpec = getattr(module, "agentq_spec", None) or QuantSpec.preset("none")
     key = ste.kv_fake_quant(key, spec)
     value = ste.kv_fake_quant(value, spec)
@@ -142,10 +144,12 @@ def _agentq_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     l = key.shape[2]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     bounds = kwargs.get("cu_seq_lens_q")
+    if bounds is not None and b == 1 and t == l and torch.is_tensor(bounds) and bounds.is_cuda:
+        return _varlen_causal_attention(query, key, value, bounds, int(kwargs["max_length_q"]), scale), None
     if bounds is not None and b == 1 and t == l:      # packed rows: attention within each row only
         cuts = bounds.tolist() if torch.is_tensor(bounds) else [int(x) for x in bounds]
         out = torch.cat([_causal_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], scale)
-                         for s, e in zip(cuts[:-1], cuts[1:])], dim=2)
+                         for s, e in zip(cuts[:-1], cuts[1:]) if e > s], dim=2)     # empty rows: none
         return out.transpose(1, 2).contiguous(), None
     if attention_mask is None:
         return _causal_attention(query, key, value, scale).transpose(1, 2).contiguous(), None
@@ -154,6 +158,36 @@ def _agentq_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     allowed[..., 0] |= ~allowed.any(-1)         # fully masked (padding) rows: avoid NaN
     out = attn_ops.masked_attention(query, key, value, allowed, scale)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _varlen_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor,
+                             max_len: int, scale: float) -> torch.Tensor:
+    """Causal attention within each packed row, one flash-attention varlen call (GQA native):
+    query [1, Hq, T, D], key/value [1, Hkv, T, D], bounds [R + 1] int32 on the GPU (empty rows
+    allowed), max_len ≥ the longest row. Returns [1, T, Hq, D] (HF's layout after attention)."""
+    if not _fused_causal_ok(query):
+        raise ValueError("varlen attention (row boundaries on the GPU) needs a CUDA bf16/fp16 model; "
+                         f"got {query.dtype} on {query.device}")
+    q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))      # [T, H, D]
+    out = torch.ops.aten._flash_attention_forward(q, k, v, bounds, bounds, max_len, max_len, 0.0, True, False,
+                                                  scale=scale)[0]
+    return out.unsqueeze(0)
+
+
+#: the 4D "mask" `varlen_inputs` gives: HF hands a 4D mask to attention as it is, so it builds no
+#: [T, T] mask of its own (nor checks the positions for packing with a device sync); the varlen
+#: path never reads it
+_PLACEHOLDER_MASKS: dict[torch.device, torch.Tensor] = {}
+
+
+def varlen_inputs(bounds: torch.Tensor, max_len: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(attention_mask, kwargs) to give the model for packed rows through the varlen attention
+    (`_varlen_causal_attention`): bounds [R + 1] int32 row boundaries on the model's GPU, max_len ≥
+    the longest row. The mask is a placeholder (`_PLACEHOLDER_MASKS`)."""
+    mask = _PLACEHOLDER_MASKS.get(bounds.device)
+    if mask is None:
+        mask = _PLACEHOLDER_MASKS[bounds.device] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=bounds.device)
+    return mask, {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": max_len, "max_length_k": max_len}
 
 
 def _causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
@@ -284,6 +318,18 @@ def invalidate_weight_caches(model: nn.Module) -> None:
                 m.group.invalidate()
 
 
+def pin_weight_caches(model: nn.Module) -> None:
+    """Make every weight cache of the model recompute in place (`ste.WeightCache.pin`) and bring
+    each up to date with its weight: CUDA graphs captured afterwards read the caches' tensors, and
+    calling this again before each replay rewrites whatever an optimizer step made stale."""
+    for m in model.modules():
+        if isinstance(m, QATLinear):
+            m.weight_cache.pin()
+            if m.group is not None:
+                m.group.cache.pin()
+            m.quantized_weight()
+
+
 def quantized_weights(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """HF weight name → (w_q, s_w) of every QAT linear, from the per-step cache (for a weight sync)."""
     return {f"{n}.weight": m.quantized_weight() for n, m in model.named_modules() if isinstance(m, QATLinear)}
@@ -297,5 +343,5 @@ def quantized_module_report(model: nn.Module) -> dict[str, int]:
 
 
 __all__ = ["ATTN_IMPL", "PROJECTION_GROUPS", "ProjectionGroup", "QATLinear", "align_model", "invalidate_weight_caches", "linear_names",
-           "quantized_module_report", "quantized_weights", "release_activation_cache", "set_grad_input",
-           "unalign_model"]
+           "pin_weight_caches", "quantized_module_report", "quantized_weights", "release_activation_cache",
+           "set_grad_input", "unalign_model", "varlen_inputs"]

@@ -104,7 +104,8 @@ class RLTrainer:
             weight_decay=float(t.weight_decay), betas=tuple(t.betas), grad_clip=float(t.grad_clip),
             use_reference=float(cfg.algo.kl_coef) > 0, ref_path=self.init_path if resumed else None,
             activation_checkpointing=bool(t.activation_checkpointing), **build.learner_batching(cfg),
-            grad_input=str(t.get("grad_input", "bf16")), temperature=build.learner_temperature(cfg))
+            grad_input=str(t.get("grad_input", "bf16")), temperature=build.learner_temperature(cfg),
+            cuda_graphs=bool(t.get("cuda_graphs", False)))
 
     def _restore(self, state: TrainerState, ckpt: Path | None) -> int:
         """Optimizer and RNG states from a checkpoint; logs after it are cut (those steps are redone).
