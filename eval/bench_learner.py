@@ -18,9 +18,15 @@ sequence packing (`Learner(pack_tokens=N)`: rows end to end, no padding) on a ba
 lengths (`--mixed`: lengths uniform in [seq/8, seq], seeded): positions computed, forwards per
 pass, and the same two timings.
 
+With `--cuda-graphs` it runs both specs packed (`--pack-tokens`, default `--micro` × `--seq`),
+each eagerly and with the packed passes replayed as CUDA graphs (`Learner(cuda_graphs=True)`),
+four learners in one process: aligned / none in each mode, and eager / graphs per spec. The
+warmup calls capture the graphs; the timed calls replay them.
+
     python -m agentq.eval.bench_learner --model 1b --batch 4 --seq 2048 --micro 4 --out runs/bench   # H200
     python -m agentq.eval.bench_learner --model 1b --batch 4 --seq 2048 --micro 4 --grad-input int8   # H200
     python -m agentq.eval.bench_learner --model 8b --batch 4 --seq 2048 --micro 1 --out runs/bench   # H200
+    python -m agentq.eval.bench_learner --model 1b --batch 4 --seq 2048 --micro 4 --cuda-graphs --warmup 2 --iters 6  # H200
     python -m agentq.eval.bench_learner --model tiny --batch 4 --seq 128 --iters 3                   # CPU
     python -m agentq.eval.bench_learner --model tiny --batch 32 --seq 512 --mixed --micro 2 --pack-tokens 1024  # CPU
 """
@@ -91,7 +97,8 @@ def timed_launch_ab(fn, device: torch.device, warmup: int, iters: int) -> dict[s
     return out
 
 
-def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pack_tokens: int | None = None) -> dict:
+def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pack_tokens: int | None = None,
+             cuda_graphs: bool = False) -> dict:
     from agentq.algos import make_objective
     from agentq.kernels import QuantSpec
     from agentq.learner.learner import Learner
@@ -102,7 +109,7 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
     learner = Learner(model, QuantSpec.preset(spec_name), dtype=dtype, device=str(device), use_reference=False,
                       micro_batch_size=args.micro, lr=1e-6, activation_checkpointing=args.checkpointing,
                       pack_tokens=pack_tokens, logprob_micro_batch_size=args.logprob_micro,
-                      grad_input=args.grad_input if aligned else "bf16")
+                      grad_input=args.grad_input if aligned else "bf16", cuda_graphs=cuda_graphs)
     lengths = mixed_lengths(args.batch, args.seq) if args.mixed else None
     batch = synthetic_batch(args.batch, args.seq, cfg.vocab_size, lengths=lengths)
     lengths = batch.attention_mask.sum(1).tolist()
@@ -121,7 +128,8 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
         kernel_table(f"{spec_name}: no-grad forward", lambda: learner.logprobs(batch), rows=args.profile_rows)
         kernel_table(f"{spec_name}: update", lambda: learner.update(batch, objective), rows=args.profile_rows)
     tokens = sum(lengths)
-    res = {"spec": spec_name, "grad_input": learner.grad_input, "pack_tokens": pack_tokens, "real_tokens": tokens,
+    res = {"spec": spec_name, "grad_input": learner.grad_input, "pack_tokens": pack_tokens, "cuda_graphs": cuda_graphs,
+           "real_tokens": tokens,
            "forwards": len(groups),
            "computed_tokens": padded_tokens(lengths, groups, packed=pack_tokens is not None), "update_s": statistics.median(upd), "update_all_s": upd,
            "forward_s": statistics.median(fwd), "forward_all_s": fwd,
@@ -130,7 +138,7 @@ def run_spec(spec_name: str, args, device: torch.device, dtype: torch.dtype, pac
     if launch_ab is not None:
         res["launch_ab_update_s"] = {k: statistics.median(v) for k, v in launch_ab.items()}
         res["launch_ab_update_all_s"] = launch_ab
-    if aligned and args.grad_error and args.pack_tokens is None:     # the main comparison only
+    if aligned and args.grad_error and pack_tokens is None:          # the main comparison only
         res["grad_error"] = grad_error(learner, batch, objective)
     del learner, model
     release_memory(device)
@@ -261,6 +269,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--pack-tokens", type=int, default=None,
                     help="compare today's padded micro-batches with packs of at most this many tokens")
     ap.add_argument("--spec", default="w8a8_kv8", choices=SPECS, help="the spec of the --pack-tokens comparison")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="both specs packed (--pack-tokens, default micro × seq), each eager and as CUDA graphs "
+                         "(Learner(cuda_graphs=True)), side by side in one run")
     ap.add_argument("--launch-ab", action="store_true",
                     help="also time each spec's update with direct Triton launches and with Triton's own launch "
                          "path, alternating call by call in one process")
@@ -274,6 +285,8 @@ def main(argv=None) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if args.host_cost or args.host_profile:
         return host_cost(device, dtype, profile=args.host_profile)
+    if args.cuda_graphs:
+        return graphs_report(args, device, dtype)
     if args.pack_tokens is not None:
         return packing_report(args, device, dtype)
     rows = {s: run_spec(s, args, device, dtype) for s in SPECS}
@@ -305,6 +318,38 @@ def main(argv=None) -> dict:
         path = Path(args.out) / (f"bench_learner_{args.model}{'_ckpt' if args.checkpointing else ''}"
                                  f"{'_int8dx' if args.grad_input == 'int8' else ''}.json")
         path.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def graphs_report(args, device: torch.device, dtype: torch.dtype) -> dict:
+    """Both specs, packed, eager and with CUDA graphs (the learner's host time out of the step), one
+    process: aligned / none in each mode, and what the graphs buy each spec."""
+    pack = args.pack_tokens or args.micro * args.seq
+    rows = {f"{s}/{mode}": run_spec(s, args, device, dtype, pack_tokens=pack, cuda_graphs=mode == "graphs")
+            for mode in ("eager", "graphs") for s in SPECS}
+    report = {"model": args.model, "batch": args.batch, "seq": args.seq, "mixed": args.mixed, "pack_tokens": pack,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "dtype": str(dtype),
+              "torch": torch.__version__, "results": rows}
+    print(f"\nlearner {args.model} B={args.batch} L≤{args.seq} mixed={args.mixed} packed ≤ {pack} tokens, "
+          f"{report['device']} {dtype}")
+    print(f"{'spec / mode':<18} {'update s':>9} {'upd tok/s':>10} {'fwd s':>8} {'fwd tok/s':>10} {'peak GiB':>9}")
+    for name, r in rows.items():
+        peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"
+        print(f"{name:<18} {r['update_s']:>9.3f} {r['update_tokens_per_s']:>10.0f} {r['forward_s']:>8.3f} "
+              f"{r['forward_tokens_per_s']:>10.0f} {peak:>9}")
+    for mode in ("eager", "graphs"):
+        al, base = rows[f"w8a8_kv8/{mode}"], rows[f"none/{mode}"]
+        report[f"ratio_update_{mode}"] = al["update_s"] / base["update_s"]
+        report[f"ratio_forward_{mode}"] = al["forward_s"] / base["forward_s"]
+        print(f"aligned / none, {mode}: update {report[f'ratio_update_{mode}']:.3f}x  "
+              f"forward {report[f'ratio_forward_{mode}']:.3f}x")
+    for s in SPECS:
+        e, g = rows[f"{s}/eager"], rows[f"{s}/graphs"]
+        print(f"{s}: eager / graphs update {e['update_s'] / g['update_s']:.2f}x  forward "
+              f"{e['forward_s'] / g['forward_s']:.2f}x")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"bench_learner_graphs_{args.model}.json").write_text(json.dumps(report, indent=1))
     return report
 
 

@@ -100,7 +100,8 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
     learner = Learner(model, learner_spec, dtype=dtype, device=str(device), lr=1e-6,
                       use_reference=float(pre["params"]["kl_coef"]) > 0, micro_batch_size=args.micro,
                       pack_tokens=args.pack_tokens, logprob_micro_batch_size=args.logprob_micro,
-                      logprob_pack_tokens=args.logprob_pack_tokens, grad_input=args.grad_input if aligned else "bf16")
+                      logprob_pack_tokens=args.logprob_pack_tokens, grad_input=args.grad_input if aligned else "bf16",
+                      cuda_graphs=args.cuda_graphs)
     engine = TorchEngine(cfg, rollout_spec, max_slots=args.episodes, max_len=max_len, dtype=dtype, device=device)
     engine.update_weights(learner.named_weights(), version=0)
     objective = make_objective(pre["objective"], **pre["params"])
@@ -166,6 +167,9 @@ def main(argv=None) -> dict:
                     help="packs of the no-grad forwards (default: --pack-tokens)")
     ap.add_argument("--grad-input", default="bf16", choices=GRAD_INPUTS,
                     help="the aligned learner's dX GEMM in backward (trainer.grad_input; bf16 learners unaffected)")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="the learner's packed passes as CUDA graphs, both algos (trainer.cuda_graphs; needs "
+                         "--pack-tokens and/or --logprob-pack-tokens)")
     ap.add_argument("--quantized-rollout", default=None, metavar="PRESET",
                     help="QuantSpec preset for the algos whose rollouts are quantized (default: their conf/algo "
                          "preset's, w8a8_kv8); an aligned learner follows it")
@@ -180,7 +184,8 @@ def main(argv=None) -> dict:
     report = {"model": args.model, "args": vars(args), "dtype": str(dtype), "torch": torch.__version__,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "results": rows}
     print(f"\nRL step {args.model}: {args.episodes} episodes x {args.turns} turns, prompt {args.prompt}, "
-          f"obs {args.obs}, {args.new} new/turn, aligned dX {args.grad_input}, {report['device']} {dtype}")
+          f"obs {args.obs}, {args.new} new/turn, aligned dX {args.grad_input}, pack {args.pack_tokens} / "
+          f"{args.logprob_pack_tokens}, CUDA graphs {args.cuda_graphs}, {report['device']} {dtype}")
     print(f"{'algo':<8} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'step s':>8}")
     for r in rows.values():
         print(f"{r['algo']:<8} " + " ".join(f"{r['phases_s'][p]:>9.3f}" for p in PHASES) + f" {r['step_s']:>8.3f}")
@@ -195,7 +200,7 @@ def main(argv=None) -> dict:
               + f"  step {report['speedup_bf16_over_interq']:.2f}x (> 1 = quantized faster)")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        suffix = "_int8dx" if args.grad_input == "int8" else ""
+        suffix = ("_int8dx" if args.grad_input == "int8" else "") + ("_graphs" if args.cuda_graphs else "")
         (Path(args.out) / f"bench_rl_step_{args.model}{suffix}.json").write_text(json.dumps(report, indent=1))
     return report
 

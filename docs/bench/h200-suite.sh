@@ -7,10 +7,12 @@
 #   engine  bench_engine 8B and 1B, B 64 / 128: bf16 vs w8a8_kv8 vs w8a8_kv8_head     ~2.5 min
 #   sweep   bench_engine 8B and 1B, B 16 / 256, bf16 vs w8a8_kv8; 8B at a 24 GiB KV budget ~4.5 min
 #   rl      bench_rl_step 1B: interq vs bf16, then interq with the int8 head              ~5 min
+#   graphs  the learner's CUDA graphs: bench_learner 1B --cuda-graphs, then bench_rl_step 1B packed,
+#           with and without graphs                                                      ~4 min
 #   train   agentq train env=webshop device=cuda, 2 RL steps through the CLI (needs Hydra and
 #           WebShop's deps: hydra-core, omegaconf, antlr4, bm25s, PyStemmer, thefuzz, rapidfuzz) ~1 min
 set -eu
-part="${1:?tests | heads | engine | sweep | rl | train}"
+part="${1:?tests | heads | engine | sweep | rl | graphs | train}"
 out="${2:?an output folder}"
 mkdir -p "$out"
 export TRITON_DEFAULT_FP_FUSION=1
@@ -24,7 +26,7 @@ case "$part" in
       tests/kernels/test_triton_prefill.py tests/kernels/test_triton_quant.py tests/kernels/test_triton_sample.py \
       tests/kernels/test_triton_logprob.py tests/kernels/test_learner_ops.py tests/learner/test_ste.py \
       tests/learner/test_fused_logprobs.py tests/learner/test_fused_modules.py tests/learner/test_packing.py \
-      tests/kernels/test_launch.py \
+      tests/kernels/test_launch.py tests/learner/test_graphs.py \
       tests/learner/test_projection_groups.py tests/learner/test_quantized_head.py ;;
   heads)
     run tune-heads python -m agentq.eval.bench_kernels --tune gemm --models qwen3-lm-heads --tune-ms 64,128 \
@@ -46,6 +48,13 @@ case "$part" in
     run rl1b python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64
     run rl1b-head python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 \
       --logprob-micro 64 --algos interq --quantized-rollout w8a8_kv8_head ;;
+  graphs)
+    run l1b-graphs python -m agentq.eval.bench_learner --model 1b --batch 4 --seq 2048 --micro 4 --cuda-graphs \
+      --warmup 2 --iters 6
+    for g in "" --cuda-graphs; do
+      run "rl1b-packed${g:+-graphs}" python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 \
+        --micro 16 --pack-tokens 20480 --logprob-pack-tokens 40960 --steps 3 $g --out "$out"
+    done ;;
   train)
     # the CLI on the GPU: the Triton engine for rollouts, the aligned learner, WebShop in-process
     AGENTQ_CACHE="$out/cache" run train-webshop-cuda python -m agentq.cli train env=webshop device=cuda \
