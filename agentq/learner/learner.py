@@ -234,7 +234,17 @@ class Learner:
                 if norm is not None:
                     grad_norms.append(norm)
         self.version += 1
-        return update_summary(sums, grad_norms)
+        return {**update_summary(sums, grad_norms), **self.graph_stats()}
+
+    def graph_stats(self) -> dict[str, int]:
+        """Counts since the start, over all CUDA-graph runners ({} without graphs): replays, buckets
+        captured, packs left to the eager path (oversize, beyond the bucket cap, failed captures)."""
+        if not self.graphs:
+            return {}
+        runners = self.graphs.values()
+        return {"graph_replays": sum(r.replays for r in runners),
+                "graph_captures": sum(len(r.entries) for r in runners),
+                "graph_eager_packs": sum(r.eager_packs for r in runners)}
 
     def minibatch_step(self, minib: PolicyBatch, objective: Objective, sums: dict[str, float]) -> float | None:
         """One optimizer step on a minibatch (gradients accumulated over micro-batches, clipped).

@@ -106,6 +106,24 @@ def test_padded_forward_gives_the_pack_its_own_gradient(tiny_model_dir, vocab): 
     assert grads[0].abs().max() > 0
 
 
+def test_update_reports_the_graph_counts(tiny_model_dir, vocab):  # noqa: F811
+    """The update's summary (logged to metrics.jsonl) counts replays, captures and eager packs
+    over the learner's runners; here one eager-mode runner stands in for the GPU's (capture=False
+    counts its buckets, not replays)."""
+    objective = make_objective("grpo", kl_coef=0.0)
+    learner = Learner(str(tiny_model_dir), QuantSpec.preset("none"), use_reference=False, pack_tokens=100)
+    batch = mixed_batch(vocab)
+    batch.old_logp = learner.logprobs(batch) - 0.01 * batch.action_mask
+    batch = batch.weighted(objective.prepare(batch))
+    assert "graph_replays" not in learner.update(batch, objective)
+    runner = eager_runner(learner, train=True)
+    learner.graphs[(id(learner.model), True)] = runner
+    learner.cuda_graphs = True
+    out = learner.update(batch, objective)
+    # packs [4] (130 tokens, over the 128-token bucket cap: eager), [1, 2, 5, 0, 7], [6, 3]
+    assert (out["graph_replays"], out["graph_captures"], out["graph_eager_packs"]) == (0, 2, 1)
+
+
 def test_oversize_pack_is_left_to_the_eager_path(tiny_model_dir, vocab):  # noqa: F811
     batch = mixed_batch(vocab)
     learner = Learner(str(tiny_model_dir), QuantSpec.preset("none"), use_reference=False, pack_tokens=100)
@@ -234,3 +252,5 @@ def test_graphed_learner_tracks_the_eager_learner_over_steps(tiny_model_dir, voc
     assert moved > 5e-2
     runner = learners[1].graphs[(id(learners[1].model), True)]
     assert runner.replays >= 3 and runner.eager_packs > 0 and not runner.failed   # the 130-token row: eager
+    stats = learners[1].graph_stats()
+    assert stats["graph_replays"] >= 6 and stats["graph_captures"] >= 2 and stats["graph_eager_packs"] >= 2
