@@ -152,6 +152,7 @@ class Learner:
         self.train_batching, self.logprob_batching = batching_plans(micro_batch_size, pack_tokens,
                                                                     logprob_micro_batch_size, logprob_pack_tokens)
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
+        self.cuda_graphs = check_graphable(self, cuda_graphs, activation_checkpointing)    # before the load, too
         self.model, self.audit = self.load_aligned(model_path)
         if activation_checkpointing:
             self.model.gradient_checkpointing_enable(  # type: ignore[operator]  # an HF PreTrainedModel method
@@ -164,7 +165,6 @@ class Learner:
             self.ref.requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(betas[0], betas[1]), weight_decay=weight_decay)
         self.grad_clip, self.version = grad_clip, 0
-        self.cuda_graphs = check_graphable(self, cuda_graphs, activation_checkpointing)
         self.graphs, self.graph_pool = {}, None     # CUDA-graph runners by (id(model), training); their memory
 
     def graph_runner(self, model: nn.Module, pack_tokens: int, train: bool) -> PackGraphs:
@@ -342,9 +342,8 @@ def check_graphable(learner: Learner, cuda_graphs: bool, activation_checkpointin
     docstring)."""
     if not cuda_graphs:
         return False
-    p = next(learner.model.parameters())
-    if not (p.is_cuda and p.dtype in (torch.bfloat16, torch.float16)):
-        raise ValueError(f"cuda_graphs=True needs a CUDA bf16/fp16 learner (got {p.dtype} on {p.device})")
+    if not (learner.device.type == "cuda" and learner.dtype in (torch.bfloat16, torch.float16)):
+        raise ValueError(f"cuda_graphs=True needs a CUDA bf16/fp16 learner (got {learner.dtype} on {learner.device})")
     if learner.train_batching.pack_tokens is None and learner.logprob_batching.pack_tokens is None:
         raise ValueError("cuda_graphs=True graphs packed forwards: set pack_tokens and/or logprob_pack_tokens")
     if activation_checkpointing:
