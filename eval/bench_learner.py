@@ -299,11 +299,7 @@ def main(argv=None) -> dict:
     print(f"\nlearner {args.model} B={args.batch} L={args.seq} micro={args.micro} "
           f"logprob micro={args.logprob_micro or args.micro} ckpt={args.checkpointing} "
           f"aligned dX {args.grad_input} {report['device']} {dtype}")
-    print(f"{'spec':<10} {'update s':>9} {'upd tok/s':>10} {'fwd s':>8} {'fwd tok/s':>10} {'peak GiB':>9}")
-    for r in rows.values():
-        peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"
-        print(f"{r['spec']:<10} {r['update_s']:>9.3f} {r['update_tokens_per_s']:>10.0f} {r['forward_s']:>8.3f} "
-              f"{r['forward_tokens_per_s']:>10.0f} {peak:>9}")
+    print_rows(rows, "spec", 10)
     print(f"aligned / none: update {report['ratio_update']:.3f}x  forward {report['ratio_forward']:.3f}x")
     if args.launch_ab:
         d = {s: rows[s]["launch_ab_update_s"] for s in SPECS}
@@ -321,6 +317,15 @@ def main(argv=None) -> dict:
     return report
 
 
+def print_rows(rows: dict[str, dict], label: str, width: int) -> None:
+    """The table of `run_spec` results: update and forward seconds and tokens/s, peak memory."""
+    print(f"{label:<{width}} {'update s':>9} {'upd tok/s':>10} {'fwd s':>8} {'fwd tok/s':>10} {'peak GiB':>9}")
+    for name, r in rows.items():
+        peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"
+        print(f"{name:<{width}} {r['update_s']:>9.3f} {r['update_tokens_per_s']:>10.0f} {r['forward_s']:>8.3f} "
+              f"{r['forward_tokens_per_s']:>10.0f} {peak:>9}")
+
+
 def graphs_report(args, device: torch.device, dtype: torch.dtype) -> dict:
     """Both specs, packed, eager and with CUDA graphs (the learner's host time out of the step), one
     process: aligned / none in each mode, and what the graphs buy each spec."""
@@ -332,11 +337,7 @@ def graphs_report(args, device: torch.device, dtype: torch.dtype) -> dict:
               "torch": torch.__version__, "results": rows}
     print(f"\nlearner {args.model} B={args.batch} L≤{args.seq} mixed={args.mixed} packed ≤ {pack} tokens, "
           f"{report['device']} {dtype}")
-    print(f"{'spec / mode':<18} {'update s':>9} {'upd tok/s':>10} {'fwd s':>8} {'fwd tok/s':>10} {'peak GiB':>9}")
-    for name, r in rows.items():
-        peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"
-        print(f"{name:<18} {r['update_s']:>9.3f} {r['update_tokens_per_s']:>10.0f} {r['forward_s']:>8.3f} "
-              f"{r['forward_tokens_per_s']:>10.0f} {peak:>9}")
+    print_rows(rows, "spec / mode", 18)
     for mode in ("eager", "graphs"):
         al, base = rows[f"w8a8_kv8/{mode}"], rows[f"none/{mode}"]
         report[f"ratio_update_{mode}"] = al["update_s"] / base["update_s"]

@@ -144,9 +144,9 @@ def _agentq_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     l = key.shape[2]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     bounds = kwargs.get("cu_seq_lens_q")
-    if bounds is not None and b == 1 and t == l and torch.is_tensor(bounds) and bounds.is_cuda:
-        return _varlen_causal_attention(query, key, value, bounds, int(kwargs["max_length_q"]), scale), None
     if bounds is not None and b == 1 and t == l:      # packed rows: attention within each row only
+        if torch.is_tensor(bounds) and bounds.is_cuda:
+            return _varlen_causal_attention(query, key, value, bounds, int(kwargs["max_length_q"]), scale), None
         cuts = bounds.tolist() if torch.is_tensor(bounds) else [int(x) for x in bounds]
         out = torch.cat([_causal_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], scale)
                          for s, e in zip(cuts[:-1], cuts[1:]) if e > s], dim=2)     # empty rows: none
