@@ -6,6 +6,7 @@
   (`triton.jit`), not when it runs, so a kernel module imported without it never interprets.
   `load_interpreted()` (re)imports kernel modules under the interpreter for CPU tests, and
   `restore_compiled()` puts compiled ones back.
+* `cuda_half(device, dtype)`: the device/dtype condition of every GPU fast path (CUDA bf16/fp16).
 * `dot_dtype()`: the operand dtype of `tl.dot`. bf16 `tl.dot` is wrong under the interpreter
   (bf16 is handed to numpy as raw bits), so interpreted kernels dot in fp32; on CUDA bf16/fp16 dot
   in their own dtype and fp32 dots in IEEE fp32 (not tf32).
@@ -39,6 +40,14 @@ KERNEL_MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "
 def interpreting() -> bool:
     """True when Triton kernels decorated now would run in the CPU interpreter."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def cuda_half(device: "torch.device | str", dtype: "torch.dtype") -> bool:
+    """Whether a model or tensor of `dtype` on `device` takes the GPU fast paths (fused Triton
+    kernels, flash attention, CUDA graphs): CUDA in bf16/fp16. fp32 keeps the exact torch paths,
+    the mode where the engine and the aligned learner agree to ~1e-6."""
+    import torch
+    return torch.device(device).type == "cuda" and dtype in (torch.bfloat16, torch.float16)
 
 
 @functools.lru_cache(maxsize=None)

@@ -66,8 +66,8 @@ def prefill_kernel_available(device: torch.device, dtype: torch.dtype, head_dim:
     it off (the read-back + masked SDPA path)."""
     import os
 
-    from ._interp import HAVE_TRITON
-    return (device.type == "cuda" and HAVE_TRITON and dtype in (torch.bfloat16, torch.float16)
+    from ._interp import HAVE_TRITON, cuda_half
+    return (cuda_half(device, dtype) and HAVE_TRITON
             and head_dim >= 16 and head_dim & (head_dim - 1) == 0
             and os.environ.get("AGENTQ_PREFILL_KERNEL", "1") != "0")
 

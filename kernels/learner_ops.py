@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ._interp import HAVE_TRITON
+from ._interp import HAVE_TRITON, cuda_half
 from .grad_mode import records_graph
 
 Codes = tuple[torch.Tensor, torch.Tensor]
@@ -43,7 +43,7 @@ Codes = tuple[torch.Tensor, torch.Tensor]
 
 def fused_applies(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
     """Whether the fused ops run for activations x (and a norm weight of x's dtype)."""
-    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and HAVE_TRITON
+    return (cuda_half(x.device, x.dtype) and HAVE_TRITON
             and (weight is None or weight.dtype == x.dtype) and os.environ.get("AGENTQ_FUSED", "1") != "0")
 
 

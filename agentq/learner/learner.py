@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from agentq.algos.objective import Objective
+from agentq.kernels._interp import cuda_half
 from agentq.kernels.logprob import token_logprobs
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.kernels.ste import check_grad_input
@@ -87,7 +88,7 @@ def unpack_rows(layout: PackLayout, logp: torch.Tensor, length: int) -> torch.Te
 def varlen_model(model: nn.Module) -> bool:
     """Whether packed rows go through the varlen flash attention: a CUDA bf16/fp16 model."""
     p = next(model.parameters())
-    return p.is_cuda and p.dtype in (torch.bfloat16, torch.float16)
+    return cuda_half(p.device, p.dtype)
 
 
 def packed_forward(model: nn.Module, temperature: float, ids: torch.Tensor, positions: torch.Tensor,
@@ -342,7 +343,7 @@ def check_graphable(learner: Learner, cuda_graphs: bool, activation_checkpointin
     docstring)."""
     if not cuda_graphs:
         return False
-    if not (learner.device.type == "cuda" and learner.dtype in (torch.bfloat16, torch.float16)):
+    if not cuda_half(learner.device, learner.dtype):
         raise ValueError(f"cuda_graphs=True needs a CUDA bf16/fp16 learner (got {learner.dtype} on {learner.device})")
     if learner.train_batching.pack_tokens is None and learner.logprob_batching.pack_tokens is None:
         raise ValueError("cuda_graphs=True graphs packed forwards: set pack_tokens and/or logprob_pack_tokens")

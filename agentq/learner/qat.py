@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from agentq.kernels import attention as attn_ops
+from agentq.kernels._interp import cuda_half
 from agentq.kernels import ste
 from agentq.kernels.quant_spec import QuantSpec
 
@@ -206,7 +207,7 @@ def _fused_causal_ok(query: torch.Tensor) -> bool:
     """A causal-only batch may use SDPA's fused kernels (flash / cuDNN, GQA without repeating K/V):
     on CUDA in bf16/fp16, where the explicit-mask path would fall back to the math kernel. fp32
     keeps the masked path (fp64 in no-grad passes, see `attention.attention_accum_dtype`)."""
-    return query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)
+    return cuda_half(query.device, query.dtype)
 
 
 def _register_attention():

@@ -142,8 +142,8 @@ def use_fused_kernels(dtype: torch.dtype, device: torch.device | str) -> bool:
     arithmetic, the mode where engine and learner agree to ~1e-6). AGENTQ_FUSED=0 turns them off."""
     import os
 
-    from agentq.kernels._interp import HAVE_TRITON
-    return (HAVE_TRITON and torch.device(device).type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+    from agentq.kernels._interp import HAVE_TRITON, cuda_half
+    return (HAVE_TRITON and cuda_half(device, dtype)
             and os.environ.get("AGENTQ_FUSED", "1") != "0")
 
 
