@@ -52,6 +52,7 @@ class AIS(GRPO):
     """GRPO × AIS weight (1 − λ) + λ·min(e^δ, C) with one λ per batch."""
 
     defaults = {"is_cap": 5.0, "k_ref": 0.05, "k_on": 1e-4}
+    row_local_prepare = False           # one λ from all the batch's action tokens weighs every row
 
     @torch.no_grad()
     def prepare(self, batch: BatchView) -> Prepared:

@@ -178,6 +178,10 @@ class InterQ(GRPO):
 
     defaults = {"budget_B": 1.0, "H_floor": 1.0, "budget_scope": "trajectory", "prefix_inclusive": True,
                 "k3_max": 10.0, "renorm_retention": False, "token_tis_cap": None}
+    # α of a row's segments comes from that trajectory's own k3 (one row per trajectory: a batch with
+    # traj_id, one trajectory over several rows, is refused by the learner's bypass). renorm_retention
+    # divides by a mean of α in `token_weights`, over the micro-batch `loss` sees, in either mode
+    row_local_prepare = True
 
     def __init__(self, **params):
         super().__init__(**params)

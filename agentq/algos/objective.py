@@ -8,6 +8,11 @@ An objective is a small class registered by name (`algo.objective` in the config
   batch; the caller attaches the weights (`PolicyBatch.weighted`).
 * `loss(logp, mb)` returns the scalar loss of a minibatch and detached diagnostics (the formula:
   `losses.py`).
+* `row_local_prepare` says whether `prepare`'s weights and per-row tensors of a row depend only on
+  that row (its tokens, log-probs, advantage): then `prepare` on any subset of rows gives those
+  rows what it gives them on the whole batch, and the learner may run it per micro-batch, on π_old
+  taken from the training forward itself (`trainer.old_logp=bypass`). A subclass that overrides
+  `prepare` without declaring it is taken as not row-local (the safe side).
 
 Formulas and worked numbers: docs/algorithms.md.
 """
@@ -35,6 +40,7 @@ class Objective(Protocol):
     """What the learner and the trainer call (every registered objective is one)."""
 
     name: str
+    row_local_prepare: bool
 
     def prepare(self, batch: BatchView) -> Prepared:
         """Per-token weights and diagnostics of a whole batch.
@@ -72,6 +78,13 @@ class GRPO:
 
     name = "grpo"
     defaults: dict[str, Any] = {}
+    row_local_prepare = True            # weight 1 on each action token: nothing crosses rows
+
+    def __init_subclass__(cls, **kw: Any):
+        super().__init_subclass__(**kw)
+        # a new `prepare` may couple rows (a batch statistic); only its author can say it does not
+        if "prepare" in cls.__dict__ and "row_local_prepare" not in cls.__dict__:
+            cls.row_local_prepare = False
 
     def __init__(self, clip_eps: float = 0.2, dual_clip: float = 10.0, kl_coef: float = 0.001,
                  loss_agg: str = "token_mean", **params: Any):

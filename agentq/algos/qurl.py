@@ -39,6 +39,7 @@ class QuRL(GRPO):
     """TIS weight min(r_pb, C) plus the per-token upper clip (1+ε)·max(1, r_pb/C)."""
 
     defaults = {"is_cap": 2.0}
+    row_local_prepare = True            # TIS weight and upper clip of each token from its own δ_t
 
     @torch.no_grad()
     def prepare(self, batch: BatchView) -> Prepared:

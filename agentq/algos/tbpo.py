@@ -61,6 +61,7 @@ class TBPO(GRPO):
 
     defaults = {"seq_clip_ratio_high": 4e-4, "neg_seq_clip_ratio_low": 3e-4, "neg_seq_clip_ratio_high": 7e-4,
                 "seq_tis_imp_ratio_cap": 2.0}
+    row_local_prepare = True            # w_i from row i's own mean δ
 
     @torch.no_grad()
     def prepare(self, batch: BatchView) -> Prepared:

@@ -47,6 +47,7 @@ class TIS(GRPO):
     """GRPO × token TIS weight (rollout W8A8-KV8, learner unaligned or QAT)."""
 
     defaults = {"is_cap": 2.0}
+    row_local_prepare = True            # w_t from the token's own δ_t (the stats are logging only)
 
     @torch.no_grad()
     def prepare(self, batch: BatchView) -> Prepared:
