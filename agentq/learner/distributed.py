@@ -157,6 +157,10 @@ class DataParallelLearner:
         learner_kw: the `Learner` arguments (lr, dtype, device, micro_batch_size, ...).
     """
 
+    #: π_old from its own no-grad pass only: bypass (`Learner.update`) would need each rank's
+    #: micro-batch log-probs gathered back to the driver, which nothing here does yet
+    old_logp_modes = ("recompute",)
+
     def __init__(self, model_path: str, spec: QuantSpec, world_size: int, actor_options: list[dict],
                  timeout_s: float = 600.0,
                  threads: int | None = None, **learner_kw: Any):
@@ -193,10 +197,20 @@ class DataParallelLearner:
                 ref_logp[rows] = refp
         batch.old_logp, batch.ref_logp = old_logp, ref_logp
 
+    def fill_ref(self, batch: PolicyBatch) -> None:
+        """Bypass mode's no-grad pass (π_ref only), which this learner does not run (`old_logp_modes`)."""
+        self.refuse_bypass("fill_ref (the π_ref-only pass of bypass mode)")
+
+    def refuse_bypass(self, what: str) -> None:
+        raise ValueError(f"{what}: the data-parallel learner supports only old_logp_mode in "
+                         f"{list(self.old_logp_modes)} (π_old from its own no-grad pass)")
+
     def update(self, batch: PolicyBatch, objective: Objective, epochs: int = 1, minibatch_size: int | None = None,
-               generator: torch.Generator | None = None) -> dict[str, float]:
+               generator: torch.Generator | None = None, old_logp_mode: str = "recompute") -> dict[str, float]:
         """As `Learner.update`: the same minibatch plan (drawn from `generator` exactly as there),
-        each minibatch's rows split over the ranks."""
+        each minibatch's rows split over the ranks; π_old only from `fill_old_and_ref`."""
+        if old_logp_mode not in self.old_logp_modes:
+            self.refuse_bypass(f"old_logp_mode={old_logp_mode!r}")
         n = batch.num_seqs
         mb = minibatch_size or n
         plan = []

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import copy
 import functools
-from dataclasses import dataclass
-from typing import Any, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
 
 from agentq.algos.objective import Objective
+from agentq.kernels import attention
 from agentq.kernels._interp import cuda_half
 from agentq.kernels.logprob import token_logprobs
 from agentq.kernels.quant_spec import QuantSpec
@@ -25,6 +26,10 @@ from .batch import PolicyBatch
 from .graphs import GraphPool, PackGraphs
 from .packing import PackLayout, plan_packs
 from .qat import align_model, quantized_module_report, release_activation_cache, varlen_inputs
+
+#: where π_old comes from (`trainer.old_logp`): a no-grad pass before the update, or the update's
+#: own first forward (`Learner.update`)
+OLD_LOGP_MODES = ("recompute", "bypass")
 
 
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -116,6 +121,8 @@ class Learner:
 
     graphs: dict[tuple[int, bool], PackGraphs]
     graph_pool: GraphPool | None
+    #: the `OLD_LOGP_MODES` this learner's `update` runs (`bypass_refusal` says when bypass is exact)
+    old_logp_modes = OLD_LOGP_MODES
 
     def __init__(self, model_path: str | nn.Module, spec: QuantSpec, *, dtype: torch.dtype = torch.float32,
                  device: str = "cpu", lr: float = 1e-6, weight_decay: float = 0.01,
@@ -215,23 +222,45 @@ class Learner:
     def fill_old_and_ref(self, batch: PolicyBatch) -> None:
         """Set `batch.old_logp` (this policy, before the update) and `batch.ref_logp` (None without a reference)."""
         batch.old_logp = self.logprobs(batch)
+        self.fill_ref(batch)
+
+    def fill_ref(self, batch: PolicyBatch) -> None:
+        """Set `batch.ref_logp` only (None without a reference): the no-grad pass of bypass mode,
+        where π_old comes from the update's own forward (`update(old_logp_mode="bypass")`)."""
         batch.ref_logp = self.logprobs(batch, self.ref) if self.ref is not None else None
 
     # ------------------------------------------------------------------ update
     def update(self, batch: PolicyBatch, objective: Objective, epochs: int = 1, minibatch_size: int | None = None,
-               generator: torch.Generator | None = None) -> dict[str, float]:
+               generator: torch.Generator | None = None, old_logp_mode: str = "recompute") -> dict[str, float]:
         """PPO epochs over shuffled minibatches (token weights were computed once, in prepare).
         One optimizer step per minibatch; micro-batches accumulate gradients weighted by their share of
         the objective's units (action tokens, or trajectories for loss_agg=seq_mean), so each step
-        minimises the minibatch's loss as if it were one forward."""
+        minimises the minibatch's loss as if it were one forward.
+
+        old_logp_mode "bypass": `batch` comes without old_logp and weights. The one optimizer step's
+        forwards all run at θ_old, so each micro-batch's training log-probs, detached, are its π_old:
+        written into `batch.old_logp` (CPU, as `fill_old_and_ref` leaves it), and `objective.prepare`
+        on those rows gives its weights before its loss. Refused where that is not exact
+        (`bypass_refusal`); where the training forward itself is not the π_old pass's function
+        (`grad_pass_refusal`: fp32 learners) it runs, π_old then being the training pass's log-probs
+        (the trainer refuses that; benchmarks may time it)."""
         n = batch.num_seqs
         mb = minibatch_size or n
+        bypass_old: torch.Tensor | None = None          # bypass: the batch's old_logp, filled by the forwards
+        if old_logp_mode == "bypass":
+            check_bypass(objective, epochs, minibatch_size, batch)
+            batch.old_logp = bypass_old = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        elif old_logp_mode != "recompute":
+            raise ValueError(f"old_logp_mode={old_logp_mode!r}; valid: {list(OLD_LOGP_MODES)}")
         sums: dict[str, float] = {}
         grad_norms = []
         for _ in range(epochs):
             perm = torch.randperm(n, generator=generator)
             for s in range(0, n, mb):
-                norm = self.minibatch_step(batch.index(perm[s: s + mb]), objective, sums)
+                rows = perm[s: s + mb]
+                weigh = None if bypass_old is None else functools.partial(old_logp_from_forward, objective,
+                                                                          bypass_old, rows)
+                norm = self.minibatch_step(batch.index(rows), objective, sums, weigh)
                 if norm is not None:
                     grad_norms.append(norm)
         self.version += 1
@@ -247,28 +276,34 @@ class Learner:
                 "graph_captures": sum(len(r.entries) for r in runners),
                 "graph_eager_packs": sum(r.eager_packs for r in runners)}
 
-    def minibatch_step(self, minib: PolicyBatch, objective: Objective, sums: dict[str, float]) -> float | None:
+    def minibatch_step(self, minib: PolicyBatch, objective: Objective, sums: dict[str, float],
+                       weigh: "WeighMicro | None" = None) -> float | None:
         """One optimizer step on a minibatch (gradients accumulated over micro-batches, clipped).
         Adds the minibatch's loss statistics into `sums`; returns the pre-clip gradient norm, or
-        None when the minibatch has no unit of the objective (no step)."""
-        if not self.accumulate_grads(minib, objective, sums):
+        None when the minibatch has no unit of the objective (no step). `weigh`: as in
+        `accumulate_grads`."""
+        if not self.accumulate_grads(minib, objective, sums, weigh):
             return None
         norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
         self.opt.step()
         return norm
 
-    def accumulate_grads(self, minib: PolicyBatch, objective: Objective, sums: dict[str, float]) -> bool:
+    def accumulate_grads(self, minib: PolicyBatch, objective: Objective, sums: dict[str, float],
+                         weigh: "WeighMicro | None" = None) -> bool:
         """Zero the gradients, then accumulate the minibatch loss's gradient over micro-batches of the
         rows this process owns (`local_rows`; all of them here), each weighted by its share of the
         whole minibatch's units, and combine across processes (`reduce_grads`; nothing here). Returns
-        False (nothing computed) when the minibatch has no unit."""
+        False (nothing computed) when the minibatch has no unit. `weigh` (bypass mode, see `update`):
+        (the micro-batch's rows in `minib`, the CPU micro-batch, its log-probs) → the micro-batch with
+        π_old and weights, between its forward and its loss."""
         total_units = objective.agg_units(minib)
         if total_units == 0:
             return False
         self.opt.zero_grad(set_to_none=True)
         if self.graph_pool is not None:
             self.graph_pool.clear_pending()     # a step that failed between a forward and its backward
-        local = minib.index(self.local_rows(minib))
+        local_rows = self.local_rows(minib)
+        local = minib.index(local_rows)
         weighted: dict[str, torch.Tensor | float] = {}
         for rows in self.micro_batches(local.attention_mask.sum(1)):
             micro = local.index(rows)
@@ -277,6 +312,8 @@ class Learner:
             share = objective.agg_units(micro) / total_units      # from the CPU rows: no device sync
             logp = self.rows_logprobs(self.model, micro.input_ids, micro.attention_mask,
                                       self.train_batching.pack_tokens)
+            if weigh is not None:
+                micro = weigh(local_rows[rows], micro, logp)
             micro = micro.to(self.device)
             loss, stats = objective.loss(logp, micro)
             (loss * share).backward()
@@ -336,6 +373,66 @@ class Learner:
     def report(self) -> dict[str, int]:
         """How many linears run quantized / in full precision (the QAT audit)."""
         return quantized_module_report(self.model)
+
+
+#: `Learner.update`'s bypass hook: (micro-batch rows in the minibatch, CPU micro-batch, its log-probs
+#: with grad) → the micro-batch with old_logp and the objective's weights attached
+WeighMicro = Callable[[torch.Tensor, PolicyBatch, torch.Tensor], PolicyBatch]
+
+
+def bypass_refusal(objective: Objective, epochs: int, minibatch_size: int | None, rows: int,
+                   split_trajectories: bool = False) -> str | None:
+    """Why π_old taken from the training forward (old_logp_mode "bypass") would differ from a
+    separate π_old pass with these settings, or None when it is exact: every forward of the update
+    must run at θ_old (one epoch, one minibatch holding all `rows`, i.e. one optimizer step), and
+    the objective's `prepare` must be row-local, since it then runs per micro-batch
+    (`Objective.row_local_prepare`; a trajectory split over rows, `traj_id`, spans micro-batches)."""
+    if epochs != 1:
+        return f"ppo_epochs={epochs}: the epochs after the first run at the updated θ, not at θ_old"
+    if minibatch_size is not None and minibatch_size < rows:
+        return (f"minibatch_size={minibatch_size} < {rows} trajectories per step: the minibatches after the "
+                "first run at θ after an optimizer step, not at θ_old")
+    if not objective.row_local_prepare:
+        return (f"objective {objective.name!r} weighs each row by numbers of the whole batch "
+                "(row_local_prepare=False), so its prepare cannot run per micro-batch")
+    if split_trajectories:
+        return "the batch splits trajectories over rows (traj_id), which micro-batches may separate"
+    return None
+
+
+def grad_pass_refusal(dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why a training (grad) forward of a learner in `dtype` on `device` does not compute the
+    log-probs its no-grad π_old pass computes, or None when it does: fp32 learners run attention in
+    fp64 in no-grad passes only (`kernels.attention.attention_accum_dtype`), so there bypass's π_old
+    would carry the training pass's fp32 attention rounding (on the tiny aligned model up to 1e-2
+    nats where it flips an int8 code) instead of the π_old the engine is aligned to."""
+    with torch.no_grad():
+        no_grad = attention.attention_accum_dtype(dtype, device)
+    with torch.enable_grad():
+        grad = attention.attention_accum_dtype(dtype, device)
+    if no_grad == grad:
+        return None
+    return (f"a {dtype} learner's training forward computes attention in {grad}, its π_old pass in {no_grad}, "
+            "so their log-probs differ")
+
+
+def check_bypass(objective: Objective, epochs: int, minibatch_size: int | None, batch: PolicyBatch) -> None:
+    """`bypass_refusal` for an update of `batch`, raised as a ValueError."""
+    why = bypass_refusal(objective, epochs, minibatch_size, batch.num_seqs, batch.traj_id is not None)
+    if why:
+        raise ValueError(f"old_logp_mode='bypass' is not exact here: {why}; use 'recompute'")
+
+
+def old_logp_from_forward(objective: Objective, old_logp: torch.Tensor, minib_rows: torch.Tensor,
+                          micro_rows: torch.Tensor, micro: PolicyBatch, logp: torch.Tensor) -> PolicyBatch:
+    """Bypass mode's `WeighMicro`: the CPU micro-batch with π_old = its training forward's log-probs
+    (detached; also written into the batch's `old_logp` [B, L] at its rows, `minib_rows[micro_rows]`)
+    and `objective.prepare`'s weights of those rows. On the CPU like the whole-batch prepare of
+    recompute mode, so the two run the same arithmetic on the same numbers."""
+    old = logp.detach().float().cpu()                   # [n, L]; from a GPU a copy (a CUDA graph reuses its output)
+    old_logp[minib_rows[micro_rows], : old.shape[1]] = old
+    micro = replace(micro, old_logp=old)
+    return micro.weighted(objective.prepare(micro))
 
 
 def check_graphable(learner: Learner, cuda_graphs: bool, activation_checkpointing: bool) -> bool:
