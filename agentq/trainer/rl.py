@@ -5,7 +5,9 @@ One step, top to bottom:
                 `tasks_per_step` training tasks; token ids, μ's log-probs and turn indices are kept
   2. advantages GRPO: episode reward standardised within each task's group
   3. π_old/π_ref log-probs from the learner's aligned forward (same fake quant as the engine)
-  4. objective  token weights once per batch (IS / InterQ-RL retention …), then PPO epochs
+  4. objective  token weights once per batch (IS / InterQ-RL retention …), then PPO epochs;
+                with trainer.old_logp=bypass, π_old and the weights come from the update's own
+                forward at θ_old instead (step 3 is then π_ref only; `old_logp_mode`)
   5. sync       the engine requantizes the new master weights (fresh scales)
   6. log        metrics.jsonl + TensorBoard; periodic checkpoints and held-out evaluation
 """
@@ -22,13 +24,14 @@ from omegaconf import DictConfig, OmegaConf
 from agentq import build
 from agentq.agent import BackendPolicy, ChatFormat
 from agentq.agent.trajectory import Trajectory
-from agentq.algos import Prepared, grpo_advantages, make_objective, mismatch_metrics
+from agentq.algos import Objective, Prepared, grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
 from agentq.eval.evaluate import choose_eval_tasks, evaluate_policy
 from agentq.eval.metrics import summarize
 from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
 from agentq.learner.batch import PolicyBatch, collate
+from agentq.learner.learner import bypass_refusal, grad_pass_refusal
 from agentq.utils.checkpoint import TrainerState, load_trainer_state, save_hf_checkpoint
 from agentq.utils.logging import MetricsLogger, console, jsonable, progress, step_line
 
@@ -47,6 +50,26 @@ def run_dir_for(cfg: DictConfig) -> Path:
     return Path(cfg.trainer.out_dir or new_run_dir(f"{cfg.env.name}-{cfg.algo.name}"))
 
 
+def old_logp_mode(cfg: DictConfig, objective: Objective, device: torch.device, dtype: torch.dtype) -> str:
+    """trainer.old_logp: "recompute" (a no-grad π_old pass before the update) or "bypass" (π_old
+    from the update's own forward, `Learner.update`), refused with the reason where bypass would
+    not give the numbers recompute gives (the learner computes in `dtype` on `device`)."""
+    t = cfg.trainer
+    mode = str(t.get("old_logp", "recompute"))
+    if mode != "bypass":
+        return mode
+    placement = str(OmegaConf.select(cfg, "placement.mode", default="single"))
+    why = None if placement == "single" else (
+        f"placement.mode={placement} runs the data-parallel learner, whose ranks take π_old from their own pass")
+    why = why or bypass_refusal(objective, int(t.ppo_epochs), int(t.minibatch_size) if t.minibatch_size else None,
+                                int(t.tasks_per_step) * int(t.group_size)) or grad_pass_refusal(dtype, device)
+    if why:
+        raise ValueError(f"trainer.old_logp=bypass is exact only when the step's one optimizer step runs at "
+                         f"θ_old, in a training forward that computes what the π_old pass does, with a row-local "
+                         f"objective; here {why}. Use trainer.old_logp=recompute")
+    return mode
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
     return ckpts[-1] if ckpts else None
@@ -56,6 +79,11 @@ class RLTrainer:
     def __init__(self, cfg: DictConfig, init_path: str | None = None):
         self.cfg = cfg
         self.device, self.dtype = build.device_and_dtype(cfg)
+        self.objective = make_objective(cfg.algo.objective, clip_eps=float(cfg.algo.clip_eps),
+                                        dual_clip=float(cfg.algo.dual_clip), kl_coef=float(cfg.algo.kl_coef),
+                                        loss_agg=str(cfg.algo.loss_agg),
+                                        **build.config_dict(cfg.algo.objective_params))
+        self.old_logp_mode = old_logp_mode(cfg, self.objective, self.device, self.dtype)   # before anything is built
         torch.manual_seed(int(cfg.seed))
         self.rng = np.random.default_rng(int(cfg.seed))
         self.gen = torch.Generator().manual_seed(int(cfg.seed))
@@ -74,10 +102,6 @@ class RLTrainer:
         self._build_learner(path, resumed=resume_ckpt is not None)
         self.start_step = self._restore(state, resume_ckpt) if state is not None else 0
         self._build_rollout(path)
-        self.objective = make_objective(cfg.algo.objective, clip_eps=float(cfg.algo.clip_eps),
-                                        dual_clip=float(cfg.algo.dual_clip), kl_coef=float(cfg.algo.kl_coef),
-                                        loss_agg=str(cfg.algo.loss_agg),
-                                        **build.config_dict(cfg.algo.objective_params))
         self._eval_selection: dict = {}
         self.logger = MetricsLogger.from_config(self.run_dir, cfg)
         self.next_episode_id = self.start_step * self.n_episodes
@@ -150,8 +174,7 @@ class RLTrainer:
         batch = self._score(usable)
         t1 = time.perf_counter()
         with build.learner_threads(self.cfg) as n_threads:
-            batch, prep, mismatch = self._prepare(step, usable, batch)
-            upd = self._update(batch)
+            batch, prep, mismatch, upd = self._learn(step, usable, batch)
         t_train = time.perf_counter() - t1
         # sync: the engine requantizes the new masters with fresh scales
         sync = self.engine.update_weights(self.learner.named_weights(), version=step)
@@ -183,16 +206,37 @@ class RLTrainer:
         groups = torch.tensor([x.group_id for x in usable])
         return collate(usable, grpo_advantages(rewards, groups), pad_id=self.tokenizer.pad_token_id or 0)
 
-    def _prepare(self, step: int, usable: list[Trajectory],
-                 batch: PolicyBatch) -> tuple[PolicyBatch, Prepared, dict[str, float | list[float]]]:
-        """π_old / π_ref log-probs through the aligned forward, the rollout ‖ learner mismatch, and the
-        objective's per-token weights (once per batch); the segment history is written here, before
-        the update.
+    def _learn(self, step: int, usable: list[Trajectory], batch: PolicyBatch
+               ) -> tuple[PolicyBatch, Prepared, dict[str, float | list[float]], dict[str, float]]:
+        """The no-grad log-prob pass, the objective's weights and the update, in `old_logp_mode`'s
+        order: recompute fills π_old and π_ref, weighs, then updates; bypass fills π_ref only, and
+        the update fills π_old and weighs per micro-batch, so the same weights, mismatch metrics and
+        segment history follow from the filled batch after it (`_weigh`).
+
+        Returns:
+            (the weighted batch, the objective's `Prepared`, mismatch metrics, update metrics with
+            `old_ref_time_s`, the no-grad pass's seconds, and `old_logp_bypass` 0 / 1).
+        """
+        bypass = self.old_logp_mode == "bypass"
+        t0 = time.perf_counter()
+        (self.learner.fill_ref if bypass else self.learner.fill_old_and_ref)(batch)
+        timing = {"old_ref_time_s": time.perf_counter() - t0, "old_logp_bypass": int(bypass)}
+        if bypass:
+            upd = self._update(batch)
+            batch, prep, mismatch = self._weigh(step, usable, batch)
+        else:
+            batch, prep, mismatch = self._weigh(step, usable, batch)
+            upd = self._update(batch)
+        return batch, prep, mismatch, {**upd, **timing}
+
+    def _weigh(self, step: int, usable: list[Trajectory],
+               batch: PolicyBatch) -> tuple[PolicyBatch, Prepared, dict[str, float | list[float]]]:
+        """The rollout ‖ learner mismatch and the objective's per-token weights (once per batch) of a
+        batch with old_logp filled; the segment history is written here.
 
         Returns:
             (the weighted batch, the objective's `Prepared`, mismatch metrics).
         """
-        self.learner.fill_old_and_ref(batch)
         mismatch = mismatch_metrics(batch)
         prep = self.objective.prepare(batch)
         batch = batch.weighted(prep)
@@ -206,7 +250,7 @@ class RLTrainer:
         t = self.cfg.trainer
         return self.learner.update(batch, self.objective, epochs=int(t.ppo_epochs),
                                    minibatch_size=int(t.minibatch_size) if t.minibatch_size else None,
-                                   generator=self.gen)
+                                   generator=self.gen, old_logp_mode=self.old_logp_mode)
 
     def _skip_step(self, step: int, trajs: list[Trajectory], rollout: dict, seconds: float) -> dict:
         """A step without one usable episode (all errored, or none produced an action token, e.g. the
