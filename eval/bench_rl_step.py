@@ -5,8 +5,11 @@ The batch: E episodes (groups of G) of T turns: a P-token prompt, then per turn 
 (no stop token, so every turn is N long) followed by an O-token observation (random ids, the
 same for both algos). Each phase is timed the way `agentq/trainer/rl.py` runs it:
   rollout  `TorchEngine.generate` turn by turn (delta prefill of the observation, batched decode);
-  old_ref  `Learner.fill_old_and_ref` (π_old and π_ref no-grad forwards);
-  update   the objective's `prepare` + `Learner.update` (one PPO epoch, whole-batch minibatch);
+  old_ref  `Learner.fill_old_and_ref` (π_old and π_ref no-grad forwards); with `--old-logp bypass`
+           (`trainer.old_logp`) `Learner.fill_ref`, π_ref only (every preset has kl_coef > 0);
+  update   the objective's `prepare` + `Learner.update` (one PPO epoch, whole-batch minibatch); with
+           bypass the update takes π_old from its own forward and weighs per micro-batch, then the
+           whole batch's `prepare` the trainer logs;
   sync     `TorchEngine.update_weights(learner.named_weights())`.
 Only the public engine API is used, so engine speed-ups show up here unchanged. Objective
 parameters come from `conf/algo/<algo>.yaml` (read with PyYAML: no Hydra needed). `--grad-input
@@ -16,7 +19,12 @@ without aligned linears (bf16) is unaffected.
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --out runs/bench  # H200
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --grad-input int8  # H200
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --quantized-rollout w8a8_kv8_head
+    python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --old-logp bypass
     python -m agentq.eval.bench_rl_step --model tiny --episodes 8 --turns 2 --prompt 32 --obs 16 --new 8   # CPU
+
+On an fp32 (CPU) learner bypass is timed but not what the trainer runs: there the π_old pass computes
+attention in fp64 and the training pass in fp32, so the trainer refuses bypass (`grad_pass_refusal`)
+and the mismatch printed below then carries the training pass's rounding.
 
 On a GPU the learner wants larger forwards than the trainer's CPU-sized default of 8 trajectories:
 the aligned path launches more per layer, so small forwards leave it host-bound (round 7 on the
@@ -34,6 +42,7 @@ import torch
 
 from agentq.eval.bench_common import base_parser, kernel_table, random_model, release_memory, sync
 from agentq.kernels.ste import GRAD_INPUTS
+from agentq.learner.learner import OLD_LOGP_MODES
 
 PHASES = ("rollout", "old_ref", "update", "sync")
 
@@ -82,6 +91,30 @@ def play(engine, args, vocab: int, step: int):
     return trajs
 
 
+def fill_no_grad(learner, batch, args) -> None:
+    """The no-grad pass before the update: π_old and π_ref, or π_ref only in bypass mode."""
+    (learner.fill_ref if args.old_logp == "bypass" else learner.fill_old_and_ref)(batch)
+
+
+def learn(learner, objective, batch, args, t: dict, device: torch.device):
+    """The old_ref and update phases as the trainer runs them in `args.old_logp` mode (times into
+    `t`); returns the weighted batch with old_logp filled."""
+    t0 = time.perf_counter()
+    fill_no_grad(learner, batch, args)
+    sync(device)
+    t["old_ref"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if args.old_logp == "bypass":       # π_old and weights inside the update; the logged prepare after it
+        learner.update(batch, objective, epochs=1, minibatch_size=args.episodes, old_logp_mode="bypass")
+        batch = batch.weighted(objective.prepare(batch))
+    else:
+        batch = batch.weighted(objective.prepare(batch))
+        learner.update(batch, objective, epochs=1, minibatch_size=args.episodes)
+    sync(device)
+    t["update"] = time.perf_counter() - t0
+    return batch
+
+
 def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
     from agentq.algos import grpo_advantages, make_objective, mismatch_metrics
     from agentq.kernels import QuantSpec
@@ -116,15 +149,7 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
         t["rollout"] = time.perf_counter() - t0
         rewards = torch.rand(len(trajs), generator=torch.Generator().manual_seed(step))
         batch = collate(trajs, grpo_advantages(rewards, torch.tensor([x.group_id for x in trajs])))
-        t0 = time.perf_counter()
-        learner.fill_old_and_ref(batch)
-        sync(device)
-        t["old_ref"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        batch = batch.weighted(objective.prepare(batch))
-        learner.update(batch, objective, epochs=1, minibatch_size=args.episodes)
-        sync(device)
-        t["update"] = time.perf_counter() - t0
+        batch = learn(learner, objective, batch, args, t, device)
         t0 = time.perf_counter()
         engine.update_weights(learner.named_weights(), version=step + 1)
         sync(device)
@@ -135,12 +160,12 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
             mism.append(mismatch_metrics(batch))       # π_old (learner) vs μ (engine), per turn too
         print(f"[{name}] step {step}: " + " ".join(f"{p} {t[p]:.2f}s" for p in PHASES), flush=True)
     if args.profile and device.type == "cuda":        # after the timed steps: where old_ref and update go
-        kernel_table(f"{name}: old_ref", lambda: learner.fill_old_and_ref(batch), rows=args.profile_rows)
-        kernel_table(f"{name}: update", lambda: learner.update(batch, objective, epochs=1, minibatch_size=args.episodes),
-                     rows=args.profile_rows)
+        kernel_table(f"{name}: old_ref", lambda: fill_no_grad(learner, batch, args), rows=args.profile_rows)
+        kernel_table(f"{name}: update", lambda: learner.update(batch, objective, epochs=1, minibatch_size=args.episodes,
+                                                               old_logp_mode=args.old_logp), rows=args.profile_rows)
     med = {p: statistics.median(v) for p, v in times.items()}
     res = {"algo": name, "rollout_quant": rollout_spec.name, "learner_quant": learner_spec.name,
-           "grad_input": learner.grad_input,
+           "grad_input": learner.grad_input, "old_logp": args.old_logp,
            "objective": pre["objective"], "phases_s": med, "phases_all_s": times, "step_s": sum(med.values()),
            "action_tokens": int(sum(x.num_action_tokens for x in trajs)), "tokens": int(sum(x.num_tokens for x in trajs)),
            "mismatch": mism[-1] if mism else {}}
@@ -173,6 +198,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--quantized-rollout", default=None, metavar="PRESET",
                     help="QuantSpec preset for the algos whose rollouts are quantized (default: their conf/algo "
                          "preset's, w8a8_kv8); an aligned learner follows it")
+    ap.add_argument("--old-logp", default="recompute", choices=OLD_LOGP_MODES,
+                    help="where π_old comes from (trainer.old_logp): a no-grad pass (recompute) or the update's "
+                         "own forward (bypass: the old_ref phase then holds π_ref only)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernel tables of old_ref and update")
@@ -185,7 +213,8 @@ def main(argv=None) -> dict:
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "results": rows}
     print(f"\nRL step {args.model}: {args.episodes} episodes x {args.turns} turns, prompt {args.prompt}, "
           f"obs {args.obs}, {args.new} new/turn, aligned dX {args.grad_input}, pack {args.pack_tokens} / "
-          f"{args.logprob_pack_tokens}, CUDA graphs {args.cuda_graphs}, {report['device']} {dtype}")
+          f"{args.logprob_pack_tokens}, CUDA graphs {args.cuda_graphs}, old_logp {args.old_logp}, "
+          f"{report['device']} {dtype}")
     print(f"{'algo':<8} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'step s':>8}")
     for r in rows.values():
         print(f"{r['algo']:<8} " + " ".join(f"{r['phases_s'][p]:>9.3f}" for p in PHASES) + f" {r['step_s']:>8.3f}")
@@ -200,7 +229,8 @@ def main(argv=None) -> dict:
               + f"  step {report['speedup_bf16_over_interq']:.2f}x (> 1 = quantized faster)")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        suffix = ("_int8dx" if args.grad_input == "int8" else "") + ("_graphs" if args.cuda_graphs else "")
+        suffix = (("_int8dx" if args.grad_input == "int8" else "") + ("_graphs" if args.cuda_graphs else "")
+                  + ("_bypass" if args.old_logp == "bypass" else ""))
         (Path(args.out) / f"bench_rl_step_{args.model}{suffix}.json").write_text(json.dumps(report, indent=1))
     return report
 
