@@ -43,9 +43,9 @@ def objective(key: str):
     return make_objective(name, clip_eps=0.2, dual_clip=10.0, kl_coef=0.01, loss_agg="token_mean", **OBJECTIVES[key])
 
 
-def one_update(model_dir, vocab: int, key: str, batching: dict, mode: str):
+def one_update(model_dir, vocab: int, key: str, batching: dict, mode: str, **device):
     """(parameters after one update, the batch with old_logp, prepare's result, update stats)."""
-    learner = Learner(str(model_dir), QuantSpec.preset("w8a8_kv8"), lr=LR, use_reference=True, **batching)
+    learner = Learner(str(model_dir), QuantSpec.preset("w8a8_kv8"), lr=LR, use_reference=True, **batching, **device)
     obj, batch = objective(key), mixed_batch(vocab)
     gen = torch.Generator().manual_seed(0)
     if mode == "recompute":
@@ -57,7 +57,7 @@ def one_update(model_dir, vocab: int, key: str, batching: dict, mode: str):
         assert batch.old_logp is None and batch.ref_logp is not None
         upd = learner.update(batch, obj, generator=gen, old_logp_mode="bypass")
         prep = obj.prepare(batch)            # what the trainer logs: prepare on the filled batch
-    params = torch.cat([p.detach().flatten() for p in learner.model.parameters()])
+    params = torch.cat([p.detach().float().flatten().cpu() for p in learner.model.parameters()])
     return params, batch, prep, upd
 
 
@@ -85,6 +85,30 @@ def test_bypass_update_equals_recompute(tiny_model_dir, vocab, key, batching, sa
     for k, v in upd_re.items():
         assert upd_by[k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
     assert upd_by["ratio_mean"] == 1.0                          # π_θ = π_old exactly at θ_old
+
+
+CUDA_BATCHING = {"micro": {"micro_batch_size": 3}, "packed": {"pack_tokens": 100},
+                 "packed_graphs": {"pack_tokens": 100, "cuda_graphs": True}}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200)")
+@pytest.mark.parametrize("batching", list(CUDA_BATCHING))
+@pytest.mark.parametrize("key", ["grpo", "interq"])
+def test_bypass_update_equals_recompute_on_cuda_bf16(tiny_model_dir, vocab, key, batching):
+    """The GPU learner, with nothing patched: its training forward (fused attention, Triton W8A8,
+    fused log-probs; replayed as a CUDA graph for packs with graphs on) must give the no-grad
+    π_old pass's log-probs bit for bit, or bypass would not be the update recompute runs."""
+    kw = dict(dtype=torch.bfloat16, device="cuda", **CUDA_BATCHING[batching])
+    p_re, b_re, prep_re, upd_re = one_update(tiny_model_dir, vocab, key, {}, "recompute", **kw)
+    p_by, b_by, prep_by, upd_by = one_update(tiny_model_dir, vocab, key, {}, "bypass", **kw)
+    real = b_re.attention_mask.bool()
+    d_old = (b_by.old_logp - b_re.old_logp)[real].abs().max().item()
+    d_par = (p_by - p_re).abs().max().item()
+    print(f"\n[cuda bf16] {key} {batching}: max|Δ| old_logp {d_old:.1e}, params {d_par:.1e}, "
+          f"ratio_mean {upd_re['ratio_mean']!r} / {upd_by['ratio_mean']!r}")
+    assert d_old == 0.0 and d_par == 0.0
+    assert (prep_by.token_weight - prep_re.token_weight).abs().max() == 0.0
+    assert upd_by["ratio_mean"] == 1.0 and upd_re["ratio_mean"] == 1.0
 
 
 def test_fp32_training_attention_is_not_the_old_logp_pass(tiny_model_dir, vocab):
