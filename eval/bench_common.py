@@ -6,8 +6,10 @@ device synchronisation for timing, and the arguments every benchmark takes.
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -122,3 +124,49 @@ def kernel_table(title: str, fn, rows: int = 18) -> None:
     print(table.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60), flush=True)
     print(f"--- host ops, {title}")
     print(table.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60), flush=True)
+
+
+def kernel_timeline(kernels: list[tuple[str, float, float]], steps: int = 1) -> dict:
+    """Where a GPU stream's time goes, from its kernels as (name, start µs, duration µs), per step
+    of `steps` equal ones: the span from the first start to the last end, the busy time (the union
+    of kernel intervals, so kernels that overlap, e.g. under programmatic dependent launch, count
+    once), the idle share of the span, and per kernel name its total time and count (durations as
+    recorded: an overlapped kernel's includes its wait) and the idle time just before it."""
+    if not kernels:
+        return {"kernels_per_step": 0.0, "span_us": 0.0, "busy_us": 0.0, "idle_frac": 0.0, "by_name": {}}
+    ev = sorted(kernels, key=lambda e: e[1])
+    busy, idle, end = 0.0, 0.0, ev[0][1]
+    by = collections.defaultdict(lambda: {"us": 0.0, "count": 0, "idle_before_us": 0.0})
+    for name, start, dur in ev:
+        if start > end:
+            idle += start - end
+            by[name]["idle_before_us"] += start - end
+        busy += max(0.0, start + dur - max(start, end))
+        end = max(end, start + dur)
+        by[name]["us"] += dur
+        by[name]["count"] += 1
+    span = end - ev[0][1]
+    per = {n: {k: v / steps for k, v in d.items()} for n, d in sorted(by.items(), key=lambda kv: -kv[1]["us"])}
+    return {"kernels_per_step": len(ev) / steps, "span_us": span / steps, "busy_us": busy / steps,
+            "idle_frac": idle / span if span else 0.0, "by_name": per}
+
+
+def profiled_kernels(prof) -> list[tuple[str, float, float]]:
+    """The CUDA kernels a `torch.profiler.profile` recorded, as (name, start µs, duration µs), read
+    from its Chrome trace (the one export that keeps each launch's own timestamps)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    return [(e["name"], float(e["ts"]), float(e["dur"])) for e in events
+            if e.get("ph") == "X" and e.get("cat") == "kernel"]
+
+
+def print_timeline(title: str, timeline: dict, rows: int = 16) -> None:
+    """`kernel_timeline`'s result as a few lines: the step's span, busy time and idle share, then
+    the kernels by time (µs per step, launches per step, idle before them)."""
+    print(f"--- {title}: {timeline['kernels_per_step']:.0f} kernels/step, span {timeline['span_us']:.1f} us/step, "
+          f"busy {timeline['busy_us']:.1f} us/step, idle {100 * timeline['idle_frac']:.1f} %")
+    print(f"  {'us/step':>10} {'n/step':>7} {'idle before':>11}  kernel")
+    for name, d in list(timeline["by_name"].items())[:rows]:
+        print(f"  {d['us']:>10.1f} {d['count']:>7.1f} {d['idle_before_us']:>11.1f}  {name[:70]}")

@@ -31,8 +31,8 @@ import time
 
 import torch
 
-from agentq.eval.bench_common import (SHAPES, SWITCHES, fast_path_switches, qwen3_config, sync, time_calls,
-                                      write_json)
+from agentq.eval.bench_common import (SHAPES, SWITCHES, fast_path_switches, kernel_timeline, print_timeline,
+                                      profiled_kernels, qwen3_config, sync, time_calls, write_json)
 
 OBS = 64
 
@@ -179,23 +179,30 @@ def _decode_sweep(eng, slots, seeds, sp, device: str, steps: int = 32) -> list[d
     return out
 
 
-def _profile(eng, slots, seeds, sp, quant: str) -> None:
-    """Kernel table of 3 eager decode steps (the kernels a graph replays, with launch gaps)."""
+def _profile(eng, slots, seeds, sp, quant: str, steps: int = 5) -> None:
+    """Where the GPU time of `steps` graph-replayed decode steps goes (`kernel_timeline`): busy vs
+    idle, kernels by time. Each step re-feeds the same position (the work of a real step at this
+    length) and reads its tokens back, so the idle share includes the host's time between steps
+    that `generate`'s run-ahead hides. Under programmatic dependent launch a kernel's recorded
+    duration includes its wait on the one before; AGENTQ_PDL=0 gives each kernel's own time."""
     from torch.profiler import ProfilerActivity, profile
 
-    graphable, eng.decoder.graphable = eng.decoder.graphable, False
     tokens = [3] * len(slots)
+    lens = eng._advance(slots, tokens)
+    for _ in range(2):                                   # the bucket's graph captured, kernels warm
+        eng.decoder.step(tokens, slots, lens, seeds, sp)
+    sync("cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            eng.decoder.step(tokens, slots, eng._advance(slots, tokens), seeds, sp)
+        for _ in range(steps):
+            eng.decoder.step(tokens, slots, lens, seeds, sp)
         torch.cuda.synchronize()
-    eng.decoder.graphable = graphable
-    print(f"--- CUDA kernels of 3 decode steps, quant={quant}, B={len(slots)}")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+    print_timeline(f"decode steps, quant={quant}, B={len(slots)}, graphs {eng.decoder.graphable}",
+                   kernel_timeline(profiled_kernels(prof), steps))
 
 
 def _profile_prefill(eng, ctx: list[list[int]], quant: str) -> None:
-    """Kernel table of one first-turn prefill of the whole batch (fresh episodes, one new token)."""
+    """Where the GPU time of one first-turn prefill of the whole batch goes (fresh episodes, one
+    new token)."""
     from torch.profiler import ProfilerActivity, profile
 
     from agentq.rollout import SamplingParams, TurnRequest
@@ -205,8 +212,8 @@ def _profile_prefill(eng, ctx: list[list[int]], quant: str) -> None:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         eng.generate([TurnRequest(20_000 + i, c, SamplingParams(max_new_tokens=1), seed=i) for i, c in enumerate(ctx)])
         torch.cuda.synchronize()
-    print(f"--- CUDA kernels of one prefill of {len(ctx)} x {len(ctx[0])} tokens, quant={quant}")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=26, max_name_column_width=70))
+    print_timeline(f"one prefill of {len(ctx)} x {len(ctx[0])} tokens, quant={quant}",
+                   kernel_timeline(profiled_kernels(prof)), rows=20)
 
 
 def _time_decode(eng, slots, seeds, sp, steps: int, device: str, warm: int = 2,
@@ -328,7 +335,7 @@ def main():
     ap.add_argument("--kv-budget-gib", type=float, default=None,
                     help="report (and with --at-budget run) the most episodes this much KV memory holds")
     ap.add_argument("--at-budget", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="print the CUDA kernel tables of eager decode steps and of one prefill")
+    ap.add_argument("--profile", action="store_true", help="print where the GPU time goes (busy / idle, kernels) in graph-replayed decode steps and one prefill")
     ap.add_argument("--decode-sweep", action="append", default=[], metavar="KNOB=V1,V2",
                     help=f"time the W8A8 decode step per value of a launch knob ({', '.join(SWEEP_KNOBS)})")
     ap.add_argument("--sweep-passes", type=int, default=2, help="--decode-sweep: interleaved passes per value")

@@ -1,0 +1,43 @@
+"""`bench_common.kernel_timeline` / `profiled_kernels`: the busy / idle accounting of a profiled
+GPU stream (`bench_engine --profile`), against intervals worked out by hand."""
+import json
+
+import pytest
+
+from agentq.eval.bench_common import kernel_timeline, profiled_kernels
+
+
+def test_timeline_counts_overlaps_once_and_idle_before_each_kernel():
+    # two steps of: a [0, 10), b [5, 12) (overlaps a, as under PDL), gap 3, c [15, 20); then gap 10
+    step = [("a", 0.0, 10.0), ("b", 5.0, 7.0), ("c", 15.0, 5.0)]
+    kernels = step + [(n, t + 30.0, d) for n, t, d in step]
+    tl = kernel_timeline(kernels[::-1], steps=2)          # any order in, sorted by start inside
+    # span [0, 50) = 50 per 2 steps; busy: [0,12) + [15,20) per step = 17; idle: 3 + 10 + 3 = 16 of 50
+    assert tl["span_us"] == pytest.approx(25.0)
+    assert tl["busy_us"] == pytest.approx(17.0)
+    assert tl["idle_frac"] == pytest.approx(16 / 50)
+    assert tl["kernels_per_step"] == 3.0
+    assert list(tl["by_name"]) == ["a", "b", "c"]          # by recorded time: 10, 7, 5 per step
+    assert tl["by_name"]["b"] == {"us": 7.0, "count": 1.0, "idle_before_us": 0.0}
+    assert tl["by_name"]["c"]["idle_before_us"] == pytest.approx(3.0)        # 3 in each step
+    assert tl["by_name"]["a"]["idle_before_us"] == pytest.approx(5.0)        # the 10 before step 2, per step
+    # a kernel wholly inside another adds no busy time
+    assert kernel_timeline([("a", 0.0, 10.0), ("b", 2.0, 3.0)])["busy_us"] == pytest.approx(10.0)
+    assert kernel_timeline([])["busy_us"] == 0.0
+
+
+class _TraceOnly:
+    """Stand-in for a `torch.profiler.profile` with CUDA kernels (no GPU here): it only writes the
+    Chrome trace that `profiled_kernels` reads, in the profiler's format."""
+
+    def export_chrome_trace(self, path: str) -> None:
+        events = [{"ph": "X", "cat": "kernel", "name": "gemm", "ts": 100.5, "dur": 20.0},
+                  {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 90.0, "dur": 40.0},
+                  {"ph": "i", "cat": "kernel", "name": "marker", "ts": 95.0},
+                  {"ph": "X", "cat": "kernel", "name": "norm", "ts": 125.0, "dur": 4.0}]
+        with open(path, "w") as f:
+            json.dump({"traceEvents": events}, f)
+
+
+def test_profiled_kernels_keeps_only_kernel_intervals():
+    assert profiled_kernels(_TraceOnly()) == [("gemm", 100.5, 20.0), ("norm", 125.0, 4.0)]
