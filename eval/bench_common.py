@@ -135,11 +135,10 @@ def kernel_timeline(kernels: list[tuple[str, float, float]], steps: int = 1) -> 
     if not kernels:
         return {"kernels_per_step": 0.0, "span_us": 0.0, "busy_us": 0.0, "idle_frac": 0.0, "by_name": {}}
     ev = sorted(kernels, key=lambda e: e[1])
-    busy, idle, end = 0.0, 0.0, ev[0][1]
+    busy, end = 0.0, ev[0][1]
     by = collections.defaultdict(lambda: {"us": 0.0, "count": 0, "idle_before_us": 0.0})
     for name, start, dur in ev:
         if start > end:
-            idle += start - end
             by[name]["idle_before_us"] += start - end
         busy += max(0.0, start + dur - max(start, end))
         end = max(end, start + dur)
@@ -148,7 +147,7 @@ def kernel_timeline(kernels: list[tuple[str, float, float]], steps: int = 1) -> 
     span = end - ev[0][1]
     per = {n: {k: v / steps for k, v in d.items()} for n, d in sorted(by.items(), key=lambda kv: -kv[1]["us"])}
     return {"kernels_per_step": len(ev) / steps, "span_us": span / steps, "busy_us": busy / steps,
-            "idle_frac": idle / span if span else 0.0, "by_name": per}
+            "idle_frac": (span - busy) / span if span else 0.0, "by_name": per}
 
 
 def profiled_kernels(prof) -> list[tuple[str, float, float]]:
