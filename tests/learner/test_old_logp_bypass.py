@@ -44,7 +44,8 @@ def objective(key: str):
 
 
 def one_update(model_dir, vocab: int, key: str, batching: dict, mode: str, **device):
-    """(parameters after one update, the batch with old_logp, prepare's result, update stats)."""
+    """(parameters after one update, the batch with old_logp, prepare's result, update stats);
+    `device`: the learner's dtype / device (the CPU's fp32 when empty)."""
     learner = Learner(str(model_dir), QuantSpec.preset("w8a8_kv8"), lr=LR, use_reference=True, **batching, **device)
     obj, batch = objective(key), mixed_batch(vocab)
     gen = torch.Generator().manual_seed(0)
@@ -98,9 +99,9 @@ def test_bypass_update_equals_recompute_on_cuda_bf16(tiny_model_dir, vocab, key,
     """The GPU learner, with nothing patched: its training forward (fused attention, Triton W8A8,
     fused log-probs; replayed as a CUDA graph for packs with graphs on) must give the no-grad
     π_old pass's log-probs bit for bit, or bypass would not be the update recompute runs."""
-    kw = dict(dtype=torch.bfloat16, device="cuda", **CUDA_BATCHING[batching])
-    p_re, b_re, prep_re, upd_re = one_update(tiny_model_dir, vocab, key, {}, "recompute", **kw)
-    p_by, b_by, prep_by, upd_by = one_update(tiny_model_dir, vocab, key, {}, "bypass", **kw)
+    kw = dict(dtype=torch.bfloat16, device="cuda")
+    p_re, b_re, prep_re, upd_re = one_update(tiny_model_dir, vocab, key, CUDA_BATCHING[batching], "recompute", **kw)
+    p_by, b_by, prep_by, upd_by = one_update(tiny_model_dir, vocab, key, CUDA_BATCHING[batching], "bypass", **kw)
     real = b_re.attention_mask.bool()
     d_old = (b_by.old_logp - b_re.old_logp)[real].abs().max().item()
     d_par = (p_by - p_re).abs().max().item()
