@@ -279,12 +279,18 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
                                            gpu_memory_utilization=float(v.gpu_memory_utilization))
     from agentq.rollout.torch_engine.engine import TorchEngine
 
-    return TorchEngine.from_pretrained(path, spec, max_slots=slots,
-                                       max_len=int(cfg.env.max_context_tokens), dtype=dtype, device=device,
-                                       prefill_chunk=int(cfg.rollout.prefill_chunk), tokenizer=tokenizer,
-                                       sampler=str(cfg.rollout.get("sampler", "auto")),
-                                       cuda_graphs=bool(cfg.rollout.get("cuda_graphs", True)),
-                                       run_ahead=bool(cfg.rollout.get("run_ahead", True)))
+    return TorchEngine.from_pretrained(path, spec, max_slots=slots, tokenizer=tokenizer,
+                                       **torch_engine_kwargs(cfg, device, dtype))
+
+
+def torch_engine_kwargs(cfg: DictConfig, device: torch.device | str, dtype: torch.dtype) -> dict:
+    """`TorchEngine` arguments from the config besides the weights, slots and tokenizer (one home for
+    the in-process backend and the Ray rollout workers)."""
+    r = cfg.rollout
+    return {"max_len": int(cfg.env.max_context_tokens), "dtype": dtype, "device": device,
+            "prefill_chunk": int(r.prefill_chunk), "sampler": str(r.get("sampler", "auto")),
+            "cuda_graphs": bool(r.get("cuda_graphs", True)), "run_ahead": bool(r.get("run_ahead", True)),
+            "share_prefill": bool(r.get("share_prefill", True))}
 
 
 # ---------------------------------------------------------------------- agent loop

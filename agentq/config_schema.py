@@ -103,6 +103,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "rollout.top_p": probability,
     "rollout.max_slots": positive_int,
     "rollout.run_ahead": boolean,
+    "rollout.share_prefill": boolean,
     "algo.clip_eps": nonneg_num,
     "algo.kl_coef": nonneg_num,
     "agent.invalid_action_penalty": nonneg_num,

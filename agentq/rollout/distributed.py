@@ -71,7 +71,8 @@ class DistributedBackend(RolloutBackend):
         num_workers: engines (Ray actors).
         max_slots: episodes in flight at once over all workers; each worker gets ceil(max_slots / N).
         actor_options: per-worker Ray actor options (resources, placement-group bundle), a list of N.
-        engine_kw: `TorchEngine` arguments besides the slots (max_len, dtype, device, prefill_chunk).
+        engine_kw: `TorchEngine` arguments besides the slots (`build.torch_engine_kwargs`: max_len,
+            dtype, device, prefill_chunk, sampler, cuda_graphs, run_ahead, share_prefill).
         tokenizer: for stop strings (picklable HF tokenizer).
         timeout_s: bound on every call to a worker; a worker past it counts as dead.
     """
@@ -89,7 +90,8 @@ class DistributedBackend(RolloutBackend):
         self.policy_version = 0
         self._cls = ray.remote(max_restarts=0)(EngineWorker)
         self._options = actor_options
-        self._init = (hf_config, quant, {**engine_kw, "max_slots": math.ceil(max_slots / num_workers)}, tokenizer)
+        self.slots_per_worker = math.ceil(max_slots / num_workers)
+        self._init = (hf_config, quant, {**engine_kw, "max_slots": self.slots_per_worker}, tokenizer)
         self._threads = threads
         self._weights_ref = None            # the latest broadcast, for restarted workers
         self._owner: dict[int, int] = {}    # episode id → worker
@@ -114,11 +116,15 @@ class DistributedBackend(RolloutBackend):
             del self._owner[eid]
         self._load[w] = 0
 
-    def worker_of(self, episode_id: int) -> int:
-        """The worker serving the episode; a new episode is assigned to the least-loaded worker."""
+    def worker_of(self, episode_id: int, prefer: int | None = None) -> int:
+        """The worker serving the episode. A new episode goes to `prefer` while that worker has a
+        free slot, else to the least-loaded worker."""
         w = self._owner.get(episode_id)
         if w is None:
-            w = min(range(self.num_workers), key=lambda i: (self._load[i], i))
+            if prefer is not None and self._load[prefer] < self.slots_per_worker:
+                w = prefer
+            else:
+                w = min(range(self.num_workers), key=lambda i: (self._load[i], i))
             self._owner[episode_id] = w
             self._load[w] += 1
         return w
@@ -141,8 +147,16 @@ class DistributedBackend(RolloutBackend):
         if len({r.episode_id for r in requests}) != len(requests):
             raise ValueError("generate() got two requests for the same episode")
         by_worker: dict[int, list[TurnRequest]] = {}
+        home: dict[tuple[int, ...], int] = {}     # a context → the worker its first new episode went to
         for r in requests:
-            by_worker.setdefault(self.worker_of(r.episode_id), []).append(r)
+            new = r.episode_id not in self._owner
+            key = tuple(r.context_ids) if new else ()
+            # new episodes with one context (a GRPO group's first turn) go to one worker while it has
+            # room, so its engine prefills that context once (`TorchEngine(share_prefill=True)`)
+            w = self.worker_of(r.episode_id, prefer=home.get(key) if new else None)
+            if new:
+                home.setdefault(key, w)
+            by_worker.setdefault(w, []).append(r)
         ok, failed = self._gather({w: self.workers[w].generate.remote(rs) for w, rs in by_worker.items()})
         out: dict[int, TurnResult] = {}
         for w, results in ok.items():

@@ -160,8 +160,7 @@ class Placement:
         if cfg.rollout.backend != "torch":
             raise ValueError(f"rollout.backend={cfg.rollout.backend!r}; valid: ['torch']")
         spec, _ = build.quant_specs(cfg)
-        engine_kw = {"max_len": int(cfg.env.max_context_tokens), "dtype": self.dtype, "device": self.device,
-                     "prefill_chunk": int(cfg.rollout.prefill_chunk)}
+        engine_kw = build.torch_engine_kwargs(cfg, self.device, self.dtype)
         backend = DistributedBackend(AutoConfig.from_pretrained(model_path), spec, self.rollout_workers, max_slots,
                                      [self.actor_options(self.engine_bundle(i)) for i in range(self.rollout_workers)],
                                      engine_kw, tokenizer=tokenizer, timeout_s=self.timeout_s, threads=self.threads)

@@ -81,6 +81,11 @@ def test_workers_match_one_engine_and_a_killed_worker_is_restarted(ray_cluster, 
             ctx[e] = [11 + j for j in range(10)]
         both([4, 5])
         assert [dist.worker_of(e) for e in (4, 5)] == [1, 1]
+        # two new episodes with one context (a GRPO group) go to one worker, which prefills it once;
+        # least-loaded assignment alone would split them over the two workers (loads 2 and 2)
+        ctx[6] = ctx[7] = [13 + (3 * j) % 70 for j in range(20)]
+        both([6, 7])
+        assert dist.worker_of(6) == dist.worker_of(7) == 0
     finally:
         dist.close()
 

@@ -206,3 +206,71 @@ def test_prefill_writes_the_same_cache_with_and_without_padding(quant):
     assert torch.equal(part.k[0][0, :, 10:12], torch.zeros_like(part.k[0][0, :, 10:12]))   # the padding: not written
     if quant == "none":                                           # row 0's token 2 at slot 4, position 2
         assert torch.equal(full.k[0][4, :, 2], k[0, :, 2])
+
+
+def _turns(eng, contexts: dict[int, list[int]], turns: int = 2):
+    """Play `turns` turns of every episode (context + sampled tokens + 3 observation tokens each)."""
+    sp = SamplingParams(max_new_tokens=6)
+    ctx, out = dict(contexts), []
+    for _ in range(turns):
+        res = eng.generate([TurnRequest(e, c, sp, seed=100 + e) for e, c in ctx.items()])
+        out.append(res)
+        ctx = {r.episode_id: ctx[r.episode_id] + r.token_ids + [21, 22, 23] for r in res}
+    return out
+
+
+def _same_results(a, b, tol):
+    for ta, tb in zip(a, b):
+        for x, y in zip(ta, tb):
+            assert x.token_ids == y.token_ids
+            assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) <= tol
+
+
+@pytest.mark.parametrize("quant,sampler", [("none", "generator"), ("w8a8_kv8", "generator"), ("w8a8_kv8", "counter")])
+def test_identical_new_contexts_prefill_once_and_play_as_if_each_had(tiny_model_dir, quant, sampler):
+    """A GRPO group's first turn: episodes 0-2 share a context, 3 has its own. With share_prefill the
+    group's context is prefilled once and copied into the other two slots (codes and scales bit for
+    bit); every episode then samples with its own seed, in this turn and the next (delta prefill), as
+    it does when each prefills its own context."""
+    group = [5 + (7 * j) % 150 for j in range(50)]
+    contexts = {0: group, 1: group, 2: group, 3: [9 + (5 * j) % 120 for j in range(37)]}
+    shared = engine(tiny_model_dir, quant, sampler=sampler)
+    plain = engine(tiny_model_dir, quant, sampler=sampler, share_prefill=False)
+    a, b = _turns(shared, contexts), _turns(plain, contexts)
+    _same_results(a, b, tol=1e-5 if quant == "none" else 0.0)
+    first_turn = 50 + 37
+    later_turn = 4 * (1 + 3)                  # each row's last sampled token + 3 observation tokens
+    assert plain.stats["prefill_tokens"] == 3 * 50 + 37 + later_turn
+    assert shared.stats["prefill_tokens"] == first_turn + later_turn
+    assert shared.stats["shared_tokens"] == 2 * 50 and plain.stats["shared_tokens"] == 0
+    toks = [tuple(r.token_ids) for r in a[0][:3]]
+    assert len(set(toks)) == 3                 # own seeds: the copies do not replay the first row's draw
+    c, s = shared.cache, shared._slot_of
+    for layer in range(c.n_layers):            # the copied K/V of the turn-1 context: the same bits
+        for t in (c.k, c.v) + ((c.k_scale, c.v_scale) if c.k_scale is not None else ()):
+            for e in (1, 2):
+                assert torch.equal(t[layer][s[e], :, :50], t[layer][s[0], :, :50])
+
+
+@pytest.mark.parametrize("quant", ["none", "w8a8_kv8"])
+def test_a_prefix_common_to_new_contexts_is_prefilled_once(tiny_model_dir, quant):
+    """New contexts sharing a system prompt of >= SHARE_MIN_TOKENS tokens: it is prefilled once and
+    copied; each row prefills only its own tail. Shorter common prefixes are not worth the extra
+    forward and are prefilled row by row."""
+    from agentq.rollout.torch_engine.engine import SHARE_MIN_TOKENS
+
+    system = [4 + (11 * j) % 140 for j in range(SHARE_MIN_TOKENS + 16)]
+    tails = {e: [30 + e + (3 * j) % 50 for j in range(10 + 5 * e)] for e in range(3)}
+    contexts = {e: system + t for e, t in tails.items()}
+    shared = engine(tiny_model_dir, quant)
+    plain = engine(tiny_model_dir, quant, share_prefill=False)
+    _same_results(_turns(shared, contexts, 1), _turns(plain, contexts, 1), tol=1e-5 if quant == "none" else 0.0)
+    n = len(system)
+    assert shared.stats["prefill_tokens"] == n + sum(map(len, tails.values()))
+    assert shared.stats["shared_tokens"] == 2 * n and shared.stats["reused_tokens"] == 0
+    assert plain.stats["prefill_tokens"] == sum(map(len, contexts.values()))
+
+    short = {e: system[: SHARE_MIN_TOKENS - 1] + t for e, t in tails.items()}
+    eng = engine(tiny_model_dir, quant)
+    _turns(eng, short, 1)
+    assert eng.stats["shared_tokens"] == 0 and eng.stats["prefill_tokens"] == sum(map(len, short.values()))

@@ -232,3 +232,47 @@ def test_tma_attention_tiles_give_the_pointer_load_tokens(tiny_model_dir, monkey
     from agentq.kernels import triton_attention
     out = _turns_with_switch(tiny_model_dir, monkeypatch, triton_attention, "TMA_TILES")
     assert out[True] == out[False]
+
+
+@pytest.mark.parametrize("preset", ["w8a8_kv8", "none"])
+def test_shared_prefill_on_cuda_copies_the_group_slot_and_plays_on(tiny_model_dir, preset):
+    """A GRPO group's first turn on the CUDA bf16 engine (graphs, counter sampler): the group's
+    context is prefilled once and copied into the other slots bit for bit (int8 codes and scales, or
+    bf16 values), and the turns play on as when every row prefills its own context. Not bit for bit:
+    a prefill of fewer rows runs the bf16 cuBLAS GEMMs (the LM head; every linear without W8A8) at
+    another row count, which may pick another kernel. So W8A8-KV8 must give the same tokens over
+    three turns with log-probs within bf16 rounding; bf16, whose whole prefill can move, the same
+    first-token log-probs within bf16 rounding where the first tokens agree."""
+    group = [5 + (7 * j) % 300 for j in range(70)]
+    own = [9 + (5 * j) % 250 for j in range(45)]
+    sp = SamplingParams(max_new_tokens=12)
+    out = {}
+    for share in (True, False):
+        eng = TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset(preset), max_slots=8, max_len=512,
+                                          dtype=torch.bfloat16, device="cuda", share_prefill=share)
+        ctxs = {0: group, 1: group, 2: group, 3: own}
+        turns = []
+        for _ in range(3):
+            res = eng.generate([TurnRequest(e, c, sp, seed=40 + e) for e, c in ctxs.items()])
+            turns.append(res)
+            ctxs = {r.episode_id: ctxs[r.episode_id] + r.token_ids + [11, 12, 13] for r in res}
+        out[share] = (turns, eng)
+    (shared, eng), (plain, _) = out[True], out[False]
+    assert eng.stats["shared_tokens"] == 2 * len(group)
+    c, s = eng.cache, eng._slot_of
+    for layer in range(c.n_layers):
+        for t in (c.k, c.v) + ((c.k_scale, c.v_scale) if c.k_scale is not None else ()):
+            for e in (1, 2):
+                assert torch.equal(t[layer][s[e], :, :len(group)], t[layer][s[0], :, :len(group)])
+    if preset == "w8a8_kv8":
+        d = 0.0
+        for ta, tb in zip(shared, plain):
+            for x, y in zip(ta, tb):
+                assert x.token_ids == y.token_ids
+                d = max(d, max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)))
+    else:
+        firsts = [(x.logprobs[0], y.logprobs[0]) for x, y in zip(shared[0], plain[0]) if x.token_ids[0] == y.token_ids[0]]
+        assert len(firsts) >= 3
+        d = max(abs(p - q) for p, q in firsts)
+    print(f"\n[shared prefill, {preset}] max|Δ logp| vs unshared: {d:.3e}")
+    assert d < 2e-2

@@ -2,6 +2,9 @@
 
 * one KV slot per episode, kept between turns: a new turn prefills only the tokens added since
   the last one (observation + chat-template tokens); token ids are the source of truth;
+* prefill work shared between new episodes (`share_prefill`): of identical contexts (a GRPO
+  group's first turn) one is prefilled and the others copy its K/V slot and its logits; a prefix
+  common to all the other new contexts (a system prompt) is prefilled once and copied;
 * batched decode over all episodes in the request (ragged lengths, no padding in the cache);
 * W8A8 linears and an int8 / fp8 KV cache as the `QuantSpec` says (`rollout.quant`);
 * decode steps fused with sampling (`decode.DecodeRunner`): on CUDA they are replayed from CUDA
@@ -27,6 +30,17 @@ from .model import EngineModel
 from .sampler import processed_logprobs, sample
 
 SAMPLERS = ("auto", "generator", "counter")
+#: the shortest prefix common to the new contexts that is prefilled once and copied: below it the
+#: extra forward (one more read of every weight) costs more than the prefill it saves
+SHARE_MIN_TOKENS = 64
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n, lim = 0, min(len(a), len(b))
+    while n < lim and a[n] == b[n]:
+        n += 1
+    return n
 
 
 class TorchEngine(RolloutBackend):
@@ -34,7 +48,8 @@ class TorchEngine(RolloutBackend):
 
     def __init__(self, hf_config: Any, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = 512,
-                 tokenizer: Any = None, sampler: str = "auto", cuda_graphs: bool = True, run_ahead: bool = True):
+                 tokenizer: Any = None, sampler: str = "auto", cuda_graphs: bool = True, run_ahead: bool = True,
+                 share_prefill: bool = True):
         """Args:
             hf_config: the HF config of a Llama / Qwen2 / Qwen3 checkpoint.
             quant: the rollout numerics.
@@ -45,6 +60,10 @@ class TorchEngine(RolloutBackend):
                 Triton decode kernel, counter sampler).
             run_ahead: with the counter sampler, queue each decode step before the host has read
                 the previous one's tokens (same tokens; the host's per-step work overlaps the GPU).
+            share_prefill: new episodes with identical contexts prefill once (the others copy the
+                K/V slot and the logits); a prefix common to the other new contexts, at least
+                `SHARE_MIN_TOKENS` long, is prefilled once and copied. Each row still samples with
+                its own seed. Off: every row prefills its own context.
         """
         if sampler not in SAMPLERS:
             raise ValueError(f"rollout sampler must be one of {SAMPLERS}, got {sampler!r}")
@@ -63,6 +82,7 @@ class TorchEngine(RolloutBackend):
                                     use_graphs=cuda_graphs and self.sampler == "counter")
         self.max_slots, self.max_len, self.prefill_chunk = max_slots, max_len, prefill_chunk
         self.run_ahead = run_ahead
+        self.share_prefill = share_prefill
         self.policy_version = 0
         self._slot_of: dict[int, int] = {}          # episode id → slot
         self._cached: dict[int, list[int]] = {}     # slot → token ids whose K/V is in the cache
@@ -70,7 +90,9 @@ class TorchEngine(RolloutBackend):
         self._generators: dict[int, torch.Generator] = {}
         self._seeds: dict[int, int] = {}            # episode id → counter-sampler seed
         self._scratch_id = 0
-        self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0}
+        # prefill_tokens: computed by a prefill forward; shared_tokens: copied from another slot
+        # instead (share_prefill); reused_tokens: already in the episode's own slot from a turn before
+        self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0, "shared_tokens": 0}
 
     @classmethod
     def from_pretrained(cls, path: str, quant: QuantSpec, **kw: Any) -> "TorchEngine":
@@ -220,20 +242,22 @@ class TorchEngine(RolloutBackend):
                  ) -> torch.Tensor | list[torch.Tensor]:
         """Bring each slot's cache up to its context; return logits of each context's last token
         ([B, V]), or with all_logits the logits of every newly prefilled position (list of [n_i, V])."""
-        deltas, starts = [], []
-        for slot, ctx in zip(slots, contexts):
+        copies: dict[int, int] = {}
+        copied: dict[int, int] = {}
+        if self.share_prefill and not all_logits:
+            copies, copied = self._share_prefill(slots, contexts)
+        deltas: list[list[int]] = []
+        for i, (slot, ctx) in enumerate(zip(slots, contexts)):
+            if i in copies:                   # takes another row's K/V and logits after the forwards
+                deltas.append([])
+                continue
             cached = self._cached[slot]
-            n = 0
-            lim = min(len(cached), len(ctx))
-            while n < lim and cached[n] == ctx[n]:
-                n += 1
-            n = min(n, len(ctx) - 1)          # always re-feed ≥ 1 token: its logits start the turn
+            n = min(common_prefix(cached, ctx), len(ctx) - 1)   # always re-feed ≥ 1 token: its logits start the turn
             if all_logits:
                 n = 0
-            self.stats["reused_tokens"] += n
+            self.stats["reused_tokens"] += n - min(n, copied.get(slot, 0))
             del cached[n:]
             deltas.append(ctx[n:])
-            starts.append(n)
         last: list[torch.Tensor | None] = [None] * len(slots)
         every: list[list[torch.Tensor]] = [[] for _ in slots]
         chunk = self.prefill_chunk
@@ -251,9 +275,53 @@ class TorchEngine(RolloutBackend):
             self.stats["prefill_tokens"] += sum(len(p) for p in pieces)
         if all_logits:
             return [torch.cat(e) for e in every]
+        if copies:
+            self.cache.copy_slots([slots[i] for i in copies.values()], [slots[j] for j in copies],
+                                  max(len(contexts[j]) for j in copies))
+            for j, i in copies.items():
+                self._cached[slots[j]] = list(contexts[j])
+                last[j] = last[i]
+                self.stats["shared_tokens"] += len(contexts[j])
         rows_last = [t for t in last if t is not None]
         assert len(rows_last) == len(last), "every row's last chunk sets its logits"
         return torch.stack(rows_last)
+
+    def _share_prefill(self, slots: list[int], contexts: list[list[int]]) -> tuple[dict[int, int], dict[int, int]]:
+        """Plan (and start) the prefill work new rows share: rows whose slot holds none of their
+        context (a new episode, or one whose K/V a weight sync dropped).
+
+        Of identical contexts the first is prefilled; the others are returned as copies (row → the
+        row whose K/V slot and last-token logits they take once it is prefilled). If the remaining
+        new rows' contexts share a prefix of at least `SHARE_MIN_TOKENS` tokens (each keeping ≥ 1
+        token of its own), it is prefilled here into the first one's slot and copied into the
+        others' now, so their prefill starts after it.
+
+        Returns: (copies, copied): copies as above; copied: slot → tokens copied into it here."""
+        fresh = [i for i, (s, ctx) in enumerate(zip(slots, contexts)) if common_prefix(self._cached[s], ctx) == 0]
+        first_of: dict[tuple[int, ...], int] = {}
+        copies: dict[int, int] = {}
+        for i in fresh:
+            copies_from = first_of.setdefault(tuple(contexts[i]), i)
+            if copies_from != i:
+                copies[i] = copies_from
+        heads = list(first_of.values())
+        if len(heads) < 2:
+            return copies, {}
+        lead = contexts[heads[0]]
+        n = min(len(contexts[i]) for i in heads) - 1
+        for i in heads[1:]:
+            n = min(n, common_prefix(lead, contexts[i]))
+        if n < SHARE_MIN_TOKENS:
+            return copies, {}
+        src = slots[heads[0]]
+        self._cached[src].clear()
+        self._prefill([src], [lead[:n]])      # one row: nothing to share inside
+        dst = [slots[i] for i in heads[1:]]
+        self.cache.copy_slots([src] * len(dst), dst, n)
+        for s in dst:
+            self._cached[s] = list(lead[:n])
+        self.stats["shared_tokens"] += n * len(dst)
+        return copies, {s: n for s in [src] + dst}
 
     def _advance(self, slots: list[int], tokens: list[int]) -> list[int]:
         """Append one token to each slot's bookkeeping; returns the slots' new lengths."""

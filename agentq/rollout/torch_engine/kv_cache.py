@@ -94,6 +94,21 @@ class KVCache:
             if scales is not None and scale is not None:     # int8: both, else neither
                 scales[layer][slots, :, positions] = scale
 
+    def copy_slots(self, src: list[int], dst: list[int], length: int) -> None:
+        """Copy positions [0, length) of slot src[i] into slot dst[i] (codes and scales, every
+        layer): a prefix computed once serves every slot whose context starts with it. Positions of
+        a source past its own cached length are copied too; the destination's length bookkeeping
+        (the engine's) never reads them before they are written."""
+        if not src:
+            return
+        if len(src) != len(dst) or set(src) & set(dst) or len(set(dst)) != len(dst):
+            raise ValueError(f"copy_slots: sources {src} and destinations {dst} must pair up, distinct")
+        s = torch.tensor(src, device=self.device)
+        d = torch.tensor(dst, device=self.device)
+        for tensors in (self.k, self.v, self.k_scale or [], self.v_scale or []):
+            for t in tensors:
+                t[d, :, :length] = t[s, :, :length]
+
     def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K, V of `slots` for positions [0, length): [B, n_kv, length, head_dim]."""
         out = []
