@@ -13,6 +13,10 @@ context again, as it keeps no cache between calls). Reported per configuration:
 * KV bytes per token, and the most episodes a fixed KV-memory budget holds (`--kv-budget-gib`);
   `--at-budget` also runs each engine at the largest batch its budget holds.
 
+Every episode has its own prompt by default. `--group G` gives each G consecutive episodes one
+prompt, as a GRPO group has: the engine then prefills each group's prompt once and copies its K/V
+(`TorchEngine(share_prefill=True)`; `--no-share` turns that off), HF `generate` prefills every row.
+
     python -m agentq.eval.bench_engine --model 8b --batch 64 128 --prompt 2048 --new 128 --turns 3
     python -m agentq.eval.bench_engine --model 8b --batch 16 64 128 256 --prompt 2048 --new 128 \
         --no-hf --kv-budget-gib 24 --at-budget      # every batch size of the benchmark spec, + budget
@@ -21,6 +25,8 @@ context again, as it keeps no cache between calls). Reported per configuration:
         --decode-sweep pdl_max_rows=0,64,128      # + the W8A8 decode step per launch-knob value
     python -m agentq.eval.bench_engine --model 8b --batch 64 --prompt 2048 --new 128 --no-hf \
         --quants none w8a8_kv8 w8a8_kv8_head        # + the preset whose LM head is W8A8 too
+    python -m agentq.eval.bench_engine --model 1b --batch 64 --prompt 2048 --new 128 --no-hf \
+        --group 8                                   # GRPO groups of 8 sharing a prompt
 """
 from __future__ import annotations
 
@@ -53,8 +59,9 @@ def random_weights(engine, seed: int = 0):
             yield name, torch.randn(shape, generator=g, device=dev, dtype=engine.model.dtype) * 0.02
 
 
-def _contexts(batch: int, prompt: int, vocab: int) -> list[list[int]]:
-    return [[(7 * j + 13 * i) % (vocab - 1) + 1 for j in range(prompt)] for i in range(batch)]
+def _contexts(batch: int, prompt: int, vocab: int, group: int = 1) -> list[list[int]]:
+    """One prompt per `group` consecutive episodes; prompts of different groups differ from token 0."""
+    return [[(7 * j + 13 * (i // group)) % (vocab - 1) + 1 for j in range(prompt)] for i in range(batch)]
 
 
 def weight_bytes(engine) -> int:
@@ -67,7 +74,8 @@ def weight_bytes(engine) -> int:
 
 
 def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns: int, device: str,
-               dtype: torch.dtype, graphs: bool = True, run_ahead: bool = True) -> dict:
+               dtype: torch.dtype, graphs: bool = True, run_ahead: bool = True, group: int = 1,
+               share: bool = True) -> dict:
     from agentq.kernels import QuantSpec
     from agentq.rollout import SamplingParams, TurnRequest
     from agentq.rollout.torch_engine.engine import TorchEngine
@@ -75,10 +83,10 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     max_len = prompt + turns * (new + OBS) + 32
     cfg = qwen3_config(model, max_len)
     eng = TorchEngine(cfg, QuantSpec.preset(quant), max_slots=batch, max_len=max_len, dtype=dtype, device=device,
-                      cuda_graphs=graphs, run_ahead=run_ahead)
+                      cuda_graphs=graphs, run_ahead=run_ahead, share_prefill=share)
     eng.update_weights(random_weights(eng), version=0)
     sp = SamplingParams(max_new_tokens=new)
-    ctx = _contexts(batch, prompt, cfg.vocab_size)
+    ctx = _contexts(batch, prompt, cfg.vocab_size, group)
     _warm_up(eng, ctx, new)
     sync(device)
     t0 = time.perf_counter()
@@ -104,12 +112,12 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     kv_read = sum(len(eng._cached[s]) for s in slots) * eng.kv_bytes_per_token()
     if PROFILE and device == "cuda":
         _profile(eng, slots, seeds, sp, quant)
-        _profile_prefill(eng, _contexts(batch, prompt, cfg.vocab_size), quant)
+        _profile_prefill(eng, _contexts(batch, prompt, cfg.vocab_size, group), quant)
     out = {"engine": "agentq", "quant": quant, "model": model, "batch": batch, "prompt": prompt, "new_tokens": new,
-           "turns": turns, "turn_s": turn_s, "tokens_per_s": gen / total, "decode_step_ms": ms,
+           "turns": turns, "group": group, "share_prefill": share, "turn_s": turn_s, "tokens_per_s": gen / total, "decode_step_ms": ms,
            "decode_step_pipelined_ms": ms_pipe, "run_ahead": run_ahead,
            "kv_bytes_per_token": eng.kv_bytes_per_token(), "weight_bytes": weight_bytes(eng),
-           "kv_bytes_read_per_step": kv_read, "decode_stats": dict(eng.decoder.stats), "graphs": eng.decoder.graphable,
+           "kv_bytes_read_per_step": kv_read, "decode_stats": dict(eng.decoder.stats), "engine_stats": dict(eng.stats), "graphs": eng.decoder.graphable,
            "eager_run": not graphs, **({"decode_sweep": sweep} if sweep else {})}
     del eng
     _free(device)
@@ -254,7 +262,7 @@ def _time_decode_pipelined(eng, slots, seeds, sp, steps: int, device: str, warm:
     return 1e3 * (time.perf_counter() - t) / steps
 
 
-def run_hf(model: str, batch: int, prompt: int, new: int, turns: int) -> dict:
+def run_hf(model: str, batch: int, prompt: int, new: int, turns: int, group: int = 1) -> dict:
     """HF `generate` with a static cache, bf16, multinomial sampling at T = 1, exactly `new` tokens."""
     from transformers import AutoModelForCausalLM
 
@@ -262,7 +270,7 @@ def run_hf(model: str, batch: int, prompt: int, new: int, turns: int) -> dict:
     cfg = qwen3_config(model, max_len)
     with torch.device("cuda"):
         m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    ctx = torch.tensor(_contexts(batch, prompt, cfg.vocab_size), device="cuda")
+    ctx = torch.tensor(_contexts(batch, prompt, cfg.vocab_size, group), device="cuda")
     kw = dict(do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=new, min_new_tokens=new,
               cache_implementation="static", eos_token_id=None, pad_token_id=0,
               disable_compile=True)      # HF would torch.compile the static-cache forward per prompt shape
@@ -343,8 +351,13 @@ def main():
                     help="engines that queue each decode step before reading the last one's tokens (both: A/B)")
     ap.add_argument("--quants", nargs="+", default=["none", "w8a8_kv8"],
                     help="QuantSpec presets to run; each quantized one is compared with `none` (which must be listed)")
+    ap.add_argument("--group", type=int, default=1, help="consecutive episodes sharing one prompt (a GRPO group)")
+    ap.add_argument("--no-share", action="store_true", help="engines prefill every row (share_prefill=False)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.group < 1 or any(b % a.group for b in a.batch):
+        raise SystemExit(f"--group {a.group}: must be >= 1 and divide every --batch")
+    run_kw = {"group": a.group, "share": not a.no_share}
     global PROFILE, SWEEP_PASSES
     PROFILE, SWEEP_PASSES = a.profile, a.sweep_passes
     for item in a.decode_sweep:
@@ -360,18 +373,19 @@ def main():
     for b in a.batch:
         for q in a.quants:
             for ahead in {"on": (True,), "off": (False,), "both": (True, False)}[a.run_ahead]:
-                rows.append(run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype, run_ahead=ahead))
+                rows.append(run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype, run_ahead=ahead,
+                                       **run_kw))
             if a.eager and cuda:
-                rows.append(run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype, graphs=False))
+                rows.append(run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype, graphs=False, **run_kw))
         if cuda and not a.no_hf:
-            rows.append(run_hf(a.model, b, a.prompt, a.new, a.turns))
+            rows.append(run_hf(a.model, b, a.prompt, a.new, a.turns, a.group))
     budget = {}
     if a.kv_budget_gib:
         max_len = a.prompt + a.turns * (a.new + OBS) + 32
         budget = {q: budget_batch(a.model, q, max_len, a.kv_budget_gib) for q in ("none", "w8a8_kv8")}
         if a.at_budget:
             for q, b in budget.items():
-                r = run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype)
+                r = run_engine(a.model, q, b, a.prompt, a.new, a.turns, a.device, dtype, **run_kw)
                 r["at_budget"] = True
                 rows.append(r)
     for r in rows:
@@ -385,6 +399,8 @@ def main():
 def print_table(a, rows, bw, budget) -> None:
     print(f"\nengine throughput: model={a.model} prompt={a.prompt} new={a.new} × {a.turns} turns (+{OBS}-token "
           f"observations), {a.device}; copy bandwidth {bw / 1e12:.2f} TB/s")
+    if a.group > 1:
+        print(f"prompts: one per group of {a.group} episodes; engine prefill shared: {not a.no_share}")
     print("switches: " + ", ".join(f"{k}={v}" for k, v in fast_path_switches().items()))
     print(f"{'engine':12s} {'quant':13s} {'B':>4s} {'graphs':>6s} {'ahead':>5s} {'tok/s':>9s} {'decode ms':>9s} "
           f"{'pipelined':>9s} {'roofline':>8s} {'KV B/tok':>9s}")

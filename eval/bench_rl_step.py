@@ -3,7 +3,9 @@
 
 The batch: E episodes (groups of G) of T turns: a P-token prompt, then per turn N sampled tokens
 (no stop token, so every turn is N long) followed by an O-token observation (random ids, the
-same for both algos). Each phase is timed the way `agentq/trainer/rl.py` runs it:
+same for both algos). With `--group-prompt` the G episodes of a group share their prompt, as a
+GRPO group does (the engine then prefills it once per group, `TorchEngine(share_prefill=True)`;
+`--no-share` prefills every row). Each phase is timed the way `agentq/trainer/rl.py` runs it:
   rollout  `TorchEngine.generate` turn by turn (delta prefill of the observation, batched decode);
   old_ref  `Learner.fill_old_and_ref` (π_old and π_ref no-grad forwards); with `--old-logp bypass`
            (`trainer.old_logp`) `Learner.fill_ref`, π_ref only (every preset has kl_coef > 0);
@@ -77,8 +79,9 @@ def play(engine, args, vocab: int, step: int):
     sp = SamplingParams(max_new_tokens=args.new)
     trajs = [Trajectory(episode_id=step * args.episodes + i, task_id=f"t{i // args.group}", split="train",
                         group_id=i // args.group) for i in range(args.episodes)]
-    for t in trajs:
-        t.append(torch.randint(0, vocab, (args.prompt,), generator=g).tolist(), sampled=False)
+    prompts = [torch.randint(0, vocab, (args.prompt,), generator=g).tolist() for _ in trajs]
+    for i, t in enumerate(trajs):
+        t.append(prompts[i - i % args.group if args.group_prompt else i], sampled=False)
     for turn in range(1, args.turns + 1):
         reqs = [TurnRequest(t.episode_id, list(t.input_ids), sp, seed=t.episode_id * 31 + turn) for t in trajs]
         for t, r in zip(trajs, engine.generate(reqs)):
@@ -135,7 +138,8 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
                       pack_tokens=args.pack_tokens, logprob_micro_batch_size=args.logprob_micro,
                       logprob_pack_tokens=args.logprob_pack_tokens, grad_input=args.grad_input if aligned else "bf16",
                       cuda_graphs=args.cuda_graphs)
-    engine = TorchEngine(cfg, rollout_spec, max_slots=args.episodes, max_len=max_len, dtype=dtype, device=device)
+    engine = TorchEngine(cfg, rollout_spec, max_slots=args.episodes, max_len=max_len, dtype=dtype, device=device,
+                         share_prefill=not args.no_share)
     engine.update_weights(learner.named_weights(), version=0)
     objective = make_objective(pre["objective"], **pre["params"])
     times = {p: [] for p in PHASES}
@@ -201,6 +205,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--old-logp", default="recompute", choices=OLD_LOGP_MODES,
                     help="where π_old comes from (trainer.old_logp): a no-grad pass (recompute) or the update's "
                          "own forward (bypass: the old_ref phase then holds π_ref only)")
+    ap.add_argument("--group-prompt", action="store_true", help="the episodes of a group share their prompt (GRPO)")
+    ap.add_argument("--no-share", action="store_true", help="the engine prefills every row (share_prefill=False)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernel tables of old_ref and update")
@@ -214,6 +220,7 @@ def main(argv=None) -> dict:
     print(f"\nRL step {args.model}: {args.episodes} episodes x {args.turns} turns, prompt {args.prompt}, "
           f"obs {args.obs}, {args.new} new/turn, aligned dX {args.grad_input}, pack {args.pack_tokens} / "
           f"{args.logprob_pack_tokens}, CUDA graphs {args.cuda_graphs}, old_logp {args.old_logp}, "
+          f"group prompts {args.group_prompt} (shared prefill {not args.no_share}), "
           f"{report['device']} {dtype}")
     print(f"{'algo':<8} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'step s':>8}")
     for r in rows.values():
@@ -230,7 +237,7 @@ def main(argv=None) -> dict:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         suffix = (("_int8dx" if args.grad_input == "int8" else "") + ("_graphs" if args.cuda_graphs else "")
-                  + ("_bypass" if args.old_logp == "bypass" else ""))
+                  + ("_bypass" if args.old_logp == "bypass" else "") + ("_groupprompt" if args.group_prompt else ""))
         (Path(args.out) / f"bench_rl_step_{args.model}{suffix}.json").write_text(json.dumps(report, indent=1))
     return report
 
