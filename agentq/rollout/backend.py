@@ -120,6 +120,18 @@ class RolloutBackend(Protocol):
         """KV-cache bytes one token of context costs (all layers, K and V, scales included)."""
         ...
 
+    def prefill_counts(self) -> dict[str, int]:
+        """Context tokens of every `generate` so far: `prefill_computed_tokens` ran through a
+        prefill forward, `prefill_cached_tokens` took their K/V from a cache instead (the episode's
+        own from an earlier turn, or another episode's shared prefix), and where the backend tells
+        them apart `prefill_shared_tokens`, those of the cached that came from another episode.
+        Empty where the backend does not count them.
+
+        Returns:
+            The counts, monotone over the backend's life (a restarted worker's start again).
+        """
+        return {}
+
 
 # ---------------------------------------------------------------------- shared by the backends
 def load_safetensors_dir(path: str) -> dict[str, torch.Tensor]:

@@ -61,6 +61,9 @@ class EngineWorker:
     def kv_bytes_per_token(self) -> int:
         return self.engine.kv_bytes_per_token()
 
+    def prefill_counts(self) -> dict[str, int]:
+        return self.engine.prefill_counts()
+
 
 class DistributedBackend(RolloutBackend):
     """N `EngineWorker` actors as one rollout backend.
@@ -194,6 +197,19 @@ class DistributedBackend(RolloutBackend):
 
     def kv_bytes_per_token(self) -> int:
         return self._kv_bytes
+
+    def prefill_counts(self) -> dict[str, int]:
+        """The workers' counts summed (a worker that does not answer adds nothing; it is restarted
+        on the next call that needs it)."""
+        total: dict[str, int] = {}
+        for w in self.workers:
+            try:
+                counts = self._ray.get(w.prefill_counts.remote(), timeout=self.timeout_s)
+            except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
+                continue
+            for k, v in counts.items():
+                total[k] = total.get(k, 0) + v
+        return total
 
     def close(self) -> None:
         for a in self.workers:

@@ -285,6 +285,10 @@ class VLLMBackend(RolloutBackend):
         return be
 
     # ------------------------------------------------------------------ protocol
+    def prefill_counts(self) -> dict[str, int]:
+        return {"prefill_computed_tokens": self.stats["prompt_tokens"] - self.stats["cached_tokens"],
+                "prefill_cached_tokens": self.stats["cached_tokens"]}
+
     def kv_bytes_per_token(self) -> int:
         c = self.hf_config
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads

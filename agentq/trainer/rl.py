@@ -163,8 +163,11 @@ class RLTrainer:
     def step(self, step: int) -> dict:
         """One RL step (module docstring): collect, score, prepare, update, sync; returns the logged row."""
         t0 = time.perf_counter()
+        before = self.engine.prefill_counts()
         trajs = self._collect()
         t_roll = time.perf_counter() - t0
+        # a restarted rollout worker counts from 0 again: its part of the step is then undercounted
+        prefill = {k: max(0, v - before.get(k, 0)) for k, v in self.engine.prefill_counts().items()}
         rollout = summarize(trajs)
         write_lost_episodes(self.run_dir, step, trajs)
         usable = [x for x in trajs if x.end_reason != "error" and x.num_action_tokens > 0]
@@ -186,7 +189,7 @@ class RLTrainer:
             **upd, **prep.stats, **mismatch,
             "int8_codes_changed": sync.int8_codes_changed, "sync_time_s": sync.seconds,
             "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
-            "rollout_time_s": t_roll, "train_time_s": t_train, "step_time_s": time.perf_counter() - t0,
+            "rollout_time_s": t_roll, "train_time_s": t_train, "step_time_s": time.perf_counter() - t0, **prefill,
             "learner_threads": n_threads, "skipped_step": 0,
         }
 

@@ -86,6 +86,8 @@ def test_workers_match_one_engine_and_a_killed_worker_is_restarted(ray_cluster, 
         ctx[6] = ctx[7] = [13 + (3 * j) % 70 for j in range(20)]
         both([6, 7])
         assert dist.worker_of(6) == dist.worker_of(7) == 0
+        # episodes 4 / 5 (10 tokens) and 6 / 7 (20) shared their first context: the workers' counts add up
+        assert dist.prefill_counts()["prefill_shared_tokens"] == local.prefill_counts()["prefill_shared_tokens"] == 30
     finally:
         dist.close()
 

@@ -243,6 +243,12 @@ def test_identical_new_contexts_prefill_once_and_play_as_if_each_had(tiny_model_
     assert plain.stats["prefill_tokens"] == 3 * 50 + 37 + later_turn
     assert shared.stats["prefill_tokens"] == first_turn + later_turn
     assert shared.stats["shared_tokens"] == 2 * 50 and plain.stats["shared_tokens"] == 0
+    # the trainer's per-step counts: every context token of both turns either computed or cached
+    fed = sum(len(c) for c in contexts.values()) + sum(len(c) + 6 + 3 for c in contexts.values())
+    counts = {e: e.prefill_counts() for e in (shared, plain)}
+    for c in counts.values():
+        assert c["prefill_computed_tokens"] + c["prefill_cached_tokens"] == fed
+    assert counts[shared]["prefill_cached_tokens"] - counts[plain]["prefill_cached_tokens"] == 2 * 50
     toks = [tuple(r.token_ids) for r in a[0][:3]]
     assert len(set(toks)) == 3                 # own seeds: the copies do not replay the first row's draw
     c, s = shared.cache, shared._slot_of

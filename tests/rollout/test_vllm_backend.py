@@ -273,9 +273,11 @@ def test_turns_reuse_the_prefix_and_seeds_reproduce(fp32_vllm, torch_fp32):
     ctx1 = [5 + (7 * j) % 200 for j in range(300)]
     t1 = run(only(fp32_vllm), [ctx1], n=8, seed0=5, first_id=100)[0]
     ctx2 = ctx1 + t1.token_ids + [9, 10, 11, 12, 13]               # observation tokens appended
-    before = fp32_vllm.stats["cached_tokens"]
+    before = fp32_vllm.prefill_counts()
     t2 = run(fp32_vllm, [ctx2], n=8, seed0=5, first_id=100)[0]    # same episode: turn 2
-    assert fp32_vllm.stats["cached_tokens"] - before == 256       # turn 1's two full 128-token blocks
+    after = fp32_vllm.prefill_counts()
+    assert after["prefill_cached_tokens"] - before["prefill_cached_tokens"] == 256   # turn 1's two full 128-token blocks
+    assert after["prefill_computed_tokens"] - before["prefill_computed_tokens"] == len(ctx2) - 256
     assert max_gap_to_torch([t2], [ctx2], torch_fp32) < TOL_FP32
     again = run(fp32_vllm, [ctx1], n=8, seed0=5, first_id=200)[0]  # another episode, same seed, turn 1
     assert again.token_ids == t1.token_ids

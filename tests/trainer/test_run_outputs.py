@@ -57,6 +57,17 @@ def test_segment_totals_reproduce_k3_and_alpha_metrics(run):
             assert derived[key] == pytest.approx(m[key], rel=1e-12), key
 
 
+def test_steps_log_the_prefill_a_groups_shared_first_turn_saved(run):
+    """Each group's episodes share their first-turn prompt (one task): the engine prefills it once
+    (rollout.share_prefill, on by default) and the step row counts the copied tokens as shared, a
+    part of the cached ones (the rest: each episode's own context from its turns before)."""
+    run_dir, _ = run
+    for step in (1, 2):
+        m = _metrics(run_dir, step)
+        assert m["prefill_computed_tokens"] > 0
+        assert m["prefill_cached_tokens"] > m["prefill_shared_tokens"] > 0
+
+
 def test_segment_alpha_and_H_reproduce_interq_retention(run):
     """Rebuild a batch from the file's per-token δ alone and run InterQ-RL's retention on it."""
     import yaml

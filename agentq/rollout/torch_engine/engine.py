@@ -106,6 +106,12 @@ class TorchEngine(RolloutBackend):
     def kv_bytes_per_token(self) -> int:
         return self.cache.bytes_per_token()
 
+    def prefill_counts(self) -> dict[str, int]:
+        s = self.stats
+        return {"prefill_computed_tokens": s["prefill_tokens"],
+                "prefill_cached_tokens": s["reused_tokens"] + s["shared_tokens"],
+                "prefill_shared_tokens": s["shared_tokens"]}
+
     def release(self, episode_id: int) -> None:
         slot = self._slot_of.pop(episode_id, None)
         if slot is not None:
