@@ -249,9 +249,9 @@ class TorchEngine(RolloutBackend):
         """Bring each slot's cache up to its context; return logits of each context's last token
         ([B, V]), or with all_logits the logits of every newly prefilled position (list of [n_i, V])."""
         copies: dict[int, int] = {}
-        copied: dict[int, int] = {}
+        placed: dict[int, int] = {}
         if self.share_prefill and not all_logits:
-            copies, copied = self._share_prefill(slots, contexts)
+            copies, placed = self._share_prefill(slots, contexts)
         deltas: list[list[int]] = []
         for i, (slot, ctx) in enumerate(zip(slots, contexts)):
             if i in copies:                   # takes another row's K/V and logits after the forwards
@@ -261,7 +261,7 @@ class TorchEngine(RolloutBackend):
             n = min(common_prefix(cached, ctx), len(ctx) - 1)   # always re-feed ≥ 1 token: its logits start the turn
             if all_logits:
                 n = 0
-            self.stats["reused_tokens"] += n - min(n, copied.get(slot, 0))
+            self.stats["reused_tokens"] += n - min(n, placed.get(slot, 0))     # not from a turn before
             del cached[n:]
             deltas.append(ctx[n:])
         last: list[torch.Tensor | None] = [None] * len(slots)
@@ -302,7 +302,8 @@ class TorchEngine(RolloutBackend):
         token of its own), it is prefilled here into the first one's slot and copied into the
         others' now, so their prefill starts after it.
 
-        Returns: (copies, copied): copies as above; copied: slot → tokens copied into it here."""
+        Returns: (copies, placed): copies as above; placed: slot → tokens of the common prefix
+        put into it here (prefilled or copied), which its own prefill then reuses."""
         fresh = [i for i, (s, ctx) in enumerate(zip(slots, contexts)) if common_prefix(self._cached[s], ctx) == 0]
         first_of: dict[tuple[int, ...], int] = {}
         copies: dict[int, int] = {}
