@@ -199,12 +199,14 @@ class DistributedBackend(RolloutBackend):
         return self._kv_bytes
 
     def prefill_counts(self) -> dict[str, int]:
-        """The workers' counts summed (a worker that does not answer adds nothing; it is restarted
-        on the next call that needs it)."""
+        """The workers' counts summed, asked of all at once under one timeout (a worker that does not
+        answer adds nothing; the next `generate` that needs it restarts it)."""
         total: dict[str, int] = {}
-        for w in self.workers:
+        futures = [w.prefill_counts.remote() for w in self.workers]
+        deadline = time.monotonic() + self.timeout_s
+        for fut in futures:
             try:
-                counts = self._ray.get(w.prefill_counts.remote(), timeout=self.timeout_s)
+                counts = self._ray.get(fut, timeout=max(0.0, deadline - time.monotonic()))
             except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
                 continue
             for k, v in counts.items():

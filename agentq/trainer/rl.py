@@ -162,8 +162,8 @@ class RLTrainer:
     # ------------------------------------------------------------------ one RL step
     def step(self, step: int) -> dict:
         """One RL step (module docstring): collect, score, prepare, update, sync; returns the logged row."""
-        t0 = time.perf_counter()
         before = self.engine.prefill_counts()
+        t0 = time.perf_counter()
         trajs = self._collect()
         t_roll = time.perf_counter() - t0
         # a restarted rollout worker counts from 0 again: its part of the step is then undercounted
