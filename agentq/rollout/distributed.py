@@ -152,12 +152,13 @@ class DistributedBackend(RolloutBackend):
         by_worker: dict[int, list[TurnRequest]] = {}
         home: dict[tuple[int, ...], int] = {}     # a context → the worker its first new episode went to
         for r in requests:
-            new = r.episode_id not in self._owner
-            key = tuple(r.context_ids) if new else ()
-            # new episodes with one context (a GRPO group's first turn) go to one worker while it has
-            # room, so its engine prefills that context once (`TorchEngine(share_prefill=True)`)
-            w = self.worker_of(r.episode_id, prefer=home.get(key) if new else None)
-            if new:
+            if r.episode_id in self._owner:
+                w = self.worker_of(r.episode_id)
+            else:
+                # new episodes with one context (a GRPO group's first turn) go to one worker while it
+                # has room, so its engine prefills that context once (`TorchEngine(share_prefill=True)`)
+                key = tuple(r.context_ids)
+                w = self.worker_of(r.episode_id, prefer=home.get(key))
                 home.setdefault(key, w)
             by_worker.setdefault(w, []).append(r)
         ok, failed = self._gather({w: self.workers[w].generate.remote(rs) for w, rs in by_worker.items()})

@@ -304,7 +304,10 @@ class TorchEngine(RolloutBackend):
 
         Returns: (copies, placed): copies as above; placed: slot → tokens of the common prefix
         put into it here (prefilled or copied), which its own prefill then reuses."""
-        fresh = [i for i, (s, ctx) in enumerate(zip(slots, contexts)) if common_prefix(self._cached[s], ctx) == 0]
+        # nothing reusable ⇔ the slot is empty or differs at token 0 (contexts are never empty): no
+        # walk over the cached tokens, which `_prefill` does once per row after this
+        fresh = [i for i, (s, ctx) in enumerate(zip(slots, contexts))
+                 if not self._cached[s] or self._cached[s][0] != ctx[0]]
         first_of: dict[tuple[int, ...], int] = {}
         copies: dict[int, int] = {}
         for i in fresh:
