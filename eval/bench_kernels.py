@@ -916,19 +916,37 @@ def bench_learner_norms(dev, results):
 
 
 def bench_learner_elementwise(dev, results, m: int = 10240):
-    """SiLU·mul + codes (whole rows per program vs chunked rows, `triton_norm.SILU_QUANT_*`) at
-    [m, 6144] and RoPE (one head per program vs `triton_norm.rope`'s head tiles) at m tokens of
-    16 + 8 and 32 + 8 heads, bf16, µs per call."""
+    """SiLU·mul + codes (whole rows per program vs tiles of rows, `triton_norm.SILU_QUANT_*`, each
+    `SILU_TILES` tile; with and without the product kept) against `silu_mul` alone, at [m, n] for
+    the 1B and 8B widths, and RoPE (one head per program vs `triton_norm.rope`'s head tiles) at m
+    tokens of 16 + 8 and 32 + 8 heads, bf16, µs per call and effective GB/s (g and u read once,
+    the outputs written)."""
     from agentq.kernels import triton_norm as tn
     log("\n== learner SiLU·mul + codes and RoPE (bf16; µs per call) ==")
-    gate, up = (torch.randn(m, 6144, device=dev) * 3).bfloat16(), torch.randn(m, 6144, device=dev).bfloat16()
-    saved = tn.SILU_QUANT_CHUNKED_ROWS
-    for name, rows_min in (("whole rows", 1 << 30), ("chunked rows", 1)):
-        tn.SILU_QUANT_CHUNKED_ROWS = rows_min
-        us = graph_us([lambda: tn.silu_mul_and_codes(gate, up, 1e-8, "half_away")], rep_ms=40.0, warmup_ms=10.0)
-        log(f"silu_mul_and_codes {m} x 6144 {name:13s} {us:8.1f}")
-        results.setdefault("learner_elementwise", []).append({"op": f"silu_mul_and_codes {name}", "us": us})
-    tn.SILU_QUANT_CHUNKED_ROWS = saved
+    saved = tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_TILE
+    for n in (6144, 12288):
+        gate, up = (torch.randn(m, n, device=dev) * 3).bfloat16(), torch.randn(m, n, device=dev).bfloat16()
+        want = tn.silu_mul_and_codes(gate, up, 1e-8, "half_away")
+        cases = [("silu_mul alone", 6, None, 1 << 30, lambda: tn.silu_mul(gate, up)),
+                 ("whole rows", 5, None, 1 << 30, None)]
+        cases += [(f"tile {t}", 5, t, 1, None) for t in (saved[1], *SILU_TILES)]     # the default first
+        for name, bytes_per, tile, rows_min, fn in dict.fromkeys(cases):
+            tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_TILE = rows_min, tile or saved[1]
+            for keep in ((True, False) if fn is None else (None,)):
+                call = fn or (partial(tn.silu_mul_and_codes, gate, up, 1e-8, "half_away") if keep
+                              else partial(tn.silu_mul_quant, gate, up, 1e-8, "half_away"))
+                if fn is None:
+                    got = call()
+                    codes = got[1] if keep else got
+                    assert torch.equal(codes[0], want[1][0]) and torch.equal(codes[1], want[1][1]), name
+                us = graph_us([call], rep_ms=30.0, warmup_ms=8.0)
+                nbytes = m * n * (bytes_per + (2 if keep else 0))
+                label = f"{name}{' + product' if keep else ''}"
+                log(f"silu·mul codes {m} x {n:5d} {label:28s} {us:8.1f} µs {nbytes / us / 1e3:6.0f} GB/s")
+                results.setdefault("learner_elementwise", []).append({"op": f"silu {label}", "m": m, "n": n,
+                                                                      "us": us})
+        del gate, up, want
+    tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_TILE = saved
     for hq, hkv in ((16, 8), (32, 8)):
         qkv = torch.randn(1, m, (hq + hkv) * 128, device=dev).bfloat16()
         q, k = qkv[..., :hq * 128].view(1, m, hq, 128), qkv[..., hq * 128:].view(1, m, hkv, 128)
@@ -940,6 +958,67 @@ def bench_learner_elementwise(dev, results, m: int = 10240):
             log(f"rope {m} tokens x {hq}+{hkv} heads {name:17s} {us:8.1f}")
             results.setdefault("learner_elementwise", []).append({"op": f"rope {hq}+{hkv} {name}", "us": us})
 
+
+#: (name, N = the forward's output width, K = its input width) of the dX GEMMs `--grad-input` times
+GRAD_INPUT_SHAPES = (("1b qkv", 4096, 2048), ("1b o", 2048, 2048), ("1b gate_up", 12288, 2048),
+                     ("1b down", 2048, 6144), ("8b qkv", 6144, 4096), ("8b o", 4096, 4096),
+                     ("8b gate_up", 24576, 4096), ("8b down", 4096, 12288))
+#: `_quant_row_chunks_kernel` launches (BLOCK_M, BLOCK_K, num_warps) `--grad-input` sweeps
+QUANT_CHUNKS = ((1, 2048, 4), (2, 1024, 4), (4, 1024, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4),
+                (4, 2048, 8))
+
+
+def bench_grad_input(dev, results, ms=(2048, 8192)):
+    """The learner's dX GEMM at 1B / 8B shapes, M gradient rows: bf16 `dY @ W_fq` against the int8
+    path (dY · s_w quantized per row, int8 GEMM over W_qᵀ), and that quantization alone with the
+    per-row kernel (the path before round 22) and each `QUANT_CHUNKS` launch; µs per call
+    (graph-timed) and the quantization's effective bandwidth (dY read once, codes written)."""
+    from agentq.kernels import quant, ste, triton_gemm, triton_quant
+    from agentq.kernels.quant_spec import QuantSpec
+    spec = QuantSpec.preset("w8a8_kv8")
+    log("\n== learner dX: bf16 GEMM vs int8 (quantization + GEMM); the quantization's launches (µs, GB/s) ==")
+    for m in ms:
+        for name, n, k in GRAD_INPUT_SHAPES:
+            g = torch.Generator(device=dev).manual_seed(n + k)
+            w = (torch.randn(n, k, generator=g, device=dev) * 0.02).bfloat16()
+            gy = (torch.randn(m, n, generator=g, device=dev) * 1e-6).bfloat16()
+            cache = ste.WeightCache()
+            w_q, s_w = cache.get(w, spec)
+            w_fq = cache.dequantized(torch.bfloat16)
+            w_t, unit = cache.transposed()
+            row_launch = triton_quant._row_launch_params(m, n, False)
+            quant_fns = {"row kernel": partial(triton_quant.quantize_rows, gy, quant.GRAD_SCALE_FLOOR, "half_even",
+                                               row_launch, col_scale=s_w)}
+            for c in (tuple(triton_quant.CHUNK_LAUNCH), *QUANT_CHUNKS):
+                quant_fns.setdefault(f"chunks {c}", partial(triton_quant.quantize_rows, gy, quant.GRAD_SCALE_FLOOR,
+                                                            "half_even", col_scale=s_w, chunks=c))
+            want = quant_fns["row kernel"]()
+            for fn in quant_fns.values():       # every launch: the same bits
+                got = fn()
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), name
+            g_q, s_g = want
+            row = {"m": m, "shape": name, "n": n, "k": k,
+                   "bf16_us": graph_us([lambda: gy @ w_fq], rep_ms=30.0, warmup_ms=8.0),
+                   "int8_us": graph_us([lambda: ste._int8_grad_input(gy, w_q, s_w, cache, spec, torch.bfloat16, None)],
+                                       rep_ms=30.0, warmup_ms=8.0),
+                   "gemm_us": graph_us([lambda: triton_gemm.int8_gemm(g_q, s_g, w_t, unit, None, torch.bfloat16)],
+                                       rep_ms=30.0, warmup_ms=8.0),
+                   "quant_us": {q: graph_us([fn], rep_ms=20.0, warmup_ms=5.0) for q, fn in quant_fns.items()}}
+            nbytes = m * n * 3 + m * 4 + n * 4
+            qus = row["quant_us"]
+            best = min(qus, key=qus.get)
+            default = f"chunks {tuple(triton_quant.CHUNK_LAUNCH)}"
+            log(f"M {m:5d} {name:11s} bf16 {row['bf16_us']:8.1f}  int8 {row['int8_us']:8.1f} "
+                f"({row['bf16_us'] / row['int8_us']:.2f}x; GEMM {row['gemm_us']:7.1f})  quant: row kernel "
+                f"{qus['row kernel']:7.1f} ({nbytes / qus['row kernel'] / 1e3:5.0f} GB/s), default {default} "
+                f"{qus[default]:7.1f}, best {best} {qus[best]:7.1f} ({nbytes / qus[best] / 1e3:5.0f} GB/s)")
+            results.setdefault("grad_input", []).append(row)
+            del w, gy, cache, w_fq, w_t, g_q
+            torch.cuda.empty_cache()
+
+
+#: (rows, columns) tiles of the SiLU·mul + codes kernel `--learner-elementwise` times
+SILU_TILES = ((1, 2048), (1, 1024), (2, 1024), (4, 512), (4, 1024), (8, 512), (2, 2048))
 
 #: (B, T) rows `--rope` times: a decode step's and a prefill chunk's (32768 tokens)
 ROPE_ROWS = ((64, 1), (16, 2048))
@@ -1117,6 +1196,9 @@ def main():
     ap.add_argument("--attn-reads", action="store_true",
                     help="only time decode attention's reads with no arithmetic (TMA / pointer tiles, B 64 x "
                          "L 2304) beside the int8 kernel, and exit")
+    ap.add_argument("--grad-input", action="store_true",
+                    help="only time the learner's dX GEMM, bf16 vs int8 (and the dY · s_w quantization's launches) "
+                         "at 1B / 8B shapes, and exit")
     ap.add_argument("--rope", action="store_true",
                     help="only time qk_norm_rope_to_cache (int8 cache) and qk_norm_rope at Qwen3-8B heads, decode "
                          "(64 x 1) and prefill (16 x 2048) rows, 1 to 16 heads per program, and exit")
@@ -1150,6 +1232,9 @@ def main():
         return save()
     if args.rope:
         bench_rope(dev, results)
+        return save()
+    if args.grad_input:
+        bench_grad_input(dev, results)
         return save()
     if args.glu:
         bench_glu(dev, results, tune=args.glu == "tune")

@@ -179,6 +179,43 @@ if HAVE_TRITON:
             tl.store(s_ptr + row, scale)
 
     @triton.jit
+    def _load_rows_f32(x_rows, cs_ptr, cols, col_mask, mask, COL_SCALE: tl.constexpr):
+        """`_load_row_f32` for a tile of rows (x_rows [R, 1] pointers, cols [B]): each column's
+        scale loaded once for the R rows."""
+        x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if COL_SCALE:
+            x = x * tl.load(cs_ptr + cols, mask=col_mask, other=0.0)[None, :]
+        return x
+
+    @triton.jit
+    def _quant_row_chunks_kernel(x_ptr, q_ptr, s_ptr, cs_ptr, M, K, stride_x, stride_q, floor,
+                                 HALF_AWAY: tl.constexpr, COL_SCALE: tl.constexpr,
+                                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        """BLOCK_M long rows per program, BLOCK_K columns at a time, twice (absmax, then the codes
+        of the same values): `_quant_rows_kernel`'s arithmetic with a small register tile, so many
+        programs per SM keep the loads in flight where a whole row per program (many rows, long
+        rows: the learner's dY · s_w) left the SMs waiting. COL_SCALE as there; each column block
+        of cs is read once per BLOCK_M rows."""
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs = tl.arange(0, BLOCK_K)
+        mask_m = rows < M
+        x_rows = x_ptr + rows[:, None] * stride_x
+        amax_v = tl.full([BLOCK_M, BLOCK_K], 0, dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + offs
+            mask = mask_m[:, None] & (cols < K)[None, :]
+            x = _load_rows_f32(x_rows, cs_ptr, cols, cols < K, mask, COL_SCALE)
+            amax_v = tl.maximum(amax_v, tl.abs(x))
+        scale = _absmax_to_scale(tl.reduce(amax_v, 1, tl.standard._elementwise_max), floor)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + offs
+            mask = mask_m[:, None] & (cols < K)[None, :]
+            x = _load_rows_f32(x_rows, cs_ptr, cols, cols < K, mask, COL_SCALE)
+            tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], _quant_block(x, scale[:, None], HALF_AWAY),
+                     mask=mask)
+        tl.store(s_ptr + rows, scale, mask=mask_m)
+
+    @triton.jit
     def _quant_rows_amax_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, K, P, stride_x, stride_q, floor,
                                 HALF_AWAY: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
                                 PDL: tl.constexpr):
@@ -199,27 +236,31 @@ if HAVE_TRITON:
             tl.store(s_ptr + row, scale)
 
     @triton.jit
-    def _quant_row_tiles_kernel(x_ptr, q_ptr, s_ptr, o_ptr, M, K, N1, N2, stride_x0, stride_x1, stride_x2, floor,
+    def _quant_row_tiles_kernel(x_ptr, q_ptr, s_ptr, o_ptr, M, K, N1, N2, stride_x0, stride_x1, stride_x2,
+                                stride_o0, stride_o1, stride_o2, floor,
                                 HALF_AWAY: tl.constexpr, DEQUANT: tl.constexpr, BF16_BITS: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
         """BLOCK_M short rows per program (one row each would leave most lanes of a program idle).
 
         Row r of the logical [M, K] view is x[r // (N1·N2), (r // N2) % N1, r % N2, :], so a strided
         (e.g. transposed) input is read in place. DEQUANT: write code · scale in o's dtype (what the
-        KV cache reads back); else the int8 codes to q [M, K] and the fp32 scales to s [M]."""
+        KV cache reads back) to o, row r at the same index with o's strides (o may keep x's layout);
+        else the int8 codes to q [M, K] and the fp32 scales to s [M]."""
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         offs = tl.arange(0, BLOCK_K)
         mask_m = rows < M
         mask = mask_m[:, None] & (offs[None, :] < K)
-        base = (rows // (N1 * N2)) * stride_x0 + ((rows // N2) % N1) * stride_x1 + (rows % N2) * stride_x2
+        i0, i1, i2 = rows // (N1 * N2), (rows // N2) % N1, rows % N2
+        base = i0 * stride_x0 + i1 * stride_x1 + i2 * stride_x2
         x = tl.load(x_ptr + base[:, None] + offs[None, :], mask=mask, other=0.0).to(tl.float32)
         amax = tl.reduce(tl.where(mask, tl.abs(x), 0.0), 1, tl.standard._elementwise_max)
         scale = _absmax_to_scale(amax, floor)
         codes = _codes_f32(x, scale[:, None], HALF_AWAY)
-        dst = rows[:, None] * K + offs[None, :]
         if DEQUANT:
+            dst = (i0 * stride_o0 + i1 * stride_o1 + i2 * stride_o2)[:, None] + offs[None, :]
             tl.store(o_ptr + dst, cast_for_store(codes * scale[:, None], o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
         else:
+            dst = rows[:, None] * K + offs[None, :]
             tl.store(q_ptr + dst, codes.to(tl.int8), mask=mask)
             tl.store(s_ptr + rows, scale, mask=mask_m)
 
@@ -313,6 +354,10 @@ def _row_launch_params(m: int, k: int, interpreted: bool) -> tuple[int, bool, in
 #: shapes `H200_QUANT` was tuned on), are quantized BLOCK_M at a time (`_quant_row_tiles_kernel`)
 TILE_MAX_K = 1024
 TILE_MIN_ROWS = 257
+#: (BLOCK_M, BLOCK_K, num_warps) of `_quant_row_chunks_kernel` for the learner's dY · s_w rows
+#: (col_scale calls of ≥ TILE_MIN_ROWS rows): the per-row kernel ran them at 1.2-1.9 TB/s on the H200.
+#: AGENTQ_QUANT_CHUNKS="M,K,W" overrides it (`bench_kernels --grad-input` sweeps it)
+CHUNK_LAUNCH = tuple(int(v) for v in os.environ.get("AGENTQ_QUANT_CHUNKS", "4,1024,4").split(","))
 #: elements per program of the tiled kernels (BLOCK_M = this // BLOCK_K, at most 64 rows)
 TILE_ELEMS = 4096
 #: the widest column tile of `dequantize_rows` (longer rows take several programs)
@@ -338,23 +383,29 @@ def _launch_row_tiles(x: torch.Tensor, floor: float, half_away: bool, q: torch.T
     k = x.shape[-1]
     lead = list(x.shape[:-1])
     strides = list(x.stride()[:-1])
+    o_strides = list(o.stride()[:-1]) if o is not None else [0] * len(strides)
+    assert o is None or (o.shape == x.shape and o.stride(-1) == 1), (tuple(o.shape), o.stride())
     while len(lead) < 3:
         lead.insert(0, 1)
         strides.insert(0, 0)
+        o_strides.insert(0, 0)
     m = lead[0] * lead[1] * lead[2]
     bm = _rows_per_program(k)
     dequant = o is not None
     o_arg, bf16_bits = store_view(o, runs_interpreted(_quant_row_tiles_kernel)) if o is not None else (x, False)
     launch_kernel(_quant_row_tiles_kernel, (triton.cdiv(m, bm),),
         x, q if q is not None else o_arg, s if s is not None else o_arg, o_arg, m, k, lead[1], lead[2], *strides,
-        float(floor), HALF_AWAY=half_away, DEQUANT=dequant, BF16_BITS=bf16_bits, BLOCK_M=bm,
+        *o_strides, float(floor), HALF_AWAY=half_away, DEQUANT=dequant, BF16_BITS=bf16_bits, BLOCK_M=bm,
         BLOCK_K=triton.next_power_of_2(max(k, 16)), num_warps=4, enable_fp_fusion=False)
 
 
 def quantize_rows(x: torch.Tensor, floor: float, rounding: str, launch: tuple[int, bool, int] | None = None,
-                  col_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  col_scale: torch.Tensor | None = None, chunks: tuple[int, int, int] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton `quant.quantize_rows`: symmetric int8 over the last dim, one fp32 scale per row.
-    `launch` = (BLOCK_K, single pass, num_warps) overrides the table (tuning). `col_scale` (fp32
+    `launch` = (BLOCK_K, single pass, num_warps) overrides the table (tuning) with the row kernel;
+    `chunks` = (BLOCK_M, BLOCK_K, num_warps) runs `_quant_row_chunks_kernel` instead (tuning; with
+    `CHUNK_LAUNCH` it is what col_scale calls of ≥ TILE_MIN_ROWS rows take). `col_scale` (fp32
     [K]): the codes of fp32(x) · col_scale instead, in the same launch (`quant.quantize_scaled_rows`,
     same bits)."""
     require_triton("triton_quant.quantize_rows")
@@ -372,6 +423,13 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str, launch: tuple[in
     s = torch.empty((m,), dtype=torch.float32, device=x.device)
     if launch is None and col_scale is None and k <= TILE_MAX_K and m >= TILE_MIN_ROWS and tiles_enabled():
         _launch_row_tiles(x2, floor, half_away, q, s, None)
+    elif chunks or (launch is None and col_scale is not None and m >= TILE_MIN_ROWS and tiles_enabled()):
+        bm, bk, warps = chunks or CHUNK_LAUNCH
+        interp = runs_interpreted(_quant_row_chunks_kernel)
+        launch_kernel(_quant_row_chunks_kernel, (triton.cdiv(m, bm),),
+            x2, q, s, col_scale if col_scale is not None else s, m, k, x2.stride(0), q.stride(0), float(floor),
+            HALF_AWAY=half_away, COL_SCALE=col_scale is not None, BLOCK_M=bm, BLOCK_K=bk,
+            num_warps=1 if interp else warps, enable_fp_fusion=False)
     elif m > 0:
         block, single, warps = launch or _row_launch_params(m, k, runs_interpreted(_quant_rows_kernel))
         pdl = use_pdl(_quant_rows_kernel, x.device, m)
@@ -443,8 +501,12 @@ def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype
 def kv_roundtrip(x: torch.Tensor, floor: float, rounding: str) -> torch.Tensor:
     """dequantize(quantize_rows(x)) in x's dtype, in one launch reading x in place (any strides with
     the last dim contiguous, ≤ 4 dims): what the KV cache gives back, the learner's K/V round trip.
-    Same bits as `quant.dequantize_rows(*quant.quantize_rows(x, floor, rounding), x.dtype)`;
-    returns a contiguous tensor of x's shape."""
+    Same bits as `quant.dequantize_rows(*quant.quantize_rows(x, floor, rounding), x.dtype)`.
+
+    Returns:
+        A dense tensor of x's shape with x's dimension order (`torch.empty_like`): HF hands
+        attention K/V as [B, H, L, D] views of [B, L, H, D] projections, and flash attention reads
+        them as [L, H, D], so a contiguous result would cost that read a transposing copy."""
     require_triton("triton_quant.kv_roundtrip")
     half_away = _check_mode(rounding)
     if x.dim() > 4 or x.shape[-1] > TILE_ELEMS:
@@ -452,7 +514,9 @@ def kv_roundtrip(x: torch.Tensor, floor: float, rounding: str) -> torch.Tensor:
         return quant.dequantize_rows(codes, scale, x.dtype)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x)        # x's dimension order, dense
+    if out.stride(-1) != 1:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if out.numel():
         _launch_row_tiles(x, floor, half_away, None, None, out)
     return out

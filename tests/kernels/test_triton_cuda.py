@@ -60,9 +60,39 @@ def test_learner_quant_kernels_bit_identical_cuda(K, dtype):
         q_ref, s_ref = quant.quantize_rows(x, 1e-8, "half_even")
         assert torch.equal(s_tri, s_ref) and torch.equal(q_tri, q_ref)
     kv = (torch.randn(4, 1024, 8, 128, generator=g) * 3).to(dtype).to(DEV).transpose(1, 2)   # [B, H, T, D] view
-    assert torch.equal(K.quant.kv_roundtrip(kv, SPEC.kv_scale_floor, SPEC.kv_rounding), quant.kv_roundtrip(kv, SPEC))
+    rt = K.quant.kv_roundtrip(kv, SPEC.kv_scale_floor, SPEC.kv_rounding)
+    assert torch.equal(rt, quant.kv_roundtrip(kv, SPEC)) and rt.stride() == kv.stride()     # HF's layout kept
     codes, scale = quant.quantize_rows(torch.randn(2048, 12288, generator=g).to(DEV), 1e-8, "half_even")
     assert torch.equal(K.quant.dequantize_rows(codes, scale, dtype), quant.dequantize_rows(codes, scale, dtype))
+
+
+@pytest.mark.parametrize("chunks", [None, (1, 2048, 4), (8, 512, 4), (16, 256, 4)])
+def test_col_scaled_chunked_rows_cuda(K, chunks):
+    """The learner's dY · s_w codes (int8 dX) at a 1B gate_up shape, 4,096 rows of 12,288: the
+    chunked launches (default and tuning candidates) equal the torch reference bit for bit."""
+    g = _gen(8)
+    x = (torch.randn(4096, 12288, generator=g) * torch.logspace(-9, -5, 4096)[:, None]).bfloat16().to(DEV)
+    s = (torch.rand(12288, generator=g) * 1e-3 + 1e-5).to(DEV)
+    q_ref, s_ref = quant.quantize_scaled_rows(x, s, quant.GRAD_SCALE_FLOOR, "half_even")
+    q, sc = K.quant.quantize_rows(x, quant.GRAD_SCALE_FLOOR, "half_even", col_scale=s, chunks=chunks)
+    assert torch.equal(sc, s_ref) and torch.equal(q, q_ref), int((q != q_ref).sum())
+
+
+@pytest.mark.parametrize("tile", [(1, 2048), (2, 1024), (4, 512), (8, 512)])
+def test_silu_mul_quant_row_tiles_cuda(tile, monkeypatch):
+    """SiLU·mul + codes over tiles of rows (`triton_norm.SILU_QUANT_TILE`) at the 1B MLP width, with
+    and without the product kept: the codes of `quantize_rows(silu_mul(g, u))` bit for bit."""
+    from agentq.kernels import triton_norm
+    monkeypatch.setattr(triton_norm, "SILU_QUANT_TILE", tile)
+    g = _gen(9)
+    gate = (torch.randn(1000, 6144, generator=g) * 3).bfloat16().to(DEV)
+    up = torch.randn(1000, 6144, generator=g).bfloat16().to(DEV)
+    prod = triton_norm.silu_mul(gate, up)
+    q_ref, s_ref = quant.quantize_rows(prod, 1e-8, "half_away")
+    q, sc = triton_norm.silu_mul_quant(gate, up, 1e-8, "half_away")
+    assert torch.equal(q, q_ref) and torch.equal(sc, s_ref)
+    y, (q2, s2) = triton_norm.silu_mul_and_codes(gate, up, 1e-8, "half_away")
+    assert torch.equal(y, prod) and torch.equal(q2, q_ref) and torch.equal(s2, s_ref)
 
 
 @pytest.mark.parametrize("mode", ["half_even", "half_away"])

@@ -116,7 +116,8 @@ def test_tiled_launches_can_be_switched_off(K, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_kv_roundtrip_reads_strided_input_bit_identical(K, dtype):
     """The learner's K/V round trip in one launch: HF's K is a transposed view [B, H, T, D] of a
-    [B, T, H, D] buffer, read in place; the result equals dequantize(quantize(x)) bit for bit."""
+    [B, T, H, D] buffer, read in place; the result equals dequantize(quantize(x)) bit for bit and
+    keeps x's layout (flash attention then reads it as [T, H, D] without a transposing copy)."""
     g = _gen(4)
     B, T, H, D = 2, 5, 3, 40
     buf = torch.randn(B, T, H, D, generator=g) * torch.logspace(-3, 2, H)[:, None]
@@ -125,8 +126,13 @@ def test_kv_roundtrip_reads_strided_input_bit_identical(K, dtype):
     assert not x.is_contiguous()
     got = K.quant.kv_roundtrip(x, SPEC.kv_scale_floor, SPEC.kv_rounding)
     want = quant.kv_roundtrip(x, SPEC)
-    assert got.shape == x.shape and got.dtype == dtype and got.is_contiguous()
+    assert got.shape == x.shape and got.dtype == dtype and got.stride() == x.stride()
+    assert got[0].transpose(0, 1).is_contiguous()
     assert torch.equal(got, want), (got != want).sum()
+    # a contiguous input gives a contiguous result; a sliced one a dense one in x's dimension order
+    assert K.quant.kv_roundtrip(x.contiguous(), SPEC.kv_scale_floor, SPEC.kv_rounding).is_contiguous()
+    sliced = K.quant.kv_roundtrip(x[:, :, 1:4], SPEC.kv_scale_floor, SPEC.kv_rounding)
+    assert torch.equal(sliced, want[:, :, 1:4]) and sliced.transpose(1, 2).is_contiguous()
     assert torch.equal(got[1, 0, 2], torch.zeros(D, dtype=dtype))
     # 2D and 3D inputs too (fewer leading dims), and an empty one
     assert torch.equal(K.quant.kv_roundtrip(x[0, 1], 1e-8, "half_away"), quant.dequantize_rows(

@@ -58,11 +58,28 @@ def test_col_scaled_two_pass_rows(TQ, monkeypatch):
 
 
 def test_col_scale_is_applied_where_the_tiled_kernel_would_run(TQ):
-    """Many short rows go to the tiled kernel, which has no column scales: with them the row kernel
-    runs (strided input included)."""
+    """Many short rows go to the tiled kernel, which has no column scales: with them the chunked
+    kernel runs (`CHUNK_LAUNCH`; strided input included)."""
     x, s = _grad_like(TQ.TILE_MIN_ROWS + 3, 96, torch.float32, seed=2)
     x = torch.cat([x, x], dim=1)[:, 96:]                   # a row stride of 192
     q_ref, s_ref = quant.quantize_scaled_rows(x, s, quant.GRAD_SCALE_FLOOR, "half_even")
     q_tri, s_tri = TQ.quantize_rows(x, quant.GRAD_SCALE_FLOOR, "half_even", col_scale=s)
     assert torch.equal(q_tri, q_ref) and torch.equal(s_tri, s_ref)
     assert not torch.equal(q_tri, TQ.quantize_rows(x, quant.GRAD_SCALE_FLOOR, "half_even")[0])
+
+
+@pytest.mark.parametrize("mode", ["half_even", "half_away"])
+@pytest.mark.parametrize("col_scale", [True, False])
+def test_chunked_rows_are_the_row_kernel_bit_for_bit(TQ, mode, col_scale):
+    """`_quant_row_chunks_kernel` (BLOCK_M rows, BLOCK_K columns at a time): rows not a multiple of
+    BLOCK_M, a last column block part-masked, three blocks per row; the same codes and scales as the
+    torch reference and as the per-row kernel."""
+    x, s = _grad_like(11, 200, torch.bfloat16, seed=3)
+    cs = s if col_scale else None
+    floor = quant.GRAD_SCALE_FLOOR if col_scale else 1e-8
+    q_ref, s_ref = (quant.quantize_scaled_rows(x, s, floor, mode) if col_scale
+                    else quant.quantize_rows(x, floor, mode))
+    q_chk, s_chk = TQ.quantize_rows(x, floor, mode, col_scale=cs, chunks=(4, 64, 4))
+    q_row, s_row = TQ.quantize_rows(x, floor, mode, col_scale=cs, launch=(256, True, 1))
+    assert torch.equal(s_chk, s_ref) and torch.equal(q_chk, q_ref), int((q_chk != q_ref).sum())
+    assert torch.equal(q_chk, q_row) and torch.equal(s_chk, s_row)
