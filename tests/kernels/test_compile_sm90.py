@@ -36,6 +36,8 @@ def _cases():
          {"HALF_AWAY": False, "BLOCK_K": 4096, "SINGLE_PASS": True, "PDL": False, "COL_SCALE": True}, 8, 3),
         ("triton_quant", "_quant_rows_kernel", {**q8, "cs_ptr": "*fp32"}, {"floor"},
          {"HALF_AWAY": False, "BLOCK_K": 4096, "SINGLE_PASS": False, "PDL": False, "COL_SCALE": True}, 8, 3),
+        *(("triton_quant", "_quant_row_chunks_kernel", {**q8, "cs_ptr": "*fp32"}, {"floor"},   # dY · s_w in row tiles
+           {"HALF_AWAY": False, "COL_SCALE": cs, "BLOCK_M": 4, "BLOCK_K": 1024}, 4, 3) for cs in (True, False)),
         ("triton_quant", "_quant_row_tiles_kernel", {**q8, "o_ptr": "*bf16"}, {"floor"},
          {"HALF_AWAY": False, "DEQUANT": False, "BF16_BITS": False, "BLOCK_M": 32, "BLOCK_K": 128}, 4, 3),
         ("triton_quant", "_quant_row_tiles_kernel", {"x_ptr": "*bf16", "q_ptr": "*bf16", "s_ptr": "*bf16",
@@ -95,11 +97,12 @@ def _cases():
         ("triton_norm", "_silu_mul_quant_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "q_ptr": "*i8",
                                                    "qs_ptr": "*fp32", "y_ptr": "*bf16"}, {"floor"},
          {"HALF_AWAY": False, "BLOCK": 16384, "BF16_BITS": False, "OUT_DTYPE": "bf16", "STORE_Y": True,
-          "PDL": True, "CHUNKED": False}, 32, 3),
-        ("triton_norm", "_silu_mul_quant_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "q_ptr": "*i8",
-                                                   "qs_ptr": "*fp32", "y_ptr": "*bf16"}, {"floor"},
-         {"HALF_AWAY": True, "BLOCK": 2048, "BF16_BITS": False, "OUT_DTYPE": "bf16", "STORE_Y": True,
-          "PDL": False, "CHUNKED": True}, 4, 3),
+          "PDL": True, "CHUNKED": False, "ROWS": 1}, 32, 3),
+        *(("triton_norm", "_silu_mul_quant_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "q_ptr": "*i8",
+                                                     "qs_ptr": "*fp32", "y_ptr": "*bf16"}, {"floor"},
+           {"HALF_AWAY": True, "BLOCK": block, "BF16_BITS": False, "OUT_DTYPE": "bf16", "STORE_Y": store,
+            "PDL": False, "CHUNKED": True, "ROWS": rows}, 4, 3)
+          for rows, block, store in ((1, 2048, True), (4, 512, False))),     # tiles of rows (SILU_QUANT_TILE)
         # qk_norm_rope; decode's K/V write; a prefill chunk's (ragged rows) into an int8 and a bf16 cache;
         # one head per program (decode's launch) and head groups (prefill's), a warp per head
         *(("triton_norm", "_qk_norm_rope_kernel", {**rope_io, "kc_ptr": code, "vc_ptr": code, "ks_ptr": scale,
