@@ -16,10 +16,12 @@ GRPO group does (the engine then prefills it once per group, `TorchEngine(share_
 Only the public engine API is used, so engine speed-ups show up here unchanged. Objective
 parameters come from `conf/algo/<algo>.yaml` (read with PyYAML: no Hydra needed). `--grad-input
 int8` gives the aligned learners (interq) int8 dX in backward (`trainer.grad_input`); a learner
-without aligned linears (bf16) is unaffected.
+without aligned linears (bf16) is unaffected. An algo written `NAME+int8dx` in `--algos` runs with
+int8 dX whatever `--grad-input` says, so `--algos interq,interq+int8dx,bf16` times both dX GEMMs
+against bf16 in one process.
 
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --out runs/bench  # H200
-    python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --grad-input int8  # H200
+    python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --algos interq,interq+int8dx,bf16  # H200
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --quantized-rollout w8a8_kv8_head
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --old-logp bypass
     python -m agentq.eval.bench_rl_step --model tiny --episodes 8 --turns 2 --prompt 32 --obs 16 --new 8   # CPU
@@ -118,13 +120,27 @@ def learn(learner, objective, batch, args, t: dict, device: torch.device):
     return batch
 
 
-def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
+#: `--algos` suffixes: "+int8dx", the aligned learner's dX in int8 for that entry
+ALGO_VARIANTS = {"int8dx": "int8"}
+
+
+def parse_algo(entry: str, grad_input: str) -> tuple[str, str]:
+    """(conf/algo name, the aligned learner's dX GEMM) of an `--algos` entry "NAME[+int8dx]"."""
+    name, *variants = entry.split("+")
+    unknown = [v for v in variants if v not in ALGO_VARIANTS]
+    if unknown:
+        raise SystemExit(f"--algos {entry!r}: unknown variant {unknown}; valid: {sorted(ALGO_VARIANTS)}")
+    return name, ALGO_VARIANTS[variants[-1]] if variants else grad_input
+
+
+def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict:
     from agentq.algos import grpo_advantages, make_objective, mismatch_metrics
     from agentq.kernels import QuantSpec
     from agentq.learner.batch import collate
     from agentq.learner.learner import Learner
     from agentq.rollout.torch_engine.engine import TorchEngine
 
+    name, grad_input = parse_algo(entry, args.grad_input)
     pre = algo_preset(name)
     rollout_spec = QuantSpec.preset(rollout_spec_name(pre["rollout_quant"]))
     if args.quantized_rollout and rollout_spec.linear_quantized:      # e.g. w8a8_kv8_head for interq
@@ -136,7 +152,7 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
     learner = Learner(model, learner_spec, dtype=dtype, device=str(device), lr=1e-6,
                       use_reference=float(pre["params"]["kl_coef"]) > 0, micro_batch_size=args.micro,
                       pack_tokens=args.pack_tokens, logprob_micro_batch_size=args.logprob_micro,
-                      logprob_pack_tokens=args.logprob_pack_tokens, grad_input=args.grad_input if aligned else "bf16",
+                      logprob_pack_tokens=args.logprob_pack_tokens, grad_input=grad_input if aligned else "bf16",
                       cuda_graphs=args.cuda_graphs)
     engine = TorchEngine(cfg, rollout_spec, max_slots=args.episodes, max_len=max_len, dtype=dtype, device=device,
                          share_prefill=not args.no_share)
@@ -162,13 +178,13 @@ def run_algo(name: str, args, device: torch.device, dtype: torch.dtype) -> dict:
             for p in PHASES:
                 times[p].append(t[p])
             mism.append(mismatch_metrics(batch))       # π_old (learner) vs μ (engine), per turn too
-        print(f"[{name}] step {step}: " + " ".join(f"{p} {t[p]:.2f}s" for p in PHASES), flush=True)
+        print(f"[{entry}] step {step}: " + " ".join(f"{p} {t[p]:.2f}s" for p in PHASES), flush=True)
     if args.profile and device.type == "cuda":        # after the timed steps: where old_ref and update go
-        kernel_table(f"{name}: old_ref", lambda: fill_no_grad(learner, batch, args), rows=args.profile_rows)
-        kernel_table(f"{name}: update", lambda: learner.update(batch, objective, epochs=1, minibatch_size=args.episodes,
+        kernel_table(f"{entry}: old_ref", lambda: fill_no_grad(learner, batch, args), rows=args.profile_rows)
+        kernel_table(f"{entry}: update", lambda: learner.update(batch, objective, epochs=1, minibatch_size=args.episodes,
                                                                old_logp_mode=args.old_logp), rows=args.profile_rows)
     med = {p: statistics.median(v) for p, v in times.items()}
-    res = {"algo": name, "rollout_quant": rollout_spec.name, "learner_quant": learner_spec.name,
+    res = {"algo": entry, "rollout_quant": rollout_spec.name, "learner_quant": learner_spec.name,
            "grad_input": learner.grad_input, "old_logp": args.old_logp,
            "objective": pre["objective"], "phases_s": med, "phases_all_s": times, "step_s": sum(med.values()),
            "action_tokens": int(sum(x.num_action_tokens for x in trajs)), "tokens": int(sum(x.num_tokens for x in trajs)),
@@ -222,21 +238,25 @@ def main(argv=None) -> dict:
           f"{args.logprob_pack_tokens}, CUDA graphs {args.cuda_graphs}, old_logp {args.old_logp}, "
           f"group prompts {args.group_prompt} (shared prefill {not args.no_share}), "
           f"{report['device']} {dtype}")
-    print(f"{'algo':<8} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'step s':>8}")
+    print(f"{'algo':<13} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'step s':>8}")
     for r in rows.values():
-        print(f"{r['algo']:<8} " + " ".join(f"{r['phases_s'][p]:>9.3f}" for p in PHASES) + f" {r['step_s']:>8.3f}")
+        print(f"{r['algo']:<13} " + " ".join(f"{r['phases_s'][p]:>9.3f}" for p in PHASES) + f" {r['step_s']:>8.3f}")
     for r in rows.values():
         m = r["mismatch"]
         print(f"{r['algo']} mismatch: max|Δlogp| {m['dlogp_abs_max']:.3e} K3 {m['k3']:.3e} K3 by turn "
               + " ".join(f"{v:.2e}" for v in m["k3_by_turn"]))
-    if "interq" in rows and "bf16" in rows:
-        q, b = rows["interq"], rows["bf16"]
-        report["speedup_bf16_over_interq"] = b["step_s"] / q["step_s"]
-        print("bf16 / interq: " + " ".join(f"{p} {b['phases_s'][p] / q['phases_s'][p]:.2f}x" for p in PHASES)
-              + f"  step {report['speedup_bf16_over_interq']:.2f}x (> 1 = quantized faster)")
+    if "bf16" in rows:
+        b = rows["bf16"]
+        for entry, q in rows.items():
+            if entry == "bf16":
+                continue
+            key = "speedup_bf16_over_" + entry.replace("+", "_")
+            report[key] = b["step_s"] / q["step_s"]
+            print(f"bf16 / {entry}: " + " ".join(f"{p} {b['phases_s'][p] / q['phases_s'][p]:.2f}x" for p in PHASES)
+                  + f"  step {report[key]:.2f}x (> 1 = quantized faster)")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        suffix = (("_int8dx" if args.grad_input == "int8" else "") + ("_graphs" if args.cuda_graphs else "")
+        suffix = (("_int8dx" if args.grad_input == "int8" else "") + ("_dxab" if "+int8dx" in args.algos else "") + ("_graphs" if args.cuda_graphs else "")
                   + ("_bypass" if args.old_logp == "bypass" else "") + ("_groupprompt" if args.group_prompt else ""))
         (Path(args.out) / f"bench_rl_step_{args.model}{suffix}.json").write_text(json.dumps(report, indent=1))
     return report
