@@ -968,7 +968,7 @@ QUANT_CHUNKS = ((1, 2048, 4), (2, 1024, 4), (4, 1024, 4), (4, 512, 4), (8, 512, 
                 (4, 2048, 8))
 
 
-def bench_grad_input(dev, results, ms=(2048, 8192)):
+def bench_grad_input(dev, results, ms=(2048, 8192), act_rows=((8192, 2048), (8192, 4096), (32768, 2048), (32768, 4096))):
     """The learner's dX GEMM at 1B / 8B shapes, M gradient rows: bf16 `dY @ W_fq` against the int8
     path (dY · s_w quantized per row, int8 GEMM over W_qᵀ), and that quantization alone with the
     per-row kernel (the path before round 22) and each `QUANT_CHUNKS` launch; µs per call
@@ -1015,6 +1015,23 @@ def bench_grad_input(dev, results, ms=(2048, 8192)):
             results.setdefault("grad_input", []).append(row)
             del w, gy, cache, w_fq, w_t, g_q
             torch.cuda.empty_cache()
+    log("\n== activation rows without column scales (the o-projection's input at prefill / learner rows) ==")
+    for m, k in act_rows:
+        x = torch.randn(m, k, device=dev).bfloat16()
+        fns = {"default": partial(triton_quant.quantize_rows, x, 1e-8, "half_even")}
+        for c in QUANT_CHUNKS:
+            fns[f"chunks {c}"] = partial(triton_quant.quantize_rows, x, 1e-8, "half_even", chunks=c)
+        want = fns["default"]()
+        for fn in fns.values():
+            got = fn()
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        us = {q: graph_us([fn], rep_ms=20.0, warmup_ms=5.0) for q, fn in fns.items()}
+        best = min(us, key=us.get)
+        nbytes = m * k * 3 + m * 4
+        log(f"M {m:5d} K {k:5d}  default {us['default']:7.1f} µs ({nbytes / us['default'] / 1e3:5.0f} GB/s), "
+            f"best {best} {us[best]:7.1f} µs ({nbytes / us[best] / 1e3:5.0f} GB/s)")
+        results.setdefault("act_rows", []).append({"m": m, "k": k, "us": us})
+        del x
 
 
 #: (rows, columns) tiles of the SiLU·mul + codes kernel `--learner-elementwise` times
