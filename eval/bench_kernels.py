@@ -923,16 +923,15 @@ def bench_learner_elementwise(dev, results, m: int = 10240):
     the outputs written)."""
     from agentq.kernels import triton_norm as tn
     log("\n== learner SiLU·mul + codes and RoPE (bf16; µs per call) ==")
-    saved = tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_TILE, tn.SILU_QUANT_SPLIT
+    saved = tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_TILE
     for n in (6144, 12288):
         gate, up = (torch.randn(m, n, device=dev) * 3).bfloat16(), torch.randn(m, n, device=dev).bfloat16()
         want = tn.silu_mul_and_codes(gate, up, 1e-8, "half_away")
         cases = [("silu_mul alone", 6, None, 1 << 30, lambda: tn.silu_mul(gate, up)),
-                 ("whole rows", 5, None, 1 << 30, None), ("two launches", 5, "split", 1, None)]
-        cases += [(f"tile {t}", 5, t, 1, None) for t in (saved[1], *SILU_TILES)]
+                 ("whole rows", 5, None, 1 << 30, None)]
+        cases += [(f"tile {t}", 5, t, 1, None) for t in (saved[1], *SILU_TILES)]     # the default first
         for name, bytes_per, tile, rows_min, fn in dict.fromkeys(cases):
-            tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_SPLIT = rows_min, tile == "split"
-            tn.SILU_QUANT_TILE = tile if isinstance(tile, tuple) else saved[1]
+            tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_TILE = rows_min, tile or saved[1]
             for keep in ((True, False) if fn is None else (None,)):
                 call = fn or (partial(tn.silu_mul_and_codes, gate, up, 1e-8, "half_away") if keep
                               else partial(tn.silu_mul_quant, gate, up, 1e-8, "half_away"))
@@ -947,7 +946,7 @@ def bench_learner_elementwise(dev, results, m: int = 10240):
                 results.setdefault("learner_elementwise", []).append({"op": f"silu {label}", "m": m, "n": n,
                                                                       "us": us})
         del gate, up, want
-    tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_TILE, tn.SILU_QUANT_SPLIT = saved
+    tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_TILE = saved
     for hq, hkv in ((16, 8), (32, 8)):
         qkv = torch.randn(1, m, (hq + hkv) * 128, device=dev).bfloat16()
         q, k = qkv[..., :hq * 128].view(1, m, hq, 128), qkv[..., hq * 128:].view(1, m, hkv, 128)
@@ -989,9 +988,7 @@ def bench_grad_input(dev, results, ms=(2048, 8192), act_rows=((8192, 2048), (819
             w_t, unit = cache.transposed()
             row_launch = triton_quant._row_launch_params(m, n, False)
             quant_fns = {"row kernel": partial(triton_quant.quantize_rows, gy, quant.GRAD_SCALE_FLOOR, "half_even",
-                                               row_launch, col_scale=s_w),
-                         "two launches": partial(triton_quant._quantize_rows_split, gy, quant.GRAD_SCALE_FLOOR,
-                                                 "half_even", s_w)}
+                                               row_launch, col_scale=s_w)}
             for c in (tuple(triton_quant.CHUNK_LAUNCH), *QUANT_CHUNKS):
                 quant_fns.setdefault(f"chunks {c}", partial(triton_quant.quantize_rows, gy, quant.GRAD_SCALE_FLOOR,
                                                             "half_even", col_scale=s_w, chunks=c))
@@ -1010,19 +1007,18 @@ def bench_grad_input(dev, results, ms=(2048, 8192), act_rows=((8192, 2048), (819
             nbytes = m * n * 3 + m * 4 + n * 4
             qus = row["quant_us"]
             best = min(qus, key=qus.get)
+            default = f"chunks {tuple(triton_quant.CHUNK_LAUNCH)}"
             log(f"M {m:5d} {name:11s} bf16 {row['bf16_us']:8.1f}  int8 {row['int8_us']:8.1f} "
                 f"({row['bf16_us'] / row['int8_us']:.2f}x; GEMM {row['gemm_us']:7.1f})  quant: row kernel "
-                f"{qus['row kernel']:7.1f} ({nbytes / qus['row kernel'] / 1e3:5.0f} GB/s), two launches "
-                f"{qus['two launches']:7.1f} ({nbytes / qus['two launches'] / 1e3:5.0f} GB/s), best {best} "
-                f"{qus[best]:7.1f}")
+                f"{qus['row kernel']:7.1f} ({nbytes / qus['row kernel'] / 1e3:5.0f} GB/s), default {default} "
+                f"{qus[default]:7.1f}, best {best} {qus[best]:7.1f} ({nbytes / qus[best] / 1e3:5.0f} GB/s)")
             results.setdefault("grad_input", []).append(row)
             del w, gy, cache, w_fq, w_t, g_q
             torch.cuda.empty_cache()
     log("\n== activation rows without column scales (the o-projection's input at prefill / learner rows) ==")
     for m, k in act_rows:
         x = torch.randn(m, k, device=dev).bfloat16()
-        fns = {"default": partial(triton_quant.quantize_rows, x, 1e-8, "half_even"),
-               "two launches": partial(triton_quant._quantize_rows_split, x, 1e-8, "half_even", None)}
+        fns = {"default": partial(triton_quant.quantize_rows, x, 1e-8, "half_even")}
         for c in QUANT_CHUNKS:
             fns[f"chunks {c}"] = partial(triton_quant.quantize_rows, x, 1e-8, "half_even", chunks=c)
         want = fns["default"]()
@@ -1033,8 +1029,7 @@ def bench_grad_input(dev, results, ms=(2048, 8192), act_rows=((8192, 2048), (819
         best = min(us, key=us.get)
         nbytes = m * k * 3 + m * 4
         log(f"M {m:5d} K {k:5d}  default {us['default']:7.1f} µs ({nbytes / us['default'] / 1e3:5.0f} GB/s), "
-            f"two launches {us['two launches']:7.1f} µs, best {best} {us[best]:7.1f} µs "
-            f"({nbytes / us[best] / 1e3:5.0f} GB/s)")
+            f"best {best} {us[best]:7.1f} µs ({nbytes / us[best] / 1e3:5.0f} GB/s)")
         results.setdefault("act_rows", []).append({"m": m, "k": k, "us": us})
         del x
 

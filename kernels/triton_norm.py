@@ -37,7 +37,7 @@ if HAVE_TRITON:
     import triton.language as tl
 
     from .triton_quant import (_absmax_to_scale, _quant_block, _store_row_codes, _store_rows_codes, cast_for_store,
-                               pdl_start, scale_from_parts, silu_mul_values, store_view, w8a8_values)
+                               pdl_start, silu_mul_values, store_view, w8a8_values)
     from .triton_quant import bf16_round as _bf16_round
     from .triton_quant import round_to as _round_to
 
@@ -235,37 +235,6 @@ if HAVE_TRITON:
         g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(u_row + offs, mask=mask, other=0.0).to(tl.float32)
         return silu_mul_values(g, u, OUT_DTYPE, BF16_BITS)
-
-    @triton.jit
-    def _silu_mul_amax_kernel(g_ptr, u_ptr, amax_ptr, N, P, stride_g, stride_u, BLOCK: tl.constexpr,
-                              BF16_BITS: tl.constexpr, OUT_DTYPE: tl.constexpr):
-        """Program (row, column block): the absmax of y = silu(gate) · up over one BLOCK block into
-        amax[row, block], the first of `silu_mul_quant`'s two launches for many rows
-        (`_silu_mul_codes_kernel` is the second)."""
-        row = tl.program_id(0).to(tl.int64)
-        blk = tl.program_id(1)
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < N
-        y = _silu_mul_row_part(g_ptr + row * stride_g, u_ptr + row * stride_u, offs, mask, OUT_DTYPE, BF16_BITS)
-        tl.store(amax_ptr + row * P + blk, tl.reduce(tl.where(mask, tl.abs(y), 0.0), 0, tl.standard._elementwise_max))
-
-    @triton.jit
-    def _silu_mul_codes_kernel(g_ptr, u_ptr, amax_ptr, q_ptr, qs_ptr, y_ptr, N, P, stride_g, stride_u, stride_q,
-                               stride_y, floor, HALF_AWAY: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                               BF16_BITS: tl.constexpr, OUT_DTYPE: tl.constexpr, STORE_Y: tl.constexpr):
-        """Program (row, column block): the row's scale from its P partial absmaxes, then y of one
-        block again (the same bits as the first launch's) and its codes (and y with STORE_Y)."""
-        row = tl.program_id(0).to(tl.int64)
-        blk = tl.program_id(1)
-        scale = scale_from_parts(amax_ptr + row * P, P, floor, BLOCK_P)
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < N
-        y = _silu_mul_row_part(g_ptr + row * stride_g, u_ptr + row * stride_u, offs, mask, OUT_DTYPE, BF16_BITS)
-        tl.store(q_ptr + row * stride_q + offs, _quant_block(y, scale, HALF_AWAY), mask=mask)
-        if STORE_Y:
-            tl.store(y_ptr + row * stride_y + offs, cast_for_store(y, OUT_DTYPE, BF16_BITS), mask=mask)
-        if blk == 0:
-            tl.store(qs_ptr + row, scale)
 
     @triton.jit
     def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr,
@@ -813,29 +782,6 @@ SILU_QUANT_MAX = 16384
 #: `bench_kernels --learner-elementwise`)
 SILU_QUANT_CHUNKED_ROWS = 256
 SILU_QUANT_TILE = tuple(int(v) for v in os.environ.get("AGENTQ_SILU_TILE", "1,2048").split(","))
-#: from SILU_QUANT_CHUNKED_ROWS rows on, two launches without loops instead (`_silu_mul_quant_split`):
-#: the one-launch kernels walk each row twice, one block after another, and reach ~1.9 TB/s where
-#: `silu_mul` alone streams at ~4 TB/s (round 22, H200). AGENTQ_SILU_SPLIT=0: the tiles above
-SILU_QUANT_SPLIT = os.environ.get("AGENTQ_SILU_SPLIT", "1") != "0"
-#: columns per program of the two launches
-SILU_SPLIT_BLOCK = 2048
-
-
-def _silu_mul_quant_split(g2, u2, codes, scales, y_arg, floor, rounding, bits, out_dt, interp) -> None:
-    """Codes + scales (and the product, y_arg not codes) of silu(g2) · u2 [M, N] in two launches:
-    each row's partial absmaxes per SILU_SPLIT_BLOCK columns, then each block's y again and its
-    codes (the same y, so the same bits as the one-launch kernel)."""
-    m, n = g2.shape
-    block = min(SILU_SPLIT_BLOCK, triton.next_power_of_2(n))
-    parts = triton.cdiv(n, block)
-    amax = torch.empty((m, parts), dtype=torch.float32, device=g2.device)
-    warps = 1 if interp else max(1, min(8, block // 256))
-    launch_kernel(_silu_mul_amax_kernel, (m, parts), g2, u2, amax, n, parts, g2.stride(0), u2.stride(0),
-                  BLOCK=block, BF16_BITS=bits, OUT_DTYPE=out_dt, num_warps=warps, enable_fp_fusion=False)
-    launch_kernel(_silu_mul_codes_kernel, (m, parts), g2, u2, amax, codes, scales, y_arg, n, parts, g2.stride(0),
-                  u2.stride(0), codes.stride(0), y_arg.stride(0), float(floor), HALF_AWAY=_check_mode(rounding),
-                  BLOCK=block, BLOCK_P=max(2, triton.next_power_of_2(parts)), BF16_BITS=bits, OUT_DTYPE=out_dt,
-                  STORE_Y=y_arg is not codes, num_warps=warps, enable_fp_fusion=False)
 
 
 def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, floor: float, rounding: str
@@ -876,19 +822,16 @@ def _launch_silu_mul_quant(gate, up, floor, rounding, keep_product: bool):
         bits = interp and gate.dtype == torch.bfloat16
         out_dt = tl.float16 if gate.dtype == torch.float16 else tl.bfloat16
         y_arg = store_view(y, interp)[0] if y is not None else codes
-        if m >= SILU_QUANT_CHUNKED_ROWS and SILU_QUANT_SPLIT:
-            _silu_mul_quant_split(g2, u2, codes, scales, y_arg, floor, rounding, bits, out_dt, interp)
-        else:
-            chunked = m >= SILU_QUANT_CHUNKED_ROWS
-            rows, chunk = SILU_QUANT_TILE if chunked else (1, triton.next_power_of_2(n))
-            block = min(chunk, triton.next_power_of_2(n))
-            pdl = use_pdl(_silu_mul_quant_kernel, gate.device, m)
-            launch_kernel(_silu_mul_quant_kernel, (triton.cdiv(m, rows),),
-                g2, u2, codes, scales, y_arg, m, n, g2.stride(0), u2.stride(0), codes.stride(0),
-                y_arg.stride(0), float(floor), HALF_AWAY=_check_mode(rounding), BLOCK=block,
-                BF16_BITS=bits, OUT_DTYPE=out_dt, STORE_Y=y is not None, PDL=pdl, CHUNKED=chunked, ROWS=rows,
-                num_warps=1 if interp else silu_quant_warps(rows * block), enable_fp_fusion=False,
-                launch_pdl=pdl)
+        chunked = m >= SILU_QUANT_CHUNKED_ROWS
+        rows, chunk = SILU_QUANT_TILE if chunked else (1, triton.next_power_of_2(n))
+        block = min(chunk, triton.next_power_of_2(n))
+        pdl = use_pdl(_silu_mul_quant_kernel, gate.device, m)
+        launch_kernel(_silu_mul_quant_kernel, (triton.cdiv(m, rows),),
+            g2, u2, codes, scales, y_arg, m, n, g2.stride(0), u2.stride(0), codes.stride(0),
+            y_arg.stride(0), float(floor), HALF_AWAY=_check_mode(rounding), BLOCK=block,
+            BF16_BITS=bits, OUT_DTYPE=out_dt, STORE_Y=y is not None, PDL=pdl, CHUNKED=chunked, ROWS=rows,
+            num_warps=1 if interp else silu_quant_warps(rows * block), enable_fp_fusion=False,
+            launch_pdl=pdl)
     y_out = y.reshape(gate.shape) if y is not None else None
     return y_out, (codes.reshape(gate.shape), scales.reshape(gate.shape[:-1]))
 

@@ -112,13 +112,6 @@ if HAVE_TRITON:
         return tl.maximum(tl.math.div_rn(amax, 127.0), floor)
 
     @triton.jit
-    def scale_from_parts(parts_row, P, floor, BLOCK_P: tl.constexpr):
-        """A row's scale from its P partial absmaxes at parts_row[0:P] (their max is the row's)."""
-        offs_p = tl.arange(0, BLOCK_P)
-        parts = tl.load(parts_row + offs_p, mask=offs_p < P, other=0.0)
-        return _absmax_to_scale(tl.reduce(parts, 0, tl.standard._elementwise_max), floor)
-
-    @triton.jit
     def _store_row_codes(y, q_row, s_out, offs, mask, floor, HALF_AWAY: tl.constexpr):
         """A row held in registers (fp32 values; masked lanes ignored) -> its int8 codes at q_row
         and its fp32 scale at s_out: scale = max(absmax / 127, floor), codes = round(y / scale)."""
@@ -223,36 +216,24 @@ if HAVE_TRITON:
         tl.store(s_ptr + rows, scale, mask=mask_m)
 
     @triton.jit
-    def _quant_rows_amax_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, cs_ptr, K, P, stride_x, stride_q, floor,
+    def _quant_rows_amax_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, K, P, stride_x, stride_q, floor,
                                 HALF_AWAY: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
-                                PDL: tl.constexpr, COL_SCALE: tl.constexpr):
+                                PDL: tl.constexpr):
         """Program (row, column block): the row's scale from its P partial absmaxes (the GLU GEMM's
-        epilogue or `_rows_amax_kernel` wrote them), then the codes of one BLOCK_K block: each
-        element read once, and a row spread over many programs. COL_SCALE: of x · cs, as
-        `_quant_rows_kernel`."""
+        epilogue wrote them), then the codes of one BLOCK_K block: each element read once, and
+        a row spread over many programs."""
         pdl_start(PDL)
         row = tl.program_id(0).to(tl.int64)
         blk = tl.program_id(1)
-        scale = scale_from_parts(amax_ptr + row * P, P, floor, BLOCK_P)
+        offs_p = tl.arange(0, BLOCK_P)
+        parts = tl.load(amax_ptr + row * P + offs_p, mask=offs_p < P, other=0.0)
+        scale = _absmax_to_scale(tl.reduce(parts, 0, tl.standard._elementwise_max), floor)
         offs = blk * BLOCK_K + tl.arange(0, BLOCK_K)
         mask = offs < K
-        x = _load_row_f32(x_ptr + row * stride_x, cs_ptr, offs, mask, COL_SCALE)
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(q_ptr + row * stride_q + offs, _quant_block(x, scale, HALF_AWAY), mask=mask)
         if blk == 0:
             tl.store(s_ptr + row, scale)
-
-    @triton.jit
-    def _rows_amax_kernel(x_ptr, cs_ptr, amax_ptr, K, P, stride_x, COL_SCALE: tl.constexpr, BLOCK_K: tl.constexpr):
-        """Program (row, column block): the absmax of one BLOCK_K block of a row (of x · cs with
-        COL_SCALE) into amax[row, block], the first of `quantize_rows`' two launches for many long
-        rows (`_quant_rows_amax_kernel` is the second): no loop, so every program's loads are in
-        flight at once."""
-        row = tl.program_id(0).to(tl.int64)
-        blk = tl.program_id(1)
-        offs = blk * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask = offs < K
-        x = _load_row_f32(x_ptr + row * stride_x, cs_ptr, offs, mask, COL_SCALE)
-        tl.store(amax_ptr + row * P + blk, tl.reduce(tl.where(mask, tl.abs(x), 0.0), 0, tl.standard._elementwise_max))
 
     @triton.jit
     def _quant_row_tiles_kernel(x_ptr, q_ptr, s_ptr, o_ptr, M, K, N1, N2, stride_x0, stride_x1, stride_x2,
@@ -424,9 +405,9 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str, launch: tuple[in
     """Triton `quant.quantize_rows`: symmetric int8 over the last dim, one fp32 scale per row.
     `launch` = (BLOCK_K, single pass, num_warps) overrides the table (tuning) with the row kernel;
     `chunks` = (BLOCK_M, BLOCK_K, num_warps) runs `_quant_row_chunks_kernel` instead (tuning; with
-    `CHUNK_LAUNCH` it is what col_scale calls of ≥ TILE_MIN_ROWS rows take with SPLIT_ROWS off).
-    `col_scale` (fp32 [K]): the codes of fp32(x) · col_scale instead (`quant.quantize_scaled_rows`,
-    same bits), for ≥ TILE_MIN_ROWS rows in two launches (`_quantize_rows_split`), else in one."""
+    `CHUNK_LAUNCH` it is what col_scale calls of ≥ TILE_MIN_ROWS rows take). `col_scale` (fp32
+    [K]): the codes of fp32(x) · col_scale instead, in the same launch (`quant.quantize_scaled_rows`,
+    same bits)."""
     require_triton("triton_quant.quantize_rows")
     half_away = _check_mode(rounding)
     shape = x.shape
@@ -442,8 +423,6 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str, launch: tuple[in
     s = torch.empty((m,), dtype=torch.float32, device=x.device)
     if launch is None and col_scale is None and k <= TILE_MAX_K and m >= TILE_MIN_ROWS and tiles_enabled():
         _launch_row_tiles(x2, floor, half_away, q, s, None)
-    elif launch is None and not chunks and col_scale is not None and m >= TILE_MIN_ROWS and SPLIT_ROWS and k > 0:
-        q, s = _quantize_rows_split(x2, floor, rounding, col_scale)
     elif chunks or (launch is None and col_scale is not None and m >= TILE_MIN_ROWS and tiles_enabled()):
         bm, bk, warps = chunks or CHUNK_LAUNCH
         interp = runs_interpreted(_quant_row_chunks_kernel)
@@ -464,34 +443,14 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str, launch: tuple[in
 
 #: columns per program of `quantize_rows_from_amax`
 AMAX_BLOCK_K = 2048
-#: many long rows with column scales (the learner's dY · s_w) are quantized in two launches without
-#: loops (`_rows_amax_kernel`, then `_quant_rows_amax_kernel`) instead of one that walks each row
-#: twice; AGENTQ_QUANT_SPLIT=0 brings back the one-launch kernels (A/B: `bench_kernels --grad-input`)
-SPLIT_ROWS = os.environ.get("AGENTQ_QUANT_SPLIT", "1") != "0"
 
 
-def _quantize_rows_split(x2: torch.Tensor, floor: float, rounding: str, col_scale: torch.Tensor | None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantize_rows` of x2 [M, K] (K ≥ 1) in two launches: each row's partial absmaxes per
-    AMAX_BLOCK_K block, then the codes from them (same bits: a max is exact in any order)."""
-    m, k = x2.shape
-    block = min(AMAX_BLOCK_K, triton.next_power_of_2(max(k, 16)))
-    parts = triton.cdiv(k, block)
-    amax = torch.empty((m, parts), dtype=torch.float32, device=x2.device)
-    interp = runs_interpreted(_rows_amax_kernel)
-    launch_kernel(_rows_amax_kernel, (m, parts), x2, col_scale if col_scale is not None else amax, amax, k, parts,
-                  x2.stride(0), COL_SCALE=col_scale is not None, BLOCK_K=block,
-                  num_warps=1 if interp else max(1, min(8, block // 256)), enable_fp_fusion=False)
-    return quantize_rows_from_amax(x2, amax, floor, rounding, col_scale=col_scale)
-
-
-def quantize_rows_from_amax(x: torch.Tensor, amax: torch.Tensor, floor: float, rounding: str,
-                            col_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_from_amax(x: torch.Tensor, amax: torch.Tensor, floor: float, rounding: str
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """`quantize_rows(x, floor, rounding)` for rows x [M, K] whose absmax is already known as the
     max of P partials amax [M, P] (the GLU GEMM's epilogue): the same codes and scales (max is
     exact, and the scale and code formulas are the same), with x read once and each row split
-    over ⌈K / AMAX_BLOCK_K⌉ programs. `col_scale` (fp32 [K]): the codes of x · col_scale, whose
-    partial absmaxes amax then holds (`quantize_rows(..., col_scale=)`)."""
+    over ⌈K / AMAX_BLOCK_K⌉ programs."""
     require_triton("triton_quant.quantize_rows_from_amax")
     half_away = _check_mode(rounding)
     m, k = x.shape
@@ -506,11 +465,9 @@ def quantize_rows_from_amax(x: torch.Tensor, amax: torch.Tensor, floor: float, r
         interp = runs_interpreted(_quant_rows_amax_kernel)
         pdl = use_pdl(_quant_rows_amax_kernel, x.device, m)
         launch_kernel(_quant_rows_amax_kernel, (m, triton.cdiv(k, block)),
-            x, amax, q, s, col_scale if col_scale is not None else amax, k, amax.shape[1], x.stride(0),
-            q.stride(0), float(floor), HALF_AWAY=half_away, BLOCK_K=block,
-            BLOCK_P=max(2, triton.next_power_of_2(amax.shape[1])), PDL=pdl, launch_pdl=pdl,
-            COL_SCALE=col_scale is not None, num_warps=1 if interp else max(1, min(8, block // 256)),
-            enable_fp_fusion=False)
+            x, amax, q, s, k, amax.shape[1], x.stride(0), q.stride(0), float(floor), HALF_AWAY=half_away,
+            BLOCK_K=block, BLOCK_P=max(2, triton.next_power_of_2(amax.shape[1])), PDL=pdl, launch_pdl=pdl,
+            num_warps=1 if interp else max(1, min(8, block // 256)), enable_fp_fusion=False)
     return q, s
 
 

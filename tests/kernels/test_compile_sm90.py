@@ -64,18 +64,9 @@ def _cases():
            {"HAS_BIAS": False, "BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "NUM_PROGRAMS": 132,
             "FLATTEN": True, "WARP_SPEC": False, "BF16_BITS": False, "GLU": glu}, 8, 3)
           for bm, glu in ((256, False), (128, True))),
-        *(("triton_quant", "_quant_rows_amax_kernel", {"x_ptr": "*bf16", "amax_ptr": "*fp32", "q_ptr": "*i8",
-                                                       "s_ptr": "*fp32", "cs_ptr": "*fp32"}, {"floor"},
-           {"HALF_AWAY": False, "BLOCK_K": 2048, "BLOCK_P": bp, "PDL": not cs, "COL_SCALE": cs}, 8, 3)
-          for bp, cs in ((128, False), (8, True))),           # the GLU GEMM's partials; dY · s_w's two launches
-        ("triton_quant", "_rows_amax_kernel", {"x_ptr": "*bf16", "cs_ptr": "*fp32", "amax_ptr": "*fp32"}, set(),
-         {"COL_SCALE": True, "BLOCK_K": 2048}, 8, 3),
-        ("triton_norm", "_silu_mul_amax_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "amax_ptr": "*fp32"}, set(),
-         {"BLOCK": 2048, "BF16_BITS": False, "OUT_DTYPE": "bf16"}, 8, 3),
-        *(("triton_norm", "_silu_mul_codes_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "amax_ptr": "*fp32",
-                                                     "q_ptr": "*i8", "qs_ptr": "*fp32", "y_ptr": "*bf16"}, {"floor"},
-           {"HALF_AWAY": True, "BLOCK": 2048, "BLOCK_P": 8, "BF16_BITS": False, "OUT_DTYPE": "bf16",
-            "STORE_Y": store}, 8, 3) for store in (False, True)),
+        ("triton_quant", "_quant_rows_amax_kernel", {"x_ptr": "*bf16", "amax_ptr": "*fp32", "q_ptr": "*i8",
+                                                     "s_ptr": "*fp32"}, {"floor"},
+         {"HALF_AWAY": False, "BLOCK_K": 2048, "BLOCK_P": 128, "PDL": True}, 8, 3),
         ("triton_attention", "_decode_kernel", attn_ptrs, {"qk_scale"},
          {**attn, "BLOCK_D": 128, "SCALE_MODE": 1, "SPLIT": False, "PV_DTYPE": "fp16", "EVEN_D": True, "K_AS_A": False,
           "WORDS": True, "PDL": False}, 4, 3),

@@ -68,8 +68,8 @@ def test_learner_quant_kernels_bit_identical_cuda(K, dtype):
 
 @pytest.mark.parametrize("chunks", [None, (1, 2048, 4), (8, 512, 4), (16, 256, 4)])
 def test_col_scaled_chunked_rows_cuda(K, chunks):
-    """The learner's dY · s_w codes (int8 dX) at a 1B gate_up shape, 4,096 rows of 12,288: the two
-    launches (chunks None, the default) and the chunked ones equal the torch reference bit for bit."""
+    """The learner's dY · s_w codes (int8 dX) at a 1B gate_up shape, 4,096 rows of 12,288: the
+    chunked launches (default and tuning candidates) equal the torch reference bit for bit."""
     g = _gen(8)
     x = (torch.randn(4096, 12288, generator=g) * torch.logspace(-9, -5, 4096)[:, None]).bfloat16().to(DEV)
     s = (torch.rand(12288, generator=g) * 1e-3 + 1e-5).to(DEV)
@@ -78,13 +78,11 @@ def test_col_scaled_chunked_rows_cuda(K, chunks):
     assert torch.equal(sc, s_ref) and torch.equal(q, q_ref), int((q != q_ref).sum())
 
 
-@pytest.mark.parametrize("tile", [None, (1, 2048), (2, 1024), (4, 512), (8, 512)])
+@pytest.mark.parametrize("tile", [(1, 2048), (2, 1024), (4, 512), (8, 512)])
 def test_silu_mul_quant_row_tiles_cuda(tile, monkeypatch):
-    """SiLU·mul + codes in two launches (tile None, the default) or over tiles of rows
-    (`triton_norm.SILU_QUANT_TILE`) at the 1B MLP width, with and without the product kept: the
-    codes of `quantize_rows(silu_mul(g, u))` bit for bit."""
+    """SiLU·mul + codes over tiles of rows (`triton_norm.SILU_QUANT_TILE`) at the 1B MLP width, with
+    and without the product kept: the codes of `quantize_rows(silu_mul(g, u))` bit for bit."""
     from agentq.kernels import triton_norm
-    monkeypatch.setattr(triton_norm, "SILU_QUANT_SPLIT", tile is None)
     monkeypatch.setattr(triton_norm, "SILU_QUANT_TILE", tile)
     g = _gen(9)
     gate = (torch.randn(1000, 6144, generator=g) * 3).bfloat16().to(DEV)

@@ -349,10 +349,8 @@ def test_silu_mul_quant_equals_silu_mul_then_quant(K, monkeypatch):
     ref = K.quantize_rows(K.silu_mul(gate, up), 1e-8, "half_even")
     out = K.silu_mul_quant(gate, up, 1e-8, "half_even")
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
-    monkeypatch.setattr(K, "SILU_QUANT_CHUNKED_ROWS", 2)              # many rows: blocks of 256 columns, a masked tail
-    monkeypatch.setattr(K, "SILU_SPLIT_BLOCK", 256)
-    for split, tile in ((True, None), (False, (1, 256)), (False, (2, 256))):   # two launches; row tiles (2 rows:
-        monkeypatch.setattr(K, "SILU_QUANT_SPLIT", split)                     # a masked last row too)
+    monkeypatch.setattr(K, "SILU_QUANT_CHUNKED_ROWS", 2)              # many rows: tiles of 256 columns, a masked tail
+    for tile in ((1, 256), (2, 256)):                                 # 2 rows per program: a masked last row too
         monkeypatch.setattr(K, "SILU_QUANT_TILE", tile)
         out3 = K.silu_mul_quant(gate, up, 1e-8, "half_even")
         assert torch.equal(out3[0], ref[0]) and torch.equal(out3[1], ref[1]), tile

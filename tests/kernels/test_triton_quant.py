@@ -58,8 +58,8 @@ def test_col_scaled_two_pass_rows(TQ, monkeypatch):
 
 
 def test_col_scale_is_applied_where_the_tiled_kernel_would_run(TQ):
-    """Many short rows go to the tiled kernel, which has no column scales: with them the two
-    launches run (`_quantize_rows_split`; strided input included)."""
+    """Many short rows go to the tiled kernel, which has no column scales: with them the chunked
+    kernel runs (`CHUNK_LAUNCH`; strided input included)."""
     x, s = _grad_like(TQ.TILE_MIN_ROWS + 3, 96, torch.float32, seed=2)
     x = torch.cat([x, x], dim=1)[:, 96:]                   # a row stride of 192
     q_ref, s_ref = quant.quantize_scaled_rows(x, s, quant.GRAD_SCALE_FLOOR, "half_even")
@@ -83,17 +83,3 @@ def test_chunked_rows_are_the_row_kernel_bit_for_bit(TQ, mode, col_scale):
     q_row, s_row = TQ.quantize_rows(x, floor, mode, col_scale=cs, launch=(256, True, 1))
     assert torch.equal(s_chk, s_ref) and torch.equal(q_chk, q_ref), int((q_chk != q_ref).sum())
     assert torch.equal(q_chk, q_row) and torch.equal(s_chk, s_row)
-
-
-@pytest.mark.parametrize("mode", ["half_even", "half_away"])
-def test_split_rows_are_the_torch_reference_bit_for_bit(TQ, monkeypatch, mode):
-    """The two launches (partial absmaxes per block, then codes from them) over rows of four blocks,
-    the last part-masked, zero / subnormal / outlier rows: the torch reference's codes and scales;
-    with SPLIT_ROWS off the one-launch chunked kernel gives them too."""
-    monkeypatch.setattr(TQ, "AMAX_BLOCK_K", 64)
-    x, s = _grad_like(TQ.TILE_MIN_ROWS + 2, 200, torch.bfloat16, seed=4)
-    q_ref, s_ref = quant.quantize_scaled_rows(x, s, quant.GRAD_SCALE_FLOOR, mode)
-    for split in (True, False):
-        monkeypatch.setattr(TQ, "SPLIT_ROWS", split)
-        q_tri, s_tri = TQ.quantize_rows(x, quant.GRAD_SCALE_FLOOR, mode, col_scale=s)
-        assert torch.equal(s_tri, s_ref) and torch.equal(q_tri, q_ref), (split, int((q_tri != q_ref).sum()))
