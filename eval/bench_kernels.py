@@ -1010,7 +1010,7 @@ def bench_grad_input(dev, results, ms=(2048, 8192), act_rows=((8192, 2048), (819
             default = f"chunks {tuple(triton_quant.CHUNK_LAUNCH)}"
             log(f"M {m:5d} {name:11s} bf16 {row['bf16_us']:8.1f}  int8 {row['int8_us']:8.1f} "
                 f"({row['bf16_us'] / row['int8_us']:.2f}x; GEMM {row['gemm_us']:7.1f})  quant: row kernel "
-                f"{qus['row kernel']:7.1f} ({nbytes / qus['row kernel'] / 1e3:5.0f} GB/s), default {default} "
+                f"{qus['row kernel']:7.1f} ({nbytes / qus['row kernel'] / 1e3:5.0f} GB/s), CHUNK_LAUNCH {default} "
                 f"{qus[default]:7.1f}, best {best} {qus[best]:7.1f} ({nbytes / qus[best] / 1e3:5.0f} GB/s)")
             results.setdefault("grad_input", []).append(row)
             del w, gy, cache, w_fq, w_t, g_q

@@ -354,10 +354,13 @@ def _row_launch_params(m: int, k: int, interpreted: bool) -> tuple[int, bool, in
 #: shapes `H200_QUANT` was tuned on), are quantized BLOCK_M at a time (`_quant_row_tiles_kernel`)
 TILE_MAX_K = 1024
 TILE_MIN_ROWS = 257
-#: (BLOCK_M, BLOCK_K, num_warps) of `_quant_row_chunks_kernel` for the learner's dY · s_w rows
-#: (col_scale calls of ≥ TILE_MIN_ROWS rows): the per-row kernel ran them at 1.2-1.9 TB/s on the H200.
-#: AGENTQ_QUANT_CHUNKS="M,K,W" overrides it (`bench_kernels --grad-input` sweeps it)
-CHUNK_LAUNCH = tuple(int(v) for v in os.environ.get("AGENTQ_QUANT_CHUNKS", "4,1024,4").split(","))
+#: (BLOCK_M, BLOCK_K, num_warps) of `_quant_row_chunks_kernel` for the learner's dY · s_w rows longer
+#: than CHUNK_MIN_K (col_scale calls of ≥ TILE_MIN_ROWS rows): on the H200 at 8,192 rows it took 93 /
+#: 190 / 374 µs where the per-row kernel took 146 / 286-304 / 361-385 µs (rows of 6,144 / 12,288 /
+#: 24,576: Qwen3-8B qkv, 1.7B gate_up, 8B gate_up), and lost to it at 2,048-4,096 (round 22,
+#: `bench_kernels --grad-input`, which sweeps it). AGENTQ_QUANT_CHUNKS="M,K,W" overrides it
+CHUNK_LAUNCH = tuple(int(v) for v in os.environ.get("AGENTQ_QUANT_CHUNKS", "2,1024,4").split(","))
+CHUNK_MIN_K = 4096
 #: elements per program of the tiled kernels (BLOCK_M = this // BLOCK_K, at most 64 rows)
 TILE_ELEMS = 4096
 #: the widest column tile of `dequantize_rows` (longer rows take several programs)
@@ -405,9 +408,9 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str, launch: tuple[in
     """Triton `quant.quantize_rows`: symmetric int8 over the last dim, one fp32 scale per row.
     `launch` = (BLOCK_K, single pass, num_warps) overrides the table (tuning) with the row kernel;
     `chunks` = (BLOCK_M, BLOCK_K, num_warps) runs `_quant_row_chunks_kernel` instead (tuning; with
-    `CHUNK_LAUNCH` it is what col_scale calls of ≥ TILE_MIN_ROWS rows take). `col_scale` (fp32
-    [K]): the codes of fp32(x) · col_scale instead, in the same launch (`quant.quantize_scaled_rows`,
-    same bits)."""
+    `CHUNK_LAUNCH` it is what col_scale calls of ≥ TILE_MIN_ROWS rows longer than CHUNK_MIN_K take).
+    `col_scale` (fp32 [K]): the codes of fp32(x) · col_scale instead, in the same launch
+    (`quant.quantize_scaled_rows`, same bits)."""
     require_triton("triton_quant.quantize_rows")
     half_away = _check_mode(rounding)
     shape = x.shape
@@ -423,7 +426,8 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str, launch: tuple[in
     s = torch.empty((m,), dtype=torch.float32, device=x.device)
     if launch is None and col_scale is None and k <= TILE_MAX_K and m >= TILE_MIN_ROWS and tiles_enabled():
         _launch_row_tiles(x2, floor, half_away, q, s, None)
-    elif chunks or (launch is None and col_scale is not None and m >= TILE_MIN_ROWS and tiles_enabled()):
+    elif chunks or (launch is None and col_scale is not None and m >= TILE_MIN_ROWS and k > CHUNK_MIN_K
+                    and tiles_enabled()):
         bm, bk, warps = chunks or CHUNK_LAUNCH
         interp = runs_interpreted(_quant_row_chunks_kernel)
         launch_kernel(_quant_row_chunks_kernel, (triton.cdiv(m, bm),),

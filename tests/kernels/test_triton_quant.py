@@ -57,13 +57,20 @@ def test_col_scaled_two_pass_rows(TQ, monkeypatch):
     assert torch.equal(q_tri, q_ref) and torch.equal(s_tri, s_ref)
 
 
-def test_col_scale_is_applied_where_the_tiled_kernel_would_run(TQ):
-    """Many short rows go to the tiled kernel, which has no column scales: with them the chunked
-    kernel runs (`CHUNK_LAUNCH`; strided input included)."""
+@pytest.mark.parametrize("min_k", [None, 64])
+def test_col_scale_is_applied_where_the_tiled_kernel_would_run(TQ, monkeypatch, min_k):
+    """Many short rows go to the tiled kernel, which has no column scales: with them the row kernel
+    runs, and for rows longer than CHUNK_MIN_K the chunked one (strided input included)."""
+    launched = []
+    launch = TQ.launch_kernel
+    monkeypatch.setattr(TQ, "launch_kernel", lambda kernel, *a, **kw: (launched.append(kernel), launch(kernel, *a, **kw)))
+    if min_k:
+        monkeypatch.setattr(TQ, "CHUNK_MIN_K", min_k)
     x, s = _grad_like(TQ.TILE_MIN_ROWS + 3, 96, torch.float32, seed=2)
     x = torch.cat([x, x], dim=1)[:, 96:]                   # a row stride of 192
     q_ref, s_ref = quant.quantize_scaled_rows(x, s, quant.GRAD_SCALE_FLOOR, "half_even")
     q_tri, s_tri = TQ.quantize_rows(x, quant.GRAD_SCALE_FLOOR, "half_even", col_scale=s)
+    assert launched == [TQ._quant_row_chunks_kernel if min_k else TQ._quant_rows_kernel]
     assert torch.equal(q_tri, q_ref) and torch.equal(s_tri, s_ref)
     assert not torch.equal(q_tri, TQ.quantize_rows(x, quant.GRAD_SCALE_FLOOR, "half_even")[0])
 
