@@ -916,22 +916,22 @@ def bench_learner_norms(dev, results):
 
 
 def bench_learner_elementwise(dev, results, m: int = 10240):
-    """SiLU·mul + codes (whole rows per program vs tiles of rows, `triton_norm.SILU_QUANT_*`, each
-    `SILU_TILES` tile; with and without the product kept) against `silu_mul` alone, at [m, n] for
-    the 1B and 8B widths, and RoPE (one head per program vs `triton_norm.rope`'s head tiles) at m
-    tokens of 16 + 8 and 32 + 8 heads, bf16, µs per call and effective GB/s (g and u read once,
-    the outputs written)."""
+    """SiLU·mul + codes (whole rows per program vs row chunks of each `SILU_CHUNKS` width,
+    `triton_norm.SILU_QUANT_*`; with and without the product kept) against `silu_mul` alone, at
+    [m, n] for the 1B and 8B widths, and RoPE (one head per program vs `triton_norm.rope`'s head
+    tiles) at m tokens of 16 + 8 and 32 + 8 heads, bf16, µs per call and effective GB/s (g and u
+    read once, the outputs written)."""
     from agentq.kernels import triton_norm as tn
     log("\n== learner SiLU·mul + codes and RoPE (bf16; µs per call) ==")
-    saved = tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_TILE
+    saved = tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_CHUNK
     for n in (6144, 12288):
         gate, up = (torch.randn(m, n, device=dev) * 3).bfloat16(), torch.randn(m, n, device=dev).bfloat16()
         want = tn.silu_mul_and_codes(gate, up, 1e-8, "half_away")
-        cases = [("silu_mul alone", 6, None, 1 << 30, lambda: tn.silu_mul(gate, up)),
-                 ("whole rows", 5, None, 1 << 30, None)]
-        cases += [(f"tile {t}", 5, t, 1, None) for t in (saved[1], *SILU_TILES)]     # the default first
-        for name, bytes_per, tile, rows_min, fn in dict.fromkeys(cases):
-            tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_TILE = rows_min, tile or saved[1]
+        cases = [("silu_mul alone", 6, saved[1], 1 << 30, lambda: tn.silu_mul(gate, up)),
+                 ("whole rows", 5, saved[1], 1 << 30, None)]
+        cases += [(f"chunks of {c}", 5, c, 1, None) for c in SILU_CHUNKS]
+        for name, bytes_per, chunk, rows_min, fn in cases:
+            tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_CHUNK = rows_min, chunk
             for keep in ((True, False) if fn is None else (None,)):
                 call = fn or (partial(tn.silu_mul_and_codes, gate, up, 1e-8, "half_away") if keep
                               else partial(tn.silu_mul_quant, gate, up, 1e-8, "half_away"))
@@ -946,7 +946,7 @@ def bench_learner_elementwise(dev, results, m: int = 10240):
                 results.setdefault("learner_elementwise", []).append({"op": f"silu {label}", "m": m, "n": n,
                                                                       "us": us})
         del gate, up, want
-    tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_TILE = saved
+    tn.SILU_QUANT_CHUNKED_ROWS, tn.SILU_QUANT_CHUNK = saved
     for hq, hkv in ((16, 8), (32, 8)):
         qkv = torch.randn(1, m, (hq + hkv) * 128, device=dev).bfloat16()
         q, k = qkv[..., :hq * 128].view(1, m, hq, 128), qkv[..., hq * 128:].view(1, m, hkv, 128)
@@ -1034,8 +1034,8 @@ def bench_grad_input(dev, results, ms=(2048, 8192), act_rows=((8192, 2048), (819
         del x
 
 
-#: (rows, columns) tiles of the SiLU·mul + codes kernel `--learner-elementwise` times
-SILU_TILES = ((1, 2048), (1, 1024), (2, 1024), (4, 512), (4, 1024), (8, 512), (2, 2048))
+#: row-chunk widths of the SiLU·mul + codes kernel `--learner-elementwise` times
+SILU_CHUNKS = (1024, 2048, 4096)
 
 #: (B, T) rows `--rope` times: a decode step's and a prefill chunk's (32768 tokens)
 ROPE_ROWS = ((64, 1), (16, 2048))

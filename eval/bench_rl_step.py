@@ -256,8 +256,8 @@ def main(argv=None) -> dict:
                   + f"  step {report[key]:.2f}x (> 1 = quantized faster)")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        suffix = (("_int8dx" if args.grad_input == "int8" else "") + ("_dxab" if "+int8dx" in args.algos else "") + ("_graphs" if args.cuda_graphs else "")
-                  + ("_bypass" if args.old_logp == "bypass" else "") + ("_groupprompt" if args.group_prompt else ""))
+        suffix = (("_int8dx" if args.grad_input == "int8" else "") + ("_dxab" if "+int8dx" in args.algos else "")
+                  + ("_graphs" if args.cuda_graphs else "") + ("_bypass" if args.old_logp == "bypass" else "") + ("_groupprompt" if args.group_prompt else ""))
         (Path(args.out) / f"bench_rl_step_{args.model}{suffix}.json").write_text(json.dumps(report, indent=1))
     return report
 

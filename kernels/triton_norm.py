@@ -186,42 +186,34 @@ if HAVE_TRITON:
             tl.store(o_ptr + row * stride_o + offs, cast_for_store(y, o_ptr.dtype.element_ty, BF16_BITS), mask=mask)
 
     @triton.jit
-    def _silu_mul_quant_kernel(g_ptr, u_ptr, q_ptr, qs_ptr, y_ptr, M, N, stride_g, stride_u, stride_q, stride_y, floor,
+    def _silu_mul_quant_kernel(g_ptr, u_ptr, q_ptr, qs_ptr, y_ptr, N, stride_g, stride_u, stride_q, stride_y, floor,
                                HALF_AWAY: tl.constexpr, BLOCK: tl.constexpr, BF16_BITS: tl.constexpr,
                                OUT_DTYPE: tl.constexpr, STORE_Y: tl.constexpr, PDL: tl.constexpr,
-                               CHUNKED: tl.constexpr, ROWS: tl.constexpr):
+                               CHUNKED: tl.constexpr):
         """One program per row: y = silu(gate) * up as `_silu_mul_kernel` rounds it, then its codes +
-        scale (and y itself with STORE_Y). CHUNKED: ROWS rows per program in [ROWS, BLOCK] tiles,
-        twice (absmax, then y again and its codes; the same y both times, so the same bits) instead
-        of a row held whole in registers: many rows (prefill, the learner) then keep more programs
-        per SM in flight."""
+        scale (and y itself with STORE_Y). CHUNKED: the row in BLOCK-wide chunks, twice (absmax,
+        then y again and its codes; the same y both times, so the same bits) instead of held whole
+        in registers: many rows (prefill, the learner) then keep more programs per SM in flight."""
         pdl_start(PDL)
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        g_row, u_row, y_row = g_ptr + row * stride_g, u_ptr + row * stride_u, y_ptr + row * stride_y
         if CHUNKED:
-            rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-            offs = tl.arange(0, BLOCK)
-            mask_m = rows < M
-            g_rows, u_rows = g_ptr + rows[:, None] * stride_g, u_ptr + rows[:, None] * stride_u
-            amax_v = tl.full([ROWS, BLOCK], 0, dtype=tl.float32)
+            amax_v = tl.full([BLOCK], 0, dtype=tl.float32)
             for n0 in range(0, N, BLOCK):
-                cols = n0 + offs[None, :]
-                mask = mask_m[:, None] & (cols < N)
-                y = _silu_mul_row_part(g_rows, u_rows, cols, mask, OUT_DTYPE, BF16_BITS)
+                mask = n0 + offs < N
+                y = _silu_mul_row_part(g_row + n0, u_row + n0, offs, mask, OUT_DTYPE, BF16_BITS)
                 amax_v = tl.maximum(amax_v, tl.where(mask, tl.abs(y), 0.0))
                 if STORE_Y:
-                    tl.store(y_ptr + rows[:, None] * stride_y + cols, cast_for_store(y, OUT_DTYPE, BF16_BITS),
-                             mask=mask)
-            scale = _absmax_to_scale(tl.reduce(amax_v, 1, tl.standard._elementwise_max), floor)
+                    tl.store(y_row + n0 + offs, cast_for_store(y, OUT_DTYPE, BF16_BITS), mask=mask)
+            amax = tl.reduce(amax_v, 0, tl.standard._elementwise_max)
+            scale = _absmax_to_scale(amax, floor)
             for n0 in range(0, N, BLOCK):
-                cols = n0 + offs[None, :]
-                mask = mask_m[:, None] & (cols < N)
-                y = _silu_mul_row_part(g_rows, u_rows, cols, mask, OUT_DTYPE, BF16_BITS)
-                tl.store(q_ptr + rows[:, None] * stride_q + cols, _quant_block(y, scale[:, None], HALF_AWAY),
-                         mask=mask)
-            tl.store(qs_ptr + rows, scale, mask=mask_m)
+                mask = n0 + offs < N
+                y = _silu_mul_row_part(g_row + n0, u_row + n0, offs, mask, OUT_DTYPE, BF16_BITS)
+                tl.store(q_ptr + row * stride_q + n0 + offs, _quant_block(y, scale, HALF_AWAY), mask=mask)
+            tl.store(qs_ptr + row, scale)
         else:
-            row = tl.program_id(0).to(tl.int64)
-            offs = tl.arange(0, BLOCK)
-            g_row, u_row, y_row = g_ptr + row * stride_g, u_ptr + row * stride_u, y_ptr + row * stride_y
             mask = offs < N
             y = _silu_mul_row_part(g_row, u_row, offs, mask, OUT_DTYPE, BF16_BITS)
             _store_row_codes(y, q_ptr + row * stride_q, qs_ptr + row, offs, mask, floor, HALF_AWAY)
@@ -230,8 +222,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _silu_mul_row_part(g_row, u_row, offs, mask, OUT_DTYPE: tl.constexpr, BF16_BITS: tl.constexpr):
-        """silu(gate) · up over one block of a row (or a tile of rows: g_row / u_row [R, 1] pointers,
-        offs [1, B]), fp32 values of the dtype, rounded as torch does."""
+        """silu(gate) · up over one block of a row, fp32 values of the dtype, rounded as torch does."""
         g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(u_row + offs, mask=mask, other=0.0).to(tl.float32)
         return silu_mul_values(g, u, OUT_DTYPE, BF16_BITS)
@@ -775,13 +766,10 @@ def _launch_add_rms_norm(x, delta, weight, eps, quant, keep_normed: bool):
 
 #: rows up to this long are held in registers by `silu_mul_quant`; longer ones take two kernels
 SILU_QUANT_MAX = 16384
-#: from this many rows on, `silu_mul_quant` reads `SILU_QUANT_TILE` = (rows, columns) tiles of
-#: SILU_QUANT_TILE[0] rows at a time, each twice (a whole 12288-wide row per 32-warp program ran at
-#: ~40 % of the bandwidth at 10k rows on the H200; rows of 2048-column chunks, one per program, at
-#: ~1.8-3.2 TB/s, round 21's learner profile). AGENTQ_SILU_TILE="R,C" overrides it (tuning:
-#: `bench_kernels --learner-elementwise`)
+#: from this many rows on, `silu_mul_quant` reads each row in chunks of `SILU_QUANT_CHUNK`, twice
+#: (a whole 12288-wide row per 32-warp program ran at ~40 % of the bandwidth at 10k rows on the H200)
 SILU_QUANT_CHUNKED_ROWS = 256
-SILU_QUANT_TILE = tuple(int(v) for v in os.environ.get("AGENTQ_SILU_TILE", "1,2048").split(","))
+SILU_QUANT_CHUNK = 2048
 
 
 def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, floor: float, rounding: str
@@ -823,14 +811,13 @@ def _launch_silu_mul_quant(gate, up, floor, rounding, keep_product: bool):
         out_dt = tl.float16 if gate.dtype == torch.float16 else tl.bfloat16
         y_arg = store_view(y, interp)[0] if y is not None else codes
         chunked = m >= SILU_QUANT_CHUNKED_ROWS
-        rows, chunk = SILU_QUANT_TILE if chunked else (1, triton.next_power_of_2(n))
-        block = min(chunk, triton.next_power_of_2(n))
+        block = min(SILU_QUANT_CHUNK, triton.next_power_of_2(n)) if chunked else triton.next_power_of_2(n)
         pdl = use_pdl(_silu_mul_quant_kernel, gate.device, m)
-        launch_kernel(_silu_mul_quant_kernel, (triton.cdiv(m, rows),),
-            g2, u2, codes, scales, y_arg, m, n, g2.stride(0), u2.stride(0), codes.stride(0),
+        launch_kernel(_silu_mul_quant_kernel, (m,),
+            g2, u2, codes, scales, y_arg, n, g2.stride(0), u2.stride(0), codes.stride(0),
             y_arg.stride(0), float(floor), HALF_AWAY=_check_mode(rounding), BLOCK=block,
-            BF16_BITS=bits, OUT_DTYPE=out_dt, STORE_Y=y is not None, PDL=pdl, CHUNKED=chunked, ROWS=rows,
-            num_warps=1 if interp else silu_quant_warps(rows * block), enable_fp_fusion=False,
+            BF16_BITS=bits, OUT_DTYPE=out_dt, STORE_Y=y is not None, PDL=pdl, CHUNKED=chunked,
+            num_warps=1 if interp else silu_quant_warps(block), enable_fp_fusion=False,
             launch_pdl=pdl)
     y_out = y.reshape(gate.shape) if y is not None else None
     return y_out, (codes.reshape(gate.shape), scales.reshape(gate.shape[:-1]))

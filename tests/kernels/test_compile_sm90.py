@@ -97,12 +97,11 @@ def _cases():
         ("triton_norm", "_silu_mul_quant_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "q_ptr": "*i8",
                                                    "qs_ptr": "*fp32", "y_ptr": "*bf16"}, {"floor"},
          {"HALF_AWAY": False, "BLOCK": 16384, "BF16_BITS": False, "OUT_DTYPE": "bf16", "STORE_Y": True,
-          "PDL": True, "CHUNKED": False, "ROWS": 1}, 32, 3),
-        *(("triton_norm", "_silu_mul_quant_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "q_ptr": "*i8",
-                                                     "qs_ptr": "*fp32", "y_ptr": "*bf16"}, {"floor"},
-           {"HALF_AWAY": True, "BLOCK": block, "BF16_BITS": False, "OUT_DTYPE": "bf16", "STORE_Y": store,
-            "PDL": False, "CHUNKED": True, "ROWS": rows}, 4, 3)
-          for rows, block, store in ((1, 2048, True), (4, 512, False))),     # tiles of rows (SILU_QUANT_TILE)
+          "PDL": True, "CHUNKED": False}, 32, 3),
+        ("triton_norm", "_silu_mul_quant_kernel", {"g_ptr": "*bf16", "u_ptr": "*bf16", "q_ptr": "*i8",
+                                                   "qs_ptr": "*fp32", "y_ptr": "*bf16"}, {"floor"},
+         {"HALF_AWAY": True, "BLOCK": 2048, "BF16_BITS": False, "OUT_DTYPE": "bf16", "STORE_Y": True,
+          "PDL": False, "CHUNKED": True}, 4, 3),
         # qk_norm_rope; decode's K/V write; a prefill chunk's (ragged rows) into an int8 and a bf16 cache;
         # one head per program (decode's launch) and head groups (prefill's), a warp per head
         *(("triton_norm", "_qk_norm_rope_kernel", {**rope_io, "kc_ptr": code, "vc_ptr": code, "ks_ptr": scale,

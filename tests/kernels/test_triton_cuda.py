@@ -78,12 +78,12 @@ def test_col_scaled_chunked_rows_cuda(K, chunks):
     assert torch.equal(sc, s_ref) and torch.equal(q, q_ref), int((q != q_ref).sum())
 
 
-@pytest.mark.parametrize("tile", [(1, 2048), (2, 1024), (4, 512), (8, 512)])
-def test_silu_mul_quant_row_tiles_cuda(tile, monkeypatch):
-    """SiLU·mul + codes over tiles of rows (`triton_norm.SILU_QUANT_TILE`) at the 1B MLP width, with
+@pytest.mark.parametrize("chunk", [1024, 2048])
+def test_silu_mul_quant_chunked_rows_cuda(chunk, monkeypatch):
+    """SiLU·mul + codes in row chunks (`triton_norm.SILU_QUANT_CHUNK`) at the 1B MLP width, with
     and without the product kept: the codes of `quantize_rows(silu_mul(g, u))` bit for bit."""
     from agentq.kernels import triton_norm
-    monkeypatch.setattr(triton_norm, "SILU_QUANT_TILE", tile)
+    monkeypatch.setattr(triton_norm, "SILU_QUANT_CHUNK", chunk)
     g = _gen(9)
     gate = (torch.randn(1000, 6144, generator=g) * 3).bfloat16().to(DEV)
     up = torch.randn(1000, 6144, generator=g).bfloat16().to(DEV)

@@ -349,13 +349,12 @@ def test_silu_mul_quant_equals_silu_mul_then_quant(K, monkeypatch):
     ref = K.quantize_rows(K.silu_mul(gate, up), 1e-8, "half_even")
     out = K.silu_mul_quant(gate, up, 1e-8, "half_even")
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
-    monkeypatch.setattr(K, "SILU_QUANT_CHUNKED_ROWS", 2)              # many rows: tiles of 256 columns, a masked tail
-    for tile in ((1, 256), (2, 256)):                                 # 2 rows per program: a masked last row too
-        monkeypatch.setattr(K, "SILU_QUANT_TILE", tile)
-        out3 = K.silu_mul_quant(gate, up, 1e-8, "half_even")
-        assert torch.equal(out3[0], ref[0]) and torch.equal(out3[1], ref[1]), tile
-        y, (codes, scales) = K.silu_mul_and_codes(gate, up, 1e-8, "half_even")
-        assert torch.equal(y, K.silu_mul(gate, up)) and torch.equal(codes, ref[0]) and torch.equal(scales, ref[1])
+    monkeypatch.setattr(K, "SILU_QUANT_CHUNKED_ROWS", 2)              # many rows: chunks of 256, a masked tail
+    monkeypatch.setattr(K, "SILU_QUANT_CHUNK", 256)
+    out3 = K.silu_mul_quant(gate, up, 1e-8, "half_even")
+    assert torch.equal(out3[0], ref[0]) and torch.equal(out3[1], ref[1])
+    y, (codes, scales) = K.silu_mul_and_codes(gate, up, 1e-8, "half_even")
+    assert torch.equal(y, K.silu_mul(gate, up)) and torch.equal(codes, ref[0]) and torch.equal(scales, ref[1])
     monkeypatch.setattr(K, "SILU_QUANT_MAX", 512)                    # rows too long: the two-kernel path
     out2 = K.silu_mul_quant(gate, up, 1e-8, "half_even")
     assert torch.equal(out2[0], ref[0]) and torch.equal(out2[1], ref[1])
