@@ -73,6 +73,24 @@ def _classpath() -> tuple[str, str]:
     return os.pathsep.join(parts), BASEPATH
 
 
+def disconnect_gateway(gateway) -> None:
+    """Close a py4j gateway client and mark it disconnected, once its JVM is stopped or dead.
+
+    Every py4j JavaObject (a simulator, a Java list) tells the JVM when Python collects it. After the
+    JVM is gone that message would open a socket to a dead port, and py4j logs each refusal as an
+    ERROR with a traceback, from inside the garbage collector, long after the crash; on CPython 3.11
+    formatting that traceback in the middle of an `ast.parse` broke the parse ("AST constructor
+    recursion depth mismatch"). A client marked disconnected sends nothing.
+    """
+    try:
+        gateway.close(keep_callback_server=False, close_callback_server_connections=False)
+    except Exception:
+        pass
+    client = getattr(gateway, "_gateway_client", None)   # py4j has no public switch for this
+    if client is not None:
+        client.is_connected = False
+
+
 class JVMHost:
     """A ScienceWorld JVM (py4j gateway) shared by the envs of one process."""
 
@@ -169,14 +187,14 @@ class JVMHost:
         self._dead_reason = None
         self.start_time_s = time.perf_counter() - t0
 
-    def _stop_process(self) -> None:
-        gw, proc = self.gateway, self.proc
-        self.gateway = None
+    def _disconnect_gateway(self) -> None:
+        gw, self.gateway = self.gateway, None
         if gw is not None:
-            try:
-                gw.close(keep_callback_server=False, close_callback_server_connections=False)
-            except Exception:
-                pass
+            disconnect_gateway(gw)
+
+    def _stop_process(self) -> None:
+        proc = self.proc
+        self._disconnect_gateway()
         if proc is not None:
             for f in (proc.stdin,):
                 try:
@@ -247,6 +265,7 @@ class JVMHost:
                         pass
                 else:
                     self._dead_reason = "JVM process exited"
+                self._disconnect_gateway()
                 raise EnvCrashedError(self._crash_message()) from e
 
     def _crash_message(self) -> str:

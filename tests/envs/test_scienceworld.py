@@ -237,6 +237,36 @@ def test_envs_share_one_heap_capped_jvm_and_restart_after_kill():
     assert not host.alive()                          # the last close stops the JVM
 
 
+def test_java_objects_outliving_their_jvm_do_not_reach_for_it(caplog):
+    """py4j tells the JVM about every JavaObject Python collects. Once the JVM is killed, or stopped
+    by the last close, those messages must not go out: each would be a refused connection that py4j
+    logs as an ERROR traceback from inside the garbage collector (which, on CPython 3.11, broke an
+    unrelated `ast.parse` in a later test)."""
+    import gc
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="py4j")
+    e = gym.make(ENV_ID, split="test", tasks=["4-x"], jvm_opts=["-Dagentq.test=orphans"])
+    e.reset(seed=0)
+    host, kept = e.unwrapped.jvm, [e.unwrapped._sim]     # a JavaObject that outlives its JVM
+    old_pid = host.pid
+    os.kill(old_pid, signal.SIGKILL)
+    while _pid_alive(old_pid):
+        time.sleep(0.05)
+    with pytest.raises(EnvCrashedError, match="is dead"):
+        e.step("look around")                            # (py4j logs this call's own refusals)
+    caplog.clear()
+    e.reset(seed=1)                                      # a new JVM; the old simulator is dropped
+    kept.append(e.unwrapped._sim)
+    e.close()                                            # the last close stops the new JVM too
+    assert not host.alive()
+    kept.clear()
+    gc.collect()
+    errors = [r.getMessage() for r in caplog.records if r.name.startswith("py4j") and r.levelno >= logging.ERROR]
+    assert errors == []
+    assert not [r for r in caplog.records if "connect to the Java server" in r.getMessage()]
+
+
 def test_hung_jvm_times_out_and_restarts():
     # (a cold JVM on a busy 2-core machine may need a few seconds for the first calls)
     e = gym.make(ENV_ID, split="test", tasks="7-1", call_timeout_s=8.0)

@@ -122,6 +122,32 @@ def test_a_dead_jvm_is_an_env_crash_and_the_next_reset_recovers():
     env.close()
 
 
+def test_engines_outliving_their_jvm_do_not_reach_for_it(caplog):
+    """Once the JVM is killed, or stopped by the last close, collecting an engine or its JavaObjects
+    must not open sockets to the dead port: py4j logs each refusal as an ERROR traceback from inside
+    the garbage collector (on CPython 3.11 that broke an unrelated `ast.parse` in a later test)."""
+    import gc
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="py4j")
+    env = make().unwrapped
+    env.reset(options={"task_id": "coin/3"})
+    kept = [env._env, env._env.server]
+    env._env._gateway.java_process.kill()
+    env._env._gateway.java_process.wait()
+    with pytest.raises(envs.EnvCrashedError, match="JVM died"):
+        env.step("look around")
+    caplog.clear()
+    env.reset(options={"task_id": "coin/3"})            # a new JVM; the dead one's engine is released
+    kept += [env._env, env._env.server]
+    env.close()                                         # the last close stops the new JVM
+    kept[-2]._gateway.java_process.wait(timeout=30)
+    kept.clear()
+    gc.collect()
+    errors = [r.getMessage() for r in caplog.records if r.name.startswith("py4j") and r.levelno >= logging.ERROR]
+    assert errors == []
+
+
 def test_mapreader_config_has_a_real_horizon():
     """conf/env/textworld_express_mapreader.yaml (the sweep's task): the expert wins every one of the
     first 10 train tasks in 4–6 turns (a way to the coin and a way back), within the step cap."""
