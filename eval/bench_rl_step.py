@@ -18,7 +18,10 @@ parameters come from `conf/algo/<algo>.yaml` (read with PyYAML: no Hydra needed)
 int8` gives the aligned learners (interq) int8 dX in backward (`trainer.grad_input`); a learner
 without aligned linears (bf16) is unaffected. An algo written `NAME+int8dx` in `--algos` runs with
 int8 dX whatever `--grad-input` says, so `--algos interq,interq+int8dx,bf16` times both dX GEMMs
-against bf16 in one process.
+against bf16 in one process. `NAME+allhead` runs the learner's LM head at every position, not only
+at those that predict action tokens (`Learner(head_tokens="all")`): `--algos
+interq,bf16,interq+allhead,bf16+allhead` times what that saves each algo, and compares each entry
+with the bf16 entry of the same head.
 
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --out runs/bench  # H200
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --algos interq,interq+int8dx,bf16  # H200
@@ -120,17 +123,28 @@ def learn(learner, objective, batch, args, t: dict, device: torch.device):
     return batch
 
 
-#: `--algos` suffixes: "+int8dx", the aligned learner's dX in int8 for that entry
-ALGO_VARIANTS = {"int8dx": "int8"}
+#: `--algos` suffixes → the learner arguments they set: "+int8dx", the aligned learner's dX in int8;
+#: "+allhead", the LM head at every position rather than at the action tokens' only
+ALGO_VARIANTS = {"int8dx": ("grad_input", "int8"), "allhead": ("head_tokens", "all")}
 
 
-def parse_algo(entry: str, grad_input: str) -> tuple[str, str]:
-    """(conf/algo name, the aligned learner's dX GEMM) of an `--algos` entry "NAME[+int8dx]"."""
+def parse_algo(entry: str, grad_input: str) -> tuple[str, dict[str, str]]:
+    """(conf/algo name, learner arguments {"grad_input", "head_tokens"}) of an `--algos` entry
+    "NAME[+VARIANT...]"; `grad_input` is `--grad-input`, which "+int8dx" overrides."""
     name, *variants = entry.split("+")
     unknown = [v for v in variants if v not in ALGO_VARIANTS]
     if unknown:
         raise SystemExit(f"--algos {entry!r}: unknown variant {unknown}; valid: {sorted(ALGO_VARIANTS)}")
-    return name, ALGO_VARIANTS[variants[-1]] if variants else grad_input
+    learner_kw = {"grad_input": grad_input, "head_tokens": "actions"}
+    learner_kw.update(ALGO_VARIANTS[v] for v in variants)
+    return name, learner_kw
+
+
+def baseline_of(entry: str, entries) -> str | None:
+    """The bf16 entry `entry` is compared with: "bf16" with the same "+allhead" variant when that
+    ran (the head's positions are a cost both algos share), else "bf16"; None without one."""
+    same_head = "bf16+allhead" if "+allhead" in entry else "bf16"
+    return same_head if same_head in entries else ("bf16" if "bf16" in entries else None)
 
 
 def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict:
@@ -140,7 +154,7 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
     from agentq.learner.learner import Learner
     from agentq.rollout.torch_engine.engine import TorchEngine
 
-    name, grad_input = parse_algo(entry, args.grad_input)
+    name, learner_kw = parse_algo(entry, args.grad_input)
     pre = algo_preset(name)
     rollout_spec = QuantSpec.preset(rollout_spec_name(pre["rollout_quant"]))
     if args.quantized_rollout and rollout_spec.linear_quantized:      # e.g. w8a8_kv8_head for interq
@@ -152,8 +166,9 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
     learner = Learner(model, learner_spec, dtype=dtype, device=str(device), lr=1e-6,
                       use_reference=float(pre["params"]["kl_coef"]) > 0, micro_batch_size=args.micro,
                       pack_tokens=args.pack_tokens, logprob_micro_batch_size=args.logprob_micro,
-                      logprob_pack_tokens=args.logprob_pack_tokens, grad_input=grad_input if aligned else "bf16",
-                      cuda_graphs=args.cuda_graphs)
+                      logprob_pack_tokens=args.logprob_pack_tokens,
+                      grad_input=learner_kw["grad_input"] if aligned else "bf16",
+                      cuda_graphs=args.cuda_graphs, head_tokens=learner_kw["head_tokens"])
     engine = TorchEngine(cfg, rollout_spec, max_slots=args.episodes, max_len=max_len, dtype=dtype, device=device,
                          share_prefill=not args.no_share)
     engine.update_weights(learner.named_weights(), version=0)
@@ -185,7 +200,7 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
                                                                old_logp_mode=args.old_logp), rows=args.profile_rows)
     med = {p: statistics.median(v) for p, v in times.items()}
     res = {"algo": entry, "rollout_quant": rollout_spec.name, "learner_quant": learner_spec.name,
-           "grad_input": learner.grad_input, "old_logp": args.old_logp,
+           "grad_input": learner.grad_input, "head_tokens": learner.head_tokens, "old_logp": args.old_logp,
            "objective": pre["objective"], "phases_s": med, "phases_all_s": times, "step_s": sum(med.values()),
            "action_tokens": int(sum(x.num_action_tokens for x in trajs)), "tokens": int(sum(x.num_tokens for x in trajs)),
            "mismatch": mism[-1] if mism else {}}
@@ -245,18 +260,27 @@ def main(argv=None) -> dict:
         m = r["mismatch"]
         print(f"{r['algo']} mismatch: max|Δlogp| {m['dlogp_abs_max']:.3e} K3 {m['k3']:.3e} K3 by turn "
               + " ".join(f"{v:.2e}" for v in m["k3_by_turn"]))
-    if "bf16" in rows:
-        b = rows["bf16"]
-        for entry, q in rows.items():
-            if entry == "bf16":
-                continue
-            key = "speedup_bf16_over_" + entry.replace("+", "_")
-            report[key] = b["step_s"] / q["step_s"]
-            print(f"bf16 / {entry}: " + " ".join(f"{p} {b['phases_s'][p] / q['phases_s'][p]:.2f}x" for p in PHASES)
-                  + f"  step {report[key]:.2f}x (> 1 = quantized faster)")
+    for entry, q in rows.items():
+        base = baseline_of(entry, rows)
+        if base is None or entry.startswith("bf16"):
+            continue
+        b = rows[base]
+        key = "speedup_bf16_over_" + entry.replace("+", "_")
+        report[key] = b["step_s"] / q["step_s"]
+        print(f"{base} / {entry}: " + " ".join(f"{p} {b['phases_s'][p] / q['phases_s'][p]:.2f}x" for p in PHASES)
+              + f"  step {report[key]:.2f}x (> 1 = quantized faster)")
+    for entry in [e for e in rows if e.endswith("+allhead")]:     # what the head at the actions only saves
+        plain = entry.replace("+allhead", "")
+        if plain in rows:
+            key = "speedup_head_actions_over_all_" + plain.replace("+", "_")
+            report[key] = rows[entry]["step_s"] / rows[plain]["step_s"]
+            print(f"{entry} / {plain}: " + " ".join(
+                f"{p} {rows[entry]['phases_s'][p] / rows[plain]['phases_s'][p]:.2f}x" for p in PHASES)
+                + f"  step {report[key]:.2f}x (> 1 = the head at the actions only is faster)")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         suffix = (("_int8dx" if args.grad_input == "int8" else "") + ("_dxab" if "+int8dx" in args.algos else "")
+                  + ("_headab" if "+allhead" in args.algos else "")
                   + ("_graphs" if args.cuda_graphs else "") + ("_bypass" if args.old_logp == "bypass" else "") + ("_groupprompt" if args.group_prompt else ""))
         (Path(args.out) / f"bench_rl_step_{args.model}{suffix}.json").write_text(json.dumps(report, indent=1))
     return report

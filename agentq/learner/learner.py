@@ -27,6 +27,11 @@ from .graphs import GraphPool, PackGraphs
 from .packing import PackLayout, plan_packs
 from .qat import align_model, quantized_module_report, release_activation_cache, varlen_inputs
 
+#: where the LM head runs (`Learner(head_tokens=...)`): "actions", at the positions that predict
+#: action tokens, the only log-probs an objective reads (`sequence_logprobs(scored=...)`); "all",
+#: at every position, as a plain HF forward does (the A/B baseline of benchmarks)
+HEAD_TOKENS = ("actions", "all")
+
 #: where π_old comes from (`trainer.old_logp`): a no-grad pass before the update, or the update's
 #: own first forward (`Learner.update`)
 OLD_LOGP_MODES = ("recompute", "bypass")
@@ -34,22 +39,46 @@ OLD_LOGP_MODES = ("recompute", "bypass")
 
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                       temperature: float = 1.0, position_ids: torch.Tensor | None = None,
-                      **model_kw: Any) -> torch.Tensor:
+                      scored: torch.Tensor | None = None, **model_kw: Any) -> torch.Tensor:
     """[B, L] log p(token_t | tokens_<t) in fp32 (position 0 = 0) under softmax(logits / temperature):
     the distribution a temperature-T sampler draws from, by `kernels.logprob.token_logprobs`
     (logit[target] − logsumexp: on CPU torch's fp32 ops; on CUDA one fused op that never builds an
     fp32 copy of the logits). attention_mask None = causal only (see `model_mask`); a 4D bool mask,
-    `position_ids` (None: 0…L−1) and `model_kw` are passed to the model as they are (packing)."""
+    `position_ids` (None: 0…L−1) and `model_kw` are passed to the model as they are (packing).
+
+    `scored` ([B, L] bool, on the CPU; None = every token): the tokens whose log-probs are wanted,
+    0 elsewhere. The LM head then runs only at the positions that predict them (HF's
+    `logits_to_keep`; with B > 1, the union over the rows): in a multi-turn batch the actions are a
+    fraction of the tokens, and the head is the widest GEMM of a small model (V = 151,936).
+    """
+    keep = scored_columns(scored, input_ids.shape[1]) if scored is not None else None
     # use_cache=False: HF would otherwise fill a KV cache nobody reads (two concatenations per layer)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   use_cache=False, **model_kw).logits[:, :-1]
+                   use_cache=False, logits_to_keep=0 if keep is None else keep.to(input_ids.device),
+                   **model_kw).logits
     release_activation_cache(model)
-    lp = token_logprobs(logits, input_ids[:, 1:], temperature)
-    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+    if keep is None:
+        lp = token_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
+        return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+    assert scored is not None
+    targets = keep.to(input_ids.device) + 1
+    lp = token_logprobs(logits, input_ids[:, targets], temperature)
+    out = torch.zeros(input_ids.shape, dtype=lp.dtype, device=lp.device)
+    out = out.index_copy(1, targets, lp)      # differentiable in lp (the training forward)
+    return out * scored.to(out.device, out.dtype)
+
+
+def scored_columns(scored: torch.Tensor, length: int) -> torch.Tensor:
+    """[K] long (CPU): the positions t − 1 whose logits predict a scored token t of any row of
+    `scored` ([B, L] bool, CPU). Never empty, so a forward with no scored token still has an LM
+    head in its graph (its output is all zeros)."""
+    cols = scored[:, 1:length].any(0).nonzero().flatten()
+    return cols if cols.numel() else torch.zeros(1, dtype=torch.long)
 
 
 def packed_sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths: torch.Tensor,
-                             temperature: float = 1.0, row_bounds: bool = True) -> torch.Tensor:
+                             temperature: float = 1.0, row_bounds: bool = True,
+                             scored: torch.Tensor | None = None) -> torch.Tensor:
     """`sequence_logprobs` of right-padded rows computed as one packed sequence (no padding).
 
     The rows' tokens are laid end to end; each keeps positions 0…n−1 and attends only to its own
@@ -62,9 +91,10 @@ def packed_sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths:
     Args:
         model: the HF causal LM (aligned or not); input_ids: [R, L] right-padded rows (CPU or the
         model's device); lengths: [R] real tokens per row (CPU); temperature: as in
-        `sequence_logprobs`; row_bounds: pass the boundaries (False: the mask alone; for tests).
+        `sequence_logprobs`; row_bounds: pass the boundaries (False: the mask alone; for tests);
+        scored: [R, L] bool (CPU), the tokens to score (None: all; see `sequence_logprobs`).
     Returns:
-        [R, L] fp32 log-probs, 0 at each row's position 0 and past its end.
+        [R, L] fp32 log-probs, 0 at each row's position 0, past its end and at unscored tokens.
     """
     layout = PackLayout.of(lengths)
     device = next(model.parameters()).device
@@ -79,7 +109,8 @@ def packed_sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths:
         mask, pos = layout.causal_block_mask(device), layout.position_ids().to(device)
         if row_bounds:
             kw = {"cu_seq_lens_q": layout.bounds(), "cu_seq_lens_k": layout.bounds()}
-    logp = sequence_logprobs(model, ids, mask, temperature, position_ids=pos, **kw)
+    packed_scored = None if scored is None else layout.pack(scored.bool().cpu())
+    logp = sequence_logprobs(model, ids, mask, temperature, position_ids=pos, scored=packed_scored, **kw)
     return unpack_rows(layout, logp, input_ids.shape[1])
 
 
@@ -130,7 +161,8 @@ class Learner:
                  grad_clip: float = 1.0, use_reference: bool = True, micro_batch_size: int = 8,
                  ref_path: str | None = None, activation_checkpointing: bool = False, temperature: float = 1.0,
                  pack_tokens: int | None = None, logprob_micro_batch_size: int | None = None,
-                 logprob_pack_tokens: int | None = None, grad_input: str = "bf16", cuda_graphs: bool = False):
+                 logprob_pack_tokens: int | None = None, grad_input: str = "bf16", cuda_graphs: bool = False,
+                 head_tokens: str = "actions"):
         """Args:
             model_path: an HF checkpoint folder, or an HF causal LM (e.g. random-init for benchmarks).
             spec: the learner's QuantSpec (`none` = unaligned); dtype/device: where it computes.
@@ -151,11 +183,9 @@ class Learner:
                 graphs, one per pack shape (`graphs.PackGraphs`): takes the host out of the GPU
                 learner's step. Needs a CUDA bf16/fp16 learner and packing (pack_tokens and/or
                 logprob_pack_tokens; the passes that pack are graphed), no activation checkpointing.
+            head_tokens: where the LM head runs, `HEAD_TOKENS` (graphed passes: every position).
         """
-        if not temperature > 0:
-            raise ValueError(f"Learner temperature={temperature!r}: must be > 0 (greedy decoding has no "
-                             "sampling distribution to score)")
-        self.temperature = float(temperature)
+        self.temperature, self.head_tokens = check_scoring(temperature, head_tokens)
         self.grad_input = check_grad_input(grad_input)        # before the model loads: a bad value fails at once
         self.train_batching, self.logprob_batching = batching_plans(micro_batch_size, pack_tokens,
                                                                     logprob_micro_batch_size, logprob_pack_tokens)
@@ -197,15 +227,19 @@ class Learner:
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
-    def logprobs(self, batch: PolicyBatch, model: nn.Module | None = None) -> torch.Tensor:
-        """Log-probs of every token under a model, without gradients.
+    def logprobs(self, batch: PolicyBatch, model: nn.Module | None = None, every_token: bool = False) -> torch.Tensor:
+        """Log-probs of the batch's action tokens under a model, without gradients.
 
         Args:
-            batch: the rows to score; model: the policy (default) or the reference.
+            batch: the rows to score; model: the policy (default) or the reference; every_token:
+                score every token, not only `batch.action_mask`'s (the LM head then runs at every
+                position; no objective needs that).
         Returns:
-            [B, L] fp32 log p(token_t | tokens_<t) at the rollout temperature (0 at position 0 and on padding).
+            [B, L] fp32 log p(token_t | tokens_<t) at the rollout temperature at the scored tokens
+            (0 elsewhere: position 0, padding, and without every_token the observation tokens).
         """
         model = model or self.model
+        scored = None if every_token or self.head_tokens == "all" else batch.action_mask.bool()
         was_training = model.training
         model.eval()
         # filled on the device and read back once: a copy per micro-batch would stall the queue
@@ -215,7 +249,8 @@ class Learner:
             am = batch.attention_mask[idx]
             L = int(am.sum(1).max())
             out[idx.to(self.device), :L] = self.rows_logprobs(model, batch.input_ids[idx, :L], am[:, :L],
-                                                              plan.pack_tokens).float()
+                                                              plan.pack_tokens,
+                                                              None if scored is None else scored[idx, :L]).float()
         model.train(was_training)
         return out.cpu()
 
@@ -311,7 +346,8 @@ class Learner:
             micro = micro.trim(L)
             share = objective.agg_units(micro) / total_units      # from the CPU rows: no device sync
             logp = self.rows_logprobs(self.model, micro.input_ids, micro.attention_mask,
-                                      self.train_batching.pack_tokens)
+                                      self.train_batching.pack_tokens,
+                                      micro.action_mask.bool() if self.head_tokens == "actions" else None)
             if weigh is not None:
                 micro = weigh(local_rows[rows], micro, logp)
             micro = micro.to(self.device)
@@ -341,23 +377,27 @@ class Learner:
         return self.train_batching.groups(lengths)
 
     def rows_logprobs(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      pack_tokens: int | None) -> torch.Tensor:
+                      pack_tokens: int | None, scored: torch.Tensor | None = None) -> torch.Tensor:
         """[n, L] log-probs of one micro-batch of rows (CPU [n, L] ids and padding mask, L = their
-        longest), padded (pack_tokens None) or packed into one sequence (rows must be right-padded)."""
+        longest), padded (pack_tokens None) or packed into one sequence (rows must be right-padded);
+        `scored` (CPU [n, L] bool, None = all): the tokens to score, 0 elsewhere (`sequence_logprobs`)."""
         mask = model_mask(attention_mask)
         if pack_tokens is None:
             return sequence_logprobs(model, input_ids.to(self.device), None if mask is None else mask.to(self.device),
-                                     self.temperature)
+                                     self.temperature, scored=scored)
         if mask is not None:
             raise ValueError("sequence packing (pack_tokens) needs right-padded rows (as `collate` builds them)")
         lengths = attention_mask.sum(1)
         if self.cuda_graphs:
+            # A graph is captured per pack shape, so its head runs at every position (the number of
+            # scored ones varies from pack to pack); the unscored ones are zeroed as eager does.
             layout = PackLayout.of(lengths)
             runner = self.graph_runner(model, pack_tokens, train=torch.is_grad_enabled())
             logp = runner.run(layout, layout.pack(input_ids))
             if logp is not None:
-                return unpack_rows(layout, logp, input_ids.shape[1])
-        return packed_sequence_logprobs(model, input_ids, lengths, self.temperature)
+                rows = unpack_rows(layout, logp, input_ids.shape[1])
+                return rows if scored is None else rows * scored.to(rows.device, rows.dtype)
+        return packed_sequence_logprobs(model, input_ids, lengths, self.temperature, scored=scored)
 
     # ------------------------------------------------------------------ weights out
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -378,6 +418,16 @@ class Learner:
 #: `Learner.update`'s bypass hook: (micro-batch rows in the minibatch, CPU micro-batch, its log-probs
 #: with grad) → the micro-batch with old_logp and the objective's weights attached
 WeighMicro = Callable[[torch.Tensor, PolicyBatch, torch.Tensor], PolicyBatch]
+
+
+def check_scoring(temperature: float, head_tokens: str) -> tuple[float, str]:
+    """(temperature, head_tokens) of a `Learner`, or a ValueError saying what is wrong."""
+    if not temperature > 0:
+        raise ValueError(f"Learner temperature={temperature!r}: must be > 0 (greedy decoding has no "
+                         "sampling distribution to score)")
+    if head_tokens not in HEAD_TOKENS:
+        raise ValueError(f"head_tokens={head_tokens!r}; valid: {list(HEAD_TOKENS)}")
+    return float(temperature), head_tokens
 
 
 def bypass_refusal(objective: Objective, epochs: int, minibatch_size: int | None, rows: int,

@@ -53,8 +53,10 @@ def collect_demos(cfg: DictConfig, chat: ChatFormat, n: int, split: str, seed: i
 
 def action_nll(model: torch.nn.Module, trajs: list[Trajectory], device: torch.device | str) -> tuple[torch.Tensor, int]:
     """Token-mean negative log-likelihood over action tokens, and the number of those tokens."""
-    b = collate(trajs).to(device)
-    logp = sequence_logprobs(model, b.input_ids, b.attention_mask)
+    b = collate(trajs)
+    scored = b.action_mask.bool()        # on the CPU: the head runs at the positions before actions only
+    b = b.to(device)
+    logp = sequence_logprobs(model, b.input_ids, b.attention_mask, scored=scored)
     n = int(b.action_mask.sum())
     return -(logp * b.action_mask).sum() / max(n, 1), n
 

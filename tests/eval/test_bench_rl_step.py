@@ -1,17 +1,29 @@
-"""`eval/bench_rl_step.py` on the CPU with the tiny model: the `NAME+int8dx` entries of `--algos`
-run the aligned learner with int8 dX beside the plain entry, in one process, each timed and
-compared with bf16; a bad variant is refused by name."""
+"""`eval/bench_rl_step.py` on the CPU with the tiny model: the `NAME+int8dx` and `NAME+allhead`
+entries of `--algos` run the learner with int8 dX or the LM head at every position beside the plain
+entry, in one process, each timed and compared with the bf16 entry of the same head; a bad variant
+is refused by name."""
 import pytest
 
 from agentq.eval import bench_rl_step
 
 
 def test_parse_algo_variants():
-    assert bench_rl_step.parse_algo("interq", "bf16") == ("interq", "bf16")
-    assert bench_rl_step.parse_algo("interq", "int8") == ("interq", "int8")
-    assert bench_rl_step.parse_algo("interq+int8dx", "bf16") == ("interq", "int8")
+    actions = {"grad_input": "bf16", "head_tokens": "actions"}
+    assert bench_rl_step.parse_algo("interq", "bf16") == ("interq", actions)
+    assert bench_rl_step.parse_algo("interq", "int8") == ("interq", dict(actions, grad_input="int8"))
+    assert bench_rl_step.parse_algo("interq+int8dx", "bf16") == ("interq", dict(actions, grad_input="int8"))
+    assert bench_rl_step.parse_algo("bf16+allhead", "bf16") == ("bf16", dict(actions, head_tokens="all"))
+    assert bench_rl_step.parse_algo("interq+int8dx+allhead", "bf16") == ("interq", {"grad_input": "int8",
+                                                                                    "head_tokens": "all"})
     with pytest.raises(SystemExit, match="unknown variant"):
         bench_rl_step.parse_algo("interq+fp4", "bf16")
+
+
+def test_baselines_have_the_same_head():
+    ran = ["interq", "bf16", "interq+allhead", "bf16+allhead"]
+    assert [bench_rl_step.baseline_of(e, ran) for e in ran] == ["bf16", "bf16", "bf16+allhead", "bf16+allhead"]
+    assert bench_rl_step.baseline_of("interq+allhead", ["interq+allhead", "bf16"]) == "bf16"
+    assert bench_rl_step.baseline_of("interq", ["interq"]) is None
 
 
 def test_int8dx_entry_runs_beside_the_plain_one(tmp_path):
@@ -25,3 +37,20 @@ def test_int8dx_entry_runs_beside_the_plain_one(tmp_path):
         key = "speedup_bf16_over_" + entry.replace("+", "_")
         assert report[key] == pytest.approx(rows["bf16"]["step_s"] / rows[entry]["step_s"])
     assert (tmp_path / "bench_rl_step_tiny_dxab.json").exists()
+
+
+def test_allhead_entries_score_every_position_and_are_compared_alike(tmp_path):
+    report = bench_rl_step.main(["--model", "tiny", "--device", "cpu", "--algos",
+                                 "interq,bf16,interq+allhead,bf16+allhead", "--episodes", "4", "--group", "2",
+                                 "--turns", "2", "--prompt", "16", "--obs", "8", "--new", "4", "--warmup", "0",
+                                 "--steps", "1", "--pack-tokens", "64", "--out", str(tmp_path)])
+    rows = report["results"]
+    assert [rows[a]["head_tokens"] for a in ("interq", "bf16", "interq+allhead", "bf16+allhead")] == \
+        ["actions", "actions", "all", "all"]
+    assert report["speedup_bf16_over_interq_allhead"] == pytest.approx(
+        rows["bf16+allhead"]["step_s"] / rows["interq+allhead"]["step_s"])
+    assert report["speedup_head_actions_over_all_bf16"] == pytest.approx(
+        rows["bf16+allhead"]["step_s"] / rows["bf16"]["step_s"])
+    # the same episodes, their action tokens scored either way: the same mismatch
+    assert rows["interq"]["mismatch"]["k3"] == pytest.approx(rows["interq+allhead"]["mismatch"]["k3"], rel=1e-4)
+    assert (tmp_path / "bench_rl_step_tiny_headab.json").exists()

@@ -156,7 +156,7 @@ def test_update_moves_weights_and_sync_reports_changed_codes(tiny_model_dir, epi
     tgt = episodes[0].input_ids[40:60]
     eng_lp = torch.tensor(eng.score(ctx, tgt))
     b = PolicyBatch(input_ids=torch.tensor([ctx + tgt]), attention_mask=torch.ones(1, 60, dtype=torch.long),
-                    action_mask=torch.zeros(1, 60), seg_id=torch.zeros(1, 60, dtype=torch.long),
+                    action_mask=(torch.arange(60) >= 40).float().unsqueeze(0), seg_id=torch.zeros(1, 60, dtype=torch.long),
                     rollout_logp=torch.zeros(1, 60), adv=torch.zeros(1))
     assert (learner.logprobs(b)[0, 40:] - eng_lp).abs().max() < 1e-4
 

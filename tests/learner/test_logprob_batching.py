@@ -27,9 +27,9 @@ def counted_forwards(monkeypatch) -> list[int]:
     calls: list[int] = []
     real = Learner.rows_logprobs
 
-    def spy(self, model, input_ids, attention_mask, pack_tokens):
+    def spy(self, model, input_ids, attention_mask, pack_tokens, scored=None):
         calls.append(input_ids.shape[0])
-        return real(self, model, input_ids, attention_mask, pack_tokens)
+        return real(self, model, input_ids, attention_mask, pack_tokens, scored)
 
     monkeypatch.setattr(Learner, "rows_logprobs", spy)
     return calls
