@@ -59,19 +59,25 @@ WARMUP_RUNS = 2
 #: pays for at most that many padding tokens
 GRANULES = 32
 
+#: a bucket's head positions are a multiple of its tokens / HEAD_STEPS (rounded up to 64): the head
+#: of a pack that scores few tokens runs at that many positions, not at all of them
+HEAD_STEPS = 8
+
 #: a function of the static inputs (ids [1, T] long, positions [1, T] long, row boundaries [R + 1]
-#: int32, max row length) returning [1, T] fp32 log-probs (`learner.packed_forward`)
-PackedForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+#: int32, max row length, head positions [H] long or None = every position) returning [1, T] fp32
+#: log-probs, real at the positions the head ran for (`learner.packed_forward`)
+PackedForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "torch.Tensor | None"], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class Bucket:
     """A captured shape: `tokens` positions, `rows` row slots (the pack's rows, its padding rows,
-    then empty rows) and `max_len`, the longest row it admits (padding rows included), which sizes
-    the attention's grid."""
+    then empty rows), `max_len`, the longest row it admits (padding rows included), which sizes
+    the attention's grid, and `heads`, the positions the LM head runs at (0: all of them)."""
     tokens: int
     rows: int
     max_len: int
+    heads: int = 0
 
 
 def _pow2_at_least(n: int, floor: int) -> int:
@@ -81,7 +87,17 @@ def _pow2_at_least(n: int, floor: int) -> int:
     return out
 
 
-def choose_bucket(total: int, rows: int, longest: int, max_tokens: int, max_rows: int) -> Bucket | None:
+def head_positions(tokens: int, scored: int) -> int:
+    """The head positions of a bucket of `tokens` for a pack that scores `scored` tokens: `scored`
+    rounded up to a step of tokens / `HEAD_STEPS` (a multiple of 64), or 0 (every position) where
+    that leaves fewer than one unscored target to pad with (`padded_inputs`)."""
+    step = -(-tokens // (HEAD_STEPS * 64)) * 64
+    heads = -(-max(scored, 1) // step) * step
+    return heads if heads < tokens else 0
+
+
+def choose_bucket(total: int, rows: int, longest: int, max_tokens: int, max_rows: int,
+                  scored: int | None = None) -> Bucket | None:
     """The smallest bucket a pack of `total` tokens in `rows` rows, the longest `longest`, fits;
     None: run it eagerly.
 
@@ -90,7 +106,8 @@ def choose_bucket(total: int, rows: int, longest: int, max_tokens: int, max_rows
     capture; packs of a budget fill it to within a row, so few sizes recur). Row length: the next power of two ≥ longest, from 128 (flash attention's query tile), at most
     the token count: an attention grid sized for the whole bucket would be mostly empty programs.
     The padding is cut into rows of at most that length. Row slots: the next power of two ≥ the
-    rows plus padding rows, at least 2."""
+    rows plus padding rows, at least 2. Head positions (`scored`, the pack's scored tokens; None:
+    every position): `head_positions`."""
     if total < 1 or rows < 1 or not 1 <= longest <= total:
         raise ValueError(f"a pack needs at least one row and one token, its longest row within it "
                          f"(got {rows} rows, {total} tokens, longest {longest})")
@@ -101,7 +118,22 @@ def choose_bucket(total: int, rows: int, longest: int, max_tokens: int, max_rows
     max_len = min(_pow2_at_least(longest, 128), tokens)
     pad_rows = -(-(tokens - total) // max_len)
     slots = _pow2_at_least(rows + pad_rows, 2)
-    return Bucket(tokens, slots, max_len) if slots <= max_rows else None
+    heads = 0 if scored is None else head_positions(tokens, scored)
+    return Bucket(tokens, slots, max_len, heads) if slots <= max_rows else None
+
+
+def padded_head_positions(packed_scored: torch.Tensor, bucket: Bucket) -> torch.Tensor:
+    """[bucket.heads] long: the positions t − 1 before the pack's scored tokens t, then positions
+    before unscored ones (real rows' or padding's; distinct, and zeroed by the caller's mask, so
+    their log-probs carry no gradient) up to the bucket's count."""
+    flags = torch.zeros(bucket.tokens, dtype=torch.bool)
+    flags[: packed_scored.numel()] = packed_scored.reshape(-1).cpu().bool()
+    flags[0] = False                                   # position 0 has no logits before it
+    before_scored = flags[1:].nonzero().flatten()
+    fill = (~flags[1:]).nonzero().flatten()[: bucket.heads - before_scored.numel()]
+    if before_scored.numel() + fill.numel() != bucket.heads:
+        raise ValueError(f"a pack scoring {before_scored.numel()} tokens does not fit {bucket}")
+    return torch.cat([before_scored, fill])
 
 
 def padded_inputs(layout: PackLayout, packed_ids: torch.Tensor, bucket: Bucket
@@ -109,7 +141,7 @@ def padded_inputs(layout: PackLayout, packed_ids: torch.Tensor, bucket: Bucket
     """(ids [1, T], positions [1, T], row boundaries [R + 1] int32) of a pack padded to `bucket`
     (module docstring), on the CPU. packed_ids: [total] or [1, total], the pack's tokens. The
     padding rows hold token 0 at positions 0, 1, … (finite activations whose gradient is exactly
-    zero: the loss never reads them)."""
+    zero: the loss never reads them). The head positions come from `padded_head_positions`."""
     total, t, m = layout.total, bucket.tokens, bucket.max_len
     pad_ends = list(range(total + m, t, m)) + ([t] if t > total else [])
     if layout.num_rows + len(pad_ends) > bucket.rows or int(layout.lengths.max()) > m:
@@ -131,6 +163,7 @@ class _Entry:
     ids: torch.Tensor
     pos: torch.Tensor
     bounds: torch.Tensor
+    heads: torch.Tensor | None = None          # the head positions (None: every position)
     out: torch.Tensor | None = None
     graph: torch.cuda.CUDAGraph | None = None
     bwd_graph: torch.cuda.CUDAGraph | None = None
@@ -163,8 +196,9 @@ class _Call(nn.Module):
         super().__init__()
         self.model, self.fn = model, forward
 
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, bounds: torch.Tensor, max_len: int) -> torch.Tensor:
-        return self.fn(ids, pos, bounds, max_len)
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, bounds: torch.Tensor, max_len: int,
+                heads: torch.Tensor | None) -> torch.Tensor:
+        return self.fn(ids, pos, bounds, max_len, heads)
 
 
 class PackGraphs:
@@ -200,13 +234,18 @@ class PackGraphs:
         self._warned = False
         pin_weight_caches(model)
 
-    def run(self, layout: PackLayout, packed_ids: torch.Tensor) -> torch.Tensor | None:
+    def run(self, layout: PackLayout, packed_ids: torch.Tensor,
+            packed_scored: torch.Tensor | None = None) -> torch.Tensor | None:
         """[1, T] fp32 log-probs of the padded pack (positions ≥ layout.total are padding), or None
         when the pack is left to the caller's eager path (it fits no bucket, `max_graphs` were
         captured, or its bucket's capture failed). In training mode the result carries a backward
-        that replays the backward graph; no graph of the pool may replay before it has run."""
+        that replays the backward graph; no graph of the pool may replay before it has run.
+        `packed_scored` ([1, total] bool, None = all): the tokens whose log-probs are wanted; the
+        head then runs at the bucket's head positions, and the caller must zero the other tokens
+        (some hold the log-probs of the filler positions)."""
+        scored = None if packed_scored is None else int(packed_scored.reshape(-1)[1:].sum())
         bucket = choose_bucket(layout.total, layout.num_rows, int(layout.lengths.max()), self.max_tokens,
-                               self.max_rows)
+                               self.max_rows, scored)
         if (bucket is None or bucket in self.failed
                 or (bucket not in self.entries and len(self.entries) >= self.max_graphs)):
             self.eager_packs += 1
@@ -219,10 +258,12 @@ class PackGraphs:
             raise RuntimeError("a CUDA graph replay before the backward of the graphed training forward in "
                                "flight: they share memory (GraphPool.clear_pending() after a failed step)")
         ids, pos, bounds = padded_inputs(layout, packed_ids, bucket)
+        heads = padded_head_positions(packed_scored, bucket) if bucket.heads and packed_scored is not None else None
         pin_weight_caches(self.model)        # codes of weights the optimizer changed, rewritten in place
         entry = self.entries.get(bucket)
         if entry is None:
-            entry = _Entry(bucket, ids.to(self.device), pos.to(self.device), bounds.to(self.device))
+            entry = _Entry(bucket, ids.to(self.device), pos.to(self.device), bounds.to(self.device),
+                           None if heads is None else heads.to(self.device))
             if self.capture and not self._capture(entry):
                 self.failed.add(bucket)
                 self.eager_packs += 1
@@ -232,8 +273,10 @@ class PackGraphs:
             entry.ids.copy_(ids)
             entry.pos.copy_(pos)
             entry.bounds.copy_(bounds)
+            if entry.heads is not None and heads is not None:     # the same bucket: both or neither
+                entry.heads.copy_(heads)
         if not self.capture:                 # eager: the same padded function, autograd as usual
-            return self.forward(entry.ids, entry.pos, entry.bounds, bucket.max_len)
+            return self.forward(entry.ids, entry.pos, entry.bounds, bucket.max_len, entry.heads)
         assert entry.graph is not None and entry.out is not None
         entry.graph.replay()
         self.replays += 1
@@ -280,7 +323,7 @@ class PackGraphs:
         return {f"model.{n}": p.detach().requires_grad_() for n, p in self.trainable}
 
     def _padded_forward(self, e: _Entry, alias: dict[str, torch.Tensor]) -> torch.Tensor:
-        args = (e.ids, e.pos, e.bounds, e.bucket.max_len)
+        args = (e.ids, e.pos, e.bounds, e.bucket.max_len, e.heads)
         call = _Call(self.model, self.forward)
         out = torch.func.functional_call(call, alias, args) if alias else call(*args)
         release_activation_cache(self.model)

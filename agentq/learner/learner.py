@@ -39,7 +39,8 @@ OLD_LOGP_MODES = ("recompute", "bypass")
 
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                       temperature: float = 1.0, position_ids: torch.Tensor | None = None,
-                      scored: torch.Tensor | None = None, **model_kw: Any) -> torch.Tensor:
+                      scored: torch.Tensor | None = None, heads: torch.Tensor | None = None,
+                      **model_kw: Any) -> torch.Tensor:
     """[B, L] log p(token_t | tokens_<t) in fp32 (position 0 = 0) under softmax(logits / temperature):
     the distribution a temperature-T sampler draws from, by `kernels.logprob.token_logprobs`
     (logit[target] − logsumexp: on CPU torch's fp32 ops; on CUDA one fused op that never builds an
@@ -50,22 +51,24 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     0 elsewhere. The LM head then runs only at the positions that predict them (HF's
     `logits_to_keep`; with B > 1, the union over the rows): in a multi-turn batch the actions are a
     fraction of the tokens, and the head is the widest GEMM of a small model (V = 151,936).
+    `heads` ([K] long on the model's device, distinct, < L − 1): the positions to run the head at,
+    given directly (a CUDA graph's static buffer, `graphs.padded_head_positions`); the caller
+    zeroes the tokens it does not score.
     """
-    keep = scored_columns(scored, input_ids.shape[1]) if scored is not None else None
+    if heads is None and scored is not None:
+        heads = scored_columns(scored, input_ids.shape[1]).to(input_ids.device)
     # use_cache=False: HF would otherwise fill a KV cache nobody reads (two concatenations per layer)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   use_cache=False, logits_to_keep=0 if keep is None else keep.to(input_ids.device),
-                   **model_kw).logits
+                   use_cache=False, logits_to_keep=0 if heads is None else heads, **model_kw).logits
     release_activation_cache(model)
-    if keep is None:
+    if heads is None:
         lp = token_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
-    assert scored is not None
-    targets = keep.to(input_ids.device) + 1
+    targets = heads + 1
     lp = token_logprobs(logits, input_ids[:, targets], temperature)
     out = torch.zeros(input_ids.shape, dtype=lp.dtype, device=lp.device)
     out = out.index_copy(1, targets, lp)      # differentiable in lp (the training forward)
-    return out * scored.to(out.device, out.dtype)
+    return out if scored is None else out * scored.to(out.device, out.dtype)
 
 
 def scored_columns(scored: torch.Tensor, length: int) -> torch.Tensor:
@@ -128,12 +131,12 @@ def varlen_model(model: nn.Module) -> bool:
 
 
 def packed_forward(model: nn.Module, temperature: float, ids: torch.Tensor, positions: torch.Tensor,
-                   bounds: torch.Tensor, max_len: int) -> torch.Tensor:
+                   bounds: torch.Tensor, max_len: int, heads: torch.Tensor | None = None) -> torch.Tensor:
     """[1, T] fp32 log-probs of a padded pack (`graphs.padded_inputs`: ids, positions, int32 row
-    boundaries on the model's GPU; max_len ≥ its longest row) through the varlen attention: the
-    function `graphs.PackGraphs` captures."""
+    boundaries on the model's GPU; max_len ≥ its longest row) through the varlen attention, the
+    LM head at `heads` (None: every position): the function `graphs.PackGraphs` captures."""
     mask, kw = varlen_inputs(bounds, max_len)
-    return sequence_logprobs(model, ids, mask, temperature, position_ids=positions, **kw)
+    return sequence_logprobs(model, ids, mask, temperature, position_ids=positions, heads=heads, **kw)
 
 
 def model_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
@@ -183,7 +186,7 @@ class Learner:
                 graphs, one per pack shape (`graphs.PackGraphs`): takes the host out of the GPU
                 learner's step. Needs a CUDA bf16/fp16 learner and packing (pack_tokens and/or
                 logprob_pack_tokens; the passes that pack are graphed), no activation checkpointing.
-            head_tokens: where the LM head runs, `HEAD_TOKENS` (graphed passes: every position).
+            head_tokens: where the LM head runs, `HEAD_TOKENS` (graphed passes: `graphs.head_positions`).
         """
         self.temperature, self.head_tokens = check_scoring(temperature, head_tokens)
         self.grad_input = check_grad_input(grad_input)        # before the model loads: a bad value fails at once
@@ -389,12 +392,10 @@ class Learner:
             raise ValueError("sequence packing (pack_tokens) needs right-padded rows (as `collate` builds them)")
         lengths = attention_mask.sum(1)
         if self.cuda_graphs:
-            # A graph is captured per pack shape, so its head runs at every position (the number of
-            # scored ones varies from pack to pack); the unscored ones are zeroed as eager does.
             layout = PackLayout.of(lengths)
             runner = self.graph_runner(model, pack_tokens, train=torch.is_grad_enabled())
-            logp = runner.run(layout, layout.pack(input_ids))
-            if logp is not None:
+            logp = runner.run(layout, layout.pack(input_ids), None if scored is None else layout.pack(scored))
+            if logp is not None:        # the head's filler positions (`graphs.padded_head_positions`) zeroed
                 rows = unpack_rows(layout, logp, input_ids.shape[1])
                 return rows if scored is None else rows * scored.to(rows.device, rows.dtype)
         return packed_sequence_logprobs(model, input_ids, lengths, self.temperature, scored=scored)

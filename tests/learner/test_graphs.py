@@ -19,7 +19,7 @@ from agentq.algos import make_objective
 from agentq.kernels import QuantSpec
 from agentq.kernels import ste
 from agentq.learner import learner as learner_mod
-from agentq.learner.graphs import Bucket, PackGraphs, choose_bucket, padded_inputs
+from agentq.learner.graphs import Bucket, PackGraphs, choose_bucket, head_positions, padded_head_positions, padded_inputs
 from agentq.learner.learner import Learner, packed_forward, packed_sequence_logprobs, unpack_rows
 from agentq.learner.packing import PackLayout
 
@@ -56,6 +56,25 @@ def test_padded_inputs_by_hand():
         padded_inputs(layout, torch.arange(5), Bucket(12, 3, 4))    # 4 rows needed
     with pytest.raises(ValueError, match="does not fit"):
         padded_inputs(layout, torch.arange(5), Bucket(12, 8, 2))    # a row longer than max_len
+
+
+def test_head_positions_by_hand():
+    # a step of tokens / 8 rounded up to 64: 128 → 64; 3,072 → 384
+    assert head_positions(128, 23) == 64 and head_positions(128, 64) == 64 and head_positions(128, 0) == 64
+    assert head_positions(128, 65) == 0                   # 128 = every position: no head bucket
+    assert head_positions(3072, 700) == 768
+    assert choose_bucket(3000, 3, 1000, 8192, 256, scored=700) == Bucket(3072, 4, 1024, 768)
+    assert choose_bucket(3000, 3, 1000, 8192, 256, scored=3000) == Bucket(3072, 4, 1024, 0)
+
+
+def test_padded_head_positions_by_hand():
+    scored = torch.tensor([0, 0, 1, 1, 0, 0, 1, 0, 0, 1], dtype=torch.bool)       # a pack of 10 tokens
+    # positions before the 4 scored tokens (1, 2, 5, 8), then before unscored ones (0, 3, 4, 6)
+    heads = padded_head_positions(scored, Bucket(12, 4, 8, 8))
+    assert heads.tolist() == [1, 2, 5, 8, 0, 3, 4, 6]
+    assert padded_head_positions(scored, Bucket(12, 4, 8, 4)).tolist() == [1, 2, 5, 8]
+    with pytest.raises(ValueError, match="does not fit"):
+        padded_head_positions(scored, Bucket(12, 4, 8, 3))
 
 
 # ------------------------------------------------------------------ the padded forward, eagerly (CPU)
@@ -104,6 +123,37 @@ def test_padded_forward_gives_the_pack_its_own_gradient(tiny_model_dir, vocab): 
         grads.append(torch.cat([p.grad.reshape(-1) for p in learner.model.parameters()]))
     assert (grads[1] - grads[0]).abs().max() <= 1e-5 * grads[0].abs().max()
     assert grads[0].abs().max() > 0
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_padded_forward_with_head_positions_scores_the_pack_as_eager_does(tiny_model_dir, vocab, train):  # noqa: F811
+    """Scored tokens only (`run(..., packed_scored)`): the head runs at the bucket's head positions
+    (the scored tokens' and fillers'), and once the caller zeroes the unscored tokens, log-probs and
+    gradient are those of the eager scored pack."""
+    batch = mixed_batch(vocab)
+    ids, lengths, layout = one_pack(batch, [1, 2, 5, 0, 7])
+    scored = batch.action_mask[[1, 2, 5, 0, 7], : ids.shape[1]].bool()
+    n_scored = int(layout.pack(scored)[0, 1:].sum())
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(3))
+    out = []
+    for graphed in (False, True):
+        learner = Learner(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), use_reference=False, pack_tokens=100)
+        with torch.set_grad_enabled(train):
+            if graphed:
+                runner = eager_runner(learner, train=train)
+                logp = unpack_rows(layout, runner.run(layout, layout.pack(ids), layout.pack(scored)), ids.shape[1])
+                logp = logp * scored
+                assert list(runner.entries) == [Bucket(128, 8, 128, 64)] and 30 < n_scored < 64
+            else:
+                logp = packed_sequence_logprobs(learner.model, ids, lengths, scored=scored)
+        if train:
+            (logp * weights).sum().backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in learner.model.parameters()]) if train else None
+        out.append((logp.detach(), grads))
+    (want, g_want), (got, g_got) = out
+    assert (got - want).abs().max() <= 1e-6 and want[scored].abs().min() > 0.1 and bool((got[~scored] == 0).all())
+    if train:
+        assert (g_got - g_want).abs().max() <= 1e-5 * g_want.abs().max()
 
 
 def test_update_reports_the_graph_counts(tiny_model_dir, vocab):  # noqa: F811
@@ -236,7 +286,7 @@ def test_graphed_learner_tracks_the_eager_learner_over_steps(tiny_model_dir, voc
     kw = dict(use_reference=False, dtype=torch.bfloat16, device="cuda", pack_tokens=100, lr=1e-3)
     learners = [Learner(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), cuda_graphs=g, **kw) for g in (False, True)]
     batch = mixed_batch(vocab)
-    real = batch.attention_mask.bool()
+    real = batch.action_mask.bool()              # the tokens the learner scores (0 elsewhere)
     before = learners[1].logprobs(batch)
     for step in range(3):
         lps = [ln.logprobs(batch) for ln in learners]

@@ -236,7 +236,7 @@ def test_packed_logprobs_on_cuda_bf16_match_padded(tiny_model_dir, vocab):
     (packed) against the padded micro-batches: agreement to bf16 level (different kernels and
     reduction orders), and the same as fp32 CPU within the bf16 tolerance."""
     batch = mixed_batch(vocab)
-    real = batch.attention_mask.bool()
+    real = batch.action_mask.bool()              # the tokens the learner scores (0 elsewhere)
     spec = QuantSpec.preset("w8a8_kv8")
     kw = dict(use_reference=False, dtype=torch.bfloat16, device="cuda")
     lp_packed = Learner(str(tiny_model_dir), spec, pack_tokens=BUDGET, **kw).logprobs(batch)
