@@ -90,3 +90,28 @@ def test_chunked_rows_are_the_row_kernel_bit_for_bit(TQ, mode, col_scale):
     q_row, s_row = TQ.quantize_rows(x, floor, mode, col_scale=cs, launch=(256, True, 1))
     assert torch.equal(s_chk, s_ref) and torch.equal(q_chk, q_ref), int((q_chk != q_ref).sum())
     assert torch.equal(q_chk, q_row) and torch.equal(s_chk, s_row)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["half_even", "half_away"])
+def test_weight_codes_by_the_kernel_are_the_torch_reference_bit_for_bit(TQ, dtype, mode):
+    """`int8_linear.quantize_weight` (the engine's weight sync; one launch on CUDA) gives the codes
+    and scales of `quant.quantize_weight`: rows of the sizes the engine loads (long rows take the
+    two-pass kernel), a zero channel, a tie-heavy one and an outlier one."""
+    import dataclasses
+
+    from agentq.kernels import QuantSpec, int8_linear
+
+    spec = dataclasses.replace(QuantSpec.preset("w8a8_kv8"), weight_rounding=mode)
+    for n, k in ((48, 256), (6, 6144)):
+        w = (torch.randn(n, k, generator=torch.Generator().manual_seed(k)) * 0.02).to(dtype)
+        w[1] = 0.0
+        w[2] = 0.0                              # scale exactly 2^-7: ±2.5 and ±3.5 codes, ties each way
+        w[2, 0], w[2, 1::3], w[2, 2::3] = 127 / 128, 2.5 / 128, -3.5 / 128
+        w[3, 7] = 3.0
+        got = int8_linear.quantize_weight(w, spec, backend="triton")
+        want = quant.quantize_weight(w, spec)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (n, k)
+        assert got[0].dtype == torch.int8 and got[0].abs().max() == 127
+        ties = want[0][2, 1:3].tolist()
+        assert ties == ([2, -4] if mode == "half_even" else [3, -4]), ties      # the rounding was exercised

@@ -80,7 +80,7 @@ class EngineLinear(nn.Module):
             self._rows(self.weight, part).copy_(w)
             return 0, 0
         # E = the weight in the engine's compute dtype, then per-channel int8 with fresh scales.
-        w_q, s_w = quant.quantize_weight(w.to(self.dtype), self.spec)
+        w_q, s_w = int8_linear.quantize_weight(w.to(self.dtype), self.spec)
         rows = self._rows(self.w_q, part)
         changed = (w_q != rows).sum()
         rows.copy_(w_q)
