@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
@@ -57,10 +58,14 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     """
     if heads is None and scored is not None:
         heads = scored_columns(scored, input_ids.shape[1]).to(input_ids.device)
+    if heads is not None and keeps_logits(model):
+        model_kw["logits_to_keep"] = heads
     # use_cache=False: HF would otherwise fill a KV cache nobody reads (two concatenations per layer)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   use_cache=False, logits_to_keep=0 if heads is None else heads, **model_kw).logits
+                   use_cache=False, **model_kw).logits
     release_activation_cache(model)
+    if heads is not None and logits.shape[1] != heads.numel():
+        logits = logits[:, heads]      # a model without logits_to_keep: every position's, then those
     if heads is None:
         lp = token_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
@@ -69,6 +74,18 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     out = torch.zeros(input_ids.shape, dtype=lp.dtype, device=lp.device)
     out = out.index_copy(1, targets, lp)      # differentiable in lp (the training forward)
     return out if scored is None else out * scored.to(out.device, out.dtype)
+
+
+def keeps_logits(model: nn.Module) -> bool:
+    """Whether `model`'s forward takes HF's `logits_to_keep` (every causal LM of transformers does;
+    a custom model may not, and then runs its head at every position)."""
+    cls = type(model)
+    if cls not in _TAKES_LOGITS_TO_KEEP:
+        _TAKES_LOGITS_TO_KEEP[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
+    return _TAKES_LOGITS_TO_KEEP[cls]
+
+
+_TAKES_LOGITS_TO_KEEP: dict[type, bool] = {}     # by model class: a signature is read once
 
 
 def scored_columns(scored: torch.Tensor, length: int) -> torch.Tensor:

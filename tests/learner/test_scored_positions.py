@@ -106,3 +106,32 @@ def test_head_tokens_all_scores_every_position_and_a_bad_value_is_refused(tiny_m
     assert (actions - every * scored).abs().max() <= 1e-6
     with pytest.raises(ValueError, match="head_tokens='logits'; valid"):
         learner_mod.Learner(str(tiny_model_dir), spec, head_tokens="logits")
+
+
+class _NoKeepLM(torch.nn.Module):
+    """A causal LM whose forward has no `logits_to_keep` (a custom model): HF's underneath, every
+    position's logits out."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False, **kw):
+        kw.pop("logits_to_keep", None)         # were it passed through **kw, it would be dropped here
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=use_cache, **kw)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_model_without_logits_to_keep_is_scored_alike(model, packed):
+    ids, scored = _rows(model.config.vocab_size)
+    plain = _NoKeepLM(model)
+    assert learner_mod.keeps_logits(model) and not learner_mod.keeps_logits(plain)
+    with torch.no_grad():
+        if packed:
+            want = learner_mod.packed_sequence_logprobs(model, ids, LENGTHS, scored=scored)
+            got = learner_mod.packed_sequence_logprobs(plain, ids, LENGTHS, scored=scored)
+        else:
+            want = learner_mod.sequence_logprobs(model, ids, None, scored=scored)
+            got = learner_mod.sequence_logprobs(plain, ids, None, scored=scored)
+    assert (got - want).abs().max() <= 1e-6 and want[scored].abs().min() > 0.1
