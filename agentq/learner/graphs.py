@@ -18,6 +18,9 @@ row slots) and every bucket's forward is captured once and replayed for each pac
 - **Static inputs.** Token ids, positions and row boundaries live in device buffers that each
   call overwrites before the replay; the attention's grid is sized by the bucket (its row slots
   and longest row), not by the pack.
+- **The LM head** runs only where a token is scored (the learner's action tokens): a bucket also
+  has a head count, the pack's scored tokens rounded up (`head_positions`), and a buffer of those
+  positions, the scored ones first and distinct unscored ones after them, which the caller zeroes.
 - **Weights.** The parameters are read in place (the optimizer writes them in place); their
   int8 codes (and W_fq, the transposed codes) sit in pinned `WeightCache`s, which the runner
   brings up to date in place before every replay (`qat.pin_weight_caches`).
@@ -90,7 +93,8 @@ def _pow2_at_least(n: int, floor: int) -> int:
 def head_positions(tokens: int, scored: int) -> int:
     """The head positions of a bucket of `tokens` for a pack that scores `scored` tokens: `scored`
     rounded up to a step of tokens / `HEAD_STEPS` (a multiple of 64), or 0 (every position) where
-    that leaves fewer than one unscored target to pad with (`padded_inputs`)."""
+    that would reach the token count (no saving, and no unscored target left to pad with,
+    `padded_head_positions`)."""
     step = -(-tokens // (HEAD_STEPS * 64)) * 64
     heads = -(-max(scored, 1) // step) * step
     return heads if heads < tokens else 0
