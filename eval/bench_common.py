@@ -22,6 +22,8 @@ SHAPES = {  # Qwen3-style configs
                  num_key_value_heads=8, head_dim=128, vocab_size=151936),
     "1b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                num_key_value_heads=8, head_dim=128, vocab_size=151936),
+    "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, vocab_size=151936),
     "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                num_key_value_heads=8, head_dim=128, vocab_size=151936),
 }
@@ -74,7 +76,8 @@ def release_memory(device: torch.device) -> None:
 def base_parser(doc: str) -> argparse.ArgumentParser:
     """--model, --device, --out: the arguments every benchmark takes."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
-    ap.add_argument("--model", default="tiny", choices=["tiny", "1b", "8b"])
+    ap.add_argument("--model", default="tiny", choices=list(SHAPES),
+                    help="a Qwen3 shape with random weights (1b: Qwen3-1.7B's; SHAPES)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=None, help="folder for the JSON report")
     return ap
