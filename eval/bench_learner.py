@@ -213,7 +213,7 @@ def host_cost(device: torch.device, dtype: torch.dtype, calls: int = 400, profil
     cases = {"F.linear fwd": lambda: F.linear(x, w),
              "aligned linear fwd (codes cached)": lambda: ste.w8a8_linear_ste(x, w, None, spec, wc, act_cache=ac),
              "int8 GEMM launch alone": lambda: ste._int8_linear(xq, sx, wq, sw, None, dtype, None),
-             "activation quantization alone": lambda: ste._quantize_rows(x.detach(), 1e-8, "half_away", None),
+             "activation quantization alone": lambda: ste.quantize_rows(x.detach(), 1e-8, "half_away", None),
              "one torch op (x + 1)": lambda: x.detach() + 1,
              "F.linear fwd+bwd": fwd_bwd(lambda: F.linear(x, w)),
              "aligned linear fwd+bwd": fwd_bwd(lambda: ste.w8a8_linear_ste(x, w, None, spec, wc, act_cache=ac))}

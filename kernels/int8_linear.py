@@ -35,12 +35,9 @@ def quantize_weight(w: torch.Tensor, spec: QuantSpec, backend: str | None = None
     one Triton launch on CUDA, where the torch ops are ~6 full-size passes and launches a weight
     and an engine's weight sync requantizes every weight (~200 for a 1.7B model). backend: as in
     `ste.triton_path` ("triton" runs the kernel under the interpreter on CPU)."""
-    from .ste import triton_path
+    from .ste import quantize_rows
 
-    if triton_path(w, backend):
-        from .triton_quant import quantize_rows
-        return quantize_rows(w, spec.weight_scale_floor, spec.weight_rounding)
-    return quant.quantize_weight(w, spec)
+    return quantize_rows(w, spec.weight_scale_floor, spec.weight_rounding, backend)
 
 
 def w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, bias: torch.Tensor | None,

@@ -48,9 +48,10 @@ def triton_path(t: torch.Tensor, backend: str | None = None) -> bool:
     return t.is_cuda and HAVE_TRITON
 
 
-def _quantize_rows(x: torch.Tensor, floor: float, rounding: str, backend: str | None,
+def quantize_rows(x: torch.Tensor, floor: float, rounding: str, backend: str | None,
                    col_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row int8 codes of x (of x · col_scale per column when given)."""
+    """Per-row int8 codes of x (of x · col_scale per column when given): the Triton kernel where
+    `triton_path` says so, else the torch reference (`quant`); the same bits either way."""
     if triton_path(x, backend):
         from . import triton_quant
         return triton_quant.quantize_rows(x.detach(), floor, rounding, col_scale=col_scale)
@@ -130,7 +131,7 @@ class WeightCache:
         key = (tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in ws), ws[0].dtype, ws[0].device, spec)
         if key != self.key:
             rows = ws[0].detach() if len(ws) == 1 else torch.cat([t.detach() for t in ws])
-            w_q, s_w = _quantize_rows(rows, spec.weight_scale_floor, spec.weight_rounding, backend)
+            w_q, s_w = quantize_rows(rows, spec.weight_scale_floor, spec.weight_rounding, backend)
             if self.pinned and self.w_q is not None:
                 self._rewrite(w_q, s_w, backend)
             else:
@@ -210,7 +211,7 @@ class ActivationCache:
             self.hits += 1
             return self.codes
         x2 = x.detach().reshape(-1, x.shape[-1])
-        codes = _quantize_rows(x2, spec.act_scale_floor, spec.act_rounding, backend)
+        codes = quantize_rows(x2, spec.act_scale_floor, spec.act_rounding, backend)
         self.x, self.key, self.codes = x, key, codes
         return codes
 
@@ -253,7 +254,7 @@ def _int8_grad_input(g: torch.Tensor, w_q: torch.Tensor, s_w: torch.Tensor, cach
     (s_w lies on the reduction axis N, so it goes into G' rather than the epilogue) quantized per
     token (symmetric absmax, the activations' rounding, `quant.GRAD_SCALE_FLOOR`), then G'_q [M, N]
     times W_qᵀ [K, N] with exact int32 sums, scaled by s_g per row and 1 per column."""
-    g_q, s_g = _quantize_rows(g, quant.GRAD_SCALE_FLOOR, spec.act_rounding, backend, col_scale=s_w)
+    g_q, s_g = quantize_rows(g, quant.GRAD_SCALE_FLOOR, spec.act_rounding, backend, col_scale=s_w)
     w_t, unit = cache.transposed() if cache.w_q is w_q else transposed_codes(w_q)
     return _int8_linear(g_q, s_g, w_t, unit, None, out_dtype, backend)
 
@@ -349,7 +350,7 @@ def kv_roundtrip(x: torch.Tensor, spec: QuantSpec, fp8_scale_value: float | None
         from . import triton_quant
         return triton_quant.kv_roundtrip(x.detach(), spec.kv_scale_floor, spec.kv_rounding)
     if spec.kv == "int8_per_token_head_sym" and triton_path(x, backend):      # AGENTQ_QUANT_TILES=0
-        codes, scale = _quantize_rows(x, spec.kv_scale_floor, spec.kv_rounding, backend)
+        codes, scale = quantize_rows(x, spec.kv_scale_floor, spec.kv_rounding, backend)
         return quant.dequantize_rows(codes, scale, x.dtype)
     return quant.kv_roundtrip(x, spec, fp8_scale_value)
 

@@ -259,7 +259,7 @@ class Learner:
             (0 elsewhere: position 0, padding, and without every_token the observation tokens).
         """
         model = model or self.model
-        scored = None if every_token or self.head_tokens == "all" else batch.action_mask.bool()
+        scored = None if every_token else self.scored_tokens(batch)
         was_training = model.training
         model.eval()
         # filled on the device and read back once: a copy per micro-batch would stall the queue
@@ -273,6 +273,11 @@ class Learner:
                                                               None if scored is None else scored[idx, :L]).float()
         model.train(was_training)
         return out.cpu()
+
+    def scored_tokens(self, batch: PolicyBatch) -> torch.Tensor | None:
+        """The tokens whose log-probs a forward computes (CPU [B, L] bool): the action tokens, or
+        None (every token) with head_tokens="all"."""
+        return batch.action_mask.bool() if self.head_tokens == "actions" else None
 
     def fill_old_and_ref(self, batch: PolicyBatch) -> None:
         """Set `batch.old_logp` (this policy, before the update) and `batch.ref_logp` (None without a reference)."""
@@ -366,8 +371,7 @@ class Learner:
             micro = micro.trim(L)
             share = objective.agg_units(micro) / total_units      # from the CPU rows: no device sync
             logp = self.rows_logprobs(self.model, micro.input_ids, micro.attention_mask,
-                                      self.train_batching.pack_tokens,
-                                      micro.action_mask.bool() if self.head_tokens == "actions" else None)
+                                      self.train_batching.pack_tokens, self.scored_tokens(micro))
             if weigh is not None:
                 micro = weigh(local_rows[rows], micro, logp)
             micro = micro.to(self.device)

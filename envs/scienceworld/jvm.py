@@ -73,24 +73,6 @@ def _classpath() -> tuple[str, str]:
     return os.pathsep.join(parts), BASEPATH
 
 
-def disconnect_gateway(gateway) -> None:
-    """Close a py4j gateway client and mark it disconnected, once its JVM is stopped or dead.
-
-    Every py4j JavaObject (a simulator, a Java list) tells the JVM when Python collects it. After the
-    JVM is gone that message would open a socket to a dead port, and py4j logs each refusal as an
-    ERROR with a traceback, from inside the garbage collector, long after the crash; on CPython 3.11
-    formatting that traceback in the middle of an `ast.parse` broke the parse ("AST constructor
-    recursion depth mismatch"). A client marked disconnected sends nothing.
-    """
-    try:
-        gateway.close(keep_callback_server=False, close_callback_server_connections=False)
-    except Exception:
-        pass
-    client = getattr(gateway, "_gateway_client", None)   # py4j has no public switch for this
-    if client is not None:
-        client.is_connected = False
-
-
 class JVMHost:
     """A ScienceWorld JVM (py4j gateway) shared by the envs of one process."""
 
@@ -188,9 +170,24 @@ class JVMHost:
         self.start_time_s = time.perf_counter() - t0
 
     def _disconnect_gateway(self) -> None:
+        """Close the py4j gateway and mark its client disconnected, once the JVM is stopped or dead.
+
+        Every py4j JavaObject (a simulator, a Java list) tells the JVM when Python collects it. After
+        the JVM is gone that message would open a socket to a dead port, and py4j logs each refusal
+        as an ERROR with a traceback, from inside the garbage collector, long after the crash; on
+        CPython 3.11 formatting that traceback in the middle of an `ast.parse` broke the parse ("AST
+        constructor recursion depth mismatch"). A client marked disconnected sends nothing.
+        """
         gw, self.gateway = self.gateway, None
-        if gw is not None:
-            disconnect_gateway(gw)
+        if gw is None:
+            return
+        try:
+            gw.close(keep_callback_server=False, close_callback_server_connections=False)
+        except Exception:
+            pass
+        client = getattr(gw, "_gateway_client", None)   # py4j has no public switch for this
+        if client is not None:
+            client.is_connected = False
 
     def _stop_process(self) -> None:
         proc = self.proc
