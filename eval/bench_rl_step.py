@@ -27,6 +27,7 @@ with the bf16 entry of the same head.
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --algos interq,interq+int8dx,bf16  # H200
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --quantized-rollout w8a8_kv8_head
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --old-logp bypass
+    python -m agentq.eval.bench_rl_step --model 4b --episodes 64 --turns 4 --micro 16 --pack-tokens 20480 --activation-checkpointing --group-prompt
     python -m agentq.eval.bench_rl_step --model tiny --episodes 8 --turns 2 --prompt 32 --obs 16 --new 8   # CPU
 
 On an fp32 (CPU) learner bypass is timed but not what the trainer runs: there the π_old pass computes
@@ -168,13 +169,16 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
                       pack_tokens=args.pack_tokens, logprob_micro_batch_size=args.logprob_micro,
                       logprob_pack_tokens=args.logprob_pack_tokens,
                       grad_input=learner_kw["grad_input"] if aligned else "bf16",
-                      cuda_graphs=args.cuda_graphs, head_tokens=learner_kw["head_tokens"])
+                      cuda_graphs=args.cuda_graphs, head_tokens=learner_kw["head_tokens"],
+                      activation_checkpointing=args.activation_checkpointing)
     engine = TorchEngine(cfg, rollout_spec, max_slots=args.episodes, max_len=max_len, dtype=dtype, device=device,
                          share_prefill=not args.no_share)
     engine.update_weights(learner.named_weights(), version=0)
     objective = make_objective(pre["objective"], **pre["params"])
     times = {p: [] for p in PHASES}
     mism = []
+    if device.type == "cuda":               # the step's peak: learner, its optimizer state, engine, KV
+        torch.cuda.reset_peak_memory_stats(device)
     for step in range(args.warmup + args.steps):
         t = {}
         sync(device)
@@ -201,9 +205,11 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
     med = {p: statistics.median(v) for p, v in times.items()}
     res = {"algo": entry, "rollout_quant": rollout_spec.name, "learner_quant": learner_spec.name,
            "grad_input": learner.grad_input, "head_tokens": learner.head_tokens, "old_logp": args.old_logp,
+           "activation_checkpointing": bool(getattr(learner.model, "is_gradient_checkpointing", False)),
            "objective": pre["objective"], "phases_s": med, "phases_all_s": times, "step_s": sum(med.values()),
            "action_tokens": int(sum(x.num_action_tokens for x in trajs)), "tokens": int(sum(x.num_tokens for x in trajs)),
-           "mismatch": mism[-1] if mism else {}}
+           "mismatch": mism[-1] if mism else {},
+           "peak_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None}
     del learner, engine, model
     release_memory(device)
     return res
@@ -230,6 +236,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="the learner's packed passes as CUDA graphs, both algos (trainer.cuda_graphs; needs "
                          "--pack-tokens and/or --logprob-pack-tokens)")
+    ap.add_argument("--activation-checkpointing", action="store_true",
+                    help="recompute each decoder layer in the update's backward (trainer.activation_checkpointing; "
+                         "what fits a 4B update's activations at 20k-token packs on one GPU), both algos")
     ap.add_argument("--quantized-rollout", default=None, metavar="PRESET",
                     help="QuantSpec preset for the algos whose rollouts are quantized (default: their conf/algo "
                          "preset's, w8a8_kv8); an aligned learner follows it")
@@ -250,12 +259,15 @@ def main(argv=None) -> dict:
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "results": rows}
     print(f"\nRL step {args.model}: {args.episodes} episodes x {args.turns} turns, prompt {args.prompt}, "
           f"obs {args.obs}, {args.new} new/turn, aligned dX {args.grad_input}, pack {args.pack_tokens} / "
-          f"{args.logprob_pack_tokens}, CUDA graphs {args.cuda_graphs}, old_logp {args.old_logp}, "
+          f"{args.logprob_pack_tokens}, CUDA graphs {args.cuda_graphs}, checkpointing {args.activation_checkpointing}, "
+          f"old_logp {args.old_logp}, "
           f"group prompts {args.group_prompt} (shared prefill {not args.no_share}), "
           f"{report['device']} {dtype}")
-    print(f"{'algo':<13} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'step s':>8}")
+    print(f"{'algo':<13} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'step s':>8} {'peak GiB':>9}")
     for r in rows.values():
-        print(f"{r['algo']:<13} " + " ".join(f"{r['phases_s'][p]:>9.3f}" for p in PHASES) + f" {r['step_s']:>8.3f}")
+        peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"
+        print(f"{r['algo']:<13} " + " ".join(f"{r['phases_s'][p]:>9.3f}" for p in PHASES)
+              + f" {r['step_s']:>8.3f} {peak:>9}")
     for r in rows.values():
         m = r["mismatch"]
         print(f"{r['algo']} mismatch: max|Δlogp| {m['dlogp_abs_max']:.3e} K3 {m['k3']:.3e} K3 by turn "
@@ -281,7 +293,8 @@ def main(argv=None) -> dict:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         suffix = (("_int8dx" if args.grad_input == "int8" else "") + ("_dxab" if "+int8dx" in args.algos else "")
                   + ("_headab" if "+allhead" in args.algos else "")
-                  + ("_graphs" if args.cuda_graphs else "") + ("_bypass" if args.old_logp == "bypass" else "") + ("_groupprompt" if args.group_prompt else ""))
+                  + ("_graphs" if args.cuda_graphs else "") + ("_ckpt" if args.activation_checkpointing else "")
+                  + ("_bypass" if args.old_logp == "bypass" else "") + ("_groupprompt" if args.group_prompt else ""))
         (Path(args.out) / f"bench_rl_step_{args.model}{suffix}.json").write_text(json.dumps(report, indent=1))
     return report
 

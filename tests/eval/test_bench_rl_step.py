@@ -1,7 +1,7 @@
 """`eval/bench_rl_step.py` on the CPU with the tiny model: the `NAME+int8dx` and `NAME+allhead`
 entries of `--algos` run the learner with int8 dX or the LM head at every position beside the plain
 entry, in one process, each timed and compared with the bf16 entry of the same head; a bad variant
-is refused by name."""
+is refused by name; `--activation-checkpointing` reaches both learners."""
 import pytest
 
 from agentq.eval import bench_rl_step
@@ -54,3 +54,13 @@ def test_allhead_entries_score_every_position_and_are_compared_alike(tmp_path):
     # the same episodes, their action tokens scored either way: the same mismatch
     assert rows["interq"]["mismatch"]["k3"] == pytest.approx(rows["interq+allhead"]["mismatch"]["k3"], rel=1e-4)
     assert (tmp_path / "bench_rl_step_tiny_headab.json").exists()
+
+
+def test_activation_checkpointing_reaches_both_learners(tmp_path):
+    report = bench_rl_step.main(["--model", "tiny", "--device", "cpu", "--algos", "interq,bf16", "--episodes", "4",
+                                 "--group", "2", "--turns", "2", "--prompt", "16", "--obs", "8", "--new", "4",
+                                 "--warmup", "0", "--steps", "1", "--activation-checkpointing", "--out", str(tmp_path)])
+    rows = report["results"]
+    assert rows["interq"]["activation_checkpointing"] and rows["bf16"]["activation_checkpointing"]
+    assert rows["interq"]["peak_gib"] is None          # no CUDA peak on the CPU
+    assert (tmp_path / "bench_rl_step_tiny_ckpt.json").exists()
