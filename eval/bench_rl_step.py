@@ -48,7 +48,8 @@ from pathlib import Path
 
 import torch
 
-from agentq.eval.bench_common import base_parser, kernel_table, random_model, release_memory, sync
+from agentq.eval.bench_common import (base_parser, kernel_table, kernel_timeline, print_timeline, profiled_kernels,
+                                      random_model, release_memory, sync)
 from agentq.kernels.ste import GRAD_INPUTS
 from agentq.learner.learner import OLD_LOGP_MODES
 
@@ -122,6 +123,24 @@ def learn(learner, objective, batch, args, t: dict, device: torch.device):
     sync(device)
     t["update"] = time.perf_counter() - t0
     return batch
+
+
+def profile_phases(entry: str, engine, learner, objective, batch, args, vocab: int, step: int) -> dict:
+    """After the timed steps (CUDA): one more rollout's kernel timeline (how much of its span the
+    GPU is busy: the host's share of the phase), then the kernel and host-op tables of old_ref and
+    update. Returns the rollout's {"span_s", "busy_s", "idle_frac", "kernels"}."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        play(engine, args, vocab, step)
+        torch.cuda.synchronize()
+    timeline = kernel_timeline(profiled_kernels(prof))
+    print_timeline(f"{entry}: one rollout", timeline, rows=args.profile_rows)
+    kernel_table(f"{entry}: old_ref", lambda: fill_no_grad(learner, batch, args), rows=args.profile_rows)
+    kernel_table(f"{entry}: update", lambda: learner.update(batch, objective, epochs=1, minibatch_size=args.episodes,
+                                                           old_logp_mode=args.old_logp), rows=args.profile_rows)
+    return {"span_s": timeline["span_us"] / 1e6, "busy_s": timeline["busy_us"] / 1e6,
+            "idle_frac": timeline["idle_frac"], "kernels": timeline["kernels_per_step"]}
 
 
 #: `--algos` suffixes → the learner arguments they set: "+int8dx", the aligned learner's dX in int8;
@@ -198,10 +217,10 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
                 times[p].append(t[p])
             mism.append(mismatch_metrics(batch))       # π_old (learner) vs μ (engine), per turn too
         print(f"[{entry}] step {step}: " + " ".join(f"{p} {t[p]:.2f}s" for p in PHASES), flush=True)
-    if args.profile and device.type == "cuda":        # after the timed steps: where old_ref and update go
-        kernel_table(f"{entry}: old_ref", lambda: fill_no_grad(learner, batch, args), rows=args.profile_rows)
-        kernel_table(f"{entry}: update", lambda: learner.update(batch, objective, epochs=1, minibatch_size=args.episodes,
-                                                               old_logp_mode=args.old_logp), rows=args.profile_rows)
+    rollout_gpu = None
+    if args.profile and device.type == "cuda":        # after the timed steps: where each phase's time goes
+        rollout_gpu = profile_phases(entry, engine, learner, objective, batch, args, cfg.vocab_size,
+                                     args.warmup + args.steps)
     med = {p: statistics.median(v) for p, v in times.items()}
     res = {"algo": entry, "rollout_quant": rollout_spec.name, "learner_quant": learner_spec.name,
            "grad_input": learner.grad_input, "head_tokens": learner.head_tokens, "old_logp": args.old_logp,
@@ -209,7 +228,8 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
            "objective": pre["objective"], "phases_s": med, "phases_all_s": times, "step_s": sum(med.values()),
            "action_tokens": int(sum(x.num_action_tokens for x in trajs)), "tokens": int(sum(x.num_tokens for x in trajs)),
            "mismatch": mism[-1] if mism else {},
-           "peak_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None}
+           "peak_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None,
+           "rollout_gpu": rollout_gpu}
     del learner, engine, model
     release_memory(device)
     return res
@@ -249,7 +269,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-share", action="store_true", help="the engine prefills every row (share_prefill=False)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--profile", action="store_true", help="print the CUDA kernel tables of old_ref and update")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed steps: one rollout's GPU busy share and kernels, the CUDA kernel and "
+                         "host-op tables of old_ref and update")
     ap.add_argument("--profile-rows", type=int, default=25)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -268,6 +290,11 @@ def main(argv=None) -> dict:
         peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"
         print(f"{r['algo']:<13} " + " ".join(f"{r['phases_s'][p]:>9.3f}" for p in PHASES)
               + f" {r['step_s']:>8.3f} {peak:>9}")
+    for r in rows.values():
+        if r["rollout_gpu"]:
+            g = r["rollout_gpu"]
+            print(f"{r['algo']} rollout (profiled): GPU busy {g['busy_s']:.3f} s of a {g['span_s']:.3f} s span "
+                  f"({100 * (1 - g['idle_frac']):.0f} %), {g['kernels']:.0f} kernels")
     for r in rows.values():
         m = r["mismatch"]
         print(f"{r['algo']} mismatch: max|Δlogp| {m['dlogp_abs_max']:.3e} K3 {m['k3']:.3e} K3 by turn "
