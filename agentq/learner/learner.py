@@ -7,6 +7,7 @@ QuantSpec's fake quant (W8A8 via the integer path, KV round trip) with straight-
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -265,13 +266,16 @@ class Learner:
         # filled on the device and read back once: a copy per micro-batch would stall the queue
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
         plan = self.logprob_batching
-        for idx in plan.groups(batch.attention_mask.sum(1)):
-            am = batch.attention_mask[idx]
-            L = int(am.sum(1).max())
-            out[idx.to(self.device), :L] = self.rows_logprobs(model, batch.input_ids[idx, :L], am[:, :L],
-                                                              plan.pack_tokens,
-                                                              None if scored is None else scored[idx, :L]).float()
-        model.train(was_training)
+        try:
+            with memory_advice(self, train=False):
+                for idx in plan.groups(batch.attention_mask.sum(1)):
+                    am = batch.attention_mask[idx]
+                    L = int(am.sum(1).max())
+                    out[idx.to(self.device), :L] = self.rows_logprobs(
+                        model, batch.input_ids[idx, :L], am[:, :L], plan.pack_tokens,
+                        None if scored is None else scored[idx, :L]).float()
+        finally:                                    # a failed pass leaves the model's mode as it was
+            model.train(was_training)
         return out.cpu()
 
     def scored_tokens(self, batch: PolicyBatch) -> torch.Tensor | None:
@@ -365,6 +369,18 @@ class Learner:
         local_rows = self.local_rows(minib)
         local = minib.index(local_rows)
         weighted: dict[str, torch.Tensor | float] = {}
+        with memory_advice(self, train=True):
+            self._accumulate_micro_batches(local, local_rows, objective, total_units, weighted, weigh)
+        self.reduce_grads()
+        for k, v in read_back(weighted).items():
+            sums[k] = sums.get(k, 0.0) + v
+        return True
+
+    def _accumulate_micro_batches(self, local: PolicyBatch, local_rows: torch.Tensor, objective: Objective,
+                                  total_units: float, weighted: dict[str, torch.Tensor | float],
+                                  weigh: "WeighMicro | None") -> None:
+        """`accumulate_grads`' loop: each micro-batch's forward, loss and backward, its gradient
+        weighted by its share of the minibatch's `total_units`, its statistics added into `weighted`."""
         for rows in self.micro_batches(local.attention_mask.sum(1)):
             micro = local.index(rows)
             L = int(micro.attention_mask.sum(1).max())
@@ -380,10 +396,6 @@ class Learner:
             release_activation_cache(self.model)        # the backward's shared X_fq, too
             add_weighted(weighted, {**stats, "loss": loss.detach()}, share)
             del logp, loss          # the autograd graph goes now, not when the next forward is done
-        self.reduce_grads()
-        for k, v in read_back(weighted).items():
-            sums[k] = sums.get(k, 0.0) + v
-        return True
 
     # hooks of the data-parallel learner (agentq/learner/distributed.py): which rows of a minibatch
     # this process computes, and how its partial gradients become the minibatch's
@@ -566,6 +578,33 @@ def batching_plans(micro_batch_size: int, pack_tokens: int | None, logprob_micro
                              + ("" if key == "micro_batch_size" else " or None"))
     return (MicroBatching(micro_batch_size, pack_tokens),
             MicroBatching(logprob_micro_batch_size or micro_batch_size, logprob_pack_tokens or pack_tokens))
+
+
+@contextlib.contextmanager
+def memory_advice(learner: "Learner", train: bool) -> Iterator[None]:
+    """Re-raise a device out-of-memory error of a learner pass with the settings that bound its
+    memory (a bare CUDA OOM names none of them). `train`: the update's forwards and backwards, else
+    the no-grad π_old / π_ref passes."""
+    try:
+        yield
+    except torch.OutOfMemoryError as err:
+        raise torch.OutOfMemoryError(f"{err}\n\n{memory_hint(learner, train)}") from err
+
+
+def memory_hint(learner: "Learner", train: bool) -> str:
+    """What to lower when a learner pass runs out of device memory: its micro-batching settings by
+    their config names, and activation checkpointing for the update."""
+    plan = learner.train_batching if train else learner.logprob_batching
+    prefix = "trainer." if train else "trainer.logprob_"
+    size = (f"packs of at most {plan.pack_tokens} tokens" if plan.pack_tokens is not None
+            else f"micro-batches of {plan.rows} trajectories")
+    what = ("the update (forward + backward; AdamW's state, 8 bytes a parameter, exists from the first "
+            "optimizer step on)" if train else "a no-grad π_old / π_ref pass")
+    knob = f"{prefix}pack_tokens" if plan.pack_tokens is not None else f"{prefix}micro_batch_size"
+    advice = f"agentq: {what} ran out of device memory with {size}. Lower {knob}"
+    if train and not getattr(learner.model, "is_gradient_checkpointing", False):
+        advice += " or set trainer.activation_checkpointing=true (each layer recomputed in backward)"
+    return advice + "."
 
 
 @dataclass(frozen=True)

@@ -77,23 +77,16 @@ def test_the_learner_releases_the_cached_activation_after_each_forward(tiny_mode
     assert torch.allclose(lp[:, 1:], ref, atol=1e-5)
 
 
-def test_the_learner_releases_the_backward_input_after_each_backward(tiny_model_dir, monkeypatch):
-    from agentq.agent.trajectory import Trajectory
+def test_the_learner_releases_the_backward_input_after_each_backward(tiny_model_dir, monkeypatch,
+                                                                    two_episode_batch):
     from agentq.algos import make_objective
-    from agentq.learner.batch import collate
     from agentq.learner.learner import Learner
 
     monkeypatch.setenv("AGENTQ_GROUPED", "0")          # the Learner aligns the model again
     model = _aligned(tiny_model_dir, True)
     learner = Learner(model, SPEC, use_reference=False)
     cache = learner.model.agentq_act_cache
-    trajs = []
-    for i in range(2):
-        t = Trajectory(episode_id=i, task_id="t", split="train", group_id=0)
-        t.append([5, 6, 7, 8], sampled=False)
-        t.append([9, 10, 11], sampled=True, seg=1, logps=[-1.0, -1.2, -0.9])
-        trajs.append(t)
-    batch = collate(trajs, torch.tensor([1.0, -1.0]))
+    batch = two_episode_batch
     learner.fill_old_and_ref(batch)
     learner.update(batch, make_objective("grpo"))
     assert cache.deq_hits == 3 * model.config.num_hidden_layers       # the backward shared X_fq...
