@@ -127,6 +127,29 @@ def test_weight_sync_requantizes_and_invalidates_cached_kv(tiny_model_dir, hf_mo
     assert eng.stats["prefill_tokens"] - before == len(ctx) and r.policy_version == 2
 
 
+@pytest.mark.parametrize("quant, per_token, int8_hint", [("none", 2 * 2 * 2 * 64 * 2, True),
+                                                         ("w8a8_kv8", 2 * 2 * 2 * (64 + 4), False)])
+def test_a_kv_cache_that_does_not_fit_says_what_it_needs(tiny_model_dir, monkeypatch, quant, per_token, int8_hint):
+    """A device out-of-memory error while allocating the cache (faked: a CPU allocation cannot raise
+    CUDA's error) comes back with the bytes it needed and the settings that set them."""
+    real_zeros = torch.zeros
+
+    def zeros(*args, **kwargs):         # the cache's [slots, kv heads, max_len, head_dim] codes do not fit
+        if isinstance(args[0], tuple) and len(args[0]) == 4 and args[0][2] == 65536:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB.")
+        return real_zeros(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "zeros", zeros)
+        with pytest.raises(torch.OutOfMemoryError) as err:
+            engine(tiny_model_dir, quant, dtype=torch.bfloat16, max_slots=4096, max_len=65536)
+    text = str(err.value)
+    gib = 4097 * 65536 * per_token / 2 ** 30          # one slot more than max_slots: the padding rows' slot
+    assert text.startswith("CUDA out of memory") and f"needs {gib:.1f} GiB ({per_token} bytes a token" in text
+    assert "rollout.max_slots" in text and "env.max_context_tokens" in text
+    assert ("rollout=w8a8_kv8" in text) is int8_hint
+
+
 def test_kv_cache_int8_is_at_most_0_52x_of_bf16(tiny_model_dir):
     bf16 = engine(tiny_model_dir, "none", dtype=torch.bfloat16).kv_bytes_per_token()
     int8 = engine(tiny_model_dir, "w8a8_kv8").kv_bytes_per_token()

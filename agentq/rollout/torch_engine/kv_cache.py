@@ -23,23 +23,49 @@ def _triton_ok() -> bool:
     return HAVE_TRITON
 
 
+def kv_code_dtype(spec: QuantSpec, dtype: torch.dtype) -> torch.dtype:
+    """The cache's element type: int8 codes (KV8), fp8 codes, or the compute dtype (no KV quantization)."""
+    return {"none": dtype, "int8_per_token_head_sym": torch.int8, "fp8_e4m3_per_tensor": torch.float8_e4m3fn}[spec.kv]
+
+
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, spec: QuantSpec, dtype: torch.dtype) -> int:
+    """Bytes one cached token costs over all layers: K and V codes, plus an fp32 scale per head for int8."""
+    codes = 2 * n_layers * n_kv_heads * head_dim * kv_code_dtype(spec, dtype).itemsize
+    scales = 2 * n_layers * n_kv_heads * 4 if spec.kv == "int8_per_token_head_sym" else 0
+    return codes + scales
+
+
+def kv_memory_hint(n_slots: int, max_len: int, per_token: int, spec: QuantSpec) -> str:
+    """What a cache that does not fit would need, and what lowers it (by the config names)."""
+    need = n_slots * max_len * per_token
+    text = (f"agentq: the KV cache of {n_slots} slots x {max_len} tokens needs {need / 2 ** 30:.1f} GiB "
+            f"({per_token} bytes a token over all layers). Lower rollout.max_slots (episodes in flight) or "
+            f"env.max_context_tokens (the slot length)")
+    if spec.kv == "none":
+        text += ", or quantize the cache (rollout=w8a8_kv8: int8 codes take about half of bf16's bytes)"
+    return text + "."
+
+
 class KVCache:
     def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, max_len: int, head_dim: int,
                  spec: QuantSpec, dtype: torch.dtype, device: torch.device | str = "cpu"):
         self.spec, self.dtype, self.device = spec, dtype, torch.device(device)
         self.n_layers, self.n_slots, self.n_kv, self.max_len, self.head_dim = n_layers, n_slots, n_kv_heads, max_len, head_dim
         shape = (n_slots, n_kv_heads, max_len, head_dim)
-        code_dtype = {"none": dtype, "int8_per_token_head_sym": torch.int8,
-                      "fp8_e4m3_per_tensor": torch.float8_e4m3fn}[spec.kv]
-        self.k = [torch.zeros(shape, dtype=code_dtype, device=self.device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=code_dtype, device=self.device) for _ in range(n_layers)]
+        code_dtype = kv_code_dtype(spec, dtype)
         self.k_scale: list[torch.Tensor] | None
         self.v_scale: list[torch.Tensor] | None
-        if spec.kv == "int8_per_token_head_sym":
-            self.k_scale = [torch.ones(shape[:3], dtype=torch.float32, device=self.device) for _ in range(n_layers)]
-            self.v_scale = [torch.ones(shape[:3], dtype=torch.float32, device=self.device) for _ in range(n_layers)]
-        else:
-            self.k_scale = self.v_scale = None
+        try:
+            self.k = [torch.zeros(shape, dtype=code_dtype, device=self.device) for _ in range(n_layers)]
+            self.v = [torch.zeros(shape, dtype=code_dtype, device=self.device) for _ in range(n_layers)]
+            if spec.kv == "int8_per_token_head_sym":
+                self.k_scale = [torch.ones(shape[:3], dtype=torch.float32, device=self.device) for _ in range(n_layers)]
+                self.v_scale = [torch.ones(shape[:3], dtype=torch.float32, device=self.device) for _ in range(n_layers)]
+            else:
+                self.k_scale = self.v_scale = None
+        except torch.OutOfMemoryError as err:
+            per_token = kv_bytes_per_token(n_layers, n_kv_heads, head_dim, spec, dtype)
+            raise torch.OutOfMemoryError(f"{err}\n\n{kv_memory_hint(n_slots, max_len, per_token, spec)}") from err
         self._fused_int8_write = spec.kv == "int8_per_token_head_sym" and self.device.type == "cuda" and _triton_ok()
         # a decode kernel may write K/V itself (int8 or value caches on CUDA; not fp8): decided once
         self._fused_decode_write = (self.device.type == "cuda" and _triton_ok()
@@ -66,10 +92,7 @@ class KVCache:
 
     def bytes_per_token(self) -> int:
         """Bytes one cached token costs over all layers (K and V, codes + scales)."""
-        per_elem = self.k[0].element_size()
-        codes = 2 * self.n_layers * self.n_kv * self.head_dim * per_elem
-        scales = 2 * self.n_layers * self.n_kv * 4 if self.k_scale is not None else 0
-        return codes + scales
+        return kv_bytes_per_token(self.n_layers, self.n_kv, self.head_dim, self.spec, self.dtype)
 
     def _encode(self, x: torch.Tensor, fp8_scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.spec.kv == "int8_per_token_head_sym":
