@@ -273,6 +273,8 @@ def main(argv=None) -> dict:
                     help="after the timed steps: one rollout's GPU busy share and kernels, the CUDA kernel and "
                          "host-op tables of old_ref and update")
     ap.add_argument("--profile-rows", type=int, default=25)
+    ap.add_argument("--plot", action="store_true",
+                    help="with --out: the phases of each algo's step as stacked bars (matplotlib), beside the JSON")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -322,7 +324,12 @@ def main(argv=None) -> dict:
                   + ("_headab" if "+allhead" in args.algos else "")
                   + ("_graphs" if args.cuda_graphs else "") + ("_ckpt" if args.activation_checkpointing else "")
                   + ("_bypass" if args.old_logp == "bypass" else "") + ("_groupprompt" if args.group_prompt else ""))
-        (Path(args.out) / f"bench_rl_step_{args.model}{suffix}.json").write_text(json.dumps(report, indent=1))
+        stem = Path(args.out) / f"bench_rl_step_{args.model}{suffix}"
+        stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+        if args.plot:
+            from agentq.eval.plots import rl_step_plot
+
+            rl_step_plot({args.model: report}, stem.with_suffix(".png"))
     return report
 
 

@@ -141,3 +141,47 @@ def sweep_curves(curves: dict[str, dict[str, dict]], out_png: str | Path, title:
     fig.savefig(out_png)
     plt.close(fig)
     return out_png
+
+
+def rl_step_figure(reports: dict[str, dict]) -> Figure:
+    """`bench_rl_step` reports side by side (the caller saves and closes the figure): per report
+    label, one horizontal bar per algo entry, stacked by phase in the report's order (rollout,
+    old_ref, update, sync; seconds), with the step's seconds and its speed-up over the bf16
+    entry it was compared with (the report's `speedup_bf16_over_<entry>`) beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(label, entry, res, rep) for label, rep in reports.items() for entry, res in rep["results"].items()]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.4), dpi=120)
+    colors = plt.get_cmap("tab10")
+    phases = list(rows[0][2]["phases_s"]) if rows else []
+    for y, (label, entry, res, rep) in enumerate(rows):
+        left = 0.0
+        for i, phase in enumerate(phases):
+            sec = res["phases_s"][phase]
+            ax.barh(y, sec, left=left, color=colors(i), label=phase if y == 0 else None)
+            left += sec
+        speedup = rep.get("speedup_bf16_over_" + entry.replace("+", "_"))
+        ax.text(left, y, f" {left:.2f} s" + (f"  {speedup:.2f}×" if speedup else ""), va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [f"{label}: {entry}" for label, entry, _, _ in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per RL step (× = bf16 step ÷ this step)")
+    ax.set_xlim(0, 1.18 * max((sum(r[2]["phases_s"].values()) for r in rows), default=1.0))
+    ax.grid(axis="x", alpha=0.3)
+    if phases:
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=8, ncol=len(phases), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def rl_step_plot(reports: dict[str, dict], out_png: str | Path) -> Path:
+    """`rl_step_figure` written to `out_png`."""
+    import matplotlib.pyplot as plt
+
+    fig = rl_step_figure(reports)
+    out_png = Path(out_png)
+    fig.savefig(out_png, bbox_inches="tight")      # the legend sits above the axes
+    plt.close(fig)
+    return out_png

@@ -59,8 +59,10 @@ def test_allhead_entries_score_every_position_and_are_compared_alike(tmp_path):
 def test_activation_checkpointing_reaches_both_learners(tmp_path):
     report = bench_rl_step.main(["--model", "tiny", "--device", "cpu", "--algos", "interq,bf16", "--episodes", "4",
                                  "--group", "2", "--turns", "2", "--prompt", "16", "--obs", "8", "--new", "4",
-                                 "--warmup", "0", "--steps", "1", "--activation-checkpointing", "--out", str(tmp_path)])
+                                 "--warmup", "0", "--steps", "1", "--activation-checkpointing", "--out", str(tmp_path),
+                                 "--plot"])
     rows = report["results"]
     assert rows["interq"]["activation_checkpointing"] and rows["bf16"]["activation_checkpointing"]
     assert rows["interq"]["peak_gib"] is None          # no CUDA peak on the CPU
     assert (tmp_path / "bench_rl_step_tiny_ckpt.json").exists()
+    assert (tmp_path / "bench_rl_step_tiny_ckpt.png").read_bytes()[:4] == b"\x89PNG"      # --plot

@@ -31,3 +31,29 @@ def test_learning_curve_keeps_negative_rewards_in_view_and_names_the_split():
     assert ax.get_ylim()[0] <= -0.35 and ax.get_ylim()[1] >= 1.0
     assert "held-out success (dev, 20 episodes)" in [t.get_text() for t in ax.get_legend().get_texts()]
     plt.close(fig)
+
+
+def test_rl_step_bars_are_the_phase_seconds_with_the_speedups_beside_them(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from agentq.eval.plots import rl_step_figure, rl_step_plot
+
+    def res(rollout, old_ref, update, sync):
+        return {"phases_s": {"rollout": rollout, "old_ref": old_ref, "update": update, "sync": sync}}
+
+    reports = {"1B": {"results": {"interq": res(0.8, 0.7, 1.4, 0.05), "bf16": res(1.0, 0.9, 1.45, 0.01)},
+                      "speedup_bf16_over_interq": 3.36 / 2.95},
+               "4B": {"results": {"interq+int8dx": res(6.0, 4.9, 11.2, 0.05)},
+                      "speedup_bf16_over_interq_int8dx": 1.21}}
+    fig = rl_step_figure(reports)
+    ax = fig.axes[0]
+    bars = [(round(p.get_y() + p.get_height() / 2), p.get_x(), p.get_width()) for p in ax.patches]
+    # row 0: interq's phases end to end, in the report's order
+    assert [x for y, x, _ in bars if y == 0] == pytest.approx([0, 0.8, 1.5, 2.9])
+    assert [w for y, _, w in bars if y == 0] == pytest.approx([0.8, 0.7, 1.4, 0.05])
+    assert [w for y, _, w in bars if y == 2] == pytest.approx([6.0, 4.9, 11.2, 0.05])
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == [" 2.95 s  1.14×", " 3.36 s", " 22.15 s  1.21×"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["1B: interq", "1B: bf16", "4B: interq+int8dx"]
+    plt.close(fig)
+    assert rl_step_plot(reports, tmp_path / "rl.png").read_bytes()[:4] == b"\x89PNG"
