@@ -23,6 +23,7 @@ from agentq.kernels._interp import cuda_half
 from agentq.kernels.logprob import token_logprobs
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.kernels.ste import check_grad_input
+from agentq.utils.memory import out_of_memory_hint
 
 from .batch import PolicyBatch
 from .graphs import GraphPool, PackGraphs
@@ -580,15 +581,11 @@ def batching_plans(micro_batch_size: int, pack_tokens: int | None, logprob_micro
             MicroBatching(logprob_micro_batch_size or micro_batch_size, logprob_pack_tokens or pack_tokens))
 
 
-@contextlib.contextmanager
-def memory_advice(learner: "Learner", train: bool) -> Iterator[None]:
-    """Re-raise a device out-of-memory error of a learner pass with the settings that bound its
-    memory (a bare CUDA OOM names none of them). `train`: the update's forwards and backwards, else
-    the no-grad π_old / π_ref passes."""
-    try:
-        yield
-    except torch.OutOfMemoryError as err:
-        raise torch.OutOfMemoryError(f"{err}\n\n{memory_hint(learner, train)}") from err
+def memory_advice(learner: "Learner", train: bool) -> contextlib.AbstractContextManager[None]:
+    """A device out-of-memory error of a learner pass re-raised with the settings that bound its
+    memory (`memory_hint`). `train`: the update's forwards and backwards, else the no-grad π_old /
+    π_ref passes."""
+    return out_of_memory_hint(lambda: memory_hint(learner, train))
 
 
 def memory_hint(learner: "Learner", train: bool) -> str:

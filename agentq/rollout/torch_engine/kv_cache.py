@@ -12,6 +12,7 @@ import torch
 
 from agentq.kernels import quant
 from agentq.kernels.quant_spec import QuantSpec
+from agentq.utils.memory import out_of_memory_hint
 
 
 #: one layer's (k, v, k_scale, v_scale) for a kernel that writes K/V itself (scales None: a cache of values)
@@ -55,7 +56,8 @@ class KVCache:
         code_dtype = kv_code_dtype(spec, dtype)
         self.k_scale: list[torch.Tensor] | None
         self.v_scale: list[torch.Tensor] | None
-        try:
+        with out_of_memory_hint(lambda: kv_memory_hint(
+                n_slots, max_len, kv_bytes_per_token(n_layers, n_kv_heads, head_dim, spec, dtype), spec)):
             self.k = [torch.zeros(shape, dtype=code_dtype, device=self.device) for _ in range(n_layers)]
             self.v = [torch.zeros(shape, dtype=code_dtype, device=self.device) for _ in range(n_layers)]
             if spec.kv == "int8_per_token_head_sym":
@@ -63,9 +65,6 @@ class KVCache:
                 self.v_scale = [torch.ones(shape[:3], dtype=torch.float32, device=self.device) for _ in range(n_layers)]
             else:
                 self.k_scale = self.v_scale = None
-        except torch.OutOfMemoryError as err:
-            per_token = kv_bytes_per_token(n_layers, n_kv_heads, head_dim, spec, dtype)
-            raise torch.OutOfMemoryError(f"{err}\n\n{kv_memory_hint(n_slots, max_len, per_token, spec)}") from err
         self._fused_int8_write = spec.kv == "int8_per_token_head_sym" and self.device.type == "cuda" and _triton_ok()
         # a decode kernel may write K/V itself (int8 or value caches on CUDA; not fp8): decided once
         self._fused_decode_write = (self.device.type == "cuda" and _triton_ok()
