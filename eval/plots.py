@@ -13,11 +13,15 @@ if TYPE_CHECKING:        # matplotlib loads when a plot is drawn
 def learning_curve(metrics_path: str | Path, out_png: str | Path, sft_success: float | None = None,
                    title: str = "", split: str | None = None) -> Path:
     """Training reward and held-out success (on `split`) against RL step (SFT level as a dashed line)."""
+    return save_figure(learning_curve_figure(read_metrics(metrics_path), sft_success, title, split), out_png)
+
+
+def save_figure(fig: Figure, out_png: str | Path, **savefig_kw) -> Path:
+    """Write a figure to `out_png` and close it (pyplot keeps every open figure alive)."""
     import matplotlib.pyplot as plt
 
-    fig = learning_curve_figure(read_metrics(metrics_path), sft_success, title, split)
     out_png = Path(out_png)
-    fig.savefig(out_png)
+    fig.savefig(out_png, **savefig_kw)
     plt.close(fig)
     return out_png
 
@@ -98,17 +102,10 @@ def mismatch_figure(rows: list[dict]) -> Figure:
 
 def write_run_plots(run_dir: str | Path, split: str | None = None) -> list[Path]:
     """`learning_curve.png` and `mismatch.png` in an RL run folder (what `agentq train` leaves)."""
-    import matplotlib.pyplot as plt
-
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir / "metrics.jsonl")
-    out = []
-    for name, fig in (("learning_curve.png", learning_curve_figure(rows, split=split, title=run_dir.name)),
-                      ("mismatch.png", mismatch_figure(rows))):
-        fig.savefig(run_dir / name)
-        plt.close(fig)
-        out.append(run_dir / name)
-    return out
+    return [save_figure(learning_curve_figure(rows, split=split, title=run_dir.name), run_dir / "learning_curve.png"),
+            save_figure(mismatch_figure(rows), run_dir / "mismatch.png")]
 
 
 def sweep_curves(curves: dict[str, dict[str, dict]], out_png: str | Path, title: str = "") -> Path:
@@ -137,10 +134,7 @@ def sweep_curves(curves: dict[str, dict[str, dict]], out_png: str | Path, title:
         ax.legend(loc="best", fontsize=7, ncol=2)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    out_png = Path(out_png)
-    fig.savefig(out_png)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png)
 
 
 def rl_step_figure(reports: dict[str, dict]) -> Figure:
@@ -178,10 +172,4 @@ def rl_step_figure(reports: dict[str, dict]) -> Figure:
 
 def rl_step_plot(reports: dict[str, dict], out_png: str | Path) -> Path:
     """`rl_step_figure` written to `out_png`."""
-    import matplotlib.pyplot as plt
-
-    fig = rl_step_figure(reports)
-    out_png = Path(out_png)
-    fig.savefig(out_png, bbox_inches="tight")      # the legend sits above the axes
-    plt.close(fig)
-    return out_png
+    return save_figure(rl_step_figure(reports), out_png, bbox_inches="tight")    # the legend sits above the axes
