@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentq.utils.logging import read_metrics
 
@@ -16,7 +16,7 @@ def learning_curve(metrics_path: str | Path, out_png: str | Path, sft_success: f
     return save_figure(learning_curve_figure(read_metrics(metrics_path), sft_success, title, split), out_png)
 
 
-def save_figure(fig: Figure, out_png: str | Path, **savefig_kw) -> Path:
+def save_figure(fig: Figure, out_png: str | Path, **savefig_kw: Any) -> Path:
     """Write a figure to `out_png` and close it (pyplot keeps every open figure alive)."""
     import matplotlib.pyplot as plt
 
