@@ -83,6 +83,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.logprob_pack_tokens": optional(positive_int),
     "trainer.grad_input": one_of("bf16", "int8"),
     "trainer.cuda_graphs": boolean,
+    "trainer.share_prefix": boolean,
     "trainer.old_logp": one_of("recompute", "bypass"),
     "trainer.max_concurrent": positive_int,
     "trainer.save_every": nonneg_int,

@@ -45,6 +45,7 @@ import statistics
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -144,27 +145,31 @@ def profile_phases(entry: str, engine, learner, objective, batch, args, vocab: i
 
 
 #: `--algos` suffixes → the learner arguments they set: "+int8dx", the aligned learner's dX in int8;
-#: "+allhead", the LM head at every position rather than at the action tokens' only
-ALGO_VARIANTS = {"int8dx": ("grad_input", "int8"), "allhead": ("head_tokens", "all")}
+#: "+allhead", the LM head at every position rather than at the action tokens' only; "+noshare",
+#: packs that compute every row's prompt (`Learner(share_prefix=False)`) rather than a group's once
+ALGO_VARIANTS = {"int8dx": ("grad_input", "int8"), "allhead": ("head_tokens", "all"),
+                 "noshare": ("share_prefix", False)}
+#: variants whose cost both algos pay alike: an entry with them is compared with bf16 with them too
+SHARED_COST_VARIANTS = ("allhead", "noshare")
 
 
-def parse_algo(entry: str, grad_input: str) -> tuple[str, dict[str, str]]:
-    """(conf/algo name, learner arguments {"grad_input", "head_tokens"}) of an `--algos` entry
-    "NAME[+VARIANT...]"; `grad_input` is `--grad-input`, which "+int8dx" overrides."""
+def parse_algo(entry: str, grad_input: str) -> tuple[str, dict[str, Any]]:
+    """(conf/algo name, learner arguments {"grad_input", "head_tokens", "share_prefix"}) of an
+    `--algos` entry "NAME[+VARIANT...]"; `grad_input` is `--grad-input`, which "+int8dx" overrides."""
     name, *variants = entry.split("+")
     unknown = [v for v in variants if v not in ALGO_VARIANTS]
     if unknown:
         raise SystemExit(f"--algos {entry!r}: unknown variant {unknown}; valid: {sorted(ALGO_VARIANTS)}")
-    learner_kw = {"grad_input": grad_input, "head_tokens": "actions"}
+    learner_kw: dict[str, Any] = {"grad_input": grad_input, "head_tokens": "actions", "share_prefix": True}
     learner_kw.update(ALGO_VARIANTS[v] for v in variants)
     return name, learner_kw
 
 
 def baseline_of(entry: str, entries) -> str | None:
-    """The bf16 entry `entry` is compared with: "bf16" with the same "+allhead" variant when that
-    ran (the head's positions are a cost both algos share), else "bf16"; None without one."""
-    same_head = "bf16+allhead" if "+allhead" in entry else "bf16"
-    return same_head if same_head in entries else ("bf16" if "bf16" in entries else None)
+    """The bf16 entry `entry` is compared with: "bf16" with the same `SHARED_COST_VARIANTS` when
+    that ran (costs both algos share), else "bf16"; None without one."""
+    same = "+".join(["bf16", *[v for v in entry.split("+")[1:] if v in SHARED_COST_VARIANTS]])
+    return same if same in entries else ("bf16" if "bf16" in entries else None)
 
 
 def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict:
@@ -189,6 +194,7 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
                       logprob_pack_tokens=args.logprob_pack_tokens,
                       grad_input=learner_kw["grad_input"] if aligned else "bf16",
                       cuda_graphs=args.cuda_graphs, head_tokens=learner_kw["head_tokens"],
+                      share_prefix=learner_kw["share_prefix"],
                       activation_checkpointing=args.activation_checkpointing)
     engine = TorchEngine(cfg, rollout_spec, max_slots=args.episodes, max_len=max_len, dtype=dtype, device=device,
                          share_prefill=not args.no_share)
@@ -223,7 +229,8 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
                                      args.warmup + args.steps)
     med = {p: statistics.median(v) for p, v in times.items()}
     res = {"algo": entry, "rollout_quant": rollout_spec.name, "learner_quant": learner_spec.name,
-           "grad_input": learner.grad_input, "head_tokens": learner.head_tokens, "old_logp": args.old_logp,
+           "grad_input": learner.grad_input, "head_tokens": learner.head_tokens,
+           "share_prefix": learner_kw["share_prefix"], "old_logp": args.old_logp,
            "activation_checkpointing": bool(getattr(learner.model, "is_gradient_checkpointing", False)),
            "objective": pre["objective"], "phases_s": med, "phases_all_s": times, "step_s": sum(med.values()),
            "action_tokens": int(sum(x.num_action_tokens for x in trajs)), "tokens": int(sum(x.num_tokens for x in trajs)),
@@ -310,18 +317,20 @@ def main(argv=None) -> dict:
         report[key] = b["step_s"] / q["step_s"]
         print(f"{base} / {entry}: " + " ".join(f"{p} {b['phases_s'][p] / q['phases_s'][p]:.2f}x" for p in PHASES)
               + f"  step {report[key]:.2f}x (> 1 = quantized faster)")
-    for entry in [e for e in rows if e.endswith("+allhead")]:     # what the head at the actions only saves
-        plain = entry.replace("+allhead", "")
-        if plain in rows:
-            key = "speedup_head_actions_over_all_" + plain.replace("+", "_")
-            report[key] = rows[entry]["step_s"] / rows[plain]["step_s"]
-            print(f"{entry} / {plain}: " + " ".join(
-                f"{p} {rows[entry]['phases_s'][p] / rows[plain]['phases_s'][p]:.2f}x" for p in PHASES)
-                + f"  step {report[key]:.2f}x (> 1 = the head at the actions only is faster)")
+    for variant, what, saved_by in (("allhead", "head_actions_over_all", "the head at the actions only"),
+                                    ("noshare", "shared_prefix_over_none", "computing shared prefixes once")):
+        for entry in [e for e in rows if e.endswith("+" + variant)]:     # what the default saves each algo
+            plain = entry.replace("+" + variant, "")
+            if plain in rows:
+                key = f"speedup_{what}_" + plain.replace("+", "_")
+                report[key] = rows[entry]["step_s"] / rows[plain]["step_s"]
+                print(f"{entry} / {plain}: " + " ".join(
+                    f"{p} {rows[entry]['phases_s'][p] / rows[plain]['phases_s'][p]:.2f}x" for p in PHASES)
+                    + f"  step {report[key]:.2f}x (> 1 = {saved_by} is faster)")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         suffix = (("_int8dx" if args.grad_input == "int8" else "") + ("_dxab" if "+int8dx" in args.algos else "")
-                  + ("_headab" if "+allhead" in args.algos else "")
+                  + ("_headab" if "+allhead" in args.algos else "") + ("_shareab" if "+noshare" in args.algos else "")
                   + ("_graphs" if args.cuda_graphs else "") + ("_ckpt" if args.activation_checkpointing else "")
                   + ("_bypass" if args.old_logp == "bypass" else "") + ("_groupprompt" if args.group_prompt else ""))
         stem = Path(args.out) / f"bench_rl_step_{args.model}{suffix}"

@@ -27,8 +27,10 @@ from agentq.utils.memory import out_of_memory_hint
 
 from .batch import PolicyBatch
 from .graphs import GraphPool, PackGraphs
-from .packing import PackLayout, plan_packs
-from .qat import align_model, quantized_module_report, release_activation_cache, varlen_inputs
+from .packing import (MIN_SHARED_TOKENS, PackLayout, SharedPackLayout, plan_packs, plan_shared_packs,
+                      shared_prefix_groups)
+from .qat import (align_model, quantized_module_report, release_activation_cache, segment_inputs, shares_prefixes,
+                  varlen_inputs)
 
 #: where the LM head runs (`Learner(head_tokens=...)`): "actions", at the positions that predict
 #: action tokens, the only log-probs an objective reads (`sequence_logprobs(scored=...)`); "all",
@@ -100,7 +102,7 @@ def scored_columns(scored: torch.Tensor, length: int) -> torch.Tensor:
 
 def packed_sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths: torch.Tensor,
                              temperature: float = 1.0, row_bounds: bool = True,
-                             scored: torch.Tensor | None = None) -> torch.Tensor:
+                             scored: torch.Tensor | None = None, share_min: int = 0) -> torch.Tensor:
     """`sequence_logprobs` of right-padded rows computed as one packed sequence (no padding).
 
     The rows' tokens are laid end to end; each keeps positions 0…n−1 and attends only to its own
@@ -114,10 +116,16 @@ def packed_sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths:
         model: the HF causal LM (aligned or not); input_ids: [R, L] right-padded rows (CPU or the
         model's device); lengths: [R] real tokens per row (CPU); temperature: as in
         `sequence_logprobs`; row_bounds: pass the boundaries (False: the mask alone; for tests);
-        scored: [R, L] bool (CPU), the tokens to score (None: all; see `sequence_logprobs`).
+        scored: [R, L] bool (CPU), the tokens to score (None: all; see `sequence_logprobs`);
+        share_min: > 0: rows whose first share_min + 1 or more tokens agree compute them once
+        (`shared_prefix_packed_logprobs`), where the model attends through `qat`'s function.
     Returns:
         [R, L] fp32 log-probs, 0 at each row's position 0, past its end and at unscored tokens.
     """
+    if share_min > 0 and row_bounds and shares_prefixes(model):
+        groups = shared_prefix_groups(input_ids, lengths.tolist(), share_min)
+        if groups:
+            return shared_prefix_packed_logprobs(model, input_ids, lengths, groups, temperature, scored)
     layout = PackLayout.of(lengths)
     device = next(model.parameters()).device
     ids = layout.pack(input_ids).to(device)
@@ -136,7 +144,35 @@ def packed_sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths:
     return unpack_rows(layout, logp, input_ids.shape[1])
 
 
-def unpack_rows(layout: PackLayout, logp: torch.Tensor, length: int) -> torch.Tensor:
+def shared_prefix_packed_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths: torch.Tensor,
+                                  groups: list[tuple[list[int], int]], temperature: float = 1.0,
+                                  scored: torch.Tensor | None = None) -> torch.Tensor:
+    """`packed_sequence_logprobs` with each group's common prefix computed once
+    (`packing.SharedPackLayout`): its rows' segments continue the prefix's positions and attend
+    to its keys and their own (`qat.segment_inputs`). The same log-probs (a token's context is
+    the same tokens at the same positions); the tokens the forward computes drop by the shared
+    tokens times the group's rows less one, and the gradient of the prefix's activations is the
+    sum over its rows, as autograd adds it.
+
+    Args:
+        model: an HF causal LM attending through `qat._agentq_attention` (`shares_prefixes`);
+        input_ids: [R, L] right-padded rows (CPU); lengths: [R] (CPU); groups: rows sharing
+        prefixes (`packing.shared_prefix_groups`); temperature, scored: as in
+        `packed_sequence_logprobs`.
+    """
+    layout = SharedPackLayout.of(input_ids.cpu(), lengths, groups)
+    device = next(model.parameters()).device
+    ids = layout.pack(input_ids.cpu()).to(device)
+    mask, kw = segment_inputs(layout.q_bounds, layout.k_bounds, layout.kv_index.to(device))
+    packed_scored = None if scored is None else layout.pack(scored.bool().cpu())
+    logp = sequence_logprobs(model, ids, mask, temperature, position_ids=layout.position_ids().to(device),
+                             scored=packed_scored, **kw)
+    rows = unpack_rows(layout, logp, input_ids.shape[1])
+    # a shared position is scored if any of its rows scores it: keep each row's own zeros
+    return rows if scored is None else rows * scored.to(rows.device, rows.dtype)
+
+
+def unpack_rows(layout: PackLayout | SharedPackLayout, logp: torch.Tensor, length: int) -> torch.Tensor:
     """[R, length] rows of a pack's [1, ≥ total] log-probs, 0 at each row's first token (what
     precedes it in the pack is another row) and past its end."""
     rows = layout.unpack(logp, length)
@@ -184,7 +220,7 @@ class Learner:
                  ref_path: str | None = None, activation_checkpointing: bool = False, temperature: float = 1.0,
                  pack_tokens: int | None = None, logprob_micro_batch_size: int | None = None,
                  logprob_pack_tokens: int | None = None, grad_input: str = "bf16", cuda_graphs: bool = False,
-                 head_tokens: str = "actions"):
+                 head_tokens: str = "actions", share_prefix: bool = True):
         """Args:
             model_path: an HF checkpoint folder, or an HF causal LM (e.g. random-init for benchmarks).
             spec: the learner's QuantSpec (`none` = unaligned); dtype/device: where it computes.
@@ -206,11 +242,13 @@ class Learner:
                 learner's step. Needs a CUDA bf16/fp16 learner and packing (pack_tokens and/or
                 logprob_pack_tokens; the passes that pack are graphed), no activation checkpointing.
             head_tokens: where the LM head runs, `HEAD_TOKENS` (graphed passes: `graphs.head_positions`).
+            share_prefix: packs compute a prefix rows share (a GRPO group's prompt) once (`packing.
+                SharedPackLayout`); same log-probs. CUDA-graphed passes keep plain packs (fixed shapes).
         """
         self.temperature, self.head_tokens = check_scoring(temperature, head_tokens)
         self.grad_input = check_grad_input(grad_input)        # before the model loads: a bad value fails at once
-        self.train_batching, self.logprob_batching = batching_plans(micro_batch_size, pack_tokens,
-                                                                    logprob_micro_batch_size, logprob_pack_tokens)
+        self.train_batching, self.logprob_batching = batching_plans(
+            micro_batch_size, pack_tokens, logprob_micro_batch_size, logprob_pack_tokens, share_prefix and not cuda_graphs)
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
         self.cuda_graphs = check_graphable(self, cuda_graphs, activation_checkpointing)    # before the load, too
         self.model, self.audit = self.load_aligned(model_path)
@@ -219,8 +257,7 @@ class Learner:
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         self.ref: nn.Module | None = None
-        if use_reference:     # the reference sees the same fake quant (no KL floor at θ_0)
-            # ref_path: e.g. a resumed run, whose reference is the run's initial policy, not the checkpoint
+        if use_reference:     # same fake quant (no KL floor at θ_0); ref_path: a resumed run's initial policy
             self.ref = (copy.deepcopy(self.model) if ref_path is None else self.load_aligned(ref_path)[0]).eval()
             self.ref.requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(betas[0], betas[1]), weight_decay=weight_decay)
@@ -269,11 +306,11 @@ class Learner:
         plan = self.logprob_batching
         try:
             with memory_advice(self, train=False):
-                for idx in plan.groups(batch.attention_mask.sum(1)):
+                for idx in plan.groups(batch.attention_mask.sum(1), batch.input_ids):
                     am = batch.attention_mask[idx]
                     L = int(am.sum(1).max())
                     out[idx.to(self.device), :L] = self.rows_logprobs(
-                        model, batch.input_ids[idx, :L], am[:, :L], plan.pack_tokens,
+                        model, batch.input_ids[idx, :L], am[:, :L], plan,
                         None if scored is None else scored[idx, :L]).float()
         finally:                                    # a failed pass leaves the model's mode as it was
             model.train(was_training)
@@ -382,13 +419,13 @@ class Learner:
                                   weigh: "WeighMicro | None") -> None:
         """`accumulate_grads`' loop: each micro-batch's forward, loss and backward, its gradient
         weighted by its share of the minibatch's `total_units`, its statistics added into `weighted`."""
-        for rows in self.micro_batches(local.attention_mask.sum(1)):
+        for rows in self.micro_batches(local.attention_mask.sum(1), local.input_ids):
             micro = local.index(rows)
             L = int(micro.attention_mask.sum(1).max())
             micro = micro.trim(L)
             share = objective.agg_units(micro) / total_units      # from the CPU rows: no device sync
-            logp = self.rows_logprobs(self.model, micro.input_ids, micro.attention_mask,
-                                      self.train_batching.pack_tokens, self.scored_tokens(micro))
+            logp = self.rows_logprobs(self.model, micro.input_ids, micro.attention_mask, self.train_batching,
+                                      self.scored_tokens(micro))
             if weigh is not None:
                 micro = weigh(local_rows[rows], micro, logp)
             micro = micro.to(self.device)
@@ -409,15 +446,17 @@ class Learner:
         pass
 
     # ------------------------------------------------------------------ micro-batches
-    def micro_batches(self, lengths: torch.Tensor) -> list[torch.Tensor]:
+    def micro_batches(self, lengths: torch.Tensor, input_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
         """The row groups of the training forwards (`MicroBatching.groups`)."""
-        return self.train_batching.groups(lengths)
+        return self.train_batching.groups(lengths, input_ids)
 
     def rows_logprobs(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      pack_tokens: int | None, scored: torch.Tensor | None = None) -> torch.Tensor:
+                      plan: "MicroBatching", scored: torch.Tensor | None = None) -> torch.Tensor:
         """[n, L] log-probs of one micro-batch of rows (CPU [n, L] ids and padding mask, L = their
-        longest), padded (pack_tokens None) or packed into one sequence (rows must be right-padded);
-        `scored` (CPU [n, L] bool, None = all): the tokens to score, 0 elsewhere (`sequence_logprobs`)."""
+        longest), padded (plan.pack_tokens None) or packed into one sequence (rows must be
+        right-padded; shared prefixes computed once with plan.share_min); `scored` (CPU [n, L]
+        bool, None = all): the tokens to score, 0 elsewhere (`sequence_logprobs`)."""
+        pack_tokens = plan.pack_tokens
         mask = model_mask(attention_mask)
         if pack_tokens is None:
             return sequence_logprobs(model, input_ids.to(self.device), None if mask is None else mask.to(self.device),
@@ -432,7 +471,8 @@ class Learner:
             if logp is not None:        # the head's filler positions (`graphs.padded_head_positions`) zeroed
                 rows = unpack_rows(layout, logp, input_ids.shape[1])
                 return rows if scored is None else rows * scored.to(rows.device, rows.dtype)
-        return packed_sequence_logprobs(model, input_ids, lengths, self.temperature, scored=scored)
+        return packed_sequence_logprobs(model, input_ids, lengths, self.temperature, scored=scored,
+                                        share_min=plan.share_min)
 
     # ------------------------------------------------------------------ weights out
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -564,7 +604,8 @@ def read_back(acc: dict[str, torch.Tensor | float]) -> dict[str, float]:
 
 
 def batching_plans(micro_batch_size: int, pack_tokens: int | None, logprob_micro_batch_size: int | None,
-                   logprob_pack_tokens: int | None) -> tuple["MicroBatching", "MicroBatching"]:
+                   logprob_pack_tokens: int | None, share_prefix: bool = False
+                   ) -> tuple["MicroBatching", "MicroBatching"]:
     """The Learner's (training, no-grad) micro-batching from its arguments; a value that is not a
     positive integer (or None, where allowed) is refused. The no-grad forwards of π_old / π_ref
     keep no activations for a backward, so they can take several times the rows; fewer, larger
@@ -577,8 +618,9 @@ def batching_plans(micro_batch_size: int, pack_tokens: int | None, logprob_micro
         if not (isinstance(value, int) and value > 0):
             raise ValueError(f"Learner {key}={value!r}: must be a positive integer"
                              + ("" if key == "micro_batch_size" else " or None"))
-    return (MicroBatching(micro_batch_size, pack_tokens),
-            MicroBatching(logprob_micro_batch_size or micro_batch_size, logprob_pack_tokens or pack_tokens))
+    share_min = MIN_SHARED_TOKENS if share_prefix else 0      # packs sharing prefixes (`plan_shared_packs`)
+    return (MicroBatching(micro_batch_size, pack_tokens, share_min),
+            MicroBatching(logprob_micro_batch_size or micro_batch_size, logprob_pack_tokens or pack_tokens, share_min))
 
 
 def memory_advice(learner: "Learner", train: bool) -> contextlib.AbstractContextManager[None]:
@@ -611,16 +653,23 @@ class MicroBatching:
     its longest."""
     rows: int
     pack_tokens: int | None = None
+    #: > 0: packs keep rows sharing at least this many leading tokens together and compute them once
+    share_min: int = 0
 
-    def groups(self, lengths: torch.Tensor) -> list[torch.Tensor]:
+    def groups(self, lengths: torch.Tensor, input_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Args:
-            lengths: [B] real tokens per row.
+            lengths: [B] real tokens per row; input_ids: [B, L] the rows (CPU), which packs
+                sharing prefixes plan by (`plan_shared_packs`; None: by lengths alone).
         Returns:
             Row-index tensors partitioning range(B), one forward each.
         """
         if self.pack_tokens is None:
             return length_sorted_chunks(lengths, self.rows)
-        return [torch.tensor(p, dtype=torch.long) for p in plan_packs(lengths.tolist(), self.pack_tokens)]
+        if self.share_min and input_ids is not None:
+            packs = plan_shared_packs(input_ids, lengths.tolist(), self.pack_tokens, self.share_min)
+        else:
+            packs = plan_packs(lengths.tolist(), self.pack_tokens)
+        return [torch.tensor(p, dtype=torch.long) for p in packs]
 
 
 def length_sorted_chunks(lengths: torch.Tensor, size: int) -> list[torch.Tensor]:

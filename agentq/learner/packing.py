@@ -118,3 +118,194 @@ def padded_tokens(lengths: Sequence[int], groups: Sequence[Sequence[int]], packe
     if packed:
         return sum(int(lengths[i]) for g in groups for i in g)
     return sum(len(g) * max(int(lengths[i]) for i in g) for g in groups if g)
+
+
+# ------------------------------------------------------------------ shared prefixes
+#: the fewest tokens a group of rows must share before a pack computes them once (below this the
+#: K/V gather costs about what the saved tokens would)
+MIN_SHARED_TOKENS = 32
+
+
+def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Leading tokens two 1-D id rows have in common (at most the shorter row's length)."""
+    n = min(a.numel(), b.numel())
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0]) if differ.numel() else n
+
+
+def shared_prefix_groups(input_ids: torch.Tensor, lengths: Sequence[int], min_tokens: int = MIN_SHARED_TOKENS,
+                         max_group: int = 64) -> list[tuple[list[int], int]]:
+    """Groups of rows whose leading tokens agree, chosen to save the most forward tokens.
+
+    A group of k rows with a common prefix of c tokens computes its first c − 1 tokens once (its
+    shared segment; each row keeps the last common token, whose logits predict its own first
+    token), saving (k − 1)(c − 1) tokens. Rows are sorted by their tokens, so rows with long
+    common prefixes are neighbours, and a dynamic program over that order picks the runs of
+    neighbours that save the most. Deterministic; any grouping gives the same log-probs.
+
+    Args:
+        input_ids: [R, L] rows (right-padded; CPU); lengths: real tokens per row.
+        min_tokens: the fewest shared tokens (c − 1) worth a group; max_group: the most rows in one.
+    Returns:
+        [(rows, shared)]: each group's rows (≥ 2, in sorted order) and its shared token count
+        (≥ min_tokens; every row has at least one token after it).
+    """
+    lens = [int(n) for n in lengths]
+    order = sorted(range(len(lens)), key=lambda r: input_ids[r, :lens[r]].tolist())
+    rows = [input_ids[r, :lens[r]] for r in order]
+    link = [common_prefix(rows[i], rows[i + 1]) for i in range(len(rows) - 1)]
+    best = [0] * (len(rows) + 1)          # best[j]: most tokens saved over the first j sorted rows
+    cut: list[tuple[int, int]] = [(0, 0)] * (len(rows) + 1)    # (first row of the last run, its shared)
+    for j in range(1, len(rows) + 1):
+        best[j], cut[j] = best[j - 1], (j - 1, 0)
+        common = None
+        for i in range(j - 2, max(-1, j - 1 - max_group), -1):     # run i … j − 1
+            common = link[i] if common is None else min(common, link[i])
+            if common - 1 < min_tokens:
+                break
+            saved = best[i] + (j - 1 - i) * (common - 1)
+            if saved > best[j]:
+                best[j], cut[j] = saved, (i, common - 1)
+    groups = []
+    j = len(rows)
+    while j > 0:
+        i, shared = cut[j]
+        if shared:
+            groups.append(([order[r] for r in range(i, j)], shared))
+        j = i
+    return groups[::-1]
+
+
+def plan_shared_packs(input_ids: torch.Tensor, lengths: Sequence[int], max_tokens: int,
+                      min_tokens: int = MIN_SHARED_TOKENS) -> list[list[int]]:
+    """`plan_packs` over units of rows that share a prefix (`shared_prefix_groups`): a group's rows
+    go to one pack, counted as its shared tokens once plus each row's own, so the pack
+    (`SharedPackLayout`) computes the prefix once. A group too big for `max_tokens` is cut into
+    units that each fit (each repeating the prefix); rows sharing nothing are units of one.
+
+    Returns:
+        Packs as lists of row indices (each row once), a unit's rows adjacent.
+    """
+    lens = [int(n) for n in lengths]
+    units: list[list[int]] = []
+    tokens: list[int] = []
+    grouped = set()
+    for rows, shared in shared_prefix_groups(input_ids, lens, min_tokens):
+        grouped.update(rows)
+        unit: list[int] = []
+        size = shared
+        for r in rows:
+            if unit and size + lens[r] - shared > max_tokens:
+                units.append(unit)
+                tokens.append(size)
+                unit, size = [], shared
+            unit.append(r)
+            size += lens[r] - shared
+        units.append(unit)
+        tokens.append(size)
+    for r in range(len(lens)):
+        if r not in grouped:
+            units.append([r])
+            tokens.append(lens[r])
+    return [[r for u in pack for r in units[u]] for pack in plan_packs(tokens, max_tokens)]
+
+
+@dataclass(frozen=True)
+class SharedPackLayout:
+    """Rows of one pack laid out as segments, a prefix that several rows share computed once.
+
+    A group's shared segment holds its first `shared` tokens (positions 0 … shared − 1); each of
+    its rows follows as a segment of its own tokens from position `shared` on, attending to the
+    shared segment and then causally to itself (its keys are the shared segment's followed by its
+    own: `kv_index`, `k_bounds`). Rows in no group are segments alone, as in `PackLayout`.
+    `src[r, t]` is the packed position whose log-prob (of that token, from the logits of the
+    position before it) is row r's at token t: in the shared segment for t < shared, at the
+    group's first row segment's start for t = shared (the last shared token, right after the
+    shared segment), in the row's own segment after that; −1 past the row's end. `origin` names
+    the (row, token) each packed position holds.
+    """
+
+    src: torch.Tensor          # [R, L] long
+    origin: torch.Tensor       # [2, total] long: row, token index
+    lengths: torch.Tensor      # [R] long
+    q_bounds: torch.Tensor     # [S + 1] long: the segments' boundaries in the packed sequence
+    k_bounds: torch.Tensor     # [S + 1] long: the same in the gathered keys
+    kv_index: torch.Tensor     # [Tk] long: the packed position of each gathered key
+    positions: torch.Tensor    # [total] long
+
+    @classmethod
+    def of(cls, input_ids: torch.Tensor, lengths: torch.Tensor, groups: list[tuple[list[int], int]]
+           ) -> SharedPackLayout:
+        """The layout of rows input_ids [R, L] (right-padded, CPU) with real `lengths`, the
+        `groups` (`shared_prefix_groups`) sharing their prefixes."""
+        lens = [int(n) for n in lengths]
+        src = torch.full((len(lens), input_ids.shape[1]), -1, dtype=torch.long)
+        q_len: list[int] = []
+        kv: list[torch.Tensor] = []
+        pos: list[torch.Tensor] = []
+        owner: list[int] = []
+        start = 0
+
+        def segment(row: int, first: int, end: int, keys: torch.Tensor) -> None:
+            q_len.append(end - first)
+            kv.append(keys)
+            pos.append(torch.arange(first, end))
+            owner.extend([row] * (end - first))
+
+        grouped = set()
+        for rows, shared in groups:
+            head = torch.arange(start, start + shared)
+            segment(rows[0], 0, shared, head)
+            for i, r in enumerate(rows):
+                own = start + shared + sum(lens[x] - shared for x in rows[:i])
+                src[r, :shared] = head
+                src[r, shared] = start + shared          # the group's first row segment
+                src[r, shared + 1:lens[r]] = torch.arange(own + 1, own + lens[r] - shared)
+                segment(r, shared, lens[r], torch.cat([head, torch.arange(own, own + lens[r] - shared)]))
+                grouped.add(r)
+            start += shared + sum(lens[r] - shared for r in rows)
+        for r, n in enumerate(lens):
+            if r not in grouped:
+                src[r, :n] = torch.arange(start, start + n)
+                segment(r, 0, n, torch.arange(start, start + n))
+                start += n
+        k_len = torch.tensor([k.numel() for k in kv], dtype=torch.long)
+        positions = torch.cat(pos)
+        return cls(src=src, origin=torch.stack([torch.tensor(owner, dtype=torch.long), positions]),
+                   lengths=torch.tensor(lens, dtype=torch.long),
+                   q_bounds=torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(q_len).cumsum(0)]),
+                   k_bounds=torch.cat([torch.zeros(1, dtype=torch.long), k_len.cumsum(0)]),
+                   kv_index=torch.cat(kv), positions=positions)
+
+    @property
+    def total(self) -> int:
+        """Tokens in the packed sequence."""
+        return int(self.q_bounds[-1])
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.lengths.numel())
+
+    def bounds(self) -> torch.Tensor:
+        """[S + 1] long (CPU): the segments' boundaries (the queries' `cu_seq_lens`)."""
+        return self.q_bounds
+
+    def position_ids(self) -> torch.Tensor:
+        """[1, total] long: each token's position in its row (a row segment continues its prefix)."""
+        return self.positions.unsqueeze(0)
+
+    def pack(self, rows: torch.Tensor) -> torch.Tensor:
+        """[R, L] right-padded rows → [1, total]: the value of the (row, token) each packed position
+        holds (`origin`; its group's rows agree on a shared token). Bool rows (the tokens to score)
+        mark instead the positions rows read their scored log-probs from (`src`; any row's mark)."""
+        if rows.dtype == torch.bool:
+            valid = (self.src[:, :rows.shape[1]] >= 0) & rows.cpu()
+            out = torch.zeros(self.total, dtype=torch.bool)
+            return out.index_fill_(0, self.src[:, :rows.shape[1]][valid], True).unsqueeze(0)
+        return rows[self.origin[0].to(rows.device), self.origin[1].to(rows.device)].unsqueeze(0)
+
+    def unpack(self, packed: torch.Tensor, length: int) -> torch.Tensor:
+        """[1, total] per-token values → [R, length] rows (0 past each row's end); differentiable."""
+        src = self.src[:, :length]
+        out = packed[0, src.clamp(min=0).to(packed.device)]
+        return out * (src >= 0).to(out.device, out.dtype)

@@ -145,6 +145,11 @@ def _agentq_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     l = key.shape[2]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     bounds = kwargs.get("cu_seq_lens_q")
+    kv_index = kwargs.get("agentq_kv_index")
+    if kv_index is not None:                          # packed segments, some continuing a shared prefix
+        return _segment_attention(query, key.index_select(2, kv_index), value.index_select(2, kv_index),
+                                  kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"], kwargs["max_length_q"],
+                                  kwargs["max_length_k"], scale), None
     if bounds is not None and b == 1 and t == l:      # packed rows: attention within each row only
         if torch.is_tensor(bounds) and bounds.is_cuda:
             return _varlen_causal_attention(query, key, value, bounds, int(kwargs["max_length_q"]), scale), None
@@ -175,20 +180,69 @@ def _varlen_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torc
     return out.unsqueeze(0)
 
 
+def _segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_bounds: torch.Tensor,
+                       k_bounds: torch.Tensor, max_q: int, max_k: int, scale: float) -> torch.Tensor:
+    """Attention of packed segments over their gathered keys (`packing.SharedPackLayout`): query
+    [1, Hq, T, D], key/value [1, Hkv, Tk, D] (each segment's keys, a row segment's being its
+    shared prefix's then its own), q_bounds / k_bounds [S + 1]. Each segment's queries are the
+    last of its keys and attend causally (query i of n sees the first Tk_s − n + i + 1 keys). One
+    varlen flash call with the boundaries on CUDA in bf16/fp16, else one call per segment.
+    Returns [1, T, Hq, D]."""
+    if torch.is_tensor(q_bounds) and q_bounds.is_cuda:
+        if not _fused_causal_ok(query):
+            raise ValueError("varlen attention (segment boundaries on the GPU) needs a CUDA bf16/fp16 model; "
+                             f"got {query.dtype} on {query.device}")
+        q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))      # [T, H, D]
+        # flash attention aligns a causal mask to the bottom right when a segment has more keys than queries
+        out = torch.ops.aten._flash_attention_forward(q, k, v, q_bounds, k_bounds, int(max_q), int(max_k), 0.0,
+                                                      True, False, scale=scale)[0]
+        return out.unsqueeze(0)
+    qc, kc = q_bounds.tolist(), k_bounds.tolist()
+    out = torch.cat([_causal_attention(query[:, :, qs:qe], key[:, :, ks:ke], value[:, :, ks:ke], scale)
+                     for qs, qe, ks, ke in zip(qc[:-1], qc[1:], kc[:-1], kc[1:]) if qe > qs], dim=2)
+    return out.transpose(1, 2).contiguous()
+
+
 #: the 4D "mask" `varlen_inputs` gives: HF hands a 4D mask to attention as it is, so it builds no
 #: [T, T] mask of its own (nor checks the positions for packing with a device sync); the varlen
 #: path never reads it
 _PLACEHOLDER_MASKS: dict[torch.device, torch.Tensor] = {}
 
 
+def placeholder_mask(device: torch.device) -> torch.Tensor:
+    """The 4D mask to give the model when the varlen kwargs carry the attention's structure."""
+    mask = _PLACEHOLDER_MASKS.get(device)
+    if mask is None:
+        mask = _PLACEHOLDER_MASKS[device] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+    return mask
+
+
 def varlen_inputs(bounds: torch.Tensor, max_len: int) -> tuple[torch.Tensor, dict[str, Any]]:
     """(attention_mask, kwargs) to give the model for packed rows through the varlen attention
     (`_varlen_causal_attention`): bounds [R + 1] int32 row boundaries on the model's GPU, max_len ≥
     the longest row. The mask is a placeholder (`_PLACEHOLDER_MASKS`)."""
-    mask = _PLACEHOLDER_MASKS.get(bounds.device)
-    if mask is None:
-        mask = _PLACEHOLDER_MASKS[bounds.device] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=bounds.device)
-    return mask, {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": max_len, "max_length_k": max_len}
+    return placeholder_mask(bounds.device), {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds,
+                                             "max_length_q": max_len, "max_length_k": max_len}
+
+
+def segment_inputs(q_bounds: torch.Tensor, k_bounds: torch.Tensor, kv_index: torch.Tensor
+                   ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(attention_mask, kwargs) for packed segments over gathered keys (`packing.SharedPackLayout`,
+    `_segment_attention`): the boundaries and the gather on the model's device (int32 boundaries
+    on a GPU for the varlen flash call; on the CPU one call per segment). Only this module's
+    attention function reads the kwargs (`shares_prefixes`)."""
+    dev = kv_index.device
+    bounds_dtype = torch.int32 if dev.type == "cuda" else torch.long
+    return placeholder_mask(dev), {
+        "cu_seq_lens_q": q_bounds.to(dev, bounds_dtype), "cu_seq_lens_k": k_bounds.to(dev, bounds_dtype),
+        "max_length_q": int(q_bounds.diff().max()), "max_length_k": int(k_bounds.diff().max()),
+        "agentq_kv_index": kv_index}
+
+
+def shares_prefixes(model: nn.Module) -> bool:
+    """Whether `model` attends through `_agentq_attention` (`align_model` installs it), the one
+    attention function that reads `segment_inputs`' gathered keys."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == ATTN_IMPL
 
 
 def _causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:

@@ -129,7 +129,7 @@ class RLTrainer:
             use_reference=float(cfg.algo.kl_coef) > 0, ref_path=self.init_path if resumed else None,
             activation_checkpointing=bool(t.activation_checkpointing), **build.learner_batching(cfg),
             grad_input=str(t.get("grad_input", "bf16")), temperature=build.learner_temperature(cfg),
-            cuda_graphs=bool(t.get("cuda_graphs", False)))
+            cuda_graphs=bool(t.get("cuda_graphs", False)), share_prefix=bool(t.get("share_prefix", True)))
 
     def _restore(self, state: TrainerState, ckpt: Path | None) -> int:
         """Optimizer and RNG states from a checkpoint; logs after it are cut (those steps are redone).

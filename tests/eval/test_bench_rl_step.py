@@ -8,13 +8,14 @@ from agentq.eval import bench_rl_step
 
 
 def test_parse_algo_variants():
-    actions = {"grad_input": "bf16", "head_tokens": "actions"}
+    actions = {"grad_input": "bf16", "head_tokens": "actions", "share_prefix": True}
     assert bench_rl_step.parse_algo("interq", "bf16") == ("interq", actions)
     assert bench_rl_step.parse_algo("interq", "int8") == ("interq", dict(actions, grad_input="int8"))
     assert bench_rl_step.parse_algo("interq+int8dx", "bf16") == ("interq", dict(actions, grad_input="int8"))
     assert bench_rl_step.parse_algo("bf16+allhead", "bf16") == ("bf16", dict(actions, head_tokens="all"))
-    assert bench_rl_step.parse_algo("interq+int8dx+allhead", "bf16") == ("interq", {"grad_input": "int8",
-                                                                                    "head_tokens": "all"})
+    assert bench_rl_step.parse_algo("interq+int8dx+allhead", "bf16") == ("interq", dict(
+        actions, grad_input="int8", head_tokens="all"))
+    assert bench_rl_step.parse_algo("bf16+noshare", "bf16") == ("bf16", dict(actions, share_prefix=False))
     with pytest.raises(SystemExit, match="unknown variant"):
         bench_rl_step.parse_algo("interq+fp4", "bf16")
 
@@ -24,6 +25,8 @@ def test_baselines_have_the_same_head():
     assert [bench_rl_step.baseline_of(e, ran) for e in ran] == ["bf16", "bf16", "bf16+allhead", "bf16+allhead"]
     assert bench_rl_step.baseline_of("interq+allhead", ["interq+allhead", "bf16"]) == "bf16"
     assert bench_rl_step.baseline_of("interq", ["interq"]) is None
+    ran = ["interq", "bf16", "interq+noshare", "bf16+noshare", "interq+allhead+noshare"]
+    assert [bench_rl_step.baseline_of(e, ran) for e in ran[2:]] == ["bf16+noshare", "bf16+noshare", "bf16"]
 
 
 def test_int8dx_entry_runs_beside_the_plain_one(tmp_path):
@@ -66,3 +69,21 @@ def test_activation_checkpointing_reaches_both_learners(tmp_path):
     assert rows["interq"]["peak_gib"] is None          # no CUDA peak on the CPU
     assert (tmp_path / "bench_rl_step_tiny_ckpt.json").exists()
     assert (tmp_path / "bench_rl_step_tiny_ckpt.png").read_bytes()[:4] == b"\x89PNG"      # --plot
+
+
+def test_noshare_entries_compute_every_prompt_and_are_compared_alike(tmp_path):
+    """Groups sharing a 40-token prompt, packed: the default computes it once per group, `+noshare`
+    per row; the same episodes, so the same mismatch, and each compared with bf16 alike."""
+    report = bench_rl_step.main(["--model", "tiny", "--device", "cpu", "--algos",
+                                 "interq,bf16,interq+noshare,bf16+noshare", "--episodes", "4", "--group", "2",
+                                 "--group-prompt", "--turns", "2", "--prompt", "40", "--obs", "8", "--new", "4",
+                                 "--warmup", "0", "--steps", "1", "--pack-tokens", "256", "--out", str(tmp_path)])
+    rows = report["results"]
+    assert [rows[a]["share_prefix"] for a in ("interq", "bf16", "interq+noshare", "bf16+noshare")] == \
+        [True, True, False, False]
+    assert report["speedup_bf16_over_interq_noshare"] == pytest.approx(
+        rows["bf16+noshare"]["step_s"] / rows["interq+noshare"]["step_s"])
+    assert report["speedup_shared_prefix_over_none_bf16"] == pytest.approx(
+        rows["bf16+noshare"]["step_s"] / rows["bf16"]["step_s"])
+    assert rows["interq"]["mismatch"]["k3"] == pytest.approx(rows["interq+noshare"]["mismatch"]["k3"], rel=1e-4)
+    assert (tmp_path / "bench_rl_step_tiny_shareab_groupprompt.json").exists()
