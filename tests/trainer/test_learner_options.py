@@ -1,6 +1,6 @@
 """Trainer keys that only configure the learner reach `Learner` (through the placement): here
-`trainer.grad_input`, the aligned linears' dX GEMM (default "bf16"), and `trainer.cuda_graphs`
-(default false)."""
+`trainer.grad_input`, the aligned linears' dX GEMM (default "bf16"), `trainer.cuda_graphs`
+(default false) and `trainer.share_prefix` (default true)."""
 import pytest
 import torch
 
@@ -35,3 +35,8 @@ def test_grad_input_key_reaches_the_learner(overrides, want):
 @pytest.mark.parametrize("overrides, want", [([], False), (["trainer.cuda_graphs=true"], True)])
 def test_cuda_graphs_key_reaches_the_learner(overrides, want):
     assert learner_kwargs(overrides)["cuda_graphs"] is want
+
+
+@pytest.mark.parametrize("overrides, want", [([], True), (["trainer.share_prefix=false"], False)])
+def test_share_prefix_key_reaches_the_learner(overrides, want):
+    assert learner_kwargs(overrides)["share_prefix"] is want
