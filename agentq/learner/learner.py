@@ -102,7 +102,7 @@ def scored_columns(scored: torch.Tensor, length: int) -> torch.Tensor:
 
 def packed_sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths: torch.Tensor,
                              temperature: float = 1.0, row_bounds: bool = True,
-                             scored: torch.Tensor | None = None, share_min: int = 0) -> torch.Tensor:
+                             scored: torch.Tensor | None = None) -> torch.Tensor:
     """`sequence_logprobs` of right-padded rows computed as one packed sequence (no padding).
 
     The rows' tokens are laid end to end; each keeps positions 0…n−1 and attends only to its own
@@ -116,16 +116,10 @@ def packed_sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths:
         model: the HF causal LM (aligned or not); input_ids: [R, L] right-padded rows (CPU or the
         model's device); lengths: [R] real tokens per row (CPU); temperature: as in
         `sequence_logprobs`; row_bounds: pass the boundaries (False: the mask alone; for tests);
-        scored: [R, L] bool (CPU), the tokens to score (None: all; see `sequence_logprobs`);
-        share_min: > 0: rows whose first share_min + 1 or more tokens agree compute them once
-        (`shared_prefix_packed_logprobs`), where the model attends through `qat`'s function.
+        scored: [R, L] bool (CPU), the tokens to score (None: all; see `sequence_logprobs`).
     Returns:
         [R, L] fp32 log-probs, 0 at each row's position 0, past its end and at unscored tokens.
     """
-    if share_min > 0 and row_bounds and shares_prefixes(model):
-        groups = shared_prefix_groups(input_ids, lengths.tolist(), share_min)
-        if groups:
-            return shared_prefix_packed_logprobs(model, input_ids, lengths, groups, temperature, scored)
     layout = PackLayout.of(lengths)
     device = next(model.parameters()).device
     ids = layout.pack(input_ids).to(device)
@@ -228,8 +222,7 @@ class Learner:
             micro_batch_size: trajectories per forward; activation_checkpointing: recompute each
                 decoder layer in backward (HF gradient checkpointing) to fit long contexts.
             temperature: the rollout sampler's; every log-prob (old, reference, training) is of
-                softmax(logits / T), the distribution the engine sampled from (top-k / top-p are
-                refused for training by `agentq.build.learner_temperature`).
+                softmax(logits / T), what the engine sampled from (`build.learner_temperature`).
             pack_tokens: None = micro-batches of `micro_batch_size` rows padded to their longest;
                 a number = sequence packing: micro-batches are packs of rows laid end to end, at
                 most this many tokens each (a longer row alone), no padding (`packing.py`).
@@ -263,6 +256,7 @@ class Learner:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(betas[0], betas[1]), weight_decay=weight_decay)
         self.grad_clip, self.version = grad_clip, 0
         self.graphs, self.graph_pool = {}, None     # CUDA-graph runners by (id(model), training); their memory
+        self.prefix_tokens: dict[str, int] = {}     # an update's packed row tokens, those shared prefixes saved
 
     def graph_runner(self, model: nn.Module, pack_tokens: int, train: bool) -> PackGraphs:
         """The CUDA-graph runner of `model`'s packed forward (training: with its backward), made at
@@ -356,6 +350,7 @@ class Learner:
             raise ValueError(f"old_logp_mode={old_logp_mode!r}; valid: {list(OLD_LOGP_MODES)}")
         sums: dict[str, float] = {}
         grad_norms = []
+        self.prefix_tokens = {"rows": 0, "saved": 0}
         for _ in range(epochs):
             perm = torch.randperm(n, generator=generator)
             for s in range(0, n, mb):
@@ -366,7 +361,13 @@ class Learner:
                 if norm is not None:
                     grad_norms.append(norm)
         self.version += 1
-        return {**update_summary(sums, grad_norms), **self.graph_stats()}
+        return {**update_summary(sums, grad_norms), **self.graph_stats(), **self.prefix_stats()}
+
+    def prefix_stats(self) -> dict[str, float]:
+        """The share of the last update's packed row tokens that shared prefixes did not compute
+        ({} when no pack looked for shared prefixes)."""
+        rows = self.prefix_tokens.get("rows", 0)
+        return {"prefix_tokens_saved_frac": self.prefix_tokens["saved"] / rows} if rows else {}
 
     def graph_stats(self) -> dict[str, int]:
         """Counts since the start, over all CUDA-graph runners ({} without graphs): replays, buckets
@@ -471,8 +472,23 @@ class Learner:
             if logp is not None:        # the head's filler positions (`graphs.padded_head_positions`) zeroed
                 rows = unpack_rows(layout, logp, input_ids.shape[1])
                 return rows if scored is None else rows * scored.to(rows.device, rows.dtype)
-        return packed_sequence_logprobs(model, input_ids, lengths, self.temperature, scored=scored,
-                                        share_min=plan.share_min)
+        groups = self.shared_prefixes(model, input_ids, lengths, plan)
+        if groups:
+            return shared_prefix_packed_logprobs(model, input_ids, lengths, groups, self.temperature, scored)
+        return packed_sequence_logprobs(model, input_ids, lengths, self.temperature, scored=scored)
+
+    def shared_prefixes(self, model: nn.Module, input_ids: torch.Tensor, lengths: torch.Tensor,
+                        plan: "MicroBatching") -> list[tuple[list[int], int]]:
+        """The groups of a pack's rows that compute their common prefix once (`packing.
+        shared_prefix_groups`; none unless `plan.share_min` and the model attends through `qat`'s
+        function), counted in `prefix_tokens` (the pack's row tokens, and those not computed)."""
+        if not plan.share_min or not shares_prefixes(model):
+            return []
+        groups = shared_prefix_groups(input_ids, lengths.tolist(), plan.share_min)
+        saved = sum((len(rows) - 1) * shared for rows, shared in groups)
+        for key, n in (("rows", int(lengths.sum())), ("saved", saved)):
+            self.prefix_tokens[key] = self.prefix_tokens.get(key, 0) + n
+        return groups
 
     # ------------------------------------------------------------------ weights out
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -189,3 +189,17 @@ def test_shared_prefix_on_cuda_bf16_matches_plain_packs(tiny_model_dir, vocab, s
     print(f"\n[cuda bf16 {spec}] shared vs plain packs: log-prob max|Δ|={d.max():.3e} mean={d.mean():.3e}; "
           f"gradient relative error {rel:.2e}")
     assert d.mean() < 1e-2 and d.max() < 0.1 and rel < 3e-2
+
+
+def test_update_reports_the_tokens_shared_prefixes_saved(tiny_model_dir, vocab):
+    """Two groups of 3 rows share 39 tokens each: (3 − 1) × 39 × 2 = 156 of the batch's 384 row
+    tokens (7 rows of 40 prompt tokens plus 8 per turn, 13 turns) are not computed."""
+    objective = make_objective("interq", clip_eps=0.2, dual_clip=10.0, kl_coef=0.0, loss_agg="token_mean")
+    summaries = []
+    for learner in learners(tiny_model_dir, "w8a8_kv8"):
+        batch = group_batch(vocab)
+        assert int(batch.attention_mask.sum()) == 384
+        learner.fill_old_and_ref(batch)
+        summaries.append(learner.update(batch.weighted(objective.prepare(batch)), objective))
+    assert summaries[0]["prefix_tokens_saved_frac"] == pytest.approx(156 / 384)
+    assert "prefix_tokens_saved_frac" not in summaries[1]
