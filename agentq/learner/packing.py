@@ -243,14 +243,14 @@ class SharedPackLayout:
         q_len: list[int] = []
         kv: list[torch.Tensor] = []
         pos: list[torch.Tensor] = []
-        owner: list[int] = []
+        owner: list[int] = []         # the row each segment's tokens come from
         start = 0
 
         def segment(row: int, first: int, end: int, keys: torch.Tensor) -> None:
             q_len.append(end - first)
             kv.append(keys)
             pos.append(torch.arange(first, end))
-            owner.extend([row] * (end - first))
+            owner.append(row)
 
         grouped = set()
         for rows, shared in groups:
@@ -271,7 +271,8 @@ class SharedPackLayout:
                 start += n
         k_len = torch.tensor([k.numel() for k in kv], dtype=torch.long)
         positions = torch.cat(pos)
-        return cls(src=src, origin=torch.stack([torch.tensor(owner, dtype=torch.long), positions]),
+        rows_of_tokens = torch.repeat_interleave(torch.tensor(owner, dtype=torch.long), torch.tensor(q_len))
+        return cls(src=src, origin=torch.stack([rows_of_tokens, positions]),
                    lengths=torch.tensor(lens, dtype=torch.long),
                    q_bounds=torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(q_len).cumsum(0)]),
                    k_bounds=torch.cat([torch.zeros(1, dtype=torch.long), k_len.cumsum(0)]),
