@@ -30,7 +30,8 @@ from agentq.algos.objective import Objective
 from agentq.kernels.quant_spec import QuantSpec
 
 from .batch import PolicyBatch
-from .learner import Learner, update_summary
+from .learner import Learner, prefix_stats, update_summary
+from .packing import token_order
 
 
 class RankLearner(Learner):
@@ -65,7 +66,8 @@ class RankLearner(Learner):
 
     # -------------------------------------------------------------- hooks of Learner
     def local_rows(self, minib: PolicyBatch) -> torch.Tensor:
-        return shard_rows(minib.attention_mask.sum(1), self.rank, self.world_size)
+        return shard_rows(minib.attention_mask.sum(1), self.rank, self.world_size,
+                          minib.input_ids if self.train_batching.share_min else None)
 
     def reduce_grads(self) -> None:
         """Sum every parameter's gradient over the ranks (one flat buffer, one all-reduce). A rank
@@ -86,17 +88,19 @@ class RankLearner(Learner):
         return self.logprobs(part), (self.logprobs(part, self.ref) if self.ref is not None else None)
 
     def update_minibatches(self, batch: PolicyBatch, objective: Objective,
-                           plan: list[torch.Tensor]) -> tuple[dict[str, float], list[float]]:
+                           plan: list[torch.Tensor]) -> tuple[dict[str, float], list[float], dict[str, int]]:
         """One optimizer step per minibatch of the plan (row indices into `batch`). Returns this
-        rank's share of the loss statistics (the driver sums them) and the gradient norms."""
+        rank's share of the loss statistics (the driver sums them), the gradient norms, and its
+        packed row tokens and those shared prefixes saved (`Learner.prefix_tokens`)."""
         sums: dict[str, float] = {}
         norms = []
+        self.prefix_tokens = {"rows": 0, "saved": 0}
         for idx in plan:
             norm = self.minibatch_step(batch.index(idx), objective, sums)
             if norm is not None:
                 norms.append(norm)
         self.version += 1
-        return sums, norms
+        return sums, norms, self.prefix_tokens
 
     def reduced_gradient(self, minib: PolicyBatch, objective: Objective) -> torch.Tensor:
         """The minibatch's summed gradient, flattened (no optimizer step): for tests and checks."""
@@ -117,11 +121,21 @@ class RankLearner(Learner):
             dist.destroy_process_group()
 
 
-def shard_rows(lengths: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """Rank `rank`'s rows: every world_size-th row in order of length, so the ranks get about the
-    same number of tokens; the shards of all ranks partition the rows."""
-    order = torch.argsort(lengths, descending=True, stable=True)
-    return order[rank::world_size]
+def shard_rows(lengths: torch.Tensor, rank: int, world_size: int,
+               input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Rank `rank`'s rows; the shards of all ranks partition the rows, each with about the same
+    number of tokens. By default every world_size-th row in order of length. With `input_ids`
+    (the learners share prefixes, `Learner(share_prefix=True)`), consecutive runs of the rows in
+    token order (`packing.token_order`), split where the running token count crosses a multiple
+    of total / world_size: rows sharing a prefix stay on one rank, but at a run's edge."""
+    if input_ids is None:
+        order = torch.argsort(lengths, descending=True, stable=True)
+        return order[rank::world_size]
+    sorted_rows = torch.tensor(token_order(input_ids, lengths.tolist()), dtype=torch.long)
+    n = lengths[sorted_rows].double()
+    middle = torch.cumsum(n, 0) - n / 2          # each row's token midpoint on the shared axis
+    owner = (middle * world_size / max(float(n.sum()), 1.0)).long().clamp(max=world_size - 1)
+    return sorted_rows[owner == rank]
 
 
 def flat_grad(model: torch.nn.Module) -> torch.Tensor:
@@ -181,13 +195,18 @@ class DataParallelLearner:
         self.opt = _RemoteOptimizer(self)
         self.world_size = world_size
         self.version = 0
+        # the ranks share prefixes in their packs: rows sharing one then go to the same rank
+        self.share = bool(learner_kw.get("share_prefix", True)) and not learner_kw.get("cuda_graphs", False) and any(
+            learner_kw.get(k) for k in ("pack_tokens", "logprob_pack_tokens"))
+        self.prefix_tokens: dict[str, int] = {}
 
     def _get(self, refs):
         return self._ray.get(refs, timeout=self.timeout_s)
 
     def fill_old_and_ref(self, batch: PolicyBatch) -> None:
         ref = self._ray.put(batch)
-        shards = [shard_rows(batch.attention_mask.sum(1), r, self.world_size) for r in range(self.world_size)]
+        shards = [shard_rows(batch.attention_mask.sum(1), r, self.world_size, batch.input_ids if self.share else None)
+                  for r in range(self.world_size)]
         outs = self._get([rank.logprobs_rows.remote(ref, rows) for rank, rows in zip(self.ranks, shards)])
         old_logp = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         ref_logp = torch.zeros_like(old_logp) if outs[0][1] is not None else None
@@ -220,11 +239,12 @@ class DataParallelLearner:
         ref = self._ray.put(batch)
         outs = self._get([r.update_minibatches.remote(ref, objective, plan) for r in self.ranks])
         sums: dict[str, float] = {}
-        for part, _ in outs:
+        for part, _, _ in outs:
             for k, v in part.items():
                 sums[k] = sums.get(k, 0.0) + v
         self.version += 1
-        return update_summary(sums, outs[0][1])
+        self.prefix_tokens = {k: sum(tokens.get(k, 0) for _, _, tokens in outs) for k in ("rows", "saved")}
+        return {**update_summary(sums, outs[0][1]), **prefix_stats(self.prefix_tokens)}
 
     def reduced_gradients(self, minib: PolicyBatch, objective: Objective) -> list[torch.Tensor]:
         """Every rank's summed minibatch gradient (flat; equal across ranks), no optimizer step."""

@@ -361,13 +361,7 @@ class Learner:
                 if norm is not None:
                     grad_norms.append(norm)
         self.version += 1
-        return {**update_summary(sums, grad_norms), **self.graph_stats(), **self.prefix_stats()}
-
-    def prefix_stats(self) -> dict[str, float]:
-        """The share of the last update's packed row tokens that shared prefixes did not compute
-        ({} when no pack looked for shared prefixes)."""
-        rows = self.prefix_tokens.get("rows", 0)
-        return {"prefix_tokens_saved_frac": self.prefix_tokens["saved"] / rows} if rows else {}
+        return {**update_summary(sums, grad_norms), **self.graph_stats(), **prefix_stats(self.prefix_tokens)}
 
     def graph_stats(self) -> dict[str, int]:
         """Counts since the start, over all CUDA-graph runners ({} without graphs): replays, buckets
@@ -509,6 +503,13 @@ class Learner:
 #: `Learner.update`'s bypass hook: (micro-batch rows in the minibatch, CPU micro-batch, its log-probs
 #: with grad) → the micro-batch with old_logp and the objective's weights attached
 WeighMicro = Callable[[torch.Tensor, PolicyBatch, torch.Tensor], PolicyBatch]
+
+
+def prefix_stats(tokens: dict[str, int]) -> dict[str, float]:
+    """An update's {"rows": packed row tokens, "saved": those shared prefixes did not compute} as
+    its metric `prefix_tokens_saved_frac` ({} when no pack looked for shared prefixes)."""
+    rows = tokens.get("rows", 0)
+    return {"prefix_tokens_saved_frac": tokens.get("saved", 0) / rows} if rows else {}
 
 
 def check_scoring(temperature: float, head_tokens: str) -> tuple[float, str]:

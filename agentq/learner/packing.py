@@ -133,6 +133,13 @@ def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(differ[0]) if differ.numel() else n
 
 
+def token_order(input_ids: torch.Tensor, lengths: Sequence[int]) -> list[int]:
+    """Row indices sorted by the rows' tokens (lexicographically, ties by index): rows with long
+    common prefixes are neighbours."""
+    lens = [int(n) for n in lengths]
+    return sorted(range(len(lens)), key=lambda r: input_ids[r, :lens[r]].tolist())
+
+
 def shared_prefix_groups(input_ids: torch.Tensor, lengths: Sequence[int], min_tokens: int = MIN_SHARED_TOKENS,
                          max_group: int = 64) -> list[tuple[list[int], int]]:
     """Groups of rows whose leading tokens agree, chosen to save the most forward tokens.
@@ -151,7 +158,7 @@ def shared_prefix_groups(input_ids: torch.Tensor, lengths: Sequence[int], min_to
         (≥ min_tokens; every row has at least one token after it).
     """
     lens = [int(n) for n in lengths]
-    order = sorted(range(len(lens)), key=lambda r: input_ids[r, :lens[r]].tolist())
+    order = token_order(input_ids, lens)
     rows = [input_ids[r, :lens[r]] for r in order]
     link = [common_prefix(rows[i], rows[i + 1]) for i in range(len(rows) - 1)]
     best = [0] * (len(rows) + 1)          # best[j]: most tokens saved over the first j sorted rows

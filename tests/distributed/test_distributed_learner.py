@@ -87,3 +87,57 @@ def test_two_gloo_ranks_give_the_one_process_gradient_and_step(ray_cluster, tiny
         assert len(st["state"]) == len(single.opt.state_dict()["state"])
     finally:
         dp.close()
+
+
+def test_prefix_sharing_shards_keep_a_group_on_one_rank():
+    """With the rows' tokens, shards are runs of the token-sorted rows balanced by tokens: two
+    groups of 3 rows (each sharing its first 5 tokens) and 2 loners over 2 ranks. The shards
+    partition the rows, and a group is cut only where a shard boundary falls inside it."""
+    ids = torch.zeros(8, 8, dtype=torch.long)
+    for r in range(8):
+        head = [1] * 5 if r in (0, 2, 4) else [2] * 5 if r in (1, 3, 5) else [r + 10] * 5
+        ids[r] = torch.tensor(head + [r, r, r])
+    lengths = torch.full((8,), 8)
+    parts = [shard_rows(lengths, r, 2, ids).tolist() for r in range(2)]
+    assert sorted(parts[0] + parts[1]) == list(range(8))
+    assert parts == [[0, 2, 4, 1], [3, 5, 6, 7]]       # token order: group 1s, group 2s, then rows 6, 7
+    # 32 tokens a rank: the boundary falls inside group 2 (row 1 on rank 0). With shorter loners
+    # it falls between the groups (rows' token midpoints 4, 12, 20 | 28 of 56):
+    lengths = torch.tensor([8, 8, 8, 8, 8, 8, 4, 4])
+    parts = [shard_rows(lengths, r, 2, ids).tolist() for r in range(2)]
+    assert parts == [[0, 2, 4], [1, 3, 5, 6, 7]]
+
+
+def test_two_ranks_sharing_prefixes_give_the_one_process_gradient(ray_cluster, tiny_model_dir):
+    """Packed learners computing shared prefixes once (`share_prefix`, the default): two groups of
+    3 rows sharing a 40-token prompt. The ranks take a group each (`shard_rows` by tokens), save
+    the same prefix tokens as one process, and sum to its gradient."""
+    g = torch.Generator().manual_seed(3)
+    n, L = 6, 64
+    ids = torch.randint(3, 100, (n, L), generator=g)
+    for r in range(n):
+        ids[r, :40] = ids[0 if r < 3 else 3, :40]
+    attn = torch.ones(n, L, dtype=torch.long)
+    mask = ((torch.arange(L) >= 40) & (torch.arange(L) % 6 < 3)).float().expand(n, L).clone()
+    seg = (mask.cumsum(1) > 0).long() * mask.long()
+    kw = dict(KW, use_reference=False, pack_tokens=400)
+    single = Learner(str(tiny_model_dir), SPEC, **kw)
+    dp = DataParallelLearner(str(tiny_model_dir), SPEC, 2, [{"num_cpus": 0.5}] * 2, timeout_s=300, threads=1, **kw)
+    try:
+        objective = make_objective("grpo", kl_coef=0.0)
+        batches = [PolicyBatch(ids, attn, mask, seg, -2.0 * mask, torch.tensor([1.0, -1.0, 0.5, -0.5, 0.2, -0.2]))
+                   for _ in range(2)]
+        single.fill_old_and_ref(batches[0])
+        dp.fill_old_and_ref(batches[1])
+        assert (batches[0].old_logp - batches[1].old_logp).abs().max() < 1e-5
+        b1, b2 = (b.weighted(objective.prepare(b)) for b in (batches[0], batches[0]))
+        single.accumulate_grads(b1, objective, {})
+        want = flat_grad(single.model)
+        got = dp.reduced_gradients(b2, objective)[0]
+        assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+        s1 = single.update(b1, objective, generator=torch.Generator().manual_seed(7))
+        s2 = dp.update(b2, objective, generator=torch.Generator().manual_seed(7))
+        # (3 − 1) × 39 tokens per group, of 6 × 64
+        assert s1["prefix_tokens_saved_frac"] == s2["prefix_tokens_saved_frac"] == pytest.approx(156 / 384)
+    finally:
+        dp.close()
