@@ -147,9 +147,8 @@ def _agentq_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     bounds = kwargs.get("cu_seq_lens_q")
     kv_index = kwargs.get("agentq_kv_index")
     if kv_index is not None:                          # packed segments, some continuing a shared prefix
-        return _segment_attention(query, key.index_select(2, kv_index), value.index_select(2, kv_index),
-                                  kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"], kwargs["max_length_q"],
-                                  kwargs["max_length_k"], scale), None
+        return _segment_attention(query, key, value, kv_index, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
+                                  kwargs["max_length_q"], kwargs["max_length_k"], scale), None
     if bounds is not None and b == 1 and t == l:      # packed rows: attention within each row only
         if torch.is_tensor(bounds) and bounds.is_cuda:
             return _varlen_causal_attention(query, key, value, bounds, int(kwargs["max_length_q"]), scale), None
@@ -180,23 +179,26 @@ def _varlen_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torc
     return out.unsqueeze(0)
 
 
-def _segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_bounds: torch.Tensor,
-                       k_bounds: torch.Tensor, max_q: int, max_k: int, scale: float) -> torch.Tensor:
-    """Attention of packed segments over their gathered keys (`packing.SharedPackLayout`): query
-    [1, Hq, T, D], key/value [1, Hkv, Tk, D] (each segment's keys, a row segment's being its
-    shared prefix's then its own), q_bounds / k_bounds [S + 1]. Each segment's queries are the
-    last of its keys and attend causally (query i of n sees the first Tk_s − n + i + 1 keys). One
-    varlen flash call with the boundaries on CUDA in bf16/fp16, else one call per segment.
-    Returns [1, T, Hq, D]."""
+def _segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_index: torch.Tensor,
+                       q_bounds: torch.Tensor, k_bounds: torch.Tensor, max_q: int, max_k: int,
+                       scale: float) -> torch.Tensor:
+    """Attention of packed segments over gathered keys (`packing.SharedPackLayout`): query
+    [1, Hq, T, D], key/value [1, Hkv, T, D], kv_index [Tk] (each segment's keys by packed
+    position, a row segment's being its shared prefix's then its own), q_bounds / k_bounds
+    [S + 1]. Each segment's queries are the last of its keys and attend causally (query i of n
+    sees the first Tk_s − n + i + 1 keys). One varlen flash call with the boundaries on CUDA in
+    bf16/fp16, else one call per segment. Returns [1, T, Hq, D]."""
     if torch.is_tensor(q_bounds) and q_bounds.is_cuda:
         if not _fused_causal_ok(query):
             raise ValueError("varlen attention (segment boundaries on the GPU) needs a CUDA bf16/fp16 model; "
                              f"got {query.dtype} on {query.device}")
-        q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))      # [T, H, D]
+        q = query[0].transpose(0, 1).contiguous()                                       # [T, Hq, D]
+        k, v = (x[0].transpose(0, 1).index_select(0, kv_index) for x in (key, value))   # [Tk, Hkv, D], gathered
         # flash attention aligns a causal mask to the bottom right when a segment has more keys than queries
         out = torch.ops.aten._flash_attention_forward(q, k, v, q_bounds, k_bounds, int(max_q), int(max_k), 0.0,
                                                       True, False, scale=scale)[0]
         return out.unsqueeze(0)
+    key, value = key.index_select(2, kv_index), value.index_select(2, kv_index)
     qc, kc = q_bounds.tolist(), k_bounds.tolist()
     out = torch.cat([_causal_attention(query[:, :, qs:qe], key[:, :, ks:ke], value[:, :, ks:ke], scale)
                      for qs, qe, ks, ke in zip(qc[:-1], qc[1:], kc[:-1], kc[1:]) if qe > qs], dim=2)
