@@ -260,7 +260,10 @@ def test_identical_new_contexts_prefill_once_and_play_as_if_each_had(tiny_model_
     shared = engine(tiny_model_dir, quant, sampler=sampler)
     plain = engine(tiny_model_dir, quant, sampler=sampler, share_prefill=False)
     a, b = _turns(shared, contexts), _turns(plain, contexts)
-    _same_results(a, b, tol=1e-5 if quant == "none" else 0.0)
+    # W8A8's int8 linears and the KV codes are exact in any batch, but the LM head stays an fp32
+    # GEMM, and some CPU BLAS kernels sum it in an order that depends on the rows in the call (one
+    # prefill of the group's context vs three): 1 ulp of the log-prob on an AMD EPYC, 0 on Xeons
+    _same_results(a, b, tol=1e-5 if quant == "none" else 2e-6)
     first_turn = 50 + 37
     later_turn = 4 * (1 + 3)                  # each row's last sampled token + 3 observation tokens
     assert plain.stats["prefill_tokens"] == 3 * 50 + 37 + later_turn
