@@ -203,3 +203,21 @@ def test_update_reports_the_tokens_shared_prefixes_saved(tiny_model_dir, vocab):
         summaries.append(learner.update(batch.weighted(objective.prepare(batch)), objective))
     assert summaries[0]["prefix_tokens_saved_frac"] == pytest.approx(156 / 384)
     assert "prefix_tokens_saved_frac" not in summaries[1]
+
+
+def test_identical_rows_and_a_row_that_prefixes_another(tiny_model_dir, vocab):
+    """Edge cases of the grouping: two identical rows (each keeps only its last token), and a row
+    that is the start of a longer one; the log-probs still equal plain packs'."""
+    g = torch.Generator().manual_seed(5)
+    base = torch.randint(3, vocab, (60,), generator=g)
+    rows = [base, base.clone(), base[:45], torch.cat([base[:45], torch.randint(3, vocab, (10,), generator=g)])]
+    L = 60
+    ids, attn = torch.zeros(4, L, dtype=torch.long), torch.zeros(4, L, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], attn[i, :len(r)] = r, 1
+    act = attn.float() * (torch.arange(L) >= 40).float()
+    batch = PolicyBatch(ids, attn, act, act.long(), -act, torch.zeros(4))
+    assert shared_prefix_groups(ids, attn.sum(1).tolist()) == [([2, 3, 0, 1], 44)]
+    shared, plain = learners(tiny_model_dir, "w8a8_kv8")
+    a, b = shared.logprobs(batch, every_token=True), plain.logprobs(batch, every_token=True)
+    assert (a - b)[attn.bool()].abs().max() <= 1e-6 and torch.equal(a[0], a[1])
