@@ -154,7 +154,8 @@ def fill_old_and_ref_sharded(learner, batch, rank: int, device: str):
     """Every rank scores its rows; one all-reduce (SUM over disjoint rows) gives all ranks the batch's."""
     from agentq.learner.distributed import shard_rows
 
-    rows = shard_rows(batch.attention_mask.sum(1), rank, WORLD)
+    rows = shard_rows(batch.attention_mask.sum(1), rank, WORLD,
+                      batch.input_ids if learner.logprob_batching.share_min else None)
     old, ref = learner.logprobs_rows(batch, rows)
     full = torch.zeros((2, *batch.input_ids.shape), device=device)
     full[0, rows], full[1, rows] = old.to(device), ref.to(device)
@@ -199,7 +200,7 @@ def learner_phase(model, engine, parts, rank: int, args, report: dict) -> None:
     plan = [p for p in torch.randperm(batch.num_seqs, generator=torch.Generator().manual_seed(7)).split(args.minibatch)]
     sync(args)
     t = time.perf_counter()
-    _, norms = ranker.update_minibatches(batch, objective, plan)
+    _, norms, _ = ranker.update_minibatches(batch, objective, plan)
     sync(args)
     timings["update_s"] = time.perf_counter() - t
     params = torch.cat([p.detach().reshape(-1)[:4096].cpu() for p in ranker.model.parameters()])
