@@ -155,7 +155,7 @@ def fill_old_and_ref_sharded(learner, batch, rank: int, device: str):
     from agentq.learner.distributed import shard_rows
 
     rows = shard_rows(batch.attention_mask.sum(1), rank, WORLD,
-                      batch.input_ids if learner.logprob_batching.share_min else None)
+                      batch.input_ids if learner.logprob_batching.shares_prefixes else None)
     old, ref = learner.logprobs_rows(batch, rows)
     full = torch.zeros((2, *batch.input_ids.shape), device=device)
     full[0, rows], full[1, rows] = old.to(device), ref.to(device)

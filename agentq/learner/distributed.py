@@ -67,7 +67,11 @@ class RankLearner(Learner):
     # -------------------------------------------------------------- hooks of Learner
     def local_rows(self, minib: PolicyBatch) -> torch.Tensor:
         return shard_rows(minib.attention_mask.sum(1), self.rank, self.world_size,
-                          minib.input_ids if self.train_batching.share_min else None)
+                          minib.input_ids if self.train_batching.shares_prefixes else None)
+
+    def logprob_shards_share_prefixes(self) -> bool:
+        """Whether the no-grad passes' packs share prefixes, so their rows shard by tokens."""
+        return self.logprob_batching.shares_prefixes
 
     def reduce_grads(self) -> None:
         """Sum every parameter's gradient over the ranks (one flat buffer, one all-reduce). A rank
@@ -195,9 +199,8 @@ class DataParallelLearner:
         self.opt = _RemoteOptimizer(self)
         self.world_size = world_size
         self.version = 0
-        # the ranks share prefixes in their packs: rows sharing one then go to the same rank
-        self.share = bool(learner_kw.get("share_prefix", True)) and not learner_kw.get("cuda_graphs", False) and any(
-            learner_kw.get(k) for k in ("pack_tokens", "logprob_pack_tokens"))
+        # the ranks' no-grad packs share prefixes: rows sharing one then go to the same rank
+        self.share = bool(self._get(self.ranks[0].logprob_shards_share_prefixes.remote()))
         self.prefix_tokens: dict[str, int] = {}
 
     def _get(self, refs):

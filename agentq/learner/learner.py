@@ -673,6 +673,11 @@ class MicroBatching:
     #: > 0: packs keep rows sharing at least this many leading tokens together and compute them once
     share_min: int = 0
 
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether its packs compute shared prefixes once (packing on, `share_min` > 0)."""
+        return bool(self.share_min) and self.pack_tokens is not None
+
     def groups(self, lengths: torch.Tensor, input_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Args:
             lengths: [B] real tokens per row; input_ids: [B, L] the rows (CPU), which packs
@@ -682,7 +687,7 @@ class MicroBatching:
         """
         if self.pack_tokens is None:
             return length_sorted_chunks(lengths, self.rows)
-        if self.share_min and input_ids is not None:
+        if self.shares_prefixes and input_ids is not None:
             packs = plan_shared_packs(input_ids, lengths.tolist(), self.pack_tokens, self.share_min)
         else:
             packs = plan_packs(lengths.tolist(), self.pack_tokens)

@@ -263,14 +263,15 @@ class SharedPackLayout:
         for rows, shared in groups:
             head = torch.arange(start, start + shared)
             segment(rows[0], 0, shared, head)
-            for i, r in enumerate(rows):
-                own = start + shared + sum(lens[x] - shared for x in rows[:i])
+            first, start = start + shared, start + shared     # the group's first row segment; the next
+            for r in rows:
+                own = torch.arange(start, start + lens[r] - shared)
                 src[r, :shared] = head
-                src[r, shared] = start + shared          # the group's first row segment
-                src[r, shared + 1:lens[r]] = torch.arange(own + 1, own + lens[r] - shared)
-                segment(r, shared, lens[r], torch.cat([head, torch.arange(own, own + lens[r] - shared)]))
+                src[r, shared] = first
+                src[r, shared + 1:lens[r]] = own[1:]
+                segment(r, shared, lens[r], torch.cat([head, own]))
                 grouped.add(r)
-            start += shared + sum(lens[r] - shared for r in rows)
+                start += lens[r] - shared
         for r, n in enumerate(lens):
             if r not in grouped:
                 src[r, :n] = torch.arange(start, start + n)
