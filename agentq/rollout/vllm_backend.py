@@ -274,7 +274,7 @@ def int8_linears_on_cpu(dtype: torch.dtype, cpu: bool) -> Iterator[list[str]]:
     saved = {"check_cpu_sgl_kernel": mod.check_cpu_sgl_kernel, "onednn": cls.process_weights_for_onednn}
     if dtype == torch.float32:
         original = saved["check_cpu_sgl_kernel"]
-        mod.check_cpu_sgl_kernel = lambda n, k, w_dtype: w_dtype != torch.int8 and original(n, k, w_dtype)
+        setattr(mod, "check_cpu_sgl_kernel", lambda n, k, w_dtype: w_dtype != torch.int8 and original(n, k, w_dtype))
         changed.append("oneDNN, not AMX")
     if not onednn_int8_gemm_is_exact():
         onednn = saved["onednn"]
@@ -292,7 +292,7 @@ def int8_linears_on_cpu(dtype: torch.dtype, cpu: bool) -> Iterator[list[str]]:
     try:
         yield changed
     finally:
-        mod.check_cpu_sgl_kernel = saved["check_cpu_sgl_kernel"]
+        setattr(mod, "check_cpu_sgl_kernel", saved["check_cpu_sgl_kernel"])
         cls.process_weights_for_onednn = saved["onednn"]
 
 
