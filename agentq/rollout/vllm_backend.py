@@ -232,19 +232,15 @@ def onednn_int8_gemm_is_exact() -> bool:
 
 def _exact_int8_linear(kernel: Any, layer: torch.nn.Module, x: torch.Tensor,
                        bias: torch.Tensor | None = None) -> torch.Tensor:
-    """vLLM's dynamic per-token int8 activation quantization, then agentq's exact CPU integer GEMM
-    (`kernels.cpu_gemm`: the same int32 sums oneDNN gives where it is right), scaled per token and
-    per channel."""
+    """vLLM's dynamic per-token int8 activation quantization, then the torch engine's W8A8 GEMM and
+    epilogue (`kernels.quant`: exact int32 sums on every CPU, the ones oneDNN gives where it is
+    right; then · s_x · s_w in fp32)."""
     from vllm import _custom_ops as ops
-
-    from agentq.kernels import cpu_gemm
 
     w_q, w_s, _, _, _ = kernel._get_layer_params(layer)
     rows = x.reshape(-1, x.shape[-1])
     x_q, x_s, _ = ops.onednn_scaled_int8_quant(rows, None, None, True)
-    out = cpu_gemm.int8_matmul_as_float(x_q, w_q).mul_(x_s.view(-1, 1)).mul_(w_s.view(1, -1)).to(x.dtype)
-    if bias is not None:
-        out += bias
+    out = quant.w8a8_epilogue(quant.int8_matmul(x_q, w_q), x_s.view(-1), w_s.view(-1), bias, x.dtype)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 

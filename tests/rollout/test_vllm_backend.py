@@ -200,7 +200,8 @@ def test_the_onednn_int8_probe_agrees_with_another_full_range_gemm():
 def test_the_exact_int8_linear_gives_integer_exact_outputs_in_a_real_vllm_kernel(monkeypatch):
     """The replacement path, forced on whatever CPU runs this: vLLM's own kernel object and weight
     processing, agentq's exact GEMM; outputs equal the exactly computed W8A8 product (fp32 rounding
-    of the two scale multiplies only), and the class is restored after."""
+    of the two scale multiplies only) and the torch engine's epilogue bit for bit, and the class is
+    restored after."""
     import vllm.model_executor.kernels.linear.scaled_mm.cpu as cpu_mm
     from vllm import _custom_ops as ops
     from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import Int8ScaledMMLinearLayerConfig
@@ -225,9 +226,13 @@ def test_the_exact_int8_linear_gives_integer_exact_outputs_in_a_real_vllm_kernel
     x = torch.randn(2, 5, 320, generator=g)
     out = kernel.apply_weights(layer, x)
     x_q, x_s, _ = ops.onednn_scaled_int8_quant(x.reshape(10, 320), None, None, True)
-    exact = (x_q.double() @ layer.weight.double().t()) * x_s.double().view(-1, 1) * layer.weight_scale.double().view(1, -1)
+    w_q, w_s = layer.weight, layer.weight_scale.view(-1)
+    exact = (x_q.double() @ w_q.double().t()) * x_s.double().view(-1, 1) * w_s.double().view(1, -1)
     assert out.shape == (2, 5, 48)
     torch.testing.assert_close(out.reshape(10, 48).double(), exact, rtol=3e-7, atol=0)
+    # bit for bit the torch engine's epilogue over the float64 reference's integer sums
+    assert torch.equal(out.reshape(10, 48), quant.w8a8_epilogue(quant.int8_matmul_ref(x_q, w_q), x_s.view(-1), w_s,
+                                                                None, torch.float32))
 
 
 def test_modules_vllm_cannot_scan_are_hidden_during_the_start_and_restored():
