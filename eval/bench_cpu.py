@@ -1,7 +1,8 @@
 """CPU benchmark of the default run (`agentq pipeline`'s sizes): one RL step and a held-out eval,
 with the CPU int8 GEMM dispatch off (`torch._int_mm`, what torch does) and on (the path
-`cpu_int_gemm=auto` picks on this CPU), side by side in one process, printing the CPU capability,
-the chosen path, a table and a JSON file.
+`cpu_int_gemm=auto` picks on this CPU), and without quantization (`algo=bf16`: full-precision
+rollouts and learner, fp32 on a CPU), side by side in one process, printing the CPU capability,
+the chosen path, a table and a JSON file. The last arm says what quantization costs on this CPU.
 
     python -m agentq.eval.bench_cpu                          # this CPU as it is
     python -m agentq.eval.bench_cpu --emulate-no-vnni        # as on an AVX2-only CPU (see below)
@@ -28,6 +29,8 @@ from pathlib import Path
 import torch
 
 
+UNQUANTIZED = "unquantized (algo=bf16)"
+TIMES = ("step_time_s", "rollout_time_s", "train_time_s", "eval_time_s")
 #: (M, K, N) the issue measured on an AVX2-only Zen 3: decode batch, learner micro-batch, long prefill
 GEMM_SHAPES = [(32, 256, 768), (256, 256, 768), (1024, 256, 512)]
 
@@ -70,6 +73,7 @@ def rl_arm(cfg, path: str, sft_ckpt: str, out: Path, eval_episodes: int, profile
 
     c = cfg.copy()
     OmegaConf.update(c, "trainer.out_dir", str(out))
+    OmegaConf.update(c, "trainer.overwrite", True)          # the arm's folder is this benchmark's scratch
     OmegaConf.update(c, "cpu_int_gemm", path)
     trainer = RLTrainer(c, init_path=sft_ckpt)
     try:
@@ -97,7 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--eval-episodes", type=int, default=200, help="held-out episodes per arm (0: none)")
     ap.add_argument("--work", default="runs/bench_cpu", help="SFT checkpoint cache and outputs")
     ap.add_argument("--profile", default=None, help="write a torch profiler table of the 'on' arm's RL step here")
-    ap.add_argument("--arms", default="off,on", help="which arms to run: off (int_mm), on (the chosen path)")
+    ap.add_argument("--arms", default="off,on,bf16",
+                    help="which arms to run: off (int_mm), on (the chosen path), bf16 (algo=bf16: no quantization)")
     ap.add_argument("overrides", nargs="*", help="pipeline config overrides (key=value)")
     a = ap.parse_args(argv)
     if a.emulate_no_vnni:
@@ -120,12 +125,16 @@ def main(argv: list[str] | None = None) -> dict:
     for label, path in arms.items():
         prof = Path(a.profile) if a.profile and path == chosen else None
         results[label] = {"path": path, **rl_arm(cfg, path, sft_ckpt, work / path, a.eval_episodes, prof)}
-    off, on = results.get("off (int_mm)"), results.get(f"on ({chosen})")
-    ratios = {k: off[k] / max(on[k], 1e-9) for k in ("step_time_s", "rollout_time_s", "train_time_s", "eval_time_s")
-              if off and on and on[k] > 0}
+    if "bf16" in a.arms.split(","):
+        full = load_config(["device=cpu", "algo=bf16", *a.overrides], config_name="pipeline")
+        results[UNQUANTIZED] = {"path": None, **rl_arm(full, chosen, sft_ckpt, work / "bf16", a.eval_episodes, None)}
+    off, on, bf16 = results.get("off (int_mm)"), results.get(f"on ({chosen})"), results.get(UNQUANTIZED)
+    ratios = {k: off[k] / max(on[k], 1e-9) for k in TIMES if off and on and on[k] > 0}
+    cost = {k: on[k] / max(bf16[k], 1e-9) for k in TIMES if on and bf16 and bf16[k] > 0}
     out = {"cpu_capability": info["cpu_capability"], "onednn_int8": info["onednn_int8"],
            "emulated_no_vnni": a.emulate_no_vnni, "chosen_path": chosen, "probe_ms": info.get("probe_ms"),
            "torch_threads": torch.get_num_threads(), "gemm_ms_1_thread": gemm, "arms": results, "speedup_off_over_on": ratios,
+           "quantized_over_unquantized": cost,
            "same_bits": off["check"] == on["check"] if off and on else None}
     work.mkdir(parents=True, exist_ok=True)
     (work / "bench_cpu.json").write_text(json.dumps(out, indent=2))
@@ -145,12 +154,16 @@ def print_table(r: dict) -> None:
     arms = list(r["arms"].values())
     t.add_column("")
     for label in r["arms"]:
-        t.add_column(f"dispatch {label}")
+        t.add_column(label if label == UNQUANTIZED else f"dispatch {label}")
     t.add_column("off / on")
-    for k, name in (("step_time_s", "RL step (s)"), ("rollout_time_s", "  rollout (s)"),
-                    ("train_time_s", "  learner (s)"), ("eval_time_s", f"eval, {arms[0]['eval_episodes']} episodes (s)")):
+    cost = r.get("quantized_over_unquantized") or {}
+    if cost:
+        t.add_column("on / unquantized")
+    for k, name in zip(TIMES, ("RL step (s)", "  rollout (s)", "  learner (s)",
+                               f"eval, {arms[0]['eval_episodes']} episodes (s)")):
         ratio = r["speedup_off_over_on"].get(k)
-        t.add_row(name, *(f"{x[k]:.1f}" for x in arms), f"{ratio:.2f}×" if ratio else "–")
+        cells = [f"{x[k]:.1f}" for x in arms] + [f"{ratio:.2f}×" if ratio else "–"]
+        t.add_row(name, *cells, *([f"{cost[k]:.2f}×" if k in cost else "–"] if cost else []))
     Console().print(t)
     g = Table(title="int8 GEMM, ms, 1 thread (best of 5)")
     for col in ("(M, K, N)", *(p for p in r["gemm_ms_1_thread"][0] if p != "shape"), "int_mm / fp32"):

@@ -167,6 +167,16 @@ def _has_vnni() -> bool:
         return False
 
 
+def weight_code_dtype(device: torch.device | str, compute_dtype: torch.dtype = torch.float32) -> torch.dtype:
+    """The dtype to hold int8 weight codes in: fp32 for fp32 compute on a CPU whose path is
+    ``fp32`` (the codes are small integers, exact in fp32, and that path would otherwise cast every
+    int8 weight to fp32 at every call: the largest cost of quantized rollouts on such a CPU), else
+    int8 (half-precision compute may run the Triton kernels, which take int8 codes). The torch
+    path takes either (`int8_matmul_as_float`); only the memory and the casts differ."""
+    fp32_path = torch.device(device).type == "cpu" and compute_dtype == torch.float32 and current_path() == "fp32"
+    return torch.float32 if fp32_path else torch.int8
+
+
 def int8_matmul(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
     """X_q[M,K] int8 · W_q[N,K]ᵀ int8 → int32 [M,N] on this process's CPU path."""
     return run_path(current_path(), x_q, w_q)

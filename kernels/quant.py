@@ -67,9 +67,12 @@ def quantize_scaled_rows(x: torch.Tensor, col_scale: torch.Tensor, floor: float,
 
 
 def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """dtype(float(codes) · scale[..., None]): the product in fp32, one rounding to `dtype`. One
-    kernel (mul with an `out` of `dtype` computes in fp32 and casts on store), same bits as
-    `(codes.float() * scale[..., None]).to(dtype)` without its two full-size fp32 temporaries."""
+    """dtype(float(codes) · scale[..., None]): the product in fp32, one rounding to `dtype`. On CUDA
+    one kernel (mul with an `out` of `dtype` computes in fp32 and casts on store), without the two
+    full-size fp32 temporaries of `(codes.float() * scale[..., None]).to(dtype)`; on a CPU that
+    expression itself, the same bits, which runs 1.5× faster there than the mixed-type `out`."""
+    if codes.device.type == "cpu":
+        return torch.mul(codes.float(), scale.unsqueeze(-1)).to(dtype)   # out of place: fp32 codes stay
     return torch.mul(codes, scale.unsqueeze(-1), out=torch.empty(codes.shape, dtype=dtype, device=codes.device))
 
 

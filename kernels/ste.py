@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from . import quant
+from . import cpu_gemm, quant
 from ._interp import HAVE_TRITON
 from .grad_mode import records_graph
 from .quant_spec import QuantSpec
@@ -132,6 +132,8 @@ class WeightCache:
         if key != self.key:
             rows = ws[0].detach() if len(ws) == 1 else torch.cat([t.detach() for t in ws])
             w_q, s_w = quantize_rows(rows, spec.weight_scale_floor, spec.weight_rounding, backend)
+            if not triton_path(rows, backend):      # fp32 codes on the CPU's fp32 path: cast once, not per call
+                w_q = w_q.to(cpu_gemm.weight_code_dtype(w_q.device, rows.dtype))
             if self.pinned and self.w_q is not None:
                 self._rewrite(w_q, s_w, backend)
             else:

@@ -88,6 +88,43 @@ def test_linears_are_bit_identical_on_every_path(path):
         assert torch.equal(a, r)
 
 
+def test_weight_codes_are_held_in_fp32_only_for_fp32_compute_on_the_fp32_path():
+    """Codes in fp32 (exact integers) where the fp32 emulation would cast int8 codes at every call;
+    int8 elsewhere (int_mm, fp64, half-precision compute that may run Triton, CUDA); the learner's
+    weight cache follows it and keeps int8 for the Triton path; the linear's bits do not move."""
+    expect = {"fp32": torch.float32, "int_mm": torch.int8, "fp64": torch.int8}
+    w = torch.randn(24, 40, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(5, 40, generator=torch.Generator().manual_seed(5))
+    outs = []
+    for path, dtype in expect.items():
+        with cpu_gemm.use_path(path):
+            assert cpu_gemm.weight_code_dtype("cpu") == cpu_gemm.weight_code_dtype("cpu", torch.float32) == dtype
+            assert cpu_gemm.weight_code_dtype("cpu", torch.bfloat16) == torch.int8
+            assert cpu_gemm.weight_code_dtype("cuda") == torch.int8
+            cache = ste.WeightCache()
+            w_q, s_w = cache.get(w, SPEC, backend="torch")
+            assert w_q.dtype == dtype and torch.equal(w_q, quant.quantize_weight(w, SPEC)[0].to(dtype))
+            outs.append(ste.w8a8_linear_ste(x, w, None, SPEC, cache=cache, backend="torch"))
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+
+
+def test_the_cpu_engine_holds_fp32_codes_on_the_fp32_path_with_the_same_bits(tiny_model_dir):
+    """An fp32 W8A8 engine built on the fp32 path holds its weight codes in fp32, one built on the
+    int_mm path in int8; both play the same tokens with the same log-probs."""
+    from agentq.rollout import SamplingParams, TurnRequest
+    from agentq.rollout.torch_engine.engine import TorchEngine
+
+    ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(20 + 9 * i)] for i in range(3)]
+    played = {}
+    for path, dtype in (("fp32", torch.float32), ("int_mm", torch.int8)):
+        with cpu_gemm.use_path(path):
+            eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=4, max_len=128)
+            assert eng.model.decoder_layers[0].gate_up_proj.w_q.dtype == dtype
+            res = eng.generate([TurnRequest(i, c, SamplingParams(max_new_tokens=8), seed=i) for i, c in enumerate(ctxs)])
+            played[path] = [(r.token_ids, r.logprobs) for r in res]
+    assert played["fp32"] == played["int_mm"]
+
+
 def test_choice_env_var_config_and_errors(monkeypatch):
     saved = dict(cpu_gemm._chosen)
     try:
@@ -132,7 +169,9 @@ def test_cpu_benchmark_tables(capsys):
     bench_cpu.print_table({"cpu_capability": "AVX2", "onednn_int8": False, "emulated_no_vnni": True,
                            "chosen_path": "fp32", "probe_ms": {"int_mm": 9.0, "fp32": 0.4, "fp64": 0.8},
                            "gemm_ms_1_thread": rows, "same_bits": True,
-                           "arms": {"off (int_mm)": arm, "on (fp32)": {**arm, "step_time_s": 10.0}},
-                           "speedup_off_over_on": {"step_time_s": 6.0}})
+                           "arms": {"off (int_mm)": arm, "on (fp32)": {**arm, "step_time_s": 10.0},
+                                    bench_cpu.UNQUANTIZED: {**arm, "step_time_s": 8.0}},
+                           "speedup_off_over_on": {"step_time_s": 6.0}, "quantized_over_unquantized": {"step_time_s": 1.25}})
     out = capsys.readouterr().out
     assert "6.00×" in out and "chosen path fp32" in out and "same episodes and update on both arms: True" in out
+    assert "1.25×" in out and "unquantized" in out and "8.0" in out

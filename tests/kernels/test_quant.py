@@ -55,6 +55,21 @@ def test_zero_rows_hit_the_scale_floor():
     assert torch.all(scale == SPEC.kv_scale_floor)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cpu_dequantize_gives_the_one_kernel_formula_bits_and_keeps_fp32_codes(dtype):
+    """On a CPU `dequantize_rows` computes (codes.float() · scale).to(dtype); it equals the
+    mixed-type mul with an `out` of `dtype` (the CUDA formula) bit for bit, from int8 codes or the
+    same codes held in fp32, and never writes into fp32 codes."""
+    g = torch.Generator().manual_seed(6)
+    codes = torch.randint(-128, 128, (3, 5, 64), dtype=torch.int8, generator=g)
+    scale = torch.rand(3, 5, generator=g) * 0.1
+    one_kernel = torch.mul(codes, scale.unsqueeze(-1), out=torch.empty(codes.shape, dtype=dtype))
+    held = codes.float()
+    for c in (codes, held):
+        assert torch.equal(quant.dequantize_rows(c, scale, dtype), one_kernel)
+    assert torch.equal(held, codes.float())
+
+
 def test_ste_linear_value_equals_engine_path_and_gradients_flow():
     torch.manual_seed(0)
     x = torch.randn(5, 2048, requires_grad=True)     # K > 1040: a float matmul of dequantized values is not exact

@@ -231,6 +231,50 @@ def test_prefill_writes_the_same_cache_with_and_without_padding(quant):
         assert torch.equal(full.k[0][4, :, 2], k[0, :, 2])
 
 
+@pytest.mark.parametrize("quant", ["none", "w8a8_kv8"])
+def test_cache_reads_are_views_for_consecutive_slots_and_gathers_otherwise(quant):
+    """`KVCache.read` on a CPU: consecutive slots come back as views of the cache (values) or
+    dequantized from views (codes), any other order through `index_select`; every way equals the
+    advanced-indexing reference, and the codes are left as they were."""
+    from agentq.rollout.torch_engine.kv_cache import KVCache
+
+    g = torch.Generator().manual_seed(1)
+    cache = KVCache(2, 6, 2, 16, 8, QuantSpec.preset(quant), torch.float32)
+    slots_all = torch.arange(6).repeat_interleave(16)
+    pos_all = torch.arange(16).repeat(6)
+    for layer in range(2):
+        kv = torch.randn(2, 96, 2, 8, generator=g)
+        cache.write(layer, slots_all, pos_all, kv[0], kv[1])
+    codes_before = [t.clone() for t in cache.k]
+
+    def reference(layer, slots, length):
+        k = cache.k[layer][slots, :, :length]
+        if quant == "none":
+            return k
+        return (k.float() * cache.k_scale[layer][slots, :, :length].unsqueeze(-1)).to(torch.float32)
+
+    for slots in ([1, 2, 3], [0, 1, 2, 3, 4, 5], [3], [4, 2, 0], [3, 2, 1], [0, 2, 3]):
+        st = torch.tensor(slots)
+        run = cache._run(st)
+        assert (run is not None) == (slots == list(range(slots[0], slots[0] + len(slots))))
+        for layer in range(2):
+            k, _ = cache.read(layer, st, 11)
+            assert torch.equal(k, reference(layer, st, 11)), (slots, layer)
+            if quant == "none":     # values: a view exactly when consecutive
+                assert (k.untyped_storage().data_ptr() == cache.k[layer].untyped_storage().data_ptr()) == (run is not None)
+    assert all(torch.equal(a, b) for a, b in zip(cache.k, codes_before))
+
+
+def test_episodes_take_the_lowest_free_slots(tiny_model_dir):
+    """A batch of episodes started together holds consecutive slots (read as views on a CPU), also
+    after earlier episodes released theirs in another order."""
+    eng = TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=6, max_len=64)
+    assert [eng._slot(e) for e in range(4)] == [0, 1, 2, 3]
+    for e in (2, 0, 3):
+        eng.release(e)
+    assert [eng._slot(e) for e in (10, 11, 12, 13)] == [0, 2, 3, 4]
+
+
 def _turns(eng, contexts: dict[int, list[int]], turns: int = 2):
     """Play `turns` turns of every episode (context + sampled tokens + 3 observation tokens each)."""
     sp = SamplingParams(max_new_tokens=6)

@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import heapq
 import time
 from typing import Any, Iterable, Literal, overload
 
@@ -86,7 +87,7 @@ class TorchEngine(RolloutBackend):
         self.policy_version = 0
         self._slot_of: dict[int, int] = {}          # episode id → slot
         self._cached: dict[int, list[int]] = {}     # slot → token ids whose K/V is in the cache
-        self._free = list(range(max_slots - 1, -1, -1))
+        self._free = list(range(max_slots))          # a min-heap: the lowest free slot first (`_slot`)
         self._generators: dict[int, torch.Generator] = {}
         self._seeds: dict[int, int] = {}            # episode id → counter-sampler seed
         self._scratch_id = 0
@@ -116,7 +117,7 @@ class TorchEngine(RolloutBackend):
         slot = self._slot_of.pop(episode_id, None)
         if slot is not None:
             self._cached.pop(slot, None)
-            self._free.append(slot)
+            heapq.heappush(self._free, slot)
         self._generators.pop(episode_id, None)
         self._seeds.pop(episode_id, None)
 
@@ -212,7 +213,9 @@ class TorchEngine(RolloutBackend):
             if not self._free:
                 raise RuntimeError(f"all {self.max_slots} KV slots are in use; release finished episodes "
                                    "or raise rollout.max_slots")
-            slot = self._free.pop()
+            # the lowest free slot: a batch of episodes started together reads consecutive slots,
+            # which the CPU cache reads as views (`KVCache.read`)
+            slot = heapq.heappop(self._free)
             self._slot_of[episode_id] = slot
             self._cached[slot] = []
         return self._slot_of[episode_id]

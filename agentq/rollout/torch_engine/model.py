@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from agentq.kernels import attention as attn_ops
-from agentq.kernels import int8_linear, quant
+from agentq.kernels import cpu_gemm, int8_linear, quant
 from agentq.kernels.quant import PartialSums
 from agentq.kernels.quant_spec import QuantSpec
 
@@ -65,7 +65,9 @@ class EngineLinear(nn.Module):
             o += n
         self.out_features = o
         if quantized:
-            self.register_buffer("w_q", torch.zeros(o, in_features, dtype=torch.int8, device=device))
+            # int8 codes; fp32 (the same integers) on a CPU whose int GEMM is the fp32 emulation
+            self.register_buffer("w_q", torch.zeros(o, in_features, dtype=cpu_gemm.weight_code_dtype(device, dtype),
+                                                    device=device))
             self.register_buffer("s_w", torch.ones(o, dtype=torch.float32, device=device))
         else:
             self.register_buffer("weight", torch.zeros(o, in_features, dtype=dtype, device=device))
