@@ -240,8 +240,27 @@ def _exact_int8_linear(kernel: Any, layer: torch.nn.Module, x: torch.Tensor,
     w_q, w_s, _, _, _ = kernel._get_layer_params(layer)
     rows = x.reshape(-1, x.shape[-1])
     x_q, x_s, _ = ops.onednn_scaled_int8_quant(rows, None, None, True)
-    out = quant.w8a8_epilogue(quant.int8_matmul(x_q, w_q), x_s.view(-1), w_s.view(-1), bias, x.dtype)
+    out = quant.w8a8_epilogue(quant.codes_matmul(x_q, w_q), x_s.view(-1), w_s.view(-1), bias, x.dtype)
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _exact_int8_weights(kernel: Any, layer: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """Set up `layer` for `_exact_int8_linear` instead of oneDNN, where its config is what agentq
+    exports (symmetric, dynamic, per channel); returns whether it did. The [N, K] codes and [N, 1]
+    scales stay as loaded, the codes as fp32 numbers where the CPU GEMM is the fp32 emulation
+    (`cpu_gemm.weight_code_dtype`, as the torch engine holds them)."""
+    from agentq.kernels import cpu_gemm
+
+    c = kernel.config
+    if not (c.input_symmetric and c.is_channelwise and not c.is_static_input_scheme):
+        return False
+    name = kernel.layer_param_names[0]
+    codes = getattr(layer, name)
+    held = cpu_gemm.weight_code_dtype("cpu", dtype)
+    if codes.dtype != held:
+        setattr(layer, name, torch.nn.Parameter(codes.data.to(held), requires_grad=False))
+    kernel.linear_method = lambda layer, x, bias=None: _exact_int8_linear(kernel, layer, x, bias)
+    return True
 
 
 @contextlib.contextmanager
@@ -276,11 +295,7 @@ def int8_linears_on_cpu(dtype: torch.dtype, cpu: bool) -> Iterator[list[str]]:
         onednn = saved["onednn"]
 
         def process(kernel: Any, layer: torch.nn.Module) -> None:
-            c = kernel.config
-            if c.input_symmetric and c.is_channelwise and not c.is_static_input_scheme:
-                # the [N, K] codes and [N, 1] scales stay as loaded, for `_exact_int8_linear`
-                kernel.linear_method = lambda layer, x, bias=None: _exact_int8_linear(kernel, layer, x, bias)
-            else:
+            if not _exact_int8_weights(kernel, layer, dtype):
                 onednn(kernel, layer)
 
         cls.process_weights_for_onednn = process

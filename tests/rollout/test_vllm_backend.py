@@ -206,6 +206,7 @@ def test_the_exact_int8_linear_gives_integer_exact_outputs_in_a_real_vllm_kernel
     from vllm import _custom_ops as ops
     from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import Int8ScaledMMLinearLayerConfig
 
+    from agentq.kernels import cpu_gemm
     from agentq.rollout import vllm_backend
 
     monkeypatch.setitem(vllm_backend._onednn_exact, "exact", False)
@@ -223,6 +224,7 @@ def test_the_exact_int8_linear_gives_integer_exact_outputs_in_a_real_vllm_kernel
         assert "exact GEMM" in changed
         kernel.process_weights_after_loading(layer)
     assert cpu_mm.CPUInt8ScaledMMLinearKernel.process_weights_for_onednn is original
+    assert layer.weight.dtype == cpu_gemm.weight_code_dtype("cpu", torch.float32)   # fp32 on the fp32 path
     x = torch.randn(2, 5, 320, generator=g)
     out = kernel.apply_weights(layer, x)
     x_q, x_s, _ = ops.onednn_scaled_int8_quant(x.reshape(10, 320), None, None, True)
