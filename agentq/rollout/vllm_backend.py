@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from agentq.kernels import quant
+from agentq.kernels import cpu_gemm, quant
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
                                     load_safetensors_dir)
@@ -249,8 +249,6 @@ def _exact_int8_weights(kernel: Any, layer: torch.nn.Module, dtype: torch.dtype)
     exports (symmetric, dynamic, per channel); returns whether it did. The [N, K] codes and [N, 1]
     scales stay as loaded, the codes as fp32 numbers where the CPU GEMM is the fp32 emulation
     (`cpu_gemm.weight_code_dtype`, as the torch engine holds them)."""
-    from agentq.kernels import cpu_gemm
-
     c = kernel.config
     if not (c.input_symmetric and c.is_channelwise and not c.is_static_input_scheme):
         return False
