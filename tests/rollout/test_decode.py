@@ -101,6 +101,16 @@ def test_unknown_sampler_is_refused(tiny_model_dir):
         _engine(tiny_model_dir, sampler="philox")
 
 
+def _prefill_rope_heads(monkeypatch, norm_kernels) -> None:
+    """`_qk_norm_rope_kernel` groups heads as on the GPU: there a prefill chunk's B·T rows exceed
+    `ROPE_DECODE_MAX_ROWS` (256) and a program takes `ROPE_HEADS_PER_PROGRAM` heads (here all 4 q
+    heads, or k's or v's 2 in a group of 4 with 2 masked), a decode step `ROPE_DECODE_HEADS` (2).
+    The CPU tests' chunks are a few rows, so the threshold drops to their 2-row decode batches.
+    Every grouping stores the same bits (tests/kernels/test_triton_norm.py); this one runs fewer
+    interpreted programs than 2 heads everywhere."""
+    monkeypatch.setattr(norm_kernels, "ROPE_DECODE_MAX_ROWS", 2)
+
+
 def test_fused_norm_rope_silu_kernels_in_the_engine_agree_with_the_torch_layers(tiny_model_dir, monkeypatch):
     """The engine's bf16 CUDA path runs residual-add + RMSNorm (+ the next linear's int8 activation
     codes), q/k-norm + RoPE (+ the decode token's K/V write into the cache) and SiLU·mul (+ codes)
@@ -115,6 +125,7 @@ def test_fused_norm_rope_silu_kernels_in_the_engine_agree_with_the_torch_layers(
 
     mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_norm")
     _, norm_kernels = _interp.load_interpreted(mods)
+    _prefill_rope_heads(monkeypatch, norm_kernels)
     calls = {}
     for name in ("add_rms_norm", "qk_norm_rope", "qk_norm_rope_to_cache", "silu_mul_quant", "rms_norm", "silu_mul"):
         fn = getattr(norm_kernels, name)
@@ -130,30 +141,30 @@ def test_fused_norm_rope_silu_kernels_in_the_engine_agree_with_the_torch_layers(
         assert norms and not any(m.fused for m in norms)        # CPU: off by default
         for m in norms:
             m.fused = True
-        ctx = [5 + (7 * j) % 200 for j in range(40)]
-        tgt = [9 + (5 * j) % 100 for j in range(12)]
+        ctx = [5 + (7 * j) % 200 for j in range(10)]
+        tgt = [9 + (5 * j) % 100 for j in range(6)]
         a, b = torch.tensor(plain.score(ctx, tgt)), torch.tensor(fused.score(ctx, tgt))
         # 2 layers x 2 pre-norms + the final norm; no separate norm, SiLU·mul or quant launch
         assert calls == {"add_rms_norm": 5, "qk_norm_rope": 2, "silu_mul_quant": 2}
         assert (a - b).abs().max() < 0.1 and (a - b).abs().mean() < 0.02
         # decode steps: q/k-norm + RoPE write the new token's K/V themselves
         calls.clear()
-        sp = SamplingParams(max_new_tokens=6, temperature=1e-3)
+        sp = SamplingParams(max_new_tokens=3, temperature=1e-3)
         ra, rb = (e.generate([TurnRequest(0, ctx, sp, seed=1)])[0] for e in (plain, fused))
-        assert calls["qk_norm_rope_to_cache"] == 2 * 5 and "qk_norm_rope" in calls     # 5 decode steps; prefill
+        assert calls["qk_norm_rope_to_cache"] == 2 * 2 and "qk_norm_rope" in calls     # 2 decode steps; prefill
         assert ra.token_ids == rb.token_ids
         assert max(abs(x - y) for x, y in zip(ra.logprobs, rb.logprobs)) < 0.1
     finally:
         _interp.restore_compiled(mods)
 
 
-def _fused_cpu_engine(path, spec: str = "w8a8_kv8") -> TorchEngine:
-    """A CPU bf16 engine (2 slots, 64 positions, 8-token prefill chunks) with the fused norm
-    launches on, which an engine turns on by itself only on CUDA (the tests load the Triton kernels
-    interpreted)."""
+def _fused_cpu_engine(path, spec: str = "w8a8_kv8", prefill_chunk: int = 8) -> TorchEngine:
+    """A CPU bf16 engine (2 slots, 64 positions, 8-token prefill chunks unless told) with the fused
+    norm launches on, which an engine turns on by itself only on CUDA (the tests load the Triton
+    kernels interpreted)."""
     from agentq.rollout.torch_engine.model import RMSNorm
     eng = TorchEngine.from_pretrained(str(path), QuantSpec.preset(spec), max_slots=2, max_len=64,
-                                      dtype=torch.bfloat16, prefill_chunk=8)
+                                      dtype=torch.bfloat16, prefill_chunk=prefill_chunk)
     for m in eng.model.modules():
         if isinstance(m, RMSNorm):
             m.fused = True
@@ -171,7 +182,7 @@ def _perturbed_weights(path, only: str = "") -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("spec", ["w8a8_kv8", "none"])
 def test_prefill_kv_written_by_the_rope_launch_equals_the_separate_write(tiny_model_dir, monkeypatch, spec):
     """Where prefill attention reads the cache in place, the q/k-norm + RoPE launch writes each
-    chunk's K/V itself (`qk_norm_rope_to_cache` with T > 1): ragged rows in 8-token chunks, a
+    chunk's K/V itself (`qk_norm_rope_to_cache` with T > 1): ragged rows in 4-token chunks, a
     second turn's delta prefill and the decode steps leave the very cache bits, tokens and
     log-probs that qk_norm_rope + `KVCache.write` leave (the kernels interpreted in a CPU bf16 engine)."""
     pytest.importorskip("triton")
@@ -183,6 +194,7 @@ def test_prefill_kv_written_by_the_rope_launch_equals_the_separate_write(tiny_mo
     mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_attention", "agentq.kernels.triton_prefill",
             "agentq.kernels.triton_norm")
     norm_kernels = _interp.load_interpreted(mods)[-1]
+    _prefill_rope_heads(monkeypatch, norm_kernels)
     chunk_lens = []
     fn = norm_kernels.qk_norm_rope_to_cache
     monkeypatch.setattr(norm_kernels, "qk_norm_rope_to_cache",
@@ -193,19 +205,22 @@ def test_prefill_kv_written_by_the_rope_launch_equals_the_separate_write(tiny_mo
     monkeypatch.setattr(attn_ops, "prefill_kernel_available", lambda *a: True)
     monkeypatch.setattr(engine_model, "PREFILL_KV_WRITE", True)          # whatever the environment says
     try:
-        engines = [_fused_cpu_engine(tiny_model_dir, spec) for _ in range(2)]
+        engines = [_fused_cpu_engine(tiny_model_dir, spec, prefill_chunk=4) for _ in range(2)]
         for layer in engines[1].model.decoder_layers:          # the reference: K/V stored by `KVCache.write`
             monkeypatch.setattr(layer, "_fused_write", lambda ctx: None)
-        ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(11 + 9 * i)] for i in range(2)]     # 11 and 20 tokens
-        sp = SamplingParams(max_new_tokens=3, temperature=1e-3)
+        # 3 and 6 tokens: a ragged chunk (3 and 4 tokens), then the longer row's last 2 (no one-token
+        # chunk, which the count below would take for a decode step)
+        ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(3 + 3 * i)] for i in range(2)]
+        # temperature 1: each log-prob carries its logits' bits (near-greedy ones are all 0.0)
+        sp = SamplingParams(max_new_tokens=2)
         out = []
         for eng in engines:
             turn1 = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctxs)])
-            nxt = [c + r.token_ids + [7, 8, 9, 10][: 2 + 2 * i] for i, (c, r) in enumerate(zip(ctxs, turn1))]
+            nxt = [c + r.token_ids + [7, 8, 9][: 1 + 2 * i] for i, (c, r) in enumerate(zip(ctxs, turn1))]
             turn2 = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(nxt)])
             out.append([(r.token_ids, r.logprobs) for r in turn1 + turn2])
         assert out[0] == out[1]
-        assert max(chunk_lens) > 1 and chunk_lens.count(1) == 2 * 2 * 2     # 2 layers × 2 turns × 2 decode steps
+        assert max(chunk_lens) > 1 and chunk_lens.count(1) == 2 * 2 * 1     # 2 layers × 2 turns × 1 decode step
         fused, ref = (e.cache for e in engines)
         for i in range(fused.n_layers):
             assert torch.equal(fused.k[i], ref.k[i]) and torch.equal(fused.v[i], ref.v[i])
@@ -224,10 +239,14 @@ def test_paired_glu_engine_equals_the_stacked_two_launch_engine(tiny_model_dir, 
     from agentq.kernels import _interp, int8_linear
 
     mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_norm")
-    tg = _interp.load_interpreted(mods)[1]
+    _, tg, norm_kernels = _interp.load_interpreted(mods)
+    _prefill_rope_heads(monkeypatch, norm_kernels)
     calls = []
     fn = tg.int8_gemm_glu
     monkeypatch.setattr(tg, "int8_gemm_glu", lambda x_q, *a: (calls.append(x_q.shape[0]), fn(x_q, *a))[1])
+    # 128-wide column tiles (8 per 1024 paired rows, the CPU default's 32-wide tiles make 32): the
+    # same bits, a quarter of the interpreted programs
+    monkeypatch.setattr(tg, "glu_config", lambda m, n2, k, device=None: tg.GemmConfig(16, 128, 256))
     try:
         engines = []
         for paired in (True, False):
@@ -236,15 +255,16 @@ def test_paired_glu_engine_equals_the_stacked_two_launch_engine(tiny_model_dir, 
         (pa, st) = (e.model.decoder_layers[0].gate_up_proj for e in engines)
         assert pa.paired and not st.paired
         assert torch.equal(tg.glu_unpair_rows(pa.w_q), st.w_q) and torch.equal(tg.glu_unpair_rows(pa.s_w), st.s_w)
-        ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(11 + 9 * i)] for i in range(2)]
-        sp = SamplingParams(max_new_tokens=3, temperature=1e-3)
+        ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(2 + 2 * i)] for i in range(2)]      # 2 and 4 tokens
+        # temperature 1: each log-prob carries its logits' bits (near-greedy ones are all 0.0)
+        sp = SamplingParams(max_new_tokens=2)
 
         def play(e):
             return [(r.token_ids, r.logprobs) for r in e.generate([TurnRequest(i, c, sp, seed=i)
                                                                    for i, c in enumerate(ctxs)])]
         out = [play(e) for e in engines]
         assert out[0] == out[1]
-        assert max(calls) > 1 and calls.count(2) >= 2          # prefill chunks and batched decode steps
+        assert max(calls) > 1 and calls.count(2) >= 2          # prefill rows; the 2-row decode step, both layers
         # a weight sync writes the paired rows in place (every other row per projection)
         new = _perturbed_weights(tiny_model_dir, "mlp.")
         stats = [e.update_weights(new.items(), version=1) for e in engines]
@@ -265,21 +285,25 @@ def test_partial_sums_engine_equals_the_one_split_engine(tiny_model_dir, monkeyp
     from agentq.kernels import _interp, int8_linear
 
     mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_norm")
-    tg = _interp.load_interpreted(mods)[1]
+    _, tg, norm_kernels = _interp.load_interpreted(mods)
+    _prefill_rope_heads(monkeypatch, norm_kernels)
     calls = []
     fn = tg.int8_gemm_partials
     monkeypatch.setattr(tg, "int8_gemm_partials", lambda x_q, *a: (calls.append(tuple(x_q.shape)), fn(x_q, *a))[1])
     try:
         engines = [_fused_cpu_engine(tiny_model_dir) for _ in range(2)]
-        ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(11 + 9 * i)] for i in range(2)]
-        sp = SamplingParams(max_new_tokens=4, temperature=1e-3)
+        ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(2 + 2 * i)] for i in range(2)]      # 2 and 4 tokens
+        # a decode step a turn; temperature 1: each log-prob carries its logits' bits (near-greedy
+        # ones are all 0.0)
+        sp = SamplingParams(max_new_tokens=2)
 
         def play(e, partials):
-            # 3 splits of K (256 or 512) in 32-wide steps: ragged slices, two tile shapes
-            monkeypatch.setattr(int8_linear, "partials_config", lambda rows, w_q: tg.GemmConfig(16, 32, 32, 3, 1, 4, 2)
+            # 3 splits of K (256 or 512) in 32-wide steps: ragged slices, two tile shapes (128-wide
+            # column tiles: 2 per output of 256, so few interpreted programs)
+            monkeypatch.setattr(int8_linear, "partials_config", lambda rows, w_q: tg.GemmConfig(16, 128, 32, 3, 1, 4, 2)
                                 if partials else None)
             turn1 = e.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctxs)])
-            nxt = [c + r.token_ids + [7, 8, 9] for c, r in zip(ctxs, turn1)]
+            nxt = [c + r.token_ids + [7] for c, r in zip(ctxs, turn1)]      # a 2-token delta prefill
             turn2 = e.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(nxt)])
             return [(r.token_ids, r.logprobs) for r in turn1 + turn2]
 
