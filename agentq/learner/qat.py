@@ -249,12 +249,15 @@ def shares_prefixes(model: nn.Module) -> bool:
 
 def _causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal attention, [B, Hq, T, D] out (queries are the last T of the L keys): SDPA's fused
-    kernel where `_fused_causal_ok`, else the engine's masked attention with a causal mask."""
+    kernel where `_fused_causal_ok`; on a CPU with T = L, `attention.causal_attention` (fp64 in
+    no-grad passes, the masked path's bits); else the engine's masked attention with a causal mask."""
     b, _, t, _ = query.shape
     l = key.shape[2]
     if t == l and _fused_causal_ok(query):
         return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale,
                                               enable_gqa=query.shape[1] != key.shape[1])
+    if t == l and query.device.type == "cpu":       # the masked path's bits without its upper key blocks
+        return attn_ops.causal_attention(query, key, value, scale)
     allowed = torch.ones(t, l, dtype=torch.bool, device=query.device).tril(l - t).expand(b, t, l)
     return attn_ops.masked_attention(query, key, value, allowed, scale)
 
