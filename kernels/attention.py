@@ -51,10 +51,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     and faster: SDPA's causal kernel skips the key blocks above the diagonal, which an explicit
     mask makes it compute (on a CPU 1.4–1.8× faster at 1–2k tokens); the blocks it computes see
     the same scores in the same order, and a fully masked block only adds zeros and rescales by 1."""
-    acc = attention_accum_dtype(q.dtype, q.device)
     if k.shape[2] != q.shape[2]:
         raise ValueError(f"causal_attention: {q.shape[2]} queries over {k.shape[2]} keys; it is self-attention "
                          "(queries after a cached prefix take masked_attention)")
+    acc = attention_accum_dtype(q.dtype, q.device)
     out = F.scaled_dot_product_attention(q.to(acc), k.to(acc), v.to(acc), is_causal=True, scale=scale,
                                          enable_gqa=q.shape[1] != k.shape[1])
     return out.to(q.dtype)

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from agentq.kernels import attention as attn_ops
 from agentq.kernels._interp import cuda_half
@@ -248,15 +247,12 @@ def shares_prefixes(model: nn.Module) -> bool:
 
 
 def _causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention, [B, Hq, T, D] out (queries are the last T of the L keys): SDPA's fused
-    kernel where `_fused_causal_ok`; on a CPU with T = L, `attention.causal_attention` (fp64 in
-    no-grad passes, the masked path's bits); else the engine's masked attention with a causal mask."""
+    """Causal attention, [B, Hq, T, D] out (queries are the last T of the L keys). With T = L,
+    SDPA's causal kernel (`attention.causal_attention`) where `_fused_causal_ok` and on a CPU (there
+    in fp64 for no-grad passes, the masked path's bits); else the masked attention with a causal mask."""
     b, _, t, _ = query.shape
     l = key.shape[2]
-    if t == l and _fused_causal_ok(query):
-        return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale,
-                                              enable_gqa=query.shape[1] != key.shape[1])
-    if t == l and query.device.type == "cpu":       # the masked path's bits without its upper key blocks
+    if t == l and (_fused_causal_ok(query) or query.device.type == "cpu"):
         return attn_ops.causal_attention(query, key, value, scale)
     allowed = torch.ones(t, l, dtype=torch.bool, device=query.device).tril(l - t).expand(b, t, l)
     return attn_ops.masked_attention(query, key, value, allowed, scale)
@@ -264,7 +260,7 @@ def _causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
 def _fused_causal_ok(query: torch.Tensor) -> bool:
     """A causal-only batch may use SDPA's fused kernels (flash / cuDNN, GQA without repeating K/V):
-    on CUDA in bf16/fp16, where the explicit-mask path would fall back to the math kernel. fp32
+    on CUDA in bf16/fp16, where the explicit-mask path would fall back to the math kernel. CUDA fp32
     keeps the masked path (fp64 in no-grad passes, see `attention.attention_accum_dtype`)."""
     return cuda_half(query.device, query.dtype)
 
