@@ -7,3 +7,8 @@ rm -rf "$o/cache" "$o/train"
 o="$1"
 t hf1b 450 python3 -m agentq.eval.bench_engine --model 1b --batch 64 128 --prompt 2048 --new 128 --turns 3 \
   --quants none w8a8_kv8 --json "$o/hf1b.json"
+o="$1"
+t gputests-learner 400 python3 -m pytest -q -p no:randomly -p no:cacheprovider tests/learner/test_ste.py \
+  tests/learner/test_fused_logprobs.py tests/learner/test_fused_modules.py tests/learner/test_packing.py \
+  tests/learner/test_graphs.py tests/learner/test_projection_groups.py tests/learner/test_quantized_head.py \
+  tests/learner/test_old_logp_bypass.py tests/learner/test_shared_prefix.py tests/rollout/test_engine_cuda.py tests/kernels/test_attention.py
