@@ -114,6 +114,23 @@ def write_json(path: str | Path | None, report: dict, indent: int = 1) -> None:
         Path(path).write_text(json.dumps(report, indent=indent))
 
 
+def profile_host(name: str, fn, calls: int = 1, rows: int = 22) -> None:
+    """cProfile of `calls` calls of fn: the Python functions the host time goes to (own time, then
+    cumulative), for phases whose GPU sits idle waiting on the host."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    print(f"\n--- host profile: {name}, {calls} call(s) (own time, then cumulative) ---")
+    stats = pstats.Stats(prof).strip_dirs()
+    stats.sort_stats("tottime").print_stats(rows)
+    stats.sort_stats("cumulative").print_stats(rows)
+
+
 def kernel_table(title: str, fn, rows: int = 18) -> None:
     """Print the CUDA kernels of one call of `fn` by GPU time, and its host-side ops by CPU time
     (where a phase's time goes; CUDA only)."""

@@ -40,7 +40,8 @@ from pathlib import Path
 
 import torch
 
-from agentq.eval.bench_common import base_parser, kernel_table, random_model, release_memory, sync, time_calls
+from agentq.eval.bench_common import (base_parser, kernel_table, profile_host, random_model, release_memory, sync,
+                                      time_calls)
 from agentq.kernels.ste import GRAD_INPUTS
 
 SPECS = ("none", "w8a8_kv8")
@@ -229,24 +230,8 @@ def host_cost(device: torch.device, dtype: torch.dtype, calls: int = 400, profil
     print(f"direct launches on: {_launch.enabled()}; launches since import {dict(_launch.counts)}")
     if profile:
         for name in ("int8 GEMM launch alone", "aligned linear fwd+bwd"):
-            _profile_host(name, cases[name], calls)
+            profile_host(name, cases[name], calls)
     return out
-
-
-def _profile_host(name: str, fn, calls: int, rows: int = 22) -> None:
-    """cProfile of `calls` calls: the Python functions the host time is spent in (own time)."""
-    import cProfile
-    import pstats
-
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    print(f"\n--- host profile: {name}, {calls} calls (own time, then cumulative) ---")
-    stats = pstats.Stats(prof).strip_dirs()
-    stats.sort_stats("tottime").print_stats(rows)
-    stats.sort_stats("cumulative").print_stats(rows)
 
 
 def main(argv=None) -> dict:

@@ -28,7 +28,12 @@ with the bf16 entry of the same head.
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --quantized-rollout w8a8_kv8_head
     python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --old-logp bypass
     python -m agentq.eval.bench_rl_step --model 4b --episodes 64 --turns 4 --micro 16 --pack-tokens 20480 --activation-checkpointing --group-prompt
+    python -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --logprob-micro 64 --host-profile
     python -m agentq.eval.bench_rl_step --model tiny --episodes 8 --turns 2 --prompt 32 --obs 16 --new 8   # CPU
+
+`--profile` (CUDA) prints where each phase's GPU time goes and how much of a rollout the GPU sits
+idle; `--host-profile` prints cProfile tables of one rollout and one old_ref pass, for the phases
+where the host holds the GPU back (the eager prefill of a turn's observation, the learner's passes).
 
 On an fp32 (CPU) learner bypass is timed but not what the trainer runs: there the π_old pass computes
 attention in fp64 and the training pass in fp32, so the trainer refuses bypass (`grad_pass_refusal`)
@@ -49,8 +54,8 @@ from typing import Any
 
 import torch
 
-from agentq.eval.bench_common import (base_parser, kernel_table, kernel_timeline, print_timeline, profiled_kernels,
-                                      random_model, release_memory, sync)
+from agentq.eval.bench_common import (base_parser, kernel_table, kernel_timeline, print_timeline, profile_host,
+                                      profiled_kernels, random_model, release_memory, sync)
 from agentq.kernels.ste import GRAD_INPUTS
 from agentq.learner.learner import OLD_LOGP_MODES
 
@@ -223,6 +228,12 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
                 times[p].append(t[p])
             mism.append(mismatch_metrics(batch))       # π_old (learner) vs μ (engine), per turn too
         print(f"[{entry}] step {step}: " + " ".join(f"{p} {t[p]:.2f}s" for p in PHASES), flush=True)
+    if args.host_profile:           # after the timed steps: where the host time of the eager phases goes
+        step = args.warmup + args.steps
+        profile_host(f"{entry}: one rollout", lambda: (play(engine, args, cfg.vocab_size, step), sync(device)),
+                     rows=args.profile_rows)
+        profile_host(f"{entry}: old_ref", lambda: (fill_no_grad(learner, batch, args), sync(device)),
+                     rows=args.profile_rows)
     rollout_gpu = None
     if args.profile and device.type == "cuda":        # after the timed steps: where each phase's time goes
         rollout_gpu = profile_phases(entry, engine, learner, objective, batch, args, cfg.vocab_size,
@@ -279,6 +290,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile", action="store_true",
                     help="after the timed steps: one rollout's GPU busy share and kernels, the CUDA kernel and "
                          "host-op tables of old_ref and update")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="after the timed steps: cProfile tables (own, cumulative time) of one rollout and one "
+                         "old_ref pass, for phases the host holds back")
     ap.add_argument("--profile-rows", type=int, default=25)
     ap.add_argument("--plot", action="store_true",
                     help="with --out: the phases of each algo's step as stacked bars (matplotlib), beside the JSON")

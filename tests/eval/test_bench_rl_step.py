@@ -87,3 +87,16 @@ def test_noshare_entries_compute_every_prompt_and_are_compared_alike(tmp_path):
         rows["bf16+noshare"]["step_s"] / rows["bf16"]["step_s"])
     assert rows["interq"]["mismatch"]["k3"] == pytest.approx(rows["interq+noshare"]["mismatch"]["k3"], rel=1e-4)
     assert (tmp_path / "bench_rl_step_tiny_shareab_groupprompt.json").exists()
+
+
+def test_host_profile_tables_name_the_engine_and_learner_calls(capsys):
+    """`--host-profile` prints cProfile tables of one rollout and one old_ref pass, in which the
+    engine's `generate` and the learner's `logprobs` appear (the calls the tables are meant to split)."""
+    bench_rl_step.main(["--model", "tiny", "--device", "cpu", "--algos", "interq", "--episodes", "2", "--group", "2",
+                        "--turns", "2", "--prompt", "8", "--obs", "4", "--new", "2", "--warmup", "0", "--steps", "1",
+                        "--host-profile", "--profile-rows", "60"])
+    out = capsys.readouterr().out
+    rollout = out.split("--- host profile: interq: one rollout")[1].split("--- host profile: interq: old_ref")[0]
+    old_ref = out.split("--- host profile: interq: old_ref")[1]
+    assert "(generate)" in rollout and "(logprobs)" not in rollout
+    assert "(logprobs)" in old_ref and "(generate)" not in old_ref
