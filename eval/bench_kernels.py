@@ -763,20 +763,28 @@ if HAVE_TRITON_JIT:
 
     @triton.jit
     def _read_tiles_kernel(k_ptr, v_ptr, k_desc, v_desc, out_ptr, length, max_len, BLOCK_N: tl.constexpr,
-                           WORDS: tl.constexpr, TMA: tl.constexpr):
-        """Decode attention's reads and nothing else: program (b, h) XORs the int32 words of its
-        K and V rows 0..length-1 (cache [B, H, max_len, WORDS]) tile by tile, by TMA or pointer."""
+                           WORDS: tl.constexpr, TMA: tl.constexpr, ONE_STREAM: tl.constexpr = False):
+        """Decode attention's reads and nothing else: program (b, h, s) XORs the int32 words of its
+        K and V rows (cache [B, H, max_len, WORDS]; split s of positions 0..length-1) tile by tile,
+        by TMA or pointer. ONE_STREAM: K and V are one cache whose rows hold a position's K words
+        then its V words (WORDS = both), read through k_ptr / k_desc alone."""
         b, h, heads = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+        sp, splits = tl.program_id(2), tl.num_programs(2)
+        chunk = (length + splits - 1) // splits
         row0 = (b * heads + h) * max_len
         offs = tl.arange(0, BLOCK_N)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
         acc = tl.full([BLOCK_N, WORDS], 0, tl.int32)
-        for n0 in range(0, length, BLOCK_N):
-            if TMA:
+        for n0 in range(sp * chunk, tl.minimum(sp * chunk + chunk, length), BLOCK_N):
+            base = (row0 + n0).to(tl.int64) * WORDS
+            if ONE_STREAM and TMA:
+                acc ^= k_desc.load([row0 + n0, 0])
+            elif ONE_STREAM:
+                acc ^= tl.load(k_ptr + base + offs)
+            elif TMA:
                 acc ^= k_desc.load([row0 + n0, 0]) ^ v_desc.load([row0 + n0, 0])
             else:
-                base = (row0 + n0).to(tl.int64) * WORDS
                 acc ^= tl.load(k_ptr + base + offs) ^ tl.load(v_ptr + base + offs)
-        tl.store(out_ptr + b * heads + h, tl.reduce(tl.reduce(acc, 1, _xor), 0, _xor))
+        tl.store(out_ptr + (b * heads + h) * splits + sp, tl.reduce(tl.reduce(acc, 1, _xor), 0, _xor))
 
     @triton.jit
     def _xor(a, b):
@@ -794,7 +802,7 @@ def bench_attention_reads(dev, results, B: int = 64, L: int = 2304, Hkv: int = 8
     kc = torch.randint(-127, 128, (B, Hkv, L, D), dtype=torch.int8, device=dev)
     vc = torch.randint(-127, 128, (B, Hkv, L, D), dtype=torch.int8, device=dev)
     kw, vw = kc.view(torch.int32), vc.view(torch.int32)
-    out = torch.empty(B * Hkv, dtype=torch.int32, device=dev)
+    out = torch.empty(B * Hkv * 8, dtype=torch.int32, device=dev)
     nbytes = 2 * kc.numel()
     log(f"\n== decode attention's reads alone: B {B} x Hkv {Hkv} x L {L}, int8 D {D} ({nbytes / 1e6:.0f} MB), "
         "µs per call ==")
@@ -809,6 +817,53 @@ def bench_attention_reads(dev, results, B: int = 64, L: int = 2304, Hkv: int = 8
             results.setdefault("attn_reads", []).append(row)
             log(f"  n{bn:<3d} w{warps}: TMA {row['tma_us']:7.1f} us ({nbytes / row['tma_us'] / 1e6:4.2f} TB/s)  "
                 f"pointer {row['pointer_us']:7.1f} us ({nbytes / row['pointer_us'] / 1e6:4.2f} TB/s)")
+    # the same bytes with each position's K and V words side by side in one row (one stream per program)
+    kvw = torch.cat([kw, vw], dim=-1).contiguous()
+    log("  interleaved K|V rows [B, Hkv, L, 2 x D/4 words]:")
+    for bn in (32, 64, 128):
+        for warps in (1, 2, 4, 8):
+            desc = TensorDescriptor(kvw, [kvw.numel() // (2 * words), 2 * words], [2 * words, 1], [bn, 2 * words])
+            row = {"block_n": bn, "warps": warps, "layout": "interleaved"}
+            for tma in (True, False):
+                us = graph_us([partial(_read_tiles_kernel[(B, Hkv)], kvw, kvw, desc, desc, out, L, L, BLOCK_N=bn,
+                                       WORDS=2 * words, TMA=tma, ONE_STREAM=True, num_warps=warps)])
+                row["tma_us" if tma else "pointer_us"] = us
+            results.setdefault("attn_reads", []).append(row)
+            log(f"  n{bn:<3d} w{warps}: TMA {row['tma_us']:7.1f} us ({nbytes / row['tma_us'] / 1e6:4.2f} TB/s)  "
+                f"pointer {row['pointer_us']:7.1f} us ({nbytes / row['pointer_us'] / 1e6:4.2f} TB/s)")
+    log("  position splits (grid B x Hkv x S), separate K / V at n128 and interleaved at n64, TMA and pointer:")
+    for splits in (2, 3, 4, 8):
+        for warps in (2, 4):
+            descs = [TensorDescriptor(c, [c.numel() // words, words], [words, 1], [128, words]) for c in (kw, vw)]
+            d2 = TensorDescriptor(kvw, [kvw.numel() // (2 * words), 2 * words], [2 * words, 1], [64, 2 * words])
+            row = {"splits": splits, "warps": warps}
+            row["sep_tma_us"] = graph_us([partial(_read_tiles_kernel[(B, Hkv, splits)], kw, vw, *descs, out, L, L,
+                                                  BLOCK_N=128, WORDS=words, TMA=True, num_warps=warps)])
+            row["sep_ptr_us"] = graph_us([partial(_read_tiles_kernel[(B, Hkv, splits)], kw, vw, *descs, out, L, L,
+                                                  BLOCK_N=64, WORDS=words, TMA=False, num_warps=2 * warps)])
+            row["kv_tma_us"] = graph_us([partial(_read_tiles_kernel[(B, Hkv, splits)], kvw, kvw, d2, d2, out, L, L,
+                                                 BLOCK_N=64, WORDS=2 * words, TMA=True, ONE_STREAM=True,
+                                                 num_warps=warps)])
+            results.setdefault("attn_reads_splits", []).append(row)
+            log(f"  S{splits} w{warps}: " + "  ".join(f"{k} {v:6.1f} us ({nbytes / v / 1e6:4.2f} TB/s)"
+                                                    for k, v in row.items() if k.endswith("_us")))
+    # K and V of one position side by side, each read through its own descriptor (row stride 2 x D/4
+    # words): the layout a cache interleaving K and V per position hands the unchanged kernel
+    kv_k, kv_v = kvw[..., :words], kvw[..., words:]
+    for bn in (64, 128):
+        for warps in (2, 4):
+            descs = [TensorDescriptor(c, [B * Hkv * L, words], [2 * words, 1], [bn, words]) for c in (kv_k, kv_v)]
+            us = graph_us([partial(_read_tiles_kernel[(B, Hkv)], kw, vw, *descs, out, L, L, BLOCK_N=bn,
+                                   WORDS=words, TMA=True, num_warps=warps)])
+            results.setdefault("attn_reads_strided", []).append({"block_n": bn, "warps": warps, "tma_us": us})
+            log(f"  interleaved cache, K and V descriptors (row stride 2 x D/4): n{bn} w{warps}: TMA {us:7.1f} us "
+                f"({nbytes / us / 1e6:4.2f} TB/s)")
+    del kvw
+    kf, vf = (torch.randn(B, Hkv, L, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    qf = torch.randn(B, 4 * Hkv, 1, D, device=dev, dtype=torch.bfloat16)
+    us = graph_us([partial(torch.nn.functional.scaled_dot_product_attention, qf, kf, vf, enable_gqa=True)])
+    log(f"  bf16 SDPA over a bf16 cache of the same shape: {us:.1f} us ({4 * kc.numel() / us / 1e6:.2f} TB/s)")
+    del kf, vf
     ks, vs = (torch.rand(B, Hkv, L, device=dev) * 0.05 for _ in range(2))
     q = torch.randn(B, 4 * Hkv, D, device=dev, dtype=torch.bfloat16)
     slots = torch.arange(B, device=dev, dtype=torch.int32)
@@ -817,6 +872,23 @@ def bench_attention_reads(dev, results, B: int = 64, L: int = 2304, Hkv: int = 8
     cfg = ta.pick_config(B, Hkv, L, torch.int8, dev).short()
     results["attn_reads_kernel_us"] = us
     log(f"  the int8 kernel ({cfg}): {us:.1f} us ({(nbytes + 2 * ks.numel() * 4) / us / 1e6:.2f} TB/s with its scales)")
+    # the same kernel over a cache interleaving K and V per position ([B, Hkv, L, 2, D] codes, K and V views)
+    kv = torch.stack([kc, vc], dim=3)
+    ki, vi = kv[:, :, :, 0], kv[:, :, :, 1]
+    ref = ta.decode_attention(q, kc, ks, vc, vs, slots, lens, D ** -0.5)
+    got = ta.decode_attention(q, ki, ks, vi, vs, slots, lens, D ** -0.5)
+    us_i = graph_us([partial(ta.decode_attention, q, ki, ks, vi, vs, slots, lens, D ** -0.5)])
+    us = graph_us([partial(ta.decode_attention, q, kc, ks, vc, vs, slots, lens, D ** -0.5)])
+    results["attn_interleaved_kernel_us"] = {"separate": us, "interleaved": us_i, "equal": bool(torch.equal(ref, got))}
+    log(f"  the int8 kernel, K/V interleaved per position: {us_i:.1f} us against {us:.1f} us separate "
+        f"(outputs bit-equal: {torch.equal(ref, got)}; TMA applies: {ta._tma_descs_apply(ki.view(torch.int32), vi.view(torch.int32))})")
+    log(f"    (one K|V descriptor: {ta.kv_interleaved(ki.view(torch.int32), vi.view(torch.int32))})")
+    for bn, w, st in ((64, 2, 4), (64, 2, 3), (64, 1, 4), (64, 4, 4), (32, 2, 4), (32, 1, 6), (32, 2, 6), (128, 4, 3),
+                      (128, 2, 3)):
+        cfg_i = ta.AttnConfig(bn, w, st, 1, planes=True, tma=True)
+        us_i = graph_us([partial(ta.decode_attention, q, ki, ks, vi, vs, slots, lens, D ** -0.5, cfg_i)])
+        us = graph_us([partial(ta.decode_attention, q, kc, ks, vc, vs, slots, lens, D ** -0.5, cfg_i)])
+        log(f"    {cfg_i.short():44s} interleaved {us_i:6.1f} us  separate {us:6.1f} us")
 
 
 def attention_calls(dev, kind: str, case: str, planes: bool, tma: bool = False) -> None:
