@@ -794,7 +794,10 @@ if HAVE_TRITON_JIT:
 def bench_attention_reads(dev, results, B: int = 64, L: int = 2304, Hkv: int = 8, D: int = 128):
     """The read time of decode attention's access pattern (one program per batch row and KV head,
     K and V tiles in turn) with no arithmetic, by TMA and by pointer, per tile size and warps:
-    the floor under the int8 kernel's time that no change to its arithmetic can go below."""
+    the floor under the int8 kernel's time that no change to its arithmetic can go below. Then the
+    same bytes laid out other ways: K and V of a position side by side in one row (one stream, one
+    tile), that cache read through two strided descriptors, the positions split over more programs;
+    bf16 SDPA over a bf16 cache of the shape; the int8 kernel itself."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from agentq.kernels import triton_attention as ta
@@ -872,23 +875,6 @@ def bench_attention_reads(dev, results, B: int = 64, L: int = 2304, Hkv: int = 8
     cfg = ta.pick_config(B, Hkv, L, torch.int8, dev).short()
     results["attn_reads_kernel_us"] = us
     log(f"  the int8 kernel ({cfg}): {us:.1f} us ({(nbytes + 2 * ks.numel() * 4) / us / 1e6:.2f} TB/s with its scales)")
-    # the same kernel over a cache interleaving K and V per position ([B, Hkv, L, 2, D] codes, K and V views)
-    kv = torch.stack([kc, vc], dim=3)
-    ki, vi = kv[:, :, :, 0], kv[:, :, :, 1]
-    ref = ta.decode_attention(q, kc, ks, vc, vs, slots, lens, D ** -0.5)
-    got = ta.decode_attention(q, ki, ks, vi, vs, slots, lens, D ** -0.5)
-    us_i = graph_us([partial(ta.decode_attention, q, ki, ks, vi, vs, slots, lens, D ** -0.5)])
-    us = graph_us([partial(ta.decode_attention, q, kc, ks, vc, vs, slots, lens, D ** -0.5)])
-    results["attn_interleaved_kernel_us"] = {"separate": us, "interleaved": us_i, "equal": bool(torch.equal(ref, got))}
-    log(f"  the int8 kernel, K/V interleaved per position: {us_i:.1f} us against {us:.1f} us separate "
-        f"(outputs bit-equal: {torch.equal(ref, got)}; TMA applies: {ta._tma_descs_apply(ki.view(torch.int32), vi.view(torch.int32))})")
-    log(f"    (one K|V descriptor: {ta.kv_interleaved(ki.view(torch.int32), vi.view(torch.int32))})")
-    for bn, w, st in ((64, 2, 4), (64, 2, 3), (64, 1, 4), (64, 4, 4), (32, 2, 4), (32, 1, 6), (32, 2, 6), (128, 4, 3),
-                      (128, 2, 3)):
-        cfg_i = ta.AttnConfig(bn, w, st, 1, planes=True, tma=True)
-        us_i = graph_us([partial(ta.decode_attention, q, ki, ks, vi, vs, slots, lens, D ** -0.5, cfg_i)])
-        us = graph_us([partial(ta.decode_attention, q, kc, ks, vc, vs, slots, lens, D ** -0.5, cfg_i)])
-        log(f"    {cfg_i.short():44s} interleaved {us_i:6.1f} us  separate {us:6.1f} us")
 
 
 def attention_calls(dev, kind: str, case: str, planes: bool, tma: bool = False) -> None:
@@ -1284,7 +1270,8 @@ def main():
                          "decode rows, M 64 / 128) and exit")
     ap.add_argument("--attn-reads", action="store_true",
                     help="only time decode attention's reads with no arithmetic (TMA / pointer tiles, B 64 x "
-                         "L 2304) beside the int8 kernel, and exit")
+                         "L 2304; K and V interleaved per position; position splits) beside bf16 SDPA and the "
+                         "int8 kernel, and exit")
     ap.add_argument("--grad-input", action="store_true",
                     help="only time the learner's dX GEMM, bf16 vs int8 (and the dY · s_w quantization's launches) "
                          "at 1B / 8B shapes, and exit")

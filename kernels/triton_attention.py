@@ -256,7 +256,7 @@ if HAVE_TRITON:
                               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_D: tl.constexpr,
                               BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
                               INPUT_PREC: tl.constexpr, ASM_I8: tl.constexpr, BF16_BITS: tl.constexpr,
-                              PDL: tl.constexpr, TMA: tl.constexpr = False, KV_TILE: tl.constexpr = False):
+                              PDL: tl.constexpr, TMA: tl.constexpr = False):
         """`_decode_kernel` for int8 caches with per-token scales, computed on byte planes: with
         K = Σ_j K_j over the planes of columns 4w + j, q·Kᵀ = Σ_j q_j·K_jᵀ and P·V's column block j
         is P·V_j, so each unpacked plane feeds the MMA as it is, never interleaved back into a
@@ -294,13 +294,8 @@ if HAVE_TRITON:
         for n0 in range(start, end, BLOCK_N):
             n = n0 + offs_n
             mask_n = n < end
-            if KV_TILE:      # one TMA tile of K|V rows (a cache interleaving them per position), split here
-                wkv = tl.reshape(k_desc.load([(desc_row + n0).to(tl.int32), 0]), [BLOCK_N, 2, HEAD_D // 4])
-                wk, wv = tl.split(tl.permute(wkv, (0, 2, 1)))
-                k0, k1, k2, k3 = _unpack_planes(wk, DOT_DTYPE, ASM_I8)
-            else:
-                k0, k1, k2, k3 = _plane_tile(k_desc, k_base, desc_row + n0, n, mask_n, stride_kl, DOT_DTYPE, ASM_I8,
-                                             HEAD_D, TMA)
+            k0, k1, k2, k3 = _plane_tile(k_desc, k_base, desc_row + n0, n, mask_n, stride_kl, DOT_DTYPE, ASM_I8,
+                                         HEAD_D, TMA)
             s = tl.dot(q0, tl.trans(k0), input_precision=INPUT_PREC)
             s = tl.dot(q1, tl.trans(k1), s, input_precision=INPUT_PREC)
             s = tl.dot(q2, tl.trans(k2), s, input_precision=INPUT_PREC)
@@ -312,11 +307,8 @@ if HAVE_TRITON:
             p = tl.math.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
             pv = (p * tl.load(vs_base + n, mask=mask_n, other=0.0)[None, :]).to(DOT_DTYPE)
-            if KV_TILE:
-                v0, v1, v2, v3 = _unpack_planes(wv, DOT_DTYPE, ASM_I8)
-            else:
-                v0, v1, v2, v3 = _plane_tile(v_desc, v_base, desc_row + n0, n, mask_n, stride_vl, DOT_DTYPE, ASM_I8,
-                                             HEAD_D, TMA)
+            v0, v1, v2, v3 = _plane_tile(v_desc, v_base, desc_row + n0, n, mask_n, stride_vl, DOT_DTYPE, ASM_I8,
+                                         HEAD_D, TMA)
             a0 = a0 * alpha[:, None] + tl.dot(pv, v0, input_precision=INPUT_PREC)
             a1 = a1 * alpha[:, None] + tl.dot(pv, v1, input_precision=INPUT_PREC)
             a2 = a2 * alpha[:, None] + tl.dot(pv, v2, input_precision=INPUT_PREC)
@@ -546,61 +538,30 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
 def _launch_planes(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt, prec: str, use_asm: bool,
                    bf16_bits: bool, pdl: bool) -> None:
     """`_decode_planes_kernel` over grid (B, Hkv, splits), its word tiles through TMA where `cfg.tma`
-    and the caches allow (one K|V tile per step where the cache interleaves them per position);
-    `common` = `_decode_kernel`'s positional arguments."""
+    and the caches allow; `common` = `_decode_kernel`'s positional arguments."""
     b, kc, vc = common[0].shape[0], common[1], common[2]
     tma = cfg.tma and TMA_TILES and _tma_descs_apply(kc, vc)
-    kv_tile = tma and kv_interleaved(kc, vc)
-    if kv_tile:
-        k_desc = v_desc = _kv_desc(kc, cfg.block_n)
-    else:
-        k_desc, v_desc = _word_descs(kc, vc, cfg.block_n) if tma else (kc, vc)
+    k_desc, v_desc = _word_descs(kc, vc, cfg.block_n) if tma else (kc, vc)
     # a TMA config run with pointer loads (TMA_TILES off, before sm_90, strided caches)
     stages = cfg.num_stages if tma or not cfg.tma else min(cfg.num_stages, POINTER_STAGES)
     launch_kernel(_decode_planes_kernel, (b, kc.shape[1], splits),
-        *common[:10], k_desc, v_desc, *common[10:], TMA=tma, KV_TILE=kv_tile,
+        *common[:10], k_desc, v_desc, *common[10:], TMA=tma,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_D=d, BLOCK_N=cfg.block_n,
         SPLIT=splits > 1, DOT_DTYPE=ddt, INPUT_PREC=prec, ASM_I8=2 if use_asm and cfg.pairs else int(use_asm),
         BF16_BITS=bf16_bits, PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=stages)
 
 
-def kv_interleaved(kc: torch.Tensor, vc: torch.Tensor) -> bool:
-    """Whether K and V are the two halves of one cache [S, Hkv, Lmax, 2, W] (each position's K
-    codes, then its V codes), so that one contiguous tile holds both for a run of positions."""
-    w = kc.shape[-1]
-    return (kc.shape == vc.shape and kc.stride() == vc.stride() and kc.stride(2) == 2 * w
-            and vc.data_ptr() == kc.data_ptr() + w * kc.element_size() and _rows_uniform(kc))
-
-
-def _kv_desc(kc: torch.Tensor, block_n: int):
-    """The host TMA descriptor over an interleaved cache (`kv_interleaved`) as [S·Hkv·Lmax, 2·W]
-    rows of K then V words, tiles of block_n rows."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    w = kc.shape[-1]
-    return TensorDescriptor(kc, [kc.shape[0] * kc.shape[1] * kc.shape[2], 2 * w], [2 * w, 1], [block_n, 2 * w])
-
-
-def _rows_uniform(c: torch.Tensor) -> bool:
-    """A [S, Hkv, Lmax, W] cache whose (slot, head, position) rows lie one fixed stride apart: a
-    contiguous cache, or K's or V's half of a cache interleaving them per position."""
-    return (c.stride(-1) == 1 and c.stride(1) == c.shape[2] * c.stride(2)
-            and c.stride(0) == c.shape[1] * c.stride(1))
-
-
 def _tma_descs_apply(kc: torch.Tensor, vc: torch.Tensor) -> bool:
-    """TMA word tiles: sm_90+ (or the interpreter), caches [S, Hkv, Lmax, D/4] int32 whose rows are
-    evenly spaced (`_rows_uniform`: one descriptor row per position), 16-byte aligned."""
-    return tma_available(kc.device, INTERPRETED) and all(
-        _rows_uniform(c) and c.data_ptr() % 16 == 0 and (c.stride(2) * c.element_size()) % 16 == 0 for c in (kc, vc))
+    """TMA word tiles: sm_90+ (or the interpreter), caches laid out [S, Hkv, Lmax, D/4] int32
+    contiguously (one descriptor row per position), 16-byte aligned."""
+    return tma_available(kc.device, INTERPRETED) and all(c.is_contiguous() and c.data_ptr() % 16 == 0 for c in (kc, vc))
 
 
 def _word_descs(kc: torch.Tensor, vc: torch.Tensor, block_n: int):
-    """Host TMA descriptors over the int32 word caches as [S·Hkv·Lmax, D/4] rows (row stride: the
-    cache's position stride), tiles of block_n rows."""
+    """Host TMA descriptors over the int32 word caches as [S·Hkv·Lmax, D/4] rows, tiles of block_n rows."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     words = kc.shape[-1]
-    return tuple(TensorDescriptor(c, [c.shape[0] * c.shape[1] * c.shape[2], words], [c.stride(2), 1],
-                                  [block_n, words]) for c in (kc, vc))
+    return tuple(TensorDescriptor(c, [c.numel() // words, words], [words, 1], [block_n, words]) for c in (kc, vc))
 
 
 def _launch_decode(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt, prec: str, mode: int,

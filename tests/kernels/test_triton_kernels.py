@@ -418,32 +418,6 @@ def test_decode_attention_tma_config_on_strided_caches_loads_by_pointer(K, monke
     assert descs == [32] and torch.equal(strided, out)
 
 
-def test_decode_attention_tma_reads_a_cache_interleaving_k_and_v(K, monkeypatch):
-    """K and V as the two halves of one [S, Hkv, Lmax, 2, D] cache (each position's K codes, then its
-    V codes): the kernel loads one K|V tile a step through one descriptor and splits it, and gives
-    the bits it gives over separate contiguous caches; halves further apart (row stride 3·D) take
-    a descriptor each, stepping over the rows with that stride, with the same bits again."""
-    descs = _record_word_descs(K, monkeypatch)
-    q, kc, ks, vc, vs, slots, lens, sm = _int8_attn_case(14)
-    cfg = K.attn.AttnConfig(block_n=32, num_warps=4, num_stages=4, num_splits=1, planes=True, tma=True)
-    out = K.attn.decode_attention(q, kc, ks, vc, vs, slots, lens, sm, config=cfg)
-    kv = torch.stack([kc, vc], dim=3)
-    ki, vi = kv[:, :, :, 0], kv[:, :, :, 1]
-    assert ki.stride(2) == 2 * kc.shape[-1] and not vi.is_contiguous()
-    assert K.attn.kv_interleaved(ki.view(torch.int32), vi.view(torch.int32))
-    kv_descs = []
-    kv_desc = K.attn._kv_desc
-    monkeypatch.setattr(K.attn, "_kv_desc", lambda *a: (kv_descs.append(a[1]), kv_desc(*a))[1])
-    inter = K.attn.decode_attention(q, ki, ks, vi, vs, slots, lens, sm, config=cfg)
-    assert descs == [32] and kv_descs == [32] and torch.equal(inter, out)     # one K|V tile a step
-    # the same views over a cache whose halves are not adjacent per position: two descriptors
-    kv3 = torch.stack([kc, torch.zeros_like(kc), vc], dim=3)
-    k3, v3 = kv3[:, :, :, 0], kv3[:, :, :, 2]
-    assert not K.attn.kv_interleaved(k3.view(torch.int32), v3.view(torch.int32))
-    assert torch.equal(K.attn.decode_attention(q, k3, ks, v3, vs, slots, lens, sm, config=cfg), out)
-    assert descs == [32, 32] and kv_descs == [32]
-
-
 def test_decode_attention_ref_is_dequantized_softmax(K):
     """The reference itself: int8 cache == float attention over kv_roundtrip'ed K/V (GQA 4:1)."""
     q, k, v, slots, lens = _attn_case(12)
