@@ -12,6 +12,7 @@ import torch
 
 from agentq.agent.trajectory import Trajectory
 from agentq.algos.objective import Prepared
+from agentq.utils.device import to_device
 
 
 @dataclass
@@ -54,8 +55,8 @@ class PolicyBatch:
         return self.map_tensors(lambda t: t[idx])
 
     def to(self, device: torch.device | str) -> PolicyBatch:
-        """Every tensor on `device`."""
-        return self.map_tensors(lambda t: t.to(device))
+        """Every tensor on `device` (host tensors copied without waiting for its queue: `to_device`)."""
+        return self.map_tensors(lambda t: to_device(t, device))
 
     def trim(self, length: int) -> PolicyBatch:
         """The first `length` positions of every [B, L] tensor (per-row [B] tensors unchanged)."""

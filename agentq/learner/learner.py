@@ -23,6 +23,7 @@ from agentq.kernels._interp import cuda_half
 from agentq.kernels.logprob import token_logprobs
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.kernels.ste import check_grad_input
+from agentq.utils.device import to_device
 from agentq.utils.memory import out_of_memory_hint
 
 from .batch import PolicyBatch
@@ -61,7 +62,7 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     zeroes the tokens it does not score.
     """
     if heads is None and scored is not None:
-        heads = scored_columns(scored, input_ids.shape[1]).to(input_ids.device)
+        heads = to_device(scored_columns(scored, input_ids.shape[1]), input_ids.device)
     if heads is not None and keeps_logits(model):
         model_kw["logits_to_keep"] = heads
     # use_cache=False: HF would otherwise fill a KV cache nobody reads (two concatenations per layer)
@@ -77,7 +78,7 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     lp = token_logprobs(logits, input_ids[:, targets], temperature)
     out = torch.zeros(input_ids.shape, dtype=lp.dtype, device=lp.device)
     out = out.index_copy(1, targets, lp)      # differentiable in lp (the training forward)
-    return out if scored is None else out * scored.to(out.device, out.dtype)
+    return out if scored is None else out * to_device(scored, out.device, out.dtype)
 
 
 def keeps_logits(model: nn.Module) -> bool:
@@ -122,15 +123,15 @@ def packed_sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, lengths:
     """
     layout = PackLayout.of(lengths)
     device = next(model.parameters()).device
-    ids = layout.pack(input_ids).to(device)
+    ids = to_device(layout.pack(input_ids), device)
     kw: dict[str, Any] = {}
     if layout.num_rows == 1:            # one row: plain causal attention, positions 0…n−1
         mask, pos = None, None
     elif row_bounds and varlen_model(model):
-        mask, kw = varlen_inputs(layout.bounds().to(device, torch.int32), int(layout.lengths.max()))
-        pos = layout.position_ids().to(device)
+        mask, kw = varlen_inputs(to_device(layout.bounds(), device, torch.int32), int(layout.lengths.max()))
+        pos = to_device(layout.position_ids(), device)
     else:
-        mask, pos = layout.causal_block_mask(device), layout.position_ids().to(device)
+        mask, pos = layout.causal_block_mask(device), to_device(layout.position_ids(), device)
         if row_bounds:
             kw = {"cu_seq_lens_q": layout.bounds(), "cu_seq_lens_k": layout.bounds()}
     packed_scored = None if scored is None else layout.pack(scored.bool().cpu())
@@ -156,14 +157,14 @@ def shared_prefix_packed_logprobs(model: nn.Module, input_ids: torch.Tensor, len
     """
     layout = SharedPackLayout.of(input_ids.cpu(), lengths, groups)
     device = next(model.parameters()).device
-    ids = layout.pack(input_ids.cpu()).to(device)
-    mask, kw = segment_inputs(layout.q_bounds, layout.k_bounds, layout.kv_index.to(device))
+    ids = to_device(layout.pack(input_ids.cpu()), device)
+    mask, kw = segment_inputs(layout.q_bounds, layout.k_bounds, to_device(layout.kv_index, device))
     packed_scored = None if scored is None else layout.pack(scored.bool().cpu())
-    logp = sequence_logprobs(model, ids, mask, temperature, position_ids=layout.position_ids().to(device),
+    logp = sequence_logprobs(model, ids, mask, temperature, position_ids=to_device(layout.position_ids(), device),
                              scored=packed_scored, **kw)
     rows = unpack_rows(layout, logp, input_ids.shape[1])
     # a shared position is scored if any of its rows scores it: keep each row's own zeros
-    return rows if scored is None else rows * scored.to(rows.device, rows.dtype)
+    return rows if scored is None else rows * to_device(scored, rows.device, rows.dtype)
 
 
 def unpack_rows(layout: PackLayout | SharedPackLayout, logp: torch.Tensor, length: int) -> torch.Tensor:
@@ -303,7 +304,7 @@ class Learner:
                 for idx in plan.groups(batch.attention_mask.sum(1), batch.input_ids):
                     am = batch.attention_mask[idx]
                     L = int(am.sum(1).max())
-                    out[idx.to(self.device), :L] = self.rows_logprobs(
+                    out[to_device(idx, self.device), :L] = self.rows_logprobs(
                         model, batch.input_ids[idx, :L], am[:, :L], plan,
                         None if scored is None else scored[idx, :L]).float()
         finally:                                    # a failed pass leaves the model's mode as it was
@@ -454,7 +455,8 @@ class Learner:
         pack_tokens = plan.pack_tokens
         mask = model_mask(attention_mask)
         if pack_tokens is None:
-            return sequence_logprobs(model, input_ids.to(self.device), None if mask is None else mask.to(self.device),
+            return sequence_logprobs(model, to_device(input_ids, self.device),
+                                     None if mask is None else to_device(mask, self.device),
                                      self.temperature, scored=scored)
         if mask is not None:
             raise ValueError("sequence packing (pack_tokens) needs right-padded rows (as `collate` builds them)")
@@ -465,7 +467,7 @@ class Learner:
             logp = runner.run(layout, layout.pack(input_ids), None if scored is None else layout.pack(scored))
             if logp is not None:        # the head's filler positions (`graphs.padded_head_positions`) zeroed
                 rows = unpack_rows(layout, logp, input_ids.shape[1])
-                return rows if scored is None else rows * scored.to(rows.device, rows.dtype)
+                return rows if scored is None else rows * to_device(scored, rows.device, rows.dtype)
         groups = self.shared_prefixes(model, input_ids, lengths, plan)
         if groups:
             return shared_prefix_packed_logprobs(model, input_ids, lengths, groups, self.temperature, scored)

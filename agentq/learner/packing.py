@@ -16,6 +16,8 @@ from typing import Sequence
 
 import torch
 
+from agentq.utils.device import to_device
+
 
 def plan_packs(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Group rows into packs of at most `max_tokens` tokens, first-fit decreasing.
@@ -100,13 +102,13 @@ class PackLayout:
         pos = torch.arange(length)
         valid = pos.unsqueeze(0) < self.lengths.unsqueeze(1)
         src = (self.starts.unsqueeze(1) + pos.unsqueeze(0)).clamp(max=max(self.total - 1, 0))
-        out = packed[0, src.to(packed.device)]
-        return out * valid.to(out.device, out.dtype)
+        out = packed[0, to_device(src, packed.device)]
+        return out * to_device(valid, out.device, out.dtype)
 
     def causal_block_mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """[1, 1, total, total] bool, True where query i may attend key j: same row and j ≤ i.
         HF passes a 4D mask to the attention function as it is (no mask of its own is built)."""
-        seg = self.row_of_token().to(device)
+        seg = to_device(self.row_of_token(), device)
         idx = torch.arange(self.total, device=device)
         allowed = (seg.unsqueeze(1) == seg.unsqueeze(0)) & (idx.unsqueeze(1) >= idx.unsqueeze(0))
         return allowed[None, None]
@@ -316,5 +318,5 @@ class SharedPackLayout:
     def unpack(self, packed: torch.Tensor, length: int) -> torch.Tensor:
         """[1, total] per-token values → [R, length] rows (0 past each row's end); differentiable."""
         src = self.src[:, :length]
-        out = packed[0, src.clamp(min=0).to(packed.device)]
-        return out * (src >= 0).to(out.device, out.dtype)
+        out = packed[0, to_device(src.clamp(min=0), packed.device)]
+        return out * to_device(src >= 0, out.device, out.dtype)

@@ -30,6 +30,7 @@ from agentq.kernels import attention as attn_ops
 from agentq.kernels._interp import cuda_half
 from agentq.kernels import ste
 from agentq.kernels.quant_spec import QuantSpec
+from agentq.utils.device import to_device
 
 from .fused_modules import install_fused_elementwise, install_fused_rope, remove_fused_elementwise
 
@@ -235,7 +236,7 @@ def segment_inputs(q_bounds: torch.Tensor, k_bounds: torch.Tensor, kv_index: tor
     dev = kv_index.device
     bounds_dtype = torch.int32 if dev.type == "cuda" else torch.long
     return placeholder_mask(dev), {
-        "cu_seq_lens_q": q_bounds.to(dev, bounds_dtype), "cu_seq_lens_k": k_bounds.to(dev, bounds_dtype),
+        "cu_seq_lens_q": to_device(q_bounds, dev, bounds_dtype), "cu_seq_lens_k": to_device(k_bounds, dev, bounds_dtype),
         "max_length_q": int(q_bounds.diff().max()), "max_length_k": int(k_bounds.diff().max()),
         "agentq_kv_index": kv_index}
 

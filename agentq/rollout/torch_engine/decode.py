@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from agentq.rollout.backend import SamplingParams
+from agentq.utils.device import device_tensor
 
 from .kv_cache import KVCache
 from .model import EngineModel, decode_kernel_applies
@@ -146,8 +147,7 @@ class DecodeRunner:
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Counter-based draw for rows whose logits are already computed (the first token of a turn)."""
         dev = logits.device
-        keys = row_keys(torch.tensor(seeds, dtype=torch.int64, device=dev),
-                        torch.tensor(positions, dtype=torch.int64, device=dev))
+        keys = row_keys(device_tensor(seeds, dev, torch.int64), device_tensor(positions, dev, torch.int64))
         self._temp.fill_(params.temperature if params.temperature > 0 else 1.0)
         return sample_counter(logits, params, keys, self._vkeys, self._temp)
 

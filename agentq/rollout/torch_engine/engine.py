@@ -24,6 +24,7 @@ import torch
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
                                     load_safetensors_dir)
+from agentq.utils.device import device_tensor, to_device
 
 from .kv_cache import KVCache
 from .decode import DecodeRunner, DecodeStep
@@ -350,8 +351,8 @@ class TorchEngine(RolloutBackend):
         """Feed one token per slot (eagerly); returns the next-token logits [B, V]."""
         new_lens = self._advance(slots, tokens)
         dev = self.device
-        return self.model.decode_step(torch.tensor(tokens, device=dev), torch.tensor(slots, device=dev),
-                                      torch.tensor(new_lens, device=dev), self.cache)
+        return self.model.decode_step(device_tensor(tokens, dev), device_tensor(slots, dev),
+                                      device_tensor(new_lens, dev), self.cache)
 
     def _forward(self, slots: list[int], pieces: list[list[int]], all_logits: bool
                  ) -> tuple[torch.Tensor, None]:
@@ -373,13 +374,12 @@ class TorchEngine(RolloutBackend):
         if int(new_lens.max()) > self.max_len:     # a write past the slot would corrupt other memory on GPU
             raise ValueError(f"a slot would grow to {int(new_lens.max())} tokens > max_len={self.max_len}")
         slots_t = torch.tensor(slots)
+        inputs = [to_device(x, dev) for x in (ids, pos, valid, slots_t, new_lens)]
         if all_logits:
-            logits = self.model(ids.to(dev), pos.to(dev), valid.to(dev), slots_t.to(dev), new_lens.to(dev),
-                                self.cache)
+            logits = self.model(*inputs, self.cache)
         else:
-            rows = (torch.arange(b), n_new - 1)
-            logits = self.model(ids.to(dev), pos.to(dev), valid.to(dev), slots_t.to(dev), new_lens.to(dev),
-                                self.cache, logit_rows=(rows[0].to(dev), rows[1].to(dev)))
+            rows = (to_device(torch.arange(b), dev), to_device(n_new - 1, dev))
+            logits = self.model(*inputs, self.cache, logit_rows=rows)
         return logits, None
 
 

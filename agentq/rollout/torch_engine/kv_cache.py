@@ -12,6 +12,7 @@ import torch
 
 from agentq.kernels import quant
 from agentq.kernels.quant_spec import QuantSpec
+from agentq.utils.device import device_tensor
 from agentq.utils.memory import out_of_memory_hint
 
 
@@ -125,8 +126,7 @@ class KVCache:
             return
         if len(src) != len(dst) or set(src) & set(dst) or len(set(dst)) != len(dst):
             raise ValueError(f"copy_slots: sources {src} and destinations {dst} must pair up, distinct")
-        s = torch.tensor(src, device=self.device)
-        d = torch.tensor(dst, device=self.device)
+        s, d = device_tensor(src, self.device), device_tensor(dst, self.device)
         for tensors in (self.k, self.v, self.k_scale or [], self.v_scale or []):
             for t in tensors:
                 t[d, :, :length] = t[s, :, :length]
