@@ -21,8 +21,12 @@ ASYNC_H2D = os.environ.get("AGENTQ_ASYNC_H2D", "1") != "0"
 
 
 def to_device(t: torch.Tensor, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """`t.to(device, dtype)`; a CPU tensor bound for a GPU is copied without waiting for its queue."""
-    return t.to(device=device, dtype=dtype, non_blocking=ASYNC_H2D)
+    """`t.to(device, dtype)`; a CPU tensor bound for another device is copied without waiting for
+    its queue. Any other copy (device → host above all, whose result the host may read at once)
+    blocks as `Tensor.to` does."""
+    target = torch.device(device)
+    async_h2d = ASYNC_H2D and t.device.type == "cpu" and target.type != "cpu"
+    return t.to(device=target, dtype=dtype, non_blocking=async_h2d)
 
 
 def device_tensor(data: Any, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:

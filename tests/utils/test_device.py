@@ -16,6 +16,7 @@ def test_to_device_keeps_values_and_converts_dtype():
     assert out.dtype == torch.float32 and torch.equal(out, t.float())
     ids = torch.arange(6).reshape(2, 3)
     assert to_device(ids, "cpu") is ids                         # already there: no copy, as Tensor.to
+    assert to_device(ids, torch.device("cpu"), torch.float64).dtype == torch.float64
     assert torch.equal(device_tensor([[1, 2], [3, 4]], "cpu", torch.int32),
                        torch.tensor([[1, 2], [3, 4]], dtype=torch.int32))
 
@@ -46,3 +47,15 @@ def test_source_reused_after_an_async_copy_does_not_change_the_copy():
     src.fill_(-1)
     assert torch.equal(out.cpu(), want)
     assert torch.isfinite(big).all()
+
+
+@cuda
+def test_device_to_host_copies_still_block():
+    """A GPU tensor copied to the host through `to_device` is complete when the call returns
+    (a non-blocking device → host copy could be read before it lands)."""
+    x = torch.randn(4096, 4096, device="cuda")
+    for _ in range(3):
+        x = x @ x / 64.0
+    y = (x[:1024] * 0 + 7).to(torch.int32)
+    host = to_device(y, "cpu")
+    assert host.device.type == "cpu" and bool((host == 7).all())
