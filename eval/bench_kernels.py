@@ -770,20 +770,21 @@ if HAVE_TRITON_JIT:
         then its V words (WORDS = both), read through k_ptr / k_desc alone."""
         b, h, heads = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
         sp, splits = tl.program_id(2), tl.num_programs(2)
-        chunk = (length + splits - 1) // splits
+        chunk = ((length + splits - 1) // splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N     # whole tiles
         row0 = (b * heads + h) * max_len
         offs = tl.arange(0, BLOCK_N)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
         acc = tl.full([BLOCK_N, WORDS], 0, tl.int32)
         for n0 in range(sp * chunk, tl.minimum(sp * chunk + chunk, length), BLOCK_N):
-            base = (row0 + n0).to(tl.int64) * WORDS
-            if ONE_STREAM and TMA:
-                acc ^= k_desc.load([row0 + n0, 0])
-            elif ONE_STREAM:
-                acc ^= tl.load(k_ptr + base + offs)
-            elif TMA:
-                acc ^= k_desc.load([row0 + n0, 0]) ^ v_desc.load([row0 + n0, 0])
+            if TMA:
+                tile = k_desc.load([row0 + n0, 0])
+                if not ONE_STREAM:
+                    tile ^= v_desc.load([row0 + n0, 0])
             else:
-                acc ^= tl.load(k_ptr + base + offs) ^ tl.load(v_ptr + base + offs)
+                base = (row0 + n0).to(tl.int64) * WORDS
+                tile = tl.load(k_ptr + base + offs)
+                if not ONE_STREAM:
+                    tile ^= tl.load(v_ptr + base + offs)
+            acc ^= tile
         tl.store(out_ptr + (b * heads + h) * splits + sp, tl.reduce(tl.reduce(acc, 1, _xor), 0, _xor))
 
     @triton.jit
