@@ -78,7 +78,12 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     lp = token_logprobs(logits, input_ids[:, targets], temperature)
     out = torch.zeros(input_ids.shape, dtype=lp.dtype, device=lp.device)
     out = out.index_copy(1, targets, lp)      # differentiable in lp (the training forward)
-    return out if scored is None else out * to_device(scored, out.device, out.dtype)
+    return scored_only(out, scored)
+
+
+def scored_only(logp: torch.Tensor, scored: torch.Tensor | None) -> torch.Tensor:
+    """`logp` [B, L] with the tokens `scored` (CPU [B, L] bool; None = all) does not mark zeroed."""
+    return logp if scored is None else logp * to_device(scored, logp.device, logp.dtype)
 
 
 def keeps_logits(model: nn.Module) -> bool:
@@ -164,7 +169,7 @@ def shared_prefix_packed_logprobs(model: nn.Module, input_ids: torch.Tensor, len
                              scored=packed_scored, **kw)
     rows = unpack_rows(layout, logp, input_ids.shape[1])
     # a shared position is scored if any of its rows scores it: keep each row's own zeros
-    return rows if scored is None else rows * to_device(scored, rows.device, rows.dtype)
+    return scored_only(rows, scored)
 
 
 def unpack_rows(layout: PackLayout | SharedPackLayout, logp: torch.Tensor, length: int) -> torch.Tensor:
@@ -467,7 +472,7 @@ class Learner:
             logp = runner.run(layout, layout.pack(input_ids), None if scored is None else layout.pack(scored))
             if logp is not None:        # the head's filler positions (`graphs.padded_head_positions`) zeroed
                 rows = unpack_rows(layout, logp, input_ids.shape[1])
-                return rows if scored is None else rows * to_device(scored, rows.device, rows.dtype)
+                return scored_only(rows, scored)
         groups = self.shared_prefixes(model, input_ids, lengths, plan)
         if groups:
             return shared_prefix_packed_logprobs(model, input_ids, lengths, groups, self.temperature, scored)
