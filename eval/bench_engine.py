@@ -39,6 +39,7 @@ import torch
 
 from agentq.eval.bench_common import (SHAPES, SWITCHES, fast_path_switches, kernel_timeline, print_timeline,
                                       profiled_kernels, qwen3_config, sync, time_calls, write_json)
+from agentq.rollout.torch_engine.prefill_graphs import DEFAULT_MAX_TOKENS as DEFAULT_PREFILL_GRAPH_TOKENS
 
 OBS = 64
 
@@ -75,7 +76,7 @@ def weight_bytes(engine) -> int:
 
 def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns: int, device: str,
                dtype: torch.dtype, graphs: bool = True, run_ahead: bool = True, group: int = 1,
-               share: bool = True) -> dict:
+               share: bool = True, prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS) -> dict:
     from agentq.kernels import QuantSpec
     from agentq.rollout import SamplingParams, TurnRequest
     from agentq.rollout.torch_engine.engine import TorchEngine
@@ -83,7 +84,8 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     max_len = prompt + turns * (new + OBS) + 32
     cfg = qwen3_config(model, max_len)
     eng = TorchEngine(cfg, QuantSpec.preset(quant), max_slots=batch, max_len=max_len, dtype=dtype, device=device,
-                      cuda_graphs=graphs, run_ahead=run_ahead, share_prefill=share)
+                      cuda_graphs=graphs, run_ahead=run_ahead, share_prefill=share,
+                      prefill_graph_tokens=prefill_graph_tokens)
     eng.update_weights(random_weights(eng), version=0)
     sp = SamplingParams(max_new_tokens=new)
     ctx = _contexts(batch, prompt, cfg.vocab_size, group)
@@ -117,7 +119,8 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
            "turns": turns, "group": group, "share_prefill": share, "turn_s": turn_s, "tokens_per_s": gen / total, "decode_step_ms": ms,
            "decode_step_pipelined_ms": ms_pipe, "run_ahead": run_ahead,
            "kv_bytes_per_token": eng.kv_bytes_per_token(), "weight_bytes": weight_bytes(eng),
-           "kv_bytes_read_per_step": kv_read, "decode_stats": dict(eng.decoder.stats), "engine_stats": dict(eng.stats), "graphs": eng.decoder.graphable,
+           "kv_bytes_read_per_step": kv_read, "decode_stats": dict(eng.decoder.stats), "engine_stats": dict(eng.stats),
+           "prefill_graph_tokens": prefill_graph_tokens, "prefill_graph_stats": dict(eng.prefiller.stats), "graphs": eng.decoder.graphable,
            "eager_run": not graphs, **({"decode_sweep": sweep} if sweep else {})}
     del eng
     _free(device)
@@ -353,11 +356,13 @@ def main():
                     help="QuantSpec presets to run; each quantized one is compared with `none` (which must be listed)")
     ap.add_argument("--group", type=int, default=1, help="consecutive episodes sharing one prompt (a GRPO group)")
     ap.add_argument("--no-share", action="store_true", help="engines prefill every row (share_prefill=False)")
+    ap.add_argument("--prefill-graph-tokens", type=int, default=DEFAULT_PREFILL_GRAPH_TOKENS,
+                    help="prefill chunks of at most this many tokens a row replay CUDA graphs (0: eager)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.group < 1 or any(b % a.group for b in a.batch):
         raise SystemExit(f"--group {a.group}: must be >= 1 and divide every --batch")
-    run_kw = {"group": a.group, "share": not a.no_share}
+    run_kw = {"group": a.group, "share": not a.no_share, "prefill_graph_tokens": a.prefill_graph_tokens}
     global PROFILE, SWEEP_PASSES
     PROFILE, SWEEP_PASSES = a.profile, a.sweep_passes
     for item in a.decode_sweep:
@@ -401,7 +406,8 @@ def print_table(a, rows, bw, budget) -> None:
           f"observations), {a.device}; copy bandwidth {bw / 1e12:.2f} TB/s")
     if a.group > 1:
         print(f"prompts: one per group of {a.group} episodes; engine prefill shared: {not a.no_share}")
-    print("switches: " + ", ".join(f"{k}={v}" for k, v in fast_path_switches().items()))
+    print("switches: " + ", ".join(f"{k}={v}" for k, v in fast_path_switches().items())
+          + f"; prefill chunks of ≤ {a.prefill_graph_tokens} tokens a row from CUDA graphs")
     print(f"{'engine':12s} {'quant':13s} {'B':>4s} {'graphs':>6s} {'ahead':>5s} {'tok/s':>9s} {'decode ms':>9s} "
           f"{'pipelined':>9s} {'roofline':>8s} {'KV B/tok':>9s}")
     for r in rows:

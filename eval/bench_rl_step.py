@@ -58,6 +58,7 @@ from agentq.eval.bench_common import (base_parser, kernel_table, kernel_timeline
                                       profiled_kernels, random_model, release_memory, sync)
 from agentq.kernels.ste import GRAD_INPUTS
 from agentq.learner.learner import OLD_LOGP_MODES
+from agentq.rollout.torch_engine.prefill_graphs import DEFAULT_MAX_TOKENS as DEFAULT_PREFILL_GRAPH_TOKENS
 
 PHASES = ("rollout", "old_ref", "update", "sync")
 
@@ -202,7 +203,7 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
                       share_prefix=learner_kw["share_prefix"],
                       activation_checkpointing=args.activation_checkpointing)
     engine = TorchEngine(cfg, rollout_spec, max_slots=args.episodes, max_len=max_len, dtype=dtype, device=device,
-                         share_prefill=not args.no_share)
+                         share_prefill=not args.no_share, prefill_graph_tokens=args.prefill_graph_tokens)
     engine.update_weights(learner.named_weights(), version=0)
     objective = make_objective(pre["objective"], **pre["params"])
     times = {p: [] for p in PHASES}
@@ -247,7 +248,7 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
            "action_tokens": int(sum(x.num_action_tokens for x in trajs)), "tokens": int(sum(x.num_tokens for x in trajs)),
            "mismatch": mism[-1] if mism else {},
            "peak_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None,
-           "rollout_gpu": rollout_gpu}
+           "rollout_gpu": rollout_gpu, "prefill_graph_stats": dict(engine.prefiller.stats)}
     del learner, engine, model
     release_memory(device)
     return res
@@ -285,6 +286,8 @@ def main(argv=None) -> dict:
                          "own forward (bypass: the old_ref phase then holds π_ref only)")
     ap.add_argument("--group-prompt", action="store_true", help="the episodes of a group share their prompt (GRPO)")
     ap.add_argument("--no-share", action="store_true", help="the engine prefills every row (share_prefill=False)")
+    ap.add_argument("--prefill-graph-tokens", type=int, default=DEFAULT_PREFILL_GRAPH_TOKENS,
+                    help="the engine's prefill chunks of at most this many tokens a row replay CUDA graphs (0: eager)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--profile", action="store_true",
@@ -307,6 +310,7 @@ def main(argv=None) -> dict:
           f"{args.logprob_pack_tokens}, CUDA graphs {args.cuda_graphs}, checkpointing {args.activation_checkpointing}, "
           f"old_logp {args.old_logp}, "
           f"group prompts {args.group_prompt} (shared prefill {not args.no_share}), "
+          f"prefill chunks of ≤ {args.prefill_graph_tokens} tokens from CUDA graphs, "
           f"{report['device']} {dtype}")
     print(f"{'algo':<13} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'step s':>8} {'peak GiB':>9}")
     for r in rows.values():

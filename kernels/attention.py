@@ -89,6 +89,13 @@ def prefill_kernel_available(device: torch.device, dtype: torch.dtype, head_dim:
             and os.environ.get("AGENTQ_PREFILL_KERNEL", "1") != "0")
 
 
+def prefill_cache_read(k_cache, b: int, t: int, key_len: int) -> str:
+    """How `prefill_attention` reads the cache for a [B, T] chunk over key_len positions
+    (`triton_prefill.cache_read`)."""
+    from .triton_prefill import cache_read
+    return cache_read(k_cache, b, t, key_len)
+
+
 def prefill_attention(q, k_cache, k_scale, v_cache, v_scale, slots, n_new, new_lens, sm_scale, key_len=None):
     """A prefill chunk's attention over the engine's cache layout, read in place (CUDA Triton
     kernel; `triton_prefill.prefill_attention`; key_len = max(new_lens) when known)."""

@@ -210,6 +210,14 @@ def prefill_applies(q: torch.Tensor, k_cache: torch.Tensor, k_scale) -> bool:
             and (int8 or (k_scale is None and k_cache.dtype == q.dtype)))
 
 
+def cache_read(k_cache: torch.Tensor, b: int, t: int, key_len: int, config: PrefillConfig | None = None) -> str:
+    """How `prefill_attention` reads the cache for B rows of T query tokens over key_len positions:
+    "float", or the int8 `CODE_READS` entry that applies. The reads round differently, so a caller
+    that pads a chunk (`prefill_graphs`) checks that the padding keeps this."""
+    cfg = config or H200_PREFILL["int8" if k_cache.dtype == torch.int8 else "float"]
+    return _code_read(cfg, k_cache, b, t, key_len)
+
+
 def _code_read(cfg: PrefillConfig, k_cache: torch.Tensor, b: int, t: int, key_len: int) -> str:
     """How this call reads the cache: "float", or the int8 `CODE_READS` entry that applies."""
     if k_cache.dtype != torch.int8:
@@ -318,4 +326,4 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Ten
     return out
 
 
-__all__ = ["CODE_READS", "H200_PREFILL", "PrefillConfig", "prefill_applies", "prefill_attention", "prefill_attention_ref"]
+__all__ = ["CODE_READS", "H200_PREFILL", "PrefillConfig", "cache_read", "prefill_applies", "prefill_attention", "prefill_attention_ref"]

@@ -213,7 +213,7 @@ def test_prefill_writes_the_same_cache_with_and_without_padding(quant):
     def write(valid):
         cache = KVCache(1, 5, hkv, 16, d, QuantSpec.preset(quant), torch.float32)
         ctx = ForwardContext(cache, slots, positions, valid, starts + valid.sum(1), allow_decode_kernel=False)
-        cache.write(0, ctx.write_slots, ctx.write_positions, ctx.new_tokens(k), ctx.new_tokens(k))
+        cache.write(0, *ctx.write_addresses, ctx.new_tokens(k), ctx.new_tokens(k))
         return ctx, cache
 
     full_ctx, full = write(torch.ones(b, t, dtype=torch.bool))

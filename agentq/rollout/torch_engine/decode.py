@@ -25,7 +25,7 @@ cached length, where the next turn's prefill writes anyway.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -50,6 +50,23 @@ def bucket_sizes(max_batch: int) -> list[int]:
         b += 16 if b < 64 else (32 if b < 256 else 64)
     sizes.append(max_batch)
     return sorted(set(sizes))
+
+
+def capture_graph(run: Callable[[], Any], pool: Any) -> tuple[Any, Any]:
+    """A CUDA graph of `run()` in memory pool `pool`, and the outputs its capture returned (the
+    tensors each replay rewrites). Two runs on a side stream first compile kernels and allocate
+    workspaces, which a capture may not do; they and the capture write what a replay of the
+    current inputs writes."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = run()
+    return graph, out
 
 
 class _Bucket:
@@ -225,23 +242,13 @@ class DecodeRunner:
         return self._graphs[key]
 
     def _capture(self, buf: _Bucket, params: SamplingParams) -> Any:
-        """Warm up on a side stream (compiles kernels, allocates workspaces), then capture. The
-        buffers' current contents are the live batch; the capture's own writes go to the same
-        places the replay that follows writes, so they change nothing."""
+        """Capture (`capture_graph`) on padding rows, then put the live batch back in the buffers."""
         saved = [t.clone() for t in buf.tensors()]
         # capture and warm-up on padding rows only: their K/V lands in the scratch slot
         buf.fill([], [], [], [])
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                self._run(buf, params)
-        torch.cuda.current_stream().wait_stream(s)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self._run(buf, params)
+        graph, out = capture_graph(lambda: self._run(buf, params), self._pool)
         for t, v in zip(buf.tensors(), saved):
             t.copy_(v)
         self.stats["graphs_captured"] += 1

@@ -29,6 +29,7 @@ from agentq.utils.device import device_tensor, to_device
 from .kv_cache import KVCache
 from .decode import DecodeRunner, DecodeStep
 from .model import EngineModel
+from .prefill_graphs import DEFAULT_MAX_TOKENS, PrefillRunner
 from .sampler import processed_logprobs, sample
 
 SAMPLERS = ("auto", "generator", "counter")
@@ -51,7 +52,7 @@ class TorchEngine(RolloutBackend):
     def __init__(self, hf_config: Any, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = 512,
                  tokenizer: Any = None, sampler: str = "auto", cuda_graphs: bool = True, run_ahead: bool = True,
-                 share_prefill: bool = True):
+                 share_prefill: bool = True, prefill_graph_tokens: int = DEFAULT_MAX_TOKENS):
         """Args:
             hf_config: the HF config of a Llama / Qwen2 / Qwen3 checkpoint.
             quant: the rollout numerics.
@@ -66,6 +67,9 @@ class TorchEngine(RolloutBackend):
                 K/V slot and the logits); a prefix common to the other new contexts, at least
                 `SHARE_MIN_TOKENS` long, is prefilled once and copied. Each row still samples with
                 its own seed. Off: every row prefills its own context.
+            prefill_graph_tokens: prefill chunks of at most this many tokens per row (a turn's new
+                tokens) are padded to buckets and replayed from CUDA graphs (`prefill_graphs`;
+                CUDA with the fused norms and the prefill kernel, and `cuda_graphs`); 0: eager.
         """
         if sampler not in SAMPLERS:
             raise ValueError(f"rollout sampler must be one of {SAMPLERS}, got {sampler!r}")
@@ -82,6 +86,8 @@ class TorchEngine(RolloutBackend):
         self.sampler = ("counter" if self.device.type == "cuda" else "generator") if sampler == "auto" else sampler
         self.decoder = DecodeRunner(self.model, self.cache, pad_slot=max_slots, max_batch=max_slots,
                                     use_graphs=cuda_graphs and self.sampler == "counter")
+        self.prefiller = PrefillRunner(self.model, self.cache, pad_slot=max_slots, max_rows=max_slots,
+                                       max_tokens=prefill_graph_tokens if cuda_graphs else 0, use_graphs=True)
         self.max_slots, self.max_len, self.prefill_chunk = max_slots, max_len, prefill_chunk
         self.run_ahead = run_ahead
         self.share_prefill = share_prefill
@@ -357,13 +363,21 @@ class TorchEngine(RolloutBackend):
     def _forward(self, slots: list[int], pieces: list[list[int]], all_logits: bool
                  ) -> tuple[torch.Tensor, None]:
         """One padded forward of `pieces` appended to `slots`. Returns logits of each piece's last
-        token [B, V] (or every token [B, T, V])."""
-        dev = self.device
+        token [B, V] (or every token [B, T, V]). Short chunks go through the CUDA-graph buckets
+        (`PrefillRunner`) where they take them."""
+        lens_l = [len(self._cached[s]) for s in slots]
+        new_max = max(n + len(p) for n, p in zip(lens_l, pieces))
+        if new_max > self.max_len:     # a write past the slot would corrupt other memory on GPU
+            raise ValueError(f"a slot would grow to {new_max} tokens > max_len={self.max_len}")
         b, t = len(pieces), max(len(p) for p in pieces)
+        key = None if all_logits else self.prefiller.bucket(b, t, new_max)
+        if key is not None:
+            return self.prefiller.run(key, slots, pieces, lens_l), None
+        dev = self.device
         ids = torch.zeros(b, t, dtype=torch.long)
         pos = torch.zeros(b, t, dtype=torch.long)
         valid = torch.zeros(b, t, dtype=torch.bool)
-        lens = torch.tensor([len(self._cached[s]) for s in slots])
+        lens = torch.tensor(lens_l)
         for i, p in enumerate(pieces):
             n = len(p)
             ids[i, :n] = torch.tensor(p)
@@ -371,15 +385,13 @@ class TorchEngine(RolloutBackend):
             valid[i, :n] = True
         n_new = valid.sum(1)
         new_lens = lens + n_new
-        if int(new_lens.max()) > self.max_len:     # a write past the slot would corrupt other memory on GPU
-            raise ValueError(f"a slot would grow to {int(new_lens.max())} tokens > max_len={self.max_len}")
         slots_t = torch.tensor(slots)
         inputs = [to_device(x, dev) for x in (ids, pos, valid, slots_t, new_lens)]
         if all_logits:
-            logits = self.model(*inputs, self.cache)
+            logits = self.model(*inputs, self.cache, key_len=new_max)
         else:
             rows = (to_device(torch.arange(b), dev), to_device(n_new - 1, dev))
-            logits = self.model(*inputs, self.cache, logit_rows=rows)
+            logits = self.model(*inputs, self.cache, logit_rows=rows, key_len=new_max)
         return logits, None
 
 

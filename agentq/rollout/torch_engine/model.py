@@ -11,6 +11,7 @@ unquantized by accident.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from typing import Any, Iterable, Sequence, cast
@@ -271,8 +272,7 @@ class DecoderLayer(nn.Module):
         else:
             q, k, v = self._norm_rope(q, k, v, cos, sin)
             # quantize on write (valid tokens only), then read everything back dequantized
-            ctx.cache.write(self.layer_idx, ctx.write_slots, ctx.write_positions, ctx.new_tokens(k),
-                            ctx.new_tokens(v))
+            ctx.cache.write(self.layer_idx, *ctx.write_addresses, ctx.new_tokens(k), ctx.new_tokens(v))
         return self._out_and_mlp(x, self._attend(q, ctx))
 
     def _fused_write(self, ctx: "ForwardContext | DecodeContext") -> KVTensors | None:
@@ -349,21 +349,17 @@ class DecodeContext:
 
 
 class ForwardContext:
-    """Per-forward bookkeeping shared by all layers (positions, masks, cache indices)."""
+    """Per-forward bookkeeping shared by all layers (positions, masks, cache indices).
+
+    key_len: max(new_lens) when the caller knows it, or a bound above it (a CUDA-graph bucket:
+    `prefill_graphs`); None reads it from the device (a host sync). The valid tokens' cache
+    addresses (a `nonzero`, another sync) are built on first use: the path where q/k-norm + RoPE
+    write K/V and the prefill kernel reads the cache in place never needs them."""
 
     def __init__(self, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
-                 new_lens: torch.Tensor, allow_decode_kernel: bool):
-        self.cache, self.slots, self.positions, self.new_lens = cache, slots, positions, new_lens
-        self.valid_idx = valid.nonzero(as_tuple=True)
-        # the valid tokens' cache addresses, once for all layers; when every token is valid (a
-        # first-turn chunk of equal rows) the K/V rows are written as they lie, without a gather
-        self.all_valid = self.valid_idx[0].numel() == valid.numel()
-        if self.all_valid:
-            self.write_slots = slots.repeat_interleave(positions.shape[1])
-            self.write_positions = positions.reshape(-1)
-        else:
-            self.write_slots, self.write_positions = slots[self.valid_idx[0]], positions[self.valid_idx]
-        self.key_len = int(new_lens.max())
+                 new_lens: torch.Tensor, allow_decode_kernel: bool, key_len: int | None = None):
+        self.cache, self.slots, self.positions, self.new_lens, self.valid = cache, slots, positions, new_lens, valid
+        self.key_len = int(new_lens.max()) if key_len is None else key_len
         t = positions.shape[1]
         self.use_kernel = allow_decode_kernel and t == 1 and decode_kernel_applies(cache)
         self.prefill_kernel = (not self.use_kernel and cache.fused_write_args(0) is not None
@@ -374,6 +370,22 @@ class ForwardContext:
         else:
             keys = torch.arange(self.key_len, device=positions.device)
             self.allowed = keys.view(1, 1, -1) <= positions.unsqueeze(-1)   # [B, T, L]; causal + per-slot length
+
+    @functools.cached_property
+    def valid_idx(self) -> tuple[torch.Tensor, ...]:
+        return self.valid.nonzero(as_tuple=True)
+
+    @functools.cached_property
+    def all_valid(self) -> bool:
+        """Every token valid (a first-turn chunk of equal rows): K/V rows are written as they lie."""
+        return self.valid_idx[0].numel() == self.valid.numel()
+
+    @functools.cached_property
+    def write_addresses(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slots, positions) of the valid tokens' cache rows, once for all layers."""
+        if self.all_valid:
+            return self.slots.repeat_interleave(self.positions.shape[1]), self.positions.reshape(-1)
+        return self.slots[self.valid_idx[0]], self.positions[self.valid_idx]
 
     def new_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """The valid tokens of K or V [B, Hkv, T, D] as [N, Hkv, D] (a view when all are valid and
@@ -497,6 +509,13 @@ class EngineModel(nn.Module):
     def set_max_len(self, max_len: int) -> None:
         self._rope_len, self._rope = max_len, None
 
+    def prefill_capturable(self, cache: KVCache) -> bool:
+        """Whether a prefill chunk's forward (T > 1, `key_len` given) is free of host syncs, so a
+        CUDA graph can hold it: q/k-norm + RoPE write the valid tokens' K/V (no `nonzero` for
+        their addresses) and the prefill kernel reads the cache in place."""
+        return (PREFILL_KV_WRITE and self.norm.fused and cache.fused_write_args(0) is not None
+                and attn_ops.prefill_kernel_available(cache.device, cache.dtype, cache.head_dim))
+
     @torch.no_grad()
     def decode_step(self, input_ids: torch.Tensor, slots: torch.Tensor, new_lens: torch.Tensor,
                     cache: KVCache) -> torch.Tensor:
@@ -517,11 +536,12 @@ class EngineModel(nn.Module):
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, slots: torch.Tensor,
                 new_lens: torch.Tensor, cache: KVCache, logit_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
-                allow_decode_kernel: bool = True) -> torch.Tensor:
-        """input_ids/positions/valid [B, T]; slots/new_lens [B] (slot length after this chunk).
+                allow_decode_kernel: bool = True, key_len: int | None = None) -> torch.Tensor:
+        """input_ids/positions/valid [B, T]; slots/new_lens [B] (slot length after this chunk);
+        key_len: max(new_lens) or a bound above it, if the caller knows one (else a host sync).
 
         Returns fp32 logits for `logit_rows` = (b_idx, t_idx) pairs, or for every position."""
-        ctx = ForwardContext(cache, slots, positions, valid, new_lens, allow_decode_kernel)
+        ctx = ForwardContext(cache, slots, positions, valid, new_lens, allow_decode_kernel, key_len)
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(x, positions)
         delta = None

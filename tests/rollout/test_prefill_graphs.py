@@ -1,0 +1,106 @@
+"""Prefill chunks through padded buckets (`prefill_graphs.PrefillRunner`). On CPU the runner runs
+its padded shapes eagerly, with the engine's Triton kernels interpreted; the CUDA-graph replay of
+the same shapes is checked in test_engine_cuda.py on a GPU."""
+import pytest
+import torch
+
+from agentq.kernels import QuantSpec
+from agentq.rollout import SamplingParams, TurnRequest
+from agentq.rollout.torch_engine.engine import TorchEngine
+from agentq.rollout.torch_engine.prefill_graphs import PrefillRunner, key_bucket, token_buckets
+
+
+def test_token_buckets_step_by_16_then_32_then_64_with_an_edge_below_the_copy_read():
+    assert token_buckets(256) == [16, 32, 48, 63, 64, 80, 96, 112, 128, 160, 192, 224, 256]
+    assert token_buckets(400) == [16, 32, 48, 63, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 400]
+    assert token_buckets(20) == [16, 20]
+
+
+def test_key_bucket_is_the_next_power_of_two_within_the_slot():
+    assert [key_bucket(n, 3000) for n in (1, 64, 65, 1000, 1024, 1025, 2900)] == [64, 64, 128, 1024, 1024, 2048, 3000]
+    assert key_bucket(100, 100) == 100
+
+
+def _interpreted_engine(path, monkeypatch, spec: str, max_slots: int) -> TorchEngine:
+    """A CPU bf16 engine on the path the runner takes on CUDA (fused norms whose launch writes K/V,
+    the prefill kernel reading the cache in place; the kernels interpreted), with 8-token chunks."""
+    from agentq.kernels import attention as attn_ops
+    from agentq.rollout.torch_engine import model as engine_model
+    from agentq.rollout.torch_engine.kv_cache import KVCache
+    from agentq.rollout.torch_engine.model import RMSNorm
+
+    monkeypatch.setattr(KVCache, "fused_write_args", lambda self, i: (
+        self.k[i], self.v[i], *((self.k_scale[i], self.v_scale[i]) if self.k_scale else (None, None))))
+    monkeypatch.setattr(attn_ops, "prefill_kernel_available", lambda *a: True)
+    monkeypatch.setattr(engine_model, "PREFILL_KV_WRITE", True)
+    eng = TorchEngine.from_pretrained(str(path), QuantSpec.preset(spec), max_slots=max_slots, max_len=64,
+                                      dtype=torch.bfloat16, prefill_chunk=8)
+    for m in eng.model.modules():
+        if isinstance(m, RMSNorm):
+            m.fused = True
+    return eng
+
+
+@pytest.mark.parametrize("spec", ["w8a8_kv8", "none"])
+def test_padded_buckets_give_the_unpadded_tokens_logprobs_and_cache(tiny_model_dir, monkeypatch, spec):
+    """3 episodes in 4 slots (a padding row in the scratch slot), ragged contexts over 8-token
+    chunks, two turns: the runner's chunks padded to 16 tokens and 4 rows give the very tokens,
+    log-probs and cache bits of the engine's unpadded chunks, and no chunk waits for the device
+    to learn its length (the key length comes from the host)."""
+    pytest.importorskip("triton")
+    from agentq.kernels import _interp
+    from agentq.rollout.torch_engine import model as engine_model
+
+    mods = ("agentq.kernels.triton_quant", "agentq.kernels.triton_attention", "agentq.kernels.triton_prefill",
+            "agentq.kernels.triton_norm")
+    _interp.load_interpreted(mods)
+    try:
+        plain, padded = (_interpreted_engine(tiny_model_dir, monkeypatch, spec, max_slots=4) for _ in range(2))
+        assert plain.prefiller.bucket(3, 8, 20) is None              # CPU: the engine builds it off
+        padded.prefiller = PrefillRunner(padded.model, padded.cache, pad_slot=4, max_rows=4, max_tokens=16,
+                                         use_graphs=False)
+        assert padded.prefiller.bucket(3, 8, 20) == (4, 16, 64)
+        syncs = []
+        ctx_init = engine_model.ForwardContext.__init__
+        monkeypatch.setattr(engine_model.ForwardContext, "__init__", lambda self, *a, **k: (
+            syncs.append(a[-1] if len(a) == 7 else k.get("key_len")), ctx_init(self, *a, **k))[1])
+        ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(3 + 5 * i)] for i in range(3)]      # 3, 8, 13 tokens
+        sp = SamplingParams(max_new_tokens=2)      # temperature 1: each log-prob carries its logits' bits
+        out = []
+        for eng in (plain, padded):
+            turn1 = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctxs)])
+            nxt = [c + r.token_ids + [7, 8, 9, 10][: 1 + i] for i, (c, r) in enumerate(zip(ctxs, turn1))]
+            turn2 = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(nxt)])
+            out.append([(r.token_ids, r.logprobs) for r in turn1 + turn2])
+        assert out[0] == out[1]
+        assert None not in syncs                                     # every forward got its key length
+        # turn 1: chunks of 3 rows (8 tokens) and 1 row (5); turn 2: the rows' 2-4 new tokens
+        assert padded.prefiller.stats["padded_eager_chunks"] == 3
+        for i in range(plain.cache.n_layers):
+            for s in range(3):                                       # the episodes' slots (4 is scratch)
+                n = len(plain._cached[s])
+                assert padded._cached[s] == plain._cached[s]
+                assert torch.equal(padded.cache.k[i][s, :, :n], plain.cache.k[i][s, :, :n])
+                assert torch.equal(padded.cache.v[i][s, :, :n], plain.cache.v[i][s, :, :n])
+                if spec == "w8a8_kv8":
+                    assert torch.equal(padded.cache.k_scale[i][s, :, :n], plain.cache.k_scale[i][s, :, :n])
+    finally:
+        _interp.restore_compiled(mods)
+
+
+def test_a_chunk_whose_padding_would_switch_the_cache_read_runs_unpadded(tiny_model_dir, monkeypatch):
+    """The prefill kernel reads an int8 cache in place below `COPY_MIN_TOKENS` tokens and through a
+    dequantized copy from there on (different rounding): a chunk the padding would carry across
+    that edge is declined (the engine runs it eagerly, unpadded); single-token chunks (the decode
+    kernel's path) and chunks past the largest bucket are declined too."""
+    from agentq.kernels import triton_prefill
+
+    eng = TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=4, max_len=512)
+    runner = PrefillRunner(eng.model, eng.cache, pad_slot=4, max_rows=4, max_tokens=128, use_graphs=False)
+    runner.enabled = True                        # the CPU engine's path is not capturable; the rule is
+    assert runner.bucket(3, 50, 300) == (4, 63, 512) and runner.bucket(3, 70, 300) == (4, 80, 512)
+    monkeypatch.setattr(triton_prefill, "COPY_MIN_TOKENS", 60)          # now 50 → 63 crosses the edge
+    assert runner.bucket(3, 50, 300) is None and runner.stats["declined_chunks"] == 1
+    assert runner.bucket(3, 63, 300) == (4, 63, 512)                   # already past it: no switch
+    assert runner.bucket(3, 1, 300) is None and runner.bucket(3, 129, 300) is None
+    assert runner.bucket(5, 20, 300) is None                           # more rows than slots
