@@ -248,7 +248,8 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
            "action_tokens": int(sum(x.num_action_tokens for x in trajs)), "tokens": int(sum(x.num_tokens for x in trajs)),
            "mismatch": mism[-1] if mism else {},
            "peak_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None,
-           "rollout_gpu": rollout_gpu, "prefill_graph_stats": dict(engine.prefiller.stats)}
+           "rollout_gpu": rollout_gpu, "prefill_graph_stats": dict(engine.prefiller.stats),
+           "sync_graph_stats": dict(engine.syncer.stats)}
     del learner, engine, model
     release_memory(device)
     return res

@@ -109,6 +109,30 @@ def test_prefill_graph_replay_gives_the_eager_tokens(tiny_model_dir, preset):
         assert runs[0] == runs[2]
 
 
+def test_weight_sync_graph_loads_what_an_eager_sync_loads(tiny_model_dir):
+    """Syncs from the same tensors (a learner's, updated in place between syncs) replay one CUDA
+    graph from the third on; every sync leaves the buffers an eager sync of the same values leaves
+    (codes, scales, norms, embedding), reports the same count of changed codes, and the engine's
+    decode and prefill graphs play on with the new weights."""
+    from agentq.rollout.backend import load_safetensors_dir
+
+    w = {n: t.to("cuda", torch.float32) for n, t in load_safetensors_dir(str(tiny_model_dir)).items()}
+    kw = dict(max_slots=8, max_len=512, dtype=torch.bfloat16, device="cuda")
+    graphed, eager = (TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, cuda_graphs=g, **kw) for g in (True, False))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for version in range(1, 5):
+        for t in w.values():
+            t.add_(0.02 * t.abs().mean() * torch.randn(t.shape, generator=gen, device="cuda"))
+        a, b = (e.update_weights(w.items(), version) for e in (graphed, eager))
+        assert a.int8_codes_changed == b.int8_codes_changed and a.int8_codes_changed > 0
+        for (name, x), (_, y) in zip(graphed.model.state_dict().items(), eager.model.state_dict().items()):
+            assert torch.equal(x, y), (version, name)
+    assert graphed.syncer.stats == {"graph_replays": 2, "eager_syncs": 3, "graphs_captured": 1}
+    assert eager.syncer.stats["graph_replays"] == 0
+    ra, rb = (_turns(e, n=5, turns=2, seed=3) for e in (graphed, eager))
+    assert ra[0] == rb[0]
+
+
 def test_counter_uniforms_are_the_same_bits_on_gpu_and_cpu():
     from agentq.rollout.torch_engine.sampler import counter_uniform, row_keys, vocab_keys
 

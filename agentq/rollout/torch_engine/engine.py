@@ -10,8 +10,11 @@
 * decode steps fused with sampling (`decode.DecodeRunner`): on CUDA they are replayed from CUDA
   graphs captured per batch bucket, and sampling is a counter-based draw on the GPU keyed by
   (episode seed, token position); on CPU the episode's `torch.Generator` draws by default;
-* weights arrive from the learner by name and are requantized with fresh scales at every sync;
-  cached KV computed with old weights is dropped (the next turn re-prefills).
+* weights arrive from the learner by name and are requantized with fresh scales at every sync
+  (replayed from a CUDA graph when the learner hands over the same tensors, `weight_sync`);
+  cached KV computed with old weights is dropped (the next turn re-prefills);
+* short prefill chunks (a turn's new tokens) replay CUDA graphs per (rows, tokens) bucket
+  (`prefill_graphs`).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from .kv_cache import KVCache
 from .decode import DecodeRunner, DecodeStep
 from .model import EngineModel
 from .prefill_graphs import DEFAULT_MAX_TOKENS, PrefillRunner
+from .weight_sync import SyncGraph
 from .sampler import processed_logprobs, sample
 
 SAMPLERS = ("auto", "generator", "counter")
@@ -60,7 +64,8 @@ class TorchEngine(RolloutBackend):
             sampler: "generator" (a CPU `torch.Generator` per episode), "counter" (hash of
                 (seed, position), on the logits' device) or "auto" (counter on CUDA, else generator).
             cuda_graphs: replay decode steps from CUDA graphs where the step allows it (CUDA,
-                Triton decode kernel, counter sampler).
+                Triton decode kernel, counter sampler), and weight syncs whose tensors repeat
+                (`weight_sync`).
             run_ahead: with the counter sampler, queue each decode step before the host has read
                 the previous one's tokens (same tokens; the host's per-step work overlaps the GPU).
             share_prefill: new episodes with identical contexts prefill once (the others copy the
@@ -86,6 +91,7 @@ class TorchEngine(RolloutBackend):
         self.sampler = ("counter" if self.device.type == "cuda" else "generator") if sampler == "auto" else sampler
         self.decoder = DecodeRunner(self.model, self.cache, pad_slot=max_slots, max_batch=max_slots,
                                     use_graphs=cuda_graphs and self.sampler == "counter")
+        self.syncer = SyncGraph(self.model, use_graphs=cuda_graphs)
         self.prefiller = PrefillRunner(self.model, self.cache, pad_slot=max_slots, max_rows=max_slots,
                                        max_tokens=prefill_graph_tokens if cuda_graphs else 0, use_graphs=True)
         self.max_slots, self.max_len, self.prefill_chunk = max_slots, max_len, prefill_chunk
@@ -135,7 +141,7 @@ class TorchEngine(RolloutBackend):
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncStats:
         t0 = time.perf_counter()
-        info = self.model.load_weights(named_tensors)
+        info = self.syncer.load(list(named_tensors))
         # K/V cached under the old weights is stale: drop it, the next turn re-prefills.
         for slot in self._cached:
             self._cached[slot] = []

@@ -466,6 +466,13 @@ class EngineModel(nn.Module):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], strict: bool = True) -> dict:
         """Load HF-named tensors. Quantized linears are requantized (fresh per-channel scales).
         Returns {"loaded": n, "codes_changed": c, "codes_total": t}."""
+        info = self.load_weights_queued(named_tensors, strict)
+        return {**info, "codes_changed": int(info["codes_changed"])}
+
+    @torch.no_grad()
+    def load_weights_queued(self, named_tensors: Iterable[tuple[str, torch.Tensor]], strict: bool = True) -> dict:
+        """`load_weights` without reading anything back: "codes_changed" is a count on the device
+        (or 0), so the whole load can be captured in a CUDA graph (`weight_sync`)."""
         seen, total = set(), 0
         changed: torch.Tensor | int = 0
         for name, w in named_tensors:
@@ -491,7 +498,7 @@ class EngineModel(nn.Module):
         missing = set(self._targets) - seen
         if strict and missing:
             raise KeyError(f"weights missing for {sorted(missing)[:5]}{' ...' if len(missing) > 5 else ''}")
-        return {"loaded": len(seen), "codes_changed": int(changed), "codes_total": total}
+        return {"loaded": len(seen), "codes_changed": changed, "codes_total": total}
 
     # ------------------------------------------------------------------ forward
     def rope_table(self) -> tuple[torch.Tensor, torch.Tensor]:
