@@ -66,7 +66,7 @@ class _ChunkBuffers:
     """Static inputs of one (rows, tokens) bucket, as `EngineModel.forward` takes them, plus the
     token whose logits each row returns (its last valid one)."""
 
-    def __init__(self, rows: int, tokens: int, pad_slot: int, device: torch.device):
+    def __init__(self, rows: int, tokens: int, pad_slot: int, vocab: int, device: torch.device):
         self.rows, self.tokens, self.pad_slot = rows, tokens, pad_slot
         z = dict(dtype=torch.long, device=device)
         self.ids, self.pos = torch.zeros(rows, tokens, **z), torch.zeros(rows, tokens, **z)
@@ -74,6 +74,9 @@ class _ChunkBuffers:
         self.slots, self.new_lens = torch.zeros(rows, **z), torch.zeros(rows, **z)
         self.last = torch.zeros(rows, **z)
         self.row_idx = torch.arange(rows, **z)
+        # the logits land here, outside the graphs' pool: a graph then holds no output of its own,
+        # so the pool's memory is one forward's working set however many buckets are captured
+        self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=device)
 
     def fill(self, slots: list[int], pieces: list[list[int]], lens: list[int]) -> None:
         """Row i feeds pieces[i] into slots[i] from position lens[i]; rows past the pieces feed one
@@ -149,7 +152,7 @@ class PrefillRunner:
         b, t, k = key
         buf = self._bufs.get((b, t))
         if buf is None:
-            buf = self._bufs[(b, t)] = _ChunkBuffers(b, t, self.pad_slot, self.device)
+            buf = self._bufs[(b, t)] = _ChunkBuffers(b, t, self.pad_slot, self.model.config.vocab_size, self.device)
         graph = self._graph(buf, k) if self.use_graphs else None     # captured before the fill below
         buf.fill(slots, pieces, lens)
         if graph is not None:
@@ -163,7 +166,8 @@ class PrefillRunner:
         return out[:len(pieces)].clone()
 
     def _forward(self, buf: _ChunkBuffers, key_len: int) -> torch.Tensor:
-        return self.model(*buf.tensors(), self.cache, logit_rows=(buf.row_idx, buf.last), key_len=key_len)
+        return buf.logits.copy_(self.model(*buf.tensors(), self.cache, logit_rows=(buf.row_idx, buf.last),
+                                           key_len=key_len))
 
     def _graph(self, buf: _ChunkBuffers, key_len: int) -> tuple[Any, torch.Tensor] | None:
         """The bucket's graph and its output, captured on first use; None where a capture failed
