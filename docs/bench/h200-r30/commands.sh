@@ -23,3 +23,6 @@ python3 -m agentq.eval.bench_engine --model 8b --batch 64 128 --prompt 2048 --ne
 python3 -m agentq.eval.bench_engine --model 8b --batch 64 --prompt 2048 --new 128 --turns 3 --no-hf --quants none w8a8_kv8
 $RL
 python3 -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --prompt 1536 --obs 128 --new 1024 --micro 16 --pack-tokens 20480 --logprob-pack-tokens 40960 --steps 1 --group-prompt --algos interq,bf16
+# call 7 (commit 1189d23: logits outside the graphs' pool): gputests-final.log (21 passed), rl1b-graphs-d.log
+python3 -m pytest -q -o addopts= -p no:cacheprovider -s tests/rollout/test_engine_cuda.py
+$RL
