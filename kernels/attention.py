@@ -89,7 +89,7 @@ def prefill_kernel_available(device: torch.device, dtype: torch.dtype, head_dim:
             and os.environ.get("AGENTQ_PREFILL_KERNEL", "1") != "0")
 
 
-def prefill_cache_read(k_cache, b: int, t: int, key_len: int) -> str:
+def prefill_cache_read(k_cache: torch.Tensor, b: int, t: int, key_len: int) -> str:
     """How `prefill_attention` reads the cache for a [B, T] chunk over key_len positions
     (`triton_prefill.cache_read`)."""
     from .triton_prefill import cache_read

@@ -63,23 +63,20 @@ class TorchEngine(RolloutBackend):
             max_slots: episodes that can hold a KV slot at once; max_len: tokens per slot.
             sampler: "generator" (a CPU `torch.Generator` per episode), "counter" (hash of
                 (seed, position), on the logits' device) or "auto" (counter on CUDA, else generator).
-            cuda_graphs: replay decode steps from CUDA graphs where the step allows it (CUDA,
-                Triton decode kernel, counter sampler), and weight syncs whose tensors repeat
-                (`weight_sync`).
+            cuda_graphs: replay decode steps (CUDA, Triton decode kernel, counter sampler) and
+                weight syncs whose tensors repeat (`weight_sync`) from CUDA graphs.
             run_ahead: with the counter sampler, queue each decode step before the host has read
                 the previous one's tokens (same tokens; the host's per-step work overlaps the GPU).
             share_prefill: new episodes with identical contexts prefill once (the others copy the
                 K/V slot and the logits); a prefix common to the other new contexts, at least
                 `SHARE_MIN_TOKENS` long, is prefilled once and copied. Each row still samples with
                 its own seed. Off: every row prefills its own context.
-            prefill_graph_tokens: prefill chunks of at most this many tokens per row (a turn's new
-                tokens) are padded to buckets and replayed from CUDA graphs (`prefill_graphs`;
-                CUDA with the fused norms and the prefill kernel, and `cuda_graphs`); 0: eager.
+            prefill_graph_tokens: with `cuda_graphs`, prefill chunks of at most this many tokens a
+                row (a turn's new tokens) replay CUDA graphs per bucket (`prefill_graphs`); 0: eager.
         """
         if sampler not in SAMPLERS:
             raise ValueError(f"rollout sampler must be one of {SAMPLERS}, got {sampler!r}")
-        self.quant = quant
-        self.tokenizer = tokenizer                  # only to detect stop strings; the engine sees ids
+        self.quant, self.tokenizer = quant, tokenizer       # tokenizer: only to detect stop strings
         self.device = torch.device(device)
         self.model = EngineModel(hf_config, quant, dtype, self.device)
         cfg = hf_config
@@ -95,9 +92,7 @@ class TorchEngine(RolloutBackend):
         self.prefiller = PrefillRunner(self.model, self.cache, pad_slot=max_slots, max_rows=max_slots,
                                        max_tokens=prefill_graph_tokens if cuda_graphs else 0, use_graphs=True)
         self.max_slots, self.max_len, self.prefill_chunk = max_slots, max_len, prefill_chunk
-        self.run_ahead = run_ahead
-        self.share_prefill = share_prefill
-        self.policy_version = 0
+        self.run_ahead, self.share_prefill, self.policy_version = run_ahead, share_prefill, 0
         self._slot_of: dict[int, int] = {}          # episode id → slot
         self._cached: dict[int, list[int]] = {}     # slot → token ids whose K/V is in the cache
         self._free = list(range(max_slots))          # a min-heap: the lowest free slot first (`_slot`)

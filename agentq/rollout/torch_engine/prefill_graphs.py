@@ -68,12 +68,14 @@ class _ChunkBuffers:
 
     def __init__(self, rows: int, tokens: int, pad_slot: int, vocab: int, device: torch.device):
         self.rows, self.tokens, self.pad_slot = rows, tokens, pad_slot
-        z = dict(dtype=torch.long, device=device)
-        self.ids, self.pos = torch.zeros(rows, tokens, **z), torch.zeros(rows, tokens, **z)
+        long = torch.long
+        self.ids = torch.zeros(rows, tokens, dtype=long, device=device)
+        self.pos = torch.zeros(rows, tokens, dtype=long, device=device)
         self.valid = torch.zeros(rows, tokens, dtype=torch.bool, device=device)
-        self.slots, self.new_lens = torch.zeros(rows, **z), torch.zeros(rows, **z)
-        self.last = torch.zeros(rows, **z)
-        self.row_idx = torch.arange(rows, **z)
+        self.slots = torch.zeros(rows, dtype=long, device=device)
+        self.new_lens = torch.zeros(rows, dtype=long, device=device)
+        self.last = torch.zeros(rows, dtype=long, device=device)
+        self.row_idx = torch.arange(rows, dtype=long, device=device)
         # the logits land here, outside the graphs' pool: a graph then holds no output of its own,
         # so the pool's memory is one forward's working set however many buckets are captured
         self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=device)
