@@ -104,6 +104,8 @@ def test_prefill_graph_replay_gives_the_eager_tokens(tiny_model_dir, preset):
     print(f"\n[prefill graphs {preset}] {st}")
     assert st["graph_replays"] >= 3 and st["graphs_captured"] >= 2 and padded.prefiller.stats["padded_eager_chunks"] >= 3
     assert plain.prefiller.stats == {k: 0 for k in st}
+    counts = graphed.prefill_counts()            # what each RL step logs (its deltas)
+    assert (counts["prefill_graph_replays"], counts["prefill_graph_captures"]) == (st["graph_replays"], st["graphs_captured"])
     assert runs[0] == runs[1]
     if preset == "w8a8_kv8":
         assert runs[0] == runs[2]

@@ -117,9 +117,11 @@ class TorchEngine(RolloutBackend):
 
     def prefill_counts(self) -> dict[str, int]:
         s = self.stats
+        g = self.prefiller.stats
         return {"prefill_computed_tokens": s["prefill_tokens"],
                 "prefill_cached_tokens": s["reused_tokens"] + s["shared_tokens"],
-                "prefill_shared_tokens": s["shared_tokens"]}
+                "prefill_shared_tokens": s["shared_tokens"],
+                "prefill_graph_replays": g["graph_replays"], "prefill_graph_captures": g["graphs_captured"]}
 
     def release(self, episode_id: int) -> None:
         slot = self._slot_of.pop(episode_id, None)

@@ -26,3 +26,8 @@ python3 -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --prompt
 # call 7 (commit 1189d23: logits outside the graphs' pool): gputests-final.log (21 passed), rl1b-graphs-d.log
 python3 -m pytest -q -o addopts= -p no:cacheprovider -s tests/rollout/test_engine_cuda.py
 $RL
+# call 8 (prefill graph counts in each step's metrics): gputest-pg.log (3 passed), then 3 RL steps of
+# the CLI on WebShop on the GPU (hydra, omegaconf, antlr4, flask, bm25s, PyStemmer, rapidfuzz, thefuzz
+# carried as wheels): train-webshop-cuda.log, train-metrics.jsonl, train-prefill-graphs.txt
+python3 -m pytest -q -o addopts= -p no:cacheprovider -s tests/rollout/test_engine_cuda.py -k "prefill_graph or weight_sync"
+AGENTQ_CACHE=cache python3 -m agentq.cli train env=webshop device=cuda trainer.steps=3 trainer.pack_tokens=4096 trainer.out_dir=train
