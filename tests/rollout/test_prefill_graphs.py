@@ -104,3 +104,39 @@ def test_a_chunk_whose_padding_would_switch_the_cache_read_runs_unpadded(tiny_mo
     assert runner.bucket(3, 63, 300) == (4, 63, 512)                   # already past it: no switch
     assert runner.bucket(3, 1, 300) is None and runner.bucket(3, 129, 300) is None
     assert runner.bucket(5, 20, 300) is None                           # more rows than slots
+
+
+def test_a_failed_capture_runs_its_bucket_eagerly_and_is_not_retried(tiny_model_dir, monkeypatch, caplog):
+    """A bucket whose capture fails (as a GPU's may, e.g. out of memory) runs eagerly over its padded
+    shapes from then on, with one warning: the turns play on with the unpadded engine's tokens.
+    (A CPU engine: the runner's path and graphs are forced on and the capture is made to fail.)"""
+    import logging
+
+    from agentq.rollout.torch_engine import prefill_graphs
+
+    attempts = []
+
+    def refuse(fn, pool):
+        attempts.append(pool)
+        raise RuntimeError("CUDA out of memory")
+    monkeypatch.setattr(prefill_graphs, "capture_graph", refuse)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    spec = QuantSpec.preset("w8a8_kv8")
+    plain, padded = (TorchEngine.from_pretrained(str(tiny_model_dir), spec, max_slots=4, max_len=64) for _ in range(2))
+    runner = PrefillRunner(padded.model, padded.cache, pad_slot=4, max_rows=4, max_tokens=16, use_graphs=False)
+    runner.enabled = runner.use_graphs = True
+    padded.prefiller = runner
+    ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(4 + 3 * i)] for i in range(3)]      # 4, 7, 10 tokens
+    sp = SamplingParams(max_new_tokens=3)
+    out = []
+    with caplog.at_level(logging.WARNING, logger=prefill_graphs.__name__):
+        for eng in (plain, padded):
+            turn1 = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctxs)])
+            nxt = [c + r.token_ids + [7, 8, 9] for c, r in zip(ctxs, turn1)]
+            turn2 = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(nxt)])
+            out.append([(r.token_ids, r.logprobs) for r in turn1 + turn2])
+    assert [t for t, _ in out[0]] == [t for t, _ in out[1]]
+    assert max(abs(a - b) for (_, la), (_, lb) in zip(*out) for a, b in zip(la, lb)) < 1e-5
+    # turn 1: one (4, 16, 64) chunk; turn 2: (4, 16, 64) again, whose capture is not retried
+    assert len(attempts) == 1 and caplog.text.count("capture of prefill bucket") == 1
+    assert runner.stats["padded_eager_chunks"] == 2 and runner.stats["graphs_captured"] == 0

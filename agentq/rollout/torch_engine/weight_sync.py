@@ -47,6 +47,7 @@ class SyncGraph:
         self._graph_key: tuple | None = None
         self._graph_out: dict | None = None
         self._pool: Any = None
+        self._failed_key: tuple | None = None     # tensors whose capture failed: not retried
         self.stats = {"graph_replays": 0, "eager_syncs": 0, "graphs_captured": 0}
 
     def load(self, named_tensors: list[tuple[str, torch.Tensor]]) -> dict:
@@ -61,7 +62,7 @@ class SyncGraph:
             return {**out, "codes_changed": int(out["codes_changed"])}
         info = self.model.load_weights(named_tensors)
         self.stats["eager_syncs"] += 1
-        if key is not None and key == self._last_key:
+        if key is not None and key == self._last_key and key != self._failed_key:
             self._capture(named_tensors, key)
         self._last_key = key
         return info
@@ -74,8 +75,9 @@ class SyncGraph:
         try:
             graph, out = capture_graph(lambda: self.model.load_weights_queued(named_tensors), self._pool)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as err:      # AcceleratorError is a RuntimeError
-            log.warning("CUDA graph capture of the weight sync failed (%s: %s); syncs run eagerly",
-                        type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+            log.warning("CUDA graph capture of the weight sync failed (%s: %s); syncs of these tensors run "
+                        "eagerly", type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+            self._failed_key = key
             return
         if not torch.is_tensor(out["codes_changed"]):        # nothing quantized: a count of 0 to read back
             out = {**out, "codes_changed": torch.zeros((), dtype=torch.long, device=self.model.device)}
@@ -84,4 +86,4 @@ class SyncGraph:
 
     def reset(self) -> None:
         """Drop the captured graph (the next syncs run eagerly until their tensors repeat)."""
-        self._graph = self._graph_key = self._graph_out = self._last_key = None
+        self._graph = self._graph_key = self._graph_out = self._last_key = self._failed_key = None
