@@ -106,7 +106,7 @@ def test_a_chunk_whose_padding_would_switch_the_cache_read_runs_unpadded(tiny_mo
     assert runner.bucket(5, 20, 300) is None                           # more rows than slots
 
 
-def test_a_failed_capture_runs_its_bucket_eagerly_and_is_not_retried(tiny_model_dir, monkeypatch, caplog):
+def test_a_failed_capture_runs_its_bucket_eagerly_and_is_not_retried(tiny_model_dir, failing_capture, caplog):
     """A bucket whose capture fails (as a GPU's may, e.g. out of memory) runs eagerly over its padded
     shapes from then on, with one warning: the turns play on with the unpadded engine's tokens.
     (A CPU engine: the runner's path and graphs are forced on and the capture is made to fail.)"""
@@ -114,13 +114,7 @@ def test_a_failed_capture_runs_its_bucket_eagerly_and_is_not_retried(tiny_model_
 
     from agentq.rollout.torch_engine import prefill_graphs
 
-    attempts = []
-
-    def refuse(fn, pool):
-        attempts.append(pool)
-        raise RuntimeError("CUDA out of memory")
-    monkeypatch.setattr(prefill_graphs, "capture_graph", refuse)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    attempts = failing_capture(prefill_graphs)
     spec = QuantSpec.preset("w8a8_kv8")
     plain, padded = (TorchEngine.from_pretrained(str(tiny_model_dir), spec, max_slots=4, max_len=64) for _ in range(2))
     runner = PrefillRunner(padded.model, padded.cache, pad_slot=4, max_rows=4, max_tokens=16, use_graphs=False)

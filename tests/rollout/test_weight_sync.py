@@ -69,14 +69,8 @@ def test_the_same_tensors_twice_capture_then_replay_what_an_eager_sync_loads(tin
 
 
 def test_a_failed_capture_leaves_syncs_of_those_tensors_eager_and_is_not_retried(tiny_model_dir, engines,
-                                                                                 monkeypatch, caplog):
-    attempts = []
-
-    def refuse(fn, pool):
-        attempts.append(pool)
-        raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(weight_sync, "capture_graph", refuse)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+                                                                                 failing_capture, caplog):
+    attempts = failing_capture(weight_sync, "operation not permitted when stream is capturing")
     eng = engines[0]
     eng.syncer.use_graphs = True
     w = load_safetensors_dir(str(tiny_model_dir))
