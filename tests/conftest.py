@@ -112,6 +112,25 @@ def ray_cluster():
 GEMM_NORM_MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "agentq.kernels.triton_norm")
 
 
+@pytest.fixture
+def failing_capture(monkeypatch):
+    """`patch(module)` makes that module's `capture_graph` fail as a GPU's capture may (a CPU cannot
+    build a CUDA graph, so this stand-in is the only way to reach the fallback there); returns the
+    list of attempted captures. The engine's prefill and weight-sync graph tests use it."""
+    import torch
+
+    def patch(module, message: str = "CUDA out of memory") -> list:
+        attempts: list = []
+
+        def refuse(fn, pool):
+            attempts.append(pool)
+            raise RuntimeError(message)
+        monkeypatch.setattr(module, "capture_graph", refuse)
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+        return attempts
+    return patch
+
+
 @pytest.fixture(scope="module")
 def gemm_norm_kernels():
     """(triton_quant, triton_gemm, triton_norm) under TRITON_INTERPRET=1 for one test module: CPU
