@@ -32,7 +32,7 @@ from agentq.utils.device import device_tensor, to_device
 from .kv_cache import KVCache
 from .decode import DecodeRunner, DecodeStep
 from .model import EngineModel
-from .prefill_graphs import DEFAULT_MAX_TOKENS, PrefillRunner
+from .prefill_graphs import DEFAULT_MAX_TOKENS, PrefillRunner, chunk_inputs
 from .weight_sync import SyncGraph
 from .sampler import processed_logprobs, sample
 
@@ -377,23 +377,12 @@ class TorchEngine(RolloutBackend):
         if key is not None:
             return self.prefiller.run(key, slots, pieces, lens_l), None
         dev = self.device
-        ids = torch.zeros(b, t, dtype=torch.long)
-        pos = torch.zeros(b, t, dtype=torch.long)
-        valid = torch.zeros(b, t, dtype=torch.bool)
-        lens = torch.tensor(lens_l)
-        for i, p in enumerate(pieces):
-            n = len(p)
-            ids[i, :n] = torch.tensor(p)
-            pos[i, :n] = lens[i] + torch.arange(n)
-            valid[i, :n] = True
-        n_new = valid.sum(1)
-        new_lens = lens + n_new
-        slots_t = torch.tensor(slots)
-        inputs = [to_device(x, dev) for x in (ids, pos, valid, slots_t, new_lens)]
+        *inputs, last = (to_device(x, dev) for x in chunk_inputs(slots, pieces, lens_l, rows=b, tokens=t,
+                                                                  pad_slot=self.max_slots))
         if all_logits:
             logits = self.model(*inputs, self.cache, key_len=new_max)
         else:
-            rows = (to_device(torch.arange(b), dev), to_device(n_new - 1, dev))
+            rows = (to_device(torch.arange(b), dev), last)
             logits = self.model(*inputs, self.cache, logit_rows=rows, key_len=new_max)
         return logits, None
 

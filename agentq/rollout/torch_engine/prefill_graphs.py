@@ -32,6 +32,7 @@ import torch
 
 from agentq.kernels import attention as attn_ops
 from agentq.kernels.triton_prefill import COPY_MIN_TOKENS
+from agentq.utils.device import ASYNC_H2D
 
 from .decode import bucket_sizes, capture_graph
 from .kv_cache import KVCache
@@ -62,6 +63,32 @@ def key_bucket(key_len: int, max_len: int) -> int:
     return min(max(64, 1 << (key_len - 1).bit_length()), max_len)
 
 
+def chunk_inputs(slots: list[int], pieces: list[list[int]], lens: list[int], rows: int, tokens: int,
+                 pad_slot: int) -> tuple[torch.Tensor, ...]:
+    """A prefill chunk as `EngineModel.forward` takes it, built on the host: row i feeds pieces[i]
+    into slots[i] from position lens[i] (its first len(pieces[i]) tokens valid, the rest padding at
+    position 0); rows past the pieces feed one token into `pad_slot`.
+
+    Returns:
+        (ids, positions, valid) [rows, tokens], (slots, new_lens, last) [rows]: last is each row's
+        last valid token, whose logits start its turn.
+    """
+    n = len(pieces)
+    ids = torch.zeros(rows, tokens, dtype=torch.long)
+    counts = torch.ones(rows, dtype=torch.long)
+    starts = torch.zeros(rows, dtype=torch.long)
+    slot_t = torch.full((rows,), pad_slot, dtype=torch.long)
+    for i, p in enumerate(pieces):
+        ids[i, :len(p)] = torch.tensor(p)
+    counts[:n] = torch.tensor([len(p) for p in pieces])
+    starts[:n] = torch.tensor(lens)
+    slot_t[:n] = torch.tensor(slots)
+    ar = torch.arange(tokens)
+    valid = ar[None, :] < counts[:, None]
+    pos = torch.where(valid, starts[:, None] + ar[None, :], 0)
+    return ids, pos, valid, slot_t, starts + counts, counts - 1
+
+
 class _ChunkBuffers:
     """Static inputs of one (rows, tokens) bucket, as `EngineModel.forward` takes them, plus the
     token whose logits each row returns (its last valid one)."""
@@ -81,26 +108,11 @@ class _ChunkBuffers:
         self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=device)
 
     def fill(self, slots: list[int], pieces: list[list[int]], lens: list[int]) -> None:
-        """Row i feeds pieces[i] into slots[i] from position lens[i]; rows past the pieces feed one
-        token into the scratch slot. One host build, one asynchronous copy per buffer."""
-        n, t = len(pieces), self.tokens
-        ids = torch.zeros(self.rows, t, dtype=torch.long)
-        pos = torch.zeros(self.rows, t, dtype=torch.long)
-        valid = torch.zeros(self.rows, t, dtype=torch.bool)
-        counts = torch.ones(self.rows, dtype=torch.long)
-        starts = torch.zeros(self.rows, dtype=torch.long)
-        slot_t = torch.full((self.rows,), self.pad_slot, dtype=torch.long)
-        for i, p in enumerate(pieces):
-            ids[i, :len(p)] = torch.tensor(p)
-        counts[:n] = torch.tensor([len(p) for p in pieces])
-        starts[:n] = torch.tensor(lens)
-        slot_t[:n] = torch.tensor(slots)
-        ar = torch.arange(t)
-        valid[:] = ar[None, :] < counts[:, None]
-        pos[:] = torch.where(valid, starts[:, None] + ar[None, :], 0)
-        for buf, host in ((self.ids, ids), (self.pos, pos), (self.valid, valid), (self.slots, slot_t),
-                          (self.new_lens, starts + counts), (self.last, counts - 1)):
-            buf.copy_(host, non_blocking=True)     # pageable source: staged before the call returns
+        """Write `chunk_inputs` of these pieces into the buffers, one copy per buffer (without a
+        stream sync unless `AGENTQ_ASYNC_H2D=0`: a pageable source is staged before it returns)."""
+        host = chunk_inputs(slots, pieces, lens, self.rows, self.tokens, self.pad_slot)
+        for buf, h in zip((*self.tensors(), self.last), host):
+            buf.copy_(h, non_blocking=ASYNC_H2D)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.ids, self.pos, self.valid, self.slots, self.new_lens
