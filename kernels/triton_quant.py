@@ -216,24 +216,28 @@ if HAVE_TRITON:
         tl.store(s_ptr + rows, scale, mask=mask_m)
 
     @triton.jit
-    def _quant_rows_amax_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, K, P, stride_x, stride_q, floor,
-                                HALF_AWAY: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
-                                PDL: tl.constexpr):
-        """Program (row, column block): the row's scale from its P partial absmaxes (the GLU GEMM's
-        epilogue wrote them), then the codes of one BLOCK_K block: each element read once, and
-        a row spread over many programs."""
+    def _quant_rows_amax_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, M, K, P, stride_x, stride_q, floor,
+                                HALF_AWAY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                                BLOCK_P: tl.constexpr, PDL: tl.constexpr):
+        """Program (row block, column block): each of BLOCK_M rows' scale from its P partial
+        absmaxes (the GLU GEMM's epilogue wrote them), then the codes of one [BLOCK_M, BLOCK_K]
+        tile: each element read once, a row spread over ⌈K / BLOCK_K⌉ programs. Several rows a
+        program at prefill rows keep more bytes in flight per thread than one (~2 TB/s there)."""
         pdl_start(PDL)
-        row = tl.program_id(0).to(tl.int64)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         blk = tl.program_id(1)
+        mask_m = rows < M
         offs_p = tl.arange(0, BLOCK_P)
-        parts = tl.load(amax_ptr + row * P + offs_p, mask=offs_p < P, other=0.0)
-        scale = _absmax_to_scale(tl.reduce(parts, 0, tl.standard._elementwise_max), floor)
+        parts = tl.load(amax_ptr + rows[:, None] * P + offs_p[None, :],
+                        mask=mask_m[:, None] & (offs_p < P)[None, :], other=0.0)
+        scale = _absmax_to_scale(tl.reduce(parts, 1, tl.standard._elementwise_max), floor)
         offs = blk * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask = offs < K
-        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(q_ptr + row * stride_q + offs, _quant_block(x, scale, HALF_AWAY), mask=mask)
+        mask = mask_m[:, None] & (offs < K)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(q_ptr + rows[:, None] * stride_q + offs[None, :], _quant_block(x, scale[:, None], HALF_AWAY),
+                 mask=mask)
         if blk == 0:
-            tl.store(s_ptr + row, scale)
+            tl.store(s_ptr + rows, scale, mask=mask_m)
 
     @triton.jit
     def _quant_row_tiles_kernel(x_ptr, q_ptr, s_ptr, o_ptr, M, K, N1, N2, stride_x0, stride_x1, stride_x2,
@@ -447,14 +451,18 @@ def quantize_rows(x: torch.Tensor, floor: float, rounding: str, launch: tuple[in
 
 #: columns per program of `quantize_rows_from_amax`
 AMAX_BLOCK_K = 2048
+#: (from this many rows, rows per program) of `quantize_rows_from_amax`; below, one row a program.
+#: H200, round 31 (32,768 × 6,144 bf16): 309 µs at one row a program, 281 at 2, 283 at 4, 335 at 8
+AMAX_ROWS = (1024, 2)
 
 
-def quantize_rows_from_amax(x: torch.Tensor, amax: torch.Tensor, floor: float, rounding: str
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_from_amax(x: torch.Tensor, amax: torch.Tensor, floor: float, rounding: str,
+                            launch: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`quantize_rows(x, floor, rounding)` for rows x [M, K] whose absmax is already known as the
     max of P partials amax [M, P] (the GLU GEMM's epilogue): the same codes and scales (max is
     exact, and the scale and code formulas are the same), with x read once and each row split
-    over ⌈K / AMAX_BLOCK_K⌉ programs."""
+    over ⌈K / BLOCK_K⌉ programs of BLOCK_M rows. `launch` = (BLOCK_M, BLOCK_K, num_warps)
+    overrides the default (tuning; the bits never depend on it)."""
     require_triton("triton_quant.quantize_rows_from_amax")
     half_away = _check_mode(rounding)
     m, k = x.shape
@@ -465,13 +473,17 @@ def quantize_rows_from_amax(x: torch.Tensor, amax: torch.Tensor, floor: float, r
     if m and not k:
         s.fill_(float(floor))          # an empty row's absmax is 0 (`quant.quantize_rows`)
     if m and k:
-        block = min(AMAX_BLOCK_K, triton.next_power_of_2(max(k, 16)))
         interp = runs_interpreted(_quant_rows_amax_kernel)
+        if launch is None:
+            block = min(AMAX_BLOCK_K, triton.next_power_of_2(max(k, 16)))
+            rows = AMAX_ROWS[1] if m >= AMAX_ROWS[0] else 1
+            launch = (rows, block, max(1, min(8, rows * block // 256)))
+        bm, block, warps = launch
         pdl = use_pdl(_quant_rows_amax_kernel, x.device, m)
-        launch_kernel(_quant_rows_amax_kernel, (m, triton.cdiv(k, block)),
-            x, amax, q, s, k, amax.shape[1], x.stride(0), q.stride(0), float(floor), HALF_AWAY=half_away,
-            BLOCK_K=block, BLOCK_P=max(2, triton.next_power_of_2(amax.shape[1])), PDL=pdl, launch_pdl=pdl,
-            num_warps=1 if interp else max(1, min(8, block // 256)), enable_fp_fusion=False)
+        launch_kernel(_quant_rows_amax_kernel, (triton.cdiv(m, bm), triton.cdiv(k, block)),
+            x, amax, q, s, m, k, amax.shape[1], x.stride(0), q.stride(0), float(floor), HALF_AWAY=half_away,
+            BLOCK_M=bm, BLOCK_K=block, BLOCK_P=max(2, triton.next_power_of_2(amax.shape[1])), PDL=pdl,
+            launch_pdl=pdl, num_warps=1 if interp else warps, enable_fp_fusion=False)
     return q, s
 
 

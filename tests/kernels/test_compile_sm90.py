@@ -66,7 +66,7 @@ def _cases():
           for bm, glu in ((256, False), (128, True))),
         ("triton_quant", "_quant_rows_amax_kernel", {"x_ptr": "*bf16", "amax_ptr": "*fp32", "q_ptr": "*i8",
                                                      "s_ptr": "*fp32"}, {"floor"},
-         {"HALF_AWAY": False, "BLOCK_K": 2048, "BLOCK_P": 128, "PDL": True}, 8, 3),
+         {"HALF_AWAY": False, "BLOCK_M": 2, "BLOCK_K": 2048, "BLOCK_P": 128, "PDL": True}, 8, 3),
         ("triton_attention", "_decode_kernel", attn_ptrs, {"qk_scale"},
          {**attn, "BLOCK_D": 128, "SCALE_MODE": 1, "SPLIT": False, "PV_DTYPE": "fp16", "EVEN_D": True, "K_AS_A": False,
           "WORDS": True, "PDL": False}, 4, 3),

@@ -101,6 +101,13 @@ def test_codes_from_amax_equal_quantize_rows(K):
     codes, scales = tq.quantize_rows_from_amax(x, parts, 1e-6, "half_even")
     ref_codes, ref_scales = quant.quantize_rows(x, 1e-6, "half_even")
     assert torch.equal(codes, ref_codes) and torch.equal(scales, ref_scales) and scales[1] == 1e-6
+    # several rows a program (the prefill launch), 7 rows over blocks of 4: a ragged last block
+    x = (torch.randn(7, 3000, generator=g) * 3).to(torch.bfloat16)
+    parts = x.float().abs().reshape(7, 3, 1000).amax(-1)
+    ref_codes, ref_scales = quant.quantize_rows(x, 1e-6, "half_away")
+    for launch in ((4, 1024, 4), (2, 2048, 8), (1, 4096, 8)):
+        codes, scales = tq.quantize_rows_from_amax(x, parts, 1e-6, "half_away", launch=launch)
+        assert torch.equal(codes, ref_codes) and torch.equal(scales, ref_scales), launch
 
 
 def test_glu_gemm_refuses_bad_input(K):
