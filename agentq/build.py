@@ -286,14 +286,15 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
 def torch_engine_kwargs(cfg: DictConfig, device: torch.device | str, dtype: torch.dtype) -> dict:
     """`TorchEngine` arguments from the config besides the weights, slots and tokenizer (one home for
     the in-process backend and the Ray rollout workers)."""
-    from agentq.rollout.torch_engine.prefill_graphs import DEFAULT_MAX_TOKENS
+    from agentq.rollout.torch_engine.prefill_graphs import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS
 
     r = cfg.rollout
     return {"max_len": int(cfg.env.max_context_tokens), "dtype": dtype, "device": device,
             "prefill_chunk": int(r.prefill_chunk), "sampler": str(r.get("sampler", "auto")),
             "cuda_graphs": bool(r.get("cuda_graphs", True)), "run_ahead": bool(r.get("run_ahead", True)),
             "share_prefill": bool(r.get("share_prefill", True)),
-            "prefill_graph_tokens": int(r.get("prefill_graph_tokens", DEFAULT_MAX_TOKENS))}
+            "prefill_graph_tokens": int(r.get("prefill_graph_tokens", DEFAULT_MAX_TOKENS)),
+            "prefill_graph_max": int(r.get("prefill_graph_max", DEFAULT_MAX_GRAPHS))}
 
 
 # ---------------------------------------------------------------------- agent loop

@@ -106,6 +106,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "rollout.run_ahead": boolean,
     "rollout.share_prefill": boolean,
     "rollout.prefill_graph_tokens": nonneg_int,
+    "rollout.prefill_graph_max": nonneg_int,
     "algo.clip_eps": nonneg_num,
     "algo.kl_coef": nonneg_num,
     "agent.invalid_action_penalty": nonneg_num,

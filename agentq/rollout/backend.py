@@ -125,8 +125,10 @@ class RolloutBackend(Protocol):
         prefill forward, `prefill_cached_tokens` took their K/V from a cache instead (the episode's
         own from an earlier turn, or another episode's shared prefix), and where the backend tells
         them apart `prefill_shared_tokens`, those of the cached that came from another episode.
-        The torch engine adds `prefill_graph_replays` / `prefill_graph_captures`: prefill chunks
-        replayed from CUDA graphs, and graphs captured (a bucket seen for the first time).
+        The torch engine adds `prefill_graph_replays` / `prefill_graph_captures` /
+        `prefill_graph_uncaptured`: prefill chunks replayed from CUDA graphs, graphs captured (a
+        bucket seen for the first time), and chunks run eagerly because their bucket came after
+        the cap on graphs (`prefill_graph_max`).
         Empty where the backend does not count them.
 
         Returns:

@@ -76,7 +76,7 @@ class DistributedBackend(RolloutBackend):
         actor_options: per-worker Ray actor options (resources, placement-group bundle), a list of N.
         engine_kw: `TorchEngine` arguments besides the slots (`build.torch_engine_kwargs`: max_len,
             dtype, device, prefill_chunk, sampler, cuda_graphs, run_ahead, share_prefill,
-            prefill_graph_tokens).
+            prefill_graph_tokens, prefill_graph_max).
         tokenizer: for stop strings (picklable HF tokenizer).
         timeout_s: bound on every call to a worker; a worker past it counts as dead.
     """

@@ -18,6 +18,7 @@ from conftest import run_cli
     ("trainer.pack_tokens=0", "trainer.pack_tokens=0 (int): must be a positive integer or null"),
     ("trainer.grad_input=fp8", "trainer.grad_input='fp8' (str): must be one of ['bf16', 'int8']"),
     ("rollout.run_ahead=sometimes", "rollout.run_ahead='sometimes' (str): must be true or false"),
+    ("rollout.prefill_graph_max=-1", "rollout.prefill_graph_max=-1 (int): must be an integer >= 0"),
 ])
 def test_bad_values_name_their_key(override, named):
     with pytest.raises(ConfigError, match="invalid config value") as e:

@@ -115,22 +115,96 @@ def test_a_failed_capture_runs_its_bucket_eagerly_and_is_not_retried(tiny_model_
     from agentq.rollout.torch_engine import prefill_graphs
 
     attempts = failing_capture(prefill_graphs)
-    spec = QuantSpec.preset("w8a8_kv8")
-    plain, padded = (TorchEngine.from_pretrained(str(tiny_model_dir), spec, max_slots=4, max_len=64) for _ in range(2))
-    runner = PrefillRunner(padded.model, padded.cache, pad_slot=4, max_rows=4, max_tokens=16, use_graphs=False)
-    runner.enabled = runner.use_graphs = True
-    padded.prefiller = runner
-    ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(4 + 3 * i)] for i in range(3)]      # 4, 7, 10 tokens
-    sp = SamplingParams(max_new_tokens=3)
-    out = []
+    plain, padded, runner = _engines_with_forced_graphs(tiny_model_dir)
     with caplog.at_level(logging.WARNING, logger=prefill_graphs.__name__):
-        for eng in (plain, padded):
-            turn1 = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(ctxs)])
-            nxt = [c + r.token_ids + [7, 8, 9] for c, r in zip(ctxs, turn1)]
-            turn2 = eng.generate([TurnRequest(i, c, sp, seed=i) for i, c in enumerate(nxt)])
-            out.append([(r.token_ids, r.logprobs) for r in turn1 + turn2])
-    assert [t for t, _ in out[0]] == [t for t, _ in out[1]]
-    assert max(abs(a - b) for (_, la), (_, lb) in zip(*out) for a, b in zip(la, lb)) < 1e-5
+        _assert_same_turns(plain, padded, [[0, 1, 2], [0, 1, 2]])
     # turn 1: one (4, 16, 64) chunk; turn 2: (4, 16, 64) again, whose capture is not retried
     assert len(attempts) == 1 and caplog.text.count("capture of prefill bucket") == 1
     assert runner.stats["padded_eager_chunks"] == 2 and runner.stats["graphs_captured"] == 0
+
+
+def _engines_with_forced_graphs(path, max_graphs: int = 64) -> tuple[TorchEngine, TorchEngine, PrefillRunner]:
+    """Two CPU w8a8_kv8 engines of 4 slots: a plain one, and one whose runner (16-token chunks,
+    returned too) takes its path with graphs forced on; a test stands in for the capture."""
+    spec = QuantSpec.preset("w8a8_kv8")
+    plain, padded = (TorchEngine.from_pretrained(str(path), spec, max_slots=4, max_len=64) for _ in range(2))
+    runner = PrefillRunner(padded.model, padded.cache, pad_slot=4, max_rows=4, max_tokens=16, use_graphs=False,
+                           max_graphs=max_graphs)
+    runner.enabled = runner.use_graphs = True
+    padded.prefiller = runner
+    return plain, padded, runner
+
+
+def _assert_same_turns(plain: TorchEngine, padded: TorchEngine, turns: list[list[int]]) -> None:
+    """Play the same turns on both engines (turns[k]: the episodes of `generate` call k, each
+    starting with a 4, 7 or 10-token context, then adding its sampled tokens and 3 more a turn):
+    the same tokens, log-probs within 1e-5 (a padded chunk's CPU GEMMs may round otherwise)."""
+    sp = SamplingParams(max_new_tokens=3)
+    out = []
+    for eng in (plain, padded):
+        ctxs = {i: [5 + (7 * j + 3 * i) % 200 for j in range(4 + 3 * i)] for i in range(3)}
+        results = []
+        for k, episodes in enumerate(turns):
+            for i, r in zip(episodes, eng.generate([TurnRequest(i, ctxs[i], sp, seed=i) for i in episodes])):
+                ctxs[i] = ctxs[i] + r.token_ids + [7, 8, 9]
+                results.append((r.token_ids, r.logprobs))
+        out.append(results)
+    assert [t for t, _ in out[0]] == [t for t, _ in out[1]]
+    assert max(abs(a - b) for (_, la), (_, lb) in zip(*out) for a, b in zip(la, lb)) < 1e-5
+
+
+def test_past_the_cap_a_new_bucket_runs_eagerly_unpadded_and_captured_ones_replay(tiny_model_dir, monkeypatch,
+                                                                                    caplog):
+    """With `max_graphs=2`, chunks of 3, 2, 1, 3 and 1 rows (buckets of 4, 2, 1, 4 and 1 rows): the
+    first two buckets are captured and the 4-row one replays again; the 1-row chunks find the cap
+    reached and run eagerly, unpadded, with one warning naming the config key. The turns play on
+    with the plain engine's tokens. (The stand-in capture's graph reruns the forward eagerly.)"""
+    import logging
+    from types import SimpleNamespace
+
+    from agentq.rollout.torch_engine import prefill_graphs
+
+    captures = []
+
+    def replayed_eagerly(fn, pool):
+        captures.append(pool)
+        return SimpleNamespace(replay=fn), fn()
+    monkeypatch.setattr(prefill_graphs, "capture_graph", replayed_eagerly)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    plain, padded, runner = _engines_with_forced_graphs(tiny_model_dir, max_graphs=2)
+    with caplog.at_level(logging.WARNING, logger=prefill_graphs.__name__):
+        _assert_same_turns(plain, padded, [[0, 1, 2], [0, 1], [2], [0, 1, 2], [0]])
+    assert len(captures) == 2 and set(runner._graphs) == {(4, 16, 64), (2, 16, 64)}
+    assert runner.stats == {"graph_replays": 3, "padded_eager_chunks": 0, "graphs_captured": 2,
+                            "declined_chunks": 0, "uncaptured_chunks": 2}
+    assert padded.prefill_counts()["prefill_graph_uncaptured"] == 2
+    assert caplog.text.count("rollout.prefill_graph_max") == 1
+    assert runner.bucket(1, 4, 20) is None and runner.bucket(3, 4, 20) == (4, 16, 64)
+
+
+def test_max_graphs_0_captures_nothing_and_applies_only_to_graphs(tiny_model_dir, failing_capture, caplog):
+    """`max_graphs=0`: every chunk runs eagerly, unpadded, and no capture is tried; without graphs
+    (padded eager buckets) the cap does not apply."""
+    import logging
+
+    from agentq.rollout.torch_engine import prefill_graphs
+
+    attempts = failing_capture(prefill_graphs)
+    plain, padded, runner = _engines_with_forced_graphs(tiny_model_dir, max_graphs=0)
+    with caplog.at_level(logging.WARNING, logger=prefill_graphs.__name__):
+        _assert_same_turns(plain, padded, [[0, 1, 2], [0, 1, 2]])
+    assert not attempts and not runner._graphs and caplog.text.count("rollout.prefill_graph_max") == 1
+    assert runner.stats["uncaptured_chunks"] == 2 and runner.stats["graph_replays"] == 0
+    runner.use_graphs = False
+    assert runner.bucket(3, 4, 20) == (4, 16, 64)
+
+
+def test_rollout_prefill_graph_max_reaches_the_runner(tiny_model_dir):
+    from transformers import AutoConfig
+
+    from agentq.build import torch_engine_kwargs
+    from agentq.config import load_config
+
+    kw = torch_engine_kwargs(load_config(["rollout.prefill_graph_max=5"]), "cpu", torch.float32)
+    eng = TorchEngine(AutoConfig.from_pretrained(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=4, **kw)
+    assert kw["prefill_graph_max"] == 5 and eng.prefiller.max_graphs == 5

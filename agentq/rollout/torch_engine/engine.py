@@ -32,7 +32,7 @@ from agentq.utils.device import device_tensor, to_device
 from .kv_cache import KVCache
 from .decode import DecodeRunner, DecodeStep
 from .model import EngineModel
-from .prefill_graphs import DEFAULT_MAX_TOKENS, PrefillRunner, chunk_inputs
+from .prefill_graphs import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS, PrefillRunner, chunk_inputs
 from .weight_sync import SyncGraph
 from .sampler import processed_logprobs, sample
 
@@ -50,13 +50,21 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def _kv_cache(cfg: Any, quant: QuantSpec, slots: int, max_len: int, dtype: torch.dtype, device: torch.device
+              ) -> KVCache:
+    """A KV cache of `slots` slots of `max_len` tokens for the layers and K/V heads of HF config `cfg`."""
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return KVCache(cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_len, head_dim, quant, dtype, device)
+
+
 class TorchEngine(RolloutBackend):
     """The built-in `RolloutBackend`: many episodes at once, each keeping its KV slot between turns."""
 
     def __init__(self, hf_config: Any, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = 512,
                  tokenizer: Any = None, sampler: str = "auto", cuda_graphs: bool = True, run_ahead: bool = True,
-                 share_prefill: bool = True, prefill_graph_tokens: int = DEFAULT_MAX_TOKENS):
+                 share_prefill: bool = True, prefill_graph_tokens: int = DEFAULT_MAX_TOKENS,
+                 prefill_graph_max: int = DEFAULT_MAX_GRAPHS):
         """Args:
             hf_config: the HF config of a Llama / Qwen2 / Qwen3 checkpoint.
             quant: the rollout numerics.
@@ -73,24 +81,24 @@ class TorchEngine(RolloutBackend):
                 its own seed. Off: every row prefills its own context.
             prefill_graph_tokens: with `cuda_graphs`, prefill chunks of at most this many tokens a
                 row (a turn's new tokens) replay CUDA graphs per bucket (`prefill_graphs`); 0: eager.
+            prefill_graph_max: the most prefill graphs captured; chunks of buckets met after that
+                run eagerly, unpadded. 0: no prefill graphs.
         """
         if sampler not in SAMPLERS:
             raise ValueError(f"rollout sampler must be one of {SAMPLERS}, got {sampler!r}")
         self.quant, self.tokenizer = quant, tokenizer       # tokenizer: only to detect stop strings
         self.device = torch.device(device)
         self.model = EngineModel(hf_config, quant, dtype, self.device)
-        cfg = hf_config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         # one slot more than episodes can hold: padding rows of a decode bucket write there
-        self.cache = KVCache(cfg.num_hidden_layers, max_slots + 1, cfg.num_key_value_heads, max_len, head_dim,
-                             quant, dtype, self.device)
+        self.cache = _kv_cache(hf_config, quant, max_slots + 1, max_len, dtype, self.device)
         self.model.set_max_len(max_len)
         self.sampler = ("counter" if self.device.type == "cuda" else "generator") if sampler == "auto" else sampler
         self.decoder = DecodeRunner(self.model, self.cache, pad_slot=max_slots, max_batch=max_slots,
                                     use_graphs=cuda_graphs and self.sampler == "counter")
         self.syncer = SyncGraph(self.model, use_graphs=cuda_graphs)
         self.prefiller = PrefillRunner(self.model, self.cache, pad_slot=max_slots, max_rows=max_slots,
-                                       max_tokens=prefill_graph_tokens if cuda_graphs else 0, use_graphs=True)
+                                       max_tokens=prefill_graph_tokens if cuda_graphs else 0, use_graphs=True,
+                                       max_graphs=prefill_graph_max)
         self.max_slots, self.max_len, self.prefill_chunk = max_slots, max_len, prefill_chunk
         self.run_ahead, self.share_prefill, self.policy_version = run_ahead, share_prefill, 0
         self._slot_of: dict[int, int] = {}          # episode id → slot
@@ -121,7 +129,8 @@ class TorchEngine(RolloutBackend):
         return {"prefill_computed_tokens": s["prefill_tokens"],
                 "prefill_cached_tokens": s["reused_tokens"] + s["shared_tokens"],
                 "prefill_shared_tokens": s["shared_tokens"],
-                "prefill_graph_replays": g["graph_replays"], "prefill_graph_captures": g["graphs_captured"]}
+                "prefill_graph_replays": g["graph_replays"], "prefill_graph_captures": g["graphs_captured"],
+                "prefill_graph_uncaptured": g["uncaptured_chunks"]}
 
     def release(self, episode_id: int) -> None:
         slot = self._slot_of.pop(episode_id, None)

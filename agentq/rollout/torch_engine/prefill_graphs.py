@@ -14,6 +14,11 @@ length (what the prefill kernel's dequantized cache copy allocates) pads to a po
 changes from call to call lives in static buffers written before each replay; weights and the
 cache are updated in place, so graphs stay valid across weight syncs.
 
+Count. Buckets multiply (row buckets × token buckets × key lengths): a run whose observation
+lengths vary widely could capture hundreds of graphs, each costing ~3 forwards. Past `max_graphs`
+a chunk of a bucket not yet captured runs eagerly, unpadded (the engine's own path); the buckets
+captured by then keep replaying.
+
 Bits. Each kernel on this path computes a valid token from its own row (integer GEMMs, per-token
 activation codes, per-row norms, per-row attention), so the padding changes none of its bits,
 except through the prefill attention's cache read, which depends on the chunk's length (codes in
@@ -43,6 +48,10 @@ log = logging.getLogger(__name__)
 #: the longest chunk (tokens per row) replayed from a graph by default: a turn's observation and
 #: template; longer chunks (first-turn prompts) keep the GPU busy on their own and run eagerly
 DEFAULT_MAX_TOKENS = 256
+
+#: the most prefill graphs captured by default: bounds the capture time (~3 forwards a graph) of a run
+#: whose chunks spread over many of the hundreds of buckets; the buckets met first keep theirs
+DEFAULT_MAX_GRAPHS = 64
 
 
 def token_buckets(max_tokens: int) -> list[int]:
@@ -127,11 +136,13 @@ class PrefillRunner:
         max_rows: the most rows a chunk has (the engine's slots).
         max_tokens: the longest chunk taken (tokens per row); 0 turns the runner off.
         use_graphs: capture / replay CUDA graphs (CUDA only).
+        max_graphs: with `use_graphs`, the most graphs captured; a chunk of a bucket met after that
+            runs eagerly, unpadded (`bucket` declines it). 0: no graphs. Not applied without graphs.
     """
 
     def __init__(self, model: EngineModel, cache: KVCache, pad_slot: int, max_rows: int, max_tokens: int,
-                 use_graphs: bool):
-        self.model, self.cache, self.pad_slot = model, cache, pad_slot
+                 use_graphs: bool, max_graphs: int = DEFAULT_MAX_GRAPHS):
+        self.model, self.cache, self.pad_slot, self.max_graphs = model, cache, pad_slot, max_graphs
         self.device = model.device
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self.enabled = max_tokens > 1 and model.prefill_capturable(cache)
@@ -140,12 +151,15 @@ class PrefillRunner:
         self._bufs: dict[tuple[int, int], _ChunkBuffers] = {}
         self._graphs: dict[tuple[int, int, int], tuple[Any, torch.Tensor] | None] = {}
         self._pool: Any = None
-        self.stats = {"graph_replays": 0, "padded_eager_chunks": 0, "graphs_captured": 0, "declined_chunks": 0}
+        # uncaptured_chunks: declined because their bucket has no graph and `max_graphs` are taken
+        self.stats = {"graph_replays": 0, "padded_eager_chunks": 0, "graphs_captured": 0, "declined_chunks": 0,
+                      "uncaptured_chunks": 0}
 
     def bucket(self, rows: int, tokens: int, key_len: int) -> tuple[int, int, int] | None:
         """The (rows, tokens, key length) bucket that takes a chunk, or None: the runner is off, the
-        chunk is too large or a single token per row (the decode kernel's path), or its padding
-        would change how the prefill attention reads the cache."""
+        chunk is too large or a single token per row (the decode kernel's path), its padding
+        would change how the prefill attention reads the cache, or its bucket has no graph and
+        `max_graphs` are already taken."""
         if not self.enabled or tokens < 2:
             return None
         b = next((s for s in self.row_buckets if s >= rows), None)
@@ -157,7 +171,18 @@ class PrefillRunner:
         if attn_ops.prefill_cache_read(k_cache, rows, tokens, key_len) != attn_ops.prefill_cache_read(k_cache, b, t, k):
             self.stats["declined_chunks"] += 1
             return None
-        return b, t, k
+        return None if self._over_cap((b, t, k)) else (b, t, k)
+
+    def _over_cap(self, key: tuple[int, int, int]) -> bool:
+        """Whether bucket `key` would need a graph past `max_graphs` (a failed capture, stored as
+        None, holds its place); warns the first time."""
+        if not self.use_graphs or key in self._graphs or len(self._graphs) < self.max_graphs:
+            return False
+        self.stats["uncaptured_chunks"] += 1
+        if self.stats["uncaptured_chunks"] == 1:
+            log.warning("the cap of %d prefill CUDA graphs is reached: chunks of buckets not captured (first %s) "
+                        "run eagerly, unpadded; rollout.prefill_graph_max raises the cap", self.max_graphs, key)
+        return True
 
     def run(self, key: tuple[int, int, int], slots: list[int], pieces: list[list[int]], lens: list[int]
             ) -> torch.Tensor:
