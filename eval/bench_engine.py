@@ -76,7 +76,8 @@ def weight_bytes(engine) -> int:
 
 def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns: int, device: str,
                dtype: torch.dtype, graphs: bool = True, run_ahead: bool = True, group: int = 1,
-               share: bool = True, prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS) -> dict:
+               share: bool = True, prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS,
+               prefill_chunk: int = 512) -> dict:
     from agentq.kernels import QuantSpec
     from agentq.rollout import SamplingParams, TurnRequest
     from agentq.rollout.torch_engine.engine import TorchEngine
@@ -85,7 +86,7 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     cfg = qwen3_config(model, max_len)
     eng = TorchEngine(cfg, QuantSpec.preset(quant), max_slots=batch, max_len=max_len, dtype=dtype, device=device,
                       cuda_graphs=graphs, run_ahead=run_ahead, share_prefill=share,
-                      prefill_graph_tokens=prefill_graph_tokens)
+                      prefill_graph_tokens=prefill_graph_tokens, prefill_chunk=prefill_chunk)
     eng.update_weights(random_weights(eng), version=0)
     sp = SamplingParams(max_new_tokens=new)
     ctx = _contexts(batch, prompt, cfg.vocab_size, group)
@@ -120,7 +121,7 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
            "decode_step_pipelined_ms": ms_pipe, "run_ahead": run_ahead,
            "kv_bytes_per_token": eng.kv_bytes_per_token(), "weight_bytes": weight_bytes(eng),
            "kv_bytes_read_per_step": kv_read, "decode_stats": dict(eng.decoder.stats), "engine_stats": dict(eng.stats),
-           "prefill_graph_tokens": prefill_graph_tokens, "prefill_graph_stats": dict(eng.prefiller.stats), "graphs": eng.decoder.graphable,
+           "prefill_graph_tokens": prefill_graph_tokens, "prefill_chunk": prefill_chunk, "prefill_graph_stats": dict(eng.prefiller.stats), "graphs": eng.decoder.graphable,
            "eager_run": not graphs, **({"decode_sweep": sweep} if sweep else {})}
     del eng
     _free(device)
@@ -358,11 +359,14 @@ def main():
     ap.add_argument("--no-share", action="store_true", help="engines prefill every row (share_prefill=False)")
     ap.add_argument("--prefill-graph-tokens", type=int, default=DEFAULT_PREFILL_GRAPH_TOKENS,
                     help="prefill chunks of at most this many tokens a row replay CUDA graphs (0: eager)")
+    ap.add_argument("--prefill-chunk", type=int, default=512,
+                    help="tokens a row per prefill forward (rollout.prefill_chunk)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.group < 1 or any(b % a.group for b in a.batch):
         raise SystemExit(f"--group {a.group}: must be >= 1 and divide every --batch")
-    run_kw = {"group": a.group, "share": not a.no_share, "prefill_graph_tokens": a.prefill_graph_tokens}
+    run_kw = {"group": a.group, "share": not a.no_share, "prefill_graph_tokens": a.prefill_graph_tokens,
+              "prefill_chunk": a.prefill_chunk}
     global PROFILE, SWEEP_PASSES
     PROFILE, SWEEP_PASSES = a.profile, a.sweep_passes
     for item in a.decode_sweep:
@@ -407,7 +411,8 @@ def print_table(a, rows, bw, budget) -> None:
     if a.group > 1:
         print(f"prompts: one per group of {a.group} episodes; engine prefill shared: {not a.no_share}")
     print("switches: " + ", ".join(f"{k}={v}" for k, v in fast_path_switches().items())
-          + f"; prefill chunks of ≤ {a.prefill_graph_tokens} tokens a row from CUDA graphs")
+          + f"; prefill chunks of ≤ {a.prefill_graph_tokens} tokens a row from CUDA graphs; "
+            f"prefill forwards of ≤ {a.prefill_chunk} tokens a row")
     print(f"{'engine':12s} {'quant':13s} {'B':>4s} {'graphs':>6s} {'ahead':>5s} {'tok/s':>9s} {'decode ms':>9s} "
           f"{'pipelined':>9s} {'roofline':>8s} {'KV B/tok':>9s}")
     for r in rows:
@@ -443,6 +448,25 @@ def _print_ratios(b: int, ahead: bool, rows: list[dict], quant: str) -> None:
     if hf:
         line += f"; {name} vs HF generate tokens/s {q['tokens_per_s'] / hf['tokens_per_s']:.2f}×"
     print(line)
+    if "turn_s" in q and "turn_s" in f:
+        _print_split(q, f)
+
+
+def time_split(row: dict) -> tuple[float, float]:
+    """(decode, prefill + the rest) seconds of a run's turns: its sampled tokens at the pipelined
+    step time (how `generate` runs them), and what the turns took beyond that (prefills, sampling
+    the first token, host work between turns). An estimate: the timed step is the last turn's length."""
+    decode = row["turns"] * row["new_tokens"] * row["decode_step_pipelined_ms"] / 1e3
+    return decode, sum(row["turn_s"]) - decode
+
+
+def _print_split(q: dict, f: dict, target: float = 1.5) -> None:
+    """Where the tokens/s ratio comes from: the two parts' ratios, and what the quantized run's
+    total would have to be for `target`."""
+    (qd, qr), (fd, fr) = time_split(q), time_split(f)
+    need = sum(f["turn_s"]) / target
+    print(f"    time split: decode {fd:.2f} s → {qd:.2f} s ({fd / qd:.2f}×), prefill + rest {fr:.2f} s → {qr:.2f} s "
+          f"({fr / max(qr, 1e-9):.2f}×); tokens/s {target}× needs {need:.2f} s in all (has {qd + qr:.2f})")
 
 
 def _print_budget(a, rows, budget) -> None:
