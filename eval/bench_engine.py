@@ -116,8 +116,9 @@ def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns:
     if PROFILE and device == "cuda":
         _profile(eng, slots, seeds, sp, quant)
         _profile_prefill(eng, _contexts(batch, prompt, cfg.vocab_size, group), quant)
+    first_prefill_s = _time_first_prefill(eng, _contexts(batch, prompt, cfg.vocab_size, group), device)   # frees the slots
     out = {"engine": "agentq", "quant": quant, "model": model, "batch": batch, "prompt": prompt, "new_tokens": new,
-           "turns": turns, "group": group, "share_prefill": share, "turn_s": turn_s, "tokens_per_s": gen / total, "decode_step_ms": ms,
+           "turns": turns, "group": group, "share_prefill": share, "turn_s": turn_s, "tokens_per_s": gen / total, "first_prefill_s": first_prefill_s, "decode_step_ms": ms,
            "decode_step_pipelined_ms": ms_pipe, "run_ahead": run_ahead,
            "kv_bytes_per_token": eng.kv_bytes_per_token(), "weight_bytes": weight_bytes(eng),
            "kv_bytes_read_per_step": kv_read, "decode_stats": dict(eng.decoder.stats), "engine_stats": dict(eng.stats),
@@ -210,6 +211,19 @@ def _profile(eng, slots, seeds, sp, quant: str, steps: int = 5) -> None:
         torch.cuda.synchronize()
     print_timeline(f"decode steps, quant={quant}, B={len(slots)}, graphs {eng.decoder.graphable}",
                    kernel_timeline(profiled_kernels(prof), steps))
+
+
+def _time_first_prefill(eng, ctx: list[list[int]], device: str) -> float:
+    """Seconds of one first-turn prefill of the whole batch (fresh episodes: every prompt token
+    computed, as in turn 1; one token sampled). Frees the engine's slots first."""
+    from agentq.rollout import SamplingParams, TurnRequest
+
+    eng.release_all()
+    sync(device)
+    t = time.perf_counter()
+    eng.generate([TurnRequest(10_000 + i, c, SamplingParams(max_new_tokens=1), seed=i) for i, c in enumerate(ctx)])
+    sync(device)
+    return time.perf_counter() - t
 
 
 def _profile_prefill(eng, ctx: list[list[int]], quant: str) -> None:
@@ -453,20 +467,19 @@ def _print_ratios(b: int, ahead: bool, rows: list[dict], quant: str) -> None:
 
 
 def time_split(row: dict) -> tuple[float, float]:
-    """(decode, prefill + the rest) seconds of a run's turns: its sampled tokens at the pipelined
-    step time (how `generate` runs them), and what the turns took beyond that (prefills, sampling
-    the first token, host work between turns). An estimate: the timed step is the last turn's length."""
-    decode = row["turns"] * row["new_tokens"] * row["decode_step_pipelined_ms"] / 1e3
-    return decode, sum(row["turn_s"]) - decode
+    """(first-turn prefill, the rest) seconds of a run's turns: the prefill of the whole batch's
+    prompts as timed on its own (`first_prefill_s`), and everything else the turns took (decode
+    steps, the later turns' delta prefills, host work between turns)."""
+    return row["first_prefill_s"], sum(row["turn_s"]) - row["first_prefill_s"]
 
 
 def _print_split(q: dict, f: dict, target: float = 1.5) -> None:
     """Where the tokens/s ratio comes from: the two parts' ratios, and what the quantized run's
     total would have to be for `target`."""
-    (qd, qr), (fd, fr) = time_split(q), time_split(f)
+    (qp, qr), (fp, fr) = time_split(q), time_split(f)
     need = sum(f["turn_s"]) / target
-    print(f"    time split: decode {fd:.2f} s → {qd:.2f} s ({fd / qd:.2f}×), prefill + rest {fr:.2f} s → {qr:.2f} s "
-          f"({fr / max(qr, 1e-9):.2f}×); tokens/s {target}× needs {need:.2f} s in all (has {qd + qr:.2f})")
+    print(f"    time split: first-turn prefill {fp:.2f} s → {qp:.2f} s ({fp / qp:.2f}×), decode + the rest "
+          f"{fr:.2f} s → {qr:.2f} s ({fr / qr:.2f}×); tokens/s {target}× needs {need:.2f} s in all (has {qp + qr:.2f})")
 
 
 def _print_budget(a, rows, budget) -> None:

@@ -45,8 +45,8 @@ def test_profiled_kernels_keeps_only_kernel_intervals():
 
 def test_engine_time_split_against_hand_numbers():
     from agentq.eval.bench_engine import time_split
-    # 3 turns × 128 tokens at 4 ms a step = 1.536 s of decode; the turns took 2.13 s in all
-    row = {"turns": 3, "new_tokens": 128, "decode_step_pipelined_ms": 4.0, "turn_s": [1.05, 0.53, 0.55]}
-    decode, rest = time_split(row)
-    assert decode == pytest.approx(1.536)
-    assert rest == pytest.approx(2.13 - 1.536)
+    # the turns took 1.05 + 0.53 + 0.55 = 2.13 s, of which the first-turn prefill alone 0.59 s
+    row = {"turns": 3, "turn_s": [1.05, 0.53, 0.55], "first_prefill_s": 0.59}
+    prefill, rest = time_split(row)
+    assert prefill == 0.59
+    assert rest == pytest.approx(2.13 - 0.59)
