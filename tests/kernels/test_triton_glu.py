@@ -132,6 +132,20 @@ def test_glu_config_is_the_plain_gemm_config_unless_measured(K, monkeypatch):
     assert tg.glu_config(64, 24576, 4096) == tuned and tg.glu_config(65, 24576, 4096) != tuned
 
 
+
+def test_shipped_glu_rows_change_only_prefill_launches(K):
+    """The "glu" rows measured at prefill rows (round 31: 1.7B gate_up at 128x256 tiles in 4 stages)
+    keep decode's launches: a table row serves every M up to its max_M, so each glu key repeats
+    the plain rows up to M 256, and the prefill rows stay persistent (TMA) launches."""
+    _, tg, _ = K
+    assert tg.H200_GLU_TABLE, "the shipped table has measured glu rows"
+    for (n2, k), rows in tg.H200_GLU_TABLE.items():
+        for m in (1, 16, 64, 65, 128, 200, 256):
+            assert tg.glu_config(m, n2, k) == tg.dataclasses.replace(tg.pick_config(m, n2, k), split_k=1), (n2, k, m)
+        for m in (257, 8192, 32768, 65536):
+            assert tg.glu_config(m, n2, k).persistent, (n2, k, m)
+    assert tg.glu_config(32768, 12288, 2048) == tg.GemmConfig(128, 256, 128, 1, 8, 8, 4, 2)
+
 def test_w8a8_glu_codes_is_the_engine_path(K):
     """`int8_linear.w8a8_glu_codes` (what `EngineLinear.silu_mul` runs on CUDA) on [B, T, K] codes:
     the product's rows, or their codes = `quantize_rows` of the two-launch product."""
