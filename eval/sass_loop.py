@@ -10,6 +10,7 @@ not counted as the body.
     python -m agentq.eval.sass_loop --attn                 # int8 decode attention (TMA word tiles)
     python -m agentq.eval.sass_loop --attn --pairs         # ... unpacking two words per asm call
     python -m agentq.eval.sass_loop --attn --no-tma        # ... pointer loads
+    python -m agentq.eval.sass_loop --codes                # the GLU codes (no loop): instructions an element
 
 Needs triton (the CPU wheel is enough); `tests/kernels/test_compile_sm90.py` uses `compile_sm90`.
 """
@@ -97,15 +98,49 @@ def attention_case(tma: bool, pairs: bool) -> tuple:
     return "triton_attention", "_decode_planes_kernel", ptrs, {"qk_scale"}, consts, 2, 4 if tma else 3
 
 
+def straight_opcodes(sass: str) -> collections.Counter:
+    """Opcode counts from the kernel's entry to its first EXIT: the path a loop-free kernel runs
+    (subroutines after it, e.g. a division's slow path, are not counted)."""
+    ops: collections.Counter = collections.Counter()
+    for line in sass.splitlines():
+        if "\t" not in line:
+            continue
+        toks = line.split("\t", 1)[1].strip().split()
+        op = toks[1] if toks[0].startswith("@") and len(toks) > 1 else toks[0]
+        ops[op] += 1
+        if op.startswith("EXIT"):
+            break
+    return ops
+
+
+def codes_case() -> tuple:
+    """`_quant_rows_amax_kernel` as the engine launches it at prefill rows (the GLU codes: 2 rows
+    × 2,048 columns a program, 8 warps: 16 elements a thread)."""
+    ptrs = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "q_ptr": "*i8", "s_ptr": "*fp32"}
+    consts = {"HALF_AWAY": False, "BLOCK_M": 2, "BLOCK_K": 2048, "BLOCK_P": 128, "PDL": True}
+    aligned = ("x_ptr", "amax_ptr", "q_ptr", "s_ptr", "K", "P", "stride_x", "stride_q")    # as the JIT sees them
+    return "triton_quant", "_quant_rows_amax_kernel", ptrs, {"floor"}, consts, 8, 3, aligned
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--attn", action="store_true", help="the int8 decode attention kernel (the only case so far)")
     ap.add_argument("--no-tma", action="store_true", help="--attn: pointer loads instead of TMA word tiles")
     ap.add_argument("--pairs", action="store_true", help="--attn: two words per unpacking asm call")
+    ap.add_argument("--codes", action="store_true", help="the GLU codes kernel at prefill rows (loop-free)")
     ap.add_argument("--top", type=int, default=20)
     a = ap.parse_args()
+    if a.codes:
+        case = codes_case()
+        ops = straight_opcodes(sass_of(compile_sm90(*case)))
+        per_thread = 2 * 2048 // (32 * case[5])
+        print(f"{case[1]} {case[4]}\n{sum(ops.values())} instructions per thread to EXIT, "
+              f"{per_thread} elements a thread: {sum(ops.values()) / per_thread:.1f} an element")
+        for op, n in ops.most_common(a.top):
+            print(f"  {n:5d}  {op}")
+        return
     if not a.attn:
-        ap.error("name a kernel (--attn)")
+        ap.error("name a kernel (--attn or --codes)")
     case = attention_case(not a.no_tma, a.pairs)
     ops = main_loop_opcodes(sass_of(compile_sm90(*case)))
     mma = sum(v for k, v in ops.items() if k.split(".")[0] in MMA)
