@@ -8,9 +8,11 @@
 
 Numerics (exactly those of the torch reference, for every input):
 ``scale = max(absmax / 127, floor)`` with an IEEE division, ``code = clamp(round(x / scale), -128, 127)``
-with an IEEE division (`tl.math.div_rn`, never a reciprocal multiply), and `round` either
+with an IEEE division (`tl.math.div_rn`, never a plain reciprocal multiply), and `round` either
 half-to-even or half-away-from-zero, both computed from the exact fractional part with `floor`
-(no libdevice call, so the interpreter and CUDA run the same arithmetic).
+(no libdevice call, so the interpreter and CUDA run the same arithmetic). `AGENTQ_FAST_CODES=1`
+computes the same quotient from a row's reciprocal with fma corrections and rounds half-even by an
+add pair (`_codes_values`; tests/kernels/test_fast_codes.py).
 """
 from __future__ import annotations
 
@@ -27,9 +29,38 @@ INTERPRETED = interpreting()
 #: rows up to this length are quantized in one pass held in registers; longer rows loop twice
 MAX_SINGLE_PASS = 16384
 
+#: AGENTQ_FAST_CODES=1: every code writer divides by a row's reciprocal with fma corrections and
+#: rounds half-even by one add pair, instead of a per-element IEEE division and a floor-based
+#: rounding (the same bits, `_codes_values`); off by default until its CUDA tests and timings run
+FAST_CODES_ENV = "AGENTQ_FAST_CODES"
+
 if HAVE_TRITON:
     import triton
     import triton.language as tl
+
+    FAST_CODES: tl.constexpr = tl.constexpr(os.environ.get(FAST_CODES_ENV, "0") == "1")
+
+    @triton.jit
+    def _quotient_rn(x, scale):
+        """x / scale rounded to nearest, without a division per element: r = RN(1 / scale) once on
+        scale's shape (a row's scalar, or [R, 1]), q = RN(x · r), then two corrections
+        q ← RN(q + (x − q·scale) · r), the residual by an fma. With r correctly rounded and q within
+        an ulp of x / scale (the first correction's job), the second gives RN(x / scale) whenever
+        the residual does not underflow (Markstein); where it could (|x / scale| tiny against
+        scale ≥ the spec's floor), the quotient is far below 0.5 and its code is 0 either way.
+        Scales here are finite and ≥ a positive floor."""
+        r = tl.math.div_rn(1.0, scale)
+        q = x * r
+        q = tl.fma(tl.fma(-q, scale, x), r, q)
+        return tl.fma(tl.fma(-q, scale, x), r, q)
+
+    @triton.jit
+    def _rint_even(v):
+        """Round fp32 `v` (|v| < 2**22) to the nearest integer, ties to even: adding 1.5 · 2**23
+        lands in [2**23, 2**24), where the fp32 spacing is 1, so the IEEE add itself rounds (half
+        to even, 1.5 · 2**23 being even); subtracting it back is exact."""
+        big = 12582912.0
+        return (v + big) - big
 
     @triton.jit
     def _round_half(v, HALF_AWAY: tl.constexpr):
@@ -97,10 +128,24 @@ if HAVE_TRITON:
         return round_to(s * u, OUT_DTYPE, BF16_BITS)
 
     @triton.jit
-    def _codes_f32(x, scale, HALF_AWAY: tl.constexpr):
-        """clamp(round(x / scale), -128, 127) as integer-valued fp32 (IEEE division)."""
-        q = _round_half(tl.math.div_rn(x, scale), HALF_AWAY)
+    def _codes_values(x, scale, HALF_AWAY: tl.constexpr, FAST: tl.constexpr):
+        """clamp(round(x / scale), -128, 127) as integer-valued fp32, round(x / scale) being the
+        IEEE quotient rounded by the chosen rule. FAST: `_quotient_rn` and, for half-even,
+        `_rint_even` (the same values in a third of the instructions: `sass_loop --codes`)."""
+        if FAST:
+            v = _quotient_rn(x, scale)
+            if HALF_AWAY:
+                q = _round_half(v, True)
+            else:
+                q = _rint_even(v)
+        else:
+            q = _round_half(tl.math.div_rn(x, scale), HALF_AWAY)
         return tl.minimum(tl.maximum(q, -128.0), 127.0)
+
+    @triton.jit
+    def _codes_f32(x, scale, HALF_AWAY: tl.constexpr):
+        """`_codes_values` with `FAST_CODES` (the process's switch)."""
+        return _codes_values(x, scale, HALF_AWAY, FAST_CODES)
 
     @triton.jit
     def _quant_block(x, scale, HALF_AWAY: tl.constexpr):
