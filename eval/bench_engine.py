@@ -213,15 +213,20 @@ def _profile(eng, slots, seeds, sp, quant: str, steps: int = 5) -> None:
                    kernel_timeline(profiled_kernels(prof), steps))
 
 
-def _time_first_prefill(eng, ctx: list[list[int]], device: str) -> float:
-    """Seconds of one first-turn prefill of the whole batch (fresh episodes: every prompt token
-    computed, as in turn 1; one token sampled). Frees the engine's slots first."""
+def _fresh_prefill(eng, ctx: list[list[int]]) -> None:
+    """One first-turn prefill of the whole batch: the slots freed, fresh episodes (every prompt
+    token computed, as in turn 1), one token sampled each."""
     from agentq.rollout import SamplingParams, TurnRequest
 
     eng.release_all()
+    eng.generate([TurnRequest(10_000 + i, c, SamplingParams(max_new_tokens=1), seed=i) for i, c in enumerate(ctx)])
+
+
+def _time_first_prefill(eng, ctx: list[list[int]], device: str) -> float:
+    """Seconds of `_fresh_prefill` (it frees the engine's slots)."""
     sync(device)
     t = time.perf_counter()
-    eng.generate([TurnRequest(10_000 + i, c, SamplingParams(max_new_tokens=1), seed=i) for i, c in enumerate(ctx)])
+    _fresh_prefill(eng, ctx)
     sync(device)
     return time.perf_counter() - t
 
@@ -231,12 +236,9 @@ def _profile_prefill(eng, ctx: list[list[int]], quant: str) -> None:
     new token)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from agentq.rollout import SamplingParams, TurnRequest
-
-    eng.release_all()
     sync("cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        eng.generate([TurnRequest(20_000 + i, c, SamplingParams(max_new_tokens=1), seed=i) for i, c in enumerate(ctx)])
+        _fresh_prefill(eng, ctx)
         torch.cuda.synchronize()
     print_timeline(f"one prefill of {len(ctx)} x {len(ctx[0])} tokens, quant={quant}",
                    kernel_timeline(profiled_kernels(prof)), rows=20)

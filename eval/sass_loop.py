@@ -133,7 +133,7 @@ def main() -> None:
     if a.codes:
         case = codes_case()
         ops = straight_opcodes(sass_of(compile_sm90(*case)))
-        per_thread = 2 * 2048 // (32 * case[5])
+        per_thread = case[4]["BLOCK_M"] * case[4]["BLOCK_K"] // (32 * case[5])
         print(f"{case[1]} {case[4]}\n{sum(ops.values())} instructions per thread to EXIT, "
               f"{per_thread} elements a thread: {sum(ops.values()) / per_thread:.1f} an element")
         for op, n in ops.most_common(a.top):
