@@ -1,9 +1,9 @@
-"""`AGENTQ_FAST_CODES=1` (`triton_quant._codes_values` with FAST: a row's reciprocal + two fma
-corrections instead of a per-element IEEE division, half-even rounding by an add pair) under
-TRITON_INTERPRET=1, whose fma rounds once as the GPU's does: the codes and scales of
-`quant.quantize_rows` bit for bit, for every finite bf16 value against hundreds of row scales, and
-for fp32 values placed on and one ulp around the half-integer quotients, where a quotient off by
-an ulp would change a code."""
+"""The default codes path (`triton_quant._codes_values` with FAST; `AGENTQ_FAST_CODES=0` turns it
+off): a row's reciprocal + two fma corrections instead of a per-element IEEE division, half-even
+rounding by an add pair. Under TRITON_INTERPRET=1, whose fma rounds once as the GPU's does: the
+codes and scales of `quant.quantize_rows` bit for bit, for every finite bf16 value against hundreds
+of row scales, for fp32 values placed on and one ulp around the half-integer quotients, where a
+quotient off by an ulp would change a code, and for rows whose scale is infinite."""
 import pytest
 import torch
 
@@ -82,3 +82,19 @@ def test_codes_on_and_around_half_integer_quotients(TQ, mode):
         ref_codes, ref_scales = quant.quantize_rows(rows, 1e-8, mode)
         assert torch.equal(scales, ref_scales)
         assert torch.equal(codes, ref_codes), (codes != ref_codes).sum()
+
+
+@pytest.mark.parametrize("mode", ["half_even", "half_away"])
+def test_rows_with_an_infinite_scale_give_the_division_codes(TQ, mode):
+    """An inf in a row makes its scale inf: x / inf is ±0 for finite x (code 0), where the
+    reciprocal's corrections alone would give NaN (0 · inf). Finite entries are compared; the inf's
+    own code (NaN to int8) is not defined in either path."""
+    x = torch.tensor([[1.0, -3.0, float("inf"), 0.5, 1e38, -1e-30],
+                      [2.0, float("-inf"), 7.0, 0.0, -4.0, 3.0],
+                      [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]], dtype=torch.float32)
+    codes, scales = TQ.quantize_rows(x, 1e-8, mode)
+    ref_codes, ref_scales = quant.quantize_rows(x, 1e-8, mode)
+    finite = torch.isfinite(x)
+    assert torch.equal(scales, ref_scales) and torch.isinf(scales[:2]).all()
+    assert torch.equal(codes[finite], ref_codes[finite])
+    assert (codes[:2][finite[:2]] == 0).all() and codes[2].tolist() == [21, 42, 64, 85, 106, 127]
