@@ -90,6 +90,7 @@ SWITCHES = {
     "prefill_kv_write": ("agentq.rollout.torch_engine.model", "PREFILL_KV_WRITE"),
     "pdl_max_rows": ("agentq.kernels.triton_quant", "PDL_MAX_ROWS"),
     "partial_sums": ("agentq.kernels.int8_linear", "PARTIAL_SUMS"),
+    "fast_codes": ("agentq.kernels.triton_quant", "FAST_CODES"),
 }
 
 
@@ -102,7 +103,8 @@ def fast_path_switches() -> dict:
     out: dict = {k: v for k, v in sorted(os.environ.items()) if k.startswith("AGENTQ_")}
     for name, (mod, attr) in SWITCHES.items():
         try:
-            out[name] = getattr(importlib.import_module(mod), attr)
+            value = getattr(importlib.import_module(mod), attr)
+            out[name] = getattr(value, "value", value)      # a Triton constexpr holds its value
         except (ImportError, AttributeError):      # e.g. no triton: that path does not exist here
             out[name] = None
     return out

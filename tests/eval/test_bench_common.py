@@ -50,3 +50,20 @@ def test_engine_time_split_against_hand_numbers():
     prefill, rest = time_split(row)
     assert prefill == 0.59
     assert rest == pytest.approx(2.13 - 0.59)
+
+
+def test_switches_report_the_codes_path_as_json(monkeypatch):
+    """A report names the switches it ran under: the codes path (a Triton constexpr in its module)
+    comes out as a plain bool that JSON can hold, and AGENTQ_* variables are listed as set."""
+    from agentq.eval.bench_common import fast_path_switches
+    from agentq.kernels import _interp
+
+    monkeypatch.setenv("AGENTQ_FAST_CODES", "1")
+    out = json.loads(json.dumps(fast_path_switches()))
+    assert out["AGENTQ_FAST_CODES"] == "1"
+    if _interp.HAVE_TRITON:
+        from agentq.kernels import triton_quant
+
+        assert out["fast_codes"] is bool(triton_quant.FAST_CODES)
+    else:
+        assert out["fast_codes"] is None
