@@ -6,6 +6,7 @@
   (`triton.jit`), not when it runs, so a kernel module imported without it never interprets.
   `load_interpreted()` (re)imports kernel modules under the interpreter for CPU tests, and
   `restore_compiled()` puts compiled ones back.
+* `interpreter_fma_rounds_once()`: whether the interpreter's `tl.fma` rounds once, as the GPU's.
 * `cuda_half(device, dtype)`: the device/dtype condition of every GPU fast path (CUDA bf16/fp16).
 * `dot_dtype()`: the operand dtype of `tl.dot`. bf16 `tl.dot` is wrong under the interpreter
   (bf16 is handed to numpy as raw bits), so interpreted kernels dot in fp32; on CUDA bf16/fp16 dot
@@ -40,6 +41,25 @@ KERNEL_MODULES = ("agentq.kernels.triton_quant", "agentq.kernels.triton_gemm", "
 def interpreting() -> bool:
     """True when Triton kernels decorated now would run in the CPU interpreter."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def interpreter_fma_rounds_once() -> bool:
+    """Whether Triton's interpreter rounds `tl.fma` once, as the GPU does (Triton ≥ 3.9; earlier
+    interpreters multiply and then add, rounding twice). Probed on (1 + 2⁻¹²)² − (1 + 2⁻¹¹), whose
+    exact value 2⁻²⁴ double rounding turns into 0. Code whose bits rest on a single-rounded fma
+    (`triton_quant`'s fast codes) must not run under an interpreter that answers False."""
+    if not HAVE_TRITON:
+        return False
+    try:
+        import numpy as np
+        from triton.runtime import interpreter as ti
+
+        a = np.array([1 + 2.0 ** -12], np.float32)
+        c = np.array([-(1 + 2.0 ** -11)], np.float32)
+        h = ti.InterpreterBuilder().create_fma(*(ti.TensorHandle(v, tl.float32) for v in (a, a, c)))
+        return float(np.asarray(h.data).reshape(-1)[0]) == 2.0 ** -24
+    except Exception:       # an interpreter whose internals differ: assume the worst
+        return False
 
 
 def cuda_half(device: "torch.device | str", dtype: "torch.dtype") -> bool:

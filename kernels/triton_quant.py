@@ -21,7 +21,8 @@ import os
 import torch
 
 from . import quant
-from ._interp import HAVE_TRITON, capability, interpreting, require_triton, runs_interpreted
+from ._interp import (HAVE_TRITON, capability, interpreter_fma_rounds_once, interpreting, require_triton,
+                      runs_interpreted)
 from ._launch import launch_kernel
 from .quant_spec import QuantSpec
 
@@ -39,7 +40,9 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    FAST_CODES: tl.constexpr = tl.constexpr(os.environ.get(FAST_CODES_ENV, "1") != "0")
+    # under an interpreter whose fma rounds twice (Triton < 3.9) the corrections would not be exact
+    FAST_CODES: tl.constexpr = tl.constexpr(os.environ.get(FAST_CODES_ENV, "1") != "0"
+                                            and (not INTERPRETED or interpreter_fma_rounds_once()))
 
     @triton.jit
     def _quotient_rn(x, scale):

@@ -18,6 +18,8 @@ def TQ(request, monkeypatch):
     """triton_quant interpreted, with the switch on (and off, the reference path, for contrast)."""
     if torch.cuda.is_available():
         pytest.skip("CPU interpreter test (the GPU machine runs the compiled tests)")
+    if request.param and not _interp.interpreter_fma_rounds_once():
+        pytest.skip("this Triton's interpreter rounds fma twice: the fast path stays off under it")
     monkeypatch.setenv("AGENTQ_FAST_CODES", "1" if request.param else "0")
     (tq,) = _interp.load_interpreted(MODULES)
     assert bool(tq.FAST_CODES) == request.param
@@ -98,3 +100,27 @@ def test_rows_with_an_infinite_scale_give_the_division_codes(TQ, mode):
     assert torch.equal(scales, ref_scales) and torch.isinf(scales[:2]).all()
     assert torch.equal(codes[finite], ref_codes[finite])
     assert (codes[:2][finite[:2]] == 0).all() and codes[2].tolist() == [21, 42, 64, 85, 106, 127]
+
+
+def test_the_fma_probe_tells_single_from_double_rounding(monkeypatch):
+    """`interpreter_fma_rounds_once` against this Triton (3.9 rounds once: what the tests above
+    rest on) and against an interpreter patched to multiply, round, then add, as Triton < 3.9's
+    does; under that one triton_quant keeps the division path even with the switch on."""
+    import numpy as np
+    from triton.runtime import interpreter as ti
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU interpreter test")
+    assert _interp.interpreter_fma_rounds_once()
+
+    def twice(self, x, y, z):
+        return ti.TensorHandle(np.asarray(x.data * y.data, dtype=np.float32) + z.data, z.dtype.scalar)
+
+    monkeypatch.setattr(ti.InterpreterBuilder, "create_fma", twice)
+    assert not _interp.interpreter_fma_rounds_once()
+    monkeypatch.setenv("AGENTQ_FAST_CODES", "1")
+    try:
+        (tq,) = _interp.load_interpreted(MODULES)
+        assert not bool(tq.FAST_CODES)
+    finally:
+        _interp.restore_compiled(MODULES)
