@@ -21,3 +21,8 @@ $E --model 1b --batch 64 128
 $E --model 8b --batch 64 128
 RL="python3 -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --pack-tokens 20480 --logprob-pack-tokens 40960 --steps 2 --group-prompt --algos interq,bf16"
 $RL; AGENTQ_FAST_CODES=0 $RL; $RL
+# call 3, prepared and not run: the 8B engine again, a profile of the 1B engine's steps and prefill with the
+# codes path on, and the RL step at 512 tokens a turn (round 30's long-turn command)
+$E --model 8b --batch 64 128
+$E --model 1b --batch 64 --profile
+python3 -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --prompt 1536 --obs 128 --new 512 --micro 16 --pack-tokens 20480 --logprob-pack-tokens 40960 --steps 2 --group-prompt --algos interq,bf16
