@@ -11,6 +11,7 @@ from agentq.rollout.backend import load_safetensors_dir
 from agentq.rollout.torch_engine.decode import bucket_sizes
 from agentq.rollout.torch_engine.engine import TorchEngine
 from agentq.rollout.torch_engine.sampler import counter_uniform, hash32, row_keys, sample_counter, vocab_keys
+from conftest import NEEDS_INTERPRETED_LOOP_BOUNDS
 
 
 def _hash32_py(x: int) -> int:
@@ -179,6 +180,7 @@ def _perturbed_weights(path, only: str = "") -> dict[str, torch.Tensor]:
             for n, w in load_safetensors_dir(path).items()}
 
 
+@NEEDS_INTERPRETED_LOOP_BOUNDS
 @pytest.mark.parametrize("spec", ["w8a8_kv8", "none"])
 def test_prefill_kv_written_by_the_rope_launch_equals_the_separate_write(tiny_model_dir, monkeypatch, spec):
     """Where prefill attention reads the cache in place, the q/k-norm + RoPE launch writes each

@@ -8,6 +8,7 @@ from agentq.kernels import QuantSpec
 from agentq.rollout import SamplingParams, TurnRequest
 from agentq.rollout.torch_engine.engine import TorchEngine
 from agentq.rollout.torch_engine.prefill_graphs import PrefillRunner, key_bucket, token_buckets
+from conftest import NEEDS_INTERPRETED_LOOP_BOUNDS
 
 
 def test_token_buckets_step_by_16_then_32_then_64_with_an_edge_below_the_copy_read():
@@ -41,6 +42,7 @@ def _interpreted_engine(path, monkeypatch, spec: str, max_slots: int) -> TorchEn
     return eng
 
 
+@NEEDS_INTERPRETED_LOOP_BOUNDS
 @pytest.mark.parametrize("spec", ["w8a8_kv8", "none"])
 def test_padded_buckets_give_the_unpadded_tokens_logprobs_and_cache(tiny_model_dir, monkeypatch, spec):
     """3 episodes in 4 slots (a padding row in the scratch slot), ragged contexts over 8-token
