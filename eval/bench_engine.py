@@ -39,6 +39,7 @@ import torch
 
 from agentq.eval.bench_common import (SHAPES, SWITCHES, fast_path_switches, kernel_timeline, print_timeline,
                                       profiled_kernels, qwen3_config, sync, time_calls, write_json)
+from agentq.rollout.torch_engine.engine import DEFAULT_PREFILL_CHUNK
 from agentq.rollout.torch_engine.prefill_graphs import DEFAULT_MAX_TOKENS as DEFAULT_PREFILL_GRAPH_TOKENS
 
 OBS = 64
@@ -77,7 +78,7 @@ def weight_bytes(engine) -> int:
 def run_engine(model: str, quant: str, batch: int, prompt: int, new: int, turns: int, device: str,
                dtype: torch.dtype, graphs: bool = True, run_ahead: bool = True, group: int = 1,
                share: bool = True, prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS,
-               prefill_chunk: int = 512) -> dict:
+               prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> dict:
     from agentq.kernels import QuantSpec
     from agentq.rollout import SamplingParams, TurnRequest
     from agentq.rollout.torch_engine.engine import TorchEngine
@@ -375,7 +376,7 @@ def main():
     ap.add_argument("--no-share", action="store_true", help="engines prefill every row (share_prefill=False)")
     ap.add_argument("--prefill-graph-tokens", type=int, default=DEFAULT_PREFILL_GRAPH_TOKENS,
                     help="prefill chunks of at most this many tokens a row replay CUDA graphs (0: eager)")
-    ap.add_argument("--prefill-chunk", type=int, default=512,
+    ap.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
                     help="tokens a row per prefill forward (rollout.prefill_chunk)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()

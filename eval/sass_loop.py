@@ -64,6 +64,14 @@ def sass_of(compiled: Any) -> str:
     return compiled.asm.get("sass") or get_sass(compiled.asm["cubin"])
 
 
+def _opcode(line: str) -> str | None:
+    """The opcode of a SASS instruction line (after its predicate, if any); None for labels."""
+    if "\t" not in line:
+        return None
+    toks = line.split("\t", 1)[1].strip().split()
+    return toks[1] if toks[0].startswith("@") and len(toks) > 1 else toks[0]
+
+
 def main_loop_opcodes(sass: str) -> collections.Counter:
     """Opcode counts of the kernel's main loop (see the module docstring); empty when it has none."""
     lines = sass.splitlines()
@@ -74,11 +82,7 @@ def main_loop_opcodes(sass: str) -> collections.Counter:
         start = labels.get(m.group(1), i) if m else i
         if start >= i:
             continue
-        ops: collections.Counter = collections.Counter()
-        for body in lines[start:i + 1]:
-            if "\t" in body:
-                toks = body.split("\t", 1)[1].strip().split()
-                ops[toks[1] if toks[0].startswith("@") and len(toks) > 1 else toks[0]] += 1
+        ops = collections.Counter(op for op in map(_opcode, lines[start:i + 1]) if op)
         mma = sum(v for k, v in ops.items() if k.split(".")[0] in MMA)
         key = (mma, -sum(ops.values()))
         if best is None or key > best[:2]:
@@ -102,14 +106,11 @@ def straight_opcodes(sass: str) -> collections.Counter:
     """Opcode counts from the kernel's entry to its first EXIT: the path a loop-free kernel runs
     (subroutines after it, e.g. a division's slow path, are not counted)."""
     ops: collections.Counter = collections.Counter()
-    for line in sass.splitlines():
-        if "\t" not in line:
-            continue
-        toks = line.split("\t", 1)[1].strip().split()
-        op = toks[1] if toks[0].startswith("@") and len(toks) > 1 else toks[0]
-        ops[op] += 1
-        if op.startswith("EXIT"):
-            break
+    for op in map(_opcode, sass.splitlines()):
+        if op:
+            ops[op] += 1
+            if op.startswith("EXIT"):
+                break
     return ops
 
 

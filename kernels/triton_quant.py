@@ -137,7 +137,8 @@ if HAVE_TRITON:
     def _codes_values(x, scale, HALF_AWAY: tl.constexpr, FAST: tl.constexpr):
         """clamp(round(x / scale), -128, 127) as integer-valued fp32, round(x / scale) being the
         IEEE quotient rounded by the chosen rule. FAST: `_quotient_rn` and, for half-even,
-        `_rint_even` (the same values in a third of the instructions: `sass_loop --codes`)."""
+        `_rint_even` (the same values; 21 instead of 38 sm_90 instructions an element in the GLU
+        codes kernel: `sass_loop --codes`)."""
         if FAST:
             v = _quotient_rn(x, scale)
             if HALF_AWAY:

@@ -50,6 +50,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+#: tokens a row per prefill forward unless `prefill_chunk` says otherwise (`rollout.prefill_chunk`)
+DEFAULT_PREFILL_CHUNK = 512
+
+
 def _kv_cache(cfg: Any, quant: QuantSpec, slots: int, max_len: int, dtype: torch.dtype, device: torch.device
               ) -> KVCache:
     """A KV cache of `slots` slots of `max_len` tokens for the layers and K/V heads of HF config `cfg`."""
@@ -61,7 +65,7 @@ class TorchEngine(RolloutBackend):
     """The built-in `RolloutBackend`: many episodes at once, each keeping its KV slot between turns."""
 
     def __init__(self, hf_config: Any, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = 512,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                  tokenizer: Any = None, sampler: str = "auto", cuda_graphs: bool = True, run_ahead: bool = True,
                  share_prefill: bool = True, prefill_graph_tokens: int = DEFAULT_MAX_TOKENS,
                  prefill_graph_max: int = DEFAULT_MAX_GRAPHS):
