@@ -31,6 +31,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self):
+        # vLLM takes `stop="</action>"`; iterated as a tuple, a plain string would stop on each character
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if self.temperature < 0:
             raise ValueError("temperature must be ≥ 0 (0 = greedy)")
         if not 0 < self.top_p <= 1:

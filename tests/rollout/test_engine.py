@@ -127,6 +127,42 @@ def test_weight_sync_requantizes_and_invalidates_cached_kv(tiny_model_dir, hf_mo
     assert eng.stats["prefill_tokens"] - before == len(ctx) and r.policy_version == 2
 
 
+def test_a_weight_set_with_a_missing_or_unknown_name_changes_nothing(tiny_model_dir, hf_model):
+    eng = engine(tiny_model_dir, "w8a8_kv8")
+    sp = SamplingParams(max_new_tokens=4)
+    ctx = [5 + j % 60 for j in range(30)]
+    first = eng.generate([TurnRequest(0, ctx, sp, seed=0)])[0]
+    embed = eng.model.embed_tokens.weight.clone()
+    new = {k: v.clone() * 1.7 for k, v in hf_model.state_dict().items()}
+    missing = [(k, v) for k, v in new.items() if k != "model.norm.weight"]
+    with pytest.raises(KeyError, match="missing"):
+        eng.update_weights(missing, version=1)
+    with pytest.raises(KeyError, match="no parameter for 'model.extra.weight'"):
+        eng.update_weights([*new.items(), ("model.extra.weight", torch.ones(2))], version=1)
+    # the names were refused before any copy: the old weights and version stand, the turn replays
+    assert torch.equal(eng.model.embed_tokens.weight, embed) and eng.policy_version == 0
+    eng.release(0)
+    again = eng.generate([TurnRequest(0, ctx, sp, seed=0)])[0]
+    assert again.token_ids == first.token_ids and again.logprobs == first.logprobs and again.policy_version == 0
+
+
+def test_a_weight_load_that_fails_part_way_stops_generation_until_a_full_load(tiny_model_dir, hf_model):
+    eng = engine(tiny_model_dir)
+    sp = SamplingParams(max_new_tokens=2)
+    eng.generate([TurnRequest(0, [5, 6, 7], sp, seed=0)])
+    sd = dict(hf_model.state_dict())
+    bad = {**sd, "model.norm.weight": torch.ones(3)}        # the last tensor does not fit: a part-way load
+    with pytest.raises(RuntimeError):
+        eng.update_weights(bad.items(), version=1)
+    with pytest.raises(RuntimeError, match="failed part-way"):
+        eng.generate([TurnRequest(0, [5, 6, 7], sp, seed=0)])
+    with pytest.raises(RuntimeError, match="failed part-way"):
+        eng.score([5, 6], [7])
+    eng.update_weights(sd.items(), version=2)
+    r = eng.generate([TurnRequest(0, [5, 6, 7], sp, seed=0)])[0]
+    assert r.policy_version == 2 and len(r.token_ids) == 2
+
+
 @pytest.mark.parametrize("quant, per_token, int8_hint", [("none", 2 * 2 * 2 * 64 * 2, True),
                                                          ("w8a8_kv8", 2 * 2 * 2 * (64 + 4), False)])
 def test_a_kv_cache_that_does_not_fit_says_what_it_needs(tiny_model_dir, monkeypatch, quant, per_token, int8_hint):
@@ -167,19 +203,63 @@ def test_errors_are_clear(tiny_model_dir):
     with pytest.raises(ValueError, match="context budget"):
         eng.generate([TurnRequest(0, list(range(5, 70)), sp)])
     eng.generate([TurnRequest(1, [5, 6, 7], sp)])
-    with pytest.raises(RuntimeError, match="KV slots are in use"):
+    with pytest.raises(RuntimeError, match="0 of 1 are free"):
         eng.generate([TurnRequest(2, [5, 6, 7], sp)])
+    with pytest.raises(ValueError, match="non-empty context"):
+        eng.score([], [5])
+    vocab = eng.model.config.vocab_size
+    with pytest.raises(ValueError, match=rf"in \[0, {vocab}\)"):
+        eng.score([5, 6], [vocab])
+    with pytest.raises(ValueError, match="does not fit max_len=64"):
+        eng.score(list(range(5, 60)), list(range(5, 15)))
+    assert eng.score([5, 6], []) == []
+    with pytest.raises(ValueError, match="prefill_chunk must be ≥ 1"):
+        engine(tiny_model_dir, prefill_chunk=0)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_refused_batch_takes_no_slot_and_draws_nothing(tiny_model_dir, tokenizer):
+    eng = engine(tiny_model_dir, max_slots=2)
+    sp = SamplingParams(max_new_tokens=4)
+    with pytest.raises(RuntimeError, match="3 new episodes need KV slots and 2 of 2 are free"):
+        eng.generate([TurnRequest(e, [5, 6, 7], sp, seed=e) for e in range(3)])
+    with pytest.raises(ValueError, match="tokenizer"):
+        eng.generate([TurnRequest(0, [5, 6, 7], SamplingParams(max_new_tokens=4, stop=("x",)), seed=0)])
+    assert eng._slot_of == {} and eng.stats["prefill_tokens"] == 0
+    # nothing was taken or drawn: the episodes play as on a fresh engine
+    fresh = engine(tiny_model_dir, max_slots=2).generate([TurnRequest(e, [5, 6, 7], sp, seed=e) for e in range(2)])
+    again = eng.generate([TurnRequest(e, [5, 6, 7], sp, seed=e) for e in range(2)])
+    assert [r.token_ids for r in again] == [r.token_ids for r in fresh]
+
+
+def test_a_plain_string_is_one_stop_string():
+    assert SamplingParams(stop="</action>").stop == ("</action>",)
+    assert SamplingParams(stop=["a", "b"], stop_token_ids=[3]) == SamplingParams(stop=("a", "b"), stop_token_ids=(3,))
+
+
+def test_stop_strings_of_multibyte_characters_are_found(tiny_model_dir, tokenizer):
+    """A byte-level BPE spells '→' (3 UTF-8 bytes) with up to 3 tokens: the decoded window must
+    span the stop string's bytes, not its characters."""
+    eng = engine(tiny_model_dir, tokenizer=tokenizer)
+    ids = tokenizer.encode("xy→zzzz")
+    for stop in ("→", "y→", "→z"):
+        # independently: the first prefix whose decoding contains the stop text
+        end = next(j for j in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:j]))
+        found = [j for j in range(1, len(ids) + 1) if eng._ends_with_stop_string(ids[:j], (stop,))]
+        assert found and found[0] == end, (stop, ids, found, end)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3_attention_bias"])
 def test_other_families_match_hf(family, tmp_path):
-    """Llama (no q/k-norm) and Qwen2 (q/k/v biases): random-init HF models, engine vs HF, fp32."""
+    """Llama (no q/k-norm), Qwen2 (q/k/v biases) and Qwen3 with `attention_bias` (q/k/v and o
+    biases): random-init HF models, engine vs HF, fp32."""
     import transformers
 
     cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[family]
+           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+           "qwen3_attention_bias": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[family]
+    extra = {"attention_bias": True} if family == "qwen3_attention_bias" else {}
     cfg = cls[0](vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+                 num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, **extra)
     torch.manual_seed(0)
     model = cls[1](cfg).eval()
     with torch.no_grad():

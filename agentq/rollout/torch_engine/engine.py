@@ -88,6 +88,8 @@ class TorchEngine(RolloutBackend):
             prefill_graph_max: the most prefill graphs captured; chunks of buckets met after that
                 run eagerly, unpadded. 0: no prefill graphs.
         """
+        if prefill_chunk < 1:
+            raise ValueError(f"rollout.prefill_chunk must be ≥ 1 token, got {prefill_chunk}")
         if sampler not in SAMPLERS:
             raise ValueError(f"rollout sampler must be one of {SAMPLERS}, got {sampler!r}")
         self.quant, self.tokenizer = quant, tokenizer       # tokenizer: only to detect stop strings
@@ -114,6 +116,7 @@ class TorchEngine(RolloutBackend):
         # prefill_tokens: computed by a prefill forward; shared_tokens: copied from another slot
         # instead (share_prefill); reused_tokens: already in the episode's own slot from a turn before
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0, "shared_tokens": 0}
+        self._weights_failed = False                # an update_weights() raised part-way (`_check_weights`)
 
     @classmethod
     def from_pretrained(cls, path: str, quant: QuantSpec, **kw: Any) -> "TorchEngine":
@@ -151,10 +154,18 @@ class TorchEngine(RolloutBackend):
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncStats:
         t0 = time.perf_counter()
-        info = self.syncer.load(list(named_tensors))
-        # K/V cached under the old weights is stale: drop it, the next turn re-prefills.
+        # K/V cached under the old weights is stale: drop it, the next turn re-prefills. Dropped
+        # before loading, and the engine refuses to generate until a load completes: a load that
+        # fails part-way (a shape that does not fit) leaves weights of neither version.
         for slot in self._cached:
             self._cached[slot] = []
+        self._weights_failed = True
+        try:
+            info = self.syncer.load(list(named_tensors))
+        except KeyError:
+            self._weights_failed = False      # unknown / missing names are refused before any copy
+            raise
+        self._weights_failed = False
         self.policy_version = version
         frac = info["codes_changed"] / info["codes_total"] if info["codes_total"] else None
         return SyncStats(version=version, int8_codes_changed=frac, seconds=time.perf_counter() - t0)
@@ -163,10 +174,18 @@ class TorchEngine(RolloutBackend):
     def generate(self, requests: list[TurnRequest]) -> list[TurnResult]:
         if not requests:
             return []
+        # every refusal comes before any state changes (slots taken, K/V written, seeds drawn)
+        self._check_weights()
         check_requests(requests, self.max_len, self.model.config.vocab_size)
         params = requests[0].sampling
         if any(r.sampling != params for r in requests):
             raise ValueError("all requests of one generate() call must share SamplingParams")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need the engine's tokenizer: TorchEngine(..., tokenizer=...)")
+        new_episodes = sum(r.episode_id not in self._slot_of for r in requests)
+        if new_episodes > len(self._free):
+            raise RuntimeError(f"{new_episodes} new episodes need KV slots and {len(self._free)} of "
+                               f"{self.max_slots} are free; release finished episodes or raise rollout.max_slots")
         slots = [self._slot(r.episode_id) for r in requests]
         draw = self._drawer(requests, params)
         # 1) prefill each episode's new tokens; logits of its last context token start the turn
@@ -178,8 +197,6 @@ class TorchEngine(RolloutBackend):
         finish = ["length"] * len(requests)
         active = list(range(len(requests)))
         stop = set(params.stop_token_ids)
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need the engine's tokenizer: TorchEngine(..., tokenizer=...)")
         while active:
             still = []
             for j, i in enumerate(active):
@@ -204,11 +221,22 @@ class TorchEngine(RolloutBackend):
     def score(self, context_ids: list[int], target_ids: list[int], params: SamplingParams | None = None) -> list[float]:
         """Teacher-forced log-probs of target_ids through the rollout numerics (a temporary slot)."""
         params = params or SamplingParams()
+        self._check_weights()
+        ids = list(context_ids) + list(target_ids)
+        vocab = self.model.config.vocab_size
+        if not context_ids:
+            raise ValueError("score() needs a non-empty context (the first target token's log-prob "
+                             "comes from the token before it)")
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"score(): token ids must be in [0, {vocab})")
+        if len(ids) > self.max_len:
+            raise ValueError(f"score(): context + target of {len(ids)} tokens does not fit max_len={self.max_len}")
+        if not target_ids:
+            return []
         self._scratch_id -= 1                         # negative ids never collide with episodes
         eid = self._scratch_id
         slot = self._slot(eid)
         try:
-            ids = list(context_ids) + list(target_ids)
             logits = self._prefill([slot], [ids], all_logits=True)[0]     # [len(ids), V]
             logp = processed_logprobs(logits[len(context_ids) - 1: len(ids) - 1], params)
             tgt = torch.tensor(target_ids, device=logp.device)
@@ -217,6 +245,11 @@ class TorchEngine(RolloutBackend):
             self.release(eid)
 
     # ------------------------------------------------------------------ internals
+    def _check_weights(self) -> None:
+        if self._weights_failed:
+            raise RuntimeError("the last update_weights() failed part-way, so the engine holds weights of no "
+                               "single version; load a complete set of weights before generating")
+
     def _may_grow(self, n_out: int, slot: int, params: SamplingParams, steps: int) -> bool:
         """Can a row with n_out tokens out still be sampling after `steps` more fed tokens (turn
         and slot limits; the slot's cached length counts the tokens fed so far)?"""
@@ -225,9 +258,10 @@ class TorchEngine(RolloutBackend):
 
     def _ends_with_stop_string(self, ids: list[int], stops: tuple[str, ...]) -> bool:
         """Did the newest token complete a stop string? Only the tail is decoded: every token is at
-        least one byte, so len(stop) + 1 tokens cover any occurrence that ends in the newest one (and
-        an earlier occurrence would already have ended the turn)."""
-        n = max(map(len, stops)) + 1
+        least one byte, so as many tokens as the stop string has UTF-8 bytes (+ 1) cover any
+        occurrence that ends in the newest one (an earlier occurrence would already have ended the
+        turn). Bytes, not characters: a byte-level BPE spells "→" with three tokens."""
+        n = max(len(s.encode("utf-8")) for s in stops) + 1
         text = self.tokenizer.decode(ids[-n:])
         return any(s in text for s in stops)
 

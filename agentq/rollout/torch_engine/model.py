@@ -208,7 +208,7 @@ class DecoderLayer(nn.Module):
 
         inter = cfg.intermediate_size
         self.qkv_proj = lin(h, {"q_proj": nh * hd, "k_proj": nkv * hd, "v_proj": nkv * hd}, qkv_bias)
-        self.o_proj = lin(nh * hd, {"o_proj": h}, bool(getattr(cfg, "attention_bias", False)) and cfg.model_type == "llama")
+        self.o_proj = lin(nh * hd, {"o_proj": h}, bool(getattr(cfg, "attention_bias", False)) and cfg.model_type in ("llama", "qwen3"))
         self.gate_up_proj = lin(h, {"gate_proj": inter, "up_proj": inter}, mlp_bias, glu=True)
         self.down_proj = lin(inter, {"down_proj": h}, mlp_bias)
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype, device)
@@ -473,15 +473,18 @@ class EngineModel(nn.Module):
     def load_weights_queued(self, named_tensors: Iterable[tuple[str, torch.Tensor]], strict: bool = True) -> dict:
         """`load_weights` without reading anything back: "codes_changed" is a count on the device
         (or 0), so the whole load can be captured in a CUDA graph (`weight_sync`)."""
+        # names are checked before anything is copied, so a wrong set of tensors changes no weight
+        named_tensors = [(n, w) for n, w in named_tensors
+                         if not (n == "lm_head.weight" and self.tied) and not n.endswith("rotary_emb.inv_freq")]
+        unknown = [n for n, _ in named_tensors if n not in self._targets]
+        if unknown:
+            raise KeyError(f"engine has no parameter for {unknown[0]!r} (model_type={self.config.model_type})")
+        missing = set(self._targets) - {n for n, _ in named_tensors}
+        if strict and missing:
+            raise KeyError(f"weights missing for {sorted(missing)[:5]}{' ...' if len(missing) > 5 else ''}")
         seen, total = set(), 0
         changed: torch.Tensor | int = 0
         for name, w in named_tensors:
-            if name == "lm_head.weight" and self.tied:
-                continue
-            if name not in self._targets:
-                if name.endswith("rotary_emb.inv_freq"):
-                    continue
-                raise KeyError(f"engine has no parameter for {name!r} (model_type={self.config.model_type})")
             mod, attr = self._targets[name]
             w = w.detach().to(self.device)
             if name == "model.embed_tokens.weight" and self.tied and self.head is not None:
@@ -495,9 +498,6 @@ class EngineModel(nn.Module):
             else:
                 getattr(mod, attr).copy_(w.to(getattr(mod, attr).dtype))
             seen.add(name)
-        missing = set(self._targets) - seen
-        if strict and missing:
-            raise KeyError(f"weights missing for {sorted(missing)[:5]}{' ...' if len(missing) > 5 else ''}")
         return {"loaded": len(seen), "codes_changed": changed, "codes_total": total}
 
     # ------------------------------------------------------------------ forward
