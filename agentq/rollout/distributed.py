@@ -134,16 +134,22 @@ class DistributedBackend(RolloutBackend):
         return w
 
     def _gather(self, futures: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str]]:
-        """Results by worker, and an error message for each worker that died or timed out (restarted)."""
-        ok, failed = {}, {}
+        """Results by worker, and an error message for each worker that died or timed out (restarted).
+        An error raised inside a worker's call (bad input) is re-raised, after every answer has been
+        collected and the dead workers restarted, so no worker is left dead with its episodes."""
+        ok, failed, raised = {}, {}, []
         deadline = time.monotonic() + self.timeout_s
         for w, fut in futures.items():
             try:
                 ok[w] = self._ray.get(fut, timeout=max(0.0, deadline - time.monotonic()))
             except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError) as e:
                 failed[w] = f"rollout worker {w} died ({type(e).__name__}); restarted"
+            except Exception as e:                      # RayTaskError: the call itself raised
+                raised.append(e)
         for w in failed:
             self._restart(w)
+        if raised:
+            raise raised[0]
         return ok, failed
 
     # ------------------------------------------------------------------ RolloutBackend

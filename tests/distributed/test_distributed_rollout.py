@@ -130,3 +130,23 @@ def test_agent_loop_reports_a_worker_killed_mid_step_as_errored_episodes(ray_clu
     finally:
         dist.close()
         pool.close()
+
+
+def test_an_error_raised_in_one_worker_still_restarts_a_dead_one(ray_cluster, tiny_model_dir, tokenizer):
+    """Worker 0 refuses its request (a token id outside the vocabulary) while worker 1 is dead: the
+    error reaches the caller, and worker 1 is restarted with its episodes forgotten all the same."""
+    dist = distributed(tiny_model_dir, tokenizer)
+    try:
+        dist.update_weights(weights(tiny_model_dir).items(), version=0)
+        ctx = {e: [5 + (e * 7 + j) % 80 for j in range(12)] for e in range(2)}
+        dist.generate(turn([0, 1], ctx))
+        assert [dist.worker_of(e) for e in range(2)] == [0, 1]
+        ray_cluster.kill(dist.workers[1])
+        ctx[0] = ctx[0] + [10 ** 6]
+        with pytest.raises(ValueError, match="context ids must be non-empty and in"):
+            dist.generate(turn([0, 1], ctx))
+        assert dist.restarts == 1 and 1 not in dist._owner and dist._load == [1, 0]
+        ctx[1] = [11 + j for j in range(10)]
+        assert dist.generate(turn([1], ctx))[0].finish_reason != "error"      # the restarted worker plays
+    finally:
+        dist.close()
