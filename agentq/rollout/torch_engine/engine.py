@@ -61,6 +61,13 @@ def _kv_cache(cfg: Any, quant: QuantSpec, slots: int, max_len: int, dtype: torch
     return KVCache(cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_len, head_dim, quant, dtype, device)
 
 
+def _check_args(sampler: str, prefill_chunk: int) -> None:
+    if sampler not in SAMPLERS:
+        raise ValueError(f"rollout sampler must be one of {SAMPLERS}, got {sampler!r}")
+    if prefill_chunk < 1:
+        raise ValueError(f"rollout.prefill_chunk must be ≥ 1 token, got {prefill_chunk}")
+
+
 class TorchEngine(RolloutBackend):
     """The built-in `RolloutBackend`: many episodes at once, each keeping its KV slot between turns."""
 
@@ -88,10 +95,7 @@ class TorchEngine(RolloutBackend):
             prefill_graph_max: the most prefill graphs captured; chunks of buckets met after that
                 run eagerly, unpadded. 0: no prefill graphs.
         """
-        if prefill_chunk < 1:
-            raise ValueError(f"rollout.prefill_chunk must be ≥ 1 token, got {prefill_chunk}")
-        if sampler not in SAMPLERS:
-            raise ValueError(f"rollout sampler must be one of {SAMPLERS}, got {sampler!r}")
+        _check_args(sampler, prefill_chunk)
         self.quant, self.tokenizer = quant, tokenizer       # tokenizer: only to detect stop strings
         self.device = torch.device(device)
         self.model = EngineModel(hf_config, quant, dtype, self.device)
