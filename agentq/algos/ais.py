@@ -25,7 +25,7 @@ import torch
 
 from .batch_view import BatchView
 from .diagnostics import k3, token_delta, weight_stats
-from .objective import GRPO, Prepared, register_objective
+from .objective import GRPO, Bound, Prepared, register_objective
 from .tis import truncated_is_weight
 
 
@@ -52,6 +52,7 @@ class AIS(GRPO):
     """GRPO × AIS weight (1 − λ) + λ·min(e^δ, C) with one λ per batch."""
 
     defaults = {"is_cap": 5.0, "k_ref": 0.05, "k_on": 1e-4}
+    bounds = {"is_cap": Bound(0.0), "k_ref": Bound(0.0)}   # k_ref scales K3 in Sev: ≤ 0 makes λ < 0 or undefined
     row_local_prepare = False           # one λ from all the batch's action tokens weighs every row
 
     @torch.no_grad()

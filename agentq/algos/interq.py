@@ -16,18 +16,20 @@ Per action segment s = 1..S_i of trajectory i (turn index, in temporal order):
     H_s = Σ_{s'≤s} m_{s'}    (s' < s if prefix_inclusive=False)  execution-prefix mismatch
     ρ_s = exp(−H_s)                                             effective support
 
-Per trajectory a fixed displacement budget B (budget_scope=segment: B_i = b·S_i):
+Per trajectory a fixed displacement budget B and floor F (budget_scope=segment: B_i = b·S_i and
+F_i = H_floor·S_i, both per segment, so H_floor = b stays the capped mode):
 
-    Htot_i = Σ_s H_s,   κ_i = B / max(Htot_i, H_floor)          (Htot = H_floor = 0 → α = 1)
+    Htot_i = Σ_s H_s,   κ_i = B / max(Htot_i, F)                (Htot = F = 0 → α = 1)
     d_s = κ_i·H_s (Σ_s d_s = B),   α_s = exp(−d_s) = ρ_s^κ_i ∈ [e^−B, 1], non-increasing in s
 
 Default H_floor = B, the capped mode (κ ≤ 1, α_s ≥ ρ_s, α → 1 as mismatch → 0; the fixed budget
 H_floor = 0 turns float-rounding δ into a full correction): docs/algorithms.md.
 
 Loss: the base loss (`losses.py`) with w_t = α_{seg(t)} (detached) on every action token (× min(e^δ_t, C) if
-`token_tis_cap` is set; ÷ the minibatch token-mean of α if `renorm_retention`). The KL term is not
-weighted. α is computed once per RL step in `prepare`, on the whole batch, before any minibatch
-split or shuffle (it needs every segment of a trajectory), and never recomputed per epoch.
+`token_tis_cap` is set; ÷ the minibatch token-mean of α if `renorm_retention`, taken over the whole
+minibatch before the learner splits it, `minibatch_extra`). The KL term is not weighted. α is
+computed once per RL step in `prepare`, on the whole batch, before any minibatch split or shuffle
+(it needs every segment of a trajectory), and never recomputed per epoch.
 
 Layouts: one row per trajectory (seg_id = turn index), or a trajectory split over several rows
 (step-independent frameworks) with `batch.traj_id` [B] naming the trajectory and
@@ -43,7 +45,7 @@ import torch
 from .batch_view import BatchView
 from .diagnostics import k3, quantile, token_delta, weight_stats
 from .losses import masked_mean
-from .objective import GRPO, Prepared, register_objective
+from .objective import GRPO, Bound, Prepared, register_objective
 from .tis import truncated_is_weight
 
 
@@ -70,13 +72,13 @@ def segment_sums(values: torch.Tensor, seg_id: torch.Tensor, mask: torch.Tensor,
     return out.index_put_((tok_traj, tok_seg), values[mask], accumulate=True)
 
 
-def prefix_retention(m: torch.Tensor, valid: torch.Tensor, budget: torch.Tensor, H_floor: float,
+def prefix_retention(m: torch.Tensor, valid: torch.Tensor, budget: torch.Tensor, H_floor: float | torch.Tensor,
                      prefix_inclusive: bool = True) -> dict[str, torch.Tensor]:
     """Budgeted retention from per-segment mismatch masses. Pure; all tensors float64.
 
     m [T, S] segment masses (0 beyond a trajectory's last segment), valid [T, S] bool (s ≤ S_i),
-    budget [T] displacement budget B_i. Returns H, Htot, kappa, d, alpha ([T, S] / [T]);
-    alpha = 1 and d = 0 on invalid columns.
+    budget [T] displacement budget B_i, H_floor a number or [T] (the floor F_i). Returns H, Htot,
+    kappa, d, alpha ([T, S] / [T]); alpha = 1 and d = 0 on invalid columns.
     """
     m = m * valid
     H_incl = torch.cumsum(m, dim=1)                                      # [T, S]
@@ -86,7 +88,7 @@ def prefix_retention(m: torch.Tensor, valid: torch.Tensor, budget: torch.Tensor,
         H = torch.cat([torch.zeros_like(H_incl[:, :1]), H_incl[:, :-1]], dim=1)
     H = H * valid
     htot = H.sum(dim=1)                                                  # [T]
-    denom = torch.clamp(htot, min=H_floor)                               # max(Htot, H_floor)
+    denom = torch.maximum(htot, torch.as_tensor(H_floor, dtype=htot.dtype, device=htot.device))   # max(Htot, F)
     # Htot = 0 with H_floor = 0: no evidence of mismatch, κ = 0 → d = 0 → α = 1
     kappa = torch.where(denom > 0, budget / denom.clamp(min=1e-300), torch.zeros_like(denom))
     d = kappa.view(-1, 1) * H                                            # [T, S]
@@ -137,12 +139,14 @@ def interq_retention(batch: BatchView, budget_B: float = 1.0, H_floor: float = 0
     n = segment_sums(torch.ones_like(k3_t), seg, mask, traj_row, T, S)   # [T, S]
 
     if budget_scope == "trajectory":
-        budget = torch.full((T,), float(budget_B), dtype=torch.float64, device=m.device)
-    elif budget_scope == "segment":                                      # B_i = b · S_i
-        budget = float(budget_B) * num_seg.double()
+        scale = torch.ones(T, dtype=torch.float64, device=m.device)
+    elif budget_scope == "segment":                                      # per-segment budget and floor
+        scale = num_seg.double()
     else:
         raise ValueError(f"budget_scope must be 'trajectory' or 'segment', got {budget_scope!r}")
-    out = prefix_retention(m, valid, budget, float(H_floor), prefix_inclusive)
+    # B_i = b·S_i and F_i = H_floor·S_i: the floor scales with the budget, else H_floor = b would
+    # give κ = S_i (α = ρ^S_i < ρ) below the floor instead of the capped mode's κ = 1
+    out = prefix_retention(m, valid, float(budget_B) * scale, float(H_floor) * scale, prefix_inclusive)
 
     # per token: α of its (trajectory, segment); 0 off action tokens
     alpha_rows = out["alpha"][traj_row]                                  # [B, S]
@@ -178,9 +182,10 @@ class InterQ(GRPO):
 
     defaults = {"budget_B": 1.0, "H_floor": 1.0, "budget_scope": "trajectory", "prefix_inclusive": True,
                 "k3_max": 10.0, "renorm_retention": False, "token_tis_cap": None}
+    bounds = {"budget_B": Bound(0.0, strict=False), "H_floor": Bound(0.0, strict=False),
+              "k3_max": Bound(0.0, strict=False, none_ok=True), "token_tis_cap": Bound(0.0, none_ok=True)}
     # α of a row's segments comes from that trajectory's own k3 (one row per trajectory: a batch with
-    # traj_id, one trajectory over several rows, is refused by the learner's bypass). renorm_retention
-    # divides by a mean of α in `token_weights`, over the micro-batch `loss` sees, in either mode
+    # traj_id, one trajectory over several rows, is refused by the learner's bypass)
     row_local_prepare = True
 
     def __init__(self, **params):
@@ -188,8 +193,10 @@ class InterQ(GRPO):
         if self.params["budget_scope"] not in ("trajectory", "segment"):
             raise ValueError("budget_scope must be 'trajectory' or 'segment', "
                              f"got {self.params['budget_scope']!r}")
-        if float(self.params["budget_B"]) < 0 or float(self.params["H_floor"]) < 0:
-            raise ValueError("budget_B and H_floor must be ≥ 0")
+        if self.params["renorm_retention"]:
+            # the divisor is a mean over the whole minibatch's α: bypass, computing α per micro-batch
+            # after its forward, has it only after the last micro-batch's loss
+            self.row_local_prepare = False
 
     @torch.no_grad()
     def prepare(self, batch: BatchView) -> Prepared:
@@ -208,9 +215,28 @@ class InterQ(GRPO):
             stats.update(weight_stats("is_weight", tis, mask))
         return Prepared(w.float(), {"retention": r.retention.float()}, stats)   # retention: [B, L] α per token
 
+    def minibatch_extra(self, mb: BatchView) -> dict[str, torch.Tensor]:
+        out = super().minibatch_extra(mb)
+        if self.params["renorm_retention"]:                              # [B]: the same number on every row
+            out[RETENTION_MEAN] = retention_mean(mb).expand(mb.num_seqs).clone()
+        return out
+
     def token_weights(self, mb: BatchView) -> torch.Tensor:
         w = super().token_weights(mb)                                    # [B, L] detached
         if self.params["renorm_retention"]:                              # ÷ minibatch token-mean of α
-            mean_alpha = masked_mean(mb.extra["retention"].detach(), mb.action_mask.float())
+            # the learner's micro-batches carry the minibatch's mean; a whole minibatch computes it
+            mean_alpha = mb.extra[RETENTION_MEAN].view(-1, 1) if RETENTION_MEAN in mb.extra else retention_mean(mb)
             w = w / mean_alpha.clamp(min=1e-12)
         return w
+
+
+#: `InterQ.minibatch_extra`'s key: the minibatch token-mean of α, per row
+RETENTION_MEAN = "retention_token_mean"
+
+
+def retention_mean(mb: BatchView) -> torch.Tensor:
+    """Token-mean of α (`extra["retention"]`, from `prepare`) over `mb`'s action tokens (scalar)."""
+    if "retention" not in mb.extra:
+        raise RuntimeError("renorm_retention needs mb.extra['retention']: attach prepare(batch)'s result first "
+                           "(PolicyBatch.weighted)")
+    return masked_mean(mb.extra["retention"].detach(), mb.action_mask.float())

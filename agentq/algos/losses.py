@@ -5,8 +5,9 @@ minibatch loss (`GRPO.loss`) is
 
     L = Σ_t m_t · w_t · u_t / Σ_t m_t  +  β · Σ_t m_t · kl_t / Σ_t m_t       (loss_agg = token_mean)
 
-with loss_agg = seq_mean each row's token mean counts once (mean over rows), so long trajectories
-do not outweigh short ones (verl's seq-mean-token-mean).
+with loss_agg = seq_mean each trajectory's token mean counts once (mean over trajectories), so long
+trajectories do not outweigh short ones (verl's seq-mean-token-mean); a trajectory split over several
+rows (`traj_id`) is one unit (`trajectory_tokens`, `trajectory_mean`).
 """
 from __future__ import annotations
 
@@ -33,10 +34,32 @@ def sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, to
     return s / n.clamp(min=1.0), n
 
 
-def rows_mean(v: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """Mean of the per-row values v [B] over rows with n > 0 tokens (0 when none has one)."""
-    has = (n > 0).to(v.dtype)
-    return (v * has).sum() / has.sum().clamp(min=1.0)
+def trajectory_tokens(mask: torch.Tensor, traj_id: torch.Tensor | None) -> torch.Tensor:
+    """[B]: the masked tokens of each row's trajectory, over the rows of `mask` [B, L] (rows sharing
+    a `traj_id` [B] are one trajectory; None: each row is one)."""
+    n = mask.sum(dim=1)                                                  # [B]
+    if traj_id is None:
+        return n
+    _, inv = torch.unique(traj_id.to(n.device), return_inverse=True)    # [B] dense trajectory index
+    per_traj = torch.zeros(n.shape[0], dtype=n.dtype, device=n.device).index_add_(0, inv, n)
+    return per_traj[inv]
+
+
+def trajectory_mean(row_sums: torch.Tensor, n: torch.Tensor, traj_n: torch.Tensor) -> torch.Tensor:
+    """seq_mean: each trajectory's token mean, averaged over the trajectories with a token.
+
+    row_sums [B]: Σ over a row's masked tokens; n [B]: its masked tokens; traj_n [B]: its
+    trajectory's (`trajectory_tokens`). Row i adds row_sums_i / traj_n_i to the numerator and
+    n_i / traj_n_i to the denominator, so a trajectory's rows add up to one unit. Given a
+    minibatch's traj_n, a subset of its rows (a micro-batch) has n_i / traj_n_i summed as its units
+    (`GRPO.agg_units`), and its value × its share of the minibatch's units is its part of the
+    minibatch's mean: accumulation is exact even where a trajectory's rows span micro-batches.
+    0 when no row has a token.
+    """
+    traj_n = traj_n.to(row_sums.dtype).clamp(min=1.0)
+    units = (n.to(row_sums.dtype) / traj_n).sum()
+    # units is 0 only when every row_sums is 0 too; a partial trajectory's units may be < 1
+    return (row_sums / traj_n).sum() / units.clamp(min=torch.finfo(row_sums.dtype).tiny)
 
 
 def ppo_dual_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip_eps: float,

@@ -8,6 +8,10 @@ An objective is a small class registered by name (`algo.objective` in the config
   batch; the caller attaches the weights (`PolicyBatch.weighted`).
 * `loss(logp, mb)` returns the scalar loss of a minibatch and detached diagnostics (the formula:
   `losses.py`).
+* `minibatch_extra(mb)` returns per-row tensors of statistics of a whole minibatch that `loss`
+  reads (seq_mean's trajectory token counts, InterQ-RL's renorm divisor). The learner attaches them
+  before it splits the minibatch into micro-batches or packs, so every micro-batch's loss uses the
+  minibatch's numbers; `loss` on a whole minibatch without them computes the same numbers itself.
 * `row_local_prepare` says whether `prepare`'s weights and per-row tensors of a row depend only on
   that row (its tokens, log-probs, advantage): then `prepare` on any subset of rows gives those
   rows what it gives them on the whole batch, and the learner may run it per micro-batch, on π_old
@@ -18,13 +22,17 @@ Formulas and worked numbers: docs/algorithms.md.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import torch
 
 from .batch_view import BatchView
-from .losses import LOSS_AGGS, kl_penalty_k3, masked_mean, ppo_dual_clip_loss, rows_mean, sequence_mean
+from .losses import LOSS_AGGS, kl_penalty_k3, masked_mean, ppo_dual_clip_loss, trajectory_mean, trajectory_tokens
+
+#: `minibatch_extra`'s key for seq_mean's per-row count of the row's trajectory's action tokens
+TRAJ_TOKENS = "traj_action_tokens"
 
 
 @dataclass
@@ -36,11 +44,39 @@ class Prepared:
     stats: dict[str, float] = field(default_factory=dict)          # logged diagnostics
 
 
+@dataclass(frozen=True)
+class Bound:
+    """A numeric parameter's valid range: > low (strict) or ≥ low, and None where `none_ok`."""
+
+    low: float
+    strict: bool = True
+    none_ok: bool = False
+
+    def check(self, objective: str, name: str, value: Any) -> None:
+        """Raise a ValueError naming the parameter and its range when `value` is outside it (NaN too)."""
+        if value is None and self.none_ok:
+            return
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            x = math.nan
+        if not (x > self.low if self.strict else x >= self.low):
+            raise ValueError(f"objective {objective!r}: {name}={value!r}; valid: {self}")
+
+    def __str__(self) -> str:
+        return f"{'>' if self.strict else '≥'} {self.low:g}" + (" or None" if self.none_ok else "")
+
+
 class Objective(Protocol):
     """What the learner and the trainer call (every registered objective is one)."""
 
     name: str
     row_local_prepare: bool
+
+    def minibatch_extra(self, mb: BatchView) -> dict[str, torch.Tensor]:
+        """Per-row tensors ([B]) of statistics of the whole minibatch `mb` (weights attached) that
+        `loss` reads; the learner adds them to `mb.extra` before the micro-batch split."""
+        ...
 
     def prepare(self, batch: BatchView) -> Prepared:
         """Per-token weights and diagnostics of a whole batch.
@@ -64,7 +100,7 @@ class Objective(Protocol):
         ...
 
     def agg_units(self, mb: BatchView) -> float:
-        """How many units (action tokens or rows) the loss averages over in `mb`."""
+        """How many units (action tokens or trajectories) the loss averages over in `mb`."""
         ...
 
 
@@ -73,11 +109,13 @@ class GRPO:
     `prepare` (weights) and, where the method needs it, `policy_token_loss` or `loss`.
 
     Extra parameters live in the class attribute `defaults` (name → default value); `self.params`
-    holds the merged values. Unknown names raise with the valid list.
+    holds the merged values. Unknown names raise with the valid list; a value outside its
+    `bounds` (name → `Bound`) raises with the range.
     """
 
     name = "grpo"
     defaults: dict[str, Any] = {}
+    bounds: dict[str, Bound] = {}       # valid ranges of (some of) the `defaults`
     row_local_prepare = True            # weight 1 on each action token: nothing crosses rows
 
     def __init_subclass__(cls, **kw: Any):
@@ -99,6 +137,11 @@ class GRPO:
             raise ValueError(f"objective {self.name!r} got unknown parameter(s) {sorted(unknown)}; valid: "
                              f"{sorted(self.param_names() + ['clip_eps', 'dual_clip', 'kl_coef', 'loss_agg'])}")
         self.params: dict[str, Any] = {**self.defaults, **params}
+        # c ≤ 1 caps every A < 0 token's loss at or below its value at r = 1 (c = 0.5 zeroes their
+        # gradient); verl asserts c > 1
+        Bound(1.0).check(self.name, "dual_clip", self.dual_clip)
+        for key, bound in self.bounds.items():
+            bound.check(self.name, key, self.params[key])
 
     @classmethod
     def param_names(cls) -> list[str]:
@@ -109,17 +152,30 @@ class GRPO:
         """Weight 1 on every action token (plain GRPO)."""
         return Prepared(batch.action_mask.float())
 
-    def aggregate(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """A [B, L] per-token term → the minibatch scalar, by `loss_agg`."""
+    def aggregate(self, x: torch.Tensor, mb: BatchView) -> torch.Tensor:
+        """A [B, L] per-token term of `mb`'s rows → the minibatch scalar, by `loss_agg` over its
+        action tokens (seq_mean: `losses.trajectory_mean`)."""
+        mask = mb.action_mask.float()
         if self.loss_agg == "token_mean":
             return masked_mean(x, mask)
-        return rows_mean(*sequence_mean(x, mask))
+        row_sums = torch.where(mask.bool(), x, torch.zeros_like(x)).sum(dim=1)   # [B]
+        return trajectory_mean(row_sums, mask.sum(dim=1), traj_action_tokens(mb))
 
     def agg_units(self, mb: BatchView) -> float:
         """What `aggregate` averages over: action tokens (token_mean) or trajectories with one
-        (seq_mean). A micro-batch's loss counts in its minibatch by its share of these units."""
-        n = mb.action_mask.sum(dim=1)
-        return float(n.sum()) if self.loss_agg == "token_mean" else float((n > 0).sum())
+        (seq_mean; a row of a trajectory counts as its share of that trajectory's tokens). A
+        micro-batch's loss counts in its minibatch by its share of these units."""
+        n = mb.action_mask.sum(dim=1).double()
+        if self.loss_agg == "token_mean":
+            return float(n.sum())
+        return float((n / traj_action_tokens(mb).double().clamp(min=1.0)).sum())
+
+    def minibatch_extra(self, mb: BatchView) -> dict[str, torch.Tensor]:
+        """seq_mean over trajectories split across rows (`traj_id`): each row's trajectory's action
+        tokens in the whole minibatch, which micro-batches holding only some of its rows cannot count."""
+        if self.loss_agg == "seq_mean" and mb.traj_id is not None:
+            return {TRAJ_TOKENS: trajectory_tokens(mb.action_mask.float(), mb.traj_id)}
+        return {}
 
     def policy_token_loss(self, logp: torch.Tensor, mb: BatchView
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -136,7 +192,7 @@ class GRPO:
         """β-free KL term: k3(π_ref ‖ π_θ) over action tokens, aggregated like the policy term (never
         weighted by w_t)."""
         if mb.ref_logp is not None and self.kl_coef != 0.0:
-            return self.aggregate(kl_penalty_k3(logp, mb.ref_logp), mb.action_mask.float())
+            return self.aggregate(kl_penalty_k3(logp, mb.ref_logp), mb)
         return torch.zeros((), device=logp.device)
 
     def loss(self, logp: torch.Tensor, mb: BatchView) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -144,7 +200,7 @@ class GRPO:
         mask = mb.action_mask.float()                               # [B, L]
         u, clipped, dual, ratio = self.policy_token_loss(logp, mb)  # [B, L] each
         w = self.token_weights(mb)                                  # [B, L] detached
-        pg_loss = self.aggregate(w * u, mask)
+        pg_loss = self.aggregate(w * u, mb)
         kl = self.kl_term(logp, mb)
         loss = pg_loss + self.kl_coef * kl
         with torch.no_grad():
@@ -157,6 +213,14 @@ class GRPO:
                 "ratio_mean": masked_mean(ratio, mask),
             }
         return loss, stats
+
+
+def traj_action_tokens(mb: BatchView) -> torch.Tensor:
+    """[B] action tokens of each row's trajectory: the minibatch's (`minibatch_extra`) where the
+    learner attached them, else counted over `mb`'s own rows."""
+    if TRAJ_TOKENS in mb.extra:
+        return mb.extra[TRAJ_TOKENS]
+    return trajectory_tokens(mb.action_mask.float(), mb.traj_id)
 
 
 def _old_logp(mb: BatchView) -> torch.Tensor:

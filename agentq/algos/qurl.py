@@ -25,7 +25,7 @@ import torch
 from .batch_view import BatchView
 from .diagnostics import token_delta
 from .losses import masked_mean, ppo_dual_clip_loss
-from .objective import GRPO, Prepared, _old_logp, register_objective
+from .objective import GRPO, Bound, Prepared, _old_logp, register_objective
 from .tis import tis_prepare
 
 
@@ -39,6 +39,7 @@ class QuRL(GRPO):
     """TIS weight min(r_pb, C) plus the per-token upper clip (1+ε)·max(1, r_pb/C)."""
 
     defaults = {"is_cap": 2.0}
+    bounds = {"is_cap": Bound(0.0)}     # a TIS cap (and the bound's divisor)
     row_local_prepare = True            # TIS weight and upper clip of each token from its own δ_t
 
     @torch.no_grad()

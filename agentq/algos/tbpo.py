@@ -17,6 +17,8 @@ For each row i with n_i ≥ 1 action tokens and advantage A_i:
             (the band's upper edge is the dual clip; the global dual_clip c also applies if smaller)
     L_pg = Σ_i n_i·w_i·u_i / Σ_i n_i                                   (loss_agg = token_mean)
          or mean_i w_i·u_i  over rows with n_i ≥ 1                     (loss_agg = seq_mean, GSPO)
+    (seq_mean with `traj_id`: each trajectory's Σ_i n_i·w_i·u_i / Σ_i n_i over its rows, averaged
+    over trajectories, the base loss's seq_mean of w_i·u_i on every token of row i)
 
 [DESIGN] token_mean (the preset) is the base loss's aggregation (`losses.py`); seq_mean is GSPO's. `algo.loss_agg` picks
 it for every objective, and the learner weights micro-batches by `agg_units`, so both are exact
@@ -34,8 +36,8 @@ import torch
 
 from .batch_view import BatchView
 from .diagnostics import token_delta
-from .losses import LOGRATIO_CLAMP, rows_mean, sequence_mean
-from .objective import GRPO, Prepared, _old_logp, register_objective
+from .losses import LOGRATIO_CLAMP, sequence_mean, trajectory_mean
+from .objective import GRPO, Bound, Prepared, _old_logp, register_objective, traj_action_tokens
 
 
 def trust_band_loss(seq_ratio: torch.Tensor, adv: torch.Tensor, pos_high: float, neg_low: float,
@@ -61,6 +63,9 @@ class TBPO(GRPO):
 
     defaults = {"seq_clip_ratio_high": 4e-4, "neg_seq_clip_ratio_low": 3e-4, "neg_seq_clip_ratio_high": 7e-4,
                 "seq_tis_imp_ratio_cap": 2.0}
+    # a negative band width puts the band's edge on the wrong side of r = 1 (no gradient at r = 1)
+    bounds = {"seq_clip_ratio_high": Bound(0.0, strict=False), "neg_seq_clip_ratio_low": Bound(0.0, strict=False),
+              "neg_seq_clip_ratio_high": Bound(0.0, strict=False), "seq_tis_imp_ratio_cap": Bound(0.0)}
     row_local_prepare = True            # w_i from row i's own mean δ
 
     @torch.no_grad()
@@ -87,8 +92,8 @@ class TBPO(GRPO):
         else:                                                            # prepare() not run: no correction
             w = torch.ones_like(u)
         has = (n > 0).to(u.dtype)                                        # [B] rows with an action token
-        if self.loss_agg == "seq_mean":
-            pg_loss = rows_mean(w * u, n)
+        if self.loss_agg == "seq_mean":       # a row's w·u on each of its tokens, GRPO's seq_mean of that
+            pg_loss = trajectory_mean(n * w * u, n, traj_action_tokens(mb))
         else:
             pg_loss = (n * w * u).sum() / n.sum().clamp(min=1.0)
         kl = self.kl_term(logp, mb)

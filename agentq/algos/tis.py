@@ -16,7 +16,7 @@ import torch
 from .batch_view import BatchView
 from .diagnostics import token_delta, weight_stats
 from .losses import masked_mean
-from .objective import GRPO, Prepared, register_objective
+from .objective import GRPO, Bound, Prepared, register_objective
 
 
 def truncated_is_weight(delta: torch.Tensor, cap: float) -> torch.Tensor:
@@ -47,6 +47,7 @@ class TIS(GRPO):
     """GRPO × token TIS weight (rollout W8A8-KV8, learner unaligned or QAT)."""
 
     defaults = {"is_cap": 2.0}
+    bounds = {"is_cap": Bound(0.0)}     # C ≤ 0 zeroes or flips the sign of every token's gradient
     row_local_prepare = True            # w_t from the token's own δ_t (the stats are logging only)
 
     @torch.no_grad()

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
@@ -383,12 +384,18 @@ class Learner:
                        weigh: "WeighMicro | None" = None) -> float | None:
         """One optimizer step on a minibatch (gradients accumulated over micro-batches, clipped).
         Adds the minibatch's loss statistics into `sums`; returns the pre-clip gradient norm, or
-        None when the minibatch has no unit of the objective (no step). `weigh`: as in
+        None when the minibatch has no unit of the objective (no step). A non-finite norm (NaN or
+        inf in a gradient) skips the step and drops the gradients: clipping cannot rescue it (the
+        clip factor is NaN or 0) and AdamW would write NaN into every weight and its moments for
+        good; the norm is still returned (`update_summary` counts it). `weigh`: as in
         `accumulate_grads`."""
         if not self.accumulate_grads(minib, objective, sums, weigh):
             return None
         norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
-        self.opt.step()
+        if math.isfinite(norm):
+            self.opt.step()
+        else:
+            self.opt.zero_grad(set_to_none=True)
         return norm
 
     def accumulate_grads(self, minib: PolicyBatch, objective: Objective, sums: dict[str, float],
@@ -399,6 +406,8 @@ class Learner:
         False (nothing computed) when the minibatch has no unit. `weigh` (bypass mode, see `update`):
         (the micro-batch's rows in `minib`, the CPU micro-batch, its log-probs) → the micro-batch with
         π_old and weights, between its forward and its loss."""
+        # the minibatch's own statistics, on every row, before any micro-batch, pack or rank split
+        minib = replace(minib, extra={**minib.extra, **objective.minibatch_extra(minib)})
         total_units = objective.agg_units(minib)
         if total_units == 0:
             return False
@@ -600,12 +609,15 @@ def check_graphable(learner: Learner, cuda_graphs: bool, activation_checkpointin
 
 
 def update_summary(sums: dict[str, float], grad_norms: list[float]) -> dict[str, float]:
-    """The update's logged numbers: per-step means of the loss statistics, the mean gradient norm,
-    the number of optimizer steps."""
+    """The update's logged numbers: per-minibatch means of the loss statistics, the mean finite
+    gradient norm, the number of optimizer steps, and `skipped_nonfinite_grad`, the minibatches
+    whose gradient norm was NaN / inf (no step: `Learner.minibatch_step`)."""
     count = len(grad_norms)
+    finite = [g for g in grad_norms if math.isfinite(g)]
     out = {k: v / max(count, 1) for k, v in sums.items()}
-    out["grad_norm"] = sum(grad_norms) / count if count else 0.0
-    out["optimizer_steps"] = count
+    out["grad_norm"] = sum(finite) / len(finite) if finite else 0.0
+    out["optimizer_steps"] = len(finite)
+    out["skipped_nonfinite_grad"] = count - len(finite)
     return out
 
 

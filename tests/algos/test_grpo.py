@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from agentq.algos import grpo_advantages, k3, kl_penalty_k3, make_objective, mismatch_metrics, ppo_dual_clip_loss
+from agentq.algos.objective import Prepared
 from algo_batches import example_batch, make_batch
 
 TOL = 1e-6
@@ -104,6 +105,64 @@ def test_seq_mean_counts_each_trajectory_once_by_hand():
     assert (tok.agg_units(b), seq.agg_units(b)) == (4.0, 2.0)
     with pytest.raises(ValueError, match="loss_agg.*valid"):
         make_objective("grpo", loss_agg="sum")
+
+
+def _split_trajectory_batch():
+    """Trajectory 5 over rows 0 (2 action tokens) and 1 (1 token), A = +1; trajectory 9 is row 2 (2
+    tokens), A = −1. r and κ = ref − logp per token; rows are P A A."""
+    b = make_batch([[0, 1, 1], [0, 1, 0], [0, 1, 1]], [[0, 1, 1], [0, 2, 0], [0, 1, 1]], [[0.0] * 3] * 3,
+                   adv=[1.0, 1.0, -1.0], traj_id=[5, 5, 9])
+    r = torch.tensor([[1.0, 1.1, 0.9], [1.0, 1.05, 1.0], [1.0, 1.0, 0.5]])
+    kappa = torch.tensor([[0.0, 0.3, -0.5], [0.0, 1.2, 0.0], [0.0, 0.0, -2.0]])
+    logp = b.old_logp + torch.log(r)
+    b.ref_logp = logp + kappa
+    return b, logp
+
+
+def test_seq_mean_averages_trajectories_split_over_rows_by_hand():
+    b, logp = _split_trajectory_batch()
+    obj = make_objective("grpo", loss_agg="seq_mean")          # β = 0.001
+    b = b.weighted(obj.prepare(b))
+    lp = logp.clone().requires_grad_(True)
+    loss, stats = obj.loss(lp, b)
+    # u = [−1.1, −0.9 | −1.05 | 1.0, max(0.5, 0.8) = 0.8 (clipped)]: trajectory 5's token mean
+    # −3.05 / 3, trajectory 9's 1.8 / 2, averaged over 2 trajectories (per row it was (−1 − 1.05 + 0.9) / 3)
+    pg = (-3.05 / 3 + 1.8 / 2) / 2
+    kl = ((0.049859 + 0.106531 + 1.120117) / 3 + (0.0 + 1.135335) / 2) / 2
+    assert float(stats["pg_loss"]) == pytest.approx(pg, abs=TOL)
+    assert float(stats["kl"]) == pytest.approx(kl, abs=TOL)
+    assert obj.agg_units(b) == pytest.approx(2.0, abs=1e-12)
+    loss.backward()
+    # ∂u/∂logp = −A·r on unclipped tokens, ÷ (trajectory's tokens · 2 trajectories); KL's ∂kl/∂logp
+    # = 1 − e^κ, weighted by β
+    dkl = lambda k: (1 - math.exp(k))                                       # noqa: E731
+    want = [[0, (-1.1 + 0.001 * dkl(0.3)) / 6, (-0.9 + 0.001 * dkl(-0.5)) / 6],
+            [0, (-1.05 + 0.001 * dkl(1.2)) / 6, 0],
+            [0, (1.0 + 0.001 * dkl(0.0)) / 4, (0.0 + 0.001 * dkl(-2.0)) / 4]]
+    assert lp.grad.tolist() == [pytest.approx(row, abs=1e-7) for row in want]
+
+
+def test_seq_mean_micro_batches_carry_the_minibatch_trajectory_counts():
+    """Micro-batches {0, 2} and {1} split trajectory 5: with `minibatch_extra`'s counts (3, 3, 2) their
+    units are 2/3 + 1 and 1/3, and loss × share adds up to the minibatch's loss and gradient."""
+    b, logp = _split_trajectory_batch()
+    obj = make_objective("grpo", loss_agg="seq_mean")
+    b = b.weighted(obj.prepare(b))
+    extra = obj.minibatch_extra(b)
+    assert extra["traj_action_tokens"].tolist() == [3.0, 3.0, 2.0]
+    mb = b.weighted(Prepared(b.token_weight, extra))
+    lp = logp.clone().requires_grad_(True)
+    whole = obj.loss(lp, b)[0]
+    g_whole, = torch.autograd.grad(whole, lp)
+    parts = [mb.index(torch.tensor(rows)) for rows in ([0, 2], [1])]
+    assert [obj.agg_units(p) for p in parts] == [pytest.approx(5 / 3), pytest.approx(1 / 3)]
+    acc = sum(obj.loss(lp[rows], p)[0] * obj.agg_units(p) / 2.0 for rows, p in zip(([0, 2], [1]), parts))
+    g_acc, = torch.autograd.grad(acc, lp)
+    assert float(acc.detach()) == pytest.approx(float(whole.detach()), abs=1e-7)
+    assert torch.allclose(g_acc, g_whole, atol=1e-7, rtol=0)
+    assert make_objective("grpo").minibatch_extra(b) == {}        # token_mean needs no count
+    b.traj_id = None
+    assert obj.minibatch_extra(b) == {}                             # nor does one row per trajectory
 
 
 def test_grpo_advantages_by_hand():

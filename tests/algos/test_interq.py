@@ -8,8 +8,9 @@ import torch
 from agentq.algos import interq_retention, make_objective, mismatch_metrics, prefix_retention
 from agentq.algos import quantile
 from agentq.algos.interq import retention_stats
-from algo_batches import (EX_ACTION_MASK, concat_layout, example_batch, make_batch, prepared, random_trajectories,
-                          split_layout)
+from agentq.algos.objective import Prepared
+from algo_batches import (EX_ACTION_MASK, EX_DELTA, EX_SEG_ID, concat_layout, example_batch, make_batch, prepared,
+                          random_trajectories, split_layout)
 
 TOL = 1e-6
 A = [4, 5, 6, 10, 11, 14, 15, 16, 17]   # action positions of the worked example
@@ -275,6 +276,29 @@ def test_budget_scope_segment():
     assert r.alpha[0].tolist() == approx(torch.exp(-0.75 * r.H[0] / r.Htot[0]).tolist(), 1e-12)
 
 
+def test_budget_scope_segment_keeps_the_capped_mode():
+    """segment scope scales the floor with the budget (F_i = H_floor·S_i): H_floor = budget_B is still
+    κ ≤ 1 and α_s ≥ ρ_s (the worked example, S = 3, Htot = 0.04672790)."""
+    rho = [0.999303, 0.992928, 0.961815]
+    # b = H_floor = 1: B_i = F_i = 3 > Htot, κ = 1, α = ρ (before the fix κ = 3 and α = ρ³)
+    r = interq_retention(example_batch(), budget_B=1.0, H_floor=1.0, budget_scope="segment")
+    assert float(r.kappa[0]) == approx(1.0, 1e-12)
+    assert r.alpha[0].tolist() == approx(rho)
+    # b = H_floor = 0.02: F_i = 0.06 > Htot still, κ = 1 (the trajectory's floor scales, not just b)
+    r = interq_retention(example_batch(), budget_B=0.02, H_floor=0.02, budget_scope="segment")
+    assert r.alpha[0].tolist() == approx(rho)
+    # b = H_floor = 0.01: F_i = 0.03 < Htot, the fixed budget 0.03: κ = 0.03 / 0.0467279 = 0.642015,
+    # d = κ·H = (0.000448, 0.004557, 0.024996), α = e^−d
+    r = interq_retention(example_batch(), budget_B=0.01, H_floor=0.01, budget_scope="segment")
+    assert float(r.kappa[0]) == approx(0.642015)
+    assert r.d[0].tolist() == approx([0.000448, 0.004557, 0.024996])
+    assert float(r.d[0].sum()) == approx(0.03, 1e-12)
+    assert r.alpha[0].tolist() == approx([0.999553, 0.995454, 0.975314])
+    # the objective's defaults (budget_B = H_floor = 1) in segment scope: w_t = ρ_seg(t)
+    b, _ = prepared(make_objective("interq", budget_scope="segment"), example_batch())
+    assert b.token_weight[0, A].tolist() == approx([rho[0]] * 3 + [rho[1]] * 2 + [rho[2]] * 4)
+
+
 def test_k3_max_clamps_outlier_tokens():
     b = make_batch([1, 1, 1], [1, 2, 2], [0.1, 5.0, 0.0], dtype=torch.float64)   # k3(5) = 142.41 → 10
     r = interq_retention(b, k3_max=10.0)
@@ -322,6 +346,43 @@ def test_options_token_tis_cap_and_renorm():
     assert w.tolist() == approx((alpha * tis / alpha.mean()).tolist(), 1e-6)
 
 
+def _example_and_aligned_row():
+    """Row 0: the worked example; row 1: 3 action tokens with δ = 0. Fixed budget (H_floor = 0): α of
+    row 0's tokens 0.985194 ×3, 0.859085 ×2, 0.434658 ×4; row 1's 1 (Htot = 0)."""
+    L = len(EX_ACTION_MASK)
+    m1 = [0] * 4 + [1] * 3 + [0] * (L - 7)
+    return make_batch([EX_ACTION_MASK, m1], [EX_SEG_ID, m1], [EX_DELTA, [0.0] * L], adv=[0.7, -1.2],
+                      dtype=torch.float64)
+
+
+def test_renorm_divides_by_the_minibatch_mean_in_every_micro_batch():
+    """renorm_retention: w_t = α_t / (minibatch token-mean of α) in each micro-batch, from the
+    minibatch's mean that `minibatch_extra` carries per row: Σα = 2.955582 + 1.718170 + 1.738632 + 3
+    = 9.412384 over 12 tokens, mean 0.784365; row 1's weight 1 / 0.784365 = 1.274916. Before the fix
+    a micro-batch of row 1 alone divided by its own mean, 1."""
+    obj = make_objective("interq", H_floor=0.0, renorm_retention=True, kl_coef=0.0)
+    b, _ = prepared(obj, _example_and_aligned_row())
+    extra = obj.minibatch_extra(b)
+    assert extra["retention_token_mean"].tolist() == approx([0.784365] * 2)
+    mb = b.weighted(Prepared(b.token_weight, extra))
+    alpha0 = [0.985194] * 3 + [0.859085] * 2 + [0.434658] * 4
+    w_row1 = obj.token_weights(mb.index(torch.tensor([1])))[0, 4:7]
+    assert w_row1.tolist() == approx([1.274916] * 3)
+    w_row0 = obj.token_weights(mb.index(torch.tensor([0])))[0, A]
+    assert w_row0.tolist() == approx([a / 0.784365 for a in alpha0])
+    # a loss on the whole minibatch computes the same mean itself
+    assert torch.allclose(obj.token_weights(b), obj.token_weights(mb))
+    # accumulated over one-row micro-batches (share = tokens / 12), loss and gradient are the minibatch's
+    logp = (b.old_logp + 0.01 * torch.arange(b.old_logp.numel()).view_as(b.old_logp).sin()).requires_grad_(True)
+    whole, _ = obj.loss(logp, b)
+    g_whole, = torch.autograd.grad(whole, logp)
+    acc = sum(obj.loss(logp[[i]], mb.index(torch.tensor([i])))[0] * obj.agg_units(mb.index(torch.tensor([i]))) / 12
+              for i in range(2))
+    g_acc, = torch.autograd.grad(acc, logp)
+    assert float(acc.detach()) == approx(float(whole.detach()), 1e-9)
+    assert torch.allclose(g_acc, g_whole, atol=1e-9, rtol=0)
+
+
 def test_retention_multiplies_the_clipped_token_loss():
     """∂L/∂logp_t = α_t · ∂u_t/∂logp_t / N: α scales each token's clipped GRPO gradient."""
     b = example_batch(adv=[-0.7])
@@ -364,3 +425,9 @@ def test_bad_parameters_raise():
         make_objective("interq", budget_scope="episode")
     with pytest.raises(ValueError, match="valid"):
         make_objective("interq", budget=1.0)
+    for key, bad, valid in (("budget_B", -0.1, "≥ 0"), ("H_floor", -1.0, "≥ 0"), ("k3_max", -1.0, "≥ 0 or None"),
+                            ("token_tis_cap", 0.0, "> 0 or None")):
+        with pytest.raises(ValueError, match=f"'interq'.*{key}={bad}; valid: {valid}"):
+            make_objective("interq", **{key: bad})
+    for ok in ({"k3_max": None}, {"k3_max": 0.0}, {"token_tis_cap": None}, {"budget_B": 0.0, "H_floor": 0.0}):
+        make_objective("interq", **ok)

@@ -106,6 +106,31 @@ def test_token_delta_is_zero_off_action_tokens():
     assert torch.equal(d[b.action_mask.bool()], (b.old_logp.double() - b.rollout_logp.double())[b.action_mask.bool()])
 
 
+@pytest.mark.parametrize("name, params, message", [
+    ("grpo", {"dual_clip": 0.5}, "'grpo'.*dual_clip=0.5; valid: > 1"),   # c = 0.5 zeroed every A < 0 gradient
+    ("grpo", {"dual_clip": 1.0}, "dual_clip=1.0; valid: > 1"),
+    ("interq", {"dual_clip": float("nan")}, "dual_clip=nan"),
+    ("tis", {"is_cap": -1.0}, "'tis'.*is_cap=-1.0; valid: > 0"),         # flipped the gradient's sign
+    ("tis", {"is_cap": 0.0}, "is_cap=0.0; valid: > 0"),
+    ("ais", {"is_cap": 0.0}, "'ais'.*is_cap=0.0; valid: > 0"),
+    ("ais", {"k_ref": 0.0}, "'ais'.*k_ref=0.0; valid: > 0"),
+    ("qurl", {"is_cap": -2.0}, "'qurl'.*is_cap=-2.0; valid: > 0"),
+    ("interq", {"k3_max": -1.0}, "'interq'.*k3_max=-1.0; valid: ≥ 0 or None"),
+    ("interq", {"token_tis_cap": -1.0}, "token_tis_cap=-1.0; valid: > 0 or None"),
+])
+def test_out_of_range_parameters_raise_with_the_range(name, params, message):
+    with pytest.raises(ValueError, match=message):
+        make_objective(name, **params)
+
+
+def test_range_edges_that_are_valid():
+    make_objective("grpo", dual_clip=1.0001)
+    make_objective("grpo", dual_clip=float("inf"))
+    make_objective("tis", is_cap=1e-3)
+    make_objective("interq", k3_max=None, token_tis_cap=None)
+    make_objective("interq", k3_max=0.0, budget_B=0.0, H_floor=0.0)
+
+
 def test_registry_and_parameter_errors():
     assert objective_names() == ["ais", "grpo", "interq", "qurl", "tbpo", "tis"]
     with pytest.raises(ValueError, match="unknown objective"):

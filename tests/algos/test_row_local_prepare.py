@@ -37,13 +37,22 @@ def test_every_registered_objective_declares_its_flag():
 @pytest.mark.parametrize("name", sorted(ROW_LOCAL))
 def test_row_local_prepare_gives_a_subset_its_whole_batch_weights(name):
     batch = random_batch()
-    obj = make_objective(name, **({"renorm_retention": True, "token_tis_cap": 2.0} if name == "interq" else {}))
+    obj = make_objective(name, **({"token_tis_cap": 2.0} if name == "interq" else {}))
     whole = rows_of(obj.prepare(batch), SUBSET)
     part = rows_of(obj.prepare(batch.index(SUBSET)), torch.arange(len(SUBSET)))
     assert whole.keys() == part.keys()
     same = all(torch.equal(whole[k], part[k]) for k in whole)
     assert same is ROW_LOCAL[name], name
     assert whole["token_weight"].abs().sum() > 0
+
+
+def test_interq_with_renorm_is_not_row_local():
+    """renorm_retention divides every row's α by the minibatch's token-mean of α (`minibatch_extra`),
+    which bypass, computing α per micro-batch after its forward, cannot know before the first loss."""
+    assert make_objective("interq", renorm_retention=True).row_local_prepare is False
+    assert make_objective("interq", renorm_retention=False).row_local_prepare is True
+    from agentq.algos.interq import InterQ
+    assert InterQ.row_local_prepare is True                    # the instance flag does not leak to the class
 
 
 def test_a_new_prepare_is_not_row_local_until_declared():

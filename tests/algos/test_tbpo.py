@@ -90,6 +90,29 @@ def test_tbpo_minibatch_rows_and_empty_rows():
     assert float(obj.loss(logp[[3, 1]], mb)[0]) == pytest.approx(w[1] * u[1], abs=TOL)
 
 
+def test_tbpo_seq_mean_over_a_trajectory_split_over_rows():
+    """Rows 1 (3 tokens) and 3 (1 token) one trajectory, row 0 another: the trajectory's token-weighted
+    mean of its rows' w·u, then the mean over the two trajectories."""
+    b, logp = _batch()
+    obj = make_objective("tbpo", kl_coef=0.0, loss_agg="seq_mean")
+    b = b.weighted(obj.prepare(b))
+    r, w, u = _hand()
+    mb = b.index(torch.tensor([0, 1, 3]))
+    mb.traj_id = torch.tensor([4, 8, 8])
+    want = (w[0] * u[0] + (3 * w[1] * u[1] + 1 * w[3] * u[3]) / 4) / 2
+    assert float(obj.loss(logp[[0, 1, 3]], mb)[0]) == pytest.approx(want, abs=TOL)
+    assert obj.agg_units(mb) == pytest.approx(2.0)
+
+
 def test_tbpo_rejects_unknown_aggregation():
     with pytest.raises(ValueError, match="loss_agg"):
         make_objective("tbpo", loss_agg="sum")
+
+
+@pytest.mark.parametrize("key, bad, valid", [
+    ("seq_clip_ratio_high", -1e-4, "≥ 0"), ("neg_seq_clip_ratio_low", -1e-4, "≥ 0"),
+    ("neg_seq_clip_ratio_high", -1e-4, "≥ 0"), ("seq_tis_imp_ratio_cap", 0.0, "> 0")])
+def test_tbpo_rejects_out_of_range_bands_and_cap(key, bad, valid):
+    with pytest.raises(ValueError, match=f"'tbpo'.*{key}={bad}; valid: {valid}"):
+        make_objective("tbpo", **{key: bad})
+    make_objective("tbpo", seq_clip_ratio_high=0.0, neg_seq_clip_ratio_low=0.0, neg_seq_clip_ratio_high=0.0)

@@ -23,7 +23,7 @@ from test_packing import mixed_batch
 LR = 1e-3                 # large enough that the optimizer step moves every weight visibly
 BATCHING = {"micro": {"micro_batch_size": 3}, "packed": {"pack_tokens": 100}}
 OBJECTIVES = {"grpo": {}, "interq": {}, "tis": {}, "qurl": {}, "tbpo": {},
-              "interq_renorm_tis": {"renorm_retention": True, "token_tis_cap": 2.0}}
+              "interq_tis": {"token_tis_cap": 2.0}}
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +127,8 @@ def test_fp32_training_attention_is_not_the_old_logp_pass(tiny_model_dir, vocab)
     ({"epochs": 2}, "ppo_epochs=2"),
     ({"minibatch_size": 4}, "minibatch_size=4 < 8"),
     ({"objective": "ais"}, "'ais'.*row_local_prepare=False"),
+    # its divisor is the minibatch's mean α, known only after every micro-batch's forward
+    ({"objective": "interq", "params": {"renorm_retention": True}}, "'interq'.*row_local_prepare=False"),
     ({"traj_id": True}, "traj_id"),
 ])
 def test_bypass_refuses_what_it_cannot_do_exactly(tiny_model_dir, vocab, change, match):
@@ -134,7 +136,7 @@ def test_bypass_refuses_what_it_cannot_do_exactly(tiny_model_dir, vocab, change,
     batch = mixed_batch(vocab)
     if change.get("traj_id"):
         batch.traj_id = torch.arange(batch.num_seqs) // 2
-    obj = make_objective(change.get("objective", "interq"))
+    obj = make_objective(change.get("objective", "interq"), **change.get("params", {}))
     before = [p.detach().clone() for p in learner.model.parameters()]
     with pytest.raises(ValueError, match=match):
         learner.update(batch, obj, epochs=change.get("epochs", 1), minibatch_size=change.get("minibatch_size"),

@@ -2,7 +2,7 @@
 and equal to what reading each micro-batch's numbers back as Python floats gave."""
 import torch
 
-from agentq.learner.learner import add_weighted, read_back
+from agentq.learner.learner import add_weighted, read_back, update_summary
 
 
 def test_weighted_sums_match_python_float_sums_and_keep_plain_floats():
@@ -21,3 +21,12 @@ def test_weighted_sums_match_python_float_sums_and_keep_plain_floats():
 
 def test_read_back_of_nothing_is_empty():
     assert read_back({}) == {}
+
+
+def test_summary_counts_nonfinite_norms_as_skipped_steps():
+    # three minibatches, the second's gradient norm NaN (no optimizer step): its loss statistics
+    # still count in the per-minibatch means, its norm does not
+    out = update_summary({"loss": 3.0}, [1.0, float("nan"), 3.0])
+    assert out == {"loss": 1.0, "grad_norm": 2.0, "optimizer_steps": 2, "skipped_nonfinite_grad": 1}
+    out = update_summary({}, [float("inf")])
+    assert out == {"grad_norm": 0.0, "optimizer_steps": 0, "skipped_nonfinite_grad": 1}
