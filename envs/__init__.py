@@ -15,7 +15,10 @@ environment engines (the JVM-backed or PDDL-backed ones are heavy).
   3. the name of an environment plugin: an entry point of group `agentq.envs` in an installed
      package (`guess = "guess_env:GuessEnv"` → id "plugin/guess"),
   4. "module:Class", a `TextEnv` subclass importable everywhere the envs run (→ id "ext/module.Class"),
-  5. "module:Id-vN", Gymnasium's own form: import `module` (which registers Id-vN), then make Id-vN.
+  5. "module:Id-vN" or "module:namespace/Id-vN", Gymnasium's own form: import `module` (which
+     registers the id), then make it.
+Classes (forms 3 and 4) are checked on registration: a value that is not a `TextEnv` subclass
+implementing the hooks is a TypeError naming it, before any env is built.
 Environments outside agentq: docs/adding-an-environment.md.
 """
 from __future__ import annotations
@@ -52,8 +55,30 @@ def plugins() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP)}
 
 
-def _register(gym_id: str, entry: str) -> str:
+#: the hooks a concrete TextEnv implements (TextEnv's own raise NotImplementedError)
+_HOOKS = ("_tasks", "_reset_task", "_step_task")
+#: Gymnasium's `[namespace/]Name-vN` (and an unversioned `namespace/Name`), after "module:"
+_GYM_ID = re.compile(r"(?:[\w.-]+/)?[\w.-]+-v\d+|[\w.-]+/[\w.-]+")
+
+
+def _check_text_env(obj, name_or_id: str) -> None:
+    """TypeError unless `obj` is a concrete TextEnv subclass (checked on registration, so a wrong
+    `env.name` fails at once, not inside an env worker at the first construction)."""
+    if not (isinstance(obj, type) and issubclass(obj, TextEnv)):
+        what = obj.__name__ if isinstance(obj, type) else f"{obj!r:.60} (of type {type(obj).__name__})"
+        raise TypeError(f"environment {name_or_id!r} is {what}, not an agentq TextEnv subclass "
+                        "(see docs/adding-an-environment.md)")
+    missing = [h for h in _HOOKS if getattr(obj, h) is getattr(TextEnv, h)]
+    if missing:
+        raise TypeError(f"environment {name_or_id!r} is {obj.__name__}, which does not implement the TextEnv "
+                        f"hook(s) {missing}; a concrete TextEnv implements {list(_HOOKS)}")
+
+
+def _register(gym_id: str, entry: str, name_or_id: str) -> str:
     if gym_id not in gym.registry:
+        from gymnasium.envs.registration import load_env_creator
+
+        _check_text_env(load_env_creator(entry), name_or_id)
         gym.register(id=gym_id, entry_point=entry)
     return gym_id
 
@@ -67,23 +92,35 @@ def env_id(name_or_id: str) -> str:
         return name_or_id
     found = plugins()
     if name_or_id in found:
-        return _register(f"plugin/{name_or_id}", found[name_or_id])
+        return _register(f"plugin/{name_or_id}", found[name_or_id], name_or_id)
     module, sep, attr = name_or_id.partition(":")
     if sep and module and attr:
-        if re.fullmatch(r"[\w.-]+-v\d+", attr):            # Gymnasium's "module:Id-vN"
+        if _GYM_ID.fullmatch(attr):                     # Gymnasium's "module:[namespace/]Id-vN"
             importlib.import_module(module)
-            if attr in gym.registry:
-                return attr
-            raise gym.error.NameNotFound(f"importing {module!r} did not register the Gymnasium id {attr!r}")
+            if attr not in gym.registry:
+                raise gym.error.NameNotFound(f"importing {module!r} did not register the Gymnasium id {attr!r}")
+            _check_gym_class(attr, name_or_id)
+            return attr
         if attr.isidentifier():
             cls = getattr(importlib.import_module(module), attr, None)
             if cls is None:
                 raise gym.error.NameNotFound(f"module {module!r} has no attribute {attr!r} (env.name={name_or_id!r})")
-            return _register(f"ext/{module}.{attr}", name_or_id)
+            return _register(f"ext/{module}.{attr}", name_or_id, name_or_id)
     raise gym.error.NameNotFound(
         f"unknown environment {name_or_id!r}; valid names: {sorted(REGISTRY)} (built in), plugins: "
         f"{sorted(found)} (entry points of group {PLUGIN_GROUP!r}), or 'module:Class' (a TextEnv subclass), "
-        f"'module:Id-vN', a registered Gymnasium id")
+        f"'module:[namespace/]Id-vN', a registered Gymnasium id")
+
+
+def _check_gym_class(gym_id: str, name_or_id: str) -> None:
+    """A registered id whose entry point is a class must name a TextEnv; a factory function is
+    only known by what it returns (`make` checks that)."""
+    from gymnasium.envs.registration import load_env_creator
+
+    entry = gym.spec(gym_id).entry_point
+    creator = load_env_creator(entry) if isinstance(entry, str) else entry
+    if isinstance(creator, type):
+        _check_text_env(creator, name_or_id)
 
 
 def make(name_or_id: str, **kwargs) -> gym.Env:

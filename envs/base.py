@@ -11,15 +11,19 @@ A `TextEnv` is a Gymnasium `Env` whose observations and actions are strings:
   (list of strings or None), `won` (bool) and `score` (float in [0, 1] unless the env says
   otherwise), plus `expert_action` when the env was made with `expert=True`.
 * `list_tasks(split)` returns the split's task ids, stable across runs and machines.
+* `options={"split": s}` sets that episode's split only (`info["split"]`); a reset without it
+  samples the split the env was made with (`env.split`), whatever earlier episodes used.
 * An action the engines must not see (lone surrogates, i.e. text that was not valid UTF-8;
   control characters other than tab/newline; longer than `action_space.max_length`) never reaches
   the engine: the turn counts, the observation says why it was refused, reward 0, and
   `info["invalid_action"]` holds the reason.
 * Documented exceptions (nothing else escapes `reset`/`step`): `TypeError` (an action that is not
-  a str, options that are not a dict, a non-str task id or split), `ValueError` (unknown option
-  or split), `UnknownTaskError` (a task id not in the split), `EpisodeOverError` (`step` on a
-  finished episode), `EnvClosedError` (`step` after `close()`) and `EnvCrashedError` (the engine
-  died mid-episode). The last three are `RuntimeError`s.
+  a str, options that are not a dict, a non-str task id or split, a seed that is not an int),
+  `ValueError` (unknown option or split, a negative seed), `UnknownTaskError` (a task id not in
+  the split), `EpisodeOverError` (`step` on a finished episode), `EnvClosedError` (`step` after
+  `close()`) and `EnvCrashedError` (the engine died mid-episode). The last three are
+  `RuntimeError`s. A `step` that raises ends the episode: the next `step` raises
+  `EpisodeOverError` until a `reset`.
 
 Subclasses implement three hooks (`_tasks`, `_reset_task`, `_step_task`) and, for experts,
 `_expert_action`; the base class owns splits, task selection, the step cap and the `info`
@@ -38,6 +42,8 @@ import numpy as np
 from gymnasium import spaces
 
 INFO_KEYS = ("task", "task_id", "split", "admissible_actions", "won", "score")
+#: what `TextSpace.sample()` draws from: printable ASCII that `action_problem` accepts
+SAMPLE_CHARSET = "".join(c for c in string.printable if c not in "\x0b\x0c")
 
 
 class TextSpace(spaces.Text):
@@ -45,11 +51,12 @@ class TextSpace(spaces.Text):
 
     Gymnasium's Text space checks every character against a fixed charset; environment text
     (WebShop's "›", ScienceWorld's "°C") is open-ended, so membership only checks type and length.
-    `sample()` still draws from printable ASCII.
+    `sample()` still draws from printable ASCII, without the vertical tab and form feed that
+    `string.printable` holds: `action_problem` refuses them, so a sampled action would be an invalid turn.
     """
 
     def __init__(self, max_length: int = 100_000):
-        super().__init__(max_length=max_length, min_length=0, charset=string.printable)
+        super().__init__(max_length=max_length, min_length=0, charset=SAMPLE_CHARSET)
 
     def contains(self, x: Any) -> bool:
         return isinstance(x, str) and len(x) <= self.max_length
@@ -144,9 +151,11 @@ class TextEnv(gym.Env[str, str]):
         self.render_mode = render_mode
         self._task_cache: dict[str, list[str]] = {}
         self._task_id: str | None = None
+        self._episode_split: str = self.split     # the split of the episode in flight (info["split"])
         self._task_text: str = ""
         self._steps = 0
         self._done = True
+        self._lost: str | None = None             # the exception that ended the last episode, if one did
         self._closed = False
         self._last_obs = ""
         self._last_step = TaskStep(obs="")
@@ -185,6 +194,10 @@ class TextEnv(gym.Env[str, str]):
                             f"got {type(options).__name__}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
             raise TypeError(f"reset(seed=...) must be an int or None, got {type(seed).__name__}")
+        if seed is not None:
+            seed = int(seed)        # Gymnasium's seeding takes Python ints only (not np.int64)
+            if seed < 0:
+                raise ValueError(f"reset(seed=...) must be >= 0 or None, got {seed}")
         super().reset(seed=seed)
         options = dict(options or {})
         unknown = [k for k in options if k not in ("task_id", "split")]
@@ -194,6 +207,8 @@ class TextEnv(gym.Env[str, str]):
             if options.get(key) is not None and not isinstance(options[key], str):
                 raise TypeError(f"reset option {key!r} must be a str, got {type(options[key]).__name__} "
                                 f"({options[key]!r:.80})")
+        # an episode's split is its own: `self.split` (the configured split) stays what plain resets
+        # sample, so one held-out episode does not turn later training resets into held-out ones
         split = self._check_split(options.get("split") or self.split)
         task_id = options.get("task_id")
         tasks = self.list_tasks(split)
@@ -205,9 +220,9 @@ class TextEnv(gym.Env[str, str]):
             raise UnknownTaskError(
                 f"unknown task_id {task_id!r} for split {split!r} of {type(self).__name__} "
                 f"({len(tasks)} tasks, e.g. {tasks[:3]}); see env.unwrapped.list_tasks({split!r})")
-        self._done = True            # a reset that raises leaves the env needing another reset
+        self._done, self._lost = True, None   # a reset that raises leaves the env needing another reset
         self._closed = False
-        self.split, self._task_id, self._steps = split, task_id, 0
+        self._episode_split, self._task_id, self._steps = split, task_id, 0
         self._task_text, first = self._reset_task(task_id, split)
         self._done = False
         self._last_obs, self._last_step = first.obs, first
@@ -217,13 +232,22 @@ class TextEnv(gym.Env[str, str]):
         if self._closed:
             raise EnvClosedError(f"step() called after close() on {type(self).__name__}; call reset() to start over")
         if self._done:
-            raise EpisodeOverError("step() called on a finished episode; call reset() first")
+            lost = f" (lost: its last step raised {self._lost})" if self._lost else ""
+            raise EpisodeOverError(f"step() called on a finished episode{lost}; call reset() first")
         if not isinstance(action, str):
             raise TypeError(f"action must be a str, got {type(action).__name__}")
         self._steps += 1
         problem = action_problem(action, self.action_space.max_length)
         if problem is None:
-            res = self._last_step = self._step_task(action)
+            # a step that raises (e.g. EnvCrashedError) loses the episode: the engine's state is
+            # unknown, so the next step must not reach it (a restarted engine would answer it as if
+            # the game were running); only a reset starts over
+            self._done, self._lost = True, None
+            try:
+                res = self._last_step = self._step_task(action)
+            except BaseException as e:
+                self._lost = type(e).__name__
+                raise
         else:               # a handled turn: the engine never sees it, the state is unchanged
             last = self._last_step
             # copies: infos returned to the caller never share objects (Gymnasium's check_env)
@@ -265,7 +289,7 @@ class TextEnv(gym.Env[str, str]):
 
     def _info(self, res: TaskStep) -> dict:
         info = dict(res.extra)
-        info.update(task=self._task_text, task_id=self._task_id, split=self.split,
+        info.update(task=self._task_text, task_id=self._task_id, split=self._episode_split,
                     admissible_actions=res.admissible_actions, won=bool(res.won),
                     score=float(res.score), steps=self._steps)
         if self.expert:

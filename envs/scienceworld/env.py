@@ -20,7 +20,8 @@
   `info["admissible_actions"]` is None.
 * One JVM per worker process (heap cap `jvm_heap`, default 1g) hosts the simulators of every env
   in that process; see `jvm.py`. If the JVM dies, `step`/`reset` raise `EnvCrashedError` and the
-  next `reset` restarts it.
+  next `reset` restarts it. The simulator's simplifications are JVM-wide, so a task runs on the JVM
+  of its own flags (`tasks.simplifications_for`): with "easy", the electrical tasks get a second JVM.
 * `expert=True`: the simulator's gold action sequence (generated at reset, 0.1–20 s) feeds
   `info["expert_action"]`, valid as long as the agent follows it.
 """
@@ -68,7 +69,12 @@ class ScienceWorldEnv(TextEnv):
         self.jvm_heap = str(jvm_heap)
         self.jvm_opts = tuple(jvm_opts)
         self.call_timeout_s = float(call_timeout_s)
-        self._host: JVMHost | None = None
+        # The simulator keeps the flags of the last load JVM-wide, so each flag string a task loads
+        # with (`T.simplifications_for`) has its own JVM host; this env keeps one simulator in each
+        # host it used (an "easy" env alternating electrical and other tasks switches between two).
+        self._hosts: dict[str, JVMHost] = {}               # flag string → acquired host
+        self._sims: dict[str, tuple[Any, int]] = {}        # flag string → (simulator, its JVM generation)
+        self._host: JVMHost | None = None                  # the episode's host, simulator, generation
         self._sim = None
         self._sim_gen = -1
         self._gold: list[str] = []
@@ -79,28 +85,52 @@ class ScienceWorldEnv(TextEnv):
         self._templates_now: list[str] = []
 
     # ------------------------------------------------------------------ JVM plumbing
-    def _get_host(self) -> JVMHost:
-        """This process's JVM for our options, (re)started if needed."""
-        host = JVMHost.get(self.jvm_heap, self.jvm_opts, self.simplifications, self.call_timeout_s)
-        if self._host is not host:
+    def _get_host(self, simplifications: str | None = None) -> JVMHost:
+        """This process's JVM for our options and `simplifications` (the flags a task loads with;
+        None: the env's), (re)started if needed. One JVM only ever loads one flag string: otherwise
+        another env's reset would change this env's admissible actions mid-episode."""
+        simpl = self.simplifications if simplifications is None else simplifications
+        host = JVMHost.get(self.jvm_heap, self.jvm_opts, simpl, self.call_timeout_s)
+        old = self._hosts.get(simpl)
+        if old is not host:
             host.acquire()
-            if self._host is not None:
-                self._host.release()
-            self._host = host
+            self._drop_sim(simpl)
+            if old is not None:
+                old.release()
+            self._hosts[simpl] = host
+        self._host = host
         return host
 
     @property
     def jvm(self) -> JVMHost | None:
-        """The JVM host this env uses (None before the first reset)."""
+        """The JVM host of this env's episode (None before the first reset)."""
         return self._host
 
-    def _ensure_sim(self, host: JVMHost):
-        if self._sim is None or self._sim_gen != host.generation:
+    def _ensure_sim(self, simpl: str):
+        """The episode's simulator: this env's one in the host of `simpl` (a new one when that host
+        has none of this env, or restarted since it was made)."""
+        host = self._hosts[simpl]
+        sim, gen = self._sims.get(simpl, (None, -1))
+        if sim is None or gen != host.generation:
             self._sim = None
+            self._sims.pop(simpl, None)
             gen = host.generation
-            self._sim = host.call(lambda gw: gw.jvm.scienceworld.runtime.pythonapi.PythonInterface(), gen)
-            self._sim_gen = gen
-        return self._sim
+            sim = host.call(lambda gw: gw.jvm.scienceworld.runtime.pythonapi.PythonInterface(), gen)
+            self._sims[simpl] = (sim, gen)
+        self._host, self._sim, self._sim_gen = host, sim, gen
+        return sim
+
+    def _drop_sim(self, simpl: str) -> None:
+        """Forget this env's simulator in the host of `simpl`, detaching it while its JVM still runs."""
+        sim, gen = self._sims.pop(simpl, (None, -1))
+        host = self._hosts.get(simpl)
+        if sim is self._sim:
+            self._sim = None
+        if host is not None and sim is not None and host.alive() and gen == host.generation:
+            try:
+                host.call(lambda gw: gw.detach(sim))
+            except Exception:
+                pass
 
     def _call(self, fn):
         """Run fn(gateway, sim) on this episode's simulator; JVM death → EnvCrashedError."""
@@ -114,6 +144,7 @@ class ScienceWorldEnv(TextEnv):
             # The simulator threw: its state is unknown, so this episode ends as errored and the
             # next reset makes a new simulator (the JVM is fine and stays up).
             self._sim = None
+            self._sims = {k: v for k, v in self._sims.items() if v[0] is not sim}
             raise EnvCrashedError(f"ScienceWorld simulator raised a Java exception: {e}") from e
 
     # ------------------------------------------------------------------ TextEnv hooks
@@ -135,8 +166,8 @@ class ScienceWorldEnv(TextEnv):
         name, variation = T.parse_task_id(task_id)
         task = self._by_name[name]
         simpl = T.simplifications_for(task, self.simplifications)
-        host = self._get_host()
-        self._ensure_sim(host)
+        self._get_host(simpl)
+        self._ensure_sim(simpl)
         expert = self.expert
 
         def work(gw, sim):
@@ -195,14 +226,10 @@ class ScienceWorldEnv(TextEnv):
         return self._gold[i] if i < len(self._gold) else None
 
     def close(self):
-        host, sim = self._host, self._sim
-        self._sim, self._host = None, None
-        if host is not None:
-            if sim is not None and host.alive() and self._sim_gen == host.generation:
-                try:
-                    host.call(lambda gw: gw.detach(sim))
-                except Exception:
-                    pass
+        for simpl in list(self._sims):
+            self._drop_sim(simpl)
+        hosts, self._hosts, self._host, self._sim = self._hosts, {}, None, None
+        for host in hosts.values():
             host.release()
         super().close()
 

@@ -6,7 +6,9 @@ per (heap cap, JVM options, simplifications, call timeout) key; each env gets it
 (`PythonInterface`) inside it.
 
 Why simplifications are part of the key: the simulator keeps the active simplifications in a
-JVM-wide singleton, so two envs with different simplifications must not share a JVM.
+JVM-wide singleton, so two envs (or two tasks of one env, see `tasks.simplifications_for`) loading
+with different simplifications must not share a JVM; the env asks for the host of the flags each
+task loads with.
 
 All calls into one JVM are serialised by a lock: the simulator also keeps JVM-wide state (the
 random generator and the object-id counter are reset by every `load`), so a load in one thread
@@ -15,8 +17,8 @@ must not interleave with a step in another.
 Crashes: if the JVM process exits (killed, out of memory with `-XX:+ExitOnOutOfMemoryError`)
 or stops answering within `call_timeout_s`, the call raises `EnvCrashedError`, the host is marked
 dead, and the next `JVMHost.get()` (done by every `reset()`) starts a fresh JVM with a new
-`generation`. Simulators created in an older generation are invalid; their envs raise
-`EnvCrashedError` until they are reset.
+`generation`. Simulators created in an older generation are invalid: their envs' next step raises
+`EnvCrashedError`, which ends the episode (`TextEnv.step`), until they are reset.
 """
 from __future__ import annotations
 

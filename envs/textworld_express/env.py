@@ -7,7 +7,9 @@ folds (train / dev / test seed ranges), so held-out seeds never appear in traini
 from __future__ import annotations
 
 import copy
+import os
 import tempfile
+import weakref
 from typing import ClassVar
 
 from ..base import EnvCrashedError, TaskStep, TextEnv
@@ -20,9 +22,13 @@ from ..base import EnvCrashedError, TaskStep, TextEnv
 # "gen" numbers the JVMs started: an env still holding an engine of a dead JVM releases it without
 # touching the count of the one that replaced it.
 _SHARED: dict = {"owner": None, "users": 0, "gen": 0}
+#: every engine this process made (the after-fork handler below disowns them in a child)
+_ENGINES: weakref.WeakSet = weakref.WeakSet()
 
 
 def _engine_alive(engine) -> bool:
+    if getattr(engine, "_agentq_pid", None) != os.getpid():
+        return False                # a forked child's copy of its parent's engine: not this process's JVM
     proc = getattr(engine._gateway, "java_process", None)
     return proc is None or proc.poll() is None
 
@@ -65,7 +71,9 @@ def _acquire_engine(heap: str = "1g", call_timeout_s: float = 60.0):
     if owner is None or not _engine_alive(owner):
         owner = _launch_engine(heap, call_timeout_s)
         owner._agentq_gen, owner._agentq_own_client = _SHARED["gen"] + 1, False
+        owner._agentq_pid = os.getpid()
         _SHARED.update(owner=owner, users=1, gen=owner._agentq_gen)
+        _ENGINES.add(owner)
         return owner
     eng = copy.copy(owner)
     eng.__class__ = _simulator_class(_TWX)        # closing/collecting it must not stop the shared JVM
@@ -76,6 +84,7 @@ def _acquire_engine(heap: str = "1g", call_timeout_s: float = 60.0):
     eng.runHistory, eng.lastStepScore, eng.seed, eng.gameName, eng.gameParams = [], 0, None, None, ""
     eng._obj_tree_tempfile = tempfile.NamedTemporaryFile()
     _SHARED["users"] += 1
+    _ENGINES.add(eng)
     return eng
 
 
@@ -94,7 +103,10 @@ def _client_with_timeout(gateway, call_timeout_s: float):
 def _release_engine(eng) -> None:
     """An env stops using its engine `eng` (its own gateway client, if it has one, is closed); the
     last env of the running JVM stops it. An engine of a JVM that has died and been replaced
-    leaves the replacement's count alone."""
+    leaves the replacement's count alone. A forked child's copy of its parent's engine is left
+    alone: its sockets and JVM are the parent's (see `_forget_in_child`)."""
+    if getattr(eng, "_agentq_pid", None) != os.getpid():
+        return
     if eng._agentq_own_client:
         eng._gateway.close()
     if eng._agentq_gen != _SHARED["gen"]:
@@ -105,6 +117,40 @@ def _release_engine(eng) -> None:
             _SHARED["owner"].close()
         finally:
             _SHARED["owner"], _SHARED["users"] = None, 0
+
+
+_inherited: list = []
+
+
+def _forget_in_child() -> None:
+    # A forked child (e.g. gymnasium's AsyncVectorEnv) must neither talk to its parent's JVM (py4j
+    # replies would cross on the shared sockets) nor stop it: its envs start a JVM of their own.
+    # The parent's engines stay referenced and inert here: close()/__del__ would shut the parent's
+    # gateway down, a collected JavaObject would message it, a collected temp file would unlink
+    # the parent's file; the child's copy of the JVM's stdin is closed, so the JVM still dies with
+    # the parent (py4j's die-on-broken-pipe).
+    for eng in list(_ENGINES):
+        _inherited.append(eng)
+        if not (_SIM_CLASS and isinstance(eng, _SIM_CLASS[0])):
+            eng.__class__ = _simulator_class(type(eng))
+        client = getattr(eng._gateway, "_gateway_client", None)
+        if client is not None:
+            client.is_connected = False       # py4j sends nothing through a disconnected client
+        closer = getattr(getattr(eng, "_obj_tree_tempfile", None), "_closer", None)
+        if closer is not None:
+            closer.delete = False
+        proc = getattr(eng._gateway, "java_process", None)
+        if proc is not None and proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except Exception:
+                pass
+    _ENGINES.clear()
+    _SHARED.update(owner=None, users=0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 _SEEDS: dict = {}   # (split, games, params) → the fold's seeds, shared by all envs in the process
 
@@ -168,6 +214,8 @@ class TextWorldExpressEnv(TextEnv):
         bad = [g for g in games if g not in GAMES]
         if bad:
             raise ValueError(f"unknown TextWorldExpress game(s) {bad}; valid: {list(GAMES)}")
+        if not games:
+            raise ValueError(f"games is empty; name one or more of {list(GAMES)}")
         self.games = games
         self.game_params = {g: (game_params or {}).get(g, "") for g in games}
         self.tasks_per_game = tasks_per_game
@@ -179,8 +227,12 @@ class TextWorldExpressEnv(TextEnv):
             eng, self._env = self._env, None
             _release_engine(eng)
             if not restart:        # mid-episode: the game state is gone with the JVM
-                raise EnvCrashedError("TextWorldExpress JVM died; the episode is lost (reset() restarts it)")
+                raise EnvCrashedError("TextWorldExpress JVM died (or is the JVM of the process this one was forked "
+                                      "from); the episode is lost (reset() restarts it)")
         if self._env is None:
+            if not restart:        # a fresh engine mid-episode would play a game that was never loaded
+                raise EnvCrashedError("TextWorldExpress has no engine for this episode (its JVM died or the "
+                                      "process was forked); the episode is lost (reset() restarts it)")
             self._env = _acquire_engine(self.jvm_heap, self.call_timeout_s)
         return self._env
 

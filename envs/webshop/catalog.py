@@ -156,15 +156,35 @@ def _product(t: ProductType, asin: str, rng: random.Random) -> tuple[dict, list[
     return record, attrs
 
 
+#: redraws of a goal that repeats an earlier goal of its product (a product with fewer distinct
+#: goals than `goals_per_product` keeps the repeat)
+REDRAWS = 20
+
+
+def _human_instruction(t: ProductType, attrs: list[str], options: dict, rng: random.Random):
+    ins_attrs = rng.sample(attrs, rng.randint(1, min(3, len(attrs))))
+    chosen = [(name.lower(), rng.choice(vals)["value"].lower()) for name, vals in options.items()]
+    text = rng.choice(INSTRUCTION_TEMPLATES).format(attrs=_join_and(ins_attrs), noun=t.query,
+                                                    options=_option_clause(chosen, rng))
+    return text, ins_attrs, [v for _, v in chosen]
+
+
 def _human_instructions(t: ProductType, asin: str, attrs: list[str], options: dict, n: int,
                         rng: random.Random) -> list[dict]:
     out: list[dict] = []
+    seen: set[tuple] = set()
     for _ in range(n):
-        ins_attrs = rng.sample(attrs, rng.randint(1, min(3, len(attrs))))
-        chosen = [(name.lower(), rng.choice(vals)["value"].lower()) for name, vals in options.items()]
-        text = rng.choice(INSTRUCTION_TEMPLATES).format(attrs=_join_and(ins_attrs), noun=t.query,
-                                                        options=_option_clause(chosen, rng))
-        values = [v for _, v in chosen]
+        text, ins_attrs, values = _human_instruction(t, attrs, options, rng)
+        # Independent draws can repeat a goal of the same product; the shuffled split would then put
+        # one task in two splits (train and dev). A repeat is redrawn from its own generator, so
+        # `rng`'s stream, and with it every other product and goal (and each task id's goal), stays
+        # what it was.
+        side = random.Random(f"{asin}/{len(out)}")
+        for _ in range(REDRAWS):
+            if (text, tuple(ins_attrs), tuple(values)) not in seen:
+                break
+            text, ins_attrs, values = _human_instruction(t, attrs, options, side)
+        seen.add((text, tuple(ins_attrs), tuple(values)))
         out.append({"asin": asin, "instruction": text, "attributes": ins_attrs, "options": values,
                     "instruction_attributes": ins_attrs, "instruction_options": values,
                     "assignment_id": f"gen-{asin}-{len(out)}", "worker_id": "generated"})

@@ -12,6 +12,7 @@ WebShop's reward in [0, 1] (`won` when it is 1.0); `info["reward_info"]` then ho
 """
 from __future__ import annotations
 
+import numbers
 from typing import ClassVar
 
 from ..base import TaskStep, TextEnv
@@ -50,6 +51,10 @@ class WebShopEnv(TextEnv):
         if unknown:
             raise ValueError(f"unknown split_sizes key(s) {sorted(unknown)}; valid: {sorted(sizes)} (train is the rest)")
         sizes.update(split_sizes or {})
+        # a negative size would make negative goal ids, which index the goal list from its end: train goals
+        bad = {k: v for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0}
+        if bad:
+            raise ValueError(f"split_sizes must be non-negative ints, got {bad} (valid: e.g. {DEFAULT_SPLIT_SIZES})")
         self.shop: Shop = get_shop(data_dir=data_dir, variant=variant, num_products=num_products,
                                    catalog_seed=catalog_seed, goals_per_product=goals_per_product,
                                    human_goals=human_goals, price_seed=price_seed, noun_tagger=noun_tagger)

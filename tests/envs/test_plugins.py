@@ -85,6 +85,62 @@ def test_plugin_and_module_class_routes_make_the_env(site):
         envs.make("gymnasium.envs.classic_control:CartPoleEnv")
 
 
+PROBE = """
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+from agentq.envs import TaskStep, TextEnv
+
+
+class Tiny(TextEnv):
+    splits = ("train",)
+
+    def _tasks(self, split):
+        return ["a"]
+
+    def _reset_task(self, task_id, split):
+        return "goal", TaskStep(obs="start")
+
+    def _step_task(self, action):
+        return TaskStep(obs="end", done=True, won=True)
+
+
+class Hookless(TextEnv):
+    def _tasks(self, split):
+        return ["a"]
+
+
+NOT_A_CLASS = 3
+gym.register(id="agentq_probe_ns/Tiny-v0", entry_point=Tiny)
+gym.register(id="agentq_probe_ns/Cart-v0", entry_point=CartPoleEnv)
+"""
+
+
+def test_registry_takes_namespaced_ids_and_checks_classes_on_registration(tmp_path, monkeypatch):
+    """`module:namespace/Id-vN` (what gymnasium.make takes) is accepted; `module:Class` must be a
+    TextEnv subclass implementing the hooks, checked when the name is resolved (a TypeError naming
+    it), not at the first construction in an env worker."""
+    import gymnasium as gym
+
+    import agentq.envs as envs
+
+    (tmp_path / "agentq_registry_probe.py").write_text(PROBE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert envs.env_id("agentq_registry_probe:agentq_probe_ns/Tiny-v0") == "agentq_probe_ns/Tiny-v0"
+    env = envs.make("agentq_registry_probe:agentq_probe_ns/Tiny-v0")
+    assert env.reset(seed=0)[0] == "start" and env.step("go")[4]["won"]
+    assert envs.env_id("agentq_registry_probe:Tiny") == "ext/agentq_registry_probe.Tiny"
+    for entry, error in [("gymnasium.envs.classic_control:CartPoleEnv", "is CartPoleEnv, not an agentq TextEnv"),
+                         ("agentq_registry_probe:NOT_A_CLASS", "is 3 \\(of type int\\), not an agentq TextEnv"),
+                         ("agentq.envs:TextEnv", "is TextEnv, which does not implement .*'_tasks'"),
+                         ("agentq_registry_probe:Hookless", "does not implement the TextEnv hook\\(s\\) "
+                                                            "\\['_reset_task', '_step_task'\\]"),
+                         ("agentq_registry_probe:agentq_probe_ns/Cart-v0", "is CartPoleEnv, not an agentq TextEnv")]:
+        with pytest.raises(TypeError, match=error):
+            envs.env_id(entry)
+        module, _, attr = entry.partition(":")
+        assert f"ext/{module}.{attr}" not in gym.registry              # a refused class stays unregistered
+
+
 def test_plugin_trains_two_steps_and_evaluates_from_the_cli(site, tmp_path):
     before = _git_status()
     out = tmp_path / "run"

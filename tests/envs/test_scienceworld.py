@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("scienceworld")
 
 import agentq.envs  # noqa: E402,F401  (registers agentq/* ids)
-from agentq.envs import EnvCrashedError, UnknownTaskError  # noqa: E402
+from agentq.envs import EnvCrashedError, EpisodeOverError, UnknownTaskError  # noqa: E402
 from agentq.envs.scienceworld import ScienceWorldEnv, resolve_tasks, select_tasks  # noqa: E402
 from agentq.envs.scienceworld import tasks as T  # noqa: E402
 
@@ -194,6 +194,43 @@ def test_simplification_easy_uses_its_own_jvm(env):
     e.close()
 
 
+def test_envs_with_easy_keep_their_own_admissible_actions():
+    """The simulator keeps simplifications JVM-wide, and with "easy" an electrical task loads without
+    noElectricalAction: it must run on a JVM of its own flags, or each env's admissible actions
+    would follow whatever the other env loaded last."""
+    kw = dict(split="test", simplifications="easy", admissible_actions=True, include_objects=False,
+              variations_per_task=1)
+    electric = gym.make(ENV_ID, tasks=["test-conductivity"], **kw)
+    other = gym.make(ENV_ID, tasks=["boil"], **kw)
+
+    def n_connect(info):
+        return sum(a.startswith("connect") for a in info["admissible_actions"])
+    try:
+        assert n_connect(electric.reset(seed=0)[1]) > 0
+        assert n_connect(other.reset(seed=0)[1]) == 0
+        assert n_connect(electric.step("look around")[4]) > 0       # after the other env's reset
+        electric.reset(seed=0)
+        assert n_connect(other.step("look around")[4]) == 0         # after the electrical reset
+        assert electric.unwrapped.jvm is not other.unwrapped.jvm
+        used = electric.unwrapped.jvm.call(lambda gw: electric.unwrapped._sim.getSimplificationsUsed())
+        assert str(used) == "openDoors, selfWateringFlowerPots, teleportAction"
+        # one env with both kinds of task uses both JVMs, keeping a simulator in each (no restarts)
+        hosts = [electric.unwrapped.jvm, other.unwrapped.jvm]
+        refs = [h.refs for h in hosts]
+        mixed = gym.make(ENV_ID, tasks=["test-conductivity", "boil"], **kw)
+        first = {t.split("/")[0]: t for t in reversed(mixed.unwrapped.list_tasks("test"))}
+        for task in ("test-conductivity", "boil", "test-conductivity"):
+            info = mixed.reset(options={"task_id": first[task]})[1]
+            assert (n_connect(info) > 0) == (task == "test-conductivity")
+            assert mixed.unwrapped.jvm is (electric if task == "test-conductivity" else other).unwrapped.jvm
+        assert len(mixed.unwrapped._sims) == 2 and [h.refs for h in hosts] == [r + 1 for r in refs]
+        mixed.close()
+        assert [h.refs for h in hosts] == refs and all(h.alive() for h in hosts)
+    finally:
+        electric.close()
+        other.close()
+
+
 def test_check_env():
     from gymnasium.utils.env_checker import check_env
     e = gym.make(ENV_ID, split="train", tasks=["7-x", "4-2"])
@@ -221,15 +258,19 @@ def test_envs_share_one_heap_capped_jvm_and_restart_after_kill():
     for e in envs:                                   # every episode on that JVM is reported as errored
         with pytest.raises(EnvCrashedError, match="is dead"):
             e.step("look around")
-    with pytest.raises(EnvCrashedError):             # and stays errored until reset
+    with pytest.raises(EpisodeOverError, match="lost"):   # and the episode stays over until reset
         envs[0].step("look around")
 
     obs, info = envs[0].reset(options={"task_id": "lifespan-longest-lived/93"})   # restarts the JVM
     assert host.alive() and host.pid != old_pid and host.generation == old_gen + 1
     rewards, info, term, _ = _play(envs[0], ["open door to outside", "go to outside", "focus on crocodile"])
     assert info["won"] and rewards == [0.0, 0.5, 0.5]
-    with pytest.raises(EnvCrashedError, match="restarted"):   # env 1's simulator died with the old JVM
+    # env 1's simulator died with the old JVM: its episode is over for step(), and the hook itself
+    # refuses the simulator of the old JVM generation
+    with pytest.raises(EpisodeOverError, match="lost"):
         envs[1].step("look around")
+    with pytest.raises(EnvCrashedError, match="restarted"):
+        envs[1].unwrapped._step_task("look around")
     envs[1].reset(options={"task_id": "find-animal/225"})
     assert envs[1].unwrapped.jvm.pid == host.pid
     for e in envs:

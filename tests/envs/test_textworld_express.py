@@ -95,6 +95,8 @@ def test_unknown_env_ids_list_the_valid_choices():
         envs.make("alfworl")
     with pytest.raises(ValueError, match="unknown TextWorldExpress game"):
         gym.make("agentq/TextWorldExpress-v0", games=["chess"])
+    with pytest.raises(ValueError, match="games is empty; name one or more of \\['cookingworld'"):
+        gym.make("agentq/TextWorldExpress-v0", games=[])        # (not an IndexError at the first reset)
 
 
 def test_envs_in_one_process_share_one_jvm_and_stay_independent():
@@ -117,8 +119,62 @@ def test_a_dead_jvm_is_an_env_crash_and_the_next_reset_recovers():
     env._env._gateway.java_process.wait()
     with pytest.raises(envs.EnvCrashedError, match="JVM died"):
         env.step("look around")
+    # the crash ended the episode: a further step is refused, never answered by a fresh JVM (which
+    # would "step" a game it never loaded and end it as a silent loss) ...
+    with pytest.raises(envs.EpisodeOverError, match="\\(lost: its last step raised EnvCrashedError\\)"):
+        env.step("take coin")
+    # ... and the engine itself starts no JVM mid-episode either
+    with pytest.raises(envs.EnvCrashedError, match="no engine for this episode"):
+        env._step_task("take coin")
+    assert env._env is None
     obs, info = env.reset(options={"task_id": "coin/3"})
     assert info["task_id"] == "coin/3" and env.step("look around")[0]
+    env.close()
+
+
+def _in_forked_child(parent_env, conn):
+    """What a forked child sees of its parent's env, and of an env of its own (sent to the parent)."""
+    import gc
+
+    out = {}
+    try:
+        try:
+            parent_env.step("look around")
+            out["inherited_step"] = "answered"
+        except envs.EnvCrashedError:
+            out["inherited_step"] = "EnvCrashedError"
+        parent_env.close()                    # the parent's JVM is not this process's to stop
+        gc.collect()
+        own = make().unwrapped
+        own.reset(options={"task_id": "coin/3"})
+        out["jvm_pid"] = own._env._gateway.java_process.pid
+        out["obs"] = own.step("look around")[0]
+        own.close()
+    except Exception as e:                    # reported to the parent, which fails the test
+        out["error"] = repr(e)
+    conn.send(out)
+
+
+def test_a_forked_child_starts_its_own_jvm_and_leaves_the_parents_alone():
+    """gymnasium's AsyncVectorEnv forks on Linux: a child must not talk to its parent's JVM over the
+    inherited py4j sockets (replies would cross), nor stop it; its envs start a JVM of their own."""
+    import multiprocessing as mp
+
+    env = make().unwrapped
+    env.reset(options={"task_id": "coin/3"})
+    parent_jvm = env._env._gateway.java_process
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_in_forked_child, args=(env, send))
+    child.start()
+    assert recv.poll(180), "the forked child did not answer"
+    out = recv.recv()
+    child.join(60)
+    assert child.exitcode == 0 and "error" not in out, out
+    assert out["inherited_step"] == "EnvCrashedError"
+    assert out["jvm_pid"] != parent_jvm.pid and out["obs"].startswith("You are in")
+    assert parent_jvm.poll() is None                                 # the parent's JVM still runs ...
+    assert env.step("look around")[0].startswith("You are in")      # ... and answers its env
     env.close()
 
 

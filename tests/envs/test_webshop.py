@@ -217,6 +217,20 @@ def test_catalog_vocabularies_do_not_match_themselves():
                 assert not fuzzy_match(normalize_color(a), normalize_color(b)), (t.query, name, a, b)
 
 
+def test_generated_goals_of_a_product_are_distinct():
+    """Each product's human-style goals are distinct (two equal draws put one task in train and in
+    dev); a repeat is redrawn from its own generator, so the other goals stay as they were."""
+    raw = cat.generate_catalog(num_products=1000, seed=0, goals_per_product=3)
+    repeats = {asin: goals for asin, goals in raw.human_instructions.items()
+               if len({(g["instruction"], tuple(g["attributes"]), tuple(g["options"])) for g in goals}) < len(goals)}
+    assert repeats == {}
+    goals = get_shop().goals                             # task ids keep their goals (5 repeats, in dev/train, changed)
+    assert goals[0]["instruction_text"] == ("find me open toe, memory foam and non slip women's sandals, brown color "
+                                            "and size 8, and price lower than 90.00 dollars")
+    assert goals[1500]["instruction_text"].startswith("i am looking for natural ingredients, clinically proven and "
+                                                      "fresh breath toothpaste with flavor name: strawberry")
+
+
 def test_catalog_is_deterministic_and_in_real_format(tmp_path):
     a, b = cat.generate_catalog(120, seed=3, goals_per_product=2), cat.generate_catalog(120, seed=3, goals_per_product=2)
     assert a == b
@@ -407,6 +421,50 @@ def test_reset_is_seeded_and_ids_are_checked(env):
         env.reset(options={"task_id": "0", "split": "train"})
     with pytest.raises(ValueError, match="valid: \\['dev', 'test'\\]"):
         WebShopEnv(split_sizes={"val": 3})
+
+
+def test_split_sizes_must_be_non_negative_ints():
+    # a negative size made negative goal ids, and goals[-1] is a train goal: dev and train overlapped
+    with pytest.raises(ValueError, match="split_sizes must be non-negative ints, got \\{'test': -5\\}"):
+        WebShopEnv(split_sizes={"test": -5, "dev": 1000})
+    with pytest.raises(ValueError, match="got \\{'dev': 2.5\\}"):
+        WebShopEnv(split_sizes={"dev": 2.5})
+
+
+# ----------------------------------------------------------- the TextEnv base class, on this JVM-free env
+def test_an_episode_split_does_not_stick(env):
+    """reset(options={"split": ...}) picks one episode's split; plain resets keep sampling the split
+    the env was made with (before: one held-out episode turned every later training reset into a
+    held-out one)."""
+    e = WebShopEnv(split="train")                        # the same (cached) shop as `env`
+    assert e.reset(options={"split": "test", "task_id": "3"})[1]["split"] == "test"
+    assert e.split == "train" and e.list_tasks() == e.list_tasks("train")
+    infos = [e.reset(seed=s)[1] for s in range(5)]
+    assert {i["split"] for i in infos} == {"train"} and all(i["task_id"] in e.list_tasks("train") for i in infos)
+
+
+def test_reset_seeds_take_numpy_ints_and_refuse_negatives(env):
+    import numpy as np
+
+    a = env.reset(seed=7)[1]["task_id"]
+    assert env.reset(seed=np.int64(7))[1]["task_id"] == a           # (Gymnasium's seeding wants an int)
+    with pytest.raises(ValueError, match="must be >= 0 or None, got -1"):
+        env.reset(seed=-1)
+    with pytest.raises(TypeError, match="must be an int or None, got float"):
+        env.reset(seed=1.0)
+
+
+def test_sampled_actions_are_valid_actions(env):
+    """action_space.sample() draws only characters the env accepts (string.printable's vertical tab
+    and form feed are control characters, refused as an invalid turn)."""
+    from agentq.envs import action_problem
+
+    space = env.unwrapped.action_space
+    space.seed(0)
+    samples = [space.sample() for _ in range(100)]
+    assert [s for s in samples if action_problem(s, space.max_length)] == []
+    env.reset(seed=0)
+    assert "invalid_action" not in env.step(samples[0])[4]
 
 
 # ------------------------------------------------------------------------------------ web view
