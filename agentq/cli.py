@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             print(OmegaConf.to_yaml(cfg, resolve=True))
         elif cmd == "train":
             from agentq.trainer.rl import train
-            train(cfg)
+            train(cfg, overrides)       # a resume: the run's config.yaml with these overrides on top
         elif cmd == "eval":
             from agentq.eval.evaluate import evaluate
             evaluate(cfg)

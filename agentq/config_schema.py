@@ -42,6 +42,10 @@ def probability(v: Any) -> str | None:
     return None if _is_num(v) and 0 < v <= 1 else "a number in (0, 1]"
 
 
+def fraction_below_one(v: Any) -> str | None:
+    return None if _is_num(v) and 0 <= v < 1 else "a number in [0, 1)"
+
+
 def boolean(v: Any) -> str | None:
     return None if isinstance(v, bool) else "true or false"
 
@@ -74,7 +78,8 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.group_size": positive_int,
     "trainer.lr": positive_num,
     "trainer.weight_decay": nonneg_num,
-    "trainer.grad_clip": nonneg_num,
+    # the learner always clips (clip_grad_norm_); a max norm of 0 would zero every gradient
+    "trainer.grad_clip": positive_num,
     "trainer.ppo_epochs": positive_int,
     "trainer.minibatch_size": optional(positive_int),
     "trainer.micro_batch_size": positive_int,
@@ -112,12 +117,16 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "agent.invalid_action_penalty": nonneg_num,
     "agent.inadmissible_action_penalty": nonneg_num,
     "eval.num_tasks": optional(positive_int),
+    # agentq.eval.selection.METHODS (a layer above this one; tests/hardening/test_config_checks.py keeps them equal)
+    "eval.selection": one_of("stratified", "first"),
     "eval.repeats": positive_int,
     "eval.temperature": nonneg_num,
     "sft.num_demos": positive_int,
     "sft.epochs": positive_int,
     "sft.lr": positive_num,
     "sft.batch_size": positive_int,
+    # 1.0 would leave no demonstration to train on
+    "sft.val_fraction": fraction_below_one,
     "pipeline.eval_tasks": positive_int,
 }
 

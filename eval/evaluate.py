@@ -8,6 +8,7 @@ episodes that hit the step cap, and per-task-type success.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from agentq import build
 from agentq.agent import AgentLoop, BackendPolicy, ChatFormat
 from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
+from agentq.config import ConfigError
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend
 from agentq.utils.logging import console, jsonable, progress
@@ -93,13 +95,13 @@ def evaluate(cfg: DictConfig) -> dict:
     if not (Path(path) / "config.json").exists():
         raise FileNotFoundError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)")
     split = cfg.split or cfg.env.eval_split
+    out = eval_out_dir(cfg, split)       # before anything is played: a path that cannot be made fails now
     selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
     chat = ChatFormat.from_tokenizer(build.load_tokenizer(path))
     n_episodes = len(selection.tasks) * int(cfg.eval.repeats)
     n_conc = min(n_episodes, int(cfg.rollout.max_slots), int(cfg.trainer.max_concurrent))
     engine = build.make_backend(cfg, path, device, dtype, chat.tokenizer, max_slots=n_conc)
     pool = build.env_pool(cfg, split, n_conc)
-    out = Path(cfg.eval.out_dir) if cfg.eval.out_dir else Path(path) / f"eval-{cfg.env.name}-{split}"
     try:
         report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=int(cfg.seed),
                                  max_concurrent=n_conc, repeats=int(cfg.eval.repeats),
@@ -108,6 +110,28 @@ def evaluate(cfg: DictConfig) -> dict:
         pool.close()
     print_report(report)
     return report
+
+
+def eval_out_dir(cfg: DictConfig, split: str) -> Path:
+    """`agentq eval`'s output folder, created: eval.out_dir, else <checkpoint>/eval-<env>-<split>, or
+    without a checkpoint runs/eval-<env>-<split>-<time> (never the model's folder: a shared cache or
+    the user's own checkpoint of model.path).
+
+    Raises:
+        ConfigError: the folder cannot be created (naming the setting and the reason).
+    """
+    if cfg.eval.out_dir:
+        out, key = Path(cfg.eval.out_dir), "eval.out_dir"
+    elif cfg.checkpoint:
+        out, key = Path(cfg.checkpoint) / f"eval-{cfg.env.name}-{split}", "checkpoint"
+    else:   # named like the trainer's unnamed run folders (agentq.trainer.run_dir.new_run_dir, a layer above)
+        out, key = Path("runs") / f"eval-{cfg.env.name}-{split}-{time.strftime('%Y%m%d-%H%M%S')}", "eval.out_dir"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot create the evaluation's output folder {str(out)!r} "
+                          f"({type(e).__name__}: {e.strerror or e}); set eval.out_dir to a writable folder") from None
+    return out
 
 
 def write_eval(out: Path, report: dict, trajs: list[Trajectory]) -> None:

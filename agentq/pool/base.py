@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import gymnasium as gym
 
@@ -66,6 +66,45 @@ class EnvPool(Protocol):
     def close(self) -> None:
         """Close every environment and stop the workers."""
         ...
+
+
+class SiblingSlots:
+    """What a pool of workers with several slots each must remember when it restarts one: the
+    restarted worker builds fresh envs for *all* its slots, so an episode on a slot that was not in
+    the failing call (a sibling) has lost its env too, without being told. Such a slot is marked
+    lost; its next step is answered with an error naming the restart (never sent to the fresh env,
+    which would fail one turn later with a misleading "reset needed"), until it is reset."""
+
+    def __init__(self) -> None:
+        self._live: set[int] = set()          # slots with an episode under way (reset, not yet ended)
+        self._lost: dict[int, str] = {}       # slot → why its episode is gone
+
+    def answer_lost(self, cmd: str, items: Sequence[tuple[int, Any]]) -> tuple[list, dict[int, EnvResult]]:
+        """(the items to send on, the error results of lost slots' steps). A reset starts afresh."""
+        if cmd == "reset":
+            for slot, _ in items:
+                self._lost.pop(slot, None)
+            return list(items), {}
+        lost = {slot: EnvResult(slot, ok=False, error=self._lost[slot]) for slot, _ in items if slot in self._lost}
+        return [it for it in items if it[0] not in lost], lost
+
+    def record(self, results: Iterable[EnvResult]) -> None:
+        """Note which slots have an episode under way after a call's results."""
+        for r in results:
+            if r.ok and not (r.terminated or r.truncated):
+                self._live.add(r.slot)
+            else:
+                self._live.discard(r.slot)
+
+    def restarted(self, worker: str, slots: Iterable[int], in_call: Sequence[int], why: str) -> None:
+        """`worker` (e.g. "env worker 1") was restarted, rebuilding the envs of `slots`, because of a
+        call for the slots `in_call` (which get their own error); its other live slots are lost."""
+        for slot in slots:
+            if slot in self._live and slot not in in_call:
+                self._live.discard(slot)
+                self._lost[slot] = (f"{worker} restarted while this episode ran; its call for slot(s) "
+                                    f"{sorted(in_call)}: {why}. This slot's environment was rebuilt, so the "
+                                    "episode's state is gone")
 
 
 def make_env(spec: EnvSpec) -> gym.Env:

@@ -5,7 +5,9 @@ A worker that dies (segfault, OOM kill, a JVM taking the process down) is detect
 restarted with fresh environments, and every command it had in flight is answered with an
 error result, so those episodes are reported, never lost silently. A worker that does not answer
 within `call_timeout_s` per env call it was sent (stopped, deadlocked, a hung engine) counts as
-hung and is handled the same way: killed, restarted, its commands answered with errors.
+hung and is handled the same way: killed, restarted, its commands answered with errors. The
+restarted worker's other slots had their envs rebuilt too: an episode under way on one of them is
+answered with an error at its next step (`SiblingSlots`).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, Sequence
 
-from .base import EnvResult, EnvSpec, WorkerCore
+from .base import EnvResult, EnvSpec, SiblingSlots, WorkerCore
 
 
 def _worker_main(conn: Connection, spec: EnvSpec, slots: list[int]) -> None:
@@ -63,6 +65,7 @@ class ProcessPool:
         self._ctx: Any = mp.get_context(start_method)    # its Process/Pipe depend on the start method
         self._slots = {w: [s for s in range(num_envs) if s % self.num_workers == w] for w in range(self.num_workers)}
         self._procs: dict[int, tuple] = {}
+        self._siblings = SiblingSlots()
         self.restarts = 0
         for w in range(self.num_workers):
             self._start(w, wait=False)
@@ -97,8 +100,9 @@ class ProcessPool:
         return self._procs[slot % self.num_workers][0].pid
 
     def _dispatch(self, cmd: str, items: Sequence[tuple[int, object]]) -> list[EnvResult]:
+        send, results = self._siblings.answer_lost(cmd, items)
         by_worker: dict[int, list] = {}
-        for it in items:
+        for it in send:
             by_worker.setdefault(it[0] % self.num_workers, []).append(it)
         sent = []
         for w, its in by_worker.items():
@@ -108,7 +112,6 @@ class ProcessPool:
                 sent.append((w, its, True))
             except (BrokenPipeError, OSError):
                 sent.append((w, its, False))
-        results: dict[int, EnvResult] = {}
         t0 = time.monotonic()
         for w, its, ok in sent:
             p, conn = self._procs[w]
@@ -127,19 +130,26 @@ class ProcessPool:
                 why = (f"hung: no answer to {cmd} of {len(its)} slot(s) within {self.call_timeout_s * len(its):g} s "
                        f"(env_pool.call_timeout_s={self.call_timeout_s:g}); killed" if hung
                        else f"died (exit code {p.exitcode if not p.is_alive() else 'unknown'})")
-                try:
-                    p.kill()
-                    p.join(timeout=10)
-                except Exception:
-                    pass
-                self.restarts += 1
-                self._start(w)
+                self._restart(w, [it[0] for it in its], why)
                 for it in its:
                     results[it[0]] = EnvResult(it[0], ok=False, error=f"env worker {w} {why}; restarted")
             else:
                 for r in reply:
                     results[r.slot] = r
+        self._siblings.record(results.values())
         return [results[it[0]] for it in items]
+
+    def _restart(self, w: int, in_call: list[int], why: str) -> None:
+        """Kill worker `w` (if alive) and start it again; its live slots outside the call are lost."""
+        p, _ = self._procs[w]
+        try:
+            p.kill()
+            p.join(timeout=10)
+        except Exception:
+            pass
+        self.restarts += 1
+        self._start(w)
+        self._siblings.restarted(f"env worker {w}", self._slots[w], in_call, why)
 
     def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
         """See `EnvPool.reset`; a dead or hung worker's slots answer with errors (the worker restarts)."""

@@ -1,8 +1,11 @@
 """Ray actors as environment workers (`env_pool=ray`): the same commands as the subprocess pool,
 for spreading environments over a Ray cluster. A dead actor, or one that does not answer within
 `call_timeout_s` per env call, is (killed and) recreated and its in-flight commands are answered
-with error results. A local cluster (no `address`) is started bound to 127.0.0.1, without the
-dashboard, so none of its services listen on the machine's network interfaces.
+with error results; an episode under way on another slot of that actor (its env rebuilt with the
+actor) is answered with an error at its next step (`SiblingSlots`). A local cluster (no `address`)
+is started bound to 127.0.0.1, without the dashboard, so none of its services listen on the
+machine's network interfaces (`ray_init_kwargs`, `keep_local_cluster_on_loopback`: the trainer's
+placement starts it the same way).
 
 Each actor asks for at most one CPU, and less when the cluster has fewer free CPUs than workers
 (`cpus_per_worker`; none at all when every CPU is held, with a warning): Ray would otherwise wait
@@ -17,7 +20,7 @@ import time
 import warnings
 from typing import Any
 
-from .base import EnvResult, EnvSpec, WorkerCore
+from .base import EnvResult, EnvSpec, SiblingSlots, WorkerCore
 
 LOOPBACK = "127.0.0.1"
 
@@ -80,6 +83,7 @@ class RayPool:
         self._actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=0)(WorkerCore)
         self._slots = {w: [s for s in range(num_envs) if s % self.num_workers == w] for w in range(self.num_workers)}
         self._actors = {w: self._actor_cls.remote(spec, self._slots[w]) for w in range(self.num_workers)}
+        self._siblings = SiblingSlots()
         self.restarts = 0
         try:
             ray.get([a.__ray_ready__.remote() for a in self._actors.values()], timeout=start_timeout_s)
@@ -90,11 +94,11 @@ class RayPool:
                 f"{start_timeout_s:.0f} s; cluster resources free now: {ray.available_resources()}") from None
 
     def _dispatch(self, cmd: str, items: list) -> list[EnvResult]:
+        send, results = self._siblings.answer_lost(cmd, items)
         by_worker: dict[int, list] = {}
-        for it in items:
+        for it in send:
             by_worker.setdefault(it[0] % self.num_workers, []).append(it)
         futures = {w: getattr(self._actors[w], cmd).remote(its) for w, its in by_worker.items()}
-        results: dict[int, EnvResult] = {}
         t0 = time.monotonic()
         for w, fut in futures.items():
             budget = self.call_timeout_s * len(by_worker[w])
@@ -109,8 +113,10 @@ class RayPool:
                 self._actors[w] = self._actor_cls.remote(self.spec, self._slots[w])
                 why = (f"hung (no answer within {budget:g} s, env_pool.call_timeout_s={self.call_timeout_s:g}); killed"
                        if hung else f"died ({type(e).__name__})")
+                self._siblings.restarted(f"env actor {w}", self._slots[w], [it[0] for it in by_worker[w]], why)
                 for it in by_worker[w]:
                     results[it[0]] = EnvResult(it[0], ok=False, error=f"env actor {w} {why}; restarted")
+        self._siblings.record(results.values())
         return [results[it[0]] for it in items]
 
     def actor(self, slot: int) -> Any:

@@ -88,7 +88,7 @@ def pipeline(cfg: DictConfig) -> dict:
     console.rule(f"[bold]agentq pipeline: {cfg.env.name} — tiny model → SFT → RL ({cfg.algo.name}, "
                  f"rollout {cfg.rollout.quant}) → eval on {', '.join([split, *others])}")
     base = build.model_path(cfg)                                          # 1. tiny model + tokenizer
-    s = sft(cfg, out_dir=out / "sft", init_path=base)                     # 2. SFT on expert demos
+    s = sft(cfg, out_dir=out / "sft", init_path=base, out_key="pipeline.out_dir")   # 2. SFT on expert demos
     sft_evals = {sp: evaluate_checkpoint(cfg, s["checkpoint"], out / f"eval_sft_{sp}", n_eval, sp)   # 3. held-out evals
                  for sp in (split, *others)}
 
@@ -96,9 +96,11 @@ def pipeline(cfg: DictConfig) -> dict:
     OmegaConf.update(rl_cfg, "trainer.out_dir", str(out / "rl"))
     OmegaConf.update(rl_cfg, "trainer.resume", None)
     summary_rl = RLTrainer(rl_cfg, init_path=s["checkpoint"]).train(final_eval_tasks=n_eval)
-    rl_evals = {split: summary_rl["final_eval"],                          # 5. the same evals after RL
-                **{sp: evaluate_checkpoint(cfg, summary_rl["checkpoint"], out / f"eval_rl_{sp}", n_eval, sp)
-                   for sp in others}}
+    # 5. the same evals after RL (trainer.eval_every=-1: the trainer made none, and the comparison needs it)
+    final = summary_rl["final_eval"] or evaluate_checkpoint(cfg, summary_rl["checkpoint"], out / f"eval_rl_{split}",
+                                                            n_eval, split)
+    rl_evals = {split: final, **{sp: evaluate_checkpoint(cfg, summary_rl["checkpoint"], out / f"eval_rl_{sp}", n_eval, sp)
+                                 for sp in others}}
 
     summary = {
         "env": cfg.env.name, "split": split, "algo": cfg.algo.name, "rollout_quant": cfg.rollout.quant,

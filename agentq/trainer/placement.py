@@ -70,13 +70,18 @@ class Placement:
 
     # -------------------------------------------------------------- cluster
     def _start_ray(self, cfg: DictConfig) -> None:
+        """Join `ray.address`, or start a local cluster on 127.0.0.1 only, as the Ray env pool does
+        (this runs first, and the pool then finds Ray started and skips its own setup)."""
         import ray
+
+        from agentq.pool.ray_pool import keep_local_cluster_on_loopback, ray_init_kwargs
 
         self._ray = ray
         if not ray.is_initialized():
             address = cfg.ray.address
-            ray.init(address=address, num_cpus=None if address else cfg.ray.num_cpus, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+            if address is None:
+                keep_local_cluster_on_loopback()
+            ray.init(**ray_init_kwargs(address), num_cpus=None if address else cfg.ray.num_cpus)
             self._started_ray = True
 
     def _resolve_gpus(self, use_gpus: bool | str) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from agentq import build
 from agentq.agent import BackendPolicy, ChatFormat
 from agentq.agent.trajectory import Trajectory
+from agentq.config import ConfigError, check_config, load_config
 from agentq.algos import Objective, Prepared, grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
 from agentq.eval.evaluate import choose_eval_tasks, evaluate_policy
@@ -36,7 +38,7 @@ from agentq.utils.checkpoint import TrainerState, load_trainer_state, save_hf_ch
 from agentq.utils.logging import MetricsLogger, console, jsonable, progress, step_line
 
 from .placement import Placement
-from .run_dir import RunAborted, claim_run_dir, new_run_dir, write_lost_episodes
+from .run_dir import RunAborted, claim_run_dir, new_run_dir, truncate_lost_episodes, write_lost_episodes
 
 
 #: rollout summary keys (eval.metrics.summarize) every step row carries, skipped steps too
@@ -70,6 +72,79 @@ def old_logp_mode(cfg: DictConfig, objective: Objective, device: torch.device, d
     return mode
 
 
+def with_optimizer_settings(state: dict, **settings: Any) -> tuple[dict, list[str]]:
+    """An optimizer state_dict whose every param group has `settings` (lr, weight_decay, betas),
+    and 'key old → new' for each that the checkpoint had otherwise (its first differing group's)."""
+    groups = [dict(g) for g in state["param_groups"]]
+    changed: dict[str, str] = {}
+    for g in groups:
+        for key, new in settings.items():
+            old = g.get(key)
+            if key not in changed and (tuple(old) if isinstance(old, (list, tuple)) else old) != new:
+                changed[key] = f"{key} {old} → {new}"
+            g[key] = new
+    return {**state, "param_groups": groups}, list(changed.values())
+
+
+def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """trainer.resume's config: the run's own config.yaml with this command line's `overrides` on
+    top, checked as at start-up. The values come from `cfg` (the overrides' composition, so Hydra
+    parses them); a group choice such as env_pool=inline takes the sections it sets from it whole.
+    Without a config.yaml (a folder from elsewhere): `cfg` as composed, with a warning."""
+    saved_path = Path(cfg.trainer.resume) / "config.yaml"
+    if not saved_path.exists():
+        console.print(f"[yellow]trainer.resume: no {saved_path}; the config is the defaults with this command line")
+        return cfg
+    saved = OmegaConf.load(saved_path)
+    assert isinstance(saved, DictConfig)
+    search = [o for o in overrides if o.startswith("hydra.")]
+    changed = []
+    for o in (o for o in overrides if not o.startswith("hydra.")):
+        key = o.split("=", 1)[0].lstrip("+~")
+        parent, _, leaf = key.rpartition(".")
+        if o.startswith("~"):
+            node = OmegaConf.select(saved, parent) if parent else saved
+            if isinstance(node, DictConfig):
+                node.pop(leaf, None)
+            changed.append(o)
+        elif not parent and isinstance(cfg.get(key), DictConfig):       # a group choice
+            for section in group_sections(o, search):
+                saved[section] = cfg[section]
+            changed.append(o)
+        else:
+            old, new = OmegaConf.select(saved, key, default=None), OmegaConf.select(cfg, key)
+            OmegaConf.update(saved, key, new, merge=False, force_add=True)
+            changed += [f"{key} {old} → {new}"] if old != new else []
+    check_config(saved)
+    OmegaConf.set_struct(saved, True)
+    console.print(f"trainer.resume: the run's {saved_path.name}" + (f", changed by this command line: "
+                                                                   f"{'; '.join(changed)}" if changed else ""))
+    return saved
+
+
+def group_sections(choice: str, search: list[str]) -> list[str]:
+    """The top-level sections a group choice (`algo=qat`) sets: its own, and any other that an
+    option of the group sets (an algo preset picks the rollout preset), found by composing each
+    against the defaults. `search`: the command line's hydra.searchpath overrides."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    group = choice.split("=", 1)[0].lstrip("+")
+    with initialize_config_module(config_module="agentq.conf", version_base=None):
+        options = GlobalHydra.instance().config_loader().get_group_options(group)
+    default = OmegaConf.to_container(load_config(search))
+    assert isinstance(default, dict)
+    sections = {group}
+    for option in [choice, *(f"{group}={o}" for o in options)]:
+        try:
+            composed = OmegaConf.to_container(load_config([*search, option]))
+        except ConfigError:         # an option that does not compose alone (none of agentq's own)
+            continue
+        assert isinstance(composed, dict)
+        sections |= {str(k) for k in composed if composed.get(k) != default.get(k)}
+    return sorted(sections)
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
     return ckpts[-1] if ckpts else None
@@ -90,8 +165,13 @@ class RLTrainer:
         self.run_dir = run_dir_for(cfg)
         t = cfg.trainer
         self._lock = claim_run_dir(self.run_dir, resume=bool(t.resume), overwrite=bool(t.get("overwrite", False)))
+        try:
+            resume_ckpt, state = self._resume_point()
+        except BaseException:
+            self._lock.close()      # refused before anything was built: the folder is free again
+            raise
+        # written once the resume point is usable: a refused resume leaves the run's config.yaml as it was
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        resume_ckpt, state = self._resume_point()
         # the policy the run started from: the KL reference, also after a resume
         self.init_path = (state.meta if state else {}).get("init_path") or init_path or build.model_path(cfg)
         path = str(resume_ckpt) if resume_ckpt else self.init_path
@@ -103,21 +183,33 @@ class RLTrainer:
         self.start_step = self._restore(state, resume_ckpt) if state is not None else 0
         self._build_rollout(path)
         self._eval_selection: dict = {}
-        self.logger = MetricsLogger.from_config(self.run_dir, cfg)
+        # on a resume, TensorBoard hides the earlier run's points of the steps redone
+        self.logger = MetricsLogger.from_config(self.run_dir, cfg, purge_step=self.start_step + 1 if state else None)
         self.next_episode_id = self.start_step * self.n_episodes
         self.eval_history: list[dict] = []
         self.skipped_in_a_row = 0
 
     # ------------------------------------------------------------------ construction phases
     def _resume_point(self) -> tuple[Path | None, TrainerState | None]:
-        """(checkpoint, its trainer state) to resume from with trainer.resume, else (None, None)."""
-        resume = self.cfg.trainer.resume
+        """(checkpoint, its trainer state) to resume from with trainer.resume, else (None, None).
+
+        Raises:
+            FileNotFoundError: the folder has no checkpoint.
+            ConfigError: the checkpoint is past trainer.steps (continuing would write its newer
+            weights under an older step's name).
+        """
+        resume, steps = self.cfg.trainer.resume, int(self.cfg.trainer.steps)
         if not resume:
             return None, None
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             raise FileNotFoundError(f"trainer.resume={resume!r}: no checkpoints/step_* in that run folder")
-        return ckpt, load_trainer_state(ckpt)
+        state = load_trainer_state(ckpt)
+        if int(state.meta["step"]) > steps:
+            raise ConfigError(f"trainer.resume={resume!r}: its latest checkpoint ({ckpt.name}) is at step "
+                              f"{int(state.meta['step'])}, past trainer.steps={steps}; trainer.steps is the run's "
+                              f"total, from its start: set it to {int(state.meta['step'])} or more")
+        return ckpt, state
 
     def _build_learner(self, path: str, resumed: bool) -> None:
         """The learner at `path` with the aligned learner spec (`self.rollout_spec` is the engine's)."""
@@ -138,10 +230,18 @@ class RLTrainer:
             The checkpoint's step (the run continues after it).
         """
         step = int(state.meta["step"])
-        self.learner.opt.load_state_dict(state.tensors["optimizer"])
+        t = self.cfg.trainer
+        optimizer, changed = with_optimizer_settings(state.tensors["optimizer"], lr=float(t.lr),
+                                                     weight_decay=float(t.weight_decay), betas=tuple(t.betas))
+        # load_state_dict brings back the checkpoint's param_groups: the config's settings go in with them
+        # (on every rank too, where the optimizer is remote)
+        self.learner.opt.load_state_dict(optimizer)
+        if changed:
+            console.print(f"trainer.resume: the optimizer takes this config's {', '.join(changed)}")
         self.rng.bit_generator.state = state.meta["np_rng"]
         self.gen.set_state(state.tensors["torch_gen"])
         MetricsLogger.truncate(self.run_dir, step)
+        truncate_lost_episodes(self.run_dir, step)
         truncate_segments(self.run_dir, step)
         console.print(f"resumed from {ckpt} at step {step}")
         return step
@@ -328,7 +428,8 @@ class RLTrainer:
                     self.save(step)
                 if eval_every > 0 and step % eval_every == 0 and step < steps:
                     self.evaluate(step, int(t.eval_num_tasks))
-        final = self.save(steps)
+        # resumed at the last step: that checkpoint is already the final one (re-saving only risks it)
+        final = self.save(steps) if self.start_step < steps else self.run_dir / "checkpoints" / f"step_{steps:06d}"
         n_final = int(final_eval_tasks if final_eval_tasks is not None else t.eval_num_tasks)
         report = self.evaluate(steps, n_final) if eval_every >= 0 else None
         summary = {"run_dir": str(self.run_dir), "checkpoint": str(final), "steps": steps, "last_step": last,
@@ -345,7 +446,11 @@ class RLTrainer:
         self._lock.close()          # releases the run folder
 
 
-def train(cfg: DictConfig) -> dict:
+def train(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
+    """`agentq train`; with trainer.resume and the command line's `overrides`, the run's own config
+    with them on top (`resumed_config`)."""
+    if cfg.trainer.resume and overrides is not None:
+        cfg = resumed_config(cfg, overrides)
     trainer = RLTrainer(cfg)
     try:
         return trainer.train()

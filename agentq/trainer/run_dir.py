@@ -15,16 +15,21 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from agentq.config import ConfigError
-from agentq.utils.jsonl import append_jsonl
+from agentq.utils.checkpoint import restore_interrupted_commits
+from agentq.utils.jsonl import append_jsonl, drop_rows_after
 
 if TYPE_CHECKING:
     from agentq.agent.trajectory import Trajectory
 
 LOCK_FILE = ".agentq.lock"
 ERRORS_FILE = "errors.jsonl"
-#: what a training run writes into its folder: the evidence that a folder holds a run, and what
-#: `trainer.overwrite=true` removes (nothing else in the folder is touched)
-RUN_ARTIFACTS = ("metrics.jsonl", "checkpoints", "tb", "eval", "train_summary.json", ERRORS_FILE)
+#: what a training run writes into its folder (and `agentq report` beside it): the evidence that a
+#: folder holds a run, and what `trainer.overwrite=true` removes (nothing else in the folder is touched)
+RUN_ARTIFACTS = ("metrics.jsonl", "checkpoints", "tb", "eval", "train_summary.json", ERRORS_FILE, "segments",
+                 "learning_curve.png", "mismatch.png", "report.html")
+#: the same for an `agentq sft` folder (demos.jsonl is left: a fresh collection replaces it whole,
+#: and `sft.demos` may name it)
+SFT_ARTIFACTS = ("metrics.jsonl", "tb", "checkpoint", "sft_summary.json")
 
 
 def new_run_dir(name: str) -> Path:
@@ -41,18 +46,21 @@ class RunAborted(RuntimeError):
     """The run stopped itself because continuing could not produce anything useful."""
 
 
-def holds_run(run_dir: Path) -> list[str]:
+def holds_run(run_dir: Path, artifacts: tuple[str, ...] = RUN_ARTIFACTS) -> list[str]:
     """The run artifacts present in `run_dir` (empty: a fresh folder)."""
-    return [name for name in RUN_ARTIFACTS if (run_dir / name).exists()]
+    return [name for name in artifacts if (run_dir / name).exists()]
 
 
-def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool) -> IO:
+def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, artifacts: tuple[str, ...] = RUN_ARTIFACTS,
+                  out_key: str = "trainer.out_dir") -> IO:
     """Lock `run_dir` for this process and make sure it may be written.
 
     Args:
         run_dir: the run folder (created if missing).
         resume: the run continues the one in the folder (`trainer.resume`).
         overwrite: the folder's earlier run may be replaced (`trainer.overwrite`).
+        artifacts: what such a run writes (`RUN_ARTIFACTS`, or `SFT_ARTIFACTS` for `agentq sft`).
+        out_key: the setting that named the folder (or the one it is in), for the error message.
     Returns:
         the open lock file; the lock lasts until it is closed (or the process exits).
     Raises:
@@ -74,14 +82,14 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool) -> IO:
     lock.truncate()
     lock.write(str(os.getpid()))
     lock.flush()
-    found = holds_run(run_dir)
+    found = holds_run(run_dir, artifacts)
     if found and not resume:
         if not overwrite:
             lock.close()
+            resume_hint = f"continue it with trainer.resume={str(run_dir)!r}, " if artifacts == RUN_ARTIFACTS else ""
             raise RunDirError(
-                f"trainer.out_dir={str(run_dir)!r} already holds a run ({', '.join(found)}); continue it with "
-                f"trainer.resume={str(run_dir)!r}, pick another trainer.out_dir, or replace it with "
-                "trainer.overwrite=true")
+                f"run folder {str(run_dir)!r} ({out_key}) already holds a run ({', '.join(found)}); {resume_hint}"
+                f"pick another {out_key}, or replace it with trainer.overwrite=true")
         for name in found:
             path = run_dir / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -90,12 +98,20 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool) -> IO:
 
 
 def remove_stale_temp_dirs(folder: Path) -> list[Path]:
-    """Remove the `.step_*.tmp*` / `.step_*.old` folders a kill mid-checkpoint leaves behind.
-    Only safe while the run folder's lock is held (nobody is saving). Returns what was removed."""
+    """Remove the `.step_*.tmp*` / `.step_*.old` folders a kill mid-checkpoint leaves behind, after
+    renaming back a `.step_N.old` whose `step_N` is missing (the kill fell between the commit's two
+    renames: it is the checkpoint). Only safe while the run folder's lock is held (nobody is saving).
+    Returns what was removed."""
+    restore_interrupted_commits(folder)
     stale = sorted(folder.glob(".step_*.tmp*")) + sorted(folder.glob(".step_*.old")) if folder.is_dir() else []
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return stale
+
+
+def truncate_lost_episodes(run_dir: str | Path, last_step: int) -> None:
+    """Drop errors.jsonl rows after `last_step` (a resumed run redoes those steps)."""
+    drop_rows_after(Path(run_dir) / ERRORS_FILE, last_step)
 
 
 def write_lost_episodes(run_dir: str | Path, step: int, trajectories: list[Trajectory]) -> int:

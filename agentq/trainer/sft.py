@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from agentq import build
 from agentq.agent import ActionParser, ChatFormat, ExpertPolicy
 from agentq.agent.trajectory import Trajectory
+from agentq.config import ConfigError
 from agentq.envs.base import sample_tasks
 from agentq.eval.episodes import demo_record, read_trajectories, write_trajectories
 from agentq.learner.batch import collate
@@ -29,7 +30,7 @@ from agentq.learner.learner import Learner, sequence_logprobs
 from agentq.utils.checkpoint import save_hf_checkpoint
 from agentq.utils.logging import MetricsLogger, console, progress
 
-from .run_dir import new_run_dir
+from .run_dir import SFT_ARTIFACTS, claim_run_dir, new_run_dir
 
 
 def collect_demos(cfg: DictConfig, chat: ChatFormat, n: int, split: str, seed: int) -> list[Trajectory]:
@@ -72,12 +73,25 @@ def evaluate_nll(learner: Learner, trajs: list[Trajectory], batch_size: int) -> 
     return tot / max(n, 1)
 
 
-def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | None = None) -> dict:
+def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | None = None,
+        overwrite: bool | None = None, out_key: str = "sft.out_dir") -> dict:
+    """`agentq sft` into `out_dir` (default sft.out_dir, else a new runs/sft-<env>-<time>), which this
+    process locks as RL run folders are; a folder holding an earlier SFT run is refused unless
+    `overwrite` (default trainer.overwrite) replaces it. `out_key`: the setting that named the folder."""
+    out = Path(out_dir or cfg.sft.out_dir or new_run_dir(f"sft-{cfg.env.name}"))
+    if overwrite is None:
+        overwrite = bool(cfg.trainer.get("overwrite", False))
+    lock = claim_run_dir(out, resume=False, overwrite=overwrite, artifacts=SFT_ARTIFACTS, out_key=out_key)
+    try:
+        return _sft(cfg, out, init_path)
+    finally:
+        lock.close()            # releases the folder
+
+
+def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
     s = cfg.sft
     device, dtype = build.device_and_dtype(cfg)
     torch.manual_seed(int(cfg.seed))
-    out = Path(out_dir or s.out_dir or new_run_dir(f"sft-{cfg.env.name}"))
-    out.mkdir(parents=True, exist_ok=True)
     path = init_path or build.model_path(cfg)
     tokenizer = build.load_tokenizer(path)
     chat = ChatFormat.from_tokenizer(tokenizer)
@@ -96,8 +110,7 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
         raise RuntimeError("no usable expert demonstrations (none won); check the env's expert")
     rng = random.Random(int(cfg.seed))
     rng.shuffle(demos)
-    n_val = max(1, int(round(len(demos) * float(s.val_fraction)))) if len(demos) > 1 else 0
-    val, train = demos[:n_val], demos[n_val:]
+    val, train = split_demos(demos, float(s.val_fraction))
 
     # 2. cross-entropy on action tokens, through the aligned forward (no env workers run now: every core)
     with build.learner_threads(cfg):
@@ -113,6 +126,21 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
     console.print(f"SFT: {len(train)} train / {len(val)} val demos; "
                   + ", ".join(f"epoch {h['epoch']}: train {h['train_loss']:.3f} val {h['val_loss']:.3f}" for h in history))
     return summary
+
+
+def split_demos(demos: list[Trajectory], val_fraction: float) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(validation, training) demos: the first round(n × val_fraction), at least one of two or more.
+
+    Raises:
+        ConfigError: no demonstration is left to train on.
+    """
+    n_val = max(1, int(round(len(demos) * val_fraction))) if len(demos) > 1 else 0
+    val, train = demos[:n_val], demos[n_val:]
+    if not train:
+        raise ConfigError(f"sft.val_fraction={val_fraction:g} leaves no demonstration to train on ({len(demos)} "
+                          f"usable, {n_val} held out for validation); lower sft.val_fraction or collect more "
+                          "(sft.num_demos)")
+    return val, train
 
 
 def _fit(cfg: DictConfig, path: str, out: Path, train: list[Trajectory], val: list[Trajectory],

@@ -129,8 +129,8 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     console.rule(f"[bold]agentq sweep: {cfg.env.name}/{split} — {len(arms)} arms × {len(seeds)} seeds → {out}")
 
     sft_summary = out / "sft" / "sft_summary.json"           # 1. the shared start (reused on resume)
-    if not sft_summary.exists():
-        sft(cfg, out_dir=out / "sft", init_path=build.model_path(cfg))
+    if not sft_summary.exists():            # none, or one cut short: (re)done, replacing what it left
+        sft(cfg, out_dir=out / "sft", init_path=build.model_path(cfg), overwrite=True)
     sft_ckpt = str(out / "sft" / "checkpoint")
     sft_eval = out / "eval_sft" / "eval.json"
     if not sft_eval.exists():

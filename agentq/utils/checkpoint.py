@@ -94,6 +94,8 @@ def _atomic_dir(path: Path):
 
 
 def _commit(tmp: Path, path: Path) -> None:
+    """Move the complete `tmp` to `path`; an existing `path` is set aside as `.<name>.old` first (a
+    kill between the two renames leaves it only there: `restore_interrupted_commits`)."""
     if path.exists():
         old = path.with_name(f".{path.name}.old")
         if old.exists():
@@ -103,6 +105,21 @@ def _commit(tmp: Path, path: Path) -> None:
         shutil.rmtree(old)
     else:
         os.replace(tmp, path)
+
+
+def restore_interrupted_commits(folder: str | os.PathLike) -> list[Path]:
+    """Rename each `.<name>.old` whose `<name>` is missing back to `<name>`: `_commit` was killed
+    between its two renames, and the set-aside checkpoint is the one complete copy (the new one's
+    `.tmp*` folder cannot be told apart from a half-written one). Only safe while nobody is saving
+    (the run folder's lock). Returns the checkpoints restored."""
+    folder = Path(folder)
+    restored = []
+    for old in sorted(folder.glob(".*.old")) if folder.is_dir() else []:
+        path = folder / old.name[1:-len(".old")]
+        if not path.exists():
+            os.replace(old, path)
+            restored.append(path)
+    return restored
 
 
 def save_hf_checkpoint(model, path: str | os.PathLike, tokenizer=None, extra: dict | None = None,

@@ -32,3 +32,15 @@ def read_jsonl(path: str | Path) -> list[dict]:
                 break
             raise ValueError(f"{path}: line {i} is not JSON ({e.msg}): {line[:80]!r}") from None
     return rows
+
+
+def drop_rows_after(path: str | Path, last_step: int) -> None:
+    """Rewrite a JSON-lines file of rows with a "step" without those after `last_step` (a resumed
+    run redoes those steps), through a temporary file renamed into place; no file, nothing to do."""
+    path = Path(path)
+    if not path.exists():
+        return
+    keep = [row for row in read_jsonl(path) if row["step"] <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(row, default=str) + "\n" for row in keep))
+    tmp.replace(path)

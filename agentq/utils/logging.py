@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from agentq.utils.jsonl import read_jsonl
+from agentq.utils.jsonl import drop_rows_after, read_jsonl
 
 console = Console(stderr=True)
 
@@ -69,18 +69,22 @@ class MetricsLogger:
     """Appends one JSON line per step and mirrors every scalar to TensorBoard and, if given, to
     W&B (lists go to JSONL only)."""
 
-    def __init__(self, out_dir: str | Path, tensorboard: bool = True, wandb: dict | None = None):
+    def __init__(self, out_dir: str | Path, tensorboard: bool = True, wandb: dict | None = None,
+                 purge_step: int | None = None):
+        """`purge_step`: a resumed run's first step; TensorBoard hides the earlier run's points from
+        that step on (the steps redone), as metrics.jsonl's `truncate` drops their rows."""
         self.path = Path(out_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tb"))
+            self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tb"), purge_step=purge_step)
         self._wandb = WandbSink(out_dir, **wandb) if wandb is not None else None
 
     @classmethod
-    def from_config(cls, out_dir: str | Path, cfg) -> "MetricsLogger":
-        """The sinks `cfg.logger` names (a name or a list of them; metrics.jsonl is always written)."""
+    def from_config(cls, out_dir: str | Path, cfg, purge_step: int | None = None) -> "MetricsLogger":
+        """The sinks `cfg.logger` names (a name or a list of them; metrics.jsonl is always written);
+        `purge_step` as in `__init__`."""
         names = cfg.get("logger", ["tensorboard"])
         names = [names] if isinstance(names, str) else list(names or [])
         bad = [n for n in names if n not in LOGGERS + ("jsonl",)]
@@ -93,7 +97,7 @@ class MetricsLogger:
             assert isinstance(settings, dict)
             wandb = {**settings,
                      "config": OmegaConf.to_container(cfg, resolve=True)}
-        return cls(out_dir, tensorboard="tensorboard" in names, wandb=wandb)
+        return cls(out_dir, tensorboard="tensorboard" in names, wandb=wandb, purge_step=purge_step)
 
     def log(self, step: int, metrics: dict[str, Any], prefix: str = "") -> None:
         row = {"step": step, "time": time.time(), **{prefix + k: jsonable(v) for k, v in metrics.items()}}
@@ -109,13 +113,7 @@ class MetricsLogger:
     @staticmethod
     def truncate(out_dir: str | Path, last_step: int) -> None:
         """Drop metrics.jsonl rows after `last_step` (a resumed run redoes those steps)."""
-        path = Path(out_dir) / "metrics.jsonl"
-        if not path.exists():
-            return
-        keep = [row for row in read_jsonl(path) if row["step"] <= last_step]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in keep))
-        tmp.replace(path)
+        drop_rows_after(Path(out_dir) / "metrics.jsonl", last_step)
 
     def close(self) -> None:
         if self._tb is not None:

@@ -1,4 +1,7 @@
-"""`placement=` configs: one schema for every mode, `single` as the default, bad values named."""
+"""`placement=` configs: one schema for every mode, `single` as the default, bad values named; a
+local Ray cluster started for a placement listens on loopback only."""
+import os
+
 import pytest
 
 from agentq.config import load_config
@@ -31,3 +34,30 @@ def test_bundles_per_mode():
     assert p.bundles() == [{"CPU": 0.5, "GPU": 1.0}] * 5 and p.rank_bundle(0) == 2
     p.mode = "colocated"
     assert p.bundles() == [{"CPU": 1.0, "GPU": 1.0}] * 3 and p.rank_bundle(0) == 0 and p.engine_bundle(1) == 1
+
+
+@pytest.mark.parametrize("address", [None, "auto"])
+def test_placement_starts_a_local_ray_cluster_on_loopback_only(monkeypatch, address):
+    """What `Placement` passes to ray.init (no cluster is started: a real one takes its time on two
+    cores; tests/pool/test_ray_resources.py starts real ones): a local cluster gets the env pool's
+    loopback setup, so its services listen on 127.0.0.1 only, as the README says."""
+    ray = pytest.importorskip("ray")
+    from ray._private import ray_constants
+
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1")          # restored after the test
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    cfg = load_config(["placement=colocated", "ray.num_cpus=2", *([f"ray.address={address}"] if address else [])])
+    p = Placement.__new__(Placement)
+    p._start_ray(cfg)
+    (kw,) = calls
+    assert (kw["address"], kw["include_dashboard"], kw["log_to_driver"]) == (address, False, False)
+    if address is None:          # a local cluster: loopback only, and Ray's "no cluster" mode
+        assert (kw["_node_ip_address"], kw["num_cpus"]) == ("127.0.0.1", 2)
+        assert ray_constants.ENABLE_RAY_CLUSTER is False
+        assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    else:                        # joining a running cluster: as given
+        assert "_node_ip_address" not in kw and kw["num_cpus"] is None
+        assert ray_constants.ENABLE_RAY_CLUSTER is True

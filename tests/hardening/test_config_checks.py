@@ -19,11 +19,26 @@ from conftest import run_cli
     ("trainer.grad_input=fp8", "trainer.grad_input='fp8' (str): must be one of ['bf16', 'int8']"),
     ("rollout.run_ahead=sometimes", "rollout.run_ahead='sometimes' (str): must be true or false"),
     ("rollout.prefill_graph_max=-1", "rollout.prefill_graph_max=-1 (int): must be an integer >= 0"),
+    # found at start-up, not at the first evaluation after training
+    ("eval.selection=frist", "eval.selection='frist' (str): must be one of ['stratified', 'first']"),
+    ("sft.val_fraction=1.0", "sft.val_fraction=1.0 (float): must be a number in [0, 1)"),
+    ("sft.val_fraction=-0.1", "sft.val_fraction=-0.1 (float): must be a number in [0, 1)"),
+    # clip_grad_norm_ to 0 would zero every gradient
+    ("trainer.grad_clip=0", "trainer.grad_clip=0 (int): must be a number > 0"),
 ])
 def test_bad_values_name_their_key(override, named):
     with pytest.raises(ConfigError, match="invalid config value") as e:
         load_config([override])
     assert named in str(e.value)
+
+
+def test_eval_selection_rule_lists_the_methods_selection_knows():
+    from agentq.config_schema import RULES
+    from agentq.eval.selection import METHODS
+
+    assert RULES["eval.selection"]("none") == f"one of {list(METHODS)}"
+    assert all(RULES["eval.selection"](m) is None for m in METHODS)
+    assert RULES["sft.val_fraction"](0) is None and RULES["sft.val_fraction"](0.99) is None
 
 
 def test_every_problem_is_listed_at_once():

@@ -1,6 +1,7 @@
 """The run folder is safe to resume from and hard to mix up: the trainer state is never unpickled
 (a crafted file cannot run code), a folder holding another run is refused unless resumed or
-overwritten, one process at a time holds it, stale temporary checkpoints are removed, a torn last
+overwritten (which then removes all of it), one process at a time holds it, stale temporary
+checkpoints are removed (a checkpoint a kill left only set aside is put back), a torn last
 metrics line does not block a resume, and lost episodes' errors are written down."""
 import json
 import os
@@ -101,6 +102,32 @@ def test_stale_temporary_checkpoints_are_removed_at_start(tmp_path):
         (ckpts / name / "model.safetensors").write_text("x")
     claim_run_dir(tmp_path / "run", resume=True, overwrite=False).close()
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_000002"]
+
+
+def test_overwrite_removes_every_file_of_the_old_run(tmp_path):
+    run = tmp_path / "run"
+    for name in ("segments/step_000003.parquet", "tb/events.out.tfevents.1", "eval/step_000003/eval.json",
+                 "checkpoints/step_000003/model.safetensors"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("x")
+    for name in ("metrics.jsonl", "errors.jsonl", "train_summary.json", "learning_curve.png", "mismatch.png",
+                 "report.html", "notes.txt"):
+        (run / name).write_text("x")
+    claim_run_dir(run, resume=False, overwrite=True).close()
+    # the old run's later segments would otherwise be read as this run's (read_segments, agentq report)
+    assert sorted(p.name for p in run.iterdir()) == [".agentq.lock", "notes.txt"]
+
+
+def test_a_checkpoint_left_only_as_old_by_a_kill_mid_commit_is_restored(tmp_path):
+    # killed between _commit's two renames: step 2 exists only as .step_000002.old (the new copy as .tmp*)
+    ckpts = tmp_path / "run" / "checkpoints"
+    for name, text in (("step_000001", "1"), (".step_000002.old", "2"), (".step_000002.tmpab12", "2 again")):
+        (ckpts / name).mkdir(parents=True)
+        (ckpts / name / "model.safetensors").write_text(text)
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 2}\n')
+    claim_run_dir(tmp_path / "run", resume=True, overwrite=False).close()
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001", "step_000002"]
+    assert (ckpts / "step_000002" / "model.safetensors").read_text() == "2"
 
 
 def test_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path):

@@ -1,5 +1,6 @@
 """Env pools: the same results in-process, in subprocess workers and in Ray actors; a killed worker
-is restarted and the episodes it was running are reported as errors."""
+is restarted and the episodes it was running are reported as errors, those of its slots outside
+the failing call too."""
 import os
 import signal
 import time
@@ -37,6 +38,32 @@ def test_pool_matches_inline_and_survives_a_dead_worker(kind):
         assert "died" in res[1].error and pool.restarts == 1
         again = pool.reset([(1, {"options": {"task_id": "coin/9"}}), (3, {"options": {"task_id": "coin/8"}})])
         assert [r.ok for r in again] == [True, True] and again[0].info["task_id"] == "coin/9"
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("kind", ["process", "ray"])
+def test_a_restart_ends_the_episodes_of_the_workers_other_slots(kind):
+    pool = make_pool(kind, SPEC, 3, num_workers=1)          # slots 0, 1, 2 in one worker
+    try:
+        assert all(r.ok for r in pool.reset([(i, {"seed": i, "options": {"task_id": f"coin/{i}"}}) for i in (0, 1)]))
+        if kind == "process":
+            os.kill(pool.worker_pid(0), signal.SIGKILL)
+        else:
+            import ray
+            ray.kill(pool.actor(0))
+        time.sleep(0.5)
+        (r0,) = pool.step([(0, "look around")])       # the call that finds the worker dead
+        assert not r0.ok and "died" in r0.error and pool.restarts == 1
+        # slot 1's episode was under way in that worker (slot 2 had none): its env is a fresh one now
+        (r1,) = pool.step([(1, "look around")])
+        assert not r1.ok and r1.error.startswith(
+            f"env {'worker' if kind == 'process' else 'actor'} 0 restarted while this episode ran; "
+            "its call for slot(s) [0]: died")
+        assert pool.step([(1, "look around")])[0].error == r1.error      # until the slot is reset
+        again = pool.reset([(1, {"seed": 1, "options": {"task_id": "coin/1"}}), (2, {"options": {"task_id": "coin/2"}})])
+        assert [r.ok for r in again] == [True, True]
+        assert all(r.ok for r in pool.step([(1, "look around"), (2, "look around")]))
     finally:
         pool.close()
 

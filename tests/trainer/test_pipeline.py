@@ -36,6 +36,20 @@ def test_pipeline_miniature(tmp_path):
     assert [r["step"] for r in rows if "eval/success_rate" in r] == [1, 2]
 
 
+def test_pipeline_without_rl_evaluations_still_evaluates_the_final_checkpoint(tmp_path):
+    # trainer.eval_every=-1: the RL trainer evaluates nothing, the pipeline's comparison needs the after-RL eval
+    args = ["pipeline", f"pipeline.out_dir={tmp_path}", "trainer.eval_every=-1", "pipeline.eval_tasks=2",
+            "pipeline.eval_splits=[dev]", "sft.num_demos=4", "sft.epochs=1", "trainer.steps=1",
+            "trainer.tasks_per_step=1", "trainer.group_size=2", "env.max_steps=3", "env_pool=inline"]
+    assert main(args) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    rl_eval = json.loads((tmp_path / "eval_rl_dev" / "eval.json").read_text())
+    assert rl_eval["checkpoint"] == str(tmp_path / "rl" / "checkpoints" / "step_000001")
+    assert (s["split"], s["episodes"], s["paired"]["pairs"]) == ("dev", 2, 2)
+    assert s["rl_success_rate"] == rl_eval["success_rate"]
+    assert not (tmp_path / "rl" / "eval").exists()
+
+
 def test_pipeline_rejects_a_split_the_env_does_not_have():
     from agentq.config import load_config
     from agentq.trainer.pipeline import eval_splits

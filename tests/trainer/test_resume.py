@@ -1,8 +1,15 @@
 """`trainer.resume=<run>` continues a run exactly where its latest checkpoint left it: optimizer
 state, task-sampling and minibatch RNGs, episode ids (hence sampling seeds) and the KL reference
 (the run's initial policy, not the checkpoint) all come back. A run stopped after 2 steps and
-resumed to 3 logs the same step-3 numbers as an uninterrupted 3-step run."""
+resumed to 3 logs the same step-3 numbers as an uninterrupted 3-step run. A resume continues with
+the run's own config.yaml and the command line's overrides (the optimizer's settings too), never
+rewrites a checkpoint under an older step's name, and leaves no point of a redone step behind."""
 import json
+import shutil
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
 
 from agentq.cli import main
 
@@ -34,7 +41,96 @@ def test_resume_continues_exactly(tmp_path):
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
-    import pytest
-
     with pytest.raises(FileNotFoundError, match="no checkpoints"):
         main(["train", f"trainer.resume={tmp_path}", "trainer.steps=1", *SMALL])
+
+
+# ---------------------------------------------------------------------- a finished run, resumed again
+BASE = ["trainer.tasks_per_step=2", "trainer.group_size=2", "env.max_steps=4", "env_pool=inline",
+        "trainer.eval_every=-1", "trainer.save_every=1", "trainer.keep_checkpoints=5", "trainer.lr=3e-6"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished 2-step run (checkpoints after both steps, lr 3e-6, no evaluation); each test
+    resumes its own copy (`run_copy`)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main(["train", f"trainer.out_dir={out}", "trainer.steps=2", *BASE]) == 0
+    return out
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    return Path(shutil.copytree(finished_run, tmp_path / "run"))
+
+
+def test_resume_past_trainer_steps_is_refused_and_the_final_checkpoint_is_not_rewritten(run_copy):
+    ckpts = run_copy / "checkpoints"
+    config = (run_copy / "config.yaml").read_text()
+    step1_weights = (ckpts / "step_000001" / "model.safetensors").read_bytes()
+    # the checkpoint (step 2) is past trainer.steps=1: refused (exit 2) before anything is written
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=1"]) == 2
+    assert (ckpts / "step_000001" / "model.safetensors").read_bytes() == step1_weights
+    assert json.loads((ckpts / "step_000001" / "agentq.json").read_text())["step"] == 1
+    assert (run_copy / "config.yaml").read_text() == config
+    # at trainer.steps: nothing to train, the final checkpoint stays the folder it was
+    inode = (ckpts / "step_000002").stat().st_ino
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=2"]) == 0
+    assert (ckpts / "step_000002").stat().st_ino == inode
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001", "step_000002"]
+
+
+def test_resume_continues_with_the_runs_config_and_the_command_lines_overrides(run_copy):
+    # only the step count given: the run's own group size, tasks per step, lr, step cap and pool
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3"]) == 0
+    cfg = OmegaConf.load(run_copy / "config.yaml")
+    assert (cfg.trainer.tasks_per_step, cfg.trainer.group_size, cfg.trainer.lr, cfg.trainer.steps) == (2, 2, 3e-6, 3)
+    assert (cfg.env.max_steps, cfg.env_pool.type, cfg.trainer.resume) == (4, "inline", str(run_copy))
+    assert [(r["step"], r["episodes"]) for r in step_rows(run_copy)] == [(1, 4), (2, 4), (3, 4)]
+
+
+def test_a_group_choice_on_resume_takes_the_sections_it_sets(tmp_path):
+    from agentq.config import load_config
+    from agentq.trainer.rl import resumed_config
+
+    run = load_config(["algo=bf16", "env_pool=inline", "env_pool.call_timeout_s=30", "trainer.group_size=3"])
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(run, resolve=True))
+    overrides = [f"trainer.resume={tmp_path}", "algo=qat", "env_pool=process", "trainer.betas=[0.8,0.9]"]
+    cfg = resumed_config(load_config(overrides), overrides)
+    # qat's preset picks the W8A8-KV8 rollout: the bf16 run's rollout section goes with the algo's
+    assert (cfg.algo.name, cfg.rollout.quant, cfg.env_pool.type, cfg.env_pool.call_timeout_s) == \
+        ("qat", "w8a8_kv8", "process", 120)
+    assert (cfg.trainer.group_size, list(cfg.trainer.betas)) == (3, [0.8, 0.9])      # the run's, and the override
+
+
+def test_resume_applies_the_configs_optimizer_settings(run_copy, capsys):
+    import torch
+
+    def groups(step):
+        state = torch.load(run_copy / "checkpoints" / f"step_{step:06d}" / "trainer_state.pt", weights_only=True)
+        return [(g["lr"], g["weight_decay"], tuple(g["betas"])) for g in state["optimizer"]["param_groups"]]
+
+    assert set(groups(2)) == {(3e-6, 0.01, (0.9, 0.999))}
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3", "trainer.lr=1e-4",
+                 "trainer.weight_decay=0.0", "trainer.betas=[0.8,0.95]"]) == 0
+    assert set(groups(3)) == {(1e-4, 0.0, (0.8, 0.95))}
+    said = " ".join(capsys.readouterr().err.split())
+    assert "lr 3e-06 → 0.0001, weight_decay 0.01 → 0.0, betas (0.9, 0.999) → (0.8, 0.95)" in said
+
+
+def test_resume_drops_the_redone_steps_from_tensorboard_and_errors_jsonl(run_copy):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    # a crash after step 2 was logged (metrics, TensorBoard, a lost episode) but before its checkpoint
+    shutil.rmtree(run_copy / "checkpoints" / "step_000002")
+    lost = [{"step": s, "episode_id": 4 * s - 1, "task_id": "coin/1", "split": "train", "error": "env worker 0 died"}
+            for s in (1, 2)]
+    (run_copy / "errors.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lost))
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=2"]) == 0
+    assert [json.loads(line) for line in (run_copy / "errors.jsonl").read_text().splitlines()] == lost[:1]
+    tb = EventAccumulator(str(run_copy / "tb"))
+    tb.Reload()
+    points = [(e.step, e.value) for e in tb.Scalars("step_time_s")]
+    assert [s for s, _ in points] == [1, 2]           # step 2 once: the redone one
+    assert points[1][1] == pytest.approx(step_rows(run_copy)[1]["step_time_s"], rel=1e-6)

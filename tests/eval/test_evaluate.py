@@ -1,0 +1,34 @@
+"""`agentq eval`'s output folder: without a checkpoint a new runs/eval-<env>-<split>-<time> (never the
+model's own folder, which may be a shared cache or the user's checkpoint), created before anything
+is played, so a path that cannot be made fails at once with the setting named."""
+from __future__ import annotations
+
+import json
+import shutil
+
+from agentq.cli import main
+
+SMALL = ["eval.num_tasks=1", "env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8"]
+
+
+def test_eval_without_checkpoint_writes_a_new_runs_folder_not_the_models(tiny_model_dir, tmp_path, monkeypatch):
+    model = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", f"model.path={model}", *SMALL]) == 0
+    (out,) = (tmp_path / "runs").glob("eval-textworld_express-test-*")
+    report = json.loads((out / "eval.json").read_text())
+    assert (report["checkpoint"], report["split"], report["episodes"]) == (str(model), "test", 1)
+    assert not list(model.glob("eval-*"))
+
+
+def test_an_output_folder_that_cannot_be_made_fails_before_playing(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from agentq.eval import evaluate
+
+    played = []
+    monkeypatch.setattr(evaluate, "evaluate_policy", lambda *a, **k: played.append(1))
+    (tmp_path / "a-file").write_text("x")
+    bad = tmp_path / "a-file" / "eval"
+    assert main(["eval", f"checkpoint={tiny_model_dir}", f"eval.out_dir={bad}", *SMALL]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"eval.out_dir: cannot create the evaluation's output folder '{bad}' (NotADirectoryError: Not a directory)" in said
+    assert played == []
