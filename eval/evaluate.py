@@ -93,7 +93,7 @@ def evaluate(cfg: DictConfig) -> dict:
     device, dtype = build.device_and_dtype(cfg)
     path = cfg.checkpoint or build.model_path(cfg)
     if not (Path(path) / "config.json").exists():
-        raise FileNotFoundError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)")
+        raise ConfigError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)")
     split = cfg.split or cfg.env.eval_split
     out = eval_out_dir(cfg, split)       # before anything is played: a path that cannot be made fails now
     selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)

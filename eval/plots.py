@@ -58,8 +58,9 @@ def learning_curve_figure(rows: list[dict], sft_success: float | None = None, ti
     if sft_success is not None:
         ax.axhline(sft_success, color="gray", ls="--", label=f"after SFT ({100 * sft_success:.0f} %)")
     ax.set_xlabel("RL step")
-    # penalties (invalid or inadmissible actions) can push the reward below 0: keep it in view
-    ax.set_ylim(min([-0.02] + [x - 0.02 for x in reward]), 1.02)
+    # penalties (invalid or inadmissible actions) can push the reward below 0, a reward_scale above 1
+    # (ALFWorld's, verl-agent uses 10): keep it in view
+    ax.set_ylim(min([-0.02] + [x - 0.02 for x in reward]), max([1.02] + [x + 0.02 for x in reward]))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(title, fontsize=10)

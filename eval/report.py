@@ -14,6 +14,7 @@ import html
 import io
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -146,7 +147,7 @@ def by_turn_section(rows: list[dict], seg_by_step: dict[int, list[dict]]) -> str
             cells = []
             for s in range(1, n_turns + 1):
                 vals = sorted(x["alpha"] for x in rs if x["turn"] == s and x["tokens"] > 0 and x["alpha"] is not None)
-                med = vals[len(vals) // 2] if vals else None
+                med = statistics.median(vals) if vals else None     # of two middles, their mean
                 cells.append(f"<td style='background:{alpha_colour(med) if med is not None else 'none'}'>{_fmt(med)}</td>")
             out.append(f"<tr><td>{step}</td>{''.join(cells)}</tr>")
         out.append("</table>")
@@ -206,9 +207,11 @@ def viewer_section(seg_by_step: dict[int, list[dict]], max_episodes: int) -> str
 
 
 def viewer_steps(steps: list[int], k: int) -> list[int]:
-    """Up to k steps spread over the run, always the first and the last."""
+    """Up to k steps spread over the run, always the first and the last (k = 1: the last)."""
     if len(steps) <= k:
         return steps
+    if k <= 1:
+        return steps[-1:] if k == 1 else []
     return sorted({steps[round(i * (len(steps) - 1) / (k - 1))] for i in range(k)})
 
 

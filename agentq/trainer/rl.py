@@ -384,8 +384,8 @@ class RLTrainer:
         # workers holding CPUs (a Ray cluster the size of the training pool could not place them)
         report = evaluate_policy(cfg, self.engine, self.pool, self.chat, self._eval_selection[num_tasks],
                                  self.eval_split, self.run_dir / "eval" / f"step_{step:06d}", seed=int(cfg.seed) + 1,
-                                 max_concurrent=self.n_conc, first_id=10**9, description=f"eval step {step}",
-                                 step=step)
+                                 max_concurrent=self.n_conc, first_id=10**9, repeats=int(cfg.eval.repeats),
+                                 description=f"eval step {step}", step=step)
         self.eval_history.append(report)
         self.logger.log(step, {k: v for k, v in report.items() if isinstance(v, (int, float))}, prefix="eval/")
         return report

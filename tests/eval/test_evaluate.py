@@ -32,3 +32,19 @@ def test_an_output_folder_that_cannot_be_made_fails_before_playing(tiny_model_di
     said = " ".join(capsys.readouterr().err.split())
     assert f"eval.out_dir: cannot create the evaluation's output folder '{bad}' (NotADirectoryError: Not a directory)" in said
     assert played == []
+
+
+def test_the_trainers_evaluations_play_each_task_eval_repeats_times(tmp_path):
+    """The trainer's final evaluation is `agentq eval`'s (`evaluate_policy`), eval.repeats included:
+    the pipeline compares it with `agentq eval`'s reports, so both must hold tasks × repeats episodes."""
+    run = tmp_path / "run"
+    assert main(["train", f"trainer.out_dir={run}", "trainer.steps=1", "trainer.tasks_per_step=2", "trainer.group_size=2",
+                 "env.max_steps=2", "env_pool=inline", "trainer.eval_every=0", "trainer.eval_num_tasks=2",
+                 "eval.repeats=2"]) == 0
+    report = json.loads((run / "eval" / "step_000001" / "eval.json").read_text())
+    assert report["episodes"] == 4
+
+
+def test_a_checkpoint_that_is_not_one_is_a_one_line_error(tmp_path, capsys):
+    assert main(["eval", f"checkpoint={tmp_path / 'nowhere'}", *SMALL]) == 2
+    assert "is not an HF checkpoint folder (no config.json)" in capsys.readouterr().err

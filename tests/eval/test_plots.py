@@ -31,6 +31,10 @@ def test_learning_curve_keeps_negative_rewards_in_view_and_names_the_split():
     assert ax.get_ylim()[0] <= -0.35 and ax.get_ylim()[1] >= 1.0
     assert "held-out success (dev, 20 episodes)" in [t.get_text() for t in ax.get_legend().get_texts()]
     plt.close(fig)
+    # a reward scale above 1 (ALFWorld's reward_scale) stays in view too
+    fig = learning_curve_figure([{"step": s, "reward_mean": r, "success_rate": 0.5} for s, r in ((1, 2.5), (2, 7.5))])
+    assert fig.axes[0].get_ylim()[1] >= 7.5
+    plt.close(fig)
 
 
 def test_rl_step_bars_are_the_phase_seconds_with_the_speedups_beside_them(tmp_path):
