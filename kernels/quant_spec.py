@@ -19,6 +19,8 @@ prefill and decode alike.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -57,6 +59,10 @@ class QuantSpec:
         if (self.weights == "none") != (self.acts == "none"):
             raise ValueError("W8A8 needs both weights and acts quantized (or neither); "
                              f"got weights={self.weights!r}, acts={self.acts!r}")
+        for floor, what in ((self.act_scale_floor, "act_scale_floor"), (self.kv_scale_floor, "kv_scale_floor")):
+            # an all-zero row has absmax 0: its scale is the floor, and codes x / 0 would be NaN
+            if not (isinstance(floor, (int, float)) and math.isfinite(floor) and floor > 0):
+                raise ValueError(f"QuantSpec.{what}={floor!r} must be a finite number > 0")
         overlap = set(self.quantized_modules) & set(self.ignored_modules)
         if overlap:
             raise ValueError(f"modules both quantized and ignored: {sorted(overlap)}")

@@ -58,10 +58,13 @@ class QATLinear(nn.Linear):
 
     def quantized_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(w_q int8 [N, K], s_w fp32 [N]) of the current master weight: what the engine's sync
-        computes from it, from the cache when the weight has not changed."""
+        computes from it, from the cache when the weight has not changed. int8 on every path: a CPU
+        whose int GEMM is the fp32 emulation caches the same integers as fp32 (converted here)."""
         if self.group is not None:
-            return self.group.quantized_weight(self)
-        return self.weight_cache.get(self.weight, self.spec)
+            w_q, s_w = self.group.quantized_weight(self)
+        else:
+            w_q, s_w = self.weight_cache.get(self.weight, self.spec)
+        return w_q.to(torch.int8), s_w
 
 
 class ProjectionGroup:
@@ -327,6 +330,8 @@ def align_model(model: nn.Module, spec: QuantSpec, group_projections: bool | Non
         if hasattr(m, "k_proj") and hasattr(m, "v_proj"):       # an attention block
             setattr(m, "agentq_spec", spec)
     _register_attention()
+    if not hasattr(model, "agentq_attn_before"):     # what unalign_model restores
+        setattr(model, "agentq_attn_before", getattr(model.config, "_attn_implementation", None))
     model.set_attn_implementation(ATTN_IMPL)  # type: ignore[operator]  # an HF PreTrainedModel method
     setattr(model, "agentq_spec", spec)
     setattr(model, "agentq_act_cache", act_cache)
@@ -346,14 +351,21 @@ def release_activation_cache(model: nn.Module) -> None:
 
 
 def unalign_model(model: nn.Module) -> None:
-    """Back to plain nn.Linear modules and HF's norm / MLP classes (e.g. before save_pretrained)."""
+    """Back to plain nn.Linear modules, HF's norm / MLP classes and the model's own attention (no
+    K/V round trip), e.g. before save_pretrained or to compare with the aligned model."""
     remove_fused_elementwise(model)
     for m in model.modules():
         if isinstance(m, QATLinear):
             m.__class__ = nn.Linear  # type: ignore[assignment]  # swapping the class back in place
             del m.spec, m.weight_cache, m.act_cache, m.group, m.grad_input
-    if hasattr(model, "agentq_groups"):
-        del model.agentq_groups
+        elif m is not model and hasattr(m, "agentq_spec"):      # an attention block
+            del m.agentq_spec
+    for attr in ("agentq_groups", "agentq_spec", "agentq_act_cache"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+    if hasattr(model, "agentq_attn_before"):
+        model.set_attn_implementation(model.agentq_attn_before)  # type: ignore[operator]
+        del model.agentq_attn_before
 
 
 def set_grad_input(model: nn.Module, grad_input: str) -> None:

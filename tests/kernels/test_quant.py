@@ -111,3 +111,11 @@ def test_spec_audit_refuses_unknown_or_missing_linears():
         SPEC.check_linears(["model.layers.0.self_attn.q_proj", "lm_head"])
     with pytest.raises(ValueError, match="unknown quantization preset"):
         QuantSpec.preset("w4a4")
+
+
+@pytest.mark.parametrize("field", ["act_scale_floor", "kv_scale_floor"])
+@pytest.mark.parametrize("floor", [0.0, -1e-6, float("nan"), float("inf")])
+def test_scale_floors_must_be_finite_and_positive(field, floor):
+    # a floor of 0 gives an all-zero row the scale 0 and NaN codes (x / 0)
+    with pytest.raises(ValueError, match=f"QuantSpec.{field}=.* must be a finite number > 0"):
+        QuantSpec(**{field: floor})

@@ -170,3 +170,32 @@ def test_checkpoint_round_trip(tiny_model_dir, tmp_path):
     for (n, a), (_, b) in zip(learner.model.state_dict().items(), reloaded.state_dict().items()):
         assert torch.equal(a, b), n
     assert not list(tmp_path.glob(".ckpt.tmp*"))       # the temporary folder was renamed into place
+
+
+def test_engine_and_learner_follow_the_specs_module_lists(tiny_model_dir):
+    """A spec quantizing attention only (MLP projections ignored): the engine runs the MLP in full
+    precision as the aligned learner does, so the two still agree; a spec splitting a fused group
+    (q but not k/v) is refused by the engine, which runs q/k/v as one GEMM."""
+    from transformers import AutoModelForCausalLM
+
+    from agentq.kernels.quant_spec import DEFAULT_IGNORED
+    from agentq.learner.learner import sequence_logprobs
+    from agentq.learner.qat import align_model
+
+    spec = QuantSpec(kv="none", quantized_modules=("q_proj", "k_proj", "v_proj", "o_proj"),
+                     ignored_modules=DEFAULT_IGNORED + ("gate_proj", "up_proj", "down_proj"), name="attn_only")
+    eng = TorchEngine.from_pretrained(str(tiny_model_dir), spec, max_slots=2, max_len=64)
+    layer = eng.model.decoder_layers[0]
+    assert layer.qkv_proj.quantized and layer.o_proj.quantized
+    assert not layer.gate_up_proj.quantized and not layer.down_proj.quantized
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    align_model(model, spec)
+    ctx, tgt = list(range(5, 25)), list(range(30, 42))
+    with torch.no_grad():
+        ref = sequence_logprobs(model, torch.tensor([ctx + tgt]), None)[0, len(ctx):]
+    assert (torch.tensor(eng.score(ctx, tgt)) - ref).abs().max() <= 1e-5
+    split = QuantSpec(kv="none", quantized_modules=("q_proj",),
+                      ignored_modules=DEFAULT_IGNORED + ("k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                          "down_proj"))
+    with pytest.raises(ValueError, match=r"quantizes only some of \['k_proj', 'q_proj', 'v_proj'\]"):
+        TorchEngine.from_pretrained(str(tiny_model_dir), split, max_slots=2, max_len=64)

@@ -59,6 +59,23 @@ def test_norms_and_mlps_are_swapped_and_restored(tiny_model_dir):
     assert type(model.model.norm).__name__ == "Qwen3RMSNorm"
 
 
+def test_an_unaligned_model_computes_the_hf_models_function(tiny_model_dir):
+    """unalign_model restores the attention too (no K/V round trip): the HF model's logits, exactly."""
+    from transformers import AutoModelForCausalLM
+
+    from agentq.learner.qat import align_model, unalign_model
+    ids = torch.randint(3, 120, (1, 24), generator=torch.Generator().manual_seed(0))
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    before = model.config._attn_implementation
+    align_model(model, QuantSpec.preset("w8a8_kv8"))
+    unalign_model(model)
+    assert model.config._attn_implementation == before
+    assert not any(hasattr(m, "agentq_spec") for m in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref(ids).logits)
+
+
 def test_rope_dispatcher_is_installed_once_and_falls_back_off_cuda(tiny_model_dir):
     """Aligning patches the modeling module's `apply_rotary_pos_emb` once (a second model finds it
     patched); off CUDA the dispatcher calls HF's own function: the same results, bit for bit."""
