@@ -21,9 +21,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, PromptConfig, episode_seed
+from agentq.config import ConfigError
+from agentq.config_schema import DTYPES, ROLLOUT_BACKENDS
 from agentq.envs.base import TextEnv
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
-from agentq.pool import EnvPool, EnvSpec, make_pool
+from agentq.pool import POOL_TYPES, EnvPool, EnvSpec, make_pool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.logging import console
 
@@ -32,22 +34,31 @@ if TYPE_CHECKING:
 
 
 def device_and_dtype(cfg: DictConfig) -> tuple[torch.device, torch.dtype]:
-    dev = cfg.device
+    """`device` (cpu | cuda | cuda:N | auto) and `dtype` (`auto`: bfloat16 on any CUDA device, else float32)."""
+    dev = str(cfg.device)
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but no CUDA device is available")
+    if dev.startswith("cuda"):
+        _check_cuda(dev)
     dt = cfg.dtype
     if dt == "auto":
-        dt = "bfloat16" if dev == "cuda" else "float32"
+        dt = "bfloat16" if dev.startswith("cuda") else "float32"
     if dev == "cpu" and cfg.torch_threads:
         torch.set_num_threads(int(cfg.torch_threads))
     if dev == "cpu":
         cpu_int_gemm(cfg)
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dt not in dtypes:
-        raise ValueError(f"dtype={dt!r}; valid: {sorted(dtypes)} or auto")
-    return torch.device(dev), dtypes[dt]
+    if dt not in DTYPES:
+        raise ConfigError(f"dtype={dt!r}; valid: {list(DTYPES)} or auto")
+    return torch.device(dev), getattr(torch, dt)
+
+
+def _check_cuda(dev: str) -> None:
+    """Refuse device=cuda / cuda:N when there is no such CUDA device."""
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device={dev} but no CUDA device is available")
+    index = int(dev.split(":", 1)[1]) if ":" in dev else 0
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"device={dev} but only {torch.cuda.device_count()} CUDA device(s) are visible")
 
 
 def cpu_int_gemm(cfg: DictConfig) -> str:
@@ -147,6 +158,8 @@ def list_tasks(cfg: DictConfig, split: str) -> list[str]:
 
 def env_pool(cfg: DictConfig, split: str, num_envs: int, expert: bool = False) -> EnvPool:
     p = cfg.env_pool
+    if p.type not in POOL_TYPES:
+        raise ConfigError(f"env_pool.type={p.type!r}; valid: {list(POOL_TYPES)}")
     kw: dict[str, Any] = {"address": p.address, "num_cpus": p.get("num_cpus")} if p.type == "ray" else {}
     if p.type in ("process", "ray"):
         kw["call_timeout_s"] = float(p.call_timeout_s)
@@ -186,10 +199,12 @@ def env_corpus(cfg: DictConfig, n_episodes: int, seed: int = 0) -> list[str]:
 # ---------------------------------------------------------------------- model
 def model_path(cfg: DictConfig) -> str:
     """`model.path` if set (must exist), else the tiny model built for this environment."""
+    if OmegaConf.is_missing(cfg.model, "path"):
+        raise ConfigError("model.path is not set: give model.path=<HF checkpoint folder> (model=hf has no default)")
     if cfg.model.path:
         p = Path(cfg.model.path).expanduser()
         if not (p / "config.json").exists():
-            raise FileNotFoundError(f"model.path={str(p)!r} is not an HF checkpoint folder (no config.json)")
+            raise ConfigError(f"model.path={str(p)!r} is not an HF checkpoint folder (no config.json)")
         return str(p)
     from agentq.models.tiny import TinyModelConfig, ensure_tiny_model
 
@@ -228,12 +243,14 @@ def quant_specs(cfg: DictConfig) -> tuple[QuantSpec, QuantSpec]:
     `algo.learner_quant` is `aligned` (the rollout's spec), `none` (full precision), or a QuantSpec
     preset name for a partial alignment, e.g. `w8a8` against a `w8a8_kv8` rollout: the KV8 residual
     a learner that emulates only the linears cannot remove."""
+    if cfg.rollout.quant not in PRESETS:
+        raise ConfigError(f"rollout.quant={cfg.rollout.quant!r}; valid: {sorted(PRESETS)}")
     rollout = QuantSpec.preset(cfg.rollout.quant)
     lq = cfg.algo.learner_quant
     if lq == "aligned":
         return rollout, rollout
     if lq not in PRESETS:
-        raise ValueError(f"algo.learner_quant={lq!r}; valid: {['aligned', *sorted(PRESETS)]}")
+        raise ConfigError(f"algo.learner_quant={lq!r}; valid: {['aligned', *sorted(PRESETS)]}")
     return rollout, QuantSpec.preset(lq)
 
 
@@ -266,8 +283,8 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
                  tokenizer: PreTrainedTokenizerBase | None, max_slots: int | None = None) -> RolloutBackend:
     """The rollout backend `rollout.backend` names (torch | vllm), serving the weights in `path`."""
     backend = cfg.rollout.backend
-    if backend not in ("torch", "vllm"):
-        raise ValueError(f"rollout.backend={backend!r}; valid: ['torch', 'vllm']")
+    if backend not in ROLLOUT_BACKENDS:
+        raise ConfigError(f"rollout.backend={backend!r}; valid: {list(ROLLOUT_BACKENDS)}")
     spec, _ = quant_specs(cfg)
     slots = int(max_slots or cfg.rollout.max_slots)
     if backend == "vllm":

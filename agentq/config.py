@@ -68,8 +68,17 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
                 where, keys = _valid_keys(base, bad) if bad else ("<root>", sorted(str(k) for k in base.keys()))
                 raise ConfigError(f"unknown config key {bad!r}; valid keys under {where}: {keys}") from None
             raise ConfigError(msg.split("\nConfig search path")[0]) from None
+        except ValueError as e:         # e.g. `trainer=3`: "Config group override must be a string or a list"
+            raise ConfigError(str(e)) from None
     OmegaConf.set_struct(cfg, True)
-    check_config(cfg)
+    try:
+        OmegaConf.to_container(cfg, resolve=True)       # an interpolation that does not resolve, named now
+        check_config(cfg)
+    except ConfigError:
+        raise
+    except (OmegaConfBaseException, ValueError) as e:
+        key = getattr(e, "full_key", None)
+        raise ConfigError((f"{key}: " if key else "") + str(e).split("\n    full_key")[0]) from None
     return cfg
 
 

@@ -3,9 +3,10 @@ bad value fails at once with its key named (not after the model and env workers 
 by running with it: `trainer.steps=-1` would otherwise write `checkpoints/step_-00001`)."""
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 _MISSING = object()
 
@@ -68,9 +69,49 @@ def at_least(lo: int) -> Callable[[Any], str | None]:
     return lambda v: None if _is_int(v) and v >= lo else f"an integer >= {lo}"
 
 
+def device(v: Any) -> str | None:
+    return None if isinstance(v, str) and re.fullmatch(r"cpu|cuda|auto|cuda:\d+", v) else "cpu, cuda, cuda:N or auto"
+
+
+def betas(v: Any) -> str | None:
+    """Adam's (beta1, beta2): two numbers in [0, 1) (torch.optim.AdamW refuses others, after the model is up)."""
+    ok = isinstance(v, (list, tuple, ListConfig)) and len(v) == 2 and all(fraction_below_one(b) is None for b in v)
+    return None if ok else "a list of two numbers in [0, 1)"
+
+
+def lowercase(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    return lambda v: check(v.lower() if isinstance(v, str) else v)
+
+
+def matches(pattern: str, what: str) -> Callable[[Any], str | None]:
+    return lambda v: None if isinstance(v, str) and re.fullmatch(pattern, v) else what
+
+
+# Valid values defined in modules this one may not import (a layer above it, or torch at import time:
+# `agentq config` builds nothing); tests/hardening/test_config_checks.py keeps each equal to its source.
+#: build.device_and_dtype's compute dtypes ("auto": float32 on CPU, bfloat16 on CUDA)
+DTYPES = ("float32", "bfloat16", "float16")
+#: build.make_backend's rollout backends
+ROLLOUT_BACKENDS = ("torch", "vllm")
+#: agentq.kernels.quant_spec.PRESETS (its keys, sorted)
+QUANT_PRESETS = ("kv8", "none", "w8a8", "w8a8_fp8kv", "w8a8_kv8", "w8a8_kv8_head")
+#: agentq.kernels.cpu_gemm.PATHS, with "auto" (compared case-insensitively, as cpu_gemm.configure does)
+CPU_INT_GEMM = ("auto", "int_mm", "fp32", "fp64")
+#: agentq.rollout.torch_engine.engine.SAMPLERS
+SAMPLERS = ("auto", "generator", "counter")
+#: agentq.algos.losses.LOSS_AGGS
+LOSS_AGGS = ("token_mean", "seq_mean")
+#: agentq.pool.POOL_TYPES
+POOL_TYPES = ("inline", "process", "ray")
+#: the tag names agentq.agent.parser.ActionParser accepts
+ACTION_TAG = r"[A-Za-z_][\w-]*"
+
 #: dotted key → check returning what the value should be (None: fine). Keys a config lacks are skipped.
 RULES: dict[str, Callable[[Any], str | None]] = {
     "seed": any_int,
+    "device": device,
+    "dtype": one_of("auto", *DTYPES),
+    "cpu_int_gemm": optional(lowercase(one_of(*CPU_INT_GEMM))),
     "torch_threads": optional(positive_int),
     "learner_threads": optional(positive_int),
     "trainer.steps": positive_int,
@@ -94,7 +135,9 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.save_every": nonneg_int,
     "trainer.keep_checkpoints": nonneg_int,
     "trainer.eval_every": at_least(-1),
-    "trainer.eval_num_tasks": nonneg_int,
+    # 0 tasks would evaluate nothing (eval_every=-1 turns evaluation off)
+    "trainer.eval_num_tasks": positive_int,
+    "trainer.betas": betas,
     "trainer.overwrite": boolean,
     "trainer.max_skipped_steps": positive_int,
     "env.name": text,
@@ -103,8 +146,17 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "env.max_new_tokens": positive_int,
     "env.train_split": text,
     "env.eval_split": text,
+    # observations are cut to this many characters; 0 or -1 would cut all or all but the last one
+    "env.prompt.max_obs_chars": positive_int,
+    "env_pool.type": one_of(*POOL_TYPES),
     "env_pool.num_workers": positive_int,
     "env_pool.call_timeout_s": positive_num,
+    "rollout.backend": one_of(*ROLLOUT_BACKENDS),
+    "rollout.quant": one_of(*QUANT_PRESETS),
+    "rollout.sampler": one_of(*SAMPLERS),
+    # <= 0: no top-k truncation
+    "rollout.top_k": any_int,
+    "rollout.prefill_chunk": positive_int,
     "rollout.temperature": nonneg_num,
     "rollout.top_p": probability,
     "rollout.max_slots": positive_int,
@@ -112,8 +164,11 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "rollout.share_prefill": boolean,
     "rollout.prefill_graph_tokens": nonneg_int,
     "rollout.prefill_graph_max": nonneg_int,
+    "algo.learner_quant": one_of("aligned", *QUANT_PRESETS),
+    "algo.loss_agg": one_of(*LOSS_AGGS),
     "algo.clip_eps": nonneg_num,
     "algo.kl_coef": nonneg_num,
+    "agent.action_tag": matches(ACTION_TAG, "a tag name: a letter or _, then letters, digits, _ or -"),
     "agent.invalid_action_penalty": nonneg_num,
     "agent.inadmissible_action_penalty": nonneg_num,
     "eval.num_tasks": optional(positive_int),

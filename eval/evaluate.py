@@ -96,7 +96,10 @@ def evaluate(cfg: DictConfig) -> dict:
         raise ConfigError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)")
     split = cfg.split or cfg.env.eval_split
     out = eval_out_dir(cfg, split)       # before anything is played: a path that cannot be made fails now
-    selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
+    try:
+        selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
+    except ValueError as e:               # the env's own refusal (an unknown split): one line, the key named
+        raise ConfigError(f"split={split!r}: {e}") from None
     chat = ChatFormat.from_tokenizer(build.load_tokenizer(path))
     n_episodes = len(selection.tasks) * int(cfg.eval.repeats)
     n_conc = min(n_episodes, int(cfg.rollout.max_slots), int(cfg.trainer.max_concurrent))

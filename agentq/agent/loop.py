@@ -9,6 +9,7 @@ fit the context budget, or when their environment crashed (reported as "error").
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -19,6 +20,8 @@ from agentq.rollout.backend import RolloutBackend, SamplingParams, TurnRequest, 
 from .chat import ChatFormat
 from .parser import ActionParser
 from .trajectory import Trajectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -101,10 +104,16 @@ class ExpertPolicy:
     """Writes the environment expert's next action in the agent's action format (demonstrations).
     Tokens are encoded text, not samples: rollout log-probs are 0. The turn ends as a sampled one
     would: at a stop string of the request's sampling params (the framework then closes the turn),
-    else with the stop token, so demonstrations and rollouts share one token layout."""
+    else with the stop token, so demonstrations and rollouts share one token layout. Like a sampled
+    turn it is at most `sampling.max_new_tokens` tokens (env.max_new_tokens): a longer one is cut
+    there with finish "length" (no stop token), as the engine cuts a sampled turn, and the loop
+    treats it the same way (its action is parsed from what is left, usually none: format feedback).
+    So demonstrations never hold a turn the engine could not sample, and the context budget the
+    loop keeps (`max_context_tokens`, checked before each turn with `max_new_tokens`) holds for them too."""
 
     def __init__(self, chat: ChatFormat, parser: ActionParser):
         self.chat, self.parser = chat, parser
+        self.cut_turns = 0          # expert turns cut at max_new_tokens (warned once: such demos teach cut actions)
 
     def __call__(self, requests: list[TurnRequest], infos: list[dict]) -> list[TurnResult]:
         return [self._expert_turn(r, info) for r, info in zip(requests, infos)]
@@ -117,6 +126,13 @@ class ExpertPolicy:
         ids, finish = self.chat.encode(text), "stop_string"
         if not any(text.endswith(s) for s in request.sampling.stop):
             ids, finish = ids + [self.chat.stop_token_ids[0]], "stop"
+        if len(ids) > request.sampling.max_new_tokens:
+            if not self.cut_turns:
+                log.warning("an expert action of %d tokens is cut at env.max_new_tokens=%d (%r): the demonstrations "
+                            "hold turns the engine could not finish; raise env.max_new_tokens", len(ids),
+                            request.sampling.max_new_tokens, action)
+            self.cut_turns += 1
+            ids, finish = ids[:request.sampling.max_new_tokens], "length"
         return TurnResult(request.episode_id, ids, [0.0] * len(ids), finish)
 
     def release(self, episode_id: int) -> None:

@@ -28,6 +28,7 @@ from agentq.eval.episodes import demo_record, read_trajectories, write_trajector
 from agentq.learner.batch import collate
 from agentq.learner.learner import Learner, sequence_logprobs
 from agentq.utils.checkpoint import save_hf_checkpoint
+from agentq.utils.jsonl import read_jsonl
 from agentq.utils.logging import MetricsLogger, console, progress
 
 from .run_dir import SFT_ARTIFACTS, claim_run_dir, new_run_dir
@@ -98,6 +99,7 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
 
     # 1. demonstrations through the RL agent loop
     if s.demos:
+        check_demo_tokens(s.demos, tokenizer)
         demos = read_trajectories(s.demos)
         console.print(f"loaded {len(demos)} demonstrations from {s.demos}")
     else:
@@ -126,6 +128,26 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
     console.print(f"SFT: {len(train)} train / {len(val)} val demos; "
                   + ", ".join(f"epoch {h['epoch']}: train {h['train_loss']:.3f} val {h['val_loss']:.3f}" for h in history))
     return summary
+
+
+def check_demo_tokens(path: str | Path, tokenizer: Any) -> None:
+    """Refuse a demos file (`sft.demos`) whose token ids this model's tokenizer does not read back as
+    the text stored beside them: ids written under another tokenizer mean other text (or no token at
+    all), and SFT would fit the model to them. The ids are what trains, so a record must have them.
+
+    Raises:
+        ConfigError: naming sft.demos and the first record that does not match.
+    """
+    for i, d in enumerate(read_jsonl(path), 1):
+        where = f"sft.demos={str(path)!r}: record {i}"
+        if not d.get("input_ids"):
+            raise ConfigError(f"{where} has no input_ids (token ids are what SFT trains on)")
+        if "text" not in d:
+            raise ConfigError(f"{where} has no text to check its input_ids against this model's tokenizer")
+        if tokenizer.decode(d["input_ids"]) != d["text"]:
+            raise ConfigError(f"{where}: its input_ids decode to other text under this model's tokenizer "
+                              f"({getattr(tokenizer, 'name_or_path', '?')}): the demos were collected with "
+                              "another tokenizer; collect them again (leave sft.demos unset)")
 
 
 def split_demos(demos: list[Trajectory], val_fraction: float) -> tuple[list[Trajectory], list[Trajectory]]:

@@ -114,6 +114,33 @@ def test_expert_turns_end_at_the_action_stop_string_like_sampled_ones(tokenizer)
                for e in ends)
 
 
+@pytest.mark.parametrize("stop", [(), ("</action>",)])
+def test_expert_turns_are_cut_at_max_new_tokens_like_sampled_ones(tokenizer, stop):
+    """An expert turn longer than max_new_tokens ends as the engine ends a sampled one: cut there,
+    finish "length" (no stop token), and the context budget holds for demonstrations too."""
+    from agentq.rollout import TurnRequest
+
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    expert = ExpertPolicy(chat, ActionParser())
+    full = chat.encode("<action>take coin</action>") + ([] if stop else [chat.stop_token_ids[0]])
+    for cap in (3, len(full) - 1, len(full), len(full) + 4):
+        (r,) = expert([TurnRequest(0, [1, 2], SamplingParams(max_new_tokens=cap, stop=stop))],
+                      [{"expert_action": "take coin"}])
+        assert r.token_ids == full[:cap] and len(r.logprobs) == len(r.token_ids)
+        assert r.finish_reason == ("length" if cap < len(full) else "stop_string" if stop else "stop")
+    assert expert.cut_turns == 2                     # counted (and warned about once)
+
+    pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 10,
+                                                    "expert": True, "game_params": {"coin": "numLocations=2"}}), 1)
+    loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(),
+                     SamplingParams(max_new_tokens=3, stop=stop), max_turns=10, max_context_tokens=300)
+    (traj,) = loop.run([EpisodeSpec(0, "coin/2", "train")], expert)
+    lens = [sum(1 for s in traj.seg_id if s == k) for k in range(1, traj.turns + 1)]
+    assert traj.turns >= 1 and all(n == 3 for n in lens) and traj.invalid_actions == traj.turns
+    # every turn ends within the budget (the loop's check before a turn counts max_new_tokens)
+    assert max(i for i, s in enumerate(traj.seg_id) if s) < 300 and traj.end_reason == "context" and not traj.won
+
+
 def test_context_budget_ends_episodes(tokenizer):
     chat, loop = make_loop(tokenizer, max_turns=50, max_context=400)
     (traj,) = loop.run([EpisodeSpec(0, "coin/3", "train")], ScriptedPolicy(chat, ["<action>look around</action>"] * 50))

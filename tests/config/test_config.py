@@ -1,8 +1,11 @@
 """Every YAML in conf/ composes; every algo preset composes with every environment; bad keys and
 bad choices fail with the valid ones listed."""
+import re
 from pathlib import Path
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
 from agentq.config import ConfigError, load_config
 
@@ -101,5 +104,59 @@ def test_learner_quant_takes_a_partial_preset():
     rollout, learner = quant_specs(load_config(["algo=qat", "algo.learner_quant=w8a8"]))
     assert rollout.kv_quantized and learner.linear_quantized and not learner.kv_quantized
     assert quant_specs(load_config(["algo=qat"]))[1] == rollout
-    with pytest.raises(ValueError, match=r"algo.learner_quant='int3'; valid: \['aligned', 'kv8', 'none', 'w8a8'"):
-        quant_specs(load_config(["algo=qat", "algo.learner_quant=int3"]))
+    # refused at start-up (config_schema), and by quant_specs for a config changed after it
+    with pytest.raises(ConfigError, match=r"algo.learner_quant='int3' \(str\): must be one of \['aligned', 'kv8'"):
+        load_config(["algo=qat", "algo.learner_quant=int3"])
+    cfg = load_config(["algo=qat"])
+    OmegaConf.update(cfg, "algo.learner_quant", "int3")
+    with pytest.raises(ConfigError, match=r"algo.learner_quant='int3'; valid: \['aligned', 'kv8', 'none', 'w8a8'"):
+        quant_specs(cfg)
+
+
+def _changed(overrides: list[str], key: str, value):
+    """A config that passed load_config, then changed (as a sweep or a test does): build checks again."""
+    cfg = load_config(overrides)
+    OmegaConf.update(cfg, key, value)
+    return cfg
+
+
+@pytest.mark.parametrize("key, value, named", [
+    ("rollout.quant", "w4", "rollout.quant='w4'; valid: ['kv8', 'none'"),
+    ("rollout.backend", "sglang", "rollout.backend='sglang'; valid: ['torch', 'vllm']"),
+    ("env_pool.type", "foo", "env_pool.type='foo'; valid: ['inline', 'process', 'ray']"),
+    ("model.path", "/nonexistent", "model.path='/nonexistent' is not an HF checkpoint folder"),
+    ("dtype", "float8", "dtype='float8'; valid: ['float32', 'bfloat16', 'float16'] or auto"),
+])
+def test_build_raises_config_errors_naming_the_key(key, value, named):
+    from agentq import build
+
+    cfg = _changed([], key, value)
+    call = {"rollout.quant": lambda: build.quant_specs(cfg), "env_pool.type": lambda: build.env_pool(cfg, "train", 1),
+            "rollout.backend": lambda: build.make_backend(cfg, "/x", torch.device("cpu"), torch.float32, None),
+            "model.path": lambda: build.model_path(cfg), "dtype": lambda: build.device_and_dtype(cfg)}[key]
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        call()
+
+
+def test_model_hf_without_a_path_is_named():
+    from agentq import build
+
+    with pytest.raises(ConfigError, match=r"model.path is not set"):
+        build.model_path(load_config(["model=hf"]))
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:7"])
+def test_cuda_devices_are_checked_and_get_bf16(device, monkeypatch):
+    from agentq import build
+
+    cfg = load_config([f"device={device}"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=f"device={device} but no CUDA device is available"):
+        build.device_and_dtype(cfg)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    if device == "cuda:7":
+        with pytest.raises(ConfigError, match=r"device=cuda:7 but only 2 CUDA device\(s\) are visible"):
+            build.device_and_dtype(cfg)
+    else:
+        assert build.device_and_dtype(cfg) == (torch.device(device), torch.bfloat16)

@@ -48,3 +48,8 @@ def test_the_trainers_evaluations_play_each_task_eval_repeats_times(tmp_path):
 def test_a_checkpoint_that_is_not_one_is_a_one_line_error(tmp_path, capsys):
     assert main(["eval", f"checkpoint={tmp_path / 'nowhere'}", *SMALL]) == 2
     assert "is not an HF checkpoint folder (no config.json)" in capsys.readouterr().err
+
+
+def test_an_unknown_split_is_a_one_line_error(tiny_model_dir, capsys):
+    assert main(["eval", f"checkpoint={tiny_model_dir}", "split=nope", *SMALL]) == 2
+    assert "split='nope'" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Bad config values fail at start-up with the key named, before any model or worker is built;
 a truncated weight file is an error naming the file."""
+import re
 import shutil
 
 import pytest
@@ -25,6 +26,26 @@ from conftest import run_cli
     ("sft.val_fraction=-0.1", "sft.val_fraction=-0.1 (float): must be a number in [0, 1)"),
     # clip_grad_norm_ to 0 would zero every gradient
     ("trainer.grad_clip=0", "trainer.grad_clip=0 (int): must be a number > 0"),
+    # values that failed with a traceback once the model and workers were up, or were taken as given
+    ("device=foo", "device='foo' (str): must be cpu, cuda, cuda:N or auto"),
+    ("device=cuda:x", "device='cuda:x' (str): must be cpu, cuda, cuda:N or auto"),
+    ("dtype=foo", "dtype='foo' (str): must be one of ['auto', 'float32', 'bfloat16', 'float16']"),
+    ("cpu_int_gemm=foo", "cpu_int_gemm='foo' (str): must be one of ['auto', 'int_mm', 'fp32', 'fp64'] or null"),
+    ("rollout.backend=foo", "rollout.backend='foo' (str): must be one of ['torch', 'vllm']"),
+    ("rollout.quant=w4", "rollout.quant='w4' (str): must be one of ['kv8', 'none', 'w8a8'"),
+    ("rollout.sampler=foo", "rollout.sampler='foo' (str): must be one of ['auto', 'generator', 'counter']"),
+    ("rollout.top_k=abc", "rollout.top_k='abc' (str): must be an integer"),
+    ("rollout.prefill_chunk=0", "rollout.prefill_chunk=0 (int): must be a positive integer"),
+    ("algo.learner_quant=int3", "algo.learner_quant='int3' (str): must be one of ['aligned', 'kv8', 'none'"),
+    ("algo.loss_agg=foo", "algo.loss_agg='foo' (str): must be one of ['token_mean', 'seq_mean']"),
+    ("env_pool.type=foo", "env_pool.type='foo' (str): must be one of ['inline', 'process', 'ray']"),
+    ("env.prompt.max_obs_chars=-1", "env.prompt.max_obs_chars=-1 (int): must be a positive integer"),
+    ("env.prompt.max_obs_chars=0", "env.prompt.max_obs_chars=0 (int): must be a positive integer"),
+    ("trainer.eval_num_tasks=0", "trainer.eval_num_tasks=0 (int): must be a positive integer"),
+    ("trainer.betas=[2.0,0.9]", "trainer.betas=[2.0, 0.9] (ListConfig): must be a list of two numbers in [0, 1)"),
+    ("trainer.betas=[0.9]", "trainer.betas=[0.9] (ListConfig): must be a list of two numbers in [0, 1)"),
+    ("trainer.betas=0.9", "trainer.betas=0.9 (float): must be a list of two numbers in [0, 1)"),
+    ("agent.action_tag=a.b", "agent.action_tag='a.b' (str): must be a tag name"),
 ])
 def test_bad_values_name_their_key(override, named):
     with pytest.raises(ConfigError, match="invalid config value") as e:
@@ -39,6 +60,43 @@ def test_eval_selection_rule_lists_the_methods_selection_knows():
     assert RULES["eval.selection"]("none") == f"one of {list(METHODS)}"
     assert all(RULES["eval.selection"](m) is None for m in METHODS)
     assert RULES["sft.val_fraction"](0) is None and RULES["sft.val_fraction"](0.99) is None
+
+
+@pytest.mark.parametrize("override", ["device=cpu", "device=cuda", "device=cuda:1", "device=auto", "cpu_int_gemm=FP32",
+                                      "cpu_int_gemm=null", "rollout.top_k=5", "trainer.betas=[0,0.99]",
+                                      "agent.action_tag=act_2-b", "algo.learner_quant=w8a8"])
+def test_good_values_pass(override):
+    load_config([override])
+
+
+def test_choice_rules_list_what_the_code_accepts():
+    """The choices config_schema repeats (it may not import their modules) equal their sources."""
+    from agentq import config_schema as s
+    from agentq.agent.parser import ActionParser
+    from agentq.algos.losses import LOSS_AGGS
+    from agentq.kernels.cpu_gemm import PATHS
+    from agentq.kernels.quant_spec import PRESETS
+    from agentq.pool import POOL_TYPES
+    from agentq.rollout.torch_engine.engine import SAMPLERS
+
+    assert s.QUANT_PRESETS == tuple(sorted(PRESETS)) and s.CPU_INT_GEMM == ("auto", *PATHS)
+    assert (s.LOSS_AGGS, s.POOL_TYPES, s.SAMPLERS) == (LOSS_AGGS, POOL_TYPES, SAMPLERS)
+    for tag in ("action", "act_2-b", "_x", "a.b", "2x", "a b", "", "<a>"):
+        try:
+            ActionParser(tag)
+            parser_ok = True
+        except ValueError:
+            parser_ok = False
+        assert (s.RULES["agent.action_tag"](tag) is None) == parser_ok, tag
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["trainer=3"], "Config group override must be a string or a list"),
+    (["trainer.steps=${nope}"], "trainer.steps: Interpolation key 'nope' not found"),
+])
+def test_composition_errors_are_config_errors(overrides, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_config(overrides)
 
 
 def test_every_problem_is_listed_at_once():
@@ -56,6 +114,16 @@ def test_cli_rejects_before_building_anything(tmp_path):
     p = run_cli(["train", "trainer.steps=-1", f"trainer.out_dir={tmp_path / 'r'}"], timeout=120)
     assert p.returncode == 2 and "trainer.steps=-1" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("args, named", [
+    (["config", "trainer=3"], "agentq: Config group override must be a string or a list. Got int"),
+    (["config", "trainer.steps=${nope}"], "agentq: trainer.steps: Interpolation key 'nope' not found"),
+    (["config", "device=foo"], "device='foo' (str): must be cpu, cuda, cuda:N or auto"),
+])
+def test_cli_names_composition_and_value_errors_in_one_line(args, named):
+    p = run_cli(args, timeout=120)
+    assert p.returncode == 2 and named in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
 
 
 def test_truncated_weight_file_is_named(tiny_model_dir, tmp_path):

@@ -143,7 +143,12 @@ def test_make_backend_names_the_valid_backends(tiny_model_dir):
     from agentq.config import load_config
     from agentq import build
 
-    cfg = load_config(["rollout.backend=sglang"])
+    from omegaconf import OmegaConf
+
+    with pytest.raises(ValueError, match=r"rollout.backend.*sglang.*torch.*vllm"):      # refused at start-up
+        load_config(["rollout.backend=sglang"])
+    cfg = load_config([])
+    OmegaConf.update(cfg, "rollout.backend", "sglang")          # a config changed after the checks
     with pytest.raises(ValueError, match=r"rollout.backend='sglang'; valid: \['torch', 'vllm'\]"):
         build.make_backend(cfg, str(tiny_model_dir), torch.device("cpu"), torch.float32, None)
 

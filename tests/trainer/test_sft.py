@@ -43,3 +43,30 @@ def test_a_validation_share_that_leaves_no_training_demo_is_named(tmp_path, caps
     said = " ".join(capsys.readouterr().err.split())
     assert "sft.val_fraction=0.9 leaves no demonstration to train on (2 usable, 2 held out for validation)" in said
     assert not (tmp_path / "sft" / "checkpoint").exists()
+
+
+def _demo_file(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_demos_from_another_tokenizer_are_refused(tmp_path, tokenizer, tiny_model_dir, capsys):
+    """sft.demos holds token ids: under another tokenizer they mean other text, so they are refused."""
+    from agentq.config import ConfigError
+    from agentq.trainer.sft import check_demo_tokens
+
+    ids = tokenizer.encode("<action>take coin</action>", add_special_tokens=False)
+    good = {"task_id": "coin/1", "input_ids": ids, "action_mask": [1] * len(ids), "text": tokenizer.decode(ids)}
+    check_demo_tokens(_demo_file(tmp_path / "ok.jsonl", [good, good]), tokenizer)
+    other = {**good, "input_ids": [i + 7 for i in ids]}            # the same text under another vocabulary
+    bad = [("other.jsonl", [good, other], "record 2: its input_ids decode to other text"),
+           ("noids.jsonl", [{**good, "input_ids": []}], "record 1 has no input_ids"),
+           ("notext.jsonl", [{k: v for k, v in good.items() if k != "text"}], "record 1 has no text")]
+    for name, records, said in bad:
+        with pytest.raises(ConfigError, match=f"sft.demos='[^']*{name}': {said}"):
+            check_demo_tokens(_demo_file(tmp_path / name, records), tokenizer)
+    out = tmp_path / "sft"
+    assert main(["sft", f"sft.out_dir={out}", f"sft.demos={tmp_path / 'other.jsonl'}", f"model.path={tiny_model_dir}",
+                 *SMALL]) == 2
+    assert "record 2: its input_ids decode to other text" in capsys.readouterr().err
+    assert not (out / "checkpoint").exists()
