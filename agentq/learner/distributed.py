@@ -75,14 +75,19 @@ class RankLearner(Learner):
 
     def reduce_grads(self) -> None:
         """Sum every parameter's gradient over the ranks (one flat buffer, one all-reduce). A rank
-        whose share was empty contributes zeros."""
+        whose share was empty contributes zeros. A parameter no rank has a gradient for keeps none,
+        as in one process, so AdamW skips it there too (no weight decay, no moment update): a flag
+        per parameter travels in the same buffer (0 / 1 summed: exact in any float dtype)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        dtype = next((p.grad.dtype for p in params if p.grad is not None), params[0].dtype)
+        has = torch.tensor([float(p.grad is not None) for p in params], dtype=dtype, device=params[0].device)
+        flat = torch.cat([has] + [(p.grad if p.grad is not None else torch.zeros_like(p, dtype=dtype)).reshape(-1)
+                                  for p in params])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for p in params:
+        offset = len(params)
+        for i, p in enumerate(params):
             n = p.numel()
-            p.grad = flat[offset: offset + n].view_as(p).clone()
+            p.grad = flat[offset: offset + n].view_as(p).clone() if flat[i] > 0 else None
             offset += n
 
     # -------------------------------------------------------------- called by the driver

@@ -141,3 +141,37 @@ def test_two_ranks_sharing_prefixes_give_the_one_process_gradient(ray_cluster, t
         assert s1["prefix_tokens_saved_frac"] == s2["prefix_tokens_saved_frac"] == pytest.approx(156 / 384)
     finally:
         dp.close()
+
+
+def test_a_parameter_no_rank_has_a_gradient_for_is_skipped_as_in_one_process(tiny_model_dir):
+    """One process leaves an unused parameter's grad None, so AdamW skips it (no weight decay, no
+    moment update); the all-reduce must too (a world of one gloo rank, in this process, is enough)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from agentq.learner.distributed import RankLearner
+
+    kw = {**KW, "use_reference": False, "weight_decay": 0.1}
+    single = Learner(str(tiny_model_dir), SPEC, **kw)
+    rank = RankLearner(0, 1, str(tiny_model_dir), SPEC, **kw)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rank.init_group("127.0.0.1", port, 60)
+    try:
+        for learner in (single, rank):
+            learner.opt.zero_grad(set_to_none=True)
+            for i, p in enumerate(learner.model.parameters()):
+                if i != 3:                                  # parameter 3 is not used by this minibatch
+                    p.grad = torch.full_like(p, 0.01)
+            learner.reduce_grads()
+            learner.opt.step()
+        (n, p1), (_, p2) = list(single.model.named_parameters())[3], list(rank.model.named_parameters())[3]
+        assert p1.grad is None and p2.grad is None
+        assert torch.equal(p1, p2) and torch.equal(p2, dict(Learner(str(tiny_model_dir), SPEC, **kw).named_weights())[n])
+        assert len(rank.opt.state.get(p2, {})) == len(single.opt.state.get(p1, {})) == 0
+        w1, w2 = dict(single.named_weights()), dict(rank.named_weights())
+        assert all(torch.equal(w1[k], w2[k]) for k in w1)    # the used parameters step identically
+    finally:
+        dist.destroy_process_group()
