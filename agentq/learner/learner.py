@@ -31,8 +31,8 @@ from .batch import PolicyBatch
 from .graphs import GraphPool, PackGraphs
 from .packing import (MIN_SHARED_TOKENS, PackLayout, SharedPackLayout, plan_packs, plan_shared_packs,
                       shared_prefix_groups)
-from .qat import (align_model, quantized_module_report, release_activation_cache, segment_inputs, shares_prefixes,
-                  varlen_inputs)
+from .qat import (align_model, invalidate_weight_caches, quantized_module_report, release_activation_cache,
+                  segment_inputs, shares_prefixes, varlen_inputs)
 
 #: where the LM head runs (`Learner(head_tokens=...)`): "actions", at the positions that predict
 #: action tokens, the only log-probs an objective reads (`sequence_logprobs(scored=...)`); "all",
@@ -393,10 +393,17 @@ class Learner:
             return None
         norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
         if math.isfinite(norm):
-            self.opt.step()
+            self.optimizer_step()
         else:
             self.opt.zero_grad(set_to_none=True)
         return norm
+
+    def optimizer_step(self) -> None:
+        """AdamW's step, then every cached weight quantization dropped. The caches key on the
+        weights' version counters, which torch's fused optimizer kernels (`fused=True`) do not bump:
+        without this the aligned forward and the weight sync would keep the old weights' codes."""
+        self.opt.step()
+        invalidate_weight_caches(self.model)
 
     def accumulate_grads(self, minib: PolicyBatch, objective: Objective, sums: dict[str, float],
                          weigh: "WeighMicro | None" = None) -> bool:

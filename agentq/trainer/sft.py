@@ -190,7 +190,7 @@ def _fit(cfg: DictConfig, path: str, out: Path, train: list[Trajectory], val: li
                 learner.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(learner.model.parameters(), float(cfg.trainer.grad_clip))
-                learner.opt.step()
+                learner.optimizer_step()
                 sched.step()
                 step += 1
                 losses.append(float(loss.detach()))
