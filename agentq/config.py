@@ -1,11 +1,30 @@
 """Loading the Hydra config (conf/) with errors that list the valid choices."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from omegaconf import DictConfig, OmegaConf
 
 
 class ConfigError(ValueError):
     pass
+
+
+def make_setting_dir(folder: str | Path, key: str, what: str = "output folder",
+                     error: type[ConfigError] = ConfigError) -> Path:
+    """`folder` (named by the setting `key`), created with its parents.
+
+    Raises:
+        `error`: it cannot be created (a file in the way, no permission), as one line naming `key`,
+        so the command line says which value to change instead of a traceback.
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise error(f"{key}: cannot create the {what} {str(folder)!r} ({type(e).__name__}: "
+                    f"{e.strerror or e}); set {key} to a writable folder") from None
+    return folder
 
 
 def _valid_keys(cfg: DictConfig, dotted: str) -> tuple[str, list[str]]:

@@ -18,7 +18,7 @@ from agentq import build
 from agentq.agent import AgentLoop, BackendPolicy, ChatFormat
 from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
-from agentq.config import ConfigError
+from agentq.config import ConfigError, make_setting_dir
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend
 from agentq.utils.logging import console, jsonable, progress
@@ -40,6 +40,19 @@ def choose_eval_tasks(cfg: DictConfig, split: str, num_tasks: int | None) -> Tas
         env.close()
 
 
+#: the first episode id of every evaluation: clear of a run's training ids, which share the
+#: trainer's engine (it keeps per-episode state by id until an episode is released)
+EVAL_FIRST_ID = 10**9
+
+
+def eval_seed(cfg: DictConfig) -> int:
+    """The seed of every evaluation of `cfg` (episode seeds and the agent loop's): `seed` + 1, apart
+    from the training episodes' seeds. `agentq eval`, the trainer's and the pipeline's evaluations
+    all use it with `EVAL_FIRST_ID`, so an evaluation inside training and `agentq eval` of its
+    checkpoint play the same episodes, sampling seeds included (temperature > 0)."""
+    return int(cfg.seed) + 1
+
+
 def repeat_tasks(tasks: list[str], repeats: int = 1) -> list[str]:
     return [t for t in tasks for _ in range(int(repeats))]
 
@@ -59,7 +72,7 @@ def run_episodes(loop: AgentLoop, policy: Policy, tasks: list[str], split: str, 
 
 
 def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, chat: ChatFormat, selection: TaskSelection, split: str,
-                    out: Path, *, seed: int, max_concurrent: int, first_id: int = 0, repeats: int = 1,
+                    out: Path, *, seed: int, max_concurrent: int, first_id: int = EVAL_FIRST_ID, repeats: int = 1,
                     description: str = "eval", **header: Any) -> dict:
     """Play the selected tasks of `split` with `backend` (sampling at `eval.temperature`), write
     `eval.json` and `episodes.jsonl` to `out`, and return the report. The one evaluation of
@@ -69,9 +82,9 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
         backend: the rollout backend that plays (its current weights).
         pool: env workers whose resets may name `split` (the trainer passes its training pool).
         selection: the tasks (`choose_eval_tasks`), each played `repeats` times.
-        seed: the evaluation's seed (episode seeds and the agent loop's).
+        seed: the evaluation's seed (episode seeds and the agent loop's; `eval_seed(cfg)`).
         max_concurrent: episodes in flight at most (also capped by the number of episodes).
-        first_id: the first episode id (the trainer's evaluations keep clear of its training ids).
+        first_id: the first episode id (`EVAL_FIRST_ID`: clear of the training ids).
         header: leading report keys (e.g. `step`, `checkpoint`).
 
     Returns:
@@ -106,7 +119,8 @@ def evaluate(cfg: DictConfig) -> dict:
     engine = build.make_backend(cfg, path, device, dtype, chat.tokenizer, max_slots=n_conc)
     pool = build.env_pool(cfg, split, n_conc)
     try:
-        report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=int(cfg.seed),
+        # the trainer's seeding (eval_seed, EVAL_FIRST_ID): the same episodes as its evaluations
+        report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=eval_seed(cfg),
                                  max_concurrent=n_conc, repeats=int(cfg.eval.repeats),
                                  description=f"eval {cfg.env.name}/{split}", checkpoint=str(path))
     finally:
@@ -129,11 +143,7 @@ def eval_out_dir(cfg: DictConfig, split: str) -> Path:
         out, key = Path(cfg.checkpoint) / f"eval-{cfg.env.name}-{split}", "checkpoint"
     else:   # named like the trainer's unnamed run folders (agentq.trainer.run_dir.new_run_dir, a layer above)
         out, key = Path("runs") / f"eval-{cfg.env.name}-{split}-{time.strftime('%Y%m%d-%H%M%S')}", "eval.out_dir"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"{key}: cannot create the evaluation's output folder {str(out)!r} "
-                          f"({type(e).__name__}: {e.strerror or e}); set eval.out_dir to a writable folder") from None
+    make_setting_dir(out, key, "evaluation's output folder")
     return out
 
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from agentq.eval.metrics import paired_comparison, two_proportion_z, wilson_interval
 from agentq.utils.logging import console, jsonable
 
-from .run_dir import new_run_dir
+from .run_dir import make_run_dir, new_run_dir
 
 
 def evaluate_checkpoint(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int, split: str) -> dict:
@@ -78,8 +78,7 @@ def pipeline(cfg: DictConfig) -> dict:
 
     t0 = time.time()
     p = cfg.pipeline
-    out = Path(p.out_dir or new_run_dir(f"pipeline-{cfg.env.name}"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_run_dir(p.out_dir or new_run_dir(f"pipeline-{cfg.env.name}"), "pipeline.out_dir")
     n_eval = int(p.eval_tasks)
     split, *others = eval_splits(cfg)
     cfg = cfg.copy()

@@ -28,17 +28,19 @@ from agentq.agent.trajectory import Trajectory
 from agentq.config import ConfigError, check_config, load_config
 from agentq.algos import Objective, Prepared, grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
-from agentq.eval.evaluate import choose_eval_tasks, evaluate_policy
+from agentq.eval.episodes import read_trajectories, won_by_task
+from agentq.eval.evaluate import EVAL_FIRST_ID, choose_eval_tasks, eval_seed, evaluate_policy
 from agentq.eval.metrics import summarize
 from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
 from agentq.learner.batch import PolicyBatch, collate
 from agentq.learner.learner import bypass_refusal, grad_pass_refusal
 from agentq.utils.checkpoint import TrainerState, load_trainer_state, save_hf_checkpoint
-from agentq.utils.logging import MetricsLogger, console, jsonable, progress, step_line
+from agentq.utils.logging import MetricsLogger, console, jsonable, progress, read_metrics, step_line
 
 from .placement import Placement
-from .run_dir import RunAborted, claim_run_dir, new_run_dir, truncate_lost_episodes, write_lost_episodes
+from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, new_run_dir, remove_run_artifacts,
+                      truncate_lost_episodes, write_lost_episodes)
 
 
 #: rollout summary keys (eval.metrics.summarize) every step row carries, skipped steps too
@@ -145,6 +147,23 @@ def group_sections(choice: str, search: list[str]) -> list[str]:
     return sorted(sections)
 
 
+def recorded_step(run_dir: Path, step: int) -> tuple[dict | None, dict | None]:
+    """What the run folder holds for `step`: (its metrics row without step and time, the report of
+    its held-out evaluation as `evaluate_policy` returns it), each None when not recorded (an
+    evaluation counts once metrics.jsonl has its row: eval.json is written first)."""
+    path = run_dir / "metrics.jsonl"
+    rows = [r for r in read_metrics(path) if r["step"] == step] if path.exists() else []
+    row = next(({k: v for k, v in r.items() if k not in ("step", "time")} for r in rows if "reward_mean" in r), None)
+    folder = run_dir / "eval" / f"step_{step:06d}"
+    if not (any(k.startswith("eval/") for r in rows for k in r) and (folder / "eval.json").exists()):
+        return row, None
+    report = json.loads((folder / "eval.json").read_text())
+    episodes = folder / "episodes.jsonl"
+    report["out_dir"] = str(folder)
+    report["won_by_task"] = won_by_task(read_trajectories(episodes)) if episodes.exists() else {}
+    return row, report
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
     return ckpts[-1] if ckpts else None
@@ -164,27 +183,50 @@ class RLTrainer:
         self.gen = torch.Generator().manual_seed(int(cfg.seed))
         self.run_dir = run_dir_for(cfg)
         t = cfg.trainer
-        self._lock = claim_run_dir(self.run_dir, resume=bool(t.resume), overwrite=bool(t.get("overwrite", False)))
+        if t.resume:
+            check_resume_dir(t.resume)      # before the folder is created or locked
+        # locked and checked, but left as it is until everything is built (`_open_run`): a bad setting
+        # or a missing path found on the way costs no earlier run's files, config.yaml or rows
+        self._lock = claim_run_dir(self.run_dir, resume=bool(t.resume), overwrite=bool(t.get("overwrite", False)),
+                                   remove=False)
         try:
-            resume_ckpt, state = self._resume_point()
+            state = self._build(init_path)
         except BaseException:
-            self._lock.close()      # refused before anything was built: the folder is free again
+            self._lock.close()      # refused or failed before the run began: the folder is free again
             raise
-        # written once the resume point is usable: a refused resume leaves the run's config.yaml as it was
-        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        self._open_run(state)
+
+    def _build(self, init_path: str | None) -> TrainerState | None:
+        """Everything the run needs, the run folder unchanged: the resume point, tokenizer, learner
+        (optimizer and RNGs restored on a resume), engine and env pool. Returns the resumed state."""
+        resume_ckpt, state = self._resume_point()
         # the policy the run started from: the KL reference, also after a resume
-        self.init_path = (state.meta if state else {}).get("init_path") or init_path or build.model_path(cfg)
+        self.init_path = (state.meta if state else {}).get("init_path") or init_path or build.model_path(self.cfg)
         path = str(resume_ckpt) if resume_ckpt else self.init_path
         self.tokenizer = build.load_tokenizer(path)
         self.chat = ChatFormat.from_tokenizer(self.tokenizer)
         # where the engines and learner ranks run (placement=single: both here, as before)
-        self.placement = Placement(cfg)
+        self.placement = Placement(self.cfg)
         self._build_learner(path, resumed=resume_ckpt is not None)
         self.start_step = self._restore(state, resume_ckpt) if state is not None else 0
         self._build_rollout(path)
+        return state
+
+    def _open_run(self, state: TrainerState | None) -> None:
+        """The run folder changes only now: an overwritten run's files go (`claim_run_dir` allowed
+        nothing else for a fresh run), a resumed run's rows after its checkpoint are cut (those steps
+        are redone), config.yaml is written; then the metric sinks."""
+        if state is None:
+            remove_run_artifacts(self.run_dir)
+        else:
+            MetricsLogger.truncate(self.run_dir, self.start_step)
+            truncate_lost_episodes(self.run_dir, self.start_step)
+            truncate_segments(self.run_dir, self.start_step)
+        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
         self._eval_selection: dict = {}
-        # on a resume, TensorBoard hides the earlier run's points of the steps redone
-        self.logger = MetricsLogger.from_config(self.run_dir, cfg, purge_step=self.start_step + 1 if state else None)
+        # on a resume, TensorBoard hides the earlier run's points of the steps redone (W&B continues its run)
+        self.logger = MetricsLogger.from_config(self.run_dir, self.cfg,
+                                                purge_step=self.start_step + 1 if state else None)
         self.next_episode_id = self.start_step * self.n_episodes
         self.eval_history: list[dict] = []
         self.skipped_in_a_row = 0
@@ -194,16 +236,15 @@ class RLTrainer:
         """(checkpoint, its trainer state) to resume from with trainer.resume, else (None, None).
 
         Raises:
-            FileNotFoundError: the folder has no checkpoint.
-            ConfigError: the checkpoint is past trainer.steps (continuing would write its newer
-            weights under an older step's name).
+            ConfigError: the folder has no checkpoint, or the checkpoint is past trainer.steps
+            (continuing would write its newer weights under an older step's name).
         """
         resume, steps = self.cfg.trainer.resume, int(self.cfg.trainer.steps)
         if not resume:
             return None, None
         ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
-            raise FileNotFoundError(f"trainer.resume={resume!r}: no checkpoints/step_* in that run folder")
+        if ckpt is None:        # check_resume_dir found one: another process removed it since
+            raise ConfigError(f"trainer.resume={resume!r}: no checkpoints/step_* in that run folder")
         state = load_trainer_state(ckpt)
         if int(state.meta["step"]) > steps:
             raise ConfigError(f"trainer.resume={resume!r}: its latest checkpoint ({ckpt.name}) is at step "
@@ -224,7 +265,7 @@ class RLTrainer:
             cuda_graphs=bool(t.get("cuda_graphs", False)), share_prefix=bool(t.get("share_prefix", True)))
 
     def _restore(self, state: TrainerState, ckpt: Path | None) -> int:
-        """Optimizer and RNG states from a checkpoint; logs after it are cut (those steps are redone).
+        """Optimizer and RNG states from a checkpoint (`_open_run` cuts the logs after it).
 
         Returns:
             The checkpoint's step (the run continues after it).
@@ -240,9 +281,6 @@ class RLTrainer:
             console.print(f"trainer.resume: the optimizer takes this config's {', '.join(changed)}")
         self.rng.bit_generator.state = state.meta["np_rng"]
         self.gen.set_state(state.tensors["torch_gen"])
-        MetricsLogger.truncate(self.run_dir, step)
-        truncate_lost_episodes(self.run_dir, step)
-        truncate_segments(self.run_dir, step)
         console.print(f"resumed from {ckpt} at step {step}")
         return step
 
@@ -383,8 +421,8 @@ class RLTrainer:
         # the training pool plays the eval episodes (each reset names its split): no second set of
         # workers holding CPUs (a Ray cluster the size of the training pool could not place them)
         report = evaluate_policy(cfg, self.engine, self.pool, self.chat, self._eval_selection[num_tasks],
-                                 self.eval_split, self.run_dir / "eval" / f"step_{step:06d}", seed=int(cfg.seed) + 1,
-                                 max_concurrent=self.n_conc, first_id=10**9, repeats=int(cfg.eval.repeats),
+                                 self.eval_split, self.run_dir / "eval" / f"step_{step:06d}", seed=eval_seed(cfg),
+                                 max_concurrent=self.n_conc, first_id=EVAL_FIRST_ID, repeats=int(cfg.eval.repeats),
                                  description=f"eval step {step}", step=step)
         self.eval_history.append(report)
         self.logger.log(step, {k: v for k, v in report.items() if isinstance(v, (int, float))}, prefix="eval/")
@@ -431,13 +469,28 @@ class RLTrainer:
         # resumed at the last step: that checkpoint is already the final one (re-saving only risks it)
         final = self.save(steps) if self.start_step < steps else self.run_dir / "checkpoints" / f"step_{steps:06d}"
         n_final = int(final_eval_tasks if final_eval_tasks is not None else t.eval_num_tasks)
-        report = self.evaluate(steps, n_final) if eval_every >= 0 else None
+        report = self._final_eval(steps, n_final) if eval_every >= 0 else None
+        if last is None:        # resumed at the last step: its logged row is the run's last
+            last = recorded_step(self.run_dir, steps)[0]
         summary = {"run_dir": str(self.run_dir), "checkpoint": str(final), "steps": steps, "last_step": last,
                    "final_eval": report}
         (self.run_dir / "train_summary.json").write_text(json.dumps(jsonable(summary), indent=2, default=str))
         write_run_plots(self.run_dir, self.eval_split)        # learning_curve.png, mismatch.png
         self.close()
         return summary
+
+    def _final_eval(self, steps: int, num_tasks: int) -> dict:
+        """The held-out evaluation at the last step. A run resumed at that step whose evaluation is
+        already recorded (a run finished, resumed again) keeps it: evaluating again would log a
+        second eval row at that step (metrics.jsonl, TensorBoard) with the same episodes."""
+        if self.start_step == steps:
+            report = recorded_step(self.run_dir, steps)[1]
+            if report is not None:
+                console.print(f"the final evaluation at step {steps} is recorded ({report['out_dir']}); for "
+                              f"another: agentq eval checkpoint={self.run_dir / 'checkpoints' / f'step_{steps:06d}'}")
+                self.eval_history.append(report)
+                return report
+        return self.evaluate(steps, num_tasks)
 
     def close(self):
         self.logger.close()
@@ -450,6 +503,7 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     """`agentq train`; with trainer.resume and the command line's `overrides`, the run's own config
     with them on top (`resumed_config`)."""
     if cfg.trainer.resume and overrides is not None:
+        check_resume_dir(cfg.trainer.resume)    # a missing folder is named, not read as "no config.yaml"
         cfg = resumed_config(cfg, overrides)
     trainer = RLTrainer(cfg)
     try:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from agentq.config import ConfigError
+from agentq.config import ConfigError, make_setting_dir
 from agentq.utils.checkpoint import restore_interrupted_commits
 from agentq.utils.jsonl import append_jsonl, drop_rows_after
 
@@ -42,6 +42,11 @@ class RunDirError(ConfigError):
     """The run folder cannot be used as asked (in use, or holds another run)."""
 
 
+def make_run_dir(folder: str | Path, key: str) -> Path:
+    """`folder`, created (parents too); `RunDirError` naming `key` when it cannot be."""
+    return make_setting_dir(folder, key, "run folder", RunDirError)
+
+
 class RunAborted(RuntimeError):
     """The run stopped itself because continuing could not produce anything useful."""
 
@@ -52,23 +57,25 @@ def holds_run(run_dir: Path, artifacts: tuple[str, ...] = RUN_ARTIFACTS) -> list
 
 
 def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, artifacts: tuple[str, ...] = RUN_ARTIFACTS,
-                  out_key: str = "trainer.out_dir") -> IO:
+                  out_key: str = "trainer.out_dir", remove: bool = True) -> IO:
     """Lock `run_dir` for this process and make sure it may be written.
 
     Args:
-        run_dir: the run folder (created if missing).
+        run_dir: the run folder (created if missing: `make_run_dir`).
         resume: the run continues the one in the folder (`trainer.resume`).
         overwrite: the folder's earlier run may be replaced (`trainer.overwrite`).
         artifacts: what such a run writes (`RUN_ARTIFACTS`, or `SFT_ARTIFACTS` for `agentq sft`).
         out_key: the setting that named the folder (or the one it is in), for the error message.
+        remove: remove an overwritten run's files now; False leaves that to the caller
+            (`remove_run_artifacts`), once its own start-up can no longer fail on a bad setting, so a
+            typo does not cost the earlier run.
     Returns:
         the open lock file; the lock lasts until it is closed (or the process exits).
     Raises:
-        RunDirError: another process holds the folder, or it holds a run and neither `resume`
-        nor `overwrite` was given.
+        RunDirError: the folder cannot be created, another process holds it, or it holds a run
+        and neither `resume` nor `overwrite` was given.
     """
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_run_dir(run_dir, out_key)
     lock = open(run_dir / LOCK_FILE, "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -90,11 +97,41 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, artifacts:
             raise RunDirError(
                 f"run folder {str(run_dir)!r} ({out_key}) already holds a run ({', '.join(found)}); {resume_hint}"
                 f"pick another {out_key}, or replace it with trainer.overwrite=true")
-        for name in found:
-            path = run_dir / name
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if remove:
+            remove_run_artifacts(run_dir, artifacts)
     remove_stale_temp_dirs(run_dir / "checkpoints")
     return lock
+
+
+def remove_run_artifacts(run_dir: str | Path, artifacts: tuple[str, ...] = RUN_ARTIFACTS) -> list[str]:
+    """Remove the files of the run in `run_dir` (`trainer.overwrite`; nothing else in the folder is
+    touched). Only after `claim_run_dir` allowed it. Returns what was removed."""
+    found = holds_run(Path(run_dir), artifacts)
+    for name in found:
+        path = Path(run_dir) / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return found
+
+
+def check_resume_dir(resume: str | Path) -> None:
+    """Refuse a `trainer.resume` that names no run folder with a checkpoint, before anything is
+    created or locked there (a typo would otherwise leave an empty folder behind).
+
+    Raises:
+        ConfigError: the folder is missing, is a checkpoint itself (naming its run folder), or has
+        no checkpoints/step_*.
+    """
+    folder = Path(resume)
+    where = f"trainer.resume={str(resume)!r}"
+    if not folder.is_dir():
+        raise ConfigError(f"{where}: no such run folder")
+    ckpts = [*(folder / "checkpoints").glob("step_*"), *(folder / "checkpoints").glob(".step_*.old")]
+    if not any(p.is_dir() for p in ckpts):         # (.old: a kill mid-commit; claim_run_dir restores it)
+        if (folder / "trainer_state.json").exists() and folder.parent.name == "checkpoints":
+            raise ConfigError(f"{where} is a checkpoint; trainer.resume takes its run folder "
+                              f"({str(folder.parent.parent)!r}) and continues from its latest checkpoint")
+        raise ConfigError(f"{where}: no checkpoints/step_* in that run folder (a run saves one every "
+                          "trainer.save_every steps and at its end)")
 
 
 def remove_stale_temp_dirs(folder: Path) -> list[Path]:

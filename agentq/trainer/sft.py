@@ -31,7 +31,7 @@ from agentq.utils.checkpoint import save_hf_checkpoint
 from agentq.utils.jsonl import read_jsonl
 from agentq.utils.logging import MetricsLogger, console, progress
 
-from .run_dir import SFT_ARTIFACTS, claim_run_dir, new_run_dir
+from .run_dir import SFT_ARTIFACTS, claim_run_dir, new_run_dir, remove_run_artifacts
 
 
 def collect_demos(cfg: DictConfig, chat: ChatFormat, n: int, split: str, seed: int) -> list[Trajectory]:
@@ -82,7 +82,10 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
     out = Path(out_dir or cfg.sft.out_dir or new_run_dir(f"sft-{cfg.env.name}"))
     if overwrite is None:
         overwrite = bool(cfg.trainer.get("overwrite", False))
-    lock = claim_run_dir(out, resume=False, overwrite=overwrite, artifacts=SFT_ARTIFACTS, out_key=out_key)
+    # an earlier run's files stay until the demonstrations and the model are in hand (`_sft`): a bad
+    # setting or a missing path found before then costs nothing
+    lock = claim_run_dir(out, resume=False, overwrite=overwrite, artifacts=SFT_ARTIFACTS, out_key=out_key,
+                         remove=False)
     try:
         return _sft(cfg, out, init_path)
     finally:
@@ -113,6 +116,7 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
     rng = random.Random(int(cfg.seed))
     rng.shuffle(demos)
     val, train = split_demos(demos, float(s.val_fraction))
+    remove_run_artifacts(out, SFT_ARTIFACTS)      # overwrite (claim_run_dir refused it otherwise)
 
     # 2. cross-entropy on action tokens, through the aligned forward (no env workers run now: every core)
     with build.learner_threads(cfg):
@@ -136,8 +140,10 @@ def check_demo_tokens(path: str | Path, tokenizer: Any) -> None:
     all), and SFT would fit the model to them. The ids are what trains, so a record must have them.
 
     Raises:
-        ConfigError: naming sft.demos and the first record that does not match.
+        ConfigError: naming sft.demos: the file is missing, or the first record that does not match.
     """
+    if not Path(path).is_file():
+        raise ConfigError(f"sft.demos={str(path)!r}: no such file (a demos.jsonl an earlier agentq sft wrote)")
     for i, d in enumerate(read_jsonl(path), 1):
         where = f"sft.demos={str(path)!r}: record {i}"
         if not d.get("input_ids"):

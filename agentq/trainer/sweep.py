@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentq.utils.logging import console, jsonable
 
-from .run_dir import new_run_dir
+from .run_dir import make_run_dir, new_run_dir
 
 RESULT = "result.json"
 
@@ -120,8 +120,7 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     refs = [r for r in sw.references if r in arms]
     if not arms or not seeds:
         raise ValueError(f"sweep.arms={arms} and sweep.seeds={seeds} must both be non-empty")
-    out = sweep_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_run_dir(sweep_dir(cfg), "sweep.out_dir")
     overrides = [o for o in overrides if not o.startswith("sweep.out_dir=")] + [f"sweep.out_dir={out}"]
     split = eval_splits(cfg)[0]
     overrides.append(f"env.eval_split={split}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
+import string
 import time
 from pathlib import Path
 from typing import Any
@@ -44,18 +46,41 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
             and not isinstance(v, bool)}
 
 
+#: the run folder's W&B run id, written when the run starts, read when it is resumed
+WANDB_ID_FILE = "wandb_run_id"
+
+
+def wandb_run_id(out_dir: str | Path, resume: bool) -> str:
+    """The W&B run id of the run in `out_dir`: on a resume the one its start saved (a folder from
+    before the file existed gets a new one), else a new id, saved for a later resume."""
+    path = Path(out_dir) / WANDB_ID_FILE
+    if resume and path.exists() and path.read_text().strip():
+        return path.read_text().strip()
+    alphabet = string.ascii_lowercase + string.digits
+    run_id = "".join(secrets.choice(alphabet) for _ in range(8))        # W&B's own id shape
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(run_id + "\n")
+    return run_id
+
+
 class WandbSink:
     """Weights & Biases run mirroring every scalar (`logger` contains wandb; `pip install agentq[wandb]`).
     mode offline writes under <run>/wandb/ without network (`wandb sync` uploads it later)."""
 
     def __init__(self, out_dir: str | Path, config: dict | None = None, project: str = "agentq",
-                 entity: str | None = None, mode: str | None = None, name: str | None = None):
+                 entity: str | None = None, mode: str | None = None, name: str | None = None,
+                 resume: bool = False):
+        """`resume`: the run folder's run continues (`trainer.resume`), so does its W&B run (the id
+        in `WANDB_ID_FILE`), instead of a second W&B run for the same training run."""
         try:
             import wandb
         except ImportError as e:
             raise ImportError("logger includes 'wandb' but wandb is not installed: pip install 'agentq[wandb]'") from e
+        run_id = wandb_run_id(out_dir, resume)
+        # resume="allow": the W&B run continues from its last logged step (a new one if the server
+        # never saw it, e.g. an offline run not yet synced); a fresh run's id is new, so no resume
         self.run = wandb.init(project=project, entity=entity, mode=mode,  # type: ignore[arg-type]  # checked by wandb
-                              name=name or Path(out_dir).name,
+                              name=name or Path(out_dir).name, id=run_id, resume="allow" if resume else None,
                               dir=str(out_dir), config=config, reinit="finish_previous")
 
     def log(self, step: int, row: dict[str, Any]) -> None:
@@ -84,7 +109,7 @@ class MetricsLogger:
     @classmethod
     def from_config(cls, out_dir: str | Path, cfg, purge_step: int | None = None) -> "MetricsLogger":
         """The sinks `cfg.logger` names (a name or a list of them; metrics.jsonl is always written);
-        `purge_step` as in `__init__`."""
+        `purge_step` as in `__init__` (given: a resumed run, whose W&B run is resumed too)."""
         names = cfg.get("logger", ["tensorboard"])
         names = [names] if isinstance(names, str) else list(names or [])
         bad = [n for n in names if n not in LOGGERS + ("jsonl",)]
@@ -97,6 +122,7 @@ class MetricsLogger:
             assert isinstance(settings, dict)
             wandb = {**settings,
                      "config": OmegaConf.to_container(cfg, resolve=True)}
+            wandb["resume"] = purge_step is not None        # a resumed run continues its W&B run
         return cls(out_dir, tensorboard="tensorboard" in names, wandb=wandb, purge_step=purge_step)
 
     def log(self, step: int, metrics: dict[str, Any], prefix: str = "") -> None:

@@ -53,3 +53,25 @@ def test_a_checkpoint_that_is_not_one_is_a_one_line_error(tmp_path, capsys):
 def test_an_unknown_split_is_a_one_line_error(tiny_model_dir, capsys):
     assert main(["eval", f"checkpoint={tiny_model_dir}", "split=nope", *SMALL]) == 2
     assert "split='nope'" in capsys.readouterr().err
+
+
+def test_an_evaluation_inside_training_plays_the_episodes_agentq_eval_plays(tmp_path):
+    """At temperature > 0 the episodes depend on their sampling seeds: the trainer's evaluation and
+    `agentq eval` of the same checkpoint (same split, tasks, repeats, seed) must seed them alike, so
+    their per-episode results are equal (the pipeline pairs them; a user re-checks one with the other)."""
+    common = ["env_pool=inline", "env.max_steps=3", "env.max_new_tokens=12", "eval.temperature=1.0",
+              "eval.repeats=2", "seed=3"]
+    run = tmp_path / "run"
+    assert main(["train", f"trainer.out_dir={run}", "trainer.steps=1", "trainer.tasks_per_step=2",
+                 "trainer.group_size=2", "trainer.eval_every=0", "trainer.eval_num_tasks=3",
+                 "trainer.save_segments=false", *common]) == 0
+    ckpt = run / "checkpoints" / "step_000001"
+    assert main(["eval", f"checkpoint={ckpt}", "eval.num_tasks=3", f"eval.out_dir={tmp_path / 'ev'}", *common]) == 0
+
+    def episodes(folder):
+        return [json.loads(line) for line in (folder / "episodes.jsonl").read_text().splitlines()]
+    inside, alone = episodes(run / "eval" / "step_000001"), episodes(tmp_path / "ev")
+    assert len(inside) == len(alone) == 6
+    assert inside == alone
+    # the two repeats of a task sampled differently: the seeds matter, and were the same in both
+    assert any(a["transcript"] != b["transcript"] for a, b in zip(inside[::2], inside[1::2]))

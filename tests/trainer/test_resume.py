@@ -40,9 +40,39 @@ def test_resume_continues_exactly(tmp_path):
     assert (cut / "checkpoints" / "step_000003" / "model.safetensors").exists()
 
 
-def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no checkpoints"):
-        main(["train", f"trainer.resume={tmp_path}", "trainer.steps=1", *SMALL])
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path, capsys):
+    def said():
+        return " ".join(capsys.readouterr().err.split())
+    assert main(["train", f"trainer.resume={tmp_path}", "trainer.steps=1", *SMALL]) == 2
+    assert f"trainer.resume='{tmp_path}': no checkpoints/step_* in that run folder" in said()
+    # a typo: named, and no folder is made for it (nor a lock file left in it)
+    assert main(["train", f"trainer.resume={tmp_path / 'nope'}", "trainer.steps=1", *SMALL]) == 2
+    assert f"trainer.resume='{tmp_path / 'nope'}': no such run folder" in said()
+    assert not (tmp_path / "nope").exists()
+
+
+def test_resume_from_a_checkpoint_folder_names_its_run_folder(run_copy, capsys):
+    ckpt = run_copy / "checkpoints" / "step_000002"
+    before = sorted(p.name for p in ckpt.iterdir())
+    assert main(["train", f"trainer.resume={ckpt}", "trainer.steps=3"]) == 2
+    assert f"is a checkpoint; trainer.resume takes its run folder ('{run_copy}')" in \
+        " ".join(capsys.readouterr().err.split())
+    assert sorted(p.name for p in ckpt.iterdir()) == before          # no lock file or config.yaml dropped in it
+
+
+def test_resuming_a_finished_run_keeps_its_one_final_evaluation(tmp_path):
+    """A finished run resumed again (at trainer.steps) has nothing to train; its final evaluation is
+    recorded already, so it is not played and logged a second time at the same step."""
+    run = tmp_path / "run"
+    args = [*BASE, "trainer.eval_every=0", "trainer.eval_num_tasks=2", "env.max_new_tokens=8", "trainer.save_segments=false"]
+    assert main(["train", f"trainer.out_dir={run}", "trainer.steps=1", *args]) == 0
+    first = json.loads((run / "train_summary.json").read_text())
+    assert main(["train", f"trainer.resume={run}", "trainer.steps=1"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], "eval/success_rate" in r) for r in rows] == [(1, False), (1, True)]
+    again = json.loads((run / "train_summary.json").read_text())
+    assert again["final_eval"]["success_rate"] == first["final_eval"]["success_rate"]
+    assert again["last_step"]["reward_mean"] == first["last_step"]["reward_mean"]
 
 
 # ---------------------------------------------------------------------- a finished run, resumed again

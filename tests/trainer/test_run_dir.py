@@ -1,0 +1,54 @@
+"""A run folder that holds a run is changed only once the new run has started: with
+trainer.overwrite=true a bad setting or a missing path found at start-up is a one-line error, and
+the earlier run's files (metrics, checkpoints, config.yaml) are still there."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentq.cli import main
+
+
+def earlier_run(folder):
+    (folder / "checkpoints" / "step_000004").mkdir(parents=True)
+    (folder / "checkpoints" / "step_000004" / "model.safetensors").write_text("weights")
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 4, "reward_mean": 0.5}) + "\n")
+    (folder / "config.yaml").write_text("seed: 7\n")
+    return {p.relative_to(folder): p.read_text() for p in folder.rglob("*") if p.is_file()}
+
+
+def files(folder):
+    return {p.relative_to(folder): p.read_text() for p in folder.rglob("*") if p.is_file() and p.name != ".agentq.lock"}
+
+
+def test_overwrite_with_a_missing_model_path_keeps_the_earlier_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    before = earlier_run(run)
+    assert main(["train", f"trainer.out_dir={run}", "trainer.overwrite=true", "model=hf",
+                 f"model.path={tmp_path / 'nope'}", "env_pool=inline"]) == 2
+    assert "is not an HF checkpoint folder (no config.json)" in capsys.readouterr().err
+    assert files(run) == before
+
+
+def test_sft_overwrite_with_a_missing_demos_file_keeps_the_earlier_run(tmp_path, capsys):
+    out = tmp_path / "sft"
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / "model.safetensors").write_text("weights")
+    (out / "metrics.jsonl").write_text(json.dumps({"step": 1, "sft/train_loss": 1.0}) + "\n")
+    before = files(out)
+    assert main(["sft", f"sft.out_dir={out}", "trainer.overwrite=true", f"sft.demos={tmp_path / 'nope.jsonl'}",
+                 "env_pool=inline"]) == 2
+    err = capsys.readouterr().err
+    assert f"sft.demos='{tmp_path / 'nope.jsonl'}': no such file" in " ".join(err.split()) and "Traceback" not in err
+    assert files(out) == before
+
+
+@pytest.mark.parametrize("cmd,key", [("train", "trainer.out_dir"), ("sft", "sft.out_dir"),
+                                     ("pipeline", "pipeline.out_dir"), ("sweep", "sweep.out_dir")])
+def test_an_output_folder_that_cannot_be_made_is_a_one_line_error(tmp_path, capsys, cmd, key):
+    (tmp_path / "a-file").write_text("x")
+    bad = tmp_path / "a-file" / "run"
+    assert main([cmd, f"{key}={bad}", "env_pool=inline"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"agentq: {key}: cannot create the run folder '{bad}' (NotADirectoryError: Not a directory)" in said

@@ -1,0 +1,61 @@
+"""W&B beside metrics.jsonl: a run resumed from its folder (`trainer.resume`) continues the same
+W&B run (one id, the steps after the checkpoint only), and a fresh run in the folder starts a new one.
+Checked with the real wandb library in offline mode, reading the record files it writes."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from agentq.cli import main
+
+SMALL = ["trainer.tasks_per_step=2", "trainer.group_size=2", "env.max_steps=2", "env.max_new_tokens=8",
+         "env_pool=inline", "trainer.eval_every=-1", "trainer.save_every=1", "trainer.save_segments=false",
+         "logger=[wandb]", "wandb.mode=offline"]
+
+
+def wandb_records(path: Path):
+    """The protobuf records of a W&B `.wandb` file (its LevelDB-log layout: a 7-byte file header,
+    32 KiB blocks of chunks with a 7-byte header each: crc, length, type 1 full / 2 first / 3 middle / 4 last)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, buf = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _, n, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if n == 0 and kind == 0:            # the rest of a block (padding)
+            pos += left
+            continue
+        buf, pos = buf + data[pos + 7:pos + 7 + n], pos + 7 + n
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(buf)
+            buf = b""
+            yield record
+
+
+def wandb_runs(run_dir: Path) -> list[tuple[str, list[int]]]:
+    """(W&B run id, history steps) of each offline W&B run in the folder, oldest first."""
+    out = []
+    for f in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        records = list(wandb_records(f))
+        (run_id,) = {r.run.run_id for r in records if r.WhichOneof("record_type") == "run"}
+        out.append((run_id, [r.history.step.num for r in records if r.WhichOneof("record_type") == "history"]))
+    return out
+
+
+def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    assert main(["train", f"trainer.out_dir={run}", "trainer.steps=1", *SMALL]) == 0
+    assert main(["train", f"trainer.resume={run}", "trainer.steps=2"]) == 0
+    (first, steps1), (second, steps2) = wandb_runs(run)
+    assert first == second                  # one W&B run, not a second one per resume
+    assert (steps1, steps2) == ([1], [2])   # and the resume logs only the steps after the checkpoint
+    # a fresh run replacing the folder's is a new W&B run
+    assert main(["train", f"trainer.out_dir={run}", "trainer.steps=1", "trainer.overwrite=true", *SMALL]) == 0
+    assert len({run_id for run_id, _ in wandb_runs(run)}) == 2
