@@ -229,7 +229,8 @@ class RLTrainer:
                                                 purge_step=self.start_step + 1 if state else None)
         self.next_episode_id = self.start_step * self.n_episodes
         self.eval_history: list[dict] = []
-        self.skipped_in_a_row = 0
+        # a resumed run keeps counting toward trainer.max_skipped_steps where it stopped
+        self.skipped_in_a_row = int(state.meta.get("skipped_in_a_row", 0)) if state else 0
 
     # ------------------------------------------------------------------ construction phases
     def _resume_point(self) -> tuple[Path | None, TrainerState | None]:
@@ -436,7 +437,7 @@ class RLTrainer:
                            trainer_state=TrainerState(
                                tensors={"optimizer": self.learner.opt.state_dict(), "torch_gen": self.gen.get_state()},
                                meta={"step": step, "np_rng": self.rng.bit_generator.state,
-                                     "init_path": str(self.init_path)}))
+                                     "init_path": str(self.init_path), "skipped_in_a_row": self.skipped_in_a_row}))
         keep = int(self.cfg.trainer.keep_checkpoints)
         for old in sorted((self.run_dir / "checkpoints").glob("step_*"))[:-keep] if keep > 0 else []:
             import shutil

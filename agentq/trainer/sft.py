@@ -178,7 +178,7 @@ def _fit(cfg: DictConfig, path: str, out: Path, train: list[Trajectory], val: li
     _, learner_spec = build.quant_specs(cfg)
     learner = Learner(path, learner_spec, dtype=dtype, device=str(device), lr=float(s.lr), weight_decay=0.01,
                       use_reference=False, micro_batch_size=int(s.batch_size))
-    logger = MetricsLogger(out)
+    logger = MetricsLogger.from_config(out, cfg)      # the sinks `logger` names, as the RL trainer's
     bs = int(s.batch_size)
     steps_per_epoch = math.ceil(len(train) / bs)
     total = steps_per_epoch * int(s.epochs)

@@ -93,9 +93,30 @@ def _atomic_dir(path: Path):
     return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp"))
 
 
+def _sync_tree(folder: Path) -> None:
+    """fsync every file and folder in `folder`, then `folder`: the renames that commit it must not
+    reach the disk before its contents do (after a power loss the checkpoint would be there, its
+    files empty)."""
+    for f in sorted(folder.rglob("*"), reverse=True):       # a folder after what it holds
+        if f.is_file() or f.is_dir():
+            _fsync_path(f)
+    _fsync_path(folder)
+
+
+def _fsync_path(path: Path) -> None:
+    """fsync a file or folder (its entries) by path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _commit(tmp: Path, path: Path) -> None:
     """Move the complete `tmp` to `path`; an existing `path` is set aside as `.<name>.old` first (a
-    kill between the two renames leaves it only there: `restore_interrupted_commits`)."""
+    kill between the two renames leaves it only there: `restore_interrupted_commits`). The contents
+    are on disk before the renames, and the renames before this returns."""
+    _sync_tree(tmp)
     if path.exists():
         old = path.with_name(f".{path.name}.old")
         if old.exists():
@@ -105,6 +126,7 @@ def _commit(tmp: Path, path: Path) -> None:
         shutil.rmtree(old)
     else:
         os.replace(tmp, path)
+    _fsync_path(path.parent)
 
 
 def restore_interrupted_commits(folder: str | os.PathLike) -> list[Path]:

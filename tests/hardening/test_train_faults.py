@@ -77,3 +77,15 @@ def test_stopped_and_killed_workers_cost_episodes_not_the_run(tiny_model_dir, tm
     assert len(errors) == 4 and [sum(e["step"] == s for e in errors) for s in (1, 2, 3)] == errored
     assert sum("hung" in e["error"] for e in errors) == 2 and sum("died" in e["error"] for e in errors) == 2
     assert not stopped.is_running() or stopped.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_resumed_run_keeps_counting_its_skipped_steps(tiny_model_dir, tmp_path, capsys):
+    """Two skipped steps before the checkpoint and one after reach max_skipped_steps=3, as in a run
+    that was never stopped: the count is part of the trainer state."""
+    run = tmp_path / "r"
+    args = ["train", *SMALL, f"model.path={tiny_model_dir}", "env_pool=inline", "env.max_context_tokens=8",
+            "trainer.max_skipped_steps=3"]
+    assert main([*args, "trainer.steps=2", f"trainer.out_dir={run}"]) == 0
+    assert main([*args, "trainer.steps=4", f"trainer.resume={run}", f"trainer.out_dir={run}"]) == 1
+    assert "3 steps in a row had no usable episode" in capsys.readouterr().err
+    assert [r["step"] for r in rows(run)] == [1, 2]      # step 3 raised before its row

@@ -70,3 +70,12 @@ def test_demos_from_another_tokenizer_are_refused(tmp_path, tokenizer, tiny_mode
                  *SMALL]) == 2
     assert "record 2: its input_ids decode to other text" in capsys.readouterr().err
     assert not (out / "checkpoint").exists()
+
+
+def test_sft_logs_to_the_sinks_the_logger_setting_names(tmp_path):
+    """`logger` decides SFT's sinks as it does the RL trainer's (metrics.jsonl always)."""
+    out = tmp_path / "sft"
+    assert main(["sft", f"sft.out_dir={out}", "logger=[jsonl]", *SMALL]) == 0
+    assert metrics_steps(out) == [0, 1, 1] and not (out / "tb").exists()
+    assert main(["sft", f"sft.out_dir={out}", "logger=[tensorboard]", "trainer.overwrite=true", *SMALL]) == 0
+    assert list((out / "tb").glob("events.out.tfevents.*"))
