@@ -11,12 +11,41 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 COMMANDS = ("pipeline", "train", "eval", "sft", "config", "report", "sweep")
+#: what `agentq <command> --help` says (before, every command printed the same text)
+HELP = {
+    "pipeline": "the embedded default run: tiny model → SFT → held-out eval → RL → held-out eval; outputs in "
+                "pipeline.out_dir (default runs/pipeline-<env>-<time>/). Starts from conf/pipeline.yaml "
+                "(its sizes: sft.num_demos, trainer.steps, pipeline.eval_tasks, pipeline.eval_splits).",
+    "train": "RL from model.path (model=hf) or the tiny model: trainer.steps, trainer.out_dir (default "
+             "runs/<env>-<algo>-<time>/), trainer.resume=<run folder>, env=<config>, algo=<preset>.",
+    "eval": "a held-out evaluation: checkpoint=<folder> (or model.path), split=<split> (default "
+            "env.eval_split), eval.num_tasks=N, eval.temperature; writes eval.json and episodes.jsonl to "
+            "eval.out_dir (default <checkpoint>/eval-<env>-<split>/).",
+    "sft": "supervised fine-tuning on the env expert's demonstrations: sft.num_demos, sft.epochs, sft.out_dir.",
+    "config": "print the composed config (every key) with these overrides applied.",
+    "sweep": "every objective × seed from one SFT checkpoint: sweep.arms, sweep.seeds, sweep.parallel, "
+             "sweep.out_dir. Starts from conf/sweep.yaml.",
+}
 CONFIG_OF = {"pipeline": "pipeline", "sweep": "sweep"}      # commands with their own root config
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except BrokenPipeError:     # `agentq config | head`: the reader left early; no traceback for that
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())     # Python's flush at exit fails too
+        return 1
+
+
+def run(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(__doc__.strip())
@@ -29,35 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "report":
         return report(overrides)
     if any(a in ("-h", "--help") for a in overrides):
+        print(f"agentq {cmd} [section.key=value ...]: {HELP[cmd]}")
+        print("\nOverrides are Hydra's: section.key=value, group=option (env=, algo=, rollout=, model=, "
+              "env_pool=, placement=); `agentq config` prints every key.\n")
         print(__doc__.strip())
-        print(f"\n`agentq {cmd}` takes section.key=value overrides; `agentq config` prints every key "
-              "(`pipeline` starts from conf/pipeline.yaml, which sets the default run's sizes; `sweep` from "
-              "conf/sweep.yaml)")
         return 0
     from agentq.config import ConfigError, load_config
     from agentq.trainer.run_dir import RunAborted
     from agentq.utils.checkpoint import CheckpointError
 
     try:
-        cfg = load_config(overrides, config_name=CONFIG_OF.get(cmd, "config"))
-        if cmd == "config":
-            from omegaconf import OmegaConf
-            print(OmegaConf.to_yaml(cfg, resolve=True))
-        elif cmd == "train":
-            from agentq.trainer.rl import train
-            train(cfg, overrides)       # a resume: the run's config.yaml with these overrides on top
-        elif cmd == "eval":
-            from agentq.eval.evaluate import evaluate
-            evaluate(cfg)
-        elif cmd == "pipeline":
-            from agentq.trainer.pipeline import pipeline
-            pipeline(cfg)
-        elif cmd == "sweep":
-            from agentq.trainer.sweep import sweep
-            sweep(cfg, overrides)
-        elif cmd == "sft":
-            from agentq.trainer.sft import sft
-            sft(cfg)
+        dispatch(cmd, load_config(overrides, config_name=CONFIG_OF.get(cmd, "config")), overrides)
     except (ConfigError, CheckpointError) as e:        # bad input: a key, a run folder, a checkpoint file
         print(f"agentq: {e}", file=sys.stderr)
         return 2
@@ -67,10 +78,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def dispatch(cmd: str, cfg: DictConfig, overrides: list[str]) -> None:
+    """Run `cmd` on the composed config (`overrides`: the command line, for a resume or a sweep)."""
+    if cmd == "config":
+        from omegaconf import OmegaConf
+        print(OmegaConf.to_yaml(cfg, resolve=True))
+    elif cmd == "train":
+        from agentq.trainer.rl import train
+        train(cfg, overrides)       # a resume: the run's config.yaml with these overrides on top
+    elif cmd == "eval":
+        from agentq.eval.evaluate import evaluate
+        evaluate(cfg)
+    elif cmd == "pipeline":
+        from agentq.trainer.pipeline import pipeline
+        pipeline(cfg)
+    elif cmd == "sweep":
+        from agentq.trainer.sweep import sweep
+        sweep(cfg, overrides)
+    elif cmd == "sft":
+        from agentq.trainer.sft import sft
+        sft(cfg)
+
+
 def report(args: list[str]) -> int:
     """`agentq report <run> [out.html]`: a static HTML report of an RL run folder."""
     if len(args) not in (1, 2) or args[0] in ("-h", "--help"):
-        print("usage: agentq report <run folder> [out.html]   (default: <run folder>/report.html)",
+        print("usage: agentq report <run folder> [out.html]   (default: <run folder>/report.html; a run folder "
+              "of `agentq train`, or of `agentq pipeline`)",
               file=sys.stderr if args[:1] not in (["-h"], ["--help"]) else sys.stdout)
         return 0 if args[:1] in (["-h"], ["--help"]) else 2
     from agentq.eval.report import write_report

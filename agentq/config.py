@@ -74,6 +74,7 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    check_override_syntax(list(overrides or []))
     overrides = with_searchpath(list(overrides or []), plugin_searchpath())
     with initialize_config_module(config_module="agentq.conf", version_base=None):
         try:
@@ -86,19 +87,41 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
                 bad = _bad_key(msg, overrides)
                 where, keys = _valid_keys(base, bad) if bad else ("<root>", sorted(str(k) for k in base.keys()))
                 raise ConfigError(f"unknown config key {bad!r}; valid keys under {where}: {keys}") from None
-            raise ConfigError(msg.split("\nConfig search path")[0]) from None
+            raise ConfigError(_one_line(msg.split("\nConfig search path")[0])) from None
         except ValueError as e:         # e.g. `trainer=3`: "Config group override must be a string or a list"
             raise ConfigError(str(e)) from None
     OmegaConf.set_struct(cfg, True)
     try:
         OmegaConf.to_container(cfg, resolve=True)       # an interpolation that does not resolve, named now
         check_config(cfg)
+        check_env_name(cfg)
     except ConfigError:
         raise
     except (OmegaConfBaseException, ValueError) as e:
         key = getattr(e, "full_key", None)
         raise ConfigError((f"{key}: " if key else "") + str(e).split("\n    full_key")[0]) from None
     return cfg
+
+
+def check_override_syntax(overrides: list[str]) -> None:
+    """ConfigError for an argument that is not a Hydra override: a flag (`--steps=3`, `-x`) or a
+    key without a value. Hydra's own parse error is three lines of grammar around a caret."""
+    for o in overrides:
+        if o.startswith("-"):
+            hint = o.lstrip("-")
+            raise ConfigError(f"{o!r}: agentq takes section.key=value overrides, not flags"
+                              + (f" (e.g. {hint}, with its section: `agentq config` lists the keys)" if "=" in hint else ""))
+        if "=" not in o and not o.startswith("~"):      # `~key` (delete a key) takes no value
+            raise ConfigError(f"{o!r} has no value: write {o}=<value> (section.key=value)")
+
+
+def _one_line(msg: str) -> str:
+    """Hydra's "Could not find 'env/x'" with its option list one per line, as one line."""
+    head, sep, options = msg.partition("\n\nAvailable options in ")
+    if not sep:
+        return " ".join(line.strip() for line in msg.splitlines() if line.strip())
+    group, _, names = options.partition(":")
+    return f"{head.strip()}. Available options in {group}: {names.split()}"
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -109,6 +132,26 @@ def check_config(cfg: DictConfig) -> None:
     if problems:
         raise ConfigError("invalid config value" + ("s" if len(problems) > 1 else "") + ":\n  "
                           + "\n  ".join(problems))
+
+
+def check_env_name(cfg: DictConfig) -> None:
+    """Resolve `env.name` now (a built-in name, plugin, `module:Class`, ...: agentq.envs.env_id).
+
+    Raises:
+        ConfigError: it names no environment, or not a TextEnv, as one line naming the key; else
+        a misspelled name was a traceback from deep inside the first env's construction.
+    """
+    import gymnasium as gym
+
+    from agentq.envs import env_id
+
+    name = (cfg.get("env") or {}).get("name")
+    if name is None:
+        return
+    try:
+        env_id(str(name))
+    except (gym.error.Error, TypeError, ImportError) as e:
+        raise ConfigError(f"env.name={name!r}: {e}") from None
 
 
 _GROUPS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "placement")

@@ -8,6 +8,7 @@ episodes that hit the step cap, and per-task-type success.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -106,13 +107,16 @@ def evaluate(cfg: DictConfig) -> dict:
     device, dtype = build.device_and_dtype(cfg)
     path = cfg.checkpoint or build.model_path(cfg)
     if not (Path(path) / "config.json").exists():
-        raise ConfigError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)")
+        raise ConfigError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)"
+                          + latest_checkpoint_hint(Path(path)))
     split = cfg.split or cfg.env.eval_split
-    out = eval_out_dir(cfg, split)       # before anything is played: a path that cannot be made fails now
     try:
         selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
     except ValueError as e:               # the env's own refusal (an unknown split): one line, the key named
         raise ConfigError(f"split={split!r}: {e}") from None
+    # after the split's check (an unknown split left an empty eval-<env>-<split> folder in the
+    # checkpoint), before anything is played: a path that cannot be made fails now
+    out = eval_out_dir(cfg, split)
     chat = ChatFormat.from_tokenizer(build.load_tokenizer(path))
     n_episodes = len(selection.tasks) * int(cfg.eval.repeats)
     n_conc = min(n_episodes, int(cfg.rollout.max_slots), int(cfg.trainer.max_concurrent))
@@ -126,7 +130,15 @@ def evaluate(cfg: DictConfig) -> dict:
     finally:
         pool.close()
     print_report(report)
+    console.print(f"eval.json and episodes.jsonl in {out}", markup=False, highlight=False, soft_wrap=True)
     return report
+
+
+def latest_checkpoint_hint(folder: Path) -> str:
+    """For `checkpoint=<a run folder>` (a common slip: the folder `agentq train` or `agentq pipeline`
+    printed), the checkpoint inside it that was probably meant, as the end of the error message."""
+    found = sorted(folder.glob("checkpoints/step_*/config.json")) or sorted(folder.glob("rl/checkpoints/step_*/config.json"))
+    return f"; a run folder? its last checkpoint is checkpoint={found[-1].parent}" if found else ""
 
 
 def eval_out_dir(cfg: DictConfig, split: str) -> Path:
@@ -168,7 +180,7 @@ def print_report(r: dict) -> None:
     lo, hi = r["success_ci95"]
     t.add_row("success rate", f"{100 * r['success_rate']:.1f} %  (95 % CI {100 * lo:.1f}–{100 * hi:.1f})")
     t.add_row("mean score", f"{100 * r['score_mean']:.1f}")
-    t.add_row("turns (successful)", f"{r['turns_success_mean']:.2f}")
+    t.add_row("turns (successful)", turns_text(r["turns_success_mean"]))
     t.add_row("hit step cap", f"{100 * r['cap_rate']:.1f} %")
     t.add_row("invalid-format turns", f"{100 * r['invalid_action_rate']:.1f} %")
     t.add_row("inadmissible-action turns", f"{100 * r['inadmissible_action_rate']:.1f} %")
@@ -177,3 +189,9 @@ def print_report(r: dict) -> None:
     for k, v in (r.get("per_task_type") or {}).items():
         t.add_row(f"  {k}", f"{100 * v['success_rate']:.1f} % of {v['episodes']}")
     console.print(t)
+
+
+def turns_text(v: float | None) -> str:
+    """Mean turns of the won episodes for a table; with none won it is NaN (null in eval.json),
+    which a table showed as "nan"."""
+    return "– (none won)" if v is None or math.isnan(v) else f"{v:.2f}"

@@ -1,6 +1,7 @@
 """`agentq report <run>`: one static HTML file (no server, no network) describing an RL run.
 
-Sections: the learning curves (PNG, embedded), the held-out evaluations (eval/step_*/eval.json),
+Sections: for an `agentq pipeline` folder the SFT → RL comparison (summary.json); the learning
+curves (PNG, embedded), the held-out evaluations (eval/step_*/eval.json),
 K3 and InterQ-RL's α by turn over training (from metrics.jsonl and the segment history), and an
 episode viewer over the segment history (`segments/step_*.parquet`): every turn's observation and
 reply, each action token coloured by δ = log π_old − log μ, by the behaviour log-prob log μ or by
@@ -215,12 +216,47 @@ def viewer_steps(steps: list[int], k: int) -> list[int]:
     return sorted({steps[round(i * (len(steps) - 1) / (k - 1))] for i in range(k)})
 
 
+def rl_run_dir(folder: Path) -> tuple[Path, dict | None]:
+    """The RL run folder of `folder` and, for an `agentq pipeline` folder (whose RL run is rl/, the
+    folder the pipeline prints), its summary.json: `agentq report runs/pipeline-*` works as is.
+
+    Raises:
+        FileNotFoundError: neither `folder` nor `folder`/rl holds a metrics.jsonl.
+    """
+    if (folder / "metrics.jsonl").exists():
+        return folder, None
+    if (folder / "rl" / "metrics.jsonl").exists():
+        summary = folder / "summary.json"
+        return folder / "rl", json.loads(summary.read_text()) if summary.exists() else None
+    raise FileNotFoundError(f"{folder} is not an agentq run folder (no metrics.jsonl, nor rl/metrics.jsonl "
+                            "of an `agentq pipeline` folder)")
+
+
+def pipeline_section(summary: dict) -> str:
+    """An `agentq pipeline` folder's summary.json: success after SFT and after RL per held-out split."""
+    out = ["<h2 id='pipeline'>SFT → RL on held-out tasks (summary.json)</h2>",
+           "<table id='pipeline-table'><tr><th class=l>split</th><th>episodes</th><th>after SFT</th><th>95 % CI</th>"
+           "<th>after RL</th><th>95 % CI</th><th>won only after RL / only after SFT</th><th>McNemar p</th></tr>"]
+    for split, c in {summary["split"]: summary, **(summary.get("other_splits") or {})}.items():
+        (s_lo, s_hi), (r_lo, r_hi) = c["sft_success_ci95"], c["rl_success_ci95"]
+        pr = c.get("paired") or {}
+        out.append(f"<tr><td class=l>{html.escape(str(split))}</td><td>{c['episodes']}</td>"
+                   f"<td>{_fmt(c['sft_success_rate'])}</td><td>{_fmt(s_lo)}–{_fmt(s_hi)}</td>"
+                   f"<td>{_fmt(c['rl_success_rate'])}</td><td>{_fmt(r_lo)}–{_fmt(r_hi)}</td>"
+                   f"<td>{pr.get('won_only_after', '–')} / {pr.get('won_only_before', '–')}</td>"
+                   f"<td>{_fmt(pr.get('mcnemar_p'))}</td></tr>")
+    out.append(f"</table><p class=meta>{summary.get('sft_demos')} expert demonstrations, {summary.get('rl_steps')} RL "
+               f"steps ({html.escape(str(summary.get('algo')))}, rollout {html.escape(str(summary.get('rollout_quant')))}).</p>")
+    return "\n".join(out)
+
+
 def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_steps_k: int = 4,
                  max_episodes: int = 16) -> Path:
     """Render `<run>/report.html` (or `out`).
 
     Args:
-        run_dir: an RL run folder (config.yaml, metrics.jsonl, optionally eval/ and segments/).
+        run_dir: an RL run folder (config.yaml, metrics.jsonl, optionally eval/ and segments/), or an
+            `agentq pipeline` folder (its rl/ run, with the SFT → RL summary on top).
         out: the HTML file to write (default <run>/report.html).
         viewer_steps_k: steps the episode viewer shows (spread over the run, first and last included).
         max_episodes: trajectories shown per step.
@@ -229,9 +265,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_step
     """
     import yaml
 
-    run_dir = Path(run_dir)
-    if not (run_dir / "metrics.jsonl").exists():
-        raise FileNotFoundError(f"{run_dir} is not an agentq run folder (no metrics.jsonl)")
+    top = Path(run_dir)
+    run_dir, summary = rl_run_dir(top)
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
     rows = read_metrics(run_dir / "metrics.jsonl")
     all_steps = segment_steps(run_dir)
@@ -244,15 +279,17 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_step
     env = (cfg.get("env") or {}).get("name", "?")
     algo = (cfg.get("algo") or {}).get("name", "?")
     steps = max((r["step"] for r in rows if "reward_mean" in r), default=0)
-    title = f"agentq run {run_dir.name}: {env} · {algo} · {steps} steps"
+    title = f"agentq run {top.resolve().name}: {env} · {algo} · {steps} steps"
     body = "\n".join([
         f"<h1 id='title'>{html.escape(title)}</h1>",
-        "<p><a href='#curves'>curves</a> · <a href='#evals'>evaluations</a> · <a href='#by-turn'>by turn</a> · "
+        "<p>" + ("<a href='#pipeline'>SFT → RL</a> · " if summary else "")
+        + "<a href='#curves'>curves</a> · <a href='#evals'>evaluations</a> · <a href='#by-turn'>by turn</a> · "
         "<a href='#episodes'>episodes</a></p>",
+        pipeline_section(summary) if summary else "",
         curves_section(rows, cfg), eval_section(run_dir), by_turn_section(rows, seg_by_step),
         viewer_section(shown, max_episodes)])
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style><script>{SWITCH_JS}</script></head><body class='by-delta'>{body}</body></html>")
-    out = Path(out) if out else run_dir / "report.html"
+    out = Path(out) if out else top / "report.html"
     out.write_text(page, encoding="utf-8")
     return out

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from agentq.config import ConfigError
 from agentq.eval.metrics import paired_comparison, two_proportion_z, wilson_interval
 from agentq.utils.logging import console, jsonable
 
@@ -55,19 +55,29 @@ def _comparison(before: dict, after: dict) -> dict:
 
 
 def eval_splits(cfg: DictConfig) -> list[str]:
-    """`pipeline.eval_splits` (null = [env.eval_split]), each checked against the env's splits."""
+    """`pipeline.eval_splits` (null = [env.eval_split]), each checked against the env's splits.
+
+    Raises:
+        ConfigError: a split the env does not have (one line on the command line, not a traceback).
+    """
+    import gymnasium as gym
     from gymnasium.envs.registration import load_env_creator
 
-    from agentq.envs import REGISTRY
-    from agentq.envs.base import TextEnv
+    from agentq.envs import TextEnv, env_id
 
     splits = list(cfg.pipeline.eval_splits or [cfg.env.eval_split])
-    env_cls = cast("type[TextEnv]", load_env_creator(REGISTRY[cfg.env.name][1]))   # REGISTRY names TextEnv classes
+    # any env.name form (built-in, plugin, module:Class), not REGISTRY's names only: a plugin's env
+    # was a KeyError here; load_config has checked that the name resolves
+    entry = gym.spec(env_id(str(cfg.env.name))).entry_point
+    env_cls = load_env_creator(entry) if isinstance(entry, str) else entry
+    if not (isinstance(env_cls, type) and issubclass(env_cls, TextEnv)):
+        return splits       # a factory function's env: its splits are only known once built
     valid = list(env_cls.splits)
     bad = [s for s in splits if s not in valid]
     if bad:
-        raise ValueError(f"pipeline.eval_splits={splits}: {bad} not a split of {cfg.env.name}; "
-                         f"valid: {valid}")
+        raise ConfigError(f"pipeline.eval_splits={splits}: {bad} not a split of {cfg.env.name}; valid: {valid} "
+                          f"(conf/pipeline.yaml's [dev, test] are TextWorldExpress's; pipeline.eval_splits=null "
+                          f"evaluates env.eval_split, {cfg.env.eval_split!r})")
     return splits
 
 
@@ -78,9 +88,9 @@ def pipeline(cfg: DictConfig) -> dict:
 
     t0 = time.time()
     p = cfg.pipeline
+    split, *others = eval_splits(cfg)       # before the run folder: a bad split leaves no empty folder
     out = make_run_dir(p.out_dir or new_run_dir(f"pipeline-{cfg.env.name}"), "pipeline.out_dir")
     n_eval = int(p.eval_tasks)
-    split, *others = eval_splits(cfg)
     cfg = cfg.copy()
     OmegaConf.update(cfg, "env.eval_split", split)     # the RL learning curve and final eval use it too
 
@@ -122,11 +132,14 @@ def pipeline(cfg: DictConfig) -> dict:
 def print_summary(s: dict, out: Path) -> None:
     for split, c in {s["split"]: s, **s["other_splits"]}.items():
         _print_comparison(f"agentq pipeline — {s['env']} / {split} ({c['episodes']} held-out episodes)", c)
-    console.print(f"wall time {s['wall_time_s'] / 60:.1f} min; outputs in {out}/ (summary.json, learning_curve.png)")
+    console.print(f"wall time {s['wall_time_s'] / 60:.1f} min; outputs in {out}/ (summary.json, learning_curve.png); "
+                  f"HTML report: agentq report {out}")
 
 
 def _print_comparison(title: str, c: dict) -> None:
     from rich.table import Table
+
+    from agentq.eval.evaluate import turns_text
 
     t = Table(title=title)
     for col in ("", "after SFT", "after RL"):
@@ -135,7 +148,7 @@ def _print_comparison(title: str, c: dict) -> None:
     t.add_row("success", pct(c["sft_success_rate"]), pct(c["rl_success_rate"]))
     t.add_row("95 % CI", "–".join(pct(x) for x in c["sft_success_ci95"]), "–".join(pct(x) for x in c["rl_success_ci95"]))
     t.add_row("mean score", f"{100 * c['sft_score']:.1f}", f"{100 * c['rl_score']:.1f}")
-    t.add_row("turns (won)", f"{c['sft_turns_success']:.2f}", f"{c['rl_turns_success']:.2f}")
+    t.add_row("turns (won)", turns_text(c["sft_turns_success"]), turns_text(c["rl_turns_success"]))
     t.add_row("hit step cap", pct(c["sft_cap_rate"]), pct(c["rl_cap_rate"]))
     t.add_row("inadmissible turns", pct(c["sft_inadmissible_rate"]), pct(c["rl_inadmissible_rate"]))
     console.print(t)

@@ -508,6 +508,18 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
         cfg = resumed_config(cfg, overrides)
     trainer = RLTrainer(cfg)
     try:
-        return trainer.train()
+        summary = trainer.train()
     finally:
         trainer.close()         # also when the run stops early (workers, lock); a second close is a no-op
+    print_run_end(summary)
+    return summary
+
+
+def print_run_end(summary: dict) -> None:
+    """Where the run went (an unnamed run's folder has a timestamp: the user had to `ls runs/`
+    for the checkpoint `agentq eval` takes) and the final held-out result."""
+    ev = summary.get("final_eval")
+    result = (f"; held-out {ev['split']}: success {100 * ev['success_rate']:.1f} % of {ev['episodes']} episodes "
+              f"({ev['out_dir']})" if ev else "")
+    console.print(f"run folder {summary['run_dir']}; final checkpoint {summary['checkpoint']}{result}; "
+                  f"HTML report: agentq report {summary['run_dir']}", markup=False, highlight=False, soft_wrap=True)

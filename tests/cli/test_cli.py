@@ -55,3 +55,32 @@ def test_cli_errors_list_choices():
 def test_command_help_is_not_parsed_as_an_override():
     p = run_cli(["pipeline", "--help"])
     assert p.returncode == 0 and "agentq pipeline" in p.stdout and "section.key=value" in p.stdout
+
+
+def test_each_command_has_its_own_help():
+    from agentq.cli import HELP, main
+
+    said = {}
+    for cmd in HELP:
+        p = run_cli([cmd, "--help"], timeout=120)
+        assert p.returncode == 0 and p.stdout.startswith(f"agentq {cmd} [section.key=value ...]: "), p.stdout[:200]
+        said[cmd] = p.stdout.splitlines()[0]
+    assert len(set(said.values())) == len(HELP)       # every command printed the same text before
+    assert "checkpoint=" in said["eval"] and "split=" in said["eval"]
+    assert main(["config", "-h"]) == 0
+
+
+def test_a_closed_pipe_is_no_traceback():
+    """`agentq config | head`: the reader leaves before the config is written."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    p = subprocess.Popen([sys.executable, "-m", "agentq.cli", "config"], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env={**os.environ})
+    p.stdout.close()                    # what `head` does once it has its lines
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 1 and "Traceback" not in err and "BrokenPipeError" not in err, err
+

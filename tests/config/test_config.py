@@ -64,6 +64,39 @@ def test_unknown_keys_and_choices_list_valid_ones():
         load_config(["learning_rate=3"])
 
 
+def test_a_choice_that_does_not_exist_is_one_line_with_the_options():
+    with pytest.raises(ConfigError) as e:
+        load_config(["env=alfwrld"])
+    assert "\n" not in str(e.value) and "Could not find 'env/alfwrld'" in str(e.value)
+    assert "Available options in 'env': ['alfworld', 'scienceworld', 'textworld_express'" in str(e.value)
+
+
+@pytest.mark.parametrize("arg, named", [
+    ("--steps=3", "'--steps=3': agentq takes section.key=value overrides, not flags (e.g. steps=3"),
+    ("-x", "'-x': agentq takes section.key=value overrides, not flags"),
+    ("trainer.steps", "'trainer.steps' has no value: write trainer.steps=<value>"),
+])
+def test_an_argument_that_is_not_an_override_is_one_line(arg, named):
+    """Hydra's parse error was three lines of grammar ("LexerNoViableAltException: -x" under a caret)."""
+    with pytest.raises(ConfigError) as e:
+        load_config([arg])
+    assert named in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, named", [
+    ("nethack", "env.name='nethack': unknown environment 'nethack'; valid names: ['alfworld'"),
+    ("no_such_module:Env", "env.name='no_such_module:Env': No module named 'no_such_module'"),
+    ("gymnasium.envs.classic_control:CartPoleEnv", "is CartPoleEnv, not an agentq TextEnv subclass"),
+])
+def test_an_env_name_that_names_no_text_env_is_a_config_error(name, named):
+    """Before, a bad env.name was a traceback from inside the first env's construction (the tiny
+    model's corpus, the env workers), after the run folder was made."""
+    with pytest.raises(ConfigError) as e:
+        load_config([f"env.name={name}"])
+    assert named in str(e.value)
+    assert load_config(["env.name=agentq/TextWorldExpress-v0"]).env.name == "agentq/TextWorldExpress-v0"
+
+
 def test_pipeline_config_overrides_the_base():
     base, pipe = load_config([]), load_config([], config_name="pipeline")
     assert pipe.trainer.group_size == 8 and pipe.eval.temperature == 1.0 and pipe.pipeline.eval_tasks == 200

@@ -11,11 +11,13 @@ from agentq.cli import main
 SMALL = ["eval.num_tasks=1", "env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8"]
 
 
-def test_eval_without_checkpoint_writes_a_new_runs_folder_not_the_models(tiny_model_dir, tmp_path, monkeypatch):
+def test_eval_without_checkpoint_writes_a_new_runs_folder_not_the_models(tiny_model_dir, tmp_path, monkeypatch,
+                                                                         capsys):
     model = shutil.copytree(tiny_model_dir, tmp_path / "model")
     monkeypatch.chdir(tmp_path)
     assert main(["eval", f"model.path={model}", *SMALL]) == 0
     (out,) = (tmp_path / "runs").glob("eval-textworld_express-test-*")
+    assert f"eval.json and episodes.jsonl in {out.relative_to(tmp_path)}" in capsys.readouterr().err   # said where
     report = json.loads((out / "eval.json").read_text())
     assert (report["checkpoint"], report["split"], report["episodes"]) == (str(model), "test", 1)
     assert not list(model.glob("eval-*"))
@@ -50,9 +52,25 @@ def test_a_checkpoint_that_is_not_one_is_a_one_line_error(tmp_path, capsys):
     assert "is not an HF checkpoint folder (no config.json)" in capsys.readouterr().err
 
 
-def test_an_unknown_split_is_a_one_line_error(tiny_model_dir, capsys):
-    assert main(["eval", f"checkpoint={tiny_model_dir}", "split=nope", *SMALL]) == 2
+def test_a_run_folder_given_as_checkpoint_names_its_last_checkpoint(tiny_model_dir, tmp_path, capsys):
+    for step in ("step_000002", "step_000010"):
+        shutil.copytree(tiny_model_dir, tmp_path / "run" / "checkpoints" / step)
+    assert main(["eval", f"checkpoint={tmp_path / 'run'}", *SMALL]) == 2
+    said = capsys.readouterr().err
+    assert f"a run folder? its last checkpoint is checkpoint={tmp_path / 'run' / 'checkpoints' / 'step_000010'}" in said
+
+
+def test_an_unknown_split_is_a_one_line_error_and_leaves_no_folder(tiny_model_dir, tmp_path, capsys):
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    assert main(["eval", f"checkpoint={ckpt}", "split=nope", *SMALL]) == 2
     assert "split='nope'" in capsys.readouterr().err
+    assert not list(ckpt.glob("eval-*"))       # was an empty eval-textworld_express-nope/ in the checkpoint
+
+
+def test_turns_of_won_episodes_with_none_won_reads_as_such():
+    from agentq.eval.evaluate import turns_text
+
+    assert turns_text(float("nan")) == turns_text(None) == "– (none won)" and turns_text(2.0) == "2.00"
 
 
 def test_an_evaluation_inside_training_plays_the_episodes_agentq_eval_plays(tmp_path):

@@ -1,6 +1,8 @@
 """`agentq report`'s pieces computed without a browser (the rendered page: tests/trainer/test_run_outputs.py)."""
 import re
 
+import pytest
+
 from agentq.eval.report import by_turn_section, viewer_steps
 
 
@@ -20,3 +22,38 @@ def test_viewer_steps_spread_over_the_run_for_every_k():
     assert viewer_steps(steps, 1) == [7]
     assert viewer_steps(steps, 0) == []
     assert viewer_steps([3], 4) == [3]
+
+
+def _pipeline_folder(root):
+    """What `agentq pipeline` leaves: rl/ (the RL run) and summary.json, no metrics.jsonl on top."""
+    import json
+
+    (root / "rl").mkdir(parents=True)
+    (root / "rl" / "metrics.jsonl").write_text(json.dumps({"step": 1, "time": 0.0, "eval/success_rate": 0.5}) + "\n")
+    split = {"episodes": 4, "sft_success_rate": 0.25, "rl_success_rate": 0.5, "sft_success_ci95": [0.05, 0.7],
+             "rl_success_ci95": [0.15, 0.85], "paired": {"won_only_after": 2, "won_only_before": 1, "mcnemar_p": 1.0}}
+    summary = {"split": "dev", **split, "other_splits": {"test": split}, "algo": "interq", "rollout_quant": "w8a8_kv8",
+               "sft_demos": 8, "rl_steps": 1}
+    (root / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_pipeline_folder_is_reported_with_its_sft_to_rl_summary(tmp_path):
+    """`agentq pipeline` prints its folder; `agentq report <that folder>` said "not an agentq run folder"."""
+    from agentq.cli import main
+
+    _pipeline_folder(tmp_path / "pipe")
+    assert main(["report", str(tmp_path / "pipe")]) == 0
+    page = (tmp_path / "pipe" / "report.html").read_text()
+    table = re.search(r"<table id='pipeline-table'>.*?</table>", page, re.S).group(0)
+    rows = re.findall(r"<tr><td class=l>(\w+)</td>((?:<td>[^<]*</td>)+)</tr>", table)
+    assert [r[0] for r in rows] == ["dev", "test"]
+    assert re.findall(r"<td>([^<]*)</td>", rows[0][1]) == ["4", "0.250", "0.050–0.700", "0.500", "0.150–0.850",
+                                                             "2 / 1", "1.000"]
+    assert "agentq run pipe:" in page and "href='#pipeline'" in page
+
+
+def test_a_folder_that_is_no_run_names_both_kinds(tmp_path):
+    from agentq.eval.report import write_report
+
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl, nor rl/metrics.jsonl of an `agentq pipeline` folder"):
+        write_report(tmp_path)

@@ -91,3 +91,56 @@ def test_summarize_turn_rates_by_hand():
     # per turn over all episodes: 1/10 invalid format, 5/10 inadmissible; one of two capped; won in 4 turns
     assert s["invalid_action_rate"] == 0.1 and s["inadmissible_action_rate"] == 0.5
     assert s["cap_rate"] == 0.5 and s["turns_success_mean"] == 4 and s["success_rate"] == 0.5
+
+
+GUESS_LIKE = """
+from agentq.envs import TaskStep, TextEnv
+
+
+class Coin(TextEnv):
+    splits = ("train", "heldout")
+
+    def _tasks(self, split):
+        return ["a"]
+
+    def _reset_task(self, task_id, split):
+        return "goal", TaskStep(obs="start")
+
+    def _step_task(self, action):
+        return TaskStep(obs="end", done=True, won=True)
+"""
+
+
+def test_pipeline_splits_of_an_env_from_outside_agentq(tmp_path, monkeypatch):
+    """An env that is not one of REGISTRY's names (a plugin, `module:Class`) was a KeyError traceback
+    in `agentq pipeline` before anything ran; its splits are checked like a built-in's."""
+    from agentq.config import ConfigError, load_config
+    from agentq.trainer.pipeline import eval_splits
+
+    (tmp_path / "pipeline_probe_env.py").write_text(GUESS_LIKE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(["env.name=pipeline_probe_env:Coin", "pipeline.eval_splits=[heldout]"], config_name="pipeline")
+    assert eval_splits(cfg) == ["heldout"]
+    cfg = load_config(["env.name=pipeline_probe_env:Coin", "pipeline.eval_splits=[dev]"], config_name="pipeline")
+    with pytest.raises(ConfigError, match=r"\['dev'\] not a split of pipeline_probe_env:Coin; valid: \['train', 'heldout'\]"):
+        eval_splits(cfg)
+
+
+def test_a_split_the_env_lacks_is_one_line_and_leaves_no_run_folder(tmp_path, capsys):
+    out = tmp_path / "p"
+    assert main(["pipeline", "pipeline.eval_splits=[valid]", f"pipeline.out_dir={out}"]) == 2
+    assert "agentq: pipeline.eval_splits=['valid']: ['valid'] not a split" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_turns_of_won_episodes_with_none_won_is_not_nan(capsys):
+    from agentq.trainer.pipeline import _print_comparison
+
+    c = {"sft_success_rate": 0.0, "rl_success_rate": 0.5, "sft_success_ci95": [0.0, 0.1], "rl_success_ci95": [0.4, 0.6],
+         "sft_score": 0.0, "rl_score": 0.5, "sft_turns_success": float("nan"), "rl_turns_success": 2.0,
+         "sft_cap_rate": 1.0, "rl_cap_rate": 0.5, "sft_inadmissible_rate": 0.0, "rl_inadmissible_rate": 0.0,
+         "success_gain": 0.5, "gain_z": 1.0,
+         "paired": {"pairs": 2, "won_only_after": 1, "won_only_before": 0, "mcnemar_z": 1.0, "mcnemar_p": 1.0}}
+    _print_comparison("t", c)
+    said = capsys.readouterr().err
+    assert "– (none won)" in said and "2.00" in said and "nan" not in said
