@@ -8,7 +8,11 @@ so the next `reset` of that slot works, and the agent loop reports the episode a
 """
 from __future__ import annotations
 
+import numbers
+import pickle
+import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
@@ -99,12 +103,69 @@ class SiblingSlots:
     def restarted(self, worker: str, slots: Iterable[int], in_call: Sequence[int], why: str) -> None:
         """`worker` (e.g. "env worker 1") was restarted, rebuilding the envs of `slots`, because of a
         call for the slots `in_call` (which get their own error); its other live slots are lost."""
+        cause = f"; its call for slot(s) {sorted(in_call)}: {why}" if in_call else f" ({why})"
         for slot in slots:
             if slot in self._live and slot not in in_call:
                 self._live.discard(slot)
-                self._lost[slot] = (f"{worker} restarted while this episode ran; its call for slot(s) "
-                                    f"{sorted(in_call)}: {why}. This slot's environment was rebuilt, so the "
-                                    "episode's state is gone")
+                self._lost[slot] = (f"{worker} restarted while this episode ran{cause}. This slot's environment "
+                                    "was rebuilt, so the episode's state is gone")
+
+
+def check_items(cmd: str, items: Sequence[Any], num_envs: int) -> None:
+    """Refuse a malformed `reset` / `step` call before any of it runs, so a bad call costs no episode.
+
+    Raises:
+        TypeError: an item is not a (slot, payload) pair, a slot not an int, a reset's kwargs not a
+        dict, a step's action not a str.
+        ValueError: a slot outside 0 … num_envs−1, or named twice (its two results would collide).
+    """
+    what = "reset kwargs" if cmd == "reset" else "action"
+    seen: set[int] = set()
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError(f"env pool {cmd}: each item must be a (slot, {what}) pair, got {item!r:.80}")
+        slot, payload = item
+        if isinstance(slot, bool) or not isinstance(slot, numbers.Integral):
+            raise TypeError(f"env pool {cmd}: slot must be an int, got {type(slot).__name__} ({slot!r:.40})")
+        if not 0 <= int(slot) < num_envs:
+            raise ValueError(f"env pool {cmd}: slot {slot} does not exist; valid: 0 … {num_envs - 1}")
+        if int(slot) in seen:
+            raise ValueError(f"env pool {cmd}: slot {slot} named twice in one call")
+        seen.add(int(slot))
+        if cmd == "reset" and not isinstance(payload, Mapping):
+            raise TypeError(f"env pool reset: slot {slot}'s reset kwargs must be a dict like "
+                            f"{{'seed': .., 'options': {{'task_id': ..}}}}, got {type(payload).__name__}")
+        if cmd == "step" and not isinstance(payload, str):
+            raise TypeError(f"env pool step: slot {slot}'s action must be a str, got {type(payload).__name__}")
+
+
+def encode_items(cmd: str, items: Sequence[tuple[int, Any]]) -> bytes:
+    """One worker's share of a call, pickled by the pool before anything is sent (a payload that cannot
+    be pickled raises here, so no worker runs half a call)."""
+    try:
+        return pickle.dumps(list(items), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        raise TypeError(f"env pool {cmd}: the items of slot(s) {[it[0] for it in items]} cannot be sent to a "
+                        f"worker ({type(e).__name__}: {e}); nothing was sent") from None
+
+
+def pack_results(results: list[EnvResult]) -> bytes:
+    """A worker's results pickled for the trip back. A result that cannot be pickled (an env's info
+    holding a lock, ...) becomes an error result: that episode is lost, not the worker or the call's
+    other results (the subprocess and Ray pools pickle alike, so they answer alike)."""
+    try:
+        return pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return pickle.dumps([_sendable(r) for r in results], protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _sendable(r: EnvResult) -> EnvResult:
+    try:
+        pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL)
+        return r
+    except Exception as e:
+        return EnvResult(r.slot, ok=False, error=f"the environment's result cannot be sent back to the pool "
+                                                 f"({type(e).__name__}: {e}); the episode is lost")
 
 
 def make_env(spec: EnvSpec) -> gym.Env:
@@ -153,6 +214,13 @@ class WorkerCore:
         """`EnvPool.step` for this core's slots (an env that raises is rebuilt; its result is an error)."""
         return [self._run(slot, lambda env: _step_result(slot, env.step(action))) for slot, action in items]
 
+    def call(self, cmd: str, blob: bytes) -> bytes:
+        """`reset` or `step` on items pickled by `encode_items`; the results pickled by `pack_results`
+        (how the subprocess and Ray pools call a worker)."""
+        if cmd not in ("reset", "step"):
+            raise ValueError(f"unknown worker command {cmd!r}")
+        return pack_results(getattr(self, cmd)(pickle.loads(blob)))
+
     def close(self) -> None:
         """Close every environment (errors while closing are ignored)."""
         for env in self.envs.values():
@@ -181,12 +249,177 @@ class InlinePool:
 
     def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
         """See `EnvPool.reset`."""
+        check_items("reset", items, self.num_envs)
         return self.core.reset(items)
 
     def step(self, items: list[tuple[int, str]]) -> list[EnvResult]:
         """See `EnvPool.step`."""
+        check_items("step", items, self.num_envs)
         return self.core.step(items)
 
     def close(self) -> None:
         """See `EnvPool.close`."""
         self.core.close()
+
+
+def last_line(e: BaseException) -> str:
+    """The last line of an error's text (a Ray error carries the remote traceback before it)."""
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(e).__name__
+
+
+class WorkerPool:
+    """The dispatch that the subprocess and Ray pools share, so both answer a call alike.
+
+    Slot s lives in worker s mod num_workers. A call's items are checked and pickled before any is
+    sent (`check_items`, `encode_items`): bad input raises and runs nothing. Every worker's answer, or
+    its death or hang (no answer within n × `call_timeout_s` for n items), is read before any worker
+    restarts, so no answer is left behind for a later call; a call interrupted before its answers were
+    read (KeyboardInterrupt, ...) restarts those workers at the next call for the same reason. A dead or
+    hung worker is killed and started again (`SiblingSlots` for its other slots). A worker that cannot
+    be started again is down: its slots answer with errors and it is tried again at its next call;
+    after `max_start_failures` failed starts in a row the call raises (no endless restart loop).
+    Subclasses provide `_launch`, `_await`, `_kill`, `_submit`, `_answer` and `close`.
+    """
+
+    kind = "env worker"             # how errors name a worker ("env worker 1")
+    max_start_failures = 3
+
+    def _setup(self, spec: EnvSpec, num_envs: int, num_workers: int, call_timeout_s: float,
+               start_timeout_s: float) -> None:
+        if num_workers < 1:
+            raise ValueError(f"env_pool.num_workers must be ≥ 1, got {num_workers}")
+        for key, value in (("call_timeout_s", call_timeout_s), ("start_timeout_s", start_timeout_s)):
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"env_pool.{key} must be > 0, got {value!r}")
+        self.spec, self.num_envs = spec, num_envs
+        self.call_timeout_s, self.start_timeout_s = float(call_timeout_s), float(start_timeout_s)
+        self.num_workers = min(num_workers, num_envs)
+        self._slots = {w: [s for s in range(num_envs) if s % self.num_workers == w] for w in range(self.num_workers)}
+        self._siblings = SiblingSlots()
+        self.restarts = 0
+        self._failed_starts: dict[int, int] = {}     # worker → failed starts in a row
+        self._down: dict[int, str] = {}              # worker → why its last start failed
+        self._pending: set[int] = set()              # workers sent a command whose answer was not read
+
+    # ------------------------------------------------------------------ one worker (subclasses)
+    def _launch(self, w: int) -> None:
+        """Start worker `w` without waiting for it."""
+        raise NotImplementedError
+
+    def _await(self, w: int, timeout: float) -> str | None:
+        """Wait until `w` has built its envs: None, or why it did not (then it is killed)."""
+        raise NotImplementedError
+
+    def _kill(self, w: int) -> None:
+        raise NotImplementedError
+
+    def _submit(self, w: int, cmd: str, blob: bytes) -> Any:
+        """Send `w` a command: a handle for `_answer`, or None when it cannot be sent (dead)."""
+        raise NotImplementedError
+
+    def _answer(self, w: int, handle: Any, timeout: float) -> tuple[bytes | None, str]:
+        """(the packed results, ""), or (None, "hung") after `timeout` s, or (None, "died (...)")."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared
+    def _start_all(self) -> None:
+        """Start every worker and wait for all (one `start_timeout_s`); if one fails, none is left."""
+        try:
+            for w in range(self.num_workers):
+                self._launch(w)
+            deadline = time.monotonic() + self.start_timeout_s
+            for w in range(self.num_workers):
+                problem = self._await(w, max(0.0, deadline - time.monotonic()))
+                if problem is not None:
+                    raise RuntimeError(f"{self.kind} {w} failed to start ({self.spec.name}): {problem}")
+        except BaseException:
+            self.close()
+            raise
+
+    def _restart(self, why: dict[int, str], in_call: dict[int, list[int]]) -> dict[int, str | None]:
+        """Kill and start again each worker of `why` (all launched before any is awaited); their live
+        slots outside `in_call` are lost. Returns worker → None (up again) or why it is down."""
+        for w in why:
+            self._kill(w)
+            self._launch(w)
+            self.restarts += 1
+        deadline = time.monotonic() + self.start_timeout_s
+        out: dict[int, str | None] = {}
+        for w, cause in why.items():
+            out[w] = problem = self._await(w, max(0.0, deadline - time.monotonic()))
+            if problem is None:
+                self._failed_starts.pop(w, None)
+                self._down.pop(w, None)
+            else:
+                self._failed_starts[w] = self._failed_starts.get(w, 0) + 1
+                self._down[w] = problem
+            self._siblings.restarted(f"{self.kind} {w}", self._slots[w], in_call.get(w, []), cause)
+        return out
+
+    def _dispatch(self, cmd: str, items: Sequence[tuple[int, Any]]) -> list[EnvResult]:
+        check_items(cmd, items, self.num_envs)
+        if self._pending:           # an interrupted call's answers are still in flight: never read them as ours
+            stale, self._pending = self._pending, set()
+            self._restart({w: "a call to it was interrupted before its answer was read" for w in sorted(stale)}, {})
+        send, results = self._siblings.answer_lost(cmd, items)
+        by_worker: dict[int, list] = {}
+        for it in send:
+            by_worker.setdefault(it[0] % self.num_workers, []).append(it)
+        blobs = {w: encode_items(cmd, its) for w, its in by_worker.items()}
+        # a worker left down by a failed start is tried again first; still down, its items are answered
+        for w, problem in self._restart({w: "it was down" for w in blobs if w in self._down}, {}).items():
+            if problem is not None:
+                del blobs[w]
+                results.update(_errors(by_worker[w], f"{self.kind} {w} is down: it could not be started ({problem})"))
+        failed = self._exchange(cmd, by_worker, blobs, results)
+        in_call = {w: [it[0] for it in by_worker[w]] for w in failed}
+        for w, problem in self._restart(failed, in_call).items():
+            note = "restarted" if problem is None else f"could not be restarted ({problem}); tried again at its next call"
+            results.update(_errors(by_worker[w], f"{self.kind} {w} {failed[w]}; {note}"))
+        self._siblings.record(results.values())
+        self._give_up_if_down()
+        return [results[it[0]] for it in items]
+
+    def _exchange(self, cmd: str, by_worker: dict[int, list], blobs: dict[int, bytes],
+                  results: dict[int, EnvResult]) -> dict[int, str]:
+        """Send each worker its blob, then read every answer into `results`; returns worker → why it
+        failed (died, hung) for those that did not answer."""
+        self._pending.update(blobs)
+        handles = {w: self._submit(w, cmd, blob) for w, blob in blobs.items()}
+        t0 = time.monotonic()
+        failed: dict[int, str] = {}
+        for w, handle in handles.items():
+            n = len(by_worker[w])
+            budget = self.call_timeout_s * n       # every worker started at t0: its own budget from then
+            reply, why = self._answer(w, handle, max(0.0, t0 + budget - time.monotonic()))
+            self._pending.discard(w)
+            if reply is not None:
+                results.update((r.slot, r) for r in pickle.loads(reply))
+            elif why == "hung":
+                failed[w] = (f"hung: no answer to {cmd} of {n} slot(s) within {budget:g} s "
+                             f"(env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
+            else:
+                failed[w] = why
+        return failed
+
+    def _give_up_if_down(self) -> None:
+        for w, n in self._failed_starts.items():
+            if n >= self.max_start_failures:
+                raise RuntimeError(f"{self.kind} {w} ({self.spec.name}) could not be started {n} times in a row; "
+                                   f"giving up: {self._down.get(w)}")
+
+    def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
+        """See `EnvPool.reset`; a dead or hung worker's slots answer with errors (the worker restarts)."""
+        return self._dispatch("reset", items)
+
+    def step(self, items: list[tuple[int, str]]) -> list[EnvResult]:
+        """See `EnvPool.step`; a dead or hung worker's slots answer with errors (the worker restarts)."""
+        return self._dispatch("step", items)
+
+
+def _errors(items: Iterable[tuple[int, Any]], error: str) -> dict[int, EnvResult]:
+    return {it[0]: EnvResult(it[0], ok=False, error=error) for it in items}

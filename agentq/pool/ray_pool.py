@@ -11,8 +11,9 @@ Each actor asks for at most one CPU, and less when the cluster has fewer free CP
 (`cpus_per_worker`; none at all when every CPU is held, with a warning): Ray would otherwise wait
 forever to place an actor it cannot fit (a 2-CPU machine with 3 workers, or a second pool while the
 first one holds the CPUs). Actors that still cannot start within `start_timeout_s` raise an error
-naming the free resources. The RL trainer plays its evaluations through the training pool, so a
-run holds one set of workers."""
+naming the free resources. The dispatch, restart and give-up rules are `WorkerPool`'s, shared with
+the subprocess pool (a restarted actor is awaited like a restarted subprocess). The RL trainer plays
+its evaluations through the training pool, so a run holds one set of workers."""
 from __future__ import annotations
 
 import os
@@ -20,9 +21,11 @@ import time
 import warnings
 from typing import Any
 
-from .base import EnvResult, EnvSpec, SiblingSlots, WorkerCore
+from .base import EnvSpec, WorkerCore, WorkerPool, last_line
 
 LOOPBACK = "127.0.0.1"
+CLOSE_TIMEOUT_S = 10.0      # for all actors together to close their envs; then they are killed
+RESOURCE_SETTLE_S = 2.0     # how long released CPUs may take to show as free (measured: under 1 s)
 
 
 def ray_init_kwargs(address: str | None) -> dict:
@@ -47,11 +50,25 @@ def keep_local_cluster_on_loopback() -> None:
 def cpus_per_worker(available_cpus: float, num_workers: int, wanted: float = 1.0) -> float:
     """CPUs each of `num_workers` actors requests: `wanted`, or an equal share of what is free
     (rounded down to 1/100; 0 when nothing is free: Ray places zero-CPU actors anywhere)."""
-    return max(0.0, min(float(wanted), int(100 * available_cpus / num_workers) / 100))
+    return max(0.0, min(float(wanted), int(100 * available_cpus / max(1, num_workers)) / 100))
 
 
-class RayPool:
+def free_cpus(ray: Any, wanted: float, settle_s: float = RESOURCE_SETTLE_S) -> float:
+    """The cluster's free CPUs. CPUs just released (a closed pool's killed actors, a removed placement
+    group) show as free only a moment later, so while fewer than `wanted` are free this looks again
+    for up to `settle_s` (a pool started right after another closed would otherwise get no CPU)."""
+    deadline = time.monotonic() + settle_s
+    free = ray.available_resources().get("CPU", 0.0)
+    while free < wanted and time.monotonic() < deadline:
+        time.sleep(0.1)
+        free = max(free, ray.available_resources().get("CPU", 0.0))
+    return float(free)
+
+
+class RayPool(WorkerPool):
     """`EnvPool` over Ray actors (each a `WorkerCore`); slot s lives in actor s mod num_workers."""
+
+    kind = "env actor"
 
     def __init__(self, spec: EnvSpec, num_envs: int, num_workers: int = 2, address: str | None = None,
                  num_cpus: int | None = None, num_cpus_per_worker: float = 1.0, start_timeout_s: float = 300.0,
@@ -64,79 +81,83 @@ class RayPool:
             num_cpus_per_worker: CPUs each actor asks for at most (less when fewer are free).
             start_timeout_s: seconds the actors may take to start (then an error naming free resources).
             call_timeout_s: seconds one env call may take before its actor counts as hung.
+        Raises:
+            RuntimeError: an actor failed to start (none is left running).
         """
         import ray
 
         self._ray = ray
-        self.call_timeout_s = float(call_timeout_s)
+        self._actors: dict[int, Any] = {}
+        self._setup(spec, num_envs, num_workers, call_timeout_s, start_timeout_s)   # refused before a cluster starts
         if not ray.is_initialized():   # num_cpus sizes a local cluster started here (None: every core)
             if address is None:
                 keep_local_cluster_on_loopback()
             ray.init(**ray_init_kwargs(address), num_cpus=num_cpus if address is None else None)
-        self.spec, self.num_envs = spec, num_envs
-        self.num_workers = min(num_workers, num_envs)
-        self.cpus_per_worker = cpus_per_worker(ray.available_resources().get("CPU", 0.0), self.num_workers,
-                                               num_cpus_per_worker)
+        free = free_cpus(ray, self.num_workers * num_cpus_per_worker)
+        self.cpus_per_worker = cpus_per_worker(free, self.num_workers, num_cpus_per_worker)
         if self.cpus_per_worker == 0:
             warnings.warn(f"the Ray cluster has no free CPU: {self.num_workers} env worker(s) start without a CPU "
                           "reservation and share the cores with the actors that hold them", stacklevel=2)
         self._actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=0)(WorkerCore)
-        self._slots = {w: [s for s in range(num_envs) if s % self.num_workers == w] for w in range(self.num_workers)}
-        self._actors = {w: self._actor_cls.remote(spec, self._slots[w]) for w in range(self.num_workers)}
-        self._siblings = SiblingSlots()
-        self.restarts = 0
-        try:
-            ray.get([a.__ray_ready__.remote() for a in self._actors.values()], timeout=start_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            self.close()
-            raise RuntimeError(
-                f"{self.num_workers} Ray env worker(s) ({self.cpus_per_worker} CPU each) did not start within "
-                f"{start_timeout_s:.0f} s; cluster resources free now: {ray.available_resources()}") from None
+        self._start_all()
 
-    def _dispatch(self, cmd: str, items: list) -> list[EnvResult]:
-        send, results = self._siblings.answer_lost(cmd, items)
-        by_worker: dict[int, list] = {}
-        for it in send:
-            by_worker.setdefault(it[0] % self.num_workers, []).append(it)
-        futures = {w: getattr(self._actors[w], cmd).remote(its) for w, its in by_worker.items()}
-        t0 = time.monotonic()
-        for w, fut in futures.items():
-            budget = self.call_timeout_s * len(by_worker[w])
-            try:
-                for r in self._ray.get(fut, timeout=max(0.0, t0 + budget - time.monotonic())):
-                    results[r.slot] = r
-            except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError) as e:
-                hung = isinstance(e, self._ray.exceptions.GetTimeoutError)
-                if hung:
-                    self._ray.kill(self._actors[w])
-                self.restarts += 1
-                self._actors[w] = self._actor_cls.remote(self.spec, self._slots[w])
-                why = (f"hung (no answer within {budget:g} s, env_pool.call_timeout_s={self.call_timeout_s:g}); killed"
-                       if hung else f"died ({type(e).__name__})")
-                self._siblings.restarted(f"env actor {w}", self._slots[w], [it[0] for it in by_worker[w]], why)
-                for it in by_worker[w]:
-                    results[it[0]] = EnvResult(it[0], ok=False, error=f"env actor {w} {why}; restarted")
-        self._siblings.record(results.values())
-        return [results[it[0]] for it in items]
+    def _launch(self, w: int) -> None:
+        self._actors[w] = self._actor_cls.remote(self.spec, self._slots[w])
+
+    def _await(self, w: int, timeout: float) -> str | None:
+        ray = self._ray
+        try:
+            ray.get(self._actors[w].__ray_ready__.remote(), timeout=timeout)
+            return None
+        except ray.exceptions.GetTimeoutError:
+            problem = (f"not started within {self.start_timeout_s:g} s ({self.cpus_per_worker:g} CPU each); "
+                       f"cluster resources free now: {ray.available_resources()}")
+        except ray.exceptions.RayError as e:      # its constructor raised, or it died
+            problem = last_line(e)
+        self._kill(w)       # a pending actor would otherwise take its CPU whenever one frees up
+        return problem
+
+    def _kill(self, w: int) -> None:
+        try:
+            self._ray.kill(self._actors[w])     # also one that is unreachable but alive
+        except Exception:
+            pass
+
+    def _submit(self, w: int, cmd: str, blob: bytes) -> Any:
+        try:
+            return self._actors[w].call.remote(cmd, blob)
+        except self._ray.exceptions.RayError:
+            return None
+
+    def _answer(self, w: int, handle: Any, timeout: float) -> tuple[bytes | None, str]:
+        ray = self._ray
+        if handle is None:
+            return None, "died (no longer reachable)"
+        try:
+            return ray.get(handle, timeout=timeout), ""
+        except ray.exceptions.GetTimeoutError:
+            return None, "hung"
+        except ray.exceptions.RayActorError as e:
+            return None, f"died ({type(e).__name__})"
+        except ray.exceptions.RayError as e:      # the call failed in Ray itself: the actor's state is unknown
+            return None, f"failed ({type(e).__name__}: {last_line(e)})"
 
     def actor(self, slot: int) -> Any:
         """The Ray actor handle that runs `slot` (tests kill it)."""
         return self._actors[slot % self.num_workers]
 
-    def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
-        """See `EnvPool.reset`; a dead or hung actor's slots answer with errors (the actor is recreated)."""
-        return self._dispatch("reset", items)
-
-    def step(self, items: list[tuple[int, str]]) -> list[EnvResult]:
-        """See `EnvPool.step`; a dead or hung actor's slots answer with errors (the actor is recreated)."""
-        return self._dispatch("step", items)
-
     def close(self) -> None:
-        """Close the actors' environments and kill the actors (the cluster keeps running)."""
-        for a in self._actors.values():
-            try:
-                self._ray.get(a.close.remote(), timeout=10)
-                self._ray.kill(a)
-            except Exception:
-                pass
-        self._actors.clear()
+        """Ask the actors to close their environments (`CLOSE_TIMEOUT_S` for all together), then kill
+        every actor, also a hung one or when this is interrupted (the cluster keeps running)."""
+        actors, self._actors = list(self._actors.values()), {}
+        try:
+            if actors:
+                self._ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=CLOSE_TIMEOUT_S)
+        except Exception:
+            pass
+        finally:
+            for a in actors:
+                try:
+                    self._ray.kill(a)
+                except Exception:
+                    pass

@@ -12,6 +12,7 @@ on several nodes: docs/distributed.md.
 """
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -50,6 +51,7 @@ class Placement:
         self._started_ray = False
         self._pg: Any = None            # ray's PlacementGroup while reserved
         self._parts: list = []
+        self._local = True              # a local cluster (ray.address null): no node will join it
         if self.mode == "single":
             return
         for key in ("rollout_workers", "learner_ranks"):
@@ -60,13 +62,19 @@ class Placement:
                              "(an NCCL broadcast is the planned GPU path: DistributedBackend.publish_weights)")
         if p.strategy not in STRATEGIES:
             raise ValueError(f"placement.strategy={p.strategy!r}; valid: {list(STRATEGIES)}")
-        self._start_ray(cfg)
-        self.use_gpus = self._resolve_gpus(p.use_gpus)
-        self.cpus = float(p.cpus_per_actor)
-        self.device = "cuda" if self.use_gpus else "cpu"
-        self.dtype = actor_dtype(cfg.dtype, self.use_gpus)
-        self.threads = max(1, int(self.cpus)) if not self.use_gpus else None
-        self._reserve(str(p.strategy))
+        if not float(p.cpus_per_actor) > 0:
+            raise ValueError(f"placement.cpus_per_actor={p.cpus_per_actor}: must be > 0")
+        try:
+            self._start_ray(cfg)
+            self.use_gpus = self._resolve_gpus(p.use_gpus)
+            self.cpus = float(p.cpus_per_actor)
+            self.device = "cuda" if self.use_gpus else "cpu"
+            self.dtype = actor_dtype(cfg.dtype, self.use_gpus)
+            self.threads = max(1, int(self.cpus)) if not self.use_gpus else None
+            self._reserve(str(p.strategy))
+        except BaseException:
+            self.close()        # no placement group left pending, no cluster left running
+            raise
 
     # -------------------------------------------------------------- cluster
     def _start_ray(self, cfg: DictConfig) -> None:
@@ -77,6 +85,7 @@ class Placement:
         from agentq.pool.ray_pool import keep_local_cluster_on_loopback, ray_init_kwargs
 
         self._ray = ray
+        self._local = cfg.ray.address is None
         if not ray.is_initialized():
             address = cfg.ray.address
             if address is None:
@@ -103,9 +112,23 @@ class Placement:
         return [{"CPU": 2 * self.cpus, **gpu} for _ in range(max(self.rollout_workers, self.learner_ranks))]
 
     def _reserve(self, strategy: str) -> None:
+        """Reserve the placement group, waiting up to `timeout_s` for resources that others hold. Bundles
+        the cluster's nodes can never hold fail at once on a local cluster (a 2-core machine asked for
+        4 CPUs would otherwise wait the whole timeout); a joined cluster may still gain nodes, so it
+        is warned and waited for."""
         from ray.util.placement_group import placement_group
 
         bundles = self.bundles()
+        nodes = [n["Resources"] for n in self._ray.nodes() if n.get("Alive")]
+        if not bundles_fit(nodes, bundles[0], len(bundles), strategy):
+            shown = [{k: v for k, v in n.items() if k in ("CPU", "GPU")} for n in nodes]
+            msg = (f"placement={self.mode}: the Ray cluster's nodes {shown} can never hold the {len(bundles)} bundles "
+                   f"{bundles[0]} (placement.strategy={strategy}); lower placement.rollout_workers / learner_ranks "
+                   "/ cpus_per_actor, or give the cluster more CPUs (ray.num_cpus) or nodes")
+            if self._local:
+                raise RuntimeError(msg)
+            warnings.warn(f"{msg}; waiting up to placement.timeout_s={self.timeout_s:g} s for nodes to join",
+                          stacklevel=2)
         self._pg = placement_group(bundles, strategy=strategy)
         try:
             self._ray.get(self._pg.ready(), timeout=self.timeout_s)
@@ -173,18 +196,44 @@ class Placement:
         return backend
 
     def close(self) -> None:
-        """Stop the actors, free the placement group, and stop Ray if this placement started it."""
-        for part in self._parts:
-            part.close()
-        self._parts = []
-        if self._pg is not None:
-            from ray.util.placement_group import remove_placement_group
+        """Stop the actors, free the placement group, and stop Ray if this placement started it (each
+        step also when an earlier one raised)."""
+        parts, self._parts = self._parts, []
+        try:
+            for part in parts:
+                part.close()
+        finally:
+            try:
+                if self._pg is not None:
+                    from ray.util.placement_group import remove_placement_group
 
-            remove_placement_group(self._pg)
-            self._pg = None
-        if self._started_ray:
-            self._ray.shutdown()
-            self._started_ray = False
+                    pg, self._pg = self._pg, None
+                    remove_placement_group(pg)
+            finally:
+                if self._started_ray:
+                    self._started_ray = False
+                    self._ray.shutdown()
+
+
+def bundles_fit(nodes: list[dict[str, float]], bundle: dict[str, float], count: int, strategy: str) -> bool:
+    """Whether `count` copies of `bundle` could ever be placed on nodes with these total resources.
+
+    Args:
+        nodes: each alive node's total resources (`ray.nodes()[i]["Resources"]`).
+        bundle: one bundle's resources (every bundle of a placement is the same).
+        count: bundles; strategy: STRICT_PACK (all on one node), STRICT_SPREAD (each on its own
+            node), PACK or SPREAD (wherever they fit).
+    """
+    def per_node(total: dict[str, float]) -> int:      # copies of the bundle one node holds
+        need = [(k, v) for k, v in bundle.items() if v > 0]
+        return min((int(total.get(k, 0.0) / v + 1e-9) for k, v in need), default=count)
+
+    fits = [per_node(n) for n in nodes]
+    if strategy == "STRICT_PACK":
+        return max(fits, default=0) >= count
+    if strategy == "STRICT_SPREAD":
+        return sum(1 for f in fits if f >= 1) >= count
+    return sum(fits) >= count
 
 
 def actor_dtype(dtype: str, use_gpus: bool) -> torch.dtype:

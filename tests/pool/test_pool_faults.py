@@ -1,0 +1,238 @@
+"""The subprocess and Ray pools under faults, with the same assertions for both (one dispatch,
+`WorkerPool`): a worker that cannot be restarted costs its own slots, not the other workers' answers,
+and the pool gives up after a bounded number of tries; bad input raises before anything runs; an
+unpicklable env result costs its episode only; an interrupted call never leaves an answer behind for
+the next one; close() ends hung workers and a failed start leaves none. The env is `fault_env.py`."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agentq.pool import EnvSpec, make_pool
+
+HERE = Path(__file__).resolve().parent
+KINDS = ["process", "ray"]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A 2-CPU local cluster for this module; its workers import fault_env through PYTHONPATH."""
+    ray = pytest.importorskip("ray")
+    from agentq.pool.ray_pool import keep_local_cluster_on_loopback, ray_init_kwargs
+
+    if ray.is_initialized():
+        ray.shutdown()
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *([old] if old else [])])
+    keep_local_cluster_on_loopback()
+    ray.init(**ray_init_kwargs(None), num_cpus=2)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def spec(**kw) -> EnvSpec:
+    return EnvSpec("fault_env:FaultEnv", kw)
+
+
+def make(kind: str, request, env: EnvSpec, n: int = 2, **kw):
+    if kind == "ray":
+        request.getfixturevalue("ray_cluster")
+    kw.setdefault("call_timeout_s", 10)
+    return make_pool(kind, env, n, num_workers=n, **kw)
+
+
+def start(pool, slots) -> None:
+    assert all(r.ok for r in pool.reset([(s, {"options": {"task_id": f"t/{s}"}}) for s in slots]))
+
+
+def obs(results) -> list[str]:
+    return [r.obs if r.ok else "ERROR" for r in results]
+
+
+def interrupted(kind: str, pool, items) -> None:
+    """pool.step(items), interrupted (KeyboardInterrupt: a Ctrl-C in the trainer) 0.3 s into its wait
+    for the answers. Raised from the wait itself, not by a signal at an arbitrary point."""
+    def interrupt(*_, **__):
+        time.sleep(0.3)
+        raise KeyboardInterrupt
+    with pytest.MonkeyPatch.context() as mp_:
+        if kind == "process":
+            from multiprocessing.connection import Connection
+            mp_.setattr(Connection, "poll", interrupt)
+        else:
+            mp_.setattr(pool._ray, "get", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            pool.step(items)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+def wait_until(check, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_worker_that_cannot_restart_costs_its_slots_not_the_other_answers(kind, request, tmp_path):
+    flag = tmp_path / "flag"
+    pool = make(kind, request, spec(flag=str(flag)))
+    try:
+        start(pool, [0, 1])
+        flag.touch()                                  # from now on worker 0 cannot be rebuilt
+        r0, r1 = pool.step([(0, "crash"), (1, "a")])
+        assert r1.obs == "echo a" and not r0.ok
+        assert "could not be restarted (RuntimeError: cannot build:" in r0.error
+        assert obs(pool.step([(1, "b")])) == ["echo b"]       # this call's answer, not an earlier one
+        (again,) = pool.reset([(0, {"options": {"task_id": "t/0"}})])
+        assert not again.ok and "is down: it could not be started" in again.error
+        flag.unlink()
+        start(pool, [0])                              # tried again at its next call: back up
+        assert obs(pool.step([(0, "c"), (1, "d")])) == ["echo c", "echo d"]
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_worker_that_never_comes_back_ends_the_run_after_three_tries(kind, request, tmp_path):
+    flag = tmp_path / "flag"
+    pool = make(kind, request, spec(flag=str(flag)))
+    try:
+        start(pool, [0, 1])
+        flag.touch()
+        assert not pool.step([(0, "crash")])[0].ok                       # failed start 1
+        assert not pool.reset([(0, {"options": {"task_id": "t/0"}})])[0].ok      # 2
+        with pytest.raises(RuntimeError, match="could not be started 3 times in a row; giving up: RuntimeError"):
+            pool.reset([(0, {"options": {"task_id": "t/0"}})])                   # 3
+    finally:
+        pool.close()
+
+
+BAD = [
+    ("step", [(2, "a")], ValueError, "slot 2 does not exist; valid: 0 … 1"),
+    ("step", [(-1, "a")], ValueError, "slot -1 does not exist"),
+    ("step", [(0, "a"), (0, "b")], ValueError, "slot 0 named twice"),
+    ("step", [("0", "a")], TypeError, "slot must be an int, got str"),
+    ("step", [(0, "a"), (1, None)], TypeError, "slot 1's action must be a str, got NoneType"),
+    ("step", [(0, "a"), 1], TypeError, "each item must be a \\(slot, action\\) pair"),
+    ("reset", [(0, {}), (1, "t/1")], TypeError, "slot 1's reset kwargs must be a dict"),
+]
+
+
+@pytest.mark.parametrize("kind", ["inline", *KINDS])
+def test_bad_input_raises_before_anything_runs(kind, request):
+    pool = make(kind, request, spec()) if kind != "inline" else make_pool("inline", spec(), 2)
+    try:
+        start(pool, [0, 1])
+        bad = BAD if kind == "inline" else [   # an unpicklable value is caught before any worker gets its share
+            *BAD, ("reset", [(0, {}), (1, {"options": {"task_id": threading.Lock()}})], TypeError, "cannot be sent")]
+        for cmd, items, exc, match in bad:
+            with pytest.raises(exc, match=match):
+                getattr(pool, cmd)(items)
+        res = pool.step([(0, "b"), (1, "c")])
+        assert obs(res) == ["echo b", "echo c"] and [r.info["steps"] for r in res] == [1, 1]   # none of it ran
+        assert getattr(pool, "restarts", 0) == 0
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_unsendable_result_costs_its_episode_only(kind, request):
+    pool = make(kind, request, spec())
+    try:
+        start(pool, [0, 1])
+        r0, r1 = pool.step([(0, "lock"), (1, "a")])
+        assert not r0.ok and "result cannot be sent back to the pool (TypeError" in r0.error
+        assert r1.obs == "echo a" and pool.restarts == 0
+        start(pool, [0])
+        assert obs(pool.step([(0, "b"), (1, "c")])) == ["echo b", "echo c"]
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_hung_worker_is_reported_alike_by_both_pools(kind, request):
+    pool = make(kind, request, spec(), call_timeout_s=2)
+    try:
+        start(pool, [0, 1])
+        r0, r1 = pool.step([(0, "hang"), (1, "a")])
+        assert r1.obs == "echo a" and pool.restarts == 1
+        worker = "worker" if kind == "process" else "actor"
+        assert r0.error == (f"env {worker} 0 hung: no answer to step of 1 slot(s) within 2 s "
+                            "(env_pool.call_timeout_s=2); killed; restarted")
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_interrupted_call_leaves_no_answer_for_the_next(kind, request):
+    pool = make(kind, request, spec())
+    try:
+        start(pool, [0, 1])
+        interrupted(kind, pool, [(0, "slow"), (1, "a")])
+        time.sleep(1.5)                               # both answers have arrived by now
+        res = pool.step([(0, "b"), (1, "c")])
+        assert all(not r.ok or r.obs == want for r, want in zip(res, ["echo b", "echo c"])), obs(res)
+        start(pool, [0, 1])
+        assert obs(pool.step([(0, "d"), (1, "e")])) == ["echo d", "echo e"]
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_close_ends_a_hung_worker(kind, request):
+    pool = make(kind, request, spec(), call_timeout_s=60)
+    start(pool, [0, 1])
+    pids = [int(r.obs.split()[-1]) for r in pool.step([(0, "pid"), (1, "pid")])]
+    interrupted(kind, pool, [(0, "hang")])                 # worker 0 is now stuck in its env
+    t0 = time.monotonic()
+    pool.close()
+    assert time.monotonic() - t0 < 13
+    assert wait_until(lambda: all(gone(pid) for pid in pids)), [pid for pid in pids if not gone(pid)]
+    if kind == "ray":
+        assert wait_until(lambda: request.getfixturevalue("ray_cluster").available_resources().get("CPU") == 2.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_failed_start_leaves_no_worker_running(kind, request, tmp_path):
+    # `as error`: the error is still referenced (being reported), so no garbage collection closes the pool
+    with pytest.raises(RuntimeError, match="failed to start \\(fault_env:FaultEnv\\): .*the first build") as error:
+        make(kind, request, spec(fail_once=str(tmp_path / "once")))      # one of the two fails
+    if kind == "process":
+        assert wait_until(lambda: not [p for p in mp.active_children() if p.name.startswith("agentq-env")])
+    else:
+        assert wait_until(lambda: request.getfixturevalue("ray_cluster").available_resources().get("CPU") == 2.0)
+    assert error.value is not None
+
+
+def test_a_pool_started_right_after_another_closed_gets_the_freed_cpus(request):
+    """Ray shows a killed actor's CPU as free a moment after the kill: without a second look, the
+    next pool (a pipeline's RL pool after its SFT pool) asked for no CPU and warned that none was free."""
+    ray = request.getfixturevalue("ray_cluster")
+    first = make("ray", request, spec())
+    assert first.cpus_per_worker == 1.0
+    first.close()
+    second = make("ray", request, spec())
+    try:
+        assert second.cpus_per_worker == 1.0 and ray.available_resources().get("CPU", 0.0) == 0.0
+    finally:
+        second.close()

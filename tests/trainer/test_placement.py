@@ -1,0 +1,78 @@
+"""`Placement` on a 2-CPU local Ray cluster: bundles the cluster can never hold fail at once with a
+clear message (not after `placement.timeout_s`, 600 s by default); a placement that fails leaves no
+placement group pending and no cluster it started running; one that fits still reserves and frees
+its group. The cluster runs in a subprocess (a fresh Ray per test file run)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from agentq.trainer.placement import bundles_fit
+from conftest import REPO
+
+pytest.importorskip("ray")
+
+
+def test_bundles_fit_by_hand():
+    two_cpus, gpu_node = {"CPU": 2.0, "memory": 1e9}, {"CPU": 8.0, "GPU": 2.0}
+    assert not bundles_fit([two_cpus], {"CPU": 2.0}, 2, "PACK")          # colocated's default on 2 cores
+    assert bundles_fit([two_cpus], {"CPU": 0.5}, 4, "PACK")              # 4 × 0.5 = 2
+    assert not bundles_fit([two_cpus], {"CPU": 0.5}, 5, "SPREAD")
+    assert bundles_fit([two_cpus, two_cpus], {"CPU": 2.0}, 2, "SPREAD")  # one per node
+    assert not bundles_fit([two_cpus, two_cpus], {"CPU": 2.0}, 2, "STRICT_PACK")
+    assert bundles_fit([two_cpus, two_cpus], {"CPU": 1.0}, 2, "STRICT_SPREAD")
+    assert not bundles_fit([two_cpus], {"CPU": 1.0}, 2, "STRICT_SPREAD")
+    assert not bundles_fit([two_cpus], {"CPU": 1.0, "GPU": 1.0}, 1, "PACK")   # no GPU at all
+    assert bundles_fit([gpu_node], {"CPU": 1.0, "GPU": 1.0}, 2, "STRICT_PACK")
+    assert not bundles_fit([], {"CPU": 1.0}, 1, "PACK")
+
+
+SCRIPT = """
+import time, ray
+from ray.util import placement_group_table
+from ray.util.placement_group import placement_group, remove_placement_group
+from agentq.config import load_config
+from agentq.pool.ray_pool import keep_local_cluster_on_loopback, ray_init_kwargs
+from agentq.trainer.placement import Placement
+
+def pending():
+    return sorted(v["state"] for v in placement_group_table().values() if v["state"] != "REMOVED")
+
+# 1. colocated's defaults ask 2 bundles of 2 CPUs of a 2-CPU cluster that this placement starts
+t0 = time.monotonic()
+try:
+    Placement(load_config(["placement=colocated", "ray.num_cpus=2", "placement.timeout_s=60"]))
+except RuntimeError as e:
+    print("NEVER", round(time.monotonic() - t0) < 20, "can never hold" in str(e), "ray.num_cpus" in str(e))
+print("RAY_LEFT", ray.is_initialized())
+
+# 2. a cluster started outside: a feasible request that times out (the CPUs are held) leaves nothing pending
+keep_local_cluster_on_loopback()
+ray.init(**ray_init_kwargs(None), num_cpus=2)
+holder = placement_group([{"CPU": 2.0}])
+ray.get(holder.ready(), timeout=60)
+split = ["placement=split", "placement.cpus_per_actor=0.5", "ray.num_cpus=2"]
+try:
+    Placement(load_config([*split, "placement.timeout_s=3"]))
+except RuntimeError as e:
+    print("BUSY", "within 3 s" in str(e), pending())
+remove_placement_group(holder)
+time.sleep(1)
+p = Placement(load_config(split))          # 4 bundles of 0.5 CPU: fits
+print("FITS", len(p.bundles()), pending())
+p.close()
+time.sleep(1)
+print("CLOSED", pending(), ray.is_initialized())
+ray.shutdown()
+"""
+
+
+def test_placement_fails_fast_and_leaves_nothing_behind():
+    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [line for line in p.stdout.splitlines() if line.split(" ")[0] in ("NEVER", "RAY_LEFT", "BUSY", "FITS",
+                                                                               "CLOSED")]
+    assert lines == ["NEVER True True True", "RAY_LEFT False", "BUSY True ['CREATED']", "FITS 4 ['CREATED']",
+                     "CLOSED [] True"], p.stdout[-3000:]
