@@ -124,11 +124,31 @@ def test_out_of_range_parameters_raise_with_the_range(name, params, message):
 
 
 def test_range_edges_that_are_valid():
-    make_objective("grpo", dual_clip=1.0001)
-    make_objective("grpo", dual_clip=float("inf"))
-    make_objective("tis", is_cap=1e-3)
-    make_objective("interq", k3_max=None, token_tis_cap=None)
-    make_objective("interq", k3_max=0.0, budget_B=0.0, H_floor=0.0)
+    """Values on the valid side of each bound are accepted as given, and used as given."""
+    from algo_batches import make_batch
+
+    assert make_objective("grpo", dual_clip=1.0001).dual_clip == 1.0001
+    # c = ∞: no dual clip. Â = −1, r = 20: u = max(20, 0.8) = 20 stays (c = 10 would cap it at 10)
+    b = make_batch([[1]], [[1]], [[0.0]], adv=[-1.0], dtype=torch.float64)
+    loss, stats = make_objective("grpo", dual_clip=float("inf"), kl_coef=0.0).loss(b.old_logp + math.log(20.0), b)
+    assert float(loss) == pytest.approx(20.0, rel=1e-12) and float(stats["dual_clip_frac"]) == 0.0
+    # C = 1e-3: w = min(e^δ, C) = 1e-3 for δ = 0.3 and δ = −0.5 alike (e^−0.5 = 0.61 > C)
+    b = make_batch([[1, 1]], [[1, 1]], [[0.3, -0.5]], dtype=torch.float64)
+    assert make_objective("tis", is_cap=1e-3).prepare(b).token_weight.tolist() == [pytest.approx([1e-3, 1e-3])]
+    obj = make_objective("interq", k3_max=None, token_tis_cap=None)
+    assert obj.params["k3_max"] is None and obj.params["token_tis_cap"] is None
+    obj = make_objective("interq", k3_max=0.0, budget_B=0.0, H_floor=0.0)
+    assert (obj.params["k3_max"], obj.params["budget_B"], obj.params["H_floor"]) == (0.0, 0.0, 0.0)
+    # k3_max = 0 clamps every token's k3 to 0: m = H = 0, so α = 1 however large δ is
+    b = make_batch([[1, 1, 1]], [[1, 2, 2]], [[2.0, -3.0, 1.0]], dtype=torch.float64)
+    assert make_objective("interq", k3_max=0.0).prepare(b).token_weight.tolist() == [[1.0, 1.0, 1.0]]
+    # the default k3_max = 10 clamps none of k3 = e^δ − 1 − δ (4.39, 2.05, 0.72): H_1 = k3(2),
+    # H_2 = H_1 + k3(−3) + k3(1), H_tot = H_1 + H_2 = 11.5 > H_floor = 1, so κ = B / H_tot and
+    # α_s = e^(−H_s / H_tot) = 0.684, 0.538
+    k3 = [math.expm1(x) - x for x in (2.0, -3.0, 1.0)]
+    H = [k3[0], sum(k3)]
+    a = [math.exp(-h / sum(H)) for h in H]
+    assert make_objective("interq").prepare(b).token_weight.tolist() == [pytest.approx([a[0], a[1], a[1]])]
 
 
 def test_registry_and_parameter_errors():

@@ -20,9 +20,32 @@ def test_groups_exist():
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
 def test_every_yaml_composes(group, option):
+    """Every value the option's file sets (read here with plain YAML) is the composed config's value
+    (an interpolation `${a.b}`: the value of a.b)."""
+    import yaml
+
     extra = ["model.path=/some/ckpt"] if (group, option) == ("model", "hf") else []
     cfg = load_config([f"{group}={option}", *extra])
     assert cfg[group] is not None
+    text = (CONF / group / f"{option}.yaml").read_text()
+    raw = yaml.safe_load(text) or {}
+    raw.pop("defaults", None)
+    package = "" if "@package _global_" in text else f"{group}."
+
+    def leaves(d, pre):
+        for k, v in d.items():
+            yield from leaves(v, f"{pre}{k}.") if isinstance(v, dict) and v else [(f"{pre}{k}", v)]
+    checked = 0
+    for key, want in leaves(raw, package):
+        if extra and key == "model.path":
+            want = "/some/ckpt"
+        elif isinstance(want, str) and want.startswith("${") and want.endswith("}"):
+            want = OmegaConf.select(cfg, want[2:-1])
+        got = OmegaConf.select(cfg, key)
+        got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+        assert got == want, (key, got, want)
+        checked += 1
+    assert checked > 0
 
 
 @pytest.mark.parametrize("env", GROUPS["env"])

@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from agentq.eval.plots import learning_curve
+from agentq.eval.plots import learning_curve, learning_curve_figure
+from agentq.utils.logging import read_metrics
 
 
 @pytest.mark.parametrize("steps,with_eval", [(12, True), (2, False)])
@@ -16,6 +17,24 @@ def test_learning_curve_png(tmp_path, steps, with_eval):
     out = learning_curve(m, tmp_path / "curve.png", sft_success=0.4 if with_eval else None, title="t")
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    # what the PNG draws, from the same file: the raw reward (s % 3) / 2 = .5, 1, 0, ... per step; its
+    # 5-step moving average from step 5 on: (.5 + 1 + 0 + .5 + 1) / 5 = .6, then .5, .4 repeating;
+    # no success line (success = reward); held-out points at steps 4, 8 (.54, .58) after SFT's .4 at 0
+    import matplotlib.pyplot as plt
+
+    fig = learning_curve_figure(read_metrics(m), sft_success=0.4 if with_eval else None, title="t")
+    lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in fig.axes[0].get_lines()}
+    plt.close(fig)
+    reward = [0.5, 1.0, 0.0] * 4
+    want = {"train reward (mean over the step's rollouts)": (list(range(1, steps + 1)), reward[:steps])}
+    if steps >= 5:
+        want["train reward, 5-step moving average"] = (list(range(5, steps + 1)), [0.6, 0.5, 0.4] * 3)
+    if with_eval:
+        want["held-out success (20 episodes)"] = ([0, 4, 8], [0.4, 0.54, 0.58])
+        want["after SFT (40 %)"] = ([0, 1], [0.4, 0.4])
+    assert lines.keys() == want.keys()
+    for label, (xs, ys) in want.items():
+        assert lines[label][0] == pytest.approx(xs) and lines[label][1] == pytest.approx(ys[:len(xs)]), label
 
 
 def test_learning_curve_keeps_negative_rewards_in_view_and_names_the_split():

@@ -66,7 +66,13 @@ def test_eval_selection_rule_lists_the_methods_selection_knows():
                                       "cpu_int_gemm=null", "rollout.top_k=5", "trainer.betas=[0,0.99]",
                                       "agent.action_tag=act_2-b", "algo.learner_quant=w8a8"])
 def test_good_values_pass(override):
-    load_config([override])
+    import yaml
+    from omegaconf import OmegaConf
+
+    key, value = override.split("=", 1)
+    got = OmegaConf.select(load_config([override]), key)
+    # kept as given: the value as YAML reads it (FP32 stays 'FP32', null is None, [0,0.99] a list)
+    assert (OmegaConf.to_container(got) if OmegaConf.is_config(got) else got) == yaml.safe_load(value)
 
 
 def test_choice_rules_list_what_the_code_accepts():
@@ -106,8 +112,13 @@ def test_every_problem_is_listed_at_once():
 
 
 def test_default_configs_pass():
-    load_config([])
-    load_config([], config_name="pipeline")
+    # the groups conf/config.yaml's defaults list names, and pipeline.yaml's own values on top of it
+    cfg = load_config([])
+    assert (cfg.env.name, cfg.rollout.quant, cfg.algo.name, cfg.env_pool.type, cfg.placement.mode) == \
+        ("textworld_express", "w8a8_kv8", "interq", "process", "single")
+    pipe = load_config([], config_name="pipeline")
+    assert (pipe.sft.num_demos, pipe.sft.epochs, pipe.algo.loss_agg) == (64, 4, "seq_mean")
+    assert pipe.env.name == cfg.env.name and pipe.algo.name == cfg.algo.name
 
 
 def test_cli_rejects_before_building_anything(tmp_path):

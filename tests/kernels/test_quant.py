@@ -14,23 +14,34 @@ def test_w8a8_worked_example():
     X = torch.tensor([[1.0, -2.0, 0.5], [0.1, 0.0, -0.3]])
     w_q, s_w = quant.quantize_weight(W, SPEC)
     x_q, s_x = quant.quantize_act(X, SPEC)
+    # by hand: scale = row absmax / 127; codes = round_half_even(x / scale)
+    # W row 0: s = 1/127, 0.5·127 = 63.5 → 64 (tie to even), 0.25·127 = 31.75 → 32
+    # W row 1: s = 0.03/127, 0.02/s = 84.67 → 85, 0.01/s = 42.33 → 42
+    # X row 0: s = 2/127, 1·63.5 → 64, 0.5·63.5 = 31.75 → 32; X row 1: s = 0.3/127, 0.1/s = 42.33 → 42
     assert w_q.tolist() == [[64, -127, 32], [85, 42, -127]]
     assert x_q.tolist() == [[64, -127, 32], [42, 0, -127]]
-    torch.testing.assert_close(s_w, torch.tensor([0.0078740, 0.00023622]), atol=1e-7, rtol=0)
-    torch.testing.assert_close(s_x, torch.tensor([0.0157480, 0.0023622]), atol=1e-7, rtol=0)
+    s_w_hand, s_x_hand = [1.0 / 127, 0.03 / 127], [2.0 / 127, 0.3 / 127]
+    assert s_w.tolist() == pytest.approx(s_w_hand, rel=1e-6) and s_x.tolist() == pytest.approx(s_x_hand, rel=1e-6)
     acc = quant.int8_matmul(x_q, w_q)
-    assert acc.tolist() == [[21249, -3958], [-1376, 19699]]
+    # acc[m][n] = Σ_k x_q[m,k]·w_q[n,k], e.g. 64·64 + 127·127 + 32·32 = 21249
+    acc_hand = [[64 * 64 + 127 * 127 + 32 * 32, 64 * 85 - 127 * 42 - 32 * 127],
+                [42 * 64 + 0 * -127 + 127 * -32, 42 * 85 + 0 * 42 + 127 * 127]]
+    assert acc.tolist() == acc_hand == [[21249, -3958], [-1376, 19699]]
     assert torch.equal(acc, quant.int8_matmul_ref(x_q, w_q))
     y = quant.w8a8_linear(X, w_q, s_w, None, SPEC)
-    torch.testing.assert_close(y, torch.tensor([[2.634881, -0.014724], [-0.025594, 0.010992]]), atol=2e-6, rtol=0)
+    # y = acc · s_x[m] · s_w[n] (fp32 in the code; fp64 here): [[2.634881, −0.014724], [−0.025594, 0.010992]]
+    y_hand = [[acc_hand[m][n] * s_x_hand[m] * s_w_hand[n] for n in range(2)] for m in range(2)]
+    torch.testing.assert_close(y, torch.tensor(y_hand), atol=2e-6, rtol=0)
 
 
 def test_kv_int8_worked_example():
     k = torch.tensor([0.3, -1.2, 0.05, 0.7])
     codes, scale = quant.quantize_kv(k, SPEC)
+    # by hand: scale = 1.2 / 127 = 0.0094488; k / scale = 31.75, −127, 5.29, 74.08 → 32, −127, 5, 74
     assert codes.tolist() == [32, -127, 5, 74]
-    assert abs(float(scale) - 0.0094488) < 1e-7
-    torch.testing.assert_close(quant.kv_roundtrip(k, SPEC), torch.tensor([0.302362, -1.2, 0.047244, 0.699213]),
+    assert float(scale) == pytest.approx(1.2 / 127, rel=1e-6)
+    # the round trip is codes · scale: 0.302362, −1.2, 0.047244, 0.699213
+    torch.testing.assert_close(quant.kv_roundtrip(k, SPEC), torch.tensor([c * 1.2 / 127 for c in (32, -127, 5, 74)]),
                                atol=1e-6, rtol=0)
 
 
