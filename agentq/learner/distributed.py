@@ -193,6 +193,7 @@ class DataParallelLearner:
         if world_size < 1:
             raise ValueError(f"placement.learner_ranks={world_size}: must be ≥ 1")
         self._ray, self.timeout_s = ray, float(timeout_s)
+        self._failed: str | None = None     # why the ranks were stopped (`_get`)
         cls = ray.remote(max_restarts=0)(RankLearner)
         self.ranks = [cls.options(**actor_options[r]).remote(r, world_size, model_path, spec, threads=threads,
                                                              **learner_kw)
@@ -209,7 +210,21 @@ class DataParallelLearner:
         self.prefix_tokens: dict[str, int] = {}
 
     def _get(self, refs):
-        return self._ray.get(refs, timeout=self.timeout_s)
+        """Every rank call's answer, within `timeout_s`. A rank that raised or did not answer leaves its
+        peers blocked in a collective until the group's timeout, and a later call could pair their
+        pending all-reduce with a new one: every rank is stopped at once (the learner is not
+        recovered, docs/distributed.md), and later calls fail at once with the first error."""
+        if self._failed is not None:
+            raise RuntimeError(f"the data-parallel learner's ranks were stopped after an earlier failure: "
+                               f"{self._failed}")
+        try:
+            return self._ray.get(refs, timeout=self.timeout_s)
+        except Exception as e:
+            # a RayTaskError's text is the rank's whole traceback: its last line names the error
+            self._failed = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:500]}"
+            self._kill_ranks()
+            e.add_note(f"agentq: a learner rank failed; all {len(self.ranks)} ranks were stopped")
+            raise
 
     def fill_old_and_ref(self, batch: PolicyBatch) -> None:
         ref = self._ray.put(batch)
@@ -264,11 +279,21 @@ class DataParallelLearner:
         self.model.load_state_dict(self._get(self.ranks[0].state_dict_cpu.remote()))
         return iter(self.model.state_dict().items())
 
-    def close(self) -> None:
+    def _kill_ranks(self) -> None:
         for r in self.ranks:
             try:
-                self._ray.get(r.close.remote(), timeout=30)
                 self._ray.kill(r)
             except Exception:
                 pass
-        self.ranks = []
+
+    def close(self) -> None:
+        """Leave the process group on every rank (stopped ranks skip it), then stop them: killed even
+        when the graceful close fails or times out (a rank stuck in a collective)."""
+        try:
+            if self._failed is None:
+                refs = [r.close.remote() for r in self.ranks]
+                if refs:
+                    self._ray.wait(refs, num_returns=len(refs), timeout=30)
+        finally:
+            self._kill_ranks()
+            self.ranks = []

@@ -12,8 +12,10 @@ broadcast from the learner's rank 0 to the engines is the GPU path for large mod
 `DistributedBackend.publish_weights`); it is not implemented (docs/distributed.md).
 
 A worker that dies (or does not answer within `timeout_s`) is restarted with the latest weights;
-the episodes it was serving come back as `TurnResult(finish_reason="error")`, and the agent loop
-reports them as errored episodes — as a dead env worker's are.
+the episodes it was serving come back as `TurnResult(finish_reason="error")` (also those not in the
+call that found it dead, at their next turn, until released), and the agent loop reports them as
+errored episodes — as a dead env worker's are. A sync that raises on any worker leaves the workers
+on different versions: `generate` and `score` refuse until an `update_weights` reaches them all.
 """
 from __future__ import annotations
 
@@ -100,6 +102,8 @@ class DistributedBackend(RolloutBackend):
         self._weights_ref = None            # the latest broadcast, for restarted workers
         self._owner: dict[int, int] = {}    # episode id → worker
         self._load = [0] * num_workers      # episodes each worker holds
+        self._lost: dict[int, str] = {}     # episode id → why: its worker was restarted (until released)
+        self._sync_error: str | None = None  # the last update_weights failed on some worker: no serving
         self.restarts = 0
         self.workers = [self._start(w) for w in range(num_workers)]
         self._kv_bytes = self._ray.get(self.workers[0].kv_bytes_per_token.remote(), timeout=self.timeout_s)
@@ -116,8 +120,11 @@ class DistributedBackend(RolloutBackend):
             pass
         self.restarts += 1
         self.workers[w] = self._start(w)
+        # its episodes' KV and sampling generators are gone: each one still running is reported at its
+        # next turn (not replayed from scratch on another worker with a fresh generator) until released
         for eid in [e for e, o in self._owner.items() if o == w]:
             del self._owner[eid]
+            self._lost[eid] = f"rollout worker {w} died; restarted (the episode's state was lost)"
         self._load[w] = 0
 
     def worker_of(self, episode_id: int, prefer: int | None = None) -> int:
@@ -156,9 +163,12 @@ class DistributedBackend(RolloutBackend):
     def generate(self, requests: list[TurnRequest]) -> list[TurnResult]:
         if len({r.episode_id for r in requests}) != len(requests):
             raise ValueError("generate() got two requests for the same episode")
+        self._check_synced()
         by_worker: dict[int, list[TurnRequest]] = {}
         home: dict[tuple[int, ...], int] = {}     # a context → the worker its first new episode went to
         for r in requests:
+            if r.episode_id in self._lost:
+                continue
             if r.episode_id in self._owner:
                 w = self.worker_of(r.episode_id)
             else:
@@ -175,9 +185,20 @@ class DistributedBackend(RolloutBackend):
         for w, err in failed.items():
             for r in by_worker[w]:
                 out[r.episode_id] = TurnResult(r.episode_id, [], [], "error", self.policy_version, error=err)
+        for r in requests:
+            if r.episode_id not in out:                   # lost with a worker restarted earlier
+                out[r.episode_id] = TurnResult(r.episode_id, [], [], "error", self.policy_version,
+                                               error=self._lost[r.episode_id])
         return [out[r.episode_id] for r in requests]
 
+    def _check_synced(self) -> None:
+        if self._sync_error is not None:
+            raise RuntimeError(f"the last update_weights failed on a rollout worker ({self._sync_error}), so the "
+                               "workers may hold different policy versions; call update_weights again before "
+                               "generating")
+
     def score(self, context_ids: list[int], target_ids: list[int], params: SamplingParams | None = None) -> list[float]:
+        self._check_synced()
         return self._ray.get(self.workers[0].score.remote(context_ids, target_ids, params), timeout=self.timeout_s)
 
     def publish_weights(self, tensors: dict[str, torch.Tensor]) -> Any:
@@ -189,8 +210,17 @@ class DistributedBackend(RolloutBackend):
         t0 = time.perf_counter()
         self._weights_ref = self.publish_weights({k: v.detach().cpu() for k, v in named_tensors})
         self.policy_version = version
-        ok, failed = self._gather({w: a.update_weights.remote(self._weights_ref, version)
-                                   for w, a in enumerate(self.workers)})
+        # set until every worker answers: a worker whose call raises keeps its old version (or none,
+        # `TorchEngine.update_weights`) while the others serve the new one (a dead one restarts with it)
+        self._sync_error = f"version {version}"
+        try:
+            ok, failed = self._gather({w: a.update_weights.remote(self._weights_ref, version)
+                                       for w, a in enumerate(self.workers)})
+        except Exception as e:
+            # a RayTaskError's text is the worker's whole traceback: its last line names the error
+            self._sync_error = f"version {version}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}"
+            raise
+        self._sync_error = None
         # a restarted worker loaded these weights at start; the code-change fraction is a survivor's
         first = ok[min(ok)] if ok else None
         return SyncStats(version=version, int8_codes_changed=first.int8_codes_changed if first else None,
@@ -198,6 +228,7 @@ class DistributedBackend(RolloutBackend):
                          extra={"rollout_workers": self.num_workers, "restarted": len(failed)})
 
     def release(self, episode_id: int) -> None:
+        self._lost.pop(episode_id, None)
         w = self._owner.pop(episode_id, None)
         if w is not None:
             self._load[w] -= 1

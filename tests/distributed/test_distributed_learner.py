@@ -5,10 +5,13 @@ the whole batch before the row split.
 
 Tolerance: the ranks sum partial gradients of different micro-batch compositions, so fp32 sums are
 re-associated; every gradient entry must agree within 1e-5 · max|g| (measured ≈ 1e-7 relative)."""
+import time
+
 import pytest
 import torch
 
 from agentq.algos import make_objective
+from agentq.algos.objective import GRPO
 from agentq.learner.batch import PolicyBatch
 from agentq.kernels import QuantSpec
 from agentq.learner.distributed import DataParallelLearner, flat_grad, shard_rows
@@ -175,3 +178,35 @@ def test_a_parameter_no_rank_has_a_gradient_for_is_skipped_as_in_one_process(tin
         assert all(torch.equal(w1[k], w2[k]) for k in w1)    # the used parameters step identically
     finally:
         dist.destroy_process_group()
+
+
+def test_an_error_on_one_rank_stops_every_rank_and_later_calls_fail_at_once(ray_cluster, tiny_model_dir):
+    """Rank 0 (it holds the longest row) raises in the middle of the update, while rank 1 waits in the
+    gradient all-reduce. The driver gets rank 0's error; the blocked rank must not make the next call
+    wait the group's timeout (or pair its pending all-reduce with a new one): every rank is stopped
+    and later calls fail at once, naming the first error."""
+    class FailsOnTheLongestRow(GRPO):       # defined here: pickled by value to the ranks
+        def loss(self, logp, mb):
+            if int(mb.attention_mask.sum(1).max()) == 40:
+                raise ValueError("injected failure on one rank")
+            return GRPO.loss(self, logp, mb)
+
+    kw = {**KW, "use_reference": False}
+    dp = DataParallelLearner(str(tiny_model_dir), SPEC, 2, [{"num_cpus": 0.5}] * 2, timeout_s=60, threads=1, **kw)
+    ranks = list(dp.ranks)
+    try:
+        objective = FailsOnTheLongestRow(kl_coef=0.0)
+        batch = synthetic_batch()
+        dp.fill_old_and_ref(batch)
+        batch = batch.weighted(objective.prepare(batch))
+        with pytest.raises(ValueError, match="injected failure on one rank"):
+            dp.update(batch, objective, generator=torch.Generator().manual_seed(0))
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="stopped after an earlier failure: .*injected failure"):
+            dp.fill_old_and_ref(synthetic_batch())
+        assert time.monotonic() - t0 < 10          # not the 60 s the blocked rank would hold it
+    finally:
+        dp.close()
+    for r in ranks:                                # no rank left running
+        with pytest.raises(ray_cluster.exceptions.RayActorError):
+            ray_cluster.get(r.close.remote(), timeout=30)

@@ -12,7 +12,7 @@ from agentq.agent import ActionParser, AgentLoop, BackendPolicy, ChatFormat, Epi
 from agentq.kernels import QuantSpec
 from agentq.pool import EnvSpec, InlinePool
 from agentq.rollout import SamplingParams, TurnRequest
-from agentq.rollout.distributed import DistributedBackend
+from agentq.rollout.distributed import DistributedBackend, EngineWorker
 from agentq.rollout.torch_engine.engine import TorchEngine
 
 SPEC = QuantSpec.preset("w8a8_kv8")
@@ -146,7 +146,64 @@ def test_an_error_raised_in_one_worker_still_restarts_a_dead_one(ray_cluster, ti
         with pytest.raises(ValueError, match="context ids must be non-empty and in"):
             dist.generate(turn([0, 1], ctx))
         assert dist.restarts == 1 and 1 not in dist._owner and dist._load == [1, 0]
+        dist.release(1)                  # the caller ends the lost episode; its id may then start afresh
         ctx[1] = [11 + j for j in range(10)]
         assert dist.generate(turn([1], ctx))[0].finish_reason != "error"      # the restarted worker plays
+    finally:
+        dist.close()
+
+
+def test_episodes_of_a_restarted_worker_left_out_of_the_call_come_back_as_errors(ray_cluster, tiny_model_dir,
+                                                                                 tokenizer):
+    """A call that finds a worker dead restarts it; its episodes that were not in that call lost their KV
+    and sampling generator too. Their next turn is an error (until released), not a silent replay from
+    scratch on another worker with a fresh generator (tokens one engine would not have sampled)."""
+    dist = distributed(tiny_model_dir, tokenizer)
+    try:
+        dist.update_weights(weights(tiny_model_dir).items(), version=0)
+        ctx = {e: [5 + (e * 7 + j) % 80 for j in range(12 + e)] for e in range(4)}
+        dist.generate(turn(range(4), ctx))
+        on1 = [e for e in range(4) if dist.worker_of(e) == 1]
+        on0 = [e for e in range(4) if dist.worker_of(e) == 0]
+        ray_cluster.kill(dist.workers[1])
+        res = dist.generate(turn([on0[0], on1[0]], ctx))
+        assert res[0].finish_reason != "error" and res[1].finish_reason == "error" and dist.restarts == 1
+        later = dist.generate(turn([on0[1], on1[1]], ctx))      # on1[1] was not in the call that found it dead
+        assert later[0].finish_reason != "error"
+        assert later[1].finish_reason == "error" and "rollout worker 1 died" in later[1].error
+        assert later[1].token_ids == [] and dist._load == [2, 0]
+        dist.release(on1[1])                            # released: the id may start a new episode
+        assert dist.generate(turn([on1[1]], ctx))[0].finish_reason != "error"
+    finally:
+        dist.close()
+
+
+def test_a_sync_that_fails_on_one_worker_serves_nothing_until_a_full_sync(ray_cluster, tiny_model_dir, tokenizer):
+    """Worker 1's update_weights raises (version 2): worker 0 serves version 2, worker 1 version 1. No
+    turn may be served from that mix; the next complete sync serves again, one version everywhere."""
+    class FailsVersion2(EngineWorker):      # defined here: pickled by value into the actor
+        def update_weights(self, weights, version):
+            if version == 2:
+                raise RuntimeError("injected: this worker's weight sync failed")
+            return EngineWorker.update_weights(self, weights, version)
+
+    dist = distributed(tiny_model_dir, tokenizer)
+    try:
+        dist._cls = ray_cluster.remote(max_restarts=0)(FailsVersion2)
+        ray_cluster.kill(dist.workers[1])
+        dist.workers[1] = dist._start(1)
+        w = weights(tiny_model_dir)
+        dist.update_weights(w.items(), version=1)
+        ctx = {e: [5 + (e * 7 + j) % 80 for j in range(12 + e)] for e in range(2)}
+        assert [r.policy_version for r in dist.generate(turn([0, 1], ctx))] == [1, 1]
+        assert sorted(dist.worker_of(e) for e in range(2)) == [0, 1]
+        with pytest.raises(RuntimeError, match="injected"):
+            dist.update_weights(perturbed(w).items(), version=2)
+        with pytest.raises(RuntimeError, match="update_weights failed on a rollout worker"):
+            dist.generate(turn([0, 1], ctx))
+        with pytest.raises(RuntimeError, match="update_weights failed on a rollout worker"):
+            dist.score(ctx[0], [5, 6])
+        dist.update_weights(perturbed(w, seed=1).items(), version=3)
+        assert [r.policy_version for r in dist.generate(turn([0, 1], ctx))] == [3, 3]
     finally:
         dist.close()
