@@ -85,9 +85,10 @@ class RankLearner(Learner):
                                   for p in params])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = len(params)
-        for i, p in enumerate(params):
+        seen = (flat[:offset] > 0).tolist()         # one device → host read, not one per parameter
+        for p, any_rank in zip(params, seen):
             n = p.numel()
-            p.grad = flat[offset: offset + n].view_as(p).clone() if flat[i] > 0 else None
+            p.grad = flat[offset: offset + n].view_as(p).clone() if any_rank else None
             offset += n
 
     # -------------------------------------------------------------- called by the driver
