@@ -42,7 +42,9 @@ def wandb_runs(run_dir: Path) -> list[tuple[str, list[int]]]:
     out = []
     for f in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
         records = list(wandb_records(f))
-        (run_id,) = {r.run.run_id for r in records if r.WhichOneof("record_type") == "run"}
+        # W&B names the file run-<run id>.wandb; its run record, where the file holds one, agrees
+        run_id = f.stem[len("run-"):]
+        assert {r.run.run_id for r in records if r.WhichOneof("record_type") == "run"} <= {run_id}, f
         out.append((run_id, [r.history.step.num for r in records if r.WhichOneof("record_type") == "history"]))
     return out
 
@@ -53,7 +55,9 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
     run = tmp_path / "run"
     assert main(["train", f"trainer.out_dir={run}", "trainer.steps=1", *SMALL]) == 0
     assert main(["train", f"trainer.resume={run}", "trainer.steps=2"]) == 0
-    (first, steps1), (second, steps2) = wandb_runs(run)
+    runs = wandb_runs(run)
+    assert len(runs) == 2, [sorted(p.relative_to(run).parts) for p in run.glob("wandb/offline-run-*/*.wandb")]
+    (first, steps1), (second, steps2) = runs
     assert first == second                  # one W&B run, not a second one per resume
     assert (steps1, steps2) == ([1], [2])   # and the resume logs only the steps after the checkpoint
     # a fresh run replacing the folder's is a new W&B run
