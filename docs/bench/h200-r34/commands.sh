@@ -12,3 +12,6 @@ RL="python3 -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --mi
 $RL --steps 2
 TESTS="$(sed -n 's/^TESTS="\(.*\)"$/\1/p' docs/bench/h200-r31/commands.sh) tests/kernels/test_fast_codes.py"
 python3 -m pytest -q -o addopts= -p no:randomly -p no:cacheprovider -s -k "not interpret" $TESTS
+# call 2 (794c437; .devrun/r34b.sh, ~3 device minutes): rl1b-new512.log (the machine's `git log` line reads
+# 11f78ff, its copy's git metadata; the files were the working tree at 794c437)
+$RL --prompt 1536 --obs 128 --new 512 --steps 2
