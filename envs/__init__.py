@@ -112,15 +112,29 @@ def env_id(name_or_id: str) -> str:
         f"'module:[namespace/]Id-vN', a registered Gymnasium id")
 
 
-def _check_gym_class(gym_id: str, name_or_id: str) -> None:
-    """A registered id whose entry point is a class must name a TextEnv; a factory function is
-    only known by what it returns (`make` checks that)."""
+def _entry_class(gym_id: str) -> type | None:
+    """The class a registered id's entry point names, or None for a factory function (whose env
+    is only known once built)."""
     from gymnasium.envs.registration import load_env_creator
 
     entry = gym.spec(gym_id).entry_point
     creator = load_env_creator(entry) if isinstance(entry, str) else entry
-    if isinstance(creator, type):
-        _check_text_env(creator, name_or_id)
+    return creator if isinstance(creator, type) else None
+
+
+def _check_gym_class(gym_id: str, name_or_id: str) -> None:
+    """A registered id whose entry point is a class must name a TextEnv; a factory function is
+    only known by what it returns (`make` checks that)."""
+    cls = _entry_class(gym_id)
+    if cls is not None:
+        _check_text_env(cls, name_or_id)
+
+
+def env_class(name_or_id: str) -> type[TextEnv] | None:
+    """The TextEnv class behind any env name (`env_id`'s forms), without building one (its
+    `splits`, say); None when a factory function builds it."""
+    cls = _entry_class(env_id(name_or_id))
+    return cls if cls is not None and issubclass(cls, TextEnv) else None
 
 
 def make(name_or_id: str, **kwargs) -> gym.Env:
@@ -135,4 +149,4 @@ def make(name_or_id: str, **kwargs) -> gym.Env:
 
 
 __all__ = ["EnvClosedError", "EnvCrashedError", "EpisodeOverError", "INFO_KEYS", "PLUGIN_GROUP", "REGISTRY", "TaskStep",
-           "TextEnv", "TextSpace", "UnknownTaskError", "action_problem", "env_id", "make", "plugins"]
+           "TextEnv", "TextSpace", "UnknownTaskError", "action_problem", "env_class", "env_id", "make", "plugins"]

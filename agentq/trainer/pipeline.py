@@ -60,17 +60,13 @@ def eval_splits(cfg: DictConfig) -> list[str]:
     Raises:
         ConfigError: a split the env does not have (one line on the command line, not a traceback).
     """
-    import gymnasium as gym
-    from gymnasium.envs.registration import load_env_creator
-
-    from agentq.envs import TextEnv, env_id
+    from agentq.envs import env_class
 
     splits = list(cfg.pipeline.eval_splits or [cfg.env.eval_split])
     # any env.name form (built-in, plugin, module:Class), not REGISTRY's names only: a plugin's env
     # was a KeyError here; load_config has checked that the name resolves
-    entry = gym.spec(env_id(str(cfg.env.name))).entry_point
-    env_cls = load_env_creator(entry) if isinstance(entry, str) else entry
-    if not (isinstance(env_cls, type) and issubclass(env_cls, TextEnv)):
+    env_cls = env_class(str(cfg.env.name))
+    if env_cls is None:
         return splits       # a factory function's env: its splits are only known once built
     valid = list(env_cls.splits)
     bad = [s for s in splits if s not in valid]
