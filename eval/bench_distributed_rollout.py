@@ -81,9 +81,12 @@ def main():
     ap.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray cluster")
     args = ap.parse_args()
 
+    from agentq.pool.ray_pool import keep_local_cluster_on_loopback, ray_init_kwargs
+
+    keep_local_cluster_on_loopback()
     import ray
 
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(**ray_init_kwargs(None), num_cpus=args.num_cpus)     # a new local cluster, as the trainer starts one
     try:
         cfg, weights = hf_model(args.model)
         one, two = run(1, cfg, weights, args), run(2, cfg, weights, args)

@@ -9,11 +9,23 @@ hung and is handled the same way: killed, restarted, its commands answered with 
 restarted worker's other slots had their envs rebuilt too: an episode under way on one of them is
 answered with an error at its next step (`SiblingSlots`). The dispatch, restart and give-up rules
 are `WorkerPool`'s, shared with the Ray pool.
+
+A worker never outlives the trainer, even one hung in an env step when the trainer is SIGKILLed
+(`_die_with_parent`): on Linux the kernel kills it (prctl PR_SET_PDEATHSIG), elsewhere, or when the
+pool was started from a thread other than the main one, a watchdog thread in the worker notices
+within `PARENT_POLL_S` that its parent is gone and exits. What an env started itself is not killed
+by this: an engine subprocess goes with the worker only if it watches it (the TextWorldExpress and
+ScienceWorld JVMs exit when their stdin pipe from the worker closes, py4j's --die-on-broken-pipe;
+ALFWorld and WebShop run inside the worker).
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
+import signal
+import sys
+import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -21,11 +33,55 @@ from typing import Any
 from .base import EnvSpec, WorkerCore, WorkerPool
 
 CLOSE_TIMEOUT_S = 10.0      # for all workers together to close their envs; then they are killed
+PARENT_POLL_S = 0.5         # how often a worker's watchdog checks that the trainer still lives
+PR_SET_PDEATHSIG = 1        # from <linux/prctl.h>
 
 
-def _worker_main(conn: Connection, spec: EnvSpec, slots: list[int]) -> None:
+def _set_pdeathsig() -> bool:
+    """Ask Linux to SIGKILL this process when the thread that started it ends; False where prctl is
+    missing (not Linux) or refused."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                          ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(PARENT_POLL_S)
+        if os.getppid() != parent_pid:   # re-parented: the trainer is gone
+            os._exit(1)                  # no clean-up: the main thread may be stuck in an env
+
+
+def _die_with_parent(parent_pid: int | None, pdeathsig: bool) -> None:
+    """Make this worker end when the trainer dies, also by SIGKILL and while an env step hangs.
+
+    Args:
+        parent_pid: the trainer's pid; None when this worker is not its direct child (forkserver: the
+            fork server, which exits with the trainer, is watched instead).
+        pdeathsig: use PR_SET_PDEATHSIG. Linux sends it when the *thread* that started the worker
+            ends, so the pool asks for it only from the main thread (a pool started from a short-lived
+            thread would otherwise lose its workers); the watchdog covers the rest.
+    """
+    if parent_pid is None:
+        parent_pid = os.getppid()
+    if pdeathsig:
+        _set_pdeathsig()
+    if os.getppid() != parent_pid:       # the trainer died before prctl took effect: no signal will come
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="agentq-parent-watch").start()
+
+
+def _worker_main(conn: Connection, spec: EnvSpec, slots: list[int], parent_pid: int | None = None,
+                 pdeathsig: bool = False) -> None:
     """A worker process: build the slots' environments, then answer commands until "close" (or until
-    the pool's end of the pipe closes); the envs are closed on the way out."""
+    the pool's end of the pipe closes); the envs are closed on the way out. It dies with the trainer
+    (`_die_with_parent`)."""
+    _die_with_parent(parent_pid, pdeathsig)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         core = WorkerCore(spec, slots)
@@ -71,8 +127,11 @@ class ProcessPool(WorkerPool):
 
     def _launch(self, w: int) -> None:
         parent, child = self._ctx.Pipe()
-        p = self._ctx.Process(target=_worker_main, args=(child, self.spec, self._slots[w]), daemon=True,
-                              name=f"agentq-env-{w}")
+        # a forkserver's worker is the fork server's child, not ours; PDEATHSIG only from the main thread
+        parent_pid = None if self._ctx.get_start_method() == "forkserver" else os.getpid()
+        pdeathsig = threading.current_thread() is threading.main_thread()
+        p = self._ctx.Process(target=_worker_main, args=(child, self.spec, self._slots[w], parent_pid, pdeathsig),
+                              daemon=True, name=f"agentq-env-{w}")
         self._procs[w] = (p, parent)
         p.start()
         child.close()

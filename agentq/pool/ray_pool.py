@@ -7,6 +7,11 @@ is started bound to 127.0.0.1, without the dashboard, so none of its services li
 machine's network interfaces (`ray_init_kwargs`, `keep_local_cluster_on_loopback`: the trainer's
 placement starts it the same way).
 
+A local cluster's workers import what the trainer can: the trainer's own sys.path folders (a module
+beside the user's script, a `sys.path.insert`) go into their PYTHONPATH (`driver_import_paths`). A
+joined cluster (`address`) is left as it is: its nodes must be able to import the env class
+themselves, and an actor that cannot says so in one line naming the module (`EnvActor`).
+
 Each actor asks for at most one CPU, and less when the cluster has fewer free CPUs than workers
 (`cpus_per_worker`; none at all when every CPU is held, with a warning): Ray would otherwise wait
 forever to place an actor it cannot fit (a 2-CPU machine with 3 workers, or a second pool while the
@@ -17,6 +22,9 @@ its evaluations through the training pool, so a run holds one set of workers."""
 from __future__ import annotations
 
 import os
+import site
+import sys
+import sysconfig
 import time
 import warnings
 from typing import Any
@@ -29,12 +37,56 @@ RESOURCE_SETTLE_S = 2.0     # how long released CPUs may take to show as free (m
 
 
 def ray_init_kwargs(address: str | None) -> dict:
-    """ray.init arguments: join `address` as given, or start a local cluster on loopback only."""
-    kw = dict(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
-              configure_logging=False)
+    """ray.init arguments: join `address` as given, or start a local cluster on loopback only whose
+    workers also search this process's own sys.path folders (`driver_import_paths`).
+
+    Args:
+        address: a running cluster to join ("auto", "host:port"), or None for a new local one, even
+            where a cluster is already running on this machine.
+    Returns:
+        Keyword arguments for `ray.init`.
+    """
+    # Ray's own None joins a cluster it finds (RAY_ADDRESS, the last `ray start` on this machine) and
+    # then refuses num_cpus; "local" always starts a new one, as `ray.address: null` promises
+    kw: dict[str, Any] = dict(address=address or "local", include_dashboard=False, log_to_driver=False,
+                              ignore_reinit_error=True, configure_logging=False)
     if address is None:
         kw["_node_ip_address"] = LOOPBACK
+        paths = driver_import_paths()
+        if paths:   # a runtime_env's env_vars replace the variable: keep what the workers would inherit
+            inherited = os.environ.get("PYTHONPATH")
+            pythonpath = os.pathsep.join([*paths, *([inherited] if inherited else [])])
+            kw["runtime_env"] = {"env_vars": {"PYTHONPATH": pythonpath}}
     return kw
+
+
+def driver_import_paths() -> list[str]:
+    """This process's sys.path folders that a fresh Python of the same installation would not have:
+    the script's folder, the working folder, folders added with `sys.path.insert` or `append`. A Ray
+    worker gets only the installation's own paths (and the PYTHONPATH the cluster started with), so
+    a module found through these alone fails to import there.
+
+    Returns:
+        Absolute paths that exist, in sys.path order, without the interpreter's standard library and
+        site-packages folders and without those already on the inherited PYTHONPATH.
+    """
+    own = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    own |= {*site.getsitepackages(), site.getusersitepackages()}
+    own = {os.path.realpath(p) for p in own if p}
+    own.add(os.path.realpath(os.path.join(os.path.dirname(sysconfig.get_path("stdlib")),
+                                          f"python{sys.version_info[0]}{sys.version_info[1]}.zip")))
+    inherited = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    out: list[str] = []
+    for entry in sys.path:
+        if not isinstance(entry, str):
+            continue
+        path = os.path.abspath(entry or os.curdir)          # "": the working folder
+        real = os.path.realpath(path)
+        if (not os.path.exists(path) or path in out or real in inherited
+                or any(real == p or real.startswith(p + os.sep) for p in own)):
+            continue
+        out.append(path)
+    return out
 
 
 def keep_local_cluster_on_loopback() -> None:
@@ -63,6 +115,23 @@ def free_cpus(ray: Any, wanted: float, settle_s: float = RESOURCE_SETTLE_S) -> f
         time.sleep(0.1)
         free = max(free, ray.available_resources().get("CPU", 0.0))
     return float(free)
+
+
+class EnvActor(WorkerCore):
+    """The `WorkerCore` each Ray actor holds: a module it cannot import (the env's, or one the env
+    needs) is a one-line error naming the module and the node, not a bare ModuleNotFoundError."""
+
+    def __init__(self, spec: EnvSpec, slots: list[int]):
+        try:
+            super().__init__(spec, slots)
+        except ModuleNotFoundError as e:
+            import ray
+
+            raise ModuleNotFoundError(
+                f"env {spec.name!r}: cannot import module {e.name!r} on Ray node "
+                f"{ray.util.get_node_ip_address()}; the env class (and what it imports) must be importable on "
+                "every Ray node: install its package there or put its folder on PYTHONPATH before `ray start` "
+                "(a local cluster that agentq starts searches the trainer's sys.path)", name=e.name) from None
 
 
 class RayPool(WorkerPool):
@@ -98,7 +167,7 @@ class RayPool(WorkerPool):
         if self.cpus_per_worker == 0:
             warnings.warn(f"the Ray cluster has no free CPU: {self.num_workers} env worker(s) start without a CPU "
                           "reservation and share the cores with the actors that hold them", stacklevel=2)
-        self._actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=0)(WorkerCore)
+        self._actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=0)(EnvActor)
         self._start_all()
 
     def _launch(self, w: int) -> None:

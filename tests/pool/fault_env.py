@@ -5,10 +5,15 @@ Actions: "hang" sleeps for an hour, "slow" for a second, "crash" kills the proce
 "lock" returns an info the pool cannot send back (a lock), anything else echoes. Tasks "hang" and "crash" do the same on reset.
 `flag`: a file; while it exists, building the env fails (a worker that cannot come back).
 `fail_once`: a file; the first build that creates it fails (one worker of several cannot start).
+`hang_marks`: a folder; "hang" first writes a file named by the pid there (the test knows it hangs now).
+`engine`: start a stand-in engine subprocess that, like the JVMs' py4j --die-on-broken-pipe, runs until
+its stdin pipe from this process closes; "pid" then also names its pid ("... engine <pid>").
 """
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,8 +23,10 @@ from agentq.envs.base import TaskStep, TextEnv
 
 class FaultEnv(TextEnv):
     def __init__(self, split: str | None = None, max_steps: int | None = None, expert: bool = False,
-                 flag: str | None = None, fail_once: str | None = None):
+                 flag: str | None = None, fail_once: str | None = None, hang_marks: str | None = None,
+                 engine: bool = False):
         super().__init__(split=split, max_steps=max_steps, expert=expert)
+        self.hang_marks, self.engine = hang_marks, None
         if flag and Path(flag).exists():
             raise RuntimeError(f"cannot build: {flag} exists")
         if fail_once:
@@ -29,12 +36,17 @@ class FaultEnv(TextEnv):
                 pass
             else:
                 raise RuntimeError("cannot build: this is the first build")
+        if engine:      # its own session, as the ScienceWorld JVM: only the closed pipe can end it
+            self.engine = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.buffer.read()"],
+                                           stdin=subprocess.PIPE, start_new_session=True)
 
     def _tasks(self, split: str) -> list[str]:
         return [f"t/{i}" for i in range(10)] + ["hang", "crash"]
 
     def _act(self, what: str) -> TaskStep:
         if what == "hang":
+            if self.hang_marks:
+                Path(self.hang_marks, str(os.getpid())).touch()
             time.sleep(3600)
         if what == "slow":
             time.sleep(1)
@@ -42,6 +54,8 @@ class FaultEnv(TextEnv):
             os._exit(3)
         if what == "lock":
             return TaskStep(obs="locked", extra={"lock": threading.Lock()})
+        if what == "pid" and self.engine is not None:
+            return TaskStep(obs=f"pid in pid {os.getpid()} engine {self.engine.pid}")
         return TaskStep(obs=f"{what} in pid {os.getpid()}" if what == "pid" else f"echo {what}")
 
     def _reset_task(self, task_id: str, split: str) -> tuple[str, TaskStep]:
@@ -49,3 +63,8 @@ class FaultEnv(TextEnv):
 
     def _step_task(self, action: str) -> TaskStep:
         return self._act(action)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.kill()
+            self.engine.wait(10)

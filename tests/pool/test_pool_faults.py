@@ -6,7 +6,7 @@ the next one; close() ends hung workers and a failed start leaves none. The env 
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentq.pool import EnvSpec, make_pool
+from proc_watch import gone, wait_until
 
 HERE = Path(__file__).resolve().parent
 KINDS = ["process", "ray"]
@@ -21,24 +22,20 @@ KINDS = ["process", "ray"]
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A 2-CPU local cluster for this module; its workers import fault_env through PYTHONPATH."""
+    """A 2-CPU local cluster for this module, started as agentq starts one: its workers import
+    fault_env through this process's sys.path (pytest put this folder there)."""
     ray = pytest.importorskip("ray")
     from agentq.pool.ray_pool import keep_local_cluster_on_loopback, ray_init_kwargs
 
     if ray.is_initialized():
         ray.shutdown()
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *([old] if old else [])])
+    assert str(HERE) in sys.path
     keep_local_cluster_on_loopback()
     ray.init(**ray_init_kwargs(None), num_cpus=2)
     try:
         yield ray
     finally:
         ray.shutdown()
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
 
 
 def spec(**kw) -> EnvSpec:
@@ -74,22 +71,6 @@ def interrupted(kind: str, pool, items) -> None:
             mp_.setattr(pool._ray, "get", interrupt)
         with pytest.raises(KeyboardInterrupt):
             pool.step(items)
-
-
-def gone(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
-    except FileNotFoundError:
-        return True
-
-
-def wait_until(check, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +27,7 @@ def test_cpus_per_worker_by_hand():
 POOLS = """
 import warnings, ray
 from agentq.pool import EnvSpec, make_pool
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
 spec = EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 5,
                                      "game_params": {"coin": "numLocations=2"}})
 def plays(pool):
@@ -61,3 +63,59 @@ def test_train_and_final_eval_complete_with_ray_on_two_cpus(tmp_path):
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["final_eval"]["episodes"] == 3 and summary["final_eval"]["errors"] == 0
     assert json.loads((out / "eval" / "step_000001" / "eval.json").read_text())["episodes"] == 3
+
+
+BESIDE = """
+import sys, ray
+sys.path.insert(0, {here!r})
+from agentq.pool import EnvSpec, make_pool
+pool = make_pool("ray", EnvSpec("fault_env:FaultEnv", {{}}), 2, num_workers=2, num_cpus=2)
+rs = pool.reset([(i, {{"seed": i, "options": {{"task_id": f"t/{{i}}"}}}}) for i in range(2)])
+print("CPU", ray.cluster_resources().get("CPU"), "ok", all(r.ok for r in rs),
+      "gcs", ray.get_runtime_context().gcs_address)
+pool.close(); ray.shutdown()
+"""
+
+
+def test_a_null_address_starts_its_own_cluster_beside_one_already_running(tmp_path):
+    """`ray.address: null` means a new local cluster: Ray's own default would join the `ray start`
+    cluster of this machine (1 CPU here) and then refuse the pool's num_cpus."""
+    import os
+    import signal
+    import socket
+
+    marker = Path("/tmp/ray/ray_current_cluster")        # `ray start` points plain ray.init() here; put it back
+    before = marker.read_text() if marker.exists() else None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    head = subprocess.Popen([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                             "--block"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        started = False
+        while time.monotonic() < deadline and head.poll() is None:
+            line = head.stdout.readline().decode(errors="replace")
+            if "Ray runtime started" in line:
+                started = True
+                break
+        assert started, "the `ray start` head did not come up"
+        p = subprocess.run([sys.executable, "-c", BESIDE.format(here=str(REPO / "tests" / "pool"))], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        words = [line for line in p.stdout.splitlines() if line.startswith("CPU ")][0].split()
+        assert words[1:4] == ["2.0", "ok", "True"]           # its own 2-CPU cluster, not the 1-CPU head
+        assert not words[5].endswith(f":{port}")
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=30)
+        if before is None:
+            marker.unlink(missing_ok=True)
+        else:
+            marker.write_text(before)
