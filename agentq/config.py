@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -109,6 +110,9 @@ def check_override_syntax(overrides: list[str]) -> None:
     for o in overrides:
         if o.startswith("-"):
             hint = o.lstrip("-")
+            if hint.split("=", 1)[0] in ("cfg", "c", "info", "resolve"):     # Hydra's own flags to show the config
+                raise ConfigError(f"{o!r}: agentq takes section.key=value overrides, not Hydra's flags; "
+                                  "`agentq config <overrides>` prints the composed config")
             raise ConfigError(f"{o!r}: agentq takes section.key=value overrides, not flags"
                               + (f" (e.g. {hint}, with its section: `agentq config` lists the keys)" if "=" in hint else ""))
         if "=" not in o and not o.startswith("~"):      # `~key` (delete a key) takes no value
@@ -177,3 +181,12 @@ def _bad_key(msg: str, overrides: list[str]) -> str | None:
 
 def resolved(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def config_leaves(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """A config's resolved values by dotted key ('env.kwargs.games': [...]); lists are leaves. Two
+    configs compare setting by setting through it (a key only one side has is for the caller)."""
+    node = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
+    if isinstance(node, dict):
+        return {k: v for key, sub in node.items() for k, v in config_leaves(sub, f"{prefix}{key!s}.").items()}
+    return {prefix[:-1]: node}

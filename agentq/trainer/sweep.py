@@ -17,7 +17,9 @@ tasks every `trainer.eval_every` steps and at the end. The sweep folder gets:
     curves.png                      held-out success against RL step, one line per arm (seed mean)
 
 Resumable: a finished arm × seed (its result.json exists) is never rerun, and the SFT checkpoint and
-its evaluation are reused; an unfinished one is started again from the SFT checkpoint.
+its evaluation are reused; an unfinished one is started again from the SFT checkpoint. A resume
+whose settings differ from a finished run's (`check_resumed_runs`: the budget, SFT, evaluation, ...)
+is refused, naming them: the table would put runs of two settings under one title.
 `sweep.parallel=N` runs N arm × seed jobs at once in spawned processes (logs in each run folder);
 `sweep.table_only=true` writes the table of the runs finished so far and runs nothing.
 `sweep.aligned_learner` sets what the presets' `learner_quant: aligned` means in this sweep
@@ -34,6 +36,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from agentq.config import ConfigError, config_leaves
 from agentq.utils.logging import console, jsonable
 
 from .run_dir import make_run_dir, new_run_dir
@@ -119,11 +122,16 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     arms, seeds = list(sw.arms), [int(s) for s in sw.seeds]
     refs = [r for r in sw.references if r in arms]
     if not arms or not seeds:
-        raise ValueError(f"sweep.arms={arms} and sweep.seeds={seeds} must both be non-empty")
-    out = make_run_dir(sweep_dir(cfg), "sweep.out_dir")
+        raise ConfigError(f"sweep.arms={arms} and sweep.seeds={seeds} must both be non-empty")
+    out = sweep_dir(cfg)
     overrides = [o for o in overrides if not o.startswith("sweep.out_dir=")] + [f"sweep.out_dir={out}"]
     split = eval_splits(cfg)[0]
     overrides.append(f"env.eval_split={split}")
+    threads = max(1, (os.cpu_count() or 1) // int(sw.parallel)) if int(sw.parallel) > 1 else None
+    # every arm × seed composed now: a misspelt preset fails before the SFT stage, not after it and
+    # every earlier arm; a finished run whose settings differ from this command line is named
+    check_resumed_runs(out, arms, seeds, overrides, threads, warn_only=bool(sw.table_only))
+    out = make_run_dir(out, "sweep.out_dir")
     n_eval = int(sw.eval_tasks)
     console.rule(f"[bold]agentq sweep: {cfg.env.name}/{split} — {len(arms)} arms × {len(seeds)} seeds → {out}")
 
@@ -135,7 +143,6 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     if not sft_eval.exists():
         evaluate_checkpoint(cfg, sft_ckpt, out / "eval_sft", n_eval, split)
 
-    threads = max(1, (os.cpu_count() or 1) // int(sw.parallel)) if int(sw.parallel) > 1 else None
     jobs = []                                                # 2. arms × seeds, finished ones skipped
     for seed in seeds:                                       # seed-major: a cut-short sweep has every arm
         for arm in arms:
@@ -154,6 +161,50 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
                                   f"× {int(cfg.trainer.tasks_per_step) * int(cfg.trainer.group_size)} episodes, "
                                   f"learner of aligned arms: {sw.aligned_learner}")
     return table
+
+
+#: settings a resumed sweep may change without changing what its runs compute (where the workers run,
+#: where the metrics go, which arms and seeds this command lists, thread counts and folders)
+RESUME_FREE = ("trainer.out_dir", "trainer.resume", "trainer.overwrite", "learner_threads", "logger", "wandb.",
+               "ray.", "env_pool.", "sweep.arms", "sweep.seeds", "sweep.references", "sweep.parallel",
+               "sweep.table_only", "sweep.out_dir")
+
+
+def changed_settings(run_dir: Path, cfg: DictConfig) -> list[str]:
+    """'key: ran with A, now B' for each setting a finished run's config.yaml holds otherwise than
+    `cfg` (its arm × seed composed from this command line), `RESUME_FREE` keys aside; keys only one
+    of the two has (a newer agentq's) are not compared."""
+    saved, now = config_leaves(OmegaConf.load(run_dir / "config.yaml")), config_leaves(cfg)
+    return [f"{k}: ran with {saved[k]!r}, now {now[k]!r}" for k in sorted(saved.keys() & now.keys())
+            if saved[k] != now[k] and not any(k == f or (f.endswith(".") and k.startswith(f)) or k.startswith(f + ".")
+                                              for f in RESUME_FREE)]
+
+
+def check_resumed_runs(out: Path, arms: list[str], seeds: list[int], overrides: list[str], threads: int | None,
+                       warn_only: bool = False) -> None:
+    """Compose every arm × seed's config (a bad preset or key is a ConfigError now) and compare each
+    finished one with the settings it ran with: a resumed sweep whose command line changed its budget,
+    SFT or evaluation would put runs of two settings in one table under one title.
+
+    Raises:
+        ConfigError: a run differs (with `warn_only`, for `sweep.table_only`, a warning instead).
+    """
+    changed = []
+    for seed in seeds:
+        for arm in arms:
+            run_dir = out / "arms" / arm / f"seed_{seed}"
+            cfg = arm_config(arm_overrides(overrides, arm, seed, run_dir, threads))
+            if (run_dir / RESULT).exists() and (run_dir / "config.yaml").exists():
+                changed += [f"{arm}/seed_{seed}: {c}" for c in changed_settings(run_dir, cfg)]
+    if not changed:
+        return
+    msg = (f"sweep.out_dir={str(out)!r} holds finished runs whose settings differ from this command line's "
+           f"({'; '.join(changed[:6])}{'; …' if len(changed) > 6 else ''}); their table would mix the two. Resume "
+           "with the sweep's own overrides, or start another sweep.out_dir")
+    if not warn_only:
+        raise ConfigError(msg)
+    console.print(f"sweep.table_only: {msg}; the title below states this command line's settings",
+                  style="yellow", markup=False)
 
 
 # ---------------------------------------------------------------------- the table
@@ -278,5 +329,5 @@ def write_table(out: Path, table: dict, title: str) -> None:
     md = table_markdown(table, title)
     (out / "table.md").write_text(md)
     sweep_curves({arm: r["curves"] for arm, r in table["arms"].items()}, out / "curves.png", title=title)
-    console.print(md)
+    console.print(md, markup=False, highlight=False, soft_wrap=True)     # "[min, max]" is not rich markup
     console.print(f"sweep outputs in {out}/ (table.md, table.json, curves.png)")

@@ -85,3 +85,54 @@ def test_table_only_runs_nothing(tmp_path):
     assert not (tmp_path / "arms").exists()
     t = json.loads((tmp_path / "table.json").read_text())
     assert t["arms"] == {} and t["sft_episodes"] == 4
+
+
+def test_the_table_on_the_console_keeps_its_brackets(tmp_path, capsys):
+    """rich read "[min, max]" in the K3 header as a markup tag and dropped it (table.md kept it)."""
+    from agentq.trainer.sweep import write_table
+
+    write_table(tmp_path, {"sft_success_rate": 0.25, "sft_episodes": 4, "arms": {}, "references": [], "seeds": [0]},
+                title="t")
+    assert "K3 mean [min, max]" in capsys.readouterr().err
+    assert "K3 mean [min, max]" in (tmp_path / "table.md").read_text()
+
+
+def test_a_misspelt_arm_is_refused_before_the_shared_sft(tmp_path, capsys):
+    """`sweep.arms=[bf16,tis]` (the preset is flashrl_tis) failed only after the SFT stage, its
+    evaluation and every arm before it had run."""
+    assert main([*ARGS[:2], "sweep.arms=[bf16,tis]", f"sweep.out_dir={tmp_path / 's'}"]) == 2
+    assert "Could not find 'algo/tis'" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+
+
+def finished_run(out, arm, seed, overrides):
+    """A finished arm × seed as `run_arm` leaves it (config.yaml, result.json), without running it."""
+    from omegaconf import OmegaConf
+
+    from agentq.trainer.sweep import RESULT, arm_config, arm_overrides
+
+    run_dir = out / "arms" / arm / f"seed_{seed}"
+    run_dir.mkdir(parents=True)
+    cfg = arm_config(arm_overrides([*overrides, f"sweep.out_dir={out}", "env.eval_split=dev"], arm, seed, run_dir, None))
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / RESULT).write_text(json.dumps({"arm": arm, "seed": seed, "steps": int(cfg.trainer.steps)}))
+
+
+def test_a_resume_that_changes_the_runs_settings_is_refused(tmp_path, capsys):
+    """Finished runs are never rerun, so a resumed sweep with another budget put runs of 2 and 3 steps
+    in one table titled "3 RL steps", silently. What does not change what a run computes (arms and
+    seeds listed, parallel, where workers run) may differ."""
+    from agentq.trainer.sweep import check_resumed_runs
+
+    out = tmp_path / "s"
+    first = ["env=textworld_express", "trainer.steps=2", "sweep.eval_tasks=4"]
+    finished_run(out, "bf16", 0, first)
+    assert main(["sweep", *first, "trainer.steps=3", "sweep.arms=[bf16,qat]", "sweep.seeds=[0]",
+                 f"sweep.out_dir={out}"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert (f"sweep.out_dir='{out}' holds finished runs whose settings differ from this command line's "
+            "(bf16/seed_0: trainer.steps: ran with 2, now 3); their table would mix the two") in said
+    assert not (out / "sft").exists()                # refused before anything ran
+    same = [*first, f"sweep.out_dir={out}", "env.eval_split=dev", "sweep.arms=[bf16,qat]", "sweep.parallel=2",
+            "env_pool=ray", "seed=5"]
+    check_resumed_runs(out, ["bf16", "qat"], [0], same, threads=1)
