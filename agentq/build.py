@@ -204,7 +204,8 @@ def model_path(cfg: DictConfig) -> str:
     if cfg.model.path:
         p = Path(cfg.model.path).expanduser()
         if not (p / "config.json").exists():
-            raise ConfigError(f"model.path={str(p)!r} is not an HF checkpoint folder (no config.json)")
+            raise ConfigError(f"model.path={str(p)!r} is not an HF checkpoint folder (no config.json)"
+                              + checkpoint_hint(p, "model.path"))
         return str(p)
     from agentq.models.tiny import TinyModelConfig, ensure_tiny_model
 
@@ -212,6 +213,23 @@ def model_path(cfg: DictConfig) -> str:
     n = int(t.pop("corpus_episodes"))
     tcfg = TinyModelConfig(**t)
     return str(ensure_tiny_model(tcfg, tiny_corpus_key(cfg), lambda: env_corpus(cfg, n, seed=tcfg.seed)))
+
+
+#: where a folder that agentq wrote keeps the checkpoint a command would take: an RL run's (the last
+#: step), a pipeline's RL stage's, an SFT run's, a pipeline's SFT stage's
+CHECKPOINTS_INSIDE = ("checkpoints/step_*/config.json", "rl/checkpoints/step_*/config.json",
+                      "checkpoint/config.json", "sft/checkpoint/config.json")
+
+
+def checkpoint_hint(folder: Path, key: str) -> str:
+    """The end of the error for `key`=<a folder that is no checkpoint>: the checkpoint inside it that
+    was probably meant (a common slip: the run folder `agentq train`, `sft` or `pipeline` printed), or
+    for a path that does not exist, that `key` takes a local folder (a hub id is not downloaded)."""
+    for pattern in CHECKPOINTS_INSIDE:
+        found = sorted(folder.glob(pattern))
+        if found:
+            return f"; a run folder? its last checkpoint is {key}={found[-1].parent}"
+    return "" if folder.exists() else f"; no such folder ({key} takes a local folder: nothing is downloaded)"
 
 
 def tiny_corpus_key(cfg: DictConfig) -> str:
@@ -270,12 +288,12 @@ def learner_temperature(cfg: DictConfig) -> float:
     learner's own top-k (log-prob −inf). Evaluation samples however it likes (it does not train)."""
     r = cfg.rollout
     if not float(r.temperature) > 0:
-        raise ValueError(f"rollout.temperature={r.temperature}: RL needs a sampling temperature > 0 "
-                         "(greedy rollouts have no behaviour log-probs); eval.temperature=0 is fine")
+        raise ConfigError(f"rollout.temperature={r.temperature}: RL needs a sampling temperature > 0 "
+                          "(greedy rollouts have no behaviour log-probs); eval.temperature=0 is fine")
     if int(r.top_k) > 0 or float(r.top_p) < 1.0:
-        raise ValueError(f"rollout.top_k={r.top_k}, rollout.top_p={r.top_p}: RL training supports "
-                         "temperature-only sampling (top_k=-1, top_p=1.0), so the learner scores the exact "
-                         "distribution the engine sampled from; truncation is allowed for evaluation only")
+        raise ConfigError(f"rollout.top_k={r.top_k}, rollout.top_p={r.top_p}: RL training supports "
+                          "temperature-only sampling (top_k=-1, top_p=1.0), so the learner scores the exact "
+                          "distribution the engine sampled from; truncation is allowed for evaluation only")
     return float(r.temperature)
 
 

@@ -28,7 +28,8 @@ HELP = {
             "env.eval_split), eval.num_tasks=N, eval.temperature; writes eval.json and episodes.jsonl to "
             "eval.out_dir (default <checkpoint>/eval-<env>-<split>/).",
     "sft": "supervised fine-tuning on the env expert's demonstrations: sft.num_demos, sft.epochs, sft.out_dir.",
-    "config": "print the composed config (every key) with these overrides applied.",
+    "config": "print the composed config (every key) with these overrides applied; with trainer.resume=<run>, "
+              "the config that `agentq train` would resume with (the run's config.yaml, these overrides on top).",
     "sweep": "every objective × seed from one SFT checkpoint: sweep.arms, sweep.seeds, sweep.parallel, "
              "sweep.out_dir. Starts from conf/sweep.yaml.",
 }
@@ -82,6 +83,12 @@ def dispatch(cmd: str, cfg: DictConfig, overrides: list[str]) -> None:
     """Run `cmd` on the composed config (`overrides`: the command line, for a resume or a sweep)."""
     if cmd == "config":
         from omegaconf import OmegaConf
+        if cfg.trainer.get("resume"):       # what `agentq train` would run: the run's config.yaml, these overrides on top
+            from agentq.trainer.rl import resumed_config
+            from agentq.trainer.run_dir import check_resume_dir
+
+            check_resume_dir(cfg.trainer.resume)
+            cfg = resumed_config(cfg, overrides)
         print(OmegaConf.to_yaml(cfg, resolve=True))
     elif cmd == "train":
         from agentq.trainer.rl import train

@@ -69,6 +69,12 @@ def at_least(lo: int) -> Callable[[Any], str | None]:
     return lambda v: None if _is_int(v) and v >= lo else f"an integer >= {lo}"
 
 
+def group_size(v: Any) -> str | None:
+    """GRPO's advantage is the reward standardised within the group: a group of one has advantage 0 on
+    every episode (docs/algorithms.md), so a run with trainer.group_size=1 trained on the KL term alone."""
+    return None if _is_int(v) and v >= 2 else "an integer >= 2 (a GRPO group of one has advantage 0: nothing to learn)"
+
+
 def device(v: Any) -> str | None:
     return None if isinstance(v, str) and re.fullmatch(r"cpu|cuda|auto|cuda:\d+", v) else "cpu, cuda, cuda:N or auto"
 
@@ -116,7 +122,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "learner_threads": optional(positive_int),
     "trainer.steps": positive_int,
     "trainer.tasks_per_step": positive_int,
-    "trainer.group_size": positive_int,
+    "trainer.group_size": group_size,
     "trainer.lr": positive_num,
     "trainer.weight_decay": nonneg_num,
     # the learner always clips (clip_grad_norm_); a max norm of 0 would zero every gradient

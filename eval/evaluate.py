@@ -19,7 +19,7 @@ from agentq import build
 from agentq.agent import AgentLoop, BackendPolicy, ChatFormat
 from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
-from agentq.config import ConfigError, make_setting_dir
+from agentq.config import ConfigError, config_leaves, make_setting_dir
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend
 from agentq.utils.logging import console, jsonable, progress
@@ -109,6 +109,7 @@ def evaluate(cfg: DictConfig) -> dict:
     if not (Path(path) / "config.json").exists():
         raise ConfigError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)"
                           + latest_checkpoint_hint(Path(path)))
+    warn_if_trained_otherwise(cfg, Path(path))
     split = cfg.split or cfg.env.eval_split
     try:
         selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
@@ -134,11 +135,41 @@ def evaluate(cfg: DictConfig) -> dict:
     return report
 
 
+#: settings that define the task and the turn's format: a checkpoint evaluated under others than it
+#: trained with plays another game or reads another prompt (budgets such as env.max_steps or
+#: env.max_new_tokens, and the splits, are left out: evaluating with others is a choice)
+TRAINED_WITH = ("env.name", "env.kwargs", "env.prompt", "agent.action_tag", "agent.stop_at_action_end")
+
+
+def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, list[str]]:
+    """(the config.yaml of the run `checkpoint` belongs to, 'key: trained A, now B' for each
+    `TRAINED_WITH` setting it holds otherwise than `cfg`); (None, []) outside a run folder."""
+    from omegaconf import OmegaConf
+
+    run_cfg = checkpoint.parent.parent / "config.yaml"
+    if checkpoint.parent.name != "checkpoints" or not run_cfg.is_file():
+        return None, []
+    saved, now = config_leaves(OmegaConf.load(run_cfg)), config_leaves(cfg)   # a key only one has: not compared
+    same = sorted(k for k in saved.keys() & now.keys() if k.startswith(TRAINED_WITH))
+    return run_cfg, [f"{k}: trained {saved[k]!r}, now {now[k]!r}" for k in same if saved[k] != now[k]]
+
+
+def warn_if_trained_otherwise(cfg: DictConfig, checkpoint: Path) -> None:
+    """`agentq eval` composes its config from conf/ and the command line, not from the checkpoint's
+    run: say so when the two differ in the task or the prompt (e.g. a checkpoint of the sweep's
+    mapreader runs evaluated on `env`'s default coin game)."""
+    run_cfg, changed = trained_otherwise(cfg, checkpoint)
+    if changed:
+        console.print(f"warning: this checkpoint's run ({run_cfg}) trained with other settings than this "
+                      f"evaluation's: {'; '.join(changed)}. agentq eval reads conf/ and the command line, not the "
+                      "run's config: give the run's env= and keys to evaluate what it trained on",
+                      style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+
 def latest_checkpoint_hint(folder: Path) -> str:
     """For `checkpoint=<a run folder>` (a common slip: the folder `agentq train` or `agentq pipeline`
     printed), the checkpoint inside it that was probably meant, as the end of the error message."""
-    found = sorted(folder.glob("checkpoints/step_*/config.json")) or sorted(folder.glob("rl/checkpoints/step_*/config.json"))
-    return f"; a run folder? its last checkpoint is checkpoint={found[-1].parent}" if found else ""
+    return build.checkpoint_hint(folder, "checkpoint")
 
 
 def eval_out_dir(cfg: DictConfig, split: str) -> Path:

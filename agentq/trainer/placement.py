@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig
 
 from agentq import build
+from agentq.config import ConfigError
 
 if TYPE_CHECKING:       # the learner and Ray-backed parts load when a placement needs them
     from transformers import PreTrainedTokenizerBase
@@ -44,7 +45,7 @@ class Placement:
         p = cfg.placement
         self.mode = str(p.mode)
         if self.mode not in MODES:
-            raise ValueError(f"placement.mode={self.mode!r}; valid: {list(MODES)}")
+            raise ConfigError(f"placement.mode={self.mode!r}; valid: {list(MODES)}")
         self.rollout_workers, self.learner_ranks = int(p.rollout_workers), int(p.learner_ranks)
         self.timeout_s = float(p.timeout_s)
         self._ray: Any = None           # the ray module once started (ray is untyped here: pyproject.toml)
@@ -56,14 +57,14 @@ class Placement:
             return
         for key in ("rollout_workers", "learner_ranks"):
             if int(p[key]) < 1:
-                raise ValueError(f"placement.{key}={p[key]}: must be ≥ 1")
+                raise ConfigError(f"placement.{key}={p[key]}: must be ≥ 1")
         if p.weight_sync not in WEIGHT_SYNCS:
-            raise ValueError(f"placement.weight_sync={p.weight_sync!r}; valid: {list(WEIGHT_SYNCS)} "
-                             "(an NCCL broadcast is the planned GPU path: DistributedBackend.publish_weights)")
+            raise ConfigError(f"placement.weight_sync={p.weight_sync!r}; valid: {list(WEIGHT_SYNCS)} "
+                              "(an NCCL broadcast is the planned GPU path: DistributedBackend.publish_weights)")
         if p.strategy not in STRATEGIES:
-            raise ValueError(f"placement.strategy={p.strategy!r}; valid: {list(STRATEGIES)}")
+            raise ConfigError(f"placement.strategy={p.strategy!r}; valid: {list(STRATEGIES)}")
         if not float(p.cpus_per_actor) > 0:
-            raise ValueError(f"placement.cpus_per_actor={p.cpus_per_actor}: must be > 0")
+            raise ConfigError(f"placement.cpus_per_actor={p.cpus_per_actor}: must be > 0")
         try:
             self._start_ray(cfg)
             self.use_gpus = self._resolve_gpus(p.use_gpus)
@@ -98,7 +99,7 @@ class Placement:
         if use_gpus == "auto":
             return have
         if not isinstance(use_gpus, bool):
-            raise ValueError(f"placement.use_gpus={use_gpus!r}; valid: auto, true, false")
+            raise ConfigError(f"placement.use_gpus={use_gpus!r}; valid: auto, true, false")
         if use_gpus and not have:
             raise RuntimeError("placement.use_gpus=true but the Ray cluster has no GPU")
         return use_gpus
@@ -125,8 +126,8 @@ class Placement:
             msg = (f"placement={self.mode}: the Ray cluster's nodes {shown} can never hold the {len(bundles)} bundles "
                    f"{bundles[0]} (placement.strategy={strategy}); lower placement.rollout_workers / learner_ranks "
                    "/ cpus_per_actor, or give the cluster more CPUs (ray.num_cpus) or nodes")
-            if self._local:
-                raise RuntimeError(msg)
+            if self._local:         # the settings ask for what this machine does not have: a config error
+                raise ConfigError(msg)
             warnings.warn(f"{msg}; waiting up to placement.timeout_s={self.timeout_s:g} s for nodes to join",
                           stacklevel=2)
         self._pg = placement_group(bundles, strategy=strategy)
@@ -186,7 +187,7 @@ class Placement:
         from agentq.rollout.distributed import DistributedBackend
 
         if cfg.rollout.backend != "torch":
-            raise ValueError(f"rollout.backend={cfg.rollout.backend!r}; valid: ['torch']")
+            raise ConfigError(f"rollout.backend={cfg.rollout.backend!r}; valid: ['torch']")
         spec, _ = build.quant_specs(cfg)
         engine_kw = build.torch_engine_kwargs(cfg, self.device, self.dtype)
         backend = DistributedBackend(AutoConfig.from_pretrained(model_path), spec, self.rollout_workers, max_slots,
@@ -242,5 +243,5 @@ def actor_dtype(dtype: str, use_gpus: bool) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if use_gpus else torch.float32
     if dtype not in names:
-        raise ValueError(f"dtype={dtype!r}; valid: {sorted(names)} or auto")
+        raise ConfigError(f"dtype={dtype!r}; valid: {sorted(names)} or auto")
     return names[dtype]

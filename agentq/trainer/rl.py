@@ -68,10 +68,27 @@ def old_logp_mode(cfg: DictConfig, objective: Objective, device: torch.device, d
     why = why or bypass_refusal(objective, int(t.ppo_epochs), int(t.minibatch_size) if t.minibatch_size else None,
                                 int(t.tasks_per_step) * int(t.group_size)) or grad_pass_refusal(dtype, device)
     if why:
-        raise ValueError(f"trainer.old_logp=bypass is exact only when the step's one optimizer step runs at "
-                         f"θ_old, in a training forward that computes what the π_old pass does, with a row-local "
-                         f"objective; here {why}. Use trainer.old_logp=recompute")
+        raise ConfigError(f"trainer.old_logp=bypass is exact only when the step's one optimizer step runs at "
+                          f"θ_old, in a training forward that computes what the π_old pass does, with a row-local "
+                          f"objective; here {why}. Use trainer.old_logp=recompute")
     return mode
+
+
+def build_objective(cfg: DictConfig) -> Objective:
+    """The objective `algo.objective` names, with the preset's parameters.
+
+    Raises:
+        ConfigError: an unknown objective or parameter, or a value out of its range, as one line
+        naming the preset and the keys that set it (was a traceback from deep in the trainer).
+    """
+    a = cfg.algo
+    try:
+        return make_objective(a.objective, clip_eps=float(a.clip_eps), dual_clip=float(a.dual_clip),
+                              kl_coef=float(a.kl_coef), loss_agg=str(a.loss_agg),
+                              **build.config_dict(a.objective_params))
+    except ValueError as e:
+        raise ConfigError(f"algo={a.name}: {e} (set by algo.objective, algo.objective_params.*, algo.clip_eps, "
+                          "algo.dual_clip, algo.kl_coef, algo.loss_agg)") from None
 
 
 def with_optimizer_settings(state: dict, **settings: Any) -> tuple[dict, list[str]]:
@@ -173,11 +190,10 @@ class RLTrainer:
     def __init__(self, cfg: DictConfig, init_path: str | None = None):
         self.cfg = cfg
         self.device, self.dtype = build.device_and_dtype(cfg)
-        self.objective = make_objective(cfg.algo.objective, clip_eps=float(cfg.algo.clip_eps),
-                                        dual_clip=float(cfg.algo.dual_clip), kl_coef=float(cfg.algo.kl_coef),
-                                        loss_agg=str(cfg.algo.loss_agg),
-                                        **build.config_dict(cfg.algo.objective_params))
-        self.old_logp_mode = old_logp_mode(cfg, self.objective, self.device, self.dtype)   # before anything is built
+        # refusals of the algo and sampling settings, before anything is built or the run folder made
+        self.objective = build_objective(cfg)
+        self.old_logp_mode = old_logp_mode(cfg, self.objective, self.device, self.dtype)
+        build.learner_temperature(cfg)          # (the learner reads it when built)
         torch.manual_seed(int(cfg.seed))
         self.rng = np.random.default_rng(int(cfg.seed))
         self.gen = torch.Generator().manual_seed(int(cfg.seed))

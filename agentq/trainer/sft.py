@@ -31,7 +31,7 @@ from agentq.utils.checkpoint import save_hf_checkpoint
 from agentq.utils.jsonl import read_jsonl
 from agentq.utils.logging import MetricsLogger, console, progress
 
-from .run_dir import SFT_ARTIFACTS, claim_run_dir, new_run_dir, remove_run_artifacts
+from .run_dir import SFT_ARTIFACTS, RunAborted, claim_run_dir, new_run_dir, remove_run_artifacts
 
 
 def collect_demos(cfg: DictConfig, chat: ChatFormat, n: int, split: str, seed: int) -> list[Trajectory]:
@@ -108,11 +108,11 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
     else:
         demos = collect_demos(cfg, chat, int(s.num_demos), cfg.env.train_split, int(cfg.seed))
         write_trajectories(out / "demos.jsonl", demos, demo_record(tokenizer))
-    n_won = sum(t.won for t in demos)
+    n_won, n_all = sum(t.won for t in demos), len(demos)
     if s.only_successful:
         demos = [t for t in demos if t.won]
     if not demos:
-        raise RuntimeError("no usable expert demonstrations (none won); check the env's expert")
+        raise RunAborted(no_demos_reason(cfg, n_won, n_all))
     rng = random.Random(int(cfg.seed))
     rng.shuffle(demos)
     val, train = split_demos(demos, float(s.val_fraction))
@@ -130,8 +130,20 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
                "history": history}
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"SFT: {len(train)} train / {len(val)} val demos; "
-                  + ", ".join(f"epoch {h['epoch']}: train {h['train_loss']:.3f} val {h['val_loss']:.3f}" for h in history))
+                  + ", ".join(f"epoch {h['epoch']}: train {h['train_loss']:.3f} val {h['val_loss']:.3f}" for h in history)
+                  + f"; checkpoint {ckpt} (RL from it: agentq train model.path={ckpt})",
+                  markup=False, highlight=False, soft_wrap=True)
     return summary
+
+
+def no_demos_reason(cfg: DictConfig, n_won: int, n: int) -> str:
+    """Why SFT has nothing to train on: no demonstration at all, or (sft.only_successful) none the
+    expert won, which is most often a step cap below the expert's path (mapreader's needs 4-6 turns)."""
+    if n_won == 0 and n > 0:
+        return (f"no usable expert demonstrations: none of {n} expert episodes won within env.max_steps="
+                f"{int(cfg.env.max_steps)} turns (sft.only_successful keeps the won ones); raise env.max_steps, "
+                "or check the env's expert")
+    return "no expert demonstrations to train on (sft.num_demos, sft.demos)"
 
 
 def check_demo_tokens(path: str | Path, tokenizer: Any) -> None:

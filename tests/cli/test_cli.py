@@ -84,3 +84,23 @@ def test_a_closed_pipe_is_no_traceback():
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 1 and "Traceback" not in err and "BrokenPipeError" not in err, err
 
+
+
+def test_config_with_resume_prints_what_a_resume_would_run(tmp_path, capsys):
+    """`agentq config trainer.resume=<run>` printed the defaults (trainer.steps 20, model.path null),
+    not the run's own config.yaml that `agentq train trainer.resume=<run>` continues with."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from agentq.cli import main
+    from agentq.config import load_config
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config(["trainer.steps=4", "trainer.tasks_per_step=2",
+                                                                    "trainer.lr=3e-5"]), resolve=True))
+    assert main(["config", f"trainer.resume={run}", "trainer.lr=2e-5"]) == 0
+    t = yaml.safe_load(capsys.readouterr().out)["trainer"]
+    assert (t["steps"], t["tasks_per_step"], t["lr"], t["resume"]) == (4, 2, 2e-5, str(run))
+    assert main(["config", f"trainer.resume={tmp_path / 'nope'}"]) == 2          # as `agentq train` says
+    assert "no such run folder" in capsys.readouterr().err

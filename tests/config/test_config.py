@@ -73,6 +73,15 @@ def test_env_configs_share_one_schema():
         assert cfg.env.eval_split != cfg.env.train_split
 
 
+def test_a_grpo_group_of_one_is_refused():
+    """Every advantage of a group of one is 0 (docs/algorithms.md): `trainer.group_size=1` ran and
+    logged loss 0.0000 at every step, training nothing but the KL term."""
+    with pytest.raises(ConfigError, match=re.escape("trainer.group_size=1 (int): must be an integer >= 2 (a GRPO "
+                                                    "group of one has advantage 0")):
+        load_config(["trainer.group_size=1"])
+    assert load_config(["trainer.group_size=2"]).trainer.group_size == 2
+
+
 def test_cli_override_of_rollout_wins_over_the_preset():
     assert load_config(["algo=qat", "rollout=bf16"]).rollout.quant == "none"
     assert load_config(["algo=bf16", "rollout=w8a8_kv8"]).rollout.quant == "w8a8_kv8"
@@ -97,6 +106,9 @@ def test_a_choice_that_does_not_exist_is_one_line_with_the_options():
 @pytest.mark.parametrize("arg, named", [
     ("--steps=3", "'--steps=3': agentq takes section.key=value overrides, not flags (e.g. steps=3"),
     ("-x", "'-x': agentq takes section.key=value overrides, not flags"),
+    # Hydra's way to see the config (`--cfg job`) points at agentq's (`agentq config`)
+    ("--cfg", "'--cfg': agentq takes section.key=value overrides, not Hydra's flags; `agentq config <overrides>` "
+              "prints the composed config"),
     ("trainer.steps", "'trainer.steps' has no value: write trainer.steps=<value>"),
 ])
 def test_an_argument_that_is_not_an_override_is_one_line(arg, named):
@@ -180,7 +192,8 @@ def _changed(overrides: list[str], key: str, value):
     ("rollout.quant", "w4", "rollout.quant='w4'; valid: ['kv8', 'none'"),
     ("rollout.backend", "sglang", "rollout.backend='sglang'; valid: ['torch', 'vllm']"),
     ("env_pool.type", "foo", "env_pool.type='foo'; valid: ['inline', 'process', 'ray']"),
-    ("model.path", "/nonexistent", "model.path='/nonexistent' is not an HF checkpoint folder"),
+    ("model.path", "/nonexistent", "model.path='/nonexistent' is not an HF checkpoint folder (no config.json); "
+                                   "no such folder (model.path takes a local folder: nothing is downloaded)"),
     ("dtype", "float8", "dtype='float8'; valid: ['float32', 'bfloat16', 'float16'] or auto"),
 ])
 def test_build_raises_config_errors_naming_the_key(key, value, named):

@@ -93,3 +93,24 @@ def test_an_evaluation_inside_training_plays_the_episodes_agentq_eval_plays(tmp_
     assert inside == alone
     # the two repeats of a task sampled differently: the seeds matter, and were the same in both
     assert any(a["transcript"] != b["transcript"] for a, b in zip(inside[::2], inside[1::2]))
+
+
+def test_a_checkpoint_evaluated_under_other_task_settings_than_its_run_says_so(tiny_model_dir, tmp_path, capsys):
+    """`agentq eval` composes conf/ and the command line, not the checkpoint's run: a checkpoint of the
+    sweep's mapreader runs evaluated without env= played the default coin game, silently."""
+    from omegaconf import OmegaConf
+
+    from agentq.config import load_config
+
+    run = tmp_path / "run"
+    ckpt = shutil.copytree(tiny_model_dir, run / "checkpoints" / "step_000002")
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config(["env=textworld_express_mapreader"]), resolve=True))
+    assert main(["eval", f"checkpoint={ckpt}", *SMALL, f"eval.out_dir={tmp_path / 'e1'}"]) == 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert (f"warning: this checkpoint's run ({run / 'config.yaml'}) trained with other settings than this "
+            "evaluation's: env.kwargs.games: trained ['mapreader'], now ['coin']. agentq eval reads conf/ and the "
+            "command line, not the run's config") in said
+    # the run's own env (and a step cap or turn length of one's choosing): nothing to say
+    assert main(["eval", f"checkpoint={ckpt}", "env=textworld_express_mapreader", *SMALL,
+                 f"eval.out_dir={tmp_path / 'e2'}"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -79,3 +79,23 @@ def test_sft_logs_to_the_sinks_the_logger_setting_names(tmp_path):
     assert metrics_steps(out) == [0, 1, 1] and not (out / "tb").exists()
     assert main(["sft", f"sft.out_dir={out}", "logger=[tensorboard]", "trainer.overwrite=true", *SMALL]) == 0
     assert list((out / "tb").glob("events.out.tfevents.*"))
+
+
+def test_sft_says_where_its_checkpoint_went(tmp_path, monkeypatch, capsys):
+    """An unnamed SFT folder is runs/sft-<env>-<time>: the command now names the checkpoint that
+    `agentq train model.path=` takes (it printed only the losses)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["sft", *SMALL]) == 0
+    (out,) = (tmp_path / "runs").glob("sft-textworld_express-*")
+    ckpt = out.relative_to(tmp_path) / "checkpoint"
+    assert f"; checkpoint {ckpt} (RL from it: agentq train model.path={ckpt})" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_step_cap_below_the_experts_path_is_named(tmp_path, capsys):
+    """mapreader's expert needs 4-6 turns: at env.max_steps=2 no demonstration is won. That was a
+    traceback saying "check the env's expert"."""
+    assert main(["sft", "env=textworld_express_mapreader", "env.max_steps=2", f"sft.out_dir={tmp_path / 'sft'}",
+                 *SMALL]) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert ("agentq: run stopped: no usable expert demonstrations: none of 2 expert episodes won within "
+            "env.max_steps=2 turns") in said and "Traceback" not in said
