@@ -97,11 +97,13 @@ class RankLearner(Learner):
         part = batch.index(rows)
         return self.logprobs(part), (self.logprobs(part, self.ref) if self.ref is not None else None)
 
-    def update_minibatches(self, batch: PolicyBatch, objective: Objective,
-                           plan: list[torch.Tensor]) -> tuple[dict[str, float], list[float], dict[str, int]]:
-        """One optimizer step per minibatch of the plan (row indices into `batch`). Returns this
-        rank's share of the loss statistics (the driver sums them), the gradient norms, and its
-        packed row tokens and those shared prefixes saved (`Learner.prefix_tokens`)."""
+    def update_minibatches(self, batch: PolicyBatch, objective: Objective, plan: list[torch.Tensor],
+                           lr: float | None = None) -> tuple[dict[str, float], list[float], dict[str, int]]:
+        """One optimizer step per minibatch of the plan (row indices into `batch`), at learning rate
+        `lr` (None: unchanged). Returns this rank's share of the loss statistics (the driver sums
+        them), the gradient norms, and its packed row tokens and those shared prefixes saved
+        (`Learner.prefix_tokens`)."""
+        self.set_lr(lr)
         sums: dict[str, float] = {}
         norms = []
         self.prefix_tokens = {"rows": 0, "saved": 0}
@@ -249,9 +251,10 @@ class DataParallelLearner:
                          f"{list(self.old_logp_modes)} (π_old from its own no-grad pass)")
 
     def update(self, batch: PolicyBatch, objective: Objective, epochs: int = 1, minibatch_size: int | None = None,
-               generator: torch.Generator | None = None, old_logp_mode: str = "recompute") -> dict[str, float]:
+               generator: torch.Generator | None = None, old_logp_mode: str = "recompute",
+               lr: float | None = None) -> dict[str, float]:
         """As `Learner.update`: the same minibatch plan (drawn from `generator` exactly as there),
-        each minibatch's rows split over the ranks; π_old only from `fill_old_and_ref`."""
+        each minibatch's rows split over the ranks, every rank at `lr`; π_old only from `fill_old_and_ref`."""
         if old_logp_mode not in self.old_logp_modes:
             self.refuse_bypass(f"old_logp_mode={old_logp_mode!r}")
         n = batch.num_seqs
@@ -261,7 +264,7 @@ class DataParallelLearner:
             perm = torch.randperm(n, generator=generator)
             plan += [perm[s: s + mb] for s in range(0, n, mb)]
         ref = self._ray.put(batch)
-        outs = self._get([r.update_minibatches.remote(ref, objective, plan) for r in self.ranks])
+        outs = self._get([r.update_minibatches.remote(ref, objective, plan, lr) for r in self.ranks])
         sums: dict[str, float] = {}
         for part, _, _ in outs:
             for k, v in part.items():

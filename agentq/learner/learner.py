@@ -334,11 +334,13 @@ class Learner:
 
     # ------------------------------------------------------------------ update
     def update(self, batch: PolicyBatch, objective: Objective, epochs: int = 1, minibatch_size: int | None = None,
-               generator: torch.Generator | None = None, old_logp_mode: str = "recompute") -> dict[str, float]:
+               generator: torch.Generator | None = None, old_logp_mode: str = "recompute",
+               lr: float | None = None) -> dict[str, float]:
         """PPO epochs over shuffled minibatches (token weights were computed once, in prepare).
         One optimizer step per minibatch; micro-batches accumulate gradients weighted by their share of
         the objective's units (action tokens, or trajectories for loss_agg=seq_mean), so each step
-        minimises the minibatch's loss as if it were one forward.
+        minimises the minibatch's loss as if it were one forward. `lr`: this update's learning rate
+        (`set_lr`; None keeps the optimizer's).
 
         old_logp_mode "bypass": `batch` comes without old_logp and weights. The one optimizer step's
         forwards all run at θ_old, so each micro-batch's training log-probs, detached, are its π_old:
@@ -355,6 +357,7 @@ class Learner:
             batch.old_logp = bypass_old = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         elif old_logp_mode != "recompute":
             raise ValueError(f"old_logp_mode={old_logp_mode!r}; valid: {list(OLD_LOGP_MODES)}")
+        self.set_lr(lr)
         sums: dict[str, float] = {}
         grad_norms = []
         self.prefix_tokens = {"rows": 0, "saved": 0}
@@ -397,6 +400,15 @@ class Learner:
         else:
             self.opt.zero_grad(set_to_none=True)
         return norm
+
+    def set_lr(self, lr: float | None) -> None:
+        """Every param group's learning rate for the optimizer steps that follow (None: unchanged)."""
+        if lr is None:
+            return
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"learning rate {lr}: must be finite and > 0")
+        for group in self.opt.param_groups:
+            group["lr"] = float(lr)
 
     def optimizer_step(self) -> None:
         """AdamW's step, then every cached weight quantization dropped. The caches key on the
