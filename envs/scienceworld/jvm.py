@@ -25,13 +25,13 @@ from __future__ import annotations
 import atexit
 import collections
 import os
-import shutil
 import subprocess
 import threading
 import time
 from typing import Any, Callable, TypeVar
 
 from ..base import EnvCrashedError
+from ..jvm_start import first_line, java_executable
 
 T = TypeVar("T")
 
@@ -54,17 +54,6 @@ def parse_size(size: str | int) -> int:
     if not num.isdigit() or int(num) <= 0:
         raise ValueError(f"bad JVM memory size {size!r}; use e.g. '1g', '768m' or a number of bytes")
     return int(num) * _SIZE_UNITS[unit]
-
-
-def _java_executable() -> str:
-    home = os.environ.get("JAVA_HOME")
-    if home and os.path.exists(os.path.join(home, "bin", "java")):
-        return os.path.join(home, "bin", "java")
-    java = shutil.which("java")
-    if java is None:
-        raise RuntimeError("ScienceWorld needs Java (>= 11; tested with OpenJDK 17): no `java` on PATH and "
-                           "JAVA_HOME is not set. On Debian/Ubuntu: apt-get install openjdk-17-jre-headless")
-    return java
 
 
 def _classpath() -> tuple[str, str]:
@@ -129,8 +118,8 @@ class JVMHost:
     def command(self) -> list[str]:
         classpath, _ = _classpath()
         xms = min(INITIAL_HEAP, parse_size(self.heap))
-        return [_java_executable(), f"-Xmx{self.heap}", f"-Xms{xms // 2**10}k", *BASE_JAVA_OPTS, *self.java_opts,
-                "-classpath", classpath, "py4j.GatewayServer", "--die-on-broken-pipe", "0"]
+        return [java_executable("ScienceWorld", 11), f"-Xmx{self.heap}", f"-Xms{xms // 2**10}k", *BASE_JAVA_OPTS,
+                *self.java_opts, "-classpath", classpath, "py4j.GatewayServer", "--die-on-broken-pipe", "0"]
 
     def ensure_alive(self) -> None:
         with self.lock:
@@ -149,7 +138,9 @@ class JVMHost:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=cwd, bufsize=0, start_new_session=True)
         assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None   # all PIPE
-        line = proc.stdout.readline()
+        # bounded: a JVM that never prints its port (suspended, stopped) would hang every env here
+        line = first_line(proc, self.call_timeout_s, "the ScienceWorld JVM",
+                          "call_timeout_s (env.kwargs.call_timeout_s)")
         if not line.strip().isdigit():
             err = proc.stderr.read().decode(errors="replace") if proc.poll() is not None else ""
             proc.kill()

@@ -13,6 +13,7 @@ import weakref
 from typing import ClassVar
 
 from ..base import EnvCrashedError, TaskStep, TextEnv
+from ..jvm_start import java_executable, launch_gateway
 
 # One JVM per process, shared by every TextWorldExpressEnv in it: TextWorldExpress's own class
 # launches a JVM per instance (~150 MB and a second of start-up each); a worker process that owns
@@ -46,14 +47,19 @@ def _simulator_class(base):
 
 def _launch_engine(heap: str, call_timeout_s: float):
     """TextWorldExpress's own engine class on a JVM with a heap cap (Java's default is a quarter of
-    the machine's RAM, per worker) and a gateway read timeout (a stopped JVM otherwise blocks the
-    caller forever). The package's constructor hard-codes both, so its two py4j names are wrapped
-    for the duration of the call (envs start engines from one thread)."""
+    the machine's RAM, per worker), a bounded wait for the JVM's port (py4j's `launch_gateway` waits
+    forever for a JVM that never prints it) and a gateway read timeout (a stopped JVM otherwise
+    blocks the caller forever). The package's constructor hard-codes all three, so its two py4j
+    names are replaced for the duration of the call (envs start engines from one thread)."""
     import textworld_express.textworld_express as twx_module
 
     launch, params = twx_module.launch_gateway, twx_module.GatewayParameters
+    java = java_executable("TextWorldExpress", 8)
     jvm_opts = [f"-Xmx{heap}", "-XX:+ExitOnOutOfMemoryError"]
-    twx_module.launch_gateway = lambda *a, javaopts=(), **kw: launch(*a, javaopts=[*javaopts, *jvm_opts], **kw)
+    # the constructor's one call: launch_gateway(classpath=, die_on_exit=True, cwd=, javaopts=, return_proc=True)
+    twx_module.launch_gateway = lambda classpath, cwd, javaopts=(), **_: launch_gateway(
+        java, classpath, cwd, [*javaopts, *jvm_opts], call_timeout_s, "the TextWorldExpress JVM",
+        "call_timeout_s (env.kwargs.call_timeout_s)")
     twx_module.GatewayParameters = lambda **kw: params(read_timeout=call_timeout_s, **kw)
     try:
         # the base class owns the step cap: the engine's own limit is set far above it

@@ -330,6 +330,44 @@ def test_hung_jvm_times_out_and_restarts():
     e.close()
 
 
+_SUSPENDED_JVM_RESET = """
+import time, gymnasium as gym, agentq.envs
+env = gym.make("agentq/ScienceWorld-v0", split="test", tasks="1-1", call_timeout_s=5,
+               jvm_opts=[{agent!r}, "-D{marker}"])
+t0 = time.monotonic()
+try:
+    env.reset(seed=0)
+    print("reset returned")
+except TimeoutError as e:
+    print(f"TimeoutError after {{time.monotonic() - t0:.1f}} s: {{e}}")
+"""
+
+
+def test_a_jvm_that_never_prints_its_port_times_out_at_start():
+    """A real JVM suspended before `main` by a debug agent (JDWP, suspend=y, quiet) never prints
+    its port: reset() raises TimeoutError within call_timeout_s, naming the setting, and the JVM is
+    killed (it used to wait in readline() forever, and its JVM, in a session of its own, outlived
+    the process). In a subprocess under a timeout, so this test cannot hang."""
+    import subprocess
+    import sys
+
+    from jvm_procs import SUSPEND_AT_START, kill_marked_jvms, marked_jvms, new_marker
+
+    marker = new_marker()
+    try:
+        out = subprocess.run([sys.executable, "-c", _SUSPENDED_JVM_RESET.format(agent=SUSPEND_AT_START, marker=marker)],
+                             capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail("reset() was still waiting for the suspended JVM's port after 90 s (call_timeout_s=5)")
+    finally:
+        leaked = kill_marked_jvms(marker)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "TimeoutError after" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "did not print its port within 5 s" in out.stdout and "call_timeout_s" in out.stdout
+    assert float(out.stdout.split("TimeoutError after ")[1].split(" s")[0]) < 30
+    assert leaked == [] and marked_jvms(marker) == []
+
+
 def test_heap_cap_is_enforced_and_oom_is_a_crash():
     """-Xmx is real: a 24 MB heap cannot hold the simulator, the JVM exits on OutOfMemoryError and
     the env reports EnvCrashedError (with the JVM's notice) instead of hanging."""

@@ -1,0 +1,110 @@
+"""Bounded start-up of a py4j gateway JVM (ScienceWorld's and TextWorldExpress's).
+
+A py4j `GatewayServer` prints the port it listens on as the first line of its stdout. py4j's own
+`launch_gateway` reads that line with a plain `readline()`, which waits forever for a JVM that
+started but never gets that far (suspended by a debug agent in `JAVA_TOOL_OPTIONS` or the JVM
+options, stopped, a `java` wrapper that hangs): the env's `reset()` would hang, and with it an
+inline pool's trainer, which has no worker to kill. Here that wait has a deadline.
+"""
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import subprocess
+import threading
+import time
+from typing import Sequence
+
+
+def java_executable(needed_by: str, min_version: int) -> str:
+    """`$JAVA_HOME/bin/java`, else `java` on PATH.
+
+    Args:
+        needed_by: the environment that needs Java; min_version: the oldest Java it runs on (both
+            named in the error).
+    Returns:
+        The path of the java executable.
+    Raises:
+        RuntimeError: neither exists; the message says how to install Java.
+    """
+    home = os.environ.get("JAVA_HOME")
+    if home and os.path.exists(os.path.join(home, "bin", "java")):
+        return os.path.join(home, "bin", "java")
+    java = shutil.which("java")
+    if java is None:
+        raise RuntimeError(f"{needed_by} needs Java (>= {min_version}; tested with OpenJDK 17): no `java` on PATH and "
+                           "JAVA_HOME is not set. On Debian/Ubuntu: apt-get install openjdk-17-jre-headless")
+    return java
+
+
+def first_line(proc: subprocess.Popen, timeout_s: float, what: str, setting: str) -> bytes:
+    """The first line `proc` writes to its stdout, waiting at most `timeout_s` for it.
+
+    Args:
+        proc: a process started with stdout=PIPE, whose stdout nothing has read yet.
+        timeout_s: seconds the whole line may take.
+        what: the process, for the error ("the ScienceWorld JVM").
+        setting: the option that raises the limit, for the error.
+    Returns:
+        The line with its newline, or what came before EOF (the process exited first).
+    Raises:
+        TimeoutError: no whole line within `timeout_s`; the process was killed.
+    """
+    assert proc.stdout is not None
+    fd, line = proc.stdout.fileno(), b""
+    deadline = time.monotonic() + timeout_s
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            proc.kill()
+            proc.wait()
+            raise TimeoutError(f"{what} (pid {proc.pid}) did not print its port within {timeout_s:g} s of starting "
+                               f"(killed); a slower start needs a larger {setting}. A JVM that never gets there may "
+                               f"be suspended by a debug agent (JAVA_TOOL_OPTIONS, JVM options). Output so far: "
+                               f"{line[-200:]!r}")
+        byte = os.read(fd, 1)       # one byte at a time: what follows the line stays in the pipe
+        if not byte:
+            break
+        line += byte
+    return line
+
+
+def launch_gateway(java: str, classpath: str, cwd: str | None, javaopts: Sequence[str], timeout_s: float,
+                   what: str, setting: str) -> tuple[int, subprocess.Popen]:
+    """py4j's `launch_gateway(classpath=..., die_on_exit=True, cwd=..., javaopts=..., return_proc=True)`
+    with the wait for the port bounded (`first_line`); the JVM's stdout is drained, its stderr dropped.
+
+    Args:
+        java: the java executable (`java_executable`).
+        classpath: the engine's jar(s); py4j's own jar is prepended.
+        cwd: the JVM's working folder. javaopts: options before the main class.
+        timeout_s, what, setting: as in `first_line`.
+    Returns:
+        (the gateway's port, the JVM process).
+    Raises:
+        RuntimeError: the JVM exited or printed something else first.
+        TimeoutError: no port within `timeout_s` (the JVM was killed).
+    """
+    from py4j.java_gateway import find_jar_path
+
+    cmd = [java, "-classpath", os.pathsep.join((find_jar_path(), classpath)), *javaopts,
+           "py4j.GatewayServer", "--die-on-broken-pipe", "0"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            cwd=cwd, bufsize=0)
+    line = first_line(proc, timeout_s, what, setting)
+    if not line.strip().isdigit():
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"{what} failed to start ({' '.join(cmd)}): its first output was {line[-500:]!r}")
+    threading.Thread(target=_discard, args=(proc.stdout,), daemon=True, name=f"jvm-{proc.pid}-stdout").start()
+    return int(line), proc
+
+
+def _discard(stream) -> None:
+    """Read a pipe until EOF (a JVM blocks once the pipe is full)."""
+    try:
+        while os.read(stream.fileno(), 1 << 16):
+            pass
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,51 @@
+"""envs/jvm_start.py: the bounded wait for a gateway JVM's port, on real subprocesses (no JVM needed;
+the JVM cases are in test_scienceworld.py and test_textworld_express.py)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agentq.envs.jvm_start import first_line, java_executable
+
+
+def _spawn(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, bufsize=0)
+
+
+def test_a_silent_process_times_out_and_is_killed():
+    proc = _spawn("import time; time.sleep(60)")
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"the test JVM \(pid \d+\) did not print its port within 1 s .* "
+                                           r"needs a larger some_timeout_s"):
+        first_line(proc, 1.0, "the test JVM", "some_timeout_s")
+    assert time.monotonic() - t0 < 10
+    assert proc.returncode is not None          # killed and reaped
+
+
+def test_a_partial_line_does_not_count():
+    proc = _spawn("import sys, time; sys.stdout.write('12'); sys.stdout.flush(); time.sleep(60)")
+    with pytest.raises(TimeoutError, match="Output so far: b'12'"):
+        first_line(proc, 1.0, "the test JVM", "some_timeout_s")
+
+
+def test_the_first_line_is_read_and_the_rest_stays_in_the_pipe():
+    proc = _spawn("print(4321); print('chatter')")
+    assert first_line(proc, 30.0, "the test JVM", "some_timeout_s") == b"4321\n"
+    assert proc.stdout.read() == b"chatter\n"
+    proc.wait(timeout=30)
+
+
+def test_a_process_that_exits_first_gives_what_it_wrote():
+    proc = _spawn("import sys; sys.stdout.write('Error: no main class')")
+    assert first_line(proc, 30.0, "the test JVM", "some_timeout_s") == b"Error: no main class"
+    proc.wait(timeout=30)
+
+
+def test_no_java_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(RuntimeError, match=r"ScienceWorld needs Java \(>= 11.*apt-get install openjdk"):
+        java_executable("ScienceWorld", 11)
