@@ -23,17 +23,23 @@ from __future__ import annotations
 
 import os
 import site
+import socket
 import sys
 import sysconfig
+import tempfile
 import time
 import warnings
+from pathlib import Path
 from typing import Any
+
+from agentq.config import ConfigError
 
 from .base import EnvSpec, WorkerCore, WorkerPool, last_line
 
 LOOPBACK = "127.0.0.1"
 CLOSE_TIMEOUT_S = 10.0      # for all actors together to close their envs; then they are killed
 RESOURCE_SETTLE_S = 2.0     # how long released CPUs may take to show as free (measured: under 1 s)
+REACH_TIMEOUT_S = 5.0       # for a joined cluster's address to accept a connection
 
 
 def ray_init_kwargs(address: str | None) -> dict:
@@ -58,6 +64,50 @@ def ray_init_kwargs(address: str | None) -> dict:
             pythonpath = os.pathsep.join([*paths, *([inherited] if inherited else [])])
             kw["runtime_env"] = {"env_vars": {"PYTHONPATH": pythonpath}}
     return kw
+
+
+def init_ray(address: str | None, num_cpus: int | None) -> None:
+    """Start Ray unless it is up: join `address`, checked to answer first (`check_reachable`), or
+    start a local cluster of `num_cpus` CPUs (None: every core) on loopback only.
+
+    Raises:
+        ConfigError: nothing answers at `address`.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address is None:
+        keep_local_cluster_on_loopback()
+    else:
+        check_reachable(address)
+    ray.init(**ray_init_kwargs(address), num_cpus=num_cpus if address is None else None)
+
+
+def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Refuse a cluster address where nothing listens, within `timeout_s`: Ray itself retries a
+    dead address for ~14 minutes (20 attempts) before it gives up. "auto" is resolved as Ray does
+    (RAY_ADDRESS, then the last `ray start` of this machine); a "ray://" client address by its
+    host and port.
+
+    Raises:
+        ConfigError: no cluster to resolve "auto" to, or no answer at host:port.
+    """
+    resolved = address
+    if address == "auto":
+        marker = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")
+        resolved = os.environ.get("RAY_ADDRESS") or (marker.read_text().strip() if marker.is_file() else "")
+        if not resolved:
+            raise ConfigError("ray.address=auto: no running Ray cluster on this machine (no RAY_ADDRESS, no `ray "
+                              "start`); start one with `ray start --head`, or set ray.address=null for a local one")
+    host, _, port = resolved.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"ray.address={address!r}: expected host:port (or auto, or null for a local cluster)")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(f"ray.address={address!r}: nothing answers at {host}:{port} within {timeout_s:g} s ({e}); "
+                          "is the cluster up (`ray status`)? ray.address=null starts a local one") from None
 
 
 def driver_import_paths() -> list[str]:
@@ -158,10 +208,7 @@ class RayPool(WorkerPool):
         self._ray = ray
         self._actors: dict[int, Any] = {}
         self._setup(spec, num_envs, num_workers, call_timeout_s, start_timeout_s)   # refused before a cluster starts
-        if not ray.is_initialized():   # num_cpus sizes a local cluster started here (None: every core)
-            if address is None:
-                keep_local_cluster_on_loopback()
-            ray.init(**ray_init_kwargs(address), num_cpus=num_cpus if address is None else None)
+        init_ray(address, num_cpus)
         free = free_cpus(ray, self.num_workers * num_cpus_per_worker)
         self.cpus_per_worker = cpus_per_worker(free, self.num_workers, num_cpus_per_worker)
         if self.cpus_per_worker == 0:
