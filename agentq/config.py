@@ -83,14 +83,12 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
         except (HydraException, OmegaConfBaseException) as e:
             msg = str(e)
             if "Could not override" in msg or "Key '" in msg:
-                base = compose(config_name=config_name, overrides=[o for o in overrides if "=" in o and
-                                                                (_is_group_choice(o) or o.startswith("hydra."))])
-                bad = _bad_key(msg, overrides)
-                where, keys = _valid_keys(base, bad) if bad else ("<root>", sorted(str(k) for k in base.keys()))
-                raise ConfigError(f"unknown config key {bad!r}; valid keys under {where}: {keys}") from None
+                raise unknown_key_error(_base_config(config_name, overrides), _bad_key(msg, overrides)) from None
             raise ConfigError(_one_line(msg.split("\nConfig search path")[0])) from None
         except ValueError as e:         # e.g. `trainer=3`: "Config group override must be a string or a list"
             raise ConfigError(str(e)) from None
+        check_added_keys(overrides, config_name)
+    expand_user_paths(cfg)
     OmegaConf.set_struct(cfg, True)
     try:
         OmegaConf.to_container(cfg, resolve=True)       # an interpolation that does not resolve, named now
@@ -104,10 +102,81 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
     return cfg
 
 
-def check_override_syntax(overrides: list[str]) -> None:
-    """ConfigError for an argument that is not a Hydra override: a flag (`--steps=3`, `-x`) or a
-    key without a value. Hydra's own parse error is three lines of grammar around a caret."""
+def _base_config(config_name: str, overrides: list[str]) -> DictConfig:
+    """The config of the command line's group choices (and `hydra.` settings) alone: the keys that
+    exist for its other overrides to set. Call inside `initialize_config_module`."""
+    from hydra import compose
+
+    return compose(config_name=config_name, overrides=[o for o in overrides if "=" in o and
+                                                       (_is_group_choice(o) or o.startswith("hydra."))])
+
+
+def unknown_key_error(base: DictConfig, bad: str | None, why: str = "") -> ConfigError:
+    """The error for an override of a key `base` lacks: the key and the keys of its deepest existing
+    section (`why`: a sentence added at the end)."""
+    where, keys = _valid_keys(base, bad) if bad else ("<root>", sorted(str(k) for k in base.keys()))
+    return ConfigError(f"unknown config key {bad!r}; valid keys under {where}: {keys}{why}")
+
+
+#: the sections whose keys agentq hands on without reading them itself: the environment class's
+#: constructor arguments and the objective's parameters (make_objective refuses a name it does not
+#: take). Only there may a `+key=value` override add a key; anywhere else nothing would read it
+OPEN_SECTIONS = ("env.kwargs", "algo.objective_params")
+
+
+def check_added_keys(overrides: list[str], config_name: str) -> None:
+    """Refuse a `+key=value` (or `++key=value`) override that adds a key outside `OPEN_SECTIONS`:
+    Hydra adds it, and the run then ignored it silently (`+trainer.lerning_rate=1e-5`). A group's
+    `+group=option` and Hydra's own `hydra.` keys are Hydra's to check. Call inside
+    `initialize_config_module`.
+
+    Raises:
+        ConfigError: naming the key and the valid keys of its section, as a misspelt plain override.
+    """
+    base = None
     for o in overrides:
+        key = o.split("=", 1)[0]
+        name = key.lstrip("+")
+        if (not key.startswith("+") or name in _GROUPS or name.startswith("hydra.")
+                or any(name.startswith(s + ".") for s in OPEN_SECTIONS)):
+            continue
+        base = base if base is not None else _base_config(config_name, overrides)
+        parent, _, leaf = name.rpartition(".")
+        node = OmegaConf.select(base, parent) if parent else base
+        # keys(): `in` leaves out a key whose value is ??? (model=hf's model.path)
+        if not (isinstance(node, DictConfig) and leaf in node.keys()):
+            raise unknown_key_error(base, name, f" (`+` adds a key only under {' or '.join(OPEN_SECTIONS)}, whose "
+                                                "keys agentq hands on to the env class and the objective)")
+
+
+#: settings that name a file or folder. A leading ~ in them is expanded when the config is loaded:
+#: Hydra takes ~ only quoted ('model.path="~/x"'), and a path from Python's pathlib never expands it
+#: ("~/runs" became a folder named ~ in the working directory)
+PATH_KEYS = ("model.path", "checkpoint", "trainer.out_dir", "trainer.resume", "sft.out_dir", "sft.demos",
+             "eval.out_dir", "pipeline.out_dir", "sweep.out_dir")
+
+
+def expand_user_paths(cfg: DictConfig) -> None:
+    """Expand a leading ~ (~user) in `cfg`'s `PATH_KEYS`, in place (before struct mode is set)."""
+    import os
+
+    for key in PATH_KEYS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, str) and value.startswith("~"):
+            OmegaConf.update(cfg, key, os.path.expanduser(value))
+
+
+def check_override_syntax(overrides: list[str]) -> None:
+    """ConfigError for an argument that is not a Hydra override: a flag (`--steps=3`, `-x`), a
+    key without a value, or a value with an unquoted ~ (`model.path=~/x`: the shell leaves a ~ after
+    `key=` as it is). Hydra's own parse error is three lines of grammar around a caret."""
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if "~" in value and not _parses(o):
+            example = f"'{key}=\"{value}\"'" if value[:1] not in "[{" else "each item that holds ~ in double quotes"
+            raise ConfigError(f"{o!r}: Hydra reads ~ in a value only inside quotes: write {example} (single quotes "
+                              "around the whole keep the shell from removing the double ones); agentq expands a "
+                              "leading ~ in its path settings")
         if o.startswith("-"):
             hint = o.lstrip("-")
             if hint.split("=", 1)[0] in ("cfg", "c", "info", "resolve"):     # Hydra's own flags to show the config
@@ -117,6 +186,18 @@ def check_override_syntax(overrides: list[str]) -> None:
                               + (f" (e.g. {hint}, with its section: `agentq config` lists the keys)" if "=" in hint else ""))
         if "=" not in o and not o.startswith("~"):      # `~key` (delete a key) takes no value
             raise ConfigError(f"{o!r} has no value: write {o}=<value> (section.key=value)")
+
+
+def _parses(override: str) -> bool:
+    """Whether Hydra's override grammar reads `override`."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except OverrideParseException:
+        return False
+    return True
 
 
 def _one_line(msg: str) -> str:

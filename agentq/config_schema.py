@@ -43,6 +43,10 @@ def probability(v: Any) -> str | None:
     return None if _is_num(v) and 0 < v <= 1 else "a number in (0, 1]"
 
 
+def unit_interval(v: Any) -> str | None:
+    return None if _is_num(v) and 0 <= v <= 1 else "a number in [0, 1]"
+
+
 def fraction_below_one(v: Any) -> str | None:
     return None if _is_num(v) and 0 <= v < 1 else "a number in [0, 1)"
 
@@ -105,6 +109,8 @@ QUANT_PRESETS = ("kv8", "none", "w8a8", "w8a8_fp8kv", "w8a8_kv8", "w8a8_kv8_head
 CPU_INT_GEMM = ("auto", "int_mm", "fp32", "fp64")
 #: agentq.rollout.torch_engine.engine.SAMPLERS
 SAMPLERS = ("auto", "generator", "counter")
+#: agentq.learner.lr_schedule.SCHEDULES
+LR_SCHEDULES = ("constant", "linear", "cosine")
 #: agentq.algos.losses.LOSS_AGGS
 LOSS_AGGS = ("token_mean", "seq_mean")
 #: agentq.pool.POOL_TYPES
@@ -124,6 +130,9 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.tasks_per_step": positive_int,
     "trainer.group_size": group_size,
     "trainer.lr": positive_num,
+    "trainer.lr_warmup_steps": nonneg_int,
+    "trainer.lr_schedule": one_of(*LR_SCHEDULES),
+    "trainer.lr_min_ratio": unit_interval,
     "trainer.weight_decay": nonneg_num,
     # the learner always clips (clip_grad_norm_); a max norm of 0 would zero every gradient
     "trainer.grad_clip": positive_num,

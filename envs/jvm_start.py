@@ -97,14 +97,20 @@ def launch_gateway(java: str, classpath: str, cwd: str | None, javaopts: Sequenc
         proc.kill()
         proc.wait()
         raise RuntimeError(f"{what} failed to start ({' '.join(cmd)}): its first output was {line[-500:]!r}")
-    threading.Thread(target=_discard, args=(proc.stdout,), daemon=True, name=f"jvm-{proc.pid}-stdout").start()
+    threading.Thread(target=_drain_and_reap, args=(proc,), daemon=True, name=f"jvm-{proc.pid}-stdout").start()
     return int(line), proc
 
 
-def _discard(stream) -> None:
-    """Read a pipe until EOF (a JVM blocks once the pipe is full)."""
+def _drain_and_reap(proc: subprocess.Popen) -> None:
+    """Read the JVM's stdout until EOF (a JVM blocks once the pipe is full), then reap it: EOF means
+    it exited, and an env that shut its gateway down does not wait for the process (a zombie)."""
+    assert proc.stdout is not None
     try:
-        while os.read(stream.fileno(), 1 << 16):
+        while os.read(proc.stdout.fileno(), 1 << 16):
             pass
     except (OSError, ValueError):
+        pass
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:      # stdout closed, process alive: whoever stops it reaps it
         pass

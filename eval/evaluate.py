@@ -115,15 +115,16 @@ def evaluate(cfg: DictConfig) -> dict:
         selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
     except ValueError as e:               # the env's own refusal (an unknown split): one line, the key named
         raise ConfigError(f"split={split!r}: {e}") from None
-    # after the split's check (an unknown split left an empty eval-<env>-<split> folder in the
-    # checkpoint), before anything is played: a path that cannot be made fails now
-    out = eval_out_dir(cfg, split)
     chat = ChatFormat.from_tokenizer(build.load_tokenizer(path))
     n_episodes = len(selection.tasks) * int(cfg.eval.repeats)
     n_conc = min(n_episodes, int(cfg.rollout.max_slots), int(cfg.trainer.max_concurrent))
     engine = build.make_backend(cfg, path, device, dtype, chat.tokenizer, max_slots=n_conc)
     pool = build.env_pool(cfg, split, n_conc)
     try:
+        # made once nothing can refuse the evaluation (an unknown split or unreadable weights left an
+        # empty eval-<env>-<split> folder in the checkpoint), before anything is played: a path that
+        # cannot be made fails now
+        out = eval_out_dir(cfg, split)
         # the trainer's seeding (eval_seed, EVAL_FIRST_ID): the same episodes as its evaluations
         report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=eval_seed(cfg),
                                  max_concurrent=n_conc, repeats=int(cfg.eval.repeats),
@@ -146,8 +147,13 @@ def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, l
     `TRAINED_WITH` setting it holds otherwise than `cfg`); (None, []) outside a run folder."""
     from omegaconf import OmegaConf
 
-    run_cfg = checkpoint.parent.parent / "config.yaml"
-    if checkpoint.parent.name != "checkpoints" or not run_cfg.is_file():
+    if checkpoint.parent.name == "checkpoints":         # an RL run's <run>/checkpoints/step_*
+        run_cfg = checkpoint.parent.parent / "config.yaml"
+    elif checkpoint.name == "checkpoint":               # an SFT run's <run>/checkpoint
+        run_cfg = checkpoint.parent / "config.yaml"
+    else:
+        return None, []
+    if not run_cfg.is_file():
         return None, []
     saved, now = config_leaves(OmegaConf.load(run_cfg)), config_leaves(cfg)   # a key only one has: not compared
     same = sorted(k for k in saved.keys() & now.keys() if k.startswith(TRAINED_WITH))

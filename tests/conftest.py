@@ -1,8 +1,13 @@
 """Session fixtures shared by the tests: a tiny HF model built locally (no downloads)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -173,3 +178,39 @@ def train_run(tmp_path_factory, args: list[str]) -> Path:
     p = run_cli(["train", *args, f"trainer.out_dir={out}"])
     assert p.returncode == 0, p.stderr[-3000:]
     return out
+
+
+@contextlib.contextmanager
+def ray_head(cwd: Path, num_cpus: int = 1):
+    """A `ray start --head --block` cluster on a free port in its own process group, as a user starts
+    one, for `ray.address=auto` to join (`ray start` points it there through
+    /tmp/ray/ray_current_cluster). Stopped afterwards, and that file put back as it was.
+    Yields the head's port."""
+    marker = Path("/tmp/ray/ray_current_cluster")
+    before = marker.read_text() if marker.exists() else None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    head = subprocess.Popen([ray_cli, "start", "--head", f"--port={port}", f"--num-cpus={num_cpus}",
+                             "--include-dashboard=false", "--block"], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and head.poll() is None:
+            if "Ray runtime started" in head.stdout.readline().decode(errors="replace"):
+                break
+        else:
+            raise AssertionError("the `ray start` head did not come up")
+        yield port
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=30)
+        if before is None:
+            marker.unlink(missing_ok=True)
+        else:
+            marker.write_text(before)

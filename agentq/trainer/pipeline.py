@@ -20,7 +20,7 @@ from agentq.config import ConfigError
 from agentq.eval.metrics import paired_comparison, two_proportion_z, wilson_interval
 from agentq.utils.logging import console, jsonable
 
-from .run_dir import make_run_dir, new_run_dir
+from .run_dir import make_run_dir, new_run_dir, removed_if_left_empty
 
 
 def evaluate_checkpoint(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int, split: str) -> dict:
@@ -78,14 +78,21 @@ def eval_splits(cfg: DictConfig) -> list[str]:
 
 
 def pipeline(cfg: DictConfig) -> dict:
+    """`agentq pipeline` into pipeline.out_dir (default a new runs/pipeline-<env>-<time>); a start
+    refused before anything was written there (a bad model.path or SFT setting) leaves no folder."""
+    split, *others = eval_splits(cfg)       # before the run folder: a bad split leaves no empty folder
+    out = Path(cfg.pipeline.out_dir or new_run_dir(f"pipeline-{cfg.env.name}"))
+    with removed_if_left_empty(out):
+        return _pipeline(cfg, make_run_dir(out, "pipeline.out_dir"), split, others)
+
+
+def _pipeline(cfg: DictConfig, out: Path, split: str, others: list[str]) -> dict:
     from agentq import build
     from agentq.trainer.rl import RLTrainer
     from agentq.trainer.sft import sft
 
     t0 = time.time()
     p = cfg.pipeline
-    split, *others = eval_splits(cfg)       # before the run folder: a bad split leaves no empty folder
-    out = make_run_dir(p.out_dir or new_run_dir(f"pipeline-{cfg.env.name}"), "pipeline.out_dir")
     n_eval = int(p.eval_tasks)
     cfg = cfg.copy()
     OmegaConf.update(cfg, "env.eval_split", split)     # the RL learning curve and final eval use it too

@@ -21,6 +21,8 @@ from omegaconf import DictConfig
 from agentq import build
 from agentq.config import ConfigError
 
+from .run_dir import RunAborted
+
 if TYPE_CHECKING:       # the learner and Ray-backed parts load when a placement needs them
     from transformers import PreTrainedTokenizerBase
 
@@ -83,15 +85,12 @@ class Placement:
         (this runs first, and the pool then finds Ray started and skips its own setup)."""
         import ray
 
-        from agentq.pool.ray_pool import keep_local_cluster_on_loopback, ray_init_kwargs
+        from agentq.pool.ray_pool import init_ray
 
         self._ray = ray
         self._local = cfg.ray.address is None
         if not ray.is_initialized():
-            address = cfg.ray.address
-            if address is None:
-                keep_local_cluster_on_loopback()
-            ray.init(**ray_init_kwargs(address), num_cpus=None if address else cfg.ray.num_cpus)
+            init_ray(cfg.ray.address, cfg.ray.num_cpus)          # a joined address is checked to answer first
             self._started_ray = True
 
     def _resolve_gpus(self, use_gpus: bool | str) -> bool:
@@ -133,10 +132,11 @@ class Placement:
         self._pg = placement_group(bundles, strategy=strategy)
         try:
             self._ray.get(self._pg.ready(), timeout=self.timeout_s)
-        except self._ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"placement={self.mode}: the Ray cluster ({self._ray.cluster_resources()}) cannot "
-                               f"hold the bundles {bundles} within {self.timeout_s:.0f} s; lower "
-                               "placement.rollout_workers / learner_ranks / cpus_per_actor or add nodes") from None
+        except self._ray.exceptions.GetTimeoutError:      # RunAborted: one line on the command line
+            raise RunAborted(f"placement={self.mode}: the Ray cluster ({self._ray.cluster_resources()}) cannot "
+                             f"hold the bundles {bundles} within {self.timeout_s:g} s (placement.timeout_s); "
+                             "raise placement.timeout_s to wait longer for what others hold, lower "
+                             "placement.rollout_workers / learner_ranks / cpus_per_actor, or add nodes") from None
 
     def actor_options(self, bundle: int) -> dict:
         """Ray options of an actor in `bundle`: its CPU share, its GPU (a whole one in split, half

@@ -35,12 +35,13 @@ from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
 from agentq.learner.batch import PolicyBatch, collate
 from agentq.learner.learner import bypass_refusal, grad_pass_refusal
+from agentq.learner.lr_schedule import lr_factor
 from agentq.utils.checkpoint import TrainerState, load_trainer_state, save_hf_checkpoint
 from agentq.utils.logging import MetricsLogger, console, jsonable, progress, read_metrics, step_line
 
 from .placement import Placement
 from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, new_run_dir, remove_run_artifacts,
-                      truncate_lost_episodes, write_lost_episodes)
+                      removed_if_left_empty, truncate_lost_episodes, write_lost_episodes, write_run_config)
 
 
 #: rollout summary keys (eval.metrics.summarize) every step row carries, skipped steps too
@@ -72,6 +73,13 @@ def old_logp_mode(cfg: DictConfig, objective: Objective, device: torch.device, d
                           f"θ_old, in a training forward that computes what the π_old pass does, with a row-local "
                           f"objective; here {why}. Use trainer.old_logp=recompute")
     return mode
+
+
+def step_lr(t: DictConfig, step: int) -> float:
+    """trainer.lr × the schedule's factor at RL step `step` (1-based) of trainer.steps
+    (`lr_schedule.lr_factor`; a run saved before the schedule existed has none: constant)."""
+    return float(t.lr) * lr_factor(step - 1, int(t.steps), int(t.get("lr_warmup_steps", 0)),
+                                   str(t.get("lr_schedule", "constant")), float(t.get("lr_min_ratio", 0.0)))
 
 
 def build_objective(cfg: DictConfig) -> Objective:
@@ -202,14 +210,16 @@ class RLTrainer:
         if t.resume:
             check_resume_dir(t.resume)      # before the folder is created or locked
         # locked and checked, but left as it is until everything is built (`_open_run`): a bad setting
-        # or a missing path found on the way costs no earlier run's files, config.yaml or rows
-        self._lock = claim_run_dir(self.run_dir, resume=bool(t.resume), overwrite=bool(t.get("overwrite", False)),
-                                   remove=False)
-        try:
-            state = self._build(init_path)
-        except BaseException:
-            self._lock.close()      # refused or failed before the run began: the folder is free again
-            raise
+        # or a missing path found on the way costs no earlier run's files, config.yaml or rows, and
+        # leaves no folder this start created
+        with removed_if_left_empty(self.run_dir):
+            self._lock = claim_run_dir(self.run_dir, resume=bool(t.resume),
+                                       overwrite=bool(t.get("overwrite", False)), remove=False)
+            try:
+                state = self._build(init_path)
+            except BaseException:
+                self._lock.close()      # refused or failed before the run began: the folder is free again
+                raise
         self._open_run(state)
 
     def _build(self, init_path: str | None) -> TrainerState | None:
@@ -238,7 +248,7 @@ class RLTrainer:
             MetricsLogger.truncate(self.run_dir, self.start_step)
             truncate_lost_episodes(self.run_dir, self.start_step)
             truncate_segments(self.run_dir, self.start_step)
-        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+        write_run_config(self.run_dir, self.cfg)
         self._eval_selection: dict = {}
         # on a resume, TensorBoard hides the earlier run's points of the steps redone (W&B continues its run)
         self.logger = MetricsLogger.from_config(self.run_dir, self.cfg,
@@ -380,11 +390,11 @@ class RLTrainer:
         (self.learner.fill_ref if bypass else self.learner.fill_old_and_ref)(batch)
         timing = {"old_ref_time_s": time.perf_counter() - t0, "old_logp_bypass": int(bypass)}
         if bypass:
-            upd = self._update(batch)
+            upd = self._update(batch, step)
             batch, prep, mismatch = self._weigh(step, usable, batch)
         else:
             batch, prep, mismatch = self._weigh(step, usable, batch)
-            upd = self._update(batch)
+            upd = self._update(batch, step)
         return batch, prep, mismatch, {**upd, **timing}
 
     def _weigh(self, step: int, usable: list[Trajectory],
@@ -403,12 +413,15 @@ class RLTrainer:
                 self.objective, "retention", None), token_decoder(self.tokenizer)))
         return batch, prep, mismatch
 
-    def _update(self, batch: PolicyBatch) -> dict[str, float]:
-        """PPO epochs over minibatches of `batch`; returns the learner's update metrics."""
+    def _update(self, batch: PolicyBatch, step: int) -> dict[str, float]:
+        """PPO epochs over minibatches of `batch` at RL step `step`'s learning rate (`step_lr`);
+        returns the learner's update metrics with `lr`."""
         t = self.cfg.trainer
-        return self.learner.update(batch, self.objective, epochs=int(t.ppo_epochs),
-                                   minibatch_size=int(t.minibatch_size) if t.minibatch_size else None,
-                                   generator=self.gen, old_logp_mode=self.old_logp_mode)
+        lr = step_lr(t, step)
+        upd = self.learner.update(batch, self.objective, epochs=int(t.ppo_epochs),
+                                  minibatch_size=int(t.minibatch_size) if t.minibatch_size else None,
+                                  generator=self.gen, old_logp_mode=self.old_logp_mode, lr=lr)
+        return {**upd, "lr": lr}
 
     def _skip_step(self, step: int, trajs: list[Trajectory], rollout: dict, seconds: float) -> dict:
         """A step without one usable episode (all errored, or none produced an action token, e.g. the

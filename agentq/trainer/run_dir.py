@@ -7,12 +7,16 @@ stale temporary checkpoint folders, and a written record of every lost episode.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
+
+from omegaconf import DictConfig, OmegaConf
 
 from agentq.config import ConfigError, make_setting_dir
 from agentq.utils.checkpoint import restore_interrupted_commits
@@ -45,6 +49,29 @@ class RunDirError(ConfigError):
 def make_run_dir(folder: str | Path, key: str) -> Path:
     """`folder`, created (parents too); `RunDirError` naming `key` when it cannot be."""
     return make_setting_dir(folder, key, "run folder", RunDirError)
+
+
+@contextlib.contextmanager
+def removed_if_left_empty(folder: str | Path) -> Iterator[None]:
+    """Run the block; if it raises, remove the folders of `folder`'s path that did not exist when it
+    began (`folder`, and parents created with it) as long as they hold nothing but this process's
+    lock file, so a refused start (`model.path`, `placement`, ...) leaves no empty run folder behind.
+    A folder that existed before, or that anything was written into, is left as it is.
+
+    Args:
+        folder: the run folder the block creates (`claim_run_dir`, `make_run_dir`).
+    """
+    folder = Path(folder)
+    new = [p for p in (folder, *folder.parents) if not p.exists()]         # innermost first
+    try:
+        yield
+    except BaseException:
+        for path in new:
+            if not path.is_dir() or any(p.name != LOCK_FILE for p in path.iterdir()):
+                break
+            (path / LOCK_FILE).unlink(missing_ok=True)      # the block closed it: nobody holds the folder
+            path.rmdir()
+        raise
 
 
 class RunAborted(RuntimeError):
@@ -111,6 +138,18 @@ def remove_run_artifacts(run_dir: str | Path, artifacts: tuple[str, ...] = RUN_A
         path = Path(run_dir) / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     return found
+
+
+def write_run_config(run_dir: str | Path, cfg: DictConfig) -> Path:
+    """`run_dir/config.yaml`: the run's resolved config, written once the run has started (an RL run's
+    and an SFT run's: `trainer.resume` and `agentq eval`'s trained-otherwise check read it).
+
+    Returns:
+        the file's path.
+    """
+    path = Path(run_dir) / "config.yaml"
+    path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    return path
 
 
 def check_resume_dir(resume: str | Path) -> None:

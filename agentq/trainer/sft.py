@@ -31,7 +31,8 @@ from agentq.utils.checkpoint import save_hf_checkpoint
 from agentq.utils.jsonl import read_jsonl
 from agentq.utils.logging import MetricsLogger, console, progress
 
-from .run_dir import SFT_ARTIFACTS, RunAborted, claim_run_dir, new_run_dir, remove_run_artifacts
+from .run_dir import (SFT_ARTIFACTS, RunAborted, claim_run_dir, new_run_dir, remove_run_artifacts,
+                      removed_if_left_empty, write_run_config)
 
 
 def collect_demos(cfg: DictConfig, chat: ChatFormat, n: int, split: str, seed: int) -> list[Trajectory]:
@@ -83,13 +84,14 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
     if overwrite is None:
         overwrite = bool(cfg.trainer.get("overwrite", False))
     # an earlier run's files stay until the demonstrations and the model are in hand (`_sft`): a bad
-    # setting or a missing path found before then costs nothing
-    lock = claim_run_dir(out, resume=False, overwrite=overwrite, artifacts=SFT_ARTIFACTS, out_key=out_key,
-                         remove=False)
-    try:
-        return _sft(cfg, out, init_path)
-    finally:
-        lock.close()            # releases the folder
+    # setting or a missing path found before then costs nothing, and leaves no folder this start created
+    with removed_if_left_empty(out):
+        lock = claim_run_dir(out, resume=False, overwrite=overwrite, artifacts=SFT_ARTIFACTS, out_key=out_key,
+                             remove=False)
+        try:
+            return _sft(cfg, out, init_path)
+        finally:
+            lock.close()            # releases the folder
 
 
 def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
@@ -117,6 +119,7 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
     rng.shuffle(demos)
     val, train = split_demos(demos, float(s.val_fraction))
     remove_run_artifacts(out, SFT_ARTIFACTS)      # overwrite (claim_run_dir refused it otherwise)
+    write_run_config(out, cfg)                    # what the checkpoint was trained with, as an RL run's
 
     # 2. cross-entropy on action tokens, through the aligned forward (no env workers run now: every core)
     with build.learner_threads(cfg):

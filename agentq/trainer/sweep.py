@@ -39,15 +39,42 @@ from omegaconf import DictConfig, OmegaConf
 from agentq.config import ConfigError, config_leaves
 from agentq.utils.logging import console, jsonable
 
-from .run_dir import make_run_dir, new_run_dir
+from .run_dir import make_run_dir, new_run_dir, removed_if_left_empty
 
 RESULT = "result.json"
 
 
 # ---------------------------------------------------------------------- configs
+#: what the sweep sets for each arm × seed run (`arm_overrides`): (what it is, the sweep's list of them)
+SET_PER_RUN = {"algo": ("preset", "arms"), "seed": ("seed", "seeds")}
+
+
+def check_sweep_settings(cfg: DictConfig, overrides: list[str]) -> None:
+    """Refuse a sweep without arms or seeds, and an `algo=` or `seed=` override: every arm × seed run
+    sets its own, so the command line's was dropped without a word.
+
+    Raises:
+        ConfigError: an empty sweep.arms / sweep.seeds, or naming each such override and the sweep
+        list that takes its value instead.
+    """
+    if not cfg.sweep.arms or not cfg.sweep.seeds:
+        raise ConfigError(f"sweep.arms={list(cfg.sweep.arms)} and sweep.seeds={list(cfg.sweep.seeds)} must both be "
+                          "non-empty")
+    bad = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.lstrip("+~") in SET_PER_RUN:
+            what, name = SET_PER_RUN[key.lstrip("+~")]
+            bad.append(f"{o}: a sweep runs each {what} of sweep.{name} (now {list(cfg.sweep[name])}); "
+                       f"write 'sweep.{name}=[{value}]'")
+    if bad:
+        raise ConfigError("; ".join(bad))
+
+
 def arm_overrides(overrides: list[str], arm: str, seed: int, run_dir: Path, threads: int | None) -> list[str]:
-    """The sweep's own overrides with the arm's preset, seed and run folder (a user's `algo=` or
-    `seed=` would fight the sweep's, so they are dropped)."""
+    """The sweep's own overrides with the arm's preset, seed and run folder, which replace any
+    `algo=`, `seed=` or `trainer.out_dir=` among them (`check_sweep_settings` refuses the first two
+    on the command line)."""
     keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("algo", "seed", "trainer.out_dir")]
     extra = [f"learner_threads={threads}"] if threads else []
     return [*keep, f"algo={arm}", f"seed={seed}", f"trainer.out_dir={run_dir}", "trainer.resume=null", *extra]
@@ -118,11 +145,10 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     from agentq.trainer.pipeline import eval_splits, evaluate_checkpoint
     from agentq.trainer.sft import sft
 
+    check_sweep_settings(cfg, overrides)
     sw = cfg.sweep
     arms, seeds = list(sw.arms), [int(s) for s in sw.seeds]
     refs = [r for r in sw.references if r in arms]
-    if not arms or not seeds:
-        raise ConfigError(f"sweep.arms={arms} and sweep.seeds={seeds} must both be non-empty")
     out = sweep_dir(cfg)
     overrides = [o for o in overrides if not o.startswith("sweep.out_dir=")] + [f"sweep.out_dir={out}"]
     split = eval_splits(cfg)[0]
@@ -131,13 +157,14 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     # every arm × seed composed now: a misspelt preset fails before the SFT stage, not after it and
     # every earlier arm; a finished run whose settings differ from this command line is named
     check_resumed_runs(out, arms, seeds, overrides, threads, warn_only=bool(sw.table_only))
-    out = make_run_dir(out, "sweep.out_dir")
     n_eval = int(sw.eval_tasks)
     console.rule(f"[bold]agentq sweep: {cfg.env.name}/{split} — {len(arms)} arms × {len(seeds)} seeds → {out}")
 
     sft_summary = out / "sft" / "sft_summary.json"           # 1. the shared start (reused on resume)
-    if not sft_summary.exists():            # none, or one cut short: (re)done, replacing what it left
-        sft(cfg, out_dir=out / "sft", init_path=build.model_path(cfg), overwrite=True)
+    with removed_if_left_empty(out):        # a refused start (model.path) leaves no empty sweep folder
+        out = make_run_dir(out, "sweep.out_dir")
+        if not sft_summary.exists():        # none, or one cut short: (re)done, replacing what it left
+            sft(cfg, out_dir=out / "sft", init_path=build.model_path(cfg), overwrite=True)
     sft_ckpt = str(out / "sft" / "checkpoint")
     sft_eval = out / "eval_sft" / "eval.json"
     if not sft_eval.exists():

@@ -96,6 +96,48 @@ def test_unknown_keys_and_choices_list_valid_ones():
         load_config(["learning_rate=3"])
 
 
+@pytest.mark.parametrize("override, where", [("+trainer.lerning_rate=1e-5", "trainer"), ("+trainer.foo=1", "trainer"),
+                                             ("++trainer.foo=1", "trainer"), ("+foo=1", "<root>"),
+                                             ("+env.prompt.footer=x", "env.prompt")])
+def test_a_plus_override_that_adds_a_key_nothing_reads_is_refused(override, where):
+    """Hydra's `+key=value` adds a key: outside the sections agentq hands on whole, nothing read it and
+    the run went on without it, silently (the README says unknown keys fail)."""
+    key = override.split("=", 1)[0].lstrip("+")
+    with pytest.raises(ConfigError) as e:
+        load_config([override])
+    said = str(e.value)
+    assert said.startswith(f"unknown config key {key!r}; valid keys under {where}: [") and "\n" not in said
+    assert said.endswith("(`+` adds a key only under env.kwargs or algo.objective_params, whose keys agentq hands "
+                         "on to the env class and the objective)")
+    if where == "trainer":
+        assert "'lr'" in said           # the key meant is in the list
+
+
+def test_plus_adds_keys_where_agentq_hands_them_on():
+    """env.kwargs (the env class's constructor arguments) and algo.objective_params (the objective's,
+    e.g. a cap for a preset with none) take new keys; `++` still overrides a key that exists."""
+    cfg = load_config(["+env.kwargs.new_arg=3", "algo=bf16", "algo.objective=tis", "+algo.objective_params.is_cap=2.0",
+                       "++trainer.steps=3", "model=hf", "++model.path=/some/ckpt"])
+    assert (cfg.env.kwargs.new_arg, cfg.algo.objective_params.is_cap, cfg.trainer.steps) == (3, 2.0, 3)
+    assert cfg.model.path == "/some/ckpt"
+
+
+def test_an_unquoted_tilde_says_how_to_quote_it_and_a_quoted_one_is_expanded(monkeypatch):
+    """`model.path=~/x` (the shell leaves a ~ after `key=` as it is) was Hydra's
+    "LexerNoViableAltException: model.path=~/x ^"; quoted, ~ stayed a literal folder name."""
+    with pytest.raises(ConfigError) as e:
+        load_config(["model.path=~/x"])
+    assert str(e.value) == ("'model.path=~/x': Hydra reads ~ in a value only inside quotes: write 'model.path=\"~/x\"' "
+                            "(single quotes around the whole keep the shell from removing the double ones); agentq "
+                            "expands a leading ~ in its path settings")
+    from agentq.config import PATH_KEYS
+
+    monkeypatch.setenv("HOME", "/home/someone")
+    cfg = load_config([f'{key}="~/{key}"' for key in PATH_KEYS], config_name="sweep")
+    assert [OmegaConf.select(cfg, key) for key in PATH_KEYS] == [f"/home/someone/{key}" for key in PATH_KEYS]
+    assert load_config(['env.prompt.system="a ~ b"']).env.prompt.system == "a ~ b"     # only paths are expanded
+
+
 def test_a_choice_that_does_not_exist_is_one_line_with_the_options():
     with pytest.raises(ConfigError) as e:
         load_config(["env=alfwrld"])

@@ -49,6 +49,8 @@ def test_placement_starts_a_local_ray_cluster_on_loopback_only(monkeypatch, addr
     calls = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    checked = []          # a joined address is checked to answer first (tests/pool/test_ray_address.py)
+    monkeypatch.setattr("agentq.pool.ray_pool.check_reachable", checked.append)
     cfg = load_config(["placement=colocated", "ray.num_cpus=2", *([f"ray.address={address}"] if address else [])])
     p = Placement.__new__(Placement)
     p._start_ray(cfg)
@@ -59,6 +61,6 @@ def test_placement_starts_a_local_ray_cluster_on_loopback_only(monkeypatch, addr
         assert (kw["_node_ip_address"], kw["num_cpus"]) == ("127.0.0.1", 2)
         assert ray_constants.ENABLE_RAY_CLUSTER is False
         assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
-    else:                        # joining a running cluster: as given
-        assert "_node_ip_address" not in kw and kw["num_cpus"] is None
+    else:                        # joining a running cluster: as given, once it answers
+        assert "_node_ip_address" not in kw and kw["num_cpus"] is None and checked == [address]
         assert ray_constants.ENABLE_RAY_CLUSTER is True

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agentq.envs.jvm_start import first_line, java_executable
+from agentq.envs.jvm_start import first_line, java_executable, launch_gateway
 
 
 def _spawn(code: str) -> subprocess.Popen:
@@ -49,3 +49,20 @@ def test_no_java_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.delenv("JAVA_HOME", raising=False)
     with pytest.raises(RuntimeError, match=r"ScienceWorld needs Java \(>= 11.*apt-get install openjdk"):
         java_executable("ScienceWorld", 11)
+
+
+def test_a_gateway_that_exits_is_reaped(tmp_path):
+    """The launcher's stdout thread reaps the JVM once it exits: an env that shuts its gateway down
+    does not wait for the process, which stayed a zombie in the trainer. A script stands in for
+    java here (prints a port, then exits, as a JVM after its gateway's shutdown)."""
+    java = tmp_path / "java"
+    java.write_text("#!/bin/sh\necho 25333\nexit 0\n")
+    java.chmod(0o755)
+    port, proc = launch_gateway(str(java), "", None, [], 10, "the stand-in JVM", "call_timeout_s")
+    assert port == 25333
+    deadline = time.monotonic() + 10
+    while proc.returncode is None and time.monotonic() < deadline:     # set by the thread's wait(), not ours
+        time.sleep(0.05)
+    assert proc.returncode == 0
+    with pytest.raises(FileNotFoundError):
+        open(f"/proc/{proc.pid}/stat").close()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from agentq.cli import main
 
 SMALL = ["eval.num_tasks=1", "env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8"]
@@ -67,6 +69,17 @@ def test_an_unknown_split_is_a_one_line_error_and_leaves_no_folder(tiny_model_di
     assert not list(ckpt.glob("eval-*"))       # was an empty eval-textworld_express-nope/ in the checkpoint
 
 
+def test_unreadable_weights_leave_no_folder_in_the_checkpoint(tiny_model_dir, tmp_path, capsys):
+    """The output folder was made before the weights were checked: a truncated checkpoint kept an empty
+    eval-<env>-<split>/."""
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert main(["eval", f"checkpoint={ckpt}", *SMALL]) == 2
+    assert "is damaged or truncated" in capsys.readouterr().err
+    assert not list(ckpt.glob("eval-*"))
+
+
 def test_turns_of_won_episodes_with_none_won_reads_as_such():
     from agentq.eval.evaluate import turns_text
 
@@ -95,7 +108,9 @@ def test_an_evaluation_inside_training_plays_the_episodes_agentq_eval_plays(tmp_
     assert any(a["transcript"] != b["transcript"] for a, b in zip(inside[::2], inside[1::2]))
 
 
-def test_a_checkpoint_evaluated_under_other_task_settings_than_its_run_says_so(tiny_model_dir, tmp_path, capsys):
+@pytest.mark.parametrize("layout", ["checkpoints/step_000002", "checkpoint"])     # an RL run's, an SFT run's
+def test_a_checkpoint_evaluated_under_other_task_settings_than_its_run_says_so(tiny_model_dir, tmp_path, capsys,
+                                                                               layout):
     """`agentq eval` composes conf/ and the command line, not the checkpoint's run: a checkpoint of the
     sweep's mapreader runs evaluated without env= played the default coin game, silently."""
     from omegaconf import OmegaConf
@@ -103,7 +118,7 @@ def test_a_checkpoint_evaluated_under_other_task_settings_than_its_run_says_so(t
     from agentq.config import load_config
 
     run = tmp_path / "run"
-    ckpt = shutil.copytree(tiny_model_dir, run / "checkpoints" / "step_000002")
+    ckpt = shutil.copytree(tiny_model_dir, run / layout)
     (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config(["env=textworld_express_mapreader"]), resolve=True))
     assert main(["eval", f"checkpoint={ckpt}", *SMALL, f"eval.out_dir={tmp_path / 'e1'}"]) == 0
     said = " ".join(capsys.readouterr().err.split())

@@ -82,11 +82,12 @@ def test_choice_rules_list_what_the_code_accepts():
     from agentq.algos.losses import LOSS_AGGS
     from agentq.kernels.cpu_gemm import PATHS
     from agentq.kernels.quant_spec import PRESETS
+    from agentq.learner.lr_schedule import SCHEDULES
     from agentq.pool import POOL_TYPES
     from agentq.rollout.torch_engine.engine import SAMPLERS
 
     assert s.QUANT_PRESETS == tuple(sorted(PRESETS)) and s.CPU_INT_GEMM == ("auto", *PATHS)
-    assert (s.LOSS_AGGS, s.POOL_TYPES, s.SAMPLERS) == (LOSS_AGGS, POOL_TYPES, SAMPLERS)
+    assert (s.LOSS_AGGS, s.POOL_TYPES, s.SAMPLERS, s.LR_SCHEDULES) == (LOSS_AGGS, POOL_TYPES, SAMPLERS, SCHEDULES)
     for tag in ("action", "act_2-b", "_x", "a.b", "2x", "a b", "", "<a>"):
         try:
             ActionParser(tag)

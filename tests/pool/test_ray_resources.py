@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentq.pool.ray_pool import cpus_per_worker
-from conftest import REPO, run_cli
+from conftest import REPO, ray_head, run_cli
 
 pytest.importorskip("ray")
 
@@ -80,42 +80,10 @@ pool.close(); ray.shutdown()
 def test_a_null_address_starts_its_own_cluster_beside_one_already_running(tmp_path):
     """`ray.address: null` means a new local cluster: Ray's own default would join the `ray start`
     cluster of this machine (1 CPU here) and then refuse the pool's num_cpus."""
-    import os
-    import signal
-    import socket
-
-    marker = Path("/tmp/ray/ray_current_cluster")        # `ray start` points plain ray.init() here; put it back
-    before = marker.read_text() if marker.exists() else None
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    head = subprocess.Popen([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                             "--block"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        started = False
-        while time.monotonic() < deadline and head.poll() is None:
-            line = head.stdout.readline().decode(errors="replace")
-            if "Ray runtime started" in line:
-                started = True
-                break
-        assert started, "the `ray start` head did not come up"
+    with ray_head(tmp_path) as port:
         p = subprocess.run([sys.executable, "-c", BESIDE.format(here=str(REPO / "tests" / "pool"))], cwd=REPO,
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]
         words = [line for line in p.stdout.splitlines() if line.startswith("CPU ")][0].split()
         assert words[1:4] == ["2.0", "ok", "True"]           # its own 2-CPU cluster, not the 1-CPU head
         assert not words[5].endswith(f":{port}")
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=30)
-        if before is None:
-            marker.unlink(missing_ok=True)
-        else:
-            marker.write_text(before)

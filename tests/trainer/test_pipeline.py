@@ -29,6 +29,7 @@ def test_pipeline_miniature(tmp_path):
     assert json.loads((tmp_path / "rl" / "eval" / "step_000002" / "eval.json").read_text())["split"] == "dev"
     assert (tmp_path / "learning_curve.png").stat().st_size > 10_000
     assert (tmp_path / "sft" / "demos.jsonl").exists() and (tmp_path / "sft" / "checkpoint" / "config.json").exists()
+    assert (tmp_path / "sft" / "config.yaml").exists() and (tmp_path / "rl" / "config.yaml").exists()    # each stage's
     demo = json.loads((tmp_path / "sft" / "demos.jsonl").read_text().splitlines()[0])
     assert len(demo["input_ids"]) == len(demo["action_mask"]) == len(demo["seg_id"]) and "<action>" in demo["text"]
     assert (tmp_path / "rl" / "checkpoints" / "step_000002").exists()

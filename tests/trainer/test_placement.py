@@ -4,13 +4,15 @@ placement group pending and no cluster it started running; one that fits still r
 its group. The cluster runs in a subprocess (a fresh Ray per test file run)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
+from agentq.config import load_config
 from agentq.trainer.placement import bundles_fit
-from conftest import REPO
+from conftest import REPO, ray_head, run_cli
 
 pytest.importorskip("ray")
 
@@ -76,3 +78,31 @@ def test_placement_fails_fast_and_leaves_nothing_behind():
                                                                                "CLOSED")]
     assert lines == ["NEVER True True True", "RAY_LEFT False", "BUSY True ['CREATED']", "FITS 4 ['CREATED']",
                      "CLOSED [] True"], p.stdout[-3000:]
+
+
+def test_a_placement_that_times_out_on_a_joined_cluster_is_one_line(tmp_path, tiny_model_dir):
+    """A joined cluster may still gain nodes, so a placement it cannot hold waits placement.timeout_s;
+    then it was a RuntimeError traceback. Now one line naming the setting, and no run folder left."""
+    run = tmp_path / "run"
+    with ray_head(tmp_path):            # 1 CPU: split's 4 bundles of 1 CPU never fit
+        p = run_cli(["train", "placement=split", "ray.address=auto", "placement.timeout_s=1",
+                     f"model.path={tiny_model_dir}", "env_pool=inline", f"trainer.out_dir={run}"], timeout=300)
+    said = " ".join(p.stderr.split())
+    assert p.returncode == 1 and "Traceback" not in said, p.stderr[-3000:]
+    assert re.search(r"agentq: run stopped: placement=split: the Ray cluster \(\{.*\}\) cannot hold the bundles "
+                     r"\[.*\] within 1 s \(placement.timeout_s\); raise placement.timeout_s to wait longer", said), said
+    assert not run.exists()
+
+
+def test_the_docs_split_example_fits_a_two_core_machine():
+    """docs/distributed.md's first `placement=split` command was refused on 2 cores (4 actors × 1 CPU)."""
+    from agentq.trainer.placement import Placement
+
+    doc = (REPO / "docs" / "distributed.md").read_text()
+    command = next(line for line in doc.splitlines() if line.startswith("agentq train placement=split"))
+    cfg = load_config(command.split()[2:])
+    p = Placement.__new__(Placement)           # the layout only (no cluster)
+    p.mode, p.rollout_workers, p.learner_ranks = "split", cfg.placement.rollout_workers, cfg.placement.learner_ranks
+    p.cpus, p.use_gpus = float(cfg.placement.cpus_per_actor), False
+    bundles = p.bundles()
+    assert bundles_fit([{"CPU": 2.0}], bundles[0], len(bundles), cfg.placement.strategy)

@@ -52,3 +52,35 @@ def test_an_output_folder_that_cannot_be_made_is_a_one_line_error(tmp_path, caps
     assert main([cmd, f"{key}={bad}", "env_pool=inline"]) == 2
     said = " ".join(capsys.readouterr().err.split())
     assert f"agentq: {key}: cannot create the run folder '{bad}' (NotADirectoryError: Not a directory)" in said
+
+
+@pytest.mark.parametrize("cmd,key", [("train", "trainer.out_dir"), ("sft", "sft.out_dir"),
+                                     ("pipeline", "pipeline.out_dir"), ("sweep", "sweep.out_dir")])
+def test_a_refused_model_path_leaves_no_folder_it_made(tmp_path, capsys, cmd, key):
+    """The run folder (and here its parent) was made and locked before model.path was refused, and
+    stayed behind empty; a folder that was there before stays."""
+    args = [cmd, "model=hf", f"model.path={tmp_path / 'nope'}", "env_pool=inline"]
+    assert main([*args, f"{key}={tmp_path / 'new' / 'run'}"]) == 2
+    assert "is not an HF checkpoint folder (no config.json)" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "mine").mkdir()
+    assert main([*args, f"{key}={tmp_path / 'mine'}"]) == 2
+    assert (tmp_path / "mine").is_dir()
+
+
+def test_only_empty_folders_the_block_made_are_removed(tmp_path):
+    from agentq.trainer.run_dir import LOCK_FILE, removed_if_left_empty
+
+    with pytest.raises(RuntimeError), removed_if_left_empty(tmp_path / "a" / "b"):
+        (tmp_path / "a" / "b").mkdir(parents=True)
+        (tmp_path / "a" / "b" / LOCK_FILE).write_text("1")
+        raise RuntimeError("refused")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RuntimeError), removed_if_left_empty(tmp_path / "a" / "b"):
+        (tmp_path / "a" / "b").mkdir(parents=True)
+        (tmp_path / "a" / "demos.jsonl").write_text("{}")      # something was written: kept
+        raise RuntimeError("refused")
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["demos.jsonl"]
+    with removed_if_left_empty(tmp_path / "c"):                # no error: nothing removed
+        (tmp_path / "c").mkdir()
+    assert (tmp_path / "c").is_dir()

@@ -37,6 +37,16 @@ def test_sft_folder_is_locked_and_not_mixed_with_an_earlier_run(tmp_path, capsys
     assert metrics_steps(out) == [0, 1, 1]          # the new run's rows only
 
 
+def test_sft_records_its_config_as_an_rl_run_does(tmp_path):
+    """An RL run writes its resolved config.yaml; an SFT checkpoint's settings were recorded nowhere."""
+    from omegaconf import OmegaConf
+
+    out = tmp_path / "sft"
+    assert main(["sft", f"sft.out_dir={out}", "env.max_steps=9", *SMALL]) == 0
+    saved = OmegaConf.load(out / "config.yaml")
+    assert (saved.sft.num_demos, saved.env.max_steps, saved.sft.out_dir) == (2, 9, str(out))
+
+
 def test_a_validation_share_that_leaves_no_training_demo_is_named(tmp_path, capsys):
     # 2 demos at 0.9: round(1.8) = 2 held out, none to train on
     assert main(["sft", f"sft.out_dir={tmp_path / 'sft'}", "sft.val_fraction=0.9", *SMALL]) == 2

@@ -136,3 +136,15 @@ def test_a_resume_that_changes_the_runs_settings_is_refused(tmp_path, capsys):
     same = [*first, f"sweep.out_dir={out}", "env.eval_split=dev", "sweep.arms=[bf16,qat]", "sweep.parallel=2",
             "env_pool=ray", "seed=5"]
     check_resumed_runs(out, ["bf16", "qat"], [0], same, threads=1)
+
+
+def test_algo_and_seed_on_the_command_line_are_refused_with_the_sweep_lists(tmp_path, capsys):
+    """Every arm × seed run sets its own algo= and seed=: the command line's were dropped silently.
+    (The sweep folder cannot be made: had they been taken, the sweep stops there, not after 9 runs.)"""
+    (tmp_path / "a-file").write_text("x")
+    out = tmp_path / "a-file" / "s"
+    assert main(["sweep", "algo=flashrl_tis", "seed=3", "sweep.seeds=[0]", f"sweep.out_dir={out}"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert ("agentq: algo=flashrl_tis: a sweep runs each preset of sweep.arms (now ['bf16', 'flashrl_tis', 'qat', "
+            "'qat_tis', 'qat_ais', 'ais', 'qurl', 'tbpo', 'interq']); write 'sweep.arms=[flashrl_tis]'; seed=3: a "
+            "sweep runs each seed of sweep.seeds (now [0]); write 'sweep.seeds=[3]'") in said
