@@ -100,7 +100,8 @@ class Placement:
         if not isinstance(use_gpus, bool):
             raise ConfigError(f"placement.use_gpus={use_gpus!r}; valid: auto, true, false")
         if use_gpus and not have:
-            raise RuntimeError("placement.use_gpus=true but the Ray cluster has no GPU")
+            raise ConfigError("placement.use_gpus=true but the Ray cluster has no GPU; use placement.use_gpus=auto or "
+                              "false, or join a cluster with GPUs (ray.address)")
         return use_gpus
 
     def bundles(self) -> list[dict[str, float]]:

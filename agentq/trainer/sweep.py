@@ -33,6 +33,7 @@ import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -121,21 +122,29 @@ def run_arm(job: dict) -> dict:
     return result
 
 
-def _run_jobs(jobs: list[dict], parallel: int) -> None:
+def _run_jobs(jobs: list[dict], parallel: int, run: Callable[[dict], Any] | None = None) -> None:
+    """Run the arm × seed `jobs` (`run`: `run_arm`), `parallel` at a time in spawned processes. An
+    arm's error stops the sweep, naming it: the jobs not yet started are cancelled (leaving the
+    executor would otherwise run every queued one first), those running are waited for."""
+    run = run or run_arm
     if parallel <= 1:
         for job in jobs:
             console.rule(f"[bold]sweep: {job['arm']} seed {job['seed']}")
-            run_arm(job)
+            run(job)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     with ProcessPoolExecutor(max_workers=parallel, mp_context=multiprocessing.get_context("spawn")) as ex:
-        futures = {ex.submit(run_arm, {**job, "redirect": True}): job for job in jobs}
-        for f in as_completed(futures):
-            job = futures[f]
-            f.result()                            # an arm's error stops the sweep, naming it
-            console.print(f"sweep: {job['arm']} seed {job['seed']} done ({job['run_dir']})")
+        futures = {ex.submit(run, {**job, "redirect": True}): job for job in jobs}
+        try:
+            for f in as_completed(futures):
+                job = futures[f]
+                f.result()
+                console.print(f"sweep: {job['arm']} seed {job['seed']} done ({job['run_dir']})")
+        except BaseException:
+            ex.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 # ---------------------------------------------------------------------- the sweep

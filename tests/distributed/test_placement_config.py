@@ -64,3 +64,15 @@ def test_placement_starts_a_local_ray_cluster_on_loopback_only(monkeypatch, addr
     else:                        # joining a running cluster: as given, once it answers
         assert "_node_ip_address" not in kw and kw["num_cpus"] is None and checked == [address]
         assert ray_constants.ENABLE_RAY_CLUSTER is True
+
+
+def test_gpus_asked_of_a_cluster_without_one_is_a_config_error():
+    """`placement.use_gpus=true` where the cluster has no GPU is the settings' fault: one line, not
+    a traceback. (A stand-in for the cluster's resources: CI has no GPU cluster to ask.)"""
+    from agentq.config import ConfigError
+
+    p = Placement.__new__(Placement)
+    p._ray = type("NoGPUs", (), {"cluster_resources": staticmethod(lambda: {"CPU": 2.0})})()
+    assert p._resolve_gpus("auto") is False and p._resolve_gpus(False) is False
+    with pytest.raises(ConfigError, match="placement.use_gpus=true but the Ray cluster has no GPU"):
+        p._resolve_gpus(True)

@@ -2,6 +2,8 @@
 processes, on real TextWorldExpress episodes; then a resume that reruns nothing."""
 import json
 
+import pytest
+
 from agentq.cli import main
 from agentq.eval.metrics import aulc, paired_comparison
 
@@ -148,3 +150,18 @@ def test_algo_and_seed_on_the_command_line_are_refused_with_the_sweep_lists(tmp_
     assert ("agentq: algo=flashrl_tis: a sweep runs each preset of sweep.arms (now ['bf16', 'flashrl_tis', 'qat', "
             "'qat_tis', 'qat_ais', 'ais', 'qurl', 'tbpo', 'interq']); write 'sweep.arms=[flashrl_tis]'; seed=3: a "
             "sweep runs each seed of sweep.seeds (now [0]); write 'sweep.seeds=[3]'") in said
+
+
+def test_an_arms_error_cancels_the_jobs_not_yet_started(tmp_path):
+    """With sweep.parallel=2, one failing arm used to let every queued arm run before the error
+    reached the user (leaving the executor waits for its whole queue)."""
+    from agentq.trainer.sweep import _run_jobs
+    from sweep_jobs import run_marked
+
+    jobs = [{"arm": arm, "seed": 0, "run_dir": str(tmp_path / f"j{i}")}
+            for i, arm in enumerate(["fail", "slow", *"abcdefgh"])]
+    with pytest.raises(RuntimeError, match="arm fail broke"):
+        _run_jobs(jobs, parallel=2, run=run_marked)
+    started = sorted(p.name for p in tmp_path.glob("*.started"))
+    # the executor hands a few queued jobs to its workers ahead of time: those run, the rest not
+    assert started[:2] == ["j0.started", "j1.started"] and len(started) <= 6, started
