@@ -106,7 +106,9 @@ def ray_cluster():
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # "local": a new cluster even where /tmp/ray/ray_current_cluster names another, or a dead one (a
+    # cluster killed earlier leaves it); plain ray.init() would join that and refuse num_cpus
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         yield ray
     finally:
