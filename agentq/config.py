@@ -1,6 +1,7 @@
 """Loading the Hydra config (conf/) with errors that list the valid choices."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +272,16 @@ def config_leaves(cfg: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(node, dict):
         return {k: v for key, sub in node.items() for k, v in config_leaves(sub, f"{prefix}{key!s}.").items()}
     return {prefix[:-1]: node}
+
+
+def in_sections(key: str, sections: tuple[str, ...]) -> bool:
+    """Whether dotted `key` is one of `sections` or inside one ('env.kwargs' holds 'env.kwargs.games';
+    a section ending in '.' is a prefix: 'wandb.' holds every wandb key)."""
+    return any(key == s or key.startswith(s if s.endswith(".") else s + ".") for s in sections)
+
+
+def differing_settings(saved: Any, now: Any, compared: Callable[[str], bool]) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, current value) for each `compared` setting the two configs hold
+    differently, by key; a key only one side has (a newer agentq's) is not compared."""
+    old, new = config_leaves(saved), config_leaves(now)
+    return [(k, old[k], new[k]) for k in sorted(old.keys() & new.keys()) if compared(k) and old[k] != new[k]]

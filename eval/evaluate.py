@@ -19,7 +19,7 @@ from agentq import build
 from agentq.agent import AgentLoop, BackendPolicy, ChatFormat
 from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
-from agentq.config import ConfigError, config_leaves, make_setting_dir
+from agentq.config import ConfigError, differing_settings, in_sections, make_setting_dir
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend
 from agentq.utils.logging import console, jsonable, progress
@@ -155,9 +155,8 @@ def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, l
         return None, []
     if not run_cfg.is_file():
         return None, []
-    saved, now = config_leaves(OmegaConf.load(run_cfg)), config_leaves(cfg)   # a key only one has: not compared
-    same = sorted(k for k in saved.keys() & now.keys() if k.startswith(TRAINED_WITH))
-    return run_cfg, [f"{k}: trained {saved[k]!r}, now {now[k]!r}" for k in same if saved[k] != now[k]]
+    diffs = differing_settings(OmegaConf.load(run_cfg), cfg, lambda k: in_sections(k, TRAINED_WITH))
+    return run_cfg, [f"{k}: trained {then!r}, now {now!r}" for k, then, now in diffs]
 
 
 def warn_if_trained_otherwise(cfg: DictConfig, checkpoint: Path) -> None:

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from agentq.config import ConfigError, config_leaves
+from agentq.config import ConfigError, differing_settings, in_sections
 from agentq.utils.logging import console, jsonable
 
 from .run_dir import make_run_dir, new_run_dir, removed_if_left_empty
@@ -210,10 +210,8 @@ def changed_settings(run_dir: Path, cfg: DictConfig) -> list[str]:
     """'key: ran with A, now B' for each setting a finished run's config.yaml holds otherwise than
     `cfg` (its arm × seed composed from this command line), `RESUME_FREE` keys aside; keys only one
     of the two has (a newer agentq's) are not compared."""
-    saved, now = config_leaves(OmegaConf.load(run_dir / "config.yaml")), config_leaves(cfg)
-    return [f"{k}: ran with {saved[k]!r}, now {now[k]!r}" for k in sorted(saved.keys() & now.keys())
-            if saved[k] != now[k] and not any(k == f or (f.endswith(".") and k.startswith(f)) or k.startswith(f + ".")
-                                              for f in RESUME_FREE)]
+    diffs = differing_settings(OmegaConf.load(run_dir / "config.yaml"), cfg, lambda k: not in_sections(k, RESUME_FREE))
+    return [f"{k}: ran with {then!r}, now {now!r}" for k, then, now in diffs]
 
 
 def check_resumed_runs(out: Path, arms: list[str], seeds: list[int], overrides: list[str], threads: int | None,

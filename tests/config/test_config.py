@@ -271,3 +271,20 @@ def test_cuda_devices_are_checked_and_get_bf16(device, monkeypatch):
             build.device_and_dtype(cfg)
     else:
         assert build.device_and_dtype(cfg) == (torch.device(device), torch.bfloat16)
+
+
+def test_differing_settings_compares_shared_keys_within_sections():
+    from agentq.config import differing_settings, in_sections
+
+    assert in_sections("env.kwargs.games", ("env.kwargs",)) and in_sections("env.kwargs", ("env.kwargs",))
+    assert not in_sections("env.kwargsx", ("env.kwargs",)) and not in_sections("env", ("env.kwargs",))
+    assert in_sections("wandb.project", ("wandb.",)) and not in_sections("wandbx", ("wandb.",))
+    saved = OmegaConf.create({"env": {"name": "a", "kwargs": {"games": ["coin"], "old": 1}, "max_steps": 5},
+                              "trainer": {"lr": 1e-5, "out_dir": "x"}})
+    now = OmegaConf.create({"env": {"name": "b", "kwargs": {"games": ["mapreader"]}, "max_steps": 9},
+                            "trainer": {"lr": 2e-5, "out_dir": "y", "new": 3}})
+    everything = differing_settings(saved, now, lambda k: True)   # env.kwargs.old / trainer.new: one side only
+    assert everything == [("env.kwargs.games", ["coin"], ["mapreader"]), ("env.max_steps", 5, 9),
+                          ("env.name", "a", "b"), ("trainer.lr", 1e-5, 2e-5), ("trainer.out_dir", "x", "y")]
+    assert differing_settings(saved, now, lambda k: in_sections(k, ("env.name", "env.kwargs"))) == [
+        ("env.kwargs.games", ["coin"], ["mapreader"]), ("env.name", "a", "b")]

@@ -45,3 +45,44 @@ def kill_marked_jvms(marker: str) -> list[int]:
         except ProcessLookupError:
             pass
     return pids
+
+
+_FIRST_RESET = """
+import time, gymnasium as gym, agentq.envs
+env = gym.make({env_id!r}, **{make_kwargs!r})
+t0 = time.monotonic()
+try:
+    env.reset(seed=0)
+    print("reset returned")
+except Exception as e:
+    print(f"{{type(e).__name__}} after {{time.monotonic() - t0:.1f}} s: {{e}}")
+"""
+
+
+def first_reset(env_id: str, make_kwargs: dict, env_vars: dict | None = None, timeout_s: float = 90) -> str:
+    """A fresh process's first reset of `env_id` (it starts the JVM), with `env_vars` added to the
+    environment; returns what it printed: "reset returned" or "<Error> after <s> s: <message>".
+    A subprocess under a timeout, so a hang fails the test instead of hanging it."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    script = _FIRST_RESET.format(env_id=env_id, make_kwargs=make_kwargs)
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s,
+                             env={**os.environ, **(env_vars or {})})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the first reset() of {env_id} was still waiting after {timeout_s} s")
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def check_start_timed_out(out: str, marker: str, leaked: list[int], call_timeout_s: int = 5) -> None:
+    """`first_reset`'s output for a JVM that never printed its port: TimeoutError well within the
+    subprocess's limit, naming call_timeout_s; and the env killed the JVM itself (`leaked`, the
+    marked JVMs the test had to kill afterwards, is empty)."""
+    assert "TimeoutError after" in out, out
+    assert f"did not print its port within {call_timeout_s} s" in out and "call_timeout_s" in out, out
+    assert float(out.split("TimeoutError after ")[1].split(" s")[0]) < 30
+    assert leaked == [] and marked_jvms(marker) == []

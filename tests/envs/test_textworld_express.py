@@ -204,48 +204,24 @@ def test_engines_outliving_their_jvm_do_not_reach_for_it(caplog):
     assert errors == []
 
 
-_FIRST_RESET = """
-import time, gymnasium as gym, agentq.envs
-env = gym.make("agentq/TextWorldExpress-v0", games=["coin"], call_timeout_s=5)
-t0 = time.monotonic()
-try:
-    env.reset(seed=0)
-    print("reset returned")
-except Exception as e:
-    print(f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}")
-"""
-
-
 def _first_reset(env_vars: dict) -> str:
-    """A fresh process's first reset (it starts the JVM) with `env_vars` set; what it printed.
-    A subprocess under a timeout, so a hang fails the test instead of hanging it."""
-    import os
-    import subprocess
-    import sys
+    from jvm_procs import first_reset
 
-    try:
-        out = subprocess.run([sys.executable, "-c", _FIRST_RESET], capture_output=True, text=True, timeout=90,
-                             env={**os.environ, **env_vars})
-    except subprocess.TimeoutExpired:
-        pytest.fail("the first reset() was still waiting after 90 s (call_timeout_s=5)")
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
+    return first_reset("agentq/TextWorldExpress-v0", dict(games=["coin"], call_timeout_s=5), env_vars)
 
 
 def test_a_jvm_that_never_prints_its_port_times_out_at_start():
     """A real JVM suspended before `main` by a debug agent in JAVA_TOOL_OPTIONS (JDWP, suspend=y,
     quiet) never prints its port: reset() raises TimeoutError within call_timeout_s, naming the
     setting, and the JVM is killed (py4j's launch_gateway waited in readline() forever)."""
-    from jvm_procs import SUSPEND_AT_START, kill_marked_jvms, marked_jvms, new_marker
+    from jvm_procs import SUSPEND_AT_START, check_start_timed_out, kill_marked_jvms, new_marker
 
     marker = new_marker()
     try:
         out = _first_reset({"JAVA_TOOL_OPTIONS": f"{SUSPEND_AT_START} -D{marker}"})
     finally:
         leaked = kill_marked_jvms(marker)
-    assert "TimeoutError after" in out and "did not print its port within 5 s" in out, out
-    assert "call_timeout_s" in out and float(out.split(" after ")[1].split(" s")[0]) < 30
-    assert leaked == [] and marked_jvms(marker) == []
+    check_start_timed_out(out, marker, leaked)
 
 
 def test_missing_java_is_a_clear_error(tmp_path):
