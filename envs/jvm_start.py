@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Sequence
 
+from agentq.utils.process import dies_with_this_process
+
 
 def java_executable(needed_by: str, min_version: int) -> str:
     """`$JAVA_HOME/bin/java`, else `java` on PATH.
@@ -91,7 +93,7 @@ def launch_gateway(java: str, classpath: str, cwd: str | None, javaopts: Sequenc
     cmd = [java, "-classpath", os.pathsep.join((find_jar_path(), classpath)), *javaopts,
            "py4j.GatewayServer", "--die-on-broken-pipe", "0"]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            cwd=cwd, bufsize=0)
+                            cwd=cwd, bufsize=0, preexec_fn=dies_with_this_process())
     line = first_line(proc, timeout_s, what, setting)
     if not line.strip().isdigit():
         proc.kill()

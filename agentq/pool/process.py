@@ -20,34 +20,19 @@ ALFWorld and WebShop run inside the worker).
 """
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
 import os
-import signal
-import sys
 import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from agentq.utils.process import set_pdeathsig
+
 from .base import EnvSpec, WorkerCore, WorkerPool
 
 CLOSE_TIMEOUT_S = 10.0      # for all workers together to close their envs; then they are killed
 PARENT_POLL_S = 0.5         # how often a worker's watchdog checks that the trainer still lives
-PR_SET_PDEATHSIG = 1        # from <linux/prctl.h>
-
-
-def _set_pdeathsig() -> bool:
-    """Ask Linux to SIGKILL this process when the thread that started it ends; False where prctl is
-    missing (not Linux) or refused."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
-                          ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -70,7 +55,7 @@ def _die_with_parent(parent_pid: int | None, pdeathsig: bool) -> None:
     if parent_pid is None:
         parent_pid = os.getppid()
     if pdeathsig:
-        _set_pdeathsig()
+        set_pdeathsig()
     if os.getppid() != parent_pid:       # the trainer died before prctl took effect: no signal will come
         os._exit(1)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="agentq-parent-watch").start()

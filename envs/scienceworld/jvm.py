@@ -30,6 +30,8 @@ import threading
 import time
 from typing import Any, Callable, TypeVar
 
+from agentq.utils.process import dies_with_this_process
+
 from ..base import EnvCrashedError
 from ..jvm_start import first_line, java_executable
 
@@ -133,10 +135,12 @@ class JVMHost:
         _, cwd = _classpath()
         t0 = time.perf_counter()
         cmd = self.command()
-        # stdin: the JVM exits when this process dies (--die-on-broken-pipe). stdout: first line
+        # stdin: the JVM exits when this process dies (--die-on-broken-pipe), once its main runs;
+        # before that (a slow or suspended start) only the kernel's parent-death signal ends it, where
+        # this is the main thread (a pool's worker, the trainer). stdout: first line
         # is the port, then the simulator's chatter (it prints every step), drained in bulk.
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                cwd=cwd, bufsize=0, start_new_session=True)
+                                cwd=cwd, bufsize=0, start_new_session=True, preexec_fn=dies_with_this_process())
         assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None   # all PIPE
         # bounded: a JVM that never prints its port (suspended, stopped) would hang every env here
         line = first_line(proc, self.call_timeout_s, "the ScienceWorld JVM",

@@ -330,42 +330,61 @@ def test_hung_jvm_times_out_and_restarts():
     e.close()
 
 
-_SUSPENDED_JVM_RESET = """
-import time, gymnasium as gym, agentq.envs
-env = gym.make("agentq/ScienceWorld-v0", split="test", tasks="1-1", call_timeout_s=5,
-               jvm_opts=[{agent!r}, "-D{marker}"])
-t0 = time.monotonic()
-try:
-    env.reset(seed=0)
-    print("reset returned")
-except TimeoutError as e:
-    print(f"TimeoutError after {{time.monotonic() - t0:.1f}} s: {{e}}")
-"""
-
-
 def test_a_jvm_that_never_prints_its_port_times_out_at_start():
     """A real JVM suspended before `main` by a debug agent (JDWP, suspend=y, quiet) never prints
     its port: reset() raises TimeoutError within call_timeout_s, naming the setting, and the JVM is
     killed (it used to wait in readline() forever, and its JVM, in a session of its own, outlived
-    the process). In a subprocess under a timeout, so this test cannot hang."""
-    import subprocess
-    import sys
-
-    from jvm_procs import SUSPEND_AT_START, kill_marked_jvms, marked_jvms, new_marker
+    the process)."""
+    from jvm_procs import SUSPEND_AT_START, check_start_timed_out, first_reset, kill_marked_jvms, new_marker
 
     marker = new_marker()
     try:
-        out = subprocess.run([sys.executable, "-c", _SUSPENDED_JVM_RESET.format(agent=SUSPEND_AT_START, marker=marker)],
-                             capture_output=True, text=True, timeout=90)
-    except subprocess.TimeoutExpired:
-        pytest.fail("reset() was still waiting for the suspended JVM's port after 90 s (call_timeout_s=5)")
+        out = first_reset(ENV_ID, dict(split="test", tasks="1-1", call_timeout_s=5,
+                                       jvm_opts=[SUSPEND_AT_START, f"-D{marker}"]))
     finally:
         leaked = kill_marked_jvms(marker)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "TimeoutError after" in out.stdout, out.stdout + out.stderr[-2000:]
-    assert "did not print its port within 5 s" in out.stdout and "call_timeout_s" in out.stdout
-    assert float(out.stdout.split("TimeoutError after ")[1].split(" s")[0]) < 30
-    assert leaked == [] and marked_jvms(marker) == []
+    check_start_timed_out(out, marker, leaked)
+
+
+def test_a_killed_workers_jvm_that_never_started_dies_with_it():
+    """A pool worker hung in a JVM start (here a real JVM suspended before `main`: the env's own
+    300 s start limit is far off) is killed by the pool after its call_timeout_s. Its JVM, in a
+    session of its own and not yet reading the stdin pipe that ends it later, used to outlive it;
+    the kernel's parent-death signal now ends it with the worker. The pool's restarted worker may
+    start another, which must end when close() kills that worker."""
+    import threading
+
+    from jvm_procs import SUSPEND_AT_START, kill_marked_jvms, marked_jvms, new_marker
+
+    from agentq.pool import EnvSpec, make_pool
+
+    def wait_until(check, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    marker = new_marker()
+    pool = make_pool("process", EnvSpec("scienceworld", dict(split="test", tasks="1-1",
+                                                              jvm_opts=[SUSPEND_AT_START, f"-D{marker}"])),
+                     1, num_workers=1, call_timeout_s=4, start_timeout_s=60)
+    results: list = []
+    try:
+        call = threading.Thread(target=lambda: results.extend(pool.reset([(0, {"seed": 0})])), daemon=True)
+        call.start()
+        assert wait_until(lambda: marked_jvms(marker) != [], timeout_s=30), "the worker started no JVM"
+        first_jvm = marked_jvms(marker)[0]
+        call.join(timeout=60)
+        assert not call.is_alive() and len(results) == 1 and not results[0].ok, results
+        first_ended = wait_until(lambda: first_jvm not in marked_jvms(marker), timeout_s=10)
+    finally:
+        pool.close()
+        all_ended = wait_until(lambda: marked_jvms(marker) == [], timeout_s=10)
+        leaked = kill_marked_jvms(marker)
+    assert first_ended, "the killed worker's JVM outlived it"
+    assert all_ended and leaked == []
 
 
 def test_heap_cap_is_enforced_and_oom_is_a_crash():
