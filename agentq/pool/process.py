@@ -12,8 +12,8 @@ are `WorkerPool`'s, shared with the Ray pool.
 
 A worker never outlives the trainer, even one hung in an env step when the trainer is SIGKILLed
 (`_die_with_parent`): on Linux the kernel kills it (prctl PR_SET_PDEATHSIG), elsewhere, or when the
-pool was started from a thread other than the main one, a watchdog thread in the worker notices
-within `PARENT_POLL_S` that its parent is gone and exits. What an env started itself is not killed
+pool was started from a thread other than the main one or through a fork server, a watchdog thread
+in the worker notices within `PARENT_POLL_S` that the trainer is gone and exits. What an env started itself is not killed
 by this: an engine subprocess goes with the worker only if it watches it (the TextWorldExpress and
 ScienceWorld JVMs exit when their stdin pipe from the worker closes, py4j's --die-on-broken-pipe;
 ALFWorld and WebShop run inside the worker).
@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import select
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Callable
 
 from agentq.utils.process import set_pdeathsig
 
@@ -35,38 +36,63 @@ CLOSE_TIMEOUT_S = 10.0      # for all workers together to close their envs; then
 PARENT_POLL_S = 0.5         # how often a worker's watchdog checks that the trainer still lives
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _trainer_gone(trainer_pid: int, direct_child: bool) -> Callable[[], bool]:
+    """A check that the trainer has ended. A direct child asks whether it was re-parented (no pid
+    reuse can fool that); a forkserver's worker, whose parent is the fork server (which the workers
+    themselves keep alive), watches the trainer's pid through a pidfd (Linux ≥ 5.3), else by signal 0."""
+    if direct_child:
+        return lambda: os.getppid() != trainer_pid
+    try:
+        fd = os.pidfd_open(trainer_pid)
+    except ProcessLookupError:
+        return lambda: True
+    except (AttributeError, OSError):          # no pidfds here: a recycled pid could fool this one
+        def gone() -> bool:
+            try:
+                os.kill(trainer_pid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                pass
+            return False
+        return gone
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)        # readable once the process has ended
+    return lambda: bool(poller.poll(0))
+
+
+def _watch_trainer(gone: Callable[[], bool]) -> None:
     while True:
         time.sleep(PARENT_POLL_S)
-        if os.getppid() != parent_pid:   # re-parented: the trainer is gone
+        if gone():
             os._exit(1)                  # no clean-up: the main thread may be stuck in an env
 
 
-def _die_with_parent(parent_pid: int | None, pdeathsig: bool) -> None:
+def _die_with_parent(trainer_pid: int, direct_child: bool, pdeathsig: bool) -> None:
     """Make this worker end when the trainer dies, also by SIGKILL and while an env step hangs.
 
     Args:
-        parent_pid: the trainer's pid; None when this worker is not its direct child (forkserver: the
-            fork server, which exits with the trainer, is watched instead).
+        trainer_pid: the pid of the process that started the pool.
+        direct_child: this worker is the trainer's child (spawn, fork), not a fork server's.
         pdeathsig: use PR_SET_PDEATHSIG. Linux sends it when the *thread* that started the worker
             ends, so the pool asks for it only from the main thread (a pool started from a short-lived
-            thread would otherwise lose its workers); the watchdog covers the rest.
+            thread would otherwise lose its workers) and only for direct children; the watchdog
+            covers the rest.
     """
-    if parent_pid is None:
-        parent_pid = os.getppid()
-    if pdeathsig:
+    if pdeathsig and direct_child:
         set_pdeathsig()
-    if os.getppid() != parent_pid:       # the trainer died before prctl took effect: no signal will come
+    gone = _trainer_gone(trainer_pid, direct_child)
+    if gone():                          # the trainer died before prctl took effect: no signal will come
         os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="agentq-parent-watch").start()
+    threading.Thread(target=_watch_trainer, args=(gone,), daemon=True, name="agentq-trainer-watch").start()
 
 
-def _worker_main(conn: Connection, spec: EnvSpec, slots: list[int], parent_pid: int | None = None,
-                 pdeathsig: bool = False) -> None:
+def _worker_main(conn: Connection, spec: EnvSpec, slots: list[int], trainer_pid: int, direct_child: bool,
+                 pdeathsig: bool) -> None:
     """A worker process: build the slots' environments, then answer commands until "close" (or until
     the pool's end of the pipe closes); the envs are closed on the way out. It dies with the trainer
     (`_die_with_parent`)."""
-    _die_with_parent(parent_pid, pdeathsig)
+    _die_with_parent(trainer_pid, direct_child, pdeathsig)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         core = WorkerCore(spec, slots)
@@ -113,9 +139,10 @@ class ProcessPool(WorkerPool):
     def _launch(self, w: int) -> None:
         parent, child = self._ctx.Pipe()
         # a forkserver's worker is the fork server's child, not ours; PDEATHSIG only from the main thread
-        parent_pid = None if self._ctx.get_start_method() == "forkserver" else os.getpid()
+        direct_child = self._ctx.get_start_method() != "forkserver"
         pdeathsig = threading.current_thread() is threading.main_thread()
-        p = self._ctx.Process(target=_worker_main, args=(child, self.spec, self._slots[w], parent_pid, pdeathsig),
+        p = self._ctx.Process(target=_worker_main, args=(child, self.spec, self._slots[w], os.getpid(), direct_child,
+                                                         pdeathsig),
                               daemon=True, name=f"agentq-env-{w}")
         self._procs[w] = (p, parent)
         p.start()

@@ -20,8 +20,8 @@ PR_SET_PDEATHSIG = 1        # from <linux/prctl.h>
 
 
 def _prctl() -> Callable[..., int] | None:
-    """libc's prctl, resolved here (never in a freshly forked child: dlopen takes the loader's lock,
-    which another thread may have held at the fork); None off Linux."""
+    """libc's prctl (never looked up in a freshly forked child: dlopen takes the loader's lock, which
+    another thread may have held at the fork); None off Linux."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -30,15 +30,18 @@ def _prctl() -> Callable[..., int] | None:
         return None
 
 
-def set_pdeathsig(prctl: Callable[..., int] | None = None) -> bool:
+#: resolved at import, so that a child forked from a threaded process (the `fork` start method, a
+#: subprocess's preexec_fn) finds it without a dlopen
+PRCTL = _prctl()
+
+
+def set_pdeathsig() -> bool:
     """Ask Linux to SIGKILL this process when the thread that started it ends.
 
-    Args:
-        prctl: libc's prctl as `_prctl` returns it (resolved before a fork); looked up when None.
     Returns:
         False where prctl is missing (not Linux) or refused.
     """
-    prctl = prctl or _prctl()
+    prctl = PRCTL
     if prctl is None:
         return False
     return prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
@@ -53,13 +56,12 @@ def dies_with_this_process() -> Callable[[], None] | None:
         The function; None where it cannot hold: off the main thread (the signal would come when the
         calling thread ends) or off Linux. Popen takes None as "nothing to run".
     """
-    prctl = _prctl()
-    if prctl is None or threading.current_thread() is not threading.main_thread():
+    if PRCTL is None or threading.current_thread() is not threading.main_thread():
         return None
     parent = os.getpid()
 
     def preexec() -> None:
-        set_pdeathsig(prctl)
+        set_pdeathsig()
         if os.getppid() != parent:      # the parent died before prctl took effect: no signal will come
             os._exit(1)
     return preexec

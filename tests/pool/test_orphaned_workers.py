@@ -17,7 +17,8 @@ from proc_watch import gone, wait_until
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
-# argv: the folder for hang marks, the file for the pids, "main" or "thread" (which thread starts the pool)
+# argv: the folder for hang marks, the file for the pids, "main" or "thread" (which thread starts the
+# pool) or "forkserver" (the main thread, workers from a fork server)
 TRAINER = """
 import json, sys, threading
 sys.path.insert(0, {here!r})
@@ -30,7 +31,8 @@ if where == "thread":   # the starting thread ends before the trainer dies: the 
     t = threading.Thread(target=lambda: box.append(make_pool("process", spec, 2, num_workers=2, call_timeout_s=3600)))
     t.start(); t.join()
 else:
-    box.append(make_pool("process", spec, 2, num_workers=2, call_timeout_s=3600))
+    kw = {{"start_method": "forkserver"}} if where == "forkserver" else {{}}
+    box.append(make_pool("process", spec, 2, num_workers=2, call_timeout_s=3600, **kw))
 pool = box[0]
 assert all(r.ok for r in pool.reset([(s, {{"options": {{"task_id": f"t/{{s}}"}}}}) for s in (0, 1)]))
 words = [r.obs.split() for r in pool.step([(0, "pid"), (1, "pid")])]
@@ -52,11 +54,13 @@ def still_ours(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
-@pytest.mark.parametrize("where", ["main", "thread"])
+@pytest.mark.parametrize("where", ["main", "thread", "forkserver"])
 def test_workers_hung_in_an_env_end_when_the_trainer_is_killed(where, tmp_path):
     """"main": Linux's parent-death signal ends the workers at once. "thread": a pool started from
     a thread that then ended gets no parent-death signal (it would have fired at that thread's
-    end), so the worker's watchdog ends them; the workers stay up while the trainer lives."""
+    end), so the worker's watchdog ends them; the workers stay up while the trainer lives.
+    "forkserver": the workers are the fork server's children, and they keep it alive (they hold
+    its keep-alive pipe), so their watchdog watches the trainer itself."""
     marks, pids_file, log = tmp_path / "marks", tmp_path / "pids.json", tmp_path / "trainer.log"
     marks.mkdir()
     with open(log, "wb") as err:
