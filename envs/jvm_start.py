@@ -8,6 +8,7 @@ inline pool's trainer, which has no worker to kill. Here that wait has a deadlin
 """
 from __future__ import annotations
 
+import math
 import os
 import select
 import shutil
@@ -55,20 +56,30 @@ def first_line(proc: subprocess.Popen, timeout_s: float, what: str, setting: str
     """
     assert proc.stdout is not None
     fd, line = proc.stdout.fileno(), b""
+    # poll(), not select(): select() refuses descriptors ≥ 1024 (a trainer with many envs has them)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     deadline = time.monotonic() + timeout_s
-    while not line.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+    finished = False
+    try:
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left > 0 and not poller.poll(math.ceil(left * 1000)):
+                continue                      # the deadline is checked again above
+            if left <= 0:
+                raise TimeoutError(f"{what} (pid {proc.pid}) did not print its port within {timeout_s:g} s of "
+                                   f"starting (killed); a slower start needs a larger {setting}. A JVM that never "
+                                   f"gets there may be suspended by a debug agent (JAVA_TOOL_OPTIONS, JVM options). "
+                                   f"Output so far: {line[-200:]!r}")
+            byte = os.read(fd, 1)       # one byte at a time: what follows the line stays in the pipe
+            if not byte:
+                break
+            line += byte
+        finished = True
+    finally:
+        if not finished:                # timed out, or an error while waiting: no JVM is left behind
             proc.kill()
             proc.wait()
-            raise TimeoutError(f"{what} (pid {proc.pid}) did not print its port within {timeout_s:g} s of starting "
-                               f"(killed); a slower start needs a larger {setting}. A JVM that never gets there may "
-                               f"be suspended by a debug agent (JAVA_TOOL_OPTIONS, JVM options). Output so far: "
-                               f"{line[-200:]!r}")
-        byte = os.read(fd, 1)       # one byte at a time: what follows the line stays in the pipe
-        if not byte:
-            break
-        line += byte
     return line
 
 

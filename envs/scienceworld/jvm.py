@@ -142,23 +142,25 @@ class JVMHost:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=cwd, bufsize=0, start_new_session=True, preexec_fn=dies_with_this_process())
         assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None   # all PIPE
+        # stderr drained from the start: a JVM that writes much there before its port would block
+        self.stderr_tail.clear()
+        self.stdout_tail.clear()
+        self._stderr_thread = threading.Thread(target=_drain, args=(proc.stderr, self.stderr_tail), daemon=True,
+                                               name=f"sw-jvm-{proc.pid}-stderr")
+        self._stderr_thread.start()
         # bounded: a JVM that never prints its port (suspended, stopped) would hang every env here
         line = first_line(proc, self.call_timeout_s, "the ScienceWorld JVM",
                           "call_timeout_s (env.kwargs.call_timeout_s)")
         if not line.strip().isdigit():
-            err = proc.stderr.read().decode(errors="replace") if proc.poll() is not None else ""
             proc.kill()
+            proc.wait()
+            self._stderr_thread.join(timeout=5)       # EOF once the JVM is gone
             raise RuntimeError(f"ScienceWorld JVM failed to start ({' '.join(cmd)}): "
-                               f"{line.decode(errors='replace')!r} {err[-2000:]}")
+                               f"{line.decode(errors='replace')!r} {''.join(self.stderr_tail)[-2000:]}")
         port = int(line)
-        self.stderr_tail.clear()
-        self.stdout_tail.clear()
         self._stdout_thread = threading.Thread(target=_drain, args=(proc.stdout, self.stdout_tail), daemon=True,
                                                name=f"sw-jvm-{proc.pid}-stdout")
         self._stdout_thread.start()
-        self._stderr_thread = threading.Thread(target=_drain, args=(proc.stderr, self.stderr_tail), daemon=True,
-                                               name=f"sw-jvm-{proc.pid}-stderr")
-        self._stderr_thread.start()
         self.gateway = JavaGateway(gateway_parameters=GatewayParameters(
             port=port, auto_convert=False, auto_field=False, read_timeout=self.call_timeout_s))
         self.proc = proc

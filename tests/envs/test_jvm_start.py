@@ -38,6 +38,35 @@ def test_the_first_line_is_read_and_the_rest_stays_in_the_pipe():
     proc.wait(timeout=30)
 
 
+def test_a_pipe_above_descriptor_1024_is_read():
+    """A trainer with many envs holds many descriptors; select() refused one ≥ 1024 (ValueError)
+    and left the process running."""
+    import os
+
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        proc = _spawn("import time; time.sleep(0.2); print(777)")
+        assert proc.stdout.fileno() >= 1024
+        assert first_line(proc, 30.0, "the test JVM", "some_timeout_s") == b"777\n"
+        proc.wait(timeout=30)
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def test_an_error_while_waiting_kills_the_process(monkeypatch):
+    import os
+
+    proc = _spawn("import time; print(1, end='', flush=True); time.sleep(60)")
+
+    def broken_read(fd, n):
+        raise OSError("read failed")
+    monkeypatch.setattr(os, "read", broken_read)
+    with pytest.raises(OSError, match="read failed"):
+        first_line(proc, 30.0, "the test JVM", "some_timeout_s")
+    assert proc.returncode is not None          # killed and reaped, not left running
+
+
 def test_a_process_that_exits_first_gives_what_it_wrote():
     proc = _spawn("import sys; sys.stdout.write('Error: no main class')")
     assert first_line(proc, 30.0, "the test JVM", "some_timeout_s") == b"Error: no main class"
