@@ -124,8 +124,9 @@ def run_arm(job: dict) -> dict:
 
 def _run_jobs(jobs: list[dict], parallel: int, run: Callable[[dict], Any] | None = None) -> None:
     """Run the arm × seed `jobs` (`run`: `run_arm`), `parallel` at a time in spawned processes. An
-    arm's error stops the sweep, naming it: the jobs not yet started are cancelled (leaving the
-    executor would otherwise run every queued one first), those running are waited for."""
+    arm's error stops the sweep, naming it, once the arms already running have finished (their
+    results are kept); no other arm starts. A job is handed to the executor only when a worker is
+    free: the executor pre-loads queued calls into its workers, where cancelling cannot reach them."""
     run = run or run_arm
     if parallel <= 1:
         for job in jobs:
@@ -133,18 +134,22 @@ def _run_jobs(jobs: list[dict], parallel: int, run: Callable[[dict], Any] | None
             run(job)
         return
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
+    queue = list(jobs)
     with ProcessPoolExecutor(max_workers=parallel, mp_context=multiprocessing.get_context("spawn")) as ex:
-        futures = {ex.submit(run, {**job, "redirect": True}): job for job in jobs}
-        try:
-            for f in as_completed(futures):
-                job = futures[f]
-                f.result()
+        running: dict[Future, dict] = {}
+        while queue or running:
+            while queue and len(running) < parallel:
+                job = queue.pop(0)
+                running[ex.submit(run, {**job, "redirect": True})] = job
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in done:
+                job = running.pop(f)
+                if f.exception() is not None:
+                    queue.clear()                 # the executor's exit waits for the arms still running
+                    raise f.exception()           # type: ignore[misc]
                 console.print(f"sweep: {job['arm']} seed {job['seed']} done ({job['run_dir']})")
-        except BaseException:
-            ex.shutdown(wait=True, cancel_futures=True)
-            raise
 
 
 # ---------------------------------------------------------------------- the sweep
