@@ -280,8 +280,22 @@ def in_sections(key: str, sections: tuple[str, ...]) -> bool:
     return any(key == s or key.startswith(s if s.endswith(".") else s + ".") for s in sections)
 
 
+class _Unset:
+    """A setting one of two configs does not have (its repr reads as such in messages)."""
+
+    def __repr__(self) -> str:
+        return "unset"
+
+
+UNSET = _Unset()
+
+
 def differing_settings(saved: Any, now: Any, compared: Callable[[str], bool]) -> list[tuple[str, Any, Any]]:
     """(key, saved value, current value) for each `compared` setting the two configs hold
-    differently, by key; a key only one side has (a newer agentq's) is not compared."""
+    differently, by key. A key only one side has counts (as `UNSET` on the other) inside
+    `OPEN_SECTIONS`, where `+key=` adds what an env or objective reads; elsewhere it is a newer or
+    older agentq's key and is not compared."""
     old, new = config_leaves(saved), config_leaves(now)
-    return [(k, old[k], new[k]) for k in sorted(old.keys() & new.keys()) if compared(k) and old[k] != new[k]]
+    keys = (old.keys() & new.keys()) | {k for k in old.keys() ^ new.keys() if in_sections(k, OPEN_SECTIONS)}
+    return [(k, old.get(k, UNSET), new.get(k, UNSET)) for k in sorted(keys)
+            if compared(k) and old.get(k, UNSET) != new.get(k, UNSET)]

@@ -71,6 +71,12 @@ def test_env_configs_share_one_schema():
         assert set(cfg.env.keys()) == base, env
         assert set(cfg.env.prompt.keys()) == {"system", "first_turn", "next_turn", "actions", "max_obs_chars"}, env
         assert cfg.env.eval_split != cfg.env.train_split
+    # two configs of one env set the same constructor arguments (mapreader lacked the JVM's limits)
+    kwargs: dict = {}
+    for env in GROUPS["env"]:
+        cfg = load_config([f"env={env}"])
+        keys = kwargs.setdefault(cfg.env.name, set(cfg.env.kwargs.keys()))
+        assert set(cfg.env.kwargs.keys()) == keys, (env, keys ^ set(cfg.env.kwargs.keys()))
 
 
 def test_a_grpo_group_of_one_is_refused():
@@ -283,8 +289,11 @@ def test_differing_settings_compares_shared_keys_within_sections():
                               "trainer": {"lr": 1e-5, "out_dir": "x"}})
     now = OmegaConf.create({"env": {"name": "b", "kwargs": {"games": ["mapreader"]}, "max_steps": 9},
                             "trainer": {"lr": 2e-5, "out_dir": "y", "new": 3}})
-    everything = differing_settings(saved, now, lambda k: True)   # env.kwargs.old / trainer.new: one side only
-    assert everything == [("env.kwargs.games", ["coin"], ["mapreader"]), ("env.max_steps", 5, 9),
-                          ("env.name", "a", "b"), ("trainer.lr", 1e-5, 2e-5), ("trainer.out_dir", "x", "y")]
-    assert differing_settings(saved, now, lambda k: in_sections(k, ("env.name", "env.kwargs"))) == [
-        ("env.kwargs.games", ["coin"], ["mapreader"]), ("env.name", "a", "b")]
+    # one side only: env.kwargs.old (a `+` key an env reads: compared, as unset on the other side);
+    # trainer.new (another agentq version's key: not compared)
+    everything = [(k, repr(a), repr(b)) for k, a, b in differing_settings(saved, now, lambda k: True)]
+    assert everything == [("env.kwargs.games", "['coin']", "['mapreader']"), ("env.kwargs.old", "1", "unset"),
+                          ("env.max_steps", "5", "9"), ("env.name", "'a'", "'b'"), ("trainer.lr", "1e-05", "2e-05"),
+                          ("trainer.out_dir", "'x'", "'y'")]
+    assert [k for k, _, _ in differing_settings(saved, now, lambda k: in_sections(k, ("env.name", "env.kwargs")))] == [
+        "env.kwargs.games", "env.kwargs.old", "env.name"]

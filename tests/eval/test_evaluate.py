@@ -123,9 +123,89 @@ def test_a_checkpoint_evaluated_under_other_task_settings_than_its_run_says_so(t
     assert main(["eval", f"checkpoint={ckpt}", *SMALL, f"eval.out_dir={tmp_path / 'e1'}"]) == 0
     said = " ".join(capsys.readouterr().err.split())
     assert (f"warning: this checkpoint's run ({run / 'config.yaml'}) trained with other settings than this "
-            "evaluation's: env.kwargs.games: trained ['mapreader'], now ['coin']. agentq eval reads conf/ and the "
-            "command line, not the run's config") in said
+            "evaluation's: env.kwargs.game_params.coin: trained unset, now 'numLocations=3,includeDoors=0,"
+            "numDistractorItems=0'; env.kwargs.game_params.mapreader: trained 'numLocations=4,maxDistanceApart=2,"
+            "includeDoors=0,maxDistractorItemsPerLocation=0', now unset; env.kwargs.games: trained ['mapreader'], "
+            "now ['coin']. agentq eval reads conf/ and the command line, not the run's config") in said
     # the run's own env (and a step cap or turn length of one's choosing): nothing to say
     assert main(["eval", f"checkpoint={ckpt}", "env=textworld_express_mapreader", *SMALL,
                  f"eval.out_dir={tmp_path / 'e2'}"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_errored_episodes_are_named_and_an_all_errored_evaluation_is_refused(tmp_path, capsys):
+    """An env that raised in step scored as plain losses: 5 of 6 errored episodes read as a 16.7 %
+    policy, and 6 of 6 as a 0 % one with exit status 0. They still count as lost; the evaluation says
+    how many errored and where the tracebacks are, and refuses one where every episode errored."""
+    from omegaconf import OmegaConf
+
+    from agentq.agent.trajectory import Trajectory
+    from agentq.config import ConfigError
+    from agentq.eval.evaluate import check_errors, print_report, write_eval
+    from agentq.eval.metrics import summarize
+
+    cfg = OmegaConf.create({"env": {"name": "my_env:MyEnv"}})
+
+    def play(n_err):
+        trajs = [Trajectory(episode_id=i, task_id=f"t{i}", split="test", turns=1) for i in range(6)]
+        trajs[0].won, trajs[0].end_reason = True, "won"
+        for t in trajs[6 - n_err:]:
+            t.end_reason, t.error = "error", "ValueError: boom on step 2\nTraceback (most recent call last): ..."
+        report = {"env": "my_env:MyEnv", "split": "test", "rollout_quant": "w8a8_kv8", **summarize(trajs)}
+        out = tmp_path / f"ev{n_err}"
+        write_eval(out, report, trajs)
+        return report, out
+
+    report, out = play(5)
+    assert report["errors"] == 5 and report["success_rate"] == pytest.approx(1 / 6)
+    check_errors(cfg, report)
+    print_report(report)
+    said = " ".join(capsys.readouterr().err.split())
+    assert ("warning: 5 of 6 episodes errored (the environment failed; they count as lost in the success rate); "
+            f"first: ValueError: boom on step 2; every error's traceback is under \"error\" in {out / 'episodes.jsonl'}"
+            ) in said
+    assert "5 of 6 (counted as lost)" in said
+
+    report, out = play(6)
+    with pytest.raises(ConfigError) as e:
+        check_errors(cfg, report)
+    assert str(e.value) == ("env.name='my_env:MyEnv': all 6 episodes errored, so the evaluation says nothing about "
+                            "the policy; first: ValueError: boom on step 2; every error's traceback is under "
+                            f"\"error\" in {out / 'episodes.jsonl'}")
+    assert (out / "eval.json").is_file() and len((out / "episodes.jsonl").read_text().splitlines()) == 6   # kept
+
+    report, _ = play(0)
+    check_errors(cfg, report)
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_an_env_name_with_slash_or_colon_makes_one_output_folder(tiny_model_dir, tmp_path):
+    """`eval-<env.name>-<split>` with a Gymnasium id nested a folder per "/" (eval-agentq/TextWorldExpress-v0-test)."""
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    assert main(["eval", f"checkpoint={ckpt}", "env.name=agentq/TextWorldExpress-v0", *SMALL]) == 0
+    assert [p.name for p in ckpt.glob("eval-*")] == ["eval-agentq_TextWorldExpress-v0-test"]
+    assert (ckpt / "eval-agentq_TextWorldExpress-v0-test" / "eval.json").is_file()
+    from agentq.eval.evaluate import folder_name
+
+    assert folder_name("guess_env:GuessEnv") == "guess_env_GuessEnv" and folder_name("alfworld") == "alfworld"
+
+
+def test_wrong_folders_given_as_checkpoint_name_the_checkpoint_meant(tiny_model_dir, tmp_path, capsys):
+    """A run's checkpoints/ folder, an evaluation's output folder and a checkpoint's file got no hint."""
+    run = tmp_path / "run"
+    ckpt = shutil.copytree(tiny_model_dir, run / "checkpoints" / "step_000004")
+    for ev in (run / "eval" / "step_000002", run / "eval" / "step_000004", ckpt / "eval-guess-test"):
+        ev.mkdir(parents=True)
+        (ev / "eval.json").write_text("{}")
+    cases = {
+        run / "checkpoints": f"its last checkpoint is checkpoint={ckpt}",
+        run / "eval" / "step_000004": f"an evaluation's output folder (eval.json): that step's checkpoint is checkpoint={ckpt}",
+        run / "eval" / "step_000002": ("an evaluation's output folder (eval.json), not a checkpoint; the run's last "
+                                       f"checkpoint is checkpoint={ckpt}"),
+        ckpt / "eval-guess-test": f"an evaluation's output folder (eval.json): the checkpoint it evaluated is checkpoint={ckpt}",
+        ckpt / "model.safetensors": f"a file, not a folder: checkpoint={ckpt}?",
+    }
+    for given, hint in cases.items():
+        assert main(["eval", f"checkpoint={given}", *SMALL]) == 2
+        said = " ".join(capsys.readouterr().err.split())
+        assert f"checkpoint='{given}' is not an HF checkpoint folder (no config.json); {hint}" in said, said
