@@ -26,10 +26,8 @@ import site
 import socket
 import sys
 import sysconfig
-import tempfile
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 from agentq.config import ConfigError
@@ -84,19 +82,30 @@ def init_ray(address: str | None, num_cpus: int | None) -> None:
     ray.init(**ray_init_kwargs(address), num_cpus=num_cpus if address is None else None)
 
 
+def resolve_auto_address() -> str | None:
+    """What Ray's `ray.init(address="auto")` would join: RAY_ADDRESS (unless it is "auto" itself),
+    else the last `ray start` recorded in Ray's temp folder (RAY_TMPDIR, TMPDIR or /tmp), else any
+    running cluster's GCS; None when there is none. Ray's own resolution, so the check and the join
+    cannot disagree."""
+    from ray._private.services import canonicalize_bootstrap_address   # Ray has no public resolver
+
+    try:
+        return canonicalize_bootstrap_address("auto")
+    except ConnectionError:                  # "Could not find any running Ray instance"
+        return None
+
+
 def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     """Refuse a cluster address where nothing listens, within `timeout_s`: Ray itself retries a
-    dead address for ~14 minutes (20 attempts) before it gives up. "auto" is resolved as Ray does
-    (RAY_ADDRESS, then the last `ray start` of this machine); a "ray://" client address by its
-    host and port.
+    dead address for ~14 minutes (20 attempts) before it gives up. "auto" is resolved by Ray itself
+    (`resolve_auto_address`); a "ray://" client address by its host and port.
 
     Raises:
         ConfigError: no cluster to resolve "auto" to, or no answer at host:port.
     """
     resolved = address
     if address == "auto":
-        marker = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")
-        resolved = os.environ.get("RAY_ADDRESS") or (marker.read_text().strip() if marker.is_file() else "")
+        resolved = resolve_auto_address() or ""
         if not resolved:
             raise ConfigError("ray.address=auto: no running Ray cluster on this machine (no RAY_ADDRESS, no `ray "
                               "start`); start one with `ray start --head`, or set ray.address=null for a local one")

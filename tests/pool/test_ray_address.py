@@ -27,16 +27,32 @@ def test_a_dead_address_is_refused_at_once():
 
 
 def test_auto_resolves_as_ray_does(monkeypatch, tmp_path):
+    """"auto" goes through Ray's own resolution: RAY_ADDRESS, then the `ray start` marker in Ray's
+    temp folder (RAY_TMPDIR here; the check used to read tempfile's folder, which Ray does not
+    always use), then any running cluster's GCS (scanned processes: made empty here, so that a
+    cluster another test runs cannot answer for this one)."""
+    from ray._private import services
+
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: [])
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{closed_port()}")
     with pytest.raises(ConfigError, match="ray.address='auto': nothing answers"):
         check_reachable("auto")
     monkeypatch.delenv("RAY_ADDRESS")
-    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))    # no `ray start` marker there
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))                       # no `ray start` marker there
     with pytest.raises(ConfigError, match="no running Ray cluster"):
         check_reachable("auto")
+    monkeypatch.setenv("RAY_ADDRESS", "auto")                             # Ray's own word for "find one"
+    with pytest.raises(ConfigError, match="no running Ray cluster"):
+        check_reachable("auto")
+    monkeypatch.delenv("RAY_ADDRESS")
     (tmp_path / "ray").mkdir()                                           # a stale marker: the cluster is gone
     (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{closed_port()}\n")
     with pytest.raises(ConfigError, match="nothing answers"):
+        check_reachable("auto")
+    with socket.socket() as server:                                       # a live one in Ray's temp folder
+        server.bind(("0.0.0.0", 0))          # Ray turns 127.0.0.1 into this node's address, as it would to join
+        server.listen()
+        (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{server.getsockname()[1]}\n")
         check_reachable("auto")
 
 
