@@ -80,7 +80,10 @@ def eval_splits(cfg: DictConfig) -> list[str]:
 def pipeline(cfg: DictConfig) -> dict:
     """`agentq pipeline` into pipeline.out_dir (default a new runs/pipeline-<env>-<time>); a start
     refused before anything was written there (a bad model.path or SFT setting) leaves no folder."""
+    from agentq.trainer.rl import check_rl_config
+
     split, *others = eval_splits(cfg)       # before the run folder: a bad split leaves no empty folder
+    check_rl_config(cfg)                    # and a bad RL setting costs no SFT stage
     out = Path(cfg.pipeline.out_dir or new_run_dir(f"pipeline-{cfg.env.name}"))
     with removed_if_left_empty(out):
         return _pipeline(cfg, make_run_dir(out, "pipeline.out_dir"), split, others)

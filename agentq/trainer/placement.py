@@ -44,10 +44,9 @@ class Placement:
     """
 
     def __init__(self, cfg: DictConfig):
+        check_placement_config(cfg)
         p = cfg.placement
         self.mode = str(p.mode)
-        if self.mode not in MODES:
-            raise ConfigError(f"placement.mode={self.mode!r}; valid: {list(MODES)}")
         self.rollout_workers, self.learner_ranks = int(p.rollout_workers), int(p.learner_ranks)
         self.timeout_s = float(p.timeout_s)
         self._ray: Any = None           # the ray module once started (ray is untyped here: pyproject.toml)
@@ -57,16 +56,6 @@ class Placement:
         self._local = True              # a local cluster (ray.address null): no node will join it
         if self.mode == "single":
             return
-        for key in ("rollout_workers", "learner_ranks"):
-            if int(p[key]) < 1:
-                raise ConfigError(f"placement.{key}={p[key]}: must be ≥ 1")
-        if p.weight_sync not in WEIGHT_SYNCS:
-            raise ConfigError(f"placement.weight_sync={p.weight_sync!r}; valid: {list(WEIGHT_SYNCS)} "
-                              "(an NCCL broadcast is the planned GPU path: DistributedBackend.publish_weights)")
-        if p.strategy not in STRATEGIES:
-            raise ConfigError(f"placement.strategy={p.strategy!r}; valid: {list(STRATEGIES)}")
-        if not float(p.cpus_per_actor) > 0:
-            raise ConfigError(f"placement.cpus_per_actor={p.cpus_per_actor}: must be > 0")
         try:
             self._start_ray(cfg)
             self.use_gpus = self._resolve_gpus(p.use_gpus)
@@ -97,12 +86,10 @@ class Placement:
         have = self._ray.cluster_resources().get("GPU", 0) > 0
         if use_gpus == "auto":
             return have
-        if not isinstance(use_gpus, bool):
-            raise ConfigError(f"placement.use_gpus={use_gpus!r}; valid: auto, true, false")
         if use_gpus and not have:
             raise ConfigError("placement.use_gpus=true but the Ray cluster has no GPU; use placement.use_gpus=auto or "
                               "false, or join a cluster with GPUs (ray.address)")
-        return use_gpus
+        return bool(use_gpus)              # a bool: check_placement_config refused anything else
 
     def bundles(self) -> list[dict[str, float]]:
         """The placement group's bundles: split → engines then ranks, one device each; colocated →
@@ -187,8 +174,6 @@ class Placement:
 
         from agentq.rollout.distributed import DistributedBackend
 
-        if cfg.rollout.backend != "torch":
-            raise ConfigError(f"rollout.backend={cfg.rollout.backend!r}; valid: ['torch']")
         spec, _ = build.quant_specs(cfg)
         engine_kw = build.torch_engine_kwargs(cfg, self.device, self.dtype)
         backend = DistributedBackend(AutoConfig.from_pretrained(model_path), spec, self.rollout_workers, max_slots,
@@ -215,6 +200,36 @@ class Placement:
                 if self._started_ray:
                     self._started_ray = False
                     self._ray.shutdown()
+
+
+def check_placement_config(cfg: DictConfig) -> None:
+    """The placement settings that need no cluster to judge, so that a bad one is refused before
+    anything starts (also before `agentq pipeline`'s SFT stage).
+
+    Raises:
+        ConfigError: a bad mode, count, weight_sync, strategy, cpus_per_actor or use_gpus value.
+    """
+    p = cfg.placement
+    if str(p.mode) not in MODES:
+        raise ConfigError(f"placement.mode={p.mode!r}; valid: {list(MODES)}")
+    if str(p.mode) == "single":
+        return
+    for key in ("rollout_workers", "learner_ranks"):
+        if int(p[key]) < 1:
+            raise ConfigError(f"placement.{key}={p[key]}: must be ≥ 1")
+    if p.weight_sync not in WEIGHT_SYNCS:
+        raise ConfigError(f"placement.weight_sync={p.weight_sync!r}; valid: {list(WEIGHT_SYNCS)} "
+                          "(an NCCL broadcast is the planned GPU path: DistributedBackend.publish_weights)")
+    if p.strategy not in STRATEGIES:
+        raise ConfigError(f"placement.strategy={p.strategy!r}; valid: {list(STRATEGIES)}")
+    if not float(p.cpus_per_actor) > 0:
+        raise ConfigError(f"placement.cpus_per_actor={p.cpus_per_actor}: must be > 0")
+    if p.use_gpus != "auto" and not isinstance(p.use_gpus, bool):
+        raise ConfigError(f"placement.use_gpus={p.use_gpus!r}; valid: auto, true, false")
+    if cfg.rollout.backend != "torch":
+        raise ConfigError(f"rollout.backend={cfg.rollout.backend!r} with placement.mode={p.mode}: the Ray placements run "
+                          "the built-in engine (rollout.backend=torch) as actors; the vLLM backend runs with "
+                          "placement=single")
 
 
 def bundles_fit(nodes: list[dict[str, float]], bundle: dict[str, float], count: int, strategy: str) -> bool:

@@ -39,7 +39,7 @@ from agentq.learner.lr_schedule import lr_factor
 from agentq.utils.checkpoint import TrainerState, load_trainer_state, save_hf_checkpoint
 from agentq.utils.logging import MetricsLogger, console, jsonable, progress, read_metrics, step_line
 
-from .placement import Placement
+from .placement import Placement, check_placement_config
 from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, new_run_dir, remove_run_artifacts,
                       removed_if_left_empty, truncate_lost_episodes, write_lost_episodes, write_run_config)
 
@@ -75,11 +75,57 @@ def old_logp_mode(cfg: DictConfig, objective: Objective, device: torch.device, d
     return mode
 
 
+def check_rl_config(cfg: DictConfig) -> tuple[torch.device, torch.dtype, Objective, str]:
+    """The RL settings judged from the config alone: device and dtype, the objective and its
+    parameters, trainer.old_logp, the sampling the learner must reproduce, the placement values.
+    `agentq pipeline` runs it before its SFT stage, so a bad RL setting costs no SFT run.
+
+    Returns:
+        (device, dtype, objective, old_logp mode).
+    Raises:
+        ConfigError: the first refused setting, named.
+    """
+    device, dtype = build.device_and_dtype(cfg)
+    objective = build_objective(cfg)
+    mode = old_logp_mode(cfg, objective, device, dtype)
+    build.learner_temperature(cfg)          # (the learner reads it when built)
+    check_placement_config(cfg)
+    t = cfg.trainer
+    if int(t.get("lr_warmup_steps", 0)) > int(t.steps):
+        raise ConfigError(f"trainer.lr_warmup_steps={t.lr_warmup_steps} > trainer.steps={t.steps}: the rate would "
+                          f"never reach trainer.lr={t.lr}; warm up over at most trainer.steps steps")
+    return device, dtype, objective, mode
+
+
 def step_lr(t: DictConfig, step: int) -> float:
     """trainer.lr × the schedule's factor at RL step `step` (1-based) of trainer.steps
     (`lr_schedule.lr_factor`; a run saved before the schedule existed has none: constant)."""
     return float(t.lr) * lr_factor(step - 1, int(t.steps), int(t.get("lr_warmup_steps", 0)),
                                    str(t.get("lr_schedule", "constant")), float(t.get("lr_min_ratio", 0.0)))
+
+
+LR_KEYS = ("lr", "lr_warmup_steps", "lr_schedule", "lr_min_ratio", "steps")
+
+
+def lr_change_note(saved_config: Path, t: DictConfig, step: int) -> str | None:
+    """For a resume: the rate RL step `step` now runs at, where the run's own config.yaml gave
+    another (a changed lr or schedule, or a changed trainer.steps under a decaying schedule, which
+    moves the whole curve); None when they agree or there is nothing to compare with."""
+    if step > int(t.steps) or not saved_config.is_file():
+        return None
+    saved = OmegaConf.load(saved_config)
+    then = saved.get("trainer") if isinstance(saved, DictConfig) else None
+    if not isinstance(then, DictConfig) or "lr" not in then:
+        return None
+    old, new = step_lr(then, step), step_lr(t, step)
+    if abs(old - new) <= 1e-9 * max(abs(old), abs(new)):
+        return None
+    curve = any(str(c.get("lr_schedule", "constant")) != "constant" or int(c.get("lr_warmup_steps", 0))
+                for c in (then, t))        # trainer.steps moves the rate only on a curve
+    keys = [f"trainer.{k} {then.get(k)} → {t.get(k)}" for k in LR_KEYS
+            if then.get(k) != t.get(k) and (k != "steps" or curve)]
+    return (f"step {step} runs at lr {new:.4g} where the run's own settings gave {old:.4g} ({', '.join(keys)}); "
+            "the rate is a function of the step and trainer.steps")
 
 
 def build_objective(cfg: DictConfig) -> Objective:
@@ -197,11 +243,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 class RLTrainer:
     def __init__(self, cfg: DictConfig, init_path: str | None = None):
         self.cfg = cfg
-        self.device, self.dtype = build.device_and_dtype(cfg)
-        # refusals of the algo and sampling settings, before anything is built or the run folder made
-        self.objective = build_objective(cfg)
-        self.old_logp_mode = old_logp_mode(cfg, self.objective, self.device, self.dtype)
-        build.learner_temperature(cfg)          # (the learner reads it when built)
+        # refusals of the algo, sampling and placement settings, before anything is built or the run
+        # folder made
+        self.device, self.dtype, self.objective, self.old_logp_mode = check_rl_config(cfg)
         torch.manual_seed(int(cfg.seed))
         self.rng = np.random.default_rng(int(cfg.seed))
         self.gen = torch.Generator().manual_seed(int(cfg.seed))
@@ -299,13 +343,19 @@ class RLTrainer:
         """
         step = int(state.meta["step"])
         t = self.cfg.trainer
-        optimizer, changed = with_optimizer_settings(state.tensors["optimizer"], lr=float(t.lr),
+        # the rate is set again at every step (`step_lr`); what it was at the checkpoint's step is
+        # compared below, with the run's own settings, not with trainer.lr
+        optimizer, changed = with_optimizer_settings(state.tensors["optimizer"], lr=step_lr(t, step),
                                                      weight_decay=float(t.weight_decay), betas=tuple(t.betas))
         # load_state_dict brings back the checkpoint's param_groups: the config's settings go in with them
         # (on every rank too, where the optimizer is remote)
         self.learner.opt.load_state_dict(optimizer)
+        changed = [c for c in changed if not c.startswith("lr ")]
         if changed:
             console.print(f"trainer.resume: the optimizer takes this config's {', '.join(changed)}")
+        note = lr_change_note(self.run_dir / "config.yaml", t, step + 1)
+        if note:
+            console.print(f"trainer.resume: {note}", style="yellow", markup=False, highlight=False)
         self.rng.bit_generator.state = state.meta["np_rng"]
         self.gen.set_state(state.tensors["torch_gen"])
         console.print(f"resumed from {ckpt} at step {step}")

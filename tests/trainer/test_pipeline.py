@@ -61,6 +61,23 @@ def test_pipeline_rejects_a_split_the_env_does_not_have():
     assert eval_splits(load_config(["pipeline.eval_splits=null"], config_name="pipeline")) == ["test"]
 
 
+@pytest.mark.parametrize("override,named", [
+    ("algo.objective_params.budget_B=-1", "budget_B=-1; valid: ≥ 0"),
+    ("placement=split", "placement.mode=split"),                 # with the vLLM backend below
+    ("placement=colocated placement.use_gpus=maybe", "placement.use_gpus='maybe'"),
+    ("trainer.old_logp=bypass", "trainer.old_logp=bypass"),       # an fp32 learner on the CPU
+])
+def test_pipeline_refuses_a_bad_rl_setting_before_its_sft_stage(tmp_path, capsys, override, named):
+    """A setting only the RL stage reads used to be refused after SFT and its evaluations had run;
+    now it is one line before anything runs, and no run folder is left."""
+    out = tmp_path / "p"
+    extra = ["rollout.backend=vllm"] if override.startswith("placement=") else []
+    assert main(["pipeline", f"pipeline.out_dir={out}", *override.split(), *extra]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
 def test_two_proportion_z_by_hand():
     # 40/100 vs 60/100: pooled p = 0.5, se = sqrt(0.25 · 0.02) = 0.070711, z = 0.2 / 0.070711
     assert abs(two_proportion_z(40, 100, 60, 100) - 2.828427) < 1e-5

@@ -145,7 +145,9 @@ def test_resume_applies_the_configs_optimizer_settings(run_copy, capsys):
                  "trainer.weight_decay=0.0", "trainer.betas=[0.8,0.95]"]) == 0
     assert set(groups(3)) == {(1e-4, 0.0, (0.8, 0.95))}
     said = " ".join(capsys.readouterr().err.split())
-    assert "lr 3e-06 → 0.0001, weight_decay 0.01 → 0.0, betas (0.9, 0.999) → (0.8, 0.95)" in said
+    assert "the optimizer takes this config's weight_decay 0.01 → 0.0, betas (0.9, 0.999) → (0.8, 0.95)" in said
+    # the rate is the schedule's at each step: named with the settings that moved it (steps: not, when constant)
+    assert "step 3 runs at lr 0.0001 where the run's own settings gave 3e-06 (trainer.lr 3e-06 → 0.0001);" in said
 
 
 def test_resume_drops_the_redone_steps_from_tensorboard_and_errors_jsonl(run_copy):
