@@ -102,14 +102,28 @@ def env_id(name_or_id: str) -> str:
             _check_gym_class(attr, name_or_id)
             return attr
         if attr.isidentifier():
-            cls = getattr(importlib.import_module(module), attr, None)
+            mod = importlib.import_module(module)
+            cls = getattr(mod, attr, None)
             if cls is None:
-                raise gym.error.NameNotFound(f"module {module!r} has no attribute {attr!r} (env.name={name_or_id!r})")
+                raise gym.error.NameNotFound(f"module {module!r} has no attribute {attr!r}{_did_you_mean(mod, attr)}")
             return _register(f"ext/{module}.{attr}", name_or_id, name_or_id)
     raise gym.error.NameNotFound(
         f"unknown environment {name_or_id!r}; valid names: {sorted(REGISTRY)} (built in), plugins: "
         f"{sorted(found)} (entry points of group {PLUGIN_GROUP!r}), or 'module:Class' (a TextEnv subclass), "
         f"'module:[namespace/]Id-vN', a registered Gymnasium id")
+
+
+def _did_you_mean(module, attr: str) -> str:
+    """", did you mean 'X'?" for the module's TextEnv subclass spelled closest to `attr` (a typo in
+    `module:Class`), else ", its TextEnv subclasses: [...]" or ""."""
+    import difflib
+
+    classes = sorted(k for k, v in vars(module).items()
+                     if isinstance(v, type) and issubclass(v, TextEnv) and v is not TextEnv)
+    close = difflib.get_close_matches(attr, classes, n=1)
+    if close:
+        return f"; did you mean {module.__name__}:{close[0]}?"
+    return f"; its TextEnv subclasses: {classes}" if classes else ""
 
 
 def _entry_class(gym_id: str) -> type | None:

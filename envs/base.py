@@ -22,7 +22,8 @@ A `TextEnv` is a Gymnasium `Env` whose observations and actions are strings:
   `ValueError` (unknown option or split, a negative seed), `UnknownTaskError` (a task id not in
   the split), `EpisodeOverError` (`step` on a finished episode), `EnvClosedError` (`step` after
   `close()`) and `EnvCrashedError` (the engine died mid-episode). The last three are
-  `RuntimeError`s. A `step` that raises ends the episode: the next `step` raises
+  `RuntimeError`s; and `TypeError` for a hook that returned the wrong type (an env bug, named
+  with the hook). A `step` that raises ends the episode: the next `step` raises
   `EpisodeOverError` until a `reset`.
 
 Subclasses implement three hooks (`_tasks`, `_reset_task`, `_step_task`) and, for experts,
@@ -80,6 +81,10 @@ class TaskStep:
 
 class UnknownTaskError(KeyError):
     """reset() was given a task id that is not in the split."""
+
+    def __str__(self) -> str:
+        # KeyError's str() is the repr of its argument: the message would print inside quotes
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
 
 
 class EpisodeOverError(RuntimeError):
@@ -162,14 +167,28 @@ class TextEnv(gym.Env[str, str]):
 
     # ------------------------------------------------------------------ hooks for subclasses
     def _tasks(self, split: str) -> list[str]:
-        """Stable task ids of `split` (called once per split, then cached)."""
+        """Stable task ids of `split` (called once per split, then cached); str ids only, else a TypeError."""
         raise NotImplementedError
 
     def _reset_task(self, task_id: str, split: str) -> tuple[str, TaskStep]:
-        """Load `task_id`; return (goal text, first step)."""
+        """Load `task_id`.
+
+        Args:
+            task_id: one of `_tasks(split)`'s ids.
+            split: the episode's split.
+        Returns:
+            (goal text, first `TaskStep`); anything else is a TypeError naming this hook.
+        """
         raise NotImplementedError
 
     def _step_task(self, action: str) -> TaskStep:
+        """Play `action` in the engine.
+
+        Args:
+            action: the agent's action (valid Unicode, no control characters, within the length limit).
+        Returns:
+            A `TaskStep` (not Gymnasium's 5-tuple: the base class builds that); anything else is a TypeError.
+        """
         raise NotImplementedError
 
     def _expert_action(self) -> str | None:
@@ -185,7 +204,12 @@ class TextEnv(gym.Env[str, str]):
     def list_tasks(self, split: str | None = None) -> list[str]:
         split = self._check_split(split or self.split)
         if split not in self._task_cache:
-            self._task_cache[split] = list(self._tasks(split))
+            tasks = list(self._tasks(split))
+            bad = next((t for t in tasks if not isinstance(t, str)), None)
+            if bad is not None:     # reset(options={"task_id": ...}) takes str ids only
+                raise TypeError(f"{type(self).__name__}._tasks({split!r}) must return str task ids, got "
+                                f"{type(bad).__name__} ({bad!r:.60})")
+            self._task_cache[split] = tasks
         return self._task_cache[split]
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
@@ -223,7 +247,7 @@ class TextEnv(gym.Env[str, str]):
         self._done, self._lost = True, None   # a reset that raises leaves the env needing another reset
         self._closed = False
         self._episode_split, self._task_id, self._steps = split, task_id, 0
-        self._task_text, first = self._reset_task(task_id, split)
+        self._task_text, first = _checked_reset(self, self._reset_task(task_id, split))
         self._done = False
         self._last_obs, self._last_step = first.obs, first
         return first.obs, self._info(first)
@@ -244,7 +268,7 @@ class TextEnv(gym.Env[str, str]):
             # the game were running); only a reset starts over
             self._done, self._lost = True, None
             try:
-                res = self._last_step = self._step_task(action)
+                res = self._last_step = _checked_step(self, self._step_task(action))
             except BaseException as e:
                 self._lost = type(e).__name__
                 raise
@@ -295,6 +319,39 @@ class TextEnv(gym.Env[str, str]):
         if self.expert:
             info["expert_action"] = None if self._done else self._expert_action()
         return info
+
+
+def _checked_reset(env: TextEnv, result: Any) -> tuple[str, TaskStep]:
+    """`_reset_task`'s result, or a TypeError naming the hook (not an AttributeError deep in `reset`).
+
+    Args:
+        env: the environment whose hook returned `result` (named in the error).
+        result: what `_reset_task` returned.
+    Returns:
+        (goal text, first step).
+    """
+    if (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], str)
+            and isinstance(result[1], TaskStep)):
+        return result[0], result[1]
+    got = (f"({', '.join(type(x).__name__ for x in result)})" if isinstance(result, (tuple, list))
+           else type(result).__name__)
+    raise TypeError(f"{type(env).__name__}._reset_task must return (goal: str, TaskStep(obs=...)), got {got}")
+
+
+def _checked_step(env: TextEnv, result: Any) -> TaskStep:
+    """`_step_task`'s result, or a TypeError naming the hook (a Gymnasium 5-tuple is a common slip).
+
+    Args:
+        env: the environment whose hook returned `result` (named in the error).
+        result: what `_step_task` returned.
+    Returns:
+        The step.
+    """
+    if isinstance(result, TaskStep):
+        return result
+    got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+    raise TypeError(f"{type(env).__name__}._step_task must return a TaskStep(obs=..., reward=..., done=..., "
+                    f"won=...), got {got}")
 
 
 def sample_tasks(tasks: Sequence[str], n: int, rng) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,32 @@ def evaluate(cfg: DictConfig) -> dict:
         pool.close()
     print_report(report)
     console.print(f"eval.json and episodes.jsonl in {out}", markup=False, highlight=False, soft_wrap=True)
+    check_errors(cfg, report)
     return report
+
+
+def check_errors(cfg: DictConfig, report: dict) -> None:
+    """Say when episodes errored (the environment failed, not the policy; they count as lost), and
+    refuse an evaluation whose every episode errored: its 0 % is the environment's, and a run that
+    ends well would pass it off as the policy's.
+
+    Args:
+        cfg: the evaluation's config (its env.name is named).
+        report: `evaluate_policy`'s report (`errors`, `episodes`, `first_error`, `out_dir`).
+    Raises:
+        ConfigError: every episode errored (after eval.json and episodes.jsonl were written).
+    """
+    n_err, n = int(report.get("errors") or 0), int(report["episodes"])
+    if not n_err:
+        return
+    first = (report.get("first_error") or "").strip().splitlines()
+    where = (f"first: {first[0][:300] if first else '?'}; every error's traceback is under \"error\" in "
+             f"{Path(report['out_dir']) / 'episodes.jsonl'}")
+    if n_err == n:
+        raise ConfigError(f"env.name={cfg.env.name!r}: all {n} episodes errored, so the evaluation says nothing about "
+                          f"the policy; {where}")
+    console.print(f"warning: {n_err} of {n} episodes errored (the environment failed; they count as lost in the "
+                  f"success rate); {where}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 #: settings that define the task and the turn's format: a checkpoint evaluated under others than it
@@ -173,8 +199,28 @@ def warn_if_trained_otherwise(cfg: DictConfig, checkpoint: Path) -> None:
 
 def latest_checkpoint_hint(folder: Path) -> str:
     """For `checkpoint=<a run folder>` (a common slip: the folder `agentq train` or `agentq pipeline`
-    printed), the checkpoint inside it that was probably meant, as the end of the error message."""
-    return build.checkpoint_hint(folder, "checkpoint")
+    printed), the checkpoint inside it that was probably meant, as the end of the error message; also
+    for a run's checkpoints/ folder and for an evaluation's output folder (eval.json)."""
+    if folder.is_file():                                # e.g. <checkpoint>/model.safetensors
+        inside = folder.parent / "config.json"
+        return "; a file, not a folder" + (f": checkpoint={folder.parent}?" if inside.is_file() else "")
+    hint = build.checkpoint_hint(folder, "checkpoint")
+    if hint or not folder.is_dir():
+        return hint
+    steps = sorted(folder.glob("step_*/config.json"))
+    if steps:                                           # <run>/checkpoints
+        return f"; its last checkpoint is checkpoint={steps[-1].parent}"
+    if not (folder / "eval.json").is_file():
+        return ""
+    # an evaluation's output: <checkpoint>/eval-<env>-<split> (agentq eval) or <run>/eval/step_N (the trainer's)
+    if (folder.parent / "config.json").is_file():
+        return f"; an evaluation's output folder (eval.json): the checkpoint it evaluated is checkpoint={folder.parent}"
+    run = folder.parent.parent if folder.parent.name == "eval" else None
+    same = run / "checkpoints" / folder.name if run else None
+    if same is not None and (same / "config.json").is_file():
+        return f"; an evaluation's output folder (eval.json): that step's checkpoint is checkpoint={same}"
+    return "; an evaluation's output folder (eval.json), not a checkpoint" + (
+        build.checkpoint_hint(run, "checkpoint").replace("; a run folder? its", "; the run's") if run else "")
 
 
 def eval_out_dir(cfg: DictConfig, split: str) -> Path:
@@ -185,24 +231,33 @@ def eval_out_dir(cfg: DictConfig, split: str) -> Path:
     Raises:
         ConfigError: the folder cannot be created (naming the setting and the reason).
     """
+    name = folder_name(str(cfg.env.name))
     if cfg.eval.out_dir:
         out, key = Path(cfg.eval.out_dir), "eval.out_dir"
     elif cfg.checkpoint:
-        out, key = Path(cfg.checkpoint) / f"eval-{cfg.env.name}-{split}", "checkpoint"
+        out, key = Path(cfg.checkpoint) / f"eval-{name}-{split}", "checkpoint"
     else:   # named like the trainer's unnamed run folders (agentq.trainer.run_dir.new_run_dir, a layer above)
-        out, key = Path("runs") / f"eval-{cfg.env.name}-{split}-{time.strftime('%Y%m%d-%H%M%S')}", "eval.out_dir"
+        out, key = Path("runs") / f"eval-{name}-{split}-{time.strftime('%Y%m%d-%H%M%S')}", "eval.out_dir"
     make_setting_dir(out, key, "evaluation's output folder")
     return out
 
 
+def folder_name(env_name: str) -> str:
+    """`env_name` as one folder name: a Gymnasium id's "/" made nested folders and "module:Class"'s ":"
+    breaks paths on Windows and in PATH-like lists (`agentq/ALFWorld-v0` → `agentq_ALFWorld-v0`)."""
+    return re.sub(r"[^\w.-]+", "_", env_name)
+
+
 def write_eval(out: Path, report: dict, trajs: list[Trajectory]) -> None:
     """`out/eval.json` (the report) and `out/episodes.jsonl` (one `eval_record` per episode); then
-    adds `out_dir` and `won_by_task` to the report in memory."""
+    adds `out_dir`, `won_by_task` and `first_error` (the first errored episode's error, or None) to the
+    report in memory."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(jsonable(report), indent=2))
     write_trajectories(out / "episodes.jsonl", trajs, eval_record)
     report["out_dir"] = str(out)
     report["won_by_task"] = won_by_task(trajs)
+    report["first_error"] = next((t.error for t in trajs if t.end_reason == "error"), None)
 
 
 def print_report(r: dict) -> None:
@@ -221,7 +276,7 @@ def print_report(r: dict) -> None:
     t.add_row("invalid-format turns", f"{100 * r['invalid_action_rate']:.1f} %")
     t.add_row("inadmissible-action turns", f"{100 * r['inadmissible_action_rate']:.1f} %")
     if r.get("errors"):
-        t.add_row("errored episodes", str(r["errors"]))
+        t.add_row("errored episodes", f"{r['errors']} of {r['episodes']} (counted as lost)")
     for k, v in (r.get("per_task_type") or {}).items():
         t.add_row(f"  {k}", f"{100 * v['success_rate']:.1f} % of {v['episodes']}")
     console.print(t)
