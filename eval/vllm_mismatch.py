@@ -62,8 +62,13 @@ def measure(model_dir: str, preset: str, n_episodes: int = 6, turns: int = 4, dt
     from agentq.rollout.vllm_backend import VLLMBackend
 
     spec = QuantSpec.preset(preset)
+    own = backend is None
     backend = backend or VLLMBackend.from_pretrained(model_dir, spec, max_slots=n_episodes, max_len=1536, dtype=dtype)
-    trajs = play(backend, AutoTokenizer.from_pretrained(model_dir), n_episodes, turns)
+    try:
+        trajs = play(backend, AutoTokenizer.from_pretrained(model_dir), n_episodes, turns)
+    finally:
+        if own:      # one engine per process at a time: the next preset starts its own
+            backend.close_engine()
     learner = Learner(model_dir, spec, dtype=dtype, use_reference=False)
     return {"preset": preset, "episodes": len(trajs), **per_turn_mismatch(trajs, learner)}
 

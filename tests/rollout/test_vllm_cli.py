@@ -46,3 +46,29 @@ def test_eval_with_vllm_rollouts(run_dir, tmp_path):
     sel = rep["task_selection"]
     assert sel["method"] == "stratified" and sel["num_tasks"] == 3
     assert len({e["task_id"] for e in eps}) == 3 and all(e["task_id"].startswith("coin/2") for e in eps)
+
+
+def test_a_preset_vllm_cannot_run_is_one_line_and_leaves_no_run_folder(tmp_path):
+    out = tmp_path / "run"
+    p = run_cli(["train", *VLLM[:-1], "rollout.quant=w8a8_kv8_head", "trainer.steps=1", f"trainer.out_dir={out}"])
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert p.stderr.strip().splitlines()[-1] == (
+        "agentq: QuantSpec 'w8a8_kv8_head' quantizes lm_head: vLLM runs a compressed-tensors checkpoint's LM head "
+        "in full precision; use rollout.quant=w8a8 (head in full precision) or the torch backend "
+        "(rollout.backend=torch)")
+    assert not out.exists()
+
+
+def test_the_mismatch_tool_measures_presets_one_after_another(run_dir):
+    """`python -m agentq.eval.vllm_mismatch` with two presets, as its docstring runs it: the second
+    preset's engine used to be refused ("another VLLMBackend in this process has a running engine")
+    because the first one's was never shut down. The checkpoint of the run above is the model."""
+    import subprocess
+    import sys
+
+    model = run_dir / "checkpoints" / "step_000002"
+    p = subprocess.run([sys.executable, "-m", "agentq.eval.vllm_mismatch", "--model", str(model), "--presets", "none",
+                        "w8a8", "--episodes", "2", "--turns", "2"], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert [r["preset"] for r in rows] == ["none", "w8a8"] and all(r["episodes"] == 2 for r in rows)
