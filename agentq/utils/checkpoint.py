@@ -36,15 +36,24 @@ class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated or in a format that is not loaded (unsafe)."""
 
 
+#: the weight files transformers loads a checkpoint from (one of them, or their shards)
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+
+
 def check_weight_files(folder: str | os.PathLike) -> None:
-    """Open the header of every *.safetensors file in `folder` (cheap: no tensor is read), so a
-    truncated or corrupt one is an error naming the file, before any model is built.
+    """Check that `folder` has weights, and open the header of every *.safetensors file (cheap: no
+    tensor is read), so a missing, truncated or corrupt one is an error naming the folder or file,
+    before any model is built.
 
     Raises:
-        CheckpointError: naming the file and safetensors' reason.
+        CheckpointError: no weight file at all (a config.json alone, an interrupted copy), or a
+        damaged one, naming the file and safetensors' reason.
     """
     from safetensors import safe_open
 
+    if not any(any(Path(folder).glob(pattern)) for pattern in WEIGHT_FILES):
+        raise CheckpointError(f"{folder} has a config.json but no weights (no model.safetensors or pytorch_model.bin, "
+                              "nor their shards): an interrupted copy or save?")
     for f in sorted(Path(folder).glob("*.safetensors")):
         try:
             with safe_open(str(f), framework="pt"):

@@ -147,3 +147,19 @@ def test_truncated_weight_file_is_named(tiny_model_dir, tmp_path):
                 timeout=300)
     assert p.returncode == 2, p.stderr[-2000:]
     assert f"weight file {weights} is damaged or truncated" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("command", ["eval", "train"])
+def test_a_checkpoint_without_weights_is_named(tiny_model_dir, tmp_path, capsys, command):
+    """A folder with config.json and a tokenizer but no weight file (an interrupted copy) used to end
+    in transformers' FileNotFoundError traceback once the model was built."""
+    from agentq.cli import main
+
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    (ckpt / "model.safetensors").unlink()
+    key = "checkpoint" if command == "eval" else "model.path"
+    out = tmp_path / "out"
+    assert main([command, f"{key}={ckpt}", "env_pool=inline", f"eval.out_dir={out}", f"trainer.out_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{ckpt} has a config.json but no weights" in err and "Traceback" not in err, err
+    assert not out.exists()
