@@ -64,7 +64,8 @@ def first_line(proc: subprocess.Popen, timeout_s: float, what: str, setting: str
     try:
         while not line.endswith(b"\n"):
             left = deadline - time.monotonic()
-            if left > 0 and not poller.poll(math.ceil(left * 1000)):
+            # a minute at most per wait: poll() takes milliseconds in a C int (a month would overflow)
+            if left > 0 and not poller.poll(math.ceil(min(left, 60.0) * 1000)):
                 continue                      # the deadline is checked again above
             if left <= 0:
                 raise TimeoutError(f"{what} (pid {proc.pid}) did not print its port within {timeout_s:g} s of "

@@ -83,16 +83,23 @@ def init_ray(address: str | None, num_cpus: int | None) -> None:
 
 
 def resolve_auto_address() -> str | None:
-    """What Ray's `ray.init(address="auto")` would join: RAY_ADDRESS (unless it is "auto" itself),
+    """What Ray's `ray.init(address="auto")` would join: RAY_ADDRESS (unless it is "auto" itself; a
+    ray:// client address as it is),
     else the last `ray start` recorded in Ray's temp folder (RAY_TMPDIR, TMPDIR or /tmp), else any
     running cluster's GCS; None when there is none. Ray's own resolution, so the check and the join
     cannot disagree."""
     from ray._private.services import canonicalize_bootstrap_address   # Ray has no public resolver
 
+    env = os.environ.get("RAY_ADDRESS", "")
+    if env.startswith("ray://"):             # a Ray Client address, which ray.init joins as it is
+        return env
     try:
         return canonicalize_bootstrap_address("auto")
     except ConnectionError:                  # "Could not find any running Ray instance"
         return None
+    except ValueError as e:                  # a RAY_ADDRESS Ray cannot parse
+        raise ConfigError(f"ray.address=auto: RAY_ADDRESS={env!r} is no Ray address ({e}); expected host:port, "
+                          "ray://host:port or auto") from None
 
 
 def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:

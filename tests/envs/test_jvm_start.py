@@ -42,9 +42,15 @@ def test_a_pipe_above_descriptor_1024_is_read():
     """A trainer with many envs holds many descriptors; select() refused one ≥ 1024 (ValueError)
     and left the process running."""
     import os
+    import resource
 
-    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files ({hard}) leaves no room above 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200) if soft != resource.RLIM_INFINITY else soft, hard))
+    held: list[int] = []
     try:
+        held += [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
         proc = _spawn("import time; time.sleep(0.2); print(777)")
         assert proc.stdout.fileno() >= 1024
         assert first_line(proc, 30.0, "the test JVM", "some_timeout_s") == b"777\n"
@@ -52,6 +58,16 @@ def test_a_pipe_above_descriptor_1024_is_read():
     finally:
         for fd in held:
             os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_timeout_of_a_month_or_more_waits_in_pieces():
+    """poll() takes milliseconds in a C int: a timeout of ~25 days or inf overflowed it (and the
+    process was killed)."""
+    for timeout in (3e6, float("inf")):
+        proc = _spawn("import time; time.sleep(0.2); print(4242)")
+        assert first_line(proc, timeout, "the test JVM", "some_timeout_s") == b"4242\n"
+        proc.wait(timeout=30)
 
 
 def test_an_error_while_waiting_kills_the_process(monkeypatch):

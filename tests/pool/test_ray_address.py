@@ -41,6 +41,12 @@ def test_auto_resolves_as_ray_does(monkeypatch, tmp_path):
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))                       # no `ray start` marker there
     with pytest.raises(ConfigError, match="no running Ray cluster"):
         check_reachable("auto")
+    monkeypatch.setenv("RAY_ADDRESS", "bogus")                            # was Ray's ValueError traceback
+    with pytest.raises(ConfigError, match="RAY_ADDRESS='bogus' is no Ray address"):
+        check_reachable("auto")
+    monkeypatch.setenv("RAY_ADDRESS", f"ray://127.0.0.1:{closed_port()}")  # a client address: probed as it is
+    with pytest.raises(ConfigError, match="nothing answers at 127.0.0.1:"):
+        check_reachable("auto")
     monkeypatch.setenv("RAY_ADDRESS", "auto")                             # Ray's own word for "find one"
     with pytest.raises(ConfigError, match="no running Ray cluster"):
         check_reachable("auto")
