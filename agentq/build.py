@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, PromptConfig, episode_seed
-from agentq.config import ConfigError
+from agentq.config import UNSET, ConfigError
 from agentq.config_schema import DTYPES, ROLLOUT_BACKENDS
 from agentq.envs.base import TextEnv
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
@@ -194,6 +194,22 @@ def env_corpus(cfg: DictConfig, n_episodes: int, seed: int = 0) -> list[str]:
     finally:
         env.close()
     return texts
+
+
+def setting_default(cfg: DictConfig, key: str) -> Any:
+    """The value a setting under env.kwargs / algo.objective_params takes when a config leaves it
+    out: the env class's constructor default, or the objective's parameter default (for comparing
+    a run's saved config with one that spells the key out); `UNSET` when there is none to know."""
+    from agentq.algos import objective_defaults
+    from agentq.envs import constructor_defaults
+
+    if key.startswith("env.kwargs."):
+        found = constructor_defaults(str(cfg.env.name)).get(key.removeprefix("env.kwargs."), UNSET)
+    elif key.startswith("algo.objective_params."):
+        found = objective_defaults(str(cfg.algo.objective)).get(key.removeprefix("algo.objective_params."), UNSET)
+    else:
+        return UNSET
+    return list(found) if isinstance(found, tuple) else found        # a config holds lists
 
 
 # ---------------------------------------------------------------------- model

@@ -238,6 +238,33 @@ def check_env_name(cfg: DictConfig) -> None:
         env_id(str(name))
     except (gym.error.Error, TypeError, ImportError) as e:
         raise ConfigError(f"env.name={name!r}: {e}") from None
+    check_env_settings(cfg)
+
+
+def check_env_settings(cfg: DictConfig) -> None:
+    """The env's splits and constructor arguments, judged from its class without building one (a
+    JVM env takes seconds to start, and its error would come from inside a worker).
+
+    Raises:
+        ConfigError: env.train_split / env.eval_split is not one of the class's `splits`, or
+        env.kwargs names an argument its constructors do not take, or leaves out one they need.
+    """
+    from agentq.envs import env_class, kwargs_problem
+
+    env = cfg.env
+    cls = env_class(str(env.name))
+    if cls is not None:
+        for key in ("train_split", "eval_split"):
+            split = env.get(key)
+            if split is not None and split not in cls.splits:
+                raise ConfigError(f"env.{key}={split!r}: not a split of {env.name}; valid: {list(cls.splits)}")
+    kwargs = OmegaConf.to_container(env.kwargs, resolve=True) if env.get("kwargs") is not None else {}
+    assert isinstance(kwargs, dict)
+    problem = kwargs_problem(str(env.name), {**kwargs, "split": env.get("train_split"),
+                                             "max_steps": env.get("max_steps"), "expert": False})
+    if problem:
+        raise ConfigError(f"env.kwargs: {problem}. env.kwargs come with the env= config: an env of your own gets a "
+                          "conf/env/<name>.yaml of its own (docs/adding-an-environment.md)")
 
 
 _GROUPS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "placement")
@@ -290,12 +317,22 @@ class _Unset:
 UNSET = _Unset()
 
 
-def differing_settings(saved: Any, now: Any, compared: Callable[[str], bool]) -> list[tuple[str, Any, Any]]:
+def differing_settings(saved: Any, now: Any, compared: Callable[[str], bool],
+                       default: Callable[[str], Any] | None = None) -> list[tuple[str, Any, Any]]:
     """(key, saved value, current value) for each `compared` setting the two configs hold
-    differently, by key. A key only one side has counts (as `UNSET` on the other) inside
-    `OPEN_SECTIONS`, where `+key=` adds what an env or objective reads; elsewhere it is a newer or
-    older agentq's key and is not compared."""
+    differently, by key. A key only one side has counts inside `OPEN_SECTIONS`, where `+key=` adds
+    what an env or objective reads: the other side holds `default(key)` there (what the env or
+    objective takes when the config leaves it out; `UNSET` when unknown), so a key a newer config
+    spells out at its default is no difference. Elsewhere it is a newer or older agentq's key and is
+    not compared."""
     old, new = config_leaves(saved), config_leaves(now)
     keys = (old.keys() & new.keys()) | {k for k in old.keys() ^ new.keys() if in_sections(k, OPEN_SECTIONS)}
-    return [(k, old.get(k, UNSET), new.get(k, UNSET)) for k in sorted(keys)
-            if compared(k) and old.get(k, UNSET) != new.get(k, UNSET)]
+    out = []
+    for k in sorted(keys):
+        if not compared(k):
+            continue
+        fallback = default(k) if default is not None and not (k in old and k in new) else UNSET
+        a, b = old.get(k, fallback), new.get(k, fallback)
+        if a != b:
+            out.append((k, a, b))
+    return out

@@ -1,7 +1,8 @@
 """agentq's text environments, registered with Gymnasium under the `agentq/` namespace.
 
-The top-level folder `envs/`, installed as `agentq.envs` (setup.py maps it); the lowest layer with
-`agentq.kernels`: it imports gymnasium and the env engines, nothing else of agentq (ARCHITECTURE.md).
+The top-level folder `envs/`, installed as `agentq.envs` (setup.py maps it); a low layer beside
+`agentq.kernels`: it imports gymnasium, the env engines and `agentq.utils` (process helpers), nothing
+else of agentq (ARCHITECTURE.md).
 
     import gymnasium as gym, agentq.envs
     env = gym.make("agentq/TextWorldExpress-v0", split="test")
@@ -151,6 +152,77 @@ def env_class(name_or_id: str) -> type[TextEnv] | None:
     return cls if cls is not None and issubclass(cls, TextEnv) else None
 
 
+#: what gymnasium.make takes for itself rather than handing to the env
+_MAKE_OWN = ("max_episode_steps", "disable_env_checker", "autoreset", "apply_api_compatibility")
+
+
+def _constructor_chain(cls: type) -> tuple[list, bool] | None:
+    """(the named parameters of each `__init__` up `cls`'s chain while it hands `**kwargs` on, most
+    derived first, as lists of inspect.Parameter; whether the chain ended at one without **kwargs),
+    or None when a signature cannot be read."""
+    import inspect
+
+    chain: list[list[inspect.Parameter]] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        if klass is object:
+            return chain, False                           # every __init__ took **kwargs
+        try:
+            params = list(inspect.signature(init).parameters.values())[1:]      # without self
+        except (TypeError, ValueError):
+            return None
+        chain.append([p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)])
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return chain, True
+    return chain, False
+
+
+def constructor_defaults(name_or_id: str) -> dict:
+    """The default of each constructor argument of the env's class (the most derived `__init__`
+    that names it wins); {} when the class cannot be known (a factory function)."""
+    cls = env_class(name_or_id)
+    found = _constructor_chain(cls) if cls is not None else None
+    out: dict = {}
+    for params in (found[0] if found else []):
+        for p in params:
+            if p.default is not p.empty:
+                out.setdefault(p.name, p.default)
+    return out
+
+
+def kwargs_problem(name_or_id: str, kwargs: dict) -> str | None:
+    """What is wrong with building the env with `kwargs`, judged from its constructors' signatures
+    (each `__init__` up the class chain while it hands `**kwargs` on), without building one.
+
+    Args:
+        name_or_id: any env name `env_id` takes.
+        kwargs: what agentq passes to `gymnasium.make` (env.kwargs, split, max_steps, expert).
+    Returns:
+        None when they fit, or when the signatures cannot tell (a factory function, `**kwargs` all
+        the way up); else a sentence naming the unknown or missing arguments.
+    """
+    import difflib
+
+    cls = env_class(name_or_id)
+    found = _constructor_chain(cls) if cls is not None else None
+    if cls is None or found is None:
+        return None
+    chain, closed = found
+    accepted = {p.name for params in chain for p in params}
+    # the class's own required arguments (a parent's may be filled in by the class itself)
+    missing = [p.name for p in (chain[0] if chain else []) if p.default is p.empty and p.name not in kwargs]
+    unknown = sorted(k for k in kwargs if k not in accepted and k not in _MAKE_OWN) if closed else []
+    if unknown:
+        close = {k: difflib.get_close_matches(k, sorted(accepted), n=1) for k in unknown}
+        hints = "".join(f"; did you mean {c[0]} for {k}?" for k, c in close.items() if c)
+        return f"{cls.__name__} takes no argument {unknown}{hints} (it takes {sorted(accepted)})"
+    if missing:
+        return f"{cls.__name__} needs {missing}, which nothing sets"
+    return None
+
+
 def make(name_or_id: str, **kwargs) -> gym.Env:
     """`gymnasium.make` that also accepts agentq's names, plugins and "module:Class"; the result must
     be a `TextEnv` (agentq's agent loop needs its task lists and info keys)."""
@@ -163,4 +235,5 @@ def make(name_or_id: str, **kwargs) -> gym.Env:
 
 
 __all__ = ["EnvClosedError", "EnvCrashedError", "EpisodeOverError", "INFO_KEYS", "PLUGIN_GROUP", "REGISTRY", "TaskStep",
-           "TextEnv", "TextSpace", "UnknownTaskError", "action_problem", "env_class", "env_id", "make", "plugins"]
+           "TextEnv", "TextSpace", "UnknownTaskError", "action_problem", "constructor_defaults", "env_class", "env_id",
+           "kwargs_problem", "make", "plugins"]

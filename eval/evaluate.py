@@ -98,7 +98,7 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
     loop = build.agent_loop(cfg, pool, chat, sampling, min(max_concurrent, len(tasks)), run_seed=seed)
     trajs = run_episodes(loop, BackendPolicy(backend), tasks, split, seed, first_id, description)
     report = {**header, "env": cfg.env.name, "split": split, "rollout_quant": cfg.rollout.quant,
-              "temperature": float(cfg.eval.temperature), "task_selection": selection.to_dict(), **summarize(trajs)}
+              "rollout_backend": cfg.rollout.backend, "temperature": float(cfg.eval.temperature), "task_selection": selection.to_dict(), **summarize(trajs)}
     write_eval(out, report, trajs)
     return report
 
@@ -181,7 +181,8 @@ def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, l
         return None, []
     if not run_cfg.is_file():
         return None, []
-    diffs = differing_settings(OmegaConf.load(run_cfg), cfg, lambda k: in_sections(k, TRAINED_WITH))
+    diffs = differing_settings(OmegaConf.load(run_cfg), cfg, lambda k: in_sections(k, TRAINED_WITH),
+                               default=lambda k: build.setting_default(cfg, k))
     return run_cfg, [f"{k}: trained {then!r}, now {now!r}" for k, then, now in diffs]
 
 
@@ -263,7 +264,7 @@ def write_eval(out: Path, report: dict, trajs: list[Trajectory]) -> None:
 def print_report(r: dict) -> None:
     from rich.table import Table
 
-    t = Table(title=f"{r['env']} / {r['split']}  ({r['episodes']} episodes, rollout={r['rollout_quant']})")
+    t = Table(title=f"{r['env']} / {r['split']}  ({r['episodes']} episodes, rollout={rollout_text(r)})")
     for c in ("metric", "value"):
         t.add_column(c)
     if r.get("task_selection"):
@@ -276,10 +277,24 @@ def print_report(r: dict) -> None:
     t.add_row("invalid-format turns", f"{100 * r['invalid_action_rate']:.1f} %")
     t.add_row("inadmissible-action turns", f"{100 * r['inadmissible_action_rate']:.1f} %")
     if r.get("errors"):
-        t.add_row("errored episodes", f"{r['errors']} of {r['episodes']} (counted as lost)")
+        t.add_row("environment errors", errored_text(r))
     for k, v in (r.get("per_task_type") or {}).items():
         t.add_row(f"  {k}", f"{100 * v['success_rate']:.1f} % of {v['episodes']}")
     console.print(t)
+
+
+def rollout_text(r: dict) -> str:
+    """The rollout numerics of a report, e.g. "w8a8_kv8 (torch)"; an eval.json or summary.json
+    written before `rollout_backend` was recorded gives the quantization alone."""
+    backend = r.get("rollout_backend")
+    return f"{r.get('rollout_quant')}" + (f" ({backend})" if backend else "")
+
+
+def errored_text(r: dict) -> str:
+    """"N of M errored (counted as lost)" for an evaluation report with errored episodes (the
+    environment failed, e.g. raised in step), else ""; `agentq eval`'s table and the trainer's last line."""
+    n_err = int(r.get("errors") or 0)
+    return f"{n_err} of {r['episodes']} errored (counted as lost)" if n_err else ""
 
 
 def turns_text(v: float | None) -> str:

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from agentq.agent.trajectory import END_REASONS, Trajectory
 
 
-def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson score interval of a binomial proportion k/n."""
+def wilson_interval(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a binomial proportion k/n (`n` may be an effective sample size,
+    not a whole number: `success_interval`)."""
     if n == 0:
         return (float("nan"), float("nan"))
     p = k / n
@@ -17,6 +18,48 @@ def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     c = (p + z * z / (2 * n)) / d
     h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
     return (max(0.0, c - h), min(1.0, c + h))
+
+
+def success_interval(won_by_episode: Sequence[tuple[str, bool]], z: float = 1.96) -> tuple[float, float]:
+    """95 % interval of the success rate when a task may be played more than once (`eval.repeats`).
+
+    Repeats of one task are not independent (an easy task is won every time), so a Wilson interval
+    over all n episodes is too narrow. This is the Wilson interval on the effective sample size
+    n_eff = n / DE, with Kish's design effect DE = 1 + (m̄ − 1)·ICC (m̄: mean episodes per task) and
+    the intra-task correlation ICC from the one-way ANOVA of the 0/1 outcomes by task, clipped to
+    [0, 1] (a negative estimate would make the interval narrower than the independent one). Where
+    the ICC cannot be estimated (one task, or every episode the same outcome) each task counts as
+    one episode (n_eff = the number of tasks). With every task played once, n_eff = n: the plain
+    Wilson interval of k/n.
+
+    Args:
+        won_by_episode: (task id, won) per episode.
+        z: the normal quantile (1.96: 95 %).
+    Returns:
+        (low, high); NaN for no episodes.
+    """
+    by_task: dict[str, list[bool]] = defaultdict(list)
+    for task, won in won_by_episode:
+        by_task[task].append(bool(won))
+    n, k = len(won_by_episode), sum(won for _, won in won_by_episode)
+    if n == 0 or len(by_task) == n:
+        return wilson_interval(k, n, z)
+    p = k / n
+    n_eff = effective_sample_size([sum(v) for v in by_task.values()], [len(v) for v in by_task.values()])
+    return wilson_interval(p * n_eff, n_eff, z)
+
+
+def effective_sample_size(wins: Sequence[int], sizes: Sequence[int]) -> float:
+    """n / DE of 0/1 outcomes in clusters (`success_interval`): `wins[i]` of `sizes[i]` won in task i."""
+    n, n_tasks = sum(sizes), len(sizes)
+    p = sum(wins) / n
+    msb = sum(m * (w / m - p) ** 2 for w, m in zip(wins, sizes)) / max(1, n_tasks - 1)  # between tasks
+    msw = sum(w * (1 - w / m) for w, m in zip(wins, sizes)) / (n - n_tasks)             # within a task
+    m0 = (n - sum(m * m for m in sizes) / n) / max(1, n_tasks - 1)      # the ANOVA's mean task size
+    if n_tasks < 2 or msb + (m0 - 1) * msw == 0:
+        return float(n_tasks)       # no estimate of the correlation: each task one episode
+    icc = min(1.0, max(0.0, (msb - msw) / (msb + (m0 - 1) * msw)))
+    return n / (1 + (n / n_tasks - 1) * icc)
 
 
 def two_proportion_z(k1: int, n1: int, k2: int, n2: int) -> float:
@@ -57,7 +100,7 @@ def summarize(trajs: list[Trajectory]) -> dict:
     out = {
         "episodes": n,
         "success_rate": won / n if n else float("nan"),
-        "success_ci95": list(wilson_interval(won, n)),
+        "success_ci95": list(success_interval([(t.task_id, t.won) for t in trajs])),
         "score_mean": _mean(t.score for t in trajs),
         "reward_mean": _mean(t.reward for t in trajs),
         "turns_mean": _mean(t.turns for t in trajs),

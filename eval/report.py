@@ -245,8 +245,10 @@ def pipeline_section(summary: dict) -> str:
                    f"<td>{_fmt(c['rl_success_rate'])}</td><td>{_fmt(r_lo)}–{_fmt(r_hi)}</td>"
                    f"<td>{pr.get('won_only_after', '–')} / {pr.get('won_only_before', '–')}</td>"
                    f"<td>{_fmt(pr.get('mcnemar_p'))}</td></tr>")
+    # a summary.json from before rollout_backend was recorded names the quantization alone
+    rollout = str(summary.get("rollout_quant")) + (f" ({summary['rollout_backend']})" if summary.get("rollout_backend") else "")
     out.append(f"</table><p class=meta>{summary.get('sft_demos')} expert demonstrations, {summary.get('rl_steps')} RL "
-               f"steps ({html.escape(str(summary.get('algo')))}, rollout {html.escape(str(summary.get('rollout_quant')))}).</p>")
+               f"steps ({html.escape(str(summary.get('algo')))}, rollout {html.escape(rollout)}).</p>")
     return "\n".join(out)
 
 

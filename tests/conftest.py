@@ -216,3 +216,21 @@ def ray_head(cwd: Path, num_cpus: int = 1):
             marker.unlink(missing_ok=True)
         else:
             marker.write_text(before)
+
+
+def one_task_env(name: str, splits: tuple[str, ...], init: str = "") -> str:
+    """Python source of a TextEnv class `name` with one task, "a", won by any first action (a probe
+    for registration and config checks); `init`: an `__init__` to put in the class, indented."""
+    return f'''
+class {name}(TextEnv):
+    splits = {splits!r}
+{init}
+    def _tasks(self, split):
+        return ["a"]
+
+    def _reset_task(self, task_id, split):
+        return "goal", TaskStep(obs="start")
+
+    def _step_task(self, action):
+        return TaskStep(obs="end", done=True, won=True)
+'''

@@ -254,6 +254,11 @@ def objective_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def objective_defaults(name: str) -> dict[str, Any]:
+    """The default of each extra parameter of the objective registered as `name` ({} if none is)."""
+    return dict(_REGISTRY[name].defaults) if name in _REGISTRY else {}
+
+
 def make_objective(name: str, **params: Any) -> GRPO:
     """The objective registered as `name`, built with `params` (unknown names raise)."""
     if name not in _REGISTRY:

@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.config import ConfigError
-from agentq.eval.metrics import paired_comparison, two_proportion_z, wilson_interval
+from agentq.eval.metrics import paired_comparison, two_proportion_z
 from agentq.utils.logging import console, jsonable
 
 from .run_dir import make_run_dir, new_run_dir, removed_if_left_empty
@@ -36,13 +36,14 @@ def evaluate_checkpoint(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: 
 
 
 def _comparison(before: dict, after: dict) -> dict:
-    """SFT vs RL on one split: both success rates with Wilson intervals, the unpaired z, and the
+    """SFT vs RL on one split: both success rates with their evaluations' intervals, the unpaired z, and the
     paired McNemar test over the tasks both evaluated (the same held-out tasks: the sharper test)."""
     n1, n2 = before["episodes"], after["episodes"]
     k1, k2 = round(before["success_rate"] * n1), round(after["success_rate"] * n2)
     return {
         "episodes": n2, "sft_success_rate": before["success_rate"], "rl_success_rate": after["success_rate"],
-        "sft_success_ci95": list(wilson_interval(k1, n1)), "rl_success_ci95": list(wilson_interval(k2, n2)),
+        # the evaluations' own intervals: they know which episodes repeat a task (metrics.success_interval)
+        "sft_success_ci95": before["success_ci95"], "rl_success_ci95": after["success_ci95"],
         "success_gain": after["success_rate"] - before["success_rate"],
         "gain_z": two_proportion_z(k1, n1, k2, n2),
         "paired": paired_comparison(before["won_by_task"], after["won_by_task"]),
@@ -119,7 +120,7 @@ def _pipeline(cfg: DictConfig, out: Path, split: str, others: list[str]) -> dict
 
     summary = {
         "env": cfg.env.name, "split": split, "algo": cfg.algo.name, "rollout_quant": cfg.rollout.quant,
-        **_comparison(sft_evals[split], rl_evals[split]),
+        "rollout_backend": cfg.rollout.backend, **_comparison(sft_evals[split], rl_evals[split]),
         # further held-out splits, each evaluated after SFT and after RL on the same tasks
         "other_splits": {sp: _comparison(sft_evals[sp], rl_evals[sp]) for sp in others},
         "rl_steps": int(cfg.trainer.steps), "sft_demos": s["demos_used"],

@@ -29,7 +29,7 @@ from agentq.config import ConfigError, check_config, load_config
 from agentq.algos import Objective, Prepared, grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
 from agentq.eval.episodes import read_trajectories, won_by_task
-from agentq.eval.evaluate import EVAL_FIRST_ID, choose_eval_tasks, eval_seed, evaluate_policy
+from agentq.eval.evaluate import EVAL_FIRST_ID, choose_eval_tasks, errored_text, eval_seed, evaluate_policy
 from agentq.eval.metrics import summarize
 from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
@@ -483,11 +483,12 @@ class RLTrainer:
         console.print(f"[yellow]step {step}: no usable episode ({len(trajs)} episodes, end reasons {reasons}); "
                       f"skipped without an update ({self.skipped_in_a_row} in a row, limit {limit})")
         if self.skipped_in_a_row >= limit:
+            hint = (f". 'context' means the first prompt does not fit env.max_context_tokens="
+                    f"{int(self.cfg.env.max_context_tokens)}" if "context" in reasons else "")
             raise RunAborted(
                 f"{self.skipped_in_a_row} steps in a row had no usable episode (last: end reasons {reasons}; "
                 f"lost episodes' errors in {self.run_dir / 'errors.jsonl'}); stopping "
-                f"(trainer.max_skipped_steps={limit}). 'context' means the first prompt does not fit "
-                f"env.max_context_tokens={int(self.cfg.env.max_context_tokens)}")
+                f"(trainer.max_skipped_steps={limit}){hint}")
         return {**{k: rollout[k] for k in ROLLOUT_KEYS}, "episodes": len(trajs), "errored_episodes": rollout["errors"],
                 "action_tokens": sum(x.num_action_tokens for x in trajs), "step_time_s": seconds,
                 "skipped_step": 1}
@@ -598,7 +599,8 @@ def print_run_end(summary: dict) -> None:
     """Where the run went (an unnamed run's folder has a timestamp: the user had to `ls runs/`
     for the checkpoint `agentq eval` takes) and the final held-out result."""
     ev = summary.get("final_eval")
+    errored = errored_text(ev) if ev else ""
     result = (f"; held-out {ev['split']}: success {100 * ev['success_rate']:.1f} % of {ev['episodes']} episodes "
-              f"({ev['out_dir']})" if ev else "")
+              f"({ev['out_dir']}){', ' + errored if errored else ''}" if ev else "")
     console.print(f"run folder {summary['run_dir']}; final checkpoint {summary['checkpoint']}{result}; "
                   f"HTML report: agentq report {summary['run_dir']}", markup=False, highlight=False, soft_wrap=True)

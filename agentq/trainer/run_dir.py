@@ -38,8 +38,13 @@ SFT_ARTIFACTS = ("metrics.jsonl", "tb", "checkpoint", "sft_summary.json")
 
 def new_run_dir(name: str) -> Path:
     """The folder of a run the user did not name: `runs/<name>-<YYYYmmdd-HHMMSS>` (relative to the
-    working directory). `name` says what ran, e.g. `sft-alfworld`, `pipeline-textworld_express`."""
-    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    working directory). `name` says what ran, e.g. `sft-alfworld`, `pipeline-textworld_express`; it
+    is made one folder name as `agentq eval`'s output folders are (`sft-wordle_env:WordEnv` →
+    `sft-wordle_env_WordEnv`: a plugin's ":" or a Gymnasium id's "/" is no nested folder)."""
+    # imported here: the CLI imports this module for every command, the evaluation (torch) only to run
+    from agentq.eval.evaluate import folder_name
+
+    return Path("runs") / f"{folder_name(name)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 class RunDirError(ConfigError):

@@ -213,9 +213,13 @@ RESUME_FREE = ("trainer.out_dir", "trainer.resume", "trainer.overwrite", "learne
 
 def changed_settings(run_dir: Path, cfg: DictConfig) -> list[str]:
     """'key: ran with A, now B' for each setting a finished run's config.yaml holds otherwise than
-    `cfg` (its arm × seed composed from this command line), `RESUME_FREE` keys aside; keys only one
-    of the two has (a newer agentq's) are not compared."""
-    diffs = differing_settings(OmegaConf.load(run_dir / "config.yaml"), cfg, lambda k: not in_sections(k, RESUME_FREE))
+    `cfg` (its arm × seed composed from this command line), `RESUME_FREE` keys aside. A key only one
+    of the two has is compared with its default under env.kwargs / algo.objective_params (a newer
+    config that spells out a default is the same run), and not compared elsewhere (`differing_settings`)."""
+    from agentq import build
+
+    diffs = differing_settings(OmegaConf.load(run_dir / "config.yaml"), cfg, lambda k: not in_sections(k, RESUME_FREE),
+                               default=lambda k: build.setting_default(cfg, k))
     return [f"{k}: ran with {then!r}, now {now!r}" for k, then, now in diffs]
 
 

@@ -8,6 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from agentq.config import ConfigError, load_config
+from conftest import one_task_env
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = {g.name: sorted(p.stem for p in g.glob("*.yaml")) for g in CONF.iterdir() if g.is_dir() and g.name != "__pycache__"}
@@ -122,9 +123,9 @@ def test_a_plus_override_that_adds_a_key_nothing_reads_is_refused(override, wher
 def test_plus_adds_keys_where_agentq_hands_them_on():
     """env.kwargs (the env class's constructor arguments) and algo.objective_params (the objective's,
     e.g. a cap for a preset with none) take new keys; `++` still overrides a key that exists."""
-    cfg = load_config(["+env.kwargs.new_arg=3", "algo=bf16", "algo.objective=tis", "+algo.objective_params.is_cap=2.0",
-                       "++trainer.steps=3", "model=hf", "++model.path=/some/ckpt"])
-    assert (cfg.env.kwargs.new_arg, cfg.algo.objective_params.is_cap, cfg.trainer.steps) == (3, 2.0, 3)
+    cfg = load_config(["+env.kwargs.render_mode=ansi", "algo=bf16", "algo.objective=tis",
+                       "+algo.objective_params.is_cap=2.0", "++trainer.steps=3", "model=hf", "++model.path=/some/ckpt"])
+    assert (cfg.env.kwargs.render_mode, cfg.algo.objective_params.is_cap, cfg.trainer.steps) == ("ansi", 2.0, 3)
     assert cfg.model.path == "/some/ckpt"
 
 
@@ -297,3 +298,65 @@ def test_differing_settings_compares_shared_keys_within_sections():
                           ("trainer.out_dir", "'x'", "'y'")]
     assert [k for k, _, _ in differing_settings(saved, now, lambda k: in_sections(k, ("env.name", "env.kwargs")))] == [
         "env.kwargs.games", "env.kwargs.old", "env.name"]
+
+
+REQUIRES_VOCAB = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("NeedsVocab", ("train", "heldout"), """
+    def __init__(self, vocab, hint_every=2, **kw):
+        super().__init__(**kw)
+        self.vocab = vocab
+""")
+
+
+@pytest.mark.parametrize("overrides,named", [
+    (["env.eval_split=validation"], "env.eval_split='validation': not a split of textworld_express; valid: "
+                                    "['train', 'dev', 'test']"),
+    (["env=alfworld", "env.train_split=train_seen"], "env.train_split='train_seen': not a split of alfworld"),
+    (["+env.kwargs.gamez=[coin]"], "env.kwargs: TextWorldExpressEnv takes no argument ['gamez']; did you mean games "
+                                   "for gamez?"),
+    (["env=vocab"], "env.kwargs: NeedsVocab needs ['vocab'], which nothing sets"),
+    (["env=vocab", "+env.kwargs.vocab=3", "+env.kwargs.hint_evry=1"],
+     "NeedsVocab takes no argument ['hint_evry']; did you mean hint_every for hint_evry?"),
+    # the default env's kwargs (TextWorldExpress's) given to another env's class
+    (["env.name=vocab_env:NeedsVocab", "env.train_split=train", "env.eval_split=heldout"],
+     "NeedsVocab takes no argument ['call_timeout_s', 'game_params', 'games', 'jvm_heap', 'tasks_per_game']"),
+])
+def test_env_splits_and_constructor_arguments_are_checked_before_anything_runs(tmp_path, monkeypatch, overrides,
+                                                                              named):
+    """A split the env does not have, or an argument its constructor does not take (or needs), was a
+    traceback from the first env built, inside a worker (an eval_split one only at the final eval,
+    after the whole run)."""
+    (tmp_path / "vocab_env.py").write_text(REQUIRES_VOCAB)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    conf = tmp_path / "conf" / "env"
+    conf.mkdir(parents=True)          # the env's own config, as docs/adding-an-environment.md has it
+    base = load_config(["env=textworld_express"]).env
+    (conf / "vocab.yaml").write_text(OmegaConf.to_yaml({**OmegaConf.to_container(base), "name": "vocab_env:NeedsVocab",
+                                                        "kwargs": {}, "train_split": "train", "eval_split": "heldout"}))
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    with pytest.raises(ConfigError) as e:
+        load_config([*overrides, search])
+    assert named in str(e.value)
+    # the same env with its arguments right composes
+    assert load_config(["env=vocab", "+env.kwargs.vocab=3", search]).env.kwargs.vocab == 3
+
+
+def test_a_key_a_newer_config_spells_out_at_its_default_is_no_difference():
+    """mapreader's config gained jvm_heap / call_timeout_s at the env's own defaults: a run saved
+    without them is the same run (a sweep resume was refused, eval warned); a value off the default,
+    or a + key with no default, still counts."""
+    from agentq import build
+    from agentq.config import UNSET, differing_settings
+
+    now = load_config(["env=textworld_express_mapreader", "algo=interq"])
+    saved = OmegaConf.to_container(now)
+    del saved["env"]["kwargs"]["jvm_heap"], saved["env"]["kwargs"]["call_timeout_s"]
+    saved["algo"]["objective_params"].pop("budget_B")
+    with_defaults = lambda k: build.setting_default(now, k)        # noqa: E731
+    assert build.setting_default(now, "env.kwargs.jvm_heap") == "1g"
+    assert build.setting_default(now, "env.kwargs.no_such") is UNSET
+    assert differing_settings(OmegaConf.create(saved), now, lambda k: True, default=with_defaults) == []
+    saved["env"]["kwargs"]["jvm_heap"] = "2g"
+    saved["env"]["kwargs"]["extra"] = 1
+    assert [(k, repr(a), repr(b)) for k, a, b in differing_settings(OmegaConf.create(saved), now, lambda k: True,
+                                                                     default=with_defaults)] == [
+        ("env.kwargs.extra", "1", "unset"), ("env.kwargs.jvm_heap", "'2g'", "'1g'")]

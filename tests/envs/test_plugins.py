@@ -11,7 +11,7 @@ import sys
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from conftest import REPO, run_cli
+from conftest import REPO, one_task_env, run_cli
 
 DOC = REPO / "docs" / "adding-an-environment.md"
 
@@ -89,20 +89,7 @@ PROBE = """
 import gymnasium as gym
 from gymnasium.envs.classic_control import CartPoleEnv
 from agentq.envs import TaskStep, TextEnv
-
-
-class Tiny(TextEnv):
-    splits = ("train",)
-
-    def _tasks(self, split):
-        return ["a"]
-
-    def _reset_task(self, task_id, split):
-        return "goal", TaskStep(obs="start")
-
-    def _step_task(self, action):
-        return TaskStep(obs="end", done=True, won=True)
-
+""" + one_task_env("Tiny", ("train",)) + """
 
 class Hookless(TextEnv):
     def _tasks(self, split):

@@ -25,6 +25,21 @@ def test_eval_without_checkpoint_writes_a_new_runs_folder_not_the_models(tiny_mo
     assert not list(model.glob("eval-*"))
 
 
+def test_the_report_names_the_rollout_backend_beside_its_quantization(tiny_model_dir, tmp_path, capsys):
+    """eval.json had rollout_quant alone: a torch and a vLLM evaluation could not be told apart."""
+    from agentq.eval.evaluate import print_report
+
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    assert main(["eval", f"checkpoint={ckpt}", "rollout=w8a8_kv8", *SMALL]) == 0
+    said = " ".join(capsys.readouterr().err.split())
+    report = json.loads((ckpt / "eval-textworld_express-test" / "eval.json").read_text())
+    assert (report["rollout_quant"], report["rollout_backend"]) == ("w8a8_kv8", "torch")
+    assert "textworld_express / test (1 episodes, rollout=w8a8_kv8 (torch))" in said
+    del report["rollout_backend"]           # an eval.json from before: the quantization alone
+    print_report(report)
+    assert "textworld_express / test (1 episodes, rollout=w8a8_kv8)" in " ".join(capsys.readouterr().err.split())
+
+
 def test_an_output_folder_that_cannot_be_made_fails_before_playing(tiny_model_dir, tmp_path, monkeypatch, capsys):
     from agentq.eval import evaluate
 
@@ -164,7 +179,7 @@ def test_errored_episodes_are_named_and_an_all_errored_evaluation_is_refused(tmp
     assert ("warning: 5 of 6 episodes errored (the environment failed; they count as lost in the success rate); "
             f"first: ValueError: boom on step 2; every error's traceback is under \"error\" in {out / 'episodes.jsonl'}"
             ) in said
-    assert "5 of 6 (counted as lost)" in said
+    assert "environment errors │ 5 of 6 errored (counted as lost)" in said
 
     report, out = play(6)
     with pytest.raises(ConfigError) as e:

@@ -50,6 +50,19 @@ def test_a_pipeline_folder_is_reported_with_its_sft_to_rl_summary(tmp_path):
     assert re.findall(r"<td>([^<]*)</td>", rows[0][1]) == ["4", "0.250", "0.050–0.700", "0.500", "0.150–0.850",
                                                              "2 / 1", "1.000"]
     assert "agentq run pipe:" in page and "href='#pipeline'" in page
+    assert "8 expert demonstrations, 1 RL steps (interq, rollout w8a8_kv8)." in page     # no rollout_backend: older
+
+
+def test_a_pipeline_summary_names_the_rollout_backend(tmp_path):
+    import json
+
+    from agentq.eval.report import write_report
+
+    _pipeline_folder(tmp_path / "pipe")
+    summary = json.loads((tmp_path / "pipe" / "summary.json").read_text())
+    (tmp_path / "pipe" / "summary.json").write_text(json.dumps({**summary, "rollout_backend": "vllm"}))
+    page = write_report(tmp_path / "pipe").read_text()
+    assert "8 expert demonstrations, 1 RL steps (interq, rollout w8a8_kv8 (vllm))." in page
 
 
 def test_a_folder_that_is_no_run_names_both_kinds(tmp_path):

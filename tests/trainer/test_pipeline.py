@@ -5,6 +5,7 @@ import json
 import pytest
 
 from agentq.cli import main
+from conftest import one_task_env
 from agentq.eval.metrics import paired_comparison, two_proportion_z
 
 
@@ -48,6 +49,8 @@ def test_pipeline_without_rl_evaluations_still_evaluates_the_final_checkpoint(tm
     assert rl_eval["checkpoint"] == str(tmp_path / "rl" / "checkpoints" / "step_000001")
     assert (s["split"], s["episodes"], s["paired"]["pairs"]) == ("dev", 2, 2)
     assert s["rl_success_rate"] == rl_eval["success_rate"]
+    assert s["rl_success_ci95"] == rl_eval["success_ci95"]      # the evaluation's interval (eval.repeats aware)
+    assert (s["rollout_quant"], s["rollout_backend"]) == ("w8a8_kv8", "torch")
     assert not (tmp_path / "rl" / "eval").exists()
 
 
@@ -111,22 +114,7 @@ def test_summarize_turn_rates_by_hand():
     assert s["cap_rate"] == 0.5 and s["turns_success_mean"] == 4 and s["success_rate"] == 0.5
 
 
-GUESS_LIKE = """
-from agentq.envs import TaskStep, TextEnv
-
-
-class Coin(TextEnv):
-    splits = ("train", "heldout")
-
-    def _tasks(self, split):
-        return ["a"]
-
-    def _reset_task(self, task_id, split):
-        return "goal", TaskStep(obs="start")
-
-    def _step_task(self, action):
-        return TaskStep(obs="end", done=True, won=True)
-"""
+GUESS_LIKE = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("Coin", ("train", "heldout"))
 
 
 def test_pipeline_splits_of_an_env_from_outside_agentq(tmp_path, monkeypatch):
@@ -135,11 +123,18 @@ def test_pipeline_splits_of_an_env_from_outside_agentq(tmp_path, monkeypatch):
     from agentq.config import ConfigError, load_config
     from agentq.trainer.pipeline import eval_splits
 
+    from omegaconf import OmegaConf
+
     (tmp_path / "pipeline_probe_env.py").write_text(GUESS_LIKE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = load_config(["env.name=pipeline_probe_env:Coin", "pipeline.eval_splits=[heldout]"], config_name="pipeline")
+    (tmp_path / "conf" / "env").mkdir(parents=True)        # its own config (docs/adding-an-environment.md)
+    base = OmegaConf.to_container(load_config(["env=textworld_express"]).env)
+    (tmp_path / "conf" / "env" / "probe.yaml").write_text(OmegaConf.to_yaml(
+        {**base, "name": "pipeline_probe_env:Coin", "kwargs": {}, "train_split": "train", "eval_split": "heldout"}))
+    probe = ["env=probe", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
+    cfg = load_config([*probe, "pipeline.eval_splits=[heldout]"], config_name="pipeline")
     assert eval_splits(cfg) == ["heldout"]
-    cfg = load_config(["env.name=pipeline_probe_env:Coin", "pipeline.eval_splits=[dev]"], config_name="pipeline")
+    cfg = load_config([*probe, "pipeline.eval_splits=[dev]"], config_name="pipeline")
     with pytest.raises(ConfigError, match=r"\['dev'\] not a split of pipeline_probe_env:Coin; valid: \['train', 'heldout'\]"):
         eval_splits(cfg)
 

@@ -3,6 +3,8 @@ says where it went, its final checkpoint (what `agentq eval` takes) and the held
 settings it refuses say so in one line, before anything is written."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from agentq.cli import main
@@ -41,3 +43,39 @@ def test_a_bad_placement_value_is_one_line(tmp_path, capsys):
     assert main(["train", "placement=split", "placement.learner_ranks=0", "trainer.steps=1", "env_pool=inline",
                  f"trainer.out_dir={tmp_path / 'run'}"]) == 2
     assert "agentq: placement.learner_ranks=0: must be ≥ 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("errors, tail", [(0, ""), (1, ", 1 of 4 errored (counted as lost)")])
+def test_the_last_line_says_how_many_held_out_episodes_errored(errors, tail, capsys):
+    """An env that raises in step lost its episodes: "success 0.0 % of 4 episodes" said nothing of it."""
+    from agentq.trainer.rl import print_run_end
+
+    final = {"split": "test", "success_rate": 0.0, "episodes": 4, "errors": errors, "out_dir": "r/eval/step_000002"}
+    print_run_end({"run_dir": "r", "checkpoint": "r/checkpoints/step_000002", "final_eval": final})
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "run folder r; final checkpoint r/checkpoints/step_000002; held-out test: success 0.0 % of 4 episodes "
+        f"(r/eval/step_000002){tail}; HTML report: agentq report r")
+
+
+@pytest.mark.parametrize("reasons, hint", [
+    (["error", "error"], ""),
+    (["error", "context"], ". 'context' means the first prompt does not fit env.max_context_tokens=8"),
+])
+def test_a_stopped_run_explains_context_only_when_an_episode_ended_so(reasons, hint):
+    """The hint on "context" was added whatever the end reasons were (e.g. every episode errored)."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from agentq.agent.trajectory import Trajectory
+    from agentq.trainer.rl import RLTrainer
+    from agentq.trainer.run_dir import RunAborted
+
+    trainer = SimpleNamespace(skipped_in_a_row=1, run_dir=Path("r"), cfg=OmegaConf.create(
+        {"trainer": {"max_skipped_steps": 2}, "env": {"max_context_tokens": 8}}))
+    trajs = [Trajectory(i, f"t{i}", "train", end_reason=r) for i, r in enumerate(reasons)]
+    with pytest.raises(RunAborted) as e:
+        RLTrainer._skip_step(trainer, 3, trajs, {}, 0.1)      # type: ignore[arg-type]
+    counts = "{'error': 2}" if hint == "" else "{'context': 1, 'error': 1}"
+    assert str(e.value) == (f"2 steps in a row had no usable episode (last: end reasons {counts}; lost episodes' "
+                            f"errors in {Path('r') / 'errors.jsonl'}); stopping (trainer.max_skipped_steps=2){hint}")

@@ -4,6 +4,7 @@ the earlier run's files (metrics, checkpoints, config.yaml) are still there."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,20 @@ def test_only_empty_folders_the_block_made_are_removed(tmp_path):
     with removed_if_left_empty(tmp_path / "c"):                # no error: nothing removed
         (tmp_path / "c").mkdir()
     assert (tmp_path / "c").is_dir()
+
+
+def test_unnamed_run_folders_are_one_folder_whatever_the_env_name(monkeypatch):
+    """A plugin's `env.name=wordle_env:WordEnv` named runs/wordle_env:WordEnv-interq-<time>, and a Gymnasium
+    id's "/" nested folders; the name is made one folder name as `agentq eval`'s output folders are."""
+    from omegaconf import OmegaConf
+
+    from agentq.trainer import run_dir
+    from agentq.trainer.rl import run_dir_for
+
+    monkeypatch.setattr(run_dir.time, "strftime", lambda fmt: "20250102-030405")
+    cfg = OmegaConf.create({"trainer": {"resume": None, "out_dir": None}, "env": {"name": "wordle_env:WordEnv"},
+                            "algo": {"name": "interq"}})
+    assert run_dir_for(cfg) == Path("runs") / "wordle_env_WordEnv-interq-20250102-030405"
+    # sft-, pipeline- and sweep- folders are named by the same function
+    assert run_dir.new_run_dir("sweep-gymreg:words/Word-v0") == Path("runs") / "sweep-gymreg_words_Word-v0-20250102-030405"
+    assert run_dir.new_run_dir("sft-textworld_express") == Path("runs") / "sft-textworld_express-20250102-030405"
