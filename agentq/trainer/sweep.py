@@ -302,7 +302,8 @@ def _pool(stats: list[dict]) -> dict:
 
 def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -> dict:
     """Everything table.md shows, from the run folders (arms with no finished seed are left out)."""
-    from agentq.eval.metrics import aulc, paired_comparison, wilson_interval
+    from agentq.eval.episodes import read_trajectories
+    from agentq.eval.metrics import aulc, paired_comparison, success_interval
     from agentq.utils.logging import read_metrics
 
     sft = json.loads((out / "eval_sft" / "eval.json").read_text())
@@ -318,12 +319,14 @@ def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -
         finals = [json.loads((e / "eval.json").read_text()) for _, e in results]
         k = sum(round(f["success_rate"] * f["episodes"]) for f in finals)
         n = sum(int(f["episodes"]) for f in finals)
+        # every seed plays the same held-out tasks: their episodes of one task are not independent
+        episodes = [(t.task_id, t.won) for _, e in results for t in read_trajectories(e / "episodes.jsonl")]
         curves = {s: _curve(d, float(sft["success_rate"])) for s, d in done}
         first = json.loads((done[0][1] / RESULT).read_text())
         rows[arm] = {
             "seeds": [s for s, _ in done], "rollout_quant": first["rollout_quant"],
             "learner_quant": first["learner_quant"], "objective": first["objective"],
-            "success_rate": k / n if n else None, "success_ci95": list(wilson_interval(k, n)), "episodes": n,
+            "success_rate": k / n if n else None, "success_ci95": list(success_interval(episodes)), "episodes": n,
             "success_by_seed": [f["success_rate"] for f in finals],
             "aulc_by_seed": [aulc(*curves[s]) for s, _ in done],
             "curves": {str(s): {"steps": c[0], "success": c[1]} for s, c in curves.items()},

@@ -175,3 +175,27 @@ def test_parallel_jobs_all_run_when_none_fails(tmp_path):
     jobs = [{"arm": arm, "seed": 0, "run_dir": str(tmp_path / f"j{i}")} for i, arm in enumerate("abc")]
     _run_jobs(jobs, parallel=2, run=run_marked)
     assert sorted(p.name for p in tmp_path.glob("*.started")) == ["j0.started", "j1.started", "j2.started"]
+
+
+def test_the_pooled_interval_counts_tasks_that_every_seed_plays_once(tmp_path):
+    """Two seeds evaluated on the same three tasks, with the same outcome per task (a, b won, c
+    lost): pooled, that is 4 of 6 episodes but only 3 tasks' worth of evidence (intra-task
+    correlation 1, n_eff = 6 / (1 + (2 − 1)·1) = 3): the interval is Wilson's for 2 of 3, not 4 of 6."""
+    from agentq.eval.metrics import wilson_interval
+    from agentq.trainer.sweep import RESULT, sweep_table
+
+    (tmp_path / "eval_sft").mkdir()
+    (tmp_path / "eval_sft" / "eval.json").write_text(json.dumps({"success_rate": 0.5, "episodes": 6}))
+    for seed in (0, 1):
+        run = tmp_path / "arms" / "grpo" / f"seed_{seed}"
+        (run / "eval" / "step_000001").mkdir(parents=True)
+        (run / RESULT).write_text(json.dumps({"steps": 1, "rollout_quant": "none", "learner_quant": "none",
+                                              "objective": "grpo"}))
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5, "eval/success_rate": 2 / 3}) + "\n")
+        (run / "eval" / "step_000001" / "eval.json").write_text(json.dumps({"success_rate": 2 / 3, "episodes": 3}))
+        (run / "eval" / "step_000001" / "episodes.jsonl").write_text("".join(
+            json.dumps({"task_id": task, "won": won}) + "\n" for task, won in (("a", True), ("b", True), ("c", False))))
+    row = sweep_table(tmp_path, ["grpo"], [0, 1], [])["arms"]["grpo"]
+    assert (row["episodes"], row["success_rate"]) == (6, 4 / 6)
+    assert row["success_ci95"] == pytest.approx(list(wilson_interval(2, 3)), abs=1e-12)
+    assert row["success_ci95"][0] < wilson_interval(4, 6)[0]            # wider than the independent one
