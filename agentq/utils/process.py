@@ -6,12 +6,17 @@ where it watches its stdin pipe.
 
 Linux sends the signal when the *thread* that forked the child ends, not the process. So it is
 asked for only from the main thread: a child started from a short-lived thread would die with it.
+
+Processes this one does not start itself (a local Ray cluster's agents) get a watcher process
+instead, which kills them once this process has ended (`kill_when_this_process_ends`).
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 from typing import Callable
@@ -65,3 +70,75 @@ def dies_with_this_process() -> Callable[[], None] | None:
         if os.getppid() != parent:      # the parent died before prctl took effect: no signal will come
             os._exit(1)
     return preexec
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below `pid` (children, their children, ...), from /proc; [] off Linux."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None:
+                children.setdefault(int(stat[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (state, ppid, ...; field 22 of the file is
+    [19], the start time); None for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+# The watcher: waits for EOF on stdin (the process that started it ended, however), then SIGKILLs
+# the listed processes that are still the same ones (pid and start time), and every process whose
+# environment holds the marker (what they started after the list was taken).
+_WATCHER = r"""
+import json, os, signal, sys
+procs, marker = json.loads(sys.argv[1]), sys.argv[2].encode()
+sys.stdin.buffer.read()
+def start(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+doomed = [pid for pid, t in procs if start(pid) == t]
+for entry in os.listdir("/proc") if marker else []:
+    try:
+        with open(f"/proc/{entry}/environ", "rb") as f:
+            if marker in f.read().split(b"\0"):
+                doomed.append(int(entry))
+    except (OSError, ValueError):
+        pass
+for pid in doomed:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def kill_when_this_process_ends(pids: list[int], env_marker: str = "") -> subprocess.Popen | None:
+    """Start a small watcher process that SIGKILLs `pids` (those still the same processes) and every
+    process whose environment holds `env_marker` ("NAME=value") once this process has ended, by
+    any means (SIGKILL, the OOM killer): for helpers that do not end with their parent.
+
+    Returns:
+        The watcher (keep it referenced: closing its stdin, or this process ending, fires it); None
+        off Linux.
+    """
+    if not os.path.isdir("/proc"):
+        return None
+    procs = [(pid, stat[19]) for pid in pids if (stat := _stat(pid)) is not None]
+    # its own session: a Ctrl-C to the trainer's terminal does not end the watcher before it fires
+    return subprocess.Popen([sys.executable, "-c", _WATCHER, json.dumps(procs), env_marker], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
