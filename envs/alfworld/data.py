@@ -28,8 +28,13 @@ _HOW_TO_GET = (
     "generated splits gen_train, gen_seen and gen_unseen, which need no download.")
 
 
-class ALFWorldDataError(FileNotFoundError):
-    """The real ALFWorld games of a split are not where ALFWORLD_DATA / data_dir says."""
+class ALFWorldDataError(FileNotFoundError, ValueError):
+    """The real ALFWorld games of a split are not where ALFWORLD_DATA / data_dir says.
+
+    Also a `ValueError`: like an unknown split it is a refusal of the env's settings, which
+    `agentq eval` reports as one line naming the split (a `FileNotFoundError` alone ended it
+    with a traceback).
+    """
 
 
 def data_root(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:

@@ -22,6 +22,7 @@ recently played game cheap.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -66,8 +67,16 @@ class ALFWorldEnv(TextEnv):
         self.data_dir = data_dir
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else gen.default_cache_dir()
         self.gen_sizes = gen.gen_sizes(gen_sizes)
-        task_types = [task_types] if isinstance(task_types, str) else (task_types or gen.TASK_TYPES)
+        if task_types is None:
+            task_types = gen.TASK_TYPES
+        elif isinstance(task_types, str):
+            task_types = [task_types]
+        if not task_types:      # [] kept every type, as null does: almost surely not what was meant
+            raise ValueError(f"task_types is empty; give null (all six) or some of {list(gen.TASK_TYPES)}")
         self.task_types = tuple(gen.check_task_type(t) for t in task_types)
+        if isinstance(reward_scale, bool) or not isinstance(reward_scale, (int, float)) or not 0 < reward_scale < math.inf:
+            raise ValueError(f"reward_scale must be a positive finite number (the reward of a win; verl-agent uses 10), "
+                             f"got {reward_scale!r}")
         self.reward_scale = float(reward_scale)
         if expert_type not in EXPERT_TYPES:
             raise ValueError(f"unknown expert_type {expert_type!r}; valid: {list(EXPERT_TYPES)}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import os
 import random
 import re
@@ -432,14 +433,33 @@ def ensure_game(cache_dir: str | os.PathLike, tid: str) -> Path:
     return path
 
 
+#: most games per task type in a generated split: gen_train's seeds (i // rooms, 29 rooms or more per
+#: type) then stay below gen_seen's first seed, so the two splits never share a game
+MAX_GEN_SIZE = 1_000_000
+
+
+def _check_gen_size(key: str, n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= int(n) <= MAX_GEN_SIZE:
+        raise ValueError(f"gen_sizes{key} must be an int from 1 to {MAX_GEN_SIZE} (games per task type), got {n!r}; "
+                         f"e.g. gen_sizes=100 or gen_sizes={{gen_train: 1000}} (defaults {DEFAULT_GEN_SIZES})")
+    return int(n)
+
+
 def gen_sizes(sizes: Mapping[str, int] | int | None) -> dict[str, int]:
-    """Games per task type for each generated split, from an int (all splits) or a partial dict."""
+    """Games per task type for each generated split, from an int (all splits) or a partial dict.
+
+    Raises:
+        ValueError: an unknown split, or a size that is not an int in [1, MAX_GEN_SIZE] (a size of 0
+            or less would leave the split without games; a float or a string is refused, not truncated).
+    """
     out = dict(DEFAULT_GEN_SIZES)
-    if isinstance(sizes, int):
-        out = {s: sizes for s in GEN_SPLITS}
-    elif sizes:
-        bad = set(sizes) - set(GEN_SPLITS)
-        if bad:
-            raise ValueError(f"gen_sizes has unknown split(s) {sorted(bad)}; valid: {list(GEN_SPLITS)}")
-        out.update({k: int(v) for k, v in sizes.items()})
+    if sizes is None:
+        return out
+    if not isinstance(sizes, Mapping):
+        n = _check_gen_size("", sizes)
+        return {s: n for s in GEN_SPLITS}
+    bad = set(sizes) - set(GEN_SPLITS)
+    if bad:
+        raise ValueError(f"gen_sizes has unknown split(s) {sorted(bad)}; valid: {list(GEN_SPLITS)}")
+    out.update({k: _check_gen_size(f"[{k!r}]", v) for k, v in sizes.items()})
     return out

@@ -41,6 +41,14 @@ DATA_FILES = {
 HUMAN_FILE = "items_human_ins.json"
 
 
+class WebShopDataError(FileNotFoundError, ValueError):
+    """WebShop's data files are not where data_dir / $WEBSHOP_DATA says.
+
+    Also a `ValueError`: a refusal of the env's settings, which `agentq eval` reports as one line
+    naming the split (a `FileNotFoundError` alone ended the command with a traceback).
+    """
+
+
 @dataclass
 class RawData:
     """The three files' contents, before normalisation."""
@@ -204,7 +212,8 @@ def data_files(data_dir: Path, variant: str | None = None, human_goals: bool = T
     if variant is not None and variant not in DATA_FILES:
         raise ValueError(f"unknown WebShop data variant {variant!r}; valid: {sorted(DATA_FILES)}")
     if not data_dir.is_dir():
-        raise FileNotFoundError(f"WebShop data folder {str(data_dir)!r} does not exist (set {DATA_ENV_VAR} or data_dir)")
+        raise WebShopDataError(f"WebShop data folder {str(data_dir)!r} does not exist (set {DATA_ENV_VAR} or data_dir "
+                               "to a folder with WebShop's files, or leave both unset for the generated catalog)")
     variants = [variant] if variant else ["1000", "full"]
     for v in variants:
         items, attrs = (data_dir / f for f in DATA_FILES[v])
@@ -214,11 +223,11 @@ def data_files(data_dir: Path, variant: str | None = None, human_goals: bool = T
                 files["human_instructions"] = data_dir / HUMAN_FILE
             missing = [str(f) for f in files.values() if not f.exists()]
             if missing:
-                raise FileNotFoundError(f"WebShop data folder {str(data_dir)!r} lacks {missing}")
+                raise WebShopDataError(f"WebShop data folder {str(data_dir)!r} lacks {missing}")
             return files
     wanted = [DATA_FILES[v][0] for v in variants]
     present = sorted(p.name for p in data_dir.glob("*.json"))
-    raise FileNotFoundError(f"no WebShop product file {wanted} in {str(data_dir)!r} (found: {present})")
+    raise WebShopDataError(f"no WebShop product file {wanted} in {str(data_dir)!r} (found: {present})")
 
 
 def load_data_dir(data_dir: Path, variant: str | None = None, human_goals: bool = True) -> RawData:

@@ -93,9 +93,11 @@ def _spacy_model():
         import spacy
         return spacy.load("en_core_web_sm")
     except Exception as e:  # ImportError, or OSError when the model is missing
-        raise RuntimeError(
-            "noun_tagger='spacy' needs `pip install spacy` and the en_core_web_sm model; "
-            "valid noun_tagger values: ['heuristic', 'spacy']") from e
+        # a ValueError (a refused setting), raised when the shop is built: it was a RuntimeError at the
+        # first `Buy Now`, so every episode that bought something was lost mid-run
+        raise ValueError(
+            f"noun_tagger='spacy' needs `pip install spacy` and the en_core_web_sm model ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); valid noun_tagger values: ['heuristic', 'spacy']") from None
 
 
 def spacy_nouns(name: str) -> list[str]:
@@ -106,8 +108,12 @@ NOUN_TAGGERS: dict[str, Callable[[str], list[str]]] = {"heuristic": heuristic_no
 
 
 def noun_tagger(name: str) -> Callable[[str], list[str]]:
+    """The tagger `name` names, ready to use (spaCy's model is loaded here, so a missing one is refused
+    when the shop is built, not at an episode's first purchase)."""
     if name not in NOUN_TAGGERS:
         raise ValueError(f"unknown noun_tagger {name!r}; valid: {sorted(NOUN_TAGGERS)}")
+    if name == "spacy":
+        _spacy_model()
     return NOUN_TAGGERS[name]
 
 

@@ -330,3 +330,63 @@ def test_eval_num_tasks_30_covers_every_task_type_of_valid_unseen(data_dir, cach
     # the first 30 of the type-sorted list (what eval played before) leave types out
     first = choose_eval_tasks(load_config(over + ["eval.selection=first"]), "valid_unseen", 30)
     assert sum(1 for chosen, _ in first.per_type.values() if chosen) < len(gen.TASK_TYPES)
+
+
+# ---------------------------------------------------------------------------------- settings refused in one line
+@pytest.mark.parametrize("sizes, where, got", [
+    (-3, "gen_sizes", "-3"), (0, "gen_sizes", "0"), (2.5, "gen_sizes", "2.5"), ("abc", "gen_sizes", "'abc'"),
+    (True, "gen_sizes", "True"), ({"gen_train": 0}, "gen_sizes['gen_train']", "0"),
+    (1_000_001, "gen_sizes", "1000001")])
+def test_gen_sizes_that_would_empty_or_overlap_a_split_are_refused(sizes, where, got):
+    """gen_sizes=-3 or 0 made gen_train empty (a RuntimeError at the first reset), 2.5 a TypeError
+    ('float' object is not iterable), "abc" an 'unknown split(s) ['a', 'b', 'c']' message."""
+    with pytest.raises(ValueError) as e:
+        gen.gen_sizes(sizes)
+    assert str(e.value).startswith(f"{where} must be an int from 1 to 1000000 (games per task type), got {got};")
+    assert gen.gen_sizes(5) == {"gen_train": 5, "gen_seen": 5, "gen_unseen": 5}
+    assert gen.gen_sizes({"gen_seen": 2}) == {"gen_train": 500, "gen_seen": 2, "gen_unseen": 25}
+    assert len(gen.list_gen_tasks("gen_train", gen.gen_sizes(5)["gen_train"])) == 30
+
+
+@pytest.mark.parametrize("scale", ["abc", 0, -1.0, float("nan"), float("inf"), True])
+def test_reward_scale_must_be_a_positive_number(scale, cache_dir):
+    """reward_scale='abc' was "could not convert string to float: 'abc'", naming no setting; 0 or a
+    negative scale was accepted (a win then rewarded nothing, or was punished)."""
+    with pytest.raises(ValueError, match=r"^reward_scale must be a positive finite number \(the reward of a win; "):
+        gym.make(ENV_ID, cache_dir=str(cache_dir), reward_scale=scale)
+
+
+def _eval_refusal(tmp_path, overrides: list[str]) -> str:
+    """`agentq eval`'s one-line refusal (its ConfigError) for these overrides, before a model loads."""
+    from agentq.config import ConfigError, load_config
+    from agentq.eval.evaluate import evaluate
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    cfg = load_config(["env=alfworld", f"checkpoint={ckpt}", "device=cpu", f"eval.out_dir={tmp_path / 'out'}",
+                       *overrides])
+    with pytest.raises(ConfigError) as e:
+        evaluate(cfg)
+    assert not (tmp_path / "out").exists()
+    return str(e.value)
+
+
+def test_missing_data_is_one_line_in_agentq_eval(tmp_path, cache_dir, monkeypatch):
+    """A missing data folder ended `agentq eval env=alfworld` with a traceback (ALFWorldDataError was
+    a FileNotFoundError only; eval reports the env's ValueErrors as one line)."""
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
+    assert issubclass(ALFWorldDataError, ValueError) and issubclass(ALFWorldDataError, FileNotFoundError)
+    msg = _eval_refusal(tmp_path, [f"env.kwargs.cache_dir={cache_dir}"])
+    assert msg.startswith("split='valid_unseen': ALFWorld split 'valid_unseen' not found: "
+                          f"{tmp_path / 'nowhere' / 'json_2.1.1' / 'valid_unseen'} does not exist")
+    assert "\n" not in msg and "alfworld-download" in msg
+
+
+def test_empty_task_types_is_refused(cache_dir):
+    """task_types=[] silently kept all six types (as null does)."""
+    with pytest.raises(ValueError, match=r"^task_types is empty; give null \(all six\) or some of \['pick_and_place_simple'"):
+        gym.make(ENV_ID, cache_dir=str(cache_dir), task_types=[])
+    env = gym.make(ENV_ID, cache_dir=str(cache_dir), task_types="look_at_obj_in_light", gen_sizes=2)
+    assert env.unwrapped.list_tasks() == ["look_at_obj_in_light/FloorPlan205/0", "look_at_obj_in_light/FloorPlan210/0"]
+    assert len(gym.make(ENV_ID, cache_dir=str(cache_dir), task_types=None, gen_sizes=2).unwrapped.list_tasks()) == 12

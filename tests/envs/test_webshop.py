@@ -535,3 +535,42 @@ def test_web_view_in_headless_chromium(tmp_path):
     finally:
         driver.quit()
         server.shutdown()
+
+
+def test_missing_data_is_one_line_in_agentq_eval(tmp_path, monkeypatch):
+    """WEBSHOP_DATA naming a missing folder ended `agentq eval env=webshop` with a traceback (a
+    FileNotFoundError; eval reports the env's ValueErrors as one line naming the split)."""
+    from agentq.config import ConfigError, load_config
+    from agentq.envs.webshop.data import WebShopDataError
+    from agentq.eval.evaluate import evaluate
+
+    assert issubclass(WebShopDataError, ValueError) and issubclass(WebShopDataError, FileNotFoundError)
+    monkeypatch.setenv("WEBSHOP_DATA", str(tmp_path / "nowhere"))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    cfg = load_config(["env=webshop", f"checkpoint={ckpt}", "device=cpu", f"eval.out_dir={tmp_path / 'out'}"])
+    with pytest.raises(ConfigError) as e:
+        evaluate(cfg)
+    assert str(e.value) == (f"split='test': WebShop data folder {str(tmp_path / 'nowhere')!r} does not exist (set "
+                            "WEBSHOP_DATA or data_dir to a folder with WebShop's files, or leave both unset for the "
+                            "generated catalog)")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(WebShopDataError, match=r"no WebShop product file \['items_shuffle_1000.json'"):
+        get_shop(data_dir=str(tmp_path))
+
+
+def test_spacy_tagger_without_spacy_is_refused_when_the_env_is_made():
+    """noun_tagger='spacy' without spaCy's model was accepted, then raised a RuntimeError from step() at
+    the first `Buy Now`: every episode that bought something was lost mid-run."""
+    from agentq.envs.webshop import reward as rw
+
+    try:
+        rw._spacy_model()
+    except ValueError:
+        pass
+    else:
+        pytest.skip("spaCy and en_core_web_sm are installed here")
+    with pytest.raises(ValueError, match=r"^noun_tagger='spacy' needs `pip install spacy` and the en_core_web_sm "
+                                         r"model \((ModuleNotFoundError|OSError): .*\); valid noun_tagger values: "):
+        gym.make("agentq/WebShop-v0", split="test", noun_tagger="spacy")
