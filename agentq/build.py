@@ -138,9 +138,20 @@ def env_spec(cfg: DictConfig, split: str, expert: bool = False) -> EnvSpec:
 
 
 def make_env(cfg: DictConfig, split: str, expert: bool = False) -> gym.Env:
+    """One env of `cfg` in this process (task lists, the tiny model's corpus, task selection).
+
+    Raises:
+        ConfigError: the env refused its settings (a ValueError from its constructor: a bad
+            env.kwargs value, missing data), as one line naming the env (was a traceback).
+    """
     from agentq.pool.base import make_env as _make
 
-    return _make(env_spec(cfg, split, expert))
+    try:
+        return _make(env_spec(cfg, split, expert))
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(f"env={cfg.env.name}: {e}") from None
 
 
 def text_env(env: gym.Env) -> TextEnv:

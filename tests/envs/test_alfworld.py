@@ -378,7 +378,7 @@ def test_missing_data_is_one_line_in_agentq_eval(tmp_path, cache_dir, monkeypatc
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
     assert issubclass(ALFWorldDataError, ValueError) and issubclass(ALFWorldDataError, FileNotFoundError)
     msg = _eval_refusal(tmp_path, [f"env.kwargs.cache_dir={cache_dir}"])
-    assert msg.startswith("split='valid_unseen': ALFWorld split 'valid_unseen' not found: "
+    assert msg.startswith("split='valid_unseen': env=alfworld: ALFWorld split 'valid_unseen' not found: "
                           f"{tmp_path / 'nowhere' / 'json_2.1.1' / 'valid_unseen'} does not exist")
     assert "\n" not in msg and "alfworld-download" in msg
 

@@ -552,7 +552,7 @@ def test_missing_data_is_one_line_in_agentq_eval(tmp_path, monkeypatch):
     cfg = load_config(["env=webshop", f"checkpoint={ckpt}", "device=cpu", f"eval.out_dir={tmp_path / 'out'}"])
     with pytest.raises(ConfigError) as e:
         evaluate(cfg)
-    assert str(e.value) == (f"split='test': WebShop data folder {str(tmp_path / 'nowhere')!r} does not exist (set "
+    assert str(e.value) == (f"split='test': env=webshop: WebShop data folder {str(tmp_path / 'nowhere')!r} does not exist (set "
                             "WEBSHOP_DATA or data_dir to a folder with WebShop's files, or leave both unset for the "
                             "generated catalog)")
     assert not (tmp_path / "out").exists()

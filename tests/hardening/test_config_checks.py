@@ -163,3 +163,23 @@ def test_a_checkpoint_without_weights_is_named(tiny_model_dir, tmp_path, capsys,
     err = capsys.readouterr().err
     assert f"{ckpt} has a config.json but no weights" in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("overrides,data,named", [
+    (["env=webshop", "env.kwargs.num_products=20"], None,
+     "agentq: env=webshop: num_products must be at least 39 (one per product type), got 20"),
+    # the held-out split's data is checked at the start: it was the final evaluation's traceback, after the run
+    (["env=alfworld"], "/nowhere", "agentq: env=alfworld: ALFWorld split 'valid_unseen' not found"),
+])
+def test_an_env_that_refuses_its_settings_stops_train_in_one_line(tiny_model_dir, tmp_path, capsys, monkeypatch,
+                                                                  overrides, data, named):
+    from agentq.cli import main
+
+    if data:
+        monkeypatch.setenv("ALFWORLD_DATA", data)
+    out = tmp_path / "run"
+    assert main(["train", *overrides, f"model.path={tiny_model_dir}", "env_pool=inline", "trainer.steps=1",
+                 f"trainer.out_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert named in " ".join(err.split()) and "Traceback" not in err, err[-2000:]
+    assert not out.exists()
