@@ -135,6 +135,7 @@ def evaluate(cfg: DictConfig) -> dict:
     print_report(report)
     console.print(f"eval.json and episodes.jsonl in {out}", markup=False, highlight=False, soft_wrap=True)
     check_errors(cfg, report)
+    check_unplayed(cfg, report)
     return report
 
 
@@ -160,6 +161,25 @@ def check_errors(cfg: DictConfig, report: dict) -> None:
                           f"the policy; {where}")
     console.print(f"warning: {n_err} of {n} episodes errored (the environment failed; they count as lost in the "
                   f"success rate); {where}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+
+def check_unplayed(cfg: DictConfig, report: dict) -> None:
+    """Say when episodes ended before their first turn because the first prompt does not fit
+    env.max_context_tokens (they count as lost; the table alone read as a policy that wins nothing),
+    and refuse an evaluation where no episode was played.
+
+    Raises:
+        ConfigError: no episode played a turn (after eval.json and episodes.jsonl were written).
+    """
+    n_out, n = int(report.get("unplayed") or 0), int(report["episodes"])
+    if not n_out:
+        return
+    why = (f"their first prompt does not fit env.max_context_tokens={cfg.env.max_context_tokens} (raise it, or "
+           "shorten env.prompt / env.prompt.max_obs_chars)")
+    if n_out == n:
+        raise ConfigError(f"none of the {n} episodes played a turn: {why}")
+    console.print(f"warning: {n_out} of {n} episodes ended before their first turn (counted as lost): {why}",
+                  style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 #: settings that define the task and the turn's format: a checkpoint evaluated under others than it

@@ -109,6 +109,8 @@ def summarize(trajs: list[Trajectory]) -> dict:
         "invalid_action_rate": (sum(t.invalid_actions for t in trajs) / max(1, sum(t.turns for t in trajs))),
         "inadmissible_action_rate": (sum(t.inadmissible_actions for t in trajs) / max(1, sum(t.turns for t in trajs))),
         "errors": sum(t.end_reason == "error" for t in trajs),
+        # ended before their first turn: the first prompt did not fit the context budget
+        "unplayed": sum(t.end_reason == "context" and t.turns == 0 for t in trajs),
     }
     for r in END_REASONS:
         out[f"end_{r}"] = _mean(float(t.end_reason == r) for t in trajs)

@@ -234,6 +234,9 @@ class AgentLoop:
                 continue
             st = run.active[res.slot]
             st.info, st.task = res.info, res.info.get("task", "")
+            # the env's score from the start (ScienceWorld's partial credit): an episode of invalid
+            # turns steps the env never, and recorded 0
+            st.traj.score = float(res.info.get("score", 0.0))
             st.traj.info["task_type"] = res.info.get("task_type")
             user = self.prompt.render(self.prompt.first_turn, st.task, res.obs, res.info.get("admissible_actions"),
                                       res.info)

@@ -153,3 +153,35 @@ def test_prompt_templates_can_name_info_fields():
     assert out == "You see a door.\nObjects: door, cup\nStep 3"
     with pytest.raises(KeyError, match="available: \\['actions', 'obs', 'task'\\]"):
         p.render("{objects}", "t", "o", None, {})
+
+
+SCORED_AT_RESET = """
+from agentq.envs import TaskStep, TextEnv
+
+
+class ScoredAtReset(TextEnv):
+    def _tasks(self, split):
+        return ["a"]
+
+    def _reset_task(self, task_id, split):
+        return "goal", TaskStep(obs="start", score=0.25)
+
+    def _step_task(self, action):
+        return TaskStep(obs="end", score=0.5)
+"""
+
+
+def test_an_episode_keeps_the_score_the_env_gave_at_reset(tokenizer, tmp_path, monkeypatch):
+    """ScienceWorld scores some credit at reset; an episode whose every turn was unparsable never
+    stepped the env and recorded score 0 instead of the env's 0.25. A stepped one takes the step's."""
+    (tmp_path / "scored_env.py").write_text(SCORED_AT_RESET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    pool = InlinePool(EnvSpec("scored_env:ScoredAtReset", {"split": "train", "max_steps": 2}), 2)
+    loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(), SamplingParams(max_new_tokens=16),
+                     max_turns=2, max_context_tokens=2048)
+    (idle,) = loop.run([EpisodeSpec(0, "a", "train")], ScriptedPolicy(chat, ["no tags", "none either"]))
+    assert (idle.invalid_actions, idle.score) == (2, 0.25)
+    (stepped,) = loop.run([EpisodeSpec(1, "a", "train")], ScriptedPolicy(chat, ["<action>go</action>", "no tags"]))
+    assert stepped.score == 0.5
+    pool.close()

@@ -224,3 +224,24 @@ def test_wrong_folders_given_as_checkpoint_name_the_checkpoint_meant(tiny_model_
         assert main(["eval", f"checkpoint={given}", *SMALL]) == 2
         said = " ".join(capsys.readouterr().err.split())
         assert f"checkpoint='{given}' is not an HF checkpoint folder (no config.json); {hint}" in said, said
+
+
+def test_episodes_that_never_played_a_turn_are_named(tiny_model_dir, tmp_path, capsys):
+    """A context budget the first prompt does not fit ended every episode before its first turn, and
+    `agentq eval` printed a plain 0 % with exit status 0; now that is refused (after writing the
+    files), and a partial case is a warning naming the setting."""
+    from omegaconf import OmegaConf
+
+    from agentq.eval.evaluate import check_unplayed
+
+    out = tmp_path / "ev"
+    assert main(["eval", f"checkpoint={tiny_model_dir}", "env.max_context_tokens=20", *SMALL,
+                 f"eval.out_dir={out}"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    n = json.loads((out / "eval.json").read_text())["episodes"]
+    assert (f"agentq: none of the {n} episodes played a turn: their first prompt does not fit "
+            "env.max_context_tokens=20") in err
+    assert json.loads((out / "eval.json").read_text())["unplayed"] == n > 0          # the files are kept
+    check_unplayed(OmegaConf.create({"env": {"max_context_tokens": 99}}), {"unplayed": 1, "episodes": 4})
+    assert ("warning: 1 of 4 episodes ended before their first turn (counted as lost): their first prompt does not "
+            "fit env.max_context_tokens=99") in " ".join(capsys.readouterr().err.split())
