@@ -151,7 +151,20 @@ def make_env(cfg: DictConfig, split: str, expert: bool = False) -> gym.Env:
     except ConfigError:
         raise
     except ValueError as e:
-        raise ConfigError(f"env={cfg.env.name}: {e}") from None
+        # where it was raised, so that a bug (not a refusal) one line hides can still be found
+        raise ConfigError(f"env={cfg.env.name}: {e} (raised at {raised_at(e)})") from e
+
+
+def raised_at(e: BaseException) -> str:
+    """'file.py:line' of the deepest frame of `e`'s traceback outside Python's standard library (an
+    env's own code, or the package it called; json's decoder is not where a data file went wrong)."""
+    import sysconfig
+    import traceback
+
+    stdlib = sysconfig.get_path("stdlib")
+    frames = traceback.extract_tb(e.__traceback__)
+    own = [f for f in frames if not f.filename.startswith(stdlib) or "site-packages" in f.filename] or frames
+    return f"{Path(own[-1].filename).name}:{own[-1].lineno}" if own else "?"
 
 
 def text_env(env: gym.Env) -> TextEnv:

@@ -260,11 +260,19 @@ def check_env_settings(cfg: DictConfig) -> None:
                 raise ConfigError(f"env.{key}={split!r}: not a split of {env.name}; valid: {list(cls.splits)}")
     kwargs = OmegaConf.to_container(env.kwargs, resolve=True) if env.get("kwargs") is not None else {}
     assert isinstance(kwargs, dict)
-    problem = kwargs_problem(str(env.name), {**kwargs, "split": env.get("train_split"),
-                                             "max_steps": env.get("max_steps"), "expert": False})
-    if problem:
-        raise ConfigError(f"env.kwargs: {problem}. env.kwargs come with the env= config: an env of your own gets a "
-                          "conf/env/<name>.yaml of its own (docs/adding-an-environment.md)")
+    found = kwargs_problem(str(env.name), {**kwargs, "split": env.get("train_split"),
+                                           "max_steps": env.get("max_steps"), "expert": False})
+    if found is None:
+        return
+    problem, certain = found
+    if not certain:             # an __init__ that takes **kwargs may use it (kwargs.pop): say, do not refuse
+        from agentq.utils.logging import console
+
+        console.print(f"warning: env.kwargs: {problem}; fine if your env takes it from **kwargs itself",
+                      style="yellow", markup=False, highlight=False, soft_wrap=True)
+        return
+    raise ConfigError(f"env.kwargs: {problem}. env.kwargs come with the env= config: an env of your own gets a "
+                      "conf/env/<name>.yaml of its own (docs/adding-an-environment.md)")
 
 
 _GROUPS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "placement")

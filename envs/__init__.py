@@ -192,34 +192,40 @@ def constructor_defaults(name_or_id: str) -> dict:
     return out
 
 
-def kwargs_problem(name_or_id: str, kwargs: dict) -> str | None:
+def kwargs_problem(name_or_id: str, kwargs: dict) -> tuple[str, bool] | None:
     """What is wrong with building the env with `kwargs`, judged from its constructors' signatures
-    (each `__init__` up the class chain while it hands `**kwargs` on), without building one.
+    (each `__init__` up the class chain while it hands `**kwargs` on) and the keyword arguments its
+    Gymnasium registration adds, without building one.
 
     Args:
         name_or_id: any env name `env_id` takes.
         kwargs: what agentq passes to `gymnasium.make` (env.kwargs, split, max_steps, expert).
     Returns:
         None when they fit, or when the signatures cannot tell (a factory function, `**kwargs` all
-        the way up); else a sentence naming the unknown or missing arguments.
+        the way up); else (a sentence naming the unknown or missing arguments, whether it is
+        certain). An argument no `__init__` names is only probably unknown when one of them takes
+        `**kwargs` (it may pop it for itself): certain for agentq's own envs, which hand theirs on.
     """
     import difflib
 
-    cls = env_class(name_or_id)
+    gym_id = env_id(name_or_id)
+    cls = env_class(gym_id)
     found = _constructor_chain(cls) if cls is not None else None
     if cls is None or found is None:
         return None
     chain, closed = found
+    kwargs = {**(gym.spec(gym_id).kwargs or {}), **kwargs}
     accepted = {p.name for params in chain for p in params}
     # the class's own required arguments (a parent's may be filled in by the class itself)
     missing = [p.name for p in (chain[0] if chain else []) if p.default is p.empty and p.name not in kwargs]
+    if missing:
+        return f"{cls.__name__} needs {missing}, which nothing sets", True
     unknown = sorted(k for k in kwargs if k not in accepted and k not in _MAKE_OWN) if closed else []
     if unknown:
         close = {k: difflib.get_close_matches(k, sorted(accepted), n=1) for k in unknown}
         hints = "".join(f"; did you mean {c[0]} for {k}?" for k, c in close.items() if c)
-        return f"{cls.__name__} takes no argument {unknown}{hints} (it takes {sorted(accepted)})"
-    if missing:
-        return f"{cls.__name__} needs {missing}, which nothing sets"
+        certain = len(chain) == 1 or cls.__module__.startswith("agentq.envs.")
+        return f"{cls.__name__} takes no argument {unknown}{hints} (it takes {sorted(accepted)})", certain
     return None
 
 

@@ -176,8 +176,8 @@ def check_unplayed(cfg: DictConfig, report: dict) -> None:
         return
     why = (f"their first prompt does not fit env.max_context_tokens={cfg.env.max_context_tokens} (raise it, or "
            "shorten env.prompt / env.prompt.max_obs_chars)")
-    if n_out == n:
-        raise ConfigError(f"none of the {n} episodes played a turn: {why}")
+    if n_out + int(report.get("errors") or 0) == n:        # the rest errored (`check_errors` warned)
+        raise ConfigError(f"none of the {n} episodes played a turn ({n_out} ended before it: {why})")
     console.print(f"warning: {n_out} of {n} episodes ended before their first turn (counted as lost): {why}",
                   style="yellow", markup=False, highlight=False, soft_wrap=True)
 

@@ -91,24 +91,14 @@ _cluster_watcher: Any = None     # the watcher of the local cluster this process
 
 def _reap_local_cluster_on_exit(started: list[int]) -> None:
     """A local cluster's GCS and raylet end with the trainer, but its DashboardAgent and
-    RuntimeEnvAgent (the raylet's children) outlive a trainer killed by SIGKILL or the OOM killer,
-    ~200 MB each, for good. A watcher kills what `ray.init` started, and whatever carries the
-    raylet's pid in its environment, once the trainer has ended. A new local cluster replaces the
-    previous one's watcher, which then fires: what the shut-down cluster left goes too."""
+    RuntimeEnvAgent (the raylet's children, up when `ray.init` returns) outlive a trainer killed by
+    SIGKILL or the OOM killer, ~200 MB each, for good. A watcher kills what `ray.init` started once
+    the trainer has ended. A new local cluster replaces the previous one's watcher, which then
+    fires: what the shut-down cluster left goes too (its own processes only, by pid and start time)."""
     global _cluster_watcher
-    raylets = [pid for pid in started if _command_name(pid) == "raylet"]
     if _cluster_watcher is not None and _cluster_watcher.stdin is not None:
         _cluster_watcher.stdin.close()
-    marker = f"RAY_RAYLET_PID={raylets[0]}" if len(raylets) == 1 else ""
-    _cluster_watcher = kill_when_this_process_ends(started, marker)
-
-
-def _command_name(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return os.path.basename(f.read().split(b"\0", 1)[0]).decode(errors="replace")
-    except OSError:
-        return ""
+    _cluster_watcher = kill_when_this_process_ends(started)
 
 
 def resolve_auto_address() -> str | None:

@@ -370,9 +370,10 @@ class RLTrainer:
         self.engine.update_weights(self.learner.named_weights(), version=self.start_step)
         self.train_split, self.eval_split = cfg.env.train_split, cfg.env.eval_split
         self.train_tasks = build.list_tasks(cfg, self.train_split)
-        # the held-out split too, now: its missing data (ALFWorld's real games) failed the final
-        # evaluation, after the whole run
-        build.list_tasks(cfg, self.eval_split)
+        # the held-out split too, now, when the run evaluates (eval_every -1: never): its missing data
+        # (ALFWorld's real games) failed the final evaluation, after the whole run
+        if int(t.eval_every) >= 0:
+            build.list_tasks(cfg, self.eval_split)
         self.pool = build.env_pool(cfg, self.train_split, self.n_conc)
         self.loop = build.agent_loop(cfg, self.pool, self.chat, build.sampling_params(cfg, self.chat), self.n_conc,
                                      run_seed=int(cfg.seed))

@@ -99,11 +99,10 @@ def _stat(pid: int) -> list[str] | None:
 
 
 # The watcher: waits for EOF on stdin (the process that started it ended, however), then SIGKILLs
-# the listed processes that are still the same ones (pid and start time), and every process whose
-# environment holds the marker (what they started after the list was taken).
+# the listed processes that are still the same ones (pid and start time: never a recycled pid).
 _WATCHER = r"""
 import json, os, signal, sys
-procs, marker = json.loads(sys.argv[1]), sys.argv[2].encode()
+procs = json.loads(sys.argv[1])
 sys.stdin.buffer.read()
 def start(pid):
     try:
@@ -111,26 +110,19 @@ def start(pid):
             return f.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return None
-doomed = [pid for pid, t in procs if start(pid) == t]
-for entry in os.listdir("/proc") if marker else []:
-    try:
-        with open(f"/proc/{entry}/environ", "rb") as f:
-            if marker in f.read().split(b"\0"):
-                doomed.append(int(entry))
-    except (OSError, ValueError):
-        pass
-for pid in doomed:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
+for pid, t in procs:
+    if start(pid) == t:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 """
 
 
-def kill_when_this_process_ends(pids: list[int], env_marker: str = "") -> subprocess.Popen | None:
-    """Start a small watcher process that SIGKILLs `pids` (those still the same processes) and every
-    process whose environment holds `env_marker` ("NAME=value") once this process has ended, by
-    any means (SIGKILL, the OOM killer): for helpers that do not end with their parent.
+def kill_when_this_process_ends(pids: list[int]) -> subprocess.Popen | None:
+    """Start a small watcher process that SIGKILLs `pids` (those still the same processes, by start
+    time) once this process has ended, by any means (SIGKILL, the OOM killer): for helpers that do
+    not end with their parent.
 
     Returns:
         The watcher (keep it referenced: closing its stdin, or this process ending, fires it); None
@@ -140,5 +132,5 @@ def kill_when_this_process_ends(pids: list[int], env_marker: str = "") -> subpro
         return None
     procs = [(pid, stat[19]) for pid in pids if (stat := _stat(pid)) is not None]
     # its own session: a Ctrl-C to the trainer's terminal does not end the watcher before it fires
-    return subprocess.Popen([sys.executable, "-c", _WATCHER, json.dumps(procs), env_marker], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-c", _WATCHER, json.dumps(procs)], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

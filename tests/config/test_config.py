@@ -302,9 +302,16 @@ def test_differing_settings_compares_shared_keys_within_sections():
 
 REQUIRES_VOCAB = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("NeedsVocab", ("train", "heldout"), """
     def __init__(self, vocab, hint_every=2, **kw):
+        self.level = kw.pop("level", 1)       # an argument taken from **kwargs: no signature names it
         super().__init__(**kw)
         self.vocab = vocab
-""")
+""") + one_task_env("Closed", ("train", "heldout"), """
+    def __init__(self, split=None, max_steps=None, expert=False, size=3):
+        super().__init__(split=split, max_steps=max_steps, expert=expert)
+""") + """
+import gymnasium as gym
+gym.register(id="vocab_ns/Vocab-v0", entry_point=NeedsVocab, kwargs={"vocab": 5})
+"""
 
 
 @pytest.mark.parametrize("overrides,named", [
@@ -314,11 +321,12 @@ REQUIRES_VOCAB = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("N
     (["+env.kwargs.gamez=[coin]"], "env.kwargs: TextWorldExpressEnv takes no argument ['gamez']; did you mean games "
                                    "for gamez?"),
     (["env=vocab"], "env.kwargs: NeedsVocab needs ['vocab'], which nothing sets"),
-    (["env=vocab", "+env.kwargs.vocab=3", "+env.kwargs.hint_evry=1"],
-     "NeedsVocab takes no argument ['hint_evry']; did you mean hint_every for hint_evry?"),
     # the default env's kwargs (TextWorldExpress's) given to another env's class
     (["env.name=vocab_env:NeedsVocab", "env.train_split=train", "env.eval_split=heldout"],
-     "NeedsVocab takes no argument ['call_timeout_s', 'game_params', 'games', 'jvm_heap', 'tasks_per_game']"),
+     "NeedsVocab needs ['vocab'], which nothing sets"),
+    # an __init__ without **kwargs: an argument it does not name is certainly unknown
+    (["env=vocab", "env.name=vocab_env:Closed", "+env.kwargs.sise=3"],
+     "Closed takes no argument ['sise']; did you mean size for sise?"),
 ])
 def test_env_splits_and_constructor_arguments_are_checked_before_anything_runs(tmp_path, monkeypatch, overrides,
                                                                               named):
@@ -338,6 +346,32 @@ def test_env_splits_and_constructor_arguments_are_checked_before_anything_runs(t
     assert named in str(e.value)
     # the same env with its arguments right composes
     assert load_config(["env=vocab", "+env.kwargs.vocab=3", search]).env.kwargs.vocab == 3
+
+
+def test_an_argument_an_env_may_take_from_its_kwargs_is_a_warning_and_registration_kwargs_count(
+        tmp_path, monkeypatch, capfd):
+    """NeedsVocab takes `level` out of **kw itself: no signature names it, so the check warns instead of
+    refusing (it builds fine). A required argument the Gymnasium registration fills in is not missing."""
+    import agentq.envs as envs
+
+    (tmp_path / "vocab_env.py").write_text(REQUIRES_VOCAB)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    conf = tmp_path / "conf" / "env"
+    conf.mkdir(parents=True)
+    base = load_config(["env=textworld_express"]).env
+    (conf / "vocab.yaml").write_text(OmegaConf.to_yaml({**OmegaConf.to_container(base), "name": "vocab_env:NeedsVocab",
+                                                        "kwargs": {"vocab": 3}, "train_split": "train",
+                                                        "eval_split": "heldout"}))
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    capfd.readouterr()
+    assert load_config(["env=vocab", "+env.kwargs.level=2", search]).env.kwargs.level == 2
+    said = " ".join(capfd.readouterr().err.split())
+    assert ("warning: env.kwargs: NeedsVocab takes no argument ['level']" in said
+            and "fine if your env takes it from **kwargs itself" in said), said
+    assert envs.make("vocab_env:NeedsVocab", vocab=3, level=2).unwrapped.level == 2        # and it builds
+    assert envs.kwargs_problem("vocab_env:vocab_ns/Vocab-v0", {"split": "train"}) is None   # vocab from register()
+    assert envs.kwargs_problem("vocab_env:NeedsVocab", {"split": "train"}) == (
+        "NeedsVocab needs ['vocab'], which nothing sets", True)
 
 
 def test_a_key_a_newer_config_spells_out_at_its_default_is_no_difference():

@@ -4,6 +4,7 @@ web view in headless Chromium (skipped when Chromium is not installed)."""
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from pathlib import Path
 
@@ -552,9 +553,10 @@ def test_missing_data_is_one_line_in_agentq_eval(tmp_path, monkeypatch):
     cfg = load_config(["env=webshop", f"checkpoint={ckpt}", "device=cpu", f"eval.out_dir={tmp_path / 'out'}"])
     with pytest.raises(ConfigError) as e:
         evaluate(cfg)
-    assert str(e.value) == (f"split='test': env=webshop: WebShop data folder {str(tmp_path / 'nowhere')!r} does not exist (set "
-                            "WEBSHOP_DATA or data_dir to a folder with WebShop's files, or leave both unset for the "
-                            "generated catalog)")
+    assert re.fullmatch(re.escape(
+        f"split='test': env=webshop: WebShop data folder {str(tmp_path / 'nowhere')!r} does not exist (set WEBSHOP_DATA "
+        "or data_dir to a folder with WebShop's files, or leave both unset for the generated catalog) (raised at ")
+        + r"data\.py:\d+\)", str(e.value)), str(e.value)
     assert not (tmp_path / "out").exists()
     with pytest.raises(WebShopDataError, match=r"no WebShop product file \['items_shuffle_1000.json'"):
         get_shop(data_dir=str(tmp_path))

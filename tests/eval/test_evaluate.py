@@ -232,6 +232,7 @@ def test_episodes_that_never_played_a_turn_are_named(tiny_model_dir, tmp_path, c
     files), and a partial case is a warning naming the setting."""
     from omegaconf import OmegaConf
 
+    from agentq.config import ConfigError
     from agentq.eval.evaluate import check_unplayed
 
     out = tmp_path / "ev"
@@ -239,9 +240,12 @@ def test_episodes_that_never_played_a_turn_are_named(tiny_model_dir, tmp_path, c
                  f"eval.out_dir={out}"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     n = json.loads((out / "eval.json").read_text())["episodes"]
-    assert (f"agentq: none of the {n} episodes played a turn: their first prompt does not fit "
+    assert (f"agentq: none of the {n} episodes played a turn ({n} ended before it: their first prompt does not fit "
             "env.max_context_tokens=20") in err
     assert json.loads((out / "eval.json").read_text())["unplayed"] == n > 0          # the files are kept
+    with pytest.raises(ConfigError, match=r"none of the 4 episodes played a turn \(3 ended before it"):
+        check_unplayed(OmegaConf.create({"env": {"max_context_tokens": 99}}), {"unplayed": 3, "errors": 1,
+                                                                                "episodes": 4})
     check_unplayed(OmegaConf.create({"env": {"max_context_tokens": 99}}), {"unplayed": 1, "episodes": 4})
     assert ("warning: 1 of 4 episodes ended before their first turn (counted as lost): their first prompt does not "
             "fit env.max_context_tokens=99") in " ".join(capsys.readouterr().err.split())

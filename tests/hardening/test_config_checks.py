@@ -183,3 +183,21 @@ def test_an_env_that_refuses_its_settings_stops_train_in_one_line(tiny_model_dir
     err = capsys.readouterr().err
     assert named in " ".join(err.split()) and "Traceback" not in err, err[-2000:]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("eval_every,listed", [(1, ["train", "test"]), (-1, ["train"])])
+def test_the_held_out_split_is_listed_at_start_only_when_the_run_evaluates(tiny_model_dir, tmp_path, monkeypatch,
+                                                                        eval_every, listed):
+    """trainer.eval_every=-1 evaluates nothing: its held-out split (ALFWorld's valid_unseen needs the
+    downloaded games) must not stop a run that trains on generated games."""
+    from agentq import build
+    from agentq.config import load_config
+    from agentq.trainer.rl import RLTrainer
+
+    seen, list_tasks = [], build.list_tasks
+    monkeypatch.setattr(build, "list_tasks", lambda cfg, split: seen.append(split) or list_tasks(cfg, split))
+    cfg = load_config([f"model.path={tiny_model_dir}", "env_pool=inline", f"trainer.eval_every={eval_every}",
+                       f"trainer.out_dir={tmp_path / 'run'}", "trainer.tasks_per_step=1", "trainer.group_size=2"])
+    trainer = RLTrainer(cfg)
+    trainer.pool.close()
+    assert seen == listed
