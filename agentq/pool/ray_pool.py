@@ -80,7 +80,7 @@ def init_ray(address: str | None, num_cpus: int | None) -> None:
         keep_local_cluster_on_loopback()
     else:
         check_reachable(address)
-    before = set(descendants(os.getpid()))
+    before = set(descendants(os.getpid())) if address is None else set()    # a joined cluster is not ours
     ray.init(**ray_init_kwargs(address), num_cpus=num_cpus if address is None else None)
     if address is None:
         _reap_local_cluster_on_exit(sorted(set(descendants(os.getpid())) - before))
@@ -103,10 +103,9 @@ def _reap_local_cluster_on_exit(started: list[int]) -> None:
 
 def resolve_auto_address() -> str | None:
     """What Ray's `ray.init(address="auto")` would join: RAY_ADDRESS (unless it is "auto" itself; a
-    ray:// client address as it is),
-    else the last `ray start` recorded in Ray's temp folder (RAY_TMPDIR, TMPDIR or /tmp), else any
-    running cluster's GCS; None when there is none. Ray's own resolution, so the check and the join
-    cannot disagree."""
+    ray:// client address as it is), else the last `ray start` recorded in Ray's temp folder
+    (RAY_TMPDIR, TMPDIR or /tmp), else any running cluster's GCS; None when there is none. Ray's own
+    resolution, so the check and the join cannot disagree."""
     from ray._private.services import canonicalize_bootstrap_address   # Ray has no public resolver
 
     env = os.environ.get("RAY_ADDRESS", "")
