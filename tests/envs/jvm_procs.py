@@ -6,6 +6,8 @@ import os
 import signal
 import uuid
 
+from proc_watch import gone
+
 #: a JDWP agent that suspends the JVM before `main` until a debugger attaches, and prints nothing:
 #: a real JVM that starts and never writes its port
 SUSPEND_AT_START = "-agentlib:jdwp=transport=dt_socket,server=y,suspend=y,address=127.0.0.1:0,quiet=y"
@@ -26,12 +28,10 @@ def marked_jvms(marker: str) -> list[int]:
                 cmdline = f.read()
             with open(f"/proc/{entry}/environ", "rb") as f:
                 environ = f.read()
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:                       # ended while we looked, or not ours to read
             continue
         is_java = os.path.basename(cmdline.split(b"\0", 1)[0]) == b"java"
-        if is_java and state not in "ZX" and marker.encode() in cmdline + environ:
+        if is_java and not gone(int(entry)) and marker.encode() in cmdline + environ:
             pids.append(int(entry))
     return pids
 

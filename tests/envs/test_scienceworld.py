@@ -11,6 +11,7 @@ import time
 
 import gymnasium as gym
 import pytest
+from proc_watch import gone
 
 pytest.importorskip("scienceworld")
 
@@ -28,15 +29,6 @@ def _rss_mb(pid="self") -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return not any(line.startswith("State:") and ("Z" in line.split()[1] or "X" in line.split()[1])
-                           for line in f)
-    except FileNotFoundError:
-        return False
 
 
 def _play(env, actions):
@@ -253,7 +245,7 @@ def test_envs_share_one_heap_capped_jvm_and_restart_after_kill():
 
     os.kill(old_pid, signal.SIGKILL)                 # the JVM dies mid-episode
     deadline = time.time() + 10
-    while _pid_alive(old_pid) and time.time() < deadline:
+    while not gone(old_pid) and time.time() < deadline:
         time.sleep(0.05)
     for e in envs:                                   # every episode on that JVM is reported as errored
         with pytest.raises(EnvCrashedError, match="is dead"):
@@ -292,7 +284,7 @@ def test_java_objects_outliving_their_jvm_do_not_reach_for_it(caplog):
     host, kept = e.unwrapped.jvm, [e.unwrapped._sim]     # a JavaObject that outlives its JVM
     old_pid = host.pid
     os.kill(old_pid, signal.SIGKILL)
-    while _pid_alive(old_pid):
+    while not gone(old_pid):
         time.sleep(0.05)
     with pytest.raises(EnvCrashedError, match="is dead"):
         e.step("look around")                            # (py4j logs this call's own refusals)

@@ -8,6 +8,7 @@ import time
 
 import gymnasium as gym
 import pytest
+from proc_watch import gone
 
 import agentq.envs  # noqa: F401  (registers the ids)
 from agentq.envs import EnvCrashedError
@@ -46,7 +47,7 @@ def test_a_stopped_worker_is_killed_restarted_and_reported():
         assert [r.ok for r in res] == [True, False, True, False]
         assert "hung: no answer to step of 2 slot(s) within 4 s (env_pool.call_timeout_s=2); killed" in res[1].error
         assert pool.restarts == 1 and pool.worker_pid(1) != pid
-        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+        assert gone(pid)
         again = pool.reset([(1, {"options": {"task_id": "coin/9"}}), (3, {"options": {"task_id": "coin/8"}})])
         assert [r.ok for r in again] == [True, True]
     finally:

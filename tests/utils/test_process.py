@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from proc_watch import gone
+
 from agentq.utils.process import dies_with_this_process
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -26,14 +28,6 @@ time.sleep(300)
 """
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except FileNotFoundError:
-        return False
-
-
 def child_outlives_its_killed_parent(mode: str) -> bool:
     parent = subprocess.Popen([sys.executable, "-c", PARENT, mode], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
@@ -41,11 +35,11 @@ def child_outlives_its_killed_parent(mode: str) -> bool:
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
         deadline = time.monotonic() + 5
-        while alive(child) and time.monotonic() < deadline:
+        while not gone(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        return alive(child)
+        return not gone(child)
     finally:
-        if alive(child):
+        if not gone(child):
             os.kill(child, signal.SIGKILL)
 
 

@@ -1,4 +1,4 @@
-"""Polling helpers of the pool tests: whether a process has ended, and a wait with a deadline."""
+"""Polling helpers of the tests that start processes: whether a process has ended, and a wait with a deadline."""
 from __future__ import annotations
 
 import time
