@@ -20,7 +20,8 @@ Per trajectory a fixed displacement budget B and floor F (budget_scope=segment: 
 F_i = H_floor·S_i, both per segment, so H_floor = b stays the capped mode):
 
     Htot_i = Σ_s H_s,   κ_i = B / max(Htot_i, F)                (Htot = F = 0 → α = 1)
-    d_s = κ_i·H_s (Σ_s d_s = B),   α_s = exp(−d_s) = ρ_s^κ_i ∈ [e^−B, 1], non-increasing in s
+    d_s = κ_i·H_s,   α_s = exp(−d_s) = ρ_s^κ_i ∈ [e^−B, 1], non-increasing in s
+    Σ_s d_s = B·Htot_i / max(Htot_i, F) ≤ B   (= B whenever Htot_i ≥ F and Htot_i > 0)
 
 Default H_floor = B, the capped mode (κ ≤ 1, α_s ≥ ρ_s, α → 1 as mismatch → 0; the fixed budget
 H_floor = 0 turns float-rounding δ into a full correction): docs/algorithms.md.
@@ -115,7 +116,12 @@ class Retention:
 def interq_retention(batch: BatchView, budget_B: float = 1.0, H_floor: float = 0.0,
                      budget_scope: str = "trajectory", prefix_inclusive: bool = True,
                      k3_max: float | None = 10.0) -> Retention:
-    """α per (trajectory, segment) and per token for a whole batch."""
+    """α per (trajectory, segment) and per token for a whole batch.
+
+    The keyword defaults are the fixed budget (H_floor = 0, the worked example's reading); the
+    `interq` objective's default is the capped mode (H_floor = budget_B = 1). m, H and n do not
+    depend on budget_B, H_floor or budget_scope.
+    """
     mask = batch.action_mask.bool()                                      # [B, L]
     seg = batch.seg_id.long()                                            # [B, L]
     if bool((seg[mask] < 1).any()):

@@ -212,3 +212,22 @@ def test_mismatch_metrics_ignore_observation_tokens_and_empty_turns():
     b.old_logp = None
     assert mismatch_metrics(b) == {}
 
+
+
+@pytest.mark.parametrize("G, reward", [(8, -0.1), (8, 0.9), (6, -0.3), (16, -0.2), (3, 0.9), (7, 1 / 3)])
+def test_grpo_all_equal_rewards_give_exactly_zero_advantage(G, reward):
+    """methods.md §4.4: "Groups with zero advantage variance give zero loss whatever α is". float32's
+    mean of G equal rewards is not always the reward itself: G = 8 rewards of −0.1 (one invalid-action
+    penalty each, conf/pipeline.yaml) gave every episode Â = +0.0074, a push of one sign on the whole
+    group (G = 8 of 0.9: −0.056). Â must be 0 exactly, and then so is the policy loss."""
+    rewards = torch.tensor([reward] * G + [1.0, 0.0], dtype=torch.float32)
+    groups = torch.tensor([0] * G + [1, 1])
+    adv = grpo_advantages(rewards, groups)
+    assert adv[:G].tolist() == [0.0] * G
+    assert adv[G:].abs().min() > 0.5                      # a group with a reward spread still learns
+    b = make_batch([[1, 1]] * G, [[1, 1]] * G, [[0.3, -0.2]] * G, adv=adv[:G].tolist())
+    logp = (b.old_logp + 0.05).requires_grad_(True)
+    obj = make_objective("interq", H_floor=0.0, kl_coef=0.0)
+    loss, _ = obj.loss(logp, b.weighted(obj.prepare(b)))
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and float(logp.grad.abs().max()) == 0.0

@@ -52,6 +52,7 @@ def test_example_fixed_budget_from_float32_log_probs():
 def test_example_capped_mode():
     r = interq_retention(example_batch(), budget_B=1.0, H_floor=1.0)
     assert float(r.kappa[0]) == approx(1.0, 1e-12)
+    assert r.d[0].tolist() == approx([0.00069704, 0.00709738, 0.03893348], 1e-8)   # methods.md §4.5: d = H
     assert r.alpha[0].tolist() == approx([0.999303, 0.992928, 0.961815])
 
 
@@ -260,6 +261,15 @@ def test_capped_mode_small_mismatch_gives_rho():
     r = interq_retention(big, H_floor=1.0)
     assert float(r.Htot[0]) > 1.0
     assert float(r.d[0].sum()) == approx(1.0, 1e-12)
+
+
+def test_zero_budget_gives_alpha_one_in_both_modes():
+    # B = 0: κ = 0, d = 0, α = 1 whatever the mismatch (fixed and capped, either scope)
+    for kw in ({"H_floor": 0.0}, {"H_floor": 1.0}, {"H_floor": 0.0, "budget_scope": "segment"}):
+        r = interq_retention(example_batch(), budget_B=0.0, **kw)
+        assert bool((r.alpha == 1.0).all()) and bool((r.d == 0.0).all())
+    b, _ = prepared(make_objective("interq", budget_B=0.0, H_floor=0.0), example_batch())
+    assert torch.equal(b.token_weight, b.action_mask.float())
 
 
 def test_single_segment_fixed_mode_is_e_to_minus_B():

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from agentq.algos import make_objective
+from agentq.algos import make_objective, mismatch_metrics
 from agentq.algos.ais import ais_lambda
 from algo_batches import make_batch, prepared
 
@@ -69,6 +69,7 @@ def test_ais_lambda_example():
 
 def test_ais_weights_example_through_the_objective():
     b = _example_rows()
+    assert mismatch_metrics(b)["k3"] == pytest.approx(0.482368, abs=TOL)   # methods.md §3.3: K3 of the example
     b, stats = prepared(make_objective("ais"), b)     # C = 5, k_ref = 0.05, k_on = 1e-4
     assert stats["ais_lambda"] == pytest.approx(0.202972, abs=TOL)
     assert b.token_weight[ACTIONS].tolist() == pytest.approx([1.071012, 0.920137, 1.470919, 1.0, 0.824497], abs=TOL)
@@ -156,3 +157,28 @@ def test_qurl_equals_grpo_when_rollout_matches():
     b2 = b.index(torch.arange(2))
     b2 = b2.weighted(g.prepare(b2))
     assert float(q.loss(logp, b)[0]) == pytest.approx(float(g.loss(logp, b2)[0]), abs=1e-6)
+
+
+# ---------------------------------------------------------------------- bad behaviour log-probs
+@pytest.mark.parametrize("bad, delta", [(float("-inf"), 20.0), (float("inf"), -20.0)])
+def test_infinite_behaviour_logp_is_clamped_to_20_nats(bad, delta):
+    """δ = clamp(log π_old − log μ, ±20) (methods.md §1.1): an engine log-prob of ∓inf on an action
+    token is the clamp's bound, so every objective's weights and loss stay finite: TIS w = min(e^±20,
+    C), AIS's w̄ likewise, InterQ-RL's k3 = k3_max = 10, TBPO's sequence weight at most its cap."""
+    b = _example_rows()
+    b.rollout_logp[0, 1] = bad                                       # row 0's first action token
+    k3_20 = math.expm1(delta) - delta
+    assert mismatch_metrics(b)["dlogp_abs_max"] == 20.0
+    w_tis = make_objective("tis").prepare(b).token_weight[0, 1]
+    assert float(w_tis) == pytest.approx(min(math.exp(delta), 2.0), rel=1e-6)
+    from agentq.algos import interq_retention
+    r = interq_retention(b, k3_max=10.0)
+    assert float(r.m[0, 0]) == pytest.approx(min(k3_20, 10.0), rel=1e-12)
+    for name in ("grpo", "tis", "ais", "qurl", "tbpo", "interq"):
+        obj = make_objective(name)
+        bw = b.weighted(obj.prepare(b))
+        assert bool(torch.isfinite(bw.token_weight).all()), name
+        lp = (bw.old_logp + 0.01).requires_grad_(True)
+        loss, _ = obj.loss(lp, bw)
+        loss.backward()
+        assert bool(torch.isfinite(loss.detach())) and bool(torch.isfinite(lp.grad).all()), name
