@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -263,6 +264,13 @@ class AgentLoop:
         for s, r in zip(slots, results):
             if r.finish_reason == "error":      # the backend lost the episode (a dead rollout worker)
                 run.finish(s, "error", r.error)
+                continue
+            bad = next((k for k, lp in enumerate(r.logprobs) if not math.isfinite(lp)), None)
+            if bad is not None:
+                # a NaN would make the episode's importance weights NaN (or, for AIS, the whole
+                # batch's) and the learner skip its minibatches without a word: report it as lost
+                run.finish(s, "error", f"the rollout backend returned a non-finite behaviour log-prob "
+                                       f"({r.logprobs[bad]}) at token {bad} of turn {run.active[s].traj.turns + 1}")
                 continue
             action = self._record_turn(run.active[s], r)
             if action is None:

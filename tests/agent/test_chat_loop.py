@@ -42,8 +42,9 @@ def test_action_parser(text, action):
 class ScriptedPolicy:
     """Replays fixed assistant texts (the test's stand-in for a model: it checks the loop's bookkeeping)."""
 
-    def __init__(self, chat, texts):
+    def __init__(self, chat, texts, logps=None):
         self.chat, self.texts, self.i = chat, texts, {}
+        self.logps = logps or {}                 # (episode, turn index) → the turn's log-probs
 
     def __call__(self, requests, infos):
         out = []
@@ -51,7 +52,7 @@ class ScriptedPolicy:
             k = self.i.get(r.episode_id, 0)
             self.i[r.episode_id] = k + 1
             ids = self.chat.encode(self.texts[k]) + [self.chat.stop_token_ids[0]]
-            out.append(TurnResult(r.episode_id, ids, [-0.5] * len(ids), "stop"))
+            out.append(TurnResult(r.episode_id, ids, self.logps.get((r.episode_id, k), [-0.5] * len(ids)), "stop"))
         return out
 
     def release(self, episode_id):
@@ -84,6 +85,21 @@ def test_loop_masks_segments_and_invalid_turns(tokenizer):
     assert traj.transcript[1]["obs"].startswith("Invalid format")
     # the ids are the exact concatenation: decoding never re-encodes sampled text
     assert tokenizer.decode(traj.input_ids).count("<|im_start|>assistant") == 3
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_behaviour_logprob_loses_the_episode_openly(tokenizer, bad):
+    """A NaN behaviour log-prob would make its importance weights NaN and the learner drop its
+    minibatches silently: the episode ends as an error that says where, and the others play on."""
+    chat, loop = make_loop(tokenizer, max_turns=3)
+    texts = ["<action>look around</action>"] * 3
+    n = len(chat.encode(texts[0])) + 1
+    policy = ScriptedPolicy(chat, texts, logps={(0, 1): [-0.5, bad] + [-0.5] * (n - 2)})
+    a, b = loop.run([EpisodeSpec(0, "coin/1", "train"), EpisodeSpec(1, "coin/1", "train")], policy)
+    assert (a.end_reason, a.turns) == ("error", 1)      # turn 2's tokens were never appended
+    assert a.error == f"the rollout backend returned a non-finite behaviour log-prob ({bad}) at token 1 of turn 2"
+    assert all(lp == -0.5 for lp, m in zip(a.rollout_logp, a.action_mask) if m)
+    assert b.end_reason == "step_cap" and b.turns == 3
 
 
 def test_expert_policy_wins_and_ends_on_termination(tokenizer):
