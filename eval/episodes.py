@@ -70,6 +70,3 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
     return out
 
 
-def won_by_task(trajs: list[Trajectory]) -> dict[str, bool]:
-    """task id → won (the last episode of a task, when it was played more than once)."""
-    return {t.task_id: bool(t.won) for t in trajs}

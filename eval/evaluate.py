@@ -25,7 +25,7 @@ from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend
 from agentq.utils.logging import console, jsonable, progress
 
-from .episodes import eval_record, won_by_task, write_trajectories
+from .episodes import eval_record, write_trajectories
 from .metrics import summarize
 from .selection import TaskSelection, select_tasks
 
@@ -91,7 +91,8 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
 
     Returns:
         The report: header, env, split, numerics, `task_selection` and `metrics.summarize`'s keys;
-        in memory also `out_dir` and `won_by_task` (task id → won), which eval.json leaves out.
+        in memory also `out_dir` (the paired tests read every episode from its episodes.jsonl),
+        which eval.json leaves out.
     """
     tasks = repeat_tasks(selection.tasks, repeats)
     sampling = build.sampling_params(cfg, chat, cfg.eval.temperature)
@@ -271,13 +272,12 @@ def folder_name(env_name: str) -> str:
 
 def write_eval(out: Path, report: dict, trajs: list[Trajectory]) -> None:
     """`out/eval.json` (the report) and `out/episodes.jsonl` (one `eval_record` per episode); then
-    adds `out_dir`, `won_by_task` and `first_error` (the first errored episode's error, or None) to the
+    adds `out_dir` and `first_error` (the first errored episode's error, or None) to the
     report in memory."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(jsonable(report), indent=2))
     write_trajectories(out / "episodes.jsonl", trajs, eval_record)
     report["out_dir"] = str(out)
-    report["won_by_task"] = won_by_task(trajs)
     report["first_error"] = next((t.error for t in trajs if t.end_reason == "error"), None)
 
 

@@ -3,9 +3,16 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
+from typing import Union
+
+import numpy as np
 
 from agentq.agent.trajectory import END_REASONS, Trajectory
+
+#: one task's outcomes in `paired_comparison`: its one episode's, or every episode's
+Outcomes = Union[bool, Sequence[bool]]
 
 
 def wilson_interval(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
@@ -38,15 +45,21 @@ def success_interval(won_by_episode: Sequence[tuple[str, bool]], z: float = 1.96
     Returns:
         (low, high); NaN for no episodes.
     """
-    by_task: dict[str, list[bool]] = defaultdict(list)
-    for task, won in won_by_episode:
-        by_task[task].append(bool(won))
+    by_task = outcomes_by_task(won_by_episode)
     n, k = len(won_by_episode), sum(won for _, won in won_by_episode)
     if n == 0 or len(by_task) == n:
         return wilson_interval(k, n, z)
     p = k / n
     n_eff = effective_sample_size([sum(v) for v in by_task.values()], [len(v) for v in by_task.values()])
     return wilson_interval(p * n_eff, n_eff, z)
+
+
+def outcomes_by_task(won_by_episode: Iterable[tuple[str, bool]]) -> dict[str, list[bool]]:
+    """task id → the outcomes of all its episodes, in order (repeats and seeds kept)."""
+    by_task: dict[str, list[bool]] = defaultdict(list)
+    for task, won in won_by_episode:
+        by_task[task].append(bool(won))
+    return dict(by_task)
 
 
 def effective_sample_size(wins: Sequence[int], sizes: Sequence[int]) -> float:
@@ -69,21 +82,97 @@ def two_proportion_z(k1: int, n1: int, k2: int, n2: int) -> float:
     return (k2 / n2 - k1 / n1) / se
 
 
-def paired_comparison(before: dict[str, bool], after: dict[str, bool]) -> dict:
-    """McNemar's test on the tasks both evaluations played (one episode per task in each).
+#: the sign-flip test's null distribution is enumerated exactly up to this much work (tasks × reachable
+#: sums); beyond it, MC_DRAWS random sign patterns drawn with MC_SEED (the same p every time a table is written)
+EXACT_WORK = 5 * 10**7
+MC_DRAWS, MC_SEED = 100_000, 0
 
-    Pairing by task removes the between-task variance (an easy task is easy for both policies),
-    which the unpaired z counts as noise; only the discordant tasks carry information.
-    Returns the pair count, the discordant counts, z = (b − c)/√(b + c) and the exact two-sided
-    binomial p-value of the discordant split."""
+
+def paired_comparison(before: Mapping[str, Outcomes], after: Mapping[str, Outcomes]) -> dict:
+    """Paired test of `after` against `before` over the tasks both evaluations played: the two-sided
+    sign-flip permutation test on the per-task differences of mean success d_t = after − before.
+
+    Pairing by task removes the between-task variance (an easy task is easy for both policies), which
+    the unpaired z counts as noise. A task is one unit however many episodes it had on either side
+    (`eval.repeats`, the sweep's seeds): its episodes are not independent, so pairing them one by one
+    would overstate the evidence, and pairing only one of them would throw the others away. Under the
+    null (each d_t symmetric about 0) all 2^n sign patterns of the d_t are equally likely; p is the
+    share whose |Σ ±d_t| reaches the observed |Σ d_t|. A task with d_t = 0 is the same under a flip,
+    so it contributes nothing; with no task left p = 1. With one episode per task on each side,
+    d_t ∈ {−1, 0, 1} and this is exactly McNemar's exact test, p = min(1, 2·P(Bin(b + c, ½) ≤ min(b, c))).
+
+    Σ ±d_t is enumerated exactly (d_t scaled to integers, one convolution per task) unless that is
+    more than EXACT_WORK steps; then Monte-Carlo: p = (1 + hits) / (1 + MC_DRAWS), seed MC_SEED.
+
+    Args:
+        before, after: task id → its episode's outcome (won), or the outcomes of all its episodes.
+    Returns:
+        pairs (tasks both played), episodes_before / episodes_after (their episodes on each side),
+        won_only_after / won_only_before (tasks with d_t > 0 / d_t < 0: with one episode each, the
+        tasks won only after / only before), mcnemar_z = Σd / √Σd² (McNemar's (b − c)/√(b + c) with
+        one episode each; 0 when no task differs), mcnemar_p (the two-sided p) and test (which
+        test gave p: `paired_test_name`).
+    Raises:
+        ValueError: a task with no outcomes, or an outcome that is not a bool (or 0 / 1).
+    """
     common = sorted(set(before) & set(after))
-    b = sum(1 for t in common if after[t] and not before[t])     # won only after
-    c = sum(1 for t in common if before[t] and not after[t])     # won only before
-    n = b + c
-    z = (b - c) / math.sqrt(n) if n else 0.0
-    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n if n else 1.0
-    return {"pairs": len(common), "won_only_after": b, "won_only_before": c, "mcnemar_z": z,
-            "mcnemar_p": min(1.0, 2 * tail)}
+    was = {t: _task_outcomes(t, before[t]) for t in common}
+    now = {t: _task_outcomes(t, after[t]) for t in common}
+    diffs = [Fraction(sum(now[t]), len(now[t])) - Fraction(sum(was[t]), len(was[t])) for t in common]
+    nonzero = [d for d in diffs if d]
+    p, draws = sign_flip_p(nonzero)
+    ss = float(sum(d * d for d in nonzero))
+    if draws:
+        test = f"Monte-Carlo sign-flip over tasks ({draws} draws, seed {MC_SEED})"
+    elif all(len(was[t]) == len(now[t]) == 1 for t in common):
+        test = "exact McNemar"
+    else:
+        test = "exact sign-flip over tasks"
+    return {"pairs": len(common), "episodes_before": sum(map(len, was.values())),
+            "episodes_after": sum(map(len, now.values())),
+            "won_only_after": sum(d > 0 for d in nonzero), "won_only_before": sum(d < 0 for d in nonzero),
+            "mcnemar_z": float(sum(nonzero)) / math.sqrt(ss) if ss else 0.0, "mcnemar_p": p, "test": test}
+
+
+def paired_test_name(paired: Mapping) -> str:
+    """The test behind a `paired_comparison`'s p; results written before it was recorded were McNemar's."""
+    return str(paired.get("test", "exact McNemar"))
+
+
+def _task_outcomes(task: str, v: Outcomes) -> list[bool]:
+    vals = list(v) if isinstance(v, (list, tuple)) else [v]
+    if not vals:
+        raise ValueError(f"paired_comparison: task {task!r} has no episodes")
+    for x in vals:
+        if not (isinstance(x, (bool, np.bool_)) or (type(x) is int and x in (0, 1))):
+            raise ValueError(f"paired_comparison: task {task!r}: an outcome must be won or lost (a bool or 0 / 1), "
+                             f"got {x!r}")
+    return [bool(x) for x in vals]
+
+
+def sign_flip_p(diffs: Sequence[Fraction]) -> tuple[float, int]:
+    """Two-sided p of the sign-flip test of Σ d (`paired_comparison`), and the Monte-Carlo draws it
+    took (0: exact)."""
+    diffs = [d for d in diffs if d]                       # a zero is the same flipped: no information
+    if not diffs:
+        return 1.0, 0
+    scale = math.lcm(*(d.denominator for d in diffs))
+    ints = [int(d * scale) for d in diffs]                # exact: integer sums, no ties lost to rounding
+    observed, total = abs(sum(ints)), sum(map(abs, ints))
+    if len(ints) * (2 * total + 1) <= EXACT_WORK:
+        prob = np.zeros(2 * total + 1)                    # P(Σ ±d = s) at index s + total
+        prob[total] = 1.0
+        for k in map(abs, ints):
+            prob = 0.5 * (np.concatenate([np.zeros(k), prob[:-k]]) + np.concatenate([prob[k:], np.zeros(k)]))
+        sums = np.abs(np.arange(-total, total + 1))
+        return min(1.0, float(prob[sums >= observed].sum())), 0
+    d = np.array([float(x) for x in diffs])
+    limit = abs(d.sum()) - 1e-9 * np.abs(d).sum()        # a float tie with the observed sum counts as reached
+    rng, hits, chunk = np.random.default_rng(MC_SEED), 0, max(1, 2**22 // len(d))
+    for start in range(0, MC_DRAWS, chunk):
+        signs = rng.choice((-1.0, 1.0), size=(min(chunk, MC_DRAWS - start), len(d)))
+        hits += int((np.abs(signs @ d) >= limit).sum())
+    return (1 + hits) / (1 + MC_DRAWS), MC_DRAWS
 
 
 def _mean(xs):

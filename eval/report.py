@@ -24,6 +24,7 @@ from agentq.utils.logging import read_metrics
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+from .metrics import paired_test_name
 from .segments import read_segments, segment_steps
 
 CSS = """
@@ -236,10 +237,13 @@ def pipeline_section(summary: dict) -> str:
     """An `agentq pipeline` folder's summary.json: success after SFT and after RL per held-out split."""
     out = ["<h2 id='pipeline'>SFT → RL on held-out tasks (summary.json)</h2>",
            "<table id='pipeline-table'><tr><th class=l>split</th><th>episodes</th><th>after SFT</th><th>95 % CI</th>"
-           "<th>after RL</th><th>95 % CI</th><th>won only after RL / only after SFT</th><th>McNemar p</th></tr>"]
+           "<th>after RL</th><th>95 % CI</th><th>tasks better after RL / after SFT</th><th>paired p</th></tr>"]
+    tests: set[str] = set()           # which paired test gave each split's p
     for split, c in {summary["split"]: summary, **(summary.get("other_splits") or {})}.items():
         (s_lo, s_hi), (r_lo, r_hi) = c["sft_success_ci95"], c["rl_success_ci95"]
         pr = c.get("paired") or {}
+        if pr:
+            tests.add(paired_test_name(pr))
         out.append(f"<tr><td class=l>{html.escape(str(split))}</td><td>{c['episodes']}</td>"
                    f"<td>{_fmt(c['sft_success_rate'])}</td><td>{_fmt(s_lo)}–{_fmt(s_hi)}</td>"
                    f"<td>{_fmt(c['rl_success_rate'])}</td><td>{_fmt(r_lo)}–{_fmt(r_hi)}</td>"
@@ -248,7 +252,8 @@ def pipeline_section(summary: dict) -> str:
     # a summary.json from before rollout_backend was recorded names the quantization alone
     rollout = str(summary.get("rollout_quant")) + (f" ({summary['rollout_backend']})" if summary.get("rollout_backend") else "")
     out.append(f"</table><p class=meta>{summary.get('sft_demos')} expert demonstrations, {summary.get('rl_steps')} RL "
-               f"steps ({html.escape(str(summary.get('algo')))}, rollout {html.escape(rollout)}).</p>")
+               f"steps ({html.escape(str(summary.get('algo')))}, rollout {html.escape(rollout)}). Paired p "
+               f"(two-sided, over tasks): {html.escape(', '.join(sorted(tests)) or '–')}.</p>")
     return "\n".join(out)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.config import ConfigError
-from agentq.eval.metrics import paired_comparison, two_proportion_z
+from agentq.eval.metrics import outcomes_by_task, paired_comparison, paired_test_name, two_proportion_z
 from agentq.utils.logging import console, jsonable
 
 from .run_dir import make_run_dir, new_run_dir, removed_if_left_empty
@@ -35,9 +35,20 @@ def evaluate_checkpoint(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: 
     return evaluate(c)
 
 
+def _episode_outcomes(report: dict) -> dict[str, list[bool]]:
+    """task id → the outcomes of every episode of an evaluation (its episodes.jsonl in `out_dir`): with
+    eval.repeats > 1 a task has several, and the paired test uses them all. None recorded (a resumed
+    run's evaluation whose episodes.jsonl is gone, as `rl.recorded_step` allows): no pairs."""
+    from agentq.eval.episodes import read_trajectories
+
+    path = Path(report["out_dir"]) / "episodes.jsonl"
+    return outcomes_by_task((t.task_id, t.won) for t in read_trajectories(path)) if path.exists() else {}
+
+
 def _comparison(before: dict, after: dict) -> dict:
     """SFT vs RL on one split: both success rates with their evaluations' intervals, the unpaired z, and the
-    paired McNemar test over the tasks both evaluated (the same held-out tasks: the sharper test)."""
+    paired test over the tasks both evaluated (the same held-out tasks: the sharper test; exact McNemar
+    with one episode per task, the sign-flip test over tasks with repeats: `metrics.paired_comparison`)."""
     n1, n2 = before["episodes"], after["episodes"]
     k1, k2 = round(before["success_rate"] * n1), round(after["success_rate"] * n2)
     return {
@@ -46,7 +57,7 @@ def _comparison(before: dict, after: dict) -> dict:
         "sft_success_ci95": before["success_ci95"], "rl_success_ci95": after["success_ci95"],
         "success_gain": after["success_rate"] - before["success_rate"],
         "gain_z": two_proportion_z(k1, n1, k2, n2),
-        "paired": paired_comparison(before["won_by_task"], after["won_by_task"]),
+        "paired": paired_comparison(_episode_outcomes(before), _episode_outcomes(after)),
         "sft_score": before["score_mean"], "rl_score": after["score_mean"],
         "sft_turns_success": before["turns_success_mean"], "rl_turns_success": after["turns_success_mean"],
         "sft_cap_rate": before["cap_rate"], "rl_cap_rate": after["cap_rate"],
@@ -161,5 +172,5 @@ def _print_comparison(title: str, c: dict) -> None:
     console.print(t)
     pr = c["paired"]
     console.print(f"gain {100 * c['success_gain']:+.1f} points (unpaired z = {c['gain_z']:.2f}; paired over "
-                  f"{pr['pairs']} tasks: won only after RL {pr['won_only_after']}, only after SFT "
-                  f"{pr['won_only_before']}, McNemar z = {pr['mcnemar_z']:.2f}, p = {pr['mcnemar_p']:.3g})")
+                  f"{pr['pairs']} tasks, {paired_test_name(pr)}: better after RL on {pr['won_only_after']}, after "
+                  f"SFT on {pr['won_only_before']}, z = {pr['mcnemar_z']:.2f}, p = {pr['mcnemar_p']:.3g})")

@@ -14,6 +14,7 @@ One step, top to bottom:
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,6 @@ from agentq.agent.trajectory import Trajectory
 from agentq.config import ConfigError, check_config, load_config
 from agentq.algos import Objective, Prepared, grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
-from agentq.eval.episodes import read_trajectories, won_by_task
 from agentq.eval.evaluate import EVAL_FIRST_ID, choose_eval_tasks, errored_text, eval_seed, evaluate_policy
 from agentq.eval.metrics import summarize
 from agentq.eval.plots import write_run_plots
@@ -171,6 +171,7 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     saved = OmegaConf.load(saved_path)
     assert isinstance(saved, DictConfig)
     search = [o for o in overrides if o.startswith("hydra.")]
+    model_before = OmegaConf.to_container(saved.get("model"), resolve=True) if saved.get("model") is not None else None
     changed = []
     for o in (o for o in overrides if not o.startswith("hydra.")):
         key = o.split("=", 1)[0].lstrip("+~")
@@ -188,11 +189,35 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
             old, new = OmegaConf.select(saved, key, default=None), OmegaConf.select(cfg, key)
             OmegaConf.update(saved, key, new, merge=False, force_add=True)
             changed += [f"{key} {old} → {new}"] if old != new else []
+    refuse_model_change(cfg.trainer.resume, model_before, saved)
     check_config(saved)
     OmegaConf.set_struct(saved, True)
     console.print(f"trainer.resume: the run's {saved_path.name}" + (f", changed by this command line: "
                                                                    f"{'; '.join(changed)}" if changed else ""))
     return saved
+
+
+def refuse_model_change(resume: str, before: Any, saved: DictConfig) -> None:
+    """A resume's weights are its latest checkpoint's and its KL reference the model it started
+    from: a command line that changes the `model` section (model.path, model=, model.tiny.*) would
+    be written into config.yaml and used nowhere, so it is refused, naming the keys."""
+    after = OmegaConf.to_container(saved.get("model"), resolve=True) if saved.get("model") is not None else None
+    if after == before:
+        return
+    flat_before, flat_after = _flat("model", before), _flat("model", after)
+    keys = [f"{k} {flat_before.get(k)} → {flat_after.get(k)}" for k in sorted(set(flat_before) | set(flat_after))
+            if flat_before.get(k) != flat_after.get(k)]
+    raise ConfigError(f"trainer.resume={resume!r} continues from the run's latest checkpoint, and its KL reference "
+                      f"stays the model it started from: this command line's {'; '.join(keys[:3])}"
+                      f"{f' (and {len(keys) - 3} more)' if len(keys) > 3 else ''} would be used "
+                      "nowhere. Drop it, or start a new run from other weights (model.path=<checkpoint folder>)")
+
+
+def _flat(prefix: str, node: Any) -> dict[str, Any]:
+    """{'a.b.c': leaf} of a nested dict (a non-dict node: {prefix: node})."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    return {k: v for key, sub in node.items() for k, v in _flat(f"{prefix}.{key}", sub).items()}
 
 
 def group_sections(choice: str, search: list[str]) -> list[str]:
@@ -229,9 +254,7 @@ def recorded_step(run_dir: Path, step: int) -> tuple[dict | None, dict | None]:
     if not (any(k.startswith("eval/") for r in rows for k in r) and (folder / "eval.json").exists()):
         return row, None
     report = json.loads((folder / "eval.json").read_text())
-    episodes = folder / "episodes.jsonl"
     report["out_dir"] = str(folder)
-    report["won_by_task"] = won_by_task(read_trajectories(episodes)) if episodes.exists() else {}
     return row, report
 
 
@@ -571,8 +594,9 @@ class RLTrainer:
         if self.start_step == steps:
             report = recorded_step(self.run_dir, steps)[1]
             if report is not None:
+                ckpt = self.run_dir / "checkpoints" / f"step_{steps:06d}"
                 console.print(f"the final evaluation at step {steps} is recorded ({report['out_dir']}); for "
-                              f"another: agentq eval checkpoint={self.run_dir / 'checkpoints' / f'step_{steps:06d}'}")
+                              f"another: agentq eval {shlex.quote(f'checkpoint={ckpt}')}", markup=False, highlight=False)
                 self.eval_history.append(report)
                 return report
         return self.evaluate(steps, num_tasks)
@@ -607,4 +631,5 @@ def print_run_end(summary: dict) -> None:
     result = (f"; held-out {ev['split']}: success {100 * ev['success_rate']:.1f} % of {ev['episodes']} episodes "
               f"({ev['out_dir']}){', ' + errored if errored else ''}" if ev else "")
     console.print(f"run folder {summary['run_dir']}; final checkpoint {summary['checkpoint']}{result}; "
-                  f"HTML report: agentq report {summary['run_dir']}", markup=False, highlight=False, soft_wrap=True)
+                  f"HTML report: agentq report {shlex.quote(str(summary['run_dir']))}", markup=False, highlight=False,
+                  soft_wrap=True)       # quoted: a folder with a space pastes as one argument

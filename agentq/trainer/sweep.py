@@ -11,9 +11,12 @@ tasks every `trainer.eval_every` steps and at the end. The sweep folder gets:
     sft/, eval_sft/                 the shared start and its evaluation (step 0 of every curve)
     arms/<arm>/seed_<s>/            an ordinary RL run folder, plus result.json once it finished
     table.md, table.json            per arm: final success pooled over seeds with a 95 % Wilson
-                                    interval, per-seed success, AULC, paired McNemar tests (tasks
-                                    paired by seed and task id) against each `sweep.references` arm,
-                                    K3 (mean, range, per turn), α range, rollout and learner seconds
+                                    interval, per-seed success, AULC, paired tests over the held-out
+                                    tasks (each task's success over all seeds' episodes; exact McNemar
+                                    with one seed and one episode each, else the sign-flip test)
+                                    against each `sweep.references` arm, K3 (mean, range, per turn),
+                                    α range, rollout and learner seconds; the rollout backend (torch
+                                    engine or vLLM) of each arm, shown in table.md when arms differ
     curves.png                      held-out success against RL step, one line per arm (seed mean)
 
 Resumable: a finished arm × seed (its result.json exists) is never rerun, and the SFT checkpoint and
@@ -114,7 +117,8 @@ def run_arm(job: dict) -> dict:
     cfg = arm_config(job["overrides"])
     RLTrainer(cfg, init_path=job["sft_checkpoint"]).train(final_eval_tasks=int(cfg.sweep.eval_tasks))
     result = {"arm": job["arm"], "seed": job["seed"], "algo": cfg.algo.name, "objective": cfg.algo.objective,
-              "rollout_quant": cfg.rollout.quant, "learner_quant": cfg.algo.learner_quant,
+              "rollout_quant": cfg.rollout.quant, "rollout_backend": cfg.rollout.backend,
+              "learner_quant": cfg.algo.learner_quant,
               "steps": int(cfg.trainer.steps), "overrides": job["overrides"]}
     tmp = run_dir / (RESULT + ".tmp")
     tmp.write_text(json.dumps(jsonable(result), indent=2))
@@ -251,11 +255,14 @@ def check_resumed_runs(out: Path, arms: list[str], seeds: list[int], overrides: 
 
 
 # ---------------------------------------------------------------------- the table
-def _won_by_seed_task(results: list[tuple[int, Path]]) -> dict[str, bool]:
-    from agentq.eval.episodes import read_trajectories, won_by_task
-
-    return {f"{seed}/{task}": won for seed, d in results
-            for task, won in won_by_task(read_trajectories(d / "episodes.jsonl")).items()}
+def rollout_backend(run_dir: Path, result: dict) -> str | None:
+    """The rollout backend (torch / vllm) an arm × seed ran with: its result.json's, or for a run
+    finished before result.json recorded it, its config.yaml's; None where neither says."""
+    if result.get("rollout_backend"):
+        return str(result["rollout_backend"])
+    cfg = OmegaConf.load(run_dir / "config.yaml") if (run_dir / "config.yaml").exists() else None
+    backend = OmegaConf.select(cfg, "rollout.backend") if cfg is not None else None
+    return None if backend is None else str(backend)
 
 
 def _curve(run_dir: Path, sft_success: float) -> tuple[list[int], list[float]]:
@@ -303,7 +310,7 @@ def _pool(stats: list[dict]) -> dict:
 def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -> dict:
     """Everything table.md shows, from the run folders (arms with no finished seed are left out)."""
     from agentq.eval.episodes import read_trajectories
-    from agentq.eval.metrics import aulc, paired_comparison, success_interval
+    from agentq.eval.metrics import aulc, outcomes_by_task, paired_comparison, success_interval
     from agentq.utils.logging import read_metrics
 
     sft = json.loads((out / "eval_sft" / "eval.json").read_text())
@@ -315,16 +322,17 @@ def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -
             continue
         # the final evaluation (relative to the run folder: a sweep folder may be moved and resumed)
         results = [(s, d / "eval" / f"step_{json.loads((d / RESULT).read_text())['steps']:06d}") for s, d in done]
-        won[arm] = _won_by_seed_task(results)
         finals = [json.loads((e / "eval.json").read_text()) for _, e in results]
         k = sum(round(f["success_rate"] * f["episodes"]) for f in finals)
         n = sum(int(f["episodes"]) for f in finals)
         # every seed plays the same held-out tasks: their episodes of one task are not independent
         episodes = [(t.task_id, t.won) for _, e in results for t in read_trajectories(e / "episodes.jsonl")]
+        won[arm] = outcomes_by_task(episodes)      # for the paired tests: a task's episodes over all seeds
         curves = {s: _curve(d, float(sft["success_rate"])) for s, d in done}
         first = json.loads((done[0][1] / RESULT).read_text())
         rows[arm] = {
             "seeds": [s for s, _ in done], "rollout_quant": first["rollout_quant"],
+            "rollout_backend": rollout_backend(done[0][1], first),
             "learner_quant": first["learner_quant"], "objective": first["objective"],
             "success_rate": k / n if n else None, "success_ci95": list(success_interval(episodes)), "episodes": n,
             "success_by_seed": [f["success_rate"] for f in finals],
@@ -333,7 +341,9 @@ def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -
             **_pool([train_stats(read_metrics(d / "metrics.jsonl")) for _, d in done]),
         }
         rows[arm]["aulc"] = sum(rows[arm]["aulc_by_seed"]) / len(done)
-    for arm, r in rows.items():        # paired by (seed, task): the same held-out episodes seeds
+    # paired by task: every seed plays the same held-out tasks, and a task's episodes (seeds, repeats)
+    # are one unit of the test, not independent pairs (metrics.paired_comparison)
+    for arm, r in rows.items():
         r["paired"] = {ref: paired_comparison(won[ref], won[arm]) for ref in refs if ref in won and ref != arm}
     return {"sft_success_rate": sft["success_rate"], "sft_episodes": sft["episodes"], "arms": rows,
             "references": refs, "seeds": seeds}
@@ -344,21 +354,29 @@ def _fmt(x: float | None, spec: str = ".1e") -> str:
 
 
 def table_markdown(t: dict, title: str) -> str:
+    from agentq.eval.metrics import paired_test_name
+
     refs = t["references"]
-    head = ["arm", "rollout / learner", "success (95 % CI)", "per finished seed", "AULC",
+    # the backend only where arms differ in it: otherwise it is the title's setting, not a column's
+    backends = len({r["rollout_backend"] for r in t["arms"].values()}) > 1
+    tests = sorted({paired_test_name(pr) for r in t["arms"].values() for pr in r["paired"].values()})
+    head = ["arm", "rollout (backend) / learner" if backends else "rollout / learner", "success (95 % CI)",
+            "per finished seed", "AULC",
             *[f"vs {r}: b / c, p" for r in refs], "K3 mean [min, max]", "K3 by turn 1, 2, 3, …", "α range",
             "rollout s", "learner s"]
     lines = [f"**{title}.** After SFT: {100 * t['sft_success_rate']:.1f} % of {t['sft_episodes']} held-out "
-             "episodes. b / c = paired (seed, task) episodes won only by the arm / only by the reference; "
-             "p = exact McNemar. Times are totals per seed (mean over seeds).", "",
+             "episodes. b / c = held-out tasks whose success (over all the seeds' episodes) is higher for the "
+             "arm / for the reference; p = two-sided, paired by task"
+             f"{': ' + ', '.join(tests) if tests else ''}. Times are totals per seed (mean over seeds).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, r in t["arms"].items():
         lo, hi = r["success_ci95"]
         paired = [(f"{r['paired'][ref]['won_only_after']} / {r['paired'][ref]['won_only_before']}, "
                    f"{r['paired'][ref]['mcnemar_p']:.2g}") if ref in r["paired"] else "–" for ref in refs]
         alpha = "–" if r["alpha_min"] is None else f"{r['alpha_min']:.6f}–{r['alpha_max']:.6f}"
+        rollout = r["rollout_quant"] + (f" ({r['rollout_backend'] or '?'})" if backends else "")
         lines.append("| " + " | ".join([
-            arm, f"{r['rollout_quant']} / {r['learner_quant']}",
+            arm, f"{rollout} / {r['learner_quant']}",
             f"{100 * r['success_rate']:.1f} % ({100 * lo:.1f}–{100 * hi:.1f}), n = {r['episodes']}",
             ", ".join(f"s{s}: {100 * x:.0f}" for s, x in zip(r["seeds"], r["success_by_seed"])),
             f"{100 * r['aulc']:.1f}", *paired,

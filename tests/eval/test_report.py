@@ -51,6 +51,21 @@ def test_a_pipeline_folder_is_reported_with_its_sft_to_rl_summary(tmp_path):
                                                              "2 / 1", "1.000"]
     assert "agentq run pipe:" in page and "href='#pipeline'" in page
     assert "8 expert demonstrations, 1 RL steps (interq, rollout w8a8_kv8)." in page     # no rollout_backend: older
+    assert "Paired p (two-sided, over tasks): exact McNemar.</p>" in page      # no test recorded: older, McNemar's
+
+
+def test_the_pipeline_table_names_the_paired_tests_used(tmp_path):
+    import json
+
+    from agentq.eval.report import pipeline_section
+
+    _pipeline_folder(tmp_path / "pipe")
+    summary = json.loads((tmp_path / "pipe" / "summary.json").read_text())
+    summary["paired"] = {**summary["paired"], "test": "exact sign-flip over tasks"}
+    summary["other_splits"]["test"]["paired"]["test"] = "exact McNemar"
+    page = pipeline_section(summary)
+    assert "<th>tasks better after RL / after SFT</th><th>paired p</th>" in page
+    assert "Paired p (two-sided, over tasks): exact McNemar, exact sign-flip over tasks.</p>" in page
 
 
 def test_a_pipeline_summary_names_the_rollout_backend(tmp_path):

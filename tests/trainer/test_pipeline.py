@@ -101,6 +101,31 @@ def test_mcnemar_paired_comparison_by_hand():
     assert abs(r["mcnemar_z"] - 7 / 3) < 1e-9 and abs(r["mcnemar_p"] - 0.0390625) < 1e-12
 
 
+def test_the_comparison_pairs_every_repeat_of_a_task(tmp_path):
+    """With eval.repeats = 2 the paired test read one episode per task (the last) from the in-memory
+    `won_by_task`; it reads every episode of both evaluations' episodes.jsonl."""
+    from agentq.agent.trajectory import Trajectory
+    from agentq.eval.evaluate import write_eval
+    from agentq.eval.metrics import summarize
+    from agentq.trainer.pipeline import _comparison
+
+    def evaluation(name, outcomes):
+        trajs = [Trajectory(i, task, "dev", turns=1, won=won, end_reason="won" if won else "step_cap")
+                 for i, (task, won) in enumerate((t, w) for t, ws in outcomes.items() for w in ws)]
+        report = summarize(trajs)
+        write_eval(tmp_path / name, report, trajs)
+        return report
+
+    # tests/eval/test_metrics.py's case by hand: d = +1, +½, −½, 0; p = 6/8, z = 1/√1.5
+    before = evaluation("sft", {"a": [False, False], "b": [False, True], "c": [True, False], "d": [True, True]})
+    after = evaluation("rl", {"a": [True, True], "b": [True, True], "c": [False, False], "d": [True, True]})
+    pr = _comparison(before, after)["paired"]
+    assert (pr["pairs"], pr["episodes_before"], pr["episodes_after"]) == (4, 8, 8)
+    assert (pr["won_only_after"], pr["won_only_before"]) == (2, 1)
+    assert pr["mcnemar_p"] == 0.75 and abs(pr["mcnemar_z"] - 0.816497) < 1e-6
+    assert pr["test"] == "exact sign-flip over tasks"
+
+
 def test_summarize_turn_rates_by_hand():
     from agentq.agent.trajectory import Trajectory
     from agentq.eval.metrics import summarize
@@ -153,7 +178,10 @@ def test_turns_of_won_episodes_with_none_won_is_not_nan(capsys):
          "sft_score": 0.0, "rl_score": 0.5, "sft_turns_success": float("nan"), "rl_turns_success": 2.0,
          "sft_cap_rate": 1.0, "rl_cap_rate": 0.5, "sft_inadmissible_rate": 0.0, "rl_inadmissible_rate": 0.0,
          "success_gain": 0.5, "gain_z": 1.0,
-         "paired": {"pairs": 2, "won_only_after": 1, "won_only_before": 0, "mcnemar_z": 1.0, "mcnemar_p": 1.0}}
+         "paired": {"pairs": 2, "won_only_after": 1, "won_only_before": 0, "mcnemar_z": 1.0, "mcnemar_p": 1.0,
+                    "test": "exact McNemar"}}
     _print_comparison("t", c)
     said = capsys.readouterr().err
     assert "– (none won)" in said and "2.00" in said and "nan" not in said
+    assert ("paired over 2 tasks, exact McNemar: better after RL on 1, after SFT on 0, z = 1.00, p = 1)"
+            in " ".join(said.split()))

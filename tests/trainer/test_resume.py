@@ -166,3 +166,33 @@ def test_resume_drops_the_redone_steps_from_tensorboard_and_errors_jsonl(run_cop
     points = [(e.step, e.value) for e in tb.Scalars("step_time_s")]
     assert [s for s, _ in points] == [1, 2]           # step 2 once: the redone one
     assert points[1][1] == pytest.approx(step_rows(run_copy)[1]["step_time_s"], rel=1e-6)
+
+
+def test_a_resume_refuses_a_changed_model_and_takes_the_same_one(tmp_path, tiny_model_dir):
+    """model.path changed on a resume was printed as a change and written into config.yaml, yet the
+    weights came from the checkpoint and the KL reference from the run's start: a setting used nowhere."""
+    from agentq.config import ConfigError, load_config
+    from agentq.trainer.rl import resumed_config
+
+    run = load_config(["model=hf", f"model.path={tiny_model_dir}", "env_pool=inline"])
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(run, resolve=True))
+    same = [f"trainer.resume={tmp_path}", "model=hf", f"model.path={tiny_model_dir}", "trainer.steps=3"]
+    cfg = resumed_config(load_config(same), same)       # the run's own command line again: taken
+    assert (cfg.model.path, cfg.trainer.steps) == (str(tiny_model_dir), 3)
+    other = [f"trainer.resume={tmp_path}", f"model.path={tmp_path / 'other'}", "trainer.steps=3"]
+    with pytest.raises(ConfigError) as e:
+        resumed_config(load_config(other), other)
+    assert str(e.value) == (
+        f"trainer.resume='{tmp_path}' continues from the run's latest checkpoint, and its KL reference stays the "
+        f"model it started from: this command line's model.path {tiny_model_dir} → {tmp_path / 'other'} would be "
+        "used nowhere. Drop it, or start a new run from other weights (model.path=<checkpoint folder>)")
+
+
+def test_a_changed_model_on_resume_is_one_line_and_leaves_the_run_as_it_was(run_copy, tiny_model_dir, capsys):
+    config = (run_copy / "config.yaml").read_text()
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3", f"model.path={tiny_model_dir}"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"agentq: trainer.resume='{run_copy}' continues from the run's latest checkpoint" in err
+    assert f"model.path None → {tiny_model_dir} would be used nowhere" in err and "Traceback" not in err
+    assert (run_copy / "config.yaml").read_text() == config
+    assert sorted(p.name for p in (run_copy / "checkpoints").iterdir()) == ["step_000001", "step_000002"]

@@ -57,6 +57,20 @@ def test_the_last_line_says_how_many_held_out_episodes_errored(errors, tail, cap
         f"(r/eval/step_000002){tail}; HTML report: agentq report r")
 
 
+def test_the_report_command_it_prints_pastes_as_one_argument(capsys):
+    """A run folder with a space was printed bare ("agentq report runs/my run"): pasted, the command
+    got two arguments."""
+    import shlex
+
+    from agentq.trainer.rl import print_run_end
+
+    print_run_end({"run_dir": "/tmp/my runs/r", "checkpoint": "/tmp/my runs/r/checkpoints/step_000001",
+                   "final_eval": None})
+    said = capsys.readouterr().err.strip()
+    assert said.endswith("HTML report: agentq report '/tmp/my runs/r'")
+    assert shlex.split(said.split("HTML report: ", 1)[1]) == ["agentq", "report", "/tmp/my runs/r"]
+
+
 @pytest.mark.parametrize("reasons, hint", [
     (["error", "error"], ""),
     (["error", "context"], ". 'context' means the first prompt does not fit env.max_context_tokens=8"),

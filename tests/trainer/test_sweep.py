@@ -38,8 +38,10 @@ def test_sweep_miniature_and_resume(tmp_path):
     assert (iq["paired"]["bf16"]["won_only_after"], iq["paired"]["bf16"]["won_only_before"]) == \
         (p["won_only_after"], p["won_only_before"])
     assert "interq" in bf16["paired"] and "bf16" not in bf16["paired"]
+    assert (bf16["rollout_backend"], iq["rollout_backend"]) == ("torch", "torch")     # from result.json
     md = (tmp_path / "table.md").read_text()
-    assert "| interq | w8a8_kv8 / w8a8 |" in md and "vs bf16: b / c, p" in md
+    assert "| interq | w8a8_kv8 / w8a8 |" in md and "vs bf16: b / c, p" in md     # one backend: not shown
+    assert "p = two-sided, paired by task: exact McNemar." in md                   # one seed, one episode each
     assert (tmp_path / "curves.png").stat().st_size > 10_000
     assert (tmp_path / "arms" / "interq" / "seed_0" / "log.txt").exists()     # parallel: logs per run
 
@@ -199,3 +201,60 @@ def test_the_pooled_interval_counts_tasks_that_every_seed_plays_once(tmp_path):
     assert (row["episodes"], row["success_rate"]) == (6, 4 / 6)
     assert row["success_ci95"] == pytest.approx(list(wilson_interval(2, 3)), abs=1e-12)
     assert row["success_ci95"][0] < wilson_interval(4, 6)[0]            # wider than the independent one
+
+
+def _fake_sweep(out, outcomes, backends):
+    """A sweep folder as `sweep_table` reads it, without training: per arm × seed a result.json (with
+    `backends[arm]` as rollout_backend, or none and a config.yaml naming it, as an older run), a
+    metrics.jsonl, and the final evaluation (step 2) with one episode per (task, won) in `outcomes`."""
+    (out / "eval_sft").mkdir(parents=True)
+    (out / "eval_sft" / "eval.json").write_text(json.dumps({"success_rate": 0.5, "episodes": 3}))
+    for arm, by_seed in outcomes.items():
+        for seed, played in by_seed.items():
+            d = out / "arms" / arm / f"seed_{seed}"
+            (d / "eval" / "step_000002").mkdir(parents=True)
+            result = {"arm": arm, "seed": seed, "objective": "grpo", "rollout_quant": "w8a8_kv8", "learner_quant": "w8a8",
+                      "steps": 2}
+            backend, recorded = backends[arm]
+            if recorded:
+                result["rollout_backend"] = backend
+            else:
+                (d / "config.yaml").write_text(f"rollout:\n  backend: {backend}\n")
+            (d / "result.json").write_text(json.dumps(result))
+            success = sum(w for _, w in played) / len(played)
+            (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.0, "rollout_time_s": 1.0,
+                                                         "train_time_s": 2.0}) + "\n" +
+                                             json.dumps({"step": 2, "eval/success_rate": success}) + "\n")
+            ev = d / "eval" / "step_000002"
+            (ev / "eval.json").write_text(json.dumps({"success_rate": success, "episodes": len(played)}))
+            (ev / "episodes.jsonl").write_text("".join(json.dumps({"task_id": t, "won": w}) + "\n" for t, w in played))
+
+
+def test_the_table_pairs_by_task_over_seeds_and_names_differing_backends(tmp_path):
+    """The paired test took each (seed, task) as an independent pair; a task's episodes over the seeds
+    are one unit now. The rollout backend of each arm is in table.json, and in table.md where arms differ."""
+    from agentq.trainer.sweep import sweep_table, table_markdown
+
+    outcomes = {"bf16": {0: [("a", False), ("b", False), ("c", True)], 1: [("a", False), ("b", True), ("c", True)]},
+                "interq": {0: [("a", True), ("b", True), ("c", False)], 1: [("a", True), ("b", True), ("c", True)]}}
+    _fake_sweep(tmp_path, outcomes, {"bf16": ("torch", True), "interq": ("vllm", False)})
+    t = sweep_table(tmp_path, ["bf16", "interq"], [0, 1], ["bf16"])
+    # success per task over the 2 seeds: bf16 a 0, b ½, c 1; interq a 1, b 1, c ½: d = +1, +½, −½, and
+    # ±1 ±½ ±½ reaches |1| in 6 of 8 patterns (tests/eval/test_metrics.py). By (seed, task) it was
+    # 3 / 1 of 6 pairs, McNemar p = 2·5/16 = 0.625.
+    pr = t["arms"]["interq"]["paired"]["bf16"]
+    assert (pr["pairs"], pr["episodes_before"], pr["episodes_after"]) == (3, 6, 6)
+    assert (pr["won_only_after"], pr["won_only_before"], pr["mcnemar_p"]) == (2, 1, 0.75)
+    assert pr["test"] == "exact sign-flip over tasks" and t["arms"]["bf16"]["paired"] == {}
+    # the backend: result.json's, or an older run's config.yaml's
+    assert (t["arms"]["bf16"]["rollout_backend"], t["arms"]["interq"]["rollout_backend"]) == ("torch", "vllm")
+    md = table_markdown(t, "t")
+    assert "| rollout (backend) / learner |" in md
+    assert "| bf16 | w8a8_kv8 (torch) / w8a8 |" in md and "| interq | w8a8_kv8 (vllm) / w8a8 |" in md
+    assert "p = two-sided, paired by task: exact sign-flip over tasks." in md
+    assert "| interq | w8a8_kv8 (vllm) / w8a8 | 83.3 % (" in md and "| 2 / 1, 0.75 |" in md      # 5 of 6 won
+
+    same = tmp_path / "same"
+    _fake_sweep(same, outcomes, {"bf16": ("torch", True), "interq": ("torch", False)})
+    md = table_markdown(sweep_table(same, ["bf16", "interq"], [0, 1], ["bf16"]), "t")
+    assert "| rollout / learner |" in md and "| interq | w8a8_kv8 / w8a8 |" in md and "(torch)" not in md
