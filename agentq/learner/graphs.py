@@ -191,6 +191,20 @@ class GraphPool:
         """Forget a training forward whose backward will not run (e.g. its step failed)."""
         self.pending = None
 
+    def held_bytes(self) -> int | None:
+        """Device memory this pool's segments hold now (None: no pool, or the allocator's snapshot
+        does not say). Read only when an out-of-memory error is explained: a snapshot is slow."""
+        if self.handle is None:
+            return None
+        try:
+            segments = torch.cuda.memory_snapshot()
+        except (RuntimeError, AttributeError):
+            return None
+        ours = tuple(self.handle) if isinstance(self.handle, (tuple, list)) else None
+        if ours is None or not segments or "segment_pool_id" not in segments[0]:
+            return None
+        return sum(s["total_size"] for s in segments if tuple(s["segment_pool_id"]) == ours)
+
 
 class _Call(nn.Module):
     """The padded forward as a module over the model, so `torch.func.functional_call` can run it

@@ -696,8 +696,14 @@ def memory_hint(learner: "Learner", train: bool) -> str:
             "optimizer step on)" if train else "a no-grad π_old / π_ref pass")
     knob = f"{prefix}pack_tokens" if plan.pack_tokens is not None else f"{prefix}micro_batch_size"
     advice = f"agentq: {what} ran out of device memory with {size}. Lower {knob}"
-    if train and not getattr(learner.model, "is_gradient_checkpointing", False):
+    if train and not getattr(learner.model, "is_gradient_checkpointing", False) and not learner.cuda_graphs:
         advice += " or set trainer.activation_checkpointing=true (each layer recomputed in backward)"
+    if learner.cuda_graphs:
+        held = learner.graph_pool.held_bytes() if learner.graph_pool is not None else None
+        advice += (", or set trainer.cuda_graphs=false: the CUDA graphs keep "
+                   + (f"{held / 2**30:.1f} GiB" if held is not None else "about the largest pack's peak")
+                   + " in a memory pool of their own, which the eager passes (packs of shapes not captured)"
+                   " cannot use")
     return advice + "."
 
 

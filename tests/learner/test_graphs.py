@@ -304,3 +304,28 @@ def test_graphed_learner_tracks_the_eager_learner_over_steps(tiny_model_dir, voc
     assert runner.replays >= 3 and runner.eager_packs > 0 and not runner.failed   # the 130-token row: eager
     stats = learners[1].graph_stats()
     assert stats["graph_replays"] >= 6 and stats["graph_captures"] >= 2 and stats["graph_eager_packs"] >= 2
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_the_pool_counts_the_memory_its_graphs_hold():
+    """`GraphPool.held_bytes` (what an out-of-memory hint quotes) sees a captured graph's output in
+    its pool, and none of the memory allocated outside it."""
+    from agentq.learner.graphs import GraphPool
+
+    pool = GraphPool()
+    assert pool.held_bytes() == 0
+    outside = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")       # 64 MiB, not in the pool
+    x = torch.ones(1 << 20, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x * 2                                                             # warm-up, outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(g, pool=pool.handle):
+        y = x * 2                                                             # 4 MiB inside the pool
+    g.replay()
+    held = pool.held_bytes()
+    assert held is not None and 4 << 20 <= held < 64 << 20, held
+    assert float(y.sum()) == 2 * (1 << 20)
+    del outside

@@ -50,3 +50,23 @@ def test_a_no_grad_pass_out_of_memory_names_the_logprob_settings(tiny_model_dir,
     with pytest.raises(torch.OutOfMemoryError, match=f"no-grad .* Lower {knob}\\.$"):
         learner.logprobs(two_episode_batch)
     assert learner.model.training            # the failed pass's eval() was undone
+
+
+def test_with_cuda_graphs_the_hint_names_them_and_not_checkpointing(tiny_model_dir):
+    """A graphed learner's pool holds about the largest pack's peak, which eager passes cannot use
+    (an H100 update ran out of memory beside a 38.6 GiB pool): the hint names trainer.cuda_graphs,
+    and not activation checkpointing, which graphs refuse. (CUDA graphs cannot be made on the CPU:
+    the flag is set on a CPU learner, with a pool that captures nothing, to check the words.)"""
+    from agentq.learner.graphs import GraphPool
+    from agentq.learner.learner import memory_hint
+
+    learner = Learner(str(tiny_model_dir), QuantSpec.preset("none"), use_reference=False, pack_tokens=64)
+    plain = memory_hint(learner, train=True)
+    assert "cuda_graphs" not in plain and "activation_checkpointing=true" in plain
+    learner.cuda_graphs, learner.graph_pool = True, GraphPool(capture=False)
+    text = memory_hint(learner, train=True)
+    assert text == ("agentq: the update (forward + backward; AdamW's state, 8 bytes a parameter, exists from the "
+                    "first optimizer step on) ran out of device memory with packs of at most 64 tokens. Lower "
+                    "trainer.pack_tokens, or set trainer.cuda_graphs=false: the CUDA graphs keep about the "
+                    "largest pack's peak in a memory pool of their own, which the eager passes (packs of shapes "
+                    "not captured) cannot use.")
