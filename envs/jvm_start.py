@@ -115,6 +115,19 @@ def launch_gateway(java: str, classpath: str, cwd: str | None, javaopts: Sequenc
     return int(line), proc
 
 
+def silence_client(gateway) -> None:
+    """Mark `gateway`'s py4j client disconnected, so that it sends nothing more (py4j has no public
+    switch for this). Every py4j JavaObject tells the JVM when Python collects it; through a client
+    whose JVM has stopped, each of those messages is a refused connection that py4j logs as an ERROR
+    with a traceback, from inside the garbage collector, long after the JVM ended (on CPython 3.11
+    such a traceback formatted in the middle of an `ast.parse` broke the parse). py4j's own
+    `close()` closes the client's sockets but leaves it connected: the next message opens a new one.
+    Call it before closing the client: a collection during the close must not send either."""
+    client = getattr(gateway, "_gateway_client", None)
+    if client is not None:
+        client.is_connected = False
+
+
 def _drain_and_reap(proc: subprocess.Popen) -> None:
     """Read the JVM's stdout until EOF (a JVM blocks once the pipe is full), then reap it: EOF means
     it exited, and an env that shut its gateway down does not wait for the process (a zombie)."""

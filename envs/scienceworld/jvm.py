@@ -33,7 +33,7 @@ from typing import Any, Callable, TypeVar
 from agentq.utils.process import dies_with_this_process
 
 from ..base import EnvCrashedError
-from ..jvm_start import first_line, java_executable
+from ..jvm_start import first_line, java_executable, silence_client
 
 T = TypeVar("T")
 
@@ -169,24 +169,16 @@ class JVMHost:
         self.start_time_s = time.perf_counter() - t0
 
     def _disconnect_gateway(self) -> None:
-        """Close the py4j gateway and mark its client disconnected, once the JVM is stopped or dead.
-
-        Every py4j JavaObject (a simulator, a Java list) tells the JVM when Python collects it. After
-        the JVM is gone that message would open a socket to a dead port, and py4j logs each refusal
-        as an ERROR with a traceback, from inside the garbage collector, long after the crash; on
-        CPython 3.11 formatting that traceback in the middle of an `ast.parse` broke the parse ("AST
-        constructor recursion depth mismatch"). A client marked disconnected sends nothing.
-        """
+        """Mark the py4j client disconnected (`silence_client`: the simulators and Java lists it
+        made send nothing when collected), then close it; once the JVM is stopped or dead."""
         gw, self.gateway = self.gateway, None
         if gw is None:
             return
+        silence_client(gw)
         try:
             gw.close(keep_callback_server=False, close_callback_server_connections=False)
         except Exception:
             pass
-        client = getattr(gw, "_gateway_client", None)   # py4j has no public switch for this
-        if client is not None:
-            client.is_connected = False
 
     def _stop_process(self) -> None:
         proc = self.proc
@@ -236,6 +228,9 @@ class JVMHost:
         from py4j.protocol import Py4JError, Py4JJavaError, Py4JNetworkError
         with self.lock:
             if not self.alive():
+                # an env whose JVM died between calls may never be closed or restarted: its Java
+                # objects must not reach for the dead port when they are collected (`_disconnect_gateway`)
+                self._disconnect_gateway()
                 raise EnvCrashedError(self._crash_message())
             if generation is not None and generation != self.generation:
                 raise EnvCrashedError(

@@ -13,7 +13,7 @@ import weakref
 from typing import ClassVar
 
 from ..base import EnvCrashedError, TaskStep, TextEnv
-from ..jvm_start import java_executable, launch_gateway
+from ..jvm_start import java_executable, launch_gateway, silence_client
 
 # One JVM per process, shared by every TextWorldExpressEnv in it: TextWorldExpress's own class
 # launches a JVM per instance (~150 MB and a second of start-up each); a worker process that owns
@@ -114,14 +114,17 @@ def _release_engine(eng) -> None:
     if getattr(eng, "_agentq_pid", None) != os.getpid():
         return
     if eng._agentq_own_client:
+        silence_client(eng._gateway)        # its objects outlive the JVM, whose last env may close next
         eng._gateway.close()
     if eng._agentq_gen != _SHARED["gen"]:
         return
     _SHARED["users"] -= 1
     if _SHARED["users"] <= 0 and _SHARED["owner"] is not None:
+        owner = _SHARED["owner"]
         try:
-            _SHARED["owner"].close()
+            owner.close()                   # py4j's shutdown leaves the client connected where the JVM had died
         finally:
+            silence_client(owner._gateway)
             _SHARED["owner"], _SHARED["users"] = None, 0
 
 
@@ -139,9 +142,7 @@ def _forget_in_child() -> None:
         _inherited.append(eng)
         if not (_SIM_CLASS and isinstance(eng, _SIM_CLASS[0])):
             eng.__class__ = _simulator_class(type(eng))
-        client = getattr(eng._gateway, "_gateway_client", None)
-        if client is not None:
-            client.is_connected = False       # py4j sends nothing through a disconnected client
+        silence_client(eng._gateway)
         closer = getattr(getattr(eng, "_obj_tree_tempfile", None), "_closer", None)
         if closer is not None:
             closer.delete = False

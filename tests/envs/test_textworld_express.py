@@ -204,6 +204,30 @@ def test_engines_outliving_their_jvm_do_not_reach_for_it(caplog):
     assert errors == []
 
 
+def test_an_engine_with_a_client_of_its_own_does_not_reach_for_its_stopped_jvm(caplog):
+    """An env whose call_timeout_s is not the JVM starter's talks through a py4j client of its own
+    (`_client_with_timeout`). py4j's close() leaves a client connected, so the Java objects it made,
+    collected after the last env stopped the JVM, each logged a refused connection as a py4j ERROR
+    (seen from a later ScienceWorld test's garbage collection)."""
+    import gc
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="py4j")
+    first, own = make().unwrapped, make(call_timeout_s=7.0).unwrapped
+    first.reset(options={"task_id": "coin/3"})
+    own.reset(options={"task_id": "coin/4"})
+    assert own._env._agentq_own_client and not first._env._agentq_own_client
+    kept, jvm = [own._env, own._env.server], first._env._gateway.java_process
+    own.close()
+    first.close()                                       # the last close stops the JVM
+    jvm.wait(timeout=30)
+    caplog.clear()
+    kept.clear()
+    gc.collect()
+    errors = [r.getMessage() for r in caplog.records if r.name.startswith("py4j") and r.levelno >= logging.ERROR]
+    assert errors == []
+
+
 def _first_reset(env_vars: dict) -> str:
     from jvm_procs import first_reset
 
