@@ -246,6 +246,7 @@ def model_path(cfg: DictConfig) -> str:
         if not (p / "config.json").exists():
             raise ConfigError(f"model.path={str(p)!r} is not an HF checkpoint folder (no config.json)"
                               + checkpoint_hint(p, "model.path"))
+        check_architecture(cfg, str(p), "model.path")
         return str(p)
     from agentq.models.tiny import TinyModelConfig, ensure_tiny_model
 
@@ -284,15 +285,94 @@ def tiny_corpus_key(cfg: DictConfig) -> str:
                        "invalid_format": cfg.agent.invalid_format, "v": CORPUS_VERSION}, sort_keys=True)
 
 
+def model_config(path: str | Path) -> dict[str, Any]:
+    """The folder's config.json as a dict (read as JSON: no transformers class is built from it).
+
+    Raises:
+        ConfigError: config.json is not a JSON object.
+    """
+    f = Path(path) / "config.json"
+    try:
+        found = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{f} is not readable JSON ({e}): not an HF checkpoint's config") from None
+    if not isinstance(found, dict):
+        raise ConfigError(f"{f} holds a JSON {type(found).__name__}, not an object: not an HF checkpoint's config")
+    return found
+
+
+def check_architecture(cfg: DictConfig, path: str, key: str = "checkpoint") -> None:
+    """Refuse, as one line naming `key`=`path`, a checkpoint the torch rollout engine cannot run (a
+    model_type other than Llama / Qwen2 / Qwen3, a non-SiLU MLP), before anything is built: such a
+    folder (e.g. GPT-2's) ended a run with a traceback from the aligned learner or the engine.
+    With rollout.backend=vllm nothing is refused here: vLLM runs more architectures, and the aligned
+    learner refuses, by name, a model whose linears it cannot classify (`QuantSpec.check_linears`)."""
+    if cfg.rollout.backend != "torch":
+        return
+    from agentq.rollout.torch_engine.model import SUPPORTED
+
+    found = model_config(path)
+    mt, arch = found.get("model_type"), found.get("architectures")
+    if mt not in SUPPORTED:
+        raise ConfigError(f"{key}={path!r} is a model_type={mt!r} checkpoint (architectures {arch}); the torch "
+                          f"rollout engine runs model_type {sorted(SUPPORTED)} (the Llama / Qwen2 / Qwen3 families): "
+                          "pick such a checkpoint, or rollout.backend=vllm for an architecture whose linears carry "
+                          "Llama's names (q/k/v/o_proj, gate/up/down_proj), which the aligned learner quantizes "
+                          "(docs/vllm.md)")
+    act = found.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"{key}={path!r} has hidden_act={act!r} in its config.json; the torch rollout engine "
+                          "runs SiLU MLPs only (as Llama / Qwen2 / Qwen3 checkpoints have)")
+
+
+def warn_past_positions(cfg: DictConfig, path: str) -> None:
+    """Say so when env.max_context_tokens is past the model's max_position_embeddings: episodes then
+    run on positions the model never saw (RoPE computes them, so nothing failed: it went on silently)."""
+    n = model_config(path).get("max_position_embeddings")
+    ctx = int(cfg.env.max_context_tokens)
+    if isinstance(n, int) and ctx > n:
+        console.print(f"warning: env.max_context_tokens={ctx} is past the model's max_position_embeddings={n} "
+                      f"({path}/config.json): later turns run on positions it was not trained for; lower "
+                      "env.max_context_tokens to keep episodes within them", style="yellow", markup=False,
+                      highlight=False, soft_wrap=True)
+
+
+#: the files a tokenizer is loaded from (one of them at least); transformers builds an empty
+#: tokenizer (one token) for a model folder without any of them, with no error
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "*.tiktoken")
+
+
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    """The model folder's tokenizer. Every command loads it first, so the folder's weight files are
-    checked here too: a truncated one is named before anything is built."""
+    """The model folder's tokenizer. Every command loads it first, so the folder is checked here:
+    its weight files (a truncated one is named before anything is built), that it has a tokenizer
+    at all, that the tokenizer's ids fit the model's vocabulary, and that its chat template can
+    render agentq's turns (`ChatFormat`).
+
+    Raises:
+        CheckpointError: no weight or tokenizer files, or a damaged weight file.
+        ConfigError: a tokenizer with more ids than the model's vocab_size, or no usable chat template.
+    """
     from transformers import AutoTokenizer
 
-    from agentq.utils.checkpoint import check_weight_files
+    from agentq.utils.checkpoint import CheckpointError, check_weight_files
 
     check_weight_files(path)
-    return AutoTokenizer.from_pretrained(path)
+    if not any(any(Path(path).glob(name)) for name in TOKENIZER_FILES):
+        raise CheckpointError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the "
+                              "model's tokenizer beside its weights (tokenizer.save_pretrained(folder))")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    vocab = model_config(path).get("vocab_size") if (Path(path) / "config.json").exists() else None
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ConfigError(f"{path}: its tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab} "
+                          "(config.json): ids past it have no embedding; is the tokenizer another model's?")
+    try:
+        ChatFormat.from_tokenizer(tokenizer)
+    except ValueError as e:
+        hint = (" (a base model's tokenizer may have none: set tokenizer.chat_template, e.g. ChatML, and "
+                "save_pretrained it into the folder)" if getattr(tokenizer, "chat_template", None) is None else "")
+        raise ConfigError(f"{path}: {e}{hint}") from None
+    return tokenizer
 
 
 def quant_specs(cfg: DictConfig) -> tuple[QuantSpec, QuantSpec]:
@@ -354,6 +434,8 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
                                            gpu_memory_utilization=float(v.gpu_memory_utilization))
     from agentq.rollout.torch_engine.engine import TorchEngine
 
+    check_architecture(cfg, path)
+    warn_past_positions(cfg, path)
     return TorchEngine.from_pretrained(path, spec, max_slots=slots, tokenizer=tokenizer,
                                        **torch_engine_kwargs(cfg, device, dtype))
 

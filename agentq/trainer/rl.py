@@ -14,6 +14,7 @@ One step, top to bottom:
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import time
 from pathlib import Path
@@ -206,11 +207,23 @@ def refuse_model_change(resume: str, before: Any, saved: DictConfig) -> None:
         return
     flat_before, flat_after = _flat("model", before), _flat("model", after)
     keys = [f"{k} {flat_before.get(k)} → {flat_after.get(k)}" for k in sorted(set(flat_before) | set(flat_after))
-            if flat_before.get(k) != flat_after.get(k)]
+            if flat_before.get(k) != flat_after.get(k) and not _same_folder(flat_before.get(k), flat_after.get(k))]
+    if not keys:
+        return
     raise ConfigError(f"trainer.resume={resume!r} continues from the run's latest checkpoint, and its KL reference "
                       f"stays the model it started from: this command line's {'; '.join(keys[:3])}"
                       f"{f' (and {len(keys) - 3} more)' if len(keys) > 3 else ''} would be used "
                       "nowhere. Drop it, or start a new run from other weights (model.path=<checkpoint folder>)")
+
+
+def _same_folder(a: Any, b: Any) -> bool:
+    """Two path settings naming one existing folder (relative and absolute, through a symlink)."""
+    if not (isinstance(a, str) and isinstance(b, str)):
+        return False
+    try:
+        return os.path.samefile(os.path.expanduser(a), os.path.expanduser(b))
+    except OSError:
+        return False
 
 
 def _flat(prefix: str, node: Any) -> dict[str, Any]:
@@ -259,8 +272,33 @@ def recorded_step(run_dir: Path, step: int) -> tuple[dict | None, dict | None]:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
+    ckpts = step_checkpoints(run_dir)
     return ckpts[-1] if ckpts else None
+
+
+def step_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoints/step_* in step order, without the folders of removed ones that only hold
+    the evaluations written into them (`prune_checkpoints`)."""
+    return [p for p in sorted((run_dir / "checkpoints").glob("step_*"))
+            if not (p.is_dir() and all(c.is_dir() for c in p.iterdir()))]
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Remove all but the last `keep` checkpoints (0: keep all). An evaluation inside one (`agentq eval`
+    writes to <checkpoint>/eval-<env>-<split> by default) stays where it was: only the checkpoint's own
+    files go. The whole folder went before, and with it the user's evaluation, without a word."""
+    import shutil
+
+    for old in step_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        kept = sorted(c.name for c in old.iterdir() if c.is_dir())
+        if not kept:
+            shutil.rmtree(old, ignore_errors=True)
+            continue
+        for f in old.iterdir():
+            if not f.is_dir():
+                f.unlink(missing_ok=True)
+        console.print(f"removed checkpoint {old}'s weights and state (trainer.keep_checkpoints={keep}); the folder "
+                      f"keeps what was written into it: {', '.join(kept)}", markup=False, highlight=False, soft_wrap=True)
 
 
 class RLTrainer:
@@ -295,6 +333,8 @@ class RLTrainer:
         resume_ckpt, state = self._resume_point()
         # the policy the run started from: the KL reference, also after a resume
         self.init_path = (state.meta if state else {}).get("init_path") or init_path or build.model_path(self.cfg)
+        if resume_ckpt is not None:
+            self._check_reference()
         path = str(resume_ckpt) if resume_ckpt else self.init_path
         self.tokenizer = build.load_tokenizer(path)
         self.chat = ChatFormat.from_tokenizer(self.tokenizer)
@@ -345,6 +385,16 @@ class RLTrainer:
                               f"{int(state.meta['step'])}, past trainer.steps={steps}; trainer.steps is the run's "
                               f"total, from its start: set it to {int(state.meta['step'])} or more")
         return ckpt, state
+
+    def _check_reference(self) -> None:
+        """A resumed run's KL reference is the model it started from, read again from its folder: a
+        folder moved or deleted since ended the resume with a traceback from transformers (it took the
+        path for a hub id); now one line naming it."""
+        kl = float(self.cfg.algo.kl_coef)
+        if kl > 0 and not (Path(self.init_path) / "config.json").is_file():
+            raise ConfigError(f"trainer.resume={str(self.cfg.trainer.resume)!r}: the model the run started from, "
+                              f"{self.init_path!r}, is its KL reference (algo.kl_coef={kl:g}) but has no config.json "
+                              "any more: put that folder back there (a moved one: a symlink at that path)")
 
     def _build_learner(self, path: str, resumed: bool) -> None:
         """The learner at `path` with the aligned learner spec (`self.rollout_spec` is the engine's)."""
@@ -545,10 +595,7 @@ class RLTrainer:
                                tensors={"optimizer": self.learner.opt.state_dict(), "torch_gen": self.gen.get_state()},
                                meta={"step": step, "np_rng": self.rng.bit_generator.state,
                                      "init_path": str(self.init_path), "skipped_in_a_row": self.skipped_in_a_row}))
-        keep = int(self.cfg.trainer.keep_checkpoints)
-        for old in sorted((self.run_dir / "checkpoints").glob("step_*"))[:-keep] if keep > 0 else []:
-            import shutil
-            shutil.rmtree(old, ignore_errors=True)
+        prune_checkpoints(self.run_dir, int(self.cfg.trainer.keep_checkpoints))
         return path
 
     # ------------------------------------------------------------------ the loop

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +135,7 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"SFT: {len(train)} train / {len(val)} val demos; "
                   + ", ".join(f"epoch {h['epoch']}: train {h['train_loss']:.3f} val {h['val_loss']:.3f}" for h in history)
-                  + f"; checkpoint {ckpt} (RL from it: agentq train model.path={ckpt})",
+                  + f"; checkpoint {ckpt} (RL from it: agentq train model.path={shlex.quote(str(ckpt))})",
                   markup=False, highlight=False, soft_wrap=True)
     return summary
 
@@ -218,6 +219,7 @@ def _fit(cfg: DictConfig, path: str, out: Path, train: list[Trajectory], val: li
                 logger.log(step, {"sft/train_loss": losses[-1]})
                 prog.update(bar, advance=1, info=f"loss {losses[-1]:.3f} val {val_loss:.3f}")
             val_loss = evaluate_nll(learner, val, bs) if val else float("nan")
+            prog.update(bar, info=f"loss {losses[-1]:.3f} val {val_loss:.3f}")     # the bar ends on this epoch's
             history.append({"epoch": epoch + 1, "train_loss": sum(losses) / len(losses), "val_loss": val_loss})
             logger.log(step, {"sft/epoch": epoch + 1, "sft/epoch_train_loss": history[-1]["train_loss"],
                               "sft/val_loss": val_loss})

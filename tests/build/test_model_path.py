@@ -2,7 +2,10 @@
 a pipeline's) is not one: the error names the checkpoint inside it, as `checkpoint=` did already."""
 from __future__ import annotations
 
+import re
+
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from agentq import build
@@ -19,7 +22,7 @@ def model_path_error(path) -> str:
 
 def make_checkpoint(folder):
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text("{}")
+    (folder / "config.json").write_text('{"model_type": "qwen3"}')
 
 
 @pytest.mark.parametrize("inside, meant", [
@@ -45,3 +48,126 @@ def test_a_checkpoint_is_taken(tmp_path):
     cfg = load_config([])
     OmegaConf.update(cfg, "model.path", str(tmp_path / "ckpt"))
     assert build.model_path(cfg) == str(tmp_path / "ckpt")
+
+
+# ---------------------------------------------------------------------- a user's own checkpoint folder
+def save_model(folder, config, tokenizer_from=None):
+    """A random-init model of `config` saved as a user would (save_pretrained), with the tokenizer of
+    the folder `tokenizer_from` beside it (none: no tokenizer files)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    if tokenizer_from is not None:
+        AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(folder)
+    return folder
+
+
+def qwen3(tokenizer_dir, **kw):
+    from transformers import AutoTokenizer, Qwen3Config
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    args = dict(vocab_size=((len(tok) + 63) // 64) * 64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+                eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id, bos_token_id=None)
+    return Qwen3Config(**{**args, **kw})
+
+
+def hf_cfg(path, *overrides):
+    return load_config(["model=hf", f"model.path={path}", "device=cpu", *overrides])
+
+
+def test_a_gpt2_checkpoint_is_refused_in_one_line_naming_its_architecture(tmp_path, tiny_model_dir, capsys):
+    """model.path at a GPT-2 folder ended `agentq train` with a traceback from the aligned learner ("QuantSpec
+    quantizes [...] but the model has no such linear layers"), and `agentq eval` with the engine's ValueError."""
+    from transformers import GPT2Config
+
+    from agentq.cli import main
+
+    gpt2 = save_model(tmp_path / "gpt2", GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=512, bos_token_id=0, eos_token_id=0), tiny_model_dir)
+    said = (f"model.path={str(gpt2)!r} is a model_type='gpt2' checkpoint (architectures ['GPT2LMHeadModel']); the "
+            "torch rollout engine runs model_type ['llama', 'qwen2', 'qwen3'] (the Llama / Qwen2 / Qwen3 families): "
+            "pick such a checkpoint, or rollout.backend=vllm for an architecture whose linears carry Llama's names "
+            "(q/k/v/o_proj, gate/up/down_proj), which the aligned learner quantizes (docs/vllm.md)")
+    with pytest.raises(ConfigError) as e:
+        build.model_path(hf_cfg(gpt2))
+    assert str(e.value) == said
+    run = tmp_path / "run"
+    assert main(["train", "model=hf", f"model.path={gpt2}", "algo=bf16", "trainer.steps=1", "env_pool=inline",
+                 f"trainer.out_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    assert f"agentq: {said}" in " ".join(err.split()) and "Traceback" not in err
+    assert not run.exists()
+    with pytest.raises(ConfigError, match=r"^checkpoint='.*gpt2' is a model_type='gpt2' checkpoint"):
+        build.make_backend(load_config([f"checkpoint={gpt2}"]), str(gpt2), torch.device("cpu"), torch.float32, None)
+
+
+def test_a_non_silu_mlp_is_refused(tmp_path, tiny_model_dir):
+    gelu = save_model(tmp_path / "gelu", qwen3(tiny_model_dir, hidden_act="gelu"), tiny_model_dir)
+    with pytest.raises(ConfigError, match=re.escape(f"model.path={str(gelu)!r} has hidden_act='gelu' in its config.json; "
+                                                    "the torch rollout engine runs SiLU MLPs only")):
+        build.model_path(hf_cfg(gelu))
+
+
+def test_a_folder_without_a_tokenizer_is_named(tmp_path, tiny_model_dir):
+    """transformers gave such a folder an empty tokenizer (1 token) without a word; the run then failed
+    with a traceback saying the tokenizer had no chat template."""
+    from agentq.utils.checkpoint import CheckpointError
+
+    bare = save_model(tmp_path / "bare", qwen3(tiny_model_dir))
+    assert build.model_path(hf_cfg(bare)) == str(bare)          # the model itself is fine
+    with pytest.raises(CheckpointError, match=re.escape(f"{bare} has no tokenizer (none of tokenizer.json, ")):
+        build.load_tokenizer(str(bare))
+
+
+def test_a_tokenizer_without_a_chat_template_is_one_line(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    folder = save_model(tmp_path / "base", qwen3(tiny_model_dir))
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = None
+    tok.save_pretrained(folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(ConfigError, match=re.escape(f"{folder}: the tokenizer has no chat_template; agentq needs one "
+                                                    "to render turns (a base model's tokenizer may have none")):
+        build.load_tokenizer(str(folder))
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path, tiny_model_dir):
+    """It failed mid-run, after the run folder was written: "context ids must be non-empty and in [0, 256)"."""
+    from transformers import AutoTokenizer
+
+    n = len(AutoTokenizer.from_pretrained(tiny_model_dir))
+    small = save_model(tmp_path / "small", qwen3(tiny_model_dir, vocab_size=256), tiny_model_dir)
+    assert n > 256
+    with pytest.raises(ConfigError, match=re.escape(f"{small}: its tokenizer has {n} tokens but the model's "
+                                                    "vocab_size is 256 (config.json)")):
+        build.load_tokenizer(str(small))
+
+
+@pytest.mark.parametrize("tied, dtype", [(True, "float32"), (False, "bfloat16")])
+def test_a_qwen3_checkpoint_tied_or_not_in_either_dtype_is_taken(tmp_path, tiny_model_dir, tied, dtype):
+    import json
+
+    ok = save_model(tmp_path / "ok", qwen3(tiny_model_dir, tie_word_embeddings=tied, dtype=dtype), tiny_model_dir)
+    saved = json.loads((ok / "config.json").read_text())
+    assert (saved["tie_word_embeddings"], saved["dtype"]) == (tied, dtype)
+    assert build.model_path(hf_cfg(ok)) == str(ok)
+    tok = build.load_tokenizer(str(ok))
+    assert tok.eos_token == "<|im_end|>"
+    engine = build.make_backend(hf_cfg(ok), str(ok), torch.device("cpu"), torch.float32, tok, max_slots=1)
+    assert engine.model.tied is tied
+    assert engine.model.embed_tokens.weight.dtype == torch.float32        # the run's dtype, not the file's
+
+
+def test_a_context_past_the_models_positions_is_said(tmp_path, tiny_model_dir, capsys):
+    """A 256-position model ran TextWorldExpress's 1,536-token contexts without a word."""
+    short = save_model(tmp_path / "short", qwen3(tiny_model_dir, max_position_embeddings=256), tiny_model_dir)
+    tok = build.load_tokenizer(str(short))
+    for ctx, warned in [(1536, True), (256, False)]:
+        cfg = hf_cfg(short, f"env.max_context_tokens={ctx}")
+        build.make_backend(cfg, str(short), torch.device("cpu"), torch.float32, tok, max_slots=1)
+        said = " ".join(capsys.readouterr().err.split())
+        assert (f"warning: env.max_context_tokens={ctx} is past the model's max_position_embeddings=256 "
+                f"({short}/config.json)" in said) is warned

@@ -196,3 +196,66 @@ def test_a_changed_model_on_resume_is_one_line_and_leaves_the_run_as_it_was(run_
     assert f"model.path None → {tiny_model_dir} would be used nowhere" in err and "Traceback" not in err
     assert (run_copy / "config.yaml").read_text() == config
     assert sorted(p.name for p in (run_copy / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+
+
+def test_a_resume_whose_starting_model_is_gone_says_so_in_one_line(tmp_path, tiny_model_dir, capsys):
+    """The KL reference of a resumed run is read from the folder the run started from: deleted or moved
+    since, the resume ended with transformers' traceback ("Repo id must be in the form ...")."""
+    model, run = Path(shutil.copytree(tiny_model_dir, tmp_path / "my model")), tmp_path / "run"
+    assert main(["train", "model=hf", f"model.path={model}", f"trainer.out_dir={run}", "trainer.steps=1",
+                 "trainer.tasks_per_step=1", "trainer.group_size=2", "env.max_steps=2", "env.max_new_tokens=8",
+                 "env_pool=inline", "trainer.eval_every=-1"]) == 0
+    shutil.rmtree(model)
+    config = (run / "config.yaml").read_text()
+    capsys.readouterr()
+    assert main(["train", f"trainer.resume={run}", "trainer.steps=2"]) == 2
+    err = capsys.readouterr().err
+    assert " ".join(err.split()).endswith(
+        f"agentq: trainer.resume='{run}': the model the run started from, '{model}', is its KL reference "
+        "(algo.kl_coef=0.001) but has no config.json any more: put that folder back there (a moved one: a "
+        "symlink at that path)") and "Traceback" not in err
+    assert (run / "config.yaml").read_text() == config
+    assert [r["step"] for r in step_rows(run)] == [1]
+
+
+def test_pruned_checkpoints_keep_the_evaluations_written_into_them(run_copy, capsys):
+    """`agentq eval checkpoint=<run>/checkpoints/step_N` writes its report into that folder by default;
+    trainer.keep_checkpoints then removed the whole folder, the user's evaluation with it."""
+    ckpts = run_copy / "checkpoints"
+    assert main(["eval", f"checkpoint={ckpts / 'step_000001'}", "eval.num_tasks=1", "env.max_steps=2",
+                 "env_pool=inline"]) == 0
+    report = (ckpts / "step_000001" / "eval-textworld_express-test" / "eval.json").read_text()
+    assert json.loads(report)["episodes"] == 1
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3", "trainer.keep_checkpoints=1"]) == 0
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001", "step_000003"]
+    assert [p.name for p in (ckpts / "step_000001").iterdir()] == ["eval-textworld_express-test"]
+    assert (ckpts / "step_000001" / "eval-textworld_express-test" / "eval.json").read_text() == report
+    said = " ".join(capsys.readouterr().err.split())
+    assert (f"removed checkpoint {ckpts / 'step_000001'}'s weights and state (trainer.keep_checkpoints=1); the folder "
+            "keeps what was written into it: eval-textworld_express-test") in said
+    # the evaluation's folder is no checkpoint: a resume takes the latest real one, and a later prune skips it
+    from agentq.trainer.rl import latest_checkpoint
+
+    assert latest_checkpoint(run_copy) == ckpts / "step_000003"
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=4", "trainer.keep_checkpoints=1"]) == 0
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001", "step_000004"]
+    assert [r["step"] for r in step_rows(run_copy)] == [1, 2, 3, 4]
+
+
+def test_a_resume_naming_the_same_model_folder_otherwise_is_no_change(tmp_path, monkeypatch):
+    """model.path given relative at the start and absolute on the resume (or through a symlink) is
+    the same folder: no refusal. Another folder still is one."""
+    from omegaconf import OmegaConf
+
+    from agentq.config import ConfigError
+    from agentq.trainer.rl import refuse_model_change
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    before = {"name": "hf", "path": "m"}
+    for same in (str(tmp_path / "m"), str(tmp_path / "link"), "./m"):
+        refuse_model_change("run", before, OmegaConf.create({"model": {"name": "hf", "path": same}}))
+    with pytest.raises(ConfigError, match=f"model.path m → {tmp_path / 'other'} would be used nowhere"):
+        refuse_model_change("run", before, OmegaConf.create({"model": {"name": "hf", "path": str(tmp_path / "other")}}))
