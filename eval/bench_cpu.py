@@ -31,7 +31,7 @@ import torch
 
 UNQUANTIZED = "unquantized (algo=bf16)"
 TIMES = ("step_time_s", "rollout_time_s", "train_time_s", "eval_time_s")
-#: (M, K, N) the issue measured on an AVX2-only Zen 3: decode batch, learner micro-batch, long prefill
+#: (M, K, N) first measured slow on an AVX2-only Zen 3: decode batch, learner micro-batch, long prefill
 GEMM_SHAPES = [(32, 256, 768), (256, 256, 768), (1024, 256, 512)]
 
 
