@@ -189,7 +189,8 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         else:
             old, new = OmegaConf.select(saved, key, default=None), OmegaConf.select(cfg, key)
             OmegaConf.update(saved, key, new, merge=False, force_add=True)
-            changed += [f"{key} {old} → {new}"] if old != new else []
+            # the resume itself is no change of the run's settings
+            changed += [f"{key} {old} → {new}"] if old != new and key != "trainer.resume" else []
     refuse_model_change(cfg.trainer.resume, model_before, saved)
     check_config(saved)
     OmegaConf.set_struct(saved, True)

@@ -110,9 +110,12 @@ def test_resume_past_trainer_steps_is_refused_and_the_final_checkpoint_is_not_re
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001", "step_000002"]
 
 
-def test_resume_continues_with_the_runs_config_and_the_command_lines_overrides(run_copy):
+def test_resume_continues_with_the_runs_config_and_the_command_lines_overrides(run_copy, capsys):
     # only the step count given: the run's own group size, tasks per step, lr, step cap and pool
     assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3"]) == 0
+    # the banner names the one change (trainer.resume itself is none)
+    assert "trainer.resume: the run's config.yaml, changed by this command line: trainer.steps 2 → 3 " in \
+        " ".join(capsys.readouterr().err.split()) + " "
     cfg = OmegaConf.load(run_copy / "config.yaml")
     assert (cfg.trainer.tasks_per_step, cfg.trainer.group_size, cfg.trainer.lr, cfg.trainer.steps) == (2, 2, 3e-6, 3)
     assert (cfg.env.max_steps, cfg.env_pool.type, cfg.trainer.resume) == (4, "inline", str(run_copy))
