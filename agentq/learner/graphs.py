@@ -31,7 +31,9 @@ row slots) and every bucket's forward is captured once and replayed for each pac
   gradient in and replays the backward graph, so micro-batches accumulate as before.
 - **Memory.** All graphs of a learner share one memory pool (`GraphPool`; its passes never run
   at the same time): it holds about the largest pass's eager peak (training: forward +
-  backward's), kept for the learner's lifetime. Eager passes cannot reuse it. The training
+  backward's), kept for the learner's lifetime. Eager passes cannot reuse it, so a capture that
+  runs out of memory drops every graph (`GraphPool.release`) and all passes run eagerly from then
+  on: the run goes on where the next eager pack would have run out as well. The training
   graphs add their gradients into one set of buffers outside it, which serve as the parameters'
   `.grad` (`PackGraphs.accumulate`).
 
@@ -186,6 +188,22 @@ class GraphPool:
     def __init__(self, capture: bool = True):
         self.handle = torch.cuda.graph_pool_handle() if capture else None
         self.pending: _Entry | None = None
+        self.runners: list[PackGraphs] = []
+        self.released: str | None = None       # why the graphs were dropped (`release`); None: in use
+
+    def release(self, why: str) -> None:
+        """Drop every graph of the pool and capture none after: its memory goes back to the eager
+        passes. A capture that runs out of memory calls it: the pool keeps about the largest pass's
+        peak, which eager passes cannot use, so the next eager pack would run out too, hours into a
+        run perhaps (new pack shapes are captured as they come); without graphs the run goes on."""
+        held = self.held_bytes()
+        for runner in self.runners:
+            runner.entries.clear()
+        self.released, self.pending = why, None
+        torch.cuda.empty_cache()
+        log.warning("CUDA graphs off for the rest of the run (%s): the %s their pool held go back to the eager "
+                    "passes; trainer.cuda_graphs=false or a lower pack_tokens avoids this", why,
+                    f"{held / 2**30:.1f} GiB" if held else "memory")
 
     def clear_pending(self) -> None:
         """Forget a training forward whose backward will not run (e.g. its step failed)."""
@@ -240,6 +258,7 @@ class PackGraphs:
         self.max_tokens, self.max_rows, self.max_graphs, self.capture = max_tokens, max_rows, max_graphs, capture
         self.device = next(model.parameters()).device
         self.pool = pool or GraphPool(capture)
+        self.pool.runners.append(self)
         self.entries: dict[Bucket, _Entry] = {}
         self.failed: set[Bucket] = set()       # buckets whose capture failed: eager from then on
         self.anchor = torch.zeros((), device=self.device, requires_grad=True)   # gives a replay a backward
@@ -264,10 +283,10 @@ class PackGraphs:
         scored = None if packed_scored is None else int(packed_scored.reshape(-1)[1:].sum())
         bucket = choose_bucket(layout.total, layout.num_rows, int(layout.lengths.max()), self.max_tokens,
                                self.max_rows, scored)
-        if (bucket is None or bucket in self.failed
+        if (bucket is None or bucket in self.failed or self.pool.released is not None
                 or (bucket not in self.entries and len(self.entries) >= self.max_graphs)):
             self.eager_packs += 1
-            if bucket is not None and bucket not in self.failed and not self._warned:
+            if bucket is not None and bucket not in self.failed and self.pool.released is None and not self._warned:
                 log.warning("CUDA graphs: %d buckets captured already; packs of other shapes run eagerly",
                             self.max_graphs)
                 self._warned = True
@@ -330,6 +349,8 @@ class PackGraphs:
             log.warning("CUDA graph capture of %s failed (%s: %s); packs of this shape run eagerly",
                         e.bucket, type(err).__name__, str(err).splitlines()[0] if str(err) else "")
             e.graph = e.bwd_graph = None
+            if isinstance(err, torch.OutOfMemoryError):
+                self.pool.release(f"the capture of {e.bucket} ran out of device memory")
             return False
         finally:
             release_activation_cache(self.model)

@@ -381,7 +381,8 @@ class Learner:
         runners = self.graphs.values()
         return {"graph_replays": sum(r.replays for r in runners),
                 "graph_captures": sum(len(r.entries) for r in runners),
-                "graph_eager_packs": sum(r.eager_packs for r in runners)}
+                "graph_eager_packs": sum(r.eager_packs for r in runners),
+                "graphs_released": int(self.graph_pool is not None and self.graph_pool.released is not None)}
 
     def minibatch_step(self, minib: PolicyBatch, objective: Objective, sums: dict[str, float],
                        weigh: "WeighMicro | None" = None) -> float | None:
@@ -698,7 +699,7 @@ def memory_hint(learner: "Learner", train: bool) -> str:
     advice = f"agentq: {what} ran out of device memory with {size}. Lower {knob}"
     if train and not getattr(learner.model, "is_gradient_checkpointing", False) and not learner.cuda_graphs:
         advice += " or set trainer.activation_checkpointing=true (each layer recomputed in backward)"
-    if learner.cuda_graphs:
+    if learner.cuda_graphs and not (learner.graph_pool is not None and learner.graph_pool.released):
         held = learner.graph_pool.held_bytes() if learner.graph_pool is not None else None
         advice += (", or set trainer.cuda_graphs=false: the CUDA graphs keep "
                    + (f"{held / 2**30:.1f} GiB" if held is not None else "about the largest pack's peak")
