@@ -7,6 +7,8 @@ ids and the behaviour policy's log-prob of every sampled token.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol, runtime_checkable
 
@@ -19,7 +21,8 @@ from agentq.kernels.quant_spec import QuantSpec
 class SamplingParams:
     """Temperature-only sampling (top_p=1, top_k=-1) keeps log-probs exact for RL: the learner
     reproduces the same distribution. Top-p/top-k renormalise, and the reported log-probs are
-    those of the truncated distribution actually sampled from."""
+    those of the truncated distribution actually sampled from. top_k -1 or 0 (vLLM's convention)
+    keeps the whole vocabulary."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -36,14 +39,23 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if self.temperature < 0:
-            raise ValueError("temperature must be ≥ 0 (0 = greedy)")
+        # NaN passes every comparison below unnoticed (the samplers would read it as temperature 1),
+        # and an infinite temperature samples uniformly: both refused
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be finite and ≥ 0 (0 = greedy), got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be ≥ 1")
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be an int ≥ 1, or -1 / 0 for no truncation, got {self.top_k!r}")
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int ≥ 1, got {self.max_new_tokens!r}")
         if any(not isinstance(x, str) or not x for x in self.stop):
             raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
+
+
+def _is_int(x: object) -> bool:
+    """An integer (Python's or numpy's), not a bool or a float."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 @dataclass
@@ -52,6 +64,15 @@ class TurnRequest:
     context_ids: list[int]           # prompt + earlier turns + observations, exactly as tokens
     sampling: SamplingParams
     seed: int | None = None          # per-episode sampling seed (reproducible whatever the batch)
+
+    def __post_init__(self):
+        # a seed the samplers cannot take (a float, ≥ 2⁶³) would otherwise fail inside generate(),
+        # after the episode took its KV slot
+        if self.seed is not None:
+            if not _is_int(self.seed) or not -2 ** 63 <= self.seed < 2 ** 63:
+                raise ValueError(f"episode {self.episode_id}: seed must be a 64-bit signed int or None, "
+                                 f"got {self.seed!r}")
+            self.seed = int(self.seed)
 
 
 @dataclass

@@ -127,19 +127,41 @@ def test_weight_sync_requantizes_and_invalidates_cached_kv(tiny_model_dir, hf_mo
     assert eng.stats["prefill_tokens"] - before == len(ctx) and r.policy_version == 2
 
 
-def test_a_weight_set_with_a_missing_or_unknown_name_changes_nothing(tiny_model_dir, hf_model):
+def _last_as(name: str, bad):
+    """A weight set whose tensor `name`, moved to the end, is replaced by bad(tensor)."""
+    def make(new: dict) -> list:
+        w = new.pop(name)
+        return [*new.items(), (name, bad(w))]
+    return make
+
+
+SHAPE = "the engine takes a floating-point tensor of shape"
+
+
+@pytest.mark.parametrize("weight_set, error, match", [
+    (lambda new: [(k, v) for k, v in new.items() if k != "model.norm.weight"], KeyError, "missing"),
+    (lambda new: [*new.items(), ("model.extra.weight", torch.ones(2))], KeyError,
+     "no parameter for 'model.extra.weight'"),
+    # `copy_` broadcasts: these loaded without a word, into every row / channel
+    (_last_as("model.norm.weight", lambda w: w[:1]), ValueError, "model.norm.weight: " + SHAPE),
+    (_last_as("model.embed_tokens.weight", lambda w: w[:1]), ValueError, "model.embed_tokens.weight: " + SHAPE),
+    (_last_as("model.layers.1.self_attn.q_proj.weight", lambda w: w[:1]), ValueError, "q_proj.weight: " + SHAPE),
+    # and these failed part-way (transposed) or loaded converted (integers)
+    (_last_as("model.layers.0.mlp.down_proj.weight", lambda w: w.T.contiguous()), ValueError, "down_proj.weight: " + SHAPE),
+    (_last_as("model.layers.0.input_layernorm.weight", lambda w: w.round().long()), ValueError, "torch.int64"),
+])
+def test_a_weight_set_refused_for_its_names_or_shapes_changes_nothing(tiny_model_dir, hf_model, weight_set, error,
+                                                                       match):
+    """Names, shapes and dtypes are checked before anything is copied: the engine plays on unchanged."""
     eng = engine(tiny_model_dir, "w8a8_kv8")
     sp = SamplingParams(max_new_tokens=4)
     ctx = [5 + j % 60 for j in range(30)]
     first = eng.generate([TurnRequest(0, ctx, sp, seed=0)])[0]
     embed = eng.model.embed_tokens.weight.clone()
     new = {k: v.clone() * 1.7 for k, v in hf_model.state_dict().items()}
-    missing = [(k, v) for k, v in new.items() if k != "model.norm.weight"]
-    with pytest.raises(KeyError, match="missing"):
-        eng.update_weights(missing, version=1)
-    with pytest.raises(KeyError, match="no parameter for 'model.extra.weight'"):
-        eng.update_weights([*new.items(), ("model.extra.weight", torch.ones(2))], version=1)
-    # the names were refused before any copy: the old weights and version stand, the turn replays
+    with pytest.raises(error, match=match):
+        eng.update_weights(weight_set(new), version=1)
+    # the old weights and version stand, the turn replays
     assert torch.equal(eng.model.embed_tokens.weight, embed) and eng.policy_version == 0
     eng.release(0)
     again = eng.generate([TurnRequest(0, ctx, sp, seed=0)])[0]
@@ -151,7 +173,9 @@ def test_a_weight_load_that_fails_part_way_stops_generation_until_a_full_load(ti
     sp = SamplingParams(max_new_tokens=2)
     eng.generate([TurnRequest(0, [5, 6, 7], sp, seed=0)])
     sd = dict(hf_model.state_dict())
-    bad = {**sd, "model.norm.weight": torch.ones(3)}        # the last tensor does not fit: a part-way load
+    # names and shapes check out, but the last tensor has no data to copy (as a device error would
+    # strike mid-load): a part-way load
+    bad = {**sd, "model.norm.weight": torch.ones(sd["model.norm.weight"].shape, device="meta")}
     with pytest.raises(RuntimeError):
         eng.update_weights(bad.items(), version=1)
     with pytest.raises(RuntimeError, match="failed part-way"):
@@ -229,6 +253,113 @@ def test_a_refused_batch_takes_no_slot_and_draws_nothing(tiny_model_dir, tokeniz
     fresh = engine(tiny_model_dir, max_slots=2).generate([TurnRequest(e, [5, 6, 7], sp, seed=e) for e in range(2)])
     again = eng.generate([TurnRequest(e, [5, 6, 7], sp, seed=e) for e in range(2)])
     assert [r.token_ids for r in again] == [r.token_ids for r in fresh]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(temperature=float("nan")), "temperature must be finite"),   # read as temperature 1 before
+    (dict(temperature=float("inf")), "temperature must be finite"),   # a uniform draw
+    (dict(top_k=-2), "top_k must be an int"),                          # truncation silently off
+    (dict(top_k=2.5), "top_k must be an int"),                         # torch.topk's TypeError mid-turn
+    (dict(max_new_tokens=2.5), "max_new_tokens must be an int"),       # 3 tokens
+    (dict(max_new_tokens=True), "max_new_tokens must be an int"),
+])
+def test_sampling_params_the_samplers_would_misread_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kw)
+
+
+def test_top_k_0_is_no_truncation_like_minus_1(tiny_model_dir):
+    """vLLM's convention, which its backend maps to: top_k 0 and -1 both keep the whole vocabulary."""
+    ctx = [11 + j % 50 for j in range(20)]
+    a, b = (engine(tiny_model_dir).generate([TurnRequest(0, ctx, SamplingParams(max_new_tokens=8, top_k=k), seed=3)])[0]
+            for k in (0, -1))
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
+@pytest.mark.parametrize("seed", [1.5, 2 ** 63, -2 ** 63 - 1, "7"])
+def test_a_seed_the_samplers_cannot_take_is_refused_before_a_slot_is_taken(tiny_model_dir, seed):
+    """A float or a seed beyond 64 bits failed inside generate(), after the episode took its KV slot."""
+    eng = engine(tiny_model_dir, max_slots=1)
+    with pytest.raises(ValueError, match="seed must be a 64-bit signed int"):
+        eng.generate([TurnRequest(0, [5, 6, 7], SamplingParams(max_new_tokens=2), seed=seed)])
+    assert eng._slot_of == {} and len(eng._free) == 1
+    for ok in (2 ** 63 - 1, -2 ** 63):        # the ends of the range both samplers take
+        r = eng.generate([TurnRequest(1, [5, 6, 7], SamplingParams(max_new_tokens=2), seed=ok)])[0]
+        assert len(r.token_ids) == 2
+        eng.release(1)
+
+
+def test_score_leaves_an_episode_of_a_negative_id_alone(tiny_model_dir):
+    """score() borrowed a slot under a negative scratch episode id (-1 first): an episode with that id
+    lost its slot, its cached K/V and its sampler (the next turn replayed its seed's first draws)."""
+    sp = SamplingParams(max_new_tokens=6)
+    ctx = [7 + j % 90 for j in range(25)]
+    runs = []
+    for scoring in (False, True):
+        eng = engine(tiny_model_dir)
+        t1 = eng.generate([TurnRequest(-1, ctx, sp, seed=9)])[0]
+        if scoring:
+            assert len(eng.score(ctx[:10], ctx[10:14])) == 4
+        before = eng.stats["prefill_tokens"]
+        t2 = eng.generate([TurnRequest(-1, ctx + t1.token_ids + [21, 22], sp, seed=9)])[0]
+        runs.append((t1.token_ids, t2.token_ids, t2.logprobs, eng.stats["prefill_tokens"] - before))
+    assert runs[1] == runs[0] and runs[0][3] == 1 + 2     # turn 2 prefilled only its delta, both times
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda sp: [TurnRequest(0, [5, 6], sp), TurnRequest(0, [5, 6, 7], sp)], "two requests for the same episode"),
+    (lambda sp: [TurnRequest(0, [5, 6], sp), TurnRequest(1, [5, 6], SamplingParams(max_new_tokens=3))],
+     "must share SamplingParams"),
+    (lambda sp: [TurnRequest(0, [5, 6], sp), TurnRequest(1, [], sp)], "must be non-empty"),
+    (lambda sp: [TurnRequest(0, [5, 6], sp), TurnRequest(1, [5, 448], sp)], r"in \[0, 448\)"),
+    (lambda sp: [TurnRequest(0, [5, 6], sp), TurnRequest(1, [-1, 6], sp)], r"in \[0, 448\)"),
+])
+def test_a_malformed_batch_is_refused_before_any_state_changes(tiny_model_dir, bad, match):
+    eng = engine(tiny_model_dir, max_slots=2)
+    sp = SamplingParams(max_new_tokens=2)
+    with pytest.raises(ValueError, match=match):
+        eng.generate(bad(sp))
+    assert eng._slot_of == {} and len(eng._free) == 2 and eng.stats["prefill_tokens"] == 0
+
+
+def test_slots_come_back_over_many_episodes_and_scores(tiny_model_dir):
+    """Two slots serve twenty episodes played and released in turn, with a score() in between."""
+    eng = engine(tiny_model_dir, max_slots=2, max_len=64)
+    sp = SamplingParams(max_new_tokens=3)
+    for e in range(0, 20, 2):
+        res = eng.generate([TurnRequest(e, [5, 6, 7 + e], sp, seed=e), TurnRequest(e + 1, [8, 9], sp, seed=e)])
+        assert [len(r.token_ids) for r in res] == [3, 3]
+        with pytest.raises(RuntimeError, match="all 2 KV slots are in use"):
+            eng.score([5, 6], [7])
+        eng.release(e)
+        assert len(eng.score([5, 6], [7])) == 1
+        eng.release(e + 1)
+    assert sorted(eng._free) == [0, 1] and not eng._slot_of and not eng._cached and not eng._generators
+
+
+@pytest.mark.parametrize("sampler", ["generator", "counter"])
+def test_an_episode_plays_the_same_turns_alone_and_in_any_batch(tiny_model_dir, sampler):
+    """Three turns of episode 0 (seed fixed): alone, and among five others (one with its very context
+    and another seed, the rest of other lengths), in another request order, slot and prefill chunking.
+    Truncated sampling and stop tokens included: the other rows stop at other steps."""
+    sp = SamplingParams(max_new_tokens=10, temperature=0.8, top_k=40, top_p=0.95, stop_token_ids=(76, 330))
+    target = [7 + (5 * j) % 90 for j in range(33)]
+    others = {i: [9 + (3 * j + i) % 80 for j in range(10 + 13 * i)] for i in range(1, 5)}
+    others[5] = list(target)
+
+    def play(eng, contexts):
+        ctx, turns = dict(contexts), []
+        for _ in range(3):
+            for r in eng.generate([TurnRequest(e, c, sp, seed=1000 + e) for e, c in ctx.items()]):
+                ctx[r.episode_id] = ctx[r.episode_id] + r.token_ids + [20, 21]
+                if r.episode_id == 0:
+                    turns.append((r.token_ids, r.finish_reason))
+        return turns
+
+    alone = play(engine(tiny_model_dir, sampler=sampler), {0: target})
+    first = play(engine(tiny_model_dir, sampler=sampler), {**others, 0: target})
+    last = play(engine(tiny_model_dir, sampler=sampler, share_prefill=False, prefill_chunk=7), {0: target, **others})
+    assert alone == first == last and sum(len(t) for t, _ in alone) > 6
 
 
 def test_a_plain_string_is_one_stop_string():

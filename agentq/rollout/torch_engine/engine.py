@@ -31,7 +31,7 @@ from agentq.utils.device import device_tensor, to_device
 
 from .kv_cache import KVCache
 from .decode import DecodeRunner, DecodeStep
-from .model import EngineModel
+from .model import EngineModel, WeightsRefused
 from .prefill_graphs import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS, PrefillRunner, chunk_inputs
 from .weight_sync import SyncGraph
 from .sampler import processed_logprobs, sample
@@ -116,7 +116,6 @@ class TorchEngine(RolloutBackend):
         self._free = list(range(max_slots))          # a min-heap: the lowest free slot first (`_slot`)
         self._generators: dict[int, torch.Generator] = {}
         self._seeds: dict[int, int] = {}            # episode id → counter-sampler seed
-        self._scratch_id = 0
         # prefill_tokens: computed by a prefill forward; shared_tokens: copied from another slot
         # instead (share_prefill); reused_tokens: already in the episode's own slot from a turn before
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "reused_tokens": 0, "shared_tokens": 0}
@@ -160,14 +159,15 @@ class TorchEngine(RolloutBackend):
         t0 = time.perf_counter()
         # K/V cached under the old weights is stale: drop it, the next turn re-prefills. Dropped
         # before loading, and the engine refuses to generate until a load completes: a load that
-        # fails part-way (a shape that does not fit) leaves weights of neither version.
+        # fails part-way (a device error; names, shapes and dtypes are checked before any copy)
+        # leaves weights of neither version.
         for slot in self._cached:
             self._cached[slot] = []
         self._weights_failed = True
         try:
             info = self.syncer.load(list(named_tensors))
-        except KeyError:
-            self._weights_failed = False      # unknown / missing names are refused before any copy
+        except (KeyError, WeightsRefused):
+            self._weights_failed = False      # unknown / missing names, wrong shapes: refused before any copy
             raise
         self._weights_failed = False
         self.policy_version = version
@@ -237,16 +237,18 @@ class TorchEngine(RolloutBackend):
             raise ValueError(f"score(): context + target of {len(ids)} tokens does not fit max_len={self.max_len}")
         if not target_ids:
             return []
-        self._scratch_id -= 1                         # negative ids never collide with episodes
-        eid = self._scratch_id
-        slot = self._slot(eid)
+        # a free slot held by no episode id: any int is a valid episode id (negative ones too), so
+        # a scratch id could name a live episode, whose slot, K/V and sampler this would take
+        slot = self._take_slot()
+        self._cached[slot] = []
         try:
             logits = self._prefill([slot], [ids], all_logits=True)[0]     # [len(ids), V]
             logp = processed_logprobs(logits[len(context_ids) - 1: len(ids) - 1], params)
             tgt = torch.tensor(target_ids, device=logp.device)
             return logp.gather(-1, tgt[:, None]).squeeze(-1).tolist()
         finally:
-            self.release(eid)
+            self._cached.pop(slot, None)
+            heapq.heappush(self._free, slot)
 
     # ------------------------------------------------------------------ internals
     def _check_weights(self) -> None:
@@ -271,15 +273,18 @@ class TorchEngine(RolloutBackend):
 
     def _slot(self, episode_id: int) -> int:
         if episode_id not in self._slot_of:
-            if not self._free:
-                raise RuntimeError(f"all {self.max_slots} KV slots are in use; release finished episodes "
-                                   "or raise rollout.max_slots")
-            # the lowest free slot: a batch of episodes started together reads consecutive slots,
-            # which the CPU cache reads as views (`KVCache.read`)
-            slot = heapq.heappop(self._free)
+            slot = self._take_slot()
             self._slot_of[episode_id] = slot
             self._cached[slot] = []
         return self._slot_of[episode_id]
+
+    def _take_slot(self) -> int:
+        """Pop the lowest free slot: a batch of episodes started together reads consecutive slots,
+        which the CPU cache reads as views (`KVCache.read`)."""
+        if not self._free:
+            raise RuntimeError(f"all {self.max_slots} KV slots are in use; release finished episodes "
+                               "or raise rollout.max_slots")
+        return heapq.heappop(self._free)
 
     def _drawer(self, requests: list[TurnRequest], params: SamplingParams) -> "_Drawer":
         if self.sampler == "counter":

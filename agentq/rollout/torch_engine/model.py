@@ -34,6 +34,10 @@ SUPPORTED = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 PREFILL_KV_WRITE = os.environ.get("AGENTQ_PREFILL_KV_WRITE", "1") != "0"
 
 
+class WeightsRefused(ValueError):
+    """A weight set refused before any tensor was copied (a shape or dtype the engine cannot take)."""
+
+
 #: a linear's input: rows of the model dtype, or their per-token int8 codes and fp32 scales
 Activation = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
@@ -487,6 +491,13 @@ class EngineModel(nn.Module):
         missing = set(self._targets) - {n for n, _ in named_tensors}
         if strict and missing:
             raise KeyError(f"weights missing for {sorted(missing)[:5]}{' ...' if len(missing) > 5 else ''}")
+        # and shapes / dtypes: `copy_` broadcasts, so a [1, H] embedding or a [1] norm weight would
+        # otherwise load silently into every row
+        for name, w in named_tensors:
+            want = self._target_shape(name)
+            if tuple(w.shape) != want or not w.is_floating_point():
+                raise WeightsRefused(f"{name}: the engine takes a floating-point tensor of shape {list(want)}, "
+                                     f"got {w.dtype} {list(w.shape)}")
         seen, total = set(), 0
         changed: torch.Tensor | int = 0
         for name, w in named_tensors:
@@ -504,6 +515,14 @@ class EngineModel(nn.Module):
                 getattr(mod, attr).copy_(w.to(getattr(mod, attr).dtype))
             seen.add(name)
         return {"loaded": len(seen), "codes_changed": changed, "codes_total": total}
+
+    def _target_shape(self, name: str) -> tuple[int, ...]:
+        """The shape of HF tensor `name` (one of `_targets`) as the checkpoint holds it."""
+        mod, attr = self._targets[name]
+        if isinstance(attr, tuple):            # one projection of a fused linear: its rows
+            rows = mod.parts[attr[1]]
+            return (rows, mod.in_features) if attr[0] == "load" else (rows,)
+        return tuple(getattr(mod, attr).shape)
 
     # ------------------------------------------------------------------ forward
     def rope_table(self) -> tuple[torch.Tensor, torch.Tensor]:
