@@ -22,7 +22,7 @@ from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
 from agentq.config import ConfigError, differing_settings, in_sections, make_setting_dir
 from agentq.pool import EnvPool
-from agentq.rollout.backend import RolloutBackend
+from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.logging import console, jsonable, progress
 
 from .episodes import eval_record, write_trajectories
@@ -90,7 +90,8 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
         header: leading report keys (e.g. `step`, `checkpoint`).
 
     Returns:
-        The report: header, env, split, numerics, `task_selection` and `metrics.summarize`'s keys;
+        The report: header, env, split, numerics, `sampling` (`sampling_record`), `task_selection` and
+        `metrics.summarize`'s keys (an episode that errored counts as lost, in its task type's row too);
         in memory also `out_dir` (the paired tests read every episode from its episodes.jsonl),
         which eval.json leaves out.
     """
@@ -98,10 +99,25 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
     sampling = build.sampling_params(cfg, chat, cfg.eval.temperature)
     loop = build.agent_loop(cfg, pool, chat, sampling, min(max_concurrent, len(tasks)), run_seed=seed)
     trajs = run_episodes(loop, BackendPolicy(backend), tasks, split, seed, first_id, description)
+    for t in trajs:     # errored at reset: no info from the env, but its task's type is known
+        if t.info.get("task_type") is None and t.task_id in selection.types:
+            t.info["task_type"] = selection.types[t.task_id]
     report = {**header, "env": cfg.env.name, "split": split, "rollout_quant": cfg.rollout.quant,
-              "rollout_backend": cfg.rollout.backend, "temperature": float(cfg.eval.temperature), "task_selection": selection.to_dict(), **summarize(trajs)}
+              "rollout_backend": cfg.rollout.backend, "temperature": float(cfg.eval.temperature),
+              "sampling": sampling_record(sampling, seed, repeats), "task_selection": selection.to_dict(),
+              **summarize(trajs)}
     write_eval(out, report, trajs)
     return report
+
+
+def sampling_record(sampling: SamplingParams, seed: int, repeats: int) -> dict:
+    """How an evaluation's actions were decoded, for eval.json: temperature (0: greedy, whatever top_p
+    and top_k say), top_p and top_k (the rollout's: `eval.temperature` alone is the evaluation's own, and
+    a truncated sampler is another policy), the turn's token budget, the evaluation seed every episode's
+    sampling seed derives from (with its episode id) and the episodes per task."""
+    return {"temperature": float(sampling.temperature), "greedy": sampling.temperature == 0,
+            "top_p": float(sampling.top_p), "top_k": int(sampling.top_k), "max_new_tokens": int(sampling.max_new_tokens),
+            "seed": int(seed), "repeats": int(repeats)}
 
 
 def evaluate(cfg: DictConfig) -> dict:

@@ -25,6 +25,9 @@ class TaskSelection:
     num_available: int               # tasks in the split
     seed: int | None
     per_type: dict[str, list[int]] = field(default_factory=dict)   # type → [chosen, in the split]
+    #: chosen task id → its type (typed environments only; not in `to_dict`): an episode that errored
+    #: before its env reported `info["task_type"]` still counts in its type's row of the report
+    types: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
         n, m = len(self.tasks), self.num_available
@@ -115,4 +118,5 @@ def select_tasks(all_tasks: list[str], num_tasks: int | None, task_type: Callabl
         ty = types[i]
         if ty is not None:
             per_type[ty][0] += 1
-    return TaskSelection([all_tasks[i] for i in chosen], how, m, seed_used, per_type)
+    return TaskSelection([all_tasks[i] for i in chosen], how, m, seed_used, per_type,
+                         {all_tasks[i]: kind for i in chosen if (kind := types[i]) is not None})

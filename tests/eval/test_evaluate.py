@@ -249,3 +249,48 @@ def test_episodes_that_never_played_a_turn_are_named(tiny_model_dir, tmp_path, c
     check_unplayed(OmegaConf.create({"env": {"max_context_tokens": 99}}), {"unplayed": 1, "episodes": 4})
     assert ("warning: 1 of 4 episodes ended before their first turn (counted as lost): their first prompt does not "
             "fit env.max_context_tokens=99") in " ".join(capsys.readouterr().err.split())
+
+
+def test_eval_json_records_how_the_actions_were_decoded(tiny_model_dir, tmp_path):
+    """eval.json held `temperature` alone: an evaluation with the rollout's top_p / top_k truncation (which
+    `agentq eval` allows) read as plain sampling, and the seed and repeats behind its episodes were
+    nowhere in it."""
+    out = tmp_path / "ev"
+    assert main(["eval", f"checkpoint={tiny_model_dir}", *SMALL, "eval.temperature=0.7", "rollout.top_p=0.9",
+                 "rollout.top_k=5", "eval.repeats=2", "seed=4", f"eval.out_dir={out}"]) == 0
+    report = json.loads((out / "eval.json").read_text())
+    assert report["sampling"] == {"temperature": 0.7, "greedy": False, "top_p": 0.9, "top_k": 5, "max_new_tokens": 8,
+                                  "seed": 5, "repeats": 2}
+    assert report["temperature"] == 0.7 and report["episodes"] == 2
+    assert main(["eval", f"checkpoint={tiny_model_dir}", *SMALL, f"eval.out_dir={out}"]) == 0
+    assert json.loads((out / "eval.json").read_text())["sampling"] == {
+        "temperature": 0.0, "greedy": True, "top_p": 1.0, "top_k": -1, "max_new_tokens": 8, "seed": 1, "repeats": 1}
+
+
+def test_an_episode_that_errored_at_reset_counts_in_its_task_types_row(tiny_model_dir, tmp_path, monkeypatch):
+    """An env that raised in reset() left the episode without `info["task_type"]`: the overall success rate
+    counted it as lost while the per-task-type rows left it out (coin: 2 episodes, not 3), so the rows
+    claimed a higher success than the total."""
+    from agentq.config import load_config
+    from agentq.envs.textworld_express.env import TextWorldExpressEnv
+    from agentq.eval.evaluate import choose_eval_tasks
+
+    args = ["env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8", "eval.num_tasks=3", "split=dev"]
+    broken = choose_eval_tasks(load_config(args), "dev", 3).tasks[1]
+    reset = TextWorldExpressEnv._reset_task
+
+    def failing(self, task_id, split):
+        if task_id == broken:
+            raise RuntimeError("boom at reset")
+        return reset(self, task_id, split)
+    monkeypatch.setattr(TextWorldExpressEnv, "_reset_task", failing)
+    out = tmp_path / "ev"
+    assert main(["eval", f"checkpoint={tiny_model_dir}", *args, f"eval.out_dir={out}"]) == 0
+    report = json.loads((out / "eval.json").read_text())
+    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert (report["episodes"], report["errors"]) == (3, 1)
+    assert [e["end_reason"] == "error" for e in episodes] == [False, True, False]
+    won = sum(e["won"] for e in episodes)
+    assert report["per_task_type"] == {"coin": {"episodes": 3, "success_rate": won / 3,
+                                                "score_mean": sum(e["score"] for e in episodes) / 3}}
+    assert episodes[1]["task_type"] == "coin"

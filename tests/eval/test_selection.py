@@ -46,3 +46,34 @@ def test_all_first_and_untyped():
         select_tasks(TASKS, 4, _type, method="random")
     with pytest.raises(ValueError, match="eval.num_tasks=-1"):
         select_tasks(TASKS, -1, _type)
+
+
+def test_real_split_sample_matches_hand_shares_and_is_the_same_in_a_fresh_process(tmp_path):
+    """Two checkpoints evaluated separately (other processes, other hash seeds) must play the same tasks,
+    or the paired test pairs nothing. ALFWorld's gen_unseen (6 types × 25, no download): 10 tasks are one
+    per type, then the 4 left go to the types furthest below 10/6 = 1.67 each, ties by name: the first four."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("alfworld")
+    from agentq.config import load_config
+    from agentq.eval.evaluate import choose_eval_tasks
+
+    over = ["env=alfworld", f"env.kwargs.cache_dir={tmp_path}", "seed=7"]
+    sel = choose_eval_tasks(load_config(over), "gen_unseen", 10)
+    assert sel.method == "stratified" and sel.num_available == 150
+    assert sel.per_type == {"look_at_obj_in_light": [2, 25], "pick_and_place_simple": [2, 25],
+                            "pick_clean_then_place_in_recep": [2, 25], "pick_cool_then_place_in_recep": [2, 25],
+                            "pick_heat_then_place_in_recep": [1, 25], "pick_two_obj_and_place": [1, 25]}
+    assert sorted(sel.types.values()) == sorted(t.split("/")[0] for t in sel.tasks)
+    code = ("import json, sys; from agentq.config import load_config; from agentq.eval.evaluate import choose_eval_tasks; "
+            f"print(json.dumps(choose_eval_tasks(load_config({over!r}), 'gen_unseen', 10).tasks))")
+    for hash_seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                             env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == sel.tasks
+    # another seed draws other tasks with the same shares
+    other = choose_eval_tasks(load_config([*over[:2], "seed=8"]), "gen_unseen", 10)
+    assert other.per_type == sel.per_type and other.tasks != sel.tasks
