@@ -219,7 +219,11 @@ class GraphPool:
         except (RuntimeError, AttributeError):
             return None
         ours = tuple(self.handle) if isinstance(self.handle, (tuple, list)) else None
-        if ours is None or not segments or "segment_pool_id" not in segments[0]:
+        if ours is None:
+            return None
+        if not segments:                 # nothing allocated on the device yet (a fresh process)
+            return 0
+        if "segment_pool_id" not in segments[0]:
             return None
         return sum(s["total_size"] for s in segments if tuple(s["segment_pool_id"]) == ours)
 
