@@ -561,3 +561,11 @@ def test_a_prefix_common_to_new_contexts_is_prefilled_once(tiny_model_dir, quant
     eng = engine(tiny_model_dir, quant)
     _turns(eng, short, 1)
     assert eng.stats["shared_tokens"] == 0 and eng.stats["prefill_tokens"] == sum(map(len, short.values()))
+
+
+@pytest.mark.parametrize("kw", [dict(max_slots=0), dict(max_len=0), dict(max_slots=2.0), dict(max_len=True)])
+def test_an_engine_without_a_slot_or_a_position_is_refused_when_built(tiny_model_dir, kw):
+    """max_slots=0 or max_len=0 built an engine that failed only at its first turn."""
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=f"rollout engine {name} must be an int ≥ 1, got {kw[name]!r}"):
+        engine(tiny_model_dir, **kw)

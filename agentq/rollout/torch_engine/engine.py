@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import heapq
+import numbers
 import time
 from typing import Any, Iterable, Literal, overload
 
@@ -61,7 +62,11 @@ def _kv_cache(cfg: Any, quant: QuantSpec, slots: int, max_len: int, dtype: torch
     return KVCache(cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_len, head_dim, quant, dtype, device)
 
 
-def _check_args(sampler: str, prefill_chunk: int) -> None:
+def _check_args(sampler: str, prefill_chunk: int, max_slots: int, max_len: int) -> None:
+    # an engine without a slot or a position was built without a word and failed at its first turn
+    for name, value in (("max_slots", max_slots), ("max_len", max_len)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"rollout engine {name} must be an int ≥ 1, got {value!r}")
     if sampler not in SAMPLERS:
         raise ValueError(f"rollout sampler must be one of {SAMPLERS}, got {sampler!r}")
     if prefill_chunk < 1:
@@ -95,7 +100,7 @@ class TorchEngine(RolloutBackend):
             prefill_graph_max: the most prefill graphs captured; chunks of buckets met after that
                 run eagerly, unpadded. 0: no prefill graphs.
         """
-        _check_args(sampler, prefill_chunk)
+        _check_args(sampler, prefill_chunk, max_slots, max_len)
         self.quant, self.tokenizer = quant, tokenizer       # tokenizer: only to detect stop strings
         self.device = torch.device(device)
         self.model = EngineModel(hf_config, quant, dtype, self.device)
