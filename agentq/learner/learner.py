@@ -382,7 +382,12 @@ class Learner:
         return {"graph_replays": sum(r.replays for r in runners),
                 "graph_captures": sum(len(r.entries) for r in runners),
                 "graph_eager_packs": sum(r.eager_packs for r in runners),
-                "graphs_released": int(self.graph_pool is not None and self.graph_pool.released is not None)}
+                "graphs_released": int(self.graphs_released)}
+
+    @property
+    def graphs_released(self) -> bool:
+        """Whether a capture ran out of memory and the graphs were dropped (`GraphPool.release`)."""
+        return self.graph_pool is not None and self.graph_pool.released is not None
 
     def minibatch_step(self, minib: PolicyBatch, objective: Objective, sums: dict[str, float],
                        weigh: "WeighMicro | None" = None) -> float | None:
@@ -699,7 +704,7 @@ def memory_hint(learner: "Learner", train: bool) -> str:
     advice = f"agentq: {what} ran out of device memory with {size}. Lower {knob}"
     if train and not getattr(learner.model, "is_gradient_checkpointing", False) and not learner.cuda_graphs:
         advice += " or set trainer.activation_checkpointing=true (each layer recomputed in backward)"
-    if learner.cuda_graphs and not (learner.graph_pool is not None and learner.graph_pool.released):
+    if learner.cuda_graphs and not learner.graphs_released:
         held = learner.graph_pool.held_bytes() if learner.graph_pool is not None else None
         advice += (", or set trainer.cuda_graphs=false: the CUDA graphs keep "
                    + (f"{held / 2**30:.1f} GiB" if held is not None else "about the largest pack's peak")

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from agentq import build
 from agentq.agent import BackendPolicy, ChatFormat
 from agentq.agent.trajectory import Trajectory
-from agentq.config import ConfigError, check_config, load_config
+from agentq.config import ConfigError, check_config, config_leaves, load_config
 from agentq.algos import Objective, Prepared, grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
 from agentq.eval.evaluate import EVAL_FIRST_ID, choose_eval_tasks, errored_text, eval_seed, evaluate_policy
@@ -203,10 +203,7 @@ def refuse_model_change(resume: str, before: Any, saved: DictConfig) -> None:
     """A resume's weights are its latest checkpoint's and its KL reference the model it started
     from: a command line that changes the `model` section (model.path, model=, model.tiny.*) would
     be written into config.yaml and used nowhere, so it is refused, naming the keys."""
-    after = OmegaConf.to_container(saved.get("model"), resolve=True) if saved.get("model") is not None else None
-    if after == before:
-        return
-    flat_before, flat_after = _flat("model", before), _flat("model", after)
+    flat_before, flat_after = config_leaves({"model": before}), config_leaves({"model": saved.get("model")})
     keys = [f"{k} {flat_before.get(k)} → {flat_after.get(k)}" for k in sorted(set(flat_before) | set(flat_after))
             if flat_before.get(k) != flat_after.get(k) and not _same_folder(flat_before.get(k), flat_after.get(k))]
     if not keys:
@@ -225,13 +222,6 @@ def _same_folder(a: Any, b: Any) -> bool:
         return os.path.samefile(os.path.expanduser(a), os.path.expanduser(b))
     except OSError:
         return False
-
-
-def _flat(prefix: str, node: Any) -> dict[str, Any]:
-    """{'a.b.c': leaf} of a nested dict (a non-dict node: {prefix: node})."""
-    if not isinstance(node, dict):
-        return {prefix: node}
-    return {k: v for key, sub in node.items() for k, v in _flat(f"{prefix}.{key}", sub).items()}
 
 
 def group_sections(choice: str, search: list[str]) -> list[str]:

@@ -150,8 +150,7 @@ class TorchEngine(RolloutBackend):
     def release(self, episode_id: int) -> None:
         slot = self._slot_of.pop(episode_id, None)
         if slot is not None:
-            self._cached.pop(slot, None)
-            heapq.heappush(self._free, slot)
+            self._free_slot(slot)
         self._generators.pop(episode_id, None)
         self._seeds.pop(episode_id, None)
 
@@ -245,15 +244,13 @@ class TorchEngine(RolloutBackend):
         # a free slot held by no episode id: any int is a valid episode id (negative ones too), so
         # a scratch id could name a live episode, whose slot, K/V and sampler this would take
         slot = self._take_slot()
-        self._cached[slot] = []
         try:
             logits = self._prefill([slot], [ids], all_logits=True)[0]     # [len(ids), V]
             logp = processed_logprobs(logits[len(context_ids) - 1: len(ids) - 1], params)
             tgt = torch.tensor(target_ids, device=logp.device)
             return logp.gather(-1, tgt[:, None]).squeeze(-1).tolist()
         finally:
-            self._cached.pop(slot, None)
-            heapq.heappush(self._free, slot)
+            self._free_slot(slot)
 
     # ------------------------------------------------------------------ internals
     def _check_weights(self) -> None:
@@ -278,18 +275,23 @@ class TorchEngine(RolloutBackend):
 
     def _slot(self, episode_id: int) -> int:
         if episode_id not in self._slot_of:
-            slot = self._take_slot()
-            self._slot_of[episode_id] = slot
-            self._cached[slot] = []
+            self._slot_of[episode_id] = self._take_slot()
         return self._slot_of[episode_id]
 
     def _take_slot(self) -> int:
-        """Pop the lowest free slot: a batch of episodes started together reads consecutive slots,
-        which the CPU cache reads as views (`KVCache.read`)."""
+        """Pop the lowest free slot, empty: a batch of episodes started together reads consecutive
+        slots, which the CPU cache reads as views (`KVCache.read`)."""
         if not self._free:
             raise RuntimeError(f"all {self.max_slots} KV slots are in use; release finished episodes "
                                "or raise rollout.max_slots")
-        return heapq.heappop(self._free)
+        slot = heapq.heappop(self._free)
+        self._cached[slot] = []
+        return slot
+
+    def _free_slot(self, slot: int) -> None:
+        """Give a slot back (`_take_slot`); its K/V is forgotten."""
+        self._cached.pop(slot, None)
+        heapq.heappush(self._free, slot)
 
     def _drawer(self, requests: list[TurnRequest], params: SamplingParams) -> "_Drawer":
         if self.sampler == "counter":
