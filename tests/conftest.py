@@ -139,10 +139,11 @@ def failing_capture(monkeypatch):
 
 
 def _interpreter_takes_loaded_loop_bounds() -> bool:
-    """Whether Triton's interpreter runs `for i in range(0, x, ...)` with x computed from a loaded
-    value (the prefill kernel's key bound): Triton 3.6's interpreter turns such an x into a 1-element
-    array, which numpy ≥ 2.4 refuses to make an int (tried: 3.6 with numpy 2.3 runs it, 3.6 with
-    2.4 does not, 3.9 with 2.4 does; the GPU machine has 3.6)."""
+    """Whether Triton's interpreter runs `for i in range(lo, hi, ...)` with a bound computed inside
+    the kernel (the prefill kernel's loaded key bound, the GEMM's K slice of a split): Triton 3.6's
+    interpreter turns such a bound into a 1-element array, which numpy ≥ 2.4 refuses to make an int
+    (tried: 3.6 with numpy 2.3 runs it, 3.6 with 2.4 does not, 3.9 with 2.4 does; the GPU machine
+    has 3.6 with numpy 2.5)."""
     try:
         import numpy
         import triton
@@ -152,11 +153,11 @@ def _interpreter_takes_loaded_loop_bounds() -> bool:
     return Version(triton.__version__).release >= (3, 9) or Version(numpy.__version__).release < (2, 4)
 
 
-#: for interpreted tests that run the prefill kernel inside an engine (their compiled counterparts
-#: are in tests/rollout/test_engine_cuda.py)
+#: for interpreted tests that run the prefill or GEMM kernels inside an engine (their compiled
+#: counterparts are in tests/rollout/test_engine_cuda.py)
 NEEDS_INTERPRETED_LOOP_BOUNDS = pytest.mark.skipif(
     not _interpreter_takes_loaded_loop_bounds(),
-    reason="this Triton's interpreter cannot take a loaded scalar as a loop bound under numpy >= 2.4 (Triton 3.9 can)")
+    reason="this Triton's interpreter cannot take a computed scalar as a loop bound under numpy >= 2.4 (Triton 3.9 can)")
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,9 @@ run() { local name="$1"; shift; echo "+ $*" | tee "$out/$name.log"; "$@" 2>&1 | 
 case "$part" in
   tests)
     # the files with CUDA cases (the device has no Java: no environment-backed tests here), and the
-    # int8-head tests, whose models are built locally
-    run gputests python -m pytest -q -s -p no:cacheprovider tests/rollout/test_engine_cuda.py \
+    # int8-head tests, whose models are built locally; addopts cleared, since pyproject's rerun
+    # options belong to a plugin the GPU machine lacks
+    run gputests python -m pytest -q -s -p no:cacheprovider -o addopts="" tests/rollout/test_engine_cuda.py \
       tests/kernels/test_triton_cuda.py tests/kernels/test_triton_norm.py tests/kernels/test_triton_partials.py \
       tests/kernels/test_triton_prefill.py tests/kernels/test_triton_quant.py tests/kernels/test_triton_sample.py \
       tests/kernels/test_triton_logprob.py tests/kernels/test_learner_ops.py tests/learner/test_ste.py \
@@ -30,7 +31,7 @@ case "$part" in
       tests/learner/test_projection_groups.py tests/learner/test_quantized_head.py \
       tests/learner/test_old_logp_bypass.py tests/learner/test_shared_prefix.py tests/kernels/test_triton_glu.py \
       tests/rollout/test_prefill_graphs.py tests/rollout/test_weight_sync.py tests/rollout/test_decode.py \
-      tests/kernels/test_fast_codes.py ;;
+      tests/kernels/test_fast_codes.py tests/learner/test_memory_advice.py ;;
   heads)
     run tune-heads python -m agentq.eval.bench_kernels --tune gemm --models qwen3-lm-heads --tune-ms 64,128 \
       --no-bench --out "$out" ;;

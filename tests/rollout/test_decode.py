@@ -232,6 +232,7 @@ def test_prefill_kv_written_by_the_rope_launch_equals_the_separate_write(tiny_mo
         _interp.restore_compiled(mods)
 
 
+@NEEDS_INTERPRETED_LOOP_BOUNDS
 def test_paired_glu_engine_equals_the_stacked_two_launch_engine(tiny_model_dir, monkeypatch):
     """A gate_up linear built for the GLU GEMM (`int8_linear.glu_layout`, CUDA-only, turned on here
     for a CPU bf16 engine whose kernels run interpreted) stores gate and up rows paired and runs
@@ -278,6 +279,7 @@ def test_paired_glu_engine_equals_the_stacked_two_launch_engine(tiny_model_dir, 
         _interp.restore_compiled(mods)
 
 
+@NEEDS_INTERPRETED_LOOP_BOUNDS
 def test_partial_sums_engine_equals_the_one_split_engine(tiny_model_dir, monkeypatch):
     """o_proj and down_proj of a decode step handing int32 partial sums over K slices to the fused
     norm after them (`int8_linear.w8a8_linear_partials`; CUDA-only and table-driven, forced here for

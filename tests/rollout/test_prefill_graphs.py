@@ -202,6 +202,7 @@ def test_max_graphs_0_captures_nothing_and_applies_only_to_graphs(tiny_model_dir
 
 
 def test_rollout_prefill_graph_max_reaches_the_runner(tiny_model_dir):
+    pytest.importorskip("omegaconf", reason="the config layer (Hydra) is not installed (the GPU machine)")
     from transformers import AutoConfig
 
     from agentq.build import torch_engine_kwargs
