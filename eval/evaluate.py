@@ -12,7 +12,7 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import DictConfig
 
@@ -167,17 +167,15 @@ def check_errors(cfg: DictConfig, report: dict) -> None:
     Raises:
         ConfigError: every episode errored (after eval.json and episodes.jsonl were written).
     """
-    n_err, n = int(report.get("errors") or 0), int(report["episodes"])
-    if not n_err:
-        return
-    first = (report.get("first_error") or "").strip().splitlines()
-    where = (f"first: {first[0][:300] if first else '?'}; every error's traceback is under \"error\" in "
-             f"{Path(report['out_dir']) / 'episodes.jsonl'}")
-    if n_err == n:
-        raise ConfigError(f"env.name={cfg.env.name!r}: all {n} episodes errored, so the evaluation says nothing about "
-                          f"the policy; {where}")
-    console.print(f"warning: {n_err} of {n} episodes errored (the environment failed; they count as lost in the "
-                  f"success rate); {where}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+    def messages(n_err: int, n: int) -> tuple[str, str]:
+        first = (report.get("first_error") or "").strip().splitlines()
+        where = (f"first: {first[0][:300] if first else '?'}; every error's traceback is under \"error\" in "
+                 f"{Path(report['out_dir']) / 'episodes.jsonl'}")
+        return (f"env.name={cfg.env.name!r}: all {n} episodes errored, so the evaluation says nothing about the "
+                f"policy; {where}",
+                f"warning: {n_err} of {n} episodes errored (the environment failed; they count as lost in the "
+                f"success rate); {where}")
+    _refuse_or_warn(report, "errors", 0, messages)
 
 
 def check_unplayed(cfg: DictConfig, report: dict) -> None:
@@ -188,15 +186,31 @@ def check_unplayed(cfg: DictConfig, report: dict) -> None:
     Raises:
         ConfigError: no episode played a turn (after eval.json and episodes.jsonl were written).
     """
-    n_out, n = int(report.get("unplayed") or 0), int(report["episodes"])
-    if not n_out:
+    def messages(n_out: int, n: int) -> tuple[str, str]:
+        why = (f"their first prompt does not fit env.max_context_tokens={cfg.env.max_context_tokens} (raise it, or "
+               "shorten env.prompt / env.prompt.max_obs_chars)")
+        return (f"none of the {n} episodes played a turn ({n_out} ended before it: {why})",
+                f"warning: {n_out} of {n} episodes ended before their first turn (counted as lost): {why}")
+    # the episodes that errored played no turn either (`check_errors` warned of them)
+    _refuse_or_warn(report, "unplayed", int(report.get("errors") or 0), messages)
+
+
+def _refuse_or_warn(report: dict, key: str, also_lost: int, messages: Callable[[int, int], tuple[str, str]]) -> None:
+    """What `check_errors` and `check_unplayed` share. Nothing when no episode of the report is
+    counted under `key`; a ConfigError when those and `also_lost` other lost episodes are all the
+    report's episodes (the evaluation says nothing about the policy); else a warning.
+
+    Args:
+        messages: (the refusal, the warning), of the `key` count and the episodes; called only
+            when the count is not 0.
+    """
+    n_lost, n = int(report.get(key) or 0), int(report["episodes"])
+    if not n_lost:
         return
-    why = (f"their first prompt does not fit env.max_context_tokens={cfg.env.max_context_tokens} (raise it, or "
-           "shorten env.prompt / env.prompt.max_obs_chars)")
-    if n_out + int(report.get("errors") or 0) == n:        # the rest errored (`check_errors` warned)
-        raise ConfigError(f"none of the {n} episodes played a turn ({n_out} ended before it: {why})")
-    console.print(f"warning: {n_out} of {n} episodes ended before their first turn (counted as lost): {why}",
-                  style="yellow", markup=False, highlight=False, soft_wrap=True)
+    refusal, warning = messages(n_lost, n)
+    if n_lost + also_lost == n:
+        raise ConfigError(refusal)
+    console.print(warning, style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 #: settings that define the task and the turn's format: a checkpoint evaluated under others than it

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -55,7 +55,11 @@ class SamplingParams:
 
 def _is_int(x: object) -> bool:
     """An integer (Python's or numpy's), not a bool or a float."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    return _is_int_type(type(x))
+
+
+def _is_int_type(t: type) -> bool:
+    return issubclass(t, numbers.Integral) and not issubclass(t, bool)
 
 
 @dataclass
@@ -179,14 +183,30 @@ def load_safetensors_dir(path: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def first_bad_token(ids: Sequence[Any], vocab: int) -> tuple[int, object] | None:
+    """(position, value) of the first of `ids` that is not a token id of a `vocab`-token
+    vocabulary, or None when all are. A token id is an int (Python's or numpy's) in [0, vocab): a
+    float (5.0 too, which the engines would silently cast), a bool or a tensor element is not."""
+    # whole contexts come every turn: the common case (all ints in range) is checked in C
+    if all(_is_int_type(t) for t in set(map(type, ids))):
+        if len(ids) == 0 or (min(ids) >= 0 and max(ids) < vocab):
+            return None
+    return next((i, x) for i, x in enumerate(ids) if not _is_int(x) or not 0 <= x < vocab)
+
+
 def check_requests(requests: list[TurnRequest], max_len: int, vocab: int) -> None:
     """Refuse a batch a backend cannot run: two turns of one episode, a context that leaves no room
-    for a token within `max_len`, or token ids outside the vocabulary."""
+    for a token within `max_len`, or context ids that are not token ids (not ints, or outside the
+    vocabulary)."""
     if len({r.episode_id for r in requests}) != len(requests):
         raise ValueError("generate() got two requests for the same episode")
     for r in requests:
         if len(r.context_ids) + 1 > max_len:
             raise ValueError(f"episode {r.episode_id}: context of {len(r.context_ids)} tokens does not fit "
                              f"max_len={max_len}; the agent loop must end it (context budget)")
-        if not r.context_ids or min(r.context_ids) < 0 or max(r.context_ids) >= vocab:
+        if len(r.context_ids) == 0:
             raise ValueError(f"episode {r.episode_id}: context ids must be non-empty and in [0, {vocab})")
+        bad = first_bad_token(r.context_ids, vocab)
+        if bad is not None:
+            raise ValueError(f"episode {r.episode_id}: context id at position {bad[0]} is {bad[1]!r}; "
+                             f"token ids must be ints in [0, {vocab})")

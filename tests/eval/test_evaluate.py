@@ -251,6 +251,29 @@ def test_episodes_that_never_played_a_turn_are_named(tiny_model_dir, tmp_path, c
             "fit env.max_context_tokens=99") in " ".join(capsys.readouterr().err.split())
 
 
+def test_the_lost_episode_checks_each_count_their_own_episodes(tmp_path, capsys):
+    """`check_errors` and `check_unplayed` share their logic: each says nothing without episodes of its
+    own (all errored is not check_unplayed's to refuse), refuses when its episodes (with the errored,
+    for check_unplayed) are all of them, and names an error without a message as '?'."""
+    from omegaconf import OmegaConf
+
+    from agentq.config import ConfigError
+    from agentq.eval.evaluate import check_errors, check_unplayed
+
+    cfg = OmegaConf.create({"env": {"name": "guess", "max_context_tokens": 99}})
+    check_unplayed(cfg, {"unplayed": 0, "errors": 4, "episodes": 4})
+    check_errors(cfg, {"errors": 0, "unplayed": 4, "episodes": 4})
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ConfigError) as e:
+        check_unplayed(cfg, {"unplayed": 4, "episodes": 4})
+    assert str(e.value) == ("none of the 4 episodes played a turn (4 ended before it: their first prompt does not fit "
+                            "env.max_context_tokens=99 (raise it, or shorten env.prompt / env.prompt.max_obs_chars))")
+    check_errors(cfg, {"errors": 2, "unplayed": 2, "episodes": 4, "first_error": None, "out_dir": str(tmp_path)})
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "warning: 2 of 4 episodes errored (the environment failed; they count as lost in the success rate); first: ?; "
+        f"every error's traceback is under \"error\" in {tmp_path / 'episodes.jsonl'}")
+
+
 def test_eval_json_records_how_the_actions_were_decoded(tiny_model_dir, tmp_path):
     """eval.json held `temperature` alone: an evaluation with the rollout's top_p / top_k truncation (which
     `agentq eval` allows) read as plain sampling, and the seed and repeats behind its episodes were

@@ -1,4 +1,5 @@
 """The built-in torch engine against HF teacher forcing, across turns, and its bookkeeping."""
+import numpy as np
 import pytest
 import torch
 
@@ -320,6 +321,44 @@ def test_a_malformed_batch_is_refused_before_any_state_changes(tiny_model_dir, b
     with pytest.raises(ValueError, match=match):
         eng.generate(bad(sp))
     assert eng._slot_of == {} and len(eng._free) == 2 and eng.stats["prefill_tokens"] == 0
+
+
+@pytest.mark.parametrize("ctx, message", [
+    # a float, whole or not, was cast to an int by the prefill (5.0 and 5.7 both played token 5)
+    ([5, 6, 5.0], "episode 7: context id at position 2 is 5.0; token ids must be ints in [0, 448)"),
+    ([5.7, 6, 7], "episode 7: context id at position 0 is 5.7; token ids must be ints in [0, 448)"),
+    ([5, True, 7], "episode 7: context id at position 1 is True; token ids must be ints in [0, 448)"),
+    ([5, 6, np.float64(7)],
+     "episode 7: context id at position 2 is np.float64(7.0); token ids must be ints in [0, 448)"),
+    (torch.tensor([5.0, 6.0]), "episode 7: context id at position 0 is tensor(5.); token ids must be ints in [0, 448)"),
+    ([5, 6, 448], "episode 7: context id at position 2 is 448; token ids must be ints in [0, 448)"),
+    ([5, -1, 6], "episode 7: context id at position 1 is -1; token ids must be ints in [0, 448)"),
+])
+def test_a_context_id_that_is_not_a_token_id_is_refused_by_position(tiny_model_dir, ctx, message):
+    eng = engine(tiny_model_dir, max_slots=2)
+    sp = SamplingParams(max_new_tokens=2)
+    with pytest.raises(ValueError) as err:
+        eng.generate([TurnRequest(0, [5, 6], sp), TurnRequest(7, ctx, sp)])
+    assert str(err.value) == message
+    assert eng._slot_of == {} and len(eng._free) == 2 and eng.stats["prefill_tokens"] == 0
+
+
+def test_numpy_int_context_ids_play_as_python_ints(tiny_model_dir):
+    sp = SamplingParams(max_new_tokens=4)
+    ctx = [5, 6, 7, 8]
+    ref = engine(tiny_model_dir).generate([TurnRequest(0, ctx, sp, seed=3)])[0]
+    for as_numpy in ([np.int64(x) for x in ctx], [np.int32(x) for x in ctx], np.array(ctx)):
+        got = engine(tiny_model_dir).generate([TurnRequest(0, as_numpy, sp, seed=3)])[0]
+        assert got.token_ids == ref.token_ids and got.logprobs == ref.logprobs
+
+
+def test_score_refuses_an_id_that_is_not_a_token_id_by_position(tiny_model_dir):
+    eng = engine(tiny_model_dir)
+    with pytest.raises(ValueError) as err:
+        eng.score([5, 6], [7, 8.0])
+    assert str(err.value) == ("score(): token id at position 3 of context + target is 8.0; "
+                              "token ids must be ints in [0, 448)")
+    assert len(eng.score([5, np.int64(6)], [7, 8])) == 2
 
 
 def test_slots_come_back_over_many_episodes_and_scores(tiny_model_dir):

@@ -27,7 +27,7 @@ import torch
 
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
-                                    load_safetensors_dir)
+                                    first_bad_token, load_safetensors_dir)
 from agentq.utils.device import device_tensor, to_device
 
 from .kv_cache import KVCache
@@ -235,8 +235,10 @@ class TorchEngine(RolloutBackend):
         if not context_ids:
             raise ValueError("score() needs a non-empty context (the first target token's log-prob "
                              "comes from the token before it)")
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"score(): token ids must be in [0, {vocab})")
+        bad = first_bad_token(ids, vocab)
+        if bad is not None:
+            raise ValueError(f"score(): token id at position {bad[0]} of context + target is {bad[1]!r}; "
+                             f"token ids must be ints in [0, {vocab})")
         if len(ids) > self.max_len:
             raise ValueError(f"score(): context + target of {len(ids)} tokens does not fit max_len={self.max_len}")
         if not target_ids:
