@@ -194,6 +194,20 @@ def first_bad_token(ids: Sequence[Any], vocab: int) -> tuple[int, object] | None
     return next((i, x) for i, x in enumerate(ids) if not _is_int(x) or not 0 <= x < vocab)
 
 
+def score_ids(context_ids: Sequence[Any], target_ids: Sequence[Any], vocab: int) -> list:
+    """The ids a backend's `score()` runs (context + target), after refusing an empty context or an
+    id that is not a token id (`first_bad_token`), by its position in context + target."""
+    if len(context_ids) == 0:
+        raise ValueError("score() needs a non-empty context (the first target token's log-prob "
+                         "comes from the token before it)")
+    ids = list(context_ids) + list(target_ids)
+    bad = first_bad_token(ids, vocab)
+    if bad is not None:
+        raise ValueError(f"score(): token id at position {bad[0]} of context + target is {bad[1]!r}; "
+                         f"token ids must be ints in [0, {vocab})")
+    return ids
+
+
 def check_requests(requests: list[TurnRequest], max_len: int, vocab: int) -> None:
     """Refuse a batch a backend cannot run: two turns of one episode, a context that leaves no room
     for a token within `max_len`, or context ids that are not token ids (not ints, or outside the

@@ -38,7 +38,7 @@ from agentq.config import ConfigError
 from agentq.kernels import cpu_gemm, quant
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
-                                    load_safetensors_dir)
+                                    load_safetensors_dir, score_ids)
 from agentq.utils.checkpoint import _atomic_dir, _commit
 
 #: QuantSpec.kv → vLLM kv_cache_dtype
@@ -456,13 +456,7 @@ class VLLMBackend(RolloutBackend):
         """Teacher-forced log-probs of `target_ids` (vLLM prompt log-probs: temperature 1, no truncation)."""
         from vllm import SamplingParams as VSP
 
-        ids = list(context_ids) + list(target_ids)
-        vocab = self.hf_config.vocab_size
-        if not context_ids:
-            raise ValueError("score() needs a non-empty context (the first target token's log-prob "
-                             "comes from the token before it)")
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"score(): token ids must be in [0, {vocab})")
+        ids = score_ids(context_ids, target_ids, self.hf_config.vocab_size)
         if len(ids) + 1 > self.max_len:
             raise ValueError(f"score(): {len(ids)} tokens do not fit max_len={self.max_len}")
         if not target_ids:

@@ -607,8 +607,10 @@ def test_score_refuses_bad_input_with_a_clear_error(fp32_vllm):
     with pytest.raises(ValueError, match="non-empty context"):
         fp32_vllm.score([], [5, 6])
     vocab = fp32_vllm.hf_config.vocab_size
-    for ctx, tgt in (([5, 6], [vocab]), ([-1, 5], [6])):
-        with pytest.raises(ValueError, match=rf"token ids must be in \[0, {vocab}\)"):
+    # as the torch engine: by position in context + target, a float (which vLLM would cast) too
+    for ctx, tgt, at, val in (([5, 6], [vocab], 2, vocab), ([-1, 5], [6], 0, -1), ([5, 6], [7.0], 2, 7.0)):
+        with pytest.raises(ValueError, match=rf"position {at} of context \+ target is {val}; token ids must be "
+                                             rf"ints in \[0, {vocab}\)"):
             fp32_vllm.score(ctx, tgt)
     assert fp32_vllm.score([5, 6], []) == []
 

@@ -27,7 +27,7 @@ import torch
 
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
-                                    first_bad_token, load_safetensors_dir)
+                                    load_safetensors_dir, score_ids)
 from agentq.utils.device import device_tensor, to_device
 
 from .kv_cache import KVCache
@@ -230,15 +230,7 @@ class TorchEngine(RolloutBackend):
         """Teacher-forced log-probs of target_ids through the rollout numerics (a temporary slot)."""
         params = params or SamplingParams()
         self._check_weights()
-        ids = list(context_ids) + list(target_ids)
-        vocab = self.model.config.vocab_size
-        if not context_ids:
-            raise ValueError("score() needs a non-empty context (the first target token's log-prob "
-                             "comes from the token before it)")
-        bad = first_bad_token(ids, vocab)
-        if bad is not None:
-            raise ValueError(f"score(): token id at position {bad[0]} of context + target is {bad[1]!r}; "
-                             f"token ids must be ints in [0, {vocab})")
+        ids = score_ids(context_ids, target_ids, self.model.config.vocab_size)
         if len(ids) > self.max_len:
             raise ValueError(f"score(): context + target of {len(ids)} tokens does not fit max_len={self.max_len}")
         if not target_ids:
