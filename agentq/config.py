@@ -93,6 +93,7 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
     OmegaConf.set_struct(cfg, True)
     try:
         OmegaConf.to_container(cfg, resolve=True)       # an interpolation that does not resolve, named now
+        check_env_keys(cfg, overrides)
         check_config(cfg)
         check_env_name(cfg)
     except ConfigError:
@@ -218,6 +219,39 @@ def check_config(cfg: DictConfig) -> None:
     if problems:
         raise ConfigError("invalid config value" + ("s" if len(problems) > 1 else "") + ":\n  "
                           + "\n  ".join(problems))
+
+
+#: the keys of every env config (conf/env/<name>.yaml, a plugin's env/<name>.yaml), and of its `prompt`
+ENV_KEYS = ("name", "kwargs", "max_steps", "train_split", "eval_split", "max_context_tokens", "max_new_tokens",
+            "prompt")
+PROMPT_KEYS = ("system", "first_turn", "next_turn", "actions", "max_obs_chars")
+
+
+def check_env_keys(cfg: DictConfig, overrides: list[str]) -> None:
+    """Refuse an env config that lacks a key of `ENV_KEYS` / `PROMPT_KEYS` or has one besides them: a
+    missing key was an omegaconf traceback from deep inside the first build, an extra one (a typo,
+    `max_step`) was ignored.
+
+    Raises:
+        ConfigError: naming the env= choice, the missing and the unknown keys, and the keys wanted.
+    """
+    env = cfg.get("env")
+    if not isinstance(env, DictConfig):
+        return
+    prompt = env.get("prompt")
+    have = [str(k) for k in env.keys()]
+    have += ["prompt." + str(k) for k in prompt.keys()] if isinstance(prompt, DictConfig) else []
+    want = [*ENV_KEYS, *(f"prompt.{k}" for k in PROMPT_KEYS)]
+    missing = [k for k in want if k not in have]
+    unknown = [k for k in have if k not in want]
+    if not missing and not unknown:
+        return
+    choice = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+") == "env"), None)
+    where = f"env={choice}: its config (env/{choice}.yaml)" if choice else "the env config"
+    why = "; ".join(([f"lacks {missing}"] if missing else []) + ([f"has keys agentq does not read {unknown}"]
+                                                                  if unknown else []))
+    raise ConfigError(f"{where} {why}. Every env config has the keys {list(ENV_KEYS)}, with prompt's "
+                      f"{list(PROMPT_KEYS)}, as conf/env/textworld_express.yaml (docs/adding-an-environment.md)")
 
 
 def check_env_name(cfg: DictConfig) -> None:

@@ -22,8 +22,9 @@ A `TextEnv` is a Gymnasium `Env` whose observations and actions are strings:
   `ValueError` (unknown option or split, a negative seed), `UnknownTaskError` (a task id not in
   the split), `EpisodeOverError` (`step` on a finished episode), `EnvClosedError` (`step` after
   `close()`) and `EnvCrashedError` (the engine died mid-episode). The last three are
-  `RuntimeError`s; and `TypeError` for a hook that returned the wrong type (an env bug, named
-  with the hook). A `step` that raises ends the episode: the next `step` raises
+  `RuntimeError`s; and `TypeError` for a hook that returned the wrong type, or a `TaskStep` with
+  a field of the wrong type (an env bug, named with the hook), `ValueError` for a split whose
+  `_tasks` is empty or repeats an id. A `step` that raises ends the episode: the next `step` raises
   `EpisodeOverError` until a `reset`.
 
 Subclasses implement three hooks (`_tasks`, `_reset_task`, `_step_task`) and, for experts,
@@ -33,7 +34,10 @@ keys, so every environment behaves the same at the edges.
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 import string
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
@@ -197,7 +201,8 @@ class TextEnv(gym.Env[str, str]):
 
     def task_type(self, task_id: str) -> str | None:
         """The task type of `task_id` without loading it (held-out evals stratify by it), or None
-        when the environment has no task types. Must agree with `info["task_type"]`."""
+        when the environment has no task types. It fills `info["task_type"]` unless a hook's
+        `TaskStep.extra` sets that key (which must then agree with it)."""
         return None
 
     # ------------------------------------------------------------------ public API
@@ -209,6 +214,15 @@ class TextEnv(gym.Env[str, str]):
             if bad is not None:     # reset(options={"task_id": ...}) takes str ids only
                 raise TypeError(f"{type(self).__name__}._tasks({split!r}) must return str task ids, got "
                                 f"{type(bad).__name__} ({bad!r:.60})")
+            # no tasks: training sampled from nothing (numpy's "high <= 0"), evaluation played 0 episodes;
+            # a repeated id: evaluation played that task twice and paired tests over tasks mixed them
+            if not tasks:
+                raise ValueError(f"{type(self).__name__}._tasks({split!r}) returned no task ids; every split in "
+                                 f"`splits` {list(self.splits)} needs at least one")
+            if len(set(tasks)) < len(tasks):
+                twice = next(t for t, n in Counter(tasks).items() if n > 1)
+                raise ValueError(f"{type(self).__name__}._tasks({split!r}) returned the task id {twice!r} more than "
+                                 "once; task ids must be unique within a split")
             self._task_cache[split] = tasks
         return self._task_cache[split]
 
@@ -236,9 +250,7 @@ class TextEnv(gym.Env[str, str]):
         split = self._check_split(options.get("split") or self.split)
         task_id = options.get("task_id")
         tasks = self.list_tasks(split)
-        if task_id is None:
-            if not tasks:
-                raise RuntimeError(f"{type(self).__name__}: split {split!r} has no tasks")
+        if task_id is None:          # list_tasks refused an empty split
             task_id = tasks[int(self.np_random.integers(len(tasks)))]
         elif task_id not in self._task_set(split):
             raise UnknownTaskError(
@@ -313,6 +325,10 @@ class TextEnv(gym.Env[str, str]):
 
     def _info(self, res: TaskStep) -> dict:
         info = dict(res.extra)
+        if "task_type" not in info and self._task_id is not None:
+            kind = self.task_type(self._task_id)     # unless the env's TaskStep.extra sets it
+            if kind is not None:
+                info["task_type"] = kind
         info.update(task=self._task_text, task_id=self._task_id, split=self._episode_split,
                     admissible_actions=res.admissible_actions, won=bool(res.won),
                     score=float(res.score), steps=self._steps)
@@ -332,6 +348,7 @@ def _checked_reset(env: TextEnv, result: Any) -> tuple[str, TaskStep]:
     """
     if (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], str)
             and isinstance(result[1], TaskStep)):
+        _check_fields(env, "_reset_task", result[1])
         return result[0], result[1]
     got = (f"({', '.join(type(x).__name__ for x in result)})" if isinstance(result, (tuple, list))
            else type(result).__name__)
@@ -348,10 +365,36 @@ def _checked_step(env: TextEnv, result: Any) -> TaskStep:
         The step.
     """
     if isinstance(result, TaskStep):
+        _check_fields(env, "_step_task", result)
         return result
     got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
     raise TypeError(f"{type(env).__name__}._step_task must return a TaskStep(obs=..., reward=..., done=..., "
                     f"won=...), got {got}")
+
+
+def _check_fields(env: TextEnv, hook: str, step: TaskStep) -> None:
+    """A TypeError naming the hook and the field when `step` holds what the agent loop cannot use: an
+    obs that is not a str (it crashed the trainer's process, not the episode), a reward or score that
+    is not a finite number, admissible actions that are not a list of str (a str was shown and
+    compared one character at a time), an `extra` that is not a dict."""
+    acts = step.admissible_actions
+    acts_ok = acts is None or (isinstance(acts, (list, tuple)) and all(isinstance(a, str) for a in acts))
+    problems = {
+        "obs": None if isinstance(step.obs, str) else "a str",
+        "reward": None if _finite(step.reward) else "a finite number",
+        "score": None if _finite(step.score) else "a finite number",
+        "admissible_actions": None if acts_ok else "None or a list of str",
+        "extra": None if isinstance(step.extra, Mapping) else "a dict",
+    }
+    for name, want in problems.items():
+        if want is not None:
+            value = getattr(step, name)
+            raise TypeError(f"{type(env).__name__}.{hook} returned a TaskStep whose {name} is "
+                            f"{type(value).__name__} ({value!r:.60}); it must be {want}")
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and math.isfinite(x)
 
 
 def sample_tasks(tasks: Sequence[str], n: int, rng) -> list[str]:

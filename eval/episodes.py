@@ -29,7 +29,7 @@ def demo_record(tokenizer: Any) -> Callable[[Trajectory], dict]:
     """A demonstration's line: the token stream with its masks, and its text for reading."""
     def record(t: Trajectory) -> dict:
         return {"task_id": t.task_id, "split": t.split, "won": t.won, "turns": t.turns, "end_reason": t.end_reason,
-                "input_ids": t.input_ids, "action_mask": t.action_mask, "seg_id": t.seg_id,
+                "error": t.error, "input_ids": t.input_ids, "action_mask": t.action_mask, "seg_id": t.seg_id,
                 "text": tokenizer.decode(t.input_ids)}
     return record
 

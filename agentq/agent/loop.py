@@ -110,7 +110,8 @@ class ExpertPolicy:
     there with finish "length" (no stop token), as the engine cuts a sampled turn, and the loop
     treats it the same way (its action is parsed from what is left, usually none: format feedback).
     So demonstrations never hold a turn the engine could not sample, and the context budget the
-    loop keeps (`max_context_tokens`, checked before each turn with `max_new_tokens`) holds for them too."""
+    loop keeps (`max_context_tokens`, checked before each turn with `max_new_tokens`) holds for them too.
+    A turn without an expert action (`info["expert_action"]` None) loses that episode (finish "error")."""
 
     def __init__(self, chat: ChatFormat, parser: ActionParser):
         self.chat, self.parser = chat, parser
@@ -121,8 +122,10 @@ class ExpertPolicy:
 
     def _expert_turn(self, request: TurnRequest, info: dict) -> TurnResult:
         action = info.get("expert_action")
-        if action is None:
-            raise RuntimeError(f"no expert action for task {info.get('task_id')!r}: make the env with expert=True")
+        if action is None:      # the episode is lost (reported as errored), not the run
+            return TurnResult(request.episode_id, [], [], "error",
+                              error=f"no expert action for task {info.get('task_id')!r}: the env's `_expert_action` "
+                                    "returned None (or the env was not made with expert=True)")
         text = self.parser.format(action)
         ids, finish = self.chat.encode(text), "stop_string"
         if not any(text.endswith(s) for s in request.sampling.stop):

@@ -93,9 +93,11 @@ def pipeline(cfg: DictConfig) -> dict:
     """`agentq pipeline` into pipeline.out_dir (default a new runs/pipeline-<env>-<time>); a start
     refused before anything was written there (a bad model.path or SFT setting) leaves no folder."""
     from agentq.trainer.rl import check_rl_config
+    from agentq.trainer.sft import check_expert
 
     split, *others = eval_splits(cfg)       # before the run folder: a bad split leaves no empty folder
     check_rl_config(cfg)                    # and a bad RL setting costs no SFT stage
+    check_expert(cfg)                       # nor an env without an expert a tiny model's build
     out = Path(cfg.pipeline.out_dir or new_run_dir(f"pipeline-{cfg.env.name}"))
     with removed_if_left_empty(out):
         return _pipeline(cfg, make_run_dir(out, "pipeline.out_dir"), split, others)

@@ -81,6 +81,7 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
     """`agentq sft` into `out_dir` (default sft.out_dir, else a new runs/sft-<env>-<time>), which this
     process locks as RL run folders are; a folder holding an earlier SFT run is refused unless
     `overwrite` (default trainer.overwrite) replaces it. `out_key`: the setting that named the folder."""
+    check_expert(cfg)
     out = Path(out_dir or cfg.sft.out_dir or new_run_dir(f"sft-{cfg.env.name}"))
     if overwrite is None:
         overwrite = bool(cfg.trainer.get("overwrite", False))
@@ -111,11 +112,8 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
     else:
         demos = collect_demos(cfg, chat, int(s.num_demos), cfg.env.train_split, int(cfg.seed))
         write_trajectories(out / "demos.jsonl", demos, demo_record(tokenizer))
-    n_won, n_all = sum(t.won for t in demos), len(demos)
-    if s.only_successful:
-        demos = [t for t in demos if t.won]
-    if not demos:
-        raise RunAborted(no_demos_reason(cfg, n_won, n_all))
+    n_won, n_lost = sum(t.won for t in demos), sum(t.end_reason == "error" for t in demos)
+    demos = usable_demos(cfg, demos)
     rng = random.Random(int(cfg.seed))
     rng.shuffle(demos)
     val, train = split_demos(demos, float(s.val_fraction))
@@ -130,8 +128,8 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
     ckpt = save_hf_checkpoint(learner.model, out / "checkpoint", tokenizer,
                               extra={"stage": "sft", "env": cfg.env.name, "demos": len(demos), "history": history})
     summary = {"checkpoint": str(ckpt), "demos_collected": int(s.num_demos) if not s.demos else len(demos),
-               "demos_won": n_won, "demos_used": len(demos), "train": len(train), "val": len(val),
-               "history": history}
+               "demos_won": n_won, "demos_lost": n_lost, "demos_used": len(demos), "train": len(train),
+               "val": len(val), "history": history}
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"SFT: {len(train)} train / {len(val)} val demos; "
                   + ", ".join(f"epoch {h['epoch']}: train {h['train_loss']:.3f} val {h['val_loss']:.3f}" for h in history)
@@ -140,9 +138,47 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
     return summary
 
 
-def no_demos_reason(cfg: DictConfig, n_won: int, n: int) -> str:
-    """Why SFT has nothing to train on: no demonstration at all, or (sft.only_successful) none the
-    expert won, which is most often a step cap below the expert's path (mapreader's needs 4-6 turns)."""
+def check_expert(cfg: DictConfig) -> None:
+    """Refuse to collect demonstrations from an env class without an expert (its `_expert_action` is
+    TextEnv's, which returns None): every demo was lost at its first turn.
+
+    Raises:
+        ConfigError: naming env.name and the way out (implement it, or sft.demos).
+    """
+    from agentq.envs import TextEnv, env_class
+
+    cls = None if cfg.sft.demos else env_class(str(cfg.env.name))
+    if cls is not None and cls._expert_action is TextEnv._expert_action:
+        raise ConfigError(f"env.name={cfg.env.name!r}: {cls.__name__} has no expert (it does not implement "
+                          "`_expert_action`), and SFT trains on expert demonstrations; implement it "
+                          "(docs/adding-an-environment.md), or give sft.demos=<a demos.jsonl>")
+
+
+def usable_demos(cfg: DictConfig, demos: list[Trajectory]) -> list[Trajectory]:
+    """The demonstrations SFT trains on: not lost to an error (warned about: env errors, an expert
+    with no action), and won when sft.only_successful.
+
+    Raises:
+        RunAborted: none is left (`no_demos_reason`).
+    """
+    lost = [t for t in demos if t.end_reason == "error"]
+    if lost:
+        first = (lost[0].error or "").strip().splitlines()[:1]
+        console.print(f"warning: {len(lost)} of {len(demos)} expert episodes were lost to errors and are left out "
+                      f"(each error under \"error\" in demos.jsonl); the first, task {lost[0].task_id!r}: "
+                      f"{first[0] if first else '?'}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+    keep = [t for t in demos if t.end_reason != "error" and (t.won or not cfg.sft.only_successful)]
+    if not keep:
+        raise RunAborted(no_demos_reason(cfg, sum(t.won for t in demos), len(demos), len(lost)))
+    return keep
+
+
+def no_demos_reason(cfg: DictConfig, n_won: int, n: int, n_lost: int = 0) -> str:
+    """Why SFT has nothing to train on: no demonstration at all, every one lost to an error, or
+    (sft.only_successful) none the expert won, which is most often a step cap below the expert's
+    path (mapreader's needs 4-6 turns)."""
+    if n_lost and n_lost == n:
+        return f"no usable expert demonstrations: all {n} expert episodes were lost to errors (the warning above)"
     if n_won == 0 and n > 0:
         return (f"no usable expert demonstrations: none of {n} expert episodes won within env.max_steps="
                 f"{int(cfg.env.max_steps)} turns (sft.only_successful keeps the won ones); raise env.max_steps, "

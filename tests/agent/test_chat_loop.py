@@ -157,6 +157,29 @@ def test_expert_turns_are_cut_at_max_new_tokens_like_sampled_ones(tokenizer, sto
     assert max(i for i, s in enumerate(traj.seg_id) if s) < 300 and traj.end_reason == "context" and not traj.won
 
 
+def test_a_turn_without_an_expert_action_loses_that_episode_not_the_run(tokenizer):
+    """An expert with no action for a state (`_expert_action` returning None, as its contract allows)
+    raised out of the loop and stopped the whole SFT collection, saying "make the env with
+    expert=True" even when it was. The episode now ends as errored, saying why, and the rest play on."""
+    from agentq.rollout import TurnRequest
+
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    expert = ExpertPolicy(chat, ActionParser())
+    why = ("no expert action for task 'coin/1': the env's `_expert_action` returned None (or the env was not made "
+           "with expert=True)")
+    ok, lost = expert([TurnRequest(0, [1], SamplingParams(max_new_tokens=16)),
+                       TurnRequest(1, [1], SamplingParams(max_new_tokens=16))],
+                      [{"expert_action": "take coin"}, {"expert_action": None, "task_id": "coin/1"}])
+    assert ok.finish_reason == "stop" and ok.token_ids
+    assert (lost.episode_id, lost.token_ids, lost.finish_reason, lost.error) == (1, [], "error", why)
+    pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 4,
+                                                    "expert": False, "game_params": {"coin": "numLocations=2"}}), 2)
+    loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(), SamplingParams(max_new_tokens=16),
+                     max_turns=4, max_context_tokens=2048)
+    trajs = loop.run([EpisodeSpec(0, "coin/1", "train"), EpisodeSpec(1, "coin/2", "train")], expert)
+    assert [(t.end_reason, t.turns, t.error) for t in trajs] == [("error", 0, why), ("error", 0, why.replace("1", "2"))]
+
+
 def test_context_budget_ends_episodes(tokenizer):
     chat, loop = make_loop(tokenizer, max_turns=50, max_context=400)
     (traj,) = loop.run([EpisodeSpec(0, "coin/3", "train")], ScriptedPolicy(chat, ["<action>look around</action>"] * 50))

@@ -394,3 +394,31 @@ def test_a_key_a_newer_config_spells_out_at_its_default_is_no_difference():
     assert [(k, repr(a), repr(b)) for k, a, b in differing_settings(OmegaConf.create(saved), now, lambda k: True,
                                                                      default=with_defaults)] == [
         ("env.kwargs.extra", "1", "unset"), ("env.kwargs.jvm_heap", "'2g'", "'1g'")]
+
+
+def test_an_env_config_with_a_key_missing_or_one_too_many_is_named(tmp_path):
+    """A config of one's own without prompt.first_turn (or max_context_tokens, ...) composed, and the run
+    then died in an omegaconf traceback inside the tiny model's build; a misspelt key (`max_step`) was
+    ignored. Both are now one line naming the keys."""
+    conf = tmp_path / "conf" / "env"
+    conf.mkdir(parents=True)
+    base = OmegaConf.to_container(load_config(["env=textworld_express"]).env)
+    short = {k: v for k, v in base.items() if k not in ("kwargs", "max_context_tokens")}
+    short["prompt"] = {k: v for k, v in base["prompt"].items() if k != "first_turn"}
+    (conf / "short.yaml").write_text(OmegaConf.to_yaml(short))
+    (conf / "extra.yaml").write_text(OmegaConf.to_yaml({**base, "max_step": 3,
+                                                         "prompt": {**base["prompt"], "invalid": "x"}}))
+    (conf / "whole.yaml").write_text(OmegaConf.to_yaml(base))
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    wanted = (". Every env config has the keys ['name', 'kwargs', 'max_steps', 'train_split', 'eval_split', "
+              "'max_context_tokens', 'max_new_tokens', 'prompt'], with prompt's ['system', 'first_turn', 'next_turn', "
+              "'actions', 'max_obs_chars'], as conf/env/textworld_express.yaml (docs/adding-an-environment.md)")
+    with pytest.raises(ConfigError) as e:
+        load_config(["env=short", search])
+    assert str(e.value) == ("env=short: its config (env/short.yaml) lacks ['kwargs', 'max_context_tokens', "
+                            "'prompt.first_turn']" + wanted)
+    with pytest.raises(ConfigError) as e:
+        load_config(["env=extra", search])
+    assert str(e.value) == ("env=extra: its config (env/extra.yaml) has keys agentq does not read ['max_step', "
+                            "'prompt.invalid']" + wanted)
+    assert load_config(["env=whole", search]).env.max_context_tokens == base["max_context_tokens"]

@@ -1,6 +1,7 @@
 """An environment from outside agentq: the worked example of docs/adding-an-environment.md, built
 from that page into a temporary folder, found as a plugin (entry points) and as "module:Class",
-trained 2 RL steps and evaluated through the `agentq` command. agentq's own tree is not touched."""
+trained 2 RL steps, evaluated and fine-tuned on its expert's demonstrations through the `agentq`
+command. agentq's own tree is not touched."""
 from __future__ import annotations
 
 import json
@@ -146,3 +147,28 @@ def test_plugin_trains_two_steps_and_evaluates_from_the_cli(site, tmp_path):
     rep = json.loads((tmp_path / "ev" / "eval.json").read_text())
     assert rep["episodes"] == 6 and set(rep["per_task_type"]) <= {"range8", "range16"}
     assert _git_status() == before                               # agentq's tree untouched
+
+
+def test_plugin_sft_learns_from_its_expert_from_the_cli(site, tmp_path):
+    """The guide's `agentq sft` / `agentq pipeline` need the example's expert: every demonstration is
+    played by it and won, none lost."""
+    out = tmp_path / "sft"
+    p = run_cli(["sft", "env=guess", "sft.num_demos=6", "sft.epochs=1", "sft.batch_size=2", "env_pool.num_workers=1",
+                 f"sft.out_dir={out}"], extra_env={"PYTHONPATH": str(site)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "sft_summary.json").read_text())
+    assert [summary[k] for k in ("demos_collected", "demos_won", "demos_lost", "demos_used")] == [6, 6, 0, 6]
+    assert (out / "checkpoint" / "config.json").exists()
+
+
+def test_the_example_pyproject_installs_only_its_package(site):
+    """`agentq train` run in the package's folder writes runs/; setuptools' automatic discovery then
+    refused to (re)install ("Multiple top-level packages discovered in a flat-layout"). The example
+    names its packages, the config folder among them."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    found = tomllib.loads(_doc_files()["pyproject.toml"])["tool"]["setuptools"]["packages"]["find"]
+    (site / "runs" / "guess-grpo").mkdir(parents=True)
+    assert sorted(find_packages(str(site), include=found["include"])) == ["guess_env", "guess_env.conf"]

@@ -7,6 +7,7 @@ import pytest
 
 from agentq.cli import main
 from agentq.trainer.run_dir import RunDirError, claim_run_dir
+from conftest import one_task_env
 
 SMALL = ["sft.num_demos=2", "sft.epochs=1", "sft.batch_size=2", "env_pool=inline"]
 
@@ -109,3 +110,66 @@ def test_a_step_cap_below_the_experts_path_is_named(tmp_path, capsys):
     said = " ".join(capsys.readouterr().err.split())
     assert ("agentq: run stopped: no usable expert demonstrations: none of 2 expert episodes won within "
             "env.max_steps=2 turns") in said and "Traceback" not in said
+
+
+NO_EXPERT = """
+from agentq.envs import TaskStep, TextEnv
+""" + one_task_env("NoExpert", ("train", "test"))
+
+
+@pytest.mark.parametrize("cmd", ["sft", "pipeline"])
+def test_an_env_without_an_expert_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys, cmd):
+    """Without `_expert_action` every demonstration stopped at its first turn with a traceback saying
+    "no expert action ...: make the env with expert=True", though SFT had made it so (the pipeline
+    after building the tiny model). Now one line at start-up, and no run folder."""
+    from omegaconf import OmegaConf
+
+    from agentq.config import load_config
+
+    (tmp_path / "no_expert_env.py").write_text(NO_EXPERT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "conf" / "env").mkdir(parents=True)
+    base = OmegaConf.to_container(load_config([]).env)
+    (tmp_path / "conf" / "env" / "noexp.yaml").write_text(OmegaConf.to_yaml(
+        {**base, "name": "no_expert_env:NoExpert", "kwargs": {}, "train_split": "train", "eval_split": "test"}))
+    out = tmp_path / "out"
+    where = ["sft.out_dir", *SMALL] if cmd == "sft" else ["pipeline.out_dir", "pipeline.eval_splits=null"]
+    assert main([cmd, "env=noexp", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"{where[0]}={out}",
+                 *where[1:]]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert said.endswith("agentq: env.name='no_expert_env:NoExpert': NoExpert has no expert (it does not implement "
+                    "`_expert_action`), and SFT trains on expert demonstrations; implement it "
+                    "(docs/adding-an-environment.md), or give sft.demos=<a demos.jsonl>")
+    assert not out.exists()
+
+
+def test_demonstrations_lost_to_errors_are_said_left_out_and_kept_in_demos_jsonl(tmp_path, capsys):
+    """An expert episode whose env raised was kept (and, with sft.only_successful=false, trained on)
+    without a word, and demos.jsonl dropped its error. Now it is warned about and left out, its error
+    is in demos.jsonl, and SFT with every demonstration lost says so."""
+    from agentq.agent.trajectory import Trajectory
+    from agentq.config import load_config
+    from agentq.eval.episodes import demo_record, read_trajectories, write_trajectories
+    from agentq.trainer.run_dir import RunAborted
+    from agentq.trainer.sft import usable_demos
+
+    def demo(i, end, error=None):
+        t = Trajectory(i, f"t{i}", "train")
+        t.won, t.end_reason, t.error = end == "won", end, error
+        return t
+
+    demos = [demo(0, "won"), demo(1, "error", "ValueError: boom\nTraceback ..."), demo(2, "failed"),
+             demo(3, "error", "EnvCrashedError: gone")]
+    write_trajectories(tmp_path / "demos.jsonl", demos, demo_record(type("Tok", (), {"decode": lambda s, ids: ""})()))
+    assert [t.error for t in read_trajectories(tmp_path / "demos.jsonl")] == [None, "ValueError: boom\nTraceback ...",
+                                                                             None, "EnvCrashedError: gone"]
+    capsys.readouterr()
+    assert [t.task_id for t in usable_demos(load_config([]), demos)] == ["t0"]
+    assert [t.task_id for t in usable_demos(load_config(["sft.only_successful=false"]), demos)] == ["t0", "t2"]
+    said = " ".join(capsys.readouterr().err.split())
+    assert ("warning: 2 of 4 expert episodes were lost to errors and are left out (each error under \"error\" in "
+            "demos.jsonl); the first, task 't1': ValueError: boom") in said
+    with pytest.raises(RunAborted) as e:
+        usable_demos(load_config([]), [demos[1], demos[3]])
+    assert str(e.value) == ("no usable expert demonstrations: all 2 expert episodes were lost to errors "
+                            "(the warning above)")
