@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import os
 import random
 import time
@@ -142,7 +143,8 @@ def make_env(cfg: DictConfig, split: str, expert: bool = False) -> gym.Env:
 
     Raises:
         ConfigError: the env refused its settings (a ValueError from its constructor: a bad
-            env.kwargs value, missing data), as one line naming the env (was a traceback).
+            env.kwargs value, missing data; or an env.kwargs key no constructor takes), as one line
+            naming the env (was a traceback).
     """
     from agentq.pool.base import make_env as _make
 
@@ -153,6 +155,15 @@ def make_env(cfg: DictConfig, split: str, expert: bool = False) -> gym.Env:
     except ValueError as e:
         # where it was raised, so that a bug (not a refusal) one line hides can still be found
         raise ConfigError(f"env={cfg.env.name}: {e} (raised at {raised_at(e)})") from e
+    except TypeError as e:
+        # an env.kwargs key no constructor takes: the config check can only warn of it when an
+        # __init__ hands **kwargs on (it might pop the key itself); other TypeErrors are bugs
+        m = re.search(r"(\S+\(\)) got an unexpected keyword argument '([^']+)'", str(e))
+        if m is None:
+            raise
+        key = m[2] if m[2] in ("split", "max_steps", "expert") else f"env.kwargs.{m[2]}"
+        raise ConfigError(f"env={cfg.env.name}: {m[1]} takes no argument {m[2]!r}, which {key} gives it "
+                          f"(raised at {raised_at(e)})") from e
 
 
 def raised_at(e: BaseException) -> str:
@@ -275,14 +286,32 @@ def checkpoint_hint(folder: Path, key: str) -> str:
 
 def tiny_corpus_key(cfg: DictConfig) -> str:
     """What the tiny model's tokenizer corpus depends on (what env_corpus reads), as its cache key:
-    not, e.g., reward penalties, which would otherwise swap the base model. Bump CORPUS_VERSION
-    when an environment's text or expert changes. The corpus plays train_split only, so eval_split is
+    not, e.g., reward penalties, which would otherwise swap the base model; the env class's source
+    file (`env_code_digest`). Bump CORPUS_VERSION when an environment's text or expert changes
+    outside that file (its engine, a data file). The corpus plays train_split only, so eval_split is
     left out: the pipeline, which points eval_split at its own split, gets the same base model."""
     env = config_dict(cfg.env)
     env.pop("eval_split", None)
-    return json.dumps({"env": env,
+    return json.dumps({"env": env, "env_code": env_code_digest(str(cfg.env.name)),
                        "n": int(cfg.model.tiny.corpus_episodes), "action_tag": cfg.agent.action_tag,
                        "invalid_format": cfg.agent.invalid_format, "v": CORPUS_VERSION}, sort_keys=True)
+
+
+def env_code_digest(name: str) -> str | None:
+    """SHA-256 of the source file of the env's class (None when it cannot be found: a factory
+    function, a class without a file): an env whose text or expert changed gets a new tiny model,
+    where a key of its config alone kept the old tokenizer (a plugin's author edits that file)."""
+    import hashlib
+    import inspect
+
+    from agentq.envs import env_class
+
+    try:
+        cls = env_class(name)
+        path = inspect.getsourcefile(cls) if cls is not None else None
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+    except (OSError, TypeError):
+        return None
 
 
 def model_config(path: str | Path) -> dict[str, Any]:

@@ -171,3 +171,30 @@ def test_a_context_past_the_models_positions_is_said(tmp_path, tiny_model_dir, c
         said = " ".join(capsys.readouterr().err.split())
         assert (f"warning: env.max_context_tokens={ctx} is past the model's max_position_embeddings=256 "
                 f"({short}/config.json)" in said) is warned
+
+
+# ---------------------------------------------------------------------- env.kwargs no constructor takes
+def test_an_env_kwargs_key_no_constructor_takes_is_a_config_error_naming_it(tmp_path, monkeypatch):
+    """An __init__ that hands **kw on may pop a key itself, so the config check only warns of a key no
+    signature names (`test_config.py`); when none takes it, building the env was a TypeError traceback
+    from inside gymnasium.make. A TypeError of another kind is an env bug and stays one."""
+    from conftest import one_task_env
+
+    src = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("Lenient", ("train", "heldout"), """
+    def __init__(self, size=3, **kw):
+        super().__init__(**kw)
+        if size == 0:
+            len(size)          # a bug of the env's own
+""")
+    (tmp_path / "lenient_env.py").write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(["env.name=lenient_env:Lenient", "env.train_split=train", "env.eval_split=heldout"])
+    cfg.env.kwargs = OmegaConf.create({"sise": 3})
+    with pytest.raises(ConfigError, match=r"^env=lenient_env:Lenient: TextEnv\.__init__\(\) takes no argument 'sise', "
+                                          r"which env\.kwargs\.sise gives it \(raised at registration\.py:\d+\)$"):
+        build.make_env(cfg, "train")
+    cfg.env.kwargs = OmegaConf.create({"size": 0})
+    with pytest.raises(TypeError, match="has no len"):
+        build.make_env(cfg, "train")
+    cfg.env.kwargs = OmegaConf.create({"size": 4})
+    assert build.make_env(cfg, "train").unwrapped.list_tasks("train") == ["a"]

@@ -201,6 +201,28 @@ def test_tiny_model_cache_key_names_only_what_the_corpus_reads():
     assert tiny_corpus_key(load_config(["agent.action_tag=act"])) != base
 
 
+def test_tiny_model_cache_key_follows_the_env_classs_source_file(tmp_path, monkeypatch):
+    """A plugin author edits the env's text: the old key (its config alone) kept the old tokenizer."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from agentq.build import env_code_digest, tiny_corpus_key
+
+    src = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("Edited", ("train", "heldout"))
+    (tmp_path / "edited_env.py").write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config([])
+    cfg.env.name, cfg.env.train_split, cfg.env.kwargs = "edited_env:Edited", "train", {}
+    before = tiny_corpus_key(cfg)
+    assert env_code_digest("edited_env:Edited") == hashlib.sha256(src.encode()).hexdigest()
+    assert json.loads(before)["env_code"] == hashlib.sha256(src.encode()).hexdigest()
+    (tmp_path / "edited_env.py").write_text(src.replace('"start"', '"a new room"'))
+    assert tiny_corpus_key(cfg) != before
+    twx = Path(__file__).parents[2] / "envs" / "textworld_express" / "env.py"
+    assert env_code_digest("textworld_express") == hashlib.sha256(twx.read_bytes()).hexdigest()
+
+
 def test_training_refuses_truncated_or_greedy_sampling_but_eval_may_use_it():
     from agentq.build import learner_temperature
 
