@@ -1,6 +1,7 @@
 """PNG plots of runs (matplotlib, headless)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,9 +12,10 @@ if TYPE_CHECKING:        # matplotlib loads when a plot is drawn
 
 
 def learning_curve(metrics_path: str | Path, out_png: str | Path, sft_success: float | None = None,
-                   title: str = "", split: str | None = None) -> Path:
+                   title: str = "", split: str | None = None, sft_episodes: int | None = None) -> Path:
     """Training reward and held-out success (on `split`) against RL step (SFT level as a dashed line)."""
-    return save_figure(learning_curve_figure(read_metrics(metrics_path), sft_success, title, split), out_png)
+    return save_figure(learning_curve_figure(read_metrics(metrics_path), sft_success, title, split, sft_episodes),
+                       out_png)
 
 
 def save_figure(fig: Figure, out_png: str | Path, **savefig_kw: Any) -> Path:
@@ -26,9 +28,28 @@ def save_figure(fig: Figure, out_png: str | Path, **savefig_kw: Any) -> Path:
     return out_png
 
 
+def _num(v: Any) -> float:
+    """A metrics.jsonl value as a float to plot: null (a NaN or inf when logged), a missing key or
+    anything not a number is NaN, which matplotlib leaves as a gap."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def _integer_steps(ax: Any) -> None:
+    """RL steps are whole numbers: no 0.25-step ticks on a short run."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def learning_curve_figure(rows: list[dict], sft_success: float | None = None, title: str = "",
-                          split: str | None = None) -> Figure:
-    """The learning curve's matplotlib figure from metrics.jsonl rows (the caller saves and closes it)."""
+                          split: str | None = None, sft_episodes: int | None = None) -> Figure:
+    """The learning curve's matplotlib figure from metrics.jsonl rows (the caller saves and closes it).
+
+    Held-out evaluations of different sizes (a pipeline's 20-task interval evaluations and its
+    200-task final one) are different task sets: each size is its own line, not one line joining
+    them. The SFT level (`sft_success`, on `sft_episodes` episodes) starts the line of its own size at
+    step 0; of an unknown size it starts the line only when every evaluation has one size, and is
+    otherwise the dashed line alone."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,34 +59,46 @@ def learning_curve_figure(rows: list[dict], sft_success: float | None = None, ti
     ev = [r for r in rows if "eval/success_rate" in r]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     steps = [r["step"] for r in train]
-    reward = [r["reward_mean"] for r in train]
+    reward = [_num(r["reward_mean"]) for r in train]
+    success = [_num(r.get("success_rate")) for r in train]
     ax.plot(steps, reward, color="tab:blue", alpha=0.3, lw=1, label="train reward (mean over the step's rollouts)")
     k = 5                     # each step samples only a few tasks: the raw curve is mostly task draw
     if len(reward) >= k:
         avg = [sum(reward[i - k + 1: i + 1]) / k for i in range(k - 1, len(reward))]
         ax.plot(steps[k - 1:], avg, color="tab:blue", lw=2, label=f"train reward, {k}-step moving average")
-    if any(abs(r["success_rate"] - r["reward_mean"]) > 1e-9 for r in train):   # differs unless reward = success
-        ax.plot(steps, [r["success_rate"] for r in train], color="tab:blue", ls=":", alpha=0.6, label="train success")
-    if ev:
-        ev_steps = [r["step"] for r in ev]
-        succ = [r["eval/success_rate"] for r in ev]
-        sizes = sorted({int(r.get("eval/episodes", 0)) for r in ev})
-        if sft_success is not None:
-            ev_steps, succ = [0] + ev_steps, [sft_success] + succ
-        ax.plot(ev_steps, succ, "o-", color="tab:red",
-                label=f"held-out success ({split + ', ' if split else ''}"
-                      + " / ".join(str(n) for n in sizes if n) + " episodes)")
+    if any(abs(s - r) > 1e-9 for s, r in zip(success, reward)):   # differs unless reward = success (NaN: no)
+        ax.plot(steps, success, color="tab:blue", ls=":", alpha=0.6, label="train success")
+    _held_out_lines(ax, ev, sft_success, sft_episodes, split)
     if sft_success is not None:
-        ax.axhline(sft_success, color="gray", ls="--", label=f"after SFT ({100 * sft_success:.0f} %)")
+        ax.axhline(sft_success, color="gray", ls="--", label=f"after SFT ({100 * sft_success:.0f} %"
+                   + (f" of {sft_episodes} episodes" if sft_episodes else "") + ")")
     ax.set_xlabel("RL step")
+    ax.set_ylabel("reward; success rate (0–1)")
+    _integer_steps(ax)
     # penalties (invalid or inadmissible actions) can push the reward below 0, a reward_scale above 1
     # (ALFWorld's, verl-agent uses 10): keep it in view
-    ax.set_ylim(min([-0.02] + [x - 0.02 for x in reward]), max([1.02] + [x + 0.02 for x in reward]))
+    finite = [x for x in reward if math.isfinite(x)]
+    ax.set_ylim(min([-0.02] + [x - 0.02 for x in finite]), max([1.02] + [x + 0.02 for x in finite]))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _held_out_lines(ax: Any, ev: list[dict], sft_success: float | None, sft_episodes: int | None,
+                    split: str | None) -> None:
+    """One line per evaluation size (`learning_curve_figure`), SFT's point at step 0 on its own size's."""
+    by_size: dict[int, list[tuple[int, float]]] = {}
+    for r in ev:
+        by_size.setdefault(int(_num(r.get("eval/episodes")) if r.get("eval/episodes") else 0), []).append(
+            (r["step"], _num(r["eval/success_rate"])))
+    for i, (n, points) in enumerate(sorted(by_size.items())):
+        if sft_success is not None and (n == sft_episodes if sft_episodes else len(by_size) == 1):
+            points = [(0, sft_success)] + points
+        ax.plot([s for s, _ in points], [v for _, v in points], "os^Dv"[i % 5] + "-", color=f"C{3 + i}",
+                label=f"held-out success ({split + ', ' if split else ''}{n} episodes)" if n
+                else f"held-out success{' (' + split + ')' if split else ''}")
 
 
 def mismatch_figure(rows: list[dict]) -> Figure:
@@ -79,23 +112,28 @@ def mismatch_figure(rows: list[dict]) -> Figure:
     train = [r for r in rows if "reward_mean" in r]
     steps = [r["step"] for r in train]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=110)
-    k3 = [r.get("k3") for r in train]
-    if any(v is not None for v in k3):
-        ax1.plot(steps, [v if v is not None else float("nan") for v in k3], "o-", ms=3)
-        if all(v is None or v > 0 for v in k3):
+    k3 = [_num(r.get("k3")) for r in train]
+    if any(math.isfinite(v) for v in k3):
+        ax1.plot(steps, k3, "o-", ms=3)
+        if all(v > 0 for v in k3 if math.isfinite(v)):
             ax1.set_yscale("log")
     ax1.set_title("K3 per action token", fontsize=10)
-    ax1.set_xlabel("RL step")
+    ax1.set_ylabel("K3 (nats per action token)")
     for key, style in (("alpha_median", "-"), ("alpha_p10", "--"), ("alpha_min", ":")):
-        vals = [r.get(key) for r in train]
-        if any(v is not None for v in vals):
-            ax2.plot(steps, [v if v is not None else float("nan") for v in vals], style, label=key)
+        vals = [_num(r.get(key)) for r in train]
+        if any(math.isfinite(v) for v in vals):
+            ax2.plot(steps, vals, style, label=key)
     ax2.set_title("InterQ-RL retention α", fontsize=10)
-    ax2.set_xlabel("RL step")
+    ax2.set_ylabel("α of a turn (0–1)")
     ax2.set_ylim(-0.02, 1.02)
     if ax2.lines:
         ax2.legend(fontsize=8)
+    else:                     # an objective without α (GRPO, TIS, ...): say so instead of empty axes
+        ax2.text(0.5, 0.5, "no α: the objective is not InterQ-RL", ha="center", va="center",
+                 transform=ax2.transAxes, fontsize=9, color="gray")
     for ax in (ax1, ax2):
+        ax.set_xlabel("RL step")
+        _integer_steps(ax)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
@@ -124,11 +162,13 @@ def sweep_curves(curves: dict[str, dict[str, dict]], out_png: str | Path, title:
         steps = runs[0]["steps"]
         same = [r["success"] for r in runs if r["steps"] == steps]     # seeds evaluated at the same steps
         mean = [sum(v) / len(v) for v in zip(*same)]
-        ax.plot(steps, mean, "o-", color=colors(i % 10), lw=2, ms=4, label=f"{arm} ({len(runs)} seeds)")
+        ax.plot(steps, mean, "o-", color=colors(i % 10), lw=2, ms=4,
+                label=f"{arm} (mean of {len(same)} seed{'s' if len(same) > 1 else ''})")
         for r in runs:
             ax.plot(r["steps"], r["success"], ".", color=colors(i % 10), alpha=0.35)
     ax.set_xlabel("RL step")
-    ax.set_ylabel("held-out success")
+    ax.set_ylabel("held-out success rate (0–1)")
+    _integer_steps(ax)
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     if curves:

@@ -2,11 +2,12 @@
 
 Sections: for an `agentq pipeline` folder the SFT → RL comparison (summary.json); the learning
 curves (PNG, embedded), the held-out evaluations (eval/step_*/eval.json),
-K3 and InterQ-RL's α by turn over training (from metrics.jsonl and the segment history), and an
+K3 and InterQ-RL's α by turn over training (from metrics.jsonl and the segment history; a long
+run's tables show `table_rows` steps spread over it, so the page does not grow with the run), and an
 episode viewer over the segment history (`segments/step_*.parquet`): every turn's observation and
 reply, each action token coloured by δ = log π_old − log μ, by the behaviour log-prob log μ or by
-the turn's retention α (a switch at the top; the numbers are in each token's tooltip), with the
-episode's reward and advantage.
+the turn's retention α (a switch at the top; log μ and δ are in each token's tooltip, α in its
+turn's header), with the episode's reward and advantage. Every text from a run folder is escaped.
 """
 from __future__ import annotations
 
@@ -38,10 +39,33 @@ details.episode summary{cursor:pointer}
 .obs{white-space:pre-wrap;color:#555;font-size:12px;max-height:12em;overflow:auto}
 .act{font-family:ui-monospace,monospace;margin-top:4px}
 .t{white-space:pre;border-radius:2px}
-body.by-delta .t{background:var(--d)} body.by-logp .t{background:var(--l)} body.by-alpha .t{background:var(--a)}
+body.by-alpha .t{background:var(--alpha)}
 .meta{color:#666;font-size:12px}
 .legend span{display:inline-block;padding:1px 6px;margin-right:4px}
 """
+
+#: base colours: δ > 0 red, δ < 0 blue, behaviour log-prob orange (opacity = strength)
+RED, BLUE, ORANGE = (220, 40, 40), (40, 90, 220), (230, 140, 0)
+#: opacity steps of a token's colour in the viewer (a class per step: p/n = δ > 0 / < 0, l = log μ)
+LEVELS = 10
+
+
+def token_css() -> str:
+    """The viewer's colour classes: `.p3` is δ > 0 at opacity 0.3 under "colour by δ", `.l7` log μ at
+    0.7 under "colour by log μ"; under "colour by α" every token takes its turn's `--alpha`. A class
+    per token instead of three inline colours and α in every tooltip: a long run's episodes were
+    ~150 bytes of markup per token."""
+    rules = []
+    for i in range(1, LEVELS + 1):
+        a = f"{i / LEVELS:g}"
+        rules += [f"body.by-delta .p{i}{{background:{_rgba(RED, a)}}}", f"body.by-delta .n{i}{{background:{_rgba(BLUE, a)}}}",
+                  f"body.by-logp .l{i}{{background:{_rgba(ORANGE, a)}}}"]
+    return "\n".join(rules) + "\n"
+
+
+def _rgba(rgb: tuple[int, int, int], a: str) -> str:
+    return f"rgba({rgb[0]},{rgb[1]},{rgb[2]},{a})"
+
 
 SWITCH_JS = """
 function colourBy(mode){document.body.className='by-'+mode;}
@@ -69,12 +93,31 @@ def _fmt(v: object, digits: int = 3) -> str:
 def delta_colour(delta: float, scale: float) -> str:
     """δ > 0 (π_old above μ) red, δ < 0 blue, opacity |δ| / scale (capped at 1)."""
     a = min(1.0, abs(delta) / scale) if scale > 0 else 0.0
-    return f"rgba(220,40,40,{a:.3f})" if delta > 0 else f"rgba(40,90,220,{a:.3f})"
+    return _rgba(RED if delta > 0 else BLUE, f"{a:.3f}")
 
 
 def logp_colour(logp: float) -> str:
     """log μ: likely tokens (log μ ≈ 0) pale, unlikely ones (log μ ≤ −5) deep orange."""
-    return f"rgba(230,140,0,{min(1.0, -logp / 5.0):.3f})"
+    return _rgba(ORANGE, f"{min(1.0, -logp / 5.0):.3f}")
+
+
+def _level(x: float) -> int:
+    """x in [0, 1] (clipped; NaN → 0) as one of the viewer's opacity steps 0..LEVELS."""
+    return round(LEVELS * max(0.0, min(1.0, x))) if x == x else 0
+
+
+def token_span(text: str, logp: float, delta: float, scale: float) -> str:
+    """One action token of the viewer: its colour classes (`token_css`) and its numbers as tooltip."""
+    cls = ["t"]
+    d = _level(abs(delta) / scale) if scale > 0 else 0
+    if d:
+        cls.append(f"{'p' if delta > 0 else 'n'}{d}")
+    lv = _level(-logp / 5.0)
+    if lv:
+        cls.append(f"l{lv}")
+    attr = f"'{' '.join(cls)}'" if len(cls) > 1 else "t"
+    tip = html.escape(f"log μ = {logp:.4f}  δ = {delta:.3g}", quote=True)
+    return f"<span class={attr} title='{tip}'>{html.escape(text)}</span>"
 
 
 def alpha_colour(alpha: float | None) -> str:
@@ -85,14 +128,19 @@ def alpha_colour(alpha: float | None) -> str:
 
 
 # ---------------------------------------------------------------------- sections
-def curves_section(rows: list[dict], cfg: dict) -> str:
+def curves_section(rows: list[dict], cfg: dict, summary: dict | None = None) -> str:
+    """The learning curve and the mismatch plot; for a pipeline (`summary`), the SFT level on the
+    curve, as in the pipeline's own learning_curve.png."""
     from .plots import learning_curve_figure, mismatch_figure
 
     parts = ["<h2 id='curves'>Learning curves</h2>"]
     if not any("reward_mean" in r for r in rows):
         return parts[0] + "<p>No training steps in metrics.jsonl.</p>"
     split = (cfg.get("env") or {}).get("eval_split")
-    parts.append(f"<img alt='learning curve' src='{_png_data_uri(learning_curve_figure(rows, split=split))}'>")
+    sft = (summary or {}).get("sft_success_rate")
+    fig = learning_curve_figure(rows, sft_success=sft if isinstance(sft, (int, float)) else None, split=split,
+                                sft_episodes=(summary or {}).get("episodes"))
+    parts.append(f"<img alt='learning curve' src='{_png_data_uri(fig)}'>")
     parts.append(f"<img alt='mismatch' src='{_png_data_uri(mismatch_figure(rows))}'>")
     return "\n".join(parts)
 
@@ -107,7 +155,7 @@ def eval_section(run_dir: Path) -> str:
     for r in reports:
         lo, hi = r.get("success_ci95") or [None, None]
         sel = (r.get("task_selection") or {}).get("description", "")
-        out.append(f"<tr><td>{r.get('step')}</td><td class=l>{_fmt(r.get('split'))}</td><td>{r.get('episodes')}</td>"
+        out.append(f"<tr><td>{_fmt(r.get('step'))}</td><td class=l>{_fmt(r.get('split'))}</td><td>{_fmt(r.get('episodes'))}</td>"
                    f"<td>{_fmt(r.get('success_rate'))}</td><td>{_fmt(lo)}–{_fmt(hi)}</td><td>{_fmt(r.get('score_mean'))}</td>"
                    f"<td>{_fmt(r.get('turns_success_mean'), 2)}</td><td>{_fmt(r.get('cap_rate'))}</td>"
                    f"<td class=l>{html.escape(sel)}</td></tr>")
@@ -124,12 +172,26 @@ def eval_section(run_dir: Path) -> str:
     return "\n".join(out)
 
 
-def by_turn_section(rows: list[dict], seg_by_step: dict[int, list[dict]]) -> str:
-    """Steps × turns tables of K3 (metrics.jsonl's k3_by_turn) and of the median α per turn (segments)."""
+def table_steps(rows: list[dict], seg_steps: list[int], k: int) -> list[int]:
+    """The steps the by-turn tables show: every step with a k3_by_turn row or a segment file, or for
+    a longer run k of them spread over it, the first and the last included (`viewer_steps`)."""
+    return viewer_steps(sorted({int(r["step"]) for r in rows if "k3_by_turn" in r} | set(seg_steps)), k)
+
+
+def by_turn_section(rows: list[dict], seg_by_step: dict[int, list[dict]], max_rows: int | None = None) -> str:
+    """Steps × turns tables of K3 (metrics.jsonl's k3_by_turn) and of the median α per turn (segments);
+    with `max_rows`, only the rows of `table_steps` (a long run's page stays the same size)."""
     train = [r for r in rows if "k3_by_turn" in r]
     out = ["<h2 id='by-turn'>K3 and α by turn over training</h2>"]
     if not train:
         return out[0] + "<p>No k3_by_turn in metrics.jsonl.</p>"
+    all_steps = sorted({int(r["step"]) for r in train} | set(seg_by_step))
+    if max_rows is not None and len(all_steps) > max_rows:
+        keep = set(table_steps(rows, list(seg_by_step), max_rows))
+        train = [r for r in train if r["step"] in keep]
+        seg_by_step = {s: v for s, v in seg_by_step.items() if s in keep}
+        out.append(f"<p class=meta>{len(keep)} of the run's {len(all_steps)} steps, spread over it (the first and "
+                   "the last included); every step's numbers are in metrics.jsonl and segments/.</p>")
     n_turns = max(len(r["k3_by_turn"] or []) for r in train)
     k3_max = max([v for r in train for v in (r["k3_by_turn"] or []) if v is not None and not math.isnan(v)] or [0.0])
     head = "".join(f"<th>{s}</th>" for s in range(1, n_turns + 1))
@@ -160,16 +222,14 @@ def episode_html(ep: list[dict], delta_scale: float) -> str:
     """One trajectory (its segment rows, turn order) as a <details> block."""
     first = ep[0]
     outcome = "won" if first["won"] else first.get("end_reason") or "lost"
-    head = (f"episode {first['episode_id']} · task {html.escape(str(first['task_id']))} · {outcome} · "
+    head = (f"episode {first['episode_id']} · task {html.escape(str(first['task_id']))} · {html.escape(outcome)} · "
             f"reward {_fmt(first['reward'])} · advantage {_fmt(first['advantage'])} · {len(ep)} turns")
     turns = []
     for seg in ep:
         toks = []
         texts = seg.get("token_text") or [str(i) for i in seg["token_ids"]]
         for text, lp, d in zip(texts, seg["logp_behaviour"], seg["delta"]):
-            tip = f"log μ = {lp:.4f}  δ = {d:.3g}  α = {_fmt(seg['alpha'])}"
-            style = (f"--d:{delta_colour(d, delta_scale)};--l:{logp_colour(lp)};--a:{alpha_colour(seg['alpha'])}")
-            toks.append(f"<span class=t style='{style}' title='{html.escape(tip, quote=True)}'>{html.escape(text)}</span>")
+            toks.append(token_span(text, lp, d, delta_scale))
         turns.append(
             f"<div class=turn style='--alpha:{alpha_colour(seg['alpha'])}' data-turn='{seg['turn']}'>"
             f"<div class=meta>turn {seg['turn']} · {seg['tokens']} tokens · Σδ {_fmt(seg['delta_sum'])} · "
@@ -222,8 +282,15 @@ def rl_run_dir(folder: Path) -> tuple[Path, dict | None]:
     folder the pipeline prints), its summary.json: `agentq report runs/pipeline-*` works as is.
 
     Raises:
-        FileNotFoundError: neither `folder` nor `folder`/rl holds a metrics.jsonl.
+        FileNotFoundError: neither `folder` nor `folder`/rl holds a metrics.jsonl, or `folder` is an
+            `agentq sft` folder (its metrics.jsonl has no RL step: its report read "interq · 0 steps").
     """
+    if (folder / "sft_summary.json").exists() or (folder / "demos.jsonl").exists():
+        pipeline = folder.parent if (folder.parent / "rl" / "metrics.jsonl").exists() else None
+        raise FileNotFoundError(f"{folder} is an `agentq sft` folder, not an RL run: agentq report renders an `agentq "
+                                "train` or `agentq pipeline` folder" + (f" (its pipeline's: agentq report {pipeline})"
+                                                                      if pipeline else "")
+                                + f"; evaluate the SFT checkpoint with agentq eval checkpoint={folder / 'checkpoint'}")
     if (folder / "metrics.jsonl").exists():
         return folder, None
     if (folder / "rl" / "metrics.jsonl").exists():
@@ -258,7 +325,7 @@ def pipeline_section(summary: dict) -> str:
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_steps_k: int = 4,
-                 max_episodes: int = 16) -> Path:
+                 max_episodes: int = 16, table_rows: int = 60) -> Path:
     """Render `<run>/report.html` (or `out`).
 
     Args:
@@ -267,6 +334,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_step
         out: the HTML file to write (default <run>/report.html).
         viewer_steps_k: steps the episode viewer shows (spread over the run, first and last included).
         max_episodes: trajectories shown per step.
+        table_rows: steps the K3 / α by-turn tables show at most (spread over the run).
     Returns:
         The path of the HTML file.
     """
@@ -278,9 +346,10 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_step
     rows = read_metrics(run_dir / "metrics.jsonl")
     all_steps = segment_steps(run_dir)
     seg_by_step: dict[int, list[dict]] = {}
-    if all_steps:
+    in_tables = sorted(set(table_steps(rows, all_steps, table_rows)) & set(all_steps))
+    if in_tables:          # only the steps the α table shows: a long run's history is not read whole
         alpha_cols = ["step", "turn", "tokens", "alpha"]
-        for r in read_segments(run_dir, columns=alpha_cols).to_pylist():
+        for r in read_segments(run_dir, steps=in_tables, columns=alpha_cols).to_pylist():
             seg_by_step.setdefault(r["step"], []).append(r)
     shown = {s: read_segments(run_dir, steps=[s]).to_pylist() for s in viewer_steps(all_steps, viewer_steps_k)}
     env = (cfg.get("env") or {}).get("name", "?")
@@ -293,10 +362,10 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_step
         + "<a href='#curves'>curves</a> · <a href='#evals'>evaluations</a> · <a href='#by-turn'>by turn</a> · "
         "<a href='#episodes'>episodes</a></p>",
         pipeline_section(summary) if summary else "",
-        curves_section(rows, cfg), eval_section(run_dir), by_turn_section(rows, seg_by_step),
+        curves_section(rows, cfg, summary), eval_section(run_dir), by_turn_section(rows, seg_by_step, table_rows),
         viewer_section(shown, max_episodes)])
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{CSS}</style><script>{SWITCH_JS}</script></head><body class='by-delta'>{body}</body></html>")
+            f"<style>{CSS}{token_css()}</style><script>{SWITCH_JS}</script></head><body class='by-delta'>{body}</body></html>")
     out = Path(out) if out else top / "report.html"
     out.write_text(page, encoding="utf-8")
     return out

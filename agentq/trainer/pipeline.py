@@ -144,7 +144,8 @@ def _pipeline(cfg: DictConfig, out: Path, split: str, others: list[str]) -> dict
     from agentq.eval.plots import learning_curve
 
     learning_curve(out / "rl" / "metrics.jsonl", out / "learning_curve.png", sft_success=summary["sft_success_rate"],
-                   title=f"{cfg.env.name}: SFT → RL ({cfg.algo.name}, {cfg.rollout.quant})", split=split)
+                   title=f"{cfg.env.name}: SFT → RL ({cfg.algo.name}, {cfg.rollout.quant})", split=split,
+                   sft_episodes=sft_evals[split]["episodes"])
     print_summary(summary, out)
     return summary
 

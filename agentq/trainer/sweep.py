@@ -353,6 +353,16 @@ def _fmt(x: float | None, spec: str = ".1e") -> str:
     return "–" if x is None else format(x, spec)
 
 
+#: turns of the K3-by-turn column in table.md (table.json has every turn)
+TABLE_TURNS = 8
+
+
+def _by_turn(k3_by_turn: list[float | None]) -> str:
+    """The first TABLE_TURNS turns' K3; more turns end in "… (N turns)", which the cell would hide."""
+    cell = ", ".join(_fmt(v, ".0e") for v in k3_by_turn[:TABLE_TURNS])
+    return cell + (f", … ({len(k3_by_turn)} turns)" if len(k3_by_turn) > TABLE_TURNS else "")
+
+
 def table_markdown(t: dict, title: str) -> str:
     from agentq.eval.metrics import paired_test_name
 
@@ -381,7 +391,7 @@ def table_markdown(t: dict, title: str) -> str:
             ", ".join(f"s{s}: {100 * x:.0f}" for s, x in zip(r["seeds"], r["success_by_seed"])),
             f"{100 * r['aulc']:.1f}", *paired,
             f"{_fmt(r['k3_mean'])} [{_fmt(r['k3_min'])}, {_fmt(r['k3_max'])}]",
-            ", ".join(_fmt(v, ".0e") for v in r["k3_by_turn"][:8]), alpha,
+            _by_turn(r["k3_by_turn"]), alpha,
             _fmt(r["rollout_time_s"], ".0f"), _fmt(r["learner_time_s"], ".0f")]) + " |")
     return "\n".join(lines) + "\n"
 

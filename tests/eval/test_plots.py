@@ -80,3 +80,95 @@ def test_rl_step_bars_are_the_phase_seconds_with_the_speedups_beside_them(tmp_pa
     assert [t.get_text() for t in ax.get_yticklabels()] == ["1B: interq", "1B: bf16", "4B: interq+int8dx"]
     plt.close(fig)
     assert rl_step_plot(reports, tmp_path / "rl.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _labelled_lines(ax):
+    return {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines()}
+
+
+def test_evaluations_of_different_sizes_are_separate_lines_and_sft_starts_its_own():
+    """A pipeline evaluates 20 tasks every 8 steps and 200 at the end, after SFT on those 200. One line
+    joined SFT's 59 % (200 tasks) to 80 % (20 other tasks) at step 8, then to 65 % (200) at 32: it
+    read as +21 points at step 8, while on those 20 tasks SFT had 85 %."""
+    import matplotlib.pyplot as plt
+
+    rows = [{"step": s, "reward_mean": 0.2, "success_rate": 0.2} for s in range(1, 33)]
+    rows += [{"step": 8, "eval/success_rate": 0.8, "eval/episodes": 20},
+             {"step": 16, "eval/success_rate": 0.75, "eval/episodes": 20},
+             {"step": 32, "eval/success_rate": 0.65, "eval/episodes": 200}]
+    fig = learning_curve_figure(rows, sft_success=0.59, split="dev", sft_episodes=200)
+    lines = _labelled_lines(fig.axes[0])
+    plt.close(fig)
+    assert lines["held-out success (dev, 20 episodes)"] == ([8, 16], [0.8, 0.75])
+    assert lines["held-out success (dev, 200 episodes)"] == ([0, 32], [0.59, 0.65])
+    assert lines["after SFT (59 % of 200 episodes)"][1] == [0.59, 0.59]
+    # SFT's size unknown (pipeline.py's call): it is the dashed line only, joined to no evaluation
+    fig = learning_curve_figure(rows, sft_success=0.59, split="dev")
+    lines = _labelled_lines(fig.axes[0])
+    plt.close(fig)
+    assert lines["held-out success (dev, 20 episodes)"] == ([8, 16], [0.8, 0.75])
+    assert lines["held-out success (dev, 200 episodes)"] == ([32], [0.65])
+    assert "after SFT (59 %)" in lines
+
+
+def test_null_metrics_are_gaps_not_a_traceback(tmp_path):
+    """metrics.jsonl writes a NaN or inf as null: a step's null reward_mean ended learning_curve_figure
+    (and `agentq train`'s last act, write_run_plots, and `agentq report`) in a TypeError."""
+    import math
+
+    import matplotlib.pyplot as plt
+
+    from agentq.eval.plots import mismatch_figure, write_run_plots
+
+    rows = [{"step": 1, "reward_mean": None, "success_rate": None, "k3": None, "alpha_median": None},
+            {"step": 2, "reward_mean": 0.5, "success_rate": 1.0, "k3": 2e-5, "alpha_median": 0.9},
+            {"step": 2, "eval/success_rate": None, "eval/episodes": 4}]
+    fig = learning_curve_figure(rows)
+    lines = _labelled_lines(fig.axes[0])
+    assert math.isnan(lines["train reward (mean over the step's rollouts)"][1][0])
+    assert lines["train reward (mean over the step's rollouts)"][1][1] == 0.5
+    assert lines["train success"][1][1] == 1.0
+    assert fig.axes[0].get_ylim() == pytest.approx((-0.02, 1.02))
+    plt.close(fig)
+    fig = mismatch_figure(rows)
+    k3 = fig.axes[0].get_lines()[0].get_ydata()
+    assert math.isnan(k3[0]) and k3[1] == 2e-5 and fig.axes[0].get_yscale() == "log"
+    plt.close(fig)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [p.name for p in write_run_plots(tmp_path)] == ["learning_curve.png", "mismatch.png"]
+
+
+def test_axes_name_their_units_and_count_whole_steps(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    import agentq.eval.plots as plots
+
+    rows = [{"step": s, "reward_mean": 0.5, "success_rate": 0.5, "k3": 1e-5} for s in (1, 2)]
+    fig = learning_curve_figure(rows)
+    ax = fig.axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("RL step", "reward; success rate (0–1)")
+    # two steps: ticks at whole steps (matplotlib's default put them at 1.0, 1.2, ..., 2.0)
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    plt.close(fig)
+    fig = plots.mismatch_figure(rows)      # no α logged (not InterQ-RL): said on the empty axes
+    k3_ax, alpha_ax = fig.axes
+    assert k3_ax.get_ylabel() == "K3 (nats per action token)" and alpha_ax.get_ylabel() == "α of a turn (0–1)"
+    assert [t.get_text() for t in alpha_ax.texts] == ["no α: the objective is not InterQ-RL"]
+    plt.close(fig)
+    captured = {}
+    real_save = plots.save_figure
+
+    def keep(fig, out_png, **kw):
+        ax = fig.axes[0]
+        captured.update(labels=[t.get_text() for t in ax.get_legend().get_texts()], ylabel=ax.get_ylabel(),
+                        integer=all(float(t).is_integer() for t in ax.get_xticks()))
+        return real_save(fig, out_png, **kw)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    # the mean line of an arm averages its seeds evaluated at the first seed's steps: the label counts those
+    plots.sweep_curves({"bf16": {"0": {"steps": [0, 1, 2], "success": [0.1, 0.2, 0.3]}},
+                        "interq": {"0": {"steps": [0, 1, 2], "success": [0.1, 0.3, 0.3]},
+                                   "1": {"steps": [0, 1, 2], "success": [0.1, 0.1, 0.5]},
+                                   "2": {"steps": [0, 2], "success": [0.1, 0.5]}}}, tmp_path / "c.png")
+    assert captured == {"labels": ["bf16 (mean of 1 seed)", "interq (mean of 2 seeds)"],
+                        "ylabel": "held-out success rate (0–1)", "integer": True}

@@ -1,4 +1,5 @@
 """`agentq report`'s pieces computed without a browser (the rendered page: tests/trainer/test_run_outputs.py)."""
+import contextlib
 import re
 
 import pytest
@@ -85,3 +86,172 @@ def test_a_folder_that_is_no_run_names_both_kinds(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl, nor rl/metrics.jsonl of an `agentq pipeline` folder"):
         write_report(tmp_path)
+
+
+def _seg(step, turn, tokens, *, episode=0, alpha=0.5, obs="o", text=None, task="t", end="won", delta=0.0,
+         logp=-0.5, k3_sum=1e-5, action="a", feedback="f"):
+    """One segment row (eval/segments.py's columns)."""
+    return {"step": step, "row": episode, "episode_id": episode, "task_id": task, "group_id": 0, "turn": turn,
+            "tokens": tokens, "delta_sum": delta * tokens, "k3_sum": k3_sum, "m": k3_sum, "H": 0.0, "alpha": alpha,
+            "d": 0.0, "reward": 1.0, "advantage": 0.5, "won": end == "won", "task_type": None, "end_reason": end,
+            "observation": obs, "assistant": "a", "action": action, "feedback": feedback, "token_ids": [1] * tokens,
+            "token_text": text, "logp_behaviour": [logp] * tokens, "logp_old": [logp] * tokens, "delta": [delta] * tokens}
+
+
+def _run(root, rows, segments=()):
+    import json
+
+    from agentq.eval.segments import write_segments
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    by_step: dict[int, list] = {}
+    for s in segments:
+        by_step.setdefault(s["step"], []).append(s)
+    for step, segs in by_step.items():
+        write_segments(root, step, segs)
+    return root
+
+
+def test_episode_text_cannot_break_out_of_the_page(tmp_path):
+    """Observations, token texts, actions, feedback, task ids and end reasons are environment (or model)
+    text: `<script>` or `</textarea>` in them is shown, never parsed. The end reason went in raw."""
+    from agentq.eval.report import write_report
+
+    evil = "</textarea><script>alert('obs')</script><!-- ' \" &"
+    run = _run(tmp_path / "run", [{"step": 1, "reward_mean": 0.0, "success_rate": 0.0, "k3": 1e-5,
+                                   "k3_by_turn": [1e-5]}],
+               [_seg(1, 1, 2, obs=evil, text=["<script>", "</textarea>'"], task="<img src=x onerror=alert(2)>",
+                     end="<b onclick=alert(3)>cap</b>", action="<i>act</i>", feedback="</div></details>")])
+    (run / "config.yaml").write_text("env:\n  name: \"<script>env</script>\"\nalgo:\n  name: \"a'b\"\n")
+    page = write_report(run).read_text()
+    assert page.count("<script") == 1 and page.count("</script>") == 1      # the page's own colour switch
+    assert "<b onclick" not in page and "<img src=x" not in page and "<i>act</i>" not in page
+    assert "&lt;b onclick=alert(3)&gt;cap&lt;/b&gt;" in page                 # the end reason, shown as text
+    assert ("<div class=obs>&lt;/textarea&gt;&lt;script&gt;alert(&#x27;obs&#x27;)&lt;/script&gt;&lt;!-- &#x27; "
+            "&quot; &amp;</div>") in page
+    assert ">&lt;script&gt;</span>" in page and ">&lt;/textarea&gt;&#x27;</span>" in page
+    assert "→ &lt;/div&gt;&lt;/details&gt;</div>" in page
+    assert page.count("<details") == page.count("</details>") == 1
+
+
+def test_token_markup_is_a_class_per_colour(tmp_path):
+    """Each token carried three inline colours and α in its tooltip, ~150 bytes: a long run's viewer
+    (16 episodes × 4 steps × turns × tokens) ran to many MB. Now two classes and log μ, δ (α is the
+    turn's, in its header and its bar)."""
+    from agentq.eval.report import token_css, token_span, write_report
+
+    # δ at half the colour scale, positive: p5; log μ = −2.5 of the −5 that saturates: l5
+    assert token_span("<a>", -2.5, 0.5e-6, 1e-6) == "<span class='t p5 l5' title='log μ = -2.5000  δ = 5e-07'>&lt;a&gt;</span>"
+    assert token_span("x", 0.0, -2e-6, 1e-6) == "<span class='t n10' title='log μ = 0.0000  δ = -2e-06'>x</span>"
+    assert token_span("x", -0.01, 0.0, 0.0) == "<span class=t title='log μ = -0.0100  δ = 0'>x</span>"
+    css = token_css()
+    assert "body.by-delta .p5{background:rgba(220,40,40,0.5)}" in css
+    assert "body.by-delta .n10{background:rgba(40,90,220,1)}" in css
+    assert "body.by-logp .l5{background:rgba(230,140,0,0.5)}" in css
+    # the page grows by the tokens' markup alone: 2,000 more tokens of one episode, < 75 bytes each
+    metrics = [{"step": 1, "reward_mean": 0.0, "success_rate": 0.0, "k3": 1e-5, "k3_by_turn": [1e-5]}]
+    sizes = [len(write_report(_run(tmp_path / str(n), metrics, [_seg(1, 1, n, text=["ab"] * n, delta=1e-7 * (n > 0),
+                                                                      logp=-1.234)])).read_text()) for n in (10, 2010)]
+    assert (sizes[1] - sizes[0]) / 2000 < 75
+
+
+def test_a_long_runs_by_turn_tables_show_steps_spread_over_it(tmp_path):
+    """K3 and α by turn had one row per step: 1,000 steps × 30 turns × 2 tables, MBs of cells."""
+    from agentq.eval.report import write_report
+
+    rows = [{"step": s, "reward_mean": 0.0, "success_rate": 0.0, "k3": s * 1e-6, "k3_by_turn": [s * 1e-6, 2 * s * 1e-6]}
+            for s in range(1, 101)]
+    segs = [_seg(s, t, 2, alpha=1 - s / 1000) for s in range(1, 101) for t in (1, 2)]
+    page = write_report(_run(tmp_path / "run", rows, segs), table_rows=5).read_text()
+    k3 = re.search(r"<table id='k3-by-turn'>.*?</table>", page, re.S).group(0)
+    alpha = re.search(r"<table id='alpha-by-turn'>.*?</table>", page, re.S).group(0)
+    want = [1, 26, 51, 75, 100]                  # viewer_steps(1..100, 5): first, last and spread between
+    for table in (k3, alpha):
+        assert [int(s) for s in re.findall(r"<tr><td>(\d+)</td>", table)] == want
+    assert re.findall(r"<tr><td>75</td><td[^>]*>([^<]*)</td><td[^>]*>([^<]*)</td>", k3) == [("7.5e-05", "0.00015")]
+    assert re.findall(r"<tr><td>75</td><td[^>]*>([^<]*)</td>", alpha) == ["0.925"]
+    assert "5 of the run's 100 steps, spread over it" in page
+    # a short run keeps every row, without the note
+    page = write_report(_run(tmp_path / "short", rows[:3], segs[:6])).read_text()
+    k3 = re.search(r"<table id='k3-by-turn'>.*?</table>", page, re.S).group(0)
+    assert [int(s) for s in re.findall(r"<tr><td>(\d+)</td>", k3)] == [1, 2, 3] and "spread over it" not in page
+
+
+@pytest.mark.parametrize("case", ["empty", "one_step_no_eval", "null_metrics", "eval_of_no_episode", "torn_line"])
+def test_a_report_renders_whatever_the_run_has_so_far(tmp_path, case):
+    """A run stopped early, before its first evaluation, after one step, with NaN metrics (null in
+    metrics.jsonl) or an evaluation of no episode: every section renders, saying what is missing."""
+    import json
+
+    from agentq.eval.report import write_report
+
+    step = {"step": 1, "reward_mean": 0.25, "success_rate": 0.5, "k3": 1e-5, "k3_by_turn": [1e-5]}
+    run = tmp_path / "run"
+    if case == "empty":
+        _run(run, [])
+    elif case == "one_step_no_eval":
+        _run(run, [step], [_seg(1, 1, 2)])
+    elif case == "null_metrics":
+        _run(run, [{"step": 1, "reward_mean": None, "success_rate": None, "k3": None, "k3_by_turn": [None, 1e-5],
+                    "alpha_median": None}, step | {"step": 2}], [_seg(1, 1, 2, alpha=None)])
+    elif case == "eval_of_no_episode":
+        _run(run, [step, {"step": 1, "eval/success_rate": None, "eval/episodes": 0}])
+        (run / "eval" / "step_000001").mkdir(parents=True)
+        (run / "eval" / "step_000001" / "eval.json").write_text(json.dumps(
+            {"step": 1, "split": "dev", "episodes": 0, "success_rate": None, "success_ci95": [None, None]}))
+    else:
+        _run(run, [step])
+        with (run / "metrics.jsonl").open("a") as f:
+            f.write('{"step": 2, "rew')                         # killed mid-write
+    with pytest.warns(UserWarning, match="torn last line") if case == "torn_line" else contextlib.nullcontext():
+        page = write_report(run).read_text()
+    expect = {"empty": ["No training steps in metrics.jsonl.", "No evaluations in this run.",
+                        "No k3_by_turn in metrics.jsonl.", "No segment history"],
+              "one_step_no_eval": ["<img alt='learning curve'", "No evaluations in this run.",
+                                   "<table id='k3-by-turn'>", "Step 1 (1 trajectories)"],
+              "null_metrics": ["<img alt='learning curve'", "<tr><td>1</td><td style='background:none'>–</td>",
+                               "No evaluations in this run.", "· 2 steps</h1>"],
+              "eval_of_no_episode": ["<tr><td>1</td><td class=l>dev</td><td>0</td><td>–</td><td>–––</td>"],
+              "torn_line": ["· 1 steps</h1>", "<img alt='learning curve'"]}[case]
+    for text in expect:
+        assert text in page, text
+
+
+def test_a_pipeline_reports_curve_has_the_sft_level_of_its_size(tmp_path, monkeypatch):
+    """The pipeline's own learning_curve.png draws SFT's success; the report's curve of the same run
+    did not."""
+    import agentq.eval.plots as plots
+    from agentq.eval.report import write_report
+
+    _pipeline_folder(tmp_path / "pipe")
+    (tmp_path / "pipe" / "rl" / "metrics.jsonl").write_text(
+        '{"step": 1, "reward_mean": 0.5, "success_rate": 0.5}\n{"step": 1, "eval/success_rate": 0.5, "eval/episodes": 4}\n')
+    calls = []
+    real = plots.learning_curve_figure
+    monkeypatch.setattr(plots, "learning_curve_figure", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    write_report(tmp_path / "pipe")
+    assert [(c["sft_success"], c["sft_episodes"]) for c in calls] == [(0.25, 4)]
+
+
+def test_reading_a_run_folder_unpickles_nothing(tmp_path, monkeypatch):
+    """The report (and the sweep table) read JSON, YAML (safe) and Parquet only; a checkpoint's
+    trainer_state.pt beside them is never opened."""
+    import pickle
+
+    import torch
+
+    from agentq.eval.report import write_report
+
+    run = _run(tmp_path / "run", [{"step": 1, "reward_mean": 0.0, "success_rate": 0.0, "k3": 1e-5,
+                                   "k3_by_turn": [1e-5]}], [_seg(1, 1, 2)])
+    (run / "config.yaml").write_text("env:\n  name: e\nalgo:\n  name: a\n")
+    (run / "checkpoints" / "step_000001").mkdir(parents=True)
+    (run / "checkpoints" / "step_000001" / "trainer_state.pt").write_bytes(pickle.dumps({"x": 1}))
+
+    def refuse(*a, **kw):
+        raise AssertionError("a pickle was loaded")
+
+    for mod, name in ((pickle, "load"), (pickle, "loads"), (pickle, "Unpickler"), (torch, "load")):
+        monkeypatch.setattr(mod, name, refuse)
+    assert "agentq run run: e · a · 1 steps" in write_report(run).read_text()

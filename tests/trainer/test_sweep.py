@@ -258,3 +258,21 @@ def test_the_table_pairs_by_task_over_seeds_and_names_differing_backends(tmp_pat
     _fake_sweep(same, outcomes, {"bf16": ("torch", True), "interq": ("torch", False)})
     md = table_markdown(sweep_table(same, ["bf16", "interq"], [0, 1], ["bf16"]), "t")
     assert "| rollout / learner |" in md and "| interq | w8a8_kv8 / w8a8 |" in md and "(torch)" not in md
+
+
+def test_table_md_says_when_its_k3_by_turn_cell_leaves_turns_out(tmp_path):
+    """table.md shows the first 8 turns' K3; a 12-turn run's cell read as if the run had 8 turns."""
+    from agentq.trainer.sweep import sweep_table, table_markdown
+
+    outcomes = {"bf16": {0: [("a", True)]}, "interq": {0: [("a", False)]}}
+    _fake_sweep(tmp_path, outcomes, {"bf16": ("torch", True), "interq": ("torch", True)})
+    d = tmp_path / "arms" / "interq" / "seed_0"
+    (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.0, "k3": 1e-5,
+                                                 "k3_by_turn": [(j + 1) * 1e-6 for j in range(12)]}) + "\n" +
+                                     json.dumps({"step": 2, "eval/success_rate": 0.0}) + "\n")
+    t = sweep_table(tmp_path, ["bf16", "interq"], [0], [])
+    assert t["arms"]["interq"]["k3_by_turn"] == pytest.approx([(j + 1) * 1e-6 for j in range(12)])
+    md = table_markdown(t, "t")
+    assert "| 1e-06, 2e-06, 3e-06, 4e-06, 5e-06, 6e-06, 7e-06, 8e-06, … (12 turns) |" in md
+    bf16 = next(line for line in md.splitlines() if line.startswith("| bf16 |"))
+    assert "…" not in bf16          # no turn logged: an empty cell, nothing left out

@@ -63,3 +63,30 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
     # a fresh run replacing the folder's is a new W&B run
     assert main(["train", f"trainer.out_dir={run}", "trainer.steps=1", "trainer.overwrite=true", *SMALL]) == 0
     assert len({run_id for run_id, _ in wandb_runs(run)}) == 2
+
+
+def test_tensorboard_holds_each_number_of_metrics_jsonl_at_its_step(tmp_path):
+    """Every scalar of a metrics.jsonl row is a TensorBoard scalar of the same name at the row's step
+    (float32); lists, nulls (a NaN or inf logged) and booleans stay in metrics.jsonl only."""
+    import json
+    import math
+
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+    from agentq.utils.logging import MetricsLogger
+
+    log = MetricsLogger(tmp_path)
+    log.log(1, {"reward_mean": 0.25, "episodes": 4, "k3": 1.5e-14, "loss": math.nan, "grad_norm": math.inf,
+                "k3_by_turn": [1e-14, 2e-14], "flag": True})
+    log.log(1, {"success_rate": 0.5, "episodes": 8}, prefix="eval/")
+    log.log(2, {"reward_mean": -0.1, "episodes": 4, "k3": 2e-14, "loss": 0.5})
+    log.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["loss"] is None and rows[0]["grad_norm"] is None and rows[0]["k3_by_turn"] == [1e-14, 2e-14]
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tb = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    assert sorted(tb) == ["episodes", "eval/episodes", "eval/success_rate", "k3", "loss", "reward_mean"]
+    assert tb["reward_mean"] == [(1, 0.25), (2, pytest.approx(-0.1))]
+    assert tb["k3"] == [(1, pytest.approx(1.5e-14, rel=1e-6)), (2, pytest.approx(2e-14, rel=1e-6))]
+    assert tb["loss"] == [(2, 0.5)] and tb["eval/episodes"] == [(1, 8)] and tb["eval/success_rate"] == [(1, 0.5)]
