@@ -55,20 +55,9 @@ def learning_curve_figure(rows: list[dict], sft_success: float | None = None, ti
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    train = [r for r in rows if "reward_mean" in r]
-    ev = [r for r in rows if "eval/success_rate" in r]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    steps = [r["step"] for r in train]
-    reward = [_num(r["reward_mean"]) for r in train]
-    success = [_num(r.get("success_rate")) for r in train]
-    ax.plot(steps, reward, color="tab:blue", alpha=0.3, lw=1, label="train reward (mean over the step's rollouts)")
-    k = 5                     # each step samples only a few tasks: the raw curve is mostly task draw
-    if len(reward) >= k:
-        avg = [sum(reward[i - k + 1: i + 1]) / k for i in range(k - 1, len(reward))]
-        ax.plot(steps[k - 1:], avg, color="tab:blue", lw=2, label=f"train reward, {k}-step moving average")
-    if any(abs(s - r) > 1e-9 for s, r in zip(success, reward)):   # differs unless reward = success (NaN: no)
-        ax.plot(steps, success, color="tab:blue", ls=":", alpha=0.6, label="train success")
-    _held_out_lines(ax, ev, sft_success, sft_episodes, split)
+    reward = _train_lines(ax, [r for r in rows if "reward_mean" in r])
+    _held_out_lines(ax, [r for r in rows if "eval/success_rate" in r], sft_success, sft_episodes, split)
     if sft_success is not None:
         ax.axhline(sft_success, color="gray", ls="--", label=f"after SFT ({100 * sft_success:.0f} %"
                    + (f" of {sft_episodes} episodes" if sft_episodes else "") + ")")
@@ -84,6 +73,22 @@ def learning_curve_figure(rows: list[dict], sft_success: float | None = None, ti
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _train_lines(ax: Any, train: list[dict]) -> list[float]:
+    """Training reward (raw and a moving average) and, where it differs, training success against RL
+    step; returns the rewards (the y range follows them)."""
+    steps = [r["step"] for r in train]
+    reward = [_num(r["reward_mean"]) for r in train]
+    success = [_num(r.get("success_rate")) for r in train]
+    ax.plot(steps, reward, color="tab:blue", alpha=0.3, lw=1, label="train reward (mean over the step's rollouts)")
+    k = 5                     # each step samples only a few tasks: the raw curve is mostly task draw
+    if len(reward) >= k:
+        avg = [sum(reward[i - k + 1: i + 1]) / k for i in range(k - 1, len(reward))]
+        ax.plot(steps[k - 1:], avg, color="tab:blue", lw=2, label=f"train reward, {k}-step moving average")
+    if any(abs(s - r) > 1e-9 for s, r in zip(success, reward)):   # differs unless reward = success (NaN: no)
+        ax.plot(steps, success, color="tab:blue", ls=":", alpha=0.6, label="train success")
+    return reward
 
 
 def _held_out_lines(ax: Any, ev: list[dict], sft_success: float | None, sft_episodes: int | None,
