@@ -5,10 +5,11 @@ A worker that dies (segfault, OOM kill, a JVM taking the process down) is detect
 restarted with fresh environments, and every command it had in flight is answered with an
 error result, so those episodes are reported, never lost silently. A worker that does not answer
 within `call_timeout_s` per env call it was sent (stopped, deadlocked, a hung engine) counts as
-hung and is handled the same way: killed, restarted, its commands answered with errors. The
-restarted worker's other slots had their envs rebuilt too: an episode under way on one of them is
-answered with an error at its next step (`SiblingSlots`). The dispatch, restart and give-up rules
-are `WorkerPool`'s, shared with the Ray pool.
+hung and is handled the same way: killed, restarted, its commands answered with errors (a command
+larger than a pipe holds is sent from a thread, so one for a worker that does not read it cannot
+block the trainer before that timeout starts). The restarted worker's other slots had their envs
+rebuilt too: an episode under way on one of them is answered with an error at its next step
+(`SiblingSlots`). The dispatch, restart and give-up rules are `WorkerPool`'s, shared with the Ray pool.
 
 A worker never outlives the trainer, even one hung in an env step when the trainer is SIGKILLed
 (`_die_with_parent`): on Linux the kernel kills it (prctl PR_SET_PDEATHSIG), elsewhere, or when the
@@ -34,6 +35,7 @@ from .base import EnvSpec, WorkerCore, WorkerPool
 
 CLOSE_TIMEOUT_S = 10.0      # for all workers together to close their envs; then they are killed
 PARENT_POLL_S = 0.5         # how often a worker's watchdog checks that the trainer still lives
+SEND_INLINE_BYTES = 4096   # a command this small fits any empty pipe (macOS's holds 8 KiB); larger ones go by thread
 
 
 def _trainer_gone(trainer_pid: int, direct_child: bool) -> Callable[[], bool]:
@@ -132,6 +134,7 @@ class ProcessPool(WorkerPool):
             RuntimeError: a worker failed to start (none is left running).
         """
         self._procs: dict[int, tuple[Any, Connection]] = {}
+        self._senders: dict[int, threading.Thread] = {}     # worker → the thread sending it a large command
         self._ctx: Any = mp.get_context(start_method)    # its Process/Pipe depend on the start method
         self._setup(spec, num_envs, num_workers, call_timeout_s, start_timeout_s)
         self._start_all()
@@ -171,14 +174,21 @@ class ProcessPool(WorkerPool):
             p.join(10)
         except (AssertionError, ValueError, OSError):     # never started, or already closed
             pass
+        sender = self._senders.pop(w, None)
+        if sender is not None:          # its write fails once the worker is gone: never on a reused descriptor
+            sender.join(10)
         conn.close()
 
     def _submit(self, w: int, cmd: str, blob: bytes) -> Any:
-        try:
-            self._procs[w][1].send((cmd, blob))
+        conn = self._procs[w][1]
+        if len(blob) > SEND_INLINE_BYTES:
+            # more than the pipe holds: a worker that does not read (stopped, stuck) would block this send, and
+            # the pool with it, before the wait for the answer and its call_timeout_s even began
+            sender = threading.Thread(target=_send, args=(conn, (cmd, blob)), daemon=True, name=f"agentq-env-send-{w}")
+            self._senders[w] = sender
+            sender.start()
             return True
-        except (OSError, ValueError):       # a dead worker's pipe, or one closed after a failed start
-            return None
+        return True if _send(conn, (cmd, blob)) else None
 
     def _answer(self, w: int, handle: Any, timeout: float) -> tuple[bytes | None, str]:
         p, conn = self._procs[w]
@@ -199,23 +209,26 @@ class ProcessPool(WorkerPool):
     def close(self) -> None:
         """Ask every worker to close its environments (`CLOSE_TIMEOUT_S` for all together), then kill
         those still running, also when this is interrupted: no worker outlives the pool."""
-        procs, self._procs = list(self._procs.values()), {}
+        senders = {w: t for w, t in self._senders.items() if t.is_alive()}     # their pipes are full: never written
+        procs = [proc for w, proc in self._procs.items() if w not in senders]
+        stuck = [proc for w, proc in self._procs.items() if w in senders]       # killed below
+        self._procs, self._senders = {}, {}
         try:
             for _, conn in procs:
-                try:
-                    conn.send(("close", None))
-                except (OSError, ValueError):
-                    pass
+                _send(conn, ("close", None))
             deadline = time.monotonic() + CLOSE_TIMEOUT_S
             for p, conn in procs:
                 _await_closed(conn, deadline)
                 if p.is_alive():
                     p.join(max(0.0, deadline - time.monotonic()))
         finally:
-            for p, conn in procs:
+            for p, conn in procs + stuck:
                 if p.is_alive():
                     p.kill()
                     p.join(5)
+            for sender in senders.values():     # a dead worker's pipe fails the write: it ends before the pipe closes
+                sender.join(5)
+            for _, conn in procs + stuck:
                 conn.close()
 
     def __del__(self) -> None:
@@ -223,6 +236,15 @@ class ProcessPool(WorkerPool):
             self.close()
         except Exception:
             pass
+
+
+def _send(conn: Connection, message: tuple) -> bool:
+    """Send `message` to a worker; False when its pipe is gone (a dead worker, or one closed after a failed start)."""
+    try:
+        conn.send(message)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _await_closed(conn: Connection, deadline: float) -> None:

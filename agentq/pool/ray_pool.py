@@ -1,8 +1,9 @@
 """Ray actors as environment workers (`env_pool=ray`): the same commands as the subprocess pool,
-for spreading environments over a Ray cluster. A dead actor, or one that does not answer within
-`call_timeout_s` per env call, is (killed and) recreated and its in-flight commands are answered
-with error results; an episode under way on another slot of that actor (its env rebuilt with the
-actor) is answered with an error at its next step (`SiblingSlots`). A local cluster (no `address`)
+for spreading environments over a Ray cluster. A dead actor (also one killed by Ray's memory monitor,
+whose calls Ray answers with OutOfMemoryError), or one that does not answer within `call_timeout_s`
+per env call, is (killed and) recreated and its in-flight commands are answered with error results;
+an episode under way on another slot of that actor (its env rebuilt with the actor) is answered
+with an error at its next step (`SiblingSlots`). A local cluster (no `address`)
 is started bound to 127.0.0.1, without the dashboard, so none of its services listen on the
 machine's network interfaces (`ray_init_kwargs`, `keep_local_cluster_on_loopback`: the trainer's
 placement starts it the same way).
@@ -289,6 +290,8 @@ class RayPool(WorkerPool):
             return None, "hung"
         except ray.exceptions.RayActorError as e:
             return None, f"died ({type(e).__name__})"
+        except ray.exceptions.OutOfMemoryError as e:     # Ray's memory monitor killed it: the node's memory, not advice
+            return None, f"died (killed by Ray's memory monitor: OutOfMemoryError: {str(e).strip().splitlines()[0]})"
         except ray.exceptions.RayError as e:      # the call failed in Ray itself: the actor's state is unknown
             return None, f"failed ({type(e).__name__}: {last_line(e)})"
 

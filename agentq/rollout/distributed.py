@@ -11,11 +11,15 @@ worker loads them, requantizing with fresh scales (`TorchEngine.update_weights`)
 broadcast from the learner's rank 0 to the engines is the GPU path for large models (the hook is
 `DistributedBackend.publish_weights`); it is not implemented (docs/distributed.md).
 
-A worker that dies (or does not answer within `timeout_s`) is restarted with the latest weights;
-the episodes it was serving come back as `TurnResult(finish_reason="error")` (also those not in the
-call that found it dead, at their next turn, until released), and the agent loop reports them as
-errored episodes — as a dead env worker's are. A sync that raises on any worker leaves the workers
-on different versions: `generate` and `score` refuse until an `update_weights` reaches them all.
+A worker that dies (or does not answer within `timeout_s`) is restarted with the latest weights,
+and the restart is awaited (one `timeout_s`); the episodes it was serving come back as
+`TurnResult(finish_reason="error")` (also those not in the call that found it dead, at their next
+turn, until released), and the agent loop reports them as errored episodes — as a dead env
+worker's are. A worker that cannot be started again is down: the new episodes sent to it come back
+as errors naming its start error, it is tried again at the next `generate` or `update_weights`,
+and after `max_start_failures` failed starts in a row the call raises (no endless restart loop).
+A sync that raises on any worker leaves the workers on different versions: `generate` and `score`
+refuse until an `update_weights` reaches them all.
 """
 from __future__ import annotations
 
@@ -80,8 +84,12 @@ class DistributedBackend(RolloutBackend):
             dtype, device, prefill_chunk, sampler, cuda_graphs, run_ahead, share_prefill,
             prefill_graph_tokens, prefill_graph_max).
         tokenizer: for stop strings (picklable HF tokenizer).
-        timeout_s: bound on every call to a worker; a worker past it counts as dead.
+        timeout_s: bound on every call to a worker (a worker past it counts as dead) and on its start.
+    Raises:
+        RuntimeError: a worker failed to start (none is left running).
     """
+
+    max_start_failures = 3      # failed starts in a row of one worker that end the run
 
     def __init__(self, hf_config: Any, quant: QuantSpec, num_workers: int, max_slots: int, actor_options: list[dict],
                  engine_kw: dict[str, Any], tokenizer: Any = None, timeout_s: float = 600.0, threads: int | None = None):
@@ -105,27 +113,79 @@ class DistributedBackend(RolloutBackend):
         self._lost: dict[int, str] = {}     # episode id → why: its worker was restarted (until released)
         self._sync_error: str | None = None  # the last update_weights failed on some worker: no serving
         self.restarts = 0
+        self._failed_starts: dict[int, int] = {}     # worker → failed starts in a row
+        self._down: dict[int, str] = {}              # worker → why its last start failed
         self.workers = [self._start(w) for w in range(num_workers)]
+        problems = self._await_started(range(num_workers))
+        if problems:
+            self.close()
+            w = min(problems)
+            raise RuntimeError(f"rollout worker {w} failed to start: {problems[w]}")
         self._kv_bytes = self._ray.get(self.workers[0].kv_bytes_per_token.remote(), timeout=self.timeout_s)
 
     def _start(self, w: int) -> Any:
         return self._cls.options(**self._options[w]).remote(*self._init, weights=self._weights_ref,
                                                             version=self.policy_version, threads=self._threads)
 
-    def _restart(self, w: int) -> None:
-        """Replace worker w (killed first, in case it only hung); forget its episodes."""
+    def _kill(self, w: int) -> None:
         try:
-            self._ray.kill(self.workers[w])
+            self._ray.kill(self.workers[w])     # also one that is unreachable but alive
         except Exception:
             pass
-        self.restarts += 1
-        self.workers[w] = self._start(w)
-        # its episodes' KV and sampling generators are gone: each one still running is reported at its
-        # next turn (not replayed from scratch on another worker with a fresh generator) until released
-        for eid in [e for e, o in self._owner.items() if o == w]:
-            del self._owner[eid]
-            self._lost[eid] = f"rollout worker {w} died; restarted (the episode's state was lost)"
-        self._load[w] = 0
+
+    def _await_started(self, workers: Iterable[int]) -> dict[int, str]:
+        """Wait (one `timeout_s` for all) until each worker has built its engine. Returns worker → why
+        it did not (its constructor's error, or the timeout); such a worker is killed, since a pending
+        actor would otherwise take its resources whenever they free up."""
+        ray = self._ray
+        deadline = time.monotonic() + self.timeout_s
+        problems: dict[int, str] = {}
+        for w in workers:
+            try:
+                ray.get(self.workers[w].__ray_ready__.remote(), timeout=max(0.0, deadline - time.monotonic()))
+                continue
+            except ray.exceptions.GetTimeoutError:
+                problems[w] = (f"not started within {self.timeout_s:g} s (placement.timeout_s); cluster resources "
+                               f"free now: {ray.available_resources()}")
+            except ray.exceptions.RayError as e:      # its constructor raised, or it died
+                problems[w] = _last_line(e)
+            self._kill(w)
+        return problems
+
+    def _restart(self, why: dict[int, str]) -> dict[int, str]:
+        """Replace each worker of `why` (worker → why it is replaced; killed first, in case it only
+        hung; all started before any is awaited) and forget its episodes. Returns worker → why it could
+        not be started: it is down, tried again at the next call (`_retry_down`)."""
+        for w, cause in why.items():
+            self._kill(w)
+            self.restarts += 1
+            self.workers[w] = self._start(w)
+            # its episodes' KV and sampling generators are gone: each one still running is reported at its
+            # next turn (not replayed from scratch on another worker with a fresh generator) until released
+            for eid in [e for e, o in self._owner.items() if o == w]:
+                del self._owner[eid]
+                self._lost[eid] = f"{cause}; the episode's state was lost with it (the worker is replaced)"
+            self._load[w] = 0
+        problems = self._await_started(why)
+        for w in why:
+            if w in problems:
+                self._failed_starts[w] = self._failed_starts.get(w, 0) + 1
+                self._down[w] = problems[w]
+            else:
+                self._failed_starts.pop(w, None)
+                self._down.pop(w, None)
+        return problems
+
+    def _retry_down(self) -> set[int]:
+        """Start again each worker left down by a failed start; returns those that are up now."""
+        down = {w: f"rollout worker {w} was down" for w in sorted(self._down)}
+        return set(down) - set(self._restart(down)) if down else set()
+
+    def _give_up_if_down(self) -> None:
+        for w, n in self._failed_starts.items():
+            if n >= self.max_start_failures:
+                raise RuntimeError(f"rollout worker {w} could not be started {n} times in a row; giving up: "
+                                   f"{self._down.get(w)}")
 
     def worker_of(self, episode_id: int, prefer: int | None = None) -> int:
         """The worker serving the episode. A new episode goes to `prefer` while that worker has a
@@ -149,12 +209,19 @@ class DistributedBackend(RolloutBackend):
         for w, fut in futures.items():
             try:
                 ok[w] = self._ray.get(fut, timeout=max(0.0, deadline - time.monotonic()))
-            except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError) as e:
-                failed[w] = f"rollout worker {w} died ({type(e).__name__}); restarted"
-            except Exception as e:                      # RayTaskError: the call itself raised
+            except self._ray.exceptions.RayTaskError as e:      # the call itself raised (bad input)
                 raised.append(e)
+            except self._ray.exceptions.GetTimeoutError:
+                failed[w] = (f"rollout worker {w} hung: no answer within {self.timeout_s:g} s (placement.timeout_s); "
+                             "killed")
+            except self._ray.exceptions.RayError as e:
+                # its process is gone: killed (ActorDiedError), by Ray's memory monitor (OutOfMemoryError, raised
+                # for every later call too), its node lost, ...
+                failed[w] = f"rollout worker {w} died ({_death(self._ray, e)})"
+        problems = self._restart(failed)
         for w in failed:
-            self._restart(w)
+            failed[w] += (f"; could not be restarted ({problems[w]}); tried again at the next call" if w in problems
+                          else "; restarted")
         if raised:
             raise raised[0]
         return ok, failed
@@ -164,6 +231,7 @@ class DistributedBackend(RolloutBackend):
         if len({r.episode_id for r in requests}) != len(requests):
             raise ValueError("generate() got two requests for the same episode")
         self._check_synced()
+        self._retry_down()
         by_worker: dict[int, list[TurnRequest]] = {}
         home: dict[tuple[int, ...], int] = {}     # a context → the worker its first new episode went to
         for r in requests:
@@ -178,7 +246,12 @@ class DistributedBackend(RolloutBackend):
                 w = self.worker_of(r.episode_id, prefer=home.get(key))
                 home.setdefault(key, w)
             by_worker.setdefault(w, []).append(r)
-        ok, failed = self._gather({w: self.workers[w].generate.remote(rs) for w, rs in by_worker.items()})
+        # a worker still down (its start failed again just now) holds no episode: its new ones are answered
+        failed = {w: f"rollout worker {w} is down: it could not be started ({self._down[w]})"
+                  for w in by_worker if w in self._down}
+        ok, died = self._gather({w: self.workers[w].generate.remote(rs) for w, rs in by_worker.items()
+                                 if w not in failed})
+        failed.update(died)
         out: dict[int, TurnResult] = {}
         for w, results in ok.items():
             out.update((res.episode_id, res) for res in results)
@@ -189,6 +262,7 @@ class DistributedBackend(RolloutBackend):
             if r.episode_id not in out:                   # lost with a worker restarted earlier
                 out[r.episode_id] = TurnResult(r.episode_id, [], [], "error", self.policy_version,
                                                error=self._lost[r.episode_id])
+        self._give_up_if_down()
         return [out[r.episode_id] for r in requests]
 
     def _check_synced(self) -> None:
@@ -199,7 +273,8 @@ class DistributedBackend(RolloutBackend):
 
     def score(self, context_ids: list[int], target_ids: list[int], params: SamplingParams | None = None) -> list[float]:
         self._check_synced()
-        return self._ray.get(self.workers[0].score.remote(context_ids, target_ids, params), timeout=self.timeout_s)
+        w = min(set(range(self.num_workers)) - set(self._down), default=0)      # one that is up
+        return self._ray.get(self.workers[w].score.remote(context_ids, target_ids, params), timeout=self.timeout_s)
 
     def publish_weights(self, tensors: dict[str, torch.Tensor]) -> Any:
         """What the workers receive: here an object-store reference (one copy per node). An NCCL
@@ -213,19 +288,21 @@ class DistributedBackend(RolloutBackend):
         # set until every worker answers: a worker whose call raises keeps its old version (or none,
         # `TorchEngine.update_weights`) while the others serve the new one (a dead one restarts with it)
         self._sync_error = f"version {version}"
+        # a worker left down starts with these weights; one still down gets them when it starts
+        revived = self._retry_down()
         try:
             ok, failed = self._gather({w: a.update_weights.remote(self._weights_ref, version)
-                                       for w, a in enumerate(self.workers)})
+                                       for w, a in enumerate(self.workers) if w not in revived and w not in self._down})
         except Exception as e:
-            # a RayTaskError's text is the worker's whole traceback: its last line names the error
-            self._sync_error = f"version {version}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}"
+            self._sync_error = f"version {version}: {type(e).__name__}: {_last_line(e)}"
             raise
         self._sync_error = None
+        self._give_up_if_down()
         # a restarted worker loaded these weights at start; the code-change fraction is a survivor's
         first = ok[min(ok)] if ok else None
         return SyncStats(version=version, int8_codes_changed=first.int8_codes_changed if first else None,
                          seconds=time.perf_counter() - t0,
-                         extra={"rollout_workers": self.num_workers, "restarted": len(failed)})
+                         extra={"rollout_workers": self.num_workers, "restarted": len(failed) + len(revived)})
 
     def release(self, episode_id: int) -> None:
         self._lost.pop(episode_id, None)
@@ -241,12 +318,12 @@ class DistributedBackend(RolloutBackend):
         """The workers' counts summed, asked of all at once under one timeout (a worker that does not
         answer adds nothing; the next `generate` that needs it restarts it)."""
         total: dict[str, int] = {}
-        futures = [w.prefill_counts.remote() for w in self.workers]
+        futures = [a.prefill_counts.remote() for w, a in enumerate(self.workers) if w not in self._down]
         deadline = time.monotonic() + self.timeout_s
         for fut in futures:
             try:
                 counts = self._ray.get(fut, timeout=max(0.0, deadline - time.monotonic()))
-            except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
+            except self._ray.exceptions.RayError:      # dead (also by Ray's memory monitor), hung, ...
                 continue
             for k, v in counts.items():
                 total[k] = total.get(k, 0) + v
@@ -259,3 +336,17 @@ class DistributedBackend(RolloutBackend):
             except Exception:
                 pass
         self.workers = []
+
+
+def _death(ray: Any, e: BaseException) -> str:
+    """How a Ray call found its actor dead: the error's name, with the node's memory for Ray's memory
+    monitor (the first line of its error; the rest is advice)."""
+    if isinstance(e, ray.exceptions.OutOfMemoryError):
+        return f"killed by Ray's memory monitor: OutOfMemoryError: {str(e).strip().splitlines()[0]}"
+    return type(e).__name__
+
+
+def _last_line(e: BaseException) -> str:
+    """The last line of an error's text (a Ray error carries the remote traceback before it)."""
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(e).__name__

@@ -4,6 +4,8 @@ Episodes stick to one worker (their KV cache and sampling generator live there),
 one in-process engine's turn for turn, weights broadcast through the object store are requantized
 on every worker, and a killed worker is restarted with the latest weights while the episodes it
 served come back as errors, which the agent loop reports as errored episodes."""
+import os
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -14,6 +16,7 @@ from agentq.pool import EnvSpec, InlinePool
 from agentq.rollout import SamplingParams, TurnRequest
 from agentq.rollout.distributed import DistributedBackend, EngineWorker
 from agentq.rollout.torch_engine.engine import TorchEngine
+from ray_faults import OOM, dead_actors_answer_oom, kill
 
 SPEC = QuantSpec.preset("w8a8_kv8")
 SP = SamplingParams(max_new_tokens=8)
@@ -39,6 +42,7 @@ def distributed(path, tokenizer, workers=2, max_slots=8):
 
 def turn(eids, contexts):
     return [TurnRequest(e, contexts[e], SP, seed=1000 + e) for e in eids]
+
 
 
 def test_workers_match_one_engine_and_a_killed_worker_is_restarted(ray_cluster, tiny_model_dir, tokenizer):
@@ -67,7 +71,7 @@ def test_workers_match_one_engine_and_a_killed_worker_is_restarted(ray_cluster, 
         both([0, 1, 2, 3])                               # turn 2 goes to the same workers (sticky)
         assert [dist.worker_of(e) for e in range(4)] == owners
 
-        ray_cluster.kill(dist.workers[1])
+        kill(ray_cluster, dist.workers[1])
         res = dist.generate(turn([0, 1, 2, 3], ctx))
         lost = [e for e in range(4) if owners[e] == 1]
         assert [r.finish_reason == "error" for r in res] == [owners[e] == 1 for e in range(4)]
@@ -110,7 +114,7 @@ def test_agent_loop_reports_a_worker_killed_mid_step_as_errored_episodes(ray_clu
             self.calls += 1
             if self.calls == 1:
                 self.owners = {r.episode_id: dist.worker_of(r.episode_id) for r in requests}
-                ray_cluster.kill(dist.workers[1])
+                kill(ray_cluster, dist.workers[1])
             return out
 
     try:
@@ -141,9 +145,9 @@ def test_an_error_raised_in_one_worker_still_restarts_a_dead_one(ray_cluster, ti
         ctx = {e: [5 + (e * 7 + j) % 80 for j in range(12)] for e in range(2)}
         dist.generate(turn([0, 1], ctx))
         assert [dist.worker_of(e) for e in range(2)] == [0, 1]
-        ray_cluster.kill(dist.workers[1])
+        kill(ray_cluster, dist.workers[1])
         ctx[0] = ctx[0] + [10 ** 6]
-        with pytest.raises(ValueError, match="context ids must be non-empty and in"):
+        with pytest.raises(ValueError, match="episode 0: context id at position 12 is 1000000"):
             dist.generate(turn([0, 1], ctx))
         assert dist.restarts == 1 and 1 not in dist._owner and dist._load == [1, 0]
         dist.release(1)                  # the caller ends the lost episode; its id may then start afresh
@@ -165,7 +169,7 @@ def test_episodes_of_a_restarted_worker_left_out_of_the_call_come_back_as_errors
         dist.generate(turn(range(4), ctx))
         on1 = [e for e in range(4) if dist.worker_of(e) == 1]
         on0 = [e for e in range(4) if dist.worker_of(e) == 0]
-        ray_cluster.kill(dist.workers[1])
+        kill(ray_cluster, dist.workers[1])
         res = dist.generate(turn([on0[0], on1[0]], ctx))
         assert res[0].finish_reason != "error" and res[1].finish_reason == "error" and dist.restarts == 1
         later = dist.generate(turn([on0[1], on1[1]], ctx))      # on1[1] was not in the call that found it dead
@@ -205,5 +209,89 @@ def test_a_sync_that_fails_on_one_worker_serves_nothing_until_a_full_sync(ray_cl
             dist.score(ctx[0], [5, 6])
         dist.update_weights(perturbed(w, seed=1).items(), version=3)
         assert [r.policy_version for r in dist.generate(turn([0, 1], ctx))] == [3, 3]
+    finally:
+        dist.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_that_cannot_restart_is_reported_and_ends_the_run_after_three_tries(ray_cluster, tiny_model_dir,
+                                                                                    tokenizer, tmp_path):
+    """Worker 1 dies and cannot be built again (its engine's constructor raises): the restart is awaited,
+    its episodes come back with the constructor's error, it is tried again at each call (new episodes sent
+    to it are answered with errors), and the third failed start in a row ends the run with that error. It
+    was restarted without a wait at every call, each of its episodes lost as "died (ActorDiedError)",
+    never giving up. Once it can start again, it serves."""
+    flag = str(tmp_path / "cannot-start")
+
+    class FailsWhileFlagged(EngineWorker):      # defined here: pickled by value into the actor
+        def __init__(self, *args, **kw):
+            if os.path.exists(flag):
+                raise RuntimeError("injected: cannot build the engine")
+            super().__init__(*args, **kw)
+
+    dist = distributed(tiny_model_dir, tokenizer)
+    try:
+        dist._cls = ray_cluster.remote(max_restarts=0)(FailsWhileFlagged)     # used by restarts
+        dist.update_weights(weights(tiny_model_dir).items(), version=0)
+        ctx = {e: [5 + (e * 7 + j) % 80 for j in range(12 + e)] for e in range(16)}
+        dist.generate(turn(range(4), ctx))
+        assert [dist.worker_of(e) for e in range(4)] == [0, 1, 0, 1]
+        open(flag, "w").close()
+        kill(ray_cluster, dist.workers[1])
+
+        def play(eids):
+            res = dist.generate(turn(eids, ctx))
+            for e in eids:
+                dist.release(e)
+            return [r.error for r in res]
+
+        errors = play([0, 1, 2, 3])                                        # failed start 1
+        assert errors[0] is None and errors[2] is None and dist.restarts == 1
+        assert errors[1] == errors[3] == ("rollout worker 1 died (ActorDiedError); could not be restarted "
+                                          "(RuntimeError: injected: cannot build the engine); "
+                                          "tried again at the next call")
+        errors = play([4, 5, 6, 7])                                        # 2: new episodes sent to it are lost
+        assert [e is None for e in errors] == [True, False, True, False] and dist.restarts == 2
+        assert errors[1] == ("rollout worker 1 is down: it could not be started (RuntimeError: injected: cannot build "
+                             "the engine)")
+        with pytest.raises(RuntimeError, match="^rollout worker 1 could not be started 3 times in a row; giving up: "
+                                               "RuntimeError: injected: cannot build the engine$"):
+            play([8, 9, 10, 11])                                           # 3
+        assert dist.restarts == 3
+        for e in (8, 9, 10, 11):
+            dist.release(e)
+        os.unlink(flag)
+        assert play([12, 13, 14, 15]) == [None] * 4 and dist.restarts == 4  # tried again: up, and it serves
+        assert [dist._load, dist._down] == [[0, 0], {}]
+    finally:
+        dist.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_by_rays_memory_monitor_is_restarted_not_raised(ray_cluster, tiny_model_dir, tokenizer,
+                                                                        monkeypatch):
+    """Ray answers every call to an actor that its memory monitor killed with OutOfMemoryError, not a
+    RayActorError (test_ray_oom_kills.py sees it with the monitor itself, -m slow; here the worker is
+    ray.kill-ed and its calls answered so, `dead_actors_answer_oom`). `generate` took it for an error of
+    the call (bad input): it reached the trainer, and the worker was never restarted, so every later
+    call raised it again; `prefill_counts`, at every RL step's start, raised it too."""
+    dist = distributed(tiny_model_dir, tokenizer)
+    try:
+        dist.update_weights(weights(tiny_model_dir).items(), version=0)
+        ctx = {e: [5 + (e * 7 + j) % 80 for j in range(12 + e)] for e in range(8)}
+        dist.generate(turn(range(4), ctx))
+        assert [dist.worker_of(e) for e in range(4)] == [0, 1, 0, 1]
+        before = dist.prefill_counts()["prefill_computed_tokens"]
+        kill(ray_cluster, dist.workers[1])
+        dead_actors_answer_oom(ray_cluster, monkeypatch)
+        assert 0 < dist.prefill_counts()["prefill_computed_tokens"] < before     # worker 0's alone
+        res = dist.generate(turn(range(4), ctx))
+        assert [r.finish_reason for r in res] == ["length", "error", "length", "error"] and dist.restarts == 1
+        assert res[1].error == res[3].error == (f"rollout worker 1 died (killed by Ray's memory monitor: "
+                                                f"OutOfMemoryError: {OOM.splitlines()[0]}); restarted")
+        for e in range(4):
+            dist.release(e)
+        assert [r.finish_reason for r in dist.generate(turn(range(4, 8), ctx))] == ["length"] * 4
+        assert [dist.worker_of(e) for e in range(4, 8)] == [0, 1, 0, 1] and dist.restarts == 1
     finally:
         dist.close()

@@ -2,7 +2,8 @@
 subprocess workers and Ray actors, which find this folder on sys.path).
 
 Actions: "hang" sleeps for an hour, "slow" for a second, "crash" kills the process, "pid" names it,
-"lock" returns an info the pool cannot send back (a lock), anything else echoes. Tasks "hang" and "crash" do the same on reset.
+"lock" returns an info the pool cannot send back (a lock), "hog" takes memory (64 MiB every 50 ms, up to
+16 GiB) until something kills the process, anything else echoes. Tasks "hang" and "crash" do the same on reset.
 `flag`: a file; while it exists, building the env fails (a worker that cannot come back).
 `fail_once`: a file; the first build that creates it fails (one worker of several cannot start).
 `hang_marks`: a folder; "hang" first writes a file named by the pid there (the test knows it hangs now).
@@ -52,6 +53,11 @@ class FaultEnv(TextEnv):
             time.sleep(1)
         if what == "crash":
             os._exit(3)
+        if what == "hog":
+            held = []
+            for _ in range(256):
+                held.append(b"x" * 2 ** 26)     # written, so resident
+                time.sleep(0.05)
         if what == "lock":
             return TaskStep(obs="locked", extra={"lock": threading.Lock()})
         if what == "pid" and self.engine is not None:

@@ -2,10 +2,14 @@
 `WorkerPool`): a worker that cannot be restarted costs its own slots, not the other workers' answers,
 and the pool gives up after a bounded number of tries; bad input raises before anything runs; an
 unpicklable env result costs its episode only; an interrupted call never leaves an answer behind for
-the next one; close() ends hung workers and a failed start leaves none. The env is `fault_env.py`."""
+the next one; close() ends hung workers and a failed start leaves none; a command too large for the
+pipe of a stopped worker costs its timeout, not a pool blocked for good; an actor killed by Ray's
+memory monitor is reported as such. The env is `fault_env.py`."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
 import sys
 import threading
 import time
@@ -15,6 +19,7 @@ import pytest
 
 from agentq.pool import EnvSpec, make_pool
 from proc_watch import gone, wait_until
+from ray_faults import OOM, dead_actors_answer_oom, kill
 
 HERE = Path(__file__).resolve().parent
 KINDS = ["process", "ray"]
@@ -50,7 +55,7 @@ def make(kind: str, request, env: EnvSpec, n: int = 2, **kw):
 
 
 def start(pool, slots) -> None:
-    assert all(r.ok for r in pool.reset([(s, {"options": {"task_id": f"t/{s}"}}) for s in slots]))
+    assert all(r.ok for r in pool.reset([(s, {"options": {"task_id": f"t/{s % 10}"}}) for s in slots]))
 
 
 def obs(results) -> list[str]:
@@ -217,3 +222,96 @@ def test_a_pool_started_right_after_another_closed_gets_the_freed_cpus(request):
         assert second.cpus_per_worker == 1.0 and ray.available_resources().get("CPU", 0.0) == 0.0
     finally:
         second.close()
+
+
+def stop(pid: int) -> None:
+    """SIGSTOP `pid` and wait until every thread of it is stopped (it reads no command from then on)."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def states() -> list[str]:
+        try:
+            return [open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                    for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:             # a thread ended while we looked
+            return []
+    assert wait_until(lambda: all(s in "tT" for s in states() or "R"), 10), states()
+
+
+def kill_after(pid: int, seconds: float) -> threading.Event:
+    """SIGKILL `pid` after `seconds` unless the returned event is set first: what would otherwise block
+    forever (the defect a test checks for) ends, and the test fails on its assertions instead of hanging."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(seconds) and not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True).start()
+    return done
+
+
+@pytest.mark.timeout(60)
+def test_a_large_command_for_a_stopped_worker_times_out_instead_of_blocking():
+    """A worker's share of a step larger than its pipe holds (32 slots × a 9,000-character action: ~290 kB)
+    for a worker that does not read (stopped): the send blocked the pool forever, before the wait for the
+    answer and its call_timeout_s began. Now the worker is found hung within 32 × call_timeout_s, killed
+    and restarted, and the other worker's answers are kept; the restarted worker takes such steps."""
+    pool = make_pool("process", spec(), 64, num_workers=2, call_timeout_s=0.2)
+    try:
+        start(pool, range(64))
+        pid = pool.worker_pid(0)
+        stop(pid)
+        done = kill_after(pid, 30)
+        t0 = time.monotonic()
+        res = pool.step([(s, f"{s} " + "x" * 9000) for s in range(64)])
+        took = time.monotonic() - t0
+        done.set()
+        assert [r.error for r in res[0::2]] == [("env worker 0 hung: no answer to step of 32 slot(s) within 6.4 s "
+                                                 "(env_pool.call_timeout_s=0.2); killed; restarted")] * 32
+        assert obs(res[1::2]) == [f"echo {s} " + "x" * 9000 for s in range(1, 64, 2)]
+        assert pool.restarts == 1 and took < 15 and wait_until(lambda: gone(pid))
+        start(pool, range(0, 64, 2))
+        assert obs(pool.step([(s, f"{s} " + "y" * 9000) for s in range(64)])) == [f"echo {s} " + "y" * 9000
+                                                                                 for s in range(64)]
+    finally:
+        pool.close()
+
+
+@pytest.mark.timeout(60)
+def test_close_ends_a_worker_whose_pipe_is_full():
+    """An interrupted call (Ctrl-C) left a large share of a step half-sent to a stopped worker: neither the
+    call nor close() blocks on that full pipe (close() does not write to it), and close() kills the worker
+    within its deadline. The call's send blocked until the worker was killed."""
+    pool = make_pool("process", spec(), 64, num_workers=2, call_timeout_s=60)
+    pids = [pool.worker_pid(0), pool.worker_pid(1)]
+    start(pool, range(64))
+    stop(pids[0])
+    done = kill_after(pids[0], 30)
+    t0 = time.monotonic()
+    interrupted("process", pool, [(s, "x" * 9000) for s in range(64)])     # the send blocked here
+    pool.close()                                                            # or here, writing "close"
+    done.set()
+    assert time.monotonic() - t0 < 13
+    assert wait_until(lambda: all(gone(pid) for pid in pids)), [pid for pid in pids if not gone(pid)]
+
+
+@pytest.mark.timeout(60)
+def test_an_actor_killed_by_rays_memory_monitor_is_reported_with_the_nodes_memory(request, monkeypatch):
+    """Ray answers every call to an actor that its memory monitor killed with OutOfMemoryError, not a
+    RayActorError (tests/distributed/test_ray_oom_kills.py sees it with the monitor itself, -m slow; here
+    the actor is ray.kill-ed and its calls answered so, `dead_actors_answer_oom`). The actor was restarted,
+    but its episodes' error was the last line of Ray's text, advice on settings ("failed (OutOfMemoryError:
+    ... To disable worker killing, ...)"), not what happened to it."""
+    ray = request.getfixturevalue("ray_cluster")
+    pool = make("ray", request, spec())
+    try:
+        start(pool, [0, 1])
+        kill(ray, pool.actor(0))
+        dead_actors_answer_oom(ray, monkeypatch)
+        r0, r1 = pool.step([(0, "a"), (1, "b")])
+        assert r1.obs == "echo b" and pool.restarts == 1
+        assert r0.error == ("env actor 0 died (killed by Ray's memory monitor: OutOfMemoryError: "
+                            f"{OOM.splitlines()[0]}); restarted")
+        start(pool, [0])
+        assert obs(pool.step([(0, "c"), (1, "d")])) == ["echo c", "echo d"]
+    finally:
+        pool.close()
