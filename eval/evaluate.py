@@ -104,8 +104,8 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
             t.info["task_type"] = selection.types[t.task_id]
     report = {**header, "env": cfg.env.name, "split": split, "rollout_quant": cfg.rollout.quant,
               "rollout_backend": cfg.rollout.backend, "temperature": float(cfg.eval.temperature),
-              "sampling": sampling_record(sampling, seed, repeats), "task_selection": selection.to_dict(),
-              **summarize(trajs)}
+              "sampling": sampling_record(sampling, seed, repeats), "limits": limits_record(cfg),
+              "task_selection": selection.to_dict(), **summarize(trajs)}
     write_eval(out, report, trajs)
     return report
 
@@ -120,6 +120,13 @@ def sampling_record(sampling: SamplingParams, seed: int, repeats: int) -> dict:
             "seed": int(seed), "repeats": int(repeats)}
 
 
+def limits_record(cfg: DictConfig) -> dict:
+    """What bounded an evaluation's episodes, for eval.json: the step cap (`cap_rate` is the share that
+    reached it; a checkpoint may be evaluated under another cap than it trained with) and the context
+    budget (an episode past it ends with end_reason "context")."""
+    return {"max_steps": int(cfg.env.max_steps), "max_context_tokens": int(cfg.env.max_context_tokens)}
+
+
 def evaluate(cfg: DictConfig) -> dict:
     """`agentq eval`: the checkpoint (or the model) on `split` (default env.eval_split); prints the report."""
     device, dtype = build.device_and_dtype(cfg)
@@ -129,6 +136,7 @@ def evaluate(cfg: DictConfig) -> dict:
                           + latest_checkpoint_hint(Path(path)))
     warn_if_trained_otherwise(cfg, Path(path))
     split = cfg.split or cfg.env.eval_split
+    warn_if_training_split(cfg, split)
     try:
         selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
     except ValueError as e:               # the env's own refusal (an unknown split): one line, the key named
@@ -219,9 +227,17 @@ def _refuse_or_warn(report: dict, key: str, also_lost: int, messages: Callable[[
 TRAINED_WITH = ("env.name", "env.kwargs", "env.prompt", "agent.action_tag", "agent.stop_at_action_end")
 
 
+#: env.kwargs that say how an environment runs, not what it plays (memory, timeouts, a cache folder):
+#: another value at evaluation is no other task, and warning of it sent the user to the run's config
+RUN_ONLY = ("env.kwargs.jvm_heap", "env.kwargs.jvm_opts", "env.kwargs.call_timeout_s", "env.kwargs.cache_dir")
+
+
 def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, list[str]]:
     """(the config.yaml of the run `checkpoint` belongs to, 'key: trained A, now B' for each
-    `TRAINED_WITH` setting it holds otherwise than `cfg`); (None, []) outside a run folder."""
+    `TRAINED_WITH` setting it holds otherwise than `cfg`, `RUN_ONLY` left out). Another env.name is
+    said alone (every env.kwargs and env.prompt key of two environments differs). Outside a run
+    folder, the environment the checkpoint's agentq.json names (`trained_env`); (None, []) when
+    neither is known."""
     from omegaconf import OmegaConf
 
     if checkpoint.parent.name == "checkpoints":         # an RL run's <run>/checkpoints/step_*
@@ -229,18 +245,44 @@ def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, l
     elif checkpoint.name == "checkpoint":               # an SFT run's <run>/checkpoint
         run_cfg = checkpoint.parent / "config.yaml"
     else:
-        return None, []
+        return trained_env(cfg, checkpoint)
     if not run_cfg.is_file():
-        return None, []
-    diffs = differing_settings(OmegaConf.load(run_cfg), cfg, lambda k: in_sections(k, TRAINED_WITH),
+        return trained_env(cfg, checkpoint)
+    diffs = differing_settings(OmegaConf.load(run_cfg), cfg,
+                               lambda k: in_sections(k, TRAINED_WITH) and not in_sections(k, RUN_ONLY),
                                default=lambda k: build.setting_default(cfg, k))
-    return run_cfg, [f"{k}: trained {then!r}, now {now!r}" for k, then, now in diffs]
+    other_env = [f"env.name: trained {then!r}, now {now!r} (another environment: its env.kwargs and env.prompt "
+                 "differ too)" for k, then, now in diffs if k == "env.name"]
+    return run_cfg, other_env or [f"{k}: trained {then!r}, now {now!r}" for k, then, now in diffs]
+
+
+def trained_env(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, list[str]]:
+    """A checkpoint away from its run folder (copied, or the run's config.yaml gone): (its agentq.json,
+    ['env.name: trained A, now B']) when the environment agentq wrote there is not `cfg`'s, else
+    (None, []). A WebShop checkpoint copied out of its run played TextWorldExpress without a word."""
+    meta = checkpoint / "agentq.json"
+    try:
+        env = json.loads(meta.read_text()).get("env")
+    except (OSError, ValueError, AttributeError):        # none (a plain HF checkpoint), unreadable, not an object
+        return None, []
+    if env is None or str(env) == str(cfg.env.name):
+        return None, []
+    return meta, [f"env.name: trained {env!r}, now {str(cfg.env.name)!r}"]
+
+
+def warn_if_training_split(cfg: DictConfig, split: str) -> None:
+    """`split=<env.train_split>` evaluates the tasks training draws from: say so, since the report
+    reads like a held-out one."""
+    if split == cfg.env.get("train_split"):
+        console.print(f"warning: split={split!r} is env.train_split, the split training draws its tasks from: "
+                      "this evaluation measures training tasks, not held-out ones (env.eval_split is "
+                      f"{cfg.env.eval_split!r})", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 def warn_if_trained_otherwise(cfg: DictConfig, checkpoint: Path) -> None:
     """`agentq eval` composes its config from conf/ and the command line, not from the checkpoint's
     run: say so when the two differ in the task or the prompt (e.g. a checkpoint of the sweep's
-    mapreader runs evaluated on `env`'s default coin game)."""
+    mapreader runs evaluated on `env`'s default coin game, or another environment's checkpoint)."""
     run_cfg, changed = trained_otherwise(cfg, checkpoint)
     if changed:
         console.print(f"warning: this checkpoint's run ({run_cfg}) trained with other settings than this "
@@ -278,20 +320,38 @@ def latest_checkpoint_hint(folder: Path) -> str:
 def eval_out_dir(cfg: DictConfig, split: str) -> Path:
     """`agentq eval`'s output folder, created: eval.out_dir, else <checkpoint>/eval-<env>-<split>, or
     without a checkpoint runs/eval-<env>-<split>-<time> (never the model's folder: a shared cache or
-    the user's own checkpoint of model.path).
+    the user's own checkpoint of model.path); the default names end with `settings_suffix`, so
+    evaluations under other numerics or decoding keep their own folders.
 
     Raises:
         ConfigError: the folder cannot be created (naming the setting and the reason).
     """
-    name = folder_name(str(cfg.env.name))
+    name = f"eval-{folder_name(str(cfg.env.name))}-{split}{settings_suffix(cfg)}"
     if cfg.eval.out_dir:
         out, key = Path(cfg.eval.out_dir), "eval.out_dir"
     elif cfg.checkpoint:
-        out, key = Path(cfg.checkpoint) / f"eval-{name}-{split}", "checkpoint"
+        out, key = Path(cfg.checkpoint) / name, "checkpoint"
     else:   # named like the trainer's unnamed run folders (agentq.trainer.run_dir.new_run_dir, a layer above)
-        out, key = Path("runs") / f"eval-{name}-{split}-{time.strftime('%Y%m%d-%H%M%S')}", "eval.out_dir"
+        out, key = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", "eval.out_dir"
     make_setting_dir(out, key, "evaluation's output folder")
     return out
+
+
+def settings_suffix(cfg: DictConfig) -> str:
+    """The end of `agentq eval`'s default folder name: how this evaluation played where that differs from
+    the default (W8A8-KV8 on the torch engine, greedy, one episode a task), e.g. "-bf16", "-T1",
+    "-bf16-T0.7-top_p0.9-x2"; "" for the default. The README's comparisons (rollout=bf16 against the
+    quantized rollout, sampled against greedy) wrote to one <checkpoint>/eval-<env>-<split>/, so the
+    second evaluation replaced the first's eval.json and episodes.jsonl without a word."""
+    r, t = cfg.rollout, float(cfg.eval.temperature)
+    # rollout=bf16 (conf/rollout/bf16.yaml) is rollout.quant=none: named as the user chose it
+    parts = [{"none": "bf16"}.get(str(r.quant), str(r.quant))] if r.quant != "w8a8_kv8" else []
+    parts += [str(r.backend)] if r.backend != "torch" else []
+    if t > 0:       # greedy decoding ignores top_p / top_k
+        parts += [f"T{t:g}"] + ([f"top_p{float(r.top_p):g}"] if float(r.top_p) < 1 else [])
+        parts += [f"top_k{int(r.top_k)}"] if int(r.top_k) > 0 else []
+    parts += [f"x{int(cfg.eval.repeats)}"] if int(cfg.eval.repeats) > 1 else []
+    return "".join(f"-{p}" for p in parts)
 
 
 def folder_name(env_name: str) -> str:
@@ -319,11 +379,14 @@ def print_report(r: dict) -> None:
         t.add_column(c)
     if r.get("task_selection"):
         t.add_row("tasks", r["task_selection"]["description"])
+    if r.get("sampling"):
+        t.add_row("decoding", decoding_text(r["sampling"]))
     lo, hi = r["success_ci95"]
     t.add_row("success rate", f"{100 * r['success_rate']:.1f} %  (95 % CI {100 * lo:.1f}–{100 * hi:.1f})")
     t.add_row("mean score", f"{100 * r['score_mean']:.1f}")
     t.add_row("turns (successful)", turns_text(r["turns_success_mean"]))
-    t.add_row("hit step cap", f"{100 * r['cap_rate']:.1f} %")
+    cap = (r.get("limits") or {}).get("max_steps")      # an eval.json from before limits were recorded: none
+    t.add_row("hit step cap", f"{100 * r['cap_rate']:.1f} %" + (f"  (cap {cap} turns)" if cap else ""))
     t.add_row("invalid-format turns", f"{100 * r['invalid_action_rate']:.1f} %")
     t.add_row("inadmissible-action turns", f"{100 * r['inadmissible_action_rate']:.1f} %")
     if r.get("errors"):
@@ -331,6 +394,15 @@ def print_report(r: dict) -> None:
     for k, v in (r.get("per_task_type") or {}).items():
         t.add_row(f"  {k}", f"{100 * v['success_rate']:.1f} % of {v['episodes']}")
     console.print(t)
+
+
+def decoding_text(sampling: dict) -> str:
+    """eval.json's `sampling` for the table, e.g. "greedy" or "sampled at T = 1, top_p 0.9; 2 episodes a
+    task": the table of a sampled evaluation read like a greedy one's."""
+    t, reps = float(sampling["temperature"]), int(sampling.get("repeats", 1))
+    how = "greedy" if t == 0 else f"sampled at T = {t:g}" + "".join(
+        f", {k} {sampling[k]:g}" for k, off in (("top_p", 1.0), ("top_k", -1)) if sampling.get(k, off) not in (off, 0))
+    return how + (f"; {reps} episodes a task" if reps > 1 else "")
 
 
 def rollout_text(r: dict) -> str:

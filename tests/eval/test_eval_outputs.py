@@ -1,0 +1,150 @@
+"""What a user of `agentq eval` reads and keeps: the output folder of each evaluation of a checkpoint,
+what eval.json says about how the episodes were bounded, the numbers against episodes.jsonl, and the
+warnings about what the checkpoint was trained on."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+from omegaconf import OmegaConf
+
+from agentq.cli import main
+from agentq.config import load_config
+
+SMALL = ["eval.num_tasks=3", "env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8"]
+
+
+def _episodes(folder):
+    return [json.loads(line) for line in (folder / "episodes.jsonl").read_text().splitlines()]
+
+
+def _wilson(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    centre, half = k / n + z * z / (2 * n), z * math.sqrt(k / n * (1 - k / n) / n + z * z / (4 * n * n))
+    return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))
+
+
+def test_evaluations_under_other_numerics_or_decoding_keep_their_own_folders(tiny_model_dir, tmp_path, capsys):
+    """The README's comparisons (rollout=bf16 against the quantized rollout, sampled against greedy)
+    all wrote <checkpoint>/eval-<env>-<split>/: the second evaluation replaced the first's eval.json and
+    episodes.jsonl without a word. Each now has its folder; eval.json records the step cap and context
+    budget its episodes ran under, and its numbers are those of its episodes.jsonl."""
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    runs = {"eval-textworld_express-test": [],
+            "eval-textworld_express-test-bf16": ["rollout=bf16"],
+            "eval-textworld_express-test-T1-x2": ["eval.temperature=1", "eval.repeats=2"]}
+    for args in runs.values():
+        assert main(["eval", f"checkpoint={ckpt}", *SMALL, *args]) == 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert sorted(p.name for p in ckpt.glob("eval-*")) == sorted(runs)
+    for name in runs:
+        assert f"eval.json and episodes.jsonl in {ckpt / name}" in said
+    reports = {name: json.loads((ckpt / name / "eval.json").read_text()) for name in runs}
+    assert [(r["rollout_quant"], r["sampling"]["temperature"], r["episodes"]) for r in reports.values()] == [
+        ("w8a8_kv8", 0.0, 3), ("none", 0.0, 3), ("w8a8_kv8", 1.0, 6)]
+    assert all(r["limits"] == {"max_steps": 2, "max_context_tokens": 1536} for r in reports.values())
+    assert "hit step cap" in said and "(cap 2 turns)" in said
+    assert said.count("decoding │ greedy │") == 2 and "decoding │ sampled at T = 1; 2 episodes a task │" in said
+
+    greedy = _episodes(ckpt / "eval-textworld_express-test")
+    k = sum(e["won"] for e in greedy)
+    assert reports["eval-textworld_express-test"]["success_ci95"] == pytest.approx(_wilson(k, 3), abs=1e-12)
+    # the sampled evaluation's numbers, recomputed from its episodes (3 tasks × 2 repeats)
+    r, eps = reports["eval-textworld_express-test-T1-x2"], _episodes(ckpt / "eval-textworld_express-test-T1-x2")
+    assert [e["task_id"] for e in eps[::2]] == [e["task_id"] for e in eps[1::2]] and len({e["task_id"] for e in eps}) == 3
+    won = [e for e in eps if e["won"]]
+    assert r["success_rate"] == len(won) / 6
+    assert r["turns_success_mean"] == (sum(e["turns"] for e in won) / len(won) if won else None)
+    assert r["cap_rate"] == sum(e["end_reason"] == "step_cap" and not e["won"] for e in eps) / 6
+    assert r["per_task_type"] == {"coin": {"episodes": 6, "success_rate": len(won) / 6,
+                                           "score_mean": sum(e["score"] for e in eps) / 6}}
+
+
+def test_the_default_folder_name_says_what_differs_from_the_default_evaluation():
+    from agentq.eval.evaluate import settings_suffix
+
+    def suffix(*args):
+        return settings_suffix(load_config(list(args)))
+    assert suffix() == "" and suffix("rollout=w8a8_kv8", "eval.temperature=0", "rollout.top_p=0.5") == ""
+    assert suffix("rollout=bf16") == "-bf16" and suffix("algo=bf16") == "-bf16"
+    assert suffix("rollout.quant=w8a8_kv8_head") == "-w8a8_kv8_head"
+    assert suffix("eval.temperature=0.7", "rollout.top_p=0.9", "rollout.top_k=5", "eval.repeats=3") == "-T0.7-top_p0.9-top_k5-x3"
+    assert suffix("rollout=bf16", "eval.repeats=2") == "-bf16-x2"
+
+
+def test_the_table_says_how_the_evaluation_decoded():
+    from agentq.eval.evaluate import decoding_text
+
+    assert decoding_text({"temperature": 0.0, "top_p": 0.9, "top_k": 5, "repeats": 1}) == "greedy"
+    assert decoding_text({"temperature": 0.7, "top_p": 0.9, "top_k": 5, "repeats": 3}) == (
+        "sampled at T = 0.7, top_p 0.9, top_k 5; 3 episodes a task")
+    assert decoding_text({"temperature": 1.0, "top_p": 1.0, "top_k": 0, "repeats": 1}) == "sampled at T = 1"
+
+
+def test_another_environments_checkpoint_is_named_as_such(tiny_model_dir, tmp_path):
+    """A checkpoint of another environment: inside its run the warning listed every env.kwargs and
+    env.prompt key of both environments (env.name somewhere in the middle); copied out of its run (no
+    config.yaml above it) it said nothing, though its agentq.json names the environment."""
+    from agentq.eval.evaluate import trained_otherwise
+
+    run = tmp_path / "run"
+    ckpt = shutil.copytree(tiny_model_dir, run / "checkpoint")
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config(["env=webshop"]), resolve=True))
+    assert trained_otherwise(load_config([]), ckpt) == (run / "config.yaml", [
+        "env.name: trained 'webshop', now 'textworld_express' (another environment: its env.kwargs and env.prompt "
+        "differ too)"])
+
+    copied = shutil.copytree(tiny_model_dir, tmp_path / "copied")
+    (copied / "agentq.json").write_text(json.dumps({"step": 3, "env": "webshop", "algo": "interq"}))
+    assert trained_otherwise(load_config([]), copied) == (copied / "agentq.json",
+                                                          ["env.name: trained 'webshop', now 'textworld_express'"])
+    assert trained_otherwise(load_config(["env=webshop"]), copied) == (None, [])
+    (copied / "agentq.json").write_text("[1, 2]")           # not agentq's: nothing to say
+    assert trained_otherwise(load_config([]), copied) == (None, [])
+
+
+def test_how_an_environment_runs_is_no_other_task(tiny_model_dir, tmp_path):
+    """env.kwargs.jvm_heap=2g (or a longer call timeout) at evaluation warned that the checkpoint
+    "trained with other settings" and sent the user to the run's config; a task setting still warns."""
+    from agentq.eval.evaluate import trained_otherwise
+
+    run = tmp_path / "run"
+    ckpt = shutil.copytree(tiny_model_dir, run / "checkpoints" / "step_000001")
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config([]), resolve=True))
+    assert trained_otherwise(load_config(["env.kwargs.jvm_heap=2g", "env.kwargs.call_timeout_s=120"]), ckpt) == (
+        run / "config.yaml", [])
+    assert trained_otherwise(load_config(["env.kwargs.games=[mapreader]"]), ckpt)[1] == [
+        "env.kwargs.games: trained ['coin'], now ['mapreader']"]
+
+
+def test_evaluating_the_training_split_says_it_is_not_held_out(capsys):
+    from agentq.eval.evaluate import warn_if_training_split
+
+    warn_if_training_split(load_config([]), "test")
+    assert capsys.readouterr().err == ""
+    warn_if_training_split(load_config([]), "train")
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "warning: split='train' is env.train_split, the split training draws its tasks from: this evaluation "
+        "measures training tasks, not held-out ones (env.eval_split is 'test')")
+
+
+@pytest.mark.parametrize("inside_pipeline", [False, True])
+def test_report_of_an_sft_folder_is_a_one_line_refusal(tmp_path, capsys, inside_pipeline):
+    """`agentq report <an agentq sft folder>` wrote a page titled "<env> · interq · 0 steps" with every
+    section empty (its metrics.jsonl holds SFT losses only)."""
+    top = tmp_path / "pipe"
+    sft = top / "sft" if inside_pipeline else tmp_path / "sft"
+    (sft / "checkpoint").mkdir(parents=True)
+    (sft / "metrics.jsonl").write_text(json.dumps({"step": 1, "time": 0.0, "sft/train_loss": 4.4}) + "\n")
+    (sft / "sft_summary.json").write_text("{}")
+    (sft / "config.yaml").write_text("env: {name: textworld_express}\nalgo: {name: interq}\n")
+    if inside_pipeline:
+        (top / "rl").mkdir()
+        (top / "rl" / "metrics.jsonl").write_text("")
+    assert main(["report", str(sft)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err == (f"agentq: {sft} is an `agentq sft` folder, not an RL run: agentq report renders an `agentq train` or "
+                   "`agentq pipeline` folder" + (f" (its pipeline's: agentq report {top})" if inside_pipeline else "")
+                   + f"; evaluate the SFT checkpoint with agentq eval checkpoint={sft / 'checkpoint'}")
+    assert not (sft / "report.html").exists()
