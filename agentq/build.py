@@ -263,6 +263,9 @@ def model_path(cfg: DictConfig) -> str:
 
     t = config_dict(cfg.model.tiny)
     n = int(t.pop("corpus_episodes"))
+    # a model built here is trained at the env's lengths: its position limit is a label, not something
+    # it learnt, so it covers the env's budget (WebShop's 6,144, ALFWorld's 12,288 warned at every run)
+    t["max_position_embeddings"] = max(int(t["max_position_embeddings"]), int(cfg.env.max_context_tokens))
     tcfg = TinyModelConfig(**t)
     return str(ensure_tiny_model(tcfg, tiny_corpus_key(cfg), lambda: env_corpus(cfg, n, seed=tcfg.seed)))
 

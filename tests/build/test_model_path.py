@@ -173,6 +173,18 @@ def test_a_context_past_the_models_positions_is_said(tmp_path, tiny_model_dir, c
                 f"({short}/config.json)" in said) is warned
 
 
+
+def test_the_tiny_model_built_for_an_env_covers_its_context_budget(monkeypatch):
+    """The tiny model's 4,096 positions under WebShop's 6,144-token budget (ALFWorld's 12,288, ...) gave
+    the warning above at every default run of those envs, about a label: the model is trained here."""
+    from agentq.models import tiny
+
+    built = []
+    monkeypatch.setattr(tiny, "ensure_tiny_model", lambda tcfg, key, corpus: built.append(tcfg) or "tiny-x")
+    for ctx in (6144, 1024):
+        assert build.model_path(load_config([f"env.max_context_tokens={ctx}"])) == "tiny-x"
+    assert [t.max_position_embeddings for t in built] == [6144, 4096]
+
 # ---------------------------------------------------------------------- env.kwargs no constructor takes
 def test_an_env_kwargs_key_no_constructor_takes_is_a_config_error_naming_it(tmp_path, monkeypatch):
     """An __init__ that hands **kw on may pop a key itself, so the config check only warns of a key no
