@@ -382,7 +382,8 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     render agentq's turns (`ChatFormat`).
 
     Raises:
-        CheckpointError: no weight or tokenizer files, or a damaged weight file.
+        CheckpointError: no weight or tokenizer files, a damaged weight file, or a tokenizer that
+            does not load (a damaged tokenizer.json, a tokenizer_config.json without its files).
         ConfigError: a tokenizer with more ids than the model's vocab_size, or no usable chat template.
     """
     from transformers import AutoTokenizer
@@ -393,7 +394,12 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     if not any(any(Path(path).glob(name)) for name in TOKENIZER_FILES):
         raise CheckpointError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the "
                               "model's tokenizer beside its weights (tokenizer.save_pretrained(folder))")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:      # a damaged tokenizer.json or config, a tokenizer_config.json alone
+        last = (str(e).strip().splitlines() or [""])[-1][:300]
+        raise CheckpointError(f"{path}: its tokenizer does not load ({type(e).__name__}: {last}); save the "
+                              "model's tokenizer again beside its weights (tokenizer.save_pretrained(folder))") from e
     vocab = model_config(path).get("vocab_size") if (Path(path) / "config.json").exists() else None
     if isinstance(vocab, int) and len(tokenizer) > vocab:
         raise ConfigError(f"{path}: its tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab} "

@@ -121,6 +121,25 @@ def test_a_folder_without_a_tokenizer_is_named(tmp_path, tiny_model_dir):
         build.load_tokenizer(str(bare))
 
 
+
+@pytest.mark.parametrize("damage", ["truncated tokenizer.json", "tokenizer_config.json alone"])
+def test_a_tokenizer_that_does_not_load_is_named(tmp_path, tiny_model_dir, damage):
+    """Each was transformers' traceback (JSONDecodeError / ValueError) at the start of every command."""
+    from transformers import AutoTokenizer
+
+    from agentq.utils.checkpoint import CheckpointError
+
+    folder = save_model(tmp_path / "m", qwen3(tiny_model_dir))
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    tj = folder / "tokenizer.json"
+    if damage == "truncated tokenizer.json":
+        tj.write_text(tj.read_text()[:1000])
+    else:
+        tj.unlink()
+    with pytest.raises(CheckpointError, match=re.escape(f"{folder}: its tokenizer does not load (") + r"\w+: .+\); "
+                                              r"save the model's tokenizer again beside its weights"):
+        build.load_tokenizer(str(folder))
+
 def test_a_tokenizer_without_a_chat_template_is_one_line(tmp_path, tiny_model_dir):
     from transformers import AutoTokenizer
 
