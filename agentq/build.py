@@ -215,6 +215,7 @@ def env_corpus(cfg: DictConfig, n_episodes: int, seed: int = 0) -> list[str]:
     try:
         for i in range(n_episodes):
             obs, info = env.reset(seed=seed + i, options={"task_id": tasks[rng.randrange(len(tasks))]})
+            prompt.check_fields(info)           # a template naming a key info lacks: one line, not a KeyError
             texts.append(prompt.render(prompt.first_turn, info["task"], obs, info.get("admissible_actions"), info))
             for _ in range(int(cfg.env.max_steps)):
                 action = info.get("expert_action")

@@ -227,6 +227,21 @@ ENV_KEYS = ("name", "kwargs", "max_steps", "train_split", "eval_split", "max_con
 PROMPT_KEYS = ("system", "first_turn", "next_turn", "actions", "max_obs_chars")
 
 
+#: env.kwargs keys that choose which of an env's tasks are played (TextWorldExpress's games, ALFWorld's
+#: task types, ScienceWorld's tasks): where two env configs of one `name` differ (env=textworld_express_mapreader)
+TASK_KWARGS = ("games", "task_types", "tasks")
+
+
+def env_label(env: Any) -> str:
+    """An env config as a title names it: `name`, with the tasks its kwargs choose ("textworld_express
+    [mapreader]"); the name alone read the same for both TextWorldExpress configs. "?" without a name."""
+    if not env or env.get("name") is None:
+        return "?"
+    kwargs = env.get("kwargs") or {}
+    chosen = [v if isinstance(v, str) else ", ".join(map(str, v)) for k in TASK_KWARGS if (v := kwargs.get(k))]
+    return f"{env['name']}" + "".join(f"[{c}]" for c in chosen)
+
+
 def check_env_keys(cfg: DictConfig, overrides: list[str]) -> None:
     """Refuse an env config that lacks a key of `ENV_KEYS` / `PROMPT_KEYS` or has one besides them: a
     missing key was an omegaconf traceback from deep inside the first build, an extra one (a typo,

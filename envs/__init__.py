@@ -19,7 +19,9 @@ environment engines (the JVM-backed or PDDL-backed ones are heavy).
   5. "module:Id-vN" or "module:namespace/Id-vN", Gymnasium's own form: import `module` (which
      registers the id), then make it.
 Classes (forms 3 and 4) are checked on registration: a value that is not a `TextEnv` subclass
-implementing the hooks is a TypeError naming it, before any env is built.
+implementing the hooks is a TypeError naming it, before any env is built. A plugin named like a
+built-in or a registered id (form 1 or 2) is hidden by it: resolving the name warns, naming the
+plugin's "module:Class", which picks the plugin.
 Environments outside agentq: docs/adding-an-environment.md.
 """
 from __future__ import annotations
@@ -87,11 +89,12 @@ def _register(gym_id: str, entry: str, name_or_id: str) -> str:
 def env_id(name_or_id: str) -> str:
     """The Gymnasium id of `name_or_id` (any of the five forms in the module docstring),
     registering plugins and "module:Class" environments on first use."""
-    if name_or_id in REGISTRY:
-        return REGISTRY[name_or_id][0]
-    if name_or_id in gym.registry:
-        return name_or_id
     found = plugins()
+    if name_or_id in REGISTRY or name_or_id in gym.registry:
+        gym_id = REGISTRY[name_or_id][0] if name_or_id in REGISTRY else name_or_id
+        if name_or_id in found:
+            _warn_hidden_plugin(name_or_id, gym_id, found[name_or_id])
+        return gym_id
     if name_or_id in found:
         return _register(f"plugin/{name_or_id}", found[name_or_id], name_or_id)
     module, sep, attr = name_or_id.partition(":")
@@ -112,6 +115,16 @@ def env_id(name_or_id: str) -> str:
         f"unknown environment {name_or_id!r}; valid names: {sorted(REGISTRY)} (built in), plugins: "
         f"{sorted(found)} (entry points of group {PLUGIN_GROUP!r}), or 'module:Class' (a TextEnv subclass), "
         f"'module:[namespace/]Id-vN', a registered Gymnasium id")
+
+
+def _warn_hidden_plugin(name: str, gym_id: str, entry: str) -> None:
+    """A plugin whose name a built-in (or registered id) takes first would be ignored silently: an
+    `env.name=alfworld` run would train on agentq's ALFWorld while the user meant the plugin's."""
+    import warnings
+
+    where = "agentq's built-in environment" if name in REGISTRY else "the registered Gymnasium id"
+    warnings.warn(f"environment {name!r} is {where} {gym_id}; the installed plugin of that name ({entry}, entry "
+                  f"point of group {PLUGIN_GROUP!r}) is not used: set env.name={entry} to use the plugin", UserWarning)
 
 
 def _did_you_mean(module, attr: str) -> str:

@@ -98,7 +98,9 @@ def paired_comparison(before: Mapping[str, Outcomes], after: Mapping[str, Outcom
     would overstate the evidence, and pairing only one of them would throw the others away. Under the
     null (each d_t symmetric about 0) all 2^n sign patterns of the d_t are equally likely; p is the
     share whose |Σ ±d_t| reaches the observed |Σ d_t|. A task with d_t = 0 is the same under a flip,
-    so it contributes nothing; with no task left p = 1. With one episode per task on each side,
+    so it contributes nothing; with no task left p = 1. With no task in common there is no test at
+    all: p and z are NaN and the test is NO_PAIRS (not McNemar's p = 1, as if the tasks had been
+    played alike). With one episode per task on each side,
     d_t ∈ {−1, 0, 1} and this is exactly McNemar's exact test, p = min(1, 2·P(Bin(b + c, ½) ≤ min(b, c))).
 
     Σ ±d_t is enumerated exactly (d_t scaled to integers, one convolution per task) unless that is
@@ -111,7 +113,7 @@ def paired_comparison(before: Mapping[str, Outcomes], after: Mapping[str, Outcom
         won_only_after / won_only_before (tasks with d_t > 0 / d_t < 0: with one episode each, the
         tasks won only after / only before), mcnemar_z = Σd / √Σd² (McNemar's (b − c)/√(b + c) with
         one episode each; 0 when no task differs), mcnemar_p (the two-sided p) and test (which
-        test gave p: `paired_test_name`).
+        test gave p: `paired_test_name`); with pairs = 0, z and p NaN and test NO_PAIRS.
     Raises:
         ValueError: a task with no outcomes, or an outcome that is not a bool (or 0 / 1).
     """
@@ -122,7 +124,9 @@ def paired_comparison(before: Mapping[str, Outcomes], after: Mapping[str, Outcom
     nonzero = [d for d in diffs if d]
     p, draws = sign_flip_p(nonzero)
     ss = float(sum(d * d for d in nonzero))
-    if draws:
+    if not common:
+        test = NO_PAIRS
+    elif draws:
         test = f"Monte-Carlo sign-flip over tasks ({draws} draws, seed {MC_SEED})"
     elif all(len(was[t]) == len(now[t]) == 1 for t in common):
         test = "exact McNemar"
@@ -131,11 +135,19 @@ def paired_comparison(before: Mapping[str, Outcomes], after: Mapping[str, Outcom
     return {"pairs": len(common), "episodes_before": sum(map(len, was.values())),
             "episodes_after": sum(map(len, now.values())),
             "won_only_after": sum(d > 0 for d in nonzero), "won_only_before": sum(d < 0 for d in nonzero),
-            "mcnemar_z": float(sum(nonzero)) / math.sqrt(ss) if ss else 0.0, "mcnemar_p": p, "test": test}
+            "mcnemar_z": (float(sum(nonzero)) / math.sqrt(ss) if ss else 0.0) if common else math.nan,
+            "mcnemar_p": p if common else math.nan, "test": test}
+
+
+#: `paired_comparison`'s test when the two evaluations share no task: there is none, p is NaN
+NO_PAIRS = "none (no shared tasks)"
 
 
 def paired_test_name(paired: Mapping) -> str:
-    """The test behind a `paired_comparison`'s p; results written before it was recorded were McNemar's."""
+    """The test behind a `paired_comparison`'s p; results written before it was recorded were McNemar's,
+    and those without a shared task (which recorded McNemar's p = 1) had none."""
+    if paired.get("pairs") == 0:
+        return NO_PAIRS
     return str(paired.get("test", "exact McNemar"))
 
 

@@ -20,12 +20,13 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentq.utils.logging import read_metrics
+from agentq.config import env_label
+from agentq.utils.logging import counted, read_metrics
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-from .metrics import paired_test_name
+from .metrics import NO_PAIRS, paired_test_name
 from .segments import read_segments, segment_steps
 
 CSS = """
@@ -223,7 +224,7 @@ def episode_html(ep: list[dict], delta_scale: float) -> str:
     first = ep[0]
     outcome = "won" if first["won"] else first.get("end_reason") or "lost"
     head = (f"episode {first['episode_id']} · task {html.escape(str(first['task_id']))} · {html.escape(outcome)} · "
-            f"reward {_fmt(first['reward'])} · advantage {_fmt(first['advantage'])} · {len(ep)} turns")
+            f"reward {_fmt(first['reward'])} · advantage {_fmt(first['advantage'])} · {counted(len(ep), 'turn')}")
     turns = []
     for seg in ep:
         toks = []
@@ -261,7 +262,7 @@ def viewer_section(seg_by_step: dict[int, list[dict]], max_episodes: int) -> str
         eps: dict[int, list[dict]] = {}
         for s in rs:
             eps.setdefault(s["episode_id"], []).append(s)
-        out.append(f"<h3 id='step-{step}'>Step {step} ({len(eps)} trajectories"
+        out.append(f"<h3 id='step-{step}'>Step {step} ({counted(len(eps), 'trajectory', 'trajectories')}"
                    f"{', first ' + str(max_episodes) + ' shown' if len(eps) > max_episodes else ''})</h3>")
         for eid in sorted(eps)[:max_episodes]:
             out.append(episode_html(sorted(eps[eid], key=lambda s: s["turn"]), scale))
@@ -300,6 +301,15 @@ def rl_run_dir(folder: Path) -> tuple[Path, dict | None]:
                             "of an `agentq pipeline` folder)")
 
 
+def _paired_cells(pr: dict) -> str:
+    """A split's tasks better after RL / after SFT and its paired p; with no shared task there was no
+    test (a summary.json from before NO_PAIRS recorded McNemar's p = 1 for it)."""
+    if pr and paired_test_name(pr) == NO_PAIRS:
+        return "<td>–</td><td>no shared tasks</td>"
+    return (f"<td>{pr.get('won_only_after', '–')} / {pr.get('won_only_before', '–')}</td>"
+            f"<td>{_fmt(pr.get('mcnemar_p'))}</td>")
+
+
 def pipeline_section(summary: dict) -> str:
     """An `agentq pipeline` folder's summary.json: success after SFT and after RL per held-out split."""
     out = ["<h2 id='pipeline'>SFT → RL on held-out tasks (summary.json)</h2>",
@@ -309,17 +319,16 @@ def pipeline_section(summary: dict) -> str:
     for split, c in {summary["split"]: summary, **(summary.get("other_splits") or {})}.items():
         (s_lo, s_hi), (r_lo, r_hi) = c["sft_success_ci95"], c["rl_success_ci95"]
         pr = c.get("paired") or {}
-        if pr:
+        if pr and paired_test_name(pr) != NO_PAIRS:
             tests.add(paired_test_name(pr))
         out.append(f"<tr><td class=l>{html.escape(str(split))}</td><td>{c['episodes']}</td>"
                    f"<td>{_fmt(c['sft_success_rate'])}</td><td>{_fmt(s_lo)}–{_fmt(s_hi)}</td>"
-                   f"<td>{_fmt(c['rl_success_rate'])}</td><td>{_fmt(r_lo)}–{_fmt(r_hi)}</td>"
-                   f"<td>{pr.get('won_only_after', '–')} / {pr.get('won_only_before', '–')}</td>"
-                   f"<td>{_fmt(pr.get('mcnemar_p'))}</td></tr>")
+                   f"<td>{_fmt(c['rl_success_rate'])}</td><td>{_fmt(r_lo)}–{_fmt(r_hi)}</td>{_paired_cells(pr)}</tr>")
     # a summary.json from before rollout_backend was recorded names the quantization alone
     rollout = str(summary.get("rollout_quant")) + (f" ({summary['rollout_backend']})" if summary.get("rollout_backend") else "")
-    out.append(f"</table><p class=meta>{summary.get('sft_demos')} expert demonstrations, {summary.get('rl_steps')} RL "
-               f"steps ({html.escape(str(summary.get('algo')))}, rollout {html.escape(rollout)}). Paired p "
+    out.append(f"</table><p class=meta>{counted(summary.get('sft_demos'), 'expert demonstration')}, "
+               f"{counted(summary.get('rl_steps'), 'RL step')} ({html.escape(str(summary.get('algo')))}, rollout "
+               f"{html.escape(rollout)}). Paired p "
                f"(two-sided, over tasks): {html.escape(', '.join(sorted(tests)) or '–')}.</p>")
     return "\n".join(out)
 
@@ -352,10 +361,9 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_step
         for r in read_segments(run_dir, steps=in_tables, columns=alpha_cols).to_pylist():
             seg_by_step.setdefault(r["step"], []).append(r)
     shown = {s: read_segments(run_dir, steps=[s]).to_pylist() for s in viewer_steps(all_steps, viewer_steps_k)}
-    env = (cfg.get("env") or {}).get("name", "?")
     algo = (cfg.get("algo") or {}).get("name", "?")
     steps = max((r["step"] for r in rows if "reward_mean" in r), default=0)
-    title = f"agentq run {top.resolve().name}: {env} · {algo} · {steps} steps"
+    title = f"agentq run {top.resolve().name}: {env_label(cfg.get('env'))} · {algo} · {counted(steps, 'step')}"
     body = "\n".join([
         f"<h1 id='title'>{html.escape(title)}</h1>",
         "<p>" + ("<a href='#pipeline'>SFT → RL</a> · " if summary else "")

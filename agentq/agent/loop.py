@@ -8,9 +8,12 @@ fit the context budget, or when their environment crashed (reported as "error").
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
+import re
+import string
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -43,14 +46,51 @@ class PromptConfig:
         if len(obs) > self.max_obs_chars:
             obs = obs[: self.max_obs_chars] + " [...]"
         actions = self.actions.format(actions=", ".join(admissible)) if admissible and self.actions else ""
-        fields = {k: ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v
-                  for k, v in (info or {}).items() if isinstance(v, (str, int, float, list, tuple))}
+        fields = _info_fields(info)
         fields.update(task=task, obs=obs, actions=actions)
         try:
             return template.format_map(fields).strip()
         except KeyError as e:
             raise KeyError(f"prompt template names {{{e.args[0]}}}, which the environment's info does not "
                            f"have; available: {sorted(fields)}") from None
+
+    def check_fields(self, info: dict) -> None:
+        """Refuse, at an episode's reset, a turn template that names a key the env's `info` lacks: it
+        was a KeyError traceback mid-run. next_turn is checked too: after an unparsable first reply it
+        is rendered with the reset's info. The actions template is filled with {actions} alone.
+
+        Raises:
+            ConfigError: naming the template (env.prompt.<name>), the missing key and the keys available.
+        """
+        from agentq.config import ConfigError
+
+        available = sorted({*_info_fields(info), "task", "obs", "actions"})
+        for name, template in (("first_turn", self.first_turn), ("next_turn", self.next_turn)):
+            missing = [k for k in template_keys(template) if k not in available]
+            if missing:
+                raise ConfigError(f"env.prompt.{name}={template!r} names {{{missing[0]}}}, which the environment's "
+                                  f"info at reset does not have; available: {available}")
+        missing = [k for k in template_keys(self.actions) if k != "actions"]
+        if missing:
+            raise ConfigError(f"env.prompt.actions={self.actions!r} names {{{missing[0]}}}; it is filled in with "
+                              "{actions} alone (the admissible actions)")
+
+
+def _info_fields(info: dict | None) -> dict:
+    """The entries of an env's `info` a turn template may name: scalars, and lists comma-joined."""
+    return {k: ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+            for k, v in (info or {}).items() if isinstance(v, (str, int, float, list, tuple))}
+
+
+@functools.lru_cache(maxsize=64)
+def template_keys(template: str) -> tuple[str, ...]:
+    """The keys a `str.format` template names, in order: "{objects}", "{a.b}" and "{a[0]}" name
+    'objects' and 'a'; a positional "{}" names ''; a nested "{x:{w}}" names 'x' and 'w'."""
+    keys: list[str] = []
+    for _, field, spec, _ in string.Formatter().parse(template):
+        if field is not None:
+            keys += [re.split(r"[.\[]", field, maxsplit=1)[0], *template_keys(spec or "")]
+    return tuple(keys)
 
 
 @dataclass(frozen=True)
@@ -242,6 +282,7 @@ class AgentLoop:
             # turns steps the env never, and recorded 0
             st.traj.score = float(res.info.get("score", 0.0))
             st.traj.info["task_type"] = res.info.get("task_type")
+            self.prompt.check_fields(res.info)
             user = self.prompt.render(self.prompt.first_turn, st.task, res.obs, res.info.get("admissible_actions"),
                                       res.info)
             st.traj.append(self.chat.prompt(self.prompt.system, user), sampled=False)

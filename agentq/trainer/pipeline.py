@@ -174,6 +174,7 @@ def _print_comparison(title: str, c: dict) -> None:
     t.add_row("inadmissible turns", pct(c["sft_inadmissible_rate"]), pct(c["rl_inadmissible_rate"]))
     console.print(t)
     pr = c["paired"]
-    console.print(f"gain {100 * c['success_gain']:+.1f} points (unpaired z = {c['gain_z']:.2f}; paired over "
-                  f"{pr['pairs']} tasks, {paired_test_name(pr)}: better after RL on {pr['won_only_after']}, after "
-                  f"SFT on {pr['won_only_before']}, z = {pr['mcnemar_z']:.2f}, p = {pr['mcnemar_p']:.3g})")
+    paired = (f"paired over {pr['pairs']} tasks, {paired_test_name(pr)}: better after RL on {pr['won_only_after']}, "
+              f"after SFT on {pr['won_only_before']}, z = {pr['mcnemar_z']:.2f}, p = {pr['mcnemar_p']:.3g}"
+              if pr["pairs"] else "no paired test: the two evaluations share no task")
+    console.print(f"gain {100 * c['success_gain']:+.1f} points (unpaired z = {c['gain_z']:.2f}; {paired})")

@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
+from rich.markup import escape
 
-from agentq.config import ConfigError, differing_settings, in_sections
-from agentq.utils.logging import console, jsonable
+from agentq.config import ConfigError, differing_settings, env_label, in_sections
+from agentq.utils.logging import console, counted, jsonable
 
 from .run_dir import make_run_dir, new_run_dir, removed_if_left_empty
 
@@ -176,7 +177,8 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     # every earlier arm; a finished run whose settings differ from this command line is named
     check_resumed_runs(out, arms, seeds, overrides, threads, warn_only=bool(sw.table_only))
     n_eval = int(sw.eval_tasks)
-    console.rule(f"[bold]agentq sweep: {cfg.env.name}/{split} — {len(arms)} arms × {len(seeds)} seeds → {out}")
+    console.rule(f"[bold]agentq sweep: {escape(env_label(cfg.env))}/{split} — {len(arms)} arms × {len(seeds)} seeds "
+                 f"→ {out}")
 
     sft_summary = out / "sft" / "sft_summary.json"           # 1. the shared start (reused on resume)
     with removed_if_left_empty(out):        # a refused start (model.path) leaves no empty sweep folder
@@ -202,10 +204,16 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     _run_jobs(jobs, int(sw.parallel))
 
     table = sweep_table(out, arms, seeds, refs)              # 3. the comparison
-    write_table(out, table, title=f"{cfg.env.name}/{split}, seeds {seeds}, {int(cfg.trainer.steps)} RL steps "
-                                  f"× {int(cfg.trainer.tasks_per_step) * int(cfg.trainer.group_size)} episodes, "
-                                  f"learner of aligned arms: {sw.aligned_learner}")
+    write_table(out, table, title=sweep_title(cfg, split, seeds))
     return table
+
+
+def sweep_title(cfg: DictConfig, split: str, seeds: list[int]) -> str:
+    """table.md's and curves.png's title: the env with the tasks its config chooses (`env_label`: both
+    TextWorldExpress configs are `textworld_express`), the split, seeds and budget."""
+    episodes = int(cfg.trainer.tasks_per_step) * int(cfg.trainer.group_size)
+    return (f"{env_label(cfg.env)}/{split}, seeds {seeds}, {counted(int(cfg.trainer.steps), 'RL step')} × "
+            f"{counted(episodes, 'episode')}, learner of aligned arms: {cfg.sweep.aligned_learner}")
 
 
 #: settings a resumed sweep may change without changing what its runs compute (where the workers run,
@@ -363,13 +371,20 @@ def _by_turn(k3_by_turn: list[float | None]) -> str:
     return cell + (f", … ({len(k3_by_turn)} turns)" if len(k3_by_turn) > TABLE_TURNS else "")
 
 
+def _paired_cell(pr: dict) -> str:
+    """'b / c, p' of one arm against one reference; without a shared task there is no test (not p = 1)."""
+    if not pr["pairs"]:
+        return "no shared tasks"
+    return f"{pr['won_only_after']} / {pr['won_only_before']}, {pr['mcnemar_p']:.2g}"
+
+
 def table_markdown(t: dict, title: str) -> str:
-    from agentq.eval.metrics import paired_test_name
+    from agentq.eval.metrics import NO_PAIRS, paired_test_name
 
     refs = t["references"]
     # the backend only where arms differ in it: otherwise it is the title's setting, not a column's
     backends = len({r["rollout_backend"] for r in t["arms"].values()}) > 1
-    tests = sorted({paired_test_name(pr) for r in t["arms"].values() for pr in r["paired"].values()})
+    tests = sorted({paired_test_name(pr) for r in t["arms"].values() for pr in r["paired"].values()} - {NO_PAIRS})
     head = ["arm", "rollout (backend) / learner" if backends else "rollout / learner", "success (95 % CI)",
             "per finished seed", "AULC",
             *[f"vs {r}: b / c, p" for r in refs], "K3 mean [min, max]", "K3 by turn 1, 2, 3, …", "α range",
@@ -381,8 +396,7 @@ def table_markdown(t: dict, title: str) -> str:
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, r in t["arms"].items():
         lo, hi = r["success_ci95"]
-        paired = [(f"{r['paired'][ref]['won_only_after']} / {r['paired'][ref]['won_only_before']}, "
-                   f"{r['paired'][ref]['mcnemar_p']:.2g}") if ref in r["paired"] else "–" for ref in refs]
+        paired = [_paired_cell(r["paired"][ref]) if ref in r["paired"] else "–" for ref in refs]
         alpha = "–" if r["alpha_min"] is None else f"{r['alpha_min']:.6f}–{r['alpha_max']:.6f}"
         rollout = r["rollout_quant"] + (f" ({r['rollout_backend'] or '?'})" if backends else "")
         lines.append("| " + " | ".join([

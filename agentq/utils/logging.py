@@ -148,6 +148,11 @@ class MetricsLogger:
             self._wandb.close()
 
 
+def counted(n: Any, noun: str, plural: str | None = None) -> str:
+    """"1 step", "2 steps" (`plural`: "trajectories"): headings read "1 trajectories". `n` as it comes."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def step_line(step: int, steps: int, m: dict[str, Any]) -> str:
     """One plain progress line for a log file (no bar, no colour codes)."""
     def f(key, fmt):

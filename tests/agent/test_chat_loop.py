@@ -224,3 +224,58 @@ def test_an_episode_keeps_the_score_the_env_gave_at_reset(tokenizer, tmp_path, m
     (stepped,) = loop.run([EpisodeSpec(1, "a", "train")], ScriptedPolicy(chat, ["<action>go</action>", "no tags"]))
     assert stepped.score == 0.5
     pool.close()
+
+
+def test_template_keys_are_the_names_format_looks_up():
+    from agentq.agent.loop import template_keys
+
+    assert template_keys("{task}\n{obs}\nVisible objects: {objects}\n{actions}") == ("task", "obs", "objects", "actions")
+    assert template_keys("{a.b} {c[0]} {x:{w}} {{literal}} {}") == ("a", "c", "x", "w", "")
+
+
+def test_a_template_naming_a_key_info_lacks_is_one_line_at_the_first_reset(tokenizer, tmp_path, monkeypatch):
+    """A template naming a key the env's info lacks was a KeyError traceback mid-run (next_turn: at the
+    first turn, or only after an unparsable reply); now a ConfigError at the first reset, before any turn."""
+    from agentq.config import ConfigError
+
+    (tmp_path / "scored_env.py").write_text(SCORED_AT_RESET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    pool = InlinePool(EnvSpec("scored_env:ScoredAtReset", {"split": "train", "max_steps": 2}), 1)
+    available = "['actions', 'obs', 'score', 'split', 'steps', 'task', 'task_id', 'won']"
+    for prompt, error in [
+            (PromptConfig(system="S", next_turn="{obs}\nObjects: {objects}"),
+             "env.prompt.next_turn='{obs}\\nObjects: {objects}' names {objects}, which the environment's info at "
+             f"reset does not have; available: {available}"),
+            (PromptConfig(system="S", first_turn="{goal} {obs}"),
+             f"env.prompt.first_turn='{{goal}} {{obs}}' names {{goal}}, which the environment's info at reset does "
+             f"not have; available: {available}"),
+            (PromptConfig(system="S", actions="Try: {admissible}"),
+             "env.prompt.actions='Try: {admissible}' names {admissible}; it is filled in with {actions} alone "
+             "(the admissible actions)")]:
+        policy = ScriptedPolicy(chat, [])                  # any turn asked for would be an IndexError
+        loop = AgentLoop(pool, chat, prompt, ActionParser(), SamplingParams(max_new_tokens=16), max_turns=2,
+                         max_context_tokens=2048)
+        with pytest.raises(ConfigError) as e:
+            loop.run([EpisodeSpec(0, "a", "train")], policy)
+        assert str(e.value) == error and policy.i == {}
+    ok = PromptConfig(system="S", first_turn="{task} ({score}, {split})\n{obs}", next_turn="{obs} {steps}")
+    (traj,) = AgentLoop(pool, chat, ok, ActionParser(), SamplingParams(max_new_tokens=16), max_turns=2,
+                        max_context_tokens=2048).run([EpisodeSpec(1, "a", "train")], ScriptedPolicy(chat, ["x", "y"]))
+    assert traj.transcript[0]["user"] == "goal (0.25, train)\nstart" and traj.invalid_actions == 2
+    pool.close()
+
+
+@pytest.mark.parametrize("conf", ["textworld_express", "textworld_express_mapreader"])
+def test_the_built_in_templates_name_only_keys_of_the_reset_info(conf):
+    """conf/env's TextWorldExpress templates pass the check at a real reset (ScienceWorld's, ALFWorld's
+    and WebShop's in tests/envs)."""
+    from agentq import build
+    from agentq.config import load_config
+
+    cfg = load_config([f"env={conf}"])
+    env = build.make_env(cfg, cfg.env.eval_split)
+    obs, info = env.reset(seed=0)
+    build.prompt_config(cfg).check_fields(info)
+    assert {"task", "admissible_actions"} <= set(info)
+    env.close()

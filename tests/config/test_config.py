@@ -80,6 +80,21 @@ def test_env_configs_share_one_schema():
         assert set(cfg.env.kwargs.keys()) == keys, (env, keys ^ set(cfg.env.kwargs.keys()))
 
 
+def test_env_label_names_the_tasks_an_env_config_chooses():
+    """Both TextWorldExpress configs are `name: textworld_express`; titles named them alike."""
+    from agentq.config import env_label
+
+    labels = {env: env_label(load_config([f"env={env}"]).env) for env in ("textworld_express", "textworld_express_mapreader",
+                                                                           "alfworld", "scienceworld", "webshop")}
+    assert labels == {"textworld_express": "textworld_express[coin]", "textworld_express_mapreader":
+                      "textworld_express[mapreader]", "alfworld": "alfworld", "scienceworld": "scienceworld",
+                      "webshop": "webshop"}
+    assert env_label({"name": "alfworld", "kwargs": {"task_types": ["pick_and_place", "clean"]}}) == \
+        "alfworld[pick_and_place, clean]"
+    assert env_label({"name": "scienceworld", "kwargs": {"tasks": "boil"}}) == "scienceworld[boil]"
+    assert env_label(None) == env_label({}) == "?"
+
+
 def test_a_grpo_group_of_one_is_refused():
     """Every advantage of a group of one is 0 (docs/algorithms.md): `trainer.group_size=1` ran and
     logged loss 0.0000 at every step, training nothing but the KL term."""

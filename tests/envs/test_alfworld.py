@@ -27,6 +27,7 @@ pytest.importorskip("textworld")
 import gymnasium as gym  # noqa: E402
 
 import agentq.envs  # noqa: E402,F401
+from agentq.agent import PromptConfig  # noqa: E402
 from agentq.envs.alfworld import generator as gen  # noqa: E402
 from agentq.envs.alfworld import parse_cache  # noqa: E402
 from agentq.envs.alfworld.data import ALFWorldDataError  # noqa: E402
@@ -304,6 +305,7 @@ def test_config_makes_a_working_env(cache_dir):
     text = cfg["prompt"]["first_turn"].format(task=info["task"], obs=obs, actions=cfg["prompt"]["actions"].format(
         actions=", ".join(info["admissible_actions"])))
     assert "Your task is to: " in text and "Admissible actions: go to" in text
+    PromptConfig(**cfg["prompt"]).check_fields(info)         # the agent loop's check at reset
     env.close()
 
 

@@ -129,6 +129,34 @@ def test_registry_takes_namespaced_ids_and_checks_classes_on_registration(tmp_pa
         assert f"ext/{module}.{attr}" not in gym.registry              # a refused class stays unregistered
 
 
+def test_a_plugin_named_like_a_built_in_is_not_hidden_silently(tmp_path, monkeypatch):
+    """A plugin `alfworld` resolved to agentq's ALFWorld without a word. The built-in still wins (a
+    run's env.name keeps its meaning whatever is installed), but resolving the name warns, naming the
+    plugin's "module:Class", which picks it."""
+    import warnings
+
+    import agentq.envs as envs
+
+    (tmp_path / "shadow_env.py").write_text("from agentq.envs import TaskStep, TextEnv\n"
+                                            + one_task_env("ShadowEnv", ("train",)))
+    info = tmp_path / "shadow_env-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shadow-env\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[agentq.envs]\nalfworld = shadow_env:ShadowEnv\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert envs.plugins()["alfworld"] == "shadow_env:ShadowEnv"
+    with pytest.warns(UserWarning) as caught:
+        assert envs.env_id("alfworld") == "agentq/ALFWorld-v0"
+    assert [str(w.message) for w in caught] == [
+        "environment 'alfworld' is agentq's built-in environment agentq/ALFWorld-v0; the installed plugin of that "
+        "name (shadow_env:ShadowEnv, entry point of group 'agentq.envs') is not used: set "
+        "env.name=shadow_env:ShadowEnv to use the plugin"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                               # no plugin of these names: no warning
+        assert envs.env_id("webshop") == "agentq/WebShop-v0"
+        assert envs.env_id("shadow_env:ShadowEnv") == "ext/shadow_env.ShadowEnv"     # the named form picks it
+
+
 def test_plugin_trains_two_steps_and_evaluates_from_the_cli(site, tmp_path):
     before = _git_status()
     out = tmp_path / "run"

@@ -8,14 +8,17 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
+import yaml
 from proc_watch import gone
 
 pytest.importorskip("scienceworld")
 
 import agentq.envs  # noqa: E402,F401  (registers agentq/* ids)
+from agentq.agent import PromptConfig  # noqa: E402
 from agentq.envs import EnvCrashedError, EpisodeOverError, UnknownTaskError  # noqa: E402
 from agentq.envs.scienceworld import ScienceWorldEnv, resolve_tasks, select_tasks  # noqa: E402
 from agentq.envs.scienceworld import tasks as T  # noqa: E402
@@ -112,6 +115,10 @@ def test_reset_info_and_failure_by_wrong_focus(env):
     assert info["admissible_actions"] is None and info["score"] == 0.0 and info["won"] is False
     assert "focus on OBJ" in info["action_templates"] and "pour OBJ in OBJ" in info["action_templates"]
     assert {"door", "sink", "toilet", "cup"} <= set(info["objects"])
+    # conf/env/scienceworld.yaml's templates name {objects}: the agent loop's check at reset passes them
+    prompt = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "env" / "scienceworld.yaml").read_text())
+    assert "{objects}" in prompt["prompt"]["first_turn"] and "{objects}" in prompt["prompt"]["next_turn"]
+    PromptConfig(**prompt["prompt"]).check_fields(info)
     obs, r, term, trunc, info = env.step("open door to kitchen")
     assert obs == "The door is now open." and r == 0.0 and not term and not trunc
     obs, r, term, trunc, info = env.step("go to kitchen")

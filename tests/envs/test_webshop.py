@@ -14,6 +14,7 @@ import yaml
 from gymnasium.utils.env_checker import check_env
 
 import agentq.envs  # noqa: F401  (registers the environments)
+from agentq.agent import PromptConfig
 from agentq.envs.webshop import catalog as cat
 from agentq.envs.webshop.data import (load_data_dir, normalize_products, parse_pricing,
                                       price_upper_for, write_data_dir)
@@ -279,6 +280,8 @@ def test_config_and_splits(env):
     assert (test[0], test[-1], len(test)) == ("0", "499", 500)
     assert (dev[0], dev[-1], len(dev)) == ("500", "1499", 1000)
     assert (train[0], len(train)) == ("1500", 1500)
+    _, info = env.reset(options={"task_id": "0"})
+    PromptConfig(**cfg["prompt"]).check_fields(info)         # the agent loop's check at reset
 
 
 def test_check_env_passes(env):

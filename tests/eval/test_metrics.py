@@ -143,6 +143,18 @@ def test_no_difference_gives_p_one_and_monte_carlo_is_seeded(monkeypatch):
     assert paired_comparison(before, after)["mcnemar_p"] == r["mcnemar_p"]
 
 
+def test_no_shared_task_is_no_test_not_mcnemar_p_one():
+    """Two evaluations of disjoint tasks were reported as "exact McNemar, p = 1", as if every task had
+    been played alike; there is no test at all (and an older result with pairs 0 is read so too)."""
+    r = paired_comparison({"a": True, "b": False}, {"c": True})
+    assert (r["pairs"], r["episodes_before"], r["episodes_after"], r["won_only_after"], r["won_only_before"]) == \
+        (0, 0, 0, 0, 0)
+    assert math.isnan(r["mcnemar_p"]) and math.isnan(r["mcnemar_z"])
+    assert r["test"] == metrics.NO_PAIRS == "none (no shared tasks)" == metrics.paired_test_name(r)
+    assert metrics.paired_test_name({"pairs": 0, "mcnemar_p": 1.0, "test": "exact McNemar"}) == "none (no shared tasks)"
+    assert metrics.paired_test_name({"pairs": 3, "mcnemar_p": 1.0}) == "exact McNemar"      # older, with pairs
+
+
 def test_bad_outcomes_are_refused():
     with pytest.raises(ValueError, match="task 'a' has no episodes"):
         paired_comparison({"a": []}, {"a": [True]})

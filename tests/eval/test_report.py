@@ -51,7 +51,7 @@ def test_a_pipeline_folder_is_reported_with_its_sft_to_rl_summary(tmp_path):
     assert re.findall(r"<td>([^<]*)</td>", rows[0][1]) == ["4", "0.250", "0.050–0.700", "0.500", "0.150–0.850",
                                                              "2 / 1", "1.000"]
     assert "agentq run pipe:" in page and "href='#pipeline'" in page
-    assert "8 expert demonstrations, 1 RL steps (interq, rollout w8a8_kv8)." in page     # no rollout_backend: older
+    assert "8 expert demonstrations, 1 RL step (interq, rollout w8a8_kv8)." in page     # no rollout_backend: older
     assert "Paired p (two-sided, over tasks): exact McNemar.</p>" in page      # no test recorded: older, McNemar's
 
 
@@ -67,6 +67,12 @@ def test_the_pipeline_table_names_the_paired_tests_used(tmp_path):
     page = pipeline_section(summary)
     assert "<th>tasks better after RL / after SFT</th><th>paired p</th>" in page
     assert "Paired p (two-sided, over tasks): exact McNemar, exact sign-flip over tasks.</p>" in page
+    # a split whose two evaluations share no task: no test (an older summary.json recorded McNemar's p = 1)
+    summary["other_splits"]["test"]["paired"] = {"pairs": 0, "won_only_after": 0, "won_only_before": 0,
+                                                 "mcnemar_z": 0.0, "mcnemar_p": 1.0, "test": "exact McNemar"}
+    page = pipeline_section(summary)
+    assert "<td>–</td><td>no shared tasks</td></tr>" in page
+    assert "Paired p (two-sided, over tasks): exact sign-flip over tasks.</p>" in page
 
 
 def test_a_pipeline_summary_names_the_rollout_backend(tmp_path):
@@ -78,7 +84,7 @@ def test_a_pipeline_summary_names_the_rollout_backend(tmp_path):
     summary = json.loads((tmp_path / "pipe" / "summary.json").read_text())
     (tmp_path / "pipe" / "summary.json").write_text(json.dumps({**summary, "rollout_backend": "vllm"}))
     page = write_report(tmp_path / "pipe").read_text()
-    assert "8 expert demonstrations, 1 RL steps (interq, rollout w8a8_kv8 (vllm))." in page
+    assert "8 expert demonstrations, 1 RL step (interq, rollout w8a8_kv8 (vllm))." in page
 
 
 def test_a_folder_that_is_no_run_names_both_kinds(tmp_path):
@@ -209,11 +215,11 @@ def test_a_report_renders_whatever_the_run_has_so_far(tmp_path, case):
     expect = {"empty": ["No training steps in metrics.jsonl.", "No evaluations in this run.",
                         "No k3_by_turn in metrics.jsonl.", "No segment history"],
               "one_step_no_eval": ["<img alt='learning curve'", "No evaluations in this run.",
-                                   "<table id='k3-by-turn'>", "Step 1 (1 trajectories)"],
+                                   "<table id='k3-by-turn'>", "Step 1 (1 trajectory)"],
               "null_metrics": ["<img alt='learning curve'", "<tr><td>1</td><td style='background:none'>–</td>",
                                "No evaluations in this run.", "· 2 steps</h1>"],
               "eval_of_no_episode": ["<tr><td>1</td><td class=l>dev</td><td>0</td><td>–</td><td>–––</td>"],
-              "torn_line": ["· 1 steps</h1>", "<img alt='learning curve'"]}[case]
+              "torn_line": ["· 1 step</h1>", "<img alt='learning curve'"]}[case]
     for text in expect:
         assert text in page, text
 
@@ -254,4 +260,18 @@ def test_reading_a_run_folder_unpickles_nothing(tmp_path, monkeypatch):
 
     for mod, name in ((pickle, "load"), (pickle, "loads"), (pickle, "Unpickler"), (torch, "load")):
         monkeypatch.setattr(mod, name, refuse)
-    assert "agentq run run: e · a · 1 steps" in write_report(run).read_text()
+    assert "agentq run run: e · a · 1 step" in write_report(run).read_text()
+
+
+def test_the_title_names_the_env_configs_tasks_and_headings_count_in_the_singular(tmp_path):
+    """Both TextWorldExpress configs are `name: textworld_express`: the mapreader sweep's runs were
+    titled as coin's. Headings read "1 steps", "1 trajectories", "1 turns"."""
+    from agentq.eval.report import write_report
+
+    run = _run(tmp_path / "run", [{"step": 1, "reward_mean": 0.0, "success_rate": 0.0, "k3": 1e-5,
+                                   "k3_by_turn": [1e-5]}], [_seg(1, 1, 1)])
+    (run / "config.yaml").write_text("env:\n  name: textworld_express\n  kwargs: {games: [mapreader], jvm_heap: 1g}\n"
+                                     "algo:\n  name: interq\n")
+    page = write_report(run).read_text()
+    assert "<h1 id='title'>agentq run run: textworld_express[mapreader] · interq · 1 step</h1>" in page
+    assert "<h3 id='step-1'>Step 1 (1 trajectory)</h3>" in page and " · 1 turn</summary>" in page

@@ -185,3 +185,9 @@ def test_turns_of_won_episodes_with_none_won_is_not_nan(capsys):
     assert "– (none won)" in said and "2.00" in said and "nan" not in said
     assert ("paired over 2 tasks, exact McNemar: better after RL on 1, after SFT on 0, z = 1.00, p = 1)"
             in " ".join(said.split()))
+    # evaluations with no task in common (a resumed run's episodes.jsonl gone): no test, not "exact McNemar, p = 1"
+    c["paired"] = paired_comparison({}, {"a": True})
+    _print_comparison("t", c)
+    said = " ".join(capsys.readouterr().err.split())
+    assert "(unpaired z = 1.00; no paired test: the two evaluations share no task)" in said
+    assert "McNemar" not in said and "p = " not in said

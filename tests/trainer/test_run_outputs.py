@@ -135,7 +135,7 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
     assert p.stdout.strip() == str(page)
     try:
         driver.get(page.as_uri())
-        assert driver.find_element(By.ID, "title").text.endswith("textworld_express · interq · 2 steps")
+        assert driver.find_element(By.ID, "title").text.endswith("textworld_express[coin] · interq · 2 steps")
         imgs = driver.find_elements(By.CSS_SELECTOR, "#curves ~ img")
         assert len(imgs) == 2 and all(driver.execute_script("return arguments[0].naturalWidth", i) > 0 for i in imgs)
         eval_rows = driver.find_elements(By.CSS_SELECTOR, "#eval-table tr")

@@ -91,6 +91,18 @@ def test_table_only_runs_nothing(tmp_path):
     assert t["arms"] == {} and t["sft_episodes"] == 4
 
 
+def test_the_title_tells_the_two_textworld_express_configs_apart():
+    """conf/sweep.yaml's mapreader sweep was titled "textworld_express/dev", as a coin sweep is (both
+    configs are `name: textworld_express`); and a one-step budget read "1 RL steps"."""
+    from agentq.config import load_config
+    from agentq.trainer.sweep import sweep_title
+
+    assert sweep_title(load_config(["trainer.steps=1"], config_name="sweep"), "dev", [0]) == \
+        "textworld_express[mapreader]/dev, seeds [0], 1 RL step × 16 episodes, learner of aligned arms: w8a8"
+    assert sweep_title(load_config(["env=textworld_express"], config_name="sweep"), "dev", [0, 1]) == \
+        "textworld_express[coin]/dev, seeds [0, 1], 12 RL steps × 16 episodes, learner of aligned arms: w8a8"
+
+
 def test_the_table_on_the_console_keeps_its_brackets(tmp_path, capsys):
     """rich read "[min, max]" in the K3 header as a markup tag and dropped it (table.md kept it)."""
     from agentq.trainer.sweep import write_table
@@ -253,6 +265,11 @@ def test_the_table_pairs_by_task_over_seeds_and_names_differing_backends(tmp_pat
     assert "| bf16 | w8a8_kv8 (torch) / w8a8 |" in md and "| interq | w8a8_kv8 (vllm) / w8a8 |" in md
     assert "p = two-sided, paired by task: exact sign-flip over tasks." in md
     assert "| interq | w8a8_kv8 (vllm) / w8a8 | 83.3 % (" in md and "| 2 / 1, 0.75 |" in md      # 5 of 6 won
+
+    # an arm whose final evaluation shares no task with the reference's: no test, not "0 / 0, 1"
+    t["arms"]["interq"]["paired"]["bf16"] = paired_comparison({"a": True}, {"z": True})
+    md = table_markdown(t, "t")
+    assert "| no shared tasks |" in md and "p = two-sided, paired by task. Times" in md and "McNemar" not in md
 
     same = tmp_path / "same"
     _fake_sweep(same, outcomes, {"bf16": ("torch", True), "interq": ("torch", False)})
