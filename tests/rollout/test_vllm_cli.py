@@ -2,6 +2,7 @@
 rollout.backend=vllm` on TextWorldExpress, as a user runs them. Skipped without vLLM."""
 import importlib.util
 import json
+import re
 
 import pytest
 
@@ -70,5 +71,20 @@ def test_the_mismatch_tool_measures_presets_one_after_another(run_dir):
     p = subprocess.run([sys.executable, "-m", "agentq.eval.vllm_mismatch", "--model", str(model), "--presets", "none",
                         "w8a8", "--episodes", "2", "--turns", "2"], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
-    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(line) for line in p.stdout.splitlines()]     # JSON rows only: vLLM's log went to stderr
     assert [r["preset"] for r in rows] == ["none", "w8a8"] and all(r["episodes"] == 2 for r in rows)
+    assert all(len(r["k3_by_turn"]) == 2 and r["tokens"] > 0 for r in rows)
+
+
+def test_the_mismatch_tool_refuses_a_preset_vllm_cannot_run_before_measuring_any():
+    """w8a8_kv8_head is refused on every platform; it came after `none`, which was measured first
+    (an engine start, episodes, the learner) before a traceback. Now: one line, nothing measured."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "agentq.eval.vllm_mismatch", "--presets", "none", "w8a8_kv8_head",
+                        "--episodes", "2", "--turns", "2"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert re.fullmatch(r"vllm_mismatch: QuantSpec 'w8a8_kv8_head' quantizes lm_head: vLLM runs a compressed-tensors "
+                        r"checkpoint's LM head in full precision; use rollout.quant=w8a8(_kv8)? \(head in full "
+                        r"precision\) or the torch backend \(rollout.backend=torch\)", p.stderr.strip().splitlines()[-1])
