@@ -169,14 +169,23 @@ class RolloutBackend(Protocol):
 
 # ---------------------------------------------------------------------- shared by the backends
 def load_safetensors_dir(path: str) -> dict[str, torch.Tensor]:
-    """Every tensor of the `*.safetensors` files in an HF checkpoint folder, by name."""
+    """Every tensor of the `*.safetensors` files in an HF checkpoint folder, by name.
+
+    Raises:
+        CheckpointError: the folder has none (e.g. pytorch_model.bin only: a rollout backend reads no
+            pickles), naming the folder and how to save it.
+    """
     from pathlib import Path
 
     from safetensors.torch import load_file
 
+    from agentq.utils.checkpoint import CheckpointError
+
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {path}")
+        raise CheckpointError(f"no *.safetensors weights in {path}: the rollout backends load the model from its "
+                              "safetensors weights; save it with save_pretrained(folder) (safetensors, "
+                              "transformers' default)")
     tensors = {}
     for f in files:
         tensors.update(load_file(str(f)))

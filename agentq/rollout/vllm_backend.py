@@ -43,7 +43,7 @@ from agentq.kernels import cpu_gemm, quant
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
                                     load_safetensors_dir, score_ids)
-from agentq.utils.checkpoint import CheckpointError, _atomic_dir, _commit
+from agentq.utils.checkpoint import _atomic_dir, _commit
 
 #: QuantSpec.kv → vLLM kv_cache_dtype
 KV_CACHE_DTYPE = {"none": "auto", "int8_per_token_head_sym": "int8_per_token_head",
@@ -451,12 +451,7 @@ class VLLMBackend(RolloutBackend):
         """A backend serving the safetensors weights in `path` (exported through `quant`), its engine
         settings checked by vLLM now (`check_engine_args`), not at the first turn."""
         be = cls(path, quant, **kw)
-        try:
-            tensors = load_safetensors_dir(path)
-        except FileNotFoundError as e:          # e.g. a folder of pytorch_model.bin weights only
-            raise CheckpointError(f"{e}: rollout.backend=vllm exports the model from its safetensors weights; save "
-                                  "it with save_pretrained(folder) (safetensors, transformers' default)") from None
-        be.update_weights(tensors.items(), version=0)
+        be.update_weights(load_safetensors_dir(path).items(), version=0)     # none: CheckpointError
         be.check_engine_args()
         return be
 

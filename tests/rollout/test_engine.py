@@ -608,3 +608,16 @@ def test_an_engine_without_a_slot_or_a_position_is_refused_when_built(tiny_model
     name = next(iter(kw))
     with pytest.raises(ValueError, match=f"rollout engine {name} must be an int ≥ 1, got {kw[name]!r}"):
         engine(tiny_model_dir, **kw)
+
+
+def test_a_folder_of_pytorch_model_bin_only_is_a_checkpoint_error(tmp_path, tiny_model_dir):
+    """The engine reads safetensors only (no pickles): such a folder was a bare FileNotFoundError."""
+    from agentq.utils.checkpoint import CheckpointError
+
+    for f in tiny_model_dir.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors"):
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(CheckpointError, match=rf"^no \*.safetensors weights in {tmp_path}: the rollout backends load "
+                                              r"the model from its safetensors weights; save it with save_pretrained"):
+        TorchEngine.from_pretrained(str(tmp_path), QuantSpec.preset("none"), max_slots=1, max_len=64)

@@ -915,7 +915,7 @@ def test_settings_vllm_cannot_honour_are_one_line_errors_before_an_engine_starts
         if f.is_file() and not f.name.endswith(".safetensors"):
             (bin_dir / f.name).write_bytes(f.read_bytes())
     torch.save(tiny_tensors(tiny_model_dir), bin_dir / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match=rf"^no \*.safetensors weights in {bin_dir}: rollout.backend=vllm exports "
+    with pytest.raises(CheckpointError, match=rf"^no \*.safetensors weights in {bin_dir}: the rollout backends load "
                                               r"the model from its safetensors weights"):
         VLLMBackend.from_pretrained(str(bin_dir), P("none"))
     # vLLM raises a temperature below 0.01 to 0.01: refused before anything is sampled
