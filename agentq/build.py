@@ -53,6 +53,21 @@ def device_and_dtype(cfg: DictConfig) -> tuple[torch.device, torch.dtype]:
     return torch.device(dev), getattr(torch, dt)
 
 
+def check_learner_dtype(cfg: DictConfig) -> None:
+    """Refuse float16 for a command that trains: the learner keeps its weights and AdamW's moments in
+    the run's dtype, and AdamW's eps (1e-8) rounds to 0 in float16, so the first optimizer step divides
+    0 by 0 wherever a gradient is 0 and writes NaN into the weights (every episode of the next RL step
+    then ended on a NaN log-prob). bfloat16 has float32's range.
+
+    Raises:
+        ConfigError: dtype is float16.
+    """
+    if str(cfg.dtype) == "float16":         # `auto` is never float16
+        raise ConfigError("dtype=float16: the learner's AdamW keeps float16 weights and moments, whose eps (1e-8) "
+                          "rounds to 0 in float16, so its first step writes NaN into the weights; use "
+                          "dtype=bfloat16 (float32's range) or float32")
+
+
 def _check_cuda(dev: str) -> None:
     """Refuse device=cuda / cuda:N when there is no such CUDA device."""
     if not torch.cuda.is_available():

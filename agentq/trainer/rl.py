@@ -87,6 +87,7 @@ def check_rl_config(cfg: DictConfig) -> tuple[torch.device, torch.dtype, Objecti
         ConfigError: the first refused setting, named.
     """
     device, dtype = build.device_and_dtype(cfg)
+    build.check_learner_dtype(cfg)
     objective = build_objective(cfg)
     mode = old_logp_mode(cfg, objective, device, dtype)
     build.learner_temperature(cfg)          # (the learner reads it when built)

@@ -82,6 +82,7 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
     process locks as RL run folders are; a folder holding an earlier SFT run is refused unless
     `overwrite` (default trainer.overwrite) replaces it. `out_key`: the setting that named the folder."""
     check_expert(cfg)
+    build.check_learner_dtype(cfg)
     out = Path(out_dir or cfg.sft.out_dir or new_run_dir(f"sft-{cfg.env.name}"))
     if overwrite is None:
         overwrite = bool(cfg.trainer.get("overwrite", False))

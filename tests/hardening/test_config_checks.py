@@ -201,3 +201,25 @@ def test_the_held_out_split_is_listed_at_start_only_when_the_run_evaluates(tiny_
     trainer = RLTrainer(cfg)
     trainer.pool.close()
     assert seen == listed
+
+
+@pytest.mark.parametrize("command", ["train", "sft", "pipeline"])
+def test_float16_is_refused_by_every_command_that_trains(tmp_path, capsys, command):
+    """AdamW's eps (1e-8) rounds to 0 in float16: the learner's first step wrote NaN into every weight
+    whose gradient was 0 (the next RL step's episodes all ended on NaN log-probs)."""
+    import torch
+
+    from agentq.cli import main
+
+    p = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))       # the cause, as torch computes it
+    opt = torch.optim.AdamW([p], lr=1e-6)
+    p.grad = torch.zeros_like(p)
+    opt.step()
+    assert torch.isnan(p).all()
+    out = tmp_path / "out"
+    assert main([command, "dtype=float16", f"trainer.out_dir={out}", f"sft.out_dir={out}", f"pipeline.out_dir={out}",
+                 "env_pool=inline"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("agentq: dtype=float16: the learner's AdamW keeps float16 weights and moments, whose eps (1e-8) rounds to "
+            "0 in float16" in err and "Traceback" not in err), err
+    assert not out.exists()
