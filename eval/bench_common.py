@@ -133,9 +133,9 @@ def profile_host(name: str, fn, calls: int = 1, rows: int = 22) -> None:
     stats.sort_stats("cumulative").print_stats(rows)
 
 
-def kernel_table(title: str, fn, rows: int = 18) -> None:
+def kernel_table(title: str, fn, rows: int = 18) -> list[tuple[str, float, float]]:
     """Print the CUDA kernels of one call of `fn` by GPU time, and its host-side ops by CPU time
-    (where a phase's time goes; CUDA only)."""
+    (where a phase's time goes; CUDA only). Returns the call's kernels as `profiled_kernels` does."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -146,6 +146,32 @@ def kernel_table(title: str, fn, rows: int = 18) -> None:
     print(table.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60), flush=True)
     print(f"--- host ops, {title}")
     print(table.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60), flush=True)
+    return profiled_kernels(prof)
+
+
+#: (class, lower-case name fragments), matched in this order (the int8 GEMM's name holds "gemm"
+#: too): the kinds of GPU work a ceiling on a quantized step's gain treats alike (`gpu_s_by_class`)
+KERNEL_CLASSES = (("int8_gemm", ("_w8a8_gemm",)),
+                  ("decode_attention", ("_decode_kernel", "_decode_planes_kernel", "_combine_kernel")),
+                  ("attention", ("flash", "fmha", "_prefill_kernel")),
+                  ("bf16_gemm", ("nvjet", "gemm", "gemv", "cutlass", "xmma", "splitkreduce")))
+
+
+def kernel_class(name: str) -> str:
+    """The `KERNEL_CLASSES` class of a CUDA kernel's name ("other" for the rest: norms, RoPE,
+    quantization codes, sampling, elementwise and copies)."""
+    low = name.lower()
+    return next((cls for cls, parts in KERNEL_CLASSES if any(p in low for p in parts)), "other")
+
+
+def gpu_s_by_class(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
+    """Seconds of kernel time per `kernel_class`, from (name, start µs, duration µs) records.
+    Durations as recorded: a kernel launched early under programmatic dependent launch counts its
+    wait too, so only a stream without such overlap sums to its busy time."""
+    out = dict.fromkeys([c for c, _ in KERNEL_CLASSES] + ["other"], 0.0)
+    for name, _, dur in kernels:
+        out[kernel_class(name)] += dur / 1e6
+    return out
 
 
 def kernel_timeline(kernels: list[tuple[str, float, float]], steps: int = 1) -> dict:

@@ -32,7 +32,11 @@ with the bf16 entry of the same head.
     python -m agentq.eval.bench_rl_step --model tiny --episodes 8 --turns 2 --prompt 32 --obs 16 --new 8   # CPU
 
 `--profile` (CUDA) prints where each phase's GPU time goes and how much of a rollout the GPU sits
-idle; `--host-profile` prints cProfile tables of one rollout and one old_ref pass, for the phases
+idle, and each quantized entry's ceiling (`gpu_time_ceiling`): the most its step could gain over
+bf16 in GPU time if every GEMM it moves to int8 ran at the int8 peak (2x the cuBLAS time it
+replaces), its decode attention read fewer bytes at bf16's speed, and quantization launches cost
+nothing, with the rest (the bf16 backward, other attention, norms, sampling) as in bf16;
+`--host-profile` prints cProfile tables of one rollout and one old_ref pass, for the phases
 where the host holds the GPU back (the eager prefill of a turn's observation, the learner's passes).
 
 On an fp32 (CPU) learner bypass is timed but not what the trainer runs: there the π_old pass computes
@@ -54,9 +58,10 @@ from typing import Any
 
 import torch
 
-from agentq.eval.bench_common import (base_parser, kernel_table, kernel_timeline, print_timeline, profile_host,
-                                      profiled_kernels, random_model, release_memory, sync)
+from agentq.eval.bench_common import (base_parser, gpu_s_by_class, kernel_table, kernel_timeline, print_timeline,
+                                      profile_host, profiled_kernels, random_model, release_memory, sync)
 from agentq.kernels.ste import GRAD_INPUTS
+from agentq.kernels.triton_attention import kv_bytes_per_token
 from agentq.learner.learner import OLD_LOGP_MODES
 from agentq.rollout.torch_engine.prefill_graphs import DEFAULT_MAX_TOKENS as DEFAULT_PREFILL_GRAPH_TOKENS
 
@@ -135,19 +140,54 @@ def learn(learner, objective, batch, args, t: dict, device: torch.device):
 def profile_phases(entry: str, engine, learner, objective, batch, args, vocab: int, step: int) -> dict:
     """After the timed steps (CUDA): one more rollout's kernel timeline (how much of its span the
     GPU is busy: the host's share of the phase), then the kernel and host-op tables of old_ref and
-    update. Returns the rollout's {"span_s", "busy_s", "idle_frac", "kernels"}."""
+    update. Returns the rollout's {"span_s", "busy_s", "idle_frac", "kernels"} and, under
+    "by_class", each profiled phase's kernel seconds per `kernel_class` (for `gpu_time_ceiling`)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         play(engine, args, vocab, step)
         torch.cuda.synchronize()
-    timeline = kernel_timeline(profiled_kernels(prof))
+    rollout = profiled_kernels(prof)
+    timeline = kernel_timeline(rollout)
     print_timeline(f"{entry}: one rollout", timeline, rows=args.profile_rows)
-    kernel_table(f"{entry}: old_ref", lambda: fill_no_grad(learner, batch, args), rows=args.profile_rows)
-    kernel_table(f"{entry}: update", lambda: learner.update(batch, objective, epochs=1, minibatch_size=args.episodes,
-                                                           old_logp_mode=args.old_logp), rows=args.profile_rows)
+    old_ref = kernel_table(f"{entry}: old_ref", lambda: fill_no_grad(learner, batch, args), rows=args.profile_rows)
+    update = kernel_table(f"{entry}: update", lambda: learner.update(
+        batch, objective, epochs=1, minibatch_size=args.episodes, old_logp_mode=args.old_logp), rows=args.profile_rows)
     return {"span_s": timeline["span_us"] / 1e6, "busy_s": timeline["busy_us"] / 1e6,
-            "idle_frac": timeline["idle_frac"], "kernels": timeline["kernels_per_step"]}
+            "idle_frac": timeline["idle_frac"], "kernels": timeline["kernels_per_step"],
+            "by_class": {"rollout": gpu_s_by_class(rollout), "old_ref": gpu_s_by_class(old_ref),
+                         "update": gpu_s_by_class(update)}}
+
+
+#: int8 over bf16 dense tensor-core peak on the GPUs this targets (Hopper: ~1,979 against ~989 TOP/s)
+INT8_GEMM_PEAK_RATIO = 2.0
+
+
+def kv_read_ratio(spec, head_dim: int) -> float:
+    """Bytes a bf16 KV cache reads per cached position over what the spec's cache reads (codes, and
+    an fp32 scale per token and head for int8 per-token formats): decode attention's ideal speed-up."""
+    if not spec.kv_quantized:
+        return 1.0
+    scale = 4 if spec.kv.startswith("int8") else 0
+    return kv_bytes_per_token(1, 1, head_dim, torch.bfloat16) / kv_bytes_per_token(1, 1, head_dim, torch.int8, scale)
+
+
+def gpu_time_ceiling(bf16: dict, quant: dict, gemm_ratio: float, attention_ratio: float) -> dict[str, float]:
+    """The most a quantized step can gain over bf16 in GPU time, per phase and for the profiled
+    phases together (Amdahl), from each algo's kernel seconds per class ({phase: {class: s}}): the
+    bf16 step with the GEMM work the quantized algo moves to int8 (bf16's cuBLAS time less what the
+    quantized algo still runs there: its bf16 LM head, the learner's backward) `gemm_ratio` times
+    faster, its decode attention `attention_ratio` times faster, the rest unchanged, and the
+    quantization's own launches (codes, K/V writes) free. Host time and idle GPU are not counted."""
+    out, total, bound = {}, 0.0, 0.0
+    for phase, b in bf16.items():
+        t = sum(b.values())
+        moved = max(0.0, b["bf16_gemm"] - quant[phase]["bf16_gemm"])
+        best = t - moved * (1 - 1 / gemm_ratio) - b["decode_attention"] * (1 - 1 / attention_ratio)
+        out[phase] = t / best
+        total, bound = total + t, bound + best
+    out["step"] = total / bound
+    return out
 
 
 #: `--algos` suffixes → the learner arguments they set: "+int8dx", the aligned learner's dX in int8;
@@ -235,10 +275,11 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
                      rows=args.profile_rows)
         profile_host(f"{entry}: old_ref", lambda: (fill_no_grad(learner, batch, args), sync(device)),
                      rows=args.profile_rows)
-    rollout_gpu = None
+    rollout_gpu, by_class = None, None
     if args.profile and device.type == "cuda":        # after the timed steps: where each phase's time goes
         rollout_gpu = profile_phases(entry, engine, learner, objective, batch, args, cfg.vocab_size,
                                      args.warmup + args.steps)
+        by_class = rollout_gpu.pop("by_class")
     med = {p: statistics.median(v) for p, v in times.items()}
     res = {"algo": entry, "rollout_quant": rollout_spec.name, "learner_quant": learner_spec.name,
            "grad_input": learner.grad_input, "head_tokens": learner.head_tokens,
@@ -248,11 +289,28 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
            "action_tokens": int(sum(x.num_action_tokens for x in trajs)), "tokens": int(sum(x.num_tokens for x in trajs)),
            "mismatch": mism[-1] if mism else {},
            "peak_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None,
-           "rollout_gpu": rollout_gpu, "prefill_graph_stats": dict(engine.prefiller.stats),
+           "rollout_gpu": rollout_gpu, "gpu_s_by_class": by_class,
+           "kv_read_ratio": kv_read_ratio(rollout_spec, cfg.head_dim),
+           "prefill_graph_stats": dict(engine.prefiller.stats),
            "sync_graph_stats": dict(engine.syncer.stats)}
     del learner, engine, model
     release_memory(device)
     return res
+
+
+def print_ceilings(rows: dict, report: dict) -> None:
+    """With --profile: each quantized entry's `gpu_time_ceiling` over its bf16 baseline (into `report`
+    as "ceiling_<entry>"), beside what the timed steps gained: how far the design lets it go."""
+    for entry, q in rows.items():
+        base = baseline_of(entry, rows)
+        if base is None or entry.startswith("bf16") or not (q["gpu_s_by_class"] and rows[base]["gpu_s_by_class"]):
+            continue
+        ceil = gpu_time_ceiling(rows[base]["gpu_s_by_class"], q["gpu_s_by_class"], INT8_GEMM_PEAK_RATIO,
+                                q["kv_read_ratio"])
+        report["ceiling_" + entry.replace("+", "_")] = ceil
+        print(f"ceiling of {entry} over {base} in GPU time (int8 GEMMs {INT8_GEMM_PEAK_RATIO:g}x the cuBLAS "
+              f"time they replace, decode attention {q['kv_read_ratio']:.2f}x (bytes), quantization launches "
+              "free, the rest as bf16's): " + " ".join(f"{p} {v:.2f}x" for p, v in ceil.items()))
 
 
 def main(argv=None) -> dict:
@@ -336,6 +394,7 @@ def main(argv=None) -> dict:
         report[key] = b["step_s"] / q["step_s"]
         print(f"{base} / {entry}: " + " ".join(f"{p} {b['phases_s'][p] / q['phases_s'][p]:.2f}x" for p in PHASES)
               + f"  step {report[key]:.2f}x (> 1 = quantized faster)")
+    print_ceilings(rows, report)
     for variant, what, saved_by in (("allhead", "head_actions_over_all", "the head at the actions only"),
                                     ("noshare", "shared_prefix_over_none", "computing shared prefixes once")):
         for entry in [e for e in rows if e.endswith("+" + variant)]:     # what the default saves each algo

@@ -1,9 +1,11 @@
 """`bench_common.kernel_timeline` / `profiled_kernels`: the busy / idle accounting of a profiled
-GPU stream (`bench_engine --profile`), against intervals worked out by hand."""
+GPU stream (`bench_engine --profile`), against intervals worked out by hand. The kernel classes
+a ceiling on a quantized step's gain sorts profiled kernels into (`kernel_class`, `gpu_s_by_class`)."""
 import json
 
 import pytest
 
+from agentq.eval import bench_common
 from agentq.eval.bench_common import kernel_timeline, profiled_kernels
 
 
@@ -67,3 +69,20 @@ def test_switches_report_the_codes_path_as_json(monkeypatch):
         assert out["fast_codes"] is bool(triton_quant.FAST_CODES)
     else:
         assert out["fast_codes"] is None
+
+
+def test_kernel_classes_of_the_profiles_kernel_names():
+    """Names as the H200 profiles of docs/bench/h200-r30 recorded them: the W8A8 GEMM (whose name
+    holds "gemm" too) is int8, cuBLAS's nvjet and split-K reduction bf16, both engines' decode
+    attention apart from the prefill's and flash attention."""
+    names = {"_w8a8_gemm_tma_kernel": "int8_gemm", "_w8a8_gemm_kernel": "int8_gemm",
+             "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT": "bf16_gemm",
+             "void cublasLt::splitKreduce_kernel<32, 16, int, __nv_bfloat16>": "bf16_gemm",
+             "_decode_kernel": "decode_attention", "_decode_planes_kernel": "decode_attention",
+             "_combine_kernel": "decode_attention", "_prefill_kernel": "attention",
+             "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>": "attention",
+             "_quant_rows_kernel": "other", "_add_rms_norm_kernel": "other", "_split_argmax_kernel": "other"}
+    assert {n: bench_common.kernel_class(n) for n in names} == names
+    by = bench_common.gpu_s_by_class([("_w8a8_gemm_kernel", 0.0, 300.0), ("nvjet_x", 5.0, 100.0),
+                                      ("_w8a8_gemm_tma_kernel", 9.0, 200.0), ("_pick_kernel", 1.0, 50.0)])
+    assert by == {"int8_gemm": 5e-4, "decode_attention": 0.0, "attention": 0.0, "bf16_gemm": 1e-4, "other": 5e-5}

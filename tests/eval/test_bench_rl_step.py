@@ -100,3 +100,29 @@ def test_host_profile_tables_name_the_engine_and_learner_calls(capsys):
     old_ref = out.split("--- host profile: interq: old_ref")[1]
     assert "(generate)" in rollout and "(logprobs)" not in rollout
     assert "(logprobs)" in old_ref and "(generate)" not in old_ref
+
+
+def test_gpu_time_ceiling_against_hand_numbers():
+    """rollout: 1.0 s of bf16 kernels, 0.35 s of its cuBLAS time moved to int8 (0.4 - the 0.05 s LM
+    head the quantized engine keeps in bf16) at 2x and 0.4 s of decode attention at 2x:
+    1 - 0.175 - 0.2 = 0.625 s, 1.6x; update: 0.2 s moved (0.6 - 0.4 s of backward): 0.9 s, 1.111x;
+    together 2.0 / 1.525 s."""
+    zero = dict.fromkeys(("int8_gemm", "decode_attention", "attention", "bf16_gemm", "other"), 0.0)
+    bf16 = {"rollout": dict(zero, bf16_gemm=0.4, decode_attention=0.4, attention=0.05, other=0.15),
+            "update": dict(zero, bf16_gemm=0.6, attention=0.2, other=0.2)}
+    quant = {"rollout": dict(zero, bf16_gemm=0.05, int8_gemm=0.3, decode_attention=0.25, other=0.3),
+             "update": dict(zero, bf16_gemm=0.4, int8_gemm=0.15, attention=0.2, other=0.3)}
+    ceil = bench_rl_step.gpu_time_ceiling(bf16, quant, gemm_ratio=2.0, attention_ratio=2.0)
+    assert ceil == pytest.approx({"rollout": 1.6, "update": 1 / 0.9, "step": 2.0 / 1.525})
+    # the quantized algo's own kernel times do not enter: only what it leaves in cuBLAS does
+    slower = {p: dict(d, other=d["other"] + 1.0) for p, d in quant.items()}
+    assert bench_rl_step.gpu_time_ceiling(bf16, slower, 2.0, 2.0) == ceil
+
+
+def test_kv_read_ratio_counts_codes_and_scales():
+    from agentq.kernels import QuantSpec
+
+    # bf16: 2 x 128 x 2 bytes a position and head; int8: 2 x (128 + a 4-byte scale); fp8 per tensor: 2 x 128
+    assert bench_rl_step.kv_read_ratio(QuantSpec.preset("w8a8_kv8"), 128) == pytest.approx(512 / 264)
+    assert bench_rl_step.kv_read_ratio(QuantSpec.preset("w8a8_fp8kv"), 128) == 2.0
+    assert bench_rl_step.kv_read_ratio(QuantSpec.preset("w8a8"), 128) == 1.0
