@@ -1,0 +1,9 @@
+# Round 39 on one H100 80GB HBM3 (torch 2.11, Triton 3.6); the H200 was asked for first and not lent (call A
+# printed the card's name and stopped). Every call: `source .devrun/setup.sh` (carried wheels, pip install -e .).
+# Call B (the device copy's files were reset to 87f1276 by a `git checkout` in the script, so the
+# ceiling of d3c030d did not run; the timings and profile tables are those of 87f1276's code):
+RL="python3 -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --group-prompt --steps 2 --profile --profile-rows 30"
+$RL --algos interq,interq+int8dx,bf16 --pack-tokens 20480 --logprob-pack-tokens 40960       # rl1b-profile-dxab.{log,json}
+$RL --algos interq,bf16 --prompt 1536 --obs 128 --new 512 --pack-tokens 10240 --logprob-pack-tokens 20480  # rl1b-new512-profile.{log,json}
+# Call C (files of d3c030d unpacked from `git archive`): the ceiling line
+$RL --algos interq,bf16 --pack-tokens 20480 --logprob-pack-tokens 40960                      # rl1b-ceiling.{log,json}
