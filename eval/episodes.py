@@ -1,18 +1,22 @@
 """Trajectory files: one writer and one reader for every JSON-lines file of episodes.
 
 Two record shapes share them: an evaluation's `episodes.jsonl` (outcome and readable transcript,
-`eval_record`) and SFT's `demos.jsonl` (the token stream SFT trains on, plus its text, `demo_record`).
+`eval_record`; written with its eval.json as a pair, `write_eval_pair`, and read back checked against
+it, `read_eval`) and SFT's `demos.jsonl` (the token stream SFT trains on, plus its text, `demo_record`).
 `read_trajectories` turns either back into `Trajectory` objects (fields a record lacks keep their
 defaults; behaviour log-probs, which neither stores, are zero).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Callable
 
 from agentq.agent.trajectory import Trajectory
+from agentq.utils.checkpoint import replace_files_together
 from agentq.utils.jsonl import read_jsonl
+from agentq.utils.logging import counted, jsonable
 
 #: per-episode fields a record may carry back into a Trajectory
 _FIELDS = ("task_id", "split", "reward", "won", "score", "turns", "end_reason", "error", "transcript")
@@ -45,10 +49,75 @@ def write_trajectories(path: str | Path, trajs: list[Trajectory], record: Callab
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as f:
-        for t in trajs:
-            f.write(json.dumps(record(t)) + "\n")
+    _write_records(tmp, trajs, record)
     tmp.replace(path)
+
+
+def _write_records(path: Path, trajs: list[Trajectory], record: Callable[[Trajectory], dict]) -> str:
+    """`write_trajectories`' lines into `path` itself; returns the sha256 of the bytes written."""
+    digest = hashlib.sha256()
+    with path.open("wb") as f:
+        for t in trajs:
+            line = (json.dumps(record(t)) + "\n").encode()
+            digest.update(line)
+            f.write(line)
+    return digest.hexdigest()
+
+
+#: an evaluation folder's two files, and the eval.json key that ties them (with its `episodes` count)
+EVAL_JSON, EPISODES_JSONL, EPISODES_SHA256 = "eval.json", "episodes.jsonl", "episodes_sha256"
+
+
+class EvalPairError(ValueError):
+    """An evaluation folder whose eval.json does not describe the episodes.jsonl beside it."""
+
+
+def write_eval_pair(out: Path, report: dict, trajs: list[Trajectory]) -> str:
+    """`out/eval.json` (`report`, plus the sha256 of the episodes under `episodes_sha256`) and
+    `out/episodes.jsonl` (one `eval_record` per episode), as a pair: both are written under temporary
+    names, then renamed in together (`replace_files_together`, eval.json last), so a reader finds the
+    old pair or the new one, never an eval.json whose numbers are not those of the episodes beside it
+    (eval.json then episodes.jsonl, a Ctrl-C between them did that). An error or Ctrl-C while writing
+    leaves the old pair; a kill between the renames, no eval.json (the old pair as `.<name>.old`).
+
+    Returns:
+        The sha256 of the episodes.jsonl written.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    staged = [(out / f".{name}.tmp", out / name) for name in (EVAL_JSON, EPISODES_JSONL)]
+    try:
+        digest = _write_records(staged[1][0], trajs, eval_record)
+        staged[0][0].write_text(json.dumps(jsonable({**report, EPISODES_SHA256: digest}), indent=2))
+        replace_files_together(staged)
+    finally:
+        for tmp, _ in staged:           # renamed in, or left by an error: none stays
+            tmp.unlink(missing_ok=True)
+    return digest
+
+
+def read_eval(folder: str | Path) -> dict:
+    """An evaluation folder's eval.json, checked against the episodes.jsonl beside it: its `episodes`
+    count against the lines and its `episodes_sha256` against the file. An eval.json from before the
+    sha256 was recorded, or whose episodes.jsonl was deleted (`rl.recorded_step` allows it), is read
+    unchecked.
+
+    Raises:
+        FileNotFoundError: no eval.json in `folder`.
+        EvalPairError: the two do not match, in one line naming the folder and both counts.
+    """
+    folder = Path(folder)
+    report = json.loads((folder / EVAL_JSON).read_text())
+    episodes = folder / EPISODES_JSONL
+    if EPISODES_SHA256 not in report or not episodes.is_file():
+        return report
+    data = episodes.read_bytes()
+    n, digest = data.count(b"\n"), hashlib.sha256(data).hexdigest()
+    if (n, digest) != (report.get("episodes"), report[EPISODES_SHA256]):
+        raise EvalPairError(f"{folder}: eval.json does not describe the episodes.jsonl beside it (eval.json: "
+                            f"{counted(report.get('episodes'), 'episode')}, sha256 {report[EPISODES_SHA256][:12]}; "
+                            f"episodes.jsonl: {counted(n, 'line')}, sha256 {digest[:12]}): one was replaced or edited "
+                            "after the evaluation; rerun it")
+    return report
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:

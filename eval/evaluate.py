@@ -23,9 +23,9 @@ from agentq.agent.trajectory import Trajectory
 from agentq.config import ConfigError, differing_settings, in_sections, make_setting_dir
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
-from agentq.utils.logging import console, jsonable, progress
+from agentq.utils.logging import console, progress
 
-from .episodes import eval_record, write_trajectories
+from .episodes import EPISODES_SHA256, write_eval_pair
 from .metrics import summarize
 from .selection import TaskSelection, select_tasks
 
@@ -91,9 +91,10 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
 
     Returns:
         The report: header, env, split, numerics, `sampling` (`sampling_record`), `task_selection` and
-        `metrics.summarize`'s keys (an episode that errored counts as lost, in its task type's row too);
-        in memory also `out_dir` (the paired tests read every episode from its episodes.jsonl),
-        which eval.json leaves out.
+        `metrics.summarize`'s keys (an episode that errored counts as lost, in its task type's row too)
+        and `episodes_sha256` (of its episodes.jsonl: `episodes.read_eval` checks the pair); in memory
+        also `out_dir` (the paired tests read every episode from its episodes.jsonl), which eval.json
+        leaves out.
     """
     tasks = repeat_tasks(selection.tasks, repeats)
     sampling = build.sampling_params(cfg, chat, cfg.eval.temperature)
@@ -361,12 +362,10 @@ def folder_name(env_name: str) -> str:
 
 
 def write_eval(out: Path, report: dict, trajs: list[Trajectory]) -> None:
-    """`out/eval.json` (the report) and `out/episodes.jsonl` (one `eval_record` per episode); then
-    adds `out_dir` and `first_error` (the first errored episode's error, or None) to the
-    report in memory."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(jsonable(report), indent=2))
-    write_trajectories(out / "episodes.jsonl", trajs, eval_record)
+    """`out/eval.json` (the report) and `out/episodes.jsonl` (one `eval_record` per episode), as a pair
+    (`write_eval_pair`: eval.json records the episodes' sha256); then adds `episodes_sha256`, `out_dir`
+    and `first_error` (the first errored episode's error, or None) to the report in memory."""
+    report[EPISODES_SHA256] = write_eval_pair(out, report, trajs)
     report["out_dir"] = str(out)
     report["first_error"] = next((t.error for t in trajs if t.end_reason == "error"), None)
 

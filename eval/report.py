@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentq.config import env_label
-from agentq.utils.logging import counted, read_metrics
+from agentq.utils.logging import console, counted, read_metrics
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+from .episodes import EvalPairError, read_eval
 from .metrics import NO_PAIRS, paired_test_name
 from .segments import read_segments, segment_steps
 
@@ -147,10 +148,11 @@ def curves_section(rows: list[dict], cfg: dict, summary: dict | None = None) -> 
 
 
 def eval_section(run_dir: Path) -> str:
-    reports = [json.loads(p.read_text()) for p in sorted((run_dir / "eval").glob("step_*/eval.json"))]
+    reports, refused = read_evals(run_dir)
     out = ["<h2 id='evals'>Held-out evaluations</h2>"]
+    out += [f"<p class=meta>left out: {html.escape(e)}</p>" for e in refused]
     if not reports:
-        return out[0] + "<p>No evaluations in this run.</p>"
+        return "\n".join(out + ["<p>No evaluations in this run.</p>"])
     out.append("<table id='eval-table'><tr><th>step</th><th class=l>split</th><th>episodes</th><th>success</th>"
                "<th>95 % CI</th><th>score</th><th>turns (won)</th><th>step cap</th><th class=l>tasks</th></tr>")
     for r in reports:
@@ -171,6 +173,20 @@ def eval_section(run_dir: Path) -> str:
                        f"<td>{_fmt(v['success_rate'])}</td><td>{_fmt(v.get('score_mean'))}</td></tr>")
         out.append("</table>")
     return "\n".join(out)
+
+
+def read_evals(run_dir: Path) -> tuple[list[dict], list[str]]:
+    """(the run's evaluations, eval/step_*/eval.json in step order; the one-line error of each whose
+    eval.json does not match its episodes.jsonl, `read_eval`), each error also printed: one such
+    folder leaves its row out rather than the whole report."""
+    reports, refused = [], []
+    for p in sorted((run_dir / "eval").glob("step_*/eval.json")):
+        try:
+            reports.append(read_eval(p.parent))
+        except EvalPairError as e:
+            refused.append(str(e))
+            console.print(f"warning: {e}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+    return reports, refused
 
 
 def table_steps(rows: list[dict], seg_steps: list[int], k: int) -> list[int]:

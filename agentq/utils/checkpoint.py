@@ -1,5 +1,7 @@
 """Atomic checkpoints: written into a temporary sibling folder, then renamed into place, so a
-crash mid-save never leaves a half-written checkpoint under the final name.
+crash mid-save never leaves a half-written checkpoint under the final name. Files of one folder that
+belong together (an evaluation's eval.json and episodes.jsonl) are renamed in together the same way
+(`replace_files_together`).
 
 The trainer state (what `trainer.resume` needs besides the weights) is stored without pickled
 objects, so resuming from a folder never runs code from it: tensors and tensor containers
@@ -108,17 +110,45 @@ def _sync_tree(folder: Path) -> None:
     files empty)."""
     for f in sorted(folder.rglob("*"), reverse=True):       # a folder after what it holds
         if f.is_file() or f.is_dir():
-            _fsync_path(f)
-    _fsync_path(folder)
+            fsync_path(f)
+    fsync_path(folder)
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     """fsync a file or folder (its entries) by path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_files_together(staged: list[tuple[Path, Path]]) -> None:
+    """Rename each complete (tmp, path) of one folder onto its path as one change, as far as renames
+    allow: synced first, the existing files set aside as `.<name>.old` in order, the new ones renamed
+    in in reverse order, the asides removed. The first path is the one readers look for: it leaves
+    first and comes back last, so wherever a reader finds it, the files beside it are its own (between
+    the renames it is missing). An exception on the way (an OSError, Ctrl-C) undoes every rename
+    made, leaving the old files; a kill there leaves them as `.<name>.old`.
+
+    Raises:
+        whatever a rename raised, after the renames before it were undone.
+    """
+    for tmp, _ in staged:
+        fsync_path(tmp)
+    asides = [(path, path.with_name(f".{path.name}.old")) for _, path in staged if path.exists()]
+    done: list[tuple[Path, Path]] = []
+    try:
+        for src, dst in asides + staged[::-1]:
+            os.replace(src, dst)
+            done.append((src, dst))
+    except BaseException:
+        for src, dst in reversed(done):
+            os.replace(dst, src)
+        raise
+    for _, old in asides:
+        old.unlink()
+    fsync_path(staged[0][1].parent)
 
 
 def _commit(tmp: Path, path: Path) -> None:
@@ -135,7 +165,7 @@ def _commit(tmp: Path, path: Path) -> None:
         shutil.rmtree(old)
     else:
         os.replace(tmp, path)
-    _fsync_path(path.parent)
+    fsync_path(path.parent)
 
 
 def restore_interrupted_commits(folder: str | os.PathLike) -> list[Path]:

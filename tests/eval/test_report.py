@@ -275,3 +275,31 @@ def test_the_title_names_the_env_configs_tasks_and_headings_count_in_the_singula
     page = write_report(run).read_text()
     assert "<h1 id='title'>agentq run run: textworld_express[mapreader] · interq · 1 step</h1>" in page
     assert "<h3 id='step-1'>Step 1 (1 trajectory)</h3>" in page and " · 1 turn</summary>" in page
+
+
+def test_an_evaluation_whose_eval_json_does_not_match_its_episodes_is_left_out_by_name(tmp_path, capsys):
+    """eval.json records its episodes' sha256; the report read eval.json alone, so a summary beside
+    other episodes (replaced, edited) went into the table. That evaluation's row is left out, with the
+    one-line reason in the page and on stderr; the others are reported."""
+    import json
+    from hashlib import sha256
+
+    from agentq.agent.trajectory import Trajectory
+    from agentq.eval.evaluate import write_eval
+    from agentq.eval.metrics import summarize
+    from agentq.eval.report import write_report
+
+    run = _run(tmp_path / "run", [{"step": 1, "reward_mean": 0.5, "success_rate": 0.5}])
+    for step, won in ((1, 1), (2, 2)):
+        trajs = [Trajectory(episode_id=i, task_id=f"t{i}", split="dev", turns=1, won=i < won) for i in range(2)]
+        write_eval(run / "eval" / f"step_{step:06d}", {"step": step, "split": "dev", **summarize(trajs)}, trajs)
+    episodes = run / "eval" / "step_000002" / "episodes.jsonl"
+    episodes.write_text(episodes.read_text().splitlines()[0] + "\n")          # one episode of two
+    page = write_report(run).read_text()
+    sha = json.loads((episodes.parent / "eval.json").read_text())["episodes_sha256"][:12]
+    error = (f"{episodes.parent}: eval.json does not describe the episodes.jsonl beside it (eval.json: 2 episodes, "
+             f"sha256 {sha}; episodes.jsonl: 1 line, sha256 {sha256(episodes.read_bytes()).hexdigest()[:12]}): one "
+             "was replaced or edited after the evaluation; rerun it")
+    assert f"<p class=meta>left out: {error}</p>" in page
+    assert re.findall(r"<tr><td>(\d+)</td><td class=l>dev</td>", page) == ["1"]
+    assert f"warning: {error}" in " ".join(capsys.readouterr().err.split())
