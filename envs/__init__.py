@@ -26,8 +26,10 @@ Environments outside agentq: docs/adding-an-environment.md.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import re
+import sys
 
 import gymnasium as gym
 
@@ -52,10 +54,27 @@ PLUGIN_GROUP = "agentq.envs"
 
 
 def plugins() -> dict[str, str]:
-    """Environment plugins of the installed packages (entry points of group `agentq.envs`)."""
+    """Environment plugins of the installed packages (entry points of group `agentq.envs`).
+
+    Scanned once per `sys.path` (a scan reads every installed package's metadata, ~4 ms, and
+    `env_id` asks on every lookup, built-in names too): a folder added to the path later is scanned
+    then; a package installed into a folder already scanned needs `refresh_plugins()`."""
+    return dict(_scan_plugins(tuple(sys.path)))
+
+
+@functools.lru_cache(maxsize=8)
+def _scan_plugins(path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(name, "module:Class") of each plugin; `path` (sys.path's) only keys the cache."""
     from importlib.metadata import entry_points
 
-    return {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP)}
+    return tuple((ep.name, ep.value) for ep in entry_points(group=PLUGIN_GROUP))
+
+
+def refresh_plugins() -> None:
+    """Forget the plugin scans and which hidden plugins were warned of (after installing a package
+    in this process, e.g. a test's)."""
+    _scan_plugins.cache_clear()
+    _warn_hidden_plugin.cache_clear()
 
 
 #: the hooks a concrete TextEnv implements (TextEnv's own raise NotImplementedError)
@@ -117,9 +136,11 @@ def env_id(name_or_id: str) -> str:
         f"'module:[namespace/]Id-vN', a registered Gymnasium id")
 
 
+@functools.cache
 def _warn_hidden_plugin(name: str, gym_id: str, entry: str) -> None:
     """A plugin whose name a built-in (or registered id) takes first would be ignored silently: an
-    `env.name=alfworld` run would train on agentq's ALFWorld while the user meant the plugin's."""
+    `env.name=alfworld` run would train on agentq's ALFWorld while the user meant the plugin's.
+    Once per process for each (cached): a config load resolves the name several times."""
     import warnings
 
     where = "agentq's built-in environment" if name in REGISTRY else "the registered Gymnasium id"
@@ -255,4 +276,4 @@ def make(name_or_id: str, **kwargs) -> gym.Env:
 
 __all__ = ["EnvClosedError", "EnvCrashedError", "EpisodeOverError", "INFO_KEYS", "PLUGIN_GROUP", "REGISTRY", "TaskStep",
            "TextEnv", "TextSpace", "UnknownTaskError", "action_problem", "constructor_defaults", "env_class", "env_id",
-           "kwargs_problem", "make", "plugins"]
+           "kwargs_problem", "make", "plugins", "refresh_plugins"]

@@ -144,10 +144,11 @@ def test_a_plugin_named_like_a_built_in_is_not_hidden_silently(tmp_path, monkeyp
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shadow-env\nVersion: 0.1.0\n")
     (info / "entry_points.txt").write_text("[agentq.envs]\nalfworld = shadow_env:ShadowEnv\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    envs.refresh_plugins()                        # a rerun in this process warns again
     assert envs.plugins()["alfworld"] == "shadow_env:ShadowEnv"
     with pytest.warns(UserWarning) as caught:
-        assert envs.env_id("alfworld") == "agentq/ALFWorld-v0"
-    assert [str(w.message) for w in caught] == [
+        assert [envs.env_id("alfworld") for _ in range(3)] == ["agentq/ALFWorld-v0"] * 3    # a config load: several
+    assert [str(w.message) for w in caught] == [                                       # once
         "environment 'alfworld' is agentq's built-in environment agentq/ALFWorld-v0; the installed plugin of that "
         "name (shadow_env:ShadowEnv, entry point of group 'agentq.envs') is not used: set "
         "env.name=shadow_env:ShadowEnv to use the plugin"]
@@ -155,6 +156,31 @@ def test_a_plugin_named_like_a_built_in_is_not_hidden_silently(tmp_path, monkeyp
         warnings.simplefilter("error")                               # no plugin of these names: no warning
         assert envs.env_id("webshop") == "agentq/WebShop-v0"
         assert envs.env_id("shadow_env:ShadowEnv") == "ext/shadow_env.ShadowEnv"     # the named form picks it
+
+
+def test_the_plugin_scan_is_read_once_per_path(tmp_path, monkeypatch):
+    """`env_id` read every installed package's entry points (~4 ms) on each lookup, a built-in name's
+    too. One scan per sys.path now: a folder put on the path (a test's plugin) is scanned then, and
+    `refresh_plugins` rescans one installed into a folder already scanned."""
+    import importlib.metadata
+
+    import agentq.envs as envs
+
+    scans = []
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: scans.append(kw) or real(**kw))
+    envs.refresh_plugins()
+    assert [envs.env_id("textworld_express") for _ in range(50)] == ["agentq/TextWorldExpress-v0"] * 50
+    assert scans == [{"group": "agentq.envs"}] and "late" not in envs.plugins()
+    monkeypatch.syspath_prepend(str(tmp_path))                   # a new folder on the path: scanned once
+    assert "late" not in envs.plugins() and envs.env_id("alfworld") == "agentq/ALFWorld-v0" and len(scans) == 2
+    info = tmp_path / "late_env-0.1.0.dist-info"                  # installed into that folder afterwards
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: late-env\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[agentq.envs]\nlate = late_env:LateEnv\n")
+    assert "late" not in envs.plugins() and len(scans) == 2       # the cached scan
+    envs.refresh_plugins()
+    assert envs.plugins()["late"] == "late_env:LateEnv" and len(scans) == 3
 
 
 def test_plugin_trains_two_steps_and_evaluates_from_the_cli(site, tmp_path):
