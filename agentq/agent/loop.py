@@ -59,27 +59,41 @@ class PromptConfig:
         was a KeyError traceback mid-run. next_turn is checked too: after an unparsable first reply it
         is rendered with the reset's info. The actions template is filled with {actions} alone.
 
+        Checked once per distinct set of info keys (`_check_template_keys` is cached): every reset
+        called it, building the fields `render` builds again right after.
+
         Raises:
             ConfigError: naming the template (env.prompt.<name>), the missing key and the keys available.
         """
-        from agentq.config import ConfigError
+        _check_template_keys(self, frozenset(k for k, v in info.items() if isinstance(v, _FIELD_TYPES)))
 
-        available = sorted({*_info_fields(info), "task", "obs", "actions"})
-        for name, template in (("first_turn", self.first_turn), ("next_turn", self.next_turn)):
-            missing = [k for k in template_keys(template) if k not in available]
-            if missing:
-                raise ConfigError(f"env.prompt.{name}={template!r} names {{{missing[0]}}}, which the environment's "
-                                  f"info at reset does not have; available: {available}")
-        missing = [k for k in template_keys(self.actions) if k != "actions"]
+
+#: the types of the `info` entries a turn template may name
+_FIELD_TYPES = (str, int, float, list, tuple)
+
+
+@functools.lru_cache(maxsize=256)
+def _check_template_keys(prompt: PromptConfig, info_keys: frozenset[str]) -> None:
+    """`PromptConfig.check_fields` for the info keys a template may name; an error is not cached, so
+    every reset with those keys raises it."""
+    from agentq.config import ConfigError
+
+    available = sorted({*info_keys, "task", "obs", "actions"})
+    for name, template in (("first_turn", prompt.first_turn), ("next_turn", prompt.next_turn)):
+        missing = [k for k in template_keys(template) if k not in available]
         if missing:
-            raise ConfigError(f"env.prompt.actions={self.actions!r} names {{{missing[0]}}}; it is filled in with "
-                              "{actions} alone (the admissible actions)")
+            raise ConfigError(f"env.prompt.{name}={template!r} names {{{missing[0]}}}, which the environment's "
+                              f"info at reset does not have; available: {available}")
+    missing = [k for k in template_keys(prompt.actions) if k != "actions"]
+    if missing:
+        raise ConfigError(f"env.prompt.actions={prompt.actions!r} names {{{missing[0]}}}; it is filled in with "
+                          "{actions} alone (the admissible actions)")
 
 
 def _info_fields(info: dict | None) -> dict:
     """The entries of an env's `info` a turn template may name: scalars, and lists comma-joined."""
     return {k: ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v
-            for k, v in (info or {}).items() if isinstance(v, (str, int, float, list, tuple))}
+            for k, v in (info or {}).items() if isinstance(v, _FIELD_TYPES)}
 
 
 @functools.lru_cache(maxsize=64)

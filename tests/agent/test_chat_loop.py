@@ -279,3 +279,70 @@ def test_the_built_in_templates_name_only_keys_of_the_reset_info(conf):
     build.prompt_config(cfg).check_fields(info)
     assert {"task", "admissible_actions"} <= set(info)
     env.close()
+
+
+OBJECTS_ON_TASK_A = """
+from agentq.envs import TaskStep, TextEnv
+
+
+class ObjectsOnA(TextEnv):
+    def _tasks(self, split):
+        return ["a", "b"]
+
+    def _reset_task(self, task_id, split):
+        return "goal", TaskStep(obs="start", extra={"objects": ["cup", "key"]} if task_id == "a" else {})
+
+    def _step_task(self, action):
+        return TaskStep(obs="end", done=True)
+"""
+
+
+def _objects_pool(tmp_path, monkeypatch, n: int):
+    (tmp_path / "objects_env.py").write_text(OBJECTS_ON_TASK_A)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return InlinePool(EnvSpec("objects_env:ObjectsOnA", {"split": "train", "max_steps": 2}), n)
+
+
+def test_a_reset_builds_the_template_fields_once(tokenizer, tmp_path, monkeypatch):
+    """check_fields built every reset's info fields (lists joined) and render built them again right
+    after; the check now runs once per distinct set of info keys, and only render builds them."""
+    import agentq.agent.loop as loop_mod
+
+    built, renders = [], []
+    real_fields, real_render = loop_mod._info_fields, PromptConfig.render
+    monkeypatch.setattr(loop_mod, "_info_fields", lambda info: built.append(1) or real_fields(info))
+    monkeypatch.setattr(PromptConfig, "render", lambda self, *a, **k: renders.append(a[0]) or real_render(self, *a, **k))
+    loop_mod._check_template_keys.cache_clear()
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    pool = _objects_pool(tmp_path, monkeypatch, 2)
+    prompt = PromptConfig(system="S", first_turn="{task}: {obs} ({objects})")
+    loop = AgentLoop(pool, chat, prompt, ActionParser(), SamplingParams(max_new_tokens=16), max_turns=1,
+                     max_context_tokens=2048)
+    trajs = loop.run([EpisodeSpec(i, "a", "train") for i in range(4)], ScriptedPolicy(chat, ["<action>go</action>"]))
+    assert [t.transcript[0]["user"] for t in trajs] == ["goal: start (cup, key)"] * 4
+    assert renders == [prompt.first_turn] * 4 and len(built) == 4            # one build per render, none more
+    info = loop_mod._check_template_keys.cache_info()
+    assert (info.misses, info.hits) == (1, 3)                                # one key set: checked once
+    pool.close()
+
+
+def test_the_template_check_runs_again_for_other_info_keys(tokenizer, tmp_path, monkeypatch):
+    """Cached per key set, not per prompt: a later reset whose info lacks a key the template names
+    (task "b" has no objects) is still refused in one line at that reset, before its first turn."""
+    from agentq.config import ConfigError
+
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    pool = _objects_pool(tmp_path, monkeypatch, 1)
+    prompt = PromptConfig(system="S", first_turn="{obs} ({objects})")
+    loop = AgentLoop(pool, chat, prompt, ActionParser(), SamplingParams(max_new_tokens=16), max_turns=1,
+                     max_context_tokens=2048)
+    policy = ScriptedPolicy(chat, ["<action>go</action>"])
+    with pytest.raises(ConfigError) as e:
+        loop.run([EpisodeSpec(0, "a", "train"), EpisodeSpec(1, "b", "train")], policy)
+    assert str(e.value) == ("env.prompt.first_turn='{obs} ({objects})' names {objects}, which the environment's info "
+                            "at reset does not have; available: ['actions', 'obs', 'score', 'split', 'steps', 'task', "
+                            "'task_id', 'won']")
+    assert policy.i == {0: 1}                                                # episode 1 never got a turn
+    with pytest.raises(ConfigError, match="names {objects}"):               # the error is not cached away
+        prompt.check_fields({"task": "goal"})
+    pool.close()
