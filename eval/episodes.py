@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentq.agent.trajectory import Trajectory
-from agentq.utils.checkpoint import replace_files_together
+from agentq.utils.checkpoint import CheckpointError, replace_files_together
 from agentq.utils.jsonl import read_jsonl
 from agentq.utils.logging import counted, jsonable
 
@@ -68,8 +68,9 @@ def _write_records(path: Path, trajs: list[Trajectory], record: Callable[[Trajec
 EVAL_JSON, EPISODES_JSONL, EPISODES_SHA256 = "eval.json", "episodes.jsonl", "episodes_sha256"
 
 
-class EvalPairError(ValueError):
-    """An evaluation folder whose eval.json does not describe the episodes.jsonl beside it."""
+class EvalPairError(CheckpointError):
+    """An evaluation folder whose eval.json does not describe the episodes.jsonl beside it (a run
+    folder's file that is not what was written: the CLI prints it in one line, as a bad checkpoint)."""
 
 
 def write_eval_pair(out: Path, report: dict, trajs: list[Trajectory]) -> str:

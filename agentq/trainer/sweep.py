@@ -317,11 +317,11 @@ def _pool(stats: list[dict]) -> dict:
 
 def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -> dict:
     """Everything table.md shows, from the run folders (arms with no finished seed are left out)."""
-    from agentq.eval.episodes import read_trajectories
+    from agentq.eval.episodes import read_eval, read_trajectories
     from agentq.eval.metrics import aulc, outcomes_by_task, paired_comparison, success_interval
     from agentq.utils.logging import read_metrics
 
-    sft = json.loads((out / "eval_sft" / "eval.json").read_text())
+    sft = read_eval(out / "eval_sft")
     rows, won = {}, {}
     for arm in arms:
         runs = [(s, out / "arms" / arm / f"seed_{s}") for s in seeds]
@@ -330,7 +330,7 @@ def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -
             continue
         # the final evaluation (relative to the run folder: a sweep folder may be moved and resumed)
         results = [(s, d / "eval" / f"step_{json.loads((d / RESULT).read_text())['steps']:06d}") for s, d in done]
-        finals = [json.loads((e / "eval.json").read_text()) for _, e in results]
+        finals = [read_eval(e) for _, e in results]          # checked against the episodes read below
         k = sum(round(f["success_rate"] * f["episodes"]) for f in finals)
         n = sum(int(f["episodes"]) for f in finals)
         # every seed plays the same held-out tasks: their episodes of one task are not independent

@@ -110,6 +110,9 @@ def test_read_eval_refuses_an_eval_json_that_does_not_describe_its_episodes(tmp_
     """Episodes of another evaluation beside eval.json, or an edited line: one line naming the folder,
     both counts and both hashes. An eval.json from before the sha256 was recorded, or one whose
     episodes.jsonl was deleted, is read unchecked."""
+    from agentq.utils.checkpoint import CheckpointError
+
+    assert issubclass(EvalPairError, CheckpointError)      # a run folder's bad file: one line from the CLI
     report, trajs = _evaluation(4, 1)
     write_eval(tmp_path / "a", report, trajs)
     write_eval(tmp_path / "b", *_evaluation(3, 3))
