@@ -350,11 +350,16 @@ def model_config(path: str | Path) -> dict[str, Any]:
 
 
 def check_architecture(cfg: DictConfig, path: str, key: str = "checkpoint") -> None:
-    """Refuse, as one line naming `key`=`path`, a checkpoint the torch rollout engine cannot run (a
-    model_type other than Llama / Qwen2 / Qwen3, a non-SiLU MLP), before anything is built: such a
-    folder (e.g. GPT-2's) ended a run with a traceback from the aligned learner or the engine.
-    With rollout.backend=vllm nothing is refused here: vLLM runs more architectures, and the aligned
-    learner refuses, by name, a model whose linears it cannot classify (`QuantSpec.check_linears`)."""
+    """Refuse, as one line naming `key`=`path` and its model_type, a checkpoint the run cannot serve,
+    before anything is built: such a folder (e.g. GPT-2's) ended a run with a traceback from the
+    aligned learner or the engine, with either backend.
+
+    * rollout.backend=torch: a model_type other than Llama / Qwen2 / Qwen3, a non-SiLU MLP;
+    * rollout.backend=vllm: a linear layer the aligned learner or the vLLM checkpoint export cannot
+      place under the run's QuantSpecs (`check_vllm_architecture`; vLLM runs more architectures)."""
+    if cfg.rollout.backend == "vllm":
+        check_vllm_architecture(path, *quant_specs(cfg), key=key)
+        return
     if cfg.rollout.backend != "torch":
         return
     from agentq.rollout.torch_engine.model import SUPPORTED
@@ -371,6 +376,49 @@ def check_architecture(cfg: DictConfig, path: str, key: str = "checkpoint") -> N
     if act != "silu":
         raise ConfigError(f"{key}={path!r} has hidden_act={act!r} in its config.json; the torch rollout engine "
                           "runs SiLU MLPs only (as Llama / Qwen2 / Qwen3 checkpoints have)")
+
+
+def check_vllm_architecture(path: str, rollout: QuantSpec, learner: QuantSpec, key: str = "checkpoint") -> None:
+    """Refuse, as one line naming `key`=`path`, its model_type and what agentq runs on vLLM, a model
+    with a linear layer that the vLLM checkpoint export (`rollout`) or the aligned learner (`learner`)
+    cannot place: their own audits (`QuantSpec.check_linears`) on the model built from config.json
+    on the meta device (no weights read). Without it, `agentq train rollout.backend=vllm` at a GPT-2
+    folder ended in the learner's ValueError traceback, before the export's one-line refusal."""
+    from agentq.rollout.torch_engine.model import SUPPORTED
+
+    found = model_config(path)
+    said = f"{key}={path!r} is a model_type={found.get('model_type')!r} checkpoint (architectures " \
+           f"{found.get('architectures')})"
+    try:
+        exported, learner_linears = model_linears(path)
+    except (ValueError, KeyError) as e:       # transformers knows no such model_type, or no causal LM of it
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(f"{said}, which transformers (the aligned learner's loader) cannot build as a causal "
+                          f"LM: {first}") from None
+    for spec, names in ((rollout, exported), (learner, learner_linears)):
+        try:
+            spec.check_linears(names)
+        except ValueError:
+            leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+            raise ConfigError(f"{said} whose weight matrices are {leaves}; with rollout.backend=vllm, agentq runs "
+                              "models whose weight matrices all carry the names its QuantSpecs place ("
+                              f"{[*spec.quantized_modules, *spec.ignored_modules]}: Llama's, as model_type "
+                              f"{sorted(SUPPORTED)} have): pick such a checkpoint (docs/vllm.md)") from None
+
+
+def model_linears(path: str) -> tuple[list[str], list[str]]:
+    """(the modules the vLLM checkpoint export places as linears, the nn.Linear modules the aligned
+    learner places) of the model in `path`, built from its config.json on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentq.learner.qat import linear_names
+    from agentq.rollout.vllm_backend import exported_linears
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    tied = bool(getattr(config, "tie_word_embeddings", False))        # as `VLLMBackend` reads it
+    return exported_linears(((n, p.dim()) for n, p in model.named_parameters()), tied), linear_names(model)
 
 
 def warn_past_positions(cfg: DictConfig, path: str) -> None:
@@ -479,6 +527,7 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
         raise ConfigError(f"rollout.backend={backend!r}; valid: {list(ROLLOUT_BACKENDS)}")
     spec, _ = quant_specs(cfg)
     slots = int(max_slots or cfg.rollout.max_slots)
+    check_architecture(cfg, path)           # `agentq eval checkpoint=...` meets no earlier check
     if backend == "vllm":
         from agentq.rollout.vllm_backend import VLLMBackend
 
@@ -488,7 +537,6 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
                                            gpu_memory_utilization=float(v.gpu_memory_utilization))
     from agentq.rollout.torch_engine.engine import TorchEngine
 
-    check_architecture(cfg, path)
     warn_past_positions(cfg, path)
     return TorchEngine.from_pretrained(path, spec, max_slots=slots, tokenizer=tokenizer,
                                        **torch_engine_kwargs(cfg, device, dtype))

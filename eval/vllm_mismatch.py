@@ -9,8 +9,9 @@ turn s: K3 = mean (e^δ − 1 − δ) and max |δ| over the turn's action tokens
     python -m agentq.eval.vllm_mismatch                # none, w8a8; the tiny model the default config builds
 
 One JSON row per preset on stdout (vLLM's log goes to stderr). Every preset is checked against this
-platform before the first engine starts (w8a8_fp8kv needs AVX-512 or AMX on CPU): a preset vLLM
-cannot run here is one line on stderr, exit status 2.
+platform (w8a8_fp8kv needs AVX-512 or AMX on CPU), and the model against every preset (a weight the
+learner or the export cannot place, e.g. GPT-2's), before the first engine starts: a preset vLLM
+cannot run here, or such a model, is one line on stderr, exit status 2.
 """
 from __future__ import annotations
 
@@ -94,6 +95,7 @@ def check_presets(presets: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from agentq import build
     from agentq.config import ConfigError
     from agentq.kernels.quant_spec import PRESETS
     from agentq.utils.checkpoint import CheckpointError
@@ -109,9 +111,10 @@ def main(argv: list[str] | None = None) -> None:
         model = args.model
         if model is None:
             from agentq.config import load_config
-            from agentq import build
 
             model = build.model_path(load_config([]))
+        for preset in args.presets:     # a model the learner or the export cannot place: before any engine
+            build.check_vllm_architecture(model, QuantSpec.preset(preset), QuantSpec.preset(preset), key="--model")
         for preset in args.presets:
             r = measure(model, preset, args.episodes, args.turns)
             print(json.dumps(r), flush=True)

