@@ -277,13 +277,15 @@ class WorkerPool:
     restarts, so no answer is left behind for a later call; a call interrupted before its answers were
     read (KeyboardInterrupt, ...) restarts those workers at the next call for the same reason. A dead or
     hung worker is killed and started again (`SiblingSlots` for its other slots). A worker that cannot
-    be started again is down: its slots answer with errors and it is tried again at its next call;
-    after `max_start_failures` failed starts in a row the call raises (no endless restart loop).
-    Subclasses provide `_launch`, `_await`, `_kill`, `_submit`, `_answer` and `close`.
+    be started again is down: its slots answer with errors and it is tried again at its next call.
+    No endless restart loop: after `max_failures_in_a_row` failed starts of one worker in a row, or as
+    many calls in a row that it died or hung in without completing one (it starts, then dies at every
+    call), the call raises, once its results are in and the worker restarted; a completed call starts
+    that count again. Subclasses provide `_launch`, `_await`, `_kill`, `_submit`, `_answer` and `close`.
     """
 
     kind = "env worker"             # how errors name a worker ("env worker 1")
-    max_start_failures = 3
+    max_failures_in_a_row = 3       # failed starts, or calls died / hung in, of one worker that end the run
 
     def _setup(self, spec: EnvSpec, num_envs: int, num_workers: int, call_timeout_s: float,
                start_timeout_s: float) -> None:
@@ -300,6 +302,7 @@ class WorkerPool:
         self.restarts = 0
         self._failed_starts: dict[int, int] = {}     # worker → failed starts in a row
         self._down: dict[int, str] = {}              # worker → why its last start failed
+        self._failed_calls: dict[int, tuple[int, str]] = {}   # worker → (calls died / hung in a row, the last why)
         self._pending: set[int] = set()              # workers sent a command whose answer was not read
 
     # ------------------------------------------------------------------ one worker (subclasses)
@@ -318,8 +321,9 @@ class WorkerPool:
         """Send `w` a command: a handle for `_answer`, or None when it cannot be sent (dead)."""
         raise NotImplementedError
 
-    def _answer(self, w: int, handle: Any, timeout: float) -> tuple[bytes | None, str]:
-        """(the packed results, ""), or (None, "hung") after `timeout` s, or (None, "died (...)")."""
+    def _answer(self, w: int, handle: Any, timeout: float, cmd: str) -> tuple[bytes | None, str]:
+        """(the packed results, ""), or (None, "hung") when none came within `timeout` s, or (None, why it
+        failed: "died (...)", ...) for the answer to `cmd`."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -395,22 +399,28 @@ class WorkerPool:
         for w, handle in handles.items():
             n = len(by_worker[w])
             budget = self.call_timeout_s * n       # every worker started at t0: its own budget from then
-            reply, why = self._answer(w, handle, max(0.0, t0 + budget - time.monotonic()))
+            reply, why = self._answer(w, handle, max(0.0, t0 + budget - time.monotonic()), cmd)
             self._pending.discard(w)
             if reply is not None:
                 results.update((r.slot, r) for r in pickle.loads(reply))
-            elif why == "hung":
-                failed[w] = (f"hung: no answer to {cmd} of {n} slot(s) within {budget:g} s "
-                             f"(env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
-            else:
-                failed[w] = why
+                self._failed_calls.pop(w, None)
+                continue
+            if why == "hung":
+                why = (f"hung: no answer to {cmd} of {n} slot(s) within {budget:g} s "
+                       f"(env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
+            failed[w] = why
+            self._failed_calls[w] = (self._failed_calls.get(w, (0, ""))[0] + 1, why)
         return failed
 
     def _give_up_if_down(self) -> None:
         for w, n in self._failed_starts.items():
-            if n >= self.max_start_failures:
+            if n >= self.max_failures_in_a_row:
                 raise RuntimeError(f"{self.kind} {w} ({self.spec.name}) could not be started {n} times in a row; "
                                    f"giving up: {self._down.get(w)}")
+        for w, (n, why) in self._failed_calls.items():
+            if n >= self.max_failures_in_a_row:
+                raise RuntimeError(f"{self.kind} {w} ({self.spec.name}) died or hung in {n} calls in a row without "
+                                   f"completing one (restarted after each); giving up: {why}")
 
     def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
         """See `EnvPool.reset`; a dead or hung worker's slots answer with errors (the worker restarts)."""

@@ -7,9 +7,10 @@ error result, so those episodes are reported, never lost silently. A worker that
 within `call_timeout_s` per env call it was sent (stopped, deadlocked, a hung engine) counts as
 hung and is handled the same way: killed, restarted, its commands answered with errors (a command
 larger than a pipe holds is sent from a thread, so one for a worker that does not read it cannot
-block the trainer before that timeout starts). The restarted worker's other slots had their envs
-rebuilt too: an episode under way on one of them is answered with an error at its next step
-(`SiblingSlots`). The dispatch, restart and give-up rules are `WorkerPool`'s, shared with the Ray pool.
+block the trainer before that timeout starts; an answer must arrive whole within `call_timeout_s` of
+its first bytes, so a worker stopped midway through sending a large one is handled as a crash too,
+`_recv_within`). The restarted worker's other slots had their envs rebuilt too: an episode under way
+on one of them is answered with an error at its next step (`SiblingSlots`). The dispatch, restart and give-up rules are `WorkerPool`'s, shared with the Ray pool.
 
 A worker never outlives the trainer, even one hung in an env step when the trainer is SIGKILLed
 (`_die_with_parent`): on Linux the kernel kills it (prctl PR_SET_PDEATHSIG), elsewhere, or when the
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import select
+import struct
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -154,10 +157,10 @@ class ProcessPool(WorkerPool):
     def _await(self, w: int, timeout: float) -> str | None:
         p, conn = self._procs[w]
         try:
-            if conn.poll(timeout):
-                status, msg = conn.recv()
-            else:
-                status, msg = "failed", f"no answer within {self.start_timeout_s:g} s (killed)"
+            status, msg = _recv_within(conn, timeout, self.call_timeout_s)
+        except _Unfinished as late:
+            status, msg = "failed", (f"no answer within {self.start_timeout_s:g} s (killed)" if late.size is None
+                                     else f"stopped midway through its start message ({late}); killed")
         except (EOFError, OSError):
             p.join(1)
             status, msg = "failed", f"it exited (exit code {p.exitcode})"
@@ -190,13 +193,16 @@ class ProcessPool(WorkerPool):
             return True
         return True if _send(conn, (cmd, blob)) else None
 
-    def _answer(self, w: int, handle: Any, timeout: float) -> tuple[bytes | None, str]:
+    def _answer(self, w: int, handle: Any, timeout: float, cmd: str) -> tuple[bytes | None, str]:
         p, conn = self._procs[w]
         if handle is not None:
             try:
-                if not conn.poll(timeout):
+                return _recv_within(conn, timeout, self.call_timeout_s)[1], ""
+            except _Unfinished as late:
+                if late.size is None:
                     return None, "hung"
-                return conn.recv()[1], ""
+                return None, (f"stopped midway through its answer to {cmd}: {late}, the rest not within "
+                              f"{self.call_timeout_s:g} s (env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
             except (EOFError, OSError):
                 pass
         p.join(1)
@@ -250,8 +256,52 @@ def _send(conn: Connection, message: tuple) -> bool:
 def _await_closed(conn: Connection, deadline: float) -> None:
     """Read a closing worker's messages (an interrupted call's answer may come first) until "closed"."""
     try:
-        while conn.poll(max(0.0, deadline - time.monotonic())):
-            if conn.recv()[0] == "closed":
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            if _recv_within(conn, left, left)[0] == "closed":
                 return
-    except (EOFError, OSError, ValueError):
+    except (_Unfinished, EOFError, OSError, ValueError):
         pass
+
+
+class _Unfinished(Exception):
+    """A worker's message did not come in time: nothing of it (`size` None), or only `got` of `size` bytes."""
+
+    def __init__(self, got: int = 0, size: int | None = None):
+        super().__init__(f"{got} of {size} bytes came")
+        self.got, self.size = got, size
+
+
+def _recv_within(conn: Connection, wait_s: float, rest_s: float) -> Any:
+    """`conn.recv()` with bounds: the message must start within `wait_s` and be whole within `rest_s` of
+    that. `Connection.recv` waits without bound for the rest of a message once its first bytes came, so a
+    worker stopped midway through sending a large answer blocked the pool for good. This reads the same
+    frame as `Connection.recv_bytes` (a "!i" length, -1 then a "!Q" one for over 2 GiB; CPython's wire
+    format, kept for compatibility) and unpickles it as `recv` does.
+
+    Raises:
+        _Unfinished: nothing, or part of a message, came in time (the worker must then be killed: the
+            connection is midway through a message). EOFError: the worker's end closed (it died).
+    """
+    if not conn.poll(wait_s):
+        raise _Unfinished()
+    deadline = time.monotonic() + rest_s
+    (size,) = struct.unpack("!i", _read_exactly(conn, 4, deadline))
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read_exactly(conn, 8, deadline))
+    return pickle.loads(_read_exactly(conn, size, deadline))
+
+
+def _read_exactly(conn: Connection, n: int, deadline: float) -> bytearray:
+    """`n` bytes from the connection, each read waiting only while `deadline` allows (a read after
+    `poll` says readable returns what is there without blocking)."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
+            raise _Unfinished(got, n)
+        k = os.readv(conn.fileno(), [view[got:]])
+        if k == 0:
+            raise EOFError
+        got += k
+    return buf

@@ -280,7 +280,7 @@ class RayPool(WorkerPool):
         except self._ray.exceptions.RayError:
             return None
 
-    def _answer(self, w: int, handle: Any, timeout: float) -> tuple[bytes | None, str]:
+    def _answer(self, w: int, handle: Any, timeout: float, cmd: str) -> tuple[bytes | None, str]:
         ray = self._ray
         if handle is None:
             return None, "died (no longer reachable)"

@@ -11,13 +11,16 @@ worker loads them, requantizing with fresh scales (`TorchEngine.update_weights`)
 broadcast from the learner's rank 0 to the engines is the GPU path for large models (the hook is
 `DistributedBackend.publish_weights`); it is not implemented (docs/distributed.md).
 
-A worker that dies (or does not answer within `timeout_s`) is restarted with the latest weights,
-and the restart is awaited (one `timeout_s`); the episodes it was serving come back as
-`TurnResult(finish_reason="error")` (also those not in the call that found it dead, at their next
-turn, until released), and the agent loop reports them as errored episodes — as a dead env
+A worker that dies (or does not answer within `timeout_s`) is restarted with the latest weights
+by whichever call finds it so, `prefill_counts` too (a hung worker costs one `timeout_s`, not one
+for each call that waits on it), and the restart is awaited (one `timeout_s`); the episodes it was
+serving come back as `TurnResult(finish_reason="error")` (also those not in the call that found it
+dead, at their next turn, until released), and the agent loop reports them as errored episodes — as a dead env
 worker's are. A worker that cannot be started again is down: the new episodes sent to it come back
-as errors naming its start error, it is tried again at the next `generate` or `update_weights`,
-and after `max_start_failures` failed starts in a row the call raises (no endless restart loop).
+as errors naming its start error, it is tried again at the next `generate` or `update_weights`.
+No endless restart loop: after `max_failures_in_a_row` failed starts of one worker in a row, or as
+many calls in a row that it died or hung in without completing one (it starts, then dies at every
+call), the call raises once its results are in; a completed call starts that count again.
 A sync that raises on any worker leaves the workers on different versions: `generate` and `score`
 refuse until an `update_weights` reaches them all.
 """
@@ -89,7 +92,7 @@ class DistributedBackend(RolloutBackend):
         RuntimeError: a worker failed to start (none is left running).
     """
 
-    max_start_failures = 3      # failed starts in a row of one worker that end the run
+    max_failures_in_a_row = 3   # failed starts, or calls died / hung in, of one worker that end the run
 
     def __init__(self, hf_config: Any, quant: QuantSpec, num_workers: int, max_slots: int, actor_options: list[dict],
                  engine_kw: dict[str, Any], tokenizer: Any = None, timeout_s: float = 600.0, threads: int | None = None):
@@ -115,6 +118,7 @@ class DistributedBackend(RolloutBackend):
         self.restarts = 0
         self._failed_starts: dict[int, int] = {}     # worker → failed starts in a row
         self._down: dict[int, str] = {}              # worker → why its last start failed
+        self._failed_calls: dict[int, tuple[int, str]] = {}   # worker → (calls died / hung in a row, the last why)
         self.workers = [self._start(w) for w in range(num_workers)]
         problems = self._await_started(range(num_workers))
         if problems:
@@ -183,9 +187,13 @@ class DistributedBackend(RolloutBackend):
 
     def _give_up_if_down(self) -> None:
         for w, n in self._failed_starts.items():
-            if n >= self.max_start_failures:
+            if n >= self.max_failures_in_a_row:
                 raise RuntimeError(f"rollout worker {w} could not be started {n} times in a row; giving up: "
                                    f"{self._down.get(w)}")
+        for w, (n, why) in self._failed_calls.items():
+            if n >= self.max_failures_in_a_row:
+                raise RuntimeError(f"rollout worker {w} died or hung in {n} calls in a row without completing one "
+                                   f"(restarted after each); giving up: {why}")
 
     def worker_of(self, episode_id: int, prefer: int | None = None) -> int:
         """The worker serving the episode. A new episode goes to `prefer` while that worker has a
@@ -200,31 +208,47 @@ class DistributedBackend(RolloutBackend):
             self._load[w] += 1
         return w
 
-    def _gather(self, futures: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str]]:
-        """Results by worker, and an error message for each worker that died or timed out (restarted).
-        An error raised inside a worker's call (bad input) is re-raised, after every answer has been
-        collected and the dead workers restarted, so no worker is left dead with its episodes."""
+    def _collect(self, futures: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str], list[BaseException]]:
+        """Every answer, under one `timeout_s` for all: results by worker, worker → why it failed (died,
+        hung) for those to restart, and the errors raised inside calls (the worker answered)."""
         ok, failed, raised = {}, {}, []
         deadline = time.monotonic() + self.timeout_s
         for w, fut in futures.items():
             try:
                 ok[w] = self._ray.get(fut, timeout=max(0.0, deadline - time.monotonic()))
+                self._failed_calls.pop(w, None)
+                continue
             except self._ray.exceptions.RayTaskError as e:      # the call itself raised (bad input)
                 raised.append(e)
+                self._failed_calls.pop(w, None)
+                continue
             except self._ray.exceptions.GetTimeoutError:
-                failed[w] = (f"rollout worker {w} hung: no answer within {self.timeout_s:g} s (placement.timeout_s); "
-                             "killed")
+                why = f"hung: no answer within {self.timeout_s:g} s (placement.timeout_s); killed"
             except self._ray.exceptions.RayError as e:
                 # its process is gone: killed (ActorDiedError), by Ray's memory monitor (OutOfMemoryError, raised
                 # for every later call too), its node lost, ...
-                failed[w] = f"rollout worker {w} died ({_death(self._ray, e)})"
-        problems = self._restart(failed)
-        for w in failed:
-            failed[w] += (f"; could not be restarted ({problems[w]}); tried again at the next call" if w in problems
-                          else "; restarted")
+                why = f"died ({_death(self._ray, e)})"
+            failed[w] = why
+            self._failed_calls[w] = (self._failed_calls.get(w, (0, ""))[0] + 1, why)
+        return ok, failed, raised
+
+    def _replace(self, failed: dict[int, str]) -> dict[int, str]:
+        """Restart each worker of `failed` (worker → why, from `_collect`); returns worker → the error its
+        episodes in the call get."""
+        errors = {w: f"rollout worker {w} {why}" for w, why in failed.items()}
+        problems = self._restart(errors)
+        return {w: err + (f"; could not be restarted ({problems[w]}); tried again at the next call" if w in problems
+                          else "; restarted") for w, err in errors.items()}
+
+    def _gather(self, futures: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str]]:
+        """Results by worker, and an error message for each worker that died or timed out (restarted).
+        An error raised inside a worker's call (bad input) is re-raised, after every answer has been
+        collected and the dead workers restarted, so no worker is left dead with its episodes."""
+        ok, failed, raised = self._collect(futures)
+        errors = self._replace(failed)
         if raised:
             raise raised[0]
-        return ok, failed
+        return ok, errors
 
     # ------------------------------------------------------------------ RolloutBackend
     def generate(self, requests: list[TurnRequest]) -> list[TurnResult]:
@@ -315,16 +339,16 @@ class DistributedBackend(RolloutBackend):
         return self._kv_bytes
 
     def prefill_counts(self) -> dict[str, int]:
-        """The workers' counts summed, asked of all at once under one timeout (a worker that does not
-        answer adds nothing; the next `generate` that needs it restarts it)."""
+        """The workers' counts summed, asked of all at once under one timeout. A worker that does not
+        answer adds nothing and is restarted here (its episodes reported at their next turn): an RL step
+        starts with this call, and a hung worker left as it was cost the step's `generate` a second
+        `timeout_s`. One whose call raised adds nothing either."""
+        ok, failed, _ = self._collect({w: a.prefill_counts.remote() for w, a in enumerate(self.workers)
+                                       if w not in self._down})
+        self._replace(failed)
+        self._give_up_if_down()
         total: dict[str, int] = {}
-        futures = [a.prefill_counts.remote() for w, a in enumerate(self.workers) if w not in self._down]
-        deadline = time.monotonic() + self.timeout_s
-        for fut in futures:
-            try:
-                counts = self._ray.get(fut, timeout=max(0.0, deadline - time.monotonic()))
-            except self._ray.exceptions.RayError:      # dead (also by Ray's memory monitor), hung, ...
-                continue
+        for counts in ok.values():
             for k, v in counts.items():
                 total[k] = total.get(k, 0) + v
         return total

@@ -5,6 +5,8 @@ one in-process engine's turn for turn, weights broadcast through the object stor
 on every worker, and a killed worker is restarted with the latest weights while the episodes it
 served come back as errors, which the agent loop reports as errored episodes."""
 import os
+import signal
+import time
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from agentq.pool import EnvSpec, InlinePool
 from agentq.rollout import SamplingParams, TurnRequest
 from agentq.rollout.distributed import DistributedBackend, EngineWorker
 from agentq.rollout.torch_engine.engine import TorchEngine
+from proc_watch import gone, wait_until
 from ray_faults import OOM, dead_actors_answer_oom, kill
 
 SPEC = QuantSpec.preset("w8a8_kv8")
@@ -274,24 +277,118 @@ def test_a_worker_killed_by_rays_memory_monitor_is_restarted_not_raised(ray_clus
     RayActorError (test_ray_oom_kills.py sees it with the monitor itself, -m slow; here the worker is
     ray.kill-ed and its calls answered so, `dead_actors_answer_oom`). `generate` took it for an error of
     the call (bad input): it reached the trainer, and the worker was never restarted, so every later
-    call raised it again; `prefill_counts`, at every RL step's start, raised it too."""
+    call raised it again; `prefill_counts`, at every RL step's start, raised it too. Found by
+    `prefill_counts` (the step's first call), the worker is restarted there, its episodes reported at
+    their next turn with that cause."""
     dist = distributed(tiny_model_dir, tokenizer)
     try:
         dist.update_weights(weights(tiny_model_dir).items(), version=0)
         ctx = {e: [5 + (e * 7 + j) % 80 for j in range(12 + e)] for e in range(8)}
         dist.generate(turn(range(4), ctx))
         assert [dist.worker_of(e) for e in range(4)] == [0, 1, 0, 1]
-        before = dist.prefill_counts()["prefill_computed_tokens"]
         kill(ray_cluster, dist.workers[1])
         dead_actors_answer_oom(ray_cluster, monkeypatch)
-        assert 0 < dist.prefill_counts()["prefill_computed_tokens"] < before     # worker 0's alone
         res = dist.generate(turn(range(4), ctx))
         assert [r.finish_reason for r in res] == ["length", "error", "length", "error"] and dist.restarts == 1
-        assert res[1].error == res[3].error == (f"rollout worker 1 died (killed by Ray's memory monitor: "
-                                                f"OutOfMemoryError: {OOM.splitlines()[0]}); restarted")
+        oom = f"rollout worker 1 died (killed by Ray's memory monitor: OutOfMemoryError: {OOM.splitlines()[0]})"
+        assert res[1].error == res[3].error == f"{oom}; restarted"
         for e in range(4):
             dist.release(e)
         assert [r.finish_reason for r in dist.generate(turn(range(4, 8), ctx))] == ["length"] * 4
         assert [dist.worker_of(e) for e in range(4, 8)] == [0, 1, 0, 1] and dist.restarts == 1
+        ray_cluster.kill(dist.workers[1])
+        with pytest.raises(ray_cluster.exceptions.OutOfMemoryError):     # once dead: answered as `kill` waits
+            while True:
+                ray_cluster.get(dist.workers[1].__ray_ready__.remote(), timeout=30)
+        alone = ray_cluster.get(dist.workers[0].prefill_counts.remote())
+        assert dist.prefill_counts() == alone and dist.restarts == 2         # worker 0's counts; 1 restarted
+        res = dist.generate(turn(range(4, 8), ctx))
+        assert [r.finish_reason for r in res] == ["length", "error", "length", "error"]
+        assert res[1].error == res[3].error == f"{oom}; the episode's state was lost with it (the worker is replaced)"
+    finally:
+        dist.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_that_dies_at_every_call_ends_the_run_after_three_deaths_in_a_row(ray_cluster, tiny_model_dir,
+                                                                                   tokenizer, tmp_path, monkeypatch):
+    """Worker 1 starts fine but dies in every `generate` while a flag file exists (the workers are built
+    from a class that dies then on an odd episode id, and worker 1 gets those). It was restarted at
+    every call, for good (each of its episodes an error, the run never ending). Now three deaths in a row
+    without a completed call between end the run with one line naming the worker, the count and the last
+    cause; a completed call in between starts the count again, and each death's episodes come back as errors."""
+    flag = str(tmp_path / "die")
+
+    class DiesWhileFlagged(EngineWorker):      # defined here: pickled by value into the actor
+        def generate(self, requests):
+            if os.path.exists(flag) and any(r.episode_id % 2 for r in requests):
+                os._exit(1)
+            return EngineWorker.generate(self, requests)
+
+    monkeypatch.setattr("agentq.rollout.distributed.EngineWorker", DiesWhileFlagged)
+    dist = distributed(tiny_model_dir, tokenizer)
+    try:
+        dist.update_weights(weights(tiny_model_dir).items(), version=0)
+        ctx = {e: [5 + (e * 7 + j) % 80 for j in range(12)] for e in range(12)}
+        eids = iter(range(0, 12, 2))
+
+        def play(dies: bool) -> list:
+            if dies:
+                open(flag, "w").close()
+            elif os.path.exists(flag):
+                os.unlink(flag)
+            e = next(eids)
+            try:
+                return [r.error for r in dist.generate(turn([e, e + 1], ctx))]
+            finally:
+                dist.release(e)
+                dist.release(e + 1)
+
+        assert play(dies=True) == [None, "rollout worker 1 died (ActorDiedError); restarted"]
+        assert play(dies=False) == [None, None]                              # a completed call: count again
+        assert play(dies=True) == play(dies=True) == [None, "rollout worker 1 died (ActorDiedError); restarted"]
+        with pytest.raises(RuntimeError) as error:
+            play(dies=True)
+        assert str(error.value) == ("rollout worker 1 died or hung in 3 calls in a row without completing one "
+                                    "(restarted after each); giving up: died (ActorDiedError)")
+        assert dist.restarts == 4
+    finally:
+        dist.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_worker_costs_one_timeout_at_a_steps_start(ray_cluster, tiny_model_dir, tokenizer, monkeypatch):
+    """An RL step starts with `prefill_counts` and then `generate` (trainer/rl.py). With worker 1 stopped
+    (SIGSTOP), `prefill_counts` waited out `timeout_s` and left it as it was, and `generate` waited out
+    `timeout_s` again before restarting it: two timeouts. Now the first wait that finds it hung restarts
+    it: one timeout in all, its episodes come back as errors naming the hang, the others play on."""
+    dist = distributed(tiny_model_dir, tokenizer)
+    expired = []
+    get = ray_cluster.get
+
+    def counted_get(*args, **kw):
+        try:
+            return get(*args, **kw)
+        except ray_cluster.exceptions.GetTimeoutError:
+            expired.append(kw.get("timeout"))
+            raise
+    try:
+        dist.update_weights(weights(tiny_model_dir).items(), version=0)
+        ctx = {e: [5 + (e * 7 + j) % 80 for j in range(12)] for e in range(4)}
+        dist.generate(turn(range(4), ctx))
+        assert [dist.worker_of(e) for e in range(4)] == [0, 1, 0, 1]
+        pid = ray_cluster.get(dist.workers[1].__ray_call__.remote(lambda self: os.getpid()))
+        os.kill(pid, signal.SIGSTOP)
+        dist.timeout_s = 8.0
+        monkeypatch.setattr(ray_cluster, "get", counted_get)
+        t0 = time.monotonic()
+        dist.prefill_counts()
+        res = dist.generate(turn(range(4), ctx))
+        took = time.monotonic() - t0
+        assert len(expired) == 1 and dist.restarts == 1 and took < 2 * dist.timeout_s
+        assert [r.finish_reason for r in res] == ["length", "error", "length", "error"]
+        assert res[1].error == res[3].error == ("rollout worker 1 hung: no answer within 8 s (placement.timeout_s); "
+                                                "killed; the episode's state was lost with it (the worker is replaced)")
+        assert wait_until(lambda: gone(pid))
     finally:
         dist.close()

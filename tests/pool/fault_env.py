@@ -3,7 +3,10 @@ subprocess workers and Ray actors, which find this folder on sys.path).
 
 Actions: "hang" sleeps for an hour, "slow" for a second, "crash" kills the process, "pid" names it,
 "lock" returns an info the pool cannot send back (a lock), "hog" takes memory (64 MiB every 50 ms, up to
-16 GiB) until something kills the process, anything else echoes. Tasks "hang" and "crash" do the same on reset.
+16 GiB) until something kills the process, "big" answers with a `BIG`-character obs (more than a pipe
+holds), "bigstop" too, but the worker stops itself (SIGSTOP) once it is blocked midway through sending
+that answer (a subprocess worker, whose pool is not reading it yet), anything else echoes. Tasks "hang"
+and "crash" do the same on reset.
 `flag`: a file; while it exists, building the env fails (a worker that cannot come back).
 `fail_once`: a file; the first build that creates it fails (one worker of several cannot start).
 `hang_marks`: a folder; "hang" first writes a file named by the pid there (the test knows it hangs now).
@@ -13,6 +16,7 @@ its stdin pipe from this process closes; "pid" then also names its pid ("... eng
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,6 +24,24 @@ import time
 from pathlib import Path
 
 from agentq.envs.base import TaskStep, TextEnv
+
+BIG = 4 * 2 ** 20      # characters: far more than a socket pair's buffer (~200 kB)
+
+
+def _stop_midway_through_sending() -> None:
+    """SIGSTOP this process once its main thread has been inside multiprocessing's `Connection._send` for a
+    moment: blocked on a full pipe, part of the answer written, the rest never coming."""
+    main = threading.main_thread().ident
+    while True:
+        frame = sys._current_frames().get(main)
+        while frame is not None and not (frame.f_code.co_name == "_send"
+                                         and frame.f_code.co_filename.endswith("connection.py")):
+            frame = frame.f_back
+        if frame is not None:
+            time.sleep(0.2)         # the first write has filled the pipe by now: the worker is blocked
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        time.sleep(0.005)
 
 
 class FaultEnv(TextEnv):
@@ -58,6 +80,11 @@ class FaultEnv(TextEnv):
             for _ in range(256):
                 held.append(b"x" * 2 ** 26)     # written, so resident
                 time.sleep(0.05)
+        if what == "big":
+            return TaskStep(obs="b" * BIG)
+        if what == "bigstop":
+            threading.Thread(target=_stop_midway_through_sending, daemon=True).start()
+            return TaskStep(obs="s" * BIG)
         if what == "lock":
             return TaskStep(obs="locked", extra={"lock": threading.Lock()})
         if what == "pid" and self.engine is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import signal
 import sys
 import threading
@@ -313,5 +314,65 @@ def test_an_actor_killed_by_rays_memory_monitor_is_reported_with_the_nodes_memor
                             f"{OOM.splitlines()[0]}); restarted")
         start(pool, [0])
         assert obs(pool.step([(0, "c"), (1, "d")])) == ["echo c", "echo d"]
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_worker_that_dies_at_every_call_ends_the_run_after_three_deaths_in_a_row(kind, request):
+    """Worker 0 starts fine but dies in every call that reaches it (its env's task "crash"). It was
+    restarted at every call, for good, each episode lost, the run never ending. Now three deaths in a row
+    without a completed call between end the run with one line naming the worker, the count and the last
+    cause; a completed call in between starts the count again, and each death before the third is still
+    answered as an error result (the episode reported)."""
+    pool = make(kind, request, spec())
+    worker = "worker" if kind == "process" else "actor"
+    died = "died (exit code 3)" if kind == "process" else "died (ActorDiedError)"
+
+    def reset(task: str):
+        return pool.reset([(0, {"options": {"task_id": task}}), (1, {"options": {"task_id": "t/1"}})])
+    try:
+        for task in ("crash", "t/0", "crash", "crash"):        # a completed call after the first death
+            r0, r1 = reset(task)
+            assert r1.ok and (r0.ok if task == "t/0" else r0.error == f"env {worker} 0 {died}; restarted")
+        assert pool.restarts == 3
+        with pytest.raises(RuntimeError) as error:
+            reset("crash")
+        assert str(error.value) == (f"env {worker} 0 (fault_env:FaultEnv) died or hung in 3 calls in a row without "
+                                    f"completing one (restarted after each); giving up: {died}")
+        assert pool.restarts == 4
+    finally:
+        pool.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_stops_midway_through_a_large_answer_is_restarted_not_waited_for(request):
+    """Three workers answer one step: worker 0 hangs, worker 1 stops (SIGSTOP) midway through sending a
+    4 MiB answer, worker 2 sends a 4 MiB answer whole, but only as the pool reads it (after worker 0's
+    timeout). The pool read the rest of worker 1's message without a timeout: blocked for good (here until
+    the test kills worker 1 after 30 s). Now the rest of a message must come within call_timeout_s of its
+    start: worker 1 is treated as crashed (killed, restarted, its episode an error), worker 2's answer is
+    kept, and the call returns within its timeouts."""
+    from fault_env import BIG
+
+    pool = make_pool("process", spec(), 3, num_workers=3, call_timeout_s=1, start_timeout_s=10)
+    try:
+        start(pool, range(3))
+        pid = pool.worker_pid(1)
+        done = kill_after(pid, 30)
+        t0 = time.monotonic()
+        r0, r1, r2 = pool.step([(0, "hang"), (1, "bigstop"), (2, "big")])
+        took = time.monotonic() - t0
+        done.set()
+        assert r0.error == ("env worker 0 hung: no answer to step of 1 slot(s) within 1 s "
+                            "(env_pool.call_timeout_s=1); killed; restarted")
+        cut = re.fullmatch(r"env worker 1 stopped midway through its answer to step: (\d+) of (\d+) bytes came, "
+                           r"the rest not within 1 s \(env_pool.call_timeout_s=1\); killed; restarted", r1.error)
+        assert cut and 0 < int(cut[1]) < BIG < int(cut[2]), r1.error
+        assert r2.ok and r2.obs == "b" * BIG
+        # worker 0's timeout, one call_timeout_s for the rest of each of the other two answers, the restarts
+        assert pool.restarts == 2 and took < 3 * 1 + 10 and wait_until(lambda: gone(pid))
+        start(pool, range(2))
+        assert obs(pool.step([(0, "a"), (1, "b"), (2, "c")])) == ["echo a", "echo b", "echo c"]
     finally:
         pool.close()
