@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentq.agent.trajectory import Trajectory
-from agentq.utils.checkpoint import CheckpointError, replace_files_together
+from agentq.utils.checkpoint import CheckpointError, replace_files_together, restore_interrupted_replace
 from agentq.utils.jsonl import read_jsonl
 from agentq.utils.logging import counted, jsonable
 
@@ -85,6 +85,7 @@ def write_eval_pair(out: Path, report: dict, trajs: list[Trajectory]) -> str:
         The sha256 of the episodes.jsonl written.
     """
     out.mkdir(parents=True, exist_ok=True)
+    recover_eval_pair(out)
     staged = [(out / f".{name}.tmp", out / name) for name in (EVAL_JSON, EPISODES_JSONL)]
     try:
         digest = _write_records(staged[1][0], trajs, eval_record)
@@ -94,6 +95,25 @@ def write_eval_pair(out: Path, report: dict, trajs: list[Trajectory]) -> str:
         for tmp, _ in staged:           # renamed in, or left by an error: none stays
             tmp.unlink(missing_ok=True)
     return digest
+
+
+def recover_eval_pair(folder: str | Path) -> bool:
+    """Put back the pair a kill between `write_eval_pair`'s renames set aside (the folder then has no
+    eval.json: the old pair waits as `.<name>.old`), and remove what such a kill left (temporary
+    files, stale asides). Only while nobody writes there: before a write, and when a run folder is
+    claimed (`recover_eval_pairs`), never from a reader, which could undo a write under way.
+    Returns whether a pair was put back."""
+    folder = Path(folder)
+    for name in (EVAL_JSON, EPISODES_JSONL):
+        (folder / f".{name}.tmp").unlink(missing_ok=True)
+    return bool(restore_interrupted_replace([folder / EVAL_JSON, folder / EPISODES_JSONL]))
+
+
+def recover_eval_pairs(root: str | Path) -> list[Path]:
+    """`recover_eval_pair` in every folder under `root` that a cut-short write left files in.
+    Returns the folders whose pair was put back."""
+    left = {p.parent for name in (EVAL_JSON, EPISODES_JSONL) for p in Path(root).rglob(f".{name}.*")}
+    return [folder for folder in sorted(left) if recover_eval_pair(folder)]
 
 
 def read_eval(folder: str | Path) -> dict:

@@ -30,6 +30,7 @@ from agentq.agent.trajectory import Trajectory
 from agentq.config import ConfigError, check_config, config_leaves, load_config
 from agentq.algos import Objective, Prepared, grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
+from agentq.eval.episodes import read_eval
 from agentq.eval.evaluate import EVAL_FIRST_ID, choose_eval_tasks, errored_text, eval_seed, evaluate_policy
 from agentq.eval.metrics import summarize
 from agentq.eval.plots import write_run_plots
@@ -258,7 +259,7 @@ def recorded_step(run_dir: Path, step: int) -> tuple[dict | None, dict | None]:
     folder = run_dir / "eval" / f"step_{step:06d}"
     if not (any(k.startswith("eval/") for r in rows for k in r) and (folder / "eval.json").exists()):
         return row, None
-    report = json.loads((folder / "eval.json").read_text())
+    report = read_eval(folder)          # checked against its episodes (a one-line CheckpointError if not)
     report["out_dir"] = str(folder)
     return row, report
 

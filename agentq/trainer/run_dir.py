@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.config import ConfigError, make_setting_dir
+from agentq.eval.episodes import recover_eval_pairs
 from agentq.utils.checkpoint import restore_interrupted_commits
 from agentq.utils.jsonl import append_jsonl, drop_rows_after
 
@@ -132,6 +133,7 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, artifacts:
         if remove:
             remove_run_artifacts(run_dir, artifacts)
     remove_stale_temp_dirs(run_dir / "checkpoints")
+    recover_eval_pairs(run_dir)         # an evaluation whose write a kill cut short: its last pair back
     return lock
 
 

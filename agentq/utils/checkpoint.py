@@ -129,7 +129,8 @@ def replace_files_together(staged: list[tuple[Path, Path]]) -> None:
     in in reverse order, the asides removed. The first path is the one readers look for: it leaves
     first and comes back last, so wherever a reader finds it, the files beside it are its own (between
     the renames it is missing). An exception on the way (an OSError, Ctrl-C) undoes every rename
-    made, leaving the old files; a kill there leaves them as `.<name>.old`.
+    made, leaving the old files; a kill there leaves them as `.<name>.old`, which
+    `restore_interrupted_replace` puts back.
 
     Raises:
         whatever a rename raised, after the renames before it were undone.
@@ -149,6 +150,24 @@ def replace_files_together(staged: list[tuple[Path, Path]]) -> None:
     for _, old in asides:
         old.unlink()
     fsync_path(staged[0][1].parent)
+
+
+def restore_interrupted_replace(paths: list[Path]) -> list[Path]:
+    """Undo or finish a `replace_files_together` of `paths` (the first the one readers look for) that
+    a kill cut short: without the first path, the files set aside as `.<name>.old` go back (the last
+    complete set); with it, the renames had all been made and leftover asides are removed. Returns
+    the paths restored."""
+    asides = [(path, path.with_name(f".{path.name}.old")) for path in paths]
+    if paths[0].exists():
+        for _, old in asides:
+            old.unlink(missing_ok=True)
+        return []
+    restored = [path for path, old in asides if old.exists()]
+    for path in restored:
+        os.replace(path.with_name(f".{path.name}.old"), path)
+    if restored:
+        fsync_path(paths[0].parent)
+    return restored
 
 
 def _commit(tmp: Path, path: Path) -> None:

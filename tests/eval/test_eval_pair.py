@@ -132,3 +132,56 @@ def test_read_eval_refuses_an_eval_json_that_does_not_describe_its_episodes(tmp_
     assert read_eval(tmp_path / "a") == legacy
     (tmp_path / "b" / "episodes.jsonl").unlink()
     assert read_eval(tmp_path / "b")["episodes"] == 3
+
+
+class _Killed(BaseException):
+    """The process dying at a rename: nothing after it runs (no undo, no cleanup)."""
+
+
+@pytest.mark.parametrize("renames", [1, 2, 3])
+def test_a_kill_between_the_renames_leaves_the_old_pair_to_read(tmp_path, monkeypatch, renames):
+    """A rewrite killed after `renames` of its four renames (two asides, two in) left no eval.json:
+    the evaluation was lost to every reader. Claiming the run folder (a resume) puts the old pair
+    back, byte for byte, and removes what the kill left; so does the next write there."""
+    from agentq.trainer.run_dir import claim_run_dir
+    from agentq.utils import checkpoint
+
+    run, out = tmp_path, tmp_path / "eval" / "step_000001"
+    old_report, old_trajs = _evaluation(4, 1)
+    write_eval(out, old_report, old_trajs)
+    old = _pair(out)
+    real, calls = os.replace, []
+
+    def replace(src, dst):          # renames up to the kill happen; from it on nothing does
+        calls.append((Path(src).name, Path(dst).name))
+        if len(calls) == renames + 1:
+            raise _Killed
+        if len(calls) <= renames:
+            real(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+    monkeypatch.setattr(Path, "unlink", lambda self, missing_ok=False: None)      # no cleanup either
+    with pytest.raises(_Killed):
+        write_eval(out, *_evaluation(6, 6))
+    monkeypatch.undo()
+    assert not (out / "eval.json").exists()                 # what readers look for is gone
+    with pytest.raises(FileNotFoundError):                       # a reader changes nothing (a write may be under way)
+        read_eval(out)
+    left = sorted(os.listdir(out))
+    claim_run_dir(run, resume=True, overwrite=False).close()
+    assert read_eval(out)["episodes"] == 4 and _pair(out) == old, left
+    assert sorted(os.listdir(out)) == ["episodes.jsonl", "eval.json"]
+    write_eval(out, *_evaluation(6, 6))
+    assert read_eval(out)["episodes"] == 6 and sorted(os.listdir(out)) == ["episodes.jsonl", "eval.json"]
+
+
+def test_asides_left_beside_a_complete_pair_are_removed(tmp_path):
+    """A kill after the last rename in leaves the old files set aside beside the new pair: stale."""
+    from agentq.eval.episodes import recover_eval_pairs
+
+    write_eval(tmp_path / "eval" / "step_000002", *_evaluation(3, 1))
+    (tmp_path / "eval" / "step_000002" / ".eval.json.old").write_text("{}")
+    (tmp_path / "eval" / "step_000002" / ".episodes.jsonl.old").write_text("")
+    assert recover_eval_pairs(tmp_path) == []                    # nothing put back, the asides removed
+    assert read_eval(tmp_path / "eval" / "step_000002")["episodes"] == 3
+    assert sorted(os.listdir(tmp_path / "eval" / "step_000002")) == ["episodes.jsonl", "eval.json"]
