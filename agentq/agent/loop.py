@@ -54,7 +54,7 @@ class PromptConfig:
             raise KeyError(f"prompt template names {{{e.args[0]}}}, which the environment's info does not "
                            f"have; available: {sorted(fields)}") from None
 
-    def check_fields(self, info: dict) -> None:
+    def check_fields(self, info: dict | None) -> None:
         """Refuse, at an episode's reset, a turn template that names a key the env's `info` lacks: it
         was a KeyError traceback mid-run. next_turn is checked too: after an unparsable first reply it
         is rendered with the reset's info. The actions template is filled with {actions} alone.
@@ -65,7 +65,7 @@ class PromptConfig:
         Raises:
             ConfigError: naming the template (env.prompt.<name>), the missing key and the keys available.
         """
-        _check_template_keys(self, frozenset(k for k, v in info.items() if isinstance(v, _FIELD_TYPES)))
+        _check_template_keys(self, frozenset(k for k, v in (info or {}).items() if isinstance(v, _FIELD_TYPES)))
 
 
 #: the types of the `info` entries a turn template may name
