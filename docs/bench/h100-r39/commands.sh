@@ -7,3 +7,8 @@ $RL --algos interq,interq+int8dx,bf16 --pack-tokens 20480 --logprob-pack-tokens 
 $RL --algos interq,bf16 --prompt 1536 --obs 128 --new 512 --pack-tokens 10240 --logprob-pack-tokens 20480  # rl1b-new512-profile.{log,json}
 # Call C (files of d3c030d unpacked from `git archive`): the ceiling line
 $RL --algos interq,bf16 --pack-tokens 20480 --logprob-pack-tokens 40960                      # rl1b-ceiling.{log,json}
+# Call E (87496b5): every CUDA test file, then three CLI RL steps on WebShop with an evaluation
+bash docs/bench/h200-suite.sh tests "$out"                                                          # gputests.log
+AGENTQ_CACHE=/tmp/cache python3 -m agentq.cli train env=webshop device=cuda trainer.steps=3 trainer.pack_tokens=4096 \
+  trainer.eval_every=3 trainer.eval_num_tasks=8 trainer.out_dir=/tmp/train                          # train-webshop-cuda.log
+python3 -c "from agentq.eval.episodes import read_eval; ..."                                         # read-eval.txt
