@@ -279,13 +279,15 @@ class WorkerPool:
     hung worker is killed and started again (`SiblingSlots` for its other slots). A worker that cannot
     be started again is down: its slots answer with errors and it is tried again at its next call.
     No endless restart loop: after `max_failures_in_a_row` failed starts of one worker in a row, or as
-    many calls in a row that it died or hung in without completing one (it starts, then dies at every
-    call), the call raises, once its results are in and the worker restarted; a completed call starts
-    that count again. Subclasses provide `_launch`, `_await`, `_kill`, `_submit`, `_answer` and `close`.
+    many calls of one command (reset, step) in a row that it died or hung in without completing one (it
+    starts, then dies at every step), the call raises, once its results are in and the worker restarted.
+    Each command is counted on its own: a completed step starts the count of steps again, while the
+    resets a restarted worker completes between its deaths in steps (an agent loop's reset, step, ...)
+    do not. Subclasses provide `_launch`, `_await`, `_kill`, `_submit`, `_answer` and `close`.
     """
 
     kind = "env worker"             # how errors name a worker ("env worker 1")
-    max_failures_in_a_row = 3       # failed starts, or calls died / hung in, of one worker that end the run
+    max_failures_in_a_row = 3       # of one worker in a row: failed starts, or calls of one command it died / hung in
 
     def _setup(self, spec: EnvSpec, num_envs: int, num_workers: int, call_timeout_s: float,
                start_timeout_s: float) -> None:
@@ -302,7 +304,8 @@ class WorkerPool:
         self.restarts = 0
         self._failed_starts: dict[int, int] = {}     # worker → failed starts in a row
         self._down: dict[int, str] = {}              # worker → why its last start failed
-        self._failed_calls: dict[int, tuple[int, str]] = {}   # worker → (calls died / hung in a row, the last why)
+        # (worker, command) → (calls of that command it died / hung in, in a row; the last why)
+        self._failed_calls: dict[tuple[int, str], tuple[int, str]] = {}
         self._pending: set[int] = set()              # workers sent a command whose answer was not read
 
     # ------------------------------------------------------------------ one worker (subclasses)
@@ -403,13 +406,13 @@ class WorkerPool:
             self._pending.discard(w)
             if reply is not None:
                 results.update((r.slot, r) for r in pickle.loads(reply))
-                self._failed_calls.pop(w, None)
+                self._failed_calls.pop((w, cmd), None)
                 continue
             if why == "hung":
                 why = (f"hung: no answer to {cmd} of {n} slot(s) within {budget:g} s "
                        f"(env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
             failed[w] = why
-            self._failed_calls[w] = (self._failed_calls.get(w, (0, ""))[0] + 1, why)
+            self._failed_calls[w, cmd] = (self._failed_calls.get((w, cmd), (0, ""))[0] + 1, why)
         return failed
 
     def _give_up_if_down(self) -> None:
@@ -417,10 +420,10 @@ class WorkerPool:
             if n >= self.max_failures_in_a_row:
                 raise RuntimeError(f"{self.kind} {w} ({self.spec.name}) could not be started {n} times in a row; "
                                    f"giving up: {self._down.get(w)}")
-        for w, (n, why) in self._failed_calls.items():
+        for (w, cmd), (n, why) in self._failed_calls.items():
             if n >= self.max_failures_in_a_row:
-                raise RuntimeError(f"{self.kind} {w} ({self.spec.name}) died or hung in {n} calls in a row without "
-                                   f"completing one (restarted after each); giving up: {why}")
+                raise RuntimeError(f"{self.kind} {w} ({self.spec.name}) died or hung in {n} {cmd} calls in a row "
+                                   f"without completing one (restarted after each); giving up: {why}")
 
     def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
         """See `EnvPool.reset`; a dead or hung worker's slots answer with errors (the worker restarts)."""

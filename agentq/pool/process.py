@@ -8,9 +8,11 @@ within `call_timeout_s` per env call it was sent (stopped, deadlocked, a hung en
 hung and is handled the same way: killed, restarted, its commands answered with errors (a command
 larger than a pipe holds is sent from a thread, so one for a worker that does not read it cannot
 block the trainer before that timeout starts; an answer must arrive whole within `call_timeout_s` of
-its first bytes, so a worker stopped midway through sending a large one is handled as a crash too,
-`_recv_within`). The restarted worker's other slots had their envs rebuilt too: an episode under way
-on one of them is answered with an error at its next step (`SiblingSlots`). The dispatch, restart and give-up rules are `WorkerPool`'s, shared with the Ray pool.
+its first bytes, so a worker stopped midway through sending a large one is handled as a crash too, as
+is one whose answer's length header is corrupt, `_recv_within`). The restarted worker's other slots
+had their envs rebuilt too: an episode under way on one of them is answered with an error at its next
+step (`SiblingSlots`). The dispatch, restart and give-up rules are `WorkerPool`'s, shared with the Ray
+pool.
 
 A worker never outlives the trainer, even one hung in an env step when the trainer is SIGKILLed
 (`_die_with_parent`): on Linux the kernel kills it (prctl PR_SET_PDEATHSIG), elsewhere, or when the
@@ -39,6 +41,8 @@ from .base import EnvSpec, WorkerCore, WorkerPool
 CLOSE_TIMEOUT_S = 10.0      # for all workers together to close their envs; then they are killed
 PARENT_POLL_S = 0.5         # how often a worker's watchdog checks that the trainer still lives
 SEND_INLINE_BYTES = 4096   # a command this small fits any empty pipe (macOS's holds 8 KiB); larger ones go by thread
+MAX_READ = 2 ** 30          # bytes one os.readv asks for at most: macOS's fails (EINVAL) when its buffers sum past
+                            # 32 bits (CPython caps its own reads likewise)
 
 
 def _trainer_gone(trainer_pid: int, direct_child: bool) -> Callable[[], bool]:
@@ -161,6 +165,8 @@ class ProcessPool(WorkerPool):
         except _Unfinished as late:
             status, msg = "failed", (f"no answer within {self.start_timeout_s:g} s (killed)" if late.size is None
                                      else f"stopped midway through its start message ({late}); killed")
+        except _Garbled as e:
+            status, msg = "failed", f"sent a corrupt start message ({e}); killed"
         except (EOFError, OSError):
             p.join(1)
             status, msg = "failed", f"it exited (exit code {p.exitcode})"
@@ -203,6 +209,8 @@ class ProcessPool(WorkerPool):
                     return None, "hung"
                 return None, (f"stopped midway through its answer to {cmd}: {late}, the rest not within "
                               f"{self.call_timeout_s:g} s (env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
+            except _Garbled as e:           # its end of the pipe is not to be trusted: handled as a crash
+                return None, f"sent a corrupt answer to {cmd} ({e}); killed"
             except (EOFError, OSError):
                 pass
         p.join(1)
@@ -260,7 +268,7 @@ def _await_closed(conn: Connection, deadline: float) -> None:
             left = max(0.0, deadline - time.monotonic())
             if _recv_within(conn, left, left)[0] == "closed":
                 return
-    except (_Unfinished, EOFError, OSError, ValueError):
+    except (_Unfinished, _Garbled, EOFError, OSError, ValueError):
         pass
 
 
@@ -270,6 +278,10 @@ class _Unfinished(Exception):
     def __init__(self, got: int = 0, size: int | None = None):
         super().__init__(f"{got} of {size} bytes came")
         self.got, self.size = got, size
+
+
+class _Garbled(Exception):
+    """A worker's message is not one: its length header is negative (the pipe's bytes are corrupt)."""
 
 
 def _recv_within(conn: Connection, wait_s: float, rest_s: float) -> Any:
@@ -282,6 +294,7 @@ def _recv_within(conn: Connection, wait_s: float, rest_s: float) -> Any:
     Raises:
         _Unfinished: nothing, or part of a message, came in time (the worker must then be killed: the
             connection is midway through a message). EOFError: the worker's end closed (it died).
+        _Garbled: a negative length other than -1 (the pipe is corrupt: the worker must be killed too).
     """
     if not conn.poll(wait_s):
         raise _Unfinished()
@@ -289,18 +302,20 @@ def _recv_within(conn: Connection, wait_s: float, rest_s: float) -> Any:
     (size,) = struct.unpack("!i", _read_exactly(conn, 4, deadline))
     if size == -1:
         (size,) = struct.unpack("!Q", _read_exactly(conn, 8, deadline))
+    elif size < 0:
+        raise _Garbled(f"a length header of {size} bytes")
     return pickle.loads(_read_exactly(conn, size, deadline))
 
 
 def _read_exactly(conn: Connection, n: int, deadline: float) -> bytearray:
     """`n` bytes from the connection, each read waiting only while `deadline` allows (a read after
-    `poll` says readable returns what is there without blocking)."""
+    `poll` says readable returns what is there without blocking) and asking for at most `MAX_READ`."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
         if not conn.poll(max(0.0, deadline - time.monotonic())):
             raise _Unfinished(got, n)
-        k = os.readv(conn.fileno(), [view[got:]])
+        k = os.readv(conn.fileno(), [view[got:got + MAX_READ]])
         if k == 0:
             raise EOFError
         got += k

@@ -19,8 +19,11 @@ dead, at their next turn, until released), and the agent loop reports them as er
 worker's are. A worker that cannot be started again is down: the new episodes sent to it come back
 as errors naming its start error, it is tried again at the next `generate` or `update_weights`.
 No endless restart loop: after `max_failures_in_a_row` failed starts of one worker in a row, or as
-many calls in a row that it died or hung in without completing one (it starts, then dies at every
-call), the call raises once its results are in; a completed call starts that count again.
+many calls of one method (`generate`, `update_weights`, `prefill_counts`) in a row that it died or
+hung in without completing one (it starts, then dies at every `generate`), the call raises once its
+results are in. Each method is counted on its own: a completed `generate` starts the count of
+`generate`s again, while the `prefill_counts` and `update_weights` a restarted worker completes
+between its deaths in `generate` (an RL step's calls) do not.
 A sync that raises on any worker leaves the workers on different versions: `generate` and `score`
 refuse until an `update_weights` reaches them all.
 """
@@ -92,7 +95,7 @@ class DistributedBackend(RolloutBackend):
         RuntimeError: a worker failed to start (none is left running).
     """
 
-    max_failures_in_a_row = 3   # failed starts, or calls died / hung in, of one worker that end the run
+    max_failures_in_a_row = 3   # of one worker in a row: failed starts, or calls of one method it died / hung in
 
     def __init__(self, hf_config: Any, quant: QuantSpec, num_workers: int, max_slots: int, actor_options: list[dict],
                  engine_kw: dict[str, Any], tokenizer: Any = None, timeout_s: float = 600.0, threads: int | None = None):
@@ -118,7 +121,8 @@ class DistributedBackend(RolloutBackend):
         self.restarts = 0
         self._failed_starts: dict[int, int] = {}     # worker → failed starts in a row
         self._down: dict[int, str] = {}              # worker → why its last start failed
-        self._failed_calls: dict[int, tuple[int, str]] = {}   # worker → (calls died / hung in a row, the last why)
+        # (worker, method) → (calls of that method it died / hung in, in a row; the last why)
+        self._failed_calls: dict[tuple[int, str], tuple[int, str]] = {}
         self.workers = [self._start(w) for w in range(num_workers)]
         problems = self._await_started(range(num_workers))
         if problems:
@@ -190,10 +194,10 @@ class DistributedBackend(RolloutBackend):
             if n >= self.max_failures_in_a_row:
                 raise RuntimeError(f"rollout worker {w} could not be started {n} times in a row; giving up: "
                                    f"{self._down.get(w)}")
-        for w, (n, why) in self._failed_calls.items():
+        for (w, method), (n, why) in self._failed_calls.items():
             if n >= self.max_failures_in_a_row:
-                raise RuntimeError(f"rollout worker {w} died or hung in {n} calls in a row without completing one "
-                                   f"(restarted after each); giving up: {why}")
+                raise RuntimeError(f"rollout worker {w} died or hung in {n} {method} calls in a row without completing "
+                                   f"one (restarted after each); giving up: {why}")
 
     def worker_of(self, episode_id: int, prefer: int | None = None) -> int:
         """The worker serving the episode. A new episode goes to `prefer` while that worker has a
@@ -208,19 +212,21 @@ class DistributedBackend(RolloutBackend):
             self._load[w] += 1
         return w
 
-    def _collect(self, futures: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str], list[BaseException]]:
-        """Every answer, under one `timeout_s` for all: results by worker, worker → why it failed (died,
-        hung) for those to restart, and the errors raised inside calls (the worker answered)."""
+    def _collect(self, method: str, futures: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str],
+                                                                      list[BaseException]]:
+        """Every answer to a call of `method`, under one `timeout_s` for all: results by worker, worker →
+        why it failed (died, hung) for those to restart, and the errors raised inside calls (the worker
+        answered). Counts, per worker and method, the calls in a row it failed (`_give_up_if_down`)."""
         ok, failed, raised = {}, {}, []
         deadline = time.monotonic() + self.timeout_s
         for w, fut in futures.items():
             try:
                 ok[w] = self._ray.get(fut, timeout=max(0.0, deadline - time.monotonic()))
-                self._failed_calls.pop(w, None)
+                self._failed_calls.pop((w, method), None)
                 continue
             except self._ray.exceptions.RayTaskError as e:      # the call itself raised (bad input)
                 raised.append(e)
-                self._failed_calls.pop(w, None)
+                self._failed_calls.pop((w, method), None)
                 continue
             except self._ray.exceptions.GetTimeoutError:
                 why = f"hung: no answer within {self.timeout_s:g} s (placement.timeout_s); killed"
@@ -229,7 +235,7 @@ class DistributedBackend(RolloutBackend):
                 # for every later call too), its node lost, ...
                 why = f"died ({_death(self._ray, e)})"
             failed[w] = why
-            self._failed_calls[w] = (self._failed_calls.get(w, (0, ""))[0] + 1, why)
+            self._failed_calls[w, method] = (self._failed_calls.get((w, method), (0, ""))[0] + 1, why)
         return ok, failed, raised
 
     def _replace(self, failed: dict[int, str]) -> dict[int, str]:
@@ -240,11 +246,11 @@ class DistributedBackend(RolloutBackend):
         return {w: err + (f"; could not be restarted ({problems[w]}); tried again at the next call" if w in problems
                           else "; restarted") for w, err in errors.items()}
 
-    def _gather(self, futures: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str]]:
+    def _gather(self, method: str, futures: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str]]:
         """Results by worker, and an error message for each worker that died or timed out (restarted).
         An error raised inside a worker's call (bad input) is re-raised, after every answer has been
         collected and the dead workers restarted, so no worker is left dead with its episodes."""
-        ok, failed, raised = self._collect(futures)
+        ok, failed, raised = self._collect(method, futures)
         errors = self._replace(failed)
         if raised:
             raise raised[0]
@@ -273,8 +279,8 @@ class DistributedBackend(RolloutBackend):
         # a worker still down (its start failed again just now) holds no episode: its new ones are answered
         failed = {w: f"rollout worker {w} is down: it could not be started ({self._down[w]})"
                   for w in by_worker if w in self._down}
-        ok, died = self._gather({w: self.workers[w].generate.remote(rs) for w, rs in by_worker.items()
-                                 if w not in failed})
+        ok, died = self._gather("generate", {w: self.workers[w].generate.remote(rs) for w, rs in by_worker.items()
+                                             if w not in failed})
         failed.update(died)
         out: dict[int, TurnResult] = {}
         for w, results in ok.items():
@@ -315,7 +321,8 @@ class DistributedBackend(RolloutBackend):
         # a worker left down starts with these weights; one still down gets them when it starts
         revived = self._retry_down()
         try:
-            ok, failed = self._gather({w: a.update_weights.remote(self._weights_ref, version)
+            ok, failed = self._gather("update_weights",
+                                      {w: a.update_weights.remote(self._weights_ref, version)
                                        for w, a in enumerate(self.workers) if w not in revived and w not in self._down})
         except Exception as e:
             self._sync_error = f"version {version}: {type(e).__name__}: {_last_line(e)}"
@@ -343,8 +350,8 @@ class DistributedBackend(RolloutBackend):
         answer adds nothing and is restarted here (its episodes reported at their next turn): an RL step
         starts with this call, and a hung worker left as it was cost the step's `generate` a second
         `timeout_s`. One whose call raised adds nothing either."""
-        ok, failed, _ = self._collect({w: a.prefill_counts.remote() for w, a in enumerate(self.workers)
-                                       if w not in self._down})
+        ok, failed, _ = self._collect("prefill_counts", {w: a.prefill_counts.remote()
+                                                         for w, a in enumerate(self.workers) if w not in self._down})
         self._replace(failed)
         self._give_up_if_down()
         total: dict[str, int] = {}

@@ -310,13 +310,16 @@ def test_a_worker_killed_by_rays_memory_monitor_is_restarted_not_raised(ray_clus
 
 
 @pytest.mark.timeout(180)
-def test_a_worker_that_dies_at_every_call_ends_the_run_after_three_deaths_in_a_row(ray_cluster, tiny_model_dir,
-                                                                                   tokenizer, tmp_path, monkeypatch):
+def test_a_worker_that_dies_at_every_generate_ends_the_run_though_its_other_calls_complete(
+        ray_cluster, tiny_model_dir, tokenizer, tmp_path, monkeypatch):
     """Worker 1 starts fine but dies in every `generate` while a flag file exists (the workers are built
-    from a class that dies then on an odd episode id, and worker 1 gets those). It was restarted at
-    every call, for good (each of its episodes an error, the run never ending). Now three deaths in a row
-    without a completed call between end the run with one line naming the worker, the count and the last
-    cause; a completed call in between starts the count again, and each death's episodes come back as errors."""
+    from a class that dies then on an odd episode id, and worker 1 gets those). Each RL step also calls
+    `prefill_counts` (before and after collecting, trainer/rl.py) and `update_weights`, and the freshly
+    restarted worker completes those: the count of calls it died in went 1, 0, 1, 0, ..., so it was
+    restarted at every step for good (each of its episodes an error, the run never ending). Now each
+    method is counted on its own: the third `generate` in a row it dies in ends the run with one line
+    naming the worker, the method, the count and the last cause; a completed `generate` in between
+    starts that count again, and each death's episodes come back as errors."""
     flag = str(tmp_path / "die")
 
     class DiesWhileFlagged(EngineWorker):      # defined here: pickled by value into the actor
@@ -327,31 +330,38 @@ def test_a_worker_that_dies_at_every_call_ends_the_run_after_three_deaths_in_a_r
 
     monkeypatch.setattr("agentq.rollout.distributed.EngineWorker", DiesWhileFlagged)
     dist = distributed(tiny_model_dir, tokenizer)
+    w = weights(tiny_model_dir)
     try:
-        dist.update_weights(weights(tiny_model_dir).items(), version=0)
+        dist.update_weights(w.items(), version=0)
         ctx = {e: [5 + (e * 7 + j) % 80 for j in range(12)] for e in range(12)}
-        eids = iter(range(0, 12, 2))
+        eids, versions = iter(range(0, 12, 2)), iter(range(1, 7))
 
-        def play(dies: bool) -> list:
+        def rl_step(dies: bool) -> list:
+            """One RL step's calls to the backend, as trainer/rl.py makes them; the turn's errors."""
             if dies:
                 open(flag, "w").close()
             elif os.path.exists(flag):
                 os.unlink(flag)
             e = next(eids)
+            dist.prefill_counts()
             try:
-                return [r.error for r in dist.generate(turn([e, e + 1], ctx))]
+                errors = [r.error for r in dist.generate(turn([e, e + 1], ctx))]
             finally:
                 dist.release(e)
                 dist.release(e + 1)
+            dist.prefill_counts()
+            dist.update_weights(w.items(), version=next(versions))
+            return errors
 
-        assert play(dies=True) == [None, "rollout worker 1 died (ActorDiedError); restarted"]
-        assert play(dies=False) == [None, None]                              # a completed call: count again
-        assert play(dies=True) == play(dies=True) == [None, "rollout worker 1 died (ActorDiedError); restarted"]
+        died = [None, "rollout worker 1 died (ActorDiedError); restarted"]
+        assert rl_step(dies=True) == died
+        assert rl_step(dies=False) == [None, None]                           # a completed generate: count again
+        assert rl_step(dies=True) == rl_step(dies=True) == died
         with pytest.raises(RuntimeError) as error:
-            play(dies=True)
-        assert str(error.value) == ("rollout worker 1 died or hung in 3 calls in a row without completing one "
-                                    "(restarted after each); giving up: died (ActorDiedError)")
-        assert dist.restarts == 4
+            rl_step(dies=True)
+        assert str(error.value) == ("rollout worker 1 died or hung in 3 generate calls in a row without completing "
+                                    "one (restarted after each); giving up: died (ActorDiedError)")
+        assert dist.restarts == 4 and dist.policy_version == 4               # raised in generate, before the sync
     finally:
         dist.close()
 

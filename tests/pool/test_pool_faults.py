@@ -4,13 +4,16 @@ and the pool gives up after a bounded number of tries; bad input raises before a
 unpicklable env result costs its episode only; an interrupted call never leaves an answer behind for
 the next one; close() ends hung workers and a failed start leaves none; a command too large for the
 pipe of a stopped worker costs its timeout, not a pool blocked for good; an actor killed by Ray's
-memory monitor is reported as such. The env is `fault_env.py`."""
+memory monitor is reported as such; a worker that dies at every call of one command ends the run after
+three, whatever other commands complete between; an answer cut short or with a corrupt header counts
+as a crash. The env is `fault_env.py`."""
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 import re
 import signal
+import struct
 import sys
 import threading
 import time
@@ -321,10 +324,10 @@ def test_an_actor_killed_by_rays_memory_monitor_is_reported_with_the_nodes_memor
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_worker_that_dies_at_every_call_ends_the_run_after_three_deaths_in_a_row(kind, request):
     """Worker 0 starts fine but dies in every call that reaches it (its env's task "crash"). It was
-    restarted at every call, for good, each episode lost, the run never ending. Now three deaths in a row
-    without a completed call between end the run with one line naming the worker, the count and the last
-    cause; a completed call in between starts the count again, and each death before the third is still
-    answered as an error result (the episode reported)."""
+    restarted at every call, for good, each episode lost, the run never ending. Now three deaths in resets
+    in a row without a completed reset between end the run with one line naming the worker, the command,
+    the count and the last cause; a completed reset in between starts the count again, and each death
+    before the third is still answered as an error result (the episode reported)."""
     pool = make(kind, request, spec())
     worker = "worker" if kind == "process" else "actor"
     died = "died (exit code 3)" if kind == "process" else "died (ActorDiedError)"
@@ -338,9 +341,55 @@ def test_a_worker_that_dies_at_every_call_ends_the_run_after_three_deaths_in_a_r
         assert pool.restarts == 3
         with pytest.raises(RuntimeError) as error:
             reset("crash")
-        assert str(error.value) == (f"env {worker} 0 (fault_env:FaultEnv) died or hung in 3 calls in a row without "
-                                    f"completing one (restarted after each); giving up: {died}")
+        assert str(error.value) == (f"env {worker} 0 (fault_env:FaultEnv) died or hung in 3 reset calls in a row "
+                                    f"without completing one (restarted after each); giving up: {died}")
         assert pool.restarts == 4
+    finally:
+        pool.close()
+
+
+def died_in(kind: str) -> tuple[str, str]:
+    """How a pool of `kind` names its worker 0 and its death by the env task / action "crash"."""
+    return (("env worker 0", "died (exit code 3)") if kind == "process"
+            else ("env actor 0", "died (ActorDiedError)"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_worker_that_dies_at_every_step_ends_the_run_though_its_resets_complete(kind, request):
+    """What an agent loop sends: a reset, then a step, over and over; worker 0's env crashes at every step
+    (action "crash") and the restarted worker completes every reset in between. The count of calls it died
+    in went 1, 0, 1, 0, ...: restarted for good, every episode lost, the run never ending. Now each command
+    is counted on its own: the third step in a row it dies in ends the run, a reset completing between
+    them or not; the deaths before it are still answered as error results."""
+    pool = make(kind, request, spec())
+    worker, died = died_in(kind)
+    try:
+        for _ in range(2):
+            start(pool, [0, 1])
+            r0, r1 = pool.step([(0, "crash"), (1, "a")])
+            assert r1.obs == "echo a" and r0.error == f"{worker} {died}; restarted"
+        start(pool, [0, 1])
+        with pytest.raises(RuntimeError) as error:
+            pool.step([(0, "crash"), (1, "a")])
+        assert str(error.value) == (f"{worker} (fault_env:FaultEnv) died or hung in 3 step calls in a row without "
+                                    f"completing one (restarted after each); giving up: {died}")
+        assert pool.restarts == 3
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_worker_whose_steps_complete_between_deaths_is_restarted_not_given_up_on(kind, request):
+    """Worker 0 dies at every other step (resets between them): a completed step starts the count of steps
+    it died in again, so it is restarted each time and the run goes on (no false give-up)."""
+    pool = make(kind, request, spec())
+    worker, died = died_in(kind)
+    try:
+        for i in range(6):
+            start(pool, [0, 1])
+            r0, r1 = pool.step([(0, "a" if i % 2 else "crash"), (1, "b")])
+            assert r1.obs == "echo b" and (r0.obs == "echo a" if i % 2 else r0.error == f"{worker} {died}; restarted")
+        assert pool.restarts == 3
     finally:
         pool.close()
 
@@ -375,4 +424,55 @@ def test_a_worker_that_stops_midway_through_a_large_answer_is_restarted_not_wait
         start(pool, range(2))
         assert obs(pool.step([(0, "a"), (1, "b"), (2, "c")])) == ["echo a", "echo b", "echo c"]
     finally:
+        pool.close()
+
+
+def test_an_answer_with_a_corrupt_length_header_is_handled_as_a_crash():
+    """An answer whose length header is negative (not -1, the marker of a longer header): the read raised
+    `ValueError: negative count`, which no caller caught, so the call raised to the trainer with worker 0
+    left as it was. Now the pipe counts as corrupt: the worker is killed and restarted, its episode is an
+    error result naming that, the other worker's answer is kept, and the restarted worker plays on. (The
+    test puts the header on a pipe of its own in place of worker 0's.)"""
+    pool = make_pool("process", spec(), 2, num_workers=2, call_timeout_s=2)
+    proc, real = pool._procs[0]
+    ours, theirs = mp.Pipe()
+    try:
+        start(pool, [0, 1])
+        pool._procs[0] = (proc, ours)
+        os.write(theirs.fileno(), struct.pack("!i", -5))
+        r0, r1 = pool.step([(0, "a"), (1, "b")])
+        assert r1.obs == "echo b" and pool.restarts == 1
+        assert r0.error == ("env worker 0 sent a corrupt answer to step (a length header of -5 bytes); killed; "
+                            "restarted")
+        assert wait_until(lambda: gone(proc.pid))
+        start(pool, [0])
+        assert obs(pool.step([(0, "c"), (1, "d")])) == ["echo c", "echo d"]
+    finally:
+        pool.close()
+        real.close()
+        theirs.close()
+
+
+def test_an_answer_is_read_in_reads_of_at_most_max_read_bytes(monkeypatch):
+    """One os.readv asked for the whole rest of an answer; macOS's readv fails (EINVAL) when that passes
+    32 bits (a 4 GiB answer), as CPython knows, capping its own reads. Now each read asks for at most
+    `MAX_READ` bytes (1 GiB; here 100 kB, against a 4 MiB answer), and the answer still comes whole."""
+    from fault_env import BIG
+
+    import agentq.pool.process as process
+    asked: list[int] = []
+    readv = os.readv
+
+    def counted_readv(fd, buffers):
+        asked.append(sum(len(b) for b in buffers))
+        return readv(fd, buffers)
+    pool = make_pool("process", spec(), 1, num_workers=1, call_timeout_s=10)
+    try:
+        start(pool, [0])
+        monkeypatch.setattr(process, "MAX_READ", 100_000)
+        monkeypatch.setattr(os, "readv", counted_readv)
+        assert obs(pool.step([(0, "big")])) == ["b" * BIG]
+        assert max(asked) == 100_000 and sum(asked) > BIG
+    finally:
+        monkeypatch.undo()
         pool.close()
