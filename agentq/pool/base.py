@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import gymnasium as gym
 
+from agentq.utils.errors import RunAborted
+
 
 @dataclass
 class EnvResult:
@@ -418,11 +420,11 @@ class WorkerPool:
     def _give_up_if_down(self) -> None:
         for w, n in self._failed_starts.items():
             if n >= self.max_failures_in_a_row:
-                raise RuntimeError(f"{self.kind} {w} ({self.spec.name}) could not be started {n} times in a row; "
+                raise RunAborted(f"{self.kind} {w} ({self.spec.name}) could not be started {n} times in a row; "
                                    f"giving up: {self._down.get(w)}")
         for (w, cmd), (n, why) in self._failed_calls.items():
             if n >= self.max_failures_in_a_row:
-                raise RuntimeError(f"{self.kind} {w} ({self.spec.name}) died or hung in {n} {cmd} calls in a row "
+                raise RunAborted(f"{self.kind} {w} ({self.spec.name}) died or hung in {n} {cmd} calls in a row "
                                    f"without completing one (restarted after each); giving up: {why}")
 
     def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:

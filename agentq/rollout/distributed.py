@@ -36,6 +36,7 @@ from typing import Any, Iterable
 import torch
 
 from agentq.kernels.quant_spec import QuantSpec
+from agentq.utils.errors import RunAborted
 
 from .backend import RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult
 
@@ -192,11 +193,11 @@ class DistributedBackend(RolloutBackend):
     def _give_up_if_down(self) -> None:
         for w, n in self._failed_starts.items():
             if n >= self.max_failures_in_a_row:
-                raise RuntimeError(f"rollout worker {w} could not be started {n} times in a row; giving up: "
+                raise RunAborted(f"rollout worker {w} could not be started {n} times in a row; giving up: "
                                    f"{self._down.get(w)}")
         for (w, method), (n, why) in self._failed_calls.items():
             if n >= self.max_failures_in_a_row:
-                raise RuntimeError(f"rollout worker {w} died or hung in {n} {method} calls in a row without completing "
+                raise RunAborted(f"rollout worker {w} died or hung in {n} {method} calls in a row without completing "
                                    f"one (restarted after each); giving up: {why}")
 
     def worker_of(self, episode_id: int, prefer: int | None = None) -> int:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from agentq.config import ConfigError, make_setting_dir
 from agentq.eval.episodes import recover_eval_pairs
 from agentq.utils.checkpoint import restore_interrupted_commits
+from agentq.utils.errors import RunAborted
 from agentq.utils.jsonl import append_jsonl, drop_rows_after
 
 if TYPE_CHECKING:
@@ -78,10 +79,6 @@ def removed_if_left_empty(folder: str | Path) -> Iterator[None]:
             (path / LOCK_FILE).unlink(missing_ok=True)      # the block closed it: nobody holds the folder
             path.rmdir()
         raise
-
-
-class RunAborted(RuntimeError):
-    """The run stopped itself because continuing could not produce anything useful."""
 
 
 def holds_run(run_dir: Path, artifacts: tuple[str, ...] = RUN_ARTIFACTS) -> list[str]:

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from agentq.agent import ActionParser, AgentLoop, BackendPolicy, ChatFormat, EpisodeSpec, PromptConfig, episode_seed
 from agentq.kernels import QuantSpec
 from agentq.pool import EnvSpec, InlinePool
+from agentq.utils.errors import RunAborted
 from agentq.rollout import SamplingParams, TurnRequest
 from agentq.rollout.distributed import DistributedBackend, EngineWorker
 from agentq.rollout.torch_engine.engine import TorchEngine
@@ -257,7 +258,7 @@ def test_a_worker_that_cannot_restart_is_reported_and_ends_the_run_after_three_t
         assert [e is None for e in errors] == [True, False, True, False] and dist.restarts == 2
         assert errors[1] == ("rollout worker 1 is down: it could not be started (RuntimeError: injected: cannot build "
                              "the engine)")
-        with pytest.raises(RuntimeError, match="^rollout worker 1 could not be started 3 times in a row; giving up: "
+        with pytest.raises(RunAborted, match="^rollout worker 1 could not be started 3 times in a row; giving up: "
                                                "RuntimeError: injected: cannot build the engine$"):
             play([8, 9, 10, 11])                                           # 3
         assert dist.restarts == 3
@@ -357,7 +358,7 @@ def test_a_worker_that_dies_at_every_generate_ends_the_run_though_its_other_call
         assert rl_step(dies=True) == died
         assert rl_step(dies=False) == [None, None]                           # a completed generate: count again
         assert rl_step(dies=True) == rl_step(dies=True) == died
-        with pytest.raises(RuntimeError) as error:
+        with pytest.raises(RunAborted) as error:
             rl_step(dies=True)
         assert str(error.value) == ("rollout worker 1 died or hung in 3 generate calls in a row without completing "
                                     "one (restarted after each); giving up: died (ActorDiedError)")

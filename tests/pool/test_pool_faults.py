@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from agentq.pool import EnvSpec, make_pool
+from agentq.utils.errors import RunAborted
 from proc_watch import gone, wait_until
 from ray_faults import OOM, dead_actors_answer_oom, kill
 
@@ -111,7 +112,7 @@ def test_a_worker_that_never_comes_back_ends_the_run_after_three_tries(kind, req
         flag.touch()
         assert not pool.step([(0, "crash")])[0].ok                       # failed start 1
         assert not pool.reset([(0, {"options": {"task_id": "t/0"}})])[0].ok      # 2
-        with pytest.raises(RuntimeError, match="could not be started 3 times in a row; giving up: RuntimeError"):
+        with pytest.raises(RunAborted, match="could not be started 3 times in a row; giving up: RuntimeError"):
             pool.reset([(0, {"options": {"task_id": "t/0"}})])                   # 3
     finally:
         pool.close()
@@ -339,7 +340,7 @@ def test_a_worker_that_dies_at_every_call_ends_the_run_after_three_deaths_in_a_r
             r0, r1 = reset(task)
             assert r1.ok and (r0.ok if task == "t/0" else r0.error == f"env {worker} 0 {died}; restarted")
         assert pool.restarts == 3
-        with pytest.raises(RuntimeError) as error:
+        with pytest.raises(RunAborted) as error:
             reset("crash")
         assert str(error.value) == (f"env {worker} 0 (fault_env:FaultEnv) died or hung in 3 reset calls in a row "
                                     f"without completing one (restarted after each); giving up: {died}")
@@ -369,7 +370,7 @@ def test_a_worker_that_dies_at_every_step_ends_the_run_though_its_resets_complet
             r0, r1 = pool.step([(0, "crash"), (1, "a")])
             assert r1.obs == "echo a" and r0.error == f"{worker} {died}; restarted"
         start(pool, [0, 1])
-        with pytest.raises(RuntimeError) as error:
+        with pytest.raises(RunAborted) as error:
             pool.step([(0, "crash"), (1, "a")])
         assert str(error.value) == (f"{worker} (fault_env:FaultEnv) died or hung in 3 step calls in a row without "
                                     f"completing one (restarted after each); giving up: {died}")

@@ -1,0 +1,10 @@
+"""The error a run stops itself with, in the bottom layer so that every layer can raise it and the
+CLI print it in one line (`agentq: run stopped: ...`, exit status 1)."""
+from __future__ import annotations
+
+
+class RunAborted(RuntimeError):
+    """The run stopped itself because continuing could not produce anything useful."""
+
+
+__all__ = ["RunAborted"]
