@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from agentq.agent.trajectory import Trajectory
 from agentq.utils.checkpoint import CheckpointError, replace_files_together, restore_interrupted_replace
@@ -86,7 +86,7 @@ def write_eval_pair(out: Path, report: dict, trajs: list[Trajectory]) -> str:
     """
     out.mkdir(parents=True, exist_ok=True)
     recover_eval_pair(out)
-    staged = [(out / f".{name}.tmp", out / name) for name in (EVAL_JSON, EPISODES_JSONL)]
+    staged = [(_beside(out / name, "tmp"), out / name) for name in (EVAL_JSON, EPISODES_JSONL)]
     try:
         digest = _write_records(staged[1][0], trajs, eval_record)
         staged[0][0].write_text(json.dumps(jsonable({**report, EPISODES_SHA256: digest}), indent=2))
@@ -100,20 +100,31 @@ def write_eval_pair(out: Path, report: dict, trajs: list[Trajectory]) -> str:
 def recover_eval_pair(folder: str | Path) -> bool:
     """Put back the pair a kill between `write_eval_pair`'s renames set aside (the folder then has no
     eval.json: the old pair waits as `.<name>.old`), and remove what such a kill left (temporary
-    files, stale asides). Only while nobody writes there: before a write, and when a run folder is
-    claimed (`recover_eval_pairs`), never from a reader, which could undo a write under way.
-    Returns whether a pair was put back."""
+    files, stale asides). Only while nobody writes there: before a write, and on the evaluations of a
+    run folder when it is claimed (`recover_eval_pairs`), never from a reader, which could undo a
+    write under way. Returns whether a pair was put back."""
     folder = Path(folder)
-    for name in (EVAL_JSON, EPISODES_JSONL):
-        (folder / f".{name}.tmp").unlink(missing_ok=True)
-    return bool(restore_interrupted_replace([folder / EVAL_JSON, folder / EPISODES_JSONL]))
+    eval_json, episodes = folder / EVAL_JSON, folder / EPISODES_JSONL
+    if (not eval_json.exists() and _beside(eval_json, "old").exists() and not _beside(episodes, "old").exists()
+            and not _beside(episodes, "tmp").exists() and episodes.exists()):
+        # the old pair had no episodes.jsonl (deleted, as `read_eval` allows), so none was set aside, and the
+        # kill came after the new one was renamed in: it belongs to the eval.json that never came
+        episodes.unlink()
+    for path in (eval_json, episodes):
+        _beside(path, "tmp").unlink(missing_ok=True)
+    return bool(restore_interrupted_replace([eval_json, episodes]))
 
 
-def recover_eval_pairs(root: str | Path) -> list[Path]:
-    """`recover_eval_pair` in every folder under `root` that a cut-short write left files in.
-    Returns the folders whose pair was put back."""
-    left = {p.parent for name in (EVAL_JSON, EPISODES_JSONL) for p in Path(root).rglob(f".{name}.*")}
-    return [folder for folder in sorted(left) if recover_eval_pair(folder)]
+def _beside(path: Path, suffix: str) -> Path:
+    """The hidden sibling `write_eval_pair` / `replace_files_together` give `path`: .<name>.tmp / .old."""
+    return path.with_name(f".{path.name}.{suffix}")
+
+
+def recover_eval_pairs(folders: Iterable[Path]) -> list[Path]:
+    """`recover_eval_pair` in each of `folders` that a cut-short write left files in (a run's
+    eval/step_*, under its lock). Returns the folders whose pair was put back."""
+    left = [f for f in folders if any(f.glob(f".{EVAL_JSON}.*")) or any(f.glob(f".{EPISODES_JSONL}.*"))]
+    return [folder for folder in left if recover_eval_pair(folder)]
 
 
 def read_eval(folder: str | Path) -> dict:

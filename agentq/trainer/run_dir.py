@@ -130,7 +130,9 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, artifacts:
         if remove:
             remove_run_artifacts(run_dir, artifacts)
     remove_stale_temp_dirs(run_dir / "checkpoints")
-    recover_eval_pairs(run_dir)         # an evaluation whose write a kill cut short: its last pair back
+    # an evaluation of this run whose write a kill cut short: its last pair back (only the run's own
+    # eval/step_*, which the lock guards: `agentq eval` writes into checkpoints/ without it)
+    recover_eval_pairs(sorted((run_dir / "eval").glob("step_*")))
     return lock
 
 

@@ -182,6 +182,37 @@ def test_asides_left_beside_a_complete_pair_are_removed(tmp_path):
     write_eval(tmp_path / "eval" / "step_000002", *_evaluation(3, 1))
     (tmp_path / "eval" / "step_000002" / ".eval.json.old").write_text("{}")
     (tmp_path / "eval" / "step_000002" / ".episodes.jsonl.old").write_text("")
-    assert recover_eval_pairs(tmp_path) == []                    # nothing put back, the asides removed
+    assert recover_eval_pairs([tmp_path / "eval" / "step_000002"]) == []     # nothing put back, asides removed
     assert read_eval(tmp_path / "eval" / "step_000002")["episodes"] == 3
     assert sorted(os.listdir(tmp_path / "eval" / "step_000002")) == ["episodes.jsonl", "eval.json"]
+
+
+def test_a_kill_after_new_episodes_came_in_where_the_old_pair_had_none_leaves_the_old_eval_json_alone(tmp_path):
+    """An evaluation whose episodes.jsonl was deleted (read unchecked) rewritten and killed after the new
+    episodes came in: only eval.json was set aside, so the episodes.jsonl there is the new one. Put
+    beside the old eval.json it made a mismatched pair (EvalPairError at a resume); it is removed."""
+    from agentq.eval.episodes import recover_eval_pair
+    from agentq.utils import checkpoint
+
+    out = tmp_path / "eval" / "step_000001"
+    write_eval(out, *_evaluation(4, 1))
+    (out / "episodes.jsonl").unlink()
+    old_json = (out / "eval.json").read_bytes()
+    real, calls = os.replace, []
+
+    def replace(src, dst):          # the kill after the second rename (eval.json aside, episodes in)
+        calls.append(1)
+        if len(calls) == 3:
+            raise _Killed
+        if len(calls) < 3:
+            real(src, dst)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checkpoint.os, "replace", replace)
+        mp.setattr(Path, "unlink", lambda self, missing_ok=False: None)
+        with pytest.raises(_Killed):
+            write_eval(out, *_evaluation(6, 6))
+    assert sorted(os.listdir(out)) == [".eval.json.old", ".eval.json.tmp", "episodes.jsonl"]
+    assert recover_eval_pair(out) is True
+    assert sorted(os.listdir(out)) == ["eval.json"] and (out / "eval.json").read_bytes() == old_json
+    assert read_eval(out)["episodes"] == 4
