@@ -43,6 +43,8 @@ PARENT_POLL_S = 0.5         # how often a worker's watchdog checks that the trai
 SEND_INLINE_BYTES = 4096   # a command this small fits any empty pipe (macOS's holds 8 KiB); larger ones go by thread
 MAX_READ = 2 ** 30          # bytes one os.readv asks for at most: macOS's fails (EINVAL) when its buffers sum past
                             # 32 bits (CPython caps its own reads likewise)
+MAX_MESSAGE = 2 ** 34       # a length header past this (16 GiB) is corrupt: no env answer is that large, and the
+                            # buffer is allocated before the first byte is read
 
 
 def _trainer_gone(trainer_pid: int, direct_child: bool) -> Callable[[], bool]:
@@ -294,7 +296,8 @@ def _recv_within(conn: Connection, wait_s: float, rest_s: float) -> Any:
     Raises:
         _Unfinished: nothing, or part of a message, came in time (the worker must then be killed: the
             connection is midway through a message). EOFError: the worker's end closed (it died).
-        _Garbled: a negative length other than -1 (the pipe is corrupt: the worker must be killed too).
+        _Garbled: a length that is negative or past `MAX_MESSAGE`, or bytes that do not unpickle (the
+            pipe is corrupt: the worker must be killed too).
     """
     if not conn.poll(wait_s):
         raise _Unfinished()
@@ -302,9 +305,13 @@ def _recv_within(conn: Connection, wait_s: float, rest_s: float) -> Any:
     (size,) = struct.unpack("!i", _read_exactly(conn, 4, deadline))
     if size == -1:
         (size,) = struct.unpack("!Q", _read_exactly(conn, 8, deadline))
-    elif size < 0:
+    if not 0 <= size <= MAX_MESSAGE:        # allocated before its first byte: a corrupt one must not be
         raise _Garbled(f"a length header of {size} bytes")
-    return pickle.loads(_read_exactly(conn, size, deadline))
+    data = _read_exactly(conn, size, deadline)
+    try:
+        return pickle.loads(data)
+    except Exception as e:          # whatever unpickling garbage raises (UnpicklingError, EOFError, KeyError, ...)
+        raise _Garbled(f"{size} bytes that do not unpickle ({type(e).__name__})") from None
 
 
 def _read_exactly(conn: Connection, n: int, deadline: float) -> bytearray:

@@ -454,6 +454,27 @@ def test_an_answer_with_a_corrupt_length_header_is_handled_as_a_crash():
         theirs.close()
 
 
+@pytest.mark.parametrize("frame, why", [
+    (struct.pack("!i", -1) + struct.pack("!Q", 2 ** 64 - 1), f"a length header of {2 ** 64 - 1} bytes"),
+    (struct.pack("!i", -1) + struct.pack("!Q", 2 ** 34 + 1), f"a length header of {2 ** 34 + 1} bytes"),
+    (struct.pack("!i", 5) + b"\x80\x05junk", "5 bytes that do not unpickle (UnpicklingError)"),
+    (struct.pack("!i", 3) + b"abc", "3 bytes that do not unpickle (UnpicklingError)")])
+def test_a_frame_that_is_not_a_message_is_garbled_before_anything_is_allocated(frame, why):
+    """A long header with a size no answer has (OverflowError or a 16 GiB+ allocation before the first
+    byte), or bytes that do not unpickle (a traceback from the call): both mean the pipe is corrupt."""
+    import agentq.pool.process as process
+
+    ours, theirs = mp.Pipe()
+    try:
+        os.write(theirs.fileno(), frame)
+        with pytest.raises(process._Garbled) as e:
+            process._recv_within(ours, 1.0, 1.0)
+        assert str(e.value) == why
+    finally:
+        ours.close()
+        theirs.close()
+
+
 def test_an_answer_is_read_in_reads_of_at_most_max_read_bytes(monkeypatch):
     """One os.readv asked for the whole rest of an answer; macOS's readv fails (EINVAL) when that passes
     32 bits (a 4 GiB answer), as CPython knows, capping its own reads. Now each read asks for at most
