@@ -394,11 +394,12 @@ def check_vllm_architecture(path: str, rollout: QuantSpec, learner: QuantSpec, k
     except (ValueError, KeyError) as e:       # transformers knows no such model_type, or no causal LM of it
         raise ConfigError(f"{said}, which transformers (the aligned learner's loader) cannot build as a causal "
                           f"LM: {_first_line(e)}") from None
-    except Exception as e:      # not buildable on the meta device (an op without a meta kernel, a missing
-        import warnings         # optional package, ...): the learner and vLLM decide when they load it
-
-        warnings.warn(f"{said}: its weight names were not checked before the start ({type(e).__name__}: "
-                      f"{_first_line(e)})", stacklevel=2)
+    except (NotImplementedError, RuntimeError, ImportError) as e:
+        # not buildable on the meta device (an op without a meta kernel, a missing optional package): the
+        # learner and vLLM decide when they load its weights
+        console.print(f"warning: {said}: its weight names were not checked before the start "
+                      f"({type(e).__name__}: {_first_line(e)})", style="yellow", markup=False, highlight=False,
+                      soft_wrap=True)
         return
     for spec, names in ((rollout, exported), (learner, learner_linears)):
         try:
