@@ -12,5 +12,5 @@ bash docs/bench/h200-suite.sh tests "$out"                                      
 AGENTQ_CACHE=/tmp/cache python3 -m agentq.cli train env=webshop device=cuda trainer.steps=3 trainer.pack_tokens=4096 \
   trainer.eval_every=3 trainer.eval_num_tasks=8 trainer.out_dir=/tmp/train                          # train-webshop-cuda.log
 python3 -c "from agentq.eval.episodes import read_eval; import glob; [print(p, read_eval(p)['success_rate'], read_eval(p)['episodes_sha256'][:12]) for p in sorted(glob.glob('/tmp/train/eval/step_*'))]"   # read-eval.txt
-# Calls A and D (and F, refused: no machine could be started): a guard that runs only on an H200; each got an H100 (F none)
+# Calls A, D and G (and F, refused: no machine could be started): a guard that runs only on an H200; each got an H100
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); case "$gpu" in *H200*) ;; *) exit 0 ;; esac
