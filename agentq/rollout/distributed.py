@@ -303,9 +303,16 @@ class DistributedBackend(RolloutBackend):
                                "generating")
 
     def score(self, context_ids: list[int], target_ids: list[int], params: SamplingParams | None = None) -> list[float]:
+        """One worker's `score`. A worker that dies or hangs in it is restarted, as in `generate` (a
+        hung one left as it was cost the next call another `timeout_s`), and the call raises: a
+        score has no episode to carry the error."""
         self._check_synced()
         w = min(set(range(self.num_workers)) - set(self._down), default=0)      # one that is up
-        return self._ray.get(self.workers[w].score.remote(context_ids, target_ids, params), timeout=self.timeout_s)
+        ok, errors = self._gather("score", {w: self.workers[w].score.remote(context_ids, target_ids, params)})
+        self._give_up_if_down()
+        if w in errors:
+            raise RuntimeError(f"score: {errors[w]}")
+        return ok[w]
 
     def publish_weights(self, tensors: dict[str, torch.Tensor]) -> Any:
         """What the workers receive: here an object-store reference (one copy per node). An NCCL

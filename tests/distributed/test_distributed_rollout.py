@@ -372,7 +372,8 @@ def test_a_hung_worker_costs_one_timeout_at_a_steps_start(ray_cluster, tiny_mode
     """An RL step starts with `prefill_counts` and then `generate` (trainer/rl.py). With worker 1 stopped
     (SIGSTOP), `prefill_counts` waited out `timeout_s` and left it as it was, and `generate` waited out
     `timeout_s` again before restarting it: two timeouts. Now the first wait that finds it hung restarts
-    it: one timeout in all, its episodes come back as errors naming the hang, the others play on."""
+    it: one timeout in all, its episodes come back as errors naming the hang, the others play on. A
+    `score` that finds its worker hung restarts it too (and raises: no episode carries the error)."""
     dist = distributed(tiny_model_dir, tokenizer)
     expired = []
     get = ray_cluster.get
@@ -401,5 +402,16 @@ def test_a_hung_worker_costs_one_timeout_at_a_steps_start(ray_cluster, tiny_mode
         assert res[1].error == res[3].error == ("rollout worker 1 hung: no answer within 8 s (placement.timeout_s); "
                                                 "killed; the episode's state was lost with it (the worker is replaced)")
         assert wait_until(lambda: gone(pid))
+        # `score` (worker 0's) waited out its timeout and left the worker hung for the next call: now it
+        # restarts it and raises, and the next score is answered
+        monkeypatch.undo()
+        want = dist.score(ctx[0], [7, 8])
+        pid0 = ray_cluster.get(dist.workers[0].__ray_call__.remote(lambda self: os.getpid()))
+        os.kill(pid0, signal.SIGSTOP)
+        with pytest.raises(RuntimeError) as e:
+            dist.score(ctx[0], [7, 8])
+        assert str(e.value) == ("score: rollout worker 0 hung: no answer within 8 s (placement.timeout_s); killed; "
+                                "restarted") and dist.restarts == 2
+        assert wait_until(lambda: gone(pid0)) and dist.score(ctx[0], [7, 8]) == want
     finally:
         dist.close()
