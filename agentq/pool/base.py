@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import gymnasium as gym
 
-from agentq.utils.errors import RunAborted
+from agentq.utils.errors import give_up_if_failing
 
 
 @dataclass
@@ -418,14 +418,8 @@ class WorkerPool:
         return failed
 
     def _give_up_if_down(self) -> None:
-        for w, n in self._failed_starts.items():
-            if n >= self.max_failures_in_a_row:
-                raise RunAborted(f"{self.kind} {w} ({self.spec.name}) could not be started {n} times in a row; "
-                                   f"giving up: {self._down.get(w)}")
-        for (w, cmd), (n, why) in self._failed_calls.items():
-            if n >= self.max_failures_in_a_row:
-                raise RunAborted(f"{self.kind} {w} ({self.spec.name}) died or hung in {n} {cmd} calls in a row "
-                                   f"without completing one (restarted after each); giving up: {why}")
+        give_up_if_failing(self.max_failures_in_a_row, self._failed_starts, self._down, self._failed_calls,
+                           lambda w: f"{self.kind} {w} ({self.spec.name})")
 
     def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
         """See `EnvPool.reset`; a dead or hung worker's slots answer with errors (the worker restarts)."""

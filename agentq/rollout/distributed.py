@@ -36,7 +36,7 @@ from typing import Any, Iterable
 import torch
 
 from agentq.kernels.quant_spec import QuantSpec
-from agentq.utils.errors import RunAborted
+from agentq.utils.errors import give_up_if_failing
 
 from .backend import RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult
 
@@ -191,14 +191,8 @@ class DistributedBackend(RolloutBackend):
         return set(down) - set(self._restart(down)) if down else set()
 
     def _give_up_if_down(self) -> None:
-        for w, n in self._failed_starts.items():
-            if n >= self.max_failures_in_a_row:
-                raise RunAborted(f"rollout worker {w} could not be started {n} times in a row; giving up: "
-                                   f"{self._down.get(w)}")
-        for (w, method), (n, why) in self._failed_calls.items():
-            if n >= self.max_failures_in_a_row:
-                raise RunAborted(f"rollout worker {w} died or hung in {n} {method} calls in a row without completing "
-                                   f"one (restarted after each); giving up: {why}")
+        give_up_if_failing(self.max_failures_in_a_row, self._failed_starts, self._down, self._failed_calls,
+                           lambda w: f"rollout worker {w}")
 
     def worker_of(self, episode_id: int, prefer: int | None = None) -> int:
         """The worker serving the episode. A new episode goes to `prefer` while that worker has a
