@@ -8,6 +8,7 @@ and `agentq.trainer`, so both build the same way without importing each other (A
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import os
@@ -418,17 +419,39 @@ def _first_line(e: BaseException) -> str:
 
 def model_linears(path: str) -> tuple[list[str], list[str]]:
     """(the modules the vLLM checkpoint export places as linears, the nn.Linear modules the aligned
-    learner places) of the model in `path`, built from its config.json on the meta device."""
+    learner places) of the model in `path`, built from its config.json on the meta device, once per
+    folder and config.json (`_linears_built`).
+
+    Raises:
+        ValueError, KeyError, NotImplementedError, RuntimeError, ImportError: the build's own error
+            (`check_vllm_architecture` tells them apart), the same at every call.
+    """
+    found = _linears_built(str(Path(path).resolve()), (Path(path) / "config.json").read_bytes())
+    if isinstance(found, Exception):
+        raise found
+    return list(found[0]), list(found[1])
+
+
+@functools.lru_cache(maxsize=4)
+def _linears_built(folder: str, config_json: bytes) -> tuple[tuple[str, ...], tuple[str, ...]] | Exception:
+    """`model_linears` of `folder`, or the error its build raised. Cached: a start checks a folder
+    twice (`model_path`, then `make_backend`; `vllm_mismatch` once per preset), and each check built
+    the meta model again (seconds for a large one). `config_json` (the file's bytes) is only part of
+    the key: a folder rewritten with another config.json is built anew."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from agentq.learner.qat import linear_names
     from agentq.rollout.vllm_backend import exported_linears
 
-    config = AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    try:
+        config = AutoConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError, NotImplementedError, RuntimeError, ImportError) as e:
+        return e                # kept too: a model warned about is not built again by the next check
     tied = bool(getattr(config, "tie_word_embeddings", False))        # as `VLLMBackend` reads it
-    return exported_linears(((n, p.dim()) for n, p in model.named_parameters()), tied), linear_names(model)
+    named = ((n, p.dim()) for n, p in model.named_parameters())
+    return tuple(exported_linears(named, tied)), tuple(linear_names(model))
 
 
 def warn_past_positions(cfg: DictConfig, path: str) -> None:
