@@ -100,9 +100,10 @@ def write_eval_pair(out: Path, report: dict, trajs: list[Trajectory]) -> str:
 def recover_eval_pair(folder: str | Path) -> bool:
     """Put back the pair a kill between `write_eval_pair`'s renames set aside (the folder then has no
     eval.json: the old pair waits as `.<name>.old`), and remove what such a kill left (temporary
-    files, stale asides). Only while nobody writes there: before a write, and on the evaluations of a
-    run folder when it is claimed (`recover_eval_pairs`), never from a reader, which could undo a
-    write under way. Returns whether a pair was put back."""
+    files, stale asides). Only by the folder's writer, while nobody writes there: before a write, when
+    `agentq eval` starts on its output folder, and on the evaluations of a run or pipeline folder when
+    it is claimed (`recover_eval_pairs`); never from a reader, which could undo a write under way.
+    Returns whether a pair was put back."""
     folder = Path(folder)
     eval_json, episodes = folder / EVAL_JSON, folder / EPISODES_JSONL
     if (not eval_json.exists() and _beside(eval_json, "old").exists() and not _beside(episodes, "old").exists()
@@ -122,7 +123,8 @@ def _beside(path: Path, suffix: str) -> Path:
 
 def recover_eval_pairs(folders: Iterable[Path]) -> list[Path]:
     """`recover_eval_pair` in each of `folders` that a cut-short write left files in (a run's
-    eval/step_*, under its lock). Returns the folders whose pair was put back."""
+    eval/step_*, under its lock; a pipeline's eval_sft_* / eval_rl_*). Returns the folders whose pair
+    was put back."""
     left = [f for f in folders if any(f.glob(f".{EVAL_JSON}.*")) or any(f.glob(f".{EPISODES_JSONL}.*"))]
     return [folder for folder in left if recover_eval_pair(folder)]
 

@@ -25,7 +25,7 @@ from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.logging import console, progress
 
-from .episodes import EPISODES_SHA256, write_eval_pair
+from .episodes import EPISODES_SHA256, recover_eval_pair, write_eval_pair
 from .metrics import summarize
 from .selection import TaskSelection, select_tasks
 
@@ -130,13 +130,18 @@ def limits_record(cfg: DictConfig) -> dict:
 
 def evaluate(cfg: DictConfig) -> dict:
     """`agentq eval`: the checkpoint (or the model) on `split` (default env.eval_split); prints the report."""
+    split = cfg.split or cfg.env.eval_split
+    out, out_key = eval_out_path(cfg, split)
+    # first, the pair a kill cut short put back (`recover_eval_pair`): this command writes the folder, and
+    # until its write readers (`agentq report`) found no eval.json there
+    if out.is_dir():
+        recover_eval_pair(out)
     device, dtype = build.device_and_dtype(cfg)
     path = cfg.checkpoint or build.model_path(cfg)
     if not (Path(path) / "config.json").exists():
         raise ConfigError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)"
                           + latest_checkpoint_hint(Path(path)))
     warn_if_trained_otherwise(cfg, Path(path))
-    split = cfg.split or cfg.env.eval_split
     warn_if_training_split(cfg, split)
     try:
         selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
@@ -151,7 +156,7 @@ def evaluate(cfg: DictConfig) -> dict:
         # made once nothing can refuse the evaluation (an unknown split or unreadable weights left an
         # empty eval-<env>-<split> folder in the checkpoint), before anything is played: a path that
         # cannot be made fails now
-        out = eval_out_dir(cfg, split)
+        make_setting_dir(out, out_key, "evaluation's output folder")
         # the trainer's seeding (eval_seed, EVAL_FIRST_ID): the same episodes as its evaluations
         report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=eval_seed(cfg),
                                  max_concurrent=n_conc, repeats=int(cfg.eval.repeats),
@@ -318,24 +323,23 @@ def latest_checkpoint_hint(folder: Path) -> str:
         build.checkpoint_hint(run, "checkpoint").replace("; a run folder? its", "; the run's") if run else "")
 
 
-def eval_out_dir(cfg: DictConfig, split: str) -> Path:
-    """`agentq eval`'s output folder, created: eval.out_dir, else <checkpoint>/eval-<env>-<split>, or
+def eval_out_path(cfg: DictConfig, split: str) -> tuple[Path, str]:
+    """`agentq eval`'s output folder (not created: `evaluate` makes it once nothing can refuse the
+    evaluation) and the setting that names it: eval.out_dir, else <checkpoint>/eval-<env>-<split>, or
     without a checkpoint runs/eval-<env>-<split>-<time> (never the model's folder: a shared cache or
     the user's own checkpoint of model.path); the default names end with `settings_suffix`, so
     evaluations under other numerics or decoding keep their own folders.
 
-    Raises:
-        ConfigError: the folder cannot be created (naming the setting and the reason).
+    Returns:
+        (the folder, the setting to name when it cannot be created: eval.out_dir or checkpoint).
     """
     name = f"eval-{folder_name(str(cfg.env.name))}-{split}{settings_suffix(cfg)}"
     if cfg.eval.out_dir:
-        out, key = Path(cfg.eval.out_dir), "eval.out_dir"
-    elif cfg.checkpoint:
-        out, key = Path(cfg.checkpoint) / name, "checkpoint"
-    else:   # named like the trainer's unnamed run folders (agentq.trainer.run_dir.new_run_dir, a layer above)
-        out, key = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", "eval.out_dir"
-    make_setting_dir(out, key, "evaluation's output folder")
-    return out
+        return Path(cfg.eval.out_dir), "eval.out_dir"
+    if cfg.checkpoint:
+        return Path(cfg.checkpoint) / name, "checkpoint"
+    # named like the trainer's unnamed run folders (agentq.trainer.run_dir.new_run_dir, a layer above)
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", "eval.out_dir"
 
 
 def settings_suffix(cfg: DictConfig) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.config import ConfigError
+from agentq.eval.episodes import recover_eval_pairs
 from agentq.eval.metrics import outcomes_by_task, paired_comparison, paired_test_name, two_proportion_z
 from agentq.utils.logging import console, jsonable
 
@@ -100,7 +101,23 @@ def pipeline(cfg: DictConfig) -> dict:
     check_expert(cfg)                       # nor an env without an expert a tiny model's build
     out = Path(cfg.pipeline.out_dir or new_run_dir(f"pipeline-{cfg.env.name}"))
     with removed_if_left_empty(out):
-        return _pipeline(cfg, make_run_dir(out, "pipeline.out_dir"), split, others)
+        return _pipeline(cfg, claim_pipeline_dir(out), split, others)
+
+
+def claim_pipeline_dir(out: Path) -> Path:
+    """`out` (pipeline.out_dir), created, with the evaluations it holds put back where a kill cut their
+    write short (`recover_eval_pairs`): its eval_sft_<split> and eval_rl_<split>, which only the pipeline
+    writes, were broken for readers (`agentq report`) until the pipeline wrote them again; its stages'
+    folders recover their own when claimed (rl/eval/step_*).
+
+    Returns:
+        `out`.
+    Raises:
+        RunDirError: the folder cannot be created.
+    """
+    out = make_run_dir(out, "pipeline.out_dir")
+    recover_eval_pairs(sorted([*out.glob("eval_sft_*"), *out.glob("eval_rl_*")]))
+    return out
 
 
 def _pipeline(cfg: DictConfig, out: Path, split: str, others: list[str]) -> dict:

@@ -138,17 +138,12 @@ class _Killed(BaseException):
     """The process dying at a rename: nothing after it runs (no undo, no cleanup)."""
 
 
-@pytest.mark.parametrize("renames", [1, 2, 3])
-def test_a_kill_between_the_renames_leaves_the_old_pair_to_read(tmp_path, monkeypatch, renames):
-    """A rewrite killed after `renames` of its four renames (two asides, two in) left no eval.json:
-    the evaluation was lost to every reader. Claiming the run folder (a resume) puts the old pair
-    back, byte for byte, and removes what the kill left; so does the next write there."""
-    from agentq.trainer.run_dir import claim_run_dir
+def _killed_rewrite(out: Path, renames: int) -> tuple[bytes, bytes]:
+    """An evaluation of 4 episodes written into `out`, then a rewrite of 6 killed after `renames` of its
+    four renames (two asides, two in): no undo, no cleanup. Returns the first pair's bytes."""
     from agentq.utils import checkpoint
 
-    run, out = tmp_path, tmp_path / "eval" / "step_000001"
-    old_report, old_trajs = _evaluation(4, 1)
-    write_eval(out, old_report, old_trajs)
+    write_eval(out, *_evaluation(4, 1))
     old = _pair(out)
     real, calls = os.replace, []
 
@@ -159,11 +154,23 @@ def test_a_kill_between_the_renames_leaves_the_old_pair_to_read(tmp_path, monkey
         if len(calls) <= renames:
             real(src, dst)
 
-    monkeypatch.setattr(checkpoint.os, "replace", replace)
-    monkeypatch.setattr(Path, "unlink", lambda self, missing_ok=False: None)      # no cleanup either
-    with pytest.raises(_Killed):
-        write_eval(out, *_evaluation(6, 6))
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checkpoint.os, "replace", replace)
+        mp.setattr(Path, "unlink", lambda self, missing_ok=False: None)      # no cleanup either
+        with pytest.raises(_Killed):
+            write_eval(out, *_evaluation(6, 6))
+    return old
+
+
+@pytest.mark.parametrize("renames", [1, 2, 3])
+def test_a_kill_between_the_renames_leaves_the_old_pair_to_read(tmp_path, monkeypatch, renames):
+    """A rewrite killed after `renames` of its four renames (two asides, two in) left no eval.json:
+    the evaluation was lost to every reader. Claiming the run folder (a resume) puts the old pair
+    back, byte for byte, and removes what the kill left; so does the next write there."""
+    from agentq.trainer.run_dir import claim_run_dir
+
+    run, out = tmp_path, tmp_path / "eval" / "step_000001"
+    old = _killed_rewrite(out, renames)
     assert not (out / "eval.json").exists()                 # what readers look for is gone
     with pytest.raises(FileNotFoundError):                       # a reader changes nothing (a write may be under way)
         read_eval(out)
@@ -216,3 +223,27 @@ def test_a_kill_after_new_episodes_came_in_where_the_old_pair_had_none_leaves_th
     assert recover_eval_pair(out) is True
     assert sorted(os.listdir(out)) == ["eval.json"] and (out / "eval.json").read_bytes() == old_json
     assert read_eval(out)["episodes"] == 4
+
+
+@pytest.mark.parametrize("renames", [1, 2, 3])
+def test_agentq_eval_puts_its_output_folders_pair_back_before_anything_else(tiny_model_dir, tmp_path, monkeypatch,
+                                                                           renames):
+    """`agentq eval` is the writer of its output folder: a pair a kill cut short there is put back when
+    the command starts (readers, `agentq report`, found no eval.json until its next write), then replaced."""
+    from agentq import build
+    from agentq.cli import main
+
+    out = tmp_path / "ev"
+    old = _killed_rewrite(out, renames)
+    assert not (out / "eval.json").exists()
+    real, seen = build.device_and_dtype, []
+
+    def first_step(cfg):            # what `evaluate` did first before: the folder as the start left it
+        seen.append(_pair(out) if (out / "eval.json").exists() else sorted(os.listdir(out)))
+        return real(cfg)
+
+    monkeypatch.setattr(build, "device_and_dtype", first_step)
+    assert main(["eval", f"checkpoint={tiny_model_dir}", f"eval.out_dir={out}", "eval.num_tasks=1", "env_pool=inline",
+                 "env.max_steps=2", "env.max_new_tokens=8"]) == 0
+    assert seen == [old]
+    assert read_eval(out)["episodes"] == 1 and sorted(os.listdir(out)) == ["episodes.jsonl", "eval.json"]

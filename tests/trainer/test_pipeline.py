@@ -191,3 +191,37 @@ def test_turns_of_won_episodes_with_none_won_is_not_nan(capsys):
     said = " ".join(capsys.readouterr().err.split())
     assert "(unpaired z = 1.00; no paired test: the two evaluations share no task)" in said
     assert "McNemar" not in said and "p = " not in said
+
+
+def test_the_pipeline_puts_back_its_evaluations_a_kill_cut_short_when_it_starts(tiny_model_dir, tmp_path,
+                                                                                monkeypatch):
+    """eval_sft_<split> and eval_rl_<split> are the pipeline's own: one whose rewrite a kill cut short
+    (no eval.json, the old pair set aside) is put back when the pipeline claims its folder, before its
+    first stage, not only at the evaluation's next write (readers found no eval.json until then)."""
+    import os
+
+    from agentq.agent.trajectory import Trajectory
+    from agentq.config import ConfigError
+    from agentq.eval.episodes import read_eval
+    from agentq.eval.evaluate import write_eval
+    from agentq.eval.metrics import summarize
+    from agentq.trainer import sft
+
+    out, names = tmp_path / "p", ("eval_sft_dev", "eval_rl_test")
+    trajs = [Trajectory(episode_id=i, task_id=f"t{i}", split="dev", turns=1) for i in range(3)]
+    for name in names:
+        write_eval(out / name, {"env": "e", **summarize(trajs)}, trajs)
+        for f in ("eval.json", "episodes.jsonl"):      # a rewrite killed after its two asides
+            (out / name / f).rename(out / name / f".{f}.old")
+        (out / name / ".eval.json.tmp").write_text("{}")
+    seen = {}
+
+    def first_stage(cfg, out_dir, **kw):
+        seen.update({name: sorted(os.listdir(out / name)) for name in names})
+        raise ConfigError("stopped before SFT")
+
+    monkeypatch.setattr(sft, "sft", first_stage)
+    assert main(["pipeline", f"pipeline.out_dir={out}", "model=hf", f"model.path={tiny_model_dir}",
+                 "env_pool=inline"]) == 2
+    assert seen == {name: ["episodes.jsonl", "eval.json"] for name in names}
+    assert all(read_eval(out / name)["episodes"] == 3 for name in names)
