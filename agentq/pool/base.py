@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import gymnasium as gym
 
-from agentq.utils.errors import give_up_if_failing
+from agentq.utils.failures import FailureCounts
 
 
 @dataclass
@@ -285,7 +285,8 @@ class WorkerPool:
     starts, then dies at every step), the call raises, once its results are in and the worker restarted.
     Each command is counted on its own: a completed step starts the count of steps again, while the
     resets a restarted worker completes between its deaths in steps (an agent loop's reset, step, ...)
-    do not. Subclasses provide `_launch`, `_await`, `_kill`, `_submit`, `_answer` and `close`.
+    do not (`FailureCounts`, shared with the rollout workers). Subclasses provide `_launch`, `_await`,
+    `_kill`, `_submit`, `_answer` and `close`.
     """
 
     kind = "env worker"             # how errors name a worker ("env worker 1")
@@ -304,10 +305,7 @@ class WorkerPool:
         self._slots = {w: [s for s in range(num_envs) if s % self.num_workers == w] for w in range(self.num_workers)}
         self._siblings = SiblingSlots()
         self.restarts = 0
-        self._failed_starts: dict[int, int] = {}     # worker → failed starts in a row
-        self._down: dict[int, str] = {}              # worker → why its last start failed
-        # (worker, command) → (calls of that command it died / hung in, in a row; the last why)
-        self._failed_calls: dict[tuple[int, str], tuple[int, str]] = {}
+        self._failures = FailureCounts(self.max_failures_in_a_row, lambda w: f"{self.kind} {w} ({self.spec.name})")
         self._pending: set[int] = set()              # workers sent a command whose answer was not read
 
     # ------------------------------------------------------------------ one worker (subclasses)
@@ -359,13 +357,8 @@ class WorkerPool:
         deadline = time.monotonic() + self.start_timeout_s
         out: dict[int, str | None] = {}
         for w, cause in why.items():
-            out[w] = problem = self._await(w, max(0.0, deadline - time.monotonic()))
-            if problem is None:
-                self._failed_starts.pop(w, None)
-                self._down.pop(w, None)
-            else:
-                self._failed_starts[w] = self._failed_starts.get(w, 0) + 1
-                self._down[w] = problem
+            out[w] = self._await(w, max(0.0, deadline - time.monotonic()))
+            self._failures.start_ended(w, out[w])
             self._siblings.restarted(f"{self.kind} {w}", self._slots[w], in_call.get(w, []), cause)
         return out
 
@@ -380,7 +373,7 @@ class WorkerPool:
             by_worker.setdefault(it[0] % self.num_workers, []).append(it)
         blobs = {w: encode_items(cmd, its) for w, its in by_worker.items()}
         # a worker left down by a failed start is tried again first; still down, its items are answered
-        for w, problem in self._restart({w: "it was down" for w in blobs if w in self._down}, {}).items():
+        for w, problem in self._restart({w: "it was down" for w in blobs if w in self._failures.down}, {}).items():
             if problem is not None:
                 del blobs[w]
                 results.update(_errors(by_worker[w], f"{self.kind} {w} is down: it could not be started ({problem})"))
@@ -390,7 +383,7 @@ class WorkerPool:
             note = "restarted" if problem is None else f"could not be restarted ({problem}); tried again at its next call"
             results.update(_errors(by_worker[w], f"{self.kind} {w} {failed[w]}; {note}"))
         self._siblings.record(results.values())
-        self._give_up_if_down()
+        self._failures.raise_if_given_up()
         return [results[it[0]] for it in items]
 
     def _exchange(self, cmd: str, by_worker: dict[int, list], blobs: dict[int, bytes],
@@ -408,18 +401,14 @@ class WorkerPool:
             self._pending.discard(w)
             if reply is not None:
                 results.update((r.slot, r) for r in pickle.loads(reply))
-                self._failed_calls.pop((w, cmd), None)
+                self._failures.call_completed(w, cmd)
                 continue
             if why == "hung":
                 why = (f"hung: no answer to {cmd} of {n} slot(s) within {budget:g} s "
                        f"(env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
             failed[w] = why
-            self._failed_calls[w, cmd] = (self._failed_calls.get((w, cmd), (0, ""))[0] + 1, why)
+            self._failures.call_failed(w, cmd, why)
         return failed
-
-    def _give_up_if_down(self) -> None:
-        give_up_if_failing(self.max_failures_in_a_row, self._failed_starts, self._down, self._failed_calls,
-                           lambda w: f"{self.kind} {w} ({self.spec.name})")
 
     def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
         """See `EnvPool.reset`; a dead or hung worker's slots answer with errors (the worker restarts)."""

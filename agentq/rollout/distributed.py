@@ -19,11 +19,12 @@ dead, at their next turn, until released), and the agent loop reports them as er
 worker's are. A worker that cannot be started again is down: the new episodes sent to it come back
 as errors naming its start error, it is tried again at the next `generate` or `update_weights`.
 No endless restart loop: after `max_failures_in_a_row` failed starts of one worker in a row, or as
-many calls of one method (`generate`, `update_weights`, `prefill_counts`) in a row that it died or
-hung in without completing one (it starts, then dies at every `generate`), the call raises once its
-results are in. Each method is counted on its own: a completed `generate` starts the count of
-`generate`s again, while the `prefill_counts` and `update_weights` a restarted worker completes
-between its deaths in `generate` (an RL step's calls) do not.
+many calls of one method (`generate`, `update_weights`, `prefill_counts`, `score`, and the start-up's
+`kv_bytes_per_token`) in a row that it died or hung in without completing one (it starts, then dies at
+every `generate`), the call raises once its results are in. Each method is counted on its own: a
+completed `generate` starts the count of `generate`s again, while the `prefill_counts` and
+`update_weights` a restarted worker completes between its deaths in `generate` (an RL step's calls)
+do not (`FailureCounts`, the rule the env pools share).
 A sync that raises on any worker leaves the workers on different versions: `generate` and `score`
 refuse until an `update_weights` reaches them all.
 """
@@ -36,7 +37,7 @@ from typing import Any, Iterable
 import torch
 
 from agentq.kernels.quant_spec import QuantSpec
-from agentq.utils.errors import give_up_if_failing
+from agentq.utils.failures import FailureCounts
 
 from .backend import RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult
 
@@ -94,6 +95,9 @@ class DistributedBackend(RolloutBackend):
         timeout_s: bound on every call to a worker (a worker past it counts as dead) and on its start.
     Raises:
         RuntimeError: a worker failed to start (none is left running).
+        RunAborted: the give-up rule ended the start-up call that reads the engines' KV-cache size (a
+            worker died or hung in it, or failed to restart, `max_failures_in_a_row` times in a row;
+            none is left running).
     """
 
     max_failures_in_a_row = 3   # of one worker in a row: failed starts, or calls of one method it died / hung in
@@ -120,17 +124,17 @@ class DistributedBackend(RolloutBackend):
         self._lost: dict[int, str] = {}     # episode id → why: its worker was restarted (until released)
         self._sync_error: str | None = None  # the last update_weights failed on some worker: no serving
         self.restarts = 0
-        self._failed_starts: dict[int, int] = {}     # worker → failed starts in a row
-        self._down: dict[int, str] = {}              # worker → why its last start failed
-        # (worker, method) → (calls of that method it died / hung in, in a row; the last why)
-        self._failed_calls: dict[tuple[int, str], tuple[int, str]] = {}
+        self._failures = FailureCounts(self.max_failures_in_a_row, lambda w: f"rollout worker {w}")
         self.workers = [self._start(w) for w in range(num_workers)]
-        problems = self._await_started(range(num_workers))
-        if problems:
+        try:
+            problems = self._await_started(range(num_workers))
+            if problems:
+                w = min(problems)
+                raise RuntimeError(f"rollout worker {w} failed to start: {problems[w]}")
+            self._kv_bytes = self._start_up_kv_bytes()
+        except BaseException:
             self.close()
-            w = min(problems)
-            raise RuntimeError(f"rollout worker {w} failed to start: {problems[w]}")
-        self._kv_bytes = self._ray.get(self.workers[0].kv_bytes_per_token.remote(), timeout=self.timeout_s)
+            raise
 
     def _start(self, w: int) -> Any:
         return self._cls.options(**self._options[w]).remote(*self._init, weights=self._weights_ref,
@@ -177,22 +181,29 @@ class DistributedBackend(RolloutBackend):
             self._load[w] = 0
         problems = self._await_started(why)
         for w in why:
-            if w in problems:
-                self._failed_starts[w] = self._failed_starts.get(w, 0) + 1
-                self._down[w] = problems[w]
-            else:
-                self._failed_starts.pop(w, None)
-                self._down.pop(w, None)
+            self._failures.start_ended(w, problems.get(w))
         return problems
 
     def _retry_down(self) -> set[int]:
         """Start again each worker left down by a failed start; returns those that are up now."""
-        down = {w: f"rollout worker {w} was down" for w in sorted(self._down)}
+        down = {w: f"rollout worker {w} was down" for w in sorted(self._failures.down)}
         return set(down) - set(self._restart(down)) if down else set()
 
-    def _give_up_if_down(self) -> None:
-        give_up_if_failing(self.max_failures_in_a_row, self._failed_starts, self._down, self._failed_calls,
-                           lambda w: f"rollout worker {w}")
+    def _up_worker(self) -> int:
+        """The first worker that is not down (worker 0 when all are: the call finds it so and counts it)."""
+        return min(set(range(self.num_workers)) - set(self._failures.down), default=0)
+
+    def _start_up_kv_bytes(self) -> int:
+        """The engines' KV-cache bytes per token (one worker's: all are built alike), asked as every later
+        call is: a worker that dies or hangs in it is restarted and asked again, until the give-up rule
+        ends the run (it was asked of Ray directly: such a worker failed the start-up with a Ray error,
+        neither restarted nor counted)."""
+        while True:
+            w = self._up_worker()
+            ok, _ = self._gather("kv_bytes_per_token", {w: self.workers[w].kv_bytes_per_token.remote()})
+            self._failures.raise_if_given_up()
+            if w in ok:
+                return int(ok[w])
 
     def worker_of(self, episode_id: int, prefer: int | None = None) -> int:
         """The worker serving the episode. A new episode goes to `prefer` while that worker has a
@@ -211,17 +222,17 @@ class DistributedBackend(RolloutBackend):
                                                                       list[BaseException]]:
         """Every answer to a call of `method`, under one `timeout_s` for all: results by worker, worker →
         why it failed (died, hung) for those to restart, and the errors raised inside calls (the worker
-        answered). Counts, per worker and method, the calls in a row it failed (`_give_up_if_down`)."""
+        answered). Counts, per worker and method, the calls in a row it failed (`FailureCounts`)."""
         ok, failed, raised = {}, {}, []
         deadline = time.monotonic() + self.timeout_s
         for w, fut in futures.items():
             try:
                 ok[w] = self._ray.get(fut, timeout=max(0.0, deadline - time.monotonic()))
-                self._failed_calls.pop((w, method), None)
+                self._failures.call_completed(w, method)
                 continue
             except self._ray.exceptions.RayTaskError as e:      # the call itself raised (bad input)
                 raised.append(e)
-                self._failed_calls.pop((w, method), None)
+                self._failures.call_completed(w, method)
                 continue
             except self._ray.exceptions.GetTimeoutError:
                 why = f"hung: no answer within {self.timeout_s:g} s (placement.timeout_s); killed"
@@ -230,7 +241,7 @@ class DistributedBackend(RolloutBackend):
                 # for every later call too), its node lost, ...
                 why = f"died ({_death(self._ray, e)})"
             failed[w] = why
-            self._failed_calls[w, method] = (self._failed_calls.get((w, method), (0, ""))[0] + 1, why)
+            self._failures.call_failed(w, method, why)
         return ok, failed, raised
 
     def _replace(self, failed: dict[int, str]) -> dict[int, str]:
@@ -272,8 +283,8 @@ class DistributedBackend(RolloutBackend):
                 home.setdefault(key, w)
             by_worker.setdefault(w, []).append(r)
         # a worker still down (its start failed again just now) holds no episode: its new ones are answered
-        failed = {w: f"rollout worker {w} is down: it could not be started ({self._down[w]})"
-                  for w in by_worker if w in self._down}
+        down = self._failures.down
+        failed = {w: f"rollout worker {w} is down: it could not be started ({down[w]})" for w in by_worker if w in down}
         ok, died = self._gather("generate", {w: self.workers[w].generate.remote(rs) for w, rs in by_worker.items()
                                              if w not in failed})
         failed.update(died)
@@ -287,7 +298,7 @@ class DistributedBackend(RolloutBackend):
             if r.episode_id not in out:                   # lost with a worker restarted earlier
                 out[r.episode_id] = TurnResult(r.episode_id, [], [], "error", self.policy_version,
                                                error=self._lost[r.episode_id])
-        self._give_up_if_down()
+        self._failures.raise_if_given_up()
         return [out[r.episode_id] for r in requests]
 
     def _check_synced(self) -> None:
@@ -301,9 +312,9 @@ class DistributedBackend(RolloutBackend):
         hung one left as it was cost the next call another `timeout_s`), and the call raises: a
         score has no episode to carry the error."""
         self._check_synced()
-        w = min(set(range(self.num_workers)) - set(self._down), default=0)      # one that is up
+        w = self._up_worker()
         ok, errors = self._gather("score", {w: self.workers[w].score.remote(context_ids, target_ids, params)})
-        self._give_up_if_down()
+        self._failures.raise_if_given_up()
         if w in errors:
             raise RuntimeError(f"score: {errors[w]}")
         return ok[w]
@@ -322,15 +333,15 @@ class DistributedBackend(RolloutBackend):
         self._sync_error = f"version {version}"
         # a worker left down starts with these weights; one still down gets them when it starts
         revived = self._retry_down()
+        skip = revived | set(self._failures.down)
         try:
-            ok, failed = self._gather("update_weights",
-                                      {w: a.update_weights.remote(self._weights_ref, version)
-                                       for w, a in enumerate(self.workers) if w not in revived and w not in self._down})
+            ok, failed = self._gather("update_weights", {w: a.update_weights.remote(self._weights_ref, version)
+                                                         for w, a in enumerate(self.workers) if w not in skip})
         except Exception as e:
             self._sync_error = f"version {version}: {type(e).__name__}: {_last_line(e)}"
             raise
         self._sync_error = None
-        self._give_up_if_down()
+        self._failures.raise_if_given_up()
         # a restarted worker loaded these weights at start; the code-change fraction is a survivor's
         first = ok[min(ok)] if ok else None
         return SyncStats(version=version, int8_codes_changed=first.int8_codes_changed if first else None,
@@ -352,10 +363,11 @@ class DistributedBackend(RolloutBackend):
         answer adds nothing and is restarted here (its episodes reported at their next turn): an RL step
         starts with this call, and a hung worker left as it was cost the step's `generate` a second
         `timeout_s`. One whose call raised adds nothing either."""
+        down = self._failures.down
         ok, failed, _ = self._collect("prefill_counts", {w: a.prefill_counts.remote()
-                                                         for w, a in enumerate(self.workers) if w not in self._down})
+                                                         for w, a in enumerate(self.workers) if w not in down})
         self._replace(failed)
-        self._give_up_if_down()
+        self._failures.raise_if_given_up()
         total: dict[str, int] = {}
         for counts in ok.values():
             for k, v in counts.items():

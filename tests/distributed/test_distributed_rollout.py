@@ -266,7 +266,7 @@ def test_a_worker_that_cannot_restart_is_reported_and_ends_the_run_after_three_t
             dist.release(e)
         os.unlink(flag)
         assert play([12, 13, 14, 15]) == [None] * 4 and dist.restarts == 4  # tried again: up, and it serves
-        assert [dist._load, dist._down] == [[0, 0], {}]
+        assert [dist._load, dist._failures.down] == [[0, 0], {}]
     finally:
         dist.close()
 
@@ -415,3 +415,56 @@ def test_a_hung_worker_costs_one_timeout_at_a_steps_start(ray_cluster, tiny_mode
         assert wait_until(lambda: gone(pid0)) and dist.score(ctx[0], [7, 8]) == want
     finally:
         dist.close()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", ["dies", "hangs"])
+def test_a_worker_lost_while_reading_the_kv_size_at_start_up_is_restarted_then_given_up_on(
+        fault, ray_cluster, tiny_model_dir, tokenizer, tmp_path, monkeypatch):
+    """The start-up asked worker 0 for the engines' KV-cache bytes per token of Ray directly: a worker that
+    died there failed the start-up with Ray's ActorDiedError (a hung one, with GetTimeoutError), neither
+    restarted nor counted. Now it is asked as every call is: one that dies or hangs in it once is restarted
+    and asked again (the backend starts); one that dies at every start-up ends it with the give-up line
+    after three, and no worker is left running."""
+    once, always, started = tmp_path / "once", tmp_path / "always", tmp_path / "started"
+    started.mkdir()
+
+    class LostReadingKV(EngineWorker):      # defined here: pickled by value into the actor
+        def __init__(self, *args, **kw):
+            (started / str(os.getpid())).touch()
+            super().__init__(*args, **kw)
+
+        def kv_bytes_per_token(self):
+            if always.exists() or not once.exists():
+                once.touch()
+                if fault == "dies":
+                    os._exit(1)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return EngineWorker.kv_bytes_per_token(self)
+
+    monkeypatch.setattr("agentq.rollout.distributed.EngineWorker", LostReadingKV)
+    from transformers import AutoConfig
+
+    def start():
+        # a hang costs one timeout_s: short, yet long enough for a worker to build its engine
+        return DistributedBackend(AutoConfig.from_pretrained(tiny_model_dir), SPEC, 1, 2, [{"num_cpus": 0.5}],
+                                  {"max_len": 1024, "dtype": torch.float32, "device": "cpu"}, tokenizer=tokenizer,
+                                  timeout_s=120 if fault == "dies" else 30, threads=1)
+
+    local = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=2, max_len=1024, tokenizer=tokenizer)
+    dist = start()
+    try:
+        assert dist.restarts == 1 and dist.kv_bytes_per_token() == local.kv_bytes_per_token() > 0
+        dist.update_weights(weights(tiny_model_dir).items(), version=0)
+        assert dist.generate(turn([0], {0: list(range(5, 17))}))[0].finish_reason != "error"
+    finally:
+        dist.close()
+    if fault == "dies":         # the give-up takes this path after a hang too, three timeouts later
+        always.touch()
+        with pytest.raises(RunAborted) as error:
+            start()
+        assert str(error.value) == ("rollout worker 0 died or hung in 3 kv_bytes_per_token calls in a row without "
+                                    "completing one (restarted after each); giving up: died (ActorDiedError)")
+    pids = [int(p.name) for p in started.iterdir()]
+    # two workers above; then the first and its three restarts (as a call that gives up: restarted, then raised)
+    assert len(pids) == (2 + 4 if fault == "dies" else 2) and wait_until(lambda: all(gone(pid) for pid in pids))
