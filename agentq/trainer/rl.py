@@ -25,7 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentq import build
-from agentq.agent import BackendPolicy, ChatFormat
+from agentq.agent import BackendPolicy, ChatFormat, EpisodeSpec
 from agentq.agent.trajectory import Trajectory
 from agentq.config import ConfigError, check_config, config_leaves, load_config
 from agentq.algos import Objective, Prepared, grpo_advantages, make_objective, mismatch_metrics
@@ -49,6 +49,22 @@ from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, new_run_dir, 
 #: rollout summary keys (eval.metrics.summarize) every step row carries, skipped steps too
 ROLLOUT_KEYS = ("reward_mean", "success_rate", "score_mean", "turns_mean", "cap_rate", "invalid_action_rate",
                 "inadmissible_action_rate", "end_context")
+
+
+def stopped_episodes(specs: list[EpisodeSpec], ended: list[Trajectory], why: str) -> list[Trajectory]:
+    """A step's episodes when the run stopped while collecting them (`why`: the give-up message).
+
+    Args:
+        specs: the step's episodes; ended: the trajectories of those that ended before the stop.
+    Returns:
+        By episode id: each ended one as it is (an errored one keeps its own error), and each other
+        one, the stopping call's among them, as an errored trajectory naming the stop.
+    """
+    done = {t.episode_id for t in ended}
+    stopped = [Trajectory(s.episode_id, s.task_id, s.split, s.group_id, end_reason="error",
+                          error=f"the run stopped before this episode ended: {why}")
+               for s in specs if s.episode_id not in done]
+    return sorted([*ended, *stopped], key=lambda t: t.episode_id)
 
 
 def run_dir_for(cfg: DictConfig) -> Path:
@@ -449,12 +465,13 @@ class RLTrainer:
         """One RL step (module docstring): collect, score, prepare, update, sync; returns the logged row."""
         before = self.engine.prefill_counts()
         t0 = time.perf_counter()
-        trajs = self._collect()
+        trajs = self._collect(step)
         t_roll = time.perf_counter() - t0
+        # written before the next backend call, which may give up on a worker and stop the run
+        write_lost_episodes(self.run_dir, step, trajs)
         # a restarted rollout worker counts from 0 again: its part of the step is then undercounted
         prefill = {k: max(0, v - before.get(k, 0)) for k, v in self.engine.prefill_counts().items()}
         rollout = summarize(trajs)
-        write_lost_episodes(self.run_dir, step, trajs)
         usable = [x for x in trajs if x.end_reason != "error" and x.num_action_tokens > 0]
         if not usable:
             return self._skip_step(step, trajs, rollout, time.perf_counter() - t0)
@@ -478,15 +495,22 @@ class RLTrainer:
             "learner_threads": n_threads, "skipped_step": 0,
         }
 
-    def _collect(self) -> list[Trajectory]:
+    def _collect(self, step: int) -> list[Trajectory]:
         """Rollouts from the behaviour policy (the quantized engine): `group_size` episodes of each of
-        `tasks_per_step` sampled training tasks."""
+        `tasks_per_step` sampled training tasks. A worker given up on (`RunAborted`) stops the run in the
+        middle of them: the step's lost episodes are written to errors.jsonl first (`stopped_episodes`),
+        as a step that completes writes its own, so the give-up call's are not missing from the record."""
         t = self.cfg.trainer
         tasks = sample_tasks(self.train_tasks, int(t.tasks_per_step), self.rng)
         specs = build.episode_specs(tasks, self.train_split, int(self.cfg.seed), self.next_episode_id,
                                     int(t.group_size))
         self.next_episode_id += len(specs)
-        return self.loop.run(specs, BackendPolicy(self.engine))
+        ended: list[Trajectory] = []
+        try:
+            return self.loop.run(specs, BackendPolicy(self.engine), on_done=ended.append)
+        except RunAborted as e:
+            write_lost_episodes(self.run_dir, step, stopped_episodes(specs, ended, str(e)))
+            raise
 
     def _score(self, usable: list[Trajectory]) -> PolicyBatch:
         """The padded batch with GRPO advantages (episode reward standardised within its task's group)."""

@@ -90,3 +90,55 @@ def test_a_resumed_run_keeps_counting_its_skipped_steps(tiny_model_dir, tmp_path
     assert main([*args, "trainer.steps=4", f"trainer.resume={run}", f"trainer.out_dir={run}"]) == 1
     assert "3 steps in a row had no usable episode" in capsys.readouterr().err
     assert [r["step"] for r in rows(run)] == [1, 2]      # step 3 raised before its row
+
+
+GAVE_UP = ("env worker 0 (textworld_express) died or hung in 3 reset calls in a row without completing one "
+           "(restarted after each); giving up: died (exit code 3)")
+DIED = "env worker 0 died (exit code 3); restarted"
+
+
+@pytest.mark.parametrize("stops_in", ["reset", "prefill_counts"])
+def test_a_run_that_gives_up_on_a_worker_records_the_stopping_steps_lost_episodes(stops_in, tiny_model_dir, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """A worker given up on (`RunAborted`) stopped the run inside the step: the step's errors.jsonl rows
+    were written after its collection only, so the give-up call's episodes were never recorded, nor the
+    ones lost earlier in that step to restarted calls. Here the pool's first reset loses episode 0 as a
+    restarted worker does, then the run is stopped by the second reset (episode 2 in it, with
+    trainer.max_concurrent=2), or by the rollout backend's `prefill_counts` closing the collection. Each of
+    the step's lost episodes has its row before the run stops: episode 0 with its own error, every other
+    one that had not ended naming the stop."""
+    from agentq.pool.base import EnvResult, InlinePool
+    from agentq.rollout.torch_engine.engine import TorchEngine
+    from agentq.utils.errors import RunAborted
+
+    resets, counts = [], []
+    reset, prefill_counts = InlinePool.reset, TorchEngine.prefill_counts
+
+    def first_loses_one_second_gives_up(self, items):
+        resets.append(items)
+        if len(resets) == 2 and stops_in == "reset":
+            raise RunAborted(GAVE_UP)
+        out = reset(self, items)
+        return [EnvResult(out[0].slot, ok=False, error=DIED), *out[1:]] if len(resets) == 1 else out
+
+    def second_gives_up(self):
+        counts.append(1)
+        if len(counts) == 2 and stops_in == "prefill_counts":
+            raise RunAborted(GAVE_UP)
+        return prefill_counts(self)
+
+    monkeypatch.setattr(InlinePool, "reset", first_loses_one_second_gives_up)
+    monkeypatch.setattr(TorchEngine, "prefill_counts", second_gives_up)
+    run = tmp_path / "r"
+    assert main(["train", *SMALL, f"model.path={tiny_model_dir}", "env_pool=inline", "trainer.max_concurrent=2",
+                 "trainer.steps=1", f"trainer.out_dir={run}"]) == 1
+    assert f"agentq: run stopped: {GAVE_UP}" in capsys.readouterr().err
+    assert not (run / "metrics.jsonl").exists() or not rows(run)        # stopped before the step's row
+    errors = {e["episode_id"]: e for e in map(json.loads, (run / "errors.jsonl").read_text().splitlines())}
+    assert all(e["step"] == 1 and e["split"] == "train" and e["task_id"] for e in errors.values())
+    assert errors.pop(0)["error"] == DIED
+    stopped = f"the run stopped before this episode ended: {GAVE_UP}"
+    if stops_in == "reset":     # 2 was in the stopping call, 3 in it or queued; 1 ran on (seen), unless it had ended
+        assert {2, 3} <= set(errors) <= {1, 2, 3} and all(e["error"] == stopped for e in errors.values())
+    else:                       # every episode had ended: only the lost one has a row
+        assert errors == {}
