@@ -264,12 +264,6 @@ class InlinePool:
         self.core.close()
 
 
-def last_line(e: BaseException) -> str:
-    """The last line of an error's text (a Ray error carries the remote traceback before it)."""
-    lines = [line for line in str(e).splitlines() if line.strip()]
-    return lines[-1].strip() if lines else type(e).__name__
-
-
 class WorkerPool:
     """The dispatch that the subprocess and Ray pools share, so both answer a call alike.
 

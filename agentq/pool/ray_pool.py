@@ -33,8 +33,9 @@ from typing import Any
 
 from agentq.config import ConfigError
 from agentq.utils.process import descendants, kill_when_this_process_ends
+from agentq.utils.ray_actors import actor_start_problem, kill_actor, last_line
 
-from .base import EnvSpec, WorkerCore, WorkerPool, last_line
+from .base import EnvSpec, WorkerCore, WorkerPool
 
 LOOPBACK = "127.0.0.1"
 CLOSE_TIMEOUT_S = 10.0      # for all actors together to close their envs; then they are killed
@@ -256,23 +257,11 @@ class RayPool(WorkerPool):
         self._actors[w] = self._actor_cls.remote(self.spec, self._slots[w])
 
     def _await(self, w: int, timeout: float) -> str | None:
-        ray = self._ray
-        try:
-            ray.get(self._actors[w].__ray_ready__.remote(), timeout=timeout)
-            return None
-        except ray.exceptions.GetTimeoutError:
-            problem = (f"not started within {self.start_timeout_s:g} s ({self.cpus_per_worker:g} CPU each); "
-                       f"cluster resources free now: {ray.available_resources()}")
-        except ray.exceptions.RayError as e:      # its constructor raised, or it died
-            problem = last_line(e)
-        self._kill(w)       # a pending actor would otherwise take its CPU whenever one frees up
-        return problem
+        return actor_start_problem(self._ray, self._actors[w], timeout,
+                                   f"{self.start_timeout_s:g} s ({self.cpus_per_worker:g} CPU each)")
 
     def _kill(self, w: int) -> None:
-        try:
-            self._ray.kill(self._actors[w])     # also one that is unreachable but alive
-        except Exception:
-            pass
+        kill_actor(self._ray, self._actors[w])
 
     def _submit(self, w: int, cmd: str, blob: bytes) -> Any:
         try:

@@ -38,6 +38,7 @@ import torch
 
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.utils.failures import FailureCounts
+from agentq.utils.ray_actors import actor_start_problem, kill_actor, last_line
 
 from .backend import RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult
 
@@ -141,29 +142,15 @@ class DistributedBackend(RolloutBackend):
                                                             version=self.policy_version, threads=self._threads)
 
     def _kill(self, w: int) -> None:
-        try:
-            self._ray.kill(self.workers[w])     # also one that is unreachable but alive
-        except Exception:
-            pass
+        kill_actor(self._ray, self.workers[w])
 
     def _await_started(self, workers: Iterable[int]) -> dict[int, str]:
         """Wait (one `timeout_s` for all) until each worker has built its engine. Returns worker → why
-        it did not (its constructor's error, or the timeout); such a worker is killed, since a pending
-        actor would otherwise take its resources whenever they free up."""
-        ray = self._ray
+        it did not (`actor_start_problem`: its constructor's error, or the timeout); such a worker is killed."""
         deadline = time.monotonic() + self.timeout_s
-        problems: dict[int, str] = {}
-        for w in workers:
-            try:
-                ray.get(self.workers[w].__ray_ready__.remote(), timeout=max(0.0, deadline - time.monotonic()))
-                continue
-            except ray.exceptions.GetTimeoutError:
-                problems[w] = (f"not started within {self.timeout_s:g} s (placement.timeout_s); cluster resources "
-                               f"free now: {ray.available_resources()}")
-            except ray.exceptions.RayError as e:      # its constructor raised, or it died
-                problems[w] = _last_line(e)
-            self._kill(w)
-        return problems
+        problems = {w: actor_start_problem(self._ray, self.workers[w], max(0.0, deadline - time.monotonic()),
+                                           f"{self.timeout_s:g} s (placement.timeout_s)") for w in workers}
+        return {w: p for w, p in problems.items() if p is not None}
 
     def _restart(self, why: dict[int, str]) -> dict[int, str]:
         """Replace each worker of `why` (worker → why it is replaced; killed first, in case it only
@@ -338,7 +325,7 @@ class DistributedBackend(RolloutBackend):
             ok, failed = self._gather("update_weights", {w: a.update_weights.remote(self._weights_ref, version)
                                                          for w, a in enumerate(self.workers) if w not in skip})
         except Exception as e:
-            self._sync_error = f"version {version}: {type(e).__name__}: {_last_line(e)}"
+            self._sync_error = f"version {version}: {type(e).__name__}: {last_line(e)}"
             raise
         self._sync_error = None
         self._failures.raise_if_given_up()
@@ -389,9 +376,3 @@ def _death(ray: Any, e: BaseException) -> str:
     if isinstance(e, ray.exceptions.OutOfMemoryError):
         return f"killed by Ray's memory monitor: OutOfMemoryError: {str(e).strip().splitlines()[0]}"
     return type(e).__name__
-
-
-def _last_line(e: BaseException) -> str:
-    """The last line of an error's text (a Ray error carries the remote traceback before it)."""
-    lines = [line for line in str(e).splitlines() if line.strip()]
-    return lines[-1].strip() if lines else type(e).__name__
