@@ -7,6 +7,7 @@ episodes that hit the step cap, and per-task-type success.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -14,13 +15,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from agentq import build
 from agentq.agent import AgentLoop, BackendPolicy, ChatFormat
 from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
-from agentq.config import ConfigError, differing_settings, in_sections, make_setting_dir
+from agentq.config import ConfigError, differing_settings, in_sections, load_config, make_setting_dir
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.logging import console, progress
@@ -137,10 +138,7 @@ def evaluate(cfg: DictConfig) -> dict:
     if out.is_dir():
         recover_eval_pair(out)
     device, dtype = build.device_and_dtype(cfg)
-    path = cfg.checkpoint or build.model_path(cfg)
-    if not (Path(path) / "config.json").exists():
-        raise ConfigError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)"
-                          + latest_checkpoint_hint(Path(path)))
+    path = evaluated_model(cfg, out)
     warn_if_trained_otherwise(cfg, Path(path))
     warn_if_training_split(cfg, split)
     try:
@@ -157,6 +155,7 @@ def evaluate(cfg: DictConfig) -> dict:
         # empty eval-<env>-<split> folder in the checkpoint), before anything is played: a path that
         # cannot be made fails now
         make_setting_dir(out, out_key, "evaluation's output folder")
+        note_replaced(out, same_settings=not cfg.eval.out_dir)
         # the trainer's seeding (eval_seed, EVAL_FIRST_ID): the same episodes as its evaluations
         report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=eval_seed(cfg),
                                  max_concurrent=n_conc, repeats=int(cfg.eval.repeats),
@@ -168,6 +167,49 @@ def evaluate(cfg: DictConfig) -> dict:
     check_errors(cfg, report)
     check_unplayed(cfg, report)
     return report
+
+
+def evaluated_model(cfg: DictConfig, out: Path) -> str:
+    """The folder `agentq eval` loads: `checkpoint`, else the model of `model.path` (or the tiny model),
+    said in one line with where the results go (the table alone did not say an untrained model played).
+
+    Raises:
+        ConfigError: not an HF checkpoint folder (with the checkpoint probably meant), or both
+            `checkpoint` and a `model.path` given (the second was ignored without a word).
+    """
+    given = None if OmegaConf.is_missing(cfg.model, "path") else cfg.model.path
+    if cfg.checkpoint and given:
+        raise ConfigError(f"checkpoint={str(cfg.checkpoint)!r} and model.path={str(given)!r} both given: agentq eval "
+                          "evaluates the checkpoint and would ignore model.path; give one of them")
+    path = cfg.checkpoint or build.model_path(cfg)
+    if not (Path(path) / "config.json").exists():
+        raise ConfigError(f"checkpoint={path!r} is not an HF checkpoint folder (no config.json)"
+                          + latest_checkpoint_hint(Path(path)))
+    if not cfg.checkpoint:
+        what = (f"the model of model.path={str(given)!r}" if given else
+                f"the untrained (random-init) tiny model built for this environment, {path}")
+        console.print(f"no checkpoint= given: evaluating {what}; eval.json and episodes.jsonl go to {out}",
+                      markup=False, highlight=False, soft_wrap=True)
+    return str(path)
+
+
+def note_replaced(out: Path, same_settings: bool) -> None:
+    """Say when `out` holds an earlier evaluation, which this one's eval.json and episodes.jsonl replace
+    (a rerun replaced its own without a word: the earlier numbers were gone before the user knew).
+
+    Args:
+        same_settings: `out` is the default folder of these settings (else eval.out_dir named it).
+    """
+    if not (out / "eval.json").is_file():
+        return
+    try:
+        episodes = f"{int(json.loads((out / 'eval.json').read_text())['episodes'])} episodes, "
+    except (OSError, ValueError, TypeError, KeyError):        # unreadable or not agentq's: replaced all the same
+        episodes = ""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime((out / "eval.json").stat().st_mtime))
+    console.print(f"this evaluation replaces the earlier one{' with the same settings' if same_settings else ''} in "
+                  f"{out} ({episodes}written {when}); eval.out_dir=<another folder> keeps both",
+                  markup=False, highlight=False, soft_wrap=True)
 
 
 def check_errors(cfg: DictConfig, report: dict) -> None:
@@ -304,7 +346,7 @@ def latest_checkpoint_hint(folder: Path) -> str:
     if folder.is_file():                                # e.g. <checkpoint>/model.safetensors
         inside = folder.parent / "config.json"
         return "; a file, not a folder" + (f": checkpoint={folder.parent}?" if inside.is_file() else "")
-    hint = build.checkpoint_hint(folder, "checkpoint")
+    hint = pruned_checkpoint_hint(folder) or build.checkpoint_hint(folder, "checkpoint")
     if hint or not folder.is_dir():
         return hint
     steps = sorted(folder.glob("step_*/config.json"))
@@ -323,19 +365,32 @@ def latest_checkpoint_hint(folder: Path) -> str:
         build.checkpoint_hint(run, "checkpoint").replace("; a run folder? its", "; the run's") if run else "")
 
 
+def pruned_checkpoint_hint(folder: Path) -> str:
+    """For <run>/checkpoints/step_N gone or without its weights (trainer.keep_checkpoints removes all but a
+    run's latest checkpoints, leaving a folder that holds evaluations written into it), the run's latest
+    checkpoint; "" for any other folder. The error said only "no such folder" (or nothing)."""
+    steps = sorted(folder.parent.glob("step_*/config.json")) if folder.parent.name == "checkpoints" else []
+    if not steps or folder.is_file():
+        return ""
+    what = "no such checkpoint" if not folder.exists() else "its weights are gone"
+    return (f"; {what} (trainer.keep_checkpoints removes all but a run's latest checkpoints): the run's latest "
+            f"is checkpoint={steps[-1].parent}")
+
+
 def eval_out_path(cfg: DictConfig, split: str) -> tuple[Path, str]:
     """`agentq eval`'s output folder (not created: `evaluate` makes it once nothing can refuse the
     evaluation) and the setting that names it: eval.out_dir, else <checkpoint>/eval-<env>-<split>, or
     without a checkpoint runs/eval-<env>-<split>-<time> (never the model's folder: a shared cache or
     the user's own checkpoint of model.path); the default names end with `settings_suffix`, so
-    evaluations under other numerics or decoding keep their own folders.
+    evaluations under other settings (numerics, decoding, seed, budgets, task sample, prompt...) keep
+    their own folders.
 
     Returns:
         (the folder, the setting to name when it cannot be created: eval.out_dir or checkpoint).
     """
-    name = f"eval-{folder_name(str(cfg.env.name))}-{split}{settings_suffix(cfg)}"
     if cfg.eval.out_dir:
         return Path(cfg.eval.out_dir), "eval.out_dir"
+    name = f"eval-{folder_name(str(cfg.env.name))}-{split}{settings_suffix(cfg)}"
     if cfg.checkpoint:
         return Path(cfg.checkpoint) / name, "checkpoint"
     # named like the trainer's unnamed run folders (agentq.trainer.run_dir.new_run_dir, a layer above)
@@ -343,20 +398,77 @@ def eval_out_path(cfg: DictConfig, split: str) -> tuple[Path, str]:
 
 
 def settings_suffix(cfg: DictConfig) -> str:
-    """The end of `agentq eval`'s default folder name: how this evaluation played where that differs from
-    the default (W8A8-KV8 on the torch engine, greedy, one episode a task), e.g. "-bf16", "-T1",
-    "-bf16-T0.7-top_p0.9-x2"; "" for the default. The README's comparisons (rollout=bf16 against the
-    quantized rollout, sampled against greedy) wrote to one <checkpoint>/eval-<env>-<split>/, so the
-    second evaluation replaced the first's eval.json and episodes.jsonl without a word."""
+    """The end of `agentq eval`'s default folder name: every setting that changes the episodes where it
+    differs from the default (`default_config`), so evaluations under other settings keep their own
+    folders and a rerun with the same settings replaces its own; "" for the default. E.g. "-bf16",
+    "-T1", "-bf16-T0.7-top_p0.9-x2", "-seed1", "-steps2-n4", "-cfg1a2b3c4d". The README's comparisons
+    (rollout=bf16 against the quantized rollout, sampled against greedy, three seeds) wrote to one
+    <checkpoint>/eval-<env>-<split>/, so the second evaluation replaced the first's without a word."""
+    return "".join(f"-{p}" for p in decoding_parts(cfg) + episode_parts(cfg, default_config(cfg)))
+
+
+def decoding_parts(cfg: DictConfig) -> list[str]:
+    """The numerics and decoding of `settings_suffix` (default: W8A8-KV8 on the torch engine, greedy,
+    one episode a task)."""
     r, t = cfg.rollout, float(cfg.eval.temperature)
-    # rollout=bf16 (conf/rollout/bf16.yaml) is rollout.quant=none: named as the user chose it
-    parts = [{"none": "bf16"}.get(str(r.quant), str(r.quant))] if r.quant != "w8a8_kv8" else []
+    parts = [quant_name(str(r.quant))] if r.quant != "w8a8_kv8" else []
     parts += [str(r.backend)] if r.backend != "torch" else []
     if t > 0:       # greedy decoding ignores top_p / top_k
         parts += [f"T{t:g}"] + ([f"top_p{float(r.top_p):g}"] if float(r.top_p) < 1 else [])
         parts += [f"top_k{int(r.top_k)}"] if int(r.top_k) > 0 else []
-    parts += [f"x{int(cfg.eval.repeats)}"] if int(cfg.eval.repeats) > 1 else []
-    return "".join(f"-{p}" for p in parts)
+    return parts + ([f"x{int(cfg.eval.repeats)}"] if int(cfg.eval.repeats) > 1 else [])
+
+
+def quant_name(quant: str) -> str:
+    """A rollout quantization as the user chose it: rollout=bf16 (conf/rollout/bf16.yaml) is
+    rollout.quant=none, and its folder and table read "bf16"."""
+    return {"none": "bf16"}.get(quant, quant)
+
+
+#: settings that change an evaluation's episodes, named readably in its folder name when they differ
+#: from the default: (key, the part's prefix before the value)
+NAMED_SETTINGS = (("seed", "seed"), ("env.max_steps", "steps"), ("env.max_context_tokens", "ctx"),
+                  ("env.max_new_tokens", "tok"))
+#: the rest of what the episodes play and how they are scored (the task, the prompt, the agent loop's
+#: format and penalties): too many and too long to spell out, named by a hash of those that differ
+HASHED_SETTINGS = ("env.kwargs", "env.prompt", "agent")
+
+
+def episode_parts(cfg: DictConfig, default: DictConfig) -> list[str]:
+    """`settings_suffix`'s parts for what the episodes play: `NAMED_SETTINGS` ("seed1", "steps2"), the
+    task sample ("n4": eval.num_tasks of the stratified sample, "first4" of eval.selection=first; every
+    task, the default, adds none; named since a 4-task smoke test replaced a full evaluation) and "cfg" + 8 hex
+    digits of the `HASHED_SETTINGS` that differ from `default` (`RUN_ONLY` env.kwargs left out: how the
+    env runs, not what it plays)."""
+    parts = [f"{prefix}{OmegaConf.select(cfg, k)}" for k, prefix in NAMED_SETTINGS
+             if OmegaConf.select(cfg, k) != OmegaConf.select(default, k)]
+    if cfg.eval.num_tasks is not None:
+        method = str(cfg.eval.get("selection", "stratified"))
+        parts.append(f"{'n' if method == 'stratified' else method}{int(cfg.eval.num_tasks)}")
+    diffs = differing_settings(default, cfg, lambda k: in_sections(k, HASHED_SETTINGS) and not in_sections(k, RUN_ONLY),
+                               default=lambda k: build.setting_default(cfg, k))
+    if diffs:       # the settings' keys and values: the same settings, the same name in any process
+        text = json.dumps([[k, now] for k, _, now in diffs], sort_keys=True, default=repr)
+        parts.append("cfg" + hashlib.sha256(text.encode()).hexdigest()[:8])
+    return parts
+
+
+def default_config(cfg: DictConfig) -> DictConfig:
+    """The config an evaluation's folder name is told against: conf/'s defaults with the environment
+    preset named env.name (conf/env/<env.name>.yaml, a plugin's too), so an evaluation at that preset's
+    defaults keeps the name it always had. One preset per env.name: textworld_express_mapreader (env.name
+    textworld_express) is told against textworld_express.yaml, so its name differs from the coin game's
+    on the same split. For an env.name no preset is named after (a Gymnasium id, module:Class), conf/'s
+    default environment: the name then says what differs from it (a stable name, if not a short one)."""
+    name = str(cfg.env.name)
+    if re.fullmatch(r"[\w-]+", name):       # a group option's name, not a Gymnasium id or module:Class
+        try:
+            preset = load_config([f"env={name}"])
+        except ConfigError:                 # no such preset (or one that does not load alone)
+            preset = None
+        if preset is not None and str(preset.env.name) == name:
+            return preset
+    return load_config([])
 
 
 def folder_name(env_name: str) -> str:
@@ -409,10 +521,11 @@ def decoding_text(sampling: dict) -> str:
 
 
 def rollout_text(r: dict) -> str:
-    """The rollout numerics of a report, e.g. "w8a8_kv8 (torch)"; an eval.json or summary.json
-    written before `rollout_backend` was recorded gives the quantization alone."""
+    """The rollout numerics of a report as its folder names them, e.g. "w8a8_kv8 (torch)", "bf16 (torch)"
+    (rollout=bf16 read "none (torch)" beside a -bf16 folder); an eval.json or summary.json written before
+    `rollout_backend` was recorded gives the quantization alone."""
     backend = r.get("rollout_backend")
-    return f"{r.get('rollout_quant')}" + (f" ({backend})" if backend else "")
+    return quant_name(str(r.get("rollout_quant"))) + (f" ({backend})" if backend else "")
 
 
 def errored_text(r: dict) -> str:

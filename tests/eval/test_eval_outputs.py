@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -31,9 +32,10 @@ def test_evaluations_under_other_numerics_or_decoding_keep_their_own_folders(tin
     episodes.jsonl without a word. Each now has its folder; eval.json records the step cap and context
     budget its episodes ran under, and its numbers are those of its episodes.jsonl."""
     ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
-    runs = {"eval-textworld_express-test": [],
-            "eval-textworld_express-test-bf16": ["rollout=bf16"],
-            "eval-textworld_express-test-T1-x2": ["eval.temperature=1", "eval.repeats=2"]}
+    base = "eval-textworld_express-test"
+    runs = {f"{base}-steps2-tok8-n3": [],
+            f"{base}-bf16-steps2-tok8-n3": ["rollout=bf16"],
+            f"{base}-T1-x2-steps2-tok8-n3": ["eval.temperature=1", "eval.repeats=2"]}
     for args in runs.values():
         assert main(["eval", f"checkpoint={ckpt}", *SMALL, *args]) == 0
     said = " ".join(capsys.readouterr().err.split())
@@ -47,11 +49,11 @@ def test_evaluations_under_other_numerics_or_decoding_keep_their_own_folders(tin
     assert "hit step cap" in said and "(cap 2 turns)" in said
     assert said.count("decoding │ greedy │") == 2 and "decoding │ sampled at T = 1; 2 episodes a task │" in said
 
-    greedy = _episodes(ckpt / "eval-textworld_express-test")
+    greedy = _episodes(ckpt / f"{base}-steps2-tok8-n3")
     k = sum(e["won"] for e in greedy)
-    assert reports["eval-textworld_express-test"]["success_ci95"] == pytest.approx(_wilson(k, 3), abs=1e-12)
+    assert reports[f"{base}-steps2-tok8-n3"]["success_ci95"] == pytest.approx(_wilson(k, 3), abs=1e-12)
     # the sampled evaluation's numbers, recomputed from its episodes (3 tasks × 2 repeats)
-    r, eps = reports["eval-textworld_express-test-T1-x2"], _episodes(ckpt / "eval-textworld_express-test-T1-x2")
+    r, eps = reports[f"{base}-T1-x2-steps2-tok8-n3"], _episodes(ckpt / f"{base}-T1-x2-steps2-tok8-n3")
     assert [e["task_id"] for e in eps[::2]] == [e["task_id"] for e in eps[1::2]] and len({e["task_id"] for e in eps}) == 3
     won = [e for e in eps if e["won"]]
     assert r["success_rate"] == len(won) / 6
@@ -71,6 +73,54 @@ def test_the_default_folder_name_says_what_differs_from_the_default_evaluation()
     assert suffix("rollout.quant=w8a8_kv8_head") == "-w8a8_kv8_head"
     assert suffix("eval.temperature=0.7", "rollout.top_p=0.9", "rollout.top_k=5", "eval.repeats=3") == "-T0.7-top_p0.9-top_k5-x3"
     assert suffix("rollout=bf16", "eval.repeats=2") == "-bf16-x2"
+
+
+def test_every_setting_that_changes_the_episodes_is_in_the_default_folder_name():
+    """`seed`, the budgets, the task sample and the prompt were left out of the name: three evaluation
+    seeds (or env.max_steps=2 against the default cap) wrote one folder, each replacing the one before.
+    The default keeps today's name, and so does each env preset at its defaults."""
+    from agentq.eval.evaluate import settings_suffix
+
+    def suffix(*args):
+        return settings_suffix(load_config(list(args)))
+    for defaults in ([], ["seed=0", "env.max_steps=12", "eval.selection=first"], ["env=webshop"], ["env=alfworld"],
+                     ["env.name=agentq/TextWorldExpress-v0"], ["env.kwargs.jvm_heap=2g", "env.kwargs.call_timeout_s=9"]):
+        assert suffix(*defaults) == "", defaults
+    assert suffix("seed=1") == "-seed1" and suffix("env.max_steps=2") == "-steps2"
+    assert suffix("env.max_context_tokens=2048", "env.max_new_tokens=8") == "-ctx2048-tok8"
+    assert suffix("eval.num_tasks=4") == "-n4" and suffix("eval.num_tasks=4", "eval.selection=first") == "-first4"
+    assert suffix("rollout=bf16", "eval.temperature=1", "seed=2", "eval.num_tasks=4") == "-bf16-T1-seed2-n4"
+    # the prompt, the task's env.kwargs and the agent loop's format and penalties: a hash of what differs
+    assert suffix("env.prompt.system=Play.") == "-cfg054da7a4"
+    assert suffix("env.prompt.system=Play.", "seed=3") == "-seed3-cfg054da7a4"
+    hashed = {suffix(a) for a in ("env.prompt.system=Win.", "env.prompt.max_obs_chars=100", "env.kwargs.games=[mapreader]",
+                                  "agent.invalid_action_penalty=0.1", "agent.action_tag=act")}
+    assert len(hashed) == 5 and all(h.startswith("-cfg") and len(h) == 12 for h in hashed)
+    # a preset sharing another's env.name is told against that one's defaults: never the coin game's name
+    assert suffix("env=textworld_express_mapreader") == "-ctx2048-cfg84860cba"
+
+
+def test_evaluations_under_another_seed_cap_or_prompt_keep_their_own_folders(tiny_model_dir, tmp_path, capsys):
+    """Played: each setting its folder; a rerun with the same settings replaces its own, and says so."""
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    small = ["eval.num_tasks=1", "env_pool=inline", "env.max_new_tokens=8", "eval.temperature=1"]
+    runs = {"eval-textworld_express-test-T1-tok8-n1": [],
+            "eval-textworld_express-test-T1-seed1-tok8-n1": ["seed=1"],
+            "eval-textworld_express-test-T1-steps2-tok8-n1": ["env.max_steps=2"],
+            "eval-textworld_express-test-T1-tok8-n1-cfg054da7a4": ["env.prompt.system=Play."]}
+    for args in runs.values():
+        assert main(["eval", f"checkpoint={ckpt}", *small, *args]) == 0
+    assert sorted(p.name for p in ckpt.glob("eval-*")) == sorted(runs)
+    assert "replaces" not in capsys.readouterr().err
+    seeds = {name: json.loads((ckpt / name / "eval.json").read_text())["sampling"]["seed"] for name in runs}
+    assert list(seeds.values()) == [1, 2, 1, 1]
+
+    folder = ckpt / "eval-textworld_express-test-T1-seed1-tok8-n1"
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime((folder / "eval.json").stat().st_mtime))
+    assert main(["eval", f"checkpoint={ckpt}", *small, "seed=1"]) == 0
+    assert (f"this evaluation replaces the earlier one with the same settings in {folder} (1 episodes, written "
+            f"{when}); eval.out_dir=<another folder> keeps both") in " ".join(capsys.readouterr().err.split())
+    assert sorted(p.name for p in ckpt.glob("eval-*")) == sorted(runs)
 
 
 def test_the_table_says_how_the_evaluation_decoded():

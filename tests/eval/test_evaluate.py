@@ -11,6 +11,8 @@ import pytest
 from agentq.cli import main
 
 SMALL = ["eval.num_tasks=1", "env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8"]
+#: the default folder name of a SMALL evaluation: its step cap, turn budget and task sample named
+SMALL_NAME = "eval-textworld_express-test-steps2-tok8-n1"
 
 
 def test_eval_without_checkpoint_writes_a_new_runs_folder_not_the_models(tiny_model_dir, tmp_path, monkeypatch,
@@ -18,8 +20,12 @@ def test_eval_without_checkpoint_writes_a_new_runs_folder_not_the_models(tiny_mo
     model = shutil.copytree(tiny_model_dir, tmp_path / "model")
     monkeypatch.chdir(tmp_path)
     assert main(["eval", f"model.path={model}", *SMALL]) == 0
-    (out,) = (tmp_path / "runs").glob("eval-textworld_express-test-*")
-    assert f"eval.json and episodes.jsonl in {out.relative_to(tmp_path)}" in capsys.readouterr().err   # said where
+    (out,) = (tmp_path / "runs").glob(f"{SMALL_NAME}-*")
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"eval.json and episodes.jsonl in {out.relative_to(tmp_path)}" in said     # said where
+    # and, before playing, which model (nothing said an untrained model was evaluated)
+    assert (f"no checkpoint= given: evaluating the model of model.path='{model}'; eval.json and episodes.jsonl go "
+            f"to {out.relative_to(tmp_path)}") in said
     report = json.loads((out / "eval.json").read_text())
     assert (report["checkpoint"], report["split"], report["episodes"]) == (str(model), "test", 1)
     assert not list(model.glob("eval-*"))
@@ -32,9 +38,12 @@ def test_the_report_names_the_rollout_backend_beside_its_quantization(tiny_model
     ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
     assert main(["eval", f"checkpoint={ckpt}", "rollout=w8a8_kv8", *SMALL]) == 0
     said = " ".join(capsys.readouterr().err.split())
-    report = json.loads((ckpt / "eval-textworld_express-test" / "eval.json").read_text())
+    report = json.loads((ckpt / SMALL_NAME / "eval.json").read_text())
     assert (report["rollout_quant"], report["rollout_backend"]) == ("w8a8_kv8", "torch")
     assert "textworld_express / test (1 episodes, rollout=w8a8_kv8 (torch))" in said
+    # rollout=bf16 (rollout.quant none) read "rollout=none (torch)" above a -bf16 folder: named as its folder
+    print_report({**report, "rollout_quant": "none"})
+    assert "textworld_express / test (1 episodes, rollout=bf16 (torch))" in " ".join(capsys.readouterr().err.split())
     del report["rollout_backend"]           # an eval.json from before: the quantization alone
     print_report(report)
     assert "textworld_express / test (1 episodes, rollout=w8a8_kv8)" in " ".join(capsys.readouterr().err.split())
@@ -198,17 +207,19 @@ def test_an_env_name_with_slash_or_colon_makes_one_output_folder(tiny_model_dir,
     """`eval-<env.name>-<split>` with a Gymnasium id nested a folder per "/" (eval-agentq/TextWorldExpress-v0-test)."""
     ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
     assert main(["eval", f"checkpoint={ckpt}", "env.name=agentq/TextWorldExpress-v0", *SMALL]) == 0
-    assert [p.name for p in ckpt.glob("eval-*")] == ["eval-agentq_TextWorldExpress-v0-test"]
-    assert (ckpt / "eval-agentq_TextWorldExpress-v0-test" / "eval.json").is_file()
+    assert [p.name for p in ckpt.glob("eval-*")] == ["eval-agentq_TextWorldExpress-v0-test-steps2-tok8-n1"]
+    assert (ckpt / "eval-agentq_TextWorldExpress-v0-test-steps2-tok8-n1" / "eval.json").is_file()
     from agentq.eval.evaluate import folder_name
 
     assert folder_name("guess_env:GuessEnv") == "guess_env_GuessEnv" and folder_name("alfworld") == "alfworld"
 
 
 def test_wrong_folders_given_as_checkpoint_name_the_checkpoint_meant(tiny_model_dir, tmp_path, capsys):
-    """A run's checkpoints/ folder, an evaluation's output folder and a checkpoint's file got no hint."""
+    """A run's checkpoints/ folder, an evaluation's output folder and a checkpoint's file got no hint; nor
+    did a checkpoint trainer.keep_checkpoints removed (gone, or left holding the evaluations written into it)."""
     run = tmp_path / "run"
     ckpt = shutil.copytree(tiny_model_dir, run / "checkpoints" / "step_000004")
+    (run / "checkpoints" / "step_000003" / "eval-textworld_express-test").mkdir(parents=True)
     for ev in (run / "eval" / "step_000002", run / "eval" / "step_000004", ckpt / "eval-guess-test"):
         ev.mkdir(parents=True)
         (ev / "eval.json").write_text("{}")
@@ -219,6 +230,10 @@ def test_wrong_folders_given_as_checkpoint_name_the_checkpoint_meant(tiny_model_
                                        f"checkpoint is checkpoint={ckpt}"),
         ckpt / "eval-guess-test": f"an evaluation's output folder (eval.json): the checkpoint it evaluated is checkpoint={ckpt}",
         ckpt / "model.safetensors": f"a file, not a folder: checkpoint={ckpt}?",
+        run / "checkpoints" / "step_000002": ("no such checkpoint (trainer.keep_checkpoints removes all but a run's "
+                                              f"latest checkpoints): the run's latest is checkpoint={ckpt}"),
+        run / "checkpoints" / "step_000003": ("its weights are gone (trainer.keep_checkpoints removes all but a run's "
+                                              f"latest checkpoints): the run's latest is checkpoint={ckpt}"),
     }
     for given, hint in cases.items():
         assert main(["eval", f"checkpoint={given}", *SMALL]) == 2
@@ -317,3 +332,19 @@ def test_an_episode_that_errored_at_reset_counts_in_its_task_types_row(tiny_mode
     assert report["per_task_type"] == {"coin": {"episodes": 3, "success_rate": won / 3,
                                                 "score_mean": sum(e["score"] for e in episodes) / 3}}
     assert episodes[1]["task_type"] == "coin"
+
+
+def test_a_checkpoint_and_a_model_path_together_are_refused(tiny_model_dir, tmp_path, capsys):
+    """model.path beside checkpoint= was ignored without a word (model.path=/nonexistent evaluated the
+    checkpoint): one of the two is a mistake. model=hf's unset model.path is no model.path given."""
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    assert main(["eval", f"checkpoint={ckpt}", "model.path=/nonexistent", *SMALL]) == 2
+    assert " ".join(capsys.readouterr().err.split()) == (
+        f"agentq: checkpoint='{ckpt}' and model.path='/nonexistent' both given: agentq eval evaluates the checkpoint "
+        "and would ignore model.path; give one of them")
+    assert not list(ckpt.glob("eval-*"))
+    from agentq.config import load_config
+    from agentq.eval.evaluate import evaluated_model
+
+    assert evaluated_model(load_config([f"checkpoint={ckpt}", "model=hf"]), tmp_path / "out") == str(ckpt)
+    assert capsys.readouterr().err == ""

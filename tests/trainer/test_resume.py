@@ -227,15 +227,15 @@ def test_pruned_checkpoints_keep_the_evaluations_written_into_them(run_copy, cap
     ckpts = run_copy / "checkpoints"
     assert main(["eval", f"checkpoint={ckpts / 'step_000001'}", "eval.num_tasks=1", "env.max_steps=2",
                  "env_pool=inline"]) == 0
-    report = (ckpts / "step_000001" / "eval-textworld_express-test" / "eval.json").read_text()
+    report = (ckpts / "step_000001" / "eval-textworld_express-test-steps2-n1" / "eval.json").read_text()
     assert json.loads(report)["episodes"] == 1
     assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3", "trainer.keep_checkpoints=1"]) == 0
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001", "step_000003"]
-    assert [p.name for p in (ckpts / "step_000001").iterdir()] == ["eval-textworld_express-test"]
-    assert (ckpts / "step_000001" / "eval-textworld_express-test" / "eval.json").read_text() == report
+    assert [p.name for p in (ckpts / "step_000001").iterdir()] == ["eval-textworld_express-test-steps2-n1"]
+    assert (ckpts / "step_000001" / "eval-textworld_express-test-steps2-n1" / "eval.json").read_text() == report
     said = " ".join(capsys.readouterr().err.split())
     assert (f"removed checkpoint {ckpts / 'step_000001'}'s weights and state (trainer.keep_checkpoints=1); the folder "
-            "keeps what was written into it: eval-textworld_express-test") in said
+            "keeps what was written into it: eval-textworld_express-test-steps2-n1") in said
     # the evaluation's folder is no checkpoint: a resume takes the latest real one, and a later prune skips it
     from agentq.trainer.rl import latest_checkpoint
 
