@@ -111,12 +111,19 @@ def dispatch(cmd: str, cfg: DictConfig, overrides: list[str]) -> None:
 def report(args: list[str]) -> int:
     """`agentq report <run> [out.html]`: a static HTML report of an RL run folder."""
     if len(args) not in (1, 2) or args[0] in ("-h", "--help"):
-        print("usage: agentq report <run folder> [out.html]   (default: <run folder>/report.html; a run folder "
-              "of `agentq train`, or of `agentq pipeline`)",
+        print("usage: agentq report <run folder> [out.html]   (a run folder of `agentq train`, or of `agentq "
+              "pipeline`; out.html: the file to write, default <run folder>/report.html. The page has the run's "
+              "held-out evaluations, with those `agentq eval` wrote into its checkpoints)",
               file=sys.stderr if args[:1] not in (["-h"], ["--help"]) else sys.stdout)
         return 0 if args[:1] in (["-h"], ["--help"]) else 2
+    from pathlib import Path
+
     from agentq.eval.report import write_report
 
+    if len(args) == 2 and Path(args[1]).is_dir():       # `agentq report runs/x runs/x`: an IsADirectoryError traceback
+        print(f"agentq: report: {args[1]!r} is a folder; the second argument is the HTML file to write, e.g. "
+              f"{Path(args[1]) / 'report.html'} (left out: <run folder>/report.html)", file=sys.stderr)
+        return 2
     try:
         out = write_report(args[0], args[1] if len(args) == 2 else None)
     except FileNotFoundError as e:

@@ -1,7 +1,8 @@
 """`agentq report <run>`: one static HTML file (no server, no network) describing an RL run.
 
 Sections: for an `agentq pipeline` folder the SFT → RL comparison (summary.json); the learning
-curves (PNG, embedded), the held-out evaluations (eval/step_*/eval.json),
+curves (PNG, embedded), the held-out evaluations (eval/step_*/eval.json, and those `agentq eval` wrote
+into the run's checkpoints: checkpoints/step_*/eval-<env>-<split>[-settings]),
 K3 and InterQ-RL's α by turn over training (from metrics.jsonl and the segment history; a long
 run's tables show `table_rows` steps spread over it, so the page does not grow with the run), and an
 episode viewer over the segment history (`segments/step_*.parquet`): every turn's observation and
@@ -16,9 +17,10 @@ import html
 import io
 import json
 import math
+import os
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from agentq.config import env_label
 from agentq.utils.logging import console, counted, read_metrics
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 from .episodes import EvalPairError, read_eval
 from .metrics import NO_PAIRS, paired_test_name
 from .segments import read_segments, segment_steps
+
+T = TypeVar("T")
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;max-width:1200px;color:#222}
@@ -147,21 +151,56 @@ def curves_section(rows: list[dict], cfg: dict, summary: dict | None = None) -> 
     return "\n".join(parts)
 
 
-def eval_section(run_dir: Path) -> str:
+def eval_section(run_dir: Path, top: Path | None = None) -> str:
+    """The held-out evaluations: the trainer's (eval/step_*), then `agentq eval`'s of the run's
+    checkpoints (`checkpoint_eval_folders`; `top`: the folder given, a pipeline's for its SFT checkpoint)."""
     reports, refused = read_evals(run_dir)
+    others, refused_others = _read_pairs(checkpoint_eval_folders(run_dir, top or run_dir))
     out = ["<h2 id='evals'>Held-out evaluations</h2>"]
-    out += [f"<p class=meta>left out: {html.escape(e)}</p>" for e in refused]
-    if not reports:
+    out += [f"<p class=meta>left out: {html.escape(e)}</p>" for e in refused + refused_others]
+    if not reports and not others:
         return "\n".join(out + ["<p>No evaluations in this run.</p>"])
-    out.append("<table id='eval-table'><tr><th>step</th><th class=l>split</th><th>episodes</th><th>success</th>"
-               "<th>95 % CI</th><th>score</th><th>turns (won)</th><th>step cap</th><th class=l>tasks</th></tr>")
-    for r in reports:
-        lo, hi = r.get("success_ci95") or [None, None]
-        sel = (r.get("task_selection") or {}).get("description", "")
-        out.append(f"<tr><td>{_fmt(r.get('step'))}</td><td class=l>{_fmt(r.get('split'))}</td><td>{_fmt(r.get('episodes'))}</td>"
-                   f"<td>{_fmt(r.get('success_rate'))}</td><td>{_fmt(lo)}–{_fmt(hi)}</td><td>{_fmt(r.get('score_mean'))}</td>"
-                   f"<td>{_fmt(r.get('turns_success_mean'), 2)}</td><td>{_fmt(r.get('cap_rate'))}</td>"
-                   f"<td class=l>{html.escape(sel)}</td></tr>")
+    out.append(_trainer_evals(reports) if reports else "<p>None during training (eval/step_*).</p>")
+    if others:
+        out.append("<h3 id='checkpoint-evals'>Of the run's checkpoints, by <code>agentq eval</code></h3>"
+                   "<table id='checkpoint-eval-table'><tr><th class=l>checkpoint</th><th class=l>folder</th>"
+                   f"<th class=l>split</th><th class=l>rollout, decoding</th>{EVAL_HEAD}</tr>")
+        out += [f"<tr><td class=l>{html.escape(label)}</td><td class=l>{html.escape(folder.name)}</td>"
+                f"<td class=l>{_fmt(r.get('split'))}</td><td class=l>{html.escape(_decoding(r))}</td>{_eval_cells(r)}</tr>"
+                for (label, folder), r in others]
+        out.append("</table>")
+    return "\n".join(out)
+
+
+#: the columns every evaluation table ends with (`_eval_cells`)
+EVAL_HEAD = ("<th>episodes</th><th>success</th><th>95 % CI</th><th>score</th><th>turns (won)</th><th>step cap</th>"
+             "<th class=l>tasks</th>")
+
+
+def _eval_cells(r: dict) -> str:
+    lo, hi = r.get("success_ci95") or [None, None]
+    sel = (r.get("task_selection") or {}).get("description", "")
+    return (f"<td>{_fmt(r.get('episodes'))}</td><td>{_fmt(r.get('success_rate'))}</td><td>{_fmt(lo)}–{_fmt(hi)}</td>"
+            f"<td>{_fmt(r.get('score_mean'))}</td><td>{_fmt(r.get('turns_success_mean'), 2)}</td>"
+            f"<td>{_fmt(r.get('cap_rate'))}</td><td class=l>{html.escape(sel)}</td>")
+
+
+def _decoding(r: dict) -> str:
+    """How an evaluation played, from its eval.json (the settings its folder's name ends with):
+    "w8a8_kv8, greedy", "none (vllm), T=1, ×2"; "–" for what an older eval.json did not record."""
+    sampling = r.get("sampling") or {}
+    t, repeats = sampling.get("temperature", r.get("temperature")), int(sampling.get("repeats") or 1)
+    backend = r.get("rollout_backend")
+    parts = [f"{r.get('rollout_quant', '–')}" + (f" ({backend})" if backend and backend != "torch" else ""),
+             "–" if t is None else "greedy" if float(t) == 0 else f"T={float(t):g}"]
+    return ", ".join(parts + ([f"×{repeats}"] if repeats > 1 else []))
+
+
+def _trainer_evals(reports: list[dict]) -> str:
+    """The trainer's evaluations (eval/step_*), and the last one's success per task type."""
+    out = [f"<table id='eval-table'><tr><th>step</th><th class=l>split</th>{EVAL_HEAD}</tr>"]
+    out += [f"<tr><td>{_fmt(r.get('step'))}</td><td class=l>{_fmt(r.get('split'))}</td>{_eval_cells(r)}</tr>"
+            for r in reports]
     out.append("</table>")
     last = reports[-1]
     types = last.get("per_task_type") or {}
@@ -179,14 +218,33 @@ def read_evals(run_dir: Path) -> tuple[list[dict], list[str]]:
     """(the run's evaluations, eval/step_*/eval.json in step order; the one-line error of each whose
     eval.json does not match its episodes.jsonl, `read_eval`), each error also printed: one such
     folder leaves its row out rather than the whole report."""
-    reports, refused = [], []
-    for p in sorted((run_dir / "eval").glob("step_*/eval.json")):
+    pairs, refused = _read_pairs([(None, p.parent) for p in sorted((run_dir / "eval").glob("step_*/eval.json"))])
+    return [r for _, r in pairs], refused
+
+
+def checkpoint_eval_folders(run_dir: Path, top: Path) -> list[tuple[str, Path]]:
+    """`agentq eval`'s output folders in the run's checkpoints (<checkpoint>/eval-<env>-<split>[-settings],
+    or any folder with an eval.json there: eval.out_dir may name one), as (the checkpoint, e.g.
+    "step 3", the folder), in step order; for a pipeline (`top` above `run_dir`), its SFT checkpoint's
+    first. A checkpoint that trainer.keep_checkpoints removed keeps its folder with these in it."""
+    found = [("SFT", p.parent) for p in sorted((top / "sft" / "checkpoint").glob("*/eval.json"))] if top != run_dir else []
+    for ckpt in sorted((run_dir / "checkpoints").glob("step_*")):
+        step = ckpt.name.removeprefix("step_")
+        found += [(f"step {int(step) if step.isdigit() else step}", p.parent) for p in sorted(ckpt.glob("*/eval.json"))]
+    return found
+
+
+def _read_pairs(folders: list[tuple[T, Path]]) -> tuple[list[tuple[tuple[T, Path], dict]], list[str]]:
+    """Each (key, evaluation folder) with its eval.json (`read_eval`: checked against its episodes.jsonl),
+    and the one-line error of each folder whose pair does not match, also printed."""
+    pairs, refused = [], []
+    for key, folder in folders:
         try:
-            reports.append(read_eval(p.parent))
+            pairs.append(((key, folder), read_eval(folder)))
         except EvalPairError as e:
             refused.append(str(e))
             console.print(f"warning: {e}", style="yellow", markup=False, highlight=False, soft_wrap=True)
-    return reports, refused
+    return pairs, refused
 
 
 def table_steps(rows: list[dict], seg_steps: list[int], k: int) -> list[int]:
@@ -313,8 +371,37 @@ def rl_run_dir(folder: Path) -> tuple[Path, dict | None]:
     if (folder / "rl" / "metrics.jsonl").exists():
         summary = folder / "summary.json"
         return folder / "rl", json.loads(summary.read_text()) if summary.exists() else None
+    inside = _enclosing_run(folder)
+    if inside:      # a folder the user found in a run (an evaluation's, a checkpoint): its run, in one line
+        raise FileNotFoundError(f"{folder} is {_what_folder(folder.resolve())} in the run folder {inside}, not a run "
+                                f"folder itself: agentq report {inside}")
     raise FileNotFoundError(f"{folder} is not an agentq run folder (no metrics.jsonl, nor rl/metrics.jsonl "
                             "of an `agentq pipeline` folder)")
+
+
+def _renders(folder: Path) -> bool:
+    """Whether `agentq report` renders `folder`: an RL run or a pipeline (not an `agentq sft` folder)."""
+    sft = (folder / "sft_summary.json").exists() or (folder / "demos.jsonl").exists()
+    return not sft and ((folder / "metrics.jsonl").is_file() or (folder / "rl" / "metrics.jsonl").is_file())
+
+
+def _enclosing_run(folder: Path) -> Path | None:
+    """The run folder `folder` is inside, up to <run>/checkpoints/step_N/eval-<env>-<split> (a pipeline's,
+    not its rl/, for a folder in its RL run: its report has the SFT → RL summary); None if none."""
+    # absolute: `agentq report .` in a checkpoint has no parents to walk; named back as it was given
+    run = next((up for up in list(folder.absolute().parents)[:3] if _renders(up)), None)
+    if run is not None and run.name == "rl" and (run.parent / "summary.json").exists() and _renders(run.parent):
+        run = run.parent
+    return run if run is None or folder.is_absolute() else Path(os.path.relpath(run))
+
+
+def _what_folder(folder: Path) -> str:
+    """What a folder inside a run is, for `rl_run_dir`'s message."""
+    if (folder / "eval.json").is_file():
+        return "an evaluation's output folder (eval.json)"
+    if (folder / "config.json").is_file() or folder.parent.name == "checkpoints":
+        return "a checkpoint"
+    return "the checkpoints folder" if folder.name == "checkpoints" else "a folder"
 
 
 def _paired_cells(pr: dict) -> str:
@@ -386,7 +473,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_step
         + "<a href='#curves'>curves</a> · <a href='#evals'>evaluations</a> · <a href='#by-turn'>by turn</a> · "
         "<a href='#episodes'>episodes</a></p>",
         pipeline_section(summary) if summary else "",
-        curves_section(rows, cfg, summary), eval_section(run_dir), by_turn_section(rows, seg_by_step, table_rows),
+        curves_section(rows, cfg, summary), eval_section(run_dir, top), by_turn_section(rows, seg_by_step, table_rows),
         viewer_section(shown, max_episodes)])
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}{token_css()}</style><script>{SWITCH_JS}</script></head><body class='by-delta'>{body}</body></html>")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import IO
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -21,7 +22,8 @@ from agentq.eval.episodes import recover_eval_pairs
 from agentq.eval.metrics import outcomes_by_task, paired_comparison, paired_test_name, two_proportion_z
 from agentq.utils.logging import console, jsonable
 
-from .run_dir import make_run_dir, new_run_dir, removed_if_left_empty
+from .run_dir import (PIPELINE_ARTIFACTS, RUN_ARTIFACTS, SFT_ARTIFACTS, RunDirError, claim_run_dir, holds_run,
+                      new_run_dir, remove_run_artifacts, removed_if_left_empty)
 
 
 def evaluate_checkpoint(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int, split: str) -> dict:
@@ -91,8 +93,9 @@ def eval_splits(cfg: DictConfig) -> list[str]:
 
 
 def pipeline(cfg: DictConfig) -> dict:
-    """`agentq pipeline` into pipeline.out_dir (default a new runs/pipeline-<env>-<time>); a start
-    refused before anything was written there (a bad model.path or SFT setting) leaves no folder."""
+    """`agentq pipeline` into pipeline.out_dir (default a new runs/pipeline-<env>-<time>), locked for this
+    process and refused when it holds another run (`claim_pipeline_dir`); a start refused before anything
+    was written there (a bad model.path or SFT setting) leaves no folder."""
     from agentq.trainer.rl import check_rl_config
     from agentq.trainer.sft import check_expert
 
@@ -101,23 +104,43 @@ def pipeline(cfg: DictConfig) -> dict:
     check_expert(cfg)                       # nor an env without an expert a tiny model's build
     out = Path(cfg.pipeline.out_dir or new_run_dir(f"pipeline-{cfg.env.name}"))
     with removed_if_left_empty(out):
-        return _pipeline(cfg, claim_pipeline_dir(out), split, others)
+        lock = claim_pipeline_dir(out, overwrite=bool(cfg.trainer.get("overwrite", False)))
+        try:
+            return _pipeline(cfg, out, split, others)
+        finally:
+            lock.close()            # releases the folder
 
 
-def claim_pipeline_dir(out: Path) -> Path:
-    """`out` (pipeline.out_dir), created, with the evaluations it holds put back where a kill cut their
-    write short (`recover_eval_pairs`): its eval_sft_<split> and eval_rl_<split>, which only the pipeline
-    writes, were broken for readers (`agentq report`) until the pipeline wrote them again; its stages'
-    folders recover their own when claimed (rl/eval/step_*).
+#: the files that say an `agentq sft` run, not a pipeline's, is in a folder (SFT_ARTIFACTS keeps demos.jsonl)
+_SFT_ONLY = ("checkpoint", "sft_summary.json", "demos.jsonl")
+
+
+def claim_pipeline_dir(out: Path, overwrite: bool) -> IO:
+    """Lock `out` (pipeline.out_dir) for this process as `agentq train` locks its folder (`claim_run_dir`):
+    one holding an `agentq train` or `agentq sft` run is refused whatever the settings (a pipeline's
+    files beside it were a mix that `agentq report` rendered as the old run); one holding an earlier
+    pipeline, unless trainer.overwrite=true (its stages replace sft/ and rl/ when they start, `_pipeline`
+    the rest once SFT is done). Then the evaluations a kill cut short are put back (`recover_eval_pairs`):
+    eval_sft_<split> and eval_rl_<split>, which only the pipeline writes, were broken for readers
+    until it wrote them again; its stages' folders recover their own when claimed (rl/eval/step_*).
 
     Returns:
-        `out`.
+        the open lock file; the lock lasts until it is closed (or the process exits).
     Raises:
-        RunDirError: the folder cannot be created.
+        RunDirError: the folder cannot be created, another process holds it, or it holds another run.
     """
-    out = make_run_dir(out, "pipeline.out_dir")
+    # checked before the claim: a train folder's learning_curve.png would read as an earlier pipeline's
+    found = [a for a in holds_run(out, tuple(dict.fromkeys((*RUN_ARTIFACTS, *SFT_ARTIFACTS, *_SFT_ONLY))))
+             if a not in PIPELINE_ARTIFACTS]
+    if found:
+        kind = "agentq sft" if holds_run(out, _SFT_ONLY) else "agentq train"
+        raise RunDirError(f"pipeline.out_dir={str(out)!r} holds an `{kind}` run ({', '.join(found)}), not a "
+                          "pipeline's: pick another pipeline.out_dir (trainer.overwrite=true replaces an earlier "
+                          "pipeline only)")
+    lock = claim_run_dir(out, resume=False, overwrite=overwrite, artifacts=PIPELINE_ARTIFACTS,
+                         out_key="pipeline.out_dir", remove=False)
     recover_eval_pairs(sorted([*out.glob("eval_sft_*"), *out.glob("eval_rl_*")]))
-    return out
+    return lock
 
 
 def _pipeline(cfg: DictConfig, out: Path, split: str, others: list[str]) -> dict:
@@ -135,6 +158,10 @@ def _pipeline(cfg: DictConfig, out: Path, split: str, others: list[str]) -> dict
                  f"rollout {cfg.rollout.quant}) → eval on {', '.join([split, *others])}")
     base = build.model_path(cfg)                                          # 1. tiny model + tokenizer
     s = sft(cfg, out_dir=out / "sft", init_path=base, out_key="pipeline.out_dir")   # 2. SFT on expert demos
+    # trainer.overwrite: the earlier pipeline's evaluations, summary and curve go now that SFT, which
+    # replaced sft/, is done (a bad setting found before then costs none of them; a split not evaluated
+    # again left its old eval_sft_<split> beside the new run's)
+    remove_run_artifacts(out, tuple(a for a in PIPELINE_ARTIFACTS if a not in ("sft", "rl")))
     sft_evals = {sp: evaluate_checkpoint(cfg, s["checkpoint"], out / f"eval_sft_{sp}", n_eval, sp)   # 3. held-out evals
                  for sp in (split, *others)}
 

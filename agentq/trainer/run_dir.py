@@ -36,6 +36,9 @@ RUN_ARTIFACTS = ("metrics.jsonl", "checkpoints", "tb", "eval", "train_summary.js
 #: the same for an `agentq sft` folder (demos.jsonl is left: a fresh collection replaces it whole,
 #: and `sft.demos` may name it)
 SFT_ARTIFACTS = ("metrics.jsonl", "tb", "checkpoint", "sft_summary.json")
+#: the same for an `agentq pipeline` folder: its stages' folders, its evaluations (glob patterns, as
+#: `holds_run` reads every name here), the summary, the curve and `agentq report`'s page
+PIPELINE_ARTIFACTS = ("sft", "rl", "eval_sft_*", "eval_rl_*", "summary.json", "learning_curve.png", "report.html")
 
 
 def new_run_dir(name: str) -> Path:
@@ -82,8 +85,20 @@ def removed_if_left_empty(folder: str | Path) -> Iterator[None]:
 
 
 def holds_run(run_dir: Path, artifacts: tuple[str, ...] = RUN_ARTIFACTS) -> list[str]:
-    """The run artifacts present in `run_dir` (empty: a fresh folder)."""
-    return [name for name in artifacts if (run_dir / name).exists()]
+    """The run artifacts present in `run_dir` (empty: a fresh folder); a pattern in `artifacts`
+    (`eval_sft_*`) gives each name it matches."""
+    return [p.name for name in artifacts for p in sorted(Path(run_dir).glob(name))]
+
+
+def resume_hint_of(run_dir: Path) -> str:
+    """How to continue the run in `run_dir` (trainer.out_dir): `trainer.resume=<it>`, but in an
+    `agentq pipeline` folder its RL stage's rl/ (resuming the pipeline folder found no checkpoints/step_*)."""
+    # what only a pipeline writes (a sweep folder has sft/ too; a run folder a learning curve and a report)
+    if not holds_run(run_dir, ("summary.json", "rl", "eval_sft_*", "eval_rl_*")):
+        return f"continue it with trainer.resume={str(run_dir)!r}, "
+    rl = run_dir / "rl"
+    return (f"it is an agentq pipeline folder: continue its RL stage with trainer.resume={str(rl)!r}, "
+            if rl.is_dir() else "it is an agentq pipeline folder, ")
 
 
 def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, artifacts: tuple[str, ...] = RUN_ARTIFACTS,
@@ -123,7 +138,7 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, artifacts:
     if found and not resume:
         if not overwrite:
             lock.close()
-            resume_hint = f"continue it with trainer.resume={str(run_dir)!r}, " if artifacts == RUN_ARTIFACTS else ""
+            resume_hint = resume_hint_of(run_dir) if artifacts == RUN_ARTIFACTS else ""
             raise RunDirError(
                 f"run folder {str(run_dir)!r} ({out_key}) already holds a run ({', '.join(found)}); {resume_hint}"
                 f"pick another {out_key}, or replace it with trainer.overwrite=true")

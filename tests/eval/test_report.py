@@ -303,3 +303,97 @@ def test_an_evaluation_whose_eval_json_does_not_match_its_episodes_is_left_out_b
     assert f"<p class=meta>left out: {error}</p>" in page
     assert re.findall(r"<tr><td>(\d+)</td><td class=l>dev</td>", page) == ["1"]
     assert f"warning: {error}" in " ".join(capsys.readouterr().err.split())
+
+
+def _evaluation(folder, won, **report):
+    """An evaluation folder as `agentq eval` or the trainer writes it (eval.json with its episodes' sha256)."""
+    from agentq.agent.trajectory import Trajectory
+    from agentq.eval.evaluate import write_eval
+    from agentq.eval.metrics import summarize
+
+    trajs = [Trajectory(episode_id=i, task_id=f"t{i}", split="test", turns=1, won=i < won) for i in range(2)]
+    write_eval(folder, {"split": "test", **report, **summarize(trajs)}, trajs)
+
+
+def test_agentq_eval_results_in_the_checkpoints_are_reported(tmp_path, capsys):
+    """`agentq eval checkpoint=<run>/checkpoints/step_N` writes eval-<env>-<split>[-settings] into the
+    checkpoint; the report's evaluations were eval/step_* only. Each is a row naming its checkpoint,
+    folder and settings; one whose eval.json does not match its episodes is left out by name."""
+    from agentq.eval.report import write_report
+
+    run = _run(tmp_path / "run", [{"step": 1, "reward_mean": 0.5, "success_rate": 0.5}])
+    _evaluation(run / "eval" / "step_000002", 1, step=2)
+    ckpts = run / "checkpoints"
+    _evaluation(ckpts / "step_000002" / "eval-guess-test", 2, rollout_quant="w8a8_kv8", rollout_backend="torch",
+                sampling={"temperature": 0.0, "repeats": 1})
+    _evaluation(ckpts / "step_000004" / "eval-guess-test-bf16-T1-x2", 1, rollout_quant="none",
+                rollout_backend="vllm", sampling={"temperature": 1.0, "repeats": 2})
+    _evaluation(ckpts / "step_000004" / "eval-guess-dev", 0, rollout_quant="w8a8_kv8")
+    broken = ckpts / "step_000004" / "eval-guess-dev" / "episodes.jsonl"
+    broken.write_text(broken.read_text().splitlines()[0] + "\n")           # one episode of two
+    page = write_report(run).read_text()
+    table = re.search(r"<table id='checkpoint-eval-table'>.*?</table>", page, re.S).group(0)
+    rows = re.findall(r"<tr><td class=l>([^<]*)</td><td class=l>([^<]*)</td><td class=l>([^<]*)</td>"
+                      r"<td class=l>([^<]*)</td><td>(\d+)</td><td>([^<]*)</td>", table)
+    assert rows == [("step 2", "eval-guess-test", "test", "w8a8_kv8, greedy", "2", "1.000"),
+                    ("step 4", "eval-guess-test-bf16-T1-x2", "test", "none (vllm), T=1, ×2", "2", "0.500")]
+    assert re.findall(r"<tr><td>(\d+)</td><td class=l>test</td>", page) == ["2"]       # the trainer's, as before
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"<p class=meta>left out: {broken.parent}: eval.json does not describe the episodes.jsonl" in page
+    assert f"warning: {broken.parent}: eval.json does not describe the episodes.jsonl" in said
+
+
+def test_a_pipelines_report_has_the_agentq_eval_results_of_its_checkpoints(tmp_path):
+    """A pipeline's RL checkpoints (rl/checkpoints/step_*) and its SFT checkpoint (sft/checkpoint)."""
+    from agentq.eval.report import write_report
+
+    top = tmp_path / "pipe"
+    _pipeline_folder(top)
+    _evaluation(top / "sft" / "checkpoint" / "eval-guess-test", 0, rollout_quant="w8a8_kv8")
+    _evaluation(top / "rl" / "checkpoints" / "step_000001" / "eval-guess-test", 1, rollout_quant="w8a8_kv8")
+    page = write_report(top).read_text()
+    table = re.search(r"<table id='checkpoint-eval-table'>.*?</table>", page, re.S).group(0)
+    assert re.findall(r"<tr><td class=l>([^<]*)</td><td class=l>([^<]*)</td>", table) == [
+        ("SFT", "eval-guess-test"), ("step 1", "eval-guess-test")]
+    assert "<p>None during training (eval/step_*).</p>" in page
+
+
+@pytest.mark.parametrize("given,what,run", [
+    ("run/checkpoints/step_000002/eval-guess-test", "an evaluation's output folder (eval.json)", "run"),
+    ("run/checkpoints/step_000002", "a checkpoint", "run"),
+    ("run/checkpoints", "the checkpoints folder", "run"),
+    ("run/eval/step_000002", "an evaluation's output folder (eval.json)", "run"),
+    ("pipe/rl/checkpoints/step_000001", "a checkpoint", "pipe"),          # the pipeline's, with its summary
+    ("pipe/sft/checkpoint/eval-guess-test", "an evaluation's output folder (eval.json)", "pipe"),
+    ("pipe/eval_sft_dev", "an evaluation's output folder (eval.json)", "pipe")])
+def test_report_of_a_folder_inside_a_run_names_the_run_folder(tmp_path, capsys, monkeypatch, given, what, run):
+    """`agentq report <checkpoint>/eval-guess-test` said "is not an agentq run folder", no more."""
+    from agentq.cli import main
+
+    _run(tmp_path / "run", [{"step": 1, "reward_mean": 0.5, "success_rate": 0.5}])
+    _pipeline_folder(tmp_path / "pipe")
+    (tmp_path / "run" / "checkpoints" / "step_000002").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "step_000002" / "config.json").write_text("{}")
+    (tmp_path / "pipe" / "rl" / "checkpoints" / "step_000001").mkdir(parents=True)
+    for folder in ("run/checkpoints/step_000002/eval-guess-test", "run/eval/step_000002",
+                   "pipe/sft/checkpoint/eval-guess-test", "pipe/eval_sft_dev"):
+        _evaluation(tmp_path / folder, 1)
+    monkeypatch.chdir(tmp_path)                     # relative, as typed: named back relative
+    assert main(["report", given]) == 2
+    assert capsys.readouterr().err == (f"agentq: {given} is {what} in the run folder {run}, not a run folder itself: "
+                                       f"agentq report {run}\n")
+    assert main(["report", str(tmp_path / given)]) == 2
+    assert f"in the run folder {tmp_path / run}, not a run folder itself" in capsys.readouterr().err
+
+
+def test_report_into_a_folder_is_a_one_line_error(tmp_path, capsys):
+    """`agentq report runs/x runs/x`: the second argument is the HTML file; a folder there was an
+    IsADirectoryError traceback after the page was rendered."""
+    from agentq.cli import main
+
+    run = _run(tmp_path / "run", [{"step": 1, "reward_mean": 0.5, "success_rate": 0.5}])
+    assert main(["report", str(run), str(run)]) == 2
+    assert capsys.readouterr().err == (f"agentq: report: '{run}' is a folder; the second argument is the HTML file to "
+                                       f"write, e.g. {run / 'report.html'} (left out: <run folder>/report.html)\n")
+    assert not (run / "report.html").exists()
+    assert main(["report", str(run), str(tmp_path / "page.html")]) == 0 and (tmp_path / "page.html").stat().st_size

@@ -6,6 +6,8 @@ metrics line does not block a resume, and lost episodes' errors are written down
 import json
 import os
 import pickle
+import re
+import shutil
 import warnings
 
 import pytest
@@ -154,3 +156,24 @@ def test_lost_episodes_are_written_with_their_error(tmp_path):
     (row,) = [json.loads(x) for x in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert row == {"step": 5, "episode_id": 2, "task_id": "coin/2", "split": "train",
                    "error": "env worker 1 died (exit code -9); restarted"}
+
+
+def test_a_pipeline_folder_given_as_trainer_out_dir_points_the_resume_at_its_rl_stage(tmp_path):
+    """`trainer.out_dir=runs/pipeC` suggested `trainer.resume='runs/pipeC'`, which then failed with "no
+    checkpoints/step_*": a pipeline's RL run is its rl/."""
+    pipe = tmp_path / "pipeC"
+    (pipe / "rl" / "checkpoints" / "step_000002").mkdir(parents=True)
+    (pipe / "sft").mkdir()
+    for name in ("summary.json", "learning_curve.png", "report.html"):
+        (pipe / name).write_text("x")
+    with pytest.raises(RunDirError) as e:
+        claim_run_dir(pipe, resume=False, overwrite=False)
+    assert str(e.value) == (f"run folder {str(pipe)!r} (trainer.out_dir) already holds a run (learning_curve.png, "
+                            f"report.html); it is an agentq pipeline folder: continue its RL stage with "
+                            f"trainer.resume={str(pipe / 'rl')!r}, pick another trainer.out_dir, or replace it with "
+                            "trainer.overwrite=true")
+    (pipe / "metrics.jsonl").write_text("{}\n")       # a run folder: its own resume, as before
+    for name in ("summary.json", "rl", "sft"):
+        shutil.rmtree(pipe / name) if (pipe / name).is_dir() else (pipe / name).unlink()
+    with pytest.raises(RunDirError, match=re.escape(f"; continue it with trainer.resume={str(pipe)!r}, pick another")):
+        claim_run_dir(pipe, resume=False, overwrite=False)

@@ -221,7 +221,111 @@ def test_the_pipeline_puts_back_its_evaluations_a_kill_cut_short_when_it_starts(
         raise ConfigError("stopped before SFT")
 
     monkeypatch.setattr(sft, "sft", first_stage)
+    # an earlier pipeline's folder: claimed only with trainer.overwrite=true (test_a_pipeline_into_...)
     assert main(["pipeline", f"pipeline.out_dir={out}", "model=hf", f"model.path={tiny_model_dir}",
-                 "env_pool=inline"]) == 2
+                 "env_pool=inline", "trainer.overwrite=true"]) == 2
     assert seen == {name: ["episodes.jsonl", "eval.json"] for name in names}
     assert all(read_eval(out / name)["episodes"] == 3 for name in names)
+
+
+def _files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".agentq.lock"}
+
+
+def _earlier_run(folder, kind):
+    """A folder as `agentq train`, `agentq sft` or `agentq pipeline` leaves it (their files, by hand)."""
+    names = {"train": ["metrics.jsonl", "checkpoints/step_000002/config.json", "learning_curve.png",
+                       "train_summary.json"],
+             "sft": ["metrics.jsonl", "demos.jsonl", "checkpoint/config.json", "sft_summary.json"],
+             "pipeline": ["sft/checkpoint/config.json", "rl/metrics.jsonl", "eval_sft_test/eval.json", "summary.json",
+                          "learning_curve.png"]}[kind]
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(f"{kind}'s {name}")
+    return _files(folder)
+
+
+def _stages_seen(monkeypatch, stop_at_sft=True):
+    """Replace the SFT stage: record that it ran (and which of the folder's files it found); stop there
+    with a one-line error, or go on with a checkpoint to the evaluations, which stop the pipeline."""
+    from agentq.config import ConfigError
+    from agentq.trainer import pipeline, sft
+
+    seen = []
+
+    def stage(cfg, out_dir, **kw):
+        seen.append(sorted(p.name for p in out_dir.parent.iterdir()))
+        if stop_at_sft:
+            raise ConfigError("reached the SFT stage")
+        return {"checkpoint": str(out_dir / "checkpoint"), "demos_used": 1}
+
+    def evaluation(*a, **kw):
+        raise ConfigError("reached the evaluations")
+
+    monkeypatch.setattr(sft, "sft", stage)
+    monkeypatch.setattr(pipeline, "evaluate_checkpoint", evaluation)
+    return seen
+
+
+@pytest.mark.parametrize("overwrite", [[], ["trainer.overwrite=true"]], ids=["plain", "overwrite"])
+@pytest.mark.parametrize("kind,found", [
+    ("train", "metrics.jsonl, checkpoints, train_summary.json"),
+    ("sft", "metrics.jsonl, checkpoint, sft_summary.json, demos.jsonl")])
+def test_a_pipeline_into_a_train_or_sft_run_folder_is_refused_naming_it(tiny_model_dir, tmp_path, capsys, monkeypatch,
+                                                                         kind, found, overwrite):
+    """`agentq pipeline pipeline.out_dir=<an agentq train run>` ran, added sft/, rl/, eval_sft_*/ and
+    summary.json and replaced the run's learning_curve.png; `agentq report` of the folder still showed
+    the old run. Refused in one line before any stage, trainer.overwrite or not, the run untouched."""
+    out = tmp_path / "run"
+    before, seen = _earlier_run(out, kind), _stages_seen(monkeypatch)
+    assert main(["pipeline", f"pipeline.out_dir={out}", "model=hf", f"model.path={tiny_model_dir}", "env_pool=inline",
+                 *overwrite]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"agentq: pipeline.out_dir='{out}' holds an `agentq {kind}` run ({found}), not a pipeline's: pick another "
+        "pipeline.out_dir (trainer.overwrite=true replaces an earlier pipeline only)")
+    assert seen == [] and _files(out) == before
+
+
+def test_a_pipeline_into_an_earlier_pipeline_is_refused_before_its_first_stage(tiny_model_dir, tmp_path, capsys,
+                                                                              monkeypatch):
+    """A rerun into a pipeline's folder was refused only at sft/, once the model was built; now up front."""
+    out = tmp_path / "p"
+    before, seen = _earlier_run(out, "pipeline"), _stages_seen(monkeypatch)
+    assert main(["pipeline", f"pipeline.out_dir={out}", "model=hf", f"model.path={tiny_model_dir}",
+                 "env_pool=inline"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert (f"agentq: run folder '{out}' (pipeline.out_dir) already holds a run (sft, rl, eval_sft_test, summary.json, "
+            "learning_curve.png); " in said and "pick another pipeline.out_dir, or replace it with trainer.overwrite=true"
+            in said)
+    assert seen == [] and _files(out) == before
+
+
+def test_a_pipeline_holds_its_folder_against_a_second_process(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import fcntl
+
+    from agentq.trainer.run_dir import LOCK_FILE
+
+    out = tmp_path / "p"
+    out.mkdir()
+    seen = _stages_seen(monkeypatch)
+    with open(out / LOCK_FILE, "a+") as held:       # another pipeline's lock (flock: per open file)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main(["pipeline", f"pipeline.out_dir={out}", "model=hf", f"model.path={tiny_model_dir}",
+                     "env_pool=inline"]) == 2
+    assert f"run folder '{out}' is in use by another agentq process" in capsys.readouterr().err
+    assert seen == []
+
+
+def test_overwrite_replaces_an_earlier_pipelines_files_once_sft_is_done(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """trainer.overwrite=true: the stages replace sft/ and rl/ as they start (late: a bad setting costs
+    nothing); the earlier evaluations, summary and curve go once SFT is done: an eval_sft_<split> of a
+    split this run does not evaluate stayed beside the new run's."""
+    out = tmp_path / "p"
+    _earlier_run(out, "pipeline")
+    seen = _stages_seen(monkeypatch, stop_at_sft=False)
+    assert main(["pipeline", f"pipeline.out_dir={out}", "model=hf", f"model.path={tiny_model_dir}", "env_pool=inline",
+                 "trainer.overwrite=true", "pipeline.eval_splits=[dev]"]) == 2
+    assert "agentq: reached the evaluations" in capsys.readouterr().err
+    assert seen == [[".agentq.lock", "eval_sft_test", "learning_curve.png", "rl", "sft", "summary.json"]]
+    assert sorted(p.name for p in out.iterdir()) == [".agentq.lock", "rl", "sft"]
