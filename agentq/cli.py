@@ -70,7 +70,8 @@ def run(argv: list[str] | None = None) -> int:
     from agentq.utils.checkpoint import CheckpointError
 
     try:
-        dispatch(cmd, load_config(overrides, config_name=CONFIG_OF.get(cmd, "config")), overrides)
+        # command=: each command refuses a key only another reads (`agentq train checkpoint=...`)
+        dispatch(cmd, load_config(overrides, config_name=CONFIG_OF.get(cmd, "config"), command=cmd), overrides)
     except (ConfigError, CheckpointError) as e:        # bad input: a key, a run folder, a checkpoint file
         print(f"agentq: {e}", file=sys.stderr)
         return 2

@@ -67,11 +67,13 @@ def with_searchpath(overrides: list[str], extra: list[str]) -> list[str]:
     return rest + [f"hydra.searchpath=[{','.join(entries + extra)}]"]
 
 
-def load_config(overrides: list[str] | None = None, config_name: str = "config") -> DictConfig:
+def load_config(overrides: list[str] | None = None, config_name: str = "config",
+                command: str | None = None) -> DictConfig:
     """Compose conf/<config_name>.yaml (config.yaml, or pipeline.yaml for `agentq pipeline`) with
     `key=value` overrides (Hydra syntax); struct mode on. Config folders outside agentq join the
     search path from `hydra.searchpath=[file:///abs/conf]` and from plugins (entry points of group
-    `agentq.conf`), so `env=<their name>` finds their conf/env/<name>.yaml."""
+    `agentq.conf`), so `env=<their name>` finds their conf/env/<name>.yaml. `command`: the agentq
+    command that runs on it, which refuses the keys it does not read (`check_command_keys`)."""
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -89,6 +91,9 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
         except ValueError as e:         # e.g. `trainer=3`: "Config group override must be a string or a list"
             raise ConfigError(str(e)) from None
         check_added_keys(overrides, config_name)
+        check_removed_keys(overrides)
+        if command is not None:
+            check_command_keys(command, cfg, overrides, config_name)
     expand_user_paths(cfg)
     OmegaConf.set_struct(cfg, True)
     try:
@@ -149,6 +154,76 @@ def check_added_keys(overrides: list[str], config_name: str) -> None:
         if not (isinstance(node, DictConfig) and leaf in node.keys()):
             raise unknown_key_error(base, name, f" (`+` adds a key only under {' or '.join(OPEN_SECTIONS)}, whose "
                                                 "keys agentq hands on to the env class and the objective)")
+
+
+def check_removed_keys(overrides: list[str]) -> None:
+    """Refuse a `~key` override outside `OPEN_SECTIONS` (Hydra's own `hydra.` keys aside): agentq reads
+    every other key, and a removed one was omegaconf's "Key 'steps' is not in struct" traceback at its
+    first read. Under `OPEN_SECTIONS` the env class or the objective takes its own default.
+
+    Raises:
+        ConfigError: naming the override and the key.
+    """
+    for o in overrides:
+        name = o[1:].split("=", 1)[0]
+        if (not o.startswith("~") or name.startswith("hydra.")
+                or any(name.startswith(s + ".") for s in OPEN_SECTIONS)):
+            continue
+        instead = f"pick another option instead ({name}=<option>)" if name in _GROUPS else "set another value instead"
+        raise ConfigError(f"{o!r}: {name} cannot be removed: agentq reads it (`~` removes a key only under "
+                          f"{' or '.join(OPEN_SECTIONS)}); {instead} (`agentq config` prints every key)")
+
+
+def check_command_keys(command: str, cfg: DictConfig, overrides: list[str], config_name: str) -> None:
+    """Refuse a key of `config_schema.READ_BY` that `command` does not read, set on the command line
+    away from its default: it was dropped without a word, while config.yaml recorded it
+    (`agentq train checkpoint=<SFT checkpoint>` trained from the base model). `agentq config` prints
+    every key. Call inside `initialize_config_module`.
+
+    Raises:
+        ConfigError: one line naming each such key, the commands that read it and what was likely meant.
+    """
+    from agentq.config_schema import READ_BY
+
+    if command == "config":
+        return
+    ignored = [e for e, readers in READ_BY.items() if command not in readers]
+    keys = [o.split("=", 1)[0].lstrip("+") for o in overrides if "=" in o and not o.startswith(("~", "hydra."))]
+    touched = [k for k in keys if any(in_sections(k, (e,)) or in_sections(e, (k,)) for e in ignored)]
+    if not touched:         # the common case: no second composition
+        return
+    base = _base_config(config_name, overrides)
+    problems = {}
+    for key in touched:
+        now = config_leaves(OmegaConf.select(cfg, key), key + ".")
+        default = config_leaves(OmegaConf.select(base, key, default=None), key + ".")
+        problems.update({k: v for k, v in now.items() if v != default.get(k, UNSET)
+                         and command not in READ_BY.get(_read_by_entry(k) or "", (command,))})
+    if problems:
+        raise ConfigError("; ".join(_not_read(command, k, v) for k, v in problems.items()))
+
+
+def _read_by_entry(key: str) -> str | None:
+    """The `READ_BY` entry that governs dotted `key`: the longest one that holds it."""
+    from agentq.config_schema import READ_BY
+
+    return max((e for e in READ_BY if in_sections(key, (e,))), key=len, default=None)
+
+
+def _not_read(command: str, key: str, value: Any) -> str:
+    """`key`={value}: `command` does not read it, who does, and what the user likely meant (`INSTEAD`)."""
+    import shlex
+
+    from agentq.config_schema import INSTEAD, READ_BY
+
+    readers = READ_BY[_read_by_entry(key) or ""]
+    who = (f"agentq {', '.join(readers[:-1])} and {readers[-1]} do" if len(readers) > 1
+           else f"agentq {readers[0]} does")
+    sections = [key.rsplit(".", i)[0] for i in range(key.count(".") + 1)]      # the key, its section, ...
+    hint = next((INSTEAD[(e, c)] for c in (command, None) for e in sections if (e, c) in INSTEAD), None)
+    shown = shlex.quote(value) if isinstance(value, str) else value
+    return (f"{key}={value!r}: agentq {command} does not read it (only {who})"
+            + (f"; {hint.format(value=shown)}" if hint else ""))
 
 
 #: settings that name a file or folder. A leading ~ in them is expanded when the config is loaded:

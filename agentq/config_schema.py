@@ -212,3 +212,69 @@ def config_problems(cfg: DictConfig) -> list[str]:
         if want:
             out.append(f"{key}={value!r} ({type(value).__name__}): must be {want}")
     return out
+
+
+#: the keys only some commands read → those commands (`agentq config` prints every key). The longest
+#: entry that holds a key governs it: `eval.num_tasks` is `agentq eval`'s alone, while the rest of
+#: `eval` (selection, temperature, repeats) also sets the held-out evaluations of the trainer, the
+#: pipeline and the sweep. Every other key is read by every command that builds a model. A command
+#: refuses a key of this table that it does not read, set away from its default
+#: (`config.check_command_keys`): `agentq train checkpoint=<SFT checkpoint>` trained from the base
+#: model while its config.yaml recorded the checkpoint
+READ_BY: dict[str, tuple[str, ...]] = {
+    "checkpoint": ("eval",),
+    "split": ("eval",),
+    "eval": ("eval", "train", "pipeline", "sweep"),
+    # the others take theirs from trainer.eval_num_tasks, pipeline.eval_tasks, sweep.eval_tasks
+    "eval.num_tasks": ("eval",),
+    "eval.out_dir": ("eval",),
+    "sft": ("sft", "pipeline", "sweep"),
+    # the pipeline's and the sweep's SFT stage writes <their folder>/sft
+    "sft.out_dir": ("sft",),
+    "pipeline": ("pipeline",),
+    # the sweep evaluates the first split
+    "pipeline.eval_splits": ("pipeline", "sweep"),
+    "sweep": ("sweep",),
+    # the pipeline's RL stage runs in <pipeline.out_dir>/rl, a sweep's arms in <sweep.out_dir>/arms
+    "trainer.out_dir": ("train",),
+    "trainer.resume": ("train",),
+    # `agentq eval` trains nothing and logs no metrics
+    "logger": ("train", "sft", "pipeline", "sweep"),
+    "wandb": ("train", "sft", "pipeline", "sweep"),
+    "learner_threads": ("train", "sft", "pipeline", "sweep"),
+}
+
+#: what a user who set a `READ_BY` key their command does not read most likely meant, by (entry,
+#: command), or (entry, None) for any command; {value} is the value they gave
+INSTEAD: dict[tuple[str, str | None], str] = {
+    ("checkpoint", "train"): "to train from a checkpoint's weights give model.path={value} (trainer.resume=<run "
+                             "folder> continues an RL run from its latest checkpoint)",
+    ("checkpoint", None): "to start from a checkpoint's weights give model.path={value}",
+    ("split", "train"): "its held-out evaluations play env.eval_split (training plays env.train_split)",
+    ("split", "sft"): "its demonstrations come from env.train_split",
+    ("split", None): "pipeline.eval_splits=[{value}] names the held-out splits",
+    ("eval.num_tasks", "train"): "trainer.eval_num_tasks={value} sets its held-out evaluations' tasks",
+    ("eval.num_tasks", "pipeline"): "pipeline.eval_tasks={value} sets its evaluations' tasks",
+    ("eval.num_tasks", "sweep"): "sweep.eval_tasks={value} sets its evaluations' tasks",
+    ("eval.out_dir", "train"): "its evaluations go to <trainer.out_dir>/eval/step_*",
+    ("eval.out_dir", "pipeline"): "its evaluations go to <pipeline.out_dir>/eval_*",
+    ("eval.out_dir", "sweep"): "its evaluations go to <sweep.out_dir>/eval_sft and its arms' eval/",
+    ("eval", "sft"): "evaluate its checkpoint with agentq eval checkpoint=<sft.out_dir>/checkpoint",
+    ("sft", None): "SFT runs in agentq sft or agentq pipeline; to train from an SFT checkpoint give "
+                   "model.path=<its folder>/checkpoint",
+    ("sft.out_dir", "pipeline"): "its SFT stage writes <pipeline.out_dir>/sft",
+    ("sft.out_dir", "sweep"): "its SFT stage writes <sweep.out_dir>/sft",
+    ("pipeline.out_dir", "sweep"): "sweep.out_dir={value} names its folder",
+    ("pipeline.eval_tasks", "sweep"): "sweep.eval_tasks={value} sets its evaluations' tasks",
+    ("trainer.out_dir", "pipeline"): "its RL stage runs in <pipeline.out_dir>/rl",
+    ("trainer.out_dir", "sweep"): "each arm runs in <sweep.out_dir>/arms/<arm>/seed_<seed>",
+    ("trainer.out_dir", "eval"): "eval.out_dir={value} names its output folder",
+    ("trainer.out_dir", "sft"): "sft.out_dir={value} names its folder",
+    ("trainer.resume", "eval"): "to evaluate a run's checkpoint give checkpoint=<run folder>/checkpoints/step_<N>",
+    ("trainer.resume", "pipeline"): "continue a pipeline's RL stage with agentq train "
+                                    "trainer.resume=<pipeline.out_dir>/rl",
+    ("trainer.resume", "sweep"): "a sweep resumes when given its folder again: sweep.out_dir=<sweep folder>",
+    ("logger", None): "agentq eval logs no metrics (it writes eval.json and episodes.jsonl)",
+    ("wandb", None): "agentq eval logs no metrics (it writes eval.json and episodes.jsonl)",
+    ("learner_threads", None): "agentq eval runs no learner (torch_threads sets its threads)",
+}

@@ -31,7 +31,8 @@ from agentq.config import ConfigError, check_config, config_leaves, load_config
 from agentq.algos import Objective, Prepared, grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
 from agentq.eval.episodes import read_eval
-from agentq.eval.evaluate import EVAL_FIRST_ID, choose_eval_tasks, errored_text, eval_seed, evaluate_policy
+from agentq.eval.evaluate import (EVAL_FIRST_ID, check_unplayed, choose_eval_tasks, errored_text, eval_seed,
+                                  evaluate_policy, warn_if_training_split)
 from agentq.eval.metrics import summarize
 from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
@@ -316,6 +317,8 @@ class RLTrainer:
         # refusals of the algo, sampling and placement settings, before anything is built or the run
         # folder made
         self.device, self.dtype, self.objective, self.old_logp_mode = check_rl_config(cfg)
+        if int(cfg.trainer.eval_every) >= 0:        # "held-out train" read as a held-out result
+            warn_if_training_split(cfg, str(cfg.env.eval_split))
         torch.manual_seed(int(cfg.seed))
         self.rng = np.random.default_rng(int(cfg.seed))
         self.gen = torch.Generator().manual_seed(int(cfg.seed))
@@ -601,6 +604,8 @@ class RLTrainer:
                                  description=f"eval step {step}", step=step)
         self.eval_history.append(report)
         self.logger.log(step, {k: v for k, v in report.items() if isinstance(v, (int, float))}, prefix="eval/")
+        if len(self.eval_history) == 1:     # the same tasks every time: said at the first evaluation, not at each
+            warn_unplayed(cfg, report, step)
         return report
 
     def save(self, step: int) -> Path:
@@ -687,13 +692,33 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     return summary
 
 
+def warn_unplayed(cfg: DictConfig, report: dict, step: int) -> None:
+    """Say when held-out episodes ended before their first turn, as `agentq eval` does (`check_unplayed`):
+    they count as lost, and the run's held-out success read as the policy's. Where none was played,
+    where `agentq eval` refuses, the run goes on (its training episodes may fit) with a warning."""
+    try:
+        check_unplayed(cfg, report)
+    except ConfigError as e:
+        console.print(f"warning: the held-out evaluation at step {step}: {e}", style="yellow", markup=False,
+                      highlight=False, soft_wrap=True)
+
+
+def unplayed_text(r: dict) -> str:
+    """"N of M not played (why; counted as lost)" for an evaluation report with episodes that ended
+    before their first turn (`unplayed`), else ""; the trainer's last line, beside `errored_text`."""
+    n = int(r.get("unplayed") or 0)
+    limit = (r.get("limits") or {}).get("max_context_tokens")
+    why = "their first prompt does not fit env.max_context_tokens" + (f"={limit}" if limit is not None else "")
+    return f"{n} of {r['episodes']} not played ({why}; counted as lost)" if n else ""
+
+
 def print_run_end(summary: dict) -> None:
     """Where the run went (an unnamed run's folder has a timestamp: the user had to `ls runs/`
     for the checkpoint `agentq eval` takes) and the final held-out result."""
     ev = summary.get("final_eval")
-    errored = errored_text(ev) if ev else ""
+    notes = "".join(f", {n}" for n in (errored_text(ev), unplayed_text(ev)) if n) if ev else ""
     result = (f"; held-out {ev['split']}: success {100 * ev['success_rate']:.1f} % of {ev['episodes']} episodes "
-              f"({ev['out_dir']}){', ' + errored if errored else ''}" if ev else "")
+              f"({ev['out_dir']}){notes}" if ev else "")
     console.print(f"run folder {summary['run_dir']}; final checkpoint {summary['checkpoint']}{result}; "
                   f"HTML report: agentq report {shlex.quote(str(summary['run_dir']))}", markup=False, highlight=False,
                   soft_wrap=True)       # quoted: a folder with a space pastes as one argument

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from agentq.cli import main
 from conftest import run_cli, train_run
 
 SMALL = ["env=textworld_express", "env.max_steps=3", "env.max_new_tokens=12", "trainer.tasks_per_step=2",
@@ -104,3 +105,76 @@ def test_config_with_resume_prints_what_a_resume_would_run(tmp_path, capsys):
     assert (t["steps"], t["tasks_per_step"], t["lr"], t["resume"]) == (4, 2, 2e-5, str(run))
     assert main(["config", f"trainer.resume={tmp_path / 'nope'}"]) == 2          # as `agentq train` says
     assert "no such run folder" in capsys.readouterr().err
+
+
+# each command's run, short, had the key not been refused (in tmp_path: the test's working directory)
+SHORT = ["env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8"]
+RL = ["trainer.steps=1", "trainer.tasks_per_step=1", "trainer.group_size=2", "trainer.eval_num_tasks=1"]
+QUICK = {"train": [*SHORT, *RL], "sft": [*SHORT, "sft.num_demos=2", "sft.epochs=1"], "eval": [*SHORT, "eval.num_tasks=1"],
+         "pipeline": [*SHORT, *RL, "sft.num_demos=2", "sft.epochs=1", "pipeline.eval_tasks=1"]}
+
+
+@pytest.mark.parametrize("cmd, arg, said", [
+    ("train", "checkpoint=runs/p/sft/checkpoint",
+     "checkpoint='runs/p/sft/checkpoint': agentq train does not read it (only agentq eval does); to train from a "
+     "checkpoint's weights give model.path=runs/p/sft/checkpoint (trainer.resume=<run folder> continues an RL run "
+     "from its latest checkpoint)"),
+    ("train", "split=nosuch", "split='nosuch': agentq train does not read it (only agentq eval does); its held-out "
+                              "evaluations play env.eval_split (training plays env.train_split)"),
+    ("sft", "checkpoint=/nonexistent", "checkpoint='/nonexistent': agentq sft does not read it (only agentq eval "
+                                       "does); to start from a checkpoint's weights give model.path=/nonexistent"),
+    ("pipeline", "split=dev", "split='dev': agentq pipeline does not read it (only agentq eval does); "
+                              "pipeline.eval_splits=[dev] names the held-out splits"),
+    ("train", "eval.num_tasks=3", "eval.num_tasks=3: agentq train does not read it (only agentq eval does); "
+                                  "trainer.eval_num_tasks=3 sets its held-out evaluations' tasks"),
+    ("pipeline", "trainer.out_dir=elsewhere", "trainer.out_dir='elsewhere': agentq pipeline does not read it (only "
+                                              "agentq train does); its RL stage runs in <pipeline.out_dir>/rl"),
+    ("eval", "logger=[wandb]", "logger=['wandb']: agentq eval does not read it (only agentq train, sft, pipeline and "
+                               "sweep do); agentq eval logs no metrics (it writes eval.json and episodes.jsonl)"),
+])
+def test_a_key_the_command_does_not_read_is_refused_in_one_line(cmd, arg, said, tmp_path, monkeypatch, capsys):
+    """`agentq train checkpoint=<SFT checkpoint>` trained from the base model (config.yaml: model.path
+    null) while its config.yaml recorded the checkpoint; `train split=nosuch` and `sft
+    checkpoint=/nonexistent` ran without a word."""
+    monkeypatch.chdir(tmp_path)
+    assert main([cmd, arg, *QUICK[cmd]]) == 2
+    assert capsys.readouterr().err == f"agentq: {said}\n"
+    assert list(tmp_path.iterdir()) == []           # nothing ran
+
+
+@pytest.mark.parametrize("cmd, args", [
+    ("train", ["checkpoint=null", "eval.temperature=1.0", "eval.repeats=2"]),     # the default; the trainer's evals read these
+    ("eval", ["checkpoint=/x", "split=dev", "eval.num_tasks=2"]),
+    ("pipeline", ["sft.epochs=2", "eval.selection=first", "pipeline.eval_splits=[dev]"]),
+    ("sweep", ["sft.epochs=2", "pipeline.eval_splits=[dev]", "sweep.eval_tasks=3"]),
+    ("config", ["checkpoint=/x", "split=dev", "sft.epochs=2"]),           # it prints every key
+])
+def test_keys_a_command_reads_or_leaves_at_their_default_pass(cmd, args):
+    from agentq.cli import CONFIG_OF
+    from agentq.config import load_config
+
+    load_config(args, config_name=CONFIG_OF.get(cmd, "config"), command=cmd)
+
+
+def test_the_table_of_command_keys_names_real_keys_and_commands():
+    """Each `READ_BY` entry and each `INSTEAD` key is a key of the composed config (sweep.yaml has
+    every section) and names agentq's commands, so a renamed key does not leave the check blind."""
+    from omegaconf import OmegaConf
+
+    from agentq.cli import COMMANDS
+    from agentq.config import load_config
+    from agentq.config_schema import INSTEAD, READ_BY
+
+    cfg = load_config([], config_name="sweep")
+    for key in {*READ_BY, *(k for k, _ in INSTEAD)}:
+        assert OmegaConf.select(cfg, key, default="absent") != "absent", key
+    assert {c for readers in READ_BY.values() for c in readers} <= set(COMMANDS)
+    assert {c for _, c in INSTEAD} - {None} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("args", [["train", "~trainer.steps"], ["eval", "~eval", "checkpoint=/x"]])
+def test_a_removed_key_is_one_line_not_a_traceback(args, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([*args, *SHORT]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"agentq: {args[1]!r}: {args[1][1:]} cannot be removed: ") and err.count("\n") == 1

@@ -459,3 +459,27 @@ def test_an_env_config_with_a_key_missing_or_one_too_many_is_named(tmp_path):
     assert str(e.value) == ("env=extra: its config (env/extra.yaml) has keys agentq does not read ['max_step', "
                             "'prompt.invalid']" + wanted)
     assert load_config(["env=whole", search]).env.max_context_tokens == base["max_context_tokens"]
+
+
+@pytest.mark.parametrize("override, instead", [
+    ("~trainer.steps", "set another value instead"), ("~trainer.steps=20", "set another value instead"),
+    ("~eval", "set another value instead"), ("~env.kwargs", "set another value instead"),
+    ("~env", "pick another option instead (env=<option>)"),
+])
+def test_removing_a_key_agentq_reads_is_one_line(override, instead):
+    """Hydra's `~trainer.steps` composed, and the first read of the key was omegaconf's "Key 'steps'
+    is not in struct", a traceback from deep inside the run."""
+    key = override[1:].split("=", 1)[0]
+    with pytest.raises(ConfigError) as e:
+        load_config([override])
+    assert str(e.value) == (f"{override!r}: {key} cannot be removed: agentq reads it (`~` removes a key only under "
+                            f"env.kwargs or algo.objective_params); {instead} (`agentq config` prints every key)")
+
+
+def test_tilde_removes_a_key_where_agentq_hands_keys_on():
+    """The env class and the objective take their own default for a key removed there; a key that is
+    not there is Hydra's one-line error, as before."""
+    assert "games" not in load_config(["~env.kwargs.games"]).env.kwargs
+    assert "k3_max" not in load_config(["~algo.objective_params.k3_max"]).algo.objective_params
+    with pytest.raises(ConfigError, match="Could not delete from config. 'trainer.stepz' does not exist."):
+        load_config(["~trainer.stepz"])

@@ -159,7 +159,8 @@ def test_a_checkpoint_without_weights_is_named(tiny_model_dir, tmp_path, capsys,
     (ckpt / "model.safetensors").unlink()
     key = "checkpoint" if command == "eval" else "model.path"
     out = tmp_path / "out"
-    assert main([command, f"{key}={ckpt}", "env_pool=inline", f"eval.out_dir={out}", f"trainer.out_dir={out}"]) == 2
+    out_key = "eval.out_dir" if command == "eval" else "trainer.out_dir"     # each command refuses the other's
+    assert main([command, f"{key}={ckpt}", "env_pool=inline", f"{out_key}={out}"]) == 2
     err = capsys.readouterr().err
     assert f"{ckpt} has a config.json but no weights" in err and "Traceback" not in err, err
     assert not out.exists()
@@ -217,8 +218,8 @@ def test_float16_is_refused_by_every_command_that_trains(tmp_path, capsys, comma
     opt.step()
     assert torch.isnan(p).all()
     out = tmp_path / "out"
-    assert main([command, "dtype=float16", f"trainer.out_dir={out}", f"sft.out_dir={out}", f"pipeline.out_dir={out}",
-                 "env_pool=inline"]) == 2
+    out_key = {"train": "trainer.out_dir", "sft": "sft.out_dir", "pipeline": "pipeline.out_dir"}[command]
+    assert main([command, "dtype=float16", f"{out_key}={out}", "env_pool=inline"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert ("agentq: dtype=float16: the learner's AdamW keeps float16 weights and moments, whose eps (1e-8) rounds to "
             "0 in float16" in err and "Traceback" not in err), err

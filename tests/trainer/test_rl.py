@@ -93,3 +93,38 @@ def test_a_stopped_run_explains_context_only_when_an_episode_ended_so(reasons, h
     counts = "{'error': 2}" if hint == "" else "{'context': 1, 'error': 1}"
     assert str(e.value) == (f"2 steps in a row had no usable episode (last: end reasons {counts}; lost episodes' "
                             f"errors in {Path('r') / 'errors.jsonl'}); stopping (trainer.max_skipped_steps=2){hint}")
+
+
+@pytest.mark.parametrize("unplayed, limits, tail", [
+    (2, {"max_context_tokens": 10}, ", 2 of 4 not played (their first prompt does not fit env.max_context_tokens=10; "
+                                    "counted as lost)"),
+    (1, None, ", 1 of 4 not played (their first prompt does not fit env.max_context_tokens; counted as lost)"),
+])
+def test_the_last_line_says_how_many_held_out_episodes_were_not_played(unplayed, limits, tail, capsys):
+    """A held-out split whose first prompts do not fit the context budget said "success 0.0 % of 4
+    episodes" while eval.json had unplayed: 4 (`agentq eval` refuses that evaluation)."""
+    from agentq.trainer.rl import print_run_end
+
+    final = {"split": "test", "success_rate": 0.0, "episodes": 4, "errors": 1, "unplayed": unplayed,
+             "out_dir": "r/eval/step_000002", **({"limits": limits} if limits else {})}
+    print_run_end({"run_dir": "r", "checkpoint": "r/checkpoints/step_000002", "final_eval": final})
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "run folder r; final checkpoint r/checkpoints/step_000002; held-out test: success 0.0 % of 4 episodes "
+        f"(r/eval/step_000002), 1 of 4 errored (counted as lost){tail}; HTML report: agentq report r")
+
+
+def test_a_run_warns_when_its_eval_split_is_unplayed_or_the_training_split(tmp_path, capsys):
+    """Trained with env.eval_split=train (its "held-out train" result is on training tasks) and a context
+    budget no first prompt fits: both said at once, as `agentq eval` says them, and on the last line."""
+    run = tmp_path / "run"
+    assert main(["train", "trainer.steps=1", "trainer.tasks_per_step=1", "trainer.group_size=2", "env.max_steps=2",
+                 "env.max_new_tokens=8", "env_pool=inline", "trainer.eval_num_tasks=2", "env.eval_split=train",
+                 "env.max_context_tokens=16", f"trainer.out_dir={run}"]) == 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert ("warning: split='train' is env.train_split, the split training draws its tasks from: this evaluation "
+            "measures training tasks, not held-out ones (env.eval_split is 'train')") in said
+    assert ("warning: the held-out evaluation at step 1: none of the 2 episodes played a turn (2 ended before it: "
+            "their first prompt does not fit env.max_context_tokens=16 (raise it, or shorten env.prompt / "
+            "env.prompt.max_obs_chars))") in said
+    assert (f"held-out train: success 0.0 % of 2 episodes ({run / 'eval' / 'step_000001'}), 2 of 2 not played (their "
+            "first prompt does not fit env.max_context_tokens=16; counted as lost)") in said
