@@ -26,8 +26,9 @@ HELP = {
              "runs/<env>-<algo>-<time>/), trainer.resume=<run folder>, env=<config>, algo=<preset>.",
     "eval": "a held-out evaluation: checkpoint=<folder> (or model.path), split=<split> (default "
             "env.eval_split), eval.num_tasks=N, eval.temperature; writes eval.json and episodes.jsonl to "
-            "eval.out_dir (default <checkpoint>/eval-<env>-<split>/, its name ending with what differs from a "
-            "greedy W8A8-KV8 evaluation: -bf16, -T1, -x2, ...).",
+            "eval.out_dir (default <checkpoint>/eval-<env>-<split>/, its name ending with every setting that "
+            "changes the episodes where it differs from the default: -bf16, -T1, -x2, -seed1, -steps2, -n100, "
+            "-cfg<hash> for prompt / env.kwargs / agent overrides, ...).",
     "sft": "supervised fine-tuning on the env expert's demonstrations: sft.num_demos, sft.epochs, sft.out_dir.",
     "config": "print the composed config (every key) with these overrides applied; with trainer.resume=<run>, "
               "the config that `agentq train` would resume with (the run's config.yaml, these overrides on top).",

@@ -22,8 +22,7 @@ from agentq.eval.episodes import recover_eval_pairs
 from agentq.eval.metrics import outcomes_by_task, paired_comparison, paired_test_name, two_proportion_z
 from agentq.utils.logging import console, jsonable
 
-from .run_dir import (PIPELINE_ARTIFACTS, RUN_ARTIFACTS, SFT_ARTIFACTS, RunDirError, claim_run_dir, holds_run,
-                      new_run_dir, remove_run_artifacts, removed_if_left_empty)
+from .run_dir import PIPELINE_ARTIFACTS, claim_run_dir, new_run_dir, remove_run_artifacts, removed_if_left_empty
 
 
 def evaluate_checkpoint(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int, split: str) -> dict:
@@ -111,10 +110,6 @@ def pipeline(cfg: DictConfig) -> dict:
             lock.close()            # releases the folder
 
 
-#: the files that say an `agentq sft` run, not a pipeline's, is in a folder (SFT_ARTIFACTS keeps demos.jsonl)
-_SFT_ONLY = ("checkpoint", "sft_summary.json", "demos.jsonl")
-
-
 def claim_pipeline_dir(out: Path, overwrite: bool) -> IO:
     """Lock `out` (pipeline.out_dir) for this process as `agentq train` locks its folder (`claim_run_dir`):
     one holding an `agentq train` or `agentq sft` run is refused whatever the settings (a pipeline's
@@ -129,16 +124,8 @@ def claim_pipeline_dir(out: Path, overwrite: bool) -> IO:
     Raises:
         RunDirError: the folder cannot be created, another process holds it, or it holds another run.
     """
-    # checked before the claim: a train folder's learning_curve.png would read as an earlier pipeline's
-    found = [a for a in holds_run(out, tuple(dict.fromkeys((*RUN_ARTIFACTS, *SFT_ARTIFACTS, *_SFT_ONLY))))
-             if a not in PIPELINE_ARTIFACTS]
-    if found:
-        kind = "agentq sft" if holds_run(out, _SFT_ONLY) else "agentq train"
-        raise RunDirError(f"pipeline.out_dir={str(out)!r} holds an `{kind}` run ({', '.join(found)}), not a "
-                          "pipeline's: pick another pipeline.out_dir (trainer.overwrite=true replaces an earlier "
-                          "pipeline only)")
-    lock = claim_run_dir(out, resume=False, overwrite=overwrite, artifacts=PIPELINE_ARTIFACTS,
-                         out_key="pipeline.out_dir", remove=False)
+    lock = claim_run_dir(out, resume=False, overwrite=overwrite, kind="pipeline", out_key="pipeline.out_dir",
+                         remove=False)
     recover_eval_pairs(sorted([*out.glob("eval_sft_*"), *out.glob("eval_rl_*")]))
     return lock
 

@@ -39,6 +39,18 @@ SFT_ARTIFACTS = ("metrics.jsonl", "tb", "checkpoint", "sft_summary.json")
 #: the same for an `agentq pipeline` folder: its stages' folders, its evaluations (glob patterns, as
 #: `holds_run` reads every name here), the summary, the curve and `agentq report`'s page
 PIPELINE_ARTIFACTS = ("sft", "rl", "eval_sft_*", "eval_rl_*", "summary.json", "learning_curve.png", "report.html")
+#: the same for an `agentq sweep` folder (never removed: a sweep given its folder again resumes)
+SWEEP_ARTIFACTS = ("sft", "eval_sft", "arms", "table.md", "table.json", "curves.png")
+#: each command's folder: what `trainer.overwrite=true` removes (`claim_run_dir`)
+ARTIFACTS = {"train": RUN_ARTIFACTS, "sft": SFT_ARTIFACTS, "pipeline": PIPELINE_ARTIFACTS, "sweep": SWEEP_ARTIFACTS}
+#: what only that command writes at the top of its folder: whose folder it is. A folder of one is
+#: refused to the others whatever the settings (a pipeline wrote beside a train run, and
+#: `trainer.overwrite=true` removed what the two share). metrics.jsonl, tb/, sft/, the curve and the
+#: report are written by more than one
+MARKERS = {"train": ("train_summary.json", "checkpoints", "eval", "segments", "mismatch.png"),
+           "sft": ("sft_summary.json", "checkpoint", "demos.jsonl"),
+           "pipeline": ("summary.json", "rl", "eval_sft_*", "eval_rl_*"),
+           "sweep": ("arms", "eval_sft", "table.md", "table.json", "curves.png")}
 
 
 def new_run_dir(name: str) -> Path:
@@ -90,26 +102,15 @@ def holds_run(run_dir: Path, artifacts: tuple[str, ...] = RUN_ARTIFACTS) -> list
     return [p.name for name in artifacts for p in sorted(Path(run_dir).glob(name))]
 
 
-def resume_hint_of(run_dir: Path) -> str:
-    """How to continue the run in `run_dir` (trainer.out_dir): `trainer.resume=<it>`, but in an
-    `agentq pipeline` folder its RL stage's rl/ (resuming the pipeline folder found no checkpoints/step_*)."""
-    # what only a pipeline writes (a sweep folder has sft/ too; a run folder a learning curve and a report)
-    if not holds_run(run_dir, ("summary.json", "rl", "eval_sft_*", "eval_rl_*")):
-        return f"continue it with trainer.resume={str(run_dir)!r}, "
-    rl = run_dir / "rl"
-    return (f"it is an agentq pipeline folder: continue its RL stage with trainer.resume={str(rl)!r}, "
-            if rl.is_dir() else "it is an agentq pipeline folder, ")
-
-
-def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, artifacts: tuple[str, ...] = RUN_ARTIFACTS,
+def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str = "train",
                   out_key: str = "trainer.out_dir", remove: bool = True) -> IO:
     """Lock `run_dir` for this process and make sure it may be written.
 
     Args:
         run_dir: the run folder (created if missing: `make_run_dir`).
-        resume: the run continues the one in the folder (`trainer.resume`).
+        resume: the run continues the one in the folder (`trainer.resume`; a sweep always).
         overwrite: the folder's earlier run may be replaced (`trainer.overwrite`).
-        artifacts: what such a run writes (`RUN_ARTIFACTS`, or `SFT_ARTIFACTS` for `agentq sft`).
+        kind: the command whose folder it is (`ARTIFACTS`: train, sft, pipeline, sweep).
         out_key: the setting that named the folder (or the one it is in), for the error message.
         remove: remove an overwritten run's files now; False leaves that to the caller
             (`remove_run_artifacts`), once its own start-up can no longer fail on a bad setting, so a
@@ -117,10 +118,37 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, artifacts:
     Returns:
         the open lock file; the lock lasts until it is closed (or the process exits).
     Raises:
-        RunDirError: the folder cannot be created, another process holds it, or it holds a run
-        and neither `resume` nor `overwrite` was given.
+        RunDirError: the folder cannot be created, another process holds it, it holds another
+        command's run (`MARKERS`), or a run of this one and neither `resume` nor `overwrite` was given.
     """
     run_dir = make_run_dir(run_dir, out_key)
+    lock = _lock(run_dir, out_key)
+    try:
+        _check_kind(run_dir, kind, out_key)
+        found = holds_run(run_dir, ARTIFACTS[kind])
+        if found and not resume and not overwrite:
+            resume_hint = f"continue it with trainer.resume={str(run_dir)!r}, " if kind == "train" else ""
+            raise RunDirError(
+                f"run folder {str(run_dir)!r} ({out_key}) already holds a run ({', '.join(found)}); {resume_hint}"
+                f"pick another {out_key}, or replace it with trainer.overwrite=true")
+    except RunDirError:
+        lock.close()
+        raise
+    if found and not resume and remove:
+        remove_run_artifacts(run_dir, ARTIFACTS[kind])
+    remove_stale_temp_dirs(run_dir / "checkpoints")
+    # an evaluation of this run whose write a kill cut short: its last pair back (only the run's own
+    # eval/step_*, which the lock guards: `agentq eval` writes into checkpoints/ without it)
+    recover_eval_pairs(sorted((run_dir / "eval").glob("step_*")))
+    return lock
+
+
+def _lock(run_dir: Path, out_key: str) -> IO:
+    """`run_dir`'s lock file, locked for this process (its pid written in it).
+
+    Raises:
+        RunDirError: another process holds it, naming its pid.
+    """
     lock = open(run_dir / LOCK_FILE, "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -129,26 +157,30 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, artifacts:
         holder = lock.read().strip() or "?"
         lock.close()
         raise RunDirError(f"run folder {str(run_dir)!r} is in use by another agentq process (pid {holder}); "
-                          "wait for it to finish or pick another trainer.out_dir") from None
+                          f"wait for it to finish or pick another {out_key}") from None
     lock.seek(0)
     lock.truncate()
     lock.write(str(os.getpid()))
     lock.flush()
-    found = holds_run(run_dir, artifacts)
-    if found and not resume:
-        if not overwrite:
-            lock.close()
-            resume_hint = resume_hint_of(run_dir) if artifacts == RUN_ARTIFACTS else ""
-            raise RunDirError(
-                f"run folder {str(run_dir)!r} ({out_key}) already holds a run ({', '.join(found)}); {resume_hint}"
-                f"pick another {out_key}, or replace it with trainer.overwrite=true")
-        if remove:
-            remove_run_artifacts(run_dir, artifacts)
-    remove_stale_temp_dirs(run_dir / "checkpoints")
-    # an evaluation of this run whose write a kill cut short: its last pair back (only the run's own
-    # eval/step_*, which the lock guards: `agentq eval` writes into checkpoints/ without it)
-    recover_eval_pairs(sorted((run_dir / "eval").glob("step_*")))
     return lock
+
+
+def _check_kind(run_dir: Path, kind: str, out_key: str) -> None:
+    """Refuse a folder that holds another command's run (`MARKERS`), whatever resume / overwrite say.
+
+    Raises:
+        RunDirError: naming the command whose folder it is and what says so.
+    """
+    for other, markers in MARKERS.items():
+        found = holds_run(run_dir, markers) if other != kind else []
+        if not found:
+            continue
+        rl = run_dir / "rl"         # a pipeline's RL stage: resuming the pipeline folder found no checkpoints
+        hint = (f"; continue its RL stage with trainer.resume={str(rl)!r}"
+                if (kind, other) == ("train", "pipeline") and rl.is_dir() else "")
+        raise RunDirError(f"{out_key}={str(run_dir)!r} holds an `agentq {other}` run ({', '.join(found)}), not "
+                          f"an `agentq {kind}` one: pick another {out_key} (trainer.overwrite=true replaces "
+                          f"only a run of the same command){hint}")
 
 
 def remove_run_artifacts(run_dir: str | Path, artifacts: tuple[str, ...] = RUN_ARTIFACTS) -> list[str]:

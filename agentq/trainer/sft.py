@@ -89,7 +89,7 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
     # an earlier run's files stay until the demonstrations and the model are in hand (`_sft`): a bad
     # setting or a missing path found before then costs nothing, and leaves no folder this start created
     with removed_if_left_empty(out):
-        lock = claim_run_dir(out, resume=False, overwrite=overwrite, artifacts=SFT_ARTIFACTS, out_key=out_key,
+        lock = claim_run_dir(out, resume=False, overwrite=overwrite, kind="sft", out_key=out_key,
                              remove=False)
         try:
             return _sft(cfg, out, init_path)

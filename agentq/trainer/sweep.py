@@ -44,7 +44,7 @@ from rich.markup import escape
 from agentq.config import ConfigError, differing_settings, env_label, in_sections
 from agentq.utils.logging import console, counted, jsonable
 
-from .run_dir import make_run_dir, new_run_dir, removed_if_left_empty
+from .run_dir import claim_run_dir, new_run_dir, removed_if_left_empty
 
 RESULT = "result.json"
 
@@ -160,9 +160,7 @@ def _run_jobs(jobs: list[dict], parallel: int, run: Callable[[dict], Any] | None
 # ---------------------------------------------------------------------- the sweep
 def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     """Shared SFT → arms × seeds RL → table.md / table.json / curves.png in the sweep folder."""
-    from agentq import build
-    from agentq.trainer.pipeline import eval_splits, evaluate_checkpoint
-    from agentq.trainer.sft import sft
+    from agentq.trainer.pipeline import eval_splits
 
     check_sweep_settings(cfg, overrides)
     sw = cfg.sweep
@@ -176,19 +174,41 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     # every arm × seed composed now: a misspelt preset fails before the SFT stage, not after it and
     # every earlier arm; a finished run whose settings differ from this command line is named
     check_resumed_runs(out, arms, seeds, overrides, threads, warn_only=bool(sw.table_only))
-    n_eval = int(sw.eval_tasks)
     console.rule(f"[bold]agentq sweep: {escape(env_label(cfg.env))}/{split} — {len(arms)} arms × {len(seeds)} seeds "
                  f"→ {out}")
 
-    sft_summary = out / "sft" / "sft_summary.json"           # 1. the shared start (reused on resume)
     with removed_if_left_empty(out):        # a refused start (model.path) leaves no empty sweep folder
-        out = make_run_dir(out, "sweep.out_dir")
-        if not sft_summary.exists():        # none, or one cut short: (re)done, replacing what it left
-            sft(cfg, out_dir=out / "sft", init_path=build.model_path(cfg), overwrite=True)
+        # one sweep at a time in its folder (its arms lock their own), never another command's folder
+        lock = claim_run_dir(out, resume=True, overwrite=False, kind="sweep", out_key="sweep.out_dir")
+        try:
+            _shared_sft(cfg, out)
+        except BaseException:
+            lock.close()
+            raise
+    try:
+        return _sweep_runs(cfg, out, overrides, arms, seeds, refs, split, threads)
+    finally:
+        lock.close()            # releases the folder
+
+
+def _shared_sft(cfg: DictConfig, out: Path) -> None:
+    """1. the shared start: SFT into <out>/sft, unless a finished one is there (reused on resume)."""
+    from agentq import build
+    from agentq.trainer.sft import sft
+
+    if not (out / "sft" / "sft_summary.json").exists():   # none, or one cut short: (re)done, replacing what it left
+        sft(cfg, out_dir=out / "sft", init_path=build.model_path(cfg), overwrite=True)
+
+
+def _sweep_runs(cfg: DictConfig, out: Path, overrides: list[str], arms: list[str], seeds: list[int],
+                refs: list[str], split: str, threads: int | None) -> dict:
+    """The SFT checkpoint's evaluation, 2. the arms × seeds not finished yet, 3. the comparison table."""
+    from agentq.trainer.pipeline import evaluate_checkpoint
+
+    sw = cfg.sweep
     sft_ckpt = str(out / "sft" / "checkpoint")
-    sft_eval = out / "eval_sft" / "eval.json"
-    if not sft_eval.exists():
-        evaluate_checkpoint(cfg, sft_ckpt, out / "eval_sft", n_eval, split)
+    if not (out / "eval_sft" / "eval.json").exists():
+        evaluate_checkpoint(cfg, sft_ckpt, out / "eval_sft", int(sw.eval_tasks), split)
 
     jobs = []                                                # 2. arms × seeds, finished ones skipped
     for seed in seeds:                                       # seed-major: a cut-short sweep has every arm

@@ -160,18 +160,22 @@ def test_lost_episodes_are_written_with_their_error(tmp_path):
 
 def test_a_pipeline_folder_given_as_trainer_out_dir_points_the_resume_at_its_rl_stage(tmp_path):
     """`trainer.out_dir=runs/pipeC` suggested `trainer.resume='runs/pipeC'`, which then failed with "no
-    checkpoints/step_*": a pipeline's RL run is its rl/."""
+    checkpoints/step_*": a pipeline's RL run is its rl/. A pipeline's folder is refused to `agentq
+    train` whatever the settings (trainer.overwrite removed the curve and report the two share)."""
     pipe = tmp_path / "pipeC"
     (pipe / "rl" / "checkpoints" / "step_000002").mkdir(parents=True)
     (pipe / "sft").mkdir()
     for name in ("summary.json", "learning_curve.png", "report.html"):
         (pipe / name).write_text("x")
-    with pytest.raises(RunDirError) as e:
-        claim_run_dir(pipe, resume=False, overwrite=False)
-    assert str(e.value) == (f"run folder {str(pipe)!r} (trainer.out_dir) already holds a run (learning_curve.png, "
-                            f"report.html); it is an agentq pipeline folder: continue its RL stage with "
-                            f"trainer.resume={str(pipe / 'rl')!r}, pick another trainer.out_dir, or replace it with "
-                            "trainer.overwrite=true")
+    for resume, overwrite in ((False, False), (False, True), (True, False)):
+        with pytest.raises(RunDirError) as e:
+            claim_run_dir(pipe, resume=resume, overwrite=overwrite)
+        assert str(e.value) == (f"trainer.out_dir={str(pipe)!r} holds an `agentq pipeline` run (summary.json, rl), not "
+                                "an `agentq train` one: pick another trainer.out_dir (trainer.overwrite=true replaces "
+                                f"only a run of the same command); continue its RL stage with "
+                                f"trainer.resume={str(pipe / 'rl')!r}")
+    assert sorted(p.name for p in pipe.iterdir()) == [".agentq.lock", "learning_curve.png", "report.html", "rl", "sft",
+                                                      "summary.json"]
     (pipe / "metrics.jsonl").write_text("{}\n")       # a run folder: its own resume, as before
     for name in ("summary.json", "rl", "sft"):
         shutil.rmtree(pipe / name) if (pipe / name).is_dir() else (pipe / name).unlink()

@@ -269,8 +269,8 @@ def _stages_seen(monkeypatch, stop_at_sft=True):
 
 @pytest.mark.parametrize("overwrite", [[], ["trainer.overwrite=true"]], ids=["plain", "overwrite"])
 @pytest.mark.parametrize("kind,found", [
-    ("train", "metrics.jsonl, checkpoints, train_summary.json"),
-    ("sft", "metrics.jsonl, checkpoint, sft_summary.json, demos.jsonl")])
+    ("train", "train_summary.json, checkpoints"),
+    ("sft", "sft_summary.json, checkpoint, demos.jsonl")])
 def test_a_pipeline_into_a_train_or_sft_run_folder_is_refused_naming_it(tiny_model_dir, tmp_path, capsys, monkeypatch,
                                                                          kind, found, overwrite):
     """`agentq pipeline pipeline.out_dir=<an agentq train run>` ran, added sft/, rl/, eval_sft_*/ and
@@ -282,8 +282,8 @@ def test_a_pipeline_into_a_train_or_sft_run_folder_is_refused_naming_it(tiny_mod
                  *overwrite]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == (
-        f"agentq: pipeline.out_dir='{out}' holds an `agentq {kind}` run ({found}), not a pipeline's: pick another "
-        "pipeline.out_dir (trainer.overwrite=true replaces an earlier pipeline only)")
+        f"agentq: pipeline.out_dir='{out}' holds an `agentq {kind}` run ({found}), not an `agentq pipeline` one: pick "
+        "another pipeline.out_dir (trainer.overwrite=true replaces only a run of the same command)")
     assert seen == [] and _files(out) == before
 
 

@@ -102,3 +102,64 @@ def test_unnamed_run_folders_are_one_folder_whatever_the_env_name(monkeypatch):
     # sft-, pipeline- and sweep- folders are named by the same function
     assert run_dir.new_run_dir("sweep-gymreg:words/Word-v0") == Path("runs") / "sweep-gymreg_words_Word-v0-20250102-030405"
     assert run_dir.new_run_dir("sft-textworld_express") == Path("runs") / "sft-textworld_express-20250102-030405"
+
+
+# one file or folder that only that command writes at the top of its folder (run_dir.MARKERS)
+WRITES = {"train": "train_summary.json", "sft": "sft_summary.json", "pipeline": "summary.json", "sweep": "table.md"}
+
+
+@pytest.mark.parametrize("theirs", sorted(WRITES))
+@pytest.mark.parametrize("mine", sorted(WRITES))
+def test_a_folder_of_one_command_is_refused_to_every_other_whatever_the_settings(tmp_path, mine, theirs):
+    """A pipeline wrote beside an `agentq train` run, `agentq sft` beside a pipeline, and
+    trainer.overwrite=true removed what two commands' folders share (the curve, the report, metrics)."""
+    from agentq.trainer.run_dir import RunDirError, claim_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / WRITES[theirs]).write_text("{}")
+    (run / "learning_curve.png").write_text("png")
+    for resume, overwrite in ((False, False), (False, True), (True, False)):
+        if mine == theirs:
+            if resume or overwrite:         # its own kind: resumed or replaced as always
+                claim_run_dir(run, resume=resume, overwrite=overwrite, kind=mine, remove=False).close()
+            continue
+        with pytest.raises(RunDirError) as e:
+            claim_run_dir(run, resume=resume, overwrite=overwrite, kind=mine, out_key="x.out_dir")
+        assert str(e.value) == (f"x.out_dir={str(run)!r} holds an `agentq {theirs}` run ({WRITES[theirs]}), not an "
+                                f"`agentq {mine}` one: pick another x.out_dir (trainer.overwrite=true replaces only "
+                                "a run of the same command)")
+    assert sorted(p.name for p in run.iterdir()) == sorted([".agentq.lock", WRITES[theirs], "learning_curve.png"])
+
+
+def test_sft_into_a_pipeline_folder_is_refused_in_one_line(tmp_path, capsys):
+    """`agentq sft sft.out_dir=<a pipeline's folder>` wrote its run beside the pipeline's sft/ and rl/."""
+    pipe = tmp_path / "pipe"
+    (pipe / "rl").mkdir(parents=True)
+    (pipe / "summary.json").write_text("{}")
+    assert main(["sft", f"sft.out_dir={pipe}", "trainer.overwrite=true", "env_pool=inline"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"agentq: sft.out_dir='{pipe}' holds an `agentq pipeline` run (summary.json, rl), not an `agentq sft` one: "
+        "pick another sft.out_dir (trainer.overwrite=true replaces only a run of the same command)")
+    assert sorted(p.name for p in pipe.iterdir()) == [".agentq.lock", "rl", "summary.json"]
+
+
+def test_a_sweep_into_a_train_run_folder_is_refused_and_its_folder_is_locked(tmp_path, capsys):
+    """`agentq sweep` made its folder without a lock or a look at what it held."""
+    from agentq.trainer.run_dir import claim_run_dir
+
+    run = tmp_path / "run"
+    before = earlier_run(run)
+    (run / "train_summary.json").write_text("{}")
+    assert main(["sweep", f"sweep.out_dir={run}", "sweep.arms=[bf16]", "sweep.seeds=[0]"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"agentq: sweep.out_dir='{run}' holds an `agentq train` run (train_summary.json, checkpoints), not an "
+        "`agentq sweep` one: pick another sweep.out_dir (trainer.overwrite=true replaces only a run of the same command)")
+    assert files(run) == {**before, Path("train_summary.json"): "{}"}
+    sweep_dir = tmp_path / "sweep"
+    lock = claim_run_dir(sweep_dir, resume=True, overwrite=False, kind="sweep")     # another sweep's process
+    try:
+        assert main(["sweep", f"sweep.out_dir={sweep_dir}", "sweep.arms=[bf16]", "sweep.seeds=[0]"]) == 2
+        assert "is in use by another agentq process" in capsys.readouterr().err
+    finally:
+        lock.close()

@@ -28,7 +28,7 @@ def test_sft_folder_is_locked_and_not_mixed_with_an_earlier_run(tmp_path, capsys
     from agentq.config import load_config
     from agentq.trainer.sft import sft
 
-    lock = claim_run_dir(out, resume=True, overwrite=False)      # another process's run
+    lock = claim_run_dir(out, resume=True, overwrite=False, kind="sft")      # another process's run
     try:
         with pytest.raises(RunDirError, match="in use by another agentq process"):
             sft(load_config([f"sft.out_dir={out}", "trainer.overwrite=true", *SMALL]))
