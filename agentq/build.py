@@ -427,13 +427,13 @@ def model_linears(path: str) -> tuple[list[str], list[str]]:
             (`check_vllm_architecture` tells them apart), the same at every call.
     """
     found = _linears_built(str(Path(path).resolve()), (Path(path) / "config.json").read_bytes())
-    if isinstance(found, Exception):
-        raise found
+    if isinstance(found[0], type):          # the build's error, raised anew (a cached one kept its frames)
+        raise found[0](*found[1])
     return list(found[0]), list(found[1])
 
 
 @functools.lru_cache(maxsize=4)
-def _linears_built(folder: str, config_json: bytes) -> tuple[tuple[str, ...], tuple[str, ...]] | Exception:
+def _linears_built(folder: str, config_json: bytes) -> tuple[tuple[str, ...], tuple[str, ...]] | tuple[type, tuple]:
     """`model_linears` of `folder`, or the error its build raised. Cached: a start checks a folder
     twice (`model_path`, then `make_backend`; `vllm_mismatch` once per preset), and each check built
     the meta model again (seconds for a large one). `config_json` (the file's bytes) is only part of
@@ -448,7 +448,7 @@ def _linears_built(folder: str, config_json: bytes) -> tuple[tuple[str, ...], tu
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
     except (ValueError, KeyError, NotImplementedError, RuntimeError, ImportError) as e:
-        return e                # kept too: a model warned about is not built again by the next check
+        return type(e), e.args  # kept too: a model warned about is not built again by the next check
     tied = bool(getattr(config, "tie_word_embeddings", False))        # as `VLLMBackend` reads it
     named = ((n, p.dim()) for n, p in model.named_parameters())
     return tuple(exported_linears(named, tied)), tuple(linear_names(model))

@@ -98,7 +98,7 @@ def dispatch(cmd: str, cfg: DictConfig, overrides: list[str]) -> None:
         train(cfg, overrides)       # a resume: the run's config.yaml with these overrides on top
     elif cmd == "eval":
         from agentq.eval.evaluate import evaluate
-        evaluate(cfg)
+        evaluate(cfg, overrides)
     elif cmd == "pipeline":
         from agentq.trainer.pipeline import pipeline
         pipeline(cfg)

@@ -307,6 +307,12 @@ PROMPT_KEYS = ("system", "first_turn", "next_turn", "actions", "max_obs_chars")
 TASK_KWARGS = ("games", "task_types", "tasks")
 
 
+def quant_name(quant: str) -> str:
+    """A rollout quantization as the user chose it: rollout=bf16 (conf/rollout/bf16.yaml) is
+    rollout.quant=none, and evaluation folders, titles and tables read "bf16"."""
+    return {"none": "bf16"}.get(quant, quant)
+
+
 def env_label(env: Any) -> str:
     """An env config as a title names it: `name`, with the tasks its kwargs choose ("textworld_express
     [mapreader]"); the name alone read the same for both TextWorldExpress configs. "?" without a name."""

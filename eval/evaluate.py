@@ -21,7 +21,7 @@ from agentq import build
 from agentq.agent import AgentLoop, BackendPolicy, ChatFormat
 from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
-from agentq.config import ConfigError, differing_settings, in_sections, load_config, make_setting_dir
+from agentq.config import ConfigError, differing_settings, in_sections, load_config, make_setting_dir, quant_name
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.logging import console, progress
@@ -129,16 +129,17 @@ def limits_record(cfg: DictConfig) -> dict:
     return {"max_steps": int(cfg.env.max_steps), "max_context_tokens": int(cfg.env.max_context_tokens)}
 
 
-def evaluate(cfg: DictConfig) -> dict:
-    """`agentq eval`: the checkpoint (or the model) on `split` (default env.eval_split); prints the report."""
+def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
+    """`agentq eval`: the checkpoint (or the model) on `split` (default env.eval_split); prints the report.
+    `overrides`: the command line (None when another command evaluates, e.g. the pipeline's stages)."""
     split = cfg.split or cfg.env.eval_split
-    out, out_key = eval_out_path(cfg, split)
+    out, out_key = eval_out_path(cfg, split, overrides)
     # first, the pair a kill cut short put back (`recover_eval_pair`): this command writes the folder, and
     # until its write readers (`agentq report`) found no eval.json there
     if out.is_dir():
         recover_eval_pair(out)
+    path = evaluated_model(cfg, out, overrides or [])
     device, dtype = build.device_and_dtype(cfg)
-    path = evaluated_model(cfg, out)
     warn_if_trained_otherwise(cfg, Path(path))
     warn_if_training_split(cfg, split)
     try:
@@ -169,16 +170,20 @@ def evaluate(cfg: DictConfig) -> dict:
     return report
 
 
-def evaluated_model(cfg: DictConfig, out: Path) -> str:
+def evaluated_model(cfg: DictConfig, out: Path, overrides: list[str]) -> str:
     """The folder `agentq eval` loads: `checkpoint`, else the model of `model.path` (or the tiny model),
     said in one line with where the results go (the table alone did not say an untrained model played).
 
+    Args:
+        overrides: the command line: `checkpoint=` and `model.path=` both on it are refused (a model
+            preset's path, or the pipeline evaluating its SFT checkpoint of a model.path run, are not).
     Raises:
         ConfigError: not an HF checkpoint folder (with the checkpoint probably meant), or both
             `checkpoint` and a `model.path` given (the second was ignored without a word).
     """
     given = None if OmegaConf.is_missing(cfg.model, "path") else cfg.model.path
-    if cfg.checkpoint and given:
+    typed = {o.split("=", 1)[0].lstrip("+") for o in overrides if "=" in o}
+    if cfg.checkpoint and given and {"checkpoint", "model.path"} <= typed:
         raise ConfigError(f"checkpoint={str(cfg.checkpoint)!r} and model.path={str(given)!r} both given: agentq eval "
                           "evaluates the checkpoint and would ignore model.path; give one of them")
     path = cfg.checkpoint or build.model_path(cfg)
@@ -318,13 +323,14 @@ def trained_env(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, list[st
     return meta, [f"env.name: trained {env!r}, now {str(cfg.env.name)!r}"]
 
 
-def warn_if_training_split(cfg: DictConfig, split: str) -> None:
+def warn_if_training_split(cfg: DictConfig, split: str, key: str = "split") -> None:
     """`split=<env.train_split>` evaluates the tasks training draws from: say so, since the report
-    reads like a held-out one."""
+    reads like a held-out one. `key`: the setting that chose `split` (the trainer's: env.eval_split)."""
     if split == cfg.env.get("train_split"):
-        console.print(f"warning: split={split!r} is env.train_split, the split training draws its tasks from: "
-                      "this evaluation measures training tasks, not held-out ones (env.eval_split is "
-                      f"{cfg.env.eval_split!r})", style="yellow", markup=False, highlight=False, soft_wrap=True)
+        also = f" (env.eval_split is {cfg.env.eval_split!r})" if key == "split" else ""
+        console.print(f"warning: {key}={split!r} is env.train_split, the split training draws its tasks from: "
+                      f"this evaluation measures training tasks, not held-out ones{also}", style="yellow",
+                      markup=False, highlight=False, soft_wrap=True)
 
 
 def warn_if_trained_otherwise(cfg: DictConfig, checkpoint: Path) -> None:
@@ -377,7 +383,7 @@ def pruned_checkpoint_hint(folder: Path) -> str:
             f"is checkpoint={steps[-1].parent}")
 
 
-def eval_out_path(cfg: DictConfig, split: str) -> tuple[Path, str]:
+def eval_out_path(cfg: DictConfig, split: str, overrides: list[str] | None = None) -> tuple[Path, str]:
     """`agentq eval`'s output folder (not created: `evaluate` makes it once nothing can refuse the
     evaluation) and the setting that names it: eval.out_dir, else <checkpoint>/eval-<env>-<split>, or
     without a checkpoint runs/eval-<env>-<split>-<time> (never the model's folder: a shared cache or
@@ -390,21 +396,21 @@ def eval_out_path(cfg: DictConfig, split: str) -> tuple[Path, str]:
     """
     if cfg.eval.out_dir:
         return Path(cfg.eval.out_dir), "eval.out_dir"
-    name = f"eval-{folder_name(str(cfg.env.name))}-{split}{settings_suffix(cfg)}"
+    name = f"eval-{folder_name(str(cfg.env.name))}-{split}{settings_suffix(cfg, overrides)}"
     if cfg.checkpoint:
         return Path(cfg.checkpoint) / name, "checkpoint"
     # named like the trainer's unnamed run folders (agentq.trainer.run_dir.new_run_dir, a layer above)
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", "eval.out_dir"
 
 
-def settings_suffix(cfg: DictConfig) -> str:
+def settings_suffix(cfg: DictConfig, overrides: list[str] | None = None) -> str:
     """The end of `agentq eval`'s default folder name: every setting that changes the episodes where it
     differs from the default (`default_config`), so evaluations under other settings keep their own
     folders and a rerun with the same settings replaces its own; "" for the default. E.g. "-bf16",
     "-T1", "-bf16-T0.7-top_p0.9-x2", "-seed1", "-steps2-n4", "-cfg1a2b3c4d". The README's comparisons
     (rollout=bf16 against the quantized rollout, sampled against greedy, three seeds) wrote to one
     <checkpoint>/eval-<env>-<split>/, so the second evaluation replaced the first's without a word."""
-    return "".join(f"-{p}" for p in decoding_parts(cfg) + episode_parts(cfg, default_config(cfg)))
+    return "".join(f"-{p}" for p in decoding_parts(cfg) + episode_parts(cfg, default_config(cfg, overrides)))
 
 
 def decoding_parts(cfg: DictConfig) -> list[str]:
@@ -417,12 +423,6 @@ def decoding_parts(cfg: DictConfig) -> list[str]:
         parts += [f"T{t:g}"] + ([f"top_p{float(r.top_p):g}"] if float(r.top_p) < 1 else [])
         parts += [f"top_k{int(r.top_k)}"] if int(r.top_k) > 0 else []
     return parts + ([f"x{int(cfg.eval.repeats)}"] if int(cfg.eval.repeats) > 1 else [])
-
-
-def quant_name(quant: str) -> str:
-    """A rollout quantization as the user chose it: rollout=bf16 (conf/rollout/bf16.yaml) is
-    rollout.quant=none, and its folder and table read "bf16"."""
-    return {"none": "bf16"}.get(quant, quant)
 
 
 #: settings that change an evaluation's episodes, named readably in its folder name when they differ
@@ -453,22 +453,24 @@ def episode_parts(cfg: DictConfig, default: DictConfig) -> list[str]:
     return parts
 
 
-def default_config(cfg: DictConfig) -> DictConfig:
+def default_config(cfg: DictConfig, overrides: list[str] | None = None) -> DictConfig:
     """The config an evaluation's folder name is told against: conf/'s defaults with the environment
     preset named env.name (conf/env/<env.name>.yaml, a plugin's too), so an evaluation at that preset's
     defaults keeps the name it always had. One preset per env.name: textworld_express_mapreader (env.name
     textworld_express) is told against textworld_express.yaml, so its name differs from the coin game's
     on the same split. For an env.name no preset is named after (a Gymnasium id, module:Class), conf/'s
-    default environment: the name then says what differs from it (a stable name, if not a short one)."""
+    default environment: the name then says what differs from it (a stable name, if not a short one).
+    `overrides`' hydra.searchpath is kept: a preset found only through it (docs/adding-an-environment.md)."""
     name = str(cfg.env.name)
+    searchpath = [o for o in overrides or [] if o.startswith("hydra.searchpath=")]
     if re.fullmatch(r"[\w-]+", name):       # a group option's name, not a Gymnasium id or module:Class
         try:
-            preset = load_config([f"env={name}"])
-        except ConfigError:                 # no such preset (or one that does not load alone)
+            preset = load_config([f"env={name}", *searchpath])
+        except Exception:                   # no such preset, one that does not load alone, a plugin's import
             preset = None
         if preset is not None and str(preset.env.name) == name:
             return preset
-    return load_config([])
+    return load_config(searchpath)
 
 
 def folder_name(env_name: str) -> str:

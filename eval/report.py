@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from agentq.config import env_label
+from agentq.config import env_label, quant_name
 from agentq.utils.logging import console, counted, read_metrics
 
 if TYPE_CHECKING:
@@ -191,7 +191,9 @@ def _decoding(r: dict) -> str:
     sampling = r.get("sampling") or {}
     t, repeats = sampling.get("temperature", r.get("temperature")), int(sampling.get("repeats") or 1)
     backend = r.get("rollout_backend")
-    parts = [f"{r.get('rollout_quant', '–')}" + (f" ({backend})" if backend and backend != "torch" else ""),
+    # named as the folder names it (rollout=bf16 is rollout_quant "none")
+    parts = [(quant_name(str(r["rollout_quant"])) if "rollout_quant" in r else "–")
+             + (f" ({backend})" if backend and backend != "torch" else ""),
              "–" if t is None else "greedy" if float(t) == 0 else f"T={float(t):g}"]
     return ", ".join(parts + ([f"×{repeats}"] if repeats > 1 else []))
 
@@ -372,6 +374,8 @@ def rl_run_dir(folder: Path) -> tuple[Path, dict | None]:
         summary = folder / "summary.json"
         return folder / "rl", json.loads(summary.read_text()) if summary.exists() else None
     inside = _enclosing_run(folder)
+    if inside and not folder.exists():      # a typo in a path into a run: not "a folder in the run"
+        raise FileNotFoundError(f"{folder}: no such folder (in the run folder {inside}: agentq report {inside})")
     if inside:      # a folder the user found in a run (an evaluation's, a checkpoint): its run, in one line
         raise FileNotFoundError(f"{folder} is {_what_folder(folder.resolve())} in the run folder {inside}, not a run "
                                 f"folder itself: agentq report {inside}")

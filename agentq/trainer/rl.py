@@ -318,7 +318,7 @@ class RLTrainer:
         # folder made
         self.device, self.dtype, self.objective, self.old_logp_mode = check_rl_config(cfg)
         if int(cfg.trainer.eval_every) >= 0:        # "held-out train" read as a held-out result
-            warn_if_training_split(cfg, str(cfg.env.eval_split))
+            warn_if_training_split(cfg, str(cfg.env.eval_split), key="env.eval_split")
         torch.manual_seed(int(cfg.seed))
         self.rng = np.random.default_rng(int(cfg.seed))
         self.gen = torch.Generator().manual_seed(int(cfg.seed))
@@ -604,7 +604,8 @@ class RLTrainer:
                                  description=f"eval step {step}", step=step)
         self.eval_history.append(report)
         self.logger.log(step, {k: v for k, v in report.items() if isinstance(v, (int, float))}, prefix="eval/")
-        if len(self.eval_history) == 1:     # the same tasks every time: said at the first evaluation, not at each
+        # said once, at the first evaluation that has such episodes (the final one may play more tasks)
+        if report.get("unplayed") and not any(r.get("unplayed") for r in self.eval_history[:-1]):
             warn_unplayed(cfg, report, step)
         return report
 

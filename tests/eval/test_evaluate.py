@@ -346,5 +346,20 @@ def test_a_checkpoint_and_a_model_path_together_are_refused(tiny_model_dir, tmp_
     from agentq.config import load_config
     from agentq.eval.evaluate import evaluated_model
 
-    assert evaluated_model(load_config([f"checkpoint={ckpt}", "model=hf"]), tmp_path / "out") == str(ckpt)
+    given = [f"checkpoint={ckpt}", "model=hf"]
+    assert evaluated_model(load_config(given), tmp_path / "out", given) == str(ckpt)
     assert capsys.readouterr().err == ""
+
+
+def test_the_pipeline_evaluates_its_checkpoint_of_a_model_path_run(tiny_model_dir, tmp_path):
+    """`agentq pipeline model=hf model.path=<base>` stopped after SFT: its evaluation of the SFT checkpoint
+    carried the run's model.path beside checkpoint=, which only `agentq eval`'s command line may refuse."""
+    from agentq.config import load_config
+    from agentq.trainer.pipeline import evaluate_checkpoint
+
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    cfg = load_config(["model=hf", f"model.path={tiny_model_dir}", *SMALL[1:]], config_name="pipeline",
+                      command="pipeline")
+    report = evaluate_checkpoint(cfg, str(ckpt), tmp_path / "eval_sft_test", 2, "test")
+    assert report["checkpoint"] == str(ckpt) and report["episodes"] == 2
+    assert (tmp_path / "eval_sft_test" / "eval.json").is_file()

@@ -336,7 +336,7 @@ def test_agentq_eval_results_in_the_checkpoints_are_reported(tmp_path, capsys):
     rows = re.findall(r"<tr><td class=l>([^<]*)</td><td class=l>([^<]*)</td><td class=l>([^<]*)</td>"
                       r"<td class=l>([^<]*)</td><td>(\d+)</td><td>([^<]*)</td>", table)
     assert rows == [("step 2", "eval-guess-test", "test", "w8a8_kv8, greedy", "2", "1.000"),
-                    ("step 4", "eval-guess-test-bf16-T1-x2", "test", "none (vllm), T=1, ×2", "2", "0.500")]
+                    ("step 4", "eval-guess-test-bf16-T1-x2", "test", "bf16 (vllm), T=1, ×2", "2", "0.500")]
     assert re.findall(r"<tr><td>(\d+)</td><td class=l>test</td>", page) == ["2"]       # the trainer's, as before
     said = " ".join(capsys.readouterr().err.split())
     assert f"<p class=meta>left out: {broken.parent}: eval.json does not describe the episodes.jsonl" in page
@@ -384,6 +384,9 @@ def test_report_of_a_folder_inside_a_run_names_the_run_folder(tmp_path, capsys, 
                                        f"agentq report {run}\n")
     assert main(["report", str(tmp_path / given)]) == 2
     assert f"in the run folder {tmp_path / run}, not a run folder itself" in capsys.readouterr().err
+    typo = f"{given}x"      # a path into the run that does not exist: not "a folder in the run"
+    assert main(["report", typo]) == 2
+    assert capsys.readouterr().err == f"agentq: {typo}: no such folder (in the run folder {run}: agentq report {run})\n"
 
 
 def test_report_into_a_folder_is_a_one_line_error(tmp_path, capsys):
