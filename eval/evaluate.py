@@ -305,8 +305,23 @@ def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, l
                                lambda k: in_sections(k, TRAINED_WITH) and not in_sections(k, RUN_ONLY),
                                default=lambda k: build.setting_default(cfg, k))
     other_env = [f"env.name: trained {then!r}, now {now!r} (another environment: its env.kwargs and env.prompt "
-                 "differ too)" for k, then, now in diffs if k == "env.name"]
-    return run_cfg, other_env or [f"{k}: trained {then!r}, now {now!r}" for k, then, now in diffs]
+                 "differ too)" for k, then, now in diffs if k == "env.name" and not same_env_class(then, now)]
+    # two names of one class (`module:Class` in training, its preset's name now): what else differs
+    return run_cfg, other_env or [f"{k}: trained {then!r}, now {now!r}" for k, then, now in diffs if k != "env.name"]
+
+
+def same_env_class(a: object, b: object) -> bool:
+    """Whether env names `a` and `b` (a preset's, a Gymnasium id, "module:Class") build the same TextEnv
+    class; False when either is unknown here (a plugin not installed now)."""
+    from agentq.envs import env_class
+
+    if a == b:
+        return True
+    try:
+        cls = env_class(str(a))
+        return cls is not None and cls is env_class(str(b))
+    except Exception:           # an unknown name, a module that does not import: not known to be the same
+        return False
 
 
 def trained_env(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, list[str]]:
@@ -318,7 +333,7 @@ def trained_env(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, list[st
         env = json.loads(meta.read_text()).get("env")
     except (OSError, ValueError, AttributeError):        # none (a plain HF checkpoint), unreadable, not an object
         return None, []
-    if env is None or str(env) == str(cfg.env.name):
+    if env is None or same_env_class(str(env), str(cfg.env.name)):
         return None, []
     return meta, [f"env.name: trained {env!r}, now {str(cfg.env.name)!r}"]
 

@@ -154,6 +154,32 @@ def test_another_environments_checkpoint_is_named_as_such(tiny_model_dir, tmp_pa
     assert trained_otherwise(load_config([]), copied) == (None, [])
 
 
+def test_a_module_class_env_name_and_its_presets_name_are_one_environment(tiny_model_dir, tmp_path):
+    """Trained as env.name=<module:Class>, evaluated under the preset naming the same class: the warning
+    said "another environment: its env.kwargs and env.prompt differ too", though neither did."""
+    from agentq.eval.evaluate import trained_otherwise
+    from agentq.envs import env_class
+
+    cls = env_class("webshop")
+    entry = f"{cls.__module__}:{cls.__qualname__}"
+    run = tmp_path / "run"
+    ckpt = shutil.copytree(tiny_model_dir, run / "checkpoint")
+    trained = load_config(["env=webshop", f"env.name={entry}"])
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(trained, resolve=True))
+    assert trained_otherwise(load_config(["env=webshop"]), ckpt) == (run / "config.yaml", [])
+    assert trained_otherwise(load_config(["env=webshop", "agent.action_tag=act"]), ckpt)[1] == [
+        f"agent.action_tag: trained {trained.agent.action_tag!r}, now 'act'"]     # what else differs, still said
+    gone = OmegaConf.to_container(trained, resolve=True)
+    gone["env"]["name"] = "nosuch_env:Nope"             # a plugin not installed here: not known to be the same
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(gone)))
+    assert trained_otherwise(load_config(["env=webshop"]), ckpt)[1] == [
+        "env.name: trained 'nosuch_env:Nope', now 'webshop' (another environment: its env.kwargs and env.prompt "
+        "differ too)"]
+    (ckpt / "agentq.json").write_text(json.dumps({"env": entry}))
+    copied = shutil.copytree(ckpt, tmp_path / "copied")
+    assert trained_otherwise(load_config(["env=webshop"]), copied) == (None, [])
+
+
 def test_how_an_environment_runs_is_no_other_task(tiny_model_dir, tmp_path):
     """env.kwargs.jvm_heap=2g (or a longer call timeout) at evaluation warned that the checkpoint
     "trained with other settings" and sent the user to the run's config; a task setting still warns."""
