@@ -428,8 +428,22 @@ def model_linears(path: str) -> tuple[list[str], list[str]]:
     """
     found = _linears_built(str(Path(path).resolve()), (Path(path) / "config.json").read_bytes())
     if isinstance(found[0], type):          # the build's error, raised anew (a cached one kept its frames)
-        raise found[0](*found[1])
+        raise _rebuilt(found[0], found[1])
     return list(found[0]), list(found[1])
+
+
+#: what `_linears_built` catches (and `check_vllm_architecture` tells apart)
+_BUILD_ERRORS = (ValueError, KeyError, NotImplementedError, RuntimeError, ImportError)
+
+
+def _rebuilt(cls: type, args: tuple) -> Exception:
+    """An error of `cls` from its `args`; one whose constructor takes other arguments (JSONDecodeError)
+    as the first of `_BUILD_ERRORS` it is, with its text."""
+    try:
+        return cls(*args)
+    except Exception:
+        base = next(b for b in _BUILD_ERRORS if issubclass(cls, b))
+        return base(f"{cls.__name__}: {args[0] if args else ''}")
 
 
 @functools.lru_cache(maxsize=4)
@@ -447,7 +461,7 @@ def _linears_built(folder: str, config_json: bytes) -> tuple[tuple[str, ...], tu
         config = AutoConfig.from_pretrained(folder)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-    except (ValueError, KeyError, NotImplementedError, RuntimeError, ImportError) as e:
+    except _BUILD_ERRORS as e:
         return type(e), e.args  # kept too: a model warned about is not built again by the next check
     tied = bool(getattr(config, "tie_word_embeddings", False))        # as `VLLMBackend` reads it
     named = ((n, p.dim()) for n, p in model.named_parameters())

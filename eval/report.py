@@ -374,8 +374,9 @@ def rl_run_dir(folder: Path) -> tuple[Path, dict | None]:
         summary = folder / "summary.json"
         return folder / "rl", json.loads(summary.read_text()) if summary.exists() else None
     inside = _enclosing_run(folder)
-    if inside and not folder.exists():      # a typo in a path into a run: not "a folder in the run"
-        raise FileNotFoundError(f"{folder}: no such folder (in the run folder {inside}: agentq report {inside})")
+    if not folder.exists():                 # a typo: not "a folder in the run", nor "not a run folder"
+        raise FileNotFoundError(f"{folder}: no such folder" + (f" (in the run folder {inside}: agentq report "
+                                                                f"{inside})" if inside else ""))
     if inside:      # a folder the user found in a run (an evaluation's, a checkpoint): its run, in one line
         raise FileNotFoundError(f"{folder} is {_what_folder(folder.resolve())} in the run folder {inside}, not a run "
                                 f"folder itself: agentq report {inside}")
@@ -432,7 +433,8 @@ def pipeline_section(summary: dict) -> str:
                    f"<td>{_fmt(c['sft_success_rate'])}</td><td>{_fmt(s_lo)}–{_fmt(s_hi)}</td>"
                    f"<td>{_fmt(c['rl_success_rate'])}</td><td>{_fmt(r_lo)}–{_fmt(r_hi)}</td>{_paired_cells(pr)}</tr>")
     # a summary.json from before rollout_backend was recorded names the quantization alone
-    rollout = str(summary.get("rollout_quant")) + (f" ({summary['rollout_backend']})" if summary.get("rollout_backend") else "")
+    rollout = quant_name(str(summary.get("rollout_quant"))) + (f" ({summary['rollout_backend']})"
+                                                                if summary.get("rollout_backend") else "")
     out.append(f"</table><p class=meta>{counted(summary.get('sft_demos'), 'expert demonstration')}, "
                f"{counted(summary.get('rl_steps'), 'RL step')} ({html.escape(str(summary.get('algo')))}, rollout "
                f"{html.escape(rollout)}). Paired p "

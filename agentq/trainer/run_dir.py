@@ -51,6 +51,12 @@ MARKERS = {"train": ("train_summary.json", "checkpoints", "eval", "segments", "m
            "sft": ("sft_summary.json", "checkpoint", "demos.jsonl"),
            "pipeline": ("summary.json", "rl", "eval_sft_*", "eval_rl_*"),
            "sweep": ("arms", "eval_sft", "table.md", "table.json", "curves.png")}
+#: what some commands write at the top of their folder and the others never do: a run cut short
+#: before its own markers (a train run killed before its first checkpoint; a pipeline or a sweep
+#: killed in its SFT stage, whose sft/ is an `agentq sft` folder)
+SHARED_MARKERS = {("train", "sft"): ("metrics.jsonl", "tb", "errors.jsonl", "config.yaml"),
+                  ("pipeline", "sweep"): ("sft/sft_summary.json", "sft/config.yaml", "sft/demos.jsonl",
+                                          "sft/checkpoint")}
 
 
 def new_run_dir(name: str) -> Path:
@@ -98,8 +104,8 @@ def removed_if_left_empty(folder: str | Path) -> Iterator[None]:
 
 def holds_run(run_dir: Path, artifacts: tuple[str, ...] = RUN_ARTIFACTS) -> list[str]:
     """The run artifacts present in `run_dir` (empty: a fresh folder); a pattern in `artifacts`
-    (`eval_sft_*`) gives each name it matches."""
-    return [p.name for name in artifacts for p in sorted(Path(run_dir).glob(name))]
+    (`eval_sft_*`) gives each name it matches, as a path under `run_dir` ("sft/config.yaml")."""
+    return [p.relative_to(run_dir).as_posix() for name in artifacts for p in sorted(Path(run_dir).glob(name))]
 
 
 def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str = "train",
@@ -124,7 +130,7 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str 
     run_dir = make_run_dir(run_dir, out_key)
     lock = _lock(run_dir, out_key)
     try:
-        _check_kind(run_dir, kind, out_key)
+        check_kind(run_dir, kind, out_key)
         found = holds_run(run_dir, ARTIFACTS[kind])
         if found and not resume and not overwrite:
             resume_hint = f"continue it with trainer.resume={str(run_dir)!r}, " if kind == "train" else ""
@@ -165,20 +171,26 @@ def _lock(run_dir: Path, out_key: str) -> IO:
     return lock
 
 
-def _check_kind(run_dir: Path, kind: str, out_key: str) -> None:
-    """Refuse a folder that holds another command's run (`MARKERS`), whatever resume / overwrite say.
+def check_kind(run_dir: Path, kind: str, out_key: str) -> None:
+    """Refuse a folder that holds another command's run, whatever resume / overwrite say: the command
+    with the most `MARKERS` found is its owner (a pipeline of an older agentq wrote a sweep's eval_sft/
+    beside its summary.json and rl/); with none found, one cut short with `SHARED_MARKERS` of others.
 
     Raises:
-        RunDirError: naming the command whose folder it is and what says so.
+        RunDirError: naming the command(s) whose folder it is and what says so.
     """
-    for other, markers in MARKERS.items():
-        found = holds_run(run_dir, markers) if other != kind else []
-        if not found:
+    found = {other: holds_run(run_dir, names) for other, names in MARKERS.items()}
+    owner = max(found, key=lambda k: len(found[k]))
+    signs = [((owner,), found[owner])] if found[owner] else [
+        (owners, holds_run(run_dir, names)) for owners, names in SHARED_MARKERS.items()]
+    for owners, names in signs:
+        if not names or kind in owners:
             continue
         rl = run_dir / "rl"         # a pipeline's RL stage: resuming the pipeline folder found no checkpoints
         hint = (f"; continue its RL stage with trainer.resume={str(rl)!r}"
-                if (kind, other) == ("train", "pipeline") and rl.is_dir() else "")
-        raise RunDirError(f"{out_key}={str(run_dir)!r} holds an `agentq {other}` run ({', '.join(found)}), not "
+                if kind == "train" and "pipeline" in owners and rl.is_dir() else "")
+        whose = " or ".join(f"`agentq {o}`" for o in owners)
+        raise RunDirError(f"{out_key}={str(run_dir)!r} holds an {whose} run ({', '.join(names)}), not "
                           f"an `agentq {kind}` one: pick another {out_key} (trainer.overwrite=true replaces "
                           f"only a run of the same command){hint}")
 

@@ -41,10 +41,10 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
-from agentq.config import ConfigError, differing_settings, env_label, in_sections
+from agentq.config import ConfigError, differing_settings, env_label, in_sections, quant_name
 from agentq.utils.logging import console, counted, jsonable
 
-from .run_dir import claim_run_dir, new_run_dir, removed_if_left_empty
+from .run_dir import check_kind, claim_run_dir, make_run_dir, new_run_dir, removed_if_left_empty
 
 RESULT = "result.json"
 
@@ -178,17 +178,23 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
                  f"→ {out}")
 
     with removed_if_left_empty(out):        # a refused start (model.path) leaves no empty sweep folder
-        # one sweep at a time in its folder (its arms lock their own), never another command's folder
-        lock = claim_run_dir(out, resume=True, overwrite=False, kind="sweep", out_key="sweep.out_dir")
+        # one sweep at a time in its folder (its arms lock their own), never another command's folder;
+        # the table of what finished so far is asked for while the sweep runs: it takes no lock
+        if sw.table_only:
+            check_kind(make_run_dir(out, "sweep.out_dir"), "sweep", "sweep.out_dir")
+        lock = None if sw.table_only else claim_run_dir(out, resume=True, overwrite=False, kind="sweep",
+                                                        out_key="sweep.out_dir")
         try:
             _shared_sft(cfg, out)
         except BaseException:
-            lock.close()
+            if lock:
+                lock.close()
             raise
     try:
         return _sweep_runs(cfg, out, overrides, arms, seeds, refs, split, threads)
     finally:
-        lock.close()            # releases the folder
+        if lock:
+            lock.close()            # releases the folder
 
 
 def _shared_sft(cfg: DictConfig, out: Path) -> None:
@@ -418,7 +424,7 @@ def table_markdown(t: dict, title: str) -> str:
         lo, hi = r["success_ci95"]
         paired = [_paired_cell(r["paired"][ref]) if ref in r["paired"] else "–" for ref in refs]
         alpha = "–" if r["alpha_min"] is None else f"{r['alpha_min']:.6f}–{r['alpha_max']:.6f}"
-        rollout = r["rollout_quant"] + (f" ({r['rollout_backend'] or '?'})" if backends else "")
+        rollout = quant_name(r["rollout_quant"]) + (f" ({r['rollout_backend'] or '?'})" if backends else "")
         lines.append("| " + " | ".join([
             arm, f"{rollout} / {r['learner_quant']}",
             f"{100 * r['success_rate']:.1f} % ({100 * lo:.1f}–{100 * hi:.1f}), n = {r['episodes']}",

@@ -78,3 +78,24 @@ def test_a_folder_whose_config_changed_is_built_again(tiny_model_dir, tmp_path, 
     (model / "config.json").write_text(json.dumps({**config, **one_layer}))
     fewer = build.model_linears(str(model))[1]
     assert meta_builds == ["qwen3", "qwen3"] and set(fewer) < set(names)
+
+
+def test_a_cached_build_error_whose_constructor_takes_more_is_raised_as_its_kind(tiny_model_dir, tmp_path,
+                                                                                  meta_builds, monkeypatch):
+    """The cache keeps an error's type and arguments; a JSONDecodeError (a ValueError whose constructor
+    takes three) rebuilt from its one-argument args raised TypeError, a traceback instead of the
+    check's one line. It comes back as the ValueError it is, with its text."""
+    from transformers import AutoModelForCausalLM
+
+    def bad_json(config, **kw):
+        meta_builds.append(config.model_type)
+        raise json.JSONDecodeError("Expecting value", "x", 0)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_config", bad_json)
+    model = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="Expecting value"):
+            build.model_linears(str(model))
+    assert meta_builds == ["qwen3"]
+    with pytest.raises(ConfigError, match="cannot build as a causal LM: JSONDecodeError: Expecting value"):
+        build.check_vllm_architecture(str(model), QuantSpec.preset("w8a8_kv8"), QuantSpec.preset("w8a8_kv8"))

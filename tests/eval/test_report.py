@@ -85,6 +85,10 @@ def test_a_pipeline_summary_names_the_rollout_backend(tmp_path):
     (tmp_path / "pipe" / "summary.json").write_text(json.dumps({**summary, "rollout_backend": "vllm"}))
     page = write_report(tmp_path / "pipe").read_text()
     assert "8 expert demonstrations, 1 RL step (interq, rollout w8a8_kv8 (vllm))." in page
+    # rollout=bf16 (rollout_quant "none") named as its evaluation folders name it
+    (tmp_path / "pipe" / "summary.json").write_text(json.dumps({**summary, "rollout_quant": "none",
+                                                                "rollout_backend": "torch"}))
+    assert "(interq, rollout bf16 (torch))." in write_report(tmp_path / "pipe").read_text()
 
 
 def test_a_folder_that_is_no_run_names_both_kinds(tmp_path):
@@ -387,6 +391,8 @@ def test_report_of_a_folder_inside_a_run_names_the_run_folder(tmp_path, capsys, 
     typo = f"{given}x"      # a path into the run that does not exist: not "a folder in the run"
     assert main(["report", typo]) == 2
     assert capsys.readouterr().err == f"agentq: {typo}: no such folder (in the run folder {run}: agentq report {run})\n"
+    assert main(["report", "runz"]) == 2          # a typo outside any run
+    assert capsys.readouterr().err == "agentq: runz: no such folder\n"
 
 
 def test_report_into_a_folder_is_a_one_line_error(tmp_path, capsys):

@@ -4,6 +4,7 @@ the earlier run's files (metrics, checkpoints, config.yaml) are still there."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,39 @@ def test_a_sweep_into_a_train_run_folder_is_refused_and_its_folder_is_locked(tmp
         assert "is in use by another agentq process" in capsys.readouterr().err
     finally:
         lock.close()
+
+
+@pytest.mark.parametrize("layout,refused_to,whose", [
+    # a train run killed before its first checkpoint, evaluation or summary
+    (("metrics.jsonl", "tb/events", "config.yaml"), ("pipeline", "sweep"), "`agentq train` or `agentq sft`"),
+    # a pipeline or a sweep killed in its SFT stage: only its sft/ (an `agentq sft` folder)
+    (("sft/config.yaml", "sft/demos.jsonl"), ("train", "sft"), "`agentq pipeline` or `agentq sweep`")])
+def test_a_run_cut_short_before_its_own_markers_is_refused_to_the_others(tmp_path, layout, refused_to, whose):
+    """Only what one command writes named a folder's owner: a pipeline went into a train run killed
+    before its first checkpoint, and `agentq train` into a sweep killed during its SFT stage."""
+    from agentq.trainer.run_dir import RunDirError, claim_run_dir
+
+    run = tmp_path / "run"
+    for name in layout:
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("x")
+    for kind in ("train", "sft", "pipeline", "sweep"):
+        if kind in refused_to:
+            with pytest.raises(RunDirError, match=re.escape(f"holds an {whose} run (")):
+                claim_run_dir(run, resume=False, overwrite=True, kind=kind, remove=False)
+        else:
+            claim_run_dir(run, resume=True, overwrite=False, kind=kind, remove=False).close()
+
+
+def test_an_older_pipeline_folder_with_a_sweeps_eval_sft_is_still_the_pipelines(tmp_path):
+    """Pipelines once wrote eval_sft/ (a sweep's marker) beside summary.json and rl/: their own markers
+    make the folder theirs; a sweep is still refused it."""
+    from agentq.trainer.run_dir import RunDirError, claim_run_dir
+
+    run = tmp_path / "old"
+    for name in ("eval_sft", "rl"):
+        (run / name).mkdir(parents=True)
+    (run / "summary.json").write_text("{}")
+    claim_run_dir(run, resume=False, overwrite=True, kind="pipeline", remove=False).close()
+    with pytest.raises(RunDirError, match=re.escape("holds an `agentq pipeline` run (summary.json, rl)")):
+        claim_run_dir(run, resume=True, overwrite=False, kind="sweep")

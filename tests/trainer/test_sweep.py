@@ -41,6 +41,7 @@ def test_sweep_miniature_and_resume(tmp_path):
     assert (bf16["rollout_backend"], iq["rollout_backend"]) == ("torch", "torch")     # from result.json
     md = (tmp_path / "table.md").read_text()
     assert "| interq | w8a8_kv8 / w8a8 |" in md and "vs bf16: b / c, p" in md     # one backend: not shown
+    assert "| bf16 | bf16 / none |" in md       # rollout=bf16 (quant "none") as its folders name it; the learner's spec
     assert "p = two-sided, paired by task: exact McNemar." in md                   # one seed, one episode each
     assert (tmp_path / "curves.png").stat().st_size > 10_000
     assert (tmp_path / "arms" / "interq" / "seed_0" / "log.txt").exists()     # parallel: logs per run
@@ -84,8 +85,14 @@ def test_train_stats_and_pooling_by_hand():
 def test_table_only_runs_nothing(tmp_path):
     """`sweep.table_only=true` on a folder with no finished run: the shared SFT is still built (the
     table's step 0), no arm runs, and the table is empty."""
+    from agentq.trainer.run_dir import claim_run_dir
+
     args = [a for a in ARGS if not a.startswith("sweep.arms=")]
-    assert main([*args, "sweep.arms=[qat]", "sweep.table_only=true", f"sweep.out_dir={tmp_path}"]) == 0
+    running = claim_run_dir(tmp_path, resume=True, overwrite=False, kind="sweep")    # the sweep, still running
+    try:        # the table of what finished so far is asked for while the sweep runs: no lock taken
+        assert main([*args, "sweep.arms=[qat]", "sweep.table_only=true", f"sweep.out_dir={tmp_path}"]) == 0
+    finally:
+        running.close()
     assert not (tmp_path / "arms").exists()
     t = json.loads((tmp_path / "table.json").read_text())
     assert t["arms"] == {} and t["sft_episodes"] == 4
