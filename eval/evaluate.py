@@ -13,7 +13,7 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,6 +24,7 @@ from agentq.agent.trajectory import Trajectory
 from agentq.config import ConfigError, differing_settings, in_sections, load_config, make_setting_dir, quant_name
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
+from agentq.utils.folder_lock import lock_folder
 from agentq.utils.logging import console, progress
 
 from .episodes import EPISODES_SHA256, recover_eval_pair, write_eval_pair
@@ -134,6 +135,42 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     `overrides`: the command line (None when another command evaluates, e.g. the pipeline's stages)."""
     split = cfg.split or cfg.env.eval_split
     out, out_key = eval_out_path(cfg, split, overrides)
+    held = OutputLock(out)
+    held.take()     # an existing folder: held before its recovery, which must not undo another eval's write
+    try:
+        return _evaluate(cfg, overrides, split, out, out_key, held)
+    finally:
+        held.close()
+
+
+class OutputLock:
+    """`agentq eval`'s hold on its output folder (`lock_folder`), taken once the folder exists: two
+    evaluations with the same settings wrote the same temporary files, and the start-up recovery of
+    one could undo the other's renames."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.file: IO | None = None
+
+    def take(self) -> None:
+        """Lock the folder if it exists and is not held yet.
+
+        Raises:
+            ConfigError: another agentq process holds it (naming its pid).
+        """
+        if self.file is None and self.out.is_dir():
+            self.file = lock_folder(self.out, lambda pid: ConfigError(
+                f"{self.out} is in use by another agentq process (pid {pid}): an evaluation with the same settings "
+                "is writing there; wait for it, or give eval.out_dir=<another folder>"))
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Path, out_key: str,
+              held: OutputLock) -> dict:
+    """`evaluate` with its output folder held (`held`, taken again once the folder is made)."""
     # first, the pair a kill cut short put back (`recover_eval_pair`): this command writes the folder, and
     # until its write readers (`agentq report`) found no eval.json there
     if out.is_dir():
@@ -156,6 +193,7 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
         # empty eval-<env>-<split> folder in the checkpoint), before anything is played: a path that
         # cannot be made fails now
         make_setting_dir(out, out_key, "evaluation's output folder")
+        held.take()
         note_replaced(out, same_settings=not cfg.eval.out_dir)
         # the trainer's seeding (eval_seed, EVAL_FIRST_ID): the same episodes as its evaluations
         report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=eval_seed(cfg),

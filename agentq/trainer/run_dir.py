@@ -8,8 +8,6 @@ stale temporary checkpoint folders, and a written record of every lost episode.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -22,12 +20,12 @@ from agentq.config import ConfigError, make_setting_dir
 from agentq.eval.episodes import recover_eval_pairs
 from agentq.utils.checkpoint import restore_interrupted_commits
 from agentq.utils.errors import RunAborted
+from agentq.utils.folder_lock import LOCK_FILE, lock_folder
 from agentq.utils.jsonl import append_jsonl, drop_rows_after
 
 if TYPE_CHECKING:
     from agentq.agent.trajectory import Trajectory
 
-LOCK_FILE = ".agentq.lock"
 ERRORS_FILE = "errors.jsonl"
 #: what a training run writes into its folder (and `agentq report` beside it): the evidence that a
 #: folder holds a run, and what `trainer.overwrite=true` removes (nothing else in the folder is touched)
@@ -128,7 +126,9 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str 
         command's run (`MARKERS`), or a run of this one and neither `resume` nor `overwrite` was given.
     """
     run_dir = make_run_dir(run_dir, out_key)
-    lock = _lock(run_dir, out_key)
+    lock = lock_folder(run_dir, lambda pid: RunDirError(
+        f"run folder {str(run_dir)!r} is in use by another agentq process (pid {pid}); wait for it to finish or "
+        f"pick another {out_key}"))
     try:
         check_kind(run_dir, kind, out_key)
         found = holds_run(run_dir, ARTIFACTS[kind])
@@ -146,28 +146,6 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str 
     # an evaluation of this run whose write a kill cut short: its last pair back (only the run's own
     # eval/step_*, which the lock guards: `agentq eval` writes into checkpoints/ without it)
     recover_eval_pairs(sorted((run_dir / "eval").glob("step_*")))
-    return lock
-
-
-def _lock(run_dir: Path, out_key: str) -> IO:
-    """`run_dir`'s lock file, locked for this process (its pid written in it).
-
-    Raises:
-        RunDirError: another process holds it, naming its pid.
-    """
-    lock = open(run_dir / LOCK_FILE, "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "?"
-        lock.close()
-        raise RunDirError(f"run folder {str(run_dir)!r} is in use by another agentq process (pid {holder}); "
-                          f"wait for it to finish or pick another {out_key}") from None
-    lock.seek(0)
-    lock.truncate()
-    lock.write(str(os.getpid()))
-    lock.flush()
     return lock
 
 

@@ -246,4 +246,5 @@ def test_agentq_eval_puts_its_output_folders_pair_back_before_anything_else(tiny
     assert main(["eval", f"checkpoint={tiny_model_dir}", f"eval.out_dir={out}", "eval.num_tasks=1", "env_pool=inline",
                  "env.max_steps=2", "env.max_new_tokens=8"]) == 0
     assert seen == [old]
-    assert read_eval(out)["episodes"] == 1 and sorted(os.listdir(out)) == ["episodes.jsonl", "eval.json"]
+    # and the lock file of the folder's writer (`evaluate.OutputLock`), released
+    assert read_eval(out)["episodes"] == 1 and sorted(os.listdir(out)) == [".agentq.lock", "episodes.jsonl", "eval.json"]

@@ -4,6 +4,7 @@ is played, so a path that cannot be made fails at once with the setting named.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -363,3 +364,28 @@ def test_the_pipeline_evaluates_its_checkpoint_of_a_model_path_run(tiny_model_di
     report = evaluate_checkpoint(cfg, str(ckpt), tmp_path / "eval_sft_test", 2, "test")
     assert report["checkpoint"] == str(ckpt) and report["episodes"] == 2
     assert (tmp_path / "eval_sft_test" / "eval.json").is_file()
+
+
+def test_an_evaluation_writing_into_the_same_folder_holds_it(tiny_model_dir, tmp_path, capsys):
+    """Two `agentq eval` with the same settings wrote the same temporary files, and the second's start-up
+    recovery could undo the first's renames: the folder is held (the one writing it named), and
+    released once the evaluation ends."""
+    from agentq.utils.folder_lock import lock_folder
+
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    out = ckpt / SMALL_NAME
+    assert main(["eval", f"checkpoint={ckpt}", *SMALL]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (out / ".eval.json.tmp").write_text("the other evaluation's write, under way")
+    other = lock_folder(out, lambda pid: AssertionError(pid))          # that evaluation's process
+    try:
+        assert main(["eval", f"checkpoint={ckpt}", *SMALL]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"agentq: {out} is in use by another agentq process (pid {os.getpid()}): an evaluation with the same "
+            "settings is writing there; wait for it, or give eval.out_dir=<another folder>")
+        assert (out / ".eval.json.tmp").is_file()       # its write untouched
+    finally:
+        other.close()
+    (out / ".eval.json.tmp").unlink()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main(["eval", f"checkpoint={ckpt}", *SMALL]) == 0       # released by the first: the rerun replaces
