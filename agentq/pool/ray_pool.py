@@ -140,10 +140,40 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     if not host or not port.isdigit():
         raise ConfigError(f"ray.address={address!r}: expected host:port (or auto, or null for a local cluster)")
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        conn = socket.create_connection((host, int(port)), timeout=timeout_s)
     except OSError as e:
         raise ConfigError(f"ray.address={address!r}: nothing answers at {host}:{port} within {timeout_s:g} s ({e}); "
                           "is the cluster up (`ray status`)? ray.address=null starts a local one") from None
+    with conn:
+        if not answers_grpc(conn, timeout_s):
+            raise ConfigError(f"ray.address={address!r}: {host}:{port} takes connections but does not answer as a Ray "
+                              f"cluster (no gRPC handshake within {timeout_s:g} s; Ray would retry it for minutes): give "
+                              "the address `ray start --head` printed (port 6379 by default), not the dashboard's "
+                              "(8265) or another service's; ray.address=null starts a local cluster")
+
+
+#: HTTP/2's client preface and an empty SETTINGS frame (RFC 9113 §3.4): a gRPC server, as Ray's GCS
+#: and its client server are, answers with a SETTINGS frame of its own
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def answers_grpc(conn: socket.socket, timeout_s: float) -> bool:
+    """Whether the server on `conn` answers HTTP/2's preface with a SETTINGS frame (type 4 in the
+    fourth byte of the first frame header) within `timeout_s`. A silent listener or an HTTP/1 server
+    does not: `ray.init` then retried it for ~14 minutes."""
+    deadline = time.monotonic() + timeout_s
+    head = b""
+    try:
+        conn.sendall(H2_PREFACE)
+        while len(head) < 4 and (left := deadline - time.monotonic()) > 0:
+            conn.settimeout(left)
+            chunk = conn.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except OSError:         # a timeout, a reset: no answer
+        return False
+    return len(head) >= 4 and head[3] == 4
 
 
 def driver_import_paths() -> list[str]:

@@ -1,15 +1,22 @@
-"""A cluster address where nothing listens is refused within seconds (`check_reachable`), before
-`ray.init`, which retries a dead address for ~14 minutes. Plain sockets stand in for a cluster's
-port here (the check is a TCP connect); joining a real `ray start` cluster is in test_ray_resources."""
+"""A cluster address where nothing listens, or something that is no Ray cluster, is refused within
+seconds (`check_reachable`), before `ray.init`, which retries such an address for ~14 minutes. A real
+`ray start` head passes; where a test needs a live address without one, a socket that answers the
+HTTP/2 handshake as a gRPC server does stands in for it (`grpc_like`: the check reads no more)."""
 from __future__ import annotations
 
+import contextlib
 import socket
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
 
 from agentq.config import ConfigError
 from agentq.pool.ray_pool import check_reachable
+
+from conftest import ray_head
 
 
 def closed_port() -> int:
@@ -55,19 +62,77 @@ def test_auto_resolves_as_ray_does(monkeypatch, tmp_path):
     (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{closed_port()}\n")
     with pytest.raises(ConfigError, match="nothing answers"):
         check_reachable("auto")
-    with socket.socket() as server:                                       # a live one in Ray's temp folder
-        server.bind(("0.0.0.0", 0))          # Ray turns 127.0.0.1 into this node's address, as it would to join
-        server.listen()
-        (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{server.getsockname()[1]}\n")
+    with grpc_like("0.0.0.0") as port:      # a live one in Ray's temp folder (Ray turns 127.0.0.1 into this
+        (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}\n")    # node's address to join)
         check_reachable("auto")
 
 
+@contextlib.contextmanager
+def grpc_like(host: str = "127.0.0.1"):
+    """A server that answers every connection's HTTP/2 preface with an empty SETTINGS frame, as a gRPC
+    server does first (the handshake `answers_grpc` reads); yields its port."""
+    server = socket.socket()
+    server.bind((host, 0))
+    server.listen()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:         # closed: done
+                return
+            with conn:
+                conn.recv(64)
+                conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+
+
 def test_a_listening_address_passes_and_a_malformed_one_is_named():
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        port = server.getsockname()[1]
+    with grpc_like() as port:
         check_reachable(f"127.0.0.1:{port}")
         check_reachable(f"ray://127.0.0.1:{port}")
     with pytest.raises(ConfigError, match="expected host:port"):
         check_reachable("my-cluster")
+
+
+@pytest.mark.parametrize("service", ["silent", "http"])
+def test_an_address_where_no_ray_cluster_answers_is_refused_in_seconds(service, tmp_path):
+    """A wrong port with something else on it (a silent listener, an HTTP server such as the dashboard
+    on 8265) passed the TCP check, and `ray.init` then retried it for minutes."""
+    if service == "silent":
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port, stop = server.getsockname()[1], server.close
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        http = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stop = http.kill
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError, match=f"127.0.0.1:{port} takes connections but does not answer as a Ray "
+                                              "cluster"):
+            check_reachable(f"127.0.0.1:{port}", timeout_s=2)
+        assert time.monotonic() - t0 < 10
+    finally:
+        stop()
+
+
+def test_a_real_ray_head_answers_the_check(tmp_path):
+    with ray_head(tmp_path) as port:
+        check_reachable(f"127.0.0.1:{port}")
