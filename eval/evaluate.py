@@ -553,7 +553,7 @@ def print_report(r: dict) -> None:
         t.add_row("decoding", decoding_text(r["sampling"]))
     lo, hi = r["success_ci95"]
     t.add_row("success rate", f"{100 * r['success_rate']:.1f} %  (95 % CI {100 * lo:.1f}–{100 * hi:.1f})")
-    t.add_row("mean score", f"{100 * r['score_mean']:.1f}")
+    t.add_row("mean score (% of the maximum)", f"{100 * r['score_mean']:.1f}")
     t.add_row("turns (successful)", turns_text(r["turns_success_mean"]))
     cap = (r.get("limits") or {}).get("max_steps")      # an eval.json from before limits were recorded: none
     t.add_row("hit step cap", f"{100 * r['cap_rate']:.1f} %" + (f"  (cap {cap} turns)" if cap else ""))

@@ -199,7 +199,7 @@ def _print_comparison(title: str, c: dict) -> None:
     pct = lambda x: f"{100 * x:.1f} %"  # noqa: E731
     t.add_row("success", pct(c["sft_success_rate"]), pct(c["rl_success_rate"]))
     t.add_row("95 % CI", "–".join(pct(x) for x in c["sft_success_ci95"]), "–".join(pct(x) for x in c["rl_success_ci95"]))
-    t.add_row("mean score", f"{100 * c['sft_score']:.1f}", f"{100 * c['rl_score']:.1f}")
+    t.add_row("mean score (% of the maximum)", f"{100 * c['sft_score']:.1f}", f"{100 * c['rl_score']:.1f}")
     t.add_row("turns (won)", turns_text(c["sft_turns_success"]), turns_text(c["rl_turns_success"]))
     t.add_row("hit step cap", pct(c["sft_cap_rate"]), pct(c["rl_cap_rate"]))
     t.add_row("inadmissible turns", pct(c["sft_inadmissible_rate"]), pct(c["rl_inadmissible_rate"]))

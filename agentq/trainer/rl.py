@@ -635,6 +635,8 @@ class RLTrainer:
             for step in range(self.start_step + 1, steps + 1):
                 m = self.step(step)
                 self.logger.log(step, m)
+                if last is None or last.get("invalid_action_rate", 0) < 1:     # said once, not every step
+                    warn_no_parsed_actions(self.cfg, step, m)
                 last = m
                 prog.update(bar, advance=1, info=f"reward {m['reward_mean']:.3f} succ {m['success_rate']:.2f} "
                                                  f"k3 {m.get('k3', float('nan')):.1e}")
@@ -691,6 +693,20 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
         trainer.close()         # also when the run stops early (workers, lock); a second close is a no-op
     print_run_end(summary)
     return summary
+
+
+def warn_no_parsed_actions(cfg: DictConfig, step: int, m: dict) -> None:
+    """Say when no turn of a step wrote a parseable action: every reward, hence every GRPO advantage,
+    is the same and the update learns nothing. The default tiny model, untrained, never writes one, and
+    its run read "reward 0.000 ... loss 0.0000" with the cause only in metrics.jsonl."""
+    if float(m.get("invalid_action_rate", 0)) < 1:
+        return
+    tag = cfg.agent.action_tag
+    console.print(f"warning: step {step}: no reply had a parseable <{tag}>...</{tag}> (invalid_action_rate 1.0), so "
+                  "every episode scores alike and the update learns nothing. An untrained model never writes one: "
+                  "start from an SFT checkpoint (agentq sft, then model.path=<its checkpoint>; or agentq pipeline), or "
+                  "model.path=<a model that follows the prompt>", style="yellow", markup=False, highlight=False,
+                  soft_wrap=True)
 
 
 def warn_unplayed(cfg: DictConfig, report: dict, step: int) -> None:

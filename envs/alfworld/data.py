@@ -41,9 +41,12 @@ def data_root(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
     """(root, where it came from): `data_dir`, else $ALFWORLD_DATA, else alfworld's default ~/.cache/alfworld."""
     if data_dir:
         return Path(data_dir).expanduser(), "data_dir argument"
-    if os.environ.get("ALFWORLD_DATA"):
-        return Path(os.environ["ALFWORLD_DATA"]).expanduser(), "$ALFWORLD_DATA"
-    return Path("~/.cache/alfworld").expanduser(), "alfworld's default (ALFWORLD_DATA unset)"
+    default = Path("~/.cache/alfworld").expanduser()
+    given = os.environ.get("ALFWORLD_DATA")
+    # `import alfworld` sets $ALFWORLD_DATA to its default when unset: that value says nothing of the user
+    if given and Path(given).expanduser() != default:
+        return Path(given).expanduser(), "$ALFWORLD_DATA"
+    return default, "alfworld's default (ALFWORLD_DATA unset, or set to it)"
 
 
 def split_dir(split: str, data_dir: str | os.PathLike | None = None) -> Path:

@@ -392,3 +392,20 @@ def test_empty_task_types_is_refused(cache_dir):
     env = gym.make(ENV_ID, cache_dir=str(cache_dir), task_types="look_at_obj_in_light", gen_sizes=2)
     assert env.unwrapped.list_tasks() == ["look_at_obj_in_light/FloorPlan205/0", "look_at_obj_in_light/FloorPlan210/0"]
     assert len(gym.make(ENV_ID, cache_dir=str(cache_dir), task_types=None, gen_sizes=2).unwrapped.list_tasks()) == 12
+
+
+def test_the_data_roots_source_is_the_users_setting_not_alfworlds_own(monkeypatch, tmp_path):
+    """`import alfworld` sets $ALFWORLD_DATA to its default when unset, and the missing-data error then
+    said the default came "from $ALFWORLD_DATA" (`agentq eval`, importing later, said it right)."""
+    from pathlib import Path
+
+    from envs.alfworld.data import data_root
+
+    default = Path("~/.cache/alfworld").expanduser()
+    monkeypatch.setenv("ALFWORLD_DATA", str(default))
+    assert data_root() == (default, "alfworld's default (ALFWORLD_DATA unset, or set to it)")
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
+    assert data_root() == (tmp_path, "$ALFWORLD_DATA")
+    monkeypatch.delenv("ALFWORLD_DATA")
+    assert data_root() == (default, "alfworld's default (ALFWORLD_DATA unset, or set to it)")
+    assert data_root(tmp_path / "x") == (tmp_path / "x", "data_dir argument")

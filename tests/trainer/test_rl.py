@@ -3,6 +3,7 @@ says where it went, its final checkpoint (what `agentq eval` takes) and the held
 settings it refuses say so in one line, before anything is written."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,24 @@ def test_a_run_warns_when_its_eval_split_is_unplayed_or_the_training_split(tmp_p
             "env.prompt.max_obs_chars))") in said
     assert (f"held-out train: success 0.0 % of 2 episodes ({run / 'eval' / 'step_000001'}), 2 of 2 not played (their "
             "first prompt does not fit env.max_context_tokens=16; counted as lost)") in said
+
+
+def test_a_step_where_no_reply_parses_says_the_update_learns_nothing(tmp_path, capsys):
+    """The untrained tiny model never writes <action>...</action>: every reward and advantage alike,
+    "reward 0.000 ... loss 0.0000" on the console and the cause only in metrics.jsonl. Said once."""
+    from agentq.config import load_config
+    from agentq.trainer.rl import warn_no_parsed_actions
+
+    warn_no_parsed_actions(load_config([]), 3, {"invalid_action_rate": 0.5})
+    assert capsys.readouterr().err == ""
+    run = tmp_path / "run"
+    assert main(["train", "trainer.steps=2", "trainer.tasks_per_step=1", "trainer.group_size=2", "env.max_steps=2",
+                 "env.max_new_tokens=8", "env_pool=inline", "trainer.eval_every=-1", f"trainer.out_dir={run}"]) == 0
+    rates = [json.loads(line)["invalid_action_rate"] for line in (run / "metrics.jsonl").read_text().splitlines()
+             if "invalid_action_rate" in line]
+    said = " ".join(capsys.readouterr().err.split())
+    warning = ("warning: step 1: no reply had a parseable <action>...</action> (invalid_action_rate 1.0), so every "
+               "episode scores alike and the update learns nothing. An untrained model never writes one: start from "
+               "an SFT checkpoint (agentq sft, then model.path=<its checkpoint>; or agentq pipeline), or "
+               "model.path=<a model that follows the prompt>")
+    assert rates == [1.0, 1.0] and said.count("no reply had a parseable") == 1 and warning in said
