@@ -399,7 +399,7 @@ def test_the_data_roots_source_is_the_users_setting_not_alfworlds_own(monkeypatc
     said the default came "from $ALFWORLD_DATA" (`agentq eval`, importing later, said it right)."""
     from pathlib import Path
 
-    from envs.alfworld.data import data_root
+    from agentq.envs.alfworld.data import data_root
 
     default = Path("~/.cache/alfworld").expanduser()
     monkeypatch.setenv("ALFWORLD_DATA", str(default))
