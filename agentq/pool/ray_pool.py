@@ -221,16 +221,28 @@ def cpus_per_worker(available_cpus: float, num_workers: int, wanted: float = 1.0
     return max(0.0, min(float(wanted), int(100 * available_cpus / max(1, num_workers)) / 100))
 
 
+_held_here: dict[int, tuple[str, float]] = {}   # this process's live pools: id → (their cluster, CPUs reserved)
+
+
 def free_cpus(ray: Any, wanted: float, settle_s: float = RESOURCE_SETTLE_S) -> float:
-    """The cluster's free CPUs. CPUs just released (a closed pool's killed actors, a removed placement
-    group) show as free only a moment later, so while fewer than `wanted` are free this looks again
-    for up to `settle_s` (a pool started right after another closed would otherwise get no CPU)."""
+    """The cluster's free CPUs, as far as this process can tell.
+
+    Ray's view of free resources lags the actors in both directions. CPUs just released (a closed
+    pool's killed actors, a removed placement group) show as free only a moment later, so while
+    fewer than `wanted` are free this looks again for up to `settle_s` (a pool started right after
+    another closed would otherwise get no CPU). CPUs just taken (a pool whose actors are up) may
+    still show as free under load, so the answer is never more than the cluster's CPUs less those
+    this process's own pools reserve (`_held_here`): a second pool would otherwise ask for CPUs the
+    first one holds and wait for them until its start times out."""
     deadline = time.monotonic() + settle_s
     free = ray.available_resources().get("CPU", 0.0)
     while free < wanted and time.monotonic() < deadline:
         time.sleep(0.1)
         free = max(free, ray.available_resources().get("CPU", 0.0))
-    return float(free)
+    cluster = ray.get_runtime_context().gcs_address
+    held = sum(cpus for where, cpus in _held_here.values() if where == cluster)
+    unreserved = ray.cluster_resources().get("CPU", 0.0) - held
+    return float(max(0.0, min(free, unreserved)))
 
 
 class EnvActor(WorkerCore):
@@ -282,6 +294,7 @@ class RayPool(WorkerPool):
                           "reservation and share the cores with the actors that hold them", stacklevel=2)
         self._actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=0)(EnvActor)
         self._start_all()
+        _held_here[id(self)] = (ray.get_runtime_context().gcs_address, self.cpus_per_worker * self.num_workers)
 
     def _launch(self, w: int) -> None:
         self._actors[w] = self._actor_cls.remote(self.spec, self._slots[w])
@@ -322,6 +335,7 @@ class RayPool(WorkerPool):
         """Ask the actors to close their environments (`CLOSE_TIMEOUT_S` for all together), then kill
         every actor, also a hung one or when this is interrupted (the cluster keeps running)."""
         actors, self._actors = list(self._actors.values()), {}
+        _held_here.pop(id(self), None)
         try:
             if actors:
                 self._ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=CLOSE_TIMEOUT_S)

@@ -87,3 +87,32 @@ def test_a_null_address_starts_its_own_cluster_beside_one_already_running(tmp_pa
         words = [line for line in p.stdout.splitlines() if line.startswith("CPU ")][0].split()
         assert words[1:4] == ["2.0", "ok", "True"]           # its own 2-CPU cluster, not the 1-CPU head
         assert not words[5].endswith(f":{port}")
+
+
+class _LaggingRay:
+    """Ray's resource view as it can read under load: the actors of a pool are up, but the cluster
+    still shows their CPUs as free (the lag that made a second pool ask for held CPUs and time out).
+    A stand-in because a real cluster's lag cannot be produced on demand."""
+
+    def __init__(self, total, shown_free, gcs="127.0.0.1:1"):
+        self.total, self.shown_free, self.gcs = total, shown_free, gcs
+
+    def available_resources(self):
+        return {"CPU": self.shown_free}
+
+    def cluster_resources(self):
+        return {"CPU": self.total}
+
+    def get_runtime_context(self):
+        return type("Ctx", (), {"gcs_address": self.gcs})()
+
+
+def test_free_cpus_subtracts_what_this_processes_pools_reserve_while_rays_view_lags(monkeypatch):
+    from agentq.pool import ray_pool
+
+    monkeypatch.setattr(ray_pool, "_held_here", {1: ("127.0.0.1:1", 2.0)})
+    assert ray_pool.free_cpus(_LaggingRay(2.0, 2.0), 2.0, settle_s=0) == 0.0        # stale 2 free: 2 − 2 held
+    assert ray_pool.free_cpus(_LaggingRay(4.0, 3.0), 2.0, settle_s=0) == 2.0        # min(3 shown, 4 − 2)
+    assert ray_pool.free_cpus(_LaggingRay(4.0, 1.0), 2.0, settle_s=0) == 1.0        # someone else holds one
+    # a pool left on another (shut-down) cluster reserves nothing on this one
+    assert ray_pool.free_cpus(_LaggingRay(2.0, 2.0, gcs="127.0.0.1:2"), 2.0, settle_s=0) == 2.0
