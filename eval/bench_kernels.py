@@ -1098,58 +1098,81 @@ SILU_CHUNKS = (1024, 2048, 4096)
 
 #: (B, T) rows `--rope` times: a decode step's and a prefill chunk's (32768 tokens)
 ROPE_ROWS = ((64, 1), (16, 2048))
-#: heads per `_qk_norm_rope_kernel` program `--rope` sweeps (`AGENTQ_ROPE_HEADS`)
-ROPE_HEADS = (1, 2, 4, 8, 16)
+#: (heads, tokens) per `_qk_norm_rope_kernel` program `--rope` sweeps (`AGENTQ_ROPE_HEADS`,
+#: `AGENTQ_ROPE_TOKENS`)
+ROPE_LAUNCHES = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (2, 2), (2, 4), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8))
+#: (name, q heads, k/v heads) of the head layouts `--rope` times
+ROPE_MODELS = (("qwen3-8b", 32, 8), ("qwen3-1.7b", 16, 8))
 
 
-def bench_rope(dev, results, hq: int = 32, hkv: int = 8, d: int = 128, cache_len: int = 2048):
-    """q/k-norm + RoPE at Qwen3-8B heads, bf16: `triton_norm.qk_norm_rope_to_cache` (K/V into an
-    int8 cache, as the engine's decode step and prefill chunks run it) and `qk_norm_rope`, at each
-    of `ROPE_ROWS` for each of `ROPE_HEADS` heads per program; µs per call and effective GB/s of
-    the bytes each must move (inputs read once, outputs written once, cos/sin once per token)."""
+def bench_rope(dev, results, d: int = 128, cache_len: int = 2048):
+    """q/k-norm + RoPE at each of `ROPE_MODELS`' heads, bf16: `triton_norm.qk_norm_rope_to_cache`
+    (K/V into an int8 cache, as the engine's decode step and prefill chunks run it) and
+    `qk_norm_rope`, at each of `ROPE_ROWS` for each of `ROPE_LAUNCHES`; µs per call and effective
+    GB/s of the bytes each must move (inputs read once, outputs written once, cos/sin once per
+    token). Every launch's outputs are checked equal to the first's (the same bits)."""
     from agentq.kernels import triton_norm as tn
-    log(f"\n== q/k-norm + RoPE, {hq} + {hkv} heads x {d} (bf16; int8 KV cache; µs per call, GB/s moved) ==")
-    saved = os.environ.get(tn.ROPE_HEADS_ENV)
-    kvq = (SPEC.kv_scale_floor, SPEC.kv_rounding)
+    saved = {k: os.environ.get(k) for k in (tn.ROPE_HEADS_ENV, tn.ROPE_TOKENS_ENV)}
     try:
-        for b, t in ROPE_ROWS:
-            n = b * t
-            g = torch.Generator(device=dev).manual_seed(n)
-            qkv = torch.randn(b, t, (hq + 2 * hkv) * d, generator=g, device=dev).bfloat16()
-            q = qkv[..., :hq * d].view(b, t, hq, d)
-            k, v = qkv[..., hq * d:(hq + hkv) * d].view(b, t, hkv, d), qkv[..., (hq + hkv) * d:].view(b, t, hkv, d)
-            nw = (1 + 0.1 * torch.randn(d, generator=g, device=dev)).bfloat16()
-            ang = torch.randn(b, t, d // 2, generator=g, device=dev) * 3
-            cos, sin = torch.cat([ang.cos()] * 2, -1).bfloat16(), torch.cat([ang.sin()] * 2, -1).bfloat16()
-            kc, vc = (torch.zeros(b, hkv, cache_len, d, dtype=torch.int8, device=dev) for _ in range(2))
-            ks, vs = (torch.zeros(b, hkv, cache_len, device=dev) for _ in range(2))
-            slots = torch.arange(b, device=dev)
-            if t == 1:      # decode: one token per row at a random position, every token written
-                pos, n_new = torch.randint(0, cache_len, (b,), generator=g, device=dev), None
-            else:           # a prefill chunk (the engine passes its rows' valid counts: the ragged path)
-                pos, n_new = torch.arange(t, device=dev).repeat(b, 1), torch.full((b,), t, dtype=torch.int32,
-                                                                                  device=dev)
-            cs_bytes = n * d * 2 * 2
-            cases = (("qk_norm_rope_to_cache", n * ((hq + 2 * hkv) * d * 2 + hq * d * 2 + 2 * hkv * (d + 4)) + cs_bytes,
-                      lambda: tn.qk_norm_rope_to_cache(q, k, v, nw, nw, cos, sin, 1e-6, kc, vc, ks, vs, slots, pos,
-                                                       kvq, n_new)),
-                     ("qk_norm_rope", n * (hq + hkv) * d * 2 * 2 + cs_bytes,
-                      lambda: tn.qk_norm_rope(q, k, nw, nw, cos, sin, 1e-6)))
-            for name, nbytes, fn in cases:
-                for heads in ROPE_HEADS:
-                    os.environ[tn.ROPE_HEADS_ENV] = str(heads)
-                    us = graph_us([fn], rep_ms=40.0, warmup_ms=10.0)
-                    log(f"{b:3d} x {t:5d} tokens  {name:22s} {heads:2d} heads/program {us:8.1f} µs  "
-                        f"{nbytes / us / 1e3:6.0f} GB/s")
-                    results.setdefault("rope", []).append({"b": b, "t": t, "op": name, "heads": heads, "us": us,
-                                                           "gbps": nbytes / us / 1e3})
-            del qkv, kc, vc, ks, vs
-            torch.cuda.empty_cache()
+        for model, hq, hkv in ROPE_MODELS:
+            _bench_rope_heads(tn, dev, results, model, hq, hkv, d, cache_len)
     finally:
-        if saved is None:
-            os.environ.pop(tn.ROPE_HEADS_ENV, None)
-        else:
-            os.environ[tn.ROPE_HEADS_ENV] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _bench_rope_heads(tn, dev, results, model: str, hq: int, hkv: int, d: int, cache_len: int) -> None:
+    """`bench_rope` at one head layout."""
+    log(f"\n== q/k-norm + RoPE, {model}: {hq} + {hkv} heads x {d} (bf16; int8 KV cache; µs per call, GB/s "
+        "moved) ==")
+    kvq = (SPEC.kv_scale_floor, SPEC.kv_rounding)
+    for b, t in ROPE_ROWS:
+        n = b * t
+        g = torch.Generator(device=dev).manual_seed(n)
+        qkv = torch.randn(b, t, (hq + 2 * hkv) * d, generator=g, device=dev).bfloat16()
+        q = qkv[..., :hq * d].view(b, t, hq, d)
+        k, v = qkv[..., hq * d:(hq + hkv) * d].view(b, t, hkv, d), qkv[..., (hq + hkv) * d:].view(b, t, hkv, d)
+        nw = (1 + 0.1 * torch.randn(d, generator=g, device=dev)).bfloat16()
+        ang = torch.randn(b, t, d // 2, generator=g, device=dev) * 3
+        cos, sin = torch.cat([ang.cos()] * 2, -1).bfloat16(), torch.cat([ang.sin()] * 2, -1).bfloat16()
+        kc, vc = (torch.zeros(b, hkv, cache_len, d, dtype=torch.int8, device=dev) for _ in range(2))
+        ks, vs = (torch.zeros(b, hkv, cache_len, device=dev) for _ in range(2))
+        slots = torch.arange(b, device=dev)
+        if t == 1:      # decode: one token per row at a random position, every token written
+            pos, n_new = torch.randint(0, cache_len, (b,), generator=g, device=dev), None
+        else:           # a prefill chunk (the engine passes its rows' valid counts: the ragged path)
+            pos, n_new = torch.arange(t, device=dev).repeat(b, 1), torch.full((b,), t, dtype=torch.int32,
+                                                                              device=dev)
+        cs_bytes = n * d * 2 * 2
+        cases = (("qk_norm_rope_to_cache", n * ((hq + 2 * hkv) * d * 2 + hq * d * 2 + 2 * hkv * (d + 4)) + cs_bytes,
+                  lambda: tn.qk_norm_rope_to_cache(q, k, v, nw, nw, cos, sin, 1e-6, kc, vc, ks, vs, slots, pos,
+                                                   kvq, n_new)),
+                 ("qk_norm_rope", n * (hq + hkv) * d * 2 * 2 + cs_bytes,
+                  lambda: tn.qk_norm_rope(q, k, nw, nw, cos, sin, 1e-6)))
+        for name, nbytes, fn in cases:
+            first = None
+            for heads, tokens in ROPE_LAUNCHES:
+                if tokens > 1 and n <= tn.ROPE_DECODE_MAX_ROWS:
+                    continue                       # decode rows take one token a program whatever is asked
+                os.environ[tn.ROPE_HEADS_ENV], os.environ[tn.ROPE_TOKENS_ENV] = str(heads), str(tokens)
+                out = [x.clone() for x in _as_list(fn())] + [x.clone() for x in (kc, vc, ks, vs)]
+                first = first or out
+                same = all(torch.equal(x, y) for x, y in zip(first, out))
+                us = graph_us([fn], rep_ms=40.0, warmup_ms=10.0)
+                log(f"{b:3d} x {t:5d} tokens  {name:22s} {heads:2d} heads x {tokens} tokens/program "
+                    f"{us:8.1f} µs  {nbytes / us / 1e3:6.0f} GB/s{'' if same else '  NOT THE SAME BITS'}")
+                results.setdefault("rope", []).append({"model": model, "b": b, "t": t, "op": name, "heads": heads,
+                                                       "tokens": tokens, "us": us, "gbps": nbytes / us / 1e3,
+                                                       "same_bits": same})
+        del qkv, kc, vc, ks, vs
+        torch.cuda.empty_cache()
+
+
+def _as_list(x) -> list:
+    return list(x) if isinstance(x, (tuple, list)) else [x]
 
 
 # ---------------------------------------------------------------------- prefill attention
@@ -1277,8 +1300,9 @@ def main():
                     help="only time the learner's dX GEMM, bf16 vs int8 (and the dY · s_w quantization's launches) "
                          "at 1B / 8B shapes, and exit")
     ap.add_argument("--rope", action="store_true",
-                    help="only time qk_norm_rope_to_cache (int8 cache) and qk_norm_rope at Qwen3-8B heads, decode "
-                         "(64 x 1) and prefill (16 x 2048) rows, 1 to 16 heads per program, and exit")
+                    help="only time qk_norm_rope_to_cache (int8 cache) and qk_norm_rope at Qwen3-8B and 1.7B heads, decode "
+                         "(64 x 1) and prefill (16 x 2048) rows, 1 to 16 heads and 1 to 8 tokens per program, "
+                         "checking the outputs are the same bits, and exit")
     ap.add_argument("--prefill", action="store_true",
                     help="only time prefill attention, the read-back path vs the in-place kernel's launches, and exit")
     args = ap.parse_args()

@@ -230,38 +230,47 @@ if HAVE_TRITON:
     @triton.jit
     def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr,
                              kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr, pos_ptr, nnew_ptr,
-                             T, HQ, HKV, D, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sc_b, sc_t, eps,
+                             BT, T, HQ, HKV, D, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sc_b, sc_t, eps,
                              sc_s, sc_h, sc_l, ss_s, ss_h, floor,
                              NORM: tl.constexpr, WRITE_KV: tl.constexpr, RAGGED: tl.constexpr,
                              KV_INT8: tl.constexpr, HALF_AWAY: tl.constexpr, HEADS: tl.constexpr,
-                             BLOCK_D: tl.constexpr, BF16_BITS: tl.constexpr, PDL: tl.constexpr):
-        """One program per (token, group of HEADS heads) of q, of k (and of v with WRITE_KV; a
-        group never mixes them: program (token, j) takes q heads j·HEADS.. while j < ⌈HQ / HEADS⌉,
-        then k heads, then v heads; heads past the count are masked), as a [HEADS, BLOCK_D] block:
-        optional per-head RMSNorm (reduced along axis 1), then RoPE (x·cos + rotate_half(x)·sin),
-        each op rounded to the model dtype as torch rounds it. Launched with HEADS warps, each head
-        gets the one-head program's layout (checked by tests/kernels/test_compile_sm90.py), so its
-        sum of squares adds up in the same order: the same bits for every HEADS. WRITE_KV: k and v
-        of token (b, t) go straight into the slot cache at (slot[b], pos[b·T + t]) — int8 codes +
-        per-token-head scale with KV_INT8 (`quantize_kv_to_cache`'s arithmetic on the rounded
-        values), else the values — and only q is returned; RAGGED (prefill chunks): only each
-        row's first nnew[b] tokens are written."""
+                             TOKENS: tl.constexpr, BLOCK_D: tl.constexpr, BF16_BITS: tl.constexpr,
+                             PDL: tl.constexpr):
+        """One program per (TOKENS consecutive tokens of the BT = B·T, group of HEADS heads) of q, of
+        k (and of v with WRITE_KV; a group never mixes them: program (·, j) takes q heads j·HEADS..
+        while j < ⌈HQ / HEADS⌉, then k heads, then v heads; heads past the count are masked), each
+        token as a [HEADS, BLOCK_D] block: optional per-head RMSNorm (reduced along axis 1), then
+        RoPE (x·cos + rotate_half(x)·sin), each op rounded to the model dtype as torch rounds it.
+        Launched with HEADS warps, each head gets the one-head program's layout (checked by
+        tests/kernels/test_compile_sm90.py), so its sum of squares adds up in the same order: the
+        same bits for every HEADS and TOKENS (the tokens of a program are done one after another,
+        each as the one-token program does it; the head group's setup and norm weights are read
+        once for all of them). WRITE_KV: k and v of token (b, t) go straight into the slot cache at
+        (slot[b], pos[b·T + t]) — int8 codes + per-token-head scale with KV_INT8
+        (`quantize_kv_to_cache`'s arithmetic on the rounded values), else the values — and only q
+        is returned; RAGGED (prefill chunks): only each row's first nnew[b] tokens are written."""
         pdl_start(PDL)
-        bt = tl.program_id(0).to(tl.int64)
+        bt0 = tl.program_id(0).to(tl.int64) * TOKENS
         j = tl.program_id(1)
-        b = bt // T
-        t = bt % T
         nq = (HQ + HEADS - 1) // HEADS
         nk = (HKV + HEADS - 1) // HEADS
         offs = tl.arange(0, BLOCK_D)
         dmask = offs < D
+        b = bt0 // T                  # (b, t) of the program's first token, then stepped along
+        t = bt0 % T
         if j >= nq + nk:            # WRITE_KV only: v heads, stored as they are
             hs = (j - nq - nk) * HEADS + tl.arange(0, HEADS)
             mask = (hs < HKV)[:, None] & dmask[None, :]
-            y = tl.load(v_ptr + b * sv_b + t * sv_t + hs[:, None].to(tl.int64) * sv_h + offs[None, :], mask=mask,
-                        other=0.0).to(tl.float32)
-            _store_kv_rows(y, vc_ptr, vs_ptr, slot_ptr, pos_ptr, nnew_ptr, b, t, bt, hs, HKV, offs, mask, sc_s, sc_h,
-                           sc_l, ss_s, ss_h, floor, RAGGED, KV_INT8, HALF_AWAY, BF16_BITS)
+            rows = v_ptr + hs[:, None].to(tl.int64) * sv_h + offs[None, :]
+            for i in tl.static_range(TOKENS):
+                bt = bt0 + i
+                if bt < BT:
+                    y = tl.load(rows + b * sv_b + t * sv_t, mask=mask, other=0.0).to(tl.float32)
+                    _store_kv_rows(y, vc_ptr, vs_ptr, slot_ptr, pos_ptr, nnew_ptr, b, t, bt, hs, HKV, offs, mask,
+                                   sc_s, sc_h, sc_l, ss_s, ss_h, floor, RAGGED, KV_INT8, HALF_AWAY, BF16_BITS)
+                t += 1
+                b = tl.where(t == T, b + 1, b)
+                t = tl.where(t == T, 0, t)
         else:
             is_q = j < nq
             hs = tl.where(is_q, j, j - nq) * HEADS + tl.arange(0, HEADS)
@@ -269,11 +278,13 @@ if HAVE_TRITON:
             rot = tl.where(offs < half, offs + half, offs - half)
             sign = tl.where(offs < half, -1.0, 1.0)
             if is_q:
-                base = q_ptr + b * sq_b + t * sq_t + hs[:, None].to(tl.int64) * sq_h
+                heads = q_ptr + hs[:, None].to(tl.int64) * sq_h
+                s_b, s_t = sq_b, sq_t
                 w_ptr = qw_ptr
                 hmask = hs < HQ
             else:
-                base = k_ptr + b * sk_b + t * sk_t + hs[:, None].to(tl.int64) * sk_h
+                heads = k_ptr + hs[:, None].to(tl.int64) * sk_h
+                s_b, s_t = sk_b, sk_t
                 w_ptr = kw_ptr
                 hmask = hs < HKV
             mask = hmask[:, None] & dmask[None, :]
@@ -283,31 +294,39 @@ if HAVE_TRITON:
             cols = tl.full([HEADS, 1], 0, tl.int32) + offs[None, :]
             cols_r = tl.full([HEADS, 1], 0, tl.int32) + rot[None, :]
             dmask2 = cols < D
-            x = tl.load(base + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-            xr = tl.load(base + rot[None, :], mask=mask, other=0.0).to(tl.float32)
             if NORM:
-                var = tl.reduce(x * x, 1, tl.standard._sum_combine) / D
-                inv = tl.math.rsqrt(var + eps)[:, None]
                 w = tl.load(w_ptr + cols, mask=dmask2, other=0.0).to(tl.float32)
                 wr = tl.load(w_ptr + cols_r, mask=dmask2, other=0.0).to(tl.float32)
-                x = _round_to(w * _round_to(x * inv, oq_ptr.dtype.element_ty, BF16_BITS), oq_ptr.dtype.element_ty,
-                              BF16_BITS)
-                xr = _round_to(wr * _round_to(xr * inv, oq_ptr.dtype.element_ty, BF16_BITS),
-                               oq_ptr.dtype.element_ty, BF16_BITS)
-            c = tl.load(cos_ptr + b * sc_b + t * sc_t + cols, mask=dmask2, other=0.0).to(tl.float32)
-            s = tl.load(sin_ptr + b * sc_b + t * sc_t + cols, mask=dmask2, other=0.0).to(tl.float32)
-            a = _round_to(x * c, oq_ptr.dtype.element_ty, BF16_BITS)
-            r = _round_to((sign[None, :] * xr) * s, oq_ptr.dtype.element_ty, BF16_BITS)
-            if is_q:
-                tl.store(oq_ptr + (bt * HQ + hs[:, None]) * D + offs[None, :],
-                         cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS), mask=mask)
-            elif WRITE_KV:
-                _store_kv_rows(_round_to(a + r, oq_ptr.dtype.element_ty, BF16_BITS), kc_ptr, ks_ptr, slot_ptr,
-                               pos_ptr, nnew_ptr, b, t, bt, hs, HKV, offs, mask, sc_s, sc_h, sc_l, ss_s, ss_h, floor,
-                               RAGGED, KV_INT8, HALF_AWAY, BF16_BITS)
-            else:
-                tl.store(ok_ptr + (bt * HKV + hs[:, None]) * D + offs[None, :],
-                         cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+            for i in tl.static_range(TOKENS):
+                bt = bt0 + i
+                if bt < BT:
+                    base = heads + b * s_b + t * s_t
+                    x = tl.load(base + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+                    xr = tl.load(base + rot[None, :], mask=mask, other=0.0).to(tl.float32)
+                    if NORM:
+                        var = tl.reduce(x * x, 1, tl.standard._sum_combine) / D
+                        inv = tl.math.rsqrt(var + eps)[:, None]
+                        x = _round_to(w * _round_to(x * inv, oq_ptr.dtype.element_ty, BF16_BITS),
+                                      oq_ptr.dtype.element_ty, BF16_BITS)
+                        xr = _round_to(wr * _round_to(xr * inv, oq_ptr.dtype.element_ty, BF16_BITS),
+                                       oq_ptr.dtype.element_ty, BF16_BITS)
+                    c = tl.load(cos_ptr + b * sc_b + t * sc_t + cols, mask=dmask2, other=0.0).to(tl.float32)
+                    s = tl.load(sin_ptr + b * sc_b + t * sc_t + cols, mask=dmask2, other=0.0).to(tl.float32)
+                    a = _round_to(x * c, oq_ptr.dtype.element_ty, BF16_BITS)
+                    r = _round_to((sign[None, :] * xr) * s, oq_ptr.dtype.element_ty, BF16_BITS)
+                    if is_q:
+                        tl.store(oq_ptr + (bt * HQ + hs[:, None]) * D + offs[None, :],
+                                 cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+                    elif WRITE_KV:
+                        _store_kv_rows(_round_to(a + r, oq_ptr.dtype.element_ty, BF16_BITS), kc_ptr, ks_ptr,
+                                       slot_ptr, pos_ptr, nnew_ptr, b, t, bt, hs, HKV, offs, mask, sc_s, sc_h, sc_l,
+                                       ss_s, ss_h, floor, RAGGED, KV_INT8, HALF_AWAY, BF16_BITS)
+                    else:
+                        tl.store(ok_ptr + (bt * HKV + hs[:, None]) * D + offs[None, :],
+                                 cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS), mask=mask)
+                t += 1
+                b = tl.where(t == T, b + 1, b)
+                t = tl.where(t == T, 0, t)
 
     @triton.jit
     def _rope_heads_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr, T, HQ, HKV, D,
@@ -472,6 +491,27 @@ def rope_heads_per_program(rows: int) -> int:
     return heads
 
 
+#: consecutive tokens per `_qk_norm_rope_kernel` program above `ROPE_DECODE_MAX_ROWS` tokens
+#: (prefill chunks; decode keeps one token a program, the grid being small already). Each token
+#: is done as the one-token program does it, so every choice stores the same bits; the launch
+#: looked issue-bound at prefill rows, most of a program's instructions being its setup (round
+#: 33's SASS reading), which several tokens share
+ROPE_TOKENS_PER_PROGRAM = 1
+#: environment variable that overrides it (a power of two ≤ 16; A/B runs on the GPU)
+ROPE_TOKENS_ENV = "AGENTQ_ROPE_TOKENS"
+
+
+def rope_tokens_per_program(rows: int) -> int:
+    """Tokens per `_qk_norm_rope_kernel` program for a launch over `rows` = B·T tokens: 1 up to
+    `ROPE_DECODE_MAX_ROWS` (decode), else `ROPE_TOKENS_PER_PROGRAM` or the value of
+    $AGENTQ_ROPE_TOKENS when set. Every choice stores the same bits; only the speed differs."""
+    env = os.environ.get(ROPE_TOKENS_ENV, "").strip()
+    tokens = int(env) if env else ROPE_TOKENS_PER_PROGRAM
+    if not 1 <= tokens <= 16 or tokens & (tokens - 1):
+        raise ValueError(f"{ROPE_TOKENS_ENV}={tokens}: tokens per program must be a power of two in [1, 16]")
+    return 1 if rows <= ROPE_DECODE_MAX_ROWS else tokens
+
+
 def _heads_fit(q: torch.Tensor, k: torch.Tensor, d: int) -> bool:
     """Whether `_qk_norm_rope_kernel` can take several heads per program and keep the one-head
     program's bits: q and k 16-byte-aligned with 16-divisible strides and head dim, which Triton
@@ -510,13 +550,14 @@ def _launch_qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, ok, cache) 
         half_away = _check_mode(kv_quant[1]) if int8 else False
     norm = q_weight is not None
     pdl = use_pdl(_qk_norm_rope_kernel, q.device, b * t)
-    launch_kernel(_qk_norm_rope_kernel, (b * t, groups),
+    tokens = rope_tokens_per_program(b * t)
+    launch_kernel(_qk_norm_rope_kernel, (triton.cdiv(b * t, tokens), groups),
         q, k, v, q_weight if norm else q, k_weight if norm else k, cos, sin, oq_arg, ok_arg,
         kc, vc, ks, vs, slots, pos, slots if n_new is None else n_new,     # (n_new read only when RAGGED)
-        t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        b * t, t, hq, hkv, d, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), cos.stride(0), cos.stride(1), float(eps), *cstr, *sstr, floor,
         NORM=norm, WRITE_KV=cache is not None, RAGGED=n_new is not None, KV_INT8=int8, HALF_AWAY=half_away,
-        HEADS=hb, BLOCK_D=triton.next_power_of_2(d), BF16_BITS=bits, PDL=pdl, launch_pdl=pdl, num_warps=hb,
+        HEADS=hb, TOKENS=tokens, BLOCK_D=triton.next_power_of_2(d), BF16_BITS=bits, PDL=pdl, launch_pdl=pdl, num_warps=hb,
         enable_fp_fusion=False)   # no FMA: each op rounds as torch's
     return oq
 

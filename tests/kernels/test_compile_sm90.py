@@ -108,12 +108,15 @@ def _cases():
                                                     "vs_ptr": scale, "slot_ptr": "*i64", "pos_ptr": "*i64",
                                                     "nnew_ptr": "*i32"},
            {"eps", "floor"}, {"NORM": write, "WRITE_KV": write, "RAGGED": ragged, "KV_INT8": code == "*i8",
-                              "HALF_AWAY": False, "HEADS": heads, "BLOCK_D": 128, "BF16_BITS": False,
-                              "PDL": heads == 1}, heads, 3)
-          for write, ragged, code, scale, heads in (
-              (False, False, "*i8", "*fp32", 1), (True, False, "*i8", "*fp32", 1), (True, True, "*i8", "*fp32", 1),
-              (True, True, "*bf16", "*bf16", 1), (False, False, "*i8", "*fp32", 8), (True, True, "*i8", "*fp32", 8),
-              (True, True, "*bf16", "*bf16", 8), (True, True, "*i8", "*fp32", 16))),
+                              "HALF_AWAY": False, "HEADS": heads, "TOKENS": tokens, "BLOCK_D": 128,
+                              "BF16_BITS": False, "PDL": heads == 1}, heads, 3)
+          for write, ragged, code, scale, heads, tokens in (
+              (False, False, "*i8", "*fp32", 1, 1), (True, False, "*i8", "*fp32", 1, 1),
+              (True, True, "*i8", "*fp32", 1, 1), (True, True, "*bf16", "*bf16", 1, 1),
+              (False, False, "*i8", "*fp32", 8, 1), (True, True, "*i8", "*fp32", 8, 1),
+              (True, True, "*bf16", "*bf16", 8, 1), (True, True, "*i8", "*fp32", 16, 1),
+              (True, True, "*i8", "*fp32", 8, 4), (True, True, "*bf16", "*bf16", 8, 4),
+              (True, False, "*i8", "*fp32", 2, 2))),
         ("triton_norm", "_rope_heads_kernel", {p: "*bf16" for p in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "oq_ptr",
                                                                      "ok_ptr")},
          set(), {"HB": 8, "BLOCK_D": 128, "BF16_BITS": False}, 4, 3),
@@ -170,13 +173,22 @@ def _row_layout(compiled, combine: str | None = None) -> dict[str, list[int]]:
     """The blocked layout of the first reduction's operand (a norm's sum of squares; with
     `combine`, e.g. "addf", the first reduction combining with that op) in the compiled kernel's
     TTGIR, keyed by field (sizePerThread, threadsPerWarp, warpsPerCTA, order)."""
+    return _row_layouts(compiled, combine)[0]
+
+
+def _row_layouts(compiled, combine: str | None = None) -> list[dict[str, list[int]]]:
+    """`_row_layout` of every such reduction, in the order of the TTGIR (an unrolled loop has one each)."""
     ttgir = compiled.asm["ttgir"]
     body = rf"arith\.{combine} [^\n]*\n\s*tt\.reduce\.return[^\n]*\n\s*" if combine else ""
-    operand = re.search(body + r"\}\) : \(tensor<[0-9x]+xf32, (#\w+)>\)", ttgir)
-    assert operand, "no reduction found"
-    layout = re.search(rf"^{operand.group(1)} = #ttg\.blocked<\{{(.*)\}}>", ttgir, re.M)
-    assert layout, f"{operand.group(1)} is not a blocked layout"
-    return {k: [int(v) for v in vals.split(",")] for k, vals in re.findall(r"(\w+) = \[([\d, ]+)\]", layout.group(1))}
+    operands = re.findall(body + r"\}\) : \(tensor<[0-9x]+xf32, (#\w+)>\)", ttgir)
+    assert operands, "no reduction found"
+    layouts = []
+    for operand in operands:
+        layout = re.search(rf"^{operand} = #ttg\.blocked<\{{(.*)\}}>", ttgir, re.M)
+        assert layout, f"{operand} is not a blocked layout"
+        layouts.append({k: [int(v) for v in vals.split(",")]
+                        for k, vals in re.findall(r"(\w+) = \[([\d, ]+)\]", layout.group(1))})
+    return layouts
 
 
 @pytest.mark.parametrize("block", [32, 64, 128, 256, 512, 1024])
@@ -208,13 +220,13 @@ def test_multi_row_norm_gives_each_row_the_one_row_layout(block):
 
 @pytest.mark.parametrize("dtype", ["*bf16", "*fp32"])
 @pytest.mark.parametrize("write", [False, True])
-@pytest.mark.parametrize("heads", [2, 8, 16])
-def test_qk_norm_rope_head_groups_give_each_head_the_one_head_layout(dtype, write, heads):
+@pytest.mark.parametrize("heads, tokens", [(2, 1), (8, 1), (16, 1), (8, 4), (1, 4)])
+def test_qk_norm_rope_head_groups_give_each_head_the_one_head_layout(dtype, write, heads, tokens):
     """`_qk_norm_rope_kernel` over HEADS heads per program in HEADS warps (its launch on aligned q
     and k, `triton_norm._heads_fit`) holds each head's row in the threads, lanes and single warp
     that the one-head program holds it in, so the norm's sum of squares adds up in the same order
-    and every HEADS stores the same bits (the CUDA test in test_triton_norm.py checks values).
-    Fewer warps than heads would not: e.g. 8 heads in 4 warps put a row in 16 lanes × 8 elements."""
+    and every HEADS stores the same bits (the CUDA test in test_triton_norm.py checks values); with
+    TOKENS > 1 so does each token's norm. Fewer warps than heads would not: e.g. 8 heads in 4 warps put a row in 16 lanes × 8 elements."""
     ptrs = {**{p: dtype for p in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "oq_ptr",
                                   "ok_ptr")},
             "kc_ptr": "*i8", "vc_ptr": "*i8", "ks_ptr": "*fp32", "vs_ptr": "*fp32", "slot_ptr": "*i64",
@@ -223,9 +235,9 @@ def test_qk_norm_rope_head_groups_give_each_head_the_one_head_layout(dtype, writ
     consts = {"NORM": True, "WRITE_KV": write, "RAGGED": write, "KV_INT8": True, "HALF_AWAY": False, "BLOCK_D": 128,
               "BF16_BITS": False, "PDL": False}
     one = _row_layout(_compile("triton_norm", "_qk_norm_rope_kernel", ptrs, {"eps", "floor"},
-                               {**consts, "HEADS": 1}, 1, 3, aligned), "addf")
-    multi = _row_layout(_compile("triton_norm", "_qk_norm_rope_kernel", ptrs, {"eps", "floor"},
-                                 {**consts, "HEADS": heads}, heads, 3, aligned), "addf")
+                               {**consts, "HEADS": 1, "TOKENS": 1}, 1, 3, aligned), "addf")
+    multi = _row_layouts(_compile("triton_norm", "_qk_norm_rope_kernel", ptrs, {"eps", "floor"},
+                                  {**consts, "HEADS": heads, "TOKENS": tokens}, heads, 3, aligned), "addf")
     assert one["threadsPerWarp"] == [1, 32] and one["warpsPerCTA"] == [1, 1]
-    assert multi == {**one, "warpsPerCTA": [heads, 1]}
+    assert len(multi) == tokens and all(m == {**one, "warpsPerCTA": [heads, 1]} for m in multi)   # each token's
 

@@ -460,6 +460,20 @@ def _check_prefill_chunk_write(norm_mod, quantize_kv_to_cache, kv, dtype, norm, 
             assert torch.equal(scales[i] != 0.5, written.expand(S, hkv, L))
 
 
+def test_rope_tokens_per_program_rule(K, monkeypatch):
+    """The default above decode's rows, $AGENTQ_ROPE_TOKENS there, one token a program at decode
+    rows always, and a clear error for a value the kernel cannot take."""
+    monkeypatch.delenv(K.ROPE_TOKENS_ENV, raising=False)
+    assert K.rope_tokens_per_program(32768) == K.ROPE_TOKENS_PER_PROGRAM
+    monkeypatch.setenv(K.ROPE_TOKENS_ENV, "8")
+    assert K.rope_tokens_per_program(32768) == K.rope_tokens_per_program(K.ROPE_DECODE_MAX_ROWS + 1) == 8
+    assert K.rope_tokens_per_program(1) == K.rope_tokens_per_program(K.ROPE_DECODE_MAX_ROWS) == 1
+    for bad in ("3", "0", "32"):
+        monkeypatch.setenv(K.ROPE_TOKENS_ENV, bad)
+        with pytest.raises(ValueError, match="AGENTQ_ROPE_TOKENS"):
+            K.rope_tokens_per_program(64)
+
+
 def test_rope_heads_per_program_rule(K, monkeypatch):
     """`ROPE_DECODE_HEADS` per program for decode-sized launches, `ROPE_HEADS_PER_PROGRAM` above; the
     environment variable overrides both and must name a power of two up to 32."""
@@ -491,10 +505,12 @@ def _rope_heads_run(K, q, k, v, nw, cos, sin, kv, slots, positions, n_new):
 @pytest.mark.parametrize("kv, dtype, norm", [("int8", torch.bfloat16, True), ("int8", torch.float32, True),
                                              ("values", torch.bfloat16, True), ("values", torch.float32, False)])
 def test_qk_norm_rope_head_groups_store_the_same_bits(K, monkeypatch, kv, dtype, norm):
-    """`_qk_norm_rope_kernel` over groups of 1, 2 and 8 heads per program (`AGENTQ_ROPE_HEADS`):
-    6 q and 2 k/v heads, so the last q group and every k/v group of 8 are partly masked; a ragged
-    prefill chunk (rows of 3, 1, 0 and 2 valid tokens of 3). q, k, the caches and the scales are
-    the same bits for every group size, and padding tokens leave the sentinels untouched."""
+    """`_qk_norm_rope_kernel` over groups of 1, 2 and 8 heads per program (`AGENTQ_ROPE_HEADS`)
+    and 1, 2, 8 and 16 tokens per program (`AGENTQ_ROPE_TOKENS`; 12 tokens in rows of 3, so a
+    program's tokens span rows and the last program's run past the end): 6 q and 2 k/v heads, so
+    the last q group and every k/v group of 8 are partly masked; a ragged prefill chunk (rows of 3,
+    1, 0 and 2 valid tokens of 3). q, k, the caches and the scales are the same bits for every
+    launch, and padding tokens leave the sentinels untouched."""
     g = torch.Generator().manual_seed(17)
     b, t, hq, hkv, d = 4, 3, 6, 2, 32
     fused = torch.randn(b, t, (hq + 2 * hkv) * d, generator=g).to(dtype)
@@ -509,18 +525,20 @@ def test_qk_norm_rope_head_groups_store_the_same_bits(K, monkeypatch, kv, dtype,
     valid = torch.arange(t)[None, :] < n_new[:, None]
     positions = torch.where(valid, torch.tensor([0, 5, 2, 4])[:, None] + torch.arange(t), 0)
     assert K._heads_fit(q, k, d)                                   # so the groups below are launched
+    monkeypatch.setattr(K, "ROPE_DECODE_MAX_ROWS", 0)              # tokens per program at these 12 rows too
     outs = {}
-    for heads in (1, 2, 8):
+    for heads, tokens in ((1, 1), (2, 1), (8, 1), (1, 2), (8, 8), (2, 16)):
         monkeypatch.setenv(K.ROPE_HEADS_ENV, str(heads))
-        outs[heads] = _rope_heads_run(K, q, k, v, nw, cos, sin, kv, slots, positions, n_new)
-    for heads in (2, 8):
-        assert all(torch.equal(x, y) for x, y in zip(outs[1], outs[heads])), heads
+        monkeypatch.setenv(K.ROPE_TOKENS_ENV, str(tokens))
+        outs[heads, tokens] = _rope_heads_run(K, q, k, v, nw, cos, sin, kv, slots, positions, n_new)
+    for key in list(outs)[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(outs[1, 1], outs[key])), key
     written = torch.zeros(4, 1, 8, dtype=torch.bool)
     written[slots[:, None].expand(b, t)[valid], 0, positions[valid]] = True      # 6 (slot, position) pairs
-    for cache in outs[8][3:5]:
+    for cache in outs[8, 1][3:5]:
         assert torch.equal((cache != 7).any(-1), written.expand(4, hkv, 8))
     if kv == "int8":
-        for sc in outs[8][5:]:
+        for sc in outs[8, 1][5:]:
             assert torch.equal(sc != 0.5, written.expand(4, hkv, 8))
 
 
@@ -528,8 +546,9 @@ def test_qk_norm_rope_head_groups_store_the_same_bits(K, monkeypatch, kv, dtype,
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_compiled_qk_norm_rope_head_groups_store_the_same_bits(monkeypatch, dtype):
     """On the GPU: `qk_norm_rope` and `qk_norm_rope_to_cache` (int8 cache, ragged rows) at Qwen3-8B
-    heads (32 q, 8 k/v, head dim 128) store the same bits for 1, 2, 4, 8 and 16 heads per program
-    (each head keeps the one-head program's layout, so the norm sums in the same order)."""
+    heads (32 q, 8 k/v, head dim 128) store the same bits for 1, 2, 4, 8 and 16 heads and 1, 2, 4
+    and 16 tokens per program (each head keeps the one-head program's layout, so the norm sums in
+    the same order)."""
     from agentq.kernels import triton_norm
 
     _interp.restore_compiled(MODULES)
@@ -547,8 +566,9 @@ def test_compiled_qk_norm_rope_head_groups_store_the_same_bits(monkeypatch, dtyp
     positions = torch.arange(t, device="cuda").repeat(b, 1)
     kvq = (SPEC_KV.kv_scale_floor, SPEC_KV.kv_rounding)
     outs = []
-    for heads in (1, 2, 4, 8, 16):
+    for heads, tokens in ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (1, 4), (8, 2), (8, 4), (4, 16)):
         monkeypatch.setenv(triton_norm.ROPE_HEADS_ENV, str(heads))
+        monkeypatch.setenv(triton_norm.ROPE_TOKENS_ENV, str(tokens))
         caches = [torch.full((4, hkv, t, d), 7, dtype=torch.int8, device="cuda") for _ in range(2)]
         scl = [torch.full((4, hkv, t), 0.5, device="cuda") for _ in range(2)]
         oq = triton_norm.qk_norm_rope_to_cache(q, k, v, nw, nw, cos, sin, 1e-6, caches[0], caches[1], scl[0],

@@ -108,8 +108,10 @@ def _prefill_rope_heads(monkeypatch, norm_kernels) -> None:
     heads, or k's or v's 2 in a group of 4 with 2 masked), a decode step `ROPE_DECODE_HEADS` (2).
     The CPU tests' chunks are a few rows, so the threshold drops to their 2-row decode batches.
     Every grouping stores the same bits (tests/kernels/test_triton_norm.py); this one runs fewer
-    interpreted programs than 2 heads everywhere."""
+    interpreted programs than 2 heads everywhere. Prefill chunks also take 2 tokens a program, so
+    the engine runs the several-token path (its rows' valid counts, the last program's overrun)."""
     monkeypatch.setattr(norm_kernels, "ROPE_DECODE_MAX_ROWS", 2)
+    monkeypatch.setenv(norm_kernels.ROPE_TOKENS_ENV, "2")
 
 
 def test_fused_norm_rope_silu_kernels_in_the_engine_agree_with_the_torch_layers(tiny_model_dir, monkeypatch):
