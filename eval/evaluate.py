@@ -135,7 +135,7 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     `overrides`: the command line (None when another command evaluates, e.g. the pipeline's stages)."""
     split = cfg.split or cfg.env.eval_split
     out, out_key = eval_out_path(cfg, split, overrides)
-    held = OutputLock(out)
+    held = OutputLock(out, chosen=bool(cfg.eval.out_dir))
     held.take()     # an existing folder: held before its recovery, which must not undo another eval's write
     try:
         return _evaluate(cfg, overrides, split, out, out_key, held)
@@ -148,8 +148,10 @@ class OutputLock:
     evaluations with the same settings wrote the same temporary files, and the start-up recovery of
     one could undo the other's renames."""
 
-    def __init__(self, out: Path) -> None:
-        self.out = out
+    def __init__(self, out: Path, chosen: bool = False) -> None:
+        """`out`: the folder; `chosen`: given as eval.out_dir (then anything may hold it, not only an
+        evaluation with the same settings, whose default folder name this is otherwise)."""
+        self.out, self.chosen = out, chosen
         self.file: IO | None = None
 
     def take(self) -> None:
@@ -159,9 +161,10 @@ class OutputLock:
             ConfigError: another agentq process holds it (naming its pid).
         """
         if self.file is None and self.out.is_dir():
+            holder = "it holds the folder" if self.chosen else "an evaluation with the same settings is writing there"
             self.file = lock_folder(self.out, lambda pid: ConfigError(
-                f"{self.out} is in use by another agentq process (pid {pid}): an evaluation with the same settings "
-                "is writing there; wait for it, or give eval.out_dir=<another folder>"))
+                f"{self.out} is in use by another agentq process (pid {pid}): {holder}; wait for it, or give "
+                "eval.out_dir=<another folder>"))
 
     def close(self) -> None:
         if self.file is not None:
@@ -172,7 +175,9 @@ def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Pat
               held: OutputLock) -> dict:
     """`evaluate` with its output folder held (`held`, taken again once the folder is made)."""
     # first, the pair a kill cut short put back (`recover_eval_pair`): this command writes the folder, and
-    # until its write readers (`agentq report`) found no eval.json there
+    # until its write readers (`agentq report`) found no eval.json there; held first (a folder made
+    # since `evaluate` looked)
+    held.take()
     if out.is_dir():
         recover_eval_pair(out)
     path = evaluated_model(cfg, out, overrides or [])

@@ -187,7 +187,7 @@ def _eval_cells(r: dict) -> str:
 
 def _decoding(r: dict) -> str:
     """How an evaluation played, from its eval.json (the settings its folder's name ends with):
-    "w8a8_kv8, greedy", "none (vllm), T=1, ×2"; "–" for what an older eval.json did not record."""
+    "w8a8_kv8, greedy", "bf16 (vllm), T=1, ×2"; "–" for what an older eval.json did not record."""
     sampling = r.get("sampling") or {}
     t, repeats = sampling.get("temperature", r.get("temperature")), int(sampling.get("repeats") or 1)
     backend = r.get("rollout_backend")

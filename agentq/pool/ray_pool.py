@@ -29,6 +29,7 @@ import sys
 import sysconfig
 import time
 import warnings
+import weakref
 from typing import Any
 
 from agentq.config import ConfigError
@@ -139,17 +140,24 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     host, _, port = resolved.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise ConfigError(f"ray.address={address!r}: expected host:port (or auto, or null for a local cluster)")
+    deadline = time.monotonic() + timeout_s
     try:
         conn = socket.create_connection((host, int(port)), timeout=timeout_s)
     except OSError as e:
         raise ConfigError(f"ray.address={address!r}: nothing answers at {host}:{port} within {timeout_s:g} s ({e}); "
                           "is the cluster up (`ray status`)? ray.address=null starts a local one") from None
     with conn:
-        if not answers_grpc(conn, timeout_s):
+        # a cluster with TLS on answers a TLS handshake, not a plaintext preface: the TCP check only
+        if not ray_uses_tls() and not answers_grpc(conn, max(0.0, deadline - time.monotonic())):
             raise ConfigError(f"ray.address={address!r}: {host}:{port} takes connections but does not answer as a Ray "
                               f"cluster (no gRPC handshake within {timeout_s:g} s; Ray would retry it for minutes): give "
                               "the address `ray start --head` printed (port 6379 by default), not the dashboard's "
                               "(8265) or another service's; ray.address=null starts a local cluster")
+
+
+def ray_uses_tls() -> bool:
+    """Whether Ray's gRPC connections use TLS here (`RAY_USE_TLS`, read as Ray reads it)."""
+    return os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true")
 
 
 #: HTTP/2's client preface and an empty SETTINGS frame (RFC 9113 §3.4): a gRPC server, as Ray's GCS
@@ -221,7 +229,14 @@ def cpus_per_worker(available_cpus: float, num_workers: int, wanted: float = 1.0
     return max(0.0, min(float(wanted), int(100 * available_cpus / max(1, num_workers)) / 100))
 
 
-_held_here: dict[int, tuple[str, float]] = {}   # this process's live pools: id → (their cluster, CPUs reserved)
+#: this process's pools whose actors reserve CPUs (weak: a pool dropped without `close`, its actor
+#: handles gone with it, has its actors ended by Ray and reserves nothing)
+_live_pools: weakref.WeakSet = weakref.WeakSet()
+
+
+def reserved_here(cluster: str) -> float:
+    """The CPUs that this process's live pools on `cluster` (a GCS address) reserve."""
+    return sum(p.reserved_cpus for p in list(_live_pools) if p.cluster == cluster)
 
 
 def free_cpus(ray: Any, wanted: float, settle_s: float = RESOURCE_SETTLE_S) -> float:
@@ -232,16 +247,14 @@ def free_cpus(ray: Any, wanted: float, settle_s: float = RESOURCE_SETTLE_S) -> f
     fewer than `wanted` are free this looks again for up to `settle_s` (a pool started right after
     another closed would otherwise get no CPU). CPUs just taken (a pool whose actors are up) may
     still show as free under load, so the answer is never more than the cluster's CPUs less those
-    this process's own pools reserve (`_held_here`): a second pool would otherwise ask for CPUs the
+    this process's own pools reserve (`reserved_here`): a second pool would otherwise ask for CPUs the
     first one holds and wait for them until its start times out."""
     deadline = time.monotonic() + settle_s
     free = ray.available_resources().get("CPU", 0.0)
     while free < wanted and time.monotonic() < deadline:
         time.sleep(0.1)
         free = max(free, ray.available_resources().get("CPU", 0.0))
-    cluster = ray.get_runtime_context().gcs_address
-    held = sum(cpus for where, cpus in _held_here.values() if where == cluster)
-    unreserved = ray.cluster_resources().get("CPU", 0.0) - held
+    unreserved = ray.cluster_resources().get("CPU", 0.0) - reserved_here(ray.get_runtime_context().gcs_address)
     return float(max(0.0, min(free, unreserved)))
 
 
@@ -294,7 +307,8 @@ class RayPool(WorkerPool):
                           "reservation and share the cores with the actors that hold them", stacklevel=2)
         self._actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=0)(EnvActor)
         self._start_all()
-        _held_here[id(self)] = (ray.get_runtime_context().gcs_address, self.cpus_per_worker * self.num_workers)
+        self.cluster, self.reserved_cpus = ray.get_runtime_context().gcs_address, self.cpus_per_worker * self.num_workers
+        _live_pools.add(self)
 
     def _launch(self, w: int) -> None:
         self._actors[w] = self._actor_cls.remote(self.spec, self._slots[w])
@@ -335,7 +349,7 @@ class RayPool(WorkerPool):
         """Ask the actors to close their environments (`CLOSE_TIMEOUT_S` for all together), then kill
         every actor, also a hung one or when this is interrupted (the cluster keeps running)."""
         actors, self._actors = list(self._actors.values()), {}
-        _held_here.pop(id(self), None)
+        _live_pools.discard(self)
         try:
             if actors:
                 self._ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=CLOSE_TIMEOUT_S)

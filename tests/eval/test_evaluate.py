@@ -366,6 +366,23 @@ def test_the_pipeline_evaluates_its_checkpoint_of_a_model_path_run(tiny_model_di
     assert (tmp_path / "eval_sft_test" / "eval.json").is_file()
 
 
+def test_a_chosen_output_folder_held_by_another_process_names_no_evaluation(tiny_model_dir, tmp_path, capsys):
+    """eval.out_dir may name a folder anything holds (a training run's, say): the refusal says another
+    agentq process holds it, not that an evaluation with the same settings writes there."""
+    from agentq.utils.folder_lock import lock_folder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    held = lock_folder(run, lambda pid: AssertionError(pid))       # as a training run holds its folder
+    try:
+        assert main(["eval", f"model.path={tiny_model_dir}", f"eval.out_dir={run}", *SMALL]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"agentq: {run} is in use by another agentq process (pid {os.getpid()}): it holds the folder; wait "
+            "for it, or give eval.out_dir=<another folder>")
+    finally:
+        held.close()
+
+
 def test_an_evaluation_writing_into_the_same_folder_holds_it(tiny_model_dir, tmp_path, capsys):
     """Two `agentq eval` with the same settings wrote the same temporary files, and the second's start-up
     recovery could undo the first's renames: the folder is held (the one writing it named), and

@@ -128,9 +128,26 @@ def test_an_address_where_no_ray_cluster_answers_is_refused_in_seconds(service, 
         with pytest.raises(ConfigError, match=f"127.0.0.1:{port} takes connections but does not answer as a Ray "
                                               "cluster"):
             check_reachable(f"127.0.0.1:{port}", timeout_s=2)
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < 4          # connect and handshake share the one timeout
     finally:
         stop()
+
+
+def test_with_tls_on_only_the_connection_is_checked(monkeypatch):
+    """A cluster with TLS on (`RAY_USE_TLS=1`) answers a TLS handshake, never the plaintext HTTP/2
+    preface: the check then stops at the TCP connection instead of refusing a working cluster."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        monkeypatch.setenv("RAY_USE_TLS", "1")
+        check_reachable(f"127.0.0.1:{port}", timeout_s=2)
+        monkeypatch.setenv("RAY_USE_TLS", "0")
+        with pytest.raises(ConfigError, match="does not answer as a Ray cluster"):
+            check_reachable(f"127.0.0.1:{port}", timeout_s=1)
+    finally:
+        server.close()
 
 
 def test_a_real_ray_head_answers_the_check(tmp_path):

@@ -107,12 +107,26 @@ class _LaggingRay:
         return type("Ctx", (), {"gcs_address": self.gcs})()
 
 
+class _Pool:
+    """What `free_cpus` reads of a live pool: its cluster and the CPUs its actors reserve."""
+
+    def __init__(self, cluster, reserved_cpus):
+        self.cluster, self.reserved_cpus = cluster, reserved_cpus
+
+
 def test_free_cpus_subtracts_what_this_processes_pools_reserve_while_rays_view_lags(monkeypatch):
+    import gc
+    import weakref
+
     from agentq.pool import ray_pool
 
-    monkeypatch.setattr(ray_pool, "_held_here", {1: ("127.0.0.1:1", 2.0)})
+    pool = _Pool("127.0.0.1:1", 2.0)
+    monkeypatch.setattr(ray_pool, "_live_pools", weakref.WeakSet([pool]))
     assert ray_pool.free_cpus(_LaggingRay(2.0, 2.0), 2.0, settle_s=0) == 0.0        # stale 2 free: 2 − 2 held
     assert ray_pool.free_cpus(_LaggingRay(4.0, 3.0), 2.0, settle_s=0) == 2.0        # min(3 shown, 4 − 2)
     assert ray_pool.free_cpus(_LaggingRay(4.0, 1.0), 2.0, settle_s=0) == 1.0        # someone else holds one
     # a pool left on another (shut-down) cluster reserves nothing on this one
     assert ray_pool.free_cpus(_LaggingRay(2.0, 2.0, gcs="127.0.0.1:2"), 2.0, settle_s=0) == 2.0
+    del pool                      # a pool dropped without close(): Ray ends its actors, it reserves nothing
+    gc.collect()
+    assert ray_pool.free_cpus(_LaggingRay(2.0, 2.0), 2.0, settle_s=0) == 2.0
