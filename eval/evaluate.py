@@ -135,7 +135,7 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     `overrides`: the command line (None when another command evaluates, e.g. the pipeline's stages)."""
     split = cfg.split or cfg.env.eval_split
     out, out_key = eval_out_path(cfg, split, overrides)
-    held = OutputLock(out, chosen=bool(cfg.eval.out_dir))
+    held = OutputLock(out, chosen=bool(cfg.eval.out_dir), own_command=overrides is not None)
     held.take()     # an existing folder: held before its recovery, which must not undo another eval's write
     try:
         return _evaluate(cfg, overrides, split, out, out_key, held)
@@ -148,10 +148,12 @@ class OutputLock:
     evaluations with the same settings wrote the same temporary files, and the start-up recovery of
     one could undo the other's renames."""
 
-    def __init__(self, out: Path, chosen: bool = False) -> None:
+    def __init__(self, out: Path, chosen: bool = False, own_command: bool = True) -> None:
         """`out`: the folder; `chosen`: given as eval.out_dir (then anything may hold it, not only an
-        evaluation with the same settings, whose default folder name this is otherwise)."""
-        self.out, self.chosen = out, chosen
+        evaluation with the same settings, whose default folder name this is otherwise);
+        `own_command`: `agentq eval` itself, which reads eval.out_dir (a pipeline's or sweep's
+        evaluation refuses it: its message only says to wait)."""
+        self.out, self.chosen, self.own_command = out, chosen, own_command
         self.file: IO | None = None
 
     def take(self) -> None:
@@ -162,9 +164,9 @@ class OutputLock:
         """
         if self.file is None and self.out.is_dir():
             holder = "it holds the folder" if self.chosen else "an evaluation with the same settings is writing there"
+            advice = "wait for it, or give eval.out_dir=<another folder>" if self.own_command else "wait for it"
             self.file = lock_folder(self.out, lambda pid: ConfigError(
-                f"{self.out} is in use by another agentq process (pid {pid}): {holder}; wait for it, or give "
-                "eval.out_dir=<another folder>"))
+                f"{self.out} is in use by another agentq process (pid {pid}): {holder}; {advice}"))
 
     def close(self) -> None:
         if self.file is not None:

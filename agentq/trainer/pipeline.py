@@ -123,10 +123,15 @@ def claim_pipeline_dir(out: Path, overwrite: bool) -> IO:
         the open lock file; the lock lasts until it is closed (or the process exits).
     Raises:
         RunDirError: the folder cannot be created, another process holds it, or it holds another run.
+        Any error once the folder is locked releases it first.
     """
     lock = claim_run_dir(out, resume=False, overwrite=overwrite, kind="pipeline", out_key="pipeline.out_dir",
                          remove=False)
-    recover_eval_pairs(sorted([*out.glob("eval_sft_*"), *out.glob("eval_rl_*")]))
+    try:
+        recover_eval_pairs(sorted([*out.glob("eval_sft_*"), *out.glob("eval_rl_*")]))
+    except BaseException:       # an OSError of the recovery, Ctrl-C: the folder is free again
+        lock.close()
+        raise
     return lock
 
 
@@ -155,7 +160,8 @@ def _pipeline(cfg: DictConfig, out: Path, split: str, others: list[str]) -> dict
     rl_cfg = cfg.copy()                                                   # 4. RL from the SFT checkpoint
     OmegaConf.update(rl_cfg, "trainer.out_dir", str(out / "rl"))
     OmegaConf.update(rl_cfg, "trainer.resume", None)
-    summary_rl = RLTrainer(rl_cfg, init_path=s["checkpoint"]).train(final_eval_tasks=n_eval)
+    # in <pipeline.out_dir>/rl: the pipeline refuses trainer.out_dir, so the folder's messages name pipeline.out_dir
+    summary_rl = RLTrainer(rl_cfg, init_path=s["checkpoint"], out_key="pipeline.out_dir").train(final_eval_tasks=n_eval)
     # 5. the same evals after RL (trainer.eval_every=-1: the trainer made none, and the comparison needs it)
     final = summary_rl["final_eval"] or evaluate_checkpoint(cfg, summary_rl["checkpoint"], out / f"eval_rl_{split}",
                                                             n_eval, split)

@@ -312,7 +312,15 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
 
 
 class RLTrainer:
-    def __init__(self, cfg: DictConfig, init_path: str | None = None):
+    def __init__(self, cfg: DictConfig, init_path: str | None = None, out_key: str = "trainer.out_dir"):
+        """Check the settings, lock the run folder (trainer.out_dir) and build the run.
+
+        Args:
+            cfg: the composed config.
+            init_path: the weights to start from (default model.path, or the tiny model).
+            out_key: the setting that named the run folder, for its messages: `pipeline.out_dir` for a
+                pipeline's RL stage and `sweep.out_dir` for a sweep's arms, which refuse trainer.out_dir.
+        """
         self.cfg = cfg
         # refusals of the algo, sampling and placement settings, before anything is built or the run
         # folder made
@@ -331,7 +339,7 @@ class RLTrainer:
         # leaves no folder this start created
         with removed_if_left_empty(self.run_dir):
             self._lock = claim_run_dir(self.run_dir, resume=bool(t.resume),
-                                       overwrite=bool(t.get("overwrite", False)), remove=False)
+                                       overwrite=bool(t.get("overwrite", False)), out_key=out_key, remove=False)
             try:
                 state = self._build(init_path)
             except BaseException:

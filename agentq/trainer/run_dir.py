@@ -124,6 +124,8 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str 
     Raises:
         RunDirError: the folder cannot be created, another process holds it, it holds another
         command's run (`MARKERS`), or a run of this one and neither `resume` nor `overwrite` was given.
+        Any error once the folder is locked (this one, an OSError of the clean-up, KeyboardInterrupt)
+        releases it first.
     """
     run_dir = make_run_dir(run_dir, out_key)
     lock = lock_folder(run_dir, lambda pid: RunDirError(
@@ -133,19 +135,21 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str 
         check_kind(run_dir, kind, out_key)
         found = holds_run(run_dir, ARTIFACTS[kind])
         if found and not resume and not overwrite:
-            resume_hint = f"continue it with trainer.resume={str(run_dir)!r}, " if kind == "train" else ""
+            # trainer.resume only where the command reads it (`agentq train`, not a pipeline's RL stage)
+            resume_hint = (f"continue it with trainer.resume={str(run_dir)!r}, "
+                           if kind == "train" and out_key == "trainer.out_dir" else "")
             raise RunDirError(
                 f"run folder {str(run_dir)!r} ({out_key}) already holds a run ({', '.join(found)}); {resume_hint}"
                 f"pick another {out_key}, or replace it with trainer.overwrite=true")
-    except RunDirError:
+        if found and not resume and remove:
+            remove_run_artifacts(run_dir, ARTIFACTS[kind])
+        remove_stale_temp_dirs(run_dir / "checkpoints")
+        # an evaluation of this run whose write a kill cut short: its last pair back (only the run's own
+        # eval/step_*, which the lock guards: `agentq eval` writes into checkpoints/ without it)
+        recover_eval_pairs(sorted((run_dir / "eval").glob("step_*")))
+    except BaseException:       # a refusal, an OSError of the clean-up, Ctrl-C: the folder is free again
         lock.close()
         raise
-    if found and not resume and remove:
-        remove_run_artifacts(run_dir, ARTIFACTS[kind])
-    remove_stale_temp_dirs(run_dir / "checkpoints")
-    # an evaluation of this run whose write a kill cut short: its last pair back (only the run's own
-    # eval/step_*, which the lock guards: `agentq eval` writes into checkpoints/ without it)
-    recover_eval_pairs(sorted((run_dir / "eval").glob("step_*")))
     return lock
 
 
@@ -166,7 +170,7 @@ def check_kind(run_dir: Path, kind: str, out_key: str) -> None:
             continue
         rl = run_dir / "rl"         # a pipeline's RL stage: resuming the pipeline folder found no checkpoints
         hint = (f"; continue its RL stage with trainer.resume={str(rl)!r}"
-                if kind == "train" and "pipeline" in owners and rl.is_dir() else "")
+                if kind == "train" and out_key == "trainer.out_dir" and "pipeline" in owners and rl.is_dir() else "")
         whose = " or ".join(f"`agentq {o}`" for o in owners)
         raise RunDirError(f"{out_key}={str(run_dir)!r} holds an {whose} run ({', '.join(names)}), not "
                           f"an `agentq {kind}` one: pick another {out_key} (trainer.overwrite=true replaces "

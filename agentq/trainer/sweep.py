@@ -24,7 +24,9 @@ its evaluation are reused; an unfinished one is started again from the SFT check
 whose settings differ from a finished run's (`check_resumed_runs`: the budget, SFT, evaluation, ...)
 is refused, naming them: the table would put runs of two settings under one title.
 `sweep.parallel=N` runs N arm × seed jobs at once in spawned processes (logs in each run folder);
-`sweep.table_only=true` writes the table of the runs finished so far and runs nothing.
+`sweep.table_only=true` writes the table of the runs finished so far in `sweep.out_dir` and runs
+nothing (no SFT, no evaluation, no arm; no lock taken, so it reads a running sweep); a folder that does
+not exist or where nothing has finished yet is one line (`check_table_only`), and no folder is made.
 `sweep.aligned_learner` sets what the presets' `learner_quant: aligned` means in this sweep
 (`aligned`: exact; `w8a8`: linears only, so the KV8 residual stays; `none`: unaligned).
 """
@@ -44,7 +46,7 @@ from rich.markup import escape
 from agentq.config import ConfigError, differing_settings, env_label, in_sections, quant_name
 from agentq.utils.logging import console, counted, jsonable
 
-from .run_dir import check_kind, claim_run_dir, make_run_dir, new_run_dir, removed_if_left_empty
+from .run_dir import check_kind, claim_run_dir, new_run_dir, removed_if_left_empty
 
 RESULT = "result.json"
 
@@ -116,7 +118,9 @@ def run_arm(job: dict) -> dict:
     from agentq.trainer.rl import RLTrainer
 
     cfg = arm_config(job["overrides"])
-    RLTrainer(cfg, init_path=job["sft_checkpoint"]).train(final_eval_tasks=int(cfg.sweep.eval_tasks))
+    # a sweep refuses trainer.out_dir: the run folder's messages name sweep.out_dir
+    RLTrainer(cfg, init_path=job["sft_checkpoint"], out_key="sweep.out_dir").train(
+        final_eval_tasks=int(cfg.sweep.eval_tasks))
     result = {"arm": job["arm"], "seed": job["seed"], "algo": cfg.algo.name, "objective": cfg.algo.objective,
               "rollout_quant": cfg.rollout.quant, "rollout_backend": cfg.rollout.backend,
               "learner_quant": cfg.algo.learner_quant,
@@ -166,6 +170,8 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     sw = cfg.sweep
     arms, seeds = list(sw.arms), [int(s) for s in sw.seeds]
     refs = [r for r in sw.references if r in arms]
+    if sw.table_only:                       # reads what is there: nothing found is one line, no folder made
+        check_table_only(cfg.sweep.out_dir, arms, seeds)
     out = sweep_dir(cfg)
     overrides = [o for o in overrides if not o.startswith("sweep.out_dir=")] + [f"sweep.out_dir={out}"]
     split = eval_splits(cfg)[0]
@@ -177,24 +183,58 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     console.rule(f"[bold]agentq sweep: {escape(env_label(cfg.env))}/{split} — {len(arms)} arms × {len(seeds)} seeds "
                  f"→ {out}")
 
+    if sw.table_only:       # the table of what finished so far, asked for while the sweep runs: no lock
+        return _write_sweep_table(cfg, out, arms, seeds, refs, split)
     with removed_if_left_empty(out):        # a refused start (model.path) leaves no empty sweep folder
-        # one sweep at a time in its folder (its arms lock their own), never another command's folder;
-        # the table of what finished so far is asked for while the sweep runs: it takes no lock
-        if sw.table_only:
-            check_kind(make_run_dir(out, "sweep.out_dir"), "sweep", "sweep.out_dir")
-        lock = None if sw.table_only else claim_run_dir(out, resume=True, overwrite=False, kind="sweep",
-                                                        out_key="sweep.out_dir")
+        # one sweep at a time in its folder (its arms lock their own), never another command's folder
+        lock = claim_run_dir(out, resume=True, overwrite=False, kind="sweep", out_key="sweep.out_dir")
         try:
             _shared_sft(cfg, out)
         except BaseException:
-            if lock:
-                lock.close()
+            lock.close()
             raise
     try:
         return _sweep_runs(cfg, out, overrides, arms, seeds, refs, split, threads)
     finally:
-        if lock:
-            lock.close()            # releases the folder
+        lock.close()            # releases the folder
+
+
+def check_table_only(out_dir: str | None, arms: list[str], seeds: list[int]) -> None:
+    """Refuse `sweep.table_only=true` where there is no table to write: it reads the finished runs of
+    the sweep in `out_dir` and runs nothing (an SFT stage or evaluation started there would run without
+    the sweep's lock, beside the sweep that holds it, or in a misspelt folder).
+
+    Raises:
+        ConfigError: no sweep.out_dir, no such folder, another command's folder, or nothing finished
+        yet (the SFT stage, its evaluation, or every listed arm × seed), in one line.
+    """
+    what = "sweep.table_only=true writes the table of a sweep's finished runs and runs nothing"
+    if not out_dir:
+        raise ConfigError(f"{what}: name the sweep's folder with sweep.out_dir=<folder>")
+    out = Path(out_dir)
+    where = f"sweep.table_only=true: sweep.out_dir={str(out)!r}"
+    if not out.is_dir():
+        raise ConfigError(f"{where} is no folder; it writes the table of a sweep's finished runs and runs nothing")
+    check_kind(out, "sweep", "sweep.out_dir")
+    if not (out / "sft" / "sft_summary.json").exists():
+        raise ConfigError(f"{where} has nothing finished yet: its shared SFT stage has not finished "
+                          "(no sft/sft_summary.json)")
+    if not (out / "eval_sft" / "eval.json").exists():
+        raise ConfigError(f"{where} has nothing finished yet: its SFT checkpoint is not evaluated yet "
+                          "(no eval_sft/eval.json)")
+    if not any((out / "arms" / arm / f"seed_{seed}" / RESULT).exists() for arm in arms for seed in seeds):
+        raise ConfigError(f"{where} has no finished run of sweep.arms={arms} × sweep.seeds={seeds} yet "
+                          f"(no arms/<arm>/seed_<seed>/{RESULT})")
+
+
+def _write_sweep_table(cfg: DictConfig, out: Path, arms: list[str], seeds: list[int], refs: list[str],
+                       split: str) -> dict:
+    """3. the comparison table of the arm × seed runs finished in `out`."""
+    done = sum((out / "arms" / arm / f"seed_{seed}" / RESULT).exists() for arm in arms for seed in seeds)
+    console.print(f"sweep: {done} of {len(arms) * len(seeds)} arm × seed runs finished")
+    table = sweep_table(out, arms, seeds, refs)
+    write_table(out, table, title=sweep_title(cfg, split, seeds))
+    return table
 
 
 def _shared_sft(cfg: DictConfig, out: Path) -> None:
@@ -203,7 +243,8 @@ def _shared_sft(cfg: DictConfig, out: Path) -> None:
     from agentq.trainer.sft import sft
 
     if not (out / "sft" / "sft_summary.json").exists():   # none, or one cut short: (re)done, replacing what it left
-        sft(cfg, out_dir=out / "sft", init_path=build.model_path(cfg), overwrite=True)
+        # a sweep refuses sft.out_dir: the SFT folder's messages name sweep.out_dir
+        sft(cfg, out_dir=out / "sft", init_path=build.model_path(cfg), overwrite=True, out_key="sweep.out_dir")
 
 
 def _sweep_runs(cfg: DictConfig, out: Path, overrides: list[str], arms: list[str], seeds: list[int],
@@ -224,14 +265,9 @@ def _sweep_runs(cfg: DictConfig, out: Path, overrides: list[str], arms: list[str
                 continue
             jobs.append({"arm": arm, "seed": seed, "run_dir": str(run_dir), "sft_checkpoint": sft_ckpt,
                          "overrides": arm_overrides(overrides, arm, seed, run_dir, threads), "redirect": False})
-    if bool(sw.table_only):                                  # the table of what has finished so far
-        jobs = []
     console.print(f"sweep: {len(arms) * len(seeds) - len(jobs)} arm × seed runs already finished, {len(jobs)} to run")
     _run_jobs(jobs, int(sw.parallel))
-
-    table = sweep_table(out, arms, seeds, refs)              # 3. the comparison
-    write_table(out, table, title=sweep_title(cfg, split, seeds))
-    return table
+    return _write_sweep_table(cfg, out, arms, seeds, refs, split)        # 3. the comparison
 
 
 def sweep_title(cfg: DictConfig, split: str, seeds: list[int]) -> str:

@@ -383,6 +383,23 @@ def test_a_chosen_output_folder_held_by_another_process_names_no_evaluation(tiny
         held.close()
 
 
+def test_a_pipelines_evaluation_refused_a_held_folder_only_says_to_wait(tmp_path):
+    """A pipeline's or sweep's evaluation (no command line of its own) refuses eval.out_dir: its
+    refusal does not advise it."""
+    from agentq.config import ConfigError
+    from agentq.eval.evaluate import OutputLock
+    from agentq.utils.folder_lock import lock_folder
+
+    held = lock_folder(tmp_path, lambda pid: AssertionError(pid))
+    try:
+        with pytest.raises(ConfigError) as e:
+            OutputLock(tmp_path, chosen=True, own_command=False).take()
+        assert str(e.value) == (f"{tmp_path} is in use by another agentq process (pid {os.getpid()}): it holds the "
+                                "folder; wait for it")
+    finally:
+        held.close()
+
+
 def test_an_evaluation_writing_into_the_same_folder_holds_it(tiny_model_dir, tmp_path, capsys):
     """Two `agentq eval` with the same settings wrote the same temporary files, and the second's start-up
     recovery could undo the first's renames: the folder is held (the one writing it named), and

@@ -329,3 +329,46 @@ def test_overwrite_replaces_an_earlier_pipelines_files_once_sft_is_done(tiny_mod
     assert "agentq: reached the evaluations" in capsys.readouterr().err
     assert seen == [[".agentq.lock", "eval_sft_test", "learning_curve.png", "rl", "sft", "summary.json"]]
     assert sorted(p.name for p in out.iterdir()) == [".agentq.lock", "rl", "sft"]
+
+
+def test_a_busy_rl_folder_names_the_key_the_pipeline_reads(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """The RL stage in a <pipeline.out_dir>/rl that another process holds (`agentq train
+    trainer.resume=<it>`, while the pipeline is rerun with trainer.overwrite=true) said "pick another
+    trainer.out_dir", which `agentq pipeline` refuses (config_schema.READ_BY). The SFT stage and the
+    evaluations are stubs (the tiny model stands for the SFT checkpoint): only the RL stage's claim of
+    its folder is under test, and it runs for real."""
+    import fcntl
+
+    from agentq.trainer import pipeline, sft
+    from agentq.trainer.run_dir import LOCK_FILE
+
+    out = tmp_path / "p"
+    monkeypatch.setattr(sft, "sft", lambda cfg, out_dir, **kw: {"checkpoint": str(tiny_model_dir), "demos_used": 1})
+    monkeypatch.setattr(pipeline, "evaluate_checkpoint", lambda *a, **kw: {})
+    (out / "rl").mkdir(parents=True)
+    with open(out / "rl" / LOCK_FILE, "a+") as held:      # another process's RL run (flock: per open file)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main(["pipeline", f"pipeline.out_dir={out}", "model=hf", f"model.path={tiny_model_dir}",
+                     "env_pool=inline", "pipeline.eval_splits=[dev]", "trainer.overwrite=true"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert (f"agentq: run folder '{out / 'rl'}' is in use by another agentq process (pid ?); wait for it to finish "
+            "or pick another pipeline.out_dir") in said
+    assert "trainer.out_dir" not in said
+
+
+def test_an_error_after_the_pipeline_folder_is_locked_releases_it(tmp_path, monkeypatch):
+    """An OSError (or Ctrl-C) while putting back the evaluations left the folder locked until garbage
+    collection: the next claim in the same process was refused as "in use by another agentq process"."""
+    from agentq.trainer import pipeline
+
+    out = tmp_path / "p"
+
+    def broken(folders):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(pipeline, "recover_eval_pairs", broken)
+    with pytest.raises(OSError, match="disk gone") as raised:     # `raised` keeps the frames (and a leaked lock) alive
+        pipeline.claim_pipeline_dir(out, overwrite=False)
+    monkeypatch.undo()
+    pipeline.claim_pipeline_dir(out, overwrite=False).close()
+    assert raised.value.args == ("disk gone",)

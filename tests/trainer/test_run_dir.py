@@ -200,3 +200,43 @@ def test_an_older_pipeline_folder_with_a_sweeps_eval_sft_is_still_the_pipelines(
     claim_run_dir(run, resume=False, overwrite=True, kind="pipeline", remove=False).close()
     with pytest.raises(RunDirError, match=re.escape("holds an `agentq pipeline` run (summary.json, rl)")):
         claim_run_dir(run, resume=True, overwrite=False, kind="sweep")
+
+
+@pytest.mark.parametrize("step,error", [("remove_stale_temp_dirs", OSError("disk gone")),
+                                        ("remove_run_artifacts", OSError("read-only file system")),
+                                        ("recover_eval_pairs", KeyboardInterrupt())])
+def test_an_error_after_the_folder_is_locked_releases_it(tmp_path, monkeypatch, step, error):
+    """claim_run_dir released its lock only on its own refusals: an OSError of the clean-up or a Ctrl-C
+    after the lock was taken left the folder locked until garbage collection, and the next claim in
+    the same process was refused as "in use by another agentq process"."""
+    from agentq.trainer import run_dir
+
+    run = tmp_path / "run"
+    earlier_run(run)                    # an earlier run, so that overwrite has files to remove
+
+    def broken(*a, **kw):
+        raise error
+
+    monkeypatch.setattr(run_dir, step, broken)
+    with pytest.raises(type(error)) as raised:      # `raised` keeps the frames (and a leaked lock) alive
+        run_dir.claim_run_dir(run, resume=False, overwrite=True)
+    monkeypatch.undo()
+    run_dir.claim_run_dir(run, resume=True, overwrite=False).close()
+    assert raised.type is type(error)
+
+
+def test_the_resume_hint_is_only_for_the_command_that_reads_trainer_resume(tmp_path):
+    """A train-kind folder named by another command's key (a pipeline's RL stage, a sweep's arm)
+    advised trainer.resume, which those commands refuse."""
+    from agentq.trainer.run_dir import RunDirError, claim_run_dir
+
+    run = tmp_path / "rl"
+    earlier_run(run)
+    with pytest.raises(RunDirError) as raised:
+        claim_run_dir(run, resume=False, overwrite=False, out_key="pipeline.out_dir")
+    assert str(raised.value) == (
+        f"run folder '{run}' (pipeline.out_dir) already holds a run (metrics.jsonl, checkpoints); pick "
+        "another pipeline.out_dir, or replace it with trainer.overwrite=true")
+    with pytest.raises(RunDirError, match=re.escape(f"continue it with trainer.resume='{run}', pick another "
+                                                    "trainer.out_dir")):
+        claim_run_dir(run, resume=False, overwrite=False)

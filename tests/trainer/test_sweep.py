@@ -82,20 +82,126 @@ def test_train_stats_and_pooling_by_hand():
     assert (p["rollout_time_s"], p["learner_time_s"]) == (5.0, 2.0)
 
 
-def test_table_only_runs_nothing(tmp_path):
-    """`sweep.table_only=true` on a folder with no finished run: the shared SFT is still built (the
-    table's step 0), no arm runs, and the table is empty."""
+def _listing(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("stage,left,said", [
+    ("sft running", ["sft/config.yaml"], "has nothing finished yet: its shared SFT stage has not finished (no "
+                                         "sft/sft_summary.json)"),
+    ("sft evaluating", ["sft/sft_summary.json"], "has nothing finished yet: its SFT checkpoint is not evaluated yet "
+                                                 "(no eval_sft/eval.json)"),
+    ("no arm finished", ["sft/sft_summary.json", "eval_sft/eval.json", "arms/qat/seed_0/metrics.jsonl"],
+     "has no finished run of sweep.arms=['bf16', 'qat'] × sweep.seeds=[0] yet "
+     "(no arms/<arm>/seed_<seed>/result.json)"),
+])
+def test_table_only_on_a_sweep_with_nothing_finished_runs_nothing(tmp_path, capsys, stage, left, said):
+    """`sweep.table_only=true` (documented: runs nothing, takes no lock) on a sweep still in its SFT
+    stage ran that stage and the SFT evaluation itself, without the sweep's lock, beside the sweep that
+    holds it. Now one line, and the folder is left as it was."""
     from agentq.trainer.run_dir import claim_run_dir
 
-    args = [a for a in ARGS if not a.startswith("sweep.arms=")]
-    running = claim_run_dir(tmp_path, resume=True, overwrite=False, kind="sweep")    # the sweep, still running
-    try:        # the table of what finished so far is asked for while the sweep runs: no lock taken
-        assert main([*args, "sweep.arms=[qat]", "sweep.table_only=true", f"sweep.out_dir={tmp_path}"]) == 0
+    out = tmp_path / "s"
+    for name in left:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("{}")
+    running = claim_run_dir(out, resume=True, overwrite=False, kind="sweep")    # the sweep, still running
+    before = _listing(out)
+    try:
+        assert main([*ARGS[:2], "sweep.arms=[bf16,qat]", "sweep.seeds=[0]", "sweep.eval_tasks=4", "env_pool=inline",
+                     "sweep.table_only=true", f"sweep.out_dir={out}"]) == 2
     finally:
         running.close()
-    assert not (tmp_path / "arms").exists()
-    t = json.loads((tmp_path / "table.json").read_text())
-    assert t["arms"] == {} and t["sft_episodes"] == 4
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        f"agentq: sweep.table_only=true: sweep.out_dir='{out}' {said}"
+    assert _listing(out) == before
+
+
+def test_table_only_on_a_missing_folder_makes_none(tmp_path, capsys):
+    """A misspelt sweep.out_dir with table_only made the folder and ran a whole SFT stage and evaluation
+    there; no sweep.out_dir at all did the same in a new runs/sweep-<env>-<time>."""
+    out = tmp_path / "sweep-mian"
+    assert main([*ARGS[:2], "sweep.arms=[bf16]", "sweep.seeds=[0]", "sweep.table_only=true",
+                 f"sweep.out_dir={out}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"agentq: sweep.table_only=true: sweep.out_dir='{out}' is no folder; it writes the table of a sweep's finished "
+        "runs and runs nothing")
+    assert list(tmp_path.iterdir()) == []
+    assert main([*ARGS[:2], "sweep.arms=[bf16]", "sweep.seeds=[0]", "sweep.table_only=true"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "agentq: sweep.table_only=true writes the table of a sweep's finished runs and runs nothing: name the "
+        "sweep's folder with sweep.out_dir=<folder>")
+
+
+def test_table_only_tabulates_the_arms_finished_so_far_of_a_running_sweep(tmp_path):
+    """A sweep with bf16 finished and qat still running (its folder locked by the sweep): the table has
+    bf16 alone, from its files; nothing is run, evaluated or locked, and qat's folder is untouched."""
+    from agentq.trainer.run_dir import claim_run_dir
+
+    out = tmp_path / "s"
+    first = ["env=textworld_express", "trainer.steps=2", "sweep.eval_tasks=4"]
+    finished_arm(out, "bf16", 0, first, won=[True, False, True, True])
+    (out / "sft").mkdir()
+    (out / "sft" / "sft_summary.json").write_text("{}")
+    (out / "eval_sft").mkdir()
+    (out / "eval_sft" / "eval.json").write_text(json.dumps({"success_rate": 0.25, "episodes": 4}))
+    (out / "arms" / "qat" / "seed_0").mkdir(parents=True)
+    (out / "arms" / "qat" / "seed_0" / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.0}) + "\n")
+    running = claim_run_dir(out, resume=True, overwrite=False, kind="sweep")
+    before = _listing(out)
+    try:
+        assert main(["sweep", *first, "sweep.arms=[bf16,qat]", "sweep.seeds=[0]", "sweep.table_only=true",
+                     f"sweep.out_dir={out}"]) == 0
+    finally:
+        running.close()
+    t = json.loads((out / "table.json").read_text())
+    assert list(t["arms"]) == ["bf16"] and (t["sft_success_rate"], t["sft_episodes"]) == (0.25, 4)
+    bf16 = t["arms"]["bf16"]
+    assert (bf16["success_rate"], bf16["episodes"], bf16["seeds"]) == (0.75, 4, [0])
+    assert bf16["curves"]["0"] == {"steps": [0, 2], "success": [0.25, 0.75]}
+    assert _listing(out) == sorted([*before, "table.json", "table.md", "curves.png"])
+
+
+def test_a_busy_sft_folder_names_the_key_the_sweep_reads(tiny_model_dir, tmp_path, capsys):
+    """The sweep's SFT stage in a <sweep.out_dir>/sft that another process holds said "pick another
+    sft.out_dir", which `agentq sweep` refuses (config_schema.READ_BY)."""
+    import fcntl
+
+    from agentq.trainer.run_dir import LOCK_FILE
+
+    out = tmp_path / "s"
+    (out / "sft").mkdir(parents=True)
+    with open(out / "sft" / LOCK_FILE, "a+") as held:      # another process's SFT (flock: per open file)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main([*ARGS[:2], "sweep.arms=[bf16]", "sweep.seeds=[0]", "model=hf", f"model.path={tiny_model_dir}",
+                     "env_pool=inline", f"sweep.out_dir={out}"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert (f"agentq: run folder '{out / 'sft'}' is in use by another agentq process (pid ?); wait for it to finish "
+            "or pick another sweep.out_dir") in said
+    assert "sft.out_dir" not in said
+
+
+def test_an_arms_rl_run_names_sweep_out_dir_in_its_messages(tmp_path, monkeypatch):
+    """Each arm's RLTrainer is told that sweep.out_dir named its folder. A stub RLTrainer records it:
+    `run_arm` removes and remakes the arm's folder just before, so no real refusal of it is reachable
+    (the pipeline's RL stage checks the real message: test_pipeline)."""
+    from agentq.trainer import rl
+    from agentq.trainer.sweep import arm_overrides, run_arm
+
+    seen = {}
+
+    class Recorder:
+        def __init__(self, cfg, init_path=None, out_key="trainer.out_dir"):
+            seen.update(init_path=init_path, out_key=out_key, out_dir=cfg.trainer.out_dir)
+
+        def train(self, final_eval_tasks):
+            return {}
+
+    monkeypatch.setattr(rl, "RLTrainer", Recorder)
+    run_dir = tmp_path / "arms" / "bf16" / "seed_0"
+    run_arm({"arm": "bf16", "seed": 0, "run_dir": str(run_dir), "sft_checkpoint": "ckpt", "redirect": False,
+             "overrides": arm_overrides(["env=textworld_express"], "bf16", 0, run_dir, None)})
+    assert seen == {"init_path": "ckpt", "out_key": "sweep.out_dir", "out_dir": str(run_dir)}
 
 
 def test_the_title_tells_the_two_textworld_express_configs_apart():
@@ -139,6 +245,25 @@ def finished_run(out, arm, seed, overrides):
     cfg = arm_config(arm_overrides([*overrides, f"sweep.out_dir={out}", "env.eval_split=dev"], arm, seed, run_dir, None))
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (run_dir / RESULT).write_text(json.dumps({"arm": arm, "seed": seed, "steps": int(cfg.trainer.steps)}))
+
+
+def finished_arm(out, arm, seed, overrides, won):
+    """`finished_run` with what the table reads: result.json's fields, the final evaluation (one
+    episode per task, `won` its outcomes) and metrics.jsonl, as `run_arm` leaves them."""
+    finished_run(out, arm, seed, overrides)
+    run_dir = out / "arms" / arm / f"seed_{seed}"
+    (run_dir / "result.json").write_text(json.dumps({
+        "arm": arm, "seed": seed, "algo": arm, "objective": "grpo", "rollout_quant": "none", "rollout_backend": "torch",
+        "learner_quant": "none", "steps": 2}))
+    final = run_dir / "eval" / "step_000002"
+    final.mkdir(parents=True)
+    (final / "eval.json").write_text(json.dumps({"success_rate": sum(won) / len(won), "episodes": len(won)}))
+    (final / "episodes.jsonl").write_text("".join(json.dumps({"task_id": f"t{i}", "won": w}) + "\n"
+                                                  for i, w in enumerate(won)))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"step": 1, "reward_mean": 0.5, "k3": 0.0, "rollout_time_s": 1.0, "train_time_s": 2.0},
+        {"step": 2, "reward_mean": 0.5, "k3": 0.0, "rollout_time_s": 1.0, "train_time_s": 2.0},
+        {"step": 2, "eval/success_rate": sum(won) / len(won)}]))
 
 
 def test_a_resume_that_changes_the_runs_settings_is_refused(tmp_path, capsys):
