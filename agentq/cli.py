@@ -6,6 +6,7 @@
     agentq pipeline                              # the embedded default: tiny model → SFT → RL → eval
     agentq sweep sweep.parallel=2                # every objective × 3 seeds from one SFT checkpoint
     agentq config env=webshop algo=qat          # print the composed config
+    agentq config pipeline                       # ...that `agentq pipeline` starts from (or sweep)
     agentq report runs/x                         # runs/x/report.html: curves, evals, by-turn, episode viewer
 """
 from __future__ import annotations
@@ -30,8 +31,10 @@ HELP = {
             "changes the episodes where it differs from the default: -bf16, -T1, -x2, -seed1, -steps2, -n100, "
             "-cfg<hash> for prompt / env.kwargs / agent overrides, ...).",
     "sft": "supervised fine-tuning on the env expert's demonstrations: sft.num_demos, sft.epochs, sft.out_dir.",
-    "config": "print the composed config (every key) with these overrides applied; with trainer.resume=<run>, "
-              "the config that `agentq train` would resume with (the run's config.yaml, these overrides on top).",
+    "config": "print the composed config (every key) with these overrides applied: conf/config.yaml's, which train, "
+              "eval and sft read, or with `pipeline` / `sweep` first (`agentq config pipeline ...`) the root that "
+              "command starts from; with trainer.resume=<run>, the config that `agentq train` would resume with "
+              "(the run's config.yaml, these overrides on top).",
     "sweep": "every objective × seed from one SFT checkpoint: sweep.arms, sweep.seeds, sweep.parallel, "
              "sweep.out_dir. Starts from conf/sweep.yaml.",
 }
@@ -70,9 +73,12 @@ def run(argv: list[str] | None = None) -> int:
     from agentq.trainer.run_dir import RunAborted
     from agentq.utils.checkpoint import CheckpointError
 
+    root = CONFIG_OF.get(cmd, "config")
+    if cmd == "config" and overrides and overrides[0] in CONFIG_OF:     # `agentq config pipeline ...`
+        root, overrides = CONFIG_OF[overrides[0]], overrides[1:]
     try:
         # command=: each command refuses a key only another reads (`agentq train checkpoint=...`)
-        dispatch(cmd, load_config(overrides, config_name=CONFIG_OF.get(cmd, "config"), command=cmd), overrides)
+        dispatch(cmd, load_config(overrides, config_name=root, command=cmd), overrides)
     except (ConfigError, CheckpointError) as e:        # bad input: a key, a run folder, a checkpoint file
         print(f"agentq: {e}", file=sys.stderr)
         return 2

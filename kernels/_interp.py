@@ -111,7 +111,7 @@ def tma_available(device: torch.device, interpreted: bool) -> bool:
 
 def require_triton(what: str = "this kernel") -> None:
     if not HAVE_TRITON:
-        raise RuntimeError(f"{what} needs triton (pip install 'agentq[triton]'); use the torch reference instead")
+        raise RuntimeError(f"{what} needs triton (pip install triton); use the torch reference instead")
 
 
 def runs_interpreted(kernel: Any) -> bool:

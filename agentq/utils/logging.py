@@ -64,7 +64,7 @@ def wandb_run_id(out_dir: str | Path, resume: bool) -> str:
 
 
 class WandbSink:
-    """Weights & Biases run mirroring every scalar (`logger` contains wandb; `pip install agentq[wandb]`).
+    """Weights & Biases run mirroring every scalar (`logger` contains wandb; `pip install wandb`).
     mode offline writes under <run>/wandb/ without network (`wandb sync` uploads it later)."""
 
     def __init__(self, out_dir: str | Path, config: dict | None = None, project: str = "agentq",
@@ -75,7 +75,7 @@ class WandbSink:
         try:
             import wandb
         except ImportError as e:
-            raise ImportError("logger includes 'wandb' but wandb is not installed: pip install 'agentq[wandb]'") from e
+            raise ImportError("logger includes 'wandb' but wandb is not installed: pip install wandb") from e
         run_id = wandb_run_id(out_dir, resume)
         # resume="allow": the W&B run continues from its last logged step (a new one if the server
         # never saw it, e.g. an offline run not yet synced); a fresh run's id is new, so no resume

@@ -87,6 +87,24 @@ def test_a_closed_pipe_is_no_traceback():
 
 
 
+def test_config_prints_the_root_a_pipeline_or_sweep_starts_from(capsys):
+    """`agentq config` showed conf/config.yaml alone (trainer.steps 20, pipeline.eval_tasks 100), not
+    what `agentq pipeline` (32, 200) or `agentq sweep` (12; its sweep.* keys unknown) run with."""
+    import yaml
+
+    from agentq.cli import main
+
+    def printed(args):
+        assert main(["config", *args]) == 0
+        return yaml.safe_load(capsys.readouterr().out)
+
+    plain, pipe = printed([]), printed(["pipeline", "pipeline.eval_tasks=50"])
+    assert (plain["trainer"]["steps"], plain["pipeline"]["eval_tasks"]) == (20, 100) and "sweep" not in plain
+    assert (pipe["trainer"]["steps"], pipe["pipeline"]["eval_tasks"]) == (32, 50)
+    sweep = printed(["sweep", "sweep.parallel=2"])
+    assert (sweep["trainer"]["steps"], sweep["sweep"]["parallel"], sweep["sweep"]["eval_tasks"]) == (12, 2, 100)
+
+
 def test_config_with_resume_prints_what_a_resume_would_run(tmp_path, capsys):
     """`agentq config trainer.resume=<run>` printed the defaults (trainer.steps 20, model.path null),
     not the run's own config.yaml that `agentq train trainer.resume=<run>` continues with."""
