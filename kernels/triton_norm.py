@@ -495,8 +495,11 @@ def rope_heads_per_program(rows: int) -> int:
 #: (prefill chunks; decode keeps one token a program, the grid being small already). Each token
 #: is done as the one-token program does it, so every choice stores the same bits; the launch
 #: looked issue-bound at prefill rows, most of a program's instructions being its setup (round
-#: 33's SASS reading), which several tokens share
-ROPE_TOKENS_PER_PROGRAM = 1
+#: 33's SASS reading), which several tokens share. `bench_kernels --rope` on an H100 (round 41,
+#: docs/bench/h100-r41/rope.log, 8 heads, 32,768 tokens): into the int8 cache 351 → 317 µs
+#: (Qwen3-1.7B heads) and 494 → 447 µs (8B) at 8 tokens against 1; q and k returned 221 → 185 and
+#: 364 → 302 µs. The 1B engine's tokens/s moved within its noise (1.50× / 1.54× either way)
+ROPE_TOKENS_PER_PROGRAM = 8
 #: environment variable that overrides it (a power of two ≤ 16; A/B runs on the GPU)
 ROPE_TOKENS_ENV = "AGENTQ_ROPE_TOKENS"
 
