@@ -621,3 +621,70 @@ def test_a_folder_of_pytorch_model_bin_only_is_a_checkpoint_error(tmp_path, tiny
     with pytest.raises(CheckpointError, match=rf"^no \*.safetensors weights in {tmp_path}: the rollout backends load "
                                               r"the model from its safetensors weights; save it with save_pretrained"):
         TorchEngine.from_pretrained(str(tmp_path), QuantSpec.preset("none"), max_slots=1, max_len=64)
+
+
+@pytest.mark.parametrize("quant", ["none", "w8a8_kv8", "w8a8_fp8kv"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cache_reads_in_a_reuse_scope_equal_fresh_reads_and_reuse_their_buffers(quant, dtype):
+    """Inside `KVCache.reuse_reads` a CPU read gives the very values of a read outside it (in the
+    cache's dtype and converted to the attention's), for consecutive and gathered slots, but in
+    buffers kept for the scope: reads one token longer than the last (a decode step) allocate
+    nothing. The buffers go when the scope ends."""
+    from agentq.kernels.attention import attention_accum_dtype
+    from agentq.rollout.torch_engine.kv_cache import KVCache
+
+    g = torch.Generator().manual_seed(2)
+    cache = KVCache(2, 6, 2, 40, 8, QuantSpec.preset(quant), dtype)
+    cache.fp8_k_scale = [0.37, 1.0]          # a per-tensor scale other than 1 multiplies the fp8 codes
+    slots_all, pos_all = torch.arange(6).repeat_interleave(40), torch.arange(40).repeat(6)
+    for layer in range(2):
+        kv = torch.randn(2, 240, 2, 8, generator=g).to(dtype)
+        cache.write(layer, slots_all, pos_all, kv[0], kv[1])
+    acc = attention_accum_dtype(dtype, torch.device("cpu"))
+    for slots in ([1, 2, 3], [4, 2, 0]):
+        st = torch.tensor(slots)
+        outside = {(layer, n, dt): cache.read(layer, st, n, dt) for layer in range(2) for n in (20, 21, 22)
+                   for dt in (dtype, acc)}
+        with cache.reuse_reads():
+            for (layer, n, dt), (k_ref, v_ref) in outside.items():
+                k, v = cache.read(layer, st, n, dt)
+                assert k.dtype == v.dtype == dt and torch.equal(k, k_ref) and torch.equal(v, v_ref), (slots, layer, n, dt)
+            if quant != "none":                                  # dequantized: into the scope's buffers
+                ptrs = {cache.read(layer, st, n, acc)[0].data_ptr() for layer in range(2) for n in (20, 21, 22)}
+                assert len(ptrs) == 1
+        assert cache._workspace == {}
+
+
+def test_a_turns_decode_steps_reuse_the_cache_read_buffers(tiny_model_dir, monkeypatch):
+    """`generate` reads the CPU cache into buffers kept for the call: its decode steps, each one
+    token longer, do not allocate a new K/V copy of the context (they did: every step mapped and
+    page-faulted a few context-sized tensors, which cost more system time than the step's compute
+    on long ALFWorld episodes). Same tokens and log-probs as fresh reads."""
+    import contextlib
+
+    from agentq.rollout.torch_engine.kv_cache import KVCache
+
+    read, kept = KVCache.read, []
+
+    def spy(self, *a, **kw):                # keeps every result alive: fresh tensors never share an address
+        k, v = read(self, *a, **kw)
+        kept.append(k)
+        return k, v
+
+    def play():
+        eng = engine(tiny_model_dir, "w8a8_kv8", max_slots=4)
+        ctx = {e: [3 + (7 * j + e) % 300 for j in range(90 + e)] for e in range(3)}
+        out = []
+        for _ in range(2):
+            res = eng.generate([TurnRequest(e, c, SamplingParams(max_new_tokens=16), seed=e) for e, c in ctx.items()])
+            out += [(r.token_ids, r.logprobs) for r in res]
+            ctx = {r.episode_id: ctx[r.episode_id] + r.token_ids + [5, 6] for r in res}
+        return out
+
+    monkeypatch.setattr(KVCache, "read", spy)
+    reused = play()
+    reads, ptrs = len(kept), {k.data_ptr() for k in kept}
+    assert reads >= 2 * 2 * 16 and len(ptrs) <= 2 * 2       # 2 turns x 2 layers x (prefill + 15 steps); ≤ 2 buffers a turn
+    kept.clear()
+    monkeypatch.setattr(KVCache, "reuse_reads", lambda self: contextlib.nullcontext())
+    assert play() == reused

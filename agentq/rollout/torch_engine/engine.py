@@ -195,33 +195,36 @@ class TorchEngine(RolloutBackend):
             raise RuntimeError(f"{new_episodes} new episodes need KV slots and {len(self._free)} of "
                                f"{self.max_slots} are free; release finished episodes or raise rollout.max_slots")
         slots = [self._slot(r.episode_id) for r in requests]
-        draw = self._drawer(requests, params)
-        # 1) prefill each episode's new tokens; logits of its last context token start the turn
-        logits = self._prefill(slots, [r.context_ids for r in requests])
-        tok_l, lp_l = draw.first(logits, slots)
-        # 2) batched decode: each step feeds the newest tokens and samples the next ones
-        out_ids: list[list[int]] = [[] for _ in requests]
-        out_lp: list[list[float]] = [[] for _ in requests]
-        finish = ["length"] * len(requests)
-        active = list(range(len(requests)))
-        stop = set(params.stop_token_ids)
-        while active:
-            still = []
-            for j, i in enumerate(active):
-                out_ids[i].append(tok_l[j])
-                out_lp[i].append(lp_l[j])
-                if tok_l[j] in stop:
-                    finish[i] = "stop"
-                elif params.stop and self._ends_with_stop_string(out_ids[i], params.stop):
-                    finish[i] = "stop_string"
-                elif self._may_grow(len(out_ids[i]), slots[i], params, steps=1):
-                    still.append(i)
-            active = still
-            if active:
-                # a step after this one is worth queueing early if some row can still be live then
-                ahead = any(self._may_grow(len(out_ids[i]), slots[i], params, steps=2) for i in active)
-                tok_l, lp_l = draw.next(active, [slots[i] for i in active], [out_ids[i][-1] for i in active], ahead)
-        draw.close()
+        # the CPU attention path's cache reads reuse buffers for the whole call, not new tensors of
+        # the context's size at every step (`KVCache.reuse_reads`)
+        with self.cache.reuse_reads():
+            draw = self._drawer(requests, params)
+            # 1) prefill each episode's new tokens; logits of its last context token start the turn
+            logits = self._prefill(slots, [r.context_ids for r in requests])
+            tok_l, lp_l = draw.first(logits, slots)
+            # 2) batched decode: each step feeds the newest tokens and samples the next ones
+            out_ids: list[list[int]] = [[] for _ in requests]
+            out_lp: list[list[float]] = [[] for _ in requests]
+            finish = ["length"] * len(requests)
+            active = list(range(len(requests)))
+            stop = set(params.stop_token_ids)
+            while active:
+                still = []
+                for j, i in enumerate(active):
+                    out_ids[i].append(tok_l[j])
+                    out_lp[i].append(lp_l[j])
+                    if tok_l[j] in stop:
+                        finish[i] = "stop"
+                    elif params.stop and self._ends_with_stop_string(out_ids[i], params.stop):
+                        finish[i] = "stop_string"
+                    elif self._may_grow(len(out_ids[i]), slots[i], params, steps=1):
+                        still.append(i)
+                active = still
+                if active:
+                    # a step after this one is worth queueing early if some row can still be live then
+                    ahead = any(self._may_grow(len(out_ids[i]), slots[i], params, steps=2) for i in active)
+                    tok_l, lp_l = draw.next(active, [slots[i] for i in active], [out_ids[i][-1] for i in active], ahead)
+            draw.close()
         return [TurnResult(r.episode_id, out_ids[i], out_lp[i], finish[i], self.policy_version)
                 for i, r in enumerate(requests)]
 

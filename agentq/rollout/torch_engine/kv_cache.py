@@ -8,6 +8,9 @@ mirrors one rule (fake-quant K after RoPE/k_norm and V, per token per head).
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 from agentq.kernels import quant
@@ -73,6 +76,9 @@ class KVCache:
         # fp8: one per-tensor scale per layer for K and V (1.0 = vLLM's uncalibrated default)
         self.fp8_k_scale = [1.0] * n_layers
         self.fp8_v_scale = [1.0] * n_layers
+        # `reuse_reads`: CPU read buffers kept while a scope is open (name → flat tensor)
+        self._reuse_depth = 0
+        self._workspace: dict[str, torch.Tensor] = {}
 
     def fused_write_args(self, layer: int) -> KVTensors | None:
         """(k, v, k_scale, v_scale) of one layer for a kernel that writes the tokens' K/V itself
@@ -131,13 +137,49 @@ class KVCache:
             for t in tensors:
                 t[d, :, :length] = t[s, :, :length]
 
-    def _rows(self, t: torch.Tensor, slots: torch.Tensor, length: int, run: int | None) -> torch.Tensor:
+    @contextlib.contextmanager
+    def reuse_reads(self) -> Iterator[None]:
+        """Within this scope a CPU `read` writes into buffers it keeps (grown by a quarter when a
+        read needs more) instead of fresh tensors; they are freed when the outermost scope ends.
+
+        Why: the torch attention path reads every cached token of every row at each decode step,
+        dequantized (and in fp64 for an fp32 model), so a step allocated a few tensors of
+        B × kv heads × length × head_dim per layer, each one token longer than the step before. glibc
+        serves such blocks (over 128 KiB) with a fresh mmap whenever the size exceeds the last one
+        freed, so every step page-faulted all of them in and unmapped them again: on 2 cores a
+        50-turn ALFWorld eval of 8 episodes spent 284 s in the kernel against 143 s in user code.
+        `TorchEngine.generate` opens one scope per call (its prefill and decode steps). Same values
+        as outside a scope; a tensor returned inside one is overwritten by the next `read`."""
+        self._reuse_depth += 1
+        try:
+            yield
+        finally:
+            self._reuse_depth -= 1
+            if not self._reuse_depth:
+                self._workspace.clear()
+
+    def _buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A contiguous tensor of `shape` on the front of the scope's buffer `name` (`reuse_reads`)."""
+        need = 1
+        for n in shape:
+            need *= n
+        buf = self._workspace.get(name)
+        if buf is None or buf.dtype != dtype or buf.numel() < need:
+            buf = self._workspace[name] = torch.empty(need + need // 4, dtype=dtype, device=self.device)
+        return buf[:need].view(shape)
+
+    def _rows(self, t: torch.Tensor, slots: torch.Tensor, length: int, run: int | None,
+              out: str | None = None) -> torch.Tensor:
         """t[slots, :, :length]: a view where the slots are the run `run`, run + 1, … (`_run`), else
-        a gather (`index_select`: on a CPU torch's advanced indexing of int8 is ~14× slower)."""
+        a gather (`index_select`: on a CPU torch's advanced indexing of int8 is ~14× slower), into
+        the scope's buffer `out` where one is given (`reuse_reads`)."""
         if run is not None:
             return t[run:run + len(slots), :, :length]
         if t.device.type == "cpu":
-            return t[:, :, :length].index_select(0, slots)
+            src = t[:, :, :length]
+            if out is None:
+                return src.index_select(0, slots)
+            return torch.index_select(src, 0, slots, out=self._buffer(out, (len(slots), *src.shape[1:]), t.dtype))
         return t[slots, :, :length]
 
     def _run(self, slots: torch.Tensor) -> int | None:
@@ -150,19 +192,55 @@ class KVCache:
             return first
         return None
 
-    def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dequantized K, V of `slots` for positions [0, length): [B, n_kv, length, head_dim] (views
-        of the cache itself where nothing needs dequantizing and the slots are consecutive on a
-        CPU: read-only)."""
-        out = []
+    def read(self, layer: int, slots: torch.Tensor, length: int, dtype: torch.dtype | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized K, V of `slots` for positions [0, length): [B, n_kv, length, head_dim] in
+        `dtype` (default the cache's compute dtype; another one is the dequantized value converted,
+        as `.to(dtype)` gives it). Views of the cache itself where nothing needs dequantizing or
+        converting and the slots are consecutive on a CPU: read-only. Inside `reuse_reads` (CPU)
+        the results live in the scope's buffers, valid until the next `read`."""
+        dtype = self.dtype if dtype is None else dtype
         run = self._run(slots)
+        if self._reuse_depth and self.device.type == "cpu":
+            return self._read_into_buffers(layer, slots, length, dtype, run)
+        out = []
         for cache, scales, s8 in ((self.k, self.k_scale, self.fp8_k_scale[layer]),
                                   (self.v, self.v_scale, self.fp8_v_scale[layer])):
             codes = self._rows(cache[layer], slots, length, run)
             if scales is not None:
-                out.append(quant.dequantize_rows(codes, self._rows(scales[layer], slots, length, run), self.dtype))
+                x = quant.dequantize_rows(codes, self._rows(scales[layer], slots, length, run), self.dtype)
             elif self.spec.kv == "fp8_e4m3_per_tensor":
-                out.append((codes.float() * s8).to(self.dtype))
+                x = (codes.float() * s8).to(self.dtype)
             else:
+                x = codes
+            out.append(x.to(dtype))
+        return out[0], out[1]
+
+    def _read_into_buffers(self, layer: int, slots: torch.Tensor, length: int, dtype: torch.dtype,
+                           run: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`read` into the `reuse_reads` buffers: the same values, computed as `read` computes them
+        (codes to fp32, times the scale in fp32, one conversion to `dtype`), with no new tensor of
+        the read's size once the buffers are large enough."""
+        shape = (len(slots), self.n_kv, length, self.head_dim)
+        out = []
+        for name, cache, scales, s8 in (("k", self.k, self.k_scale, self.fp8_k_scale[layer]),
+                                        ("v", self.v, self.v_scale, self.fp8_v_scale[layer])):
+            codes = self._rows(cache[layer], slots, length, run, out=f"{name}_codes")
+            if scales is None and self.spec.kv != "fp8_e4m3_per_tensor":     # values in the compute dtype
+                if codes.dtype != dtype:
+                    codes = self._buffer(name, shape, dtype).copy_(codes)
                 out.append(codes)
+                continue
+            # dequantized as `quant.dequantize_rows` does on a CPU: float(codes) · scale in fp32, one
+            # rounding to the compute dtype; here in `dst` itself when that rounding is the conversion
+            dst = self._buffer(name, shape, dtype)
+            f32 = dst if dtype == self.dtype == torch.float32 else self._buffer("f32", shape, torch.float32)
+            f32.copy_(codes)
+            if scales is not None:
+                f32.mul_(self._rows(scales[layer], slots, length, run, out="scales").unsqueeze(-1))
+            else:
+                f32.mul_(s8)
+            if f32 is not dst:       # fp32 → dtype directly, unless the compute dtype rounds in between
+                dst.copy_(f32 if self.dtype in (torch.float32, dtype) else f32.to(self.dtype))
+            out.append(dst)
         return out[0], out[1]

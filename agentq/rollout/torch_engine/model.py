@@ -315,7 +315,8 @@ class DecoderLayer(nn.Module):
             k, v, ks, vs = in_place
             return attn_ops.prefill_attention(q, k, ks, v, vs, ctx.slots32, ctx.n_new32, ctx.lens32, self.scale,
                                               key_len=ctx.key_len)
-        kc, vc = cache.read(i, ctx.slots, ctx.key_len)
+        # read in the attention's dtype (fp64 for an fp32 model): into `reuse_reads` buffers, not new copies
+        kc, vc = cache.read(i, ctx.slots, ctx.key_len, attn_ops.attention_accum_dtype(q.dtype, q.device))
         return attn_ops.masked_attention(q, kc, vc, ctx.allowed, self.scale)
 
     def decode(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
