@@ -1158,6 +1158,8 @@ def _bench_rope_heads(tn, dev, results, model: str, hq: int, hkv: int, d: int, c
                 if tokens > 1 and n <= tn.ROPE_DECODE_MAX_ROWS:
                     continue                       # decode rows take one token a program whatever is asked
                 os.environ[tn.ROPE_HEADS_ENV], os.environ[tn.ROPE_TOKENS_ENV] = str(heads), str(tokens)
+                for c, mark in ((kc, 7), (vc, 7), (ks, 0.5), (vs, 0.5)):     # sentinels: a write left out shows
+                    c.fill_(mark)
                 out = [x.clone() for x in _as_list(fn())] + [x.clone() for x in (kc, vc, ks, vs)]
                 first = first or out
                 same = all(torch.equal(x, y) for x, y in zip(first, out))

@@ -148,7 +148,8 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
                           "is the cluster up (`ray status`)? ray.address=null starts a local one") from None
     with conn:
         # a cluster with TLS on answers a TLS handshake, not a plaintext preface: the TCP check only
-        if not ray_uses_tls() and not answers_grpc(conn, max(0.0, deadline - time.monotonic())):
+        # (at least a second for the answer, however long the connection took)
+        if not ray_uses_tls() and not answers_grpc(conn, max(1.0, deadline - time.monotonic())):
             raise ConfigError(f"ray.address={address!r}: {host}:{port} takes connections but does not answer as a Ray "
                               f"cluster (no gRPC handshake within {timeout_s:g} s; Ray would retry it for minutes): give "
                               "the address `ray start --head` printed (port 6379 by default), not the dashboard's "

@@ -468,7 +468,7 @@ def test_rope_tokens_per_program_rule(K, monkeypatch):
     monkeypatch.setenv(K.ROPE_TOKENS_ENV, "8")
     assert K.rope_tokens_per_program(32768) == K.rope_tokens_per_program(K.ROPE_DECODE_MAX_ROWS + 1) == 8
     assert K.rope_tokens_per_program(1) == K.rope_tokens_per_program(K.ROPE_DECODE_MAX_ROWS) == 1
-    for bad in ("3", "0", "32"):
+    for bad in ("3", "0", "32", "four", "-2"):
         monkeypatch.setenv(K.ROPE_TOKENS_ENV, bad)
         with pytest.raises(ValueError, match="AGENTQ_ROPE_TOKENS"):
             K.rope_tokens_per_program(64)
