@@ -135,8 +135,8 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     `overrides`: the command line (None when another command evaluates, e.g. the pipeline's stages)."""
     split = cfg.split or cfg.env.eval_split
     out, out_key = eval_out_path(cfg, split, overrides)
+    # taken by `_evaluate` before its recovery of an existing folder, which must not undo another eval's write
     held = OutputLock(out, chosen=bool(cfg.eval.out_dir), own_command=overrides is not None)
-    held.take()     # an existing folder: held before its recovery, which must not undo another eval's write
     try:
         return _evaluate(cfg, overrides, split, out, out_key, held)
     finally:
@@ -177,8 +177,7 @@ def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Pat
               held: OutputLock) -> dict:
     """`evaluate` with its output folder held (`held`, taken again once the folder is made)."""
     # first, the pair a kill cut short put back (`recover_eval_pair`): this command writes the folder, and
-    # until its write readers (`agentq report`) found no eval.json there; held first (a folder made
-    # since `evaluate` looked)
+    # until its write readers (`agentq report`) found no eval.json there; the folder held first
     held.take()
     if out.is_dir():
         recover_eval_pair(out)
