@@ -626,10 +626,12 @@ def test_a_folder_of_pytorch_model_bin_only_is_a_checkpoint_error(tmp_path, tiny
 @pytest.mark.parametrize("quant", ["none", "w8a8_kv8", "w8a8_fp8kv"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cache_reads_in_a_reuse_scope_equal_fresh_reads_and_reuse_their_buffers(quant, dtype):
-    """Inside `KVCache.reuse_reads` a CPU read gives the very values of a read outside it (in the
-    cache's dtype and converted to the attention's), for consecutive and gathered slots, but in
-    buffers kept for the scope: reads one token longer than the last (a decode step) allocate
-    nothing. The buffers go when the scope ends."""
+    """A CPU read, inside `KVCache.reuse_reads` or not, gives `quant.dequantize_rows`'s values of the
+    cached codes (in the cache's dtype, and converted to the attention's or fp64, the no-grad
+    attention's dtype of an fp32 model; a bf16 cache rounds to bf16 first), for consecutive and
+    gathered slots; inside the scope in buffers kept for it: reads one token longer than the last
+    (a decode step) allocate nothing. The buffers go when the scope ends."""
+    from agentq.kernels import quant as q
     from agentq.kernels.attention import attention_accum_dtype
     from agentq.rollout.torch_engine.kv_cache import KVCache
 
@@ -640,14 +642,32 @@ def test_cache_reads_in_a_reuse_scope_equal_fresh_reads_and_reuse_their_buffers(
     for layer in range(2):
         kv = torch.randn(2, 240, 2, 8, generator=g).to(dtype)
         cache.write(layer, slots_all, pos_all, kv[0], kv[1])
+
+    def expected(layer, st, n, dt):          # from the stored codes, by the quantization module
+        out = []
+        for codes, scales, s8 in ((cache.k, cache.k_scale, cache.fp8_k_scale), (cache.v, cache.v_scale, cache.fp8_v_scale)):
+            c = codes[layer][st, :, :n]
+            if scales is not None:
+                x = q.dequantize_rows(c, scales[layer][st, :, :n], dtype)
+            elif quant == "w8a8_fp8kv":
+                x = (c.float() * s8[layer]).to(dtype)
+            else:
+                x = c
+            out.append(x.to(dt))
+        return out
+
     acc = attention_accum_dtype(dtype, torch.device("cpu"))
     for slots in ([1, 2, 3], [4, 2, 0]):
         st = torch.tensor(slots)
-        outside = {(layer, n, dt): cache.read(layer, st, n, dt) for layer in range(2) for n in (20, 21, 22)
-                   for dt in (dtype, acc)}
+        cases = [(layer, n, dt) for layer in range(2) for n in (20, 21, 22) for dt in {dtype, acc, torch.float64}]
+        for layer, n, dt in cases:
+            k, v = cache.read(layer, st, n, dt)
+            k_ref, v_ref = expected(layer, st, n, dt)
+            assert k.dtype == v.dtype == dt and torch.equal(k, k_ref) and torch.equal(v, v_ref), (slots, layer, n, dt)
         with cache.reuse_reads():
-            for (layer, n, dt), (k_ref, v_ref) in outside.items():
+            for layer, n, dt in cases:
                 k, v = cache.read(layer, st, n, dt)
+                k_ref, v_ref = expected(layer, st, n, dt)
                 assert k.dtype == v.dtype == dt and torch.equal(k, k_ref) and torch.equal(v, v_ref), (slots, layer, n, dt)
             if quant != "none":                                  # dequantized: into the scope's buffers
                 ptrs = {cache.read(layer, st, n, acc)[0].data_ptr() for layer in range(2) for n in (20, 21, 22)}

@@ -159,7 +159,10 @@ class KVCache:
                 self._workspace.clear()
 
     def _buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A contiguous tensor of `shape` on the front of the scope's buffer `name` (`reuse_reads`)."""
+        """A contiguous tensor of `shape` on the front of the scope's buffer `name` (`reuse_reads`), or
+        a new one outside a scope."""
+        if not self._reuse_depth:
+            return torch.empty(shape, dtype=dtype, device=self.device)
         need = 1
         for n in shape:
             need *= n
@@ -168,19 +171,15 @@ class KVCache:
             buf = self._workspace[name] = torch.empty(need + need // 4, dtype=dtype, device=self.device)
         return buf[:need].view(shape)
 
-    def _rows(self, t: torch.Tensor, slots: torch.Tensor, length: int, run: int | None,
-              out: str | None = None) -> torch.Tensor:
-        """t[slots, :, :length]: a view where the slots are the run `run`, run + 1, … (`_run`), else
-        a gather (`index_select`: on a CPU torch's advanced indexing of int8 is ~14× slower), into
-        the scope's buffer `out` where one is given (`reuse_reads`)."""
+    def _rows(self, t: torch.Tensor, slots: torch.Tensor, length: int, run: int | None, out: str
+              ) -> torch.Tensor:
+        """t[slots, :, :length] on a CPU: a view where the slots are the run `run`, run + 1, … (`_run`),
+        else a gather (`index_select`: torch's advanced indexing of int8 is ~14× slower there) into
+        the buffer `out` (`_buffer`)."""
         if run is not None:
             return t[run:run + len(slots), :, :length]
-        if t.device.type == "cpu":
-            src = t[:, :, :length]
-            if out is None:
-                return src.index_select(0, slots)
-            return torch.index_select(src, 0, slots, out=self._buffer(out, (len(slots), *src.shape[1:]), t.dtype))
-        return t[slots, :, :length]
+        src = t[:, :, :length]
+        return torch.index_select(src, 0, slots, out=self._buffer(out, (len(slots), *src.shape[1:]), t.dtype))
 
     def _run(self, slots: torch.Tensor) -> int | None:
         """The first slot where `slots` are consecutive and on the CPU (read there without a device
@@ -200,15 +199,14 @@ class KVCache:
         converting and the slots are consecutive on a CPU: read-only. Inside `reuse_reads` (CPU)
         the results live in the scope's buffers, valid until the next `read`."""
         dtype = self.dtype if dtype is None else dtype
-        run = self._run(slots)
-        if self._reuse_depth and self.device.type == "cpu":
-            return self._read_into_buffers(layer, slots, length, dtype, run)
+        if self.device.type == "cpu":
+            return self._read_cpu(layer, slots, length, dtype, self._run(slots))
         out = []
         for cache, scales, s8 in ((self.k, self.k_scale, self.fp8_k_scale[layer]),
                                   (self.v, self.v_scale, self.fp8_v_scale[layer])):
-            codes = self._rows(cache[layer], slots, length, run)
+            codes = cache[layer][slots, :, :length]
             if scales is not None:
-                x = quant.dequantize_rows(codes, self._rows(scales[layer], slots, length, run), self.dtype)
+                x = quant.dequantize_rows(codes, scales[layer][slots, :, :length], self.dtype)
             elif self.spec.kv == "fp8_e4m3_per_tensor":
                 x = (codes.float() * s8).to(self.dtype)
             else:
@@ -216,11 +214,12 @@ class KVCache:
             out.append(x.to(dtype))
         return out[0], out[1]
 
-    def _read_into_buffers(self, layer: int, slots: torch.Tensor, length: int, dtype: torch.dtype,
-                           run: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`read` into the `reuse_reads` buffers: the same values, computed as `read` computes them
-        (codes to fp32, times the scale in fp32, one conversion to `dtype`), with no new tensor of
-        the read's size once the buffers are large enough."""
+    def _read_cpu(self, layer: int, slots: torch.Tensor, length: int, dtype: torch.dtype, run: int | None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`read` on a CPU: the values `quant.dequantize_rows` gives there (codes to fp32, times the
+        scale in fp32, one rounding to the compute dtype, then `.to(dtype)`), written into the
+        `reuse_reads` buffers inside a scope, so a decode step allocates no tensor of the read's size
+        once they are large enough; into new tensors outside one."""
         shape = (len(slots), self.n_kv, length, self.head_dim)
         out = []
         for name, cache, scales, s8 in (("k", self.k, self.k_scale, self.fp8_k_scale[layer]),
@@ -231,8 +230,8 @@ class KVCache:
                     codes = self._buffer(name, shape, dtype).copy_(codes)
                 out.append(codes)
                 continue
-            # dequantized as `quant.dequantize_rows` does on a CPU: float(codes) · scale in fp32, one
-            # rounding to the compute dtype; here in `dst` itself when that rounding is the conversion
+            # float(codes) · scale in fp32, one rounding to the compute dtype; in `dst` itself when
+            # that rounding is the conversion
             dst = self._buffer(name, shape, dtype)
             f32 = dst if dtype == self.dtype == torch.float32 else self._buffer("f32", shape, torch.float32)
             f32.copy_(codes)
@@ -241,6 +240,7 @@ class KVCache:
             else:
                 f32.mul_(s8)
             if f32 is not dst:       # fp32 → dtype directly, unless the compute dtype rounds in between
-                dst.copy_(f32 if self.dtype in (torch.float32, dtype) else f32.to(self.dtype))
+                dst.copy_(f32 if self.dtype in (torch.float32, dtype)
+                          else self._buffer("rounded", shape, self.dtype).copy_(f32))
             out.append(dst)
         return out[0], out[1]
