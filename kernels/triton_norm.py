@@ -509,7 +509,7 @@ def rope_tokens_per_program(rows: int) -> int:
     `ROPE_DECODE_MAX_ROWS` (decode), else `ROPE_TOKENS_PER_PROGRAM` or the value of
     $AGENTQ_ROPE_TOKENS when set. Every choice stores the same bits; only the speed differs."""
     env = os.environ.get(ROPE_TOKENS_ENV, "").strip()
-    if env and not env.isdigit():
+    if env and not (env.isascii() and env.isdigit()):
         raise ValueError(f"{ROPE_TOKENS_ENV}={env!r}: tokens per program must be a power of two in [1, 16]")
     tokens = int(env) if env else ROPE_TOKENS_PER_PROGRAM
     if not 1 <= tokens <= 16 or tokens & (tokens - 1):

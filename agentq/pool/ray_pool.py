@@ -149,9 +149,10 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     with conn:
         # a cluster with TLS on answers a TLS handshake, not a plaintext preface: the TCP check only
         # (at least a second for the answer, however long the connection took)
-        if not ray_uses_tls() and not answers_grpc(conn, max(1.0, deadline - time.monotonic())):
+        wait_s = max(1.0, deadline - time.monotonic())
+        if not ray_uses_tls() and not answers_grpc(conn, wait_s):
             raise ConfigError(f"ray.address={address!r}: {host}:{port} takes connections but does not answer as a Ray "
-                              f"cluster (no gRPC handshake within {timeout_s:g} s; Ray would retry it for minutes): give "
+                              f"cluster (no gRPC handshake within {wait_s:.1f} s; Ray would retry it for minutes): give "
                               "the address `ray start --head` printed (port 6379 by default), not the dashboard's "
                               "(8265) or another service's; ray.address=null starts a local cluster")
 
@@ -250,12 +251,12 @@ def free_cpus(ray: Any, wanted: float, settle_s: float = RESOURCE_SETTLE_S) -> f
     still show as free under load, so the answer is never more than the cluster's CPUs less those
     this process's own pools reserve (`reserved_here`): a second pool would otherwise ask for CPUs the
     first one holds and wait for them until its start times out."""
+    unreserved = ray.cluster_resources().get("CPU", 0.0) - reserved_here(ray.get_runtime_context().gcs_address)
     deadline = time.monotonic() + settle_s
     free = ray.available_resources().get("CPU", 0.0)
-    while free < wanted and time.monotonic() < deadline:
+    while free < min(wanted, unreserved) and time.monotonic() < deadline:   # no wait for CPUs our pools hold
         time.sleep(0.1)
         free = max(free, ray.available_resources().get("CPU", 0.0))
-    unreserved = ray.cluster_resources().get("CPU", 0.0) - reserved_here(ray.get_runtime_context().gcs_address)
     return float(max(0.0, min(free, unreserved)))
 
 

@@ -172,7 +172,7 @@ def check_kind(run_dir: Path, kind: str, out_key: str) -> None:
         hint = (f"; continue its RL stage with trainer.resume={str(rl)!r}"
                 if kind == "train" and out_key == "trainer.out_dir" and "pipeline" in owners and rl.is_dir() else "")
         whose = " or ".join(f"`agentq {o}`" for o in owners)
-        raise RunDirError(f"{out_key}={str(run_dir)!r} holds an {whose} run ({', '.join(names)}), not "
+        raise RunDirError(f"run folder {str(run_dir)!r} ({out_key}) holds an {whose} run ({', '.join(names)}), not "
                           f"an `agentq {kind}` one: pick another {out_key} (trainer.overwrite=true replaces "
                           f"only a run of the same command){hint}")
 

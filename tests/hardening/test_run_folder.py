@@ -170,7 +170,7 @@ def test_a_pipeline_folder_given_as_trainer_out_dir_points_the_resume_at_its_rl_
     for resume, overwrite in ((False, False), (False, True), (True, False)):
         with pytest.raises(RunDirError) as e:
             claim_run_dir(pipe, resume=resume, overwrite=overwrite)
-        assert str(e.value) == (f"trainer.out_dir={str(pipe)!r} holds an `agentq pipeline` run (summary.json, rl), not "
+        assert str(e.value) == (f"run folder {str(pipe)!r} (trainer.out_dir) holds an `agentq pipeline` run (summary.json, rl), not "
                                 "an `agentq train` one: pick another trainer.out_dir (trainer.overwrite=true replaces "
                                 f"only a run of the same command); continue its RL stage with "
                                 f"trainer.resume={str(pipe / 'rl')!r}")

@@ -220,7 +220,7 @@ def test_multi_row_norm_gives_each_row_the_one_row_layout(block):
 
 @pytest.mark.parametrize("dtype", ["*bf16", "*fp32"])
 @pytest.mark.parametrize("write", [False, True])
-@pytest.mark.parametrize("heads, tokens", [(2, 1), (8, 1), (16, 1), (8, 4), (1, 4)])
+@pytest.mark.parametrize("heads, tokens", [(2, 1), (8, 1), (16, 1), (8, 4), (8, 8), (1, 4)])
 def test_qk_norm_rope_head_groups_give_each_head_the_one_head_layout(dtype, write, heads, tokens):
     """`_qk_norm_rope_kernel` over HEADS heads per program in HEADS warps (its launch on aligned q
     and k, `triton_norm._heads_fit`) holds each head's row in the threads, lanes and single warp

@@ -546,14 +546,14 @@ def test_qk_norm_rope_head_groups_store_the_same_bits(K, monkeypatch, kv, dtype,
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_compiled_qk_norm_rope_head_groups_store_the_same_bits(monkeypatch, dtype):
     """On the GPU: `qk_norm_rope` and `qk_norm_rope_to_cache` (int8 cache, ragged rows) at Qwen3-8B
-    heads (32 q, 8 k/v, head dim 128) store the same bits for 1, 2, 4, 8 and 16 heads and 1, 2, 4
+    heads (32 q, 8 k/v, head dim 128) store the same bits for 1, 2, 4, 8 and 16 heads and 1, 2, 4, 8
     and 16 tokens per program (each head keeps the one-head program's layout, so the norm sums in
-    the same order)."""
+    the same order); 4 × 301 tokens, so the last program of 8 or 16 runs past the end."""
     from agentq.kernels import triton_norm
 
     _interp.restore_compiled(MODULES)
     g = torch.Generator(device="cuda").manual_seed(3)
-    b, t, hq, hkv, d = 4, 300, 32, 8, 128
+    b, t, hq, hkv, d = 4, 301, 32, 8, 128
     fused = (torch.randn(b, t, (hq + 2 * hkv) * d, generator=g, device="cuda") * 2).to(dtype)
     q = fused[..., : hq * d].reshape(b, t, hq, d)
     k = fused[..., hq * d:(hq + hkv) * d].reshape(b, t, hkv, d)
@@ -562,11 +562,11 @@ def test_compiled_qk_norm_rope_head_groups_store_the_same_bits(monkeypatch, dtyp
     ang = torch.randn(b, t, d // 2, generator=g, device="cuda") * 3
     cos, sin = (torch.cat([f(ang)] * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
     slots = torch.tensor([3, 0, 2, 1], device="cuda")
-    n_new = torch.tensor([300, 17, 0, 256], dtype=torch.int32, device="cuda")
+    n_new = torch.tensor([301, 17, 0, 256], dtype=torch.int32, device="cuda")
     positions = torch.arange(t, device="cuda").repeat(b, 1)
     kvq = (SPEC_KV.kv_scale_floor, SPEC_KV.kv_rounding)
     outs = []
-    for heads, tokens in ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (1, 4), (8, 2), (8, 4), (4, 16)):
+    for heads, tokens in ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (1, 4), (8, 2), (8, 4), (8, 8), (4, 16)):
         monkeypatch.setenv(triton_norm.ROPE_HEADS_ENV, str(heads))
         monkeypatch.setenv(triton_norm.ROPE_TOKENS_ENV, str(tokens))
         caches = [torch.full((4, hkv, t, d), 7, dtype=torch.int8, device="cuda") for _ in range(2)]

@@ -130,3 +130,23 @@ def test_free_cpus_subtracts_what_this_processes_pools_reserve_while_rays_view_l
     del pool                      # a pool dropped without close(): Ray ends its actors, it reserves nothing
     gc.collect()
     assert ray_pool.free_cpus(_LaggingRay(2.0, 2.0), 2.0, settle_s=0) == 2.0
+
+
+def test_free_cpus_does_not_wait_for_cpus_this_processes_pools_hold(monkeypatch):
+    """Ray shows 0 of 2 CPUs free and this process's pool holds both: no settling can free them, so the
+    answer (0) comes at once instead of after `settle_s`; with 1 of 4 held by another process, the
+    look-again loop still runs (it waits for CPUs that may be released)."""
+    import weakref
+
+    from agentq.pool import ray_pool
+
+    pool = _Pool("127.0.0.1:1", 2.0)
+    monkeypatch.setattr(ray_pool, "_live_pools", weakref.WeakSet([pool]))
+    sleeps = []
+    monkeypatch.setattr(ray_pool.time, "sleep", sleeps.append)
+    assert ray_pool.free_cpus(_LaggingRay(2.0, 0.0), 2.0, settle_s=5) == 0.0
+    assert sleeps == []
+    clock = iter(range(100))
+    monkeypatch.setattr(ray_pool.time, "monotonic", lambda: next(clock) * 0.5)
+    assert ray_pool.free_cpus(_LaggingRay(4.0, 1.0), 2.0, settle_s=5) == 1.0       # 2 unreserved: looks again
+    assert len(sleeps) > 0

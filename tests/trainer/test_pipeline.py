@@ -282,7 +282,7 @@ def test_a_pipeline_into_a_train_or_sft_run_folder_is_refused_naming_it(tiny_mod
                  *overwrite]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == (
-        f"agentq: pipeline.out_dir='{out}' holds an `agentq {kind}` run ({found}), not an `agentq pipeline` one: pick "
+        f"agentq: run folder '{out}' (pipeline.out_dir) holds an `agentq {kind}` run ({found}), not an `agentq pipeline` one: pick "
         "another pipeline.out_dir (trainer.overwrite=true replaces only a run of the same command)")
     assert seen == [] and _files(out) == before
 

@@ -127,7 +127,7 @@ def test_a_folder_of_one_command_is_refused_to_every_other_whatever_the_settings
             continue
         with pytest.raises(RunDirError) as e:
             claim_run_dir(run, resume=resume, overwrite=overwrite, kind=mine, out_key="x.out_dir")
-        assert str(e.value) == (f"x.out_dir={str(run)!r} holds an `agentq {theirs}` run ({WRITES[theirs]}), not an "
+        assert str(e.value) == (f"run folder {str(run)!r} (x.out_dir) holds an `agentq {theirs}` run ({WRITES[theirs]}), not an "
                                 f"`agentq {mine}` one: pick another x.out_dir (trainer.overwrite=true replaces only "
                                 "a run of the same command)")
     assert sorted(p.name for p in run.iterdir()) == sorted([".agentq.lock", WRITES[theirs], "learning_curve.png"])
@@ -140,7 +140,7 @@ def test_sft_into_a_pipeline_folder_is_refused_in_one_line(tmp_path, capsys):
     (pipe / "summary.json").write_text("{}")
     assert main(["sft", f"sft.out_dir={pipe}", "trainer.overwrite=true", "env_pool=inline"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"agentq: sft.out_dir='{pipe}' holds an `agentq pipeline` run (summary.json, rl), not an `agentq sft` one: "
+        f"agentq: run folder '{pipe}' (sft.out_dir) holds an `agentq pipeline` run (summary.json, rl), not an `agentq sft` one: "
         "pick another sft.out_dir (trainer.overwrite=true replaces only a run of the same command)")
     assert sorted(p.name for p in pipe.iterdir()) == [".agentq.lock", "rl", "summary.json"]
 
@@ -154,7 +154,7 @@ def test_a_sweep_into_a_train_run_folder_is_refused_and_its_folder_is_locked(tmp
     (run / "train_summary.json").write_text("{}")
     assert main(["sweep", f"sweep.out_dir={run}", "sweep.arms=[bf16]", "sweep.seeds=[0]"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"agentq: sweep.out_dir='{run}' holds an `agentq train` run (train_summary.json, checkpoints), not an "
+        f"agentq: run folder '{run}' (sweep.out_dir) holds an `agentq train` run (train_summary.json, checkpoints), not an "
         "`agentq sweep` one: pick another sweep.out_dir (trainer.overwrite=true replaces only a run of the same command)")
     assert files(run) == {**before, Path("train_summary.json"): "{}"}
     sweep_dir = tmp_path / "sweep"
