@@ -85,6 +85,9 @@ def run(argv: list[str] | None = None) -> int:
     except RunAborted as e:
         print(f"agentq: run stopped: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as e:      # Ctrl-C: one line (with where a run stands, when it says), no traceback
+        print(f"agentq: interrupted{f': {e}' if str(e) else ''}", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -697,10 +697,27 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     trainer = RLTrainer(cfg)
     try:
         summary = trainer.train()
+    except KeyboardInterrupt:   # Ctrl-C: where the run stands, not a traceback through the engine
+        raise KeyboardInterrupt(interrupted_text(trainer.run_dir)) from None
     finally:
         trainer.close()         # also when the run stops early (workers, lock); a second close is a no-op
     print_run_end(summary)
     return summary
+
+
+def interrupted_text(run_dir: Path) -> str:
+    """What an interrupted `agentq train` left: the run folder and how to go on from it."""
+    folder = shlex.quote(str(run_dir))
+    if not run_dir.is_dir():            # removed as left empty: nothing to go on from
+        return ""
+    try:
+        check_resume_dir(run_dir)
+    except ConfigError:
+        return (f"run folder {run_dir} has no checkpoint yet; start it again with trainer.out_dir={folder} "
+                "trainer.overwrite=true")
+    last = latest_checkpoint(run_dir)
+    at = f", last checkpoint {last.name}" if last else ""
+    return f"run folder {run_dir}{at}; continue it with agentq train trainer.resume={folder}"
 
 
 def warn_no_parsed_actions(cfg: DictConfig, step: int, m: dict) -> None:

@@ -196,3 +196,41 @@ def test_a_removed_key_is_one_line_not_a_traceback(args, tmp_path, monkeypatch, 
     assert main([*args, *SHORT]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"agentq: {args[1]!r}: {args[1][1:]} cannot be removed: ") and err.count("\n") == 1
+
+
+def test_ctrl_c_in_train_is_one_line_saying_how_to_go_on(tmp_path, monkeypatch, capsys):
+    """Ctrl-C printed a traceback through the engine (~60 lines) and exited 1. Now one line, exit 130,
+    naming the run folder and the command that goes on from it, and that command works: a resume from
+    the last checkpoint, or, before the first one (its config.yaml written), the folder started again."""
+    from agentq.trainer import rl
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    train = rl.RLTrainer.train
+
+    def stop_at_final_eval(self, *a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rl.RLTrainer, "_final_eval", stop_at_final_eval)      # after step 1's checkpoint
+    assert main(["train", *QUICK["train"], f"trainer.out_dir={run}"]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.splitlines()[-1] == (
+        f"agentq: interrupted: run folder {run}, last checkpoint step_000001; continue it with agentq train "
+        f"trainer.resume={run}")
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", f"trainer.resume={run}", "trainer.steps=2"]) == 0
+    assert (run / "checkpoints" / "step_000002").is_dir()
+
+    fresh = tmp_path / "fresh"
+
+    def stop_at_once(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rl.RLTrainer, "train", stop_at_once)
+    assert main(["train", *QUICK["train"], f"trainer.out_dir={fresh}"]) == 130
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert said == (f"agentq: interrupted: run folder {fresh} has no checkpoint yet; start it again with "
+                    f"trainer.out_dir={fresh} trainer.overwrite=true")
+    monkeypatch.setattr(rl.RLTrainer, "train", train)
+    assert main(["train", *QUICK["train"], f"trainer.out_dir={fresh}", "trainer.overwrite=true"]) == 0
