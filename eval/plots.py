@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentq.utils.files import replaced
 from agentq.utils.logging import read_metrics
 
 if TYPE_CHECKING:        # matplotlib loads when a plot is drawn
@@ -19,12 +20,16 @@ def learning_curve(metrics_path: str | Path, out_png: str | Path, sft_success: f
 
 
 def save_figure(fig: Figure, out_png: str | Path, **savefig_kw: Any) -> Path:
-    """Write a figure to `out_png` and close it (pyplot keeps every open figure alive)."""
+    """Write a figure to `out_png`, replacing the file whole, and close it (pyplot keeps every open
+    figure alive)."""
     import matplotlib.pyplot as plt
 
     out_png = Path(out_png)
-    fig.savefig(out_png, **savefig_kw)
-    plt.close(fig)
+    try:
+        with replaced(out_png) as tmp:      # a report or a second writer never reads half a PNG
+            fig.savefig(tmp, format="png", **savefig_kw)
+    finally:
+        plt.close(fig)
     return out_png
 
 

@@ -44,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
 from agentq.config import ConfigError, differing_settings, env_label, in_sections, quant_name
+from agentq.utils.files import write_text_replacing
 from agentq.utils.logging import console, counted, jsonable
 
 from .run_dir import check_kind, claim_run_dir, new_run_dir, removed_if_left_empty
@@ -475,9 +476,10 @@ def table_markdown(t: dict, title: str) -> str:
 def write_table(out: Path, table: dict, title: str) -> None:
     from agentq.eval.plots import sweep_curves
 
-    (out / "table.json").write_text(json.dumps(jsonable(table), indent=2))
+    # replaced whole: `sweep.table_only=true` may write them while the sweep does
+    write_text_replacing(out / "table.json", json.dumps(jsonable(table), indent=2))
     md = table_markdown(table, title)
-    (out / "table.md").write_text(md)
+    write_text_replacing(out / "table.md", md)
     sweep_curves({arm: r["curves"] for arm, r in table["arms"].items()}, out / "curves.png", title=title)
     console.print(md, markup=False, highlight=False, soft_wrap=True)     # "[min, max]" is not rich markup
     console.print(f"sweep outputs in {out}/ (table.md, table.json, curves.png)")

@@ -7,6 +7,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
+from .files import write_text_replacing
+
 
 def append_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
     """Append rows, one JSON object per line, in one write (a partial write can only tear the tail)."""
@@ -41,6 +43,4 @@ def drop_rows_after(path: str | Path, last_step: int) -> None:
     if not path.exists():
         return
     keep = [row for row in read_jsonl(path) if row["step"] <= last_step]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(row, default=str) + "\n" for row in keep))
-    tmp.replace(path)
+    write_text_replacing(path, "".join(json.dumps(row, default=str) + "\n" for row in keep))

@@ -1,0 +1,31 @@
+"""Files replaced whole: written beside their final name, then renamed over it, so a reader (or a
+second writer, e.g. `agentq sweep sweep.table_only=true` while the sweep writes its own table) sees the
+old file or the new one, never a mix or a half-written one."""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def replaced(path: str | Path) -> Iterator[Path]:
+    """A temporary path in `path`'s folder to write; renamed over `path` when the block ends without
+    an error, removed otherwise. Each call gets its own name, so concurrent writers do not share one."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_replacing(path: str | Path, text: str) -> None:
+    """`Path.write_text`, the file replaced whole (`replaced`)."""
+    with replaced(path) as tmp:
+        tmp.write_text(text)

@@ -1,0 +1,37 @@
+"""`agentq.utils.files`: files replaced whole."""
+import pytest
+
+from agentq.utils.files import replaced, write_text_replacing
+
+
+def test_a_file_is_replaced_whole_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "table.json"
+    path.write_text("old")
+    with replaced(path) as tmp:
+        tmp.write_text("half")
+        assert path.read_text() == "old"            # a reader meanwhile sees the old file
+        assert tmp.parent == tmp_path and tmp.name.startswith(".table.json.")
+    assert path.read_text() == "half"
+    write_text_replacing(path, "new")
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["table.json"]
+
+
+def test_an_error_while_writing_keeps_the_old_file(tmp_path):
+    path = tmp_path / "curves.png"
+    path.write_text("old")
+    with pytest.raises(RuntimeError, match="draw"):
+        with replaced(path) as tmp:
+            tmp.write_text("torn")
+            raise RuntimeError("draw")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["curves.png"]
+
+
+def test_two_writers_of_one_file_get_their_own_temporaries(tmp_path):
+    """`agentq sweep sweep.table_only=true` and the sweep itself may write table.md at once: a shared
+    temporary name would let one rename the other's half-written file into place."""
+    path = tmp_path / "table.md"
+    with replaced(path) as a, replaced(path) as b:
+        assert a != b
+        a.write_text("a" * 1000)
+        b.write_text("b")
+    assert path.read_text() == "a" * 1000           # a's block ends last: its rename wins, whole
