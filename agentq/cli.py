@@ -73,6 +73,9 @@ def run(argv: list[str] | None = None) -> int:
     from agentq.trainer.run_dir import RunAborted
     from agentq.utils.checkpoint import CheckpointError
 
+    if cmd != "config":
+        from agentq.utils.malloc_tuning import tune_malloc
+        tune_malloc()       # large CPU tensors from the heap, not a page-faulted mmap each (AGENTQ_MALLOC_TUNING=0: off)
     root = CONFIG_OF.get(cmd, "config")
     if cmd == "config" and overrides and overrides[0] in CONFIG_OF:     # `agentq config pipeline ...`
         root, overrides = CONFIG_OF[overrides[0]], overrides[1:]

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from agentq.algos.objective import Objective
 from agentq.kernels.quant_spec import QuantSpec
+from agentq.utils.malloc_tuning import tune_malloc
 
 from .batch import PolicyBatch
 from .learner import Learner, prefix_stats, update_summary
@@ -44,6 +45,7 @@ class RankLearner(Learner):
             torch.set_num_threads(int(threads))
         if kw.get("device") == "auto":
             kw["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+        tune_malloc()           # a rank's process is a Ray worker's, which the CLI's call does not reach
         super().__init__(model_path, spec, **kw)
         self.rank, self.world_size = rank, world_size
 

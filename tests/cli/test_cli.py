@@ -234,3 +234,17 @@ def test_ctrl_c_in_train_is_one_line_saying_how_to_go_on(tmp_path, monkeypatch, 
                     f"trainer.out_dir={fresh} trainer.overwrite=true")
     monkeypatch.setattr(rl.RLTrainer, "train", train)
     assert main(["train", *QUICK["train"], f"trainer.out_dir={fresh}", "trainer.overwrite=true"]) == 0
+
+
+def test_commands_that_run_tune_malloc_first_and_config_does_not(tmp_path, monkeypatch):
+    """Every command that computes sets glibc's thresholds before its first large tensor
+    (`agentq.utils.malloc_tuning`; a stand-in here, since mallopt would last for this pytest process)."""
+    from agentq.utils import malloc_tuning
+
+    calls = []
+    monkeypatch.setattr(malloc_tuning, "tune_malloc", lambda: calls.append(1) or "off: test")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "~trainer.steps", *SHORT]) == 2       # refused at once, after the tuning
+    assert calls == [1]
+    assert main(["config", "env=webshop"]) == 0
+    assert calls == [1]

@@ -1,0 +1,73 @@
+"""`agentq.utils.malloc_tuning`: glibc keeps large freed blocks in the heap once tuned (no fresh
+mmap and page faults per tensor), the opt-out and non-glibc paths leave malloc alone, and the
+outcome is decided once per process. mallopt is process-wide, so what changes malloc runs in a
+subprocess, never in the pytest process."""
+import subprocess
+import sys
+
+import pytest
+
+from agentq.utils import malloc_tuning
+
+# 40 × (allocate a 64 MiB tensor, write it, free it): the minor faults of each round. Tuned, the heap
+# grows for the first few rounds (torch's 64-byte-aligned requests do not fit a freed block of the
+# same size until freed neighbours coalesce), then serves every round from freed blocks
+CHURN = """
+import resource, sys, torch
+from agentq.utils.malloc_tuning import tune_malloc
+print(tune_malloc())
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+rounds = []
+for _ in range(40):
+    before = faults()
+    t = torch.ones(16 << 20)        # 64 MiB: above glibc's largest dynamic mmap threshold (32 MiB)
+    del t
+    rounds.append(faults() - before)
+print(*rounds)
+"""
+
+
+def churn(env_value: str) -> tuple[str, list[int]]:
+    out = subprocess.run([sys.executable, "-c", CHURN], env={**_env(), malloc_tuning.ENV_VAR: env_value},
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split("\n")
+    return out[0], [int(x) for x in out[1].split()]
+
+
+def _env() -> dict[str, str]:
+    import os
+    return {k: v for k, v in os.environ.items() if k != malloc_tuning.ENV_VAR}
+
+
+@pytest.mark.skipif(malloc_tuning.glibc_version() is None, reason="glibc only")
+def test_tuned_heap_reuses_large_blocks_and_opt_out_does_not():
+    outcome, faults = churn("1")
+    assert outcome.startswith("on (mmap and trim thresholds 1024 MiB"), outcome
+    assert sum(faults[20:]) < 2000, faults          # freed blocks reused: (almost) no page faulted in again
+    outcome, faults = churn("0")
+    assert outcome == f"off: {malloc_tuning.ENV_VAR}=0"
+    assert min(faults) > 10_000, faults             # each 64 MiB tensor a fresh mmap: 16384 pages each round
+
+
+def test_not_glibc_and_opt_out_change_nothing(monkeypatch):
+    monkeypatch.setattr(malloc_tuning, "glibc_version", lambda: None)
+    assert malloc_tuning._apply(malloc_tuning.THRESHOLD) == "off: not glibc"
+    monkeypatch.setenv(malloc_tuning.ENV_VAR, "0")
+    assert malloc_tuning._apply(malloc_tuning.THRESHOLD) == f"off: {malloc_tuning.ENV_VAR}=0"
+
+
+def test_outcome_is_decided_once(monkeypatch):
+    monkeypatch.setattr(malloc_tuning, "_state", {})
+    calls = []
+    monkeypatch.setattr(malloc_tuning, "_apply", lambda t: calls.append(t) or "off: test")
+    assert malloc_tuning.outcome() is None
+    assert malloc_tuning.tune_malloc() == malloc_tuning.tune_malloc() == "off: test"
+    assert calls == [malloc_tuning.THRESHOLD] and malloc_tuning.outcome() == "off: test"
+
+
+@pytest.mark.skipif(malloc_tuning.glibc_version() is None, reason="glibc only")
+@pytest.mark.parametrize("bad", [0, 2 ** 31])
+def test_threshold_outside_a_c_int_is_refused(monkeypatch, bad):
+    monkeypatch.delenv(malloc_tuning.ENV_VAR, raising=False)
+    with pytest.raises(ValueError, match="C int"):
+        malloc_tuning._apply(bad)
