@@ -146,15 +146,18 @@ def test_two_ranks_sharing_prefixes_give_the_one_process_gradient(ray_cluster, t
         dp.close()
 
 
-def test_a_parameter_no_rank_has_a_gradient_for_is_skipped_as_in_one_process(tiny_model_dir):
+def test_a_parameter_no_rank_has_a_gradient_for_is_skipped_as_in_one_process(tiny_model_dir, monkeypatch):
     """One process leaves an unused parameter's grad None, so AdamW skips it (no weight decay, no
     moment update); the all-reduce must too (a world of one gloo rank, in this process, is enough)."""
     import socket
 
     import torch.distributed as dist
 
+    from agentq.learner import distributed
     from agentq.learner.distributed import RankLearner
 
+    # a rank tunes glibc malloc for its process (a Ray worker's): not for this pytest process
+    monkeypatch.setattr(distributed, "tune_malloc", lambda: "off: test")
     kw = {**KW, "use_reference": False, "weight_decay": 0.1}
     single = Learner(str(tiny_model_dir), SPEC, **kw)
     rank = RankLearner(0, 1, str(tiny_model_dir), SPEC, **kw)

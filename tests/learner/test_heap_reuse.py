@@ -7,6 +7,7 @@ the forwards use, then does the same on batch B; its log-probs, loss statistics 
 must be bit-identical to a fresh learner's in this (untuned) process. Rows are long enough that the
 forwards' tensors (8 rows × 2100 tokens: [16800, 512] fp32, attention's fp64 q) pass 32 MiB, glibc's
 largest dynamic mmap threshold, which before the tuning always came as fresh pages."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,11 +60,12 @@ def poison_heap() -> None:
 
 @pytest.mark.skipif(malloc_tuning.glibc_version() is None, reason="glibc only")
 def test_tuned_heap_changes_no_logprob_loss_or_gradient(tiny_model_dir, tmp_path):
+    assert malloc_tuning.outcome() is None, "this pytest process was tuned: the reference would be too"
     vocab = AutoConfig.from_pretrained(tiny_model_dir).vocab_size
     a, b = mixed_batch(vocab, [2100] * 8, seed=1), mixed_batch(vocab, [2100, 2090, 2080, 2050, 2040, 2030, 2000, 1990], seed=2)
     torch.save(a, tmp_path / "a.pt")
     torch.save(b, tmp_path / "b.pt")
-    env = {k: v for k, v in __import__("os").environ.items() if k != malloc_tuning.ENV_VAR}
+    env = {k: v for k, v in os.environ.items() if k != malloc_tuning.ENV_VAR}
     subprocess.run([sys.executable, "-c", CHILD, str(HERE), str(tiny_model_dir), str(tmp_path / "a.pt"),
                     str(tmp_path / "b.pt"), str(tmp_path / "out.pt")], env=env, check=True, timeout=600)
     tuned = torch.load(tmp_path / "out.pt", weights_only=False)
