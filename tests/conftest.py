@@ -18,6 +18,9 @@ if "AGENTQ_TEST_CACHE" not in os.environ:
     import tempfile
     os.environ["AGENTQ_TEST_CACHE"] = tempfile.mkdtemp(prefix="agentq-test-cache-")
 os.environ["AGENTQ_CACHE"] = os.environ["AGENTQ_TEST_CACHE"]
+# glibc's malloc settings last for the process: the commands tests run in this one (`main([...])`) leave
+# pytest's malloc as it is; `run_cli`'s subprocesses drop this and run as a user's (tuned)
+os.environ["AGENTQ_MALLOC_TUNING"] = "0"
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,7 +71,7 @@ def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 900, extra_
     """Run `python -m agentq.cli ...` in a subprocess (as a user would), returning CompletedProcess."""
     import subprocess
 
-    env = {**os.environ, **(extra_env or {})}
+    env = {**{k: v for k, v in os.environ.items() if k != "AGENTQ_MALLOC_TUNING"}, **(extra_env or {})}
     return subprocess.run([sys.executable, "-m", "agentq.cli", *args], cwd=cwd or REPO, env=env, timeout=timeout,
                           capture_output=True, text=True)
 

@@ -50,6 +50,7 @@ def test_tuned_heap_reuses_large_blocks_and_opt_out_does_not():
 
 
 def test_not_glibc_and_opt_out_change_nothing(monkeypatch):
+    monkeypatch.delenv(malloc_tuning.ENV_VAR, raising=False)
     monkeypatch.setattr(malloc_tuning, "glibc_version", lambda: None)
     assert malloc_tuning._apply(malloc_tuning.THRESHOLD) == "off: not glibc"
     monkeypatch.setenv(malloc_tuning.ENV_VAR, "0")
