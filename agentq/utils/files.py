@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -15,9 +15,8 @@ def replaced(path: str | Path) -> Iterator[Path]:
     """A temporary path in `path`'s folder to write; renamed over `path` when the block ends without
     an error, removed otherwise. Each call gets its own name, so concurrent writers do not share one."""
     path = Path(path)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
+    # a name of its own (not mkstemp's, whose file is 0600: the table would lose the umask's read bits)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         yield tmp
         os.replace(tmp, path)

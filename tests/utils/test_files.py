@@ -35,3 +35,12 @@ def test_two_writers_of_one_file_get_their_own_temporaries(tmp_path):
         a.write_text("a" * 1000)
         b.write_text("b")
     assert path.read_text() == "a" * 1000           # a's block ends last: its rename wins, whole
+
+
+def test_the_file_gets_the_modes_a_plain_write_gives(tmp_path):
+    """A temporary from mkstemp is 0600, which the rename would have given table.md; a plain write
+    gives 0666 less the umask."""
+    plain, whole = tmp_path / "plain.md", tmp_path / "whole.md"
+    plain.write_text("x")
+    write_text_replacing(whole, "x")
+    assert whole.stat().st_mode == plain.stat().st_mode
