@@ -41,14 +41,29 @@ HELP = {
 CONFIG_OF = {"pipeline": "pipeline", "sweep": "sweep"}      # commands with their own root config
 
 
+#: what `run` returns after Ctrl-C (128 + SIGINT, as a shell reports a process SIGINT ended)
+INTERRUPTED = 130
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        return run(argv)
+        rc = run(argv)
     except BrokenPipeError:     # `agentq config | head`: the reader left early; no traceback for that
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())     # Python's flush at exit fails too
         return 1
+    if rc == INTERRUPTED and argv is None:
+        # end by SIGINT, as an uncaught Ctrl-C does: a shell loop of commands (`for s in 1 2 3; do agentq
+        # train seed=$s; done`) then stops too, where an exit status of 130 would let it go on
+        import os
+        import signal
+
+        sys.stdout.flush()
+        sys.stderr.flush()      # (the run's own clean-up ran before: workers, Ray, the folder's lock)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return rc
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -90,7 +105,7 @@ def run(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as e:      # Ctrl-C: one line (with where a run stands, when it says), no traceback
         print(f"agentq: interrupted{f': {e}' if str(e) else ''}", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     return 0
 
 

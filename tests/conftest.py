@@ -76,6 +76,17 @@ def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 900, extra_
                           capture_output=True, text=True)
 
 
+def malloc_tuning_in_a_child() -> str:
+    """What `tune_malloc` does in a fresh process here ("on (...)", or "off: <why>"): tests of the tuned
+    heap skip where this glibc refuses it."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "AGENTQ_MALLOC_TUNING"}
+    code = "from agentq.utils.malloc_tuning import tune_malloc; print(tune_malloc())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=True).stdout.strip()
+
+
 def chromium() -> tuple[str, str] | None:
     """(browser, chromedriver) paths, or None when Chromium is not installed."""
     import shutil

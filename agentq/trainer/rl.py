@@ -698,25 +698,32 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     try:
         summary = trainer.train()
     except KeyboardInterrupt:   # Ctrl-C: where the run stands, not a traceback through the engine
-        raise KeyboardInterrupt(interrupted_text(trainer.run_dir)) from None
+        raise KeyboardInterrupt(interrupted_text(trainer.run_dir, overrides or [])) from None
     finally:
         trainer.close()         # also when the run stops early (workers, lock); a second close is a no-op
     print_run_end(summary)
     return summary
 
 
-def interrupted_text(run_dir: Path) -> str:
-    """What an interrupted `agentq train` left: the run folder and how to go on from it."""
+def interrupted_text(run_dir: Path, overrides: list[str]) -> str:
+    """What an interrupted `agentq train` left: the run folder and the command that goes on from it,
+    a resume from its last checkpoint, or before the first one the same command line (`overrides`)
+    starting it again there."""
     folder = shlex.quote(str(run_dir))
     if not run_dir.is_dir():            # removed as left empty: nothing to go on from
         return ""
     try:
         check_resume_dir(run_dir)
     except ConfigError:
-        return (f"run folder {run_dir} has no checkpoint yet; start it again with trainer.out_dir={folder} "
-                "trainer.overwrite=true")
-    last = latest_checkpoint(run_dir)
-    at = f", last checkpoint {last.name}" if last else ""
+        again = [o for o in overrides if not o.startswith(("trainer.out_dir=", "trainer.overwrite="))]
+        command = shlex.join(["agentq", "train", *again])
+        return (f"run folder {run_dir} has no checkpoint yet; start it again with {command} "
+                f"trainer.out_dir={folder} trainer.overwrite=true")
+    # a checkpoint a kill left as .step_N.old is the one a resume restores
+    ckpts = run_dir / "checkpoints"
+    steps = [p.name for p in step_checkpoints(run_dir)] + [p.name[1:-len(".old")] for p in ckpts.glob(".step_*.old")
+                                                            if p.is_dir()]
+    at = f", last checkpoint {max(steps)}" if steps else ""
     return f"run folder {run_dir}{at}; continue it with agentq train trainer.resume={folder}"
 
 

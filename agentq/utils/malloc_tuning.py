@@ -47,7 +47,8 @@ def glibc_version() -> str | None:
 def tune_malloc(threshold: int = THRESHOLD) -> str:
     """Set glibc's mmap and trim thresholds to `threshold` bytes for this process (once; later
     calls return the first outcome). Returns what happened, for a log line: "on (...)", or
-    "off: <why>" (opted out with `ENV_VAR`=0, not glibc, mallopt refused)."""
+    "off: <why>" (opted out with `ENV_VAR`=0, not glibc, or a glibc that refuses the threshold: older
+    ones cap the mmap threshold at 32 MiB, glibc's own dynamic maximum, where tuning gains nothing)."""
     if "outcome" in _state:
         return str(_state["outcome"])
     _state["outcome"] = outcome = _apply(threshold)
@@ -66,8 +67,10 @@ def _apply(threshold: int) -> str:
     mallopt = ctypes.CDLL(None).mallopt
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     # the trim threshold too: setting the mmap one turns off glibc's dynamic pair, leaving trim at 128 KiB
-    if mallopt(M_MMAP_THRESHOLD, threshold) != 1 or mallopt(M_TRIM_THRESHOLD, threshold) != 1:
-        return f"off: mallopt refused {threshold} ({version})"
+    if mallopt(M_MMAP_THRESHOLD, threshold) != 1:      # older glibc caps it at 32 MiB (HEAP_MAX_SIZE / 2)
+        return f"off: {version} refuses an mmap threshold of {threshold >> 20} MiB"
+    if mallopt(M_TRIM_THRESHOLD, threshold) != 1:
+        return f"off: {version} refuses a trim threshold of {threshold >> 20} MiB"
     return f"on (mmap and trim thresholds {threshold >> 20} MiB, {version})"
 
 

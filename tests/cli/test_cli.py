@@ -230,8 +230,8 @@ def test_ctrl_c_in_train_is_one_line_saying_how_to_go_on(tmp_path, monkeypatch, 
     monkeypatch.setattr(rl.RLTrainer, "train", stop_at_once)
     assert main(["train", *QUICK["train"], f"trainer.out_dir={fresh}"]) == 130
     said = capsys.readouterr().err.splitlines()[-1]
-    assert said == (f"agentq: interrupted: run folder {fresh} has no checkpoint yet; start it again with "
-                    f"trainer.out_dir={fresh} trainer.overwrite=true")
+    assert said == (f"agentq: interrupted: run folder {fresh} has no checkpoint yet; start it again with agentq train "
+                    f"{' '.join(QUICK['train'])} trainer.out_dir={fresh} trainer.overwrite=true")
     monkeypatch.setattr(rl.RLTrainer, "train", train)
     assert main(["train", *QUICK["train"], f"trainer.out_dir={fresh}", "trainer.overwrite=true"]) == 0
 
@@ -248,3 +248,37 @@ def test_commands_that_run_tune_malloc_first_and_config_does_not(tmp_path, monke
     assert calls == [1]
     assert main(["config", "env=webshop"]) == 0
     assert calls == [1]
+
+
+def test_the_command_line_ends_by_sigint_after_ctrl_c(tmp_path):
+    """As the `agentq` command (argv from sys.argv) an interrupted run ends by SIGINT, as an uncaught
+    Ctrl-C does, so a shell loop of runs stops at Ctrl-C too: exiting with status 130 told bash that
+    the command had handled the signal, and the loop went on to its next run. `main([...])` (tests,
+    other Python) returns 130. Ctrl-C here: SIGINT to the loop's process group, as a terminal sends it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "fake.py").write_text(
+        "import sys, time, agentq.cli as c\n"
+        "def run(argv):\n"
+        "    try:\n"
+        "        print('before', flush=True)\n"
+        "        time.sleep(60)\n"
+        "    except KeyboardInterrupt:\n"
+        "        return c.INTERRUPTED\n"
+        "c.run = run\n"
+        "sys.argv = ['agentq', 'train']\n"
+        "c.main()\n"
+        "print('not reached', flush=True)\n")
+    loop = subprocess.Popen(["bash", "-c", f"for i in 1 2; do {sys.executable} fake.py; done; echo finished"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert loop.stdout.readline() == "before\n"
+        os.killpg(loop.pid, signal.SIGINT)
+        rest, _ = loop.communicate(timeout=30)         # a loop that went on would sleep in its second run
+    finally:
+        if loop.poll() is None:
+            os.killpg(loop.pid, signal.SIGKILL)
+    assert rest == "" and loop.returncode == -signal.SIGINT, (rest, loop.returncode)

@@ -60,6 +60,10 @@ def poison_heap() -> None:
 
 @pytest.mark.skipif(malloc_tuning.glibc_version() is None, reason="glibc only")
 def test_tuned_heap_changes_no_logprob_loss_or_gradient(tiny_model_dir, tmp_path):
+    from conftest import malloc_tuning_in_a_child      # here: the child imports this file from its own folder
+
+    if not (outcome := malloc_tuning_in_a_child()).startswith("on"):
+        pytest.skip(outcome)
     assert not str(malloc_tuning.outcome()).startswith("on"), "this pytest process was tuned: so would the reference be"
     vocab = AutoConfig.from_pretrained(tiny_model_dir).vocab_size
     a, b = mixed_batch(vocab, [2100] * 8, seed=1), mixed_batch(vocab, [2100, 2090, 2080, 2050, 2040, 2030, 2000, 1990], seed=2)

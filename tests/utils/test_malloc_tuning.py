@@ -41,12 +41,16 @@ def _env() -> dict[str, str]:
 
 @pytest.mark.skipif(malloc_tuning.glibc_version() is None, reason="glibc only")
 def test_tuned_heap_reuses_large_blocks_and_opt_out_does_not():
-    outcome, faults = churn("1")
+    outcome, tuned = churn("1")
+    if "refuses" in outcome:
+        pytest.skip(outcome)
     assert outcome.startswith("on (mmap and trim thresholds 1024 MiB"), outcome
-    assert sum(faults[20:]) < 2000, faults          # freed blocks reused: (almost) no page faulted in again
-    outcome, faults = churn("0")
+    assert sum(tuned[20:]) < 2000, tuned            # freed blocks reused: (almost) no page faulted in again
+    outcome, untuned = churn("0")
     assert outcome == f"off: {malloc_tuning.ENV_VAR}=0"
-    assert min(faults) > 10_000, faults             # each 64 MiB tensor a fresh mmap: 16384 pages each round
+    # each 64 MiB tensor a fresh mmap, faulted in again every round: 16384 pages of 4 KiB, or a few
+    # hundred where transparent huge pages back it
+    assert min(untuned) > 0 and sum(untuned[20:]) > 5 * (sum(tuned[20:]) + 100), (untuned, tuned)
 
 
 def test_not_glibc_and_opt_out_change_nothing(monkeypatch):
