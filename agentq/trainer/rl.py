@@ -712,19 +712,15 @@ def interrupted_text(run_dir: Path, overrides: list[str]) -> str:
     folder = shlex.quote(str(run_dir))
     if not run_dir.is_dir():            # removed as left empty: nothing to go on from
         return ""
-    try:
-        check_resume_dir(run_dir)
-    except ConfigError:
+    # a checkpoint a kill left as .step_N.old is one a resume restores (`check_resume_dir` accepts it)
+    steps = [p.name for p in step_checkpoints(run_dir)] + [
+        p.name[1:-len(".old")] for p in (run_dir / "checkpoints").glob(".step_*.old") if p.is_dir()]
+    if not steps:
         again = [o for o in overrides if not o.startswith(("trainer.out_dir=", "trainer.overwrite="))]
         command = shlex.join(["agentq", "train", *again])
         return (f"run folder {run_dir} has no checkpoint yet; start it again with {command} "
                 f"trainer.out_dir={folder} trainer.overwrite=true")
-    # a checkpoint a kill left as .step_N.old is the one a resume restores
-    ckpts = run_dir / "checkpoints"
-    steps = [p.name for p in step_checkpoints(run_dir)] + [p.name[1:-len(".old")] for p in ckpts.glob(".step_*.old")
-                                                            if p.is_dir()]
-    at = f", last checkpoint {max(steps)}" if steps else ""
-    return f"run folder {run_dir}{at}; continue it with agentq train trainer.resume={folder}"
+    return f"run folder {run_dir}, last checkpoint {max(steps)}; continue it with agentq train trainer.resume={folder}"
 
 
 def warn_no_parsed_actions(cfg: DictConfig, step: int, m: dict) -> None:
