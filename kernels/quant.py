@@ -66,14 +66,71 @@ def quantize_scaled_rows(x: torch.Tensor, col_scale: torch.Tensor, floor: float,
     return quantize_rows(x.detach().float() * col_scale, floor, rounding)
 
 
-def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """dtype(float(codes) · scale[..., None]): the product in fp32, one rounding to `dtype`. On CUDA
-    one kernel (mul with an `out` of `dtype` computes in fp32 and casts on store), without the two
-    full-size fp32 temporaries of `(codes.float() * scale[..., None]).to(dtype)`; on a CPU that
-    expression itself, the same bits, which runs 1.5× faster there than the mixed-type `out`."""
-    if codes.device.type == "cpu":
-        return torch.mul(codes.float(), scale.unsqueeze(-1)).to(dtype)   # out of place: fp32 codes stay
-    return torch.mul(codes, scale.unsqueeze(-1), out=torch.empty(codes.shape, dtype=dtype, device=codes.device))
+def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype = torch.float32, *,
+                    out: torch.Tensor | None = None, work: torch.Tensor | None = None) -> torch.Tensor:
+    """dtype(float(codes) · scale[..., None]): the product in fp32, one rounding to `dtype`.
+
+    On CUDA one kernel (mul with an `out` of `dtype` computes in fp32 and casts on store), without
+    the two full-size fp32 temporaries of `(codes.float() * scale[..., None]).to(dtype)`; on a CPU
+    that expression itself, the same bits, which runs 1.5× faster there than the mixed-type `out`.
+    With `out` (and `work`) a CPU writes the same bits into the given tensors and allocates none of
+    the codes' size: codes into the fp32 scratch, times the scales in place, one rounding into
+    `out` (the KV cache's reusable read buffers, `KVCache.reuse_reads`).
+
+    Args:
+        codes: the codes [..., n]: int8, fp8 (the fp8 KV cache), or int8 values held in fp32.
+        scale: fp32 scales [...], one a row; or a float or 0-d tensor, one for every element (the
+            fp8 cache's per-tensor scale).
+        dtype: the result's dtype.
+        out: where to write the result: codes' shape, `dtype`, codes' device; overlapping neither
+            codes nor scale. None: a new tensor.
+        work: fp32 scratch of codes' shape on codes' device, where the product is formed when the
+            result is not itself fp32 (a CPU; on CUDA only fp8 codes or a scalar scale need it).
+            None: a temporary where one is needed.
+
+    Returns:
+        The dequantized values: `out` itself when given.
+
+    Raises:
+        ValueError: `out` or `work` of another shape, dtype or device.
+    """
+    s = scale if not isinstance(scale, torch.Tensor) or scale.dim() == 0 else scale.unsqueeze(-1)
+    if out is None and work is None:
+        if codes.device.type == "cpu":
+            return torch.mul(codes.float(), s).to(dtype)   # out of place: fp32 codes stay
+        out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
+        return torch.mul(_fp32_operand(codes, s, None), s, out=out)
+    _check_like(codes, out, dtype, "out")
+    _check_like(codes, work, torch.float32, "work")
+    if out is None:
+        out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
+    if codes.device.type != "cpu":
+        return torch.mul(_fp32_operand(codes, s, work), s, out=out)
+    f32 = out if dtype == torch.float32 else torch.empty_like(out, dtype=torch.float32) if work is None else work
+    f32.copy_(codes).mul_(s)
+    return f32 if f32 is out else out.copy_(f32)
+
+
+def _fp32_operand(codes: torch.Tensor, scale: torch.Tensor | float, work: torch.Tensor | None) -> torch.Tensor:
+    """The codes as CUDA's mixed-type mul needs them to multiply in fp32: as they are when integer
+    and the scale a tensor of rows (the mul promotes to the scale's fp32); else in fp32 (in `work`
+    when given): fp8 codes would multiply in fp8, int8 codes times a 0-d tensor in its dtype."""
+    if not codes.is_floating_point() and isinstance(scale, torch.Tensor) and scale.dim() > 0:
+        return codes
+    if codes.dtype == torch.float32:
+        return codes
+    return codes.float() if work is None else work.copy_(codes)
+
+
+def _check_like(codes: torch.Tensor, t: torch.Tensor | None, dtype: torch.dtype, name: str) -> None:
+    """ValueError unless `t` is None or a tensor of codes' shape and device and of `dtype`."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"dequantize_rows: {name} must be a tensor, not {type(t).__name__}")
+    if t.shape != codes.shape or t.dtype != dtype or t.device != codes.device:
+        raise ValueError(f"dequantize_rows: {name} must be {dtype} of the codes' shape {tuple(codes.shape)} on "
+                         f"{codes.device}; got {t.dtype} {tuple(t.shape)} on {t.device}")
 
 
 # ---------------------------------------------------------------------- per tensor kind
@@ -110,7 +167,7 @@ def kv_roundtrip(x: torch.Tensor, spec: QuantSpec, fp8_scale_value: torch.Tensor
         codes, scale = quantize_kv(x, spec)
         return dequantize_rows(codes, scale, x.dtype)
     s = 1.0 if fp8_scale_value is None else fp8_scale_value
-    return (quantize_fp8(x, s).float() * s).to(x.dtype)
+    return dequantize_rows(quantize_fp8(x, s), s, x.dtype)
 
 
 # ---------------------------------------------------------------------- W8A8 GEMM

@@ -208,7 +208,7 @@ class KVCache:
             if scales is not None:
                 x = quant.dequantize_rows(codes, scales[layer][slots, :, :length], self.dtype)
             elif self.spec.kv == "fp8_e4m3_per_tensor":
-                x = (codes.float() * s8).to(self.dtype)
+                x = quant.dequantize_rows(codes, s8, self.dtype)
             else:
                 x = codes
             out.append(x.to(dtype))
@@ -216,10 +216,10 @@ class KVCache:
 
     def _read_cpu(self, layer: int, slots: torch.Tensor, length: int, dtype: torch.dtype, run: int | None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`read` on a CPU: the values `quant.dequantize_rows` gives there (codes to fp32, times the
-        scale in fp32, one rounding to the compute dtype, then `.to(dtype)`), written into the
-        `reuse_reads` buffers inside a scope, so a decode step allocates no tensor of the read's size
-        once they are large enough; into new tensors outside one."""
+        """`read` on a CPU: `quant.dequantize_rows` in the compute dtype (per-row scales, or the fp8
+        per-tensor scale), then `.to(dtype)`, written into the `reuse_reads` buffers inside a scope
+        (its `out=`/`work=` form), so a decode step allocates no tensor of the read's size once they
+        are large enough; into new tensors outside one."""
         shape = (len(slots), self.n_kv, length, self.head_dim)
         out = []
         for name, cache, scales, s8 in (("k", self.k, self.k_scale, self.fp8_k_scale[layer]),
@@ -230,17 +230,12 @@ class KVCache:
                     codes = self._buffer(name, shape, dtype).copy_(codes)
                 out.append(codes)
                 continue
-            # float(codes) · scale in fp32, one rounding to the compute dtype; in `dst` itself when
-            # that rounding is the conversion
+            scale = s8 if scales is None else self._rows(scales[layer], slots, length, run, out="scales")
             dst = self._buffer(name, shape, dtype)
-            f32 = dst if dtype == self.dtype == torch.float32 else self._buffer("f32", shape, torch.float32)
-            f32.copy_(codes)
-            if scales is not None:
-                f32.mul_(self._rows(scales[layer], slots, length, run, out="scales").unsqueeze(-1))
-            else:
-                f32.mul_(s8)
-            if f32 is not dst:       # fp32 → dtype directly, unless the compute dtype rounds in between
-                dst.copy_(f32 if self.dtype in (torch.float32, dtype)
-                          else self._buffer("rounded", shape, self.dtype).copy_(f32))
-            out.append(dst)
+            # one rounding, fp32 → dtype, unless the compute dtype rounds in between (bf16 read as fp64)
+            to = dtype if self.dtype in (torch.float32, dtype) else self.dtype
+            res = dst if to == dtype else self._buffer("rounded", shape, to)
+            work = None if to == torch.float32 else self._buffer("f32", shape, torch.float32)
+            quant.dequantize_rows(codes, scale, to, out=res, work=work)
+            out.append(dst if res is dst else dst.copy_(res))
         return out[0], out[1]
