@@ -228,6 +228,12 @@ if HAVE_TRITON:
         return silu_mul_values(g, u, OUT_DTYPE, BF16_BITS)
 
     @triton.jit
+    def _next_token(b, t, T):
+        """(b, t) of the token after (b, t) in rows of T tokens, without a division."""
+        t += 1
+        return tl.where(t == T, b + 1, b), tl.where(t == T, 0, t)
+
+    @triton.jit
     def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr,
                              kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr, pos_ptr, nnew_ptr,
                              BT, T, HQ, HKV, D, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sc_b, sc_t, eps,
@@ -268,9 +274,7 @@ if HAVE_TRITON:
                     y = tl.load(rows + b * sv_b + t * sv_t, mask=mask, other=0.0).to(tl.float32)
                     _store_kv_rows(y, vc_ptr, vs_ptr, slot_ptr, pos_ptr, nnew_ptr, b, t, bt, hs, HKV, offs, mask,
                                    sc_s, sc_h, sc_l, ss_s, ss_h, floor, RAGGED, KV_INT8, HALF_AWAY, BF16_BITS)
-                t += 1
-                b = tl.where(t == T, b + 1, b)
-                t = tl.where(t == T, 0, t)
+                b, t = _next_token(b, t, T)
         else:
             is_q = j < nq
             hs = tl.where(is_q, j, j - nq) * HEADS + tl.arange(0, HEADS)
@@ -324,9 +328,7 @@ if HAVE_TRITON:
                     else:
                         tl.store(ok_ptr + (bt * HKV + hs[:, None]) * D + offs[None, :],
                                  cast_for_store(a + r, oq_ptr.dtype.element_ty, BF16_BITS), mask=mask)
-                t += 1
-                b = tl.where(t == T, b + 1, b)
-                t = tl.where(t == T, 0, t)
+                b, t = _next_token(b, t, T)
 
     @triton.jit
     def _rope_heads_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr, T, HQ, HKV, D,
