@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def print_table(r: dict) -> None:
-    from rich.console import Console
+    from agentq.utils.logging import make_console
     from rich.table import Table
 
     probe = ", ".join(f"{p} {ms:.2f} ms" for p, ms in (r["probe_ms"] or {}).items())
@@ -164,14 +164,15 @@ def print_table(r: dict) -> None:
         ratio = r["speedup_off_over_on"].get(k)
         cells = [f"{x[k]:.1f}" for x in arms] + [f"{ratio:.2f}×" if ratio else "–"]
         t.add_row(name, *cells, *([f"{cost[k]:.2f}×" if k in cost else "–"] if cost else []))
-    Console().print(t)
+    out = make_console(stderr=False)
+    out.print(t)
     g = Table(title="int8 GEMM, ms, 1 thread (best of 5)")
     for col in ("(M, K, N)", *(p for p in r["gemm_ms_1_thread"][0] if p != "shape"), "int_mm / fp32"):
         g.add_column(col)
     for row in r["gemm_ms_1_thread"]:
         g.add_row(str(tuple(row["shape"])), *(f"{row[p]:.2f}" for p in row if p != "shape"),
                   f"{row['int_mm'] / row['fp32']:.1f}×")
-    Console().print(g)
+    out.print(g)
     print(f"same episodes and update on both arms: {r['same_bits']} ({arms[0]['check']})")
 
 

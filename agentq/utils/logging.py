@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
 import string
 import time
@@ -16,7 +17,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agentq.utils.jsonl import drop_rows_after, read_jsonl
 
-console = Console(stderr=True)
+
+
+def make_console(stderr: bool = True) -> Console:
+    """rich's console. Written to a file or a pipe (no terminal, no COLUMNS), lines are not wrapped
+    at rich's default 80 columns, so a printed command or path stays one line to copy, and tables and
+    the final progress line get 160 columns."""
+    c = Console(stderr=stderr)
+    if not c.is_terminal and "COLUMNS" not in os.environ:
+        c = Console(stderr=stderr, soft_wrap=True, width=160)
+    return c
+
+
+console = make_console()
 
 
 def progress(transient: bool = False) -> Progress:

@@ -90,3 +90,18 @@ def test_tensorboard_holds_each_number_of_metrics_jsonl_at_its_step(tmp_path):
     assert tb["reward_mean"] == [(1, 0.25), (2, pytest.approx(-0.1))]
     assert tb["k3"] == [(1, pytest.approx(1.5e-14, rel=1e-6)), (2, pytest.approx(2e-14, rel=1e-6))]
     assert tb["loss"] == [(2, 0.5)] and tb["eval/episodes"] == [(1, 8)] and tb["eval/success_rate"] == [(1, 0.5)]
+
+
+def test_output_to_a_file_keeps_long_lines_whole(monkeypatch, capsys):
+    """A log file or pipe gets a printed command on one line (rich wraps at 80 columns where it sees no
+    terminal); COLUMNS still sets the width where a user gives it."""
+    from agentq.utils.logging import make_console
+    monkeypatch.delenv("COLUMNS", raising=False)
+    line = "HTML report: agentq report runs/pipeline-" + "x" * 150
+    make_console(stderr=False).print(line)
+    assert capsys.readouterr().out == line + "\n"
+    monkeypatch.setenv("COLUMNS", "40")
+    c = make_console(stderr=False)
+    assert c.width == 40
+    c.print(line)
+    assert len(capsys.readouterr().out.splitlines()) > 1
