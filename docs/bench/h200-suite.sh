@@ -2,7 +2,7 @@
 # Usage: bash docs/bench/h200-suite.sh PART OUT_DIR   (from the checkout)
 # Needs agentq importable (`pip install --no-deps --no-build-isolation -e .`) and gymnasium (the learner
 # tests import the agent loop); a machine without a registry takes them as carried wheels.
-#   tests   the test files with CUDA cases (kernels, engine, learner; the list of round 32) ~4 min
+#   tests   every test file with CUDA cases (kernels, engine, learner, device copies)     ~5 min
 #   heads   GEMM sweep for the LM heads of preset w8a8_kv8_head (rows printed, to merge) ~0.5 min
 #   engine  bench_engine 8B and 1B, B 64 / 128: bf16 vs w8a8_kv8 vs w8a8_kv8_head     ~2.5 min
 #   sweep   bench_engine 8B and 1B, B 16 / 256, bf16 vs w8a8_kv8; 8B at a 24 GiB KV budget ~4.5 min
@@ -19,19 +19,16 @@ export TRITON_DEFAULT_FP_FUSION=1
 run() { local name="$1"; shift; echo "+ $*" | tee "$out/$name.log"; "$@" 2>&1 | tee -a "$out/$name.log"; }
 case "$part" in
   tests)
-    # the files with CUDA cases (the device has no Java: no environment-backed tests here), and the
-    # int8-head tests, whose models are built locally; addopts cleared, since pyproject's rerun
-    # options belong to a plugin the GPU machine lacks
-    run gputests python -m pytest -q -s -p no:cacheprovider -o addopts="" tests/rollout/test_engine_cuda.py \
-      tests/kernels/test_triton_cuda.py tests/kernels/test_triton_norm.py tests/kernels/test_triton_partials.py \
-      tests/kernels/test_triton_prefill.py tests/kernels/test_triton_quant.py tests/kernels/test_triton_sample.py \
-      tests/kernels/test_triton_logprob.py tests/kernels/test_learner_ops.py tests/learner/test_ste.py \
-      tests/learner/test_fused_logprobs.py tests/learner/test_fused_modules.py tests/learner/test_packing.py \
-      tests/kernels/test_launch.py tests/learner/test_graphs.py \
-      tests/learner/test_projection_groups.py tests/learner/test_quantized_head.py \
-      tests/learner/test_old_logp_bypass.py tests/learner/test_shared_prefix.py tests/kernels/test_triton_glu.py \
-      tests/rollout/test_prefill_graphs.py tests/rollout/test_weight_sync.py tests/rollout/test_decode.py \
-      tests/kernels/test_fast_codes.py tests/learner/test_memory_advice.py ;;
+    # every test file with CUDA cases (found by their `torch.cuda.is_available()` skips, so a new one
+    # is not missed), plus the interpreted engine / GLU tests and the int8-head and memory-hint tests,
+    # whose models are built locally (the device has no Java: no environment-backed tests here);
+    # addopts cleared, since pyproject's rerun options belong to a plugin the GPU machine lacks
+    files=$( { grep -rl --include='test_*.py' 'torch.cuda.is_available' tests
+               printf '%s\n' tests/kernels/test_triton_glu.py tests/rollout/test_prefill_graphs.py \
+                 tests/rollout/test_weight_sync.py tests/rollout/test_decode.py \
+                 tests/learner/test_quantized_head.py tests/learner/test_memory_advice.py; } | sort -u)
+    # shellcheck disable=SC2086  # one word a file
+    run gputests python -m pytest -q -s -p no:cacheprovider -o addopts="" $files ;;
   heads)
     run tune-heads python -m agentq.eval.bench_kernels --tune gemm --models qwen3-lm-heads --tune-ms 64,128 \
       --no-bench --out "$out" ;;
