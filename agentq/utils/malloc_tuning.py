@@ -14,7 +14,8 @@ Costs: peak RSS rises (that step: 4.5 → 6.3 GB), as the heap keeps what it gre
 grows past the live tensors: torch's 64-byte-aligned requests (posix_memalign) do not fit a freed
 block of the same size until freed neighbours coalesce. Later steps reuse it (a second step of
 the learner alone: 0.5 s of system time, +4 % RSS). Process-wide and never undone. Only glibc on
-Linux; `AGENTQ_MALLOC_TUNING=0` in the environment leaves malloc as it is.
+Linux, with glibc's own malloc (not under a preloaded tcmalloc or jemalloc, which manage their own
+heaps); `AGENTQ_MALLOC_TUNING=0` in the environment leaves malloc as it is.
 """
 from __future__ import annotations
 
@@ -44,10 +45,21 @@ def glibc_version() -> str | None:
     return version if version and version.startswith("glibc") else None
 
 
+def _malloc_is_glibcs() -> bool:
+    """Whether the process's `malloc` is glibc's own, not one a preloaded allocator (tcmalloc,
+    jemalloc, mimalloc: LD_PRELOAD) puts in front of it."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    address = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
+    return address == ctypes.cast(libc.malloc, ctypes.c_void_p).value
+
+
 def tune_malloc(threshold: int = THRESHOLD) -> str:
     """Set glibc's mmap and trim thresholds to `threshold` bytes for this process (once; later
     calls return the first outcome). Returns what happened, for a log line: "on (...)", or
-    "off: <why>" (opted out with `ENV_VAR`=0, not glibc, or a glibc that refuses the threshold: older
+    "off: <why>" (opted out with `ENV_VAR`=0, not glibc, another allocator preloaded, or a glibc that refuses the threshold: older
     ones cap the mmap threshold at 32 MiB, glibc's own dynamic maximum, where tuning gains nothing)."""
     if "outcome" in _state:
         return str(_state["outcome"])
@@ -62,6 +74,8 @@ def _apply(threshold: int) -> str:
     version = glibc_version()
     if version is None:
         return "off: not glibc"
+    if not _malloc_is_glibcs():      # its mallopt would tune a heap nothing allocates from
+        return f"off: malloc is not glibc's (another allocator is loaded; LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r})"
     if not 0 < threshold < 2 ** 31:
         raise ValueError(f"malloc threshold {threshold}: must be in (0, 2**31) (mallopt takes a C int)")
     mallopt = ctypes.CDLL(None).mallopt

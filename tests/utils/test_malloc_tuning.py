@@ -2,6 +2,7 @@
 mmap and page faults per tensor), the opt-out and non-glibc paths leave malloc alone, and the
 outcome is decided once per process. mallopt is process-wide, so what changes malloc runs in a
 subprocess, never in the pytest process."""
+import shutil
 import subprocess
 import sys
 
@@ -76,3 +77,23 @@ def test_threshold_outside_a_c_int_is_refused(monkeypatch, bad):
     monkeypatch.delenv(malloc_tuning.ENV_VAR, raising=False)
     with pytest.raises(ValueError, match="C int"):
         malloc_tuning._apply(bad)
+
+
+@pytest.mark.skipif(malloc_tuning.glibc_version() is None or shutil.which("cc") is None,
+                    reason="glibc and a C compiler")
+def test_a_preloaded_allocator_turns_it_off(tmp_path):
+    """Under LD_PRELOAD of another malloc (built here: a malloc that forwards to glibc's, as
+    tcmalloc or jemalloc would stand in front of it), glibc's mallopt would tune a heap nothing
+    uses: the outcome says off, and why."""
+    src = tmp_path / "shim.c"
+    src.write_text("#define _GNU_SOURCE\n#include <dlfcn.h>\n#include <stddef.h>\n"
+                   "static void *(*real)(size_t);\n"
+                   "void *malloc(size_t n) { if (!real) real = dlsym(RTLD_NEXT, \"malloc\"); return real(n); }\n")
+    lib = tmp_path / "libshim.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"], check=True, timeout=120)
+    code = "from agentq.utils.malloc_tuning import tune_malloc; print(tune_malloc())"
+    run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                     timeout=120, check=True).stdout.strip()
+    preloaded = run({**_env(), "LD_PRELOAD": str(lib)})
+    assert preloaded.startswith("off: malloc is not glibc's") and str(lib) in preloaded, preloaded
+    assert not run(_env()).startswith("off: malloc is not glibc's")
