@@ -698,6 +698,10 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     try:
         summary = trainer.train()
     except KeyboardInterrupt:   # Ctrl-C: where the run stands, not a traceback through the engine
+        try:
+            trainer.close()     # first, so the message sees the folder as it is left
+        except KeyboardInterrupt:
+            pass                # a second Ctrl-C while the workers close: still say where the run stands
         raise KeyboardInterrupt(interrupted_text(trainer.run_dir, overrides or [])) from None
     finally:
         trainer.close()         # also when the run stops early (workers, lock); a second close is a no-op

@@ -151,3 +151,36 @@ def test_a_step_where_no_reply_parses_says_the_update_learns_nothing(tmp_path, c
                "an SFT checkpoint (agentq sft, then model.path=<its checkpoint>; or agentq pipeline), or "
                "model.path=<a model that follows the prompt>")
     assert rates == [1.0, 1.0] and said.count("no reply had a parseable") == 1 and warning in said
+
+
+def test_a_second_ctrl_c_while_the_run_closes_still_says_where_it_stands(tmp_path, monkeypatch, capsys):
+    """Ctrl-C, then Ctrl-C again while the env workers close: the second interrupt replaced the first,
+    and with it the line naming the run folder and how to go on. The closing still finishes (the lock
+    released: the folder's run can be started again at once)."""
+    from agentq.trainer import rl
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    close = rl.RLTrainer.close
+    closes = []
+
+    def interrupted_close(self):
+        closes.append(1)
+        if len(closes) == 1:
+            raise KeyboardInterrupt        # the second Ctrl-C, at the start of the first close
+        close(self)
+
+    def stop_at_once(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rl.RLTrainer, "train", stop_at_once)
+    monkeypatch.setattr(rl.RLTrainer, "close", interrupted_close)
+    quick = ["env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8", "trainer.steps=1",
+             "trainer.tasks_per_step=1", "trainer.group_size=2", "trainer.eval_num_tasks=1"]
+    assert main(["train", *quick, f"trainer.out_dir={run}"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        f"agentq: interrupted: run folder {run} has no checkpoint yet; start it again with agentq train ")
+    assert len(closes) == 2
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", *quick, f"trainer.out_dir={run}", "trainer.overwrite=true"]) == 0
