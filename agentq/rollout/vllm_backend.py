@@ -705,7 +705,15 @@ class VLLMBackend(RolloutBackend):
             logprobs_mode="processed_logprobs", kv_cache_dtype=self.settings["kv_cache_dtype"], enforce_eager=self.cpu)
         if self.settings["attention_backend"]:
             kw["attention_backend"] = self.settings["attention_backend"]
-        if not self.cpu:
+        if self.cpu:
+            # every prompt's prefill in one scheduler step: a partially prefilled request samples a
+            # token vLLM discards, then rewinds that request's generator with `set_offset`, which a
+            # CPU generator lacks ("CPU Generator does not use offset", gpu_model_runner.py
+            # `_bookkeeping_sync`; the discarded draw would also shift a seeded episode's tokens).
+            # Without chunking vLLM's token budget is ≥ max_model_len, and a prompt that does not fit
+            # the rest of a step's budget waits, whole, for the next step (docs/vllm.md "Seeds")
+            kw["enable_chunked_prefill"] = False
+        else:
             kw["gpu_memory_utilization"] = self.gpu_memory_utilization
         return kw
 

