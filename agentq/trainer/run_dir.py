@@ -161,20 +161,36 @@ def check_kind(run_dir: Path, kind: str, out_key: str) -> None:
     Raises:
         RunDirError: naming the command(s) whose folder it is and what says so.
     """
+    for owners, names in folder_owners(run_dir):
+        if kind in owners:
+            continue
+        rl = pipeline_rl_stage(run_dir, owners)
+        hint = (f"; continue its RL stage with trainer.resume={str(rl)!r}"
+                if kind == "train" and out_key == "trainer.out_dir" and rl else "")
+        raise RunDirError(f"run folder {str(run_dir)!r} ({out_key}) holds an {whose_run(owners)} run "
+                          f"({', '.join(names)}), not an `agentq {kind}` one: pick another {out_key} "
+                          f"(trainer.overwrite=true replaces only a run of the same command){hint}")
+
+
+def folder_owners(run_dir: Path) -> list[tuple[tuple[str, ...], list[str]]]:
+    """Whose run `run_dir` holds, with what says so: the command with the most `MARKERS` found; with
+    none found, each group of `SHARED_MARKERS` found (a run cut short). Empty: no command's run."""
     found = {other: holds_run(run_dir, names) for other, names in MARKERS.items()}
     owner = max(found, key=lambda k: len(found[k]))
-    signs = [((owner,), found[owner])] if found[owner] else [
-        (owners, holds_run(run_dir, names)) for owners, names in SHARED_MARKERS.items()]
-    for owners, names in signs:
-        if not names or kind in owners:
-            continue
-        rl = run_dir / "rl"         # a pipeline's RL stage: resuming the pipeline folder found no checkpoints
-        hint = (f"; continue its RL stage with trainer.resume={str(rl)!r}"
-                if kind == "train" and out_key == "trainer.out_dir" and "pipeline" in owners and rl.is_dir() else "")
-        whose = " or ".join(f"`agentq {o}`" for o in owners)
-        raise RunDirError(f"run folder {str(run_dir)!r} ({out_key}) holds an {whose} run ({', '.join(names)}), not "
-                          f"an `agentq {kind}` one: pick another {out_key} (trainer.overwrite=true replaces "
-                          f"only a run of the same command){hint}")
+    if found[owner]:
+        return [((owner,), found[owner])]
+    return [(owners, names) for owners, marks in SHARED_MARKERS.items() if (names := holds_run(run_dir, marks))]
+
+
+def whose_run(owners: tuple[str, ...]) -> str:
+    return " or ".join(f"`agentq {o}`" for o in owners)
+
+
+def pipeline_rl_stage(run_dir: Path, owners: tuple[str, ...]) -> Path | None:
+    """A pipeline folder's RL stage (<pipeline>/rl), the `agentq train` run it holds; None for
+    another command's folder, or a pipeline's before its RL stage began."""
+    rl = run_dir / "rl"
+    return rl if "pipeline" in owners and rl.is_dir() else None
 
 
 def remove_run_artifacts(run_dir: str | Path, artifacts: tuple[str, ...] = RUN_ARTIFACTS) -> list[str]:
@@ -199,23 +215,43 @@ def write_run_config(run_dir: str | Path, cfg: DictConfig) -> Path:
     return path
 
 
+def _has_checkpoints(checkpoints: Path) -> bool:
+    """A step_* checkpoint in a run's `checkpoints` folder (or a .step_*.old: a kill mid-commit, which
+    claim_run_dir restores)."""
+    return any(p.is_dir() for p in [*checkpoints.glob("step_*"), *checkpoints.glob(".step_*.old")])
+
+
 def check_resume_dir(resume: str | Path) -> None:
     """Refuse a `trainer.resume` that names no run folder with a checkpoint, before anything is
     created or locked there (a typo would otherwise leave an empty folder behind).
 
     Raises:
-        ConfigError: the folder is missing, is a checkpoint itself (naming its run folder), or has
-        no checkpoints/step_*.
+        ConfigError: the folder is missing, is a checkpoint or a run's checkpoints/ (naming its run
+        folder), is another command's folder (a pipeline's: naming its rl/; an SFT run's: naming
+        model.path=<its checkpoint>), or has no checkpoints/step_*.
     """
     folder = Path(resume)
     where = f"trainer.resume={str(resume)!r}"
     if not folder.is_dir():
         raise ConfigError(f"{where}: no such run folder")
-    ckpts = [*(folder / "checkpoints").glob("step_*"), *(folder / "checkpoints").glob(".step_*.old")]
-    if not any(p.is_dir() for p in ckpts):         # (.old: a kill mid-commit; claim_run_dir restores it)
-        if (folder / "trainer_state.json").exists() and folder.parent.name == "checkpoints":
+    if not _has_checkpoints(folder / "checkpoints"):
+        if folder.parent.name == "checkpoints" and (
+                folder.name.startswith("step_") or (folder / "trainer_state.json").exists()):
             raise ConfigError(f"{where} is a checkpoint; trainer.resume takes its run folder "
                               f"({str(folder.parent.parent)!r}) and continues from its latest checkpoint")
+        if folder.name == "checkpoints" and _has_checkpoints(folder):
+            raise ConfigError(f"{where} is a run's checkpoints folder; trainer.resume takes the run folder above "
+                              f"it ({str(folder.parent)!r}) and continues from its latest checkpoint")
+        for owners, names in folder_owners(folder):
+            if "train" in owners:
+                continue
+            what = f"{where} is an {whose_run(owners)} folder ({', '.join(names)}), not an `agentq train` run"
+            if rl := pipeline_rl_stage(folder, owners):
+                raise ConfigError(f"{what}; continue its RL stage with trainer.resume={str(rl)!r}")
+            if owners == ("sft",):
+                raise ConfigError(f"{what}: agentq train does not resume an SFT run; RL from its checkpoint is "
+                                  f"model.path={str(folder / 'checkpoint')!r}")
+            raise ConfigError(f"{what}; trainer.resume takes an `agentq train` run folder")
         raise ConfigError(f"{where}: no checkpoints/step_* in that run folder (a run saves one every "
                           "trainer.save_every steps and at its end)")
 

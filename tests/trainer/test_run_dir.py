@@ -240,3 +240,31 @@ def test_the_resume_hint_is_only_for_the_command_that_reads_trainer_resume(tmp_p
     with pytest.raises(RunDirError, match=re.escape(f"continue it with trainer.resume='{run}', pick another "
                                                     "trainer.out_dir")):
         claim_run_dir(run, resume=False, overwrite=False)
+
+
+def test_a_resume_of_another_commands_folder_names_the_one_to_give(tmp_path, capsys):
+    """trainer.resume=<a pipeline folder>, <an SFT folder> or <run>/checkpoints said "no checkpoints/step_*
+    in that run folder (a run saves one every trainer.save_every steps ...)", as though to wait for one."""
+    run = tmp_path / "run"
+    earlier_run(run)
+    pipe = tmp_path / "pipe"
+    (pipe / "rl" / "checkpoints" / "step_000002").mkdir(parents=True)
+    (pipe / "summary.json").write_text("{}")
+    sft = tmp_path / "sft"
+    (sft / "checkpoint").mkdir(parents=True)
+    (sft / "sft_summary.json").write_text("{}")
+    pruned = run / "checkpoints" / "step_000002"        # a step folder keep_checkpoints emptied
+    pruned.mkdir()
+    for resume, said in [
+        (pipe, f"is an `agentq pipeline` folder (summary.json, rl), not an `agentq train` run; continue its RL stage "
+               f"with trainer.resume='{pipe / 'rl'}'"),
+        (sft, f"is an `agentq sft` folder (sft_summary.json, checkpoint), not an `agentq train` run: agentq train "
+              f"does not resume an SFT run; RL from its checkpoint is model.path='{sft / 'checkpoint'}'"),
+        (run / "checkpoints", f"is a run's checkpoints folder; trainer.resume takes the run folder above it "
+                              f"('{run}') and continues from its latest checkpoint"),
+        (pruned, f"is a checkpoint; trainer.resume takes its run folder ('{run}') and continues from its latest "
+                 "checkpoint"),
+    ]:
+        assert main(["train", f"trainer.resume={resume}", "trainer.steps=1", "env_pool=inline"]) == 2
+        assert capsys.readouterr().err.strip() == f"agentq: trainer.resume='{resume}' {said}"
+    assert not (pipe / ".agentq.lock").exists() and not (sft / ".agentq.lock").exists()
