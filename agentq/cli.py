@@ -8,6 +8,7 @@
     agentq config env=webshop algo=qat          # print the composed config
     agentq config pipeline                       # ...that `agentq pipeline` starts from (or sweep)
     agentq report runs/x                         # runs/x/report.html: curves, evals, by-turn, episode viewer
+    agentq --version                             # agentq <version>
 """
 from __future__ import annotations
 
@@ -72,6 +73,9 @@ def run(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         print(f"\ncommands: {', '.join(COMMANDS)}")
         return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"agentq {version()}")
+        return 0
     cmd, overrides = argv[0], argv[1:]
     if cmd not in COMMANDS:
         print(f"agentq: unknown command {cmd!r}; valid: {list(COMMANDS)}", file=sys.stderr)
@@ -107,6 +111,19 @@ def run(argv: list[str] | None = None) -> int:
         print(f"agentq: interrupted{f': {e}' if str(e) else ''}", file=sys.stderr)
         return INTERRUPTED
     return 0
+
+
+def version() -> str:
+    """The installed agentq's version (its package metadata), else `agentq.__version__` where set."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("agentq")
+    except PackageNotFoundError:        # run from a checkout that was never installed
+        import agentq
+
+        return str(getattr(agentq, "__version__", "unknown"))
 
 
 def dispatch(cmd: str, cfg: DictConfig, overrides: list[str]) -> None:

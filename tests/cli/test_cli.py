@@ -53,6 +53,23 @@ def test_cli_errors_list_choices():
     assert p.returncode == 2 and "valid: ['pipeline', 'train', 'eval', 'sft'" in p.stderr
 
 
+def test_version_prints_the_installed_version(capsys, monkeypatch):
+    """`agentq --version` was "unknown command '--version'"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from agentq import cli
+
+    for arg in ("--version", "-V"):
+        assert cli.main([arg]) == 0
+        assert capsys.readouterr().out == f"agentq {version('agentq')}\n"
+
+    def not_installed(name):
+        raise PackageNotFoundError(name)
+    monkeypatch.setattr("importlib.metadata.version", not_installed)
+    monkeypatch.setattr("agentq.__version__", "9.9", raising=False)
+    assert cli.main(["--version"]) == 0 and capsys.readouterr().out == "agentq 9.9\n"
+
+
 def test_command_help_is_not_parsed_as_an_override():
     p = run_cli(["pipeline", "--help"])
     assert p.returncode == 0 and "agentq pipeline" in p.stdout and "section.key=value" in p.stdout
