@@ -85,6 +85,8 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config",
             cfg = compose(config_name=config_name, overrides=overrides)
         except (HydraException, OmegaConfBaseException) as e:
             msg = str(e)
+            if msg.startswith("Could not delete from config. '"):      # `~key` of a key that is not there
+                raise removal_error(_base_config(config_name, overrides), msg) from None
             if "Could not override" in msg or "Key '" in msg:
                 raise unknown_key_error(_base_config(config_name, overrides), _bad_key(msg, overrides)) from None
             raise ConfigError(_one_line(msg.split("\nConfig search path")[0])) from None
@@ -123,6 +125,18 @@ def unknown_key_error(base: DictConfig, bad: str | None, why: str = "") -> Confi
     section (`why`: a sentence added at the end)."""
     where, keys = _valid_keys(base, bad) if bad else ("<root>", sorted(str(k) for k in base.keys()))
     return ConfigError(f"unknown config key {bad!r}; valid keys under {where}: {keys}{why}")
+
+
+def removal_error(base: DictConfig, msg: str) -> ConfigError:
+    """The error for Hydra's "Could not delete from config. 'key' does not exist." (a `~key` override;
+    Hydra says so of a key whose value is null too): the keys of its section, as for a misspelt key."""
+    key = msg.split("'")[1]
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(base, parent) if parent else base
+    if isinstance(node, DictConfig) and leaf in node.keys():
+        return ConfigError(f"'~{key}': Hydra does not remove a key whose value is null, as {key} is; set the value "
+                           f"you want instead ({key}=<value>)")
+    return unknown_key_error(base, key, " (`~` removes a key that is there)")
 
 
 #: the sections whose keys agentq hands on without reading them itself: the environment class's
