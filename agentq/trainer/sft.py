@@ -152,7 +152,8 @@ def check_expert(cfg: DictConfig) -> None:
     if cls is not None and cls._expert_action is TextEnv._expert_action:
         raise ConfigError(f"env.name={cfg.env.name!r}: {cls.__name__} has no expert (it does not implement "
                           "`_expert_action`), and SFT trains on expert demonstrations; implement it "
-                          "(docs/adding-an-environment.md), or give sft.demos=<a demos.jsonl>")
+                          "(docs/adding-an-environment.md), or give sft.demos=<a demos.jsonl> (its format: "
+                          "docs/adding-an-environment.md#demonstrations-without-an-expert-sftdemos)")
 
 
 def usable_demos(cfg: DictConfig, demos: list[Trajectory]) -> list[Trajectory]:

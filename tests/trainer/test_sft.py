@@ -139,8 +139,31 @@ def test_an_env_without_an_expert_is_refused_before_anything_runs(tmp_path, monk
     said = " ".join(capsys.readouterr().err.split())
     assert said.endswith("agentq: env.name='no_expert_env:NoExpert': NoExpert has no expert (it does not implement "
                     "`_expert_action`), and SFT trains on expert demonstrations; implement it "
-                    "(docs/adding-an-environment.md), or give sft.demos=<a demos.jsonl>")
+                    "(docs/adding-an-environment.md), or give sft.demos=<a demos.jsonl> (its format: "
+                    "docs/adding-an-environment.md#demonstrations-without-an-expert-sftdemos)")
     assert not out.exists()
+
+
+def test_the_demos_format_the_error_points_to_is_documented(tmp_path):
+    """sft.demos=<a demos.jsonl> was the way out of an env without an expert, with its format nowhere:
+    the section the error names lists every field a demos.jsonl record holds, and its example lines
+    have them all and read back as demonstrations."""
+    import re
+    from pathlib import Path
+
+    from agentq.agent.trajectory import Trajectory
+    from agentq.eval.episodes import demo_record, read_trajectories
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "adding-an-environment.md").read_text()
+    section = doc.split("\n## Demonstrations without an expert: `sft.demos`\n", 1)[1].split("\n## ", 1)[0]
+    fields = demo_record(type("Tok", (), {"decode": staticmethod(lambda ids: "")}))(Trajectory(0, "t", "train"))
+    for field in fields:
+        assert f"`{field}`" in section, field
+    (example,) = re.findall(r"```json\n(.*?)```", section, re.S)
+    assert [set(json.loads(line)) for line in example.strip().splitlines()] == [set(fields)] * 2
+    (tmp_path / "demos.jsonl").write_text(example)
+    demos = read_trajectories(tmp_path / "demos.jsonl")
+    assert all(t.won and len(t.action_mask) == len(t.seg_id) == len(t.input_ids) for t in demos)
 
 
 def test_demonstrations_lost_to_errors_are_said_left_out_and_kept_in_demos_jsonl(tmp_path, capsys):
