@@ -199,6 +199,14 @@ def text_env(env: gym.Env) -> TextEnv:
     return cast(TextEnv, env.unwrapped)
 
 
+def check_split_data(cfg: DictConfig, splits: list[str]) -> None:
+    """Build (and close) one env of each split, before the model is built: an env that checks its data
+    when built (ALFWorld's real games) refuses a missing one now, in one line (`make_env`), not after the
+    model build. Building one is cheap: an env starts its engine (a JVM) on its first reset."""
+    for split in dict.fromkeys(splits):
+        make_env(cfg, split).close()
+
+
 def list_tasks(cfg: DictConfig, split: str) -> list[str]:
     env = make_env(cfg, split)
     try:

@@ -98,8 +98,11 @@ def pipeline(cfg: DictConfig) -> dict:
     from agentq.trainer.rl import check_rl_config
     from agentq.trainer.sft import check_expert
 
+    from agentq import build
+
     split, *others = eval_splits(cfg)       # before the run folder: a bad split leaves no empty folder
     check_rl_config(cfg)                    # and a bad RL setting costs no SFT stage
+    build.check_split_data(cfg, [str(cfg.env.train_split), split, *others])   # nor missing data (ALFWorld's)
     check_expert(cfg)                       # nor an env without an expert a tiny model's build
     out = Path(cfg.pipeline.out_dir or new_run_dir(f"pipeline-{cfg.env.name}"))
     with removed_if_left_empty(out):

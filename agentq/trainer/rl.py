@@ -325,8 +325,11 @@ class RLTrainer:
         # refusals of the algo, sampling and placement settings, before anything is built or the run
         # folder made
         self.device, self.dtype, self.objective, self.old_logp_mode = check_rl_config(cfg)
-        if int(cfg.trainer.eval_every) >= 0:        # "held-out train" read as a held-out result
+        evaluates = int(cfg.trainer.eval_every) >= 0
+        if evaluates:        # "held-out train" read as a held-out result
             warn_if_training_split(cfg, str(cfg.env.eval_split), key="env.eval_split")
+        # missing data (ALFWorld's real games) before the model build, not after it
+        build.check_split_data(cfg, [str(cfg.env.train_split), *([str(cfg.env.eval_split)] if evaluates else [])])
         torch.manual_seed(int(cfg.seed))
         self.rng = np.random.default_rng(int(cfg.seed))
         self.gen = torch.Generator().manual_seed(int(cfg.seed))

@@ -58,16 +58,21 @@ SET_PER_RUN = {"algo": ("preset", "arms"), "seed": ("seed", "seeds")}
 
 
 def check_sweep_settings(cfg: DictConfig, overrides: list[str]) -> None:
-    """Refuse a sweep without arms or seeds, and an `algo=` or `seed=` override: every arm × seed run
-    sets its own, so the command line's was dropped without a word.
+    """Refuse a sweep without arms or seeds, one whose arms would skip their final held-out evaluation
+    (trainer.eval_every=-1: the table reads it, and failed after every arm had run), and an `algo=` or
+    `seed=` override: every arm × seed run sets its own, so the command line's was dropped without a word.
 
     Raises:
-        ConfigError: an empty sweep.arms / sweep.seeds, or naming each such override and the sweep
-        list that takes its value instead.
+        ConfigError: an empty sweep.arms / sweep.seeds, trainer.eval_every < 0 (unless sweep.table_only,
+        which runs nothing), or naming each such override and the sweep list that takes its value instead.
     """
     if not cfg.sweep.arms or not cfg.sweep.seeds:
         raise ConfigError(f"sweep.arms={list(cfg.sweep.arms)} and sweep.seeds={list(cfg.sweep.seeds)} must both be "
                           "non-empty")
+    if int(cfg.trainer.eval_every) < 0 and not cfg.sweep.table_only:     # RLTrainer.train: no final eval then
+        raise ConfigError(f"trainer.eval_every={cfg.trainer.eval_every}: a sweep's table needs each arm's final "
+                          "held-out evaluation; set trainer.eval_every=0 (only the final one) or N > 0 (also every "
+                          "N steps)")
     bad = []
     for o in overrides:
         key, _, value = o.partition("=")
@@ -165,6 +170,7 @@ def _run_jobs(jobs: list[dict], parallel: int, run: Callable[[dict], Any] | None
 # ---------------------------------------------------------------------- the sweep
 def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     """Shared SFT → arms × seeds RL → table.md / table.json / curves.png in the sweep folder."""
+    from agentq import build
     from agentq.trainer.pipeline import eval_splits
 
     check_sweep_settings(cfg, overrides)
@@ -176,11 +182,14 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     out = sweep_dir(cfg)
     overrides = [o for o in overrides if not o.startswith("sweep.out_dir=")] + [f"sweep.out_dir={out}"]
     split = eval_splits(cfg)[0]
+    if not sw.table_only:           # missing data (ALFWorld's real games) before the SFT stage, not after it
+        build.check_split_data(cfg, [str(cfg.env.train_split), split])
     overrides.append(f"env.eval_split={split}")
     threads = max(1, (os.cpu_count() or 1) // int(sw.parallel)) if int(sw.parallel) > 1 else None
     # every arm × seed composed now: a misspelt preset fails before the SFT stage, not after it and
     # every earlier arm; a finished run whose settings differ from this command line is named
     check_resumed_runs(out, arms, seeds, overrides, threads, warn_only=bool(sw.table_only))
+    check_final_evals(out, arms, seeds)     # a finished run is never rerun: the table would fail after the rest
     console.rule(f"[bold]agentq sweep: {escape(env_label(cfg.env))}/{split} — {len(arms)} arms × {len(seeds)} seeds "
                  f"→ {out}")
 
@@ -226,6 +235,29 @@ def check_table_only(out_dir: str | None, arms: list[str], seeds: list[int]) -> 
     if not any((out / "arms" / arm / f"seed_{seed}" / RESULT).exists() for arm in arms for seed in seeds):
         raise ConfigError(f"{where} has no finished run of sweep.arms={arms} × sweep.seeds={seeds} yet "
                           f"(no arms/<arm>/seed_<seed>/{RESULT})")
+
+
+def final_eval_dir(run_dir: Path) -> Path:
+    """A finished arm × seed's final evaluation (relative to the run folder: a sweep folder may be moved
+    and resumed): eval/step_<trainer.steps> as its result.json records them."""
+    return run_dir / "eval" / f"step_{json.loads((run_dir / RESULT).read_text())['steps']:06d}"
+
+
+def check_final_evals(out: Path, arms: list[str], seeds: list[int]) -> None:
+    """Refuse a sweep folder holding a finished arm × seed without its final held-out evaluation (one
+    run with trainer.eval_every=-1, or whose eval folder was removed): the table reads it.
+
+    Raises:
+        ConfigError: naming the first such run and the file it lacks, in one line.
+    """
+    for arm in arms:
+        for seed in seeds:
+            run_dir = out / "arms" / arm / f"seed_{seed}"
+            if (run_dir / RESULT).exists() and not (final_eval_dir(run_dir) / "eval.json").exists():
+                missing = (final_eval_dir(run_dir) / "eval.json").relative_to(out)
+                raise ConfigError(f"sweep.out_dir={str(out)!r}: arm {arm} seed {seed} finished without its final "
+                                  f"held-out evaluation (no {missing}), which the table needs; delete "
+                                  f"arms/{arm}/seed_{seed}/{RESULT} and resume the sweep to run it again")
 
 
 def _write_sweep_table(cfg: DictConfig, out: Path, arms: list[str], seeds: list[int], refs: list[str],
@@ -391,8 +423,7 @@ def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -
         done = [(s, d) for s, d in runs if (d / RESULT).exists()]
         if not done:
             continue
-        # the final evaluation (relative to the run folder: a sweep folder may be moved and resumed)
-        results = [(s, d / "eval" / f"step_{json.loads((d / RESULT).read_text())['steps']:06d}") for s, d in done]
+        results = [(s, final_eval_dir(d)) for s, d in done]        # `check_final_evals` found them all
         finals = [read_eval(e) for _, e in results]          # checked against the episodes read below
         k = sum(round(f["success_rate"] * f["episodes"]) for f in finals)
         n = sum(int(f["episodes"]) for f in finals)

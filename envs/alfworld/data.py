@@ -21,11 +21,21 @@ from pathlib import Path
 from .generator import TASK_TYPES, grammar_with_task, stable_seed, tables, wheel_domain
 
 REAL_SPLITS: tuple[str, ...] = ("valid_seen", "valid_unseen", "valid_train", "train")
+#: the generated split that stands in for each real one (its rooms: ALFRED's unseen ones, or the others)
+GENERATED_FOR = {"valid_seen": "gen_seen", "valid_unseen": "gen_unseen", "valid_train": "gen_seen",
+                 "train": "gen_train"}
 _HOW_TO_GET = (
     "Get the real games with `alfworld-download` (needs internet; it writes to $ALFWORLD_DATA, "
     "default ~/.cache/alfworld), or unpack an archive with the json_2.1.1 layout and set ALFWORLD_DATA "
     "(or the env's data_dir=) to the folder that contains json_2.1.1. Without real games, use the "
-    "generated splits gen_train, gen_seen and gen_unseen, which need no download.")
+    "generated splits gen_train, gen_seen and gen_unseen, which need no download")
+
+
+def _without_real_games(split: str) -> str:
+    """The agentq setting that plays the generated stand-in of real `split` (the training split, or the
+    held-out one of train, eval and pipeline runs)."""
+    key = "env.train_split" if split == "train" else "env.eval_split"
+    return f"{_HOW_TO_GET}: {key}={GENERATED_FOR[split]}."
 
 
 class ALFWorldDataError(FileNotFoundError, ValueError):
@@ -58,7 +68,7 @@ def split_dir(split: str, data_dir: str | os.PathLike | None = None) -> Path:
         have = sorted(p.name for p in (root / "json_2.1.1").iterdir()) if (root / "json_2.1.1").is_dir() else []
         raise ALFWorldDataError(
             f"ALFWorld split {split!r} not found: {path} does not exist (root {root} from {source}; "
-            f"splits present there: {have or 'none'}). {_HOW_TO_GET}")
+            f"splits present there: {have or 'none'}). {_without_real_games(split)}")
     return path
 
 

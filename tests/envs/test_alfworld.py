@@ -383,6 +383,19 @@ def test_missing_data_is_one_line_in_agentq_eval(tmp_path, cache_dir, monkeypatc
     assert msg.startswith("split='valid_unseen': env=alfworld: ALFWorld split 'valid_unseen' not found: "
                           f"{tmp_path / 'nowhere' / 'json_2.1.1' / 'valid_unseen'} does not exist")
     assert "\n" not in msg and "alfworld-download" in msg
+    # the way out without a download is the setting itself, not only the generated splits' names
+    assert "which need no download: env.eval_split=gen_unseen." in msg
+
+
+@pytest.mark.parametrize("split, setting", [("valid_unseen", "env.eval_split=gen_unseen"),
+                                            ("valid_seen", "env.eval_split=gen_seen"),
+                                            ("train", "env.train_split=gen_train")])
+def test_missing_data_names_the_setting_of_the_generated_split(tmp_path, cache_dir, monkeypatch, split, setting):
+    """The error named the generated splits, but not the override that plays one."""
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(ALFWorldDataError) as e:
+        gym.make(ENV_ID, split=split, cache_dir=str(cache_dir))
+    assert str(e.value).endswith(f"gen_train, gen_seen and gen_unseen, which need no download: {setting}.")
 
 
 def test_empty_task_types_is_refused(cache_dir):

@@ -184,3 +184,20 @@ def test_a_second_ctrl_c_while_the_run_closes_still_says_where_it_stands(tmp_pat
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
     assert main(["train", *quick, f"trainer.out_dir={run}", "trainer.overwrite=true"]) == 0
+
+
+def test_missing_held_out_data_is_refused_before_the_model_build(tmp_path, monkeypatch, capsys):
+    """`agentq train env=alfworld` without the real games built the model (~35 s) and only then found
+    env.eval_split's games missing; the message now names the setting that plays generated ones."""
+    pytest.importorskip("alfworld")
+    from agentq.trainer.rl import RLTrainer
+
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
+    monkeypatch.setattr(RLTrainer, "_build", lambda self, init_path: pytest.fail("the model was built"))
+    run = tmp_path / "run"
+    assert main(["train", "env=alfworld", "trainer.steps=1", "env.max_steps=8", "env_pool=inline",
+                 f"env.kwargs.cache_dir={tmp_path / 'cache'}", f"trainer.out_dir={run}"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "agentq: env=alfworld: ALFWorld split 'valid_unseen' not found" in err
+    assert "which need no download: env.eval_split=gen_unseen." in err
+    assert not run.exists()

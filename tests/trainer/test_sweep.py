@@ -234,6 +234,39 @@ def test_a_misspelt_arm_is_refused_before_the_shared_sft(tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
+def test_a_sweep_without_final_evaluations_is_refused_before_any_work(tmp_path, capsys):
+    """trainer.eval_every=-1 ran the SFT stage, its evaluation and every arm, then failed on the table
+    with a FileNotFoundError for the first arm's final eval.json, which no arm wrote."""
+    out = tmp_path / "s"
+    assert main([*ARGS[:2], "sweep.arms=[bf16,interq]", "sweep.seeds=[0]", "trainer.steps=2", "sweep.eval_tasks=10",
+                 "trainer.eval_every=-1", f"sweep.out_dir={out}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "agentq: trainer.eval_every=-1: a sweep's table needs each arm's final held-out evaluation; set "
+        "trainer.eval_every=0 (only the final one) or N > 0 (also every N steps)")
+    assert not out.exists()
+
+
+def test_table_only_names_a_finished_arm_without_its_final_evaluation(tmp_path, capsys):
+    """A sweep folder whose finished arm has no final eval.json (run with trainer.eval_every=-1): the
+    table was a FileNotFoundError traceback; now one line naming the arm and the missing file."""
+    out = tmp_path / "s"
+    first = ["env=textworld_express", "trainer.steps=2", "sweep.eval_tasks=4"]
+    finished_arm(out, "bf16", 0, first, won=[True, False])
+    finished_arm(out, "qat", 0, first, won=[True, True])
+    (out / "arms" / "qat" / "seed_0" / "eval" / "step_000002" / "eval.json").unlink()
+    for name in ("sft/sft_summary.json", "eval_sft/eval.json"):
+        (out / name).parent.mkdir()
+        (out / name).write_text(json.dumps({"success_rate": 0.5, "episodes": 2}))
+    before = _listing(out)
+    assert main(["sweep", *first, "sweep.arms=[bf16,qat]", "sweep.seeds=[0]", "sweep.table_only=true",
+                 f"sweep.out_dir={out}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"agentq: sweep.out_dir='{out}': arm qat seed 0 finished without its final held-out evaluation (no "
+        "arms/qat/seed_0/eval/step_000002/eval.json), which the table needs; delete arms/qat/seed_0/result.json "
+        "and resume the sweep to run it again")
+    assert _listing(out) == before
+
+
 def finished_run(out, arm, seed, overrides):
     """A finished arm × seed as `run_arm` leaves it (config.yaml, result.json), without running it."""
     from omegaconf import OmegaConf
