@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -13,12 +14,15 @@ from typing import Iterator
 @contextlib.contextmanager
 def replaced(path: str | Path) -> Iterator[Path]:
     """A temporary path in `path`'s folder to write; renamed over `path` when the block ends without
-    an error, removed otherwise. Each call gets its own name, so concurrent writers do not share one."""
+    an error, removed otherwise. Each call gets its own name, so concurrent writers do not share one.
+    The file keeps the mode it had; a new one gets a plain write's (0666 less the umask)."""
     path = Path(path)
     # a name of its own (not mkstemp's, whose file is 0600: the table would lose the umask's read bits)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         yield tmp
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copymode(path, tmp)      # a file replaced keeps its own mode (a chmod by its user)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

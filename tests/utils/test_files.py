@@ -44,3 +44,12 @@ def test_the_file_gets_the_modes_a_plain_write_gives(tmp_path):
     plain.write_text("x")
     write_text_replacing(whole, "x")
     assert whole.stat().st_mode == plain.stat().st_mode
+
+
+def test_a_replaced_file_keeps_its_own_mode(tmp_path):
+    """A user's chmod of table.md (here 0640) survives the sweep writing it again."""
+    path = tmp_path / "table.md"
+    path.write_text("old")
+    path.chmod(0o640)
+    write_text_replacing(path, "new")
+    assert path.read_text() == "new" and path.stat().st_mode & 0o777 == 0o640
