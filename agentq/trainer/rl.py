@@ -640,6 +640,7 @@ class RLTrainer:
         steps = int(t.steps)
         save_every, eval_every = int(t.save_every), int(t.eval_every)
         last = None
+        self._evaluate_if_due_at_resume(eval_every, steps)
         with progress() as prog:
             bar = prog.add_task(f"RL {self.cfg.env.name} [{self.cfg.algo.name}]", total=steps,
                                 completed=self.start_step, info="")
@@ -669,6 +670,15 @@ class RLTrainer:
         write_run_plots(self.run_dir, self.eval_split)        # learning_curve.png, mismatch.png
         self.close()
         return summary
+
+    def _evaluate_if_due_at_resume(self, eval_every: int, steps: int) -> None:
+        """The held-out evaluation due at the checkpoint a run resumes from, when the run stopped
+        between that checkpoint and its evaluation (a kill): the loop saves step N, then evaluates
+        it, and a resume starts at N + 1. The checkpoint holds step N's weights and the evaluation
+        draws none of the trainer's random numbers, so it is the one the run would have logged."""
+        n = self.start_step
+        if 0 < n < steps and eval_every > 0 and n % eval_every == 0 and recorded_step(self.run_dir, n)[1] is None:
+            self.evaluate(n, int(self.cfg.trainer.eval_num_tasks))
 
     def _final_eval(self, steps: int, num_tasks: int) -> dict:
         """The held-out evaluation at the last step. A run resumed at that step whose evaluation is

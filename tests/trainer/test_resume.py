@@ -262,3 +262,38 @@ def test_a_resume_naming_the_same_model_folder_otherwise_is_no_change(tmp_path, 
         refuse_model_change("run", before, OmegaConf.create({"model": {"name": "hf", "path": same}}))
     with pytest.raises(ConfigError, match=f"model.path m → {tmp_path / 'other'} would be used nowhere"):
         refuse_model_change("run", before, OmegaConf.create({"model": {"name": "hf", "path": str(tmp_path / "other")}}))
+
+
+def eval_rows(run):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in rows
+            if any(k.startswith("eval/") for k in r)}
+
+
+def test_an_evaluation_lost_between_a_checkpoint_and_its_run_is_done_at_resume(tmp_path, monkeypatch):
+    """The loop saves step 2, then evaluates it; a kill in between left the resumed run without step 2's
+    evaluation for good (it starts at step 3). Now the resume plays it first: the same numbers as the
+    uninterrupted run's, also where the kill left step 2's eval folder without its metrics row."""
+    from agentq.trainer import rl
+
+    args = [*SMALL, "trainer.eval_every=2", "trainer.steps=3"]
+    full = tmp_path / "full"
+    assert main(["train", f"trainer.out_dir={full}", *args]) == 0
+    want = eval_rows(full)
+    assert sorted(want) == [2, 3] and all("eval/success_rate" in want[s] and "eval/reward_mean" in want[s] for s in want)
+    evaluate = rl.RLTrainer.evaluate
+    for cut, orphan in ((tmp_path / "cut", False), (tmp_path / "orphan", True)):
+        def killed(self, step, num_tasks):
+            raise KeyboardInterrupt       # as a kill -9 after step 2's checkpoint, before its evaluation
+
+        monkeypatch.setattr(rl.RLTrainer, "evaluate", killed)
+        assert main(["train", f"trainer.out_dir={cut}", *args]) == 130
+        monkeypatch.setattr(rl.RLTrainer, "evaluate", evaluate)
+        assert (cut / "checkpoints" / "step_000002").is_dir() and not eval_rows(cut)
+        if orphan:       # eval.json written, the metrics row not yet
+            shutil.copytree(full / "eval" / "step_000002", cut / "eval" / "step_000002")
+        assert main(["train", f"trainer.resume={cut}", *args]) == 0
+        got = eval_rows(cut)
+        assert sorted(got) == [2, 3], (orphan, sorted(got))
+        for step in (2, 3):
+            assert got[step] == want[step], (orphan, step)
