@@ -44,9 +44,14 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "webshop": ("agentq/WebShop-v0", "agentq.envs.webshop.env:WebShopEnv"),
 }
 
+# Gymnasium's passive env checker (a wrapper `gym.make` adds unless the registration or the call turns
+# it off) is off for agentq's envs: in Gymnasium 1.4, once an env's first `reset()` raised (e.g. an
+# unknown task id), every later `step()` raised "cannot unpack non-iterable NoneType object" after
+# stepping the engine, good resets in between or not. `TextEnv` checks its own hooks' results;
+# `gymnasium.utils.env_checker.check_env` is the full check.
 for _name, (_id, _entry) in REGISTRY.items():
     if _id not in gym.registry:
-        gym.register(id=_id, entry_point=_entry)
+        gym.register(id=_id, entry_point=_entry, disable_env_checker=True)
 
 
 #: entry-point group of environment plugins: name → "module:Class" (a TextEnv subclass)
@@ -101,7 +106,7 @@ def _register(gym_id: str, entry: str, name_or_id: str) -> str:
         from gymnasium.envs.registration import load_env_creator
 
         _check_text_env(load_env_creator(entry), name_or_id)
-        gym.register(id=gym_id, entry_point=entry)
+        gym.register(id=gym_id, entry_point=entry, disable_env_checker=True)   # (see REGISTRY's loop)
     return gym_id
 
 
@@ -265,7 +270,10 @@ def kwargs_problem(name_or_id: str, kwargs: dict) -> tuple[str, bool] | None:
 
 def make(name_or_id: str, **kwargs) -> gym.Env:
     """`gymnasium.make` that also accepts agentq's names, plugins and "module:Class"; the result must
-    be a `TextEnv` (agentq's agent loop needs its task lists and info keys)."""
+    be a `TextEnv` (agentq's agent loop needs its task lists and info keys). Gymnasium's passive env
+    checker is off unless `disable_env_checker=False` is passed (see REGISTRY's loop: it broke every
+    `step` after a first `reset` that raised), ids registered elsewhere included."""
+    kwargs.setdefault("disable_env_checker", True)
     env = gym.make(env_id(name_or_id), **kwargs)
     if not isinstance(env.unwrapped, TextEnv):
         env.close()

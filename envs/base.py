@@ -12,24 +12,33 @@ A `TextEnv` is a Gymnasium `Env` whose observations and actions are strings:
   otherwise), plus `expert_action` when the env was made with `expert=True`.
 * `list_tasks(split)` returns the split's task ids, stable across runs and machines.
 * `options={"split": s}` sets that episode's split only (`info["split"]`); a reset without it
-  samples the split the env was made with (`env.split`), whatever earlier episodes used.
+  (or with `"split": None`) samples the split the env was made with (`env.split`), whatever earlier
+  episodes used. A split that is not one of `splits` ("" included) is a ValueError.
 * An action the engines must not see (lone surrogates, i.e. text that was not valid UTF-8;
   control characters other than tab/newline; longer than `action_space.max_length`) never reaches
   the engine: the turn counts, the observation says why it was refused, reward 0, and
   `info["invalid_action"]` holds the reason.
-* Documented exceptions (nothing else escapes `reset`/`step`): `TypeError` (an action that is not
-  a str, options that are not a dict, a non-str task id or split, a seed that is not an int),
+* Documented exceptions (nothing else escapes `reset`/`step`, but for what an env's own
+  `_reset_task`/`_step_task` raise, which passes through as is: see that env's documentation):
+  `TypeError` (an action that is not a str, options that are not a dict, a non-str task id or
+  split, a seed that is not an int),
   `ValueError` (unknown option or split, a negative seed), `UnknownTaskError` (a task id not in
   the split), `EpisodeOverError` (`step` on a finished episode), `EnvClosedError` (`step` after
   `close()`) and `EnvCrashedError` (the engine died mid-episode). The last three are
   `RuntimeError`s; and `TypeError` for a hook that returned the wrong type, or a `TaskStep` with
   a field of the wrong type (an env bug, named with the hook), `ValueError` for a split whose
-  `_tasks` is empty or repeats an id. A `step` that raises ends the episode: the next `step` raises
-  `EpisodeOverError` until a `reset`.
+  `_tasks` is empty or repeats an id. `_expert_action` or `task_type` raising while the info is
+  built (an env bug) is an `EnvCrashedError` naming the hook, chained to the original exception.
+  A `step` (or `reset`) that raises ends the episode: the next `step` raises `EpisodeOverError`
+  until a `reset`.
+* Constructor arguments: `split` one of `splits` (None: the first), `max_steps` an int >= 1 (None:
+  `default_max_steps`), `expert` a bool; anything else is a ValueError naming the argument.
 
 Subclasses implement three hooks (`_tasks`, `_reset_task`, `_step_task`) and, for experts,
 `_expert_action`; the base class owns splits, task selection, the step cap and the `info`
-keys, so every environment behaves the same at the edges.
+keys, so every environment behaves the same at the edges. An expert that follows a fixed path
+indexes it by `engine_steps` (the turns the engine saw), not `num_steps`: a refused turn
+(`info["invalid_action"]`) leaves the game, and so the expert's next action, unchanged.
 """
 from __future__ import annotations
 
@@ -40,7 +49,7 @@ import string
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -152,8 +161,11 @@ class TextEnv(gym.Env[str, str]):
                  render_mode: str | None = None):
         self.observation_space = TextSpace()
         self.action_space = TextSpace(max_length=10_000)
-        self.split = self._check_split(split or self.splits[0])
-        self.max_steps = int(max_steps or self.default_max_steps)
+        self.split = self._check_split(self.splits[0] if split is None else split)
+        self.max_steps = self.default_max_steps if max_steps is None else positive_int("max_steps", max_steps)
+        if not isinstance(expert, (bool, np.bool_)):
+            raise ValueError(f"expert must be a bool (True: info['expert_action'] holds the expert's next action), "
+                             f"got {type(expert).__name__} ({expert!r:.60})")
         self.expert = bool(expert)
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
@@ -163,8 +175,9 @@ class TextEnv(gym.Env[str, str]):
         self._episode_split: str = self.split     # the split of the episode in flight (info["split"])
         self._task_text: str = ""
         self._steps = 0
+        self._engine_steps = 0                    # the turns of this episode that reached `_step_task`
         self._done = True
-        self._lost: str | None = None             # the exception that ended the last episode, if one did
+        self._lost: str | None = None             # what raised and ended the last episode, if something did
         self._closed = False
         self._last_obs = ""
         self._last_step = TaskStep(obs="")
@@ -207,7 +220,7 @@ class TextEnv(gym.Env[str, str]):
 
     # ------------------------------------------------------------------ public API
     def list_tasks(self, split: str | None = None) -> list[str]:
-        split = self._check_split(split or self.split)
+        split = self._check_split(self.split if split is None else split)
         if split not in self._task_cache:
             tasks = list(self._tasks(split))
             bad = next((t for t in tasks if not isinstance(t, str)), None)
@@ -247,7 +260,7 @@ class TextEnv(gym.Env[str, str]):
                                 f"({options[key]!r:.80})")
         # an episode's split is its own: `self.split` (the configured split) stays what plain resets
         # sample, so one held-out episode does not turn later training resets into held-out ones
-        split = self._check_split(options.get("split") or self.split)
+        split = self._check_split(self.split if options.get("split") is None else options["split"])
         task_id = options.get("task_id")
         tasks = self.list_tasks(split)
         if task_id is None:          # list_tasks refused an empty split
@@ -258,43 +271,50 @@ class TextEnv(gym.Env[str, str]):
                 f"({len(tasks)} tasks, e.g. {tasks[:3]}); see env.unwrapped.list_tasks({split!r})")
         self._done, self._lost = True, None   # a reset that raises leaves the env needing another reset
         self._closed = False
-        self._episode_split, self._task_id, self._steps = split, task_id, 0
-        self._task_text, first = _checked_reset(self, self._reset_task(task_id, split))
+        self._episode_split, self._task_id, self._steps, self._engine_steps = split, task_id, 0, 0
+        try:
+            self._task_text, first = _checked_reset(self, self._reset_task(task_id, split))
+            self._last_obs, self._last_step = first.obs, first
+            info = self._info(first, done=False)
+        except BaseException as e:
+            self._lost = f"its reset raised {type(e).__name__}"
+            raise
         self._done = False
-        self._last_obs, self._last_step = first.obs, first
-        return first.obs, self._info(first)
+        return first.obs, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if self._closed:
             raise EnvClosedError(f"step() called after close() on {type(self).__name__}; call reset() to start over")
         if self._done:
-            lost = f" (lost: its last step raised {self._lost})" if self._lost else ""
+            lost = f" (lost: {self._lost})" if self._lost else ""
             raise EpisodeOverError(f"step() called on a finished episode{lost}; call reset() first")
         if not isinstance(action, str):
             raise TypeError(f"action must be a str, got {type(action).__name__}")
         self._steps += 1
         problem = action_problem(action, self.action_space.max_length)
-        if problem is None:
-            # a step that raises (e.g. EnvCrashedError) loses the episode: the engine's state is
-            # unknown, so the next step must not reach it (a restarted engine would answer it as if
-            # the game were running); only a reset starts over
-            self._done, self._lost = True, None
-            try:
+        # a step that raises (e.g. EnvCrashedError, or an expert that fails while the info is built)
+        # loses the episode: the engine's state is unknown, so the next step must not reach it (a
+        # restarted engine would answer it as if the game were running); only a reset starts over
+        self._done, self._lost = True, None
+        try:
+            if problem is None:
+                self._engine_steps += 1
                 res = self._last_step = _checked_step(self, self._step_task(action))
-            except BaseException as e:
-                self._lost = type(e).__name__
-                raise
-        else:               # a handled turn: the engine never sees it, the state is unchanged
-            last = self._last_step
-            # copies: infos returned to the caller never share objects (Gymnasium's check_env)
-            res = TaskStep(obs=f"Invalid action: {problem}.", won=last.won, score=last.score,
-                           admissible_actions=copy.deepcopy(last.admissible_actions),
-                           extra={**copy.deepcopy(last.extra), "invalid_action": problem})
-        terminated = bool(res.done)
-        truncated = not terminated and self._steps >= self.max_steps
+            else:           # a handled turn: the engine never sees it, the state is unchanged
+                last = self._last_step
+                # copies: infos returned to the caller never share objects (Gymnasium's check_env)
+                res = TaskStep(obs=f"Invalid action: {problem}.", won=last.won, score=last.score,
+                               admissible_actions=copy.deepcopy(last.admissible_actions),
+                               extra={**copy.deepcopy(last.extra), "invalid_action": problem})
+            terminated = bool(res.done)
+            truncated = not terminated and self._steps >= self.max_steps
+            self._last_obs = res.obs
+            info = self._info(res, done=terminated or truncated)
+        except BaseException as e:
+            self._lost = f"its last step raised {type(e).__name__}"
+            raise
         self._done = terminated or truncated
-        self._last_obs = res.obs
-        return res.obs, float(res.reward), terminated, truncated, self._info(res)
+        return res.obs, float(res.reward), terminated, truncated, info
 
     def close(self) -> None:
         """Release the engine (subclasses override; every close() marks the env closed)."""
@@ -309,7 +329,14 @@ class TextEnv(gym.Env[str, str]):
 
     @property
     def num_steps(self) -> int:
+        """The turns of this episode, refused ones (`info["invalid_action"]`) included."""
         return self._steps
+
+    @property
+    def engine_steps(self) -> int:
+        """The turns of this episode that reached the engine (`_step_task`): what an expert that
+        follows a fixed path indexes it by."""
+        return self._engine_steps
 
     # ------------------------------------------------------------------ internals
     def _task_set(self, split: str) -> set[str]:
@@ -323,18 +350,42 @@ class TextEnv(gym.Env[str, str]):
             raise ValueError(f"unknown split {split!r} for {type(self).__name__}; valid: {list(self.splits)}")
         return split
 
-    def _info(self, res: TaskStep) -> dict:
+    def _info(self, res: TaskStep, done: bool) -> dict:
+        """The info of `res`; `done`: the episode ends with it (no expert action then)."""
         info = dict(res.extra)
         if "task_type" not in info and self._task_id is not None:
-            kind = self.task_type(self._task_id)     # unless the env's TaskStep.extra sets it
+            task_id = self._task_id                  # unless the env's TaskStep.extra sets it
+            kind = _hook_call(self, "task_type", lambda: self.task_type(task_id))
             if kind is not None:
                 info["task_type"] = kind
         info.update(task=self._task_text, task_id=self._task_id, split=self._episode_split,
                     admissible_actions=res.admissible_actions, won=bool(res.won),
                     score=float(res.score), steps=self._steps)
         if self.expert:
-            info["expert_action"] = None if self._done else self._expert_action()
+            info["expert_action"] = None if done else _hook_call(self, "_expert_action", self._expert_action)
         return info
+
+
+def _hook_call(env: TextEnv, hook: str, fn: Callable[[], Any]) -> Any:
+    """`fn()`, a call of `env`'s `hook` while an info is built; an exception it raises becomes an
+    EnvCrashedError naming the hook (a documented exception: the pool reports the episode as errored),
+    chained to the original. An EnvCrashedError (an expert whose engine died) passes as it is."""
+    try:
+        return fn()
+    except EnvCrashedError:
+        raise
+    except Exception as e:
+        raise EnvCrashedError(f"{type(env).__name__}.{hook} raised {type(e).__name__}: {e}; the episode is lost "
+                              "(an env bug; reset() starts a new one)") from e
+
+
+def positive_int(name: str, value: Any, none_means: str = "the default") -> int:
+    """`value` (a constructor argument) as an int >= 1, else a ValueError naming the argument (a
+    max_steps of 2.7 was 2, 0 the default, -2 a cap that truncated the first step)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1 (or None for {none_means}), got {type(value).__name__} "
+                         f"({value!r:.60})")
+    return int(value)
 
 
 def _checked_reset(env: TextEnv, result: Any) -> tuple[str, TaskStep]:

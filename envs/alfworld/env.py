@@ -185,8 +185,10 @@ class ALFWorldEnv(TextEnv):
         self._expert_at = 0
 
     def _expert_action(self) -> str | None:
-        if self._expert_at != self._steps:      # advance the expert once per step, on demand
-            self._expert_at = self._steps
+        # advance the expert once per engine step, on demand (a turn the base class refused never
+        # reached the engine: the expert's action stands, and it is not fed a stale last command)
+        if self._expert_at != self._engine_steps:
+            self._expert_at = self._engine_steps
             if isinstance(self._expert, HandcodedExpert):
                 self._next_expert = self._expert.next_action(self._state, self._last_command)
             else:

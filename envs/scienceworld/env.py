@@ -222,7 +222,7 @@ class ScienceWorldEnv(TextEnv):
                         admissible_actions=extras.get("admissible"), extra=extra)
 
     def _expert_action(self) -> str | None:
-        i = self._steps
+        i = self._engine_steps          # a turn the base class refused never reached the simulator
         return self._gold[i] if i < len(self._gold) else None
 
     def close(self):

@@ -12,7 +12,7 @@ import tempfile
 import weakref
 from typing import ClassVar
 
-from ..base import EnvCrashedError, TaskStep, TextEnv
+from ..base import EnvCrashedError, TaskStep, TextEnv, positive_int
 from ..jvm_start import java_executable, launch_gateway, silence_client
 
 # One JVM per process, shared by every TextWorldExpressEnv in it: TextWorldExpress's own class
@@ -60,7 +60,10 @@ def _launch_engine(heap: str, call_timeout_s: float):
     twx_module.launch_gateway = lambda classpath, cwd, javaopts=(), **_: launch_gateway(
         java, classpath, cwd, [*javaopts, *jvm_opts], call_timeout_s, "the TextWorldExpress JVM",
         "call_timeout_s (env.kwargs.call_timeout_s)")
-    twx_module.GatewayParameters = lambda **kw: params(read_timeout=call_timeout_s, **kw)
+    # auto_field off: with it, py4j's first use of each Java method on an object is a field lookup and
+    # then the call, two round trips, so a hung JVM took up to 2x call_timeout_s to be detected (TWX
+    # reads no Java fields)
+    twx_module.GatewayParameters = lambda **kw: params(**{**kw, "read_timeout": call_timeout_s, "auto_field": False})
     try:
         # the base class owns the step cap: the engine's own limit is set far above it
         return twx_module.TextWorldExpressEnv(envStepLimit=10_000)
@@ -101,7 +104,7 @@ def _client_with_timeout(gateway, call_timeout_s: float):
 
     params = gateway.gateway_parameters
     return JavaGateway(gateway_parameters=GatewayParameters(address=params.address, port=params.port,
-                                                            auth_token=params.auth_token, auto_field=True,
+                                                            auth_token=params.auth_token, auto_field=False,
                                                             read_timeout=call_timeout_s),
                        java_process=gateway.java_process)
 
@@ -204,7 +207,7 @@ class TextWorldExpressEnv(TextEnv):
         games: one or several of GAMES; tasks of all of them are listed, interleaved by seed.
         game_params: per game, TextWorldExpress's gameParams string, e.g.
             {"coin": "numLocations=2,includeDoors=0,numDistractorItems=0"}.
-        tasks_per_game: keep only the first N seeds of each fold (None = all 1,000).
+        tasks_per_game: keep only the first N seeds of each fold, an int >= 1 (None = all 1,000).
         jvm_heap: the JVM's -Xmx ("1g", "512m"); call_timeout_s: a JVM call taking longer counts as a
             hung JVM (killed, EnvCrashedError). The process's JVM is shared: the first env's heap holds;
             each env's calls time out after its own call_timeout_s (py4j's delete of a collected
@@ -225,9 +228,12 @@ class TextWorldExpressEnv(TextEnv):
             raise ValueError(f"games is empty; name one or more of {list(GAMES)}")
         self.games = games
         self.game_params = {g: (game_params or {}).get(g, "") for g in games}
-        self.tasks_per_game = tasks_per_game
+        # (-1 kept all seeds but the last through slicing, 0 an empty split, 2.5 a TypeError at the first reset)
+        self.tasks_per_game = (None if tasks_per_game is None
+                               else positive_int("tasks_per_game", tasks_per_game, "all of a fold's seeds"))
         self._env = None
         self._gold: list[str] = []
+        self._valid: list[str] = []             # the engine's valid actions now
 
     def _engine(self, restart: bool):
         if self._env is not None and not _engine_alive(self._env):
@@ -299,8 +305,20 @@ class TextWorldExpressEnv(TextEnv):
         self._score = 0.0
         return info["taskDescription"], self._to_step(obs, info, game=game)
 
+    def _engine_action(self, action: str) -> str:
+        """What the engine is sent for `action`. The engine matches its valid actions exactly, case
+        included ("take box of Q-tips" in twc), so an action equal to a valid one but for case becomes
+        that one; any other text goes lower-cased, as before (the engine answers "Unknown action";
+        "HELP" is TWX's "help"). The agent loop's admissibility check ignores case alike."""
+        text = action.strip()
+        if text in self._valid:
+            return text
+        low = text.lower()
+        return next((a for a in self._valid if a.lower() == low), low)
+
     def _step_task(self, action: str) -> TaskStep:
-        obs, _, _, info = self._call(lambda env: env.step(action.strip().lower()))
+        command = self._engine_action(action)
+        obs, _, _, info = self._call(lambda env: env.step(command))
         assert self._task_id is not None                  # step() checks an episode is running
         return self._to_step(obs, info, game=self._task_id.rsplit("/", 1)[0])
 
@@ -308,12 +326,14 @@ class TextWorldExpressEnv(TextEnv):
         score = max(0.0, float(info["score"]))
         reward, self._score = score - self._score, score
         won, failed = bool(info["tasksuccess"]), bool(info["taskfailure"])
+        self._valid = sorted(info["validActions"])
         return TaskStep(obs=obs.strip(), reward=reward, done=won or failed, won=won, score=score,
-                        admissible_actions=sorted(info["validActions"]), extra={"task_type": game})
+                        admissible_actions=list(self._valid), extra={"task_type": game})
 
     def _expert_action(self) -> str | None:
-        # The gold path is a fixed sequence: correct as long as the agent followed it.
-        i = self._steps
+        # The gold path is a fixed sequence: correct as long as the agent followed it (a turn the
+        # base class refused never reached the engine, so it does not count)
+        i = self._engine_steps
         return self._gold[i] if i < len(self._gold) else None
 
     def close(self):

@@ -267,6 +267,30 @@ def test_planner_expert_recovers_after_off_plan_actions(gen_env):
     assert info["won"] and info["steps"] < 30
 
 
+def test_a_refused_turn_leaves_the_expert_alone(real_env, gen_env):
+    """A turn the base class refused (10,001 characters) never reached the engine, but it advanced the
+    expert: the handcoded one was fed the previous command again, the planner took it for an off-plan
+    move and replanned. Now the expert is not asked, its action stands, and the episode is the plain one."""
+    for env, split, task in ((real_env, "valid_unseen", LAMP_GAME), (gen_env, "gen_unseen", GEN_GAME)):
+        plain = play_expert(env, task, split)
+        _, info = env.reset(options={"task_id": task, "split": split})
+        actions = [info["expert_action"]]
+        _, _, _, _, info = env.step(actions[0])
+        expert, asked = env.unwrapped._expert, []
+        real_next = expert.next_action
+        expert.next_action = lambda *a: asked.append(a) or real_next(*a)
+        try:
+            before = info["expert_action"]
+            _, _, term, trunc, info = env.step("x" * 10_001)
+        finally:
+            del expert.next_action
+        assert "invalid_action" in info and info["expert_action"] == before and asked == [], split
+        while info["expert_action"] is not None and not (term or trunc):
+            actions.append(info["expert_action"])
+            _, _, term, trunc, info = env.step(actions[-1])
+        assert plain["won"] and info["won"] and actions == plain["actions"], split
+
+
 # ---------------------------------------------------------------------------------- parse cache
 def test_parse_cache_gives_identical_outputs(real_env, gen_env):
     assert parse_cache.installed() == {"parse": True, "translation": True}

@@ -208,3 +208,161 @@ def test_info_task_type_comes_from_task_type_unless_the_env_sets_it():
     assert env.reset(options={"task_id": "a"})[1]["task_type"] == "type-a"
     assert env.step("x")[4]["task_type"] == "own"
     assert "task_type" not in Good().reset(options={"task_id": "a"})[1]        # no types: no key
+
+
+class ExpertRaises(Good):
+    """An expert (or, with `raise_in = "task_type"`, a task type) that raises from turn `at` on;
+    `engine_calls` counts the steps that reached the engine."""
+    at = 1
+    raise_in = "_expert_action"
+
+    def _reset_task(self, task_id, split):
+        self.engine_calls = 0
+        return super()._reset_task(task_id, split)
+
+    def _step_task(self, action):
+        self.engine_calls += 1
+        return super()._step_task(action)
+
+    def _boom(self, hook):
+        if self.raise_in == hook and self.num_steps >= self.at:
+            raise KeyError(f"{hook} exploded")
+
+    def _expert_action(self):
+        self._boom("_expert_action")
+        return "x"
+
+    def task_type(self, task_id):
+        self._boom("task_type")
+        return "t"
+
+
+@pytest.mark.parametrize("hook", ["_expert_action", "task_type"])
+def test_a_hook_raising_while_the_info_is_built_ends_the_episode(hook):
+    """The episode stayed open (`_done` was cleared before the info was built, outside the guard
+    that marks a step lost), so every later step reached the engine again; and the hook's raw
+    KeyError is none of the documented exceptions. Now it is an EnvCrashedError naming the hook,
+    chained to the KeyError, and the next step raises EpisodeOverError without reaching the engine."""
+    from agentq.envs import EnvCrashedError
+
+    env = type("Boom", (ExpertRaises,), {"raise_in": hook})(expert=True)
+    env.reset(options={"task_id": "a"})
+    with pytest.raises(EnvCrashedError) as e:
+        env.step("x")
+    assert str(e.value).startswith(f"Boom.{hook} raised KeyError: '{hook} exploded'; the episode is lost")
+    assert isinstance(e.value.__cause__, KeyError)
+    for _ in range(2):
+        with pytest.raises(EpisodeOverError, match="its last step raised EnvCrashedError"):
+            env.step("x")
+    assert env.engine_calls == 1
+    # the same at reset: no episode to step afterwards
+    env = type("Boom", (ExpertRaises,), {"raise_in": hook, "at": 0})(expert=True)
+    with pytest.raises(EnvCrashedError, match=f"Boom.{hook} raised KeyError"):
+        env.reset(options={"task_id": "a"})
+    with pytest.raises(EpisodeOverError, match="\\(lost: its reset raised EnvCrashedError\\)"):
+        env.step("x")
+    assert env.engine_calls == 0
+    env.at = 99                                           # a good reset starts over
+    env.reset(options={"task_id": "a"})
+    assert env.step("x")[0] == "ok"
+
+
+def test_engine_steps_leave_out_refused_turns():
+    """A fixed expert path indexed by the turn count skipped a gold action after a refused turn (one
+    the engine never saw, e.g. 10,001 characters): `engine_steps` counts only the turns it saw."""
+    env = type("Quiet", (ExpertRaises,), {"at": 99})()
+    env.reset(options={"task_id": "a"})
+    env.step("x")
+    obs, *_, info = env.step("x" * 10_001)
+    assert "invalid_action" in info
+    env.step("x")
+    assert (env.num_steps, env.engine_steps, env.engine_calls) == (3, 2, 2)
+    env.reset(options={"task_id": "a"})
+    assert (env.num_steps, env.engine_steps) == (0, 0)
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"max_steps": 0}, "max_steps must be an int >= 1 (or None for the default), got int (0)"),
+    ({"max_steps": -2}, "max_steps must be an int >= 1 (or None for the default), got int (-2)"),
+    ({"max_steps": 2.7}, "max_steps must be an int >= 1 (or None for the default), got float (2.7)"),
+    ({"max_steps": True}, "max_steps must be an int >= 1 (or None for the default), got bool (True)"),
+    ({"expert": "no"}, "expert must be a bool (True: info['expert_action'] holds the expert's next action), "
+                       "got str ('no')"),
+    ({"expert": 1}, "expert must be a bool (True: info['expert_action'] holds the expert's next action), "
+                    "got int (1)"),
+    ({"split": ""}, "unknown split '' for Good; valid: ['train', 'test']"),
+])
+def test_bad_constructor_arguments_are_refused_by_name(kwargs, said):
+    """max_steps=0 became the default cap, -2 truncated the first step, 2.7 became 2; expert="no" was
+    True; split="" the first split."""
+    with pytest.raises(ValueError) as e:
+        Good(**kwargs)
+    assert str(e.value) == said
+
+
+def test_good_constructor_arguments_still_pass():
+    import numpy as np
+
+    assert Good().max_steps == Good.default_max_steps and Good(max_steps=None).max_steps == Good.default_max_steps
+    assert Good(max_steps=1).max_steps == 1 and Good(max_steps=np.int64(7)).max_steps == 7
+    assert Good(expert=np.bool_(True)).expert is True and Good(split=None).split == "train"
+
+
+def test_an_empty_split_option_is_refused_not_read_as_the_default():
+    env = Good(split="test")
+    with pytest.raises(ValueError) as e:
+        env.reset(options={"split": ""})
+    assert str(e.value) == "unknown split '' for Good; valid: ['train', 'test']"
+    with pytest.raises(ValueError, match="unknown split ''"):
+        env.list_tasks("")
+    assert env.reset(options={"split": None})[1]["split"] == "test"   # None still means env.split
+    assert env.list_tasks() == ["a", "b"]
+
+
+_GOOD_MODULE = """from agentq.envs import TaskStep, TextEnv
+
+
+class GoodEnv(TextEnv):
+    splits = ("train", "test")
+
+    def _tasks(self, split):
+        return ["a", "b"]
+
+    def _reset_task(self, task_id, split):
+        self.engine_calls = 0
+        return "goal", TaskStep(obs="start")
+
+    def _step_task(self, action):
+        self.engine_calls += 1
+        return TaskStep(obs=f"ok {self.engine_calls}")
+"""
+
+
+@pytest.mark.parametrize("how", ["module:Class", "registered id"])
+def test_steps_work_after_a_first_reset_that_raised(how, tmp_path, monkeypatch):
+    """Gymnasium 1.4's passive env checker (a wrapper gym.make adds) kept None as the data of a first
+    reset that raised (an unknown task id, say): after a good reset every step raised "cannot unpack
+    non-iterable NoneType object", with the engine stepped each time. agentq's make leaves that
+    checker out, for ids registered elsewhere too (its own registrations:
+    tests/envs/test_textworld_express.py)."""
+    import gymnasium as gym
+
+    import agentq.envs as envs
+
+    name = f"good_mod_{how.split()[0].replace(':', '_')}"
+    (tmp_path / f"{name}.py").write_text(_GOOD_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if how == "module:Class":
+        env = envs.make(f"{name}:GoodEnv")
+    else:
+        gym_id = f"test/{name}-v0"
+        gym.register(id=gym_id, entry_point=f"{name}:GoodEnv")          # Gymnasium's default: checker on
+        try:
+            env = envs.make(gym_id)
+        finally:
+            gym.registry.pop(gym_id, None)
+    with pytest.raises(UnknownTaskError):
+        env.reset(options={"task_id": "nope"})
+    env.reset(options={"task_id": "a"})
+    assert [env.step("x")[0] for _ in range(2)] == ["ok 1", "ok 2"]
+    env.close()

@@ -63,6 +63,74 @@ def test_expert_with_doors_still_wins():
     env.close()
 
 
+#: twc test tasks whose gold paths hold capitals ("take box of Q-tips"): the engine matches its valid
+#: actions exactly, and the wrapper lower-cased every action, so the expert lost each of them
+TWC_CAPITALS = ["twc/20001", "twc/20003", "twc/20004", "twc/20005", "twc/20007", "twc/20013"]
+
+
+def test_the_expert_wins_twc_tasks_whose_actions_have_capitals():
+    env = gym.make("agentq/TextWorldExpress-v0", games=["twc"], split="test", max_steps=100, expert=True)
+    for task in TWC_CAPITALS:
+        actions, won = expert_episode(env, task)
+        assert won and any(a != a.lower() for a in actions), (task, actions)
+    env.close()
+
+
+def test_actions_are_matched_to_the_engines_spelling_whatever_their_case():
+    """An action equal to a valid one but for case is sent in the engine's spelling (both ways: the
+    lower-case games the default run plays, twc's "Q-tips"); other text is lower-cased as before."""
+    env = gym.make("agentq/TextWorldExpress-v0", games=["coin", "twc"], split="train",
+                   game_params={"coin": "numLocations=3,includeDoors=0,numDistractorItems=0"})
+    env.reset(options={"task_id": "coin/159"})                  # the coin is one room east
+    assert env.step("  Move EAST ")[0].startswith("You are in the")
+    obs, r, term, trunc, info = env.step("Take Coin")
+    assert (r, term, info["won"]) == (1.0, True, True)
+    env.reset(options={"task_id": "twc/20001", "split": "test"})
+    assert env.step("TAKE BOX OF Q-TIPS")[0] == "You take the box of Q-tips."
+    assert env.step("Dance Wildly")[0].startswith("Unknown action")
+    assert env.step("HELP")[0].startswith("Your task is")          # TWX's "help", as before
+    env.close()
+
+
+def test_a_refused_turn_does_not_advance_the_expert():
+    """The gold path was indexed by the turn count, which counts a turn the base class refused (the
+    engine never saw it): the expert then skipped a gold action and lost."""
+    env = gym.make("agentq/TextWorldExpress-v0", games=["coin"], expert=True, split="train",
+                   game_params={"coin": "numLocations=3,includeDoors=0,numDistractorItems=0"})
+    obs, info = env.reset(options={"task_id": "coin/159"})
+    assert info["expert_action"] == "move east"
+    obs, r, term, trunc, info = env.step("x" * 10_001)
+    assert "invalid_action" in info and info["expert_action"] == "move east"
+    actions = []
+    while not (term or trunc):
+        actions.append(info["expert_action"])
+        obs, r, term, trunc, info = env.step(actions[-1])
+    assert actions == ["move east", "take coin"] and info["won"]
+    env.close()
+
+
+def test_steps_work_after_a_first_reset_that_raised():
+    """gym.make wrapped agentq's envs in Gymnasium 1.4's passive env checker, which, once the first
+    reset raised (an unknown task id), broke every later step ("cannot unpack non-iterable NoneType
+    object") after stepping the engine. agentq's registrations leave the checker out."""
+    env = make()
+    with pytest.raises(envs.UnknownTaskError):
+        env.reset(options={"task_id": "coin/nope"})
+    env.reset(options={"task_id": "coin/3"})
+    assert all(env.step("look around")[0].startswith("You are in") for _ in range(2))
+    env.close()
+
+
+@pytest.mark.parametrize("n", [-1, 0, 2.5, True, "3"])
+def test_tasks_per_game_must_be_a_positive_int(n):
+    """-1 kept 999 of a fold's 1,000 seeds (slicing), 0 an empty split."""
+    with pytest.raises(ValueError) as e:
+        make(tasks_per_game=n)
+    assert str(e.value) == (f"tasks_per_game must be an int >= 1 (or None for all of a fold's seeds), got "
+                            f"{type(n).__name__} ({n!r})")
+    assert len(make(tasks_per_game=2).unwrapped.list_tasks("dev")) == 2
+
+
 def test_step_cap_truncates_and_is_never_a_win():
     env = make(max_steps=3)
     env.reset(seed=0, options={"task_id": "coin/7"})
@@ -130,6 +198,40 @@ def test_a_dead_jvm_is_an_env_crash_and_the_next_reset_recovers():
     obs, info = env.reset(options={"task_id": "coin/3"})
     assert info["task_id"] == "coin/3" and env.step("look around")[0]
     env.close()
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] in "Tt"
+
+
+def test_a_hung_jvm_is_detected_within_one_call_timeout():
+    """py4j's auto_field made the first use of each Java method a field lookup and then the call, each
+    with its own read timeout: a SIGSTOPped JVM took 2x call_timeout_s to be declared hung."""
+    import os
+    import signal
+    import time
+
+    first, own = make().unwrapped, make(call_timeout_s=3.0).unwrapped
+    first.reset(options={"task_id": "coin/3"})
+    own.reset(options={"task_id": "coin/4"})          # its own py4j client (a timeout unlike the first's)
+    jvm = first._env._gateway.java_process
+    os.kill(jvm.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10
+        while not _stopped(jvm.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        with pytest.raises(envs.EnvCrashedError, match="stopped answering \\(call_timeout_s=3\\)"):
+            own.step("look around")
+        assert time.monotonic() - t0 < 4.5
+    finally:
+        try:
+            os.kill(jvm.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    jvm.wait(timeout=30)                              # killed as hung
+    first.close(), own.close()
 
 
 def _in_forked_child(parent_env, conn):
