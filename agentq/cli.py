@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import errno
 import sys
 from typing import TYPE_CHECKING
 
@@ -91,6 +92,7 @@ def run(argv: list[str] | None = None) -> int:
     from agentq.config import ConfigError, load_config
     from agentq.trainer.run_dir import RunAborted
     from agentq.utils.checkpoint import CheckpointError
+    from agentq.utils.errors import RunFileError
 
     if cmd != "config":
         from agentq.utils.malloc_tuning import tune_malloc
@@ -101,7 +103,7 @@ def run(argv: list[str] | None = None) -> int:
     try:
         # command=: each command refuses a key only another reads (`agentq train checkpoint=...`)
         dispatch(cmd, load_config(overrides, config_name=root, command=cmd), overrides)
-    except (ConfigError, CheckpointError) as e:        # bad input: a key, a run folder, a checkpoint file
+    except (ConfigError, CheckpointError, RunFileError) as e:     # bad input: a key, a run folder, a damaged file
         print(f"agentq: {e}", file=sys.stderr)
         return 2
     except RunAborted as e:
@@ -110,7 +112,22 @@ def run(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:      # Ctrl-C: one line (with where a run stands, when it says), no traceback
         print(f"agentq: interrupted{f': {e}' if str(e) else ''}", file=sys.stderr)
         return INTERRUPTED
+    except OSError as e:
+        return disk_error(e)
     return 0
+
+
+#: OSErrors the user fixes on the machine (a full disk or quota, a read-only folder, permissions): one line
+USER_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT}
+
+
+def disk_error(e: OSError) -> int:
+    """Print an OSError of `USER_ERRNOS` as "agentq: <reason>: <file>" and return exit status 2;
+    re-raise any other (a traceback for what is unexpected)."""
+    if e.errno not in USER_ERRNOS:
+        raise e
+    print(f"agentq: {e.strerror or e}" + (f": {e.filename}" if e.filename is not None else ""), file=sys.stderr)
+    return 2
 
 
 def version() -> str:
@@ -165,6 +182,7 @@ def report(args: list[str]) -> int:
     from pathlib import Path
 
     from agentq.eval.report import write_report
+    from agentq.utils.errors import RunFileError
 
     if len(args) == 2 and Path(args[1]).is_dir():       # `agentq report runs/x runs/x`: an IsADirectoryError traceback
         print(f"agentq: report: {args[1]!r} is a folder; the second argument is the HTML file to write, e.g. "
@@ -172,9 +190,11 @@ def report(args: list[str]) -> int:
         return 2
     try:
         out = write_report(args[0], args[1] if len(args) == 2 else None)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, RunFileError) as e:
         print(f"agentq: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        return disk_error(e)
     print(out)
     return 0
 

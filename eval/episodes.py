@@ -137,10 +137,18 @@ def read_eval(folder: str | Path) -> dict:
 
     Raises:
         FileNotFoundError: no eval.json in `folder`.
-        EvalPairError: the two do not match, in one line naming the folder and both counts.
+        EvalPairError: the two do not match, in one line naming the folder and both counts; or eval.json
+        is damaged (not a JSON object: a write cut short, an edit).
     """
     folder = Path(folder)
-    report = json.loads((folder / EVAL_JSON).read_text())
+    try:
+        report = json.loads((folder / EVAL_JSON).read_text())
+        why = None if isinstance(report, dict) else f"a JSON {type(report).__name__}, not an object"
+    except ValueError as e:         # JSONDecodeError, UnicodeDecodeError
+        why = f"not JSON: {e}"
+    if why:
+        raise EvalPairError(f"{folder}: eval.json is damaged ({why}); the evaluation's record is lost: remove the "
+                            "folder and evaluate again")
     episodes = folder / EPISODES_JSONL
     if EPISODES_SHA256 not in report or not episodes.is_file():
         return report

@@ -166,7 +166,8 @@ class OutputLock:
             holder = "it holds the folder" if self.chosen else "an evaluation with the same settings is writing there"
             advice = "wait for it, or give eval.out_dir=<another folder>" if self.own_command else "wait for it"
             self.file = lock_folder(self.out, lambda pid: ConfigError(
-                f"{self.out} is in use by another agentq process (pid {pid}): {holder}; {advice}"))
+                f"{self.out} is in use by another agentq process (pid {pid}): {holder}; {advice}"),
+                what="output folder")
 
     def close(self) -> None:
         if self.file is not None:

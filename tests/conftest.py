@@ -152,6 +152,30 @@ def failing_capture(monkeypatch):
     return patch
 
 
+@pytest.fixture
+def disk_full_at(monkeypatch):
+    """`disk_full_at("train_summary.json")`: from then on, `Path.write_text` of that file (or of a
+    temporary `.train_summary.json.*` beside it) writes half the text and raises OSError ENOSPC, as a
+    write to a full disk does. Returns the list of the names it cut short. The tests of the files a run
+    replaces whole use it."""
+    import errno
+
+    real = Path.write_text
+
+    def arm(name: str) -> list[str]:
+        cut: list[str] = []
+
+        def write_text(self, data, *args, **kwargs):
+            if self.name != name and not self.name.startswith(f".{name}."):
+                return real(self, data, *args, **kwargs)
+            real(self, data[:len(data) // 2], *args, **kwargs)
+            cut.append(self.name)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        monkeypatch.setattr(Path, "write_text", write_text)
+        return cut
+    return arm
+
+
 def _interpreter_takes_loaded_loop_bounds() -> bool:
     """Whether Triton's interpreter runs `for i in range(lo, hi, ...)` with a bound computed inside
     the kernel (the prefill kernel's loaded key bound, the GEMM's K slice of a split): Triton 3.6's

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from agentq.config import ConfigError
 from agentq.eval.episodes import recover_eval_pairs
 from agentq.eval.metrics import outcomes_by_task, paired_comparison, paired_test_name, two_proportion_z
+from agentq.utils.files import write_text_replacing
 from agentq.utils.logging import console, jsonable
 
 from .run_dir import PIPELINE_ARTIFACTS, claim_run_dir, new_run_dir, remove_run_artifacts, removed_if_left_empty
@@ -180,7 +181,7 @@ def _pipeline(cfg: DictConfig, out: Path, split: str, others: list[str]) -> dict
         "checkpoints": {"sft": s["checkpoint"], "rl": summary_rl["checkpoint"]},
         "wall_time_s": time.time() - t0,
     }
-    (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2))
+    write_text_replacing(out / "summary.json", json.dumps(jsonable(summary), indent=2))
     from agentq.eval.plots import learning_curve
 
     learning_curve(out / "rl" / "metrics.jsonl", out / "learning_curve.png", sft_success=summary["sft_success_rate"],

@@ -40,11 +40,13 @@ from agentq.learner.batch import PolicyBatch, collate
 from agentq.learner.learner import bypass_refusal, grad_pass_refusal
 from agentq.learner.lr_schedule import lr_factor
 from agentq.utils.checkpoint import TrainerState, load_trainer_state, save_hf_checkpoint
+from agentq.utils.files import write_text_replacing
 from agentq.utils.logging import MetricsLogger, console, jsonable, progress, read_metrics, step_line
 
 from .placement import Placement, check_placement_config
-from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, new_run_dir, remove_run_artifacts,
-                      removed_if_left_empty, truncate_lost_episodes, write_lost_episodes, write_run_config)
+from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, new_run_dir, read_run_config, remove_run_artifacts,
+                      removed_if_left_empty, restore_config_hint, truncate_lost_episodes, write_lost_episodes,
+                      write_run_config)
 
 
 #: rollout summary keys (eval.metrics.summarize) every step row carries, skipped steps too
@@ -131,10 +133,10 @@ def lr_change_note(saved_config: Path, t: DictConfig, step: int) -> str | None:
     """For a resume: the rate RL step `step` now runs at, where the run's own config.yaml gave
     another (a changed lr or schedule, or a changed trainer.steps under a decaying schedule, which
     moves the whole curve); None when they agree or there is nothing to compare with."""
-    if step > int(t.steps) or not saved_config.is_file():
+    if step > int(t.steps):
         return None
-    saved = OmegaConf.load(saved_config)
-    then = saved.get("trainer") if isinstance(saved, DictConfig) else None
+    saved = read_run_config(saved_config, needs=("trainer",))      # a damaged one: a one-line ConfigError
+    then = saved.get("trainer") if saved is not None else None
     if not isinstance(then, DictConfig) or "lr" not in then:
         return None
     old, new = step_lr(then, step), step_lr(t, step)
@@ -183,13 +185,17 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     """trainer.resume's config: the run's own config.yaml with this command line's `overrides` on
     top, checked as at start-up. The values come from `cfg` (the overrides' composition, so Hydra
     parses them); a group choice such as env_pool=inline takes the sections it sets from it whole.
-    Without a config.yaml (a folder from elsewhere): `cfg` as composed, with a warning."""
+
+    Raises:
+        ConfigError: the folder's config.yaml is missing (the defaults would stand in for the run's
+        settings, trainer.keep_checkpoints among them) or damaged (`read_run_config`).
+    """
     saved_path = Path(cfg.trainer.resume) / "config.yaml"
-    if not saved_path.exists():
-        console.print(f"[yellow]trainer.resume: no {saved_path}; the config is the defaults with this command line")
-        return cfg
-    saved = OmegaConf.load(saved_path)
-    assert isinstance(saved, DictConfig)
+    saved = read_run_config(saved_path)
+    if saved is None:
+        raise ConfigError(f"trainer.resume={str(cfg.trainer.resume)!r}: the run folder has no config.yaml, so the run "
+                          "cannot continue exactly (its settings would be guesses); "
+                          f"{restore_config_hint(saved_path.parent)}")
     search = [o for o in overrides if o.startswith("hydra.")]
     model_before = OmegaConf.to_container(saved.get("model"), resolve=True) if saved.get("model") is not None else None
     changed = []
@@ -402,7 +408,8 @@ class RLTrainer:
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:        # check_resume_dir found one: another process removed it since
             raise ConfigError(f"trainer.resume={resume!r}: no checkpoints/step_* in that run folder")
-        state = load_trainer_state(ckpt)
+        # what `_restore` reads; a file without it is a one-line CheckpointError naming the checkpoint
+        state = load_trainer_state(ckpt, meta_keys=("step", "np_rng"), tensor_keys=("optimizer", "torch_gen"))
         if int(state.meta["step"]) > steps:
             raise ConfigError(f"trainer.resume={resume!r}: its latest checkpoint ({ckpt.name}) is at step "
                               f"{int(state.meta['step'])}, past trainer.steps={steps}; trainer.steps is the run's "
@@ -666,7 +673,7 @@ class RLTrainer:
             last = recorded_step(self.run_dir, steps)[0]
         summary = {"run_dir": str(self.run_dir), "checkpoint": str(final), "steps": steps, "last_step": last,
                    "final_eval": report}
-        (self.run_dir / "train_summary.json").write_text(json.dumps(jsonable(summary), indent=2, default=str))
+        write_text_replacing(self.run_dir / "train_summary.json", json.dumps(jsonable(summary), indent=2, default=str))
         write_run_plots(self.run_dir, self.eval_split)        # learning_curve.png, mismatch.png
         self.close()
         return summary

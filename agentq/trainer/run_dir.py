@@ -8,18 +8,22 @@ stale temporary checkpoint folders, and a written record of every lost episode.
 from __future__ import annotations
 
 import contextlib
+import io
+import shlex
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from agentq.config import ConfigError, make_setting_dir
 from agentq.eval.episodes import recover_eval_pairs
 from agentq.utils.checkpoint import restore_interrupted_commits
 from agentq.utils.errors import RunAborted
+from agentq.utils.files import write_text_replacing
 from agentq.utils.folder_lock import LOCK_FILE, lock_folder
 from agentq.utils.jsonl import append_jsonl, drop_rows_after
 
@@ -130,7 +134,7 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str 
     run_dir = make_run_dir(run_dir, out_key)
     lock = lock_folder(run_dir, lambda pid: RunDirError(
         f"run folder {str(run_dir)!r} is in use by another agentq process (pid {pid}); wait for it to finish or "
-        f"pick another {out_key}"))
+        f"pick another {out_key}"), what="run folder")
     try:
         check_kind(run_dir, kind, out_key)
         found = holds_run(run_dir, ARTIFACTS[kind])
@@ -205,14 +209,79 @@ def remove_run_artifacts(run_dir: str | Path, artifacts: tuple[str, ...] = RUN_A
 
 def write_run_config(run_dir: str | Path, cfg: DictConfig) -> Path:
     """`run_dir/config.yaml`: the run's resolved config, written once the run has started (an RL run's
-    and an SFT run's: `trainer.resume` and `agentq eval`'s trained-otherwise check read it).
+    and an SFT run's: `trainer.resume` and `agentq eval`'s trained-otherwise check read it), replaced
+    whole (a kill or a full disk mid-write leaves the old file, never an empty one).
 
     Returns:
         the file's path.
     """
     path = Path(run_dir) / "config.yaml"
-    path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_text_replacing(path, OmegaConf.to_yaml(cfg, resolve=True))
     return path
+
+
+#: the top-level keys of every config.yaml an agentq run wrote (conf/config.yaml's first version), and
+#: those of them that are sections: a file without one was cut short or edited
+RUN_CONFIG_KEYS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "seed", "device", "dtype", "agent", "eval")
+RUN_CONFIG_SECTIONS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "agent", "eval")
+
+
+def read_run_config(path: Path, needs: tuple[str, ...] = RUN_CONFIG_KEYS) -> DictConfig | None:
+    """A run folder's config.yaml (`path`) as `write_run_config` wrote it; None when there is none.
+
+    Args:
+        needs: the top-level keys the reader needs (default: every run's).
+    Raises:
+        ConfigError: the file is damaged (not UTF-8 or YAML, empty, no mapping, without a key of `needs`),
+        in one line naming the folder, the damage and what to do (`restore_config_hint`).
+    """
+    if not path.is_file():
+        return None
+    saved, why = load_yaml(path)
+    if saved is not None:
+        why = config_damage(saved, needs)
+    if why:
+        raise ConfigError(f"run folder {str(path.parent)!r}: {path.name} is damaged ({why}); "
+                          f"{restore_config_hint(path.parent)}")
+    assert isinstance(saved, DictConfig)
+    return saved
+
+
+def load_yaml(path: Path) -> tuple[DictConfig | ListConfig | None, str | None]:
+    """(the file's YAML, None), or (None, why it holds no YAML mapping or list); an OSError reading it
+    is raised as it is."""
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    try:
+        return OmegaConf.load(io.StringIO(text)), None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        return None, f"not YAML: {getattr(e, 'problem', None) or str(e).splitlines()[0]}" + (
+            f" at line {mark.line + 1}" if mark is not None else "")
+    except OSError:     # no file is read here: OmegaConf's "Invalid loaded object type" of a single value
+        return None, "a single value, not a mapping of settings"
+
+
+def config_damage(saved: DictConfig | ListConfig, needs: tuple[str, ...]) -> str | None:
+    """What makes a loaded config.yaml no run's (`read_run_config`), else None."""
+    if not isinstance(saved, DictConfig):
+        return "a list, not a mapping of settings"
+    if not saved:
+        return "empty"
+    lacks = [k for k in needs if k not in saved]
+    if lacks:
+        return f"it lacks {', '.join(lacks)}"
+    bad = [k for k in needs if k in RUN_CONFIG_SECTIONS and not isinstance(saved.get(k), DictConfig)]
+    return f"{', '.join(bad)} not a section of settings" if bad else None
+
+
+def restore_config_hint(run_dir: str | Path) -> str:
+    """What a user with a run folder whose config.yaml is missing or damaged can do."""
+    return (f"write the run's settings back (agentq config <the command line that started the run> > "
+            f"{shlex.quote(str(Path(run_dir) / 'config.yaml'))}), or start a new run from a checkpoint's weights "
+            f"(model.path={shlex.quote(str(Path(run_dir) / 'checkpoints'))}/step_N)")
 
 
 def _has_checkpoints(checkpoints: Path) -> bool:

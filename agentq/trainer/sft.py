@@ -29,6 +29,7 @@ from agentq.eval.episodes import demo_record, read_trajectories, write_trajector
 from agentq.learner.batch import collate
 from agentq.learner.learner import Learner, sequence_logprobs
 from agentq.utils.checkpoint import save_hf_checkpoint
+from agentq.utils.files import write_text_replacing
 from agentq.utils.jsonl import read_jsonl
 from agentq.utils.logging import MetricsLogger, console, progress
 
@@ -131,7 +132,7 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
     summary = {"checkpoint": str(ckpt), "demos_collected": int(s.num_demos) if not s.demos else len(demos),
                "demos_won": n_won, "demos_lost": n_lost, "demos_used": len(demos), "train": len(train),
                "val": len(val), "history": history}
-    (out / "sft_summary.json").write_text(json.dumps(summary, indent=2))
+    write_text_replacing(out / "sft_summary.json", json.dumps(summary, indent=2))
     console.print(f"SFT: {len(train)} train / {len(val)} val demos; "
                   + ", ".join(f"epoch {h['epoch']}: train {h['train_loss']:.3f} val {h['val_loss']:.3f}" for h in history)
                   + f"; checkpoint {ckpt} (RL from it: agentq train model.path={shlex.quote(str(ckpt))})",

@@ -70,12 +70,15 @@ def save_trainer_state(folder: str | os.PathLike, state: TrainerState) -> None:
     (folder / STATE_META).write_text(json.dumps(state.meta, indent=1))
 
 
-def load_trainer_state(folder: str | os.PathLike) -> TrainerState:
+def load_trainer_state(folder: str | os.PathLike, meta_keys: tuple[str, ...] = (),
+                       tensor_keys: tuple[str, ...] = ()) -> TrainerState:
     """Read a trainer state written by `save_trainer_state`; never unpickles arbitrary objects.
 
+    Args:
+        meta_keys, tensor_keys: what the reader needs in `trainer_state.json` / `trainer_state.pt`.
     Raises:
-        CheckpointError: a file is missing or unreadable, or `trainer_state.pt` holds anything
-        but tensors and plain containers (e.g. a pickle from an older agentq, or a crafted one).
+        CheckpointError: a file is missing or unreadable, lacks one of those keys, or `trainer_state.pt`
+        holds anything but tensors and plain containers (e.g. a pickle from an older agentq, or a crafted one).
     """
     folder = Path(folder)
     pt, meta = folder / STATE_TENSORS, folder / STATE_META
@@ -96,6 +99,11 @@ def load_trainer_state(folder: str | os.PathLike) -> TrainerState:
         values = json.loads(meta.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{meta} is not valid JSON ({e.msg}); the checkpoint is damaged") from None
+    for name, found, keys in ((STATE_META, values, meta_keys), (STATE_TENSORS, tensors, tensor_keys)):
+        lacks = [k for k in keys if not isinstance(found, dict) or k not in found]
+        if lacks:
+            raise CheckpointError(f"checkpoint {folder} is damaged ({name} lacks {', '.join(map(repr, lacks))}); "
+                                  "move it out of its checkpoints folder to resume from the one before it")
     return TrainerState(tensors=tensors, meta=values)
 
 
@@ -204,7 +212,12 @@ def restore_interrupted_commits(folder: str | os.PathLike) -> list[Path]:
 
 def save_hf_checkpoint(model, path: str | os.PathLike, tokenizer=None, extra: dict | None = None,
                        trainer_state: TrainerState | None = None) -> Path:
-    """save_pretrained (safetensors) + tokenizer (+ agentq metadata, trainer state) atomically."""
+    """save_pretrained (safetensors) + tokenizer (+ agentq metadata, trainer state) atomically.
+
+    Raises:
+        CheckpointError: a write failed (`write_failure`: a full or read-only disk), in one line naming
+        the reason and the run's last complete checkpoint; the temporary folder is removed first.
+    """
 
     path = Path(path)
     tmp = _atomic_dir(path)
@@ -218,7 +231,39 @@ def save_hf_checkpoint(model, path: str | os.PathLike, tokenizer=None, extra: di
         if trainer_state is not None:
             save_trainer_state(tmp, trainer_state)
         _commit(tmp, path)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        reason = write_failure(e)
+        if reason is None:
+            raise
+        raise CheckpointError(f"could not write checkpoint {path.name} in {path.parent} ({reason})"
+                              f"{last_complete_checkpoint(path)}") from None
     return path
+
+
+#: what torch.save's zip writer raises (a RuntimeError) when a write comes up short (a full disk)
+SHORT_WRITE = ("unexpected pos", "file write failed", "failed writing file")
+
+
+def write_failure(e: BaseException) -> str | None:
+    """Why writing a checkpoint failed, where the file system refused a write (a full disk, a read-only
+    one): an OSError's reason (and file), torch.save's zip writer's short write (its RuntimeError names
+    no errno), safetensors' I/O error; None for any other error, which is raised as it is."""
+    if isinstance(e, OSError):
+        return f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+    text = str(e)
+    if isinstance(e, RuntimeError) and any(s in text for s in SHORT_WRITE):
+        return "a file was written short, e.g. no space left on the device"
+    if type(e).__name__ == "SafetensorError" and "I/O error" in text:     # "Error while serializing: I/O error: ..."
+        return text.partition("I/O error: ")[2].splitlines()[0][:200] or "an I/O error"
+    return None
+
+
+def last_complete_checkpoint(path: Path) -> str:
+    """"; the last complete checkpoint is <name>" for a run's step_* checkpoint, of the folders beside
+    it that hold weights; "" for another (an SFT run's one checkpoint)."""
+    if not path.name.startswith("step_"):
+        return ""
+    done = [p.name for p in sorted(path.parent.glob("step_*")) if p.is_dir() and any(
+        any(p.glob(pattern)) for pattern in WEIGHT_FILES)]
+    return f"; the last complete checkpoint is {done[-1]}" if done else "; no checkpoint of the run is complete"

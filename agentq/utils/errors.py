@@ -1,6 +1,6 @@
-"""The error a run stops itself with, in the bottom layer so that every layer can raise it and the
-CLI print it in one line (`agentq: run stopped: ...`, exit status 1). The give-up rule of restarted
-workers that raises it is `agentq.utils.failures.FailureCounts`."""
+"""The errors every layer may raise and the CLI prints in one line: the one a run stops itself with
+(`agentq: run stopped: ...`, exit status 1; the give-up rule of restarted workers that raises it is
+`agentq.utils.failures.FailureCounts`), and a run folder's damaged file (`agentq: ...`, exit status 2)."""
 from __future__ import annotations
 
 
@@ -8,4 +8,9 @@ class RunAborted(RuntimeError):
     """The run stopped itself because continuing could not produce anything useful."""
 
 
-__all__ = ["RunAborted"]
+class RunFileError(ValueError):
+    """A file of a run folder is not what agentq wrote (a line that is not JSON, a row without its
+    step): cut short or edited. The message names the file and the line."""
+
+
+__all__ = ["RunAborted", "RunFileError"]

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from agentq.utils.jsonl import drop_rows_after, read_jsonl
+from agentq.utils.jsonl import drop_rows_after, read_step_rows
 
 
 
@@ -177,5 +177,6 @@ def step_line(step: int, steps: int, m: dict[str, Any]) -> str:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """metrics.jsonl rows; a torn last line (a kill mid-write) is dropped with a warning."""
-    return read_jsonl(path)
+    """metrics.jsonl rows; a torn last line (a kill mid-write) is dropped with a warning, another bad
+    line or a row without its step is a `RunFileError` naming the file and line (`read_step_rows`)."""
+    return read_step_rows(path)

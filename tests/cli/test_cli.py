@@ -299,3 +299,40 @@ def test_the_command_line_ends_by_sigint_after_ctrl_c(tmp_path):
         if loop.poll() is None:
             os.killpg(loop.pid, signal.SIGKILL)
     assert rest == "" and loop.returncode == -signal.SIGINT, (rest, loop.returncode)
+
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EROFS", "EACCES", "EDQUOT"])
+def test_a_full_or_read_only_disk_is_one_line(code, monkeypatch, capsys):
+    """An OSError of the disk (full, over quota, read-only, no permission) anywhere in a command
+    (`append_jsonl`'s write of metrics.jsonl, a summary, ...) was a traceback: `agentq: <reason>: <file>`."""
+    import errno
+    import os
+
+    import agentq.cli as cli
+
+    err = getattr(errno, code)
+
+    def full(cmd, cfg, overrides):
+        raise OSError(err, os.strerror(err), "runs/x/metrics.jsonl")
+    monkeypatch.setattr(cli, "dispatch", full)
+    assert main(["config"]) == 2
+    assert capsys.readouterr().err == f"agentq: {os.strerror(err)}: runs/x/metrics.jsonl\n"
+
+
+def test_other_os_errors_and_run_file_errors(monkeypatch, capsys):
+    """An unexpected OSError keeps its traceback; a damaged run file (`RunFileError`) is one line."""
+    import errno
+
+    import agentq.cli as cli
+    from agentq.utils.errors import RunFileError
+
+    def fails(error):
+        def dispatch(cmd, cfg, overrides):
+            raise error
+        return dispatch
+    monkeypatch.setattr(cli, "dispatch", fails(OSError(errno.EIO, "Input/output error")))
+    with pytest.raises(OSError, match="Input/output error"):
+        main(["config"])
+    monkeypatch.setattr(cli, "dispatch", fails(RunFileError("runs/x/metrics.jsonl: line 2 is not JSON")))
+    assert main(["config"]) == 2
+    assert capsys.readouterr().err == "agentq: runs/x/metrics.jsonl: line 2 is not JSON\n"

@@ -406,3 +406,35 @@ def test_report_into_a_folder_is_a_one_line_error(tmp_path, capsys):
                                        f"write, e.g. {run / 'report.html'} (left out: <run folder>/report.html)\n")
     assert not (run / "report.html").exists()
     assert main(["report", str(run), str(tmp_path / "page.html")]) == 0 and (tmp_path / "page.html").stat().st_size
+
+
+def test_a_truncated_eval_json_is_left_out_by_name(tmp_path, capsys):
+    """An eval.json cut short (a kill or a full disk mid-write) ended `agentq report` with a
+    JSONDecodeError traceback; it is left out, named above the table, as a mismatched one is."""
+    from agentq.cli import main
+
+    run = _run(tmp_path / "run", [{"step": 1, "reward_mean": 0.5, "success_rate": 0.5}])
+    for step in (1, 2):
+        _evaluation(run / "eval" / f"step_{step:06d}", won=1, step=step)
+    eval_json = run / "eval" / "step_000002" / "eval.json"
+    eval_json.write_text(eval_json.read_text()[:40])
+    assert main(["report", str(run)]) == 0
+    page = (run / "report.html").read_text()
+    error = re.search(r"<p class=meta>left out: ([^<]*)</p>", page).group(1)
+    assert error.startswith(f"{eval_json.parent}: eval.json is damaged (not JSON: ") and "evaluate again" in error
+    assert re.findall(r"<tr><td>(\d+)</td><td class=l>test</td>", page) == ["1"]
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ['{"step": 1}\n{garbage\n{"step": 2}\n', '{"step": 1}\n{"reward_mean": 0.5}\n'],
+                         ids=["not-json", "no-step"])
+def test_a_damaged_metrics_line_is_a_one_line_error(tmp_path, capsys, bad):
+    """A garbled middle line of metrics.jsonl (a ValueError traceback) or a row without "step" (a
+    KeyError): `agentq: <file>: line 2 ...`, exit status 2."""
+    from agentq.cli import main
+
+    run = _run(tmp_path / "run", [])
+    (run / "metrics.jsonl").write_text(bad)
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"agentq: {run / 'metrics.jsonl'}: line 2 ") and err.count("\n") == 1

@@ -13,7 +13,8 @@ import warnings
 import pytest
 
 from agentq.cli import main
-from agentq.trainer.run_dir import RunDirError, claim_run_dir, write_lost_episodes
+from agentq.config import load_config
+from agentq.trainer.run_dir import RunDirError, claim_run_dir, write_lost_episodes, write_run_config
 from agentq.utils.checkpoint import CheckpointError, TrainerState, load_trainer_state, save_trainer_state
 from agentq.utils.logging import MetricsLogger, read_metrics
 
@@ -35,14 +36,17 @@ def crafted_checkpoint(run, marker, with_json: bool):
         pickle.dump({"optimizer": RunsShell(marker), "step": 1}, f)
     if with_json:
         (ckpt / "trainer_state.json").write_text(json.dumps({"step": 1}))
+    # a run's config.yaml, so that a resume gets as far as the trainer state (without one it is refused first)
+    write_run_config(run, load_config(["env_pool=inline"]))
     return ckpt
 
 
 @pytest.mark.parametrize("with_json", [True, False], ids=["crafted", "old-format"])
-def test_resume_never_unpickles_the_trainer_state(tmp_path, with_json):
+def test_resume_never_unpickles_the_trainer_state(tmp_path, with_json, capsys):
     run, marker = tmp_path / "run", tmp_path / "code-ran"
     crafted_checkpoint(run, marker, with_json)
     assert main(["train", f"trainer.resume={run}", "trainer.steps=2", "env_pool=inline"]) == 2
+    assert ("never unpickled" if with_json else "older agentq") in capsys.readouterr().err
     assert not marker.exists()
     with pytest.raises(CheckpointError, match="never unpickled" if with_json else "older agentq"):
         load_trainer_state(run / "checkpoints" / "step_000001")

@@ -372,3 +372,15 @@ def test_an_error_after_the_pipeline_folder_is_locked_releases_it(tmp_path, monk
     monkeypatch.undo()
     pipeline.claim_pipeline_dir(out, overwrite=False).close()
     assert raised.value.args == ("disk gone",)
+
+
+def test_the_pipelines_summary_json_is_replaced_whole(tmp_path, capsys, disk_full_at):
+    """summary.json was written in place: a full disk left half of it. Now no half file is left, and
+    the OSError is one line."""
+    cut = disk_full_at("summary.json")
+    args = ["pipeline", f"pipeline.out_dir={tmp_path / 'p'}", "pipeline.eval_tasks=1", "sft.num_demos=2", "sft.epochs=1",
+            "trainer.steps=1", "trainer.tasks_per_step=1", "trainer.group_size=2", "trainer.eval_every=0",
+            "trainer.eval_num_tasks=1", "env.max_steps=2", "env.max_new_tokens=8", "env_pool=inline"]
+    assert main(args) == 2
+    assert cut and capsys.readouterr().err.strip().splitlines()[-1] == "agentq: No space left on device"
+    assert not list((tmp_path / "p").glob("*summary.json*"))

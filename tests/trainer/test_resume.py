@@ -297,3 +297,128 @@ def test_an_evaluation_lost_between_a_checkpoint_and_its_run_is_done_at_resume(t
         assert sorted(got) == [2, 3], (orphan, sorted(got))
         for step in (2, 3):
             assert got[step] == want[step], (orphan, step)
+
+
+# ---------------------------------------------------------------------- damaged or missing run files
+def said_once(capsys) -> str:
+    """stderr's last line, checked to be the only `agentq:` line and to come with no traceback."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("agentq: ") == 1, err
+    return err.strip().splitlines()[-1]
+
+
+def test_a_run_folder_without_config_yaml_is_not_resumed_under_guessed_settings(run_copy, capsys):
+    """Without config.yaml a resume ran with the defaults and this command line (one yellow line), and
+    pruned with the default trainer.keep_checkpoints=2: the run's step_000001 went. Now refused."""
+    (run_copy / "config.yaml").unlink()
+    before = files_of(run_copy)
+    for cmd in ("train", "config"):
+        assert main([cmd, f"trainer.resume={run_copy}", "trainer.steps=3"]) == 2
+        line = said_once(capsys)
+        assert line.startswith(f"agentq: trainer.resume='{run_copy}': the run folder has no config.yaml, so the run "
+                               "cannot continue exactly")
+        assert f"agentq config <the command line that started the run> > {run_copy / 'config.yaml'}" in line
+    assert files_of(run_copy) == before
+
+
+def files_of(folder: Path) -> dict:
+    return {p.relative_to(folder): p.stat().st_mtime_ns for p in folder.rglob("*") if p.name != ".agentq.lock"}
+
+
+@pytest.mark.parametrize("damage,why", [
+    (lambda text: "".join(text.splitlines(True)[:40]), "it lacks "),         # a write cut short
+    (lambda text: text.replace("trainer:\n", "trainer: [\n", 1), "not YAML: "),
+    (lambda text: "", "empty"),
+    (lambda text: "- " + text.replace("\n", "\n  "), "a list, not a mapping of settings"),
+    (lambda text: text.replace("\ntrainer:\n", "\nold_trainer:\n", 1), "it lacks trainer"),
+], ids=["truncated", "garbled", "empty", "list", "no-trainer"])
+def test_a_damaged_config_yaml_is_one_line(run_copy, capsys, damage, why):
+    """A damaged config.yaml was a traceback on resume: yaml's ScannerError, "Key 'device' is not in
+    struct" from build.py, an assert in resumed_config."""
+    config = run_copy / "config.yaml"
+    config.write_text(damage(config.read_text()))
+    before = files_of(run_copy)
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3"]) == 2
+    assert said_once(capsys).startswith(f"agentq: run folder '{run_copy}': config.yaml is damaged ({why}")
+    assert files_of(run_copy) == before
+
+
+def test_the_lr_note_of_a_damaged_config_is_the_same_error(run_copy):
+    from agentq.config import ConfigError, load_config
+    from agentq.trainer.rl import lr_change_note
+
+    (run_copy / "config.yaml").write_text("a: b: c\n")
+    with pytest.raises(ConfigError, match="config.yaml is damaged \\(not YAML: mapping values are not allowed here"):
+        lr_change_note(run_copy / "config.yaml", load_config([]).trainer, 3)
+
+
+def test_a_trainer_state_without_its_step_is_a_damaged_checkpoint(run_copy, capsys):
+    """trainer_state.json that is JSON but not the trainer's (`{}`) was `KeyError: 'step'`."""
+    ckpt = run_copy / "checkpoints" / "step_000002"
+    (ckpt / "trainer_state.json").write_text("{}")
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3"]) == 2
+    assert said_once(capsys) == (f"agentq: checkpoint {ckpt} is damaged (trainer_state.json lacks 'step', 'np_rng'); "
+                                 "move it out of its checkpoints folder to resume from the one before it")
+
+
+def test_a_garbled_metrics_line_on_resume_is_one_line(run_copy, capsys):
+    """A garbled middle line of metrics.jsonl: `ValueError: ...: line 2 is not JSON` as a traceback."""
+    metrics = run_copy / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([lines[0], "{garbage", *lines[1:]]) + "\n")
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3"]) == 2
+    assert said_once(capsys).startswith(f"agentq: {metrics}: line 2 is not JSON (")
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_naming_the_last_checkpoint(run_copy, capsys, monkeypatch):
+    """torch.save on a full disk: `RuntimeError: [enforce fail at inline_container.cc:672] . unexpected
+    pos ...` as a traceback; now the checkpoint, the reason and the one to resume from."""
+    import errno
+
+    from agentq.utils import checkpoint
+
+    def full(obj, f, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3"]) == 2
+    ckpts = run_copy / "checkpoints"
+    assert said_once(capsys) == (f"agentq: could not write checkpoint step_000003 in {ckpts} (No space left on "
+                                 "device); the last complete checkpoint is step_000002")
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001", "step_000002"]
+
+
+def test_train_summary_json_is_replaced_whole(run_copy, capsys, disk_full_at):
+    """train_summary.json was written in place: a full disk left half of it. Now the old one stays,
+    and the OSError is one line."""
+    summary = (run_copy / "train_summary.json").read_text()
+    cut = disk_full_at("train_summary.json")
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=2"]) == 2
+    assert cut and said_once(capsys) == "agentq: No space left on device"
+    assert (run_copy / "train_summary.json").read_text() == summary
+    assert not list(run_copy.glob(".train_summary.json*"))
+
+
+def test_a_read_only_run_folder_is_one_line(run_copy, capsys, monkeypatch):
+    """`OSError: [Errno 30] Read-only file system: '.../.agentq.lock'` from the folder lock."""
+    import errno
+
+    from agentq.utils import folder_lock
+
+    def read_only(path, mode="r", *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+    monkeypatch.setattr(folder_lock, "open", read_only, raising=False)
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3"]) == 2
+    assert said_once(capsys) == f"agentq: cannot lock run folder '{run_copy}': Read-only file system"
+
+
+def test_a_truncated_final_eval_json_on_resume_is_one_line(tmp_path, capsys):
+    """A finished run resumed again reads its recorded final evaluation: a truncated eval.json was a
+    JSONDecodeError traceback."""
+    run = tmp_path / "run"
+    args = [*BASE, "trainer.eval_every=0", "trainer.eval_num_tasks=1", "env.max_new_tokens=8", "trainer.save_segments=false"]
+    assert main(["train", f"trainer.out_dir={run}", "trainer.steps=1", *args]) == 0
+    eval_json = run / "eval" / "step_000001" / "eval.json"
+    eval_json.write_text(eval_json.read_text()[:50])
+    capsys.readouterr()
+    assert main(["train", f"trainer.resume={run}", "trainer.steps=1"]) == 2
+    assert said_once(capsys).startswith(f"agentq: {eval_json.parent}: eval.json is damaged (not JSON: ")

@@ -268,3 +268,38 @@ def test_a_resume_of_another_commands_folder_names_the_one_to_give(tmp_path, cap
         assert main(["train", f"trainer.resume={resume}", "trainer.steps=1", "env_pool=inline"]) == 2
         assert capsys.readouterr().err.strip() == f"agentq: trainer.resume='{resume}' {said}"
     assert not (pipe / ".agentq.lock").exists() and not (sft / ".agentq.lock").exists()
+
+
+def test_config_yaml_is_replaced_whole(tmp_path, disk_full_at):
+    """config.yaml was rewritten in place at every start and resume: a kill or a full disk mid-write
+    left it empty or cut short, and the resume then read a damaged file."""
+    from agentq.config import load_config
+    from agentq.trainer.run_dir import write_run_config
+
+    write_run_config(tmp_path, load_config([]))
+    before = (tmp_path / "config.yaml").read_text()
+    cut = disk_full_at("config.yaml")
+    with pytest.raises(OSError, match="No space left"):
+        write_run_config(tmp_path, load_config(["trainer.steps=7"]))
+    assert cut and (tmp_path / "config.yaml").read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]        # no temporary file left
+
+
+@pytest.mark.parametrize("text,why", [
+    ("", "empty"),
+    ("- a\n- b\n", "a list, not a mapping of settings"),
+    ("42\n", "a single value, not a mapping of settings"),
+    ("env:\n  name: x\nmodel: {\n", "not YAML: "),
+    ("\xff\xfe", "not UTF-8 text"),
+    ("seed: 0\n", "it lacks env, model, rollout, algo, trainer, env_pool, device, dtype, agent, eval"),
+], ids=["empty", "list", "scalar", "garbled", "binary", "no-sections"])
+def test_a_damaged_config_yaml_is_named_with_what_to_do(tmp_path, text, why):
+    from agentq.config import ConfigError
+    from agentq.trainer.run_dir import read_run_config
+
+    assert read_run_config(tmp_path / "config.yaml") is None            # none: the caller decides
+    (tmp_path / "config.yaml").write_bytes(text.encode("latin-1") if text == "\xff\xfe" else text.encode())
+    with pytest.raises(ConfigError) as e:
+        read_run_config(tmp_path / "config.yaml")
+    assert str(e.value).startswith(f"run folder {str(tmp_path)!r}: config.yaml is damaged ({why}")
+    assert "agentq config <the command line that started the run> > " in str(e.value) and "\n" not in str(e.value)

@@ -196,3 +196,13 @@ def test_demonstrations_lost_to_errors_are_said_left_out_and_kept_in_demos_jsonl
         usable_demos(load_config([]), [demos[1], demos[3]])
     assert str(e.value) == ("no usable expert demonstrations: all 2 expert episodes were lost to errors "
                             "(the warning above)")
+
+
+def test_sft_summary_json_is_replaced_whole(tmp_path, capsys, disk_full_at):
+    """sft_summary.json was written in place: a full disk left half of it. Now no half file is left, and
+    the OSError is one line."""
+    out = tmp_path / "sft"
+    cut = disk_full_at("sft_summary.json")
+    assert main(["sft", f"sft.out_dir={out}", *SMALL]) == 2
+    assert cut and capsys.readouterr().err.strip().splitlines()[-1] == "agentq: No space left on device"
+    assert not list(out.glob("*sft_summary.json*"))
