@@ -452,13 +452,14 @@ def eval_out_path(cfg: DictConfig, split: str, overrides: list[str] | None = Non
     their own folders.
 
     Returns:
-        (the folder, the setting to name when it cannot be created: eval.out_dir or checkpoint).
+        (the folder, the setting to name when it cannot be created: eval.out_dir, also for a folder
+        inside the checkpoint, since a read-only checkpoint is evaluated by giving eval.out_dir).
     """
     if cfg.eval.out_dir:
         return Path(cfg.eval.out_dir), "eval.out_dir"
     name = f"eval-{folder_name(str(cfg.env.name))}-{split}{settings_suffix(cfg, overrides)}"
     if cfg.checkpoint:
-        return Path(cfg.checkpoint) / name, "checkpoint"
+        return Path(cfg.checkpoint) / name, "eval.out_dir"
     # named like the trainer's unnamed run folders (agentq.trainer.run_dir.new_run_dir, a layer above)
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", "eval.out_dir"
 

@@ -63,6 +63,31 @@ def test_an_output_folder_that_cannot_be_made_fails_before_playing(tiny_model_di
     assert played == []
 
 
+def test_a_read_only_checkpoint_names_eval_out_dir(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """The default output folder is inside the checkpoint; where that is read-only the fix is
+    eval.out_dir (the message said "set checkpoint to a writable folder"). The refusal is a stand-in
+    for a read-only mount (root, as CI runs, writes into a folder whatever its mode)."""
+    from pathlib import Path
+
+    from agentq.eval import evaluate
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_model_dir, ckpt)
+    mkdir = Path.mkdir
+
+    def read_only(self, *a, **k):
+        if ckpt in self.parents:
+            raise PermissionError(13, "Permission denied", str(self))
+        return mkdir(self, *a, **k)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    monkeypatch.setattr(evaluate, "evaluate_policy", lambda *a, **k: pytest.fail("played"))
+    assert main(["eval", f"checkpoint={ckpt}", *SMALL]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"eval.out_dir: cannot create the evaluation's output folder '{ckpt}/eval-" in said
+    assert said.rstrip().endswith("set eval.out_dir to a writable folder")
+
+
 def test_the_trainers_evaluations_play_each_task_eval_repeats_times(tmp_path):
     """The trainer's final evaluation is `agentq eval`'s (`evaluate_policy`), eval.repeats included:
     the pipeline compares it with `agentq eval`'s reports, so both must hold tasks × repeats episodes."""
