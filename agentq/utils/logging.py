@@ -18,7 +18,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agentq.utils.jsonl import drop_rows_after, read_step_rows
 
 
-
 def make_console(stderr: bool = True) -> Console:
     """rich's console. Written to a file or a pipe (no terminal, no COLUMNS), lines are not wrapped
     at rich's default 80 columns, so a printed command or path stays one line to copy, and tables and
