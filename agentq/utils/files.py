@@ -21,8 +21,10 @@ def replaced(path: str | Path) -> Iterator[Path]:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         yield tmp
-        with contextlib.suppress(FileNotFoundError):
-            shutil.copymode(path, tmp)      # a file replaced keeps its own mode (a chmod by its user)
+        # a file replaced keeps its own mode (a chmod by its user); best effort: a new file has none,
+        # and file systems without modes (vfat, some FUSE / SMB mounts) refuse chmod
+        with contextlib.suppress(OSError):
+            shutil.copymode(path, tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

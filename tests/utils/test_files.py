@@ -53,3 +53,20 @@ def test_a_replaced_file_keeps_its_own_mode(tmp_path):
     path.chmod(0o640)
     write_text_replacing(path, "new")
     assert path.read_text() == "new" and path.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_file_system_that_refuses_chmod_still_gets_the_file(tmp_path, monkeypatch):
+    """Keeping the mode is best effort: where chmod is refused (vfat, some FUSE / SMB mounts) the
+    file is still replaced."""
+    import errno
+    import os
+
+    path = tmp_path / "config.yaml"
+    path.write_text("old")
+
+    def refuse(*a, **k):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "chmod", refuse)
+    write_text_replacing(path, "new")
+    assert path.read_text() == "new"
