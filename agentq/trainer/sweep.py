@@ -47,7 +47,7 @@ from agentq.config import ConfigError, differing_settings, env_label, in_section
 from agentq.utils.files import write_text_replacing
 from agentq.utils.logging import console, counted, jsonable
 
-from .run_dir import check_kind, claim_run_dir, new_run_dir, removed_if_left_empty
+from .run_dir import check_kind, claim_run_dir, new_run_dir, read_run_config, removed_if_left_empty
 
 RESULT = "result.json"
 
@@ -237,10 +237,27 @@ def check_table_only(out_dir: str | None, arms: list[str], seeds: list[int]) -> 
                           f"(no arms/<arm>/seed_<seed>/{RESULT})")
 
 
+def read_result(run_dir: Path) -> dict:
+    """A finished arm × seed's result.json (written whole, so damage is from outside the sweep).
+
+    Raises:
+        ConfigError: it is not a JSON object with its "steps", in one line saying how to redo that run.
+    """
+    path = run_dir / RESULT
+    try:
+        result = json.loads(path.read_text())
+        if not isinstance(result, dict) or not isinstance(result.get("steps"), int):
+            raise ValueError('not a JSON object with its "steps"')
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} is damaged ({e}); delete it and resume the sweep to run that arm × seed "
+                          "again") from None
+    return result
+
+
 def final_eval_dir(run_dir: Path) -> Path:
     """A finished arm × seed's final evaluation (relative to the run folder: a sweep folder may be moved
     and resumed): eval/step_<trainer.steps> as its result.json records them."""
-    return run_dir / "eval" / f"step_{json.loads((run_dir / RESULT).read_text())['steps']:06d}"
+    return run_dir / "eval" / f"step_{read_result(run_dir)['steps']:06d}"
 
 
 def check_final_evals(out: Path, arms: list[str], seeds: list[int]) -> None:
@@ -325,7 +342,10 @@ def changed_settings(run_dir: Path, cfg: DictConfig) -> list[str]:
     config that spells out a default is the same run), and not compared elsewhere (`differing_settings`)."""
     from agentq import build
 
-    diffs = differing_settings(OmegaConf.load(run_dir / "config.yaml"), cfg, lambda k: not in_sections(k, RESUME_FREE),
+    ran = read_run_config(run_dir / "config.yaml")       # a damaged one is one line
+    if ran is None:
+        return []
+    diffs = differing_settings(ran, cfg, lambda k: not in_sections(k, RESUME_FREE),
                                default=lambda k: build.setting_default(cfg, k))
     return [f"{k}: ran with {then!r}, now {now!r}" for k, then, now in diffs]
 
@@ -363,7 +383,7 @@ def rollout_backend(run_dir: Path, result: dict) -> str | None:
     finished before result.json recorded it, its config.yaml's; None where neither says."""
     if result.get("rollout_backend"):
         return str(result["rollout_backend"])
-    cfg = OmegaConf.load(run_dir / "config.yaml") if (run_dir / "config.yaml").exists() else None
+    cfg = read_run_config(run_dir / "config.yaml", needs=())
     backend = OmegaConf.select(cfg, "rollout.backend") if cfg is not None else None
     return None if backend is None else str(backend)
 
@@ -431,7 +451,7 @@ def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -
         episodes = [(t.task_id, t.won) for _, e in results for t in read_trajectories(e / "episodes.jsonl")]
         won[arm] = outcomes_by_task(episodes)      # for the paired tests: a task's episodes over all seeds
         curves = {s: _curve(d, float(sft["success_rate"])) for s, d in done}
-        first = json.loads((done[0][1] / RESULT).read_text())
+        first = read_result(done[0][1])
         rows[arm] = {
             "seeds": [s for s, _ in done], "rollout_quant": first["rollout_quant"],
             "rollout_backend": rollout_backend(done[0][1], first),

@@ -458,3 +458,17 @@ def test_table_md_says_when_its_k3_by_turn_cell_leaves_turns_out(tmp_path):
     assert "| 1e-06, 2e-06, 3e-06, 4e-06, 5e-06, 6e-06, 7e-06, 8e-06, … (12 turns) |" in md
     bf16 = next(line for line in md.splitlines() if line.startswith("| bf16 |"))
     assert "…" not in bf16          # no turn logged: an empty cell, nothing left out
+
+
+def test_a_damaged_result_json_is_one_line_naming_it(tmp_path):
+    """A finished arm's result.json is written whole; damaged from outside, the sweep's start (which
+    now reads every finished arm's) said so by a JSONDecodeError traceback."""
+    from agentq.config import ConfigError
+    from agentq.trainer.sweep import RESULT, check_final_evals
+
+    run = tmp_path / "arms" / "bf16" / "seed_0"
+    run.mkdir(parents=True)
+    for text in ('{"steps": 2', '[]', '{"steps": "2"}'):
+        (run / RESULT).write_text(text)
+        with pytest.raises(ConfigError, match=rf"{RESULT} is damaged .*delete it and resume the sweep"):
+            check_final_evals(tmp_path, ["bf16"], [0])
