@@ -167,7 +167,7 @@ class OutputLock:
             advice = "wait for it, or give eval.out_dir=<another folder>" if self.own_command else "wait for it"
             self.file = lock_folder(self.out, lambda pid: ConfigError(
                 f"{self.out} is in use by another agentq process (pid {pid}): {holder}; {advice}"),
-                what="output folder")
+                what="output folder", fix="set eval.out_dir to a writable folder")
 
     def close(self) -> None:
         if self.file is not None:

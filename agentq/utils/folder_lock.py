@@ -11,24 +11,25 @@ from typing import IO, Callable
 LOCK_FILE = ".agentq.lock"
 
 
-def lock_folder(folder: Path, refused: Callable[[str], Exception], what: str = "folder") -> IO:
+def lock_folder(folder: Path, refused: Callable[[str], Exception], what: str = "folder", fix: str = "") -> IO:
     """Lock `folder` for this process (its pid written in the lock file).
 
     Args:
         folder: an existing folder.
         refused: the error to raise when another process holds it, from the holder's pid.
         what: the folder in the messages ("run folder").
+        fix: what to do where the lock file cannot be opened, appended to that message.
     Returns:
         the open lock file; the lock lasts until it is closed (or the process exits).
     Raises:
         what `refused` returns: another process holds the folder.
         OSError: the lock file cannot be opened (a read-only folder or disk), with its errno, in one
-        line: "cannot lock <what> '<folder>': <the reason>" (the CLI prints it so).
+        line: "cannot lock <what> '<folder>': <the reason>[; <fix>]" (the CLI prints it so).
     """
     try:
         lock = open(folder / LOCK_FILE, "a+")
     except OSError as e:
-        raise OSError(e.errno, f"cannot lock {what} {str(folder)!r}: {e.strerror or e}") from None
+        raise OSError(e.errno, f"cannot lock {what} {str(folder)!r}: {e.strerror or e}{'; ' + fix if fix else ''}") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

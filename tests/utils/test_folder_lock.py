@@ -16,3 +16,7 @@ def test_a_lock_file_that_cannot_be_opened_names_the_folder(tmp_path, monkeypatc
         lock_folder(tmp_path, lambda pid: AssertionError(pid), what="run folder")
     assert e.value.errno == errno.EROFS and e.value.filename is None
     assert str(e.value.strerror) == f"cannot lock run folder {str(tmp_path)!r}: Read-only file system"
+    with pytest.raises(OSError) as e:      # where the caller knows the fix (agentq eval: eval.out_dir)
+        lock_folder(tmp_path, lambda pid: AssertionError(pid), what="output folder",
+                    fix="set eval.out_dir to a writable folder")
+    assert str(e.value.strerror).endswith("Read-only file system; set eval.out_dir to a writable folder")
