@@ -257,6 +257,10 @@ def worker(rank: int, args, port: int) -> None:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             (Path(args.out) / f"distributed-{args.device}-{args.model}.json").write_text(json.dumps(report, indent=1))
         print("checks:", report["checks"], flush=True)
+    # both ranks tear down together: rank 1 finishing first, while rank 0 still writes its report,
+    # closed gloo's connection under rank 0's threads (SIGABRT, "terminate called without an
+    # active exception", once in CI)
+    dist.barrier()
     dist.destroy_process_group()
 
 
