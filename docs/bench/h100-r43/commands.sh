@@ -1,4 +1,4 @@
-# Round 43 (one H100 each time; the H200 was asked for three times and not lent): every CUDA test file.
+# Round 43 (one H100 each time; the H200 was asked for six times and not lent): every CUDA test file.
 # gputests-b.log: call B at 571bad2's tree (the device copy's git line reads d4fe0ed), the suite's old
 # hand-kept list of 25 files:
 bash docs/bench/h200-suite.sh tests "$OUT"
