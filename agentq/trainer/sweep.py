@@ -270,8 +270,11 @@ def check_final_evals(out: Path, arms: list[str], seeds: list[int]) -> None:
     for arm in arms:
         for seed in seeds:
             run_dir = out / "arms" / arm / f"seed_{seed}"
-            if (run_dir / RESULT).exists() and not (final_eval_dir(run_dir) / "eval.json").exists():
-                missing = (final_eval_dir(run_dir) / "eval.json").relative_to(out)
+            if not (run_dir / RESULT).exists():
+                continue
+            final = final_eval_dir(run_dir) / "eval.json"      # one read of result.json
+            if not final.exists():
+                missing = final.relative_to(out)
                 raise ConfigError(f"sweep.out_dir={str(out)!r}: arm {arm} seed {seed} finished without its final "
                                   f"held-out evaluation (no {missing}), which the table needs; delete "
                                   f"arms/{arm}/seed_{seed}/{RESULT} and resume the sweep to run it again")
