@@ -945,8 +945,10 @@ def bench_attention_cuda(dev, results, cases=((64, 2304), (128, 2304), (64, 4096
     from agentq.kernels import triton_attention as ta
     log("\n== int8 decode attention: Triton vs hand-laid MMAs (cuda_attention), µs per call (graph) ==")
     variants = [("triton", None)] + [
-        (f"cuda w{w}{'p' if p else ''} sp{sp or 'auto'}", (w, p, sp))
-        for w, p, sp in ((4, True, None), (2, True, None), (4, False, None), (8, False, None), (4, True, 2))]
+        (f"cuda w{w} {ld} sp{sp or 'auto'}", (w, ld, sp))
+        for w, ld, sp in ((4, "regs", None), (2, "regs", None), (8, "regs", None), (2, "prefetch", None),
+                          (4, "prefetch", None), (4, "async", None), (2, "async", None), (4, "regs", 2),
+                          (4, "prefetch", 2))]
     for hq, hkv in heads:
         for B, L in cases:
             q, caches, slots, lens, D = decode_case(B, L, dev, heads=(hq, hkv))
@@ -963,8 +965,8 @@ def bench_attention_cuda(dev, results, cases=((64, 2304), (128, 2304), (64, 4096
             for name, v in variants:
                 cfg = ta.pick_config(B, hkv, L, torch.int8, dev)
                 if v is not None:
-                    w, p, sp = v
-                    cfg = dataclasses.replace(cfg, cuda=True, cuda_warps=w, cuda_pipe=p,
+                    w, ld, sp = v
+                    cfg = dataclasses.replace(cfg, cuda=True, cuda_warps=w, cuda_loads=ld,
                                               num_splits=sp or cfg.num_splits)
                 out = ta.decode_attention(q, *args, slots, ragged, D ** -0.5, config=cfg)
                 err = (out.float() - ref.float()).abs().max().item()

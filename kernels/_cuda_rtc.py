@@ -26,6 +26,8 @@ from typing import Sequence
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 #: CUfunction_attribute values read by `CudaKernel.attributes`
 _FUNC_ATTRS = {"shared_bytes": 1, "local_bytes": 3, "registers": 4}
+#: CUfunction_attribute: the preferred shared-memory share of L1 (percent)
+_ATTR_SHARED_CARVEOUT = 9
 
 
 class NvrtcUnavailable(RuntimeError):
@@ -152,12 +154,13 @@ class CudaKernel:
         name: the kernel's (unmangled) name.
         signature: one type code per parameter (`_ARG_TYPES`): ``"p"`` pointer, ``"f"`` fp32,
             ``"i"`` int32, ``"q"`` int64.
+        shared_carveout: the percent of L1 to prefer as shared memory (None: the driver's choice).
     """
 
-    def __init__(self, cubin: bytes, name: str, signature: str):
+    def __init__(self, cubin: bytes, name: str, signature: str, shared_carveout: int | None = None):
         if any(c not in _ARG_TYPES for c in signature):
             raise ValueError(f"unknown argument type in {signature!r}; valid: {sorted(_ARG_TYPES)}")
-        self.cubin, self.name, self.signature = cubin, name, signature
+        self.cubin, self.name, self.signature, self.shared_carveout = cubin, name, signature, shared_carveout
         self._functions: dict[int, ctypes.c_void_p] = {}
         self._modules: list[ctypes.c_void_p] = []
 
@@ -172,6 +175,9 @@ class CudaKernel:
                 _check(_driver().cuModuleLoadData(ctypes.byref(module), self.cubin), f"loading {self.name}")
                 _check(_driver().cuModuleGetFunction(ctypes.byref(fn), module, self.name.encode()),
                        f"finding {self.name}")
+                if self.shared_carveout is not None:
+                    _check(_driver().cuFuncSetAttribute(fn, _ATTR_SHARED_CARVEOUT, self.shared_carveout),
+                           "setting the shared-memory carveout")
             self._modules.append(module)
             self._functions[device_index] = fn
         return fn

@@ -47,7 +47,9 @@ TILE = 16
 MAX_GROUP = 8
 
 SOURCE = r"""
-// GROUP, Q_BF16, NWARPS, MIN_BLOCKS, PDL are #defined in front of this text
+// GROUP, Q_BF16, NWARPS, MIN_BLOCKS, PDL, LOADS are #defined in front of this text
+// LOADS 0: a tile's loads into registers as it is computed; 1: cp.async copies one tile ahead
+// into two shared-memory stages a warp; 2: register loads one tile ahead
 typedef unsigned int u32;
 typedef unsigned short u16;
 typedef long long i64;
@@ -162,7 +164,7 @@ __device__ __forceinline__ void load_tile(TileData &t, const signed char *kp, co
     t.vsa = pa < end ? vsp[0] : 0.f; t.vsb = pa + 8 < end ? vsp[8] : 0.f;
 }
 
-#if PIPE
+#if LOADS == 1
 // The same reads as cp.async copies into the warp's stage, so no registers are held while they fly:
 // [8 chunks][32 lanes] of 16 bytes (read back without bank conflicts), then [4 scales][32 lanes]
 // floats. Each lane reads back only what it copied, so its own cp.async.wait_group orders them.
@@ -290,7 +292,7 @@ agentq_decode_attn_i8(const u16 *__restrict__ q, const signed char *__restrict__
 #endif
     __shared__ u32 pbuf[NWARPS][8][8];              // per warp: p' as fp16 [8 heads][16 positions]
     __shared__ float wm[NWARPS][8], wl[NWARPS][8];  // per warp: running max and sum per head
-#if PIPE
+#if LOADS == 1
     __shared__ __align__(16) unsigned char stages[NWARPS * 2 * STAGE_BYTES];   // per warp: 2 tiles; then its O
 #define WO(w) reinterpret_cast<float (*)[128]>(stages + (w) * 2 * STAGE_BYTES)
 #else
@@ -335,7 +337,7 @@ agentq_decode_attn_i8(const u16 *__restrict__ q, const signed char *__restrict__
     const float *ksp = ks + slot * sksS + (i64)kvh * sksH + first + r;
     const float *vsp = vs + slot * svsS + (i64)kvh * svsH + first + r;
     constexpr int STEP = NWARPS * 16;
-#if PIPE
+#if LOADS == 1
     // two stages a warp: tile i + 1's copies fly while tile i is computed
     unsigned char *my_stage = stages + warp * 2 * STAGE_BYTES;
     const unsigned st0 = smem_addr(my_stage);
@@ -354,6 +356,24 @@ agentq_decode_attn_i8(const u16 *__restrict__ q, const signed char *__restrict__
     }
     cp_wait<0>();
     float (*wo_w)[128] = reinterpret_cast<float (*)[128]>(my_stage);   // the warp's own stage, now free
+#elif LOADS == 2
+    // tile i + 1's loads are issued into registers before tile i is computed
+    TileData cur, nxt;
+    if (first < end) {
+        if (first + 16 <= lmax) load_tile<false>(cur, kp, vp, ksp, vsp, first, end, lmax, r, c);
+        else load_tile<true>(cur, kp, vp, ksp, vsp, first, end, lmax, r, c);
+    }
+    for (int n0 = first; n0 < end; n0 += STEP) {
+        kp += STEP * 128; vp += STEP * 128; ksp += STEP; vsp += STEP;
+        const int nn = n0 + STEP;
+        if (nn < end) {
+            if (nn + 16 <= lmax) load_tile<false>(nxt, kp, vp, ksp, vsp, nn, end, lmax, r, c);
+            else load_tile<true>(nxt, kp, vp, ksp, vsp, nn, end, lmax, r, c);
+        }
+        tile(st, qf, &pbuf[warp][0][0], cur, n0, end, r, c, qk_scale);
+        cur = nxt;
+    }
+    float (*wo_w)[128] = wo[warp];
 #else
     for (int n0 = first; n0 < end; n0 += STEP) {
         TileData t;
@@ -437,27 +457,35 @@ def nvrtc_found() -> bool:
         return False
 
 
-def source_for(group: int, q_bf16: bool, warps: int, pdl: bool, pipe: bool = True) -> str:
-    """The kernel's source with its compile-time constants in front (pipe: tiles copied ahead by
-    cp.async, two stages a warp; else loaded into registers when computed)."""
+#: how a warp reads its tiles: "regs" into registers as each is computed, "async" by cp.async one tile
+#: ahead into two shared-memory stages, "prefetch" into registers one tile ahead (more registers a
+#: thread, so 12 warps an SM instead of 16)
+LOADS = {"regs": 0, "async": 1, "prefetch": 2}
+
+
+def source_for(group: int, q_bf16: bool, warps: int, pdl: bool, loads: str = "regs") -> str:
+    """The kernel's source with its compile-time constants in front (`LOADS` for `loads`)."""
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"group {group} outside 1..{MAX_GROUP}")
-    if warps not in ((1, 2, 4) if pipe else (1, 2, 4, 8)):
-        raise ValueError(f"warps {warps} not one of 1, 2, 4{'' if pipe else ', 8'}")
-    min_blocks = max(1, 16 // warps)
+    if loads not in LOADS:
+        raise ValueError(f"loads {loads!r} not one of {sorted(LOADS)}")
+    if warps not in ((1, 2, 4) if loads == "async" else (1, 2, 4, 8)):     # async: 2 stages in 48 KB
+        raise ValueError(f"warps {warps} not one of 1, 2, 4{'' if loads == 'async' else ', 8'}")
+    min_blocks = max(1, (12 if loads == "prefetch" else 16) // warps)
     return (f"#define GROUP {group}\n#define Q_BF16 {int(q_bf16)}\n#define NWARPS {warps}\n"
-            f"#define MIN_BLOCKS {min_blocks}\n#define PDL {int(pdl)}\n#define PIPE {int(pipe)}\n" + SOURCE)
+            f"#define MIN_BLOCKS {min_blocks}\n#define PDL {int(pdl)}\n#define LOADS {LOADS[loads]}\n" + SOURCE)
 
 
 SIGNATURE = "pppppppppp" + "fii" + "q" * 12
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(group: int, q_bf16: bool, warps: int, pdl: bool, pipe: bool, arch: str) -> "CudaKernel":
+def kernel(group: int, q_bf16: bool, warps: int, pdl: bool, loads: str, arch: str) -> "CudaKernel":
     """The compiled kernel for one variant (NVRTC runs once per variant and process)."""
     from ._cuda_rtc import CudaKernel, compile_cubin
-    cubin = compile_cubin(source_for(group, q_bf16, warps, pdl, pipe), arch)
-    return CudaKernel(cubin, "agentq_decode_attn_i8", SIGNATURE)
+    cubin = compile_cubin(source_for(group, q_bf16, warps, pdl, loads), arch)
+    # all of the SM's L1 / shared split as shared memory: else the driver may leave room for fewer blocks
+    return CudaKernel(cubin, "agentq_decode_attn_i8", SIGNATURE, shared_carveout=100)
 
 
 def applies(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: object, v_scale: object) -> bool:
@@ -486,7 +514,7 @@ def applies(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_sca
 def decode_attention_cuda(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor, v_cache: torch.Tensor,
                           v_scale: torch.Tensor, slot_ids: torch.Tensor, lens: torch.Tensor, qk_scale: float,
                           out: torch.Tensor, po: torch.Tensor | None, plse: torch.Tensor | None, splits: int,
-                          warps: int = DEFAULT_WARPS, pdl: bool = False, pipe: bool = True) -> None:
+                          warps: int = DEFAULT_WARPS, pdl: bool = False, loads: str = "regs") -> None:
     """Launch the kernel over grid (B, Hkv, splits). qk_scale = sm_scale · log2(e). With one split
     it writes `out` [B, Hq, 128]; otherwise each split's normalized partial O into po [B, Hq, splits,
     128] and its log2-sum-exp into plse [B, Hq, splits] (`triton_attention._combine_splits` merges
@@ -494,7 +522,7 @@ def decode_attention_cuda(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch
     b, hq, _ = q.shape
     hkv = k_cache.shape[1]
     major, minor = _capability(q.device.index or 0)
-    fn = kernel(hq // hkv, q.dtype == torch.bfloat16, warps, pdl and major >= 9, pipe, f"sm_{major}{minor}")
+    fn = kernel(hq // hkv, q.dtype == torch.bfloat16, warps, pdl and major >= 9, loads, f"sm_{major}{minor}")
     if splits > 1:
         assert po is not None and plse is not None
     else:

@@ -100,13 +100,13 @@ class AttnConfig:
     pairs: bool = False                # planes + asm: unpack two words per asm call into ready fp16 pairs
     cuda: bool = False                 # int8: the hand-laid MMA kernel of `cuda_attention` where it applies
     cuda_warps: int = 4                # ...its warps a block (each walks its own 16-position tiles)
-    cuda_pipe: bool = True             # ...its tiles copied ahead by cp.async (two stages a warp)
+    cuda_loads: str = "regs"           # ...how a warp reads its tiles (`cuda_attention.LOADS`)
 
     def short(self) -> str:
         return (f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/sp{self.num_splits}"
                 f"{'/kA' if self.k_as_a else ''}{'/words' if self.words else ''}{'/asm' if self.asm else ''}"
                 f"{'/planes' if self.planes else ''}{'/tma' if self.tma else ''}{'/pairs' if self.pairs else ''}"
-                f"{f'/cuda{self.cuda_warps}' + ('p' if self.cuda_pipe else '') if self.cuda else ''}")
+                f"{f'/cuda{self.cuda_warps}-{self.cuda_loads}' if self.cuda else ''}")
 
 
 #: H200 defaults by cache kind ("int8", "fp8", "float"), from `python -m agentq.eval.bench_kernels --tune`
@@ -512,7 +512,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
     ks, vs, ks_strides, vs_strides = _scale_pointers(mode, k_scale, v_scale, q)
     cfg = config or pick_config(b, hkv, lmax, k_cache.dtype, q.device)
     splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n, num_sms(q.device))
-    if _wants_cuda(cfg) and cuda_attention.applies(q, k_cache, v_cache, k_scale, v_scale):
+    cfg = cuda_choice(cfg)
+    if cfg.cuda and cuda_attention.applies(q, k_cache, v_cache, k_scale, v_scale):
         return _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg, splits)
     group = hq // hkv
     ddt = dot_dtype(_decode_kernel, q.dtype)
@@ -543,10 +544,21 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
     return out
 
 
-def _wants_cuda(cfg: AttnConfig) -> bool:
-    """`cfg.cuda`, unless AGENTQ_DECODE_ATTN says `cuda` or `triton` (read at each call, for A/B runs)."""
+def cuda_choice(cfg: AttnConfig) -> AttnConfig:
+    """`cfg` as AGENTQ_DECODE_ATTN overrides it (read at each call, for A/B runs): ``triton``, ``cuda``,
+    or ``cuda:WARPS:LOADS`` (e.g. ``cuda:4:prefetch``); unset or empty: `cfg` as it is."""
     choice = os.environ.get("AGENTQ_DECODE_ATTN", "")
-    return choice == "cuda" if choice in ("cuda", "triton") else cfg.cuda
+    if not choice:
+        return cfg
+    if choice == "triton":
+        return dataclasses.replace(cfg, cuda=False)
+    parts = choice.split(":")
+    if parts[0] != "cuda" or len(parts) not in (1, 3) or (len(parts) == 3 and not parts[1].isdigit()):
+        raise ValueError(f"AGENTQ_DECODE_ATTN={choice!r}: expected triton, cuda or cuda:WARPS:LOADS "
+                         f"(LOADS one of {sorted(cuda_attention.LOADS)})")
+    if len(parts) == 1:
+        return dataclasses.replace(cfg, cuda=True)
+    return dataclasses.replace(cfg, cuda=True, cuda_warps=int(parts[1]), cuda_loads=parts[2])
 
 
 def _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg: AttnConfig,
@@ -559,13 +571,13 @@ def _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale
     if splits == 1:
         cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
                                              float(sm_scale) * LOG2E, out, None, None, 1, cfg.cuda_warps,
-                                             pdl=pdl, pipe=cfg.cuda_pipe)
+                                             pdl=pdl, loads=cfg.cuda_loads)
         return out
     po = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
     plse = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
     cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
                                          float(sm_scale) * LOG2E, out, po, plse, splits, cfg.cuda_warps,
-                                         pdl=pdl, pipe=cfg.cuda_pipe)
+                                         pdl=pdl, loads=cfg.cuda_loads)
     _combine_splits(po, plse, out, out, False, pdl)
     return out
 

@@ -26,9 +26,12 @@ def test_source_for_refuses_unsupported_shapes():
     with pytest.raises(ValueError, match="group 9"):
         ca.source_for(9, True, 4, False)
     with pytest.raises(ValueError, match="warps 8"):
-        ca.source_for(2, True, 8, False, pipe=True)      # two stages of 8 warps exceed 48 KB of static shared memory
-    text = ca.source_for(4, False, 2, True, pipe=False)
-    assert "#define GROUP 4\n" in text and "#define Q_BF16 0\n" in text and "#define PIPE 0\n" in text
+        ca.source_for(2, True, 8, False, loads="async")   # two stages of 8 warps exceed 48 KB of static shared memory
+    with pytest.raises(ValueError, match="loads 'tma'"):
+        ca.source_for(2, True, 4, False, loads="tma")
+    text = ca.source_for(4, False, 2, True, loads="prefetch")
+    assert "#define GROUP 4\n" in text and "#define Q_BF16 0\n" in text and "#define LOADS 2\n" in text
+    assert "#define MIN_BLOCKS 6\n" in text
 
 
 def test_does_not_apply_on_cpu_or_to_other_caches():
@@ -55,8 +58,8 @@ def test_source_compiles_with_nvrtc(arch):
         pytest.skip("no NVRTC library here (CUDA builds of PyTorch bring one)")
     from agentq.kernels._cuda_rtc import compile_cubin
     for group in (1, 2, 4, 8):
-        for warps, pipe in ((4, True), (2, True), (4, False), (8, False)):
-            cubin = compile_cubin(ca.source_for(group, True, warps, arch == "sm_90", pipe), arch)
+        for warps, loads in ((4, "regs"), (8, "regs"), (4, "prefetch"), (8, "prefetch"), (4, "async"), (2, "async")):
+            cubin = compile_cubin(ca.source_for(group, True, warps, arch == "sm_90", loads), arch)
             assert cubin[:4] == b"\x7fELF"
 
 
@@ -91,9 +94,10 @@ def _check(out, ref, label):
 
 @needs_cuda
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
-@pytest.mark.parametrize("launch", [dict(cuda_warps=4, cuda_pipe=True), dict(cuda_warps=2, cuda_pipe=True),
-                                    dict(cuda_warps=4, cuda_pipe=False), dict(cuda_warps=8, cuda_pipe=False),
-                                    dict(cuda_warps=4, cuda_pipe=True, num_splits=3)])
+@pytest.mark.parametrize("launch", [dict(cuda_warps=4), dict(cuda_warps=8), dict(cuda_warps=4, cuda_loads="prefetch"),
+                                    dict(cuda_warps=8, cuda_loads="prefetch"), dict(cuda_warps=4, cuda_loads="async"),
+                                    dict(cuda_warps=2, cuda_loads="async"),
+                                    dict(cuda_warps=4, cuda_loads="prefetch", num_splits=3)])
 def test_matches_reference(group, launch):
     from agentq.kernels import triton_attention as ta
     hkv = 4
@@ -144,6 +148,12 @@ def test_env_switch_selects_the_kernel(monkeypatch):
     monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda")
     via_env = ta.decode_attention(*case, 128 ** -0.5, config=cfg)
     assert torch.equal(via_env, _run(case, num_splits=1))
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda:8:prefetch")
+    assert torch.equal(ta.decode_attention(*case, 128 ** -0.5, config=cfg),
+                       _run(case, num_splits=1, cuda_warps=8, cuda_loads="prefetch"))
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda:x")
+    with pytest.raises(ValueError, match="cuda:WARPS:LOADS"):
+        ta.decode_attention(*case, 128 ** -0.5, config=cfg)
     monkeypatch.setenv("AGENTQ_DECODE_ATTN", "triton")
     assert torch.equal(ta.decode_attention(*case, 128 ** -0.5, config=dataclasses.replace(cfg, cuda=True)),
                        ta.decode_attention(*case, 128 ** -0.5, config=cfg))
