@@ -26,14 +26,12 @@ throughout; the CPU engine's path and the tests' reference. Rows with ``lens[b] 
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
 
 from ._interp import (HAVE_TRITON, dot_dtype, interpreting, num_sms, require_triton, runs_interpreted,
                       tma_available)
-from . import cuda_attention
 from ._launch import launch_kernel
 from .triton_quant import use_pdl
 
@@ -98,15 +96,11 @@ class AttnConfig:
     planes: bool = False               # int8 words: 4 byte planes as 4 dots, no interleaving reshape
     tma: bool = False                  # planes: K/V word tiles loaded by TMA (host descriptors; sm_90+)
     pairs: bool = False                # planes + asm: unpack two words per asm call into ready fp16 pairs
-    cuda: bool = False                 # int8: the hand-laid MMA kernel of `cuda_attention` where it applies
-    cuda_warps: int = 4                # ...its warps a block (each walks its own 16-position tiles)
-    cuda_loads: str = "regs"           # ...how a warp reads its tiles (`cuda_attention.LOADS`)
 
     def short(self) -> str:
         return (f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/sp{self.num_splits}"
                 f"{'/kA' if self.k_as_a else ''}{'/words' if self.words else ''}{'/asm' if self.asm else ''}"
-                f"{'/planes' if self.planes else ''}{'/tma' if self.tma else ''}{'/pairs' if self.pairs else ''}"
-                f"{f'/cuda{self.cuda_warps}-{self.cuda_loads}' if self.cuda else ''}")
+                f"{'/planes' if self.planes else ''}{'/tma' if self.tma else ''}{'/pairs' if self.pairs else ''}")
 
 
 #: H200 defaults by cache kind ("int8", "fp8", "float"), from `python -m agentq.eval.bench_kernels --tune`
@@ -512,9 +506,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
     ks, vs, ks_strides, vs_strides = _scale_pointers(mode, k_scale, v_scale, q)
     cfg = config or pick_config(b, hkv, lmax, k_cache.dtype, q.device)
     splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n, num_sms(q.device))
-    cfg = cuda_choice(cfg)
-    if cfg.cuda and cuda_attention.applies(q, k_cache, v_cache, k_scale, v_scale):
-        return _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg, splits)
     group = hq // hkv
     ddt = dot_dtype(_decode_kernel, q.dtype)
     prec = "ieee" if ddt == tl.float32 else "tf32"
@@ -541,44 +532,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
         _launch_decode(common, cfg, splits, group, d, ddt, prec, mode, words, use_asm, bf16_bits, pdl)
     if splits > 1:
         _combine_splits(po, plse, out, out_arg, bf16_bits, pdl)
-    return out
-
-
-def cuda_choice(cfg: AttnConfig) -> AttnConfig:
-    """`cfg` as AGENTQ_DECODE_ATTN overrides it (read at each call, for A/B runs): ``triton``, ``cuda``,
-    or ``cuda:WARPS:LOADS`` (e.g. ``cuda:4:prefetch``); unset or empty: `cfg` as it is."""
-    choice = os.environ.get("AGENTQ_DECODE_ATTN", "")
-    if not choice:
-        return cfg
-    if choice == "triton":
-        return dataclasses.replace(cfg, cuda=False)
-    parts = choice.split(":")
-    if parts[0] != "cuda" or len(parts) not in (1, 3) or (len(parts) == 3 and not parts[1].isdigit()):
-        raise ValueError(f"AGENTQ_DECODE_ATTN={choice!r}: expected triton, cuda or cuda:WARPS:LOADS "
-                         f"(LOADS one of {sorted(cuda_attention.LOADS)})")
-    if len(parts) == 1:
-        return dataclasses.replace(cfg, cuda=True)
-    return dataclasses.replace(cfg, cuda=True, cuda_warps=int(parts[1]), cuda_loads=parts[2])
-
-
-def _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg: AttnConfig,
-                 splits: int) -> torch.Tensor:
-    """`cuda_attention.decode_attention_cuda` over (B, Hkv, splits), merged by `_combine_splits`."""
-    b, hq, d = q.shape
-    slots32 = slot_ids if slot_ids.dtype == torch.int32 else slot_ids.to(torch.int32)
-    lens32 = lens if lens.dtype == torch.int32 else lens.to(torch.int32)
-    pdl = use_pdl(_decode_planes_kernel, q.device, b)
-    if splits == 1:
-        cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
-                                             float(sm_scale) * LOG2E, out, None, None, 1, cfg.cuda_warps,
-                                             pdl=pdl, loads=cfg.cuda_loads)
-        return out
-    po = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
-    plse = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
-    cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
-                                         float(sm_scale) * LOG2E, out, po, plse, splits, cfg.cuda_warps,
-                                         pdl=pdl, loads=cfg.cuda_loads)
-    _combine_splits(po, plse, out, out, False, pdl)
     return out
 
 
