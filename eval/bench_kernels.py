@@ -935,6 +935,47 @@ def bench_attention(dev, results, cases):
         torch.cuda.empty_cache()
 
 
+def bench_attention_cuda(dev, results, cases=((64, 2304), (128, 2304), (64, 4096), (16, 2304)),
+                         heads=((16, 8), (32, 8))):
+    """The int8 decode attention as hand-laid MMAs (`cuda_attention`) beside the Triton kernel and
+    bf16 SDPA, graph-timed, each launch variant checked against the fp32 reference first."""
+    import dataclasses
+
+    from agentq.kernels import cuda_attention as ca
+    from agentq.kernels import triton_attention as ta
+    log("\n== int8 decode attention: Triton vs hand-laid MMAs (cuda_attention), µs per call (graph) ==")
+    variants = [("triton", None)] + [(f"cuda w{w} sp{sp or 'auto'}", (w, sp))
+                                     for w, sp in ((4, None), (2, None), (4, 2), (2, 2))]
+    for hq, hkv in heads:
+        for B, L in cases:
+            q, caches, slots, lens, D = decode_case(B, L, dev, heads=(hq, hkv))
+            args = caches["int8"]
+            ragged = (torch.arange(B, device=dev, dtype=torch.int32) * 37) % L + 1      # checked on ragged rows
+            ref = ta.decode_attention_ref(q, *args, slots, ragged, D ** -0.5)
+            row = {"B": B, "L": L, "Hq": hq, "Hkv": hkv}
+            kv_bytes = 2 * B * hkv * L * (D + 4)
+            k4 = args[0][:, :, :L].float()
+            sdpa = sdpa_best(q.unsqueeze(2), torch.zeros_like(k4, dtype=torch.bfloat16),
+                             torch.zeros_like(k4, dtype=torch.bfloat16), row)[0]
+            del k4
+            line = f"Hq {hq:2d}/{hkv} {B:4d}x{L:<5d} sdpa bf16 {sdpa:7.1f}"
+            for name, v in variants:
+                cfg = dataclasses.replace(ta.pick_config(B, hkv, L, torch.int8, dev), cuda=False)
+                if v is not None:
+                    w, sp = v
+                    cfg = dataclasses.replace(cfg, cuda=True, cuda_warps=w,
+                                              num_splits=sp or cfg.num_splits)
+                out = ta.decode_attention(q, *args, slots, ragged, D ** -0.5, config=cfg)
+                err = (out.float() - ref.float()).abs().max().item()
+                us = graph_us([partial(ta.decode_attention, q, *args, slots, lens, D ** -0.5, config=cfg)])
+                row[name] = {"us": us, "TBps": kv_bytes / us / 1e6, "err": err}
+                line += f" | {name} {us:7.1f} ({kv_bytes / us / 1e6:.2f} TB/s, err {err:.1e})"
+            log(line)
+            results.setdefault("attention_cuda", []).append(row)
+            if not ca.applies(q, args[0], args[2], args[1], args[3]):
+                log("  (cuda_attention does not apply here: the cuda rows ran the Triton kernel)")
+
+
 # ---------------------------------------------------------------------- the learner's RMSNorms
 #: (rows, N) of a 1B learner micro-batch of 10,240 tokens: hidden-size norms, and Qwen3's q/k
 #: norms over 32 heads (rows = tokens × heads)
@@ -1305,6 +1346,9 @@ def main():
                     help="only time qk_norm_rope_to_cache (int8 cache) and qk_norm_rope at Qwen3-8B and 1.7B heads, decode "
                          "(64 x 1) and prefill (16 x 2048) rows, 1 to 16 heads and 1 to 8 tokens per program, "
                          "checking the outputs are the same bits, and exit")
+    ap.add_argument("--attn-cuda", action="store_true",
+                    help="only time the int8 decode attention as hand-laid MMAs (cuda_attention, several launches) "
+                         "beside the Triton kernel and bf16 SDPA, Qwen3-1.7B / 8B heads, and exit")
     ap.add_argument("--prefill", action="store_true",
                     help="only time prefill attention, the read-back path vs the in-place kernel's launches, and exit")
     args = ap.parse_args()
@@ -1326,6 +1370,9 @@ def main():
         return save()
     if args.prefill:
         bench_prefill(dev, results)
+        return save()
+    if args.attn_cuda:
+        bench_attention_cuda(dev, results)
         return save()
     if args.int_mm:
         (bench_int_mm_decode if args.int_mm == "decode" else bench_int_mm)(dev, results)

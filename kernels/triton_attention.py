@@ -26,12 +26,14 @@ throughout; the CPU engine's path and the tests' reference. Rows with ``lens[b] 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
 
 from ._interp import (HAVE_TRITON, dot_dtype, interpreting, num_sms, require_triton, runs_interpreted,
                       tma_available)
+from . import cuda_attention
 from ._launch import launch_kernel
 from .triton_quant import use_pdl
 
@@ -96,11 +98,14 @@ class AttnConfig:
     planes: bool = False               # int8 words: 4 byte planes as 4 dots, no interleaving reshape
     tma: bool = False                  # planes: K/V word tiles loaded by TMA (host descriptors; sm_90+)
     pairs: bool = False                # planes + asm: unpack two words per asm call into ready fp16 pairs
+    cuda: bool = False                 # int8: `cuda_attention`'s kernel where it applies (sm_90+)
+    cuda_warps: int | None = None      # ...its warps a block (None: `cuda_warps_for`)
 
     def short(self) -> str:
         return (f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/sp{self.num_splits}"
                 f"{'/kA' if self.k_as_a else ''}{'/words' if self.words else ''}{'/asm' if self.asm else ''}"
-                f"{'/planes' if self.planes else ''}{'/tma' if self.tma else ''}{'/pairs' if self.pairs else ''}")
+                f"{'/planes' if self.planes else ''}{'/tma' if self.tma else ''}{'/pairs' if self.pairs else ''}"
+                f"{f'/cuda{self.cuda_warps or 0}' if self.cuda else ''}")
 
 
 #: H200 defaults by cache kind ("int8", "fp8", "float"), from `python -m agentq.eval.bench_kernels --tune`
@@ -110,6 +115,9 @@ H200_ATTN: dict[str, AttnConfig] = {
     # round 10: its word tiles through TMA, 4 stages: 93.1 / 167.8 µs at B 64 / 128 x L 2304 against
     # 91.8-92.4 / 170.4 µs with pointer loads at 3 stages (the sweep's best: 90.7 µs n64/w2/st3/tma at
     # B 64, 163.9 µs n64/w1/st4/tma at B 128; docs/bench/h200-r10/tune-attn-tma.log)
+    # round 44: `cuda_attention`'s bulk-copy MMA kernel (cuda=True, or AGENTQ_DECODE_ATTN=cuda) took
+    # 91.2 / 160.2 µs at B 64 / 128 and 35.9 µs at B 16 against 91.8 / 165.9 / 42.7 for this one on the
+    # H200 (docs/bench/h200-r44/bulk); it stays opt-in until the engine's CUDA tests have run with it
     "int8": AttnConfig(block_n=64, num_warps=2, num_stages=4, planes=True, tma=True),
     "float": AttnConfig(block_n=64, num_warps=4, num_stages=2),   # 249 µs, = SDPA
 }
@@ -506,6 +514,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
     ks, vs, ks_strides, vs_strides = _scale_pointers(mode, k_scale, v_scale, q)
     cfg = config or pick_config(b, hkv, lmax, k_cache.dtype, q.device)
     splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n, num_sms(q.device))
+    cfg = cuda_choice(cfg)
+    if cfg.cuda and cuda_attention.applies(q, k_cache, v_cache, k_scale, v_scale):
+        return _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg, splits)
     group = hq // hkv
     ddt = dot_dtype(_decode_kernel, q.dtype)
     prec = "ieee" if ddt == tl.float32 else "tf32"
@@ -532,6 +543,48 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
         _launch_decode(common, cfg, splits, group, d, ddt, prec, mode, words, use_asm, bf16_bits, pdl)
     if splits > 1:
         _combine_splits(po, plse, out, out_arg, bf16_bits, pdl)
+    return out
+
+
+def cuda_choice(cfg: AttnConfig) -> AttnConfig:
+    """`cfg` as AGENTQ_DECODE_ATTN overrides it (read at each call, for A/B runs): ``triton``,
+    ``cuda``, or ``cuda:WARPS``; unset or empty: `cfg` as it is."""
+    choice = os.environ.get("AGENTQ_DECODE_ATTN", "")
+    if not choice:
+        return cfg
+    if choice == "triton":
+        return dataclasses.replace(cfg, cuda=False)
+    parts = choice.split(":")
+    if parts[0] != "cuda" or len(parts) > 2 or (len(parts) == 2 and parts[1] not in ("1", "2", "4", "8")):
+        raise ValueError(f"AGENTQ_DECODE_ATTN={choice!r}: expected triton, cuda or cuda:WARPS (1, 2, 4 or 8)")
+    return dataclasses.replace(cfg, cuda=True, cuda_warps=int(parts[1]) if len(parts) == 2 else cfg.cuda_warps)
+
+
+def cuda_warps_for(batch: int, num_kv_heads: int) -> int:
+    """`cuda_attention`'s warps a block by its grid (B · Hkv blocks a split), from round 44's H200 sweep:
+    4 at 512 blocks (B 64 at 8 KV heads: 91.2 against 94.1 µs with 2), 2 at 128 and 1,024 (B 16:
+    35.9 against 38.4; B 128: 160.2 against 162.7)."""
+    blocks = batch * num_kv_heads
+    return 4 if 128 < blocks < 1024 else 2
+
+
+def _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg: AttnConfig,
+                 splits: int) -> torch.Tensor:
+    """`cuda_attention.decode_attention_cuda` over (B, Hkv, splits), merged by `_combine_splits`."""
+    b, hq, d = q.shape
+    slots32 = slot_ids if slot_ids.dtype == torch.int32 else slot_ids.to(torch.int32)
+    lens32 = lens if lens.dtype == torch.int32 else lens.to(torch.int32)
+    pdl = use_pdl(_decode_planes_kernel, q.device, b)
+    warps = cfg.cuda_warps or cuda_warps_for(b, k_cache.shape[1])
+    if splits == 1:
+        cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
+                                             float(sm_scale) * LOG2E, out, None, None, 1, warps, pdl=pdl)
+        return out
+    po = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
+    plse = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
+    cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
+                                         float(sm_scale) * LOG2E, out, po, plse, splits, warps, pdl=pdl)
+    _combine_splits(po, plse, out, out, False, pdl)
     return out
 
 

@@ -5,3 +5,5 @@ python3 -m agentq.eval.bench_kernels --attn-cuda --out .                        
 E="python3 -m agentq.eval.bench_engine --prompt 2048 --new 128 --turns 3 --no-hf --quants none w8a8_kv8 --model 1b --batch 64 128"
 AGENTQ_DECODE_ATTN=cuda $E --json e1b-cuda.json     # e1b-cuda.log: the cuda kernel's cp.async path (its default then)
 $E --json e1b-triton.json                           # e1b-triton.log: the Triton kernel
+# call F (the bulk-copy kernel as the sm_90 default, which this round then left opt-in): suite/gputests.log
+AGENTQ_DECODE_ATTN=cuda bash docs/bench/h200-suite.sh tests suite     # the call had the default in H200_ATTN instead

@@ -1,7 +1,7 @@
 # Round 44 on one H200 (torch 2.11, Triton 3.6), from the checkout with agentq installed
 # (pip install --no-deps -e .) and the wheels the machine lacks carried (.devrun/setup.sh).
-# The hand-laid MMA decode attention (kernels/cuda_attention.py) these calls timed was removed after
-# them; to rerun call B, check out ef965b8.
+# Calls B and E timed kernels/cuda_attention.py: call B its register and cp.async load paths (since
+# removed; check out ef965b8 to rerun it), call E (bulk/) the bulk-copy path that stays (opt-in).
 #
 # call B (ef965b8; ~1 device minute): test-cuda-attn.log, attn-cuda.{log,json}
 python3 -m pytest -q -o addopts= -p no:randomly -p no:cacheprovider -s tests/kernels/test_cuda_attention.py
@@ -17,3 +17,9 @@ $RL --pack-tokens 20480 --logprob-pack-tokens 40960
 python3 -m agentq.eval.bench_engine --prompt 2048 --new 128 --turns 3 --no-hf --quants none w8a8_kv8 w8a8_kv8_head \
   --model 1b --batch 64 128 --json e1b-head.json
 $RL --pack-tokens 20480 --logprob-pack-tokens 40960 --prompt 1536 --obs 128 --new 512
+# call E (the bulk-copy path, before the other load paths were removed; ~3 device minutes): bulk/
+python3 -m pytest -q -o addopts= -p no:randomly -p no:cacheprovider -x -s tests/kernels/test_cuda_attention.py   # bulk/test-cuda-attn.log
+python3 -m agentq.eval.bench_kernels --attn-cuda --out bulk                                                          # bulk/attn-cuda.log, bench.json
+E="python3 -m agentq.eval.bench_engine --prompt 2048 --new 128 --turns 3 --no-hf --quants none w8a8_kv8 --model 1b --batch 64 128"
+AGENTQ_DECODE_ATTN=cuda:4 $E --json bulk/e1b-cuda.json    # the call named the path cuda:4:bulk
+$E --json bulk/e1b-triton.json

@@ -1,0 +1,172 @@
+"""`cuda_attention`: the int8 decode attention as hand-laid warp MMAs fed by bulk copies (NVRTC).
+
+On a CPU: the source's compile-time checks, where the kernel applies, the launch wrapper's argument
+checks, the warps-by-grid rule, and (where an NVRTC library is found) that the source compiles for
+sm_90. On a CUDA GPU with sm_90: the kernel against the fp32 reference and the Triton kernel over GQA
+groups 1–8, 1–8 warps a block, ragged and empty rows, a last tile that runs past the cache (read from
+global memory), scale rows that are not 16-byte aligned (the Triton kernel then), splits, fp16 and
+strided queries, programmatic dependent launch and CUDA graph replay.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from agentq.kernels import cuda_attention as ca
+from agentq.kernels import quant
+from agentq.kernels.quant_spec import QuantSpec
+
+SPEC = QuantSpec.preset("w8a8_kv8")
+CUDA = torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------------- CPU
+def test_source_for_refuses_unsupported_shapes():
+    with pytest.raises(ValueError, match="group 9"):
+        ca.source_for(9, True, 4, False)
+    with pytest.raises(ValueError, match="warps 3"):
+        ca.source_for(2, True, 3, False)
+    text = ca.source_for(4, False, 2, True)
+    assert "#define GROUP 4\n" in text and "#define Q_BF16 0\n" in text and "#define TILE_POS 32\n" in text
+    # a stage: 32 positions of K and V codes (128 bytes each) and their fp32 scales
+    assert ca.stage_bytes(2) == 32 * (2 * 128 + 2 * 4) and f"#define STAGE_BYTES {ca.stage_bytes(2)}\n" in text
+    assert ca.dynamic_shared_bytes(4) == ca.STAGES * 64 * 264
+
+
+def test_warps_follow_the_grid():
+    from agentq.kernels import triton_attention as ta
+    assert [ta.cuda_warps_for(b, 8) for b in (1, 16, 17, 64, 127, 128, 256)] == [2, 2, 4, 4, 4, 2, 2]
+
+
+def test_does_not_apply_on_cpu_or_to_other_caches():
+    q = torch.zeros(2, 8, 128, dtype=torch.bfloat16)
+    kc = torch.zeros(4, 2, 64, 128, dtype=torch.int8)
+    sc = torch.ones(4, 2, 64)
+    assert not ca.applies(q, kc, kc, sc, sc)                 # CPU tensors
+    assert not ca.applies(q, kc.bfloat16(), kc.bfloat16(), None, None)
+
+
+def test_launch_checks_its_arguments():
+    from agentq.kernels._cuda_rtc import CudaKernel
+    with pytest.raises(ValueError, match="unknown argument type"):
+        CudaKernel(b"", "k", "pz")
+    k = CudaKernel(b"", "k", "pf")
+    with pytest.raises(ValueError, match="takes 2 arguments, got 1"):
+        k.launch((1,), 32, (1,), stream=0, device_index=0)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+def test_source_compiles_with_nvrtc(arch):
+    """Every variant the dispatch can ask for compiles (NVRTC needs no GPU)."""
+    if not ca.nvrtc_found():
+        pytest.skip("no NVRTC library here (CUDA builds of PyTorch bring one)")
+    from agentq.kernels._cuda_rtc import compile_cubin
+    for group in (1, 2, 4, 8):
+        for warps in (1, 2, 4, 8):
+            cubin = compile_cubin(ca.source_for(group, True, warps, True), arch)
+            assert cubin[:4] == b"\x7fELF"
+
+
+# ---------------------------------------------------------------------- CUDA
+needs_cuda = pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability() < (9, 0),
+                                reason="needs a CUDA GPU of capability 9.0+ (bulk copies)")
+
+
+def _case(B, Hq, Hkv, Lmax, lens, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    S = B + 3
+    k = torch.randn(S, Hkv, Lmax, 128, generator=g, device="cuda")
+    v = torch.randn(S, Hkv, Lmax, 128, generator=g, device="cuda")
+    q = torch.randn(B, Hq, 128, generator=g, device="cuda").to(dtype)
+    slots = torch.randperm(S, generator=g, device="cuda")[:B].to(torch.int32)
+    (kc, ks), (vc, vs) = quant.quantize_kv(k, SPEC), quant.quantize_kv(v, SPEC)
+    return q, kc, ks, vc, vs, slots, torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+
+def _run(case, **cfg):
+    from agentq.kernels import triton_attention as ta
+    base = ta.AttnConfig(cuda=True, **cfg)
+    return ta.decode_attention(*case, 128 ** -0.5, config=base)
+
+
+def _check(out, ref, label):
+    err = (out.float() - ref.float()).abs().max().item()
+    rel = ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+    print(f"{label}: max|err| {err:.2e} rel {rel:.2e}")
+    # bf16 output: 1 ulp is 7.8e-3 at |x| in [1, 2); the same bound as the Triton kernel's test
+    assert torch.isfinite(out).all() and err <= 2e-2 and rel <= 5e-3, label
+
+
+@needs_cuda
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("launch", [dict(cuda_warps=4), dict(cuda_warps=2), dict(cuda_warps=1), dict(cuda_warps=8),
+                                    dict(cuda_warps=4, num_splits=3), dict(cuda_warps=2, num_splits=2)])
+def test_matches_reference(group, launch):
+    """Lmax 1000: the last tile of the rows that reach it runs past the cache (read from global memory)."""
+    from agentq.kernels import triton_attention as ta
+    hkv = 4
+    lens = [1000, 1, 0, 77, 16, 17, 999, 512]
+    case = _case(8, hkv * group, hkv, 1000, lens, seed=group)
+    assert ca.applies(case[0], case[1], case[3], case[2], case[4])
+    out = _run(case, **launch)
+    ref = ta.decode_attention_ref(*case, 128 ** -0.5)
+    _check(out, ref, f"g{group} {launch}")
+    assert torch.equal(out[2], torch.zeros_like(out[2]))   # an empty row gives zeros, as the reference
+    tri = ta.decode_attention(*case, 128 ** -0.5, config=ta.AttnConfig(num_splits=1))
+    assert (out.float() - tri.float()).abs().max().item() <= 2e-2
+
+
+@needs_cuda
+def test_unaligned_scale_rows_run_the_triton_kernel():
+    from agentq.kernels import triton_attention as ta
+    case = _case(4, 16, 8, 1001, [1001, 5, 300, 64], seed=4)       # scale rows of 1,001 floats
+    assert not ca.applies(case[0], case[1], case[3], case[2], case[4])
+    assert torch.equal(_run(case), ta.decode_attention(*case, 128 ** -0.5, config=ta.AttnConfig()))
+
+
+@needs_cuda
+def test_fp16_queries_and_strided_q():
+    from agentq.kernels import triton_attention as ta
+    case = list(_case(4, 16, 8, 2304, [2304, 100, 2000, 33], dtype=torch.float16, seed=5))
+    _check(_run(case), ta.decode_attention_ref(*case, 128 ** -0.5), "fp16 q")
+    wide = torch.randn(4, 16, 3, 128, device="cuda", dtype=torch.bfloat16)   # q[:, :, 1]: a strided view
+    case[0] = wide[:, :, 1]
+    assert ca.applies(case[0], case[1], case[3], case[2], case[4])
+    _check(_run(case), ta.decode_attention_ref(*case, 128 ** -0.5), "strided q")
+
+
+@needs_cuda
+def test_graph_replay_and_pdl_give_the_eager_bits(monkeypatch):
+    from agentq.kernels import triton_attention as ta
+    case = list(_case(16, 32, 8, 1024, [1024] * 16, seed=9))
+    eager = _run(case)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = _run(case)
+    g.replay()
+    assert torch.equal(static, eager)
+    case[6].copy_(torch.arange(16, device="cuda", dtype=torch.int32) * 60 + 7)     # new ragged lens
+    g.replay()
+    _check(static, ta.decode_attention_ref(*case, 128 ** -0.5), "replayed with new lens")
+    monkeypatch.setenv("AGENTQ_PDL", "0")
+    assert torch.equal(_run(case), static)
+
+
+@needs_cuda
+def test_env_switch_selects_the_kernel(monkeypatch):
+    from agentq.kernels import triton_attention as ta
+    case = _case(4, 16, 8, 512, [512, 300, 1, 64], seed=3)
+    cfg = ta.AttnConfig(num_splits=1)
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda")
+    via_env = ta.decode_attention(*case, 128 ** -0.5, config=cfg)
+    assert torch.equal(via_env, _run(case, num_splits=1))
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda:8")
+    assert torch.equal(ta.decode_attention(*case, 128 ** -0.5, config=cfg), _run(case, num_splits=1, cuda_warps=8))
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda:x")
+    with pytest.raises(ValueError, match="cuda:WARPS"):
+        ta.decode_attention(*case, 128 ** -0.5, config=cfg)
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "triton")
+    assert torch.equal(ta.decode_attention(*case, 128 ** -0.5, config=dataclasses.replace(cfg, cuda=True)),
+                       ta.decode_attention(*case, 128 ** -0.5, config=cfg))
