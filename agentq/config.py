@@ -1,11 +1,13 @@
 """Loading the Hydra config (conf/) with errors that list the valid choices."""
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 
 class ConfigError(ValueError):
@@ -488,3 +490,20 @@ def differing_settings(saved: Any, now: Any, compared: Callable[[str], bool],
         if a != b:
             out.append((k, a, b))
     return out
+
+
+def load_yaml(path: Path) -> tuple[DictConfig | ListConfig | None, str | None]:
+    """(the file's YAML, None), or (None, why it holds no YAML mapping or list); an OSError reading it
+    is raised as it is."""
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    try:
+        return OmegaConf.load(io.StringIO(text)), None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        return None, f"not YAML: {getattr(e, 'problem', None) or str(e).splitlines()[0]}" + (
+            f" at line {mark.line + 1}" if mark is not None else "")
+    except OSError:     # no file is read here: OmegaConf's "Invalid loaded object type" of a single value
+        return None, "a single value, not a mapping of settings"

@@ -21,7 +21,8 @@ from agentq import build
 from agentq.agent import AgentLoop, BackendPolicy, ChatFormat
 from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
-from agentq.config import ConfigError, differing_settings, in_sections, load_config, make_setting_dir, quant_name
+from agentq.config import (ConfigError, differing_settings, in_sections, load_config, load_yaml, make_setting_dir,
+                           quant_name)
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.folder_lock import lock_folder
@@ -335,9 +336,7 @@ def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, l
     `TRAINED_WITH` setting it holds otherwise than `cfg`, `RUN_ONLY` left out). Another env.name is
     said alone (every env.kwargs and env.prompt key of two environments differs). Outside a run
     folder, the environment the checkpoint's agentq.json names (`trained_env`); (None, []) when
-    neither is known."""
-    from omegaconf import OmegaConf
-
+    neither is known; a damaged config.yaml is said so (in a warning) and read as none."""
     if checkpoint.parent.name == "checkpoints":         # an RL run's <run>/checkpoints/step_*
         run_cfg = checkpoint.parent.parent / "config.yaml"
     elif checkpoint.name == "checkpoint":               # an SFT run's <run>/checkpoint
@@ -346,7 +345,16 @@ def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, l
         return trained_env(cfg, checkpoint)
     if not run_cfg.is_file():
         return trained_env(cfg, checkpoint)
-    diffs = differing_settings(OmegaConf.load(run_cfg), cfg,
+    try:
+        saved, why = load_yaml(run_cfg)
+    except OSError as e:
+        saved, why = None, f"unreadable: {e.strerror or e}"
+    if not isinstance(saved, DictConfig):
+        console.print(f"warning: {run_cfg} is damaged ({why or 'a list, not a mapping of settings'}): the settings "
+                      "this checkpoint was trained with are not compared with this evaluation's", style="yellow",
+                      markup=False, highlight=False, soft_wrap=True)
+        return trained_env(cfg, checkpoint)
+    diffs = differing_settings(saved, cfg,
                                lambda k: in_sections(k, TRAINED_WITH) and not in_sections(k, RUN_ONLY),
                                default=lambda k: build.setting_default(cfg, k))
     other_env = [f"env.name: trained {then!r}, now {now!r} (another environment: its env.kwargs and env.prompt "

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from agentq.config import env_label, quant_name
+from agentq.utils.files import replaced
 from agentq.utils.logging import console, counted, read_metrics
 
 if TYPE_CHECKING:
@@ -484,5 +485,6 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_step
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}{token_css()}</style><script>{SWITCH_JS}</script></head><body class='by-delta'>{body}</body></html>")
     out = Path(out) if out else top / "report.html"
-    out.write_text(page, encoding="utf-8")
+    with replaced(out) as tmp:              # a full disk mid-write keeps the last whole report
+        tmp.write_text(page, encoding="utf-8")
     return out

@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from agentq.config import ConfigError, make_setting_dir
+from agentq.config import ConfigError, load_yaml, make_setting_dir
 from agentq.eval.episodes import recover_eval_pairs
 from agentq.utils.checkpoint import restore_interrupted_commits
 from agentq.utils.errors import RunAborted
@@ -245,23 +245,6 @@ def read_run_config(path: Path, needs: tuple[str, ...] = RUN_CONFIG_KEYS) -> Dic
                           f"{restore_config_hint(path.parent)}")
     assert isinstance(saved, DictConfig)
     return saved
-
-
-def load_yaml(path: Path) -> tuple[DictConfig | ListConfig | None, str | None]:
-    """(the file's YAML, None), or (None, why it holds no YAML mapping or list); an OSError reading it
-    is raised as it is."""
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError:
-        return None, "not UTF-8 text"
-    try:
-        return OmegaConf.load(io.StringIO(text)), None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        return None, f"not YAML: {getattr(e, 'problem', None) or str(e).splitlines()[0]}" + (
-            f" at line {mark.line + 1}" if mark is not None else "")
-    except OSError:     # no file is read here: OmegaConf's "Invalid loaded object type" of a single value
-        return None, "a single value, not a mapping of settings"
 
 
 def config_damage(saved: DictConfig | ListConfig, needs: tuple[str, ...]) -> str | None:

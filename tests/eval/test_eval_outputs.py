@@ -154,6 +154,23 @@ def test_another_environments_checkpoint_is_named_as_such(tiny_model_dir, tmp_pa
     assert trained_otherwise(load_config([]), copied) == (None, [])
 
 
+@pytest.mark.parametrize("text", ["env: [unclosed", "- a\n- list\n", "42", b"\xff\xfe"])
+def test_a_damaged_run_config_is_said_and_read_as_none(tiny_model_dir, tmp_path, capsys, text):
+    """A run's config.yaml cut or garbled: `agentq eval` of its checkpoint died in a YAML traceback while
+    only composing a warning. Now it warns that the file is damaged and falls back to agentq.json."""
+    from agentq.eval.evaluate import trained_otherwise
+
+    run = tmp_path / "run"
+    ckpt = shutil.copytree(tiny_model_dir, run / "checkpoint")
+    cfg_file = run / "config.yaml"
+    cfg_file.write_bytes(text if isinstance(text, bytes) else text.encode())
+    (ckpt / "agentq.json").write_text(json.dumps({"step": 3, "env": "webshop", "algo": "interq"}))
+    assert trained_otherwise(load_config([]), ckpt) == (ckpt / "agentq.json",
+                                                        ["env.name: trained 'webshop', now 'textworld_express'"])
+    err = capsys.readouterr().err
+    assert f"{cfg_file} is damaged" in " ".join(err.split()) and "not compared" in err
+
+
 def test_a_module_class_env_name_and_its_presets_name_are_one_environment(tiny_model_dir, tmp_path):
     """Trained as env.name=<module:Class>, evaluated under the preset naming the same class: the warning
     said "another environment: its env.kwargs and env.prompt differ too", though neither did."""

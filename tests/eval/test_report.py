@@ -408,6 +408,20 @@ def test_report_into_a_folder_is_a_one_line_error(tmp_path, capsys):
     assert main(["report", str(run), str(tmp_path / "page.html")]) == 0 and (tmp_path / "page.html").stat().st_size
 
 
+def test_a_full_disk_keeps_the_last_whole_report(tmp_path, disk_full_at):
+    """report.html was written in place: a full disk mid-write left half a page where the last whole
+    report had been. It is now replaced whole, or not at all."""
+    from agentq.eval.report import write_report
+
+    run = _run(tmp_path / "run", [{"step": 1, "reward_mean": 0.5, "success_rate": 0.5}])
+    before = write_report(run).read_text()
+    cut = disk_full_at("report.html")
+    with pytest.raises(OSError, match="No space left"):
+        write_report(run)
+    assert cut and (run / "report.html").read_text() == before
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".report.html")) == []
+
+
 def test_a_truncated_eval_json_is_left_out_by_name(tmp_path, capsys):
     """An eval.json cut short (a kill or a full disk mid-write) ended `agentq report` with a
     JSONDecodeError traceback; it is left out, named above the table, as a mismatched one is."""
