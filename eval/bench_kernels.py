@@ -943,6 +943,8 @@ def bench_attention_cuda(dev, results, cases=((64, 2304), (128, 2304), (64, 4096
 
     from agentq.kernels import cuda_attention as ca
     from agentq.kernels import triton_attention as ta
+    if os.environ.get("AGENTQ_DECODE_ATTN"):
+        raise SystemExit("--attn-cuda picks each row's kernel itself: unset AGENTQ_DECODE_ATTN")
     log("\n== int8 decode attention: Triton vs hand-laid MMAs (cuda_attention), µs per call (graph) ==")
     variants = [("triton", None)] + [(f"cuda w{w} sp{sp or 'auto'}", (w, sp))
                                      for w, sp in ((4, None), (2, None), (4, 2), (2, 2))]
@@ -967,6 +969,7 @@ def bench_attention_cuda(dev, results, cases=((64, 2304), (128, 2304), (64, 4096
                                               num_splits=sp or cfg.num_splits)
                 out = ta.decode_attention(q, *args, slots, ragged, D ** -0.5, config=cfg)
                 err = (out.float() - ref.float()).abs().max().item()
+                assert err <= 2e-2, f"{name} at Hq {hq} B {B} L {L}: max|err| {err:.2e} against the fp32 reference"
                 us = graph_us([partial(ta.decode_attention, q, *args, slots, lens, D ** -0.5, config=cfg)])
                 row[name] = {"us": us, "TBps": kv_bytes / us / 1e6, "err": err}
                 line += f" | {name} {us:7.1f} ({kv_bytes / us / 1e6:.2f} TB/s, err {err:.1e})"

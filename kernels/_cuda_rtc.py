@@ -167,10 +167,18 @@ class CudaKernel:
         self.dynamic_shared = dynamic_shared
         self._functions: dict[int, ctypes.c_void_p] = {}
         self._modules: list[ctypes.c_void_p] = []
+        self._lock = threading.Lock()
 
     def function(self, device_index: int) -> ctypes.c_void_p:
+        """The kernel loaded into `device_index`'s primary context (once; raises RuntimeError when the
+        driver refuses the cubin or the launch attributes, e.g. more shared memory than the GPU has)."""
         fn = self._functions.get(device_index)
-        if fn is None:
+        if fn is not None:
+            return fn
+        with self._lock:
+            fn = self._functions.get(device_index)
+            if fn is not None:
+                return fn
             import torch
             with torch.cuda.device(device_index):
                 torch.cuda.init()
@@ -187,7 +195,7 @@ class CudaKernel:
                            f"allowing {self.dynamic_shared} bytes of dynamic shared memory")
             self._modules.append(module)
             self._functions[device_index] = fn
-        return fn
+            return fn
 
     def attributes(self, device_index: int) -> dict[str, int]:
         """Registers per thread and static shared / local (spill) bytes of the loaded kernel."""
@@ -208,10 +216,16 @@ class CudaKernel:
         values = [_ARG_TYPES[c](a.data_ptr() if c == "p" and hasattr(a, "data_ptr") else a)
                   for c, a in zip(self.signature, args)]
         params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        fn = self.function(device_index)
+        current = ctypes.c_void_p()
+        _check(_driver().cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+        if not current.value:       # a thread that has not touched CUDA: the device's primary context
+            import torch
+            torch.cuda.set_device(device_index)
         gx, gy, gz = (list(grid) + [1, 1])[:3]
         attr = _LaunchAttr(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
         attr.value.value = 1
         cfg = _LaunchConfig(gx, gy, gz, block, 1, 1, self.dynamic_shared, ctypes.c_void_p(stream),
                             ctypes.pointer(attr) if pdl else None, 1 if pdl else 0)
-        _check(_driver().cuLaunchKernelEx(ctypes.byref(cfg), self.function(device_index), params, None),
+        _check(_driver().cuLaunchKernelEx(ctypes.byref(cfg), fn, params, None),
                f"launching {self.name}")

@@ -33,9 +33,11 @@ within a tile of Lmax) is read by the warps from global memory instead.
 
 `decode_attention_cuda` requires: CUDA capability ≥ 9.0 (bulk copies), head_dim 128, ≤ 8 q heads
 per KV head, int8 caches in the slot layout with per-token fp32 scales, 16-byte aligned (slot, head)
-rows of codes and scales, bf16/fp16 q. `applies` checks all of it; `triton_attention.decode_attention`
-runs it where `AttnConfig.cuda` asks (the H200 default for int8 caches) and it applies, and its own
-kernel otherwise; AGENTQ_DECODE_ATTN=triton / cuda overrides the config.
+rows of codes and scales, bf16/fp16 q, an output of q's dtype contiguous in head_dim. `applies`
+checks all of it; `triton_attention.decode_attention` runs it where `AttnConfig.cuda` asks (opt-in;
+AGENTQ_DECODE_ATTN=cuda / triton overrides the config) and it applies, and its own kernel otherwise,
+also where this kernel cannot be built or loaded here (an NVRTC that does not know the GPU, a driver
+older than the NVRTC, more shared memory than the GPU gives a block: said once, in a warning).
 """
 from __future__ import annotations
 
@@ -303,7 +305,7 @@ agentq_decode_attn_i8(const u16 *__restrict__ q, const signed char *__restrict__
     const int r = lane >> 2, c = lane & 3;
     const i64 slot = slots[b];
     const int length = lens[b];
-    const int chunk = ((length + num_splits - 1) / num_splits + 15) / 16 * 16;
+    const int chunk = ((length + num_splits - 1) / num_splits + TILE_POS - 1) / TILE_POS * TILE_POS;
     const int start = sp * chunk;
     const int end = min(start + chunk, length);
 
@@ -455,12 +457,31 @@ def source_for(group: int, q_bf16: bool, warps: int, pdl: bool) -> str:
         raise ValueError(f"group {group} outside 1..{MAX_GROUP}")
     if warps not in (1, 2, 4, 8):
         raise ValueError(f"warps {warps} not one of 1, 2, 4, 8")
+    # blocks an SM the registers are sized for: 16 warps, fewer where the stages' shared memory caps it
+    min_blocks = max(1, min(16 // warps, (227 * 1024) // (dynamic_shared_bytes(warps) + 3072)))
     return (f"#define GROUP {group}\n#define Q_BF16 {int(q_bf16)}\n#define NWARPS {warps}\n"
-            f"#define MIN_BLOCKS {max(1, 16 // warps)}\n#define PDL {int(pdl)}\n#define TILE_POS {16 * warps}\n"
+            f"#define MIN_BLOCKS {min_blocks}\n#define PDL {int(pdl)}\n#define TILE_POS {16 * warps}\n"
             f"#define STAGES {STAGES}\n#define STAGE_BYTES {stage_bytes(warps)}\n" + SOURCE)
 
 
 SIGNATURE = "pppppppppp" + "fii" + "q" * 12
+
+
+@functools.lru_cache(maxsize=None)
+def loaded(group: int, q_bf16: bool, warps: int, pdl: bool, arch: str, device_index: int) -> "CudaKernel | None":
+    """`kernel(...)` compiled and loaded on the device, or None (warned once) where NVRTC or the driver
+    refuses it, so that the caller runs the Triton kernel instead."""
+    import warnings
+
+    from ._cuda_rtc import NvrtcError
+    try:
+        fn = kernel(group, q_bf16, warps, pdl, arch)
+        fn.function(device_index)
+        return fn
+    except (NvrtcError, RuntimeError, OSError) as e:
+        warnings.warn(f"cuda_attention: the {warps}-warp kernel for {arch} could not be built or loaded here "
+                      f"({str(e).splitlines()[0]}); the Triton decode attention runs instead", stacklevel=3)
+        return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -473,11 +494,14 @@ def kernel(group: int, q_bf16: bool, warps: int, pdl: bool, arch: str) -> "CudaK
                       dynamic_shared=dynamic_shared_bytes(warps))
 
 
-def applies(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: object, v_scale: object) -> bool:
+def applies(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: object, v_scale: object,
+            out: torch.Tensor | None = None) -> bool:
     """Whether `decode_attention_cuda` can run these arguments (see the module docstring)."""
-    if _disabled() or q.device.type != "cuda" or q.dtype not in (torch.bfloat16, torch.float16):
+    if _disabled() or q.dtype not in (torch.bfloat16, torch.float16):
         return False
-    if k_cache.dtype != torch.int8 or v_cache.dtype != torch.int8:
+    if out is not None and (out.dtype != q.dtype or out.stride(-1) != 1 or out.device != q.device):
+        return False
+    if k_cache.dtype != torch.int8 or v_cache.dtype != torch.int8 or q.device.type != "cuda":
         return False
     if not isinstance(k_scale, torch.Tensor) or not isinstance(v_scale, torch.Tensor) or k_scale.numel() == 1:
         return False
@@ -500,22 +524,32 @@ def applies(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_sca
 def decode_attention_cuda(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor, v_cache: torch.Tensor,
                           v_scale: torch.Tensor, slot_ids: torch.Tensor, lens: torch.Tensor, qk_scale: float,
                           out: torch.Tensor, po: torch.Tensor | None, plse: torch.Tensor | None, splits: int,
-                          warps: int = DEFAULT_WARPS, pdl: bool = False) -> None:
+                          warps: int = DEFAULT_WARPS, pdl: bool = False) -> bool:
     """Launch the kernel over grid (B, Hkv, splits). qk_scale = sm_scale · log2(e). With one split
     it writes `out` [B, Hq, 128]; otherwise each split's normalized partial O into po [B, Hq, splits,
     128] and its log2-sum-exp into plse [B, Hq, splits] (`triton_attention._combine_splits` merges
-    them). Call `applies` first; slot_ids / lens are int32."""
+    them). Call `applies` first; slot_ids / lens are int32. Returns False, having launched nothing,
+    where the kernel cannot be built or loaded here (`loaded`)."""
     b, hq, _ = q.shape
     hkv = k_cache.shape[1]
     major, minor = _capability(q.device.index or 0)
-    fn = kernel(hq // hkv, q.dtype == torch.bfloat16, warps, pdl, f"sm_{major}{minor}")
+    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    fn = loaded(hq // hkv, q.dtype == torch.bfloat16, warps, pdl, f"sm_{major}{minor}", device_index)
+    if fn is None:
+        return False
     if splits > 1:
         assert po is not None and plse is not None
     else:
         po = plse = out
-    fn.launch((b, hkv, splits), warps * 32,
+    launch = functools.partial(fn.launch, (b, hkv, splits), warps * 32,
               (q, k_cache, v_cache, k_scale, v_scale, slot_ids, lens, out, po, plse, float(qk_scale), int(splits),
                k_cache.shape[2], q.stride(0), q.stride(1), *k_cache.stride()[:2], *v_cache.stride()[:2],
                k_scale.stride(0), k_scale.stride(1), v_scale.stride(0), v_scale.stride(1),
                out.stride(0), out.stride(1)),
-              torch.cuda.current_stream(q.device).cuda_stream, q.device.index or 0, pdl=pdl)
+              torch.cuda.current_stream(q.device).cuda_stream, device_index, pdl=pdl)
+    if device_index == torch.cuda.current_device():
+        launch()
+    else:                       # the function lives in q's device's context: make it current
+        with torch.cuda.device(device_index):
+            launch()
+    return True

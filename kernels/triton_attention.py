@@ -515,8 +515,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
     cfg = config or pick_config(b, hkv, lmax, k_cache.dtype, q.device)
     splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n, num_sms(q.device))
     cfg = cuda_choice(cfg)
-    if cfg.cuda and cuda_attention.applies(q, k_cache, v_cache, k_scale, v_scale):
-        return _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg, splits)
+    if (cfg.cuda and cuda_attention.applies(q, k_cache, v_cache, k_scale, v_scale, out)
+            and _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg, splits)):
+        return out
     group = hq // hkv
     ddt = dot_dtype(_decode_kernel, q.dtype)
     prec = "ieee" if ddt == tl.float32 else "tf32"
@@ -569,23 +570,24 @@ def cuda_warps_for(batch: int, num_kv_heads: int) -> int:
 
 
 def _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg: AttnConfig,
-                 splits: int) -> torch.Tensor:
-    """`cuda_attention.decode_attention_cuda` over (B, Hkv, splits), merged by `_combine_splits`."""
+                 splits: int) -> bool:
+    """`cuda_attention.decode_attention_cuda` over (B, Hkv, splits), merged by `_combine_splits`;
+    False (nothing launched) where that kernel cannot be built or loaded here."""
     b, hq, d = q.shape
     slots32 = slot_ids if slot_ids.dtype == torch.int32 else slot_ids.to(torch.int32)
     lens32 = lens if lens.dtype == torch.int32 else lens.to(torch.int32)
     pdl = use_pdl(_decode_planes_kernel, q.device, b)
     warps = cfg.cuda_warps or cuda_warps_for(b, k_cache.shape[1])
     if splits == 1:
-        cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
-                                             float(sm_scale) * LOG2E, out, None, None, 1, warps, pdl=pdl)
-        return out
+        return cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
+                                                    float(sm_scale) * LOG2E, out, None, None, 1, warps, pdl=pdl)
     po = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
     plse = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
-    cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
-                                         float(sm_scale) * LOG2E, out, po, plse, splits, warps, pdl=pdl)
+    if not cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
+                                                float(sm_scale) * LOG2E, out, po, plse, splits, warps, pdl=pdl):
+        return False
     _combine_splits(po, plse, out, out, False, pdl)
-    return out
+    return True
 
 
 def _launch_planes(common, cfg: AttnConfig, splits: int, group: int, d: int, ddt, prec: str, use_asm: bool,

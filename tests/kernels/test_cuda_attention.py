@@ -40,12 +40,11 @@ def test_warps_follow_the_grid():
     assert [ta.cuda_warps_for(b, 8) for b in (1, 16, 17, 64, 127, 128, 256)] == [2, 2, 4, 4, 4, 2, 2]
 
 
-def test_does_not_apply_on_cpu_or_to_other_caches():
+def test_does_not_apply_on_cpu():
     q = torch.zeros(2, 8, 128, dtype=torch.bfloat16)
     kc = torch.zeros(4, 2, 64, 128, dtype=torch.int8)
     sc = torch.ones(4, 2, 64)
-    assert not ca.applies(q, kc, kc, sc, sc)                 # CPU tensors
-    assert not ca.applies(q, kc.bfloat16(), kc.bfloat16(), None, None)
+    assert not ca.applies(q, kc, kc, sc, sc)
 
 
 def test_launch_checks_its_arguments():
@@ -116,6 +115,40 @@ def test_matches_reference(group, launch):
     assert torch.equal(out[2], torch.zeros_like(out[2]))   # an empty row gives zeros, as the reference
     tri = ta.decode_attention(*case, 128 ** -0.5, config=ta.AttnConfig(num_splits=1))
     assert (out.float() - tri.float()).abs().max().item() <= 2e-2
+
+
+@needs_cuda
+def test_applies_refuses_what_the_kernel_cannot_read():
+    case = _case(4, 16, 8, 512, [512, 3, 100, 64], seed=2)
+    q, kc, ks, vc, vs = case[:5]
+    assert ca.applies(q, kc, vc, ks, vs, torch.empty_like(q))
+    assert not ca.applies(q, kc.bfloat16(), vc.bfloat16(), None, None)           # a bf16 cache
+    assert not ca.applies(q, kc, vc, ks, vs, torch.empty(q.shape, device="cuda"))  # an fp32 output
+    assert not ca.applies(torch.zeros(4, 72, 128, device="cuda", dtype=q.dtype), kc, vc, ks, vs)   # group 9
+    odd = torch.zeros(4 * 16 * 128 + 1, device="cuda", dtype=q.dtype)[1:].view(4, 16, 128)      # 2-byte aligned q
+    assert not ca.applies(odd, kc, vc, ks, vs)
+    assert not ca.applies(q, kc[:, :, :, :64], vc[:, :, :, :64], ks, vs)            # head_dim 64
+    assert not ca.applies(q, kc[:, :, ::2], vc[:, :, ::2], ks, vs)                 # positions 256 bytes apart
+
+
+@needs_cuda
+def test_group_three_heads():
+    """A 24/8-head model: GQA group 3, the query rows 3 of the 8 MMA columns."""
+    from agentq.kernels import triton_attention as ta
+    case = _case(4, 24, 8, 700, [700, 1, 333, 64], seed=13)
+    _check(_run(case), ta.decode_attention_ref(*case, 128 ** -0.5), "group 3")
+
+
+@needs_cuda
+def test_first_call_inside_graph_capture():
+    """The kernel's first use (NVRTC, module load, attributes) while a CUDA graph is being captured."""
+    from agentq.kernels import triton_attention as ta
+    case = _case(4, 40, 8, 300, [300, 7, 150, 64], seed=21)     # group 5: a variant no other test built
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = _run(case)
+    g.replay()
+    _check(static, ta.decode_attention_ref(*case, 128 ** -0.5), "first call in capture")
 
 
 @needs_cuda
