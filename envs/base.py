@@ -32,7 +32,9 @@ A `TextEnv` is a Gymnasium `Env` whose observations and actions are strings:
   A `step` (or `reset`) that raises ends the episode: the next `step` raises `EpisodeOverError`
   until a `reset`.
 * Constructor arguments: `split` one of `splits` (None: the first), `max_steps` an int >= 1 (None:
-  `default_max_steps`), `expert` a bool; anything else is a ValueError naming the argument.
+  `default_max_steps`), `expert` a bool; anything else is a ValueError naming the argument. agentq
+  builds one instance per split before its model (to refuse bad arguments or missing data early), so
+  a constructor checks data and stays cheap; engines start on the first `reset`.
 
 Subclasses implement three hooks (`_tasks`, `_reset_task`, `_step_task`) and, for experts,
 `_expert_action`; the base class owns splits, task selection, the step cap and the `info`
