@@ -261,10 +261,18 @@ def config_damage(saved: DictConfig | ListConfig, needs: tuple[str, ...]) -> str
 
 
 def restore_config_hint(run_dir: str | Path) -> str:
-    """What a user with a run folder whose config.yaml is missing or damaged can do."""
-    return (f"write the run's settings back (agentq config <the command line that started the run> > "
-            f"{shlex.quote(str(Path(run_dir) / 'config.yaml'))}), or start a new run from a checkpoint's weights "
-            f"(model.path={shlex.quote(str(Path(run_dir) / 'checkpoints'))}/step_N)")
+    """What a user with a run folder whose config.yaml is missing or damaged can do. A pipeline's RL
+    stage (`<pipeline.out_dir>/rl`) ran the pipeline's settings with its own eval split and folder, so
+    the pipeline's command line alone would write other settings back: the hint adds those two."""
+    run_dir = Path(run_dir)
+    cfg = shlex.quote(str(run_dir / "config.yaml"))
+    if run_dir.name == "rl" and (run_dir.parent / "sft").is_dir():
+        settings = (f"agentq config <the pipeline's command line> env.eval_split=<its first pipeline.eval_splits> "
+                    f"trainer.out_dir={shlex.quote(str(run_dir))} > {cfg}")
+    else:
+        settings = f"agentq config <the command line that started the run> > {cfg}"
+    return (f"write the run's settings back ({settings}), or start a new run from a checkpoint's weights "
+            f"(model.path={shlex.quote(str(run_dir / 'checkpoints'))}/step_N)")
 
 
 def _has_checkpoints(checkpoints: Path) -> bool:

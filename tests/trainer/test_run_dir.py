@@ -303,3 +303,16 @@ def test_a_damaged_config_yaml_is_named_with_what_to_do(tmp_path, text, why):
         read_run_config(tmp_path / "config.yaml")
     assert str(e.value).startswith(f"run folder {str(tmp_path)!r}: config.yaml is damaged ({why}")
     assert "agentq config <the command line that started the run> > " in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_pipelines_rl_stage_is_told_the_rl_stages_settings(tmp_path):
+    """The RL stage of a pipeline ran the pipeline's settings with env.eval_split and trainer.out_dir of
+    its own: the hint to write a lost config.yaml back said only 'agentq config <the command line that
+    started the run>', i.e. the pipeline's, which gives other settings."""
+    from agentq.trainer.run_dir import restore_config_hint
+
+    (tmp_path / "pipe" / "sft").mkdir(parents=True)
+    hint = restore_config_hint(tmp_path / "pipe" / "rl")
+    assert (f"agentq config <the pipeline's command line> env.eval_split=<its first pipeline.eval_splits> "
+            f"trainer.out_dir={tmp_path / 'pipe' / 'rl'} > {tmp_path / 'pipe' / 'rl' / 'config.yaml'}") in hint
+    assert "the command line that started the run" in restore_config_hint(tmp_path / "rl")   # a run named rl
