@@ -30,7 +30,9 @@ A `TextEnv` is a Gymnasium `Env` whose observations and actions are strings:
   `_tasks` is empty or repeats an id. `_expert_action` or `task_type` raising while the info is
   built (an env bug) is an `EnvCrashedError` naming the hook, chained to the original exception.
   A `step` (or `reset`) that raises ends the episode: the next `step` raises `EpisodeOverError`
-  until a `reset`.
+  until a `reset`. A `reset` refused for its arguments (TypeError, ValueError, UnknownTaskError:
+  checked before anything changes) is not one that raised there: the episode before it, if any, goes
+  on, and the env's random generator is not reseeded.
 * Constructor arguments: `split` one of `splits` (None: the first), `max_steps` an int >= 1 (None:
   `default_max_steps`), `expert` a bool; anything else is a ValueError naming the argument. agentq
   builds one instance per split before its model (to refuse bad arguments or missing data early), so
@@ -251,7 +253,6 @@ class TextEnv(gym.Env[str, str]):
             seed = int(seed)        # Gymnasium's seeding takes Python ints only (not np.int64)
             if seed < 0:
                 raise ValueError(f"reset(seed=...) must be >= 0 or None, got {seed}")
-        super().reset(seed=seed)
         options = dict(options or {})
         unknown = [k for k in options if k not in ("task_id", "split")]
         if unknown:
@@ -264,13 +265,14 @@ class TextEnv(gym.Env[str, str]):
         # sample, so one held-out episode does not turn later training resets into held-out ones
         split = self._check_split(self.split if options.get("split") is None else options["split"])
         task_id = options.get("task_id")
-        tasks = self.list_tasks(split)
-        if task_id is None:          # list_tasks refused an empty split
-            task_id = tasks[int(self.np_random.integers(len(tasks)))]
-        elif task_id not in self._task_set(split):
+        tasks = self.list_tasks(split)         # refuses an empty split
+        if task_id is not None and task_id not in self._task_set(split):
             raise UnknownTaskError(
                 f"unknown task_id {task_id!r} for split {split!r} of {type(self).__name__} "
                 f"({len(tasks)} tasks, e.g. {tasks[:3]}); see env.unwrapped.list_tasks({split!r})")
+        super().reset(seed=seed)               # the arguments are good: from here the reset counts
+        if task_id is None:
+            task_id = tasks[int(self.np_random.integers(len(tasks)))]
         self._done, self._lost = True, None   # a reset that raises leaves the env needing another reset
         self._closed = False
         self._episode_split, self._task_id, self._steps, self._engine_steps = split, task_id, 0, 0

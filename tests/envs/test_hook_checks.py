@@ -366,3 +366,23 @@ def test_steps_work_after_a_first_reset_that_raised(how, tmp_path, monkeypatch):
     env.reset(options={"task_id": "a"})
     assert [env.step("x")[0] for _ in range(2)] == ["ok 1", "ok 2"]
     env.close()
+
+
+@pytest.mark.parametrize("bad", [
+    dict(options={"task_id": "zz"}), dict(options={"colour": "red"}), dict(options={"split": "dev"}),
+    dict(options={"task_id": 3}), dict(seed=-1), dict(seed=1.5), dict(options=["task_id", "a"]),
+], ids=["unknown-task", "unknown-option", "unknown-split", "task-not-str", "negative-seed", "float-seed", "list"])
+def test_a_refused_reset_changes_nothing(bad):
+    """A reset refused for its arguments was checked partly after the env reseeded its generator: a
+    refused `reset(seed=7, options={"colour": ...})` left the generator reseeded. Now nothing changes
+    before every argument is checked: the running episode goes on and the next plain reset samples
+    the task it would have sampled."""
+    twin, env = Good(), Good()
+    for e in (twin, env):
+        e.reset(seed=3)
+        e.step("x")
+    with pytest.raises((TypeError, ValueError, KeyError)):
+        env.reset(**{"seed": 7, **bad})
+    assert env.step("y")[0] == "ok"                       # the episode before it goes on
+    assert env.reset()[1]["task_id"] == twin.reset()[1]["task_id"]
+    assert [env.reset()[1]["task_id"] for _ in range(8)] == [twin.reset()[1]["task_id"] for _ in range(8)]
