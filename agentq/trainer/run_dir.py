@@ -216,8 +216,14 @@ def write_run_config(run_dir: str | Path, cfg: DictConfig) -> Path:
         the file's path.
     """
     path = Path(run_dir) / "config.yaml"
-    write_text_replacing(path, OmegaConf.to_yaml(cfg, resolve=True))
+    write_text_replacing(path, f"{CONFIG_HEADER}\n{OmegaConf.to_yaml(cfg, resolve=True)}{CONFIG_FOOTER}\n")
     return path
+
+
+#: config.yaml's first and last lines (comments to YAML): a file that starts with the first and lacks
+#: the last was cut short, which YAML alone cannot tell where the cut falls between two settings
+CONFIG_HEADER = "# agentq run settings (written by agentq; the last line says the file is whole)"
+CONFIG_FOOTER = "# end of agentq run settings"
 
 
 #: the top-level keys of every config.yaml an agentq run wrote (conf/config.yaml's first version), and
@@ -239,12 +245,24 @@ def read_run_config(path: Path, needs: tuple[str, ...] = RUN_CONFIG_KEYS) -> Dic
         return None
     saved, why = load_yaml(path)
     if saved is not None:
-        why = config_damage(saved, needs)
+        why = config_damage(saved, needs) or cut_short(path)
     if why:
         raise ConfigError(f"run folder {str(path.parent)!r}: {path.name} is damaged ({why}); "
                           f"{restore_config_hint(path.parent)}")
     assert isinstance(saved, DictConfig)
     return saved
+
+
+def cut_short(path: Path) -> str | None:
+    """'cut short (...)' for a config.yaml that starts with `CONFIG_HEADER` and does not end with
+    `CONFIG_FOOTER`, else None (also for files from before the two lines, which cannot tell)."""
+    with path.open("rb") as f:
+        head = f.read(len(CONFIG_HEADER))
+        f.seek(max(0, path.stat().st_size - len(CONFIG_FOOTER) - 2))
+        tail = f.read()
+    if head == CONFIG_HEADER.encode() and not tail.rstrip().endswith(CONFIG_FOOTER.encode()):
+        return "cut short: its last line, the end marker, is missing"
+    return None
 
 
 def config_damage(saved: DictConfig | ListConfig, needs: tuple[str, ...]) -> str | None:

@@ -316,3 +316,25 @@ def test_a_pipelines_rl_stage_is_told_the_rl_stages_settings(tmp_path):
     assert (f"agentq config <the pipeline's command line> env.eval_split=<its first pipeline.eval_splits> "
             f"trainer.out_dir={tmp_path / 'pipe' / 'rl'} > {tmp_path / 'pipe' / 'rl' / 'config.yaml'}") in hint
     assert "the command line that started the run" in restore_config_hint(tmp_path / "rl")   # a run named rl
+
+
+def test_a_config_yaml_cut_in_its_last_section_is_named_cut_short(tmp_path):
+    """A config.yaml cut after every section had begun (in sft: or pipeline:) parsed as a smaller run and
+    resumed under it. It now ends with a marker line that its first line announces, so a cut anywhere is
+    named; a file written before the marker existed (no first line) is read as before."""
+    from agentq.config import ConfigError, load_config
+    from agentq.trainer.run_dir import CONFIG_FOOTER, CONFIG_HEADER, read_run_config, write_run_config
+
+    path = write_run_config(tmp_path, load_config([]))
+    text = path.read_text()
+    assert text.startswith(CONFIG_HEADER + "\n") and text.endswith(CONFIG_FOOTER + "\n")
+    assert read_run_config(path) == load_config([])                       # whole: read as it was written
+    lines = text.splitlines(True)
+    last_section = max(i for i, line in enumerate(lines) if line[:1].isalpha())
+    for cut in (len(lines) - 1, last_section + 1, last_section):
+        path.write_text("".join(lines[:cut]))
+        with pytest.raises(ConfigError, match=r"config.yaml is damaged \(cut short: its last line, the end marker"):
+            read_run_config(path)
+    old = "".join(lines[1:-1])                                           # a file from before the marker lines
+    path.write_text("".join(old.splitlines(True)[:-1]))
+    assert read_run_config(path) is not None
