@@ -507,3 +507,51 @@ def load_yaml(path: Path) -> tuple[DictConfig | ListConfig | None, str | None]:
             f" at line {mark.line + 1}" if mark is not None else "")
     except OSError:     # no file is read here: OmegaConf's "Invalid loaded object type" of a single value
         return None, "a single value, not a mapping of settings"
+
+
+#: config.yaml's first and last lines (comments to YAML): a file that starts with the first and lacks
+#: the last was cut short, which YAML alone cannot tell where the cut falls between two settings
+CONFIG_HEADER = "# agentq run settings (written by agentq; the last line says the file is whole)"
+CONFIG_FOOTER = "# end of agentq run settings"
+
+#: the top-level keys of every config.yaml an agentq run wrote (conf/config.yaml's first version), and
+#: those of them that are sections: a file without one was cut short or edited
+RUN_CONFIG_KEYS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "seed", "device", "dtype", "agent", "eval")
+RUN_CONFIG_SECTIONS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "agent", "eval")
+
+
+def cut_short(path: Path) -> str | None:
+    """'cut short (...)' for a run's config.yaml that starts with `CONFIG_HEADER` and has no
+    `CONFIG_FOOTER` line, else None (also for files from before the two lines, or restored with
+    `agentq config`, which cannot tell). Blank lines or CRLF endings after the marker are fine."""
+    text = path.read_text(errors="replace")
+    if text.startswith(CONFIG_HEADER) and CONFIG_FOOTER not in (line.strip() for line in text.splitlines()):
+        return "cut short: its last line, the end marker, is missing"
+    return None
+
+
+def config_damage(saved: DictConfig | ListConfig, needs: tuple[str, ...]) -> str | None:
+    """What makes a loaded config.yaml no run's (`read_run_config`), else None."""
+    if not isinstance(saved, DictConfig):
+        return "a list, not a mapping of settings"
+    if not saved:
+        return "empty"
+    lacks = [k for k in needs if k not in saved]
+    if lacks:
+        return f"it lacks {', '.join(lacks)}"
+    bad = [k for k in needs if k in RUN_CONFIG_SECTIONS and not isinstance(saved.get(k), DictConfig)]
+    return f"{', '.join(bad)} not a section of settings" if bad else None
+
+
+def read_settings(path: Path, needs: tuple[str, ...] = ()) -> tuple[DictConfig | None, str | None]:
+    """A run's config.yaml for a reader that only warns: (its settings, None), or (None, why it is
+    damaged: `load_yaml`, `config_damage` for `needs`, `cut_short`, or unreadable)."""
+    try:
+        saved, why = load_yaml(path)
+        if saved is not None:
+            why = config_damage(saved, needs) or cut_short(path)
+    except OSError as e:
+        return None, f"unreadable: {e.strerror or e}"
+    if why or not isinstance(saved, DictConfig):
+        return None, why or "a list, not a mapping of settings"
+    return saved, None

@@ -21,8 +21,8 @@ from agentq import build
 from agentq.agent import AgentLoop, BackendPolicy, ChatFormat
 from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
-from agentq.config import (ConfigError, differing_settings, in_sections, load_config, load_yaml, make_setting_dir,
-                           quant_name)
+from agentq.config import (RUN_CONFIG_KEYS, ConfigError, differing_settings, in_sections, load_config,
+                           make_setting_dir, quant_name, read_settings)
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.folder_lock import lock_folder
@@ -345,14 +345,11 @@ def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, l
         return trained_env(cfg, checkpoint)
     if not run_cfg.is_file():
         return trained_env(cfg, checkpoint)
-    try:
-        saved, why = load_yaml(run_cfg)
-    except OSError as e:
-        saved, why = None, f"unreadable: {e.strerror or e}"
-    if not isinstance(saved, DictConfig):
-        console.print(f"warning: {run_cfg} is damaged ({why or 'a list, not a mapping of settings'}): the settings "
-                      "this checkpoint was trained with are not compared with this evaluation's", style="yellow",
-                      markup=False, highlight=False, soft_wrap=True)
+    saved, why = read_settings(run_cfg, RUN_CONFIG_KEYS)
+    if saved is None:
+        console.print(f"warning: {run_cfg} is damaged ({why}): the settings this checkpoint was trained with are "
+                      "not compared with this evaluation's", style="yellow", markup=False, highlight=False,
+                      soft_wrap=True)
         return trained_env(cfg, checkpoint)
     diffs = differing_settings(saved, cfg,
                                lambda k: in_sections(k, TRAINED_WITH) and not in_sections(k, RUN_ONLY),

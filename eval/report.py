@@ -22,7 +22,9 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from agentq.config import env_label, quant_name
+from omegaconf import OmegaConf
+
+from agentq.config import env_label, quant_name, read_settings
 from agentq.utils.files import replaced
 from agentq.utils.logging import console, counted, read_metrics
 
@@ -443,6 +445,20 @@ def pipeline_section(summary: dict) -> str:
     return "\n".join(out)
 
 
+def run_settings(path: Path) -> dict:
+    """The run's config.yaml as a dict for the page's labels; {} (and one warning) where it is missing
+    or damaged: the page renders without the settings it names."""
+    if not path.exists():
+        return {}
+    saved, why = read_settings(path)
+    if saved is None:
+        console.print(f"warning: {path} is damaged ({why}): the report leaves out the settings it would name",
+                      style="yellow", markup=False, highlight=False, soft_wrap=True)
+        return {}
+    data = OmegaConf.to_container(saved, resolve=False)
+    return data if isinstance(data, dict) else {}
+
+
 def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_steps_k: int = 4,
                  max_episodes: int = 16, table_rows: int = 60) -> Path:
     """Render `<run>/report.html` (or `out`).
@@ -457,11 +473,9 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_step
     Returns:
         The path of the HTML file.
     """
-    import yaml
-
     top = Path(run_dir)
     run_dir, summary = rl_run_dir(top)
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
+    cfg = run_settings(run_dir / "config.yaml")
     rows = read_metrics(run_dir / "metrics.jsonl")
     all_steps = segment_steps(run_dir)
     seg_by_step: dict[int, list[dict]] = {}

@@ -8,7 +8,6 @@ stale temporary checkpoint folders, and a written record of every lost episode.
 from __future__ import annotations
 
 import contextlib
-import io
 import shlex
 import shutil
 import time
@@ -16,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from agentq.config import ConfigError, load_yaml, make_setting_dir
+from agentq.config import (CONFIG_FOOTER, CONFIG_HEADER, RUN_CONFIG_KEYS, ConfigError, config_damage, cut_short,
+                           load_yaml, make_setting_dir)
 from agentq.eval.episodes import recover_eval_pairs
 from agentq.utils.checkpoint import restore_interrupted_commits
 from agentq.utils.errors import RunAborted
@@ -220,16 +219,10 @@ def write_run_config(run_dir: str | Path, cfg: DictConfig) -> Path:
     return path
 
 
-#: config.yaml's first and last lines (comments to YAML): a file that starts with the first and lacks
-#: the last was cut short, which YAML alone cannot tell where the cut falls between two settings
-CONFIG_HEADER = "# agentq run settings (written by agentq; the last line says the file is whole)"
-CONFIG_FOOTER = "# end of agentq run settings"
 
 
-#: the top-level keys of every config.yaml an agentq run wrote (conf/config.yaml's first version), and
-#: those of them that are sections: a file without one was cut short or edited
-RUN_CONFIG_KEYS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "seed", "device", "dtype", "agent", "eval")
-RUN_CONFIG_SECTIONS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "agent", "eval")
+
+
 
 
 def read_run_config(path: Path, needs: tuple[str, ...] = RUN_CONFIG_KEYS) -> DictConfig | None:
@@ -253,29 +246,7 @@ def read_run_config(path: Path, needs: tuple[str, ...] = RUN_CONFIG_KEYS) -> Dic
     return saved
 
 
-def cut_short(path: Path) -> str | None:
-    """'cut short (...)' for a config.yaml that starts with `CONFIG_HEADER` and does not end with
-    `CONFIG_FOOTER`, else None (also for files from before the two lines, which cannot tell)."""
-    with path.open("rb") as f:
-        head = f.read(len(CONFIG_HEADER))
-        f.seek(max(0, path.stat().st_size - len(CONFIG_FOOTER) - 2))
-        tail = f.read()
-    if head == CONFIG_HEADER.encode() and not tail.rstrip().endswith(CONFIG_FOOTER.encode()):
-        return "cut short: its last line, the end marker, is missing"
-    return None
 
-
-def config_damage(saved: DictConfig | ListConfig, needs: tuple[str, ...]) -> str | None:
-    """What makes a loaded config.yaml no run's (`read_run_config`), else None."""
-    if not isinstance(saved, DictConfig):
-        return "a list, not a mapping of settings"
-    if not saved:
-        return "empty"
-    lacks = [k for k in needs if k not in saved]
-    if lacks:
-        return f"it lacks {', '.join(lacks)}"
-    bad = [k for k in needs if k in RUN_CONFIG_SECTIONS and not isinstance(saved.get(k), DictConfig)]
-    return f"{', '.join(bad)} not a section of settings" if bad else None
 
 
 def restore_config_hint(run_dir: str | Path) -> str:
@@ -284,8 +255,10 @@ def restore_config_hint(run_dir: str | Path) -> str:
     the pipeline's command line alone would write other settings back: the hint adds those two."""
     run_dir = Path(run_dir)
     cfg = shlex.quote(str(run_dir / "config.yaml"))
-    if run_dir.name == "rl" and (run_dir.parent / "sft").is_dir():
-        settings = (f"agentq config <the pipeline's command line> env.eval_split=<its first pipeline.eval_splits> "
+    parent = run_dir.parent
+    if run_dir.name == "rl" and (parent / "sft").is_dir() and (
+            (parent / "summary.json").exists() or any(parent.glob("eval_sft_*"))):   # a pipeline's, not sft/ + rl/ runs
+        settings = (f"agentq config pipeline <the pipeline's overrides> env.eval_split=<its first pipeline.eval_splits> "
                     f"trainer.out_dir={shlex.quote(str(run_dir))} > {cfg}")
     else:
         settings = f"agentq config <the command line that started the run> > {cfg}"

@@ -154,7 +154,8 @@ def test_another_environments_checkpoint_is_named_as_such(tiny_model_dir, tmp_pa
     assert trained_otherwise(load_config([]), copied) == (None, [])
 
 
-@pytest.mark.parametrize("text", ["env: [unclosed", "- a\n- list\n", "42", b"\xff\xfe"])
+@pytest.mark.parametrize("text", ["env: [unclosed", "- a\n- list\n", "42", b"\xff\xfe", "", "{}", "env: null\n",
+                                  "cut"])
 def test_a_damaged_run_config_is_said_and_read_as_none(tiny_model_dir, tmp_path, capsys, text):
     """A run's config.yaml cut or garbled: `agentq eval` of its checkpoint died in a YAML traceback while
     only composing a warning. Now it warns that the file is damaged and falls back to agentq.json."""
@@ -163,6 +164,10 @@ def test_a_damaged_run_config_is_said_and_read_as_none(tiny_model_dir, tmp_path,
     run = tmp_path / "run"
     ckpt = shutil.copytree(tiny_model_dir, run / "checkpoint")
     cfg_file = run / "config.yaml"
+    if text == "cut":                       # a run's own file, cut inside its last section
+        from agentq.trainer.run_dir import write_run_config
+        whole = write_run_config(run, load_config(["env=webshop"])).read_text()
+        text = whole[:whole.rindex("\n", 0, len(whole) - 40)]
     cfg_file.write_bytes(text if isinstance(text, bytes) else text.encode())
     (ckpt / "agentq.json").write_text(json.dumps({"step": 3, "env": "webshop", "algo": "interq"}))
     assert trained_otherwise(load_config([]), ckpt) == (ckpt / "agentq.json",

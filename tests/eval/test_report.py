@@ -452,3 +452,15 @@ def test_a_damaged_metrics_line_is_a_one_line_error(tmp_path, capsys, bad):
     assert main(["report", str(run)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"agentq: {run / 'metrics.jsonl'}: line 2 ") and err.count("\n") == 1
+
+
+def test_a_damaged_config_yaml_is_said_and_the_report_renders(tmp_path, capsys):
+    """`agentq report` read the run's config.yaml with a bare yaml.safe_load: a garbled one ended it in a
+    traceback. Now it warns and renders the page without the settings it would name."""
+    from agentq.eval.report import write_report
+
+    run = _run(tmp_path / "run", [{"step": 1, "reward_mean": 0.5, "success_rate": 0.5}])
+    (run / "config.yaml").write_text("env: [unclosed\n")
+    assert "<!doctype html>" in write_report(run).read_text()
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"warning: {run / 'config.yaml'} is damaged (not YAML" in err

@@ -312,8 +312,10 @@ def test_a_pipelines_rl_stage_is_told_the_rl_stages_settings(tmp_path):
     from agentq.trainer.run_dir import restore_config_hint
 
     (tmp_path / "pipe" / "sft").mkdir(parents=True)
+    assert "the command line that started the run" in restore_config_hint(tmp_path / "pipe" / "rl")  # sft/ + rl/ runs
+    (tmp_path / "pipe" / "eval_sft_dev").mkdir()                  # what only a pipeline writes beside them
     hint = restore_config_hint(tmp_path / "pipe" / "rl")
-    assert (f"agentq config <the pipeline's command line> env.eval_split=<its first pipeline.eval_splits> "
+    assert (f"agentq config pipeline <the pipeline's overrides> env.eval_split=<its first pipeline.eval_splits> "
             f"trainer.out_dir={tmp_path / 'pipe' / 'rl'} > {tmp_path / 'pipe' / 'rl' / 'config.yaml'}") in hint
     assert "the command line that started the run" in restore_config_hint(tmp_path / "rl")   # a run named rl
 
@@ -335,6 +337,9 @@ def test_a_config_yaml_cut_in_its_last_section_is_named_cut_short(tmp_path):
         path.write_text("".join(lines[:cut]))
         with pytest.raises(ConfigError, match=r"config.yaml is damaged \(cut short: its last line, the end marker"):
             read_run_config(path)
+    for tail in ("\n\n", "  \n", "\r\n\r\n"):                              # blank lines after the marker: whole
+        path.write_text(text.rstrip("\n") + tail)
+        assert read_run_config(path) == load_config([])
     old = "".join(lines[1:-1])                                           # a file from before the marker lines
     path.write_text("".join(old.splitlines(True)[:-1]))
     assert read_run_config(path) is not None
