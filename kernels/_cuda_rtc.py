@@ -64,6 +64,11 @@ def nvrtc() -> ctypes.CDLL:
         if "builtins" in os.path.basename(name):
             continue
         try:
+            # NVRTC opens its builtins library by name at compile time; a wheel's copy lies beside it,
+            # where the loader does not look unless it is loaded already
+            folder = os.path.dirname(name)
+            for builtins in sorted(glob.glob(os.path.join(folder, "libnvrtc-builtins.so*"))) if folder else []:
+                ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
             lib = ctypes.CDLL(name)
             lib.nvrtcGetErrorString.restype = ctypes.c_char_p
             return lib
