@@ -543,13 +543,20 @@ def config_damage(saved: DictConfig | ListConfig, needs: tuple[str, ...]) -> str
     return f"{', '.join(bad)} not a section of settings" if bad else None
 
 
+def settings_damage(path: Path, needs: tuple[str, ...]) -> tuple[DictConfig | ListConfig | None, str | None]:
+    """(the file's YAML, why it is no whole run config or None): `load_yaml`, then `config_damage`
+    for `needs` and `cut_short`; an OSError reading it is raised as it is."""
+    saved, why = load_yaml(path)
+    if saved is not None:
+        why = config_damage(saved, needs) or cut_short(path)
+    return saved, why
+
+
 def read_settings(path: Path, needs: tuple[str, ...] = ()) -> tuple[DictConfig | None, str | None]:
     """A run's config.yaml for a reader that only warns: (its settings, None), or (None, why it is
     damaged: `load_yaml`, `config_damage` for `needs`, `cut_short`, or unreadable)."""
     try:
-        saved, why = load_yaml(path)
-        if saved is not None:
-            why = config_damage(saved, needs) or cut_short(path)
+        saved, why = settings_damage(path, needs)
     except OSError as e:
         return None, f"unreadable: {e.strerror or e}"
     if why or not isinstance(saved, DictConfig):

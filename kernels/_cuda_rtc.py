@@ -24,8 +24,6 @@ from typing import Sequence
 
 #: CUlaunchAttributeID: programmatic stream serialization (the attribute behind PDL)
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-#: CUfunction_attribute values read by `CudaKernel.attributes`
-_FUNC_ATTRS = {"shared_bytes": 1, "local_bytes": 3, "registers": 4}
 #: CUfunction_attribute: the preferred shared-memory share of L1 (percent); the most dynamic shared memory
 _ATTR_SHARED_CARVEOUT = 9
 _ATTR_MAX_DYNAMIC_SHARED = 8
@@ -201,15 +199,6 @@ class CudaKernel:
             self._modules.append(module)
             self._functions[device_index] = fn
             return fn
-
-    def attributes(self, device_index: int) -> dict[str, int]:
-        """Registers per thread and static shared / local (spill) bytes of the loaded kernel."""
-        fn, out = self.function(device_index), {}
-        for key, attr in _FUNC_ATTRS.items():
-            v = ctypes.c_int()
-            _check(_driver().cuFuncGetAttribute(ctypes.byref(v), attr, fn), "cuFuncGetAttribute")
-            out[key] = v.value
-        return out
 
     def launch(self, grid: Sequence[int], block: int, args: Sequence, stream: int, device_index: int,
                pdl: bool = False) -> None:

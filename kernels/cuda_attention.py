@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from ._cuda_rtc import CudaKernel
 
 HEAD_D = 128
-TILE = 16
 MAX_GROUP = 8
 
 SOURCE = r"""
@@ -153,19 +152,17 @@ struct TileData {          // what a lane reads of one tile
     float ksa, ksb, vsa, vsb;
 };
 
-// A lane's reads of the 16-position tile [n0, n0 + 16) into registers. kp: its K bytes at position
-// n0 + r (dims 32c ..), vp: its V bytes at position n0 + 2c (dims 16r ..), ksp / vsp: the scales at
-// position n0 + r. CHECK: the tile may run past the cache's last position lmax (loads there skipped).
-template <bool CHECK>
-__device__ __forceinline__ void load_tile(TileData &t, const signed char *kp, const signed char *vp,
-                                          const float *ksp, const float *vsp, int n0, int end, int lmax,
-                                          int r, int c) {
+// A lane's reads, from global memory, of a 16-position tile [n0, n0 + 16) that runs past the cache's
+// last position lmax (the loads there skipped). kp: its K bytes at position n0 + r (dims 32c ..), vp: its
+// V bytes at position n0 + 2c (dims 16r ..), ksp / vsp: the scales at position n0 + r.
+__device__ __forceinline__ void load_tail_tile(TileData &t, const signed char *kp, const signed char *vp,
+                                               const float *ksp, const float *vsp, int n0, int end, int lmax,
+                                               int r, int c) {
     const int pa = n0 + r, pv = n0 + 2 * c;
-    t.ka0 = load16(kp, !CHECK || pa < lmax); t.ka1 = load16(kp + 16, !CHECK || pa < lmax);
-    t.kb0 = load16(kp + 8 * 128, !CHECK || pa + 8 < lmax);
-    t.kb1 = load16(kp + 8 * 128 + 16, !CHECK || pa + 8 < lmax);
-    t.va = load16(vp, !CHECK || pv < lmax); t.vb = load16(vp + 128, !CHECK || pv + 1 < lmax);
-    t.vc8 = load16(vp + 8 * 128, !CHECK || pv + 8 < lmax); t.vd = load16(vp + 9 * 128, !CHECK || pv + 9 < lmax);
+    t.ka0 = load16(kp, pa < lmax); t.ka1 = load16(kp + 16, pa < lmax);
+    t.kb0 = load16(kp + 8 * 128, pa + 8 < lmax); t.kb1 = load16(kp + 8 * 128 + 16, pa + 8 < lmax);
+    t.va = load16(vp, pv < lmax); t.vb = load16(vp + 128, pv + 1 < lmax);
+    t.vc8 = load16(vp + 8 * 128, pv + 8 < lmax); t.vd = load16(vp + 9 * 128, pv + 9 < lmax);
     t.ksa = pa < end ? ksp[0] : 0.f; t.ksb = pa + 8 < end ? ksp[8] : 0.f;
     t.vsa = pa < end ? vsp[0] : 0.f; t.vsb = pa + 8 < end ? vsp[8] : 0.f;
 }
@@ -198,7 +195,7 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
                  "@P1 bra DONE;\n\tbra LAB_WAIT;\n\tDONE:\n\t}" :: "r"(bar), "r"(parity) : "memory");
 }
 
-// A lane's part of its warp's 16 positions (rows 16 * warp ..) of a stage, as `load_tile` reads them
+// A lane's part of its warp's 16 positions (rows 16 * warp ..) of a stage, as `load_tail_tile` reads them
 __device__ __forceinline__ void stage_tile(TileData &t, const unsigned char *stage, int warp, int r, int c) {
     const unsigned char *k = stage + (16 * warp + r) * 128 + 32 * c;
     const unsigned char *v = stage + TILE_POS * 128 + (16 * warp + 2 * c) * 128 + 16 * r;
@@ -354,7 +351,7 @@ agentq_decode_attn_i8(const u16 *__restrict__ q, const signed char *__restrict__
             mbar_wait(bars0 + 8 * s, (t / STAGES) & 1);
             stage_tile(td, dyn + s * STAGE_BYTES, warp, r, c);
         } else {
-            load_tile<true>(td, k0 + (i64)(n0 + r) * 128 + 32 * c, v0p + (i64)(n0 + 2 * c) * 128 + 16 * r,
+            load_tail_tile(td, k0 + (i64)(n0 + r) * 128 + 32 * c, v0p + (i64)(n0 + 2 * c) * 128 + 16 * r,
                             ks0 + n0 + r, vs0 + n0 + r, n0, end, lmax, r, c);
         }
         if (n0 < end) tile(st, qf, &pbuf[warp][0][0], td, n0, end, r, c, qk_scale);
@@ -532,8 +529,8 @@ def decode_attention_cuda(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch
     where the kernel cannot be built or loaded here (`loaded`)."""
     b, hq, _ = q.shape
     hkv = k_cache.shape[1]
-    major, minor = _capability(q.device.index or 0)
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    major, minor = _capability(device_index)
     fn = loaded(hq // hkv, q.dtype == torch.bfloat16, warps, pdl, f"sm_{major}{minor}", device_index)
     if fn is None:
         return False

@@ -511,13 +511,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
         out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
     if b == 0:
         return out
-    ks, vs, ks_strides, vs_strides = _scale_pointers(mode, k_scale, v_scale, q)
     cfg = config or pick_config(b, hkv, lmax, k_cache.dtype, q.device)
     splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n, num_sms(q.device))
     cfg = cuda_choice(cfg)
     if (cfg.cuda and cuda_attention.applies(q, k_cache, v_cache, k_scale, v_scale, out)
             and _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg, splits)):
         return out
+    ks, vs, ks_strides, vs_strides = _scale_pointers(mode, k_scale, v_scale, q)
     group = hq // hkv
     ddt = dot_dtype(_decode_kernel, q.dtype)
     prec = "ieee" if ddt == tl.float32 else "tf32"
@@ -578,15 +578,15 @@ def _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale
     lens32 = lens if lens.dtype == torch.int32 else lens.to(torch.int32)
     pdl = use_pdl(_decode_planes_kernel, q.device, b)
     warps = cfg.cuda_warps or cuda_warps_for(b, k_cache.shape[1])
-    if splits == 1:
-        return cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
-                                                    float(sm_scale) * LOG2E, out, None, None, 1, warps, pdl=pdl)
-    po = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
-    plse = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
+    po = plse = None
+    if splits > 1:
+        po = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
+        plse = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
     if not cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
                                                 float(sm_scale) * LOG2E, out, po, plse, splits, warps, pdl=pdl):
         return False
-    _combine_splits(po, plse, out, out, False, pdl)
+    if po is not None and plse is not None:
+        _combine_splits(po, plse, out, out, False, pdl)
     return True
 
 

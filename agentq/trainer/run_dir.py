@@ -17,8 +17,7 @@ from typing import IO, TYPE_CHECKING
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from agentq.config import (CONFIG_FOOTER, CONFIG_HEADER, RUN_CONFIG_KEYS, ConfigError, config_damage, cut_short,
-                           load_yaml, make_setting_dir)
+from agentq.config import CONFIG_FOOTER, CONFIG_HEADER, RUN_CONFIG_KEYS, ConfigError, make_setting_dir, settings_damage
 from agentq.eval.episodes import recover_eval_pairs
 from agentq.utils.checkpoint import restore_interrupted_commits
 from agentq.utils.errors import RunAborted
@@ -236,9 +235,7 @@ def read_run_config(path: Path, needs: tuple[str, ...] = RUN_CONFIG_KEYS) -> Dic
     """
     if not path.is_file():
         return None
-    saved, why = load_yaml(path)
-    if saved is not None:
-        why = config_damage(saved, needs) or cut_short(path)
+    saved, why = settings_damage(path, needs)
     if why:
         raise ConfigError(f"run folder {str(path.parent)!r}: {path.name} is damaged ({why}); "
                           f"{restore_config_hint(path.parent)}")
