@@ -156,7 +156,7 @@ SWEEP_PASSES = 2
 
 #: --decode-sweep knobs: name -> (module, attribute, type)
 # (glu_gemm is not one: the gate_up weights' layout follows it when an engine is built; AGENTQ_GLU_GEMM=0 runs)
-SWEEP_KNOBS = {name: (*SWITCHES[name], int) for name in ("pdl_max_rows", "attn_tma", "partial_sums")}
+SWEEP_KNOBS = {name: (*SWITCHES[name], int) for name in ("pdl_max_rows", "attn_tma", "attn_cuda", "partial_sums")}
 
 
 def _knob(name: str) -> tuple:

@@ -34,8 +34,9 @@ within a tile of Lmax) is read by the warps from global memory instead.
 `decode_attention_cuda` requires: CUDA capability ≥ 9.0 (bulk copies), head_dim 128, ≤ 8 q heads
 per KV head, int8 caches in the slot layout with per-token fp32 scales, 16-byte aligned (slot, head)
 rows of codes and scales, bf16/fp16 q, an output of q's dtype contiguous in head_dim. `applies`
-checks all of it; `triton_attention.decode_attention` runs it where `AttnConfig.cuda` asks (opt-in;
-AGENTQ_DECODE_ATTN=cuda / triton overrides the config) and it applies, and its own kernel otherwise,
+checks all of it; `triton_attention.decode_attention` runs it where `AttnConfig.cuda` asks (the int8
+default on sm_90, `triton_attention.CUDA_KERNEL_ARCHS`; AGENTQ_DECODE_ATTN=cuda / triton overrides
+the config) and it applies, and its own kernel otherwise,
 also where this kernel cannot be built or loaded here (an NVRTC that does not know the GPU, a driver
 older than the NVRTC, more shared memory than the GPU gives a block: said once, in a warning).
 """
@@ -428,6 +429,11 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) of a CUDA device (cached per device)."""
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
 @functools.lru_cache(maxsize=None)
 def nvrtc_found() -> bool:
     from ._cuda_rtc import NvrtcUnavailable, nvrtc
@@ -507,6 +513,8 @@ def applies(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_sca
     if d != HEAD_D or hq % hkv or hq // hkv > MAX_GROUP or _capability(q.device.index or 0) < (9, 0):
         return False
     if q.stride(-1) != 1 or (q.stride(1) * 2) % 16 or (q.stride(0) * 2) % 16 or q.data_ptr() % 16:
+        return False
+    if k_cache.shape != v_cache.shape or k_cache.shape[-1] != HEAD_D:
         return False
     for c in (k_cache, v_cache):    # positions 128 bytes apart, (slot, head) rows 16-byte aligned
         if c.stride(-1) != 1 or c.stride(2) != HEAD_D or c.data_ptr() % 16 or any(s % 16 for s in c.stride()[:2]):

@@ -115,10 +115,10 @@ H200_ATTN: dict[str, AttnConfig] = {
     # round 10: its word tiles through TMA, 4 stages: 93.1 / 167.8 µs at B 64 / 128 x L 2304 against
     # 91.8-92.4 / 170.4 µs with pointer loads at 3 stages (the sweep's best: 90.7 µs n64/w2/st3/tma at
     # B 64, 163.9 µs n64/w1/st4/tma at B 128; docs/bench/h200-r10/tune-attn-tma.log)
-    # round 44: `cuda_attention`'s bulk-copy MMA kernel (cuda=True, or AGENTQ_DECODE_ATTN=cuda) took
-    # 91.2 / 160.2 µs at B 64 / 128 and 35.9 µs at B 16 against 91.8 / 165.9 / 42.7 for this one on the
-    # H200 (docs/bench/h200-r44/bulk); it stays opt-in until the engine's CUDA tests have run with it
-    "int8": AttnConfig(block_n=64, num_warps=2, num_stages=4, planes=True, tma=True),
+    # round 44: `cuda_attention`'s bulk-copy MMA kernel took 91.2 / 160.2 µs at B 64 / 128 and 35.9 µs
+    # at B 16 against 91.8 / 165.9 / 42.7 for the planes kernel on the H200 (docs/bench/h200-r44/bulk);
+    # round 45 made it the default on sm_90 (`CUDA_KERNEL_ARCHS`), the planes kernel elsewhere
+    "int8": AttnConfig(block_n=64, num_warps=2, num_stages=4, planes=True, tma=True, cuda=True),
     "float": AttnConfig(block_n=64, num_warps=4, num_stages=2),   # 249 µs, = SDPA
 }
 #: TMA word tiles where a config asks for them (off: pointer loads; `bench_engine --decode-sweep attn_tma=0,1`)
@@ -126,6 +126,13 @@ TMA_TILES = True
 #: the most stages the planes kernel's pointer loads take: they measured best at 3, where its TMA
 #: tiles take 4 (shared-memory tiles loaded by the threads cost registers that TMA's do not)
 POINTER_STAGES = 3
+#: `cuda_attention`'s kernel where a config asks for it (`AttnConfig.cuda`) and the GPU is one it was
+#: measured and tested on; off: the Triton kernels everywhere (`bench_engine --decode-sweep
+#: attn_cuda=0,1`). AGENTQ_DECODE_ATTN=cuda / triton overrides both, on any GPU the kernel applies to.
+CUDA_KERNEL = True
+#: compute capabilities where a config's `cuda` takes effect without AGENTQ_DECODE_ATTN: Hopper
+#: (H100, H200). Blackwell compiles (CPU-tested) but was never run, so it keeps the Triton kernel.
+CUDA_KERNEL_ARCHS = frozenset({(9, 0)})
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, max_len: int, block_n: int, num_sms: int = 132) -> int:
@@ -513,7 +520,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
         return out
     cfg = config or pick_config(b, hkv, lmax, k_cache.dtype, q.device)
     splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n, num_sms(q.device))
-    cfg = cuda_choice(cfg)
+    cfg = cuda_choice(cfg, q.device)
     if (cfg.cuda and cuda_attention.applies(q, k_cache, v_cache, k_scale, v_scale, out)
             and _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg, splits)):
         return out
@@ -547,12 +554,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
     return out
 
 
-def cuda_choice(cfg: AttnConfig) -> AttnConfig:
+def cuda_choice(cfg: AttnConfig, device: torch.device | None = None) -> AttnConfig:
     """`cfg` as AGENTQ_DECODE_ATTN overrides it (read at each call, for A/B runs): ``triton``,
-    ``cuda``, or ``cuda:WARPS``; unset or empty: `cfg` as it is."""
+    ``cuda``, or ``cuda:WARPS``; unset or empty: `cfg`, its `cuda` kept only where `CUDA_KERNEL` is
+    on and `device` is a CUDA GPU of `CUDA_KERNEL_ARCHS`."""
     choice = os.environ.get("AGENTQ_DECODE_ATTN", "")
     if not choice:
-        return cfg
+        keep = bool(cfg.cuda and CUDA_KERNEL and device is not None and device.type == "cuda"
+                and cuda_attention.capability(device) in CUDA_KERNEL_ARCHS)
+        return cfg if keep == cfg.cuda else dataclasses.replace(cfg, cuda=False)
     if choice == "triton":
         return dataclasses.replace(cfg, cuda=False)
     parts = choice.split(":")

@@ -1,7 +1,7 @@
 """`cuda_attention`: the int8 decode attention as hand-laid warp MMAs fed by bulk copies (NVRTC).
 
-On a CPU: the source's compile-time checks, where the kernel applies, the launch wrapper's argument
-checks, the warps-by-grid rule, and (where an NVRTC library is found) that the source compiles for
+On a CPU: the source's compile-time checks, where the kernel applies, which GPUs take it by default,
+the launch wrapper's argument checks, the warps-by-grid rule, and (where an NVRTC library is found) that the source compiles for
 sm_90. On a CUDA GPU with sm_90: the kernel against the fp32 reference and the Triton kernel over GQA
 groups 1–8, 1–8 warps a block, ragged and empty rows, a last tile that runs past the cache (read from
 global memory), scale rows that are not 16-byte aligned (the Triton kernel then), splits, fp16 and
@@ -38,6 +38,24 @@ def test_source_for_refuses_unsupported_shapes():
 def test_warps_follow_the_grid():
     from agentq.kernels import triton_attention as ta
     assert [ta.cuda_warps_for(b, 8) for b in (1, 16, 17, 64, 127, 128, 256)] == [2, 2, 4, 4, 4, 2, 2]
+
+
+@pytest.mark.parametrize("cap, env, cuda", [
+    ((9, 0), "", True), ((10, 0), "", False), ((8, 0), "", False),      # the default: sm_90 only
+    ((10, 0), "cuda", True), ((9, 0), "triton", False),                   # the variable overrides it
+])
+def test_default_choice_is_sm90_only(monkeypatch, cap, env, cuda):
+    from agentq.kernels import triton_attention as ta
+    monkeypatch.setattr(ca, "capability", lambda device: cap)
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", env)
+    int8_default = ta.H200_ATTN["int8"]
+    assert int8_default.cuda
+    assert ta.cuda_choice(int8_default, torch.device("cuda", 0)).cuda is cuda
+    assert ta.cuda_choice(int8_default, torch.device("cpu")).cuda is (env == "cuda")
+    # a config without `cuda` stays off unless the variable asks
+    assert ta.cuda_choice(dataclasses.replace(int8_default, cuda=False), torch.device("cuda", 0)).cuda is (env == "cuda")
+    monkeypatch.setattr(ta, "CUDA_KERNEL", False)                          # the module switch (sweeps)
+    assert ta.cuda_choice(int8_default, torch.device("cuda", 0)).cuda is (env == "cuda")
 
 
 def test_does_not_apply_on_cpu():
