@@ -1,5 +1,5 @@
 """The run folder's guards: one process per folder (a lock), no silent mixing of two runs, no
-stale temporary checkpoint folders, and a written record of every lost episode.
+stale temporary checkpoint folders or files, and a written record of every lost episode.
 
     run_dir = Path(cfg.trainer.out_dir or new_run_dir("alfworld-grpo"))   # runs/alfworld-grpo-<time>
     lock = claim_run_dir(run_dir, resume=..., overwrite=...)   # at start-up, before anything is built
@@ -21,7 +21,7 @@ from agentq.config import CONFIG_FOOTER, CONFIG_HEADER, RUN_CONFIG_KEYS, ConfigE
 from agentq.eval.episodes import recover_eval_pairs
 from agentq.utils.checkpoint import restore_interrupted_commits
 from agentq.utils.errors import RunAborted
-from agentq.utils.files import write_text_replacing
+from agentq.utils.files import remove_stale_temporaries, write_text_replacing
 from agentq.utils.folder_lock import LOCK_FILE, lock_folder
 from agentq.utils.jsonl import append_jsonl, drop_rows_after
 
@@ -146,6 +146,8 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str 
         if found and not resume and remove:
             remove_run_artifacts(run_dir, ARTIFACTS[kind])
         remove_stale_temp_dirs(run_dir / "checkpoints")
+        # the temporaries of config.yaml, metrics.jsonl, the summaries, table.md ... a kill left (`replaced`)
+        remove_stale_temporaries(run_dir)
         # an evaluation of this run whose write a kill cut short: its last pair back (only the run's own
         # eval/step_*, which the lock guards: `agentq eval` writes into checkpoints/ without it)
         recover_eval_pairs(sorted((run_dir / "eval").glob("step_*")))

@@ -1,14 +1,26 @@
 """Files replaced whole: written beside their final name, then renamed over it, so a reader (or a
 second writer, e.g. `agentq sweep sweep.table_only=true` while the sweep writes its own table) sees the
-old file or the new one, never a mix or a half-written one."""
+old file or the new one, never a mix or a half-written one. A kill mid-write leaves the temporary
+behind: `remove_stale_temporaries` removes those of dead writers."""
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import string
 import uuid
 from pathlib import Path
 from typing import Iterator
+
+#: the name of `replaced`'s temporary beside `name`: the writer's pid (a dead one's are stale) and a
+#: token of its own; `TEMPORARY_RE` is read from it
+TEMPORARY_NAME = ".{name}.{pid}.{token}.tmp"
+TOKEN_HEX = 12
+_FIELDS = {"name": r"(?P<name>.+)", "pid": r"(?P<pid>[1-9][0-9]*)", "token": rf"(?P<token>[0-9a-f]{{{TOKEN_HEX}}})"}
+#: exactly the names `TEMPORARY_NAME` gives (fullmatch)
+TEMPORARY_RE = re.compile("".join(re.escape(text) + (_FIELDS[field] if field else "")
+                                  for text, field, _, _ in string.Formatter().parse(TEMPORARY_NAME)))
 
 
 @contextlib.contextmanager
@@ -18,7 +30,7 @@ def replaced(path: str | Path) -> Iterator[Path]:
     The file keeps the mode it had; a new one gets a plain write's (0666 less the umask)."""
     path = Path(path)
     # a name of its own (not mkstemp's, whose file is 0600: the table would lose the umask's read bits)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+    tmp = path.with_name(TEMPORARY_NAME.format(name=path.name, pid=os.getpid(), token=uuid.uuid4().hex[:TOKEN_HEX]))
     try:
         yield tmp
         # a file replaced keeps its own mode (a chmod by its user); best effort: a new file has none,
@@ -34,3 +46,39 @@ def write_text_replacing(path: str | Path, text: str) -> None:
     """`Path.write_text`, the file replaced whole (`replaced`)."""
     with replaced(path) as tmp:
         tmp.write_text(text)
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Remove the temporaries of `replaced` in `folder` (not its subfolders) that a killed writer left:
+    files named exactly as `TEMPORARY_NAME` gives whose pid is no live process. A live writer's (this
+    process's, another user's) and every other name are left; a file that cannot be removed (a
+    read-only folder) is skipped. Returns what was removed."""
+    removed = []
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:             # no folder, or one that cannot be read: nothing to remove
+        return removed
+    for entry in entries:
+        match = TEMPORARY_RE.fullmatch(entry.name)
+        try:
+            if not match or not entry.is_file(follow_symlinks=False) or pid_alive(int(match["pid"])):
+                continue
+            os.unlink(entry.path)
+        except OSError:
+            continue
+        removed.append(Path(entry.path))
+    return removed
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` is a live process (this one, or another user's); one that cannot be asked counts
+    as alive."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError, ValueError):      # PermissionError: another user's
+        return True
+    return True

@@ -225,6 +225,26 @@ def test_an_error_after_the_folder_is_locked_releases_it(tmp_path, monkeypatch, 
     assert raised.type is type(error)
 
 
+@pytest.mark.parametrize("kind,name", [("train", "config.yaml"), ("sweep", "table.md")])
+def test_claiming_a_run_folder_removes_a_killed_writers_temporaries(tmp_path, kind, name):
+    """A kill mid-write of config.yaml or table.md (`replaced`) left its hidden temporary for good."""
+    import subprocess
+    import sys
+
+    from agentq.trainer.run_dir import claim_run_dir
+    from agentq.utils.files import TEMPORARY_NAME
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()                                    # a writer that is gone
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).write_text("whole")
+    stale = run / TEMPORARY_NAME.format(name=name, pid=child.pid, token="0123456789ab")
+    stale.write_text("half")
+    claim_run_dir(run, resume=True, overwrite=False, kind=kind).close()
+    assert sorted(p.name for p in run.iterdir()) == [".agentq.lock", name] and (run / name).read_text() == "whole"
+
+
 def test_the_resume_hint_is_only_for_the_command_that_reads_trainer_resume(tmp_path):
     """A train-kind folder named by another command's key (a pipeline's RL stage, a sweep's arm)
     advised trainer.resume, which those commands refuse."""

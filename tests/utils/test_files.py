@@ -1,7 +1,13 @@
-"""`agentq.utils.files`: files replaced whole."""
+"""`agentq.utils.files`: files replaced whole, and the temporaries a killed writer left removed."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
-from agentq.utils.files import replaced, write_text_replacing
+from agentq.utils.files import TEMPORARY_NAME, remove_stale_temporaries, replaced, write_text_replacing
 
 
 def test_a_file_is_replaced_whole_and_leaves_no_temporary(tmp_path):
@@ -70,3 +76,88 @@ def test_a_file_system_that_refuses_chmod_still_gets_the_file(tmp_path, monkeypa
     monkeypatch.setattr(os, "chmod", refuse)
     write_text_replacing(path, "new")
     assert path.read_text() == "new"
+
+
+def dead_pid():
+    """The pid of a process that has ended (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def temporary(folder, name, pid, token="0123456789ab"):
+    path = folder / TEMPORARY_NAME.format(name=name, pid=pid, token=token)
+    path.write_text("half")
+    return path
+
+
+def test_a_dead_writers_temporary_is_removed(tmp_path):
+    stale = temporary(tmp_path, "config.yaml", dead_pid())
+    (tmp_path / "config.yaml").write_text("whole")
+    assert remove_stale_temporaries(tmp_path) == [stale]
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
+def test_a_live_writers_temporary_is_kept(tmp_path):
+    """This process's, and a running one's (`agentq sweep sweep.table_only=true` writes table.md
+    without the sweep folder's lock)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        kept = {temporary(tmp_path, "table.md", os.getpid()), temporary(tmp_path, "table.json", child.pid)}
+        assert remove_stale_temporaries(tmp_path) == []
+    finally:
+        child.kill()
+        child.wait()
+    assert set(tmp_path.iterdir()) == kept
+
+
+def test_only_the_exact_names_of_replaced_are_removed(tmp_path):
+    pid = dead_pid()
+    look_alikes = [f".config.yaml.{pid}.0123456789a.tmp", f".config.yaml.{pid}.0123456789abc.tmp",
+                   f"config.yaml.{pid}.0123456789ab.tmp", f".config.yaml.{pid}.0123456789AB.tmp",
+                   f".config.yaml.{pid}.0123456789ab.tmp.old", f"..{pid}.0123456789ab.tmp",
+                   ".config.yaml.0.0123456789ab.tmp", ".config.yaml.tmp", ".agentq.lock"]
+    for name in look_alikes:
+        (tmp_path / name).write_text("x")
+    (tmp_path / f".table.md.{pid}.0123456789ab.tmp").mkdir()          # a folder with the name
+    sub = tmp_path / "sft"
+    sub.mkdir()
+    nested = temporary(sub, "sft_summary.json", pid)                  # not recursive
+    assert remove_stale_temporaries(tmp_path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*look_alikes, f".table.md.{pid}.0123456789ab.tmp", "sft"]) and nested.exists()
+
+
+def test_a_file_that_cannot_be_removed_is_skipped(tmp_path, monkeypatch):
+    """A read-only folder (as root, chmod would not stop the unlink: refused here instead)."""
+    import errno
+
+    stale = [temporary(tmp_path, name, dead_pid()) for name in ("summary.json", "table.md")]
+
+    def refuse(path, *a, **k):
+        if ".summary.json." in os.fspath(path):
+            raise PermissionError(errno.EROFS, "Read-only file system", path)
+        return real(path, *a, **k)
+
+    real = os.unlink
+    monkeypatch.setattr(os, "unlink", refuse)
+    assert remove_stale_temporaries(tmp_path) == [stale[1]] and stale[0].exists()
+    assert remove_stale_temporaries(tmp_path / "missing") == []
+
+
+def test_a_writer_killed_mid_write_leaves_a_temporary_the_clean_up_removes(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("whole\n")
+    script = textwrap.dedent(f"""
+        import os, signal
+        from agentq.utils.files import replaced
+        with replaced({str(path)!r}) as tmp:
+            tmp.write_text("half")
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    left = [p for p in tmp_path.iterdir() if p != path]
+    assert len(left) == 1 and left[0].read_text() == "half"
+    assert remove_stale_temporaries(tmp_path) == left
+    assert list(tmp_path.iterdir()) == [path] and path.read_text() == "whole\n"
