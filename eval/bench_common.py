@@ -153,7 +153,8 @@ def kernel_table(title: str, fn, rows: int = 18) -> list[tuple[str, float, float
 #: (class, lower-case name fragments), matched in this order (the int8 GEMM's name holds "gemm"
 #: too): the kinds of GPU work a ceiling on a quantized step's gain treats alike (`gpu_s_by_class`)
 KERNEL_CLASSES = (("int8_gemm", ("_w8a8_gemm",)),
-                  ("decode_attention", ("_decode_kernel", "_decode_planes_kernel", "_combine_kernel")),
+                  ("decode_attention", ("_decode_kernel", "_decode_planes_kernel", "_combine_kernel",
+                                        "agentq_decode_attn")),
                   ("attention", ("flash", "fmha", "_prefill_kernel")),
                   ("bf16_gemm", ("nvjet", "gemm", "gemv", "cutlass", "xmma", "splitkreduce")))
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import time
 
@@ -390,6 +391,9 @@ def main():
         name, _, values = item.partition("=")
         _knob(name)                                      # an unknown knob fails before any model is built
         DECODE_SWEEP[name] = [float(v) for v in values.split(",")]
+    if "attn_cuda" in DECODE_SWEEP and os.environ.get("AGENTQ_DECODE_ATTN"):
+        raise SystemExit("--decode-sweep attn_cuda: AGENTQ_DECODE_ATTN picks the kernel whatever the switch says; "
+                         "unset it")
     if "none" not in a.quants:
         raise SystemExit("--quants: list `none` too (every ratio is against the bf16 engine)")
     cuda = a.device == "cuda"

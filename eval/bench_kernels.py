@@ -690,7 +690,8 @@ def attn_candidates(kind: str):
         for bn, w, st in ((64, 4, 2), (128, 8, 3), (64, 4, 3), (32, 4, 3), (64, 8, 2)):
             yield AttnConfig(bn, w, st, 1)
         return
-    yield dataclasses.replace(H200_ATTN["int8"], num_splits=1)    # today's default, then its neighbours
+    # the Triton kernels only (`cuda_attention`'s has its own rows, `--attn-cuda`): today's Triton default
+    yield dataclasses.replace(H200_ATTN["int8"], num_splits=1, cuda=False)     # then its neighbours
     for bn, w, st, sp in ((64, 2, 3, 1), (64, 2, 4, 1), (64, 4, 3, 1), (128, 4, 3, 1), (32, 2, 4, 1), (128, 2, 3, 1),
                           (64, 2, 3, 2), (64, 1, 4, 1), (32, 1, 6, 1), (128, 4, 4, 1)):
         yield AttnConfig(bn, w, st, sp, planes=True, tma=True)   # their word tiles through TMA (round 10)
@@ -750,7 +751,8 @@ def tune_attention(dev, results, deadline: float = float("inf"), B: int = 64, L:
         us, cfg = best[kind]
         log(f"tune attn {kind} B={B} L={L}: best {cfg.short()} {us:.1f} us")
         results.setdefault("attn_best", []).append({"kind": kind, "B": B, "L": L, "cfg": cfg.short(), "us": us})
-        ta.H200_ATTN[kind] = dataclasses.replace(cfg, num_splits=None)
+        # the table keeps its `cuda` choice: the sweep picks the Triton kernel behind it
+        ta.H200_ATTN[kind] = dataclasses.replace(cfg, num_splits=None, cuda=ta.H200_ATTN[kind].cuda)
         results[f"attn_best_{kind}"] = {"cfg": cfg.short(), "us": us}
     text = "H200_ATTN = {" + ", ".join(f'"{kd}": {c!r}' for kd, c in ta.H200_ATTN.items()) + "}"
     log(text)
@@ -879,14 +881,14 @@ def bench_attention_reads(dev, results, B: int = 64, L: int = 2304, Hkv: int = 8
 
 
 def attention_calls(dev, kind: str, case: str, planes: bool, tma: bool = False) -> None:
-    """Three decode-attention calls (Qwen3-8B heads) and nothing else, for a kernel profiler:
-    `ncu --clock-control none -k regex:_decode --launch-skip 2 --launch-count 1 --set full
-    python -m agentq.eval.bench_kernels --attn-calls int8 --attn-cases 64x2560`."""
+    """Three decode-attention calls (Qwen3-8B heads) of the Triton kernel and nothing else, for a
+    kernel profiler: `ncu --clock-control none -k regex:_decode --launch-skip 2 --launch-count 1
+    --set full python -m agentq.eval.bench_kernels --attn-calls int8 --attn-cases 64x2560`."""
     from agentq.kernels import triton_attention as ta
     B, L = (int(v) for v in case.split("x"))
     q, caches, slots, lens, D = decode_case(B, L, dev)
     args = caches["int8" if kind == "int8" else "float"]
-    cfg = ta.pick_config(B, args[0].shape[1], L, args[0].dtype, dev)
+    cfg = dataclasses.replace(ta.pick_config(B, args[0].shape[1], L, args[0].dtype, dev), cuda=False)   # Triton's
     cfg = dataclasses.replace(cfg, planes=True) if planes or tma else cfg
     cfg = dataclasses.replace(cfg, tma=True) if tma else cfg
     for _ in range(3):
@@ -899,7 +901,7 @@ def bench_attention(dev, results, cases):
     from agentq.kernels import triton_attention as ta
     Hq, Hkv, D = 32, 8, 128
     log("\n== decode attention, Hq 32 / Hkv 8 / D 128, µs per call (graph) ==")
-    log(f"{'B x L':>11s} {'SDPA bf16':>10s} {'tri bf16':>9s} {'tri int8':>9s} {'int8/SDPA':>9s} "
+    log(f"{'B x L':>11s} {'SDPA bf16':>10s} {'tri bf16':>9s} {'int8':>9s} {'int8/SDPA':>9s} "
         f"{'SDPA TB/s':>9s} {'int8 TB/s':>9s}  max|err| int8 vs ref, bf16 vs SDPA")
     for B, L in cases:
         row = {"B": B, "L": L}
@@ -924,6 +926,7 @@ def bench_attention(dev, results, cases):
         bytes_bf16 = 2 * B * Hkv * L * D * 2
         bytes_i8 = 2 * B * Hkv * L * (D + 4)
         cfg = ta.pick_config(B, Hkv, L, torch.int8, q.device)
+        # "triton_int8_us": the int8 default's time, the CUDA kernel's on sm_90 (int8_cfg says which)
         row.update({"sdpa_us": t_sdpa, "sdpa_backend": sdpa_name, "triton_bf16_us": t_f, "triton_int8_us": t_i,
                     "ratio_int8_vs_sdpa": t_sdpa / t_i, "ratio_bf16_triton_vs_sdpa": t_sdpa / t_f,
                     "sdpa_TBps": bytes_bf16 / t_sdpa / 1e6, "int8_TBps": bytes_i8 / t_i / 1e6,

@@ -126,12 +126,13 @@ TMA_TILES = True
 #: the most stages the planes kernel's pointer loads take: they measured best at 3, where its TMA
 #: tiles take 4 (shared-memory tiles loaded by the threads cost registers that TMA's do not)
 POINTER_STAGES = 3
-#: `cuda_attention`'s kernel where a config asks for it (`AttnConfig.cuda`) and the GPU is one it was
-#: measured and tested on; off: the Triton kernels everywhere (`bench_engine --decode-sweep
-#: attn_cuda=0,1`). AGENTQ_DECODE_ATTN=cuda / triton overrides both, on any GPU the kernel applies to.
+#: the default config (`pick_config`) takes `cuda_attention`'s kernel where `H200_ATTN` asks for it
+#: and the GPU is one it was measured and tested on; off: the Triton kernel by default everywhere
+#: (`bench_engine --decode-sweep attn_cuda=0,1`). An explicit `AttnConfig(cuda=True)` and
+#: AGENTQ_DECODE_ATTN=cuda / triton are honoured on any GPU the kernel applies to.
 CUDA_KERNEL = True
-#: compute capabilities where a config's `cuda` takes effect without AGENTQ_DECODE_ATTN: Hopper
-#: (H100, H200). Blackwell compiles (CPU-tested) but was never run, so it keeps the Triton kernel.
+#: compute capabilities where the default takes it: Hopper (H100, H200). Blackwell compiles
+#: (CPU-tested) but was never run, so its default stays the Triton kernel.
 CUDA_KERNEL_ARCHS = frozenset({(9, 0)})
 
 
@@ -462,8 +463,13 @@ if HAVE_TRITON:
 
 def pick_config(batch: int, num_kv_heads: int, max_len: int, kv_dtype: torch.dtype,
                 device: torch.device | None = None) -> AttnConfig:
+    """The default config for this cache kind (`H200_ATTN`) and batch on `device`: its `cuda` kept
+    only where `cuda_default_on(device)`, its splits picked for the device's SMs unless the table
+    fixes them."""
     kind = "int8" if kv_dtype == torch.int8 else ("fp8" if kv_dtype.itemsize == 1 else "float")
     base = H200_ATTN.get(kind, AttnConfig())
+    if base.cuda and not cuda_default_on(device):
+        base = dataclasses.replace(base, cuda=False)
     if base.num_splits is not None:
         return base
     sms = num_sms(device)
@@ -520,7 +526,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
         return out
     cfg = config or pick_config(b, hkv, lmax, k_cache.dtype, q.device)
     splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n, num_sms(q.device))
-    cfg = cuda_choice(cfg, q.device)
+    cfg = cuda_choice(cfg)
     if (cfg.cuda and cuda_attention.applies(q, k_cache, v_cache, k_scale, v_scale, out)
             and _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg, splits)):
         return out
@@ -554,15 +560,19 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
     return out
 
 
-def cuda_choice(cfg: AttnConfig, device: torch.device | None = None) -> AttnConfig:
+def cuda_default_on(device: torch.device | str | None) -> bool:
+    """Whether the default config takes `cuda_attention`'s kernel on `device` (`CUDA_KERNEL`,
+    `CUDA_KERNEL_ARCHS`); an explicit config's `cuda` is honoured on any GPU the kernel applies to."""
+    return bool(CUDA_KERNEL and device is not None and torch.device(device).type == "cuda"
+                and cuda_attention.capability(torch.device(device)) in CUDA_KERNEL_ARCHS)
+
+
+def cuda_choice(cfg: AttnConfig) -> AttnConfig:
     """`cfg` as AGENTQ_DECODE_ATTN overrides it (read at each call, for A/B runs): ``triton``,
-    ``cuda``, or ``cuda:WARPS``; unset or empty: `cfg`, its `cuda` kept only where `CUDA_KERNEL` is
-    on and `device` is a CUDA GPU of `CUDA_KERNEL_ARCHS`."""
+    ``cuda``, or ``cuda:WARPS``; unset or empty: `cfg` as it is."""
     choice = os.environ.get("AGENTQ_DECODE_ATTN", "")
     if not choice:
-        keep = bool(cfg.cuda and CUDA_KERNEL and device is not None and device.type == "cuda"
-                and cuda_attention.capability(device) in CUDA_KERNEL_ARCHS)
-        return cfg if keep == cfg.cuda else dataclasses.replace(cfg, cuda=False)
+        return cfg
     if choice == "triton":
         return dataclasses.replace(cfg, cuda=False)
     parts = choice.split(":")

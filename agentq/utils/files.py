@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import string
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -48,12 +49,19 @@ def write_text_replacing(path: str | Path, text: str) -> None:
         tmp.write_text(text)
 
 
-def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+#: a temporary younger than this is left even if its pid looks dead: its writer may run on another
+#: host or in another pid namespace over a shared folder (`agentq report`, a sweep's table_only run)
+STALE_AFTER_S = 600.0
+
+
+def remove_stale_temporaries(folder: str | Path, older_than_s: float = STALE_AFTER_S) -> list[Path]:
     """Remove the temporaries of `replaced` in `folder` (not its subfolders) that a killed writer left:
-    files named exactly as `TEMPORARY_NAME` gives whose pid is no live process. A live writer's (this
-    process's, another user's) and every other name are left; a file that cannot be removed (a
-    read-only folder) is skipped. Returns what was removed."""
+    files named exactly as `TEMPORARY_NAME` gives whose pid is no live process here and which were
+    last written over `older_than_s` ago. A live writer's (this process's, another user's), a recent
+    one's and every other name are left; a file that cannot be removed (a read-only folder) is
+    skipped. Returns what was removed."""
     removed = []
+    now = time.time()
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError:             # no folder, or one that cannot be read: nothing to remove
@@ -62,6 +70,8 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
         match = TEMPORARY_RE.fullmatch(entry.name)
         try:
             if not match or not entry.is_file(follow_symlinks=False) or pid_alive(int(match["pid"])):
+                continue
+            if now - entry.stat(follow_symlinks=False).st_mtime < older_than_s:
                 continue
             os.unlink(entry.path)
         except OSError:

@@ -74,12 +74,13 @@ def test_switches_report_the_codes_path_as_json(monkeypatch):
 def test_kernel_classes_of_the_profiles_kernel_names():
     """Names as the H200 profiles of docs/bench/h200-r30 recorded them: the W8A8 GEMM (whose name
     holds "gemm" too) is int8, cuBLAS's nvjet and split-K reduction bf16, both engines' decode
-    attention apart from the prefill's and flash attention."""
+    attention apart from the prefill's and flash attention (and the CUDA kernel's, round 45)."""
     names = {"_w8a8_gemm_tma_kernel": "int8_gemm", "_w8a8_gemm_kernel": "int8_gemm",
              "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT": "bf16_gemm",
              "void cublasLt::splitKreduce_kernel<32, 16, int, __nv_bfloat16>": "bf16_gemm",
              "_decode_kernel": "decode_attention", "_decode_planes_kernel": "decode_attention",
-             "_combine_kernel": "decode_attention", "_prefill_kernel": "attention",
+             "_combine_kernel": "decode_attention", "agentq_decode_attn_i8": "decode_attention",
+             "_prefill_kernel": "attention",
              "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>": "attention",
              "_quant_rows_kernel": "other", "_add_rms_norm_kernel": "other", "_split_argmax_kernel": "other"}
     assert {n: bench_common.kernel_class(n) for n in names} == names

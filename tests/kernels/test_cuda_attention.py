@@ -40,22 +40,26 @@ def test_warps_follow_the_grid():
     assert [ta.cuda_warps_for(b, 8) for b in (1, 16, 17, 64, 127, 128, 256)] == [2, 2, 4, 4, 4, 2, 2]
 
 
-@pytest.mark.parametrize("cap, env, cuda", [
-    ((9, 0), "", True), ((10, 0), "", False), ((8, 0), "", False),      # the default: sm_90 only
-    ((10, 0), "cuda", True), ((9, 0), "triton", False),                   # the variable overrides it
-])
-def test_default_choice_is_sm90_only(monkeypatch, cap, env, cuda):
+@pytest.mark.parametrize("cap, cuda", [((9, 0), True), ((10, 0), False), ((8, 0), False)])
+def test_default_takes_the_kernel_on_sm90_only(monkeypatch, cap, cuda):
     from agentq.kernels import triton_attention as ta
     monkeypatch.setattr(ca, "capability", lambda device: cap)
-    monkeypatch.setenv("AGENTQ_DECODE_ATTN", env)
-    int8_default = ta.H200_ATTN["int8"]
-    assert int8_default.cuda
-    assert ta.cuda_choice(int8_default, torch.device("cuda", 0)).cuda is cuda
-    assert ta.cuda_choice(int8_default, torch.device("cpu")).cuda is (env == "cuda")
-    # a config without `cuda` stays off unless the variable asks
-    assert ta.cuda_choice(dataclasses.replace(int8_default, cuda=False), torch.device("cuda", 0)).cuda is (env == "cuda")
+    monkeypatch.setattr(ta, "num_sms", lambda device: 132)                 # no GPU to ask here
+    assert ta.H200_ATTN["int8"].cuda
+    pick = lambda dev: ta.pick_config(64, 8, 2304, torch.int8, dev)     # noqa: E731
+    assert pick(torch.device("cuda", 0)).cuda is cuda and pick("cuda").cuda is cuda
+    assert not pick(torch.device("cpu")).cuda and not pick(None).cuda
+    assert not ta.pick_config(64, 8, 2304, torch.bfloat16, torch.device("cuda", 0)).cuda     # bf16 caches
     monkeypatch.setattr(ta, "CUDA_KERNEL", False)                          # the module switch (sweeps)
-    assert ta.cuda_choice(int8_default, torch.device("cuda", 0)).cuda is (env == "cuda")
+    assert not pick(torch.device("cuda", 0)).cuda
+    # the variable overrides any config; unset, an explicit config is taken as it is
+    explicit = dataclasses.replace(ta.H200_ATTN["int8"], cuda=True)
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "")
+    assert ta.cuda_choice(explicit).cuda and not ta.cuda_choice(pick("cuda")).cuda
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "triton")
+    assert not ta.cuda_choice(explicit).cuda
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda")
+    assert ta.cuda_choice(pick("cuda")).cuda
 
 
 def test_does_not_apply_on_cpu():

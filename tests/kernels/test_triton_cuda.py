@@ -255,7 +255,9 @@ ATTN_VARIANTS = {"default": {}, "split1": {"num_splits": 1}, "split4": {"num_spl
                  "planes_split4": {"planes": True, "num_splits": 4},
                  "planes_tma": {"planes": True, "tma": True, "num_warps": 2, "num_stages": 3},
                  "planes_tma_split4": {"planes": True, "tma": True, "num_splits": 4},
-                 "planes_tma_pairs": {"planes": True, "tma": True, "pairs": True, "num_warps": 2, "num_stages": 4}}
+                 "planes_tma_pairs": {"planes": True, "tma": True, "pairs": True, "num_warps": 2, "num_stages": 4},
+                 # the int8 default's Triton kernel (on sm_90 "default" runs `cuda_attention`'s)
+                 "planes_tma_st4": {"planes": True, "tma": True, "num_warps": 2, "num_stages": 4}}
 
 
 def test_tma_planes_equal_pointer_planes_cuda(K):

@@ -4,7 +4,9 @@ the earlier run's files (metrics, checkpoints, config.yaml) are still there."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -241,6 +243,7 @@ def test_claiming_a_run_folder_removes_a_killed_writers_temporaries(tmp_path, ki
     (run / name).write_text("whole")
     stale = run / TEMPORARY_NAME.format(name=name, pid=child.pid, token="0123456789ab")
     stale.write_text("half")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))     # an hour old (a recent one is left)
     claim_run_dir(run, resume=True, overwrite=False, kind=kind).close()
     assert sorted(p.name for p in run.iterdir()) == [".agentq.lock", name] and (run / name).read_text() == "whole"
 

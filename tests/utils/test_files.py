@@ -4,10 +4,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
-from agentq.utils.files import TEMPORARY_NAME, remove_stale_temporaries, replaced, write_text_replacing
+from agentq.utils.files import STALE_AFTER_S, TEMPORARY_NAME, remove_stale_temporaries, replaced, write_text_replacing
 
 
 def test_a_file_is_replaced_whole_and_leaves_no_temporary(tmp_path):
@@ -85,9 +86,12 @@ def dead_pid():
     return child.pid
 
 
-def temporary(folder, name, pid, token="0123456789ab"):
+def temporary(folder, name, pid, token="0123456789ab", age_s=3600.0):
+    """A temporary of `replaced`'s name last written `age_s` ago."""
     path = folder / TEMPORARY_NAME.format(name=name, pid=pid, token=token)
     path.write_text("half")
+    then = time.time() - age_s
+    os.utime(path, (then, then))
     return path
 
 
@@ -109,6 +113,16 @@ def test_a_live_writers_temporary_is_kept(tmp_path):
         child.kill()
         child.wait()
     assert set(tmp_path.iterdir()) == kept
+
+
+def test_a_recent_temporary_is_kept_whatever_its_pid(tmp_path):
+    """A writer on another host or in another pid namespace has a pid that looks dead here: its
+    temporary is left until it is `STALE_AFTER_S` old."""
+    pid = dead_pid()
+    recent = temporary(tmp_path, "report.html", pid, age_s=STALE_AFTER_S - 60)
+    old = temporary(tmp_path, "table.md", pid, age_s=STALE_AFTER_S + 60)
+    assert remove_stale_temporaries(tmp_path) == [old] and recent.exists()
+    assert remove_stale_temporaries(tmp_path, older_than_s=0) == [recent]
 
 
 def test_only_the_exact_names_of_replaced_are_removed(tmp_path):
@@ -159,5 +173,6 @@ def test_a_writer_killed_mid_write_leaves_a_temporary_the_clean_up_removes(tmp_p
     assert child.returncode == -signal.SIGKILL, child.stderr
     left = [p for p in tmp_path.iterdir() if p != path]
     assert len(left) == 1 and left[0].read_text() == "half"
-    assert remove_stale_temporaries(tmp_path) == left
+    assert remove_stale_temporaries(tmp_path) == []            # just written: left for now
+    assert remove_stale_temporaries(tmp_path, older_than_s=0) == left
     assert list(tmp_path.iterdir()) == [path] and path.read_text() == "whole\n"
