@@ -60,7 +60,7 @@ def remove_stale_temporaries(folder: str | Path, older_than_s: float = STALE_AFT
     last written over `older_than_s` ago. A live writer's (this process's, another user's), a recent
     one's and every other name are left; a file that cannot be removed (a read-only folder) is
     skipped. Returns what was removed."""
-    removed = []
+    removed: list[Path] = []
     now = time.time()
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)

@@ -12,6 +12,17 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 SPEC = QuantSpec.preset("w8a8_kv8")
 
 
+@pytest.fixture(scope="module")
+def head128_model_dir(tmp_path_factory):
+    """The tiny model with head_dim 128: the head size `cuda_attention`'s kernel (the int8 decode
+    attention's default on sm_90) needs; the session's tiny model (head_dim 64) runs the Triton one."""
+    from conftest import CORPUS
+
+    from agentq.models.tiny import TinyModelConfig, build_tiny_model
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny128", CORPUS,
+                            TinyModelConfig(vocab_size=512, head_dim=128))
+
+
 def _turns(eng, n=4, turns=3, seed=0):
     """n episodes × `turns` turns; returns (full ids, per-position rollout log-probs or None)."""
     sp = SamplingParams(max_new_tokens=16)
@@ -69,14 +80,15 @@ def test_cuda_engine_agrees_with_cpu_engine_fp32(tiny_model_dir):
     assert (a - b).abs().max() < 2e-3
 
 
-@pytest.mark.parametrize("preset", ["w8a8_kv8", "w8a8_kv8_head"])
-def test_cuda_graph_replay_gives_the_eager_tokens(tiny_model_dir, preset):
+@pytest.mark.parametrize("preset, model", [("w8a8_kv8", "tiny"), ("w8a8_kv8_head", "tiny"), ("w8a8_kv8", "head128")])
+def test_cuda_graph_replay_gives_the_eager_tokens(tiny_model_dir, head128_model_dir, preset, model):
     """Decode steps replayed from CUDA graphs vs the same steps run eagerly: identical tokens and
     log-probs for the same seeds, over several turns (graphs captured once, replayed across turns
-    and across batch buckets as episodes finish)."""
+    and across batch buckets as episodes finish). head128: through `cuda_attention`'s kernel on sm_90."""
+    path = tiny_model_dir if model == "tiny" else head128_model_dir
     res = {}
     for graphs in (True, False):
-        eng = TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset(preset), max_slots=8, max_len=512, dtype=torch.bfloat16,
+        eng = TorchEngine.from_pretrained(str(path), QuantSpec.preset(preset), max_slots=8, max_len=512, dtype=torch.bfloat16,
                                           device="cuda", cuda_graphs=graphs)
         assert eng.sampler == "counter"
         ctxs, logps = _turns(eng, n=5, turns=3, seed=7)
@@ -323,3 +335,23 @@ def test_shared_prefill_on_cuda_copies_the_group_slot_and_plays_on(tiny_model_di
         d = max(abs(p - q) for p, q in firsts)
     print(f"\n[shared prefill, {preset}] max|Δ logp| vs unshared: {d:.3e}")
     assert d < 2e-2
+
+
+def test_cuda_attention_in_the_engine_matches_the_triton_kernel(head128_model_dir, monkeypatch):
+    """`cuda_attention`'s kernel, the int8 default on sm_90, through graph-replayed decode steps
+    against the Triton kernel (`triton_attention.CUDA_KERNEL` off): it ran (and only when on), and
+    the aligned learner's log-probs are as close to what it sampled as to what the Triton kernel
+    sampled. Its sums run in another order, so the tokens need not be the same."""
+    from agentq.kernels import cuda_attention, triton_attention
+    if not triton_attention.cuda_default_on(torch.device("cuda")):
+        pytest.skip("the CUDA kernel is the default only on sm_90 (triton_attention.CUDA_KERNEL_ARCHS)")
+    path = head128_model_dir
+    launches = []
+    fn = cuda_attention.decode_attention_cuda
+    monkeypatch.setattr(cuda_attention, "decode_attention_cuda",
+                        lambda *a, **k: (launches.append(triton_attention.CUDA_KERNEL), fn(*a, **k))[1])
+    out = _turns_with_switch(path, monkeypatch, triton_attention, "CUDA_KERNEL")
+    assert launches and all(launches), f"CUDA kernel launches by switch value: {launches}"
+    gaps = {on: _learner_gap(path, SPEC, torch.bfloat16, *out[on]) for on in (True, False)}
+    print(f"\n[cuda attention in the engine] learner max|Δ|, K3: CUDA kernel {gaps[True]}, Triton {gaps[False]}")
+    assert gaps[True][0] < 0.1 and gaps[True][1] <= 2 * gaps[False][1] + 1e-4
