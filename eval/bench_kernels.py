@@ -875,7 +875,7 @@ def bench_attention_reads(dev, results, B: int = 64, L: int = 2304, Hkv: int = 8
     slots = torch.arange(B, device=dev, dtype=torch.int32)
     lens = torch.full((B,), L, device=dev, dtype=torch.int32)
     us = graph_us([partial(ta.decode_attention, q, kc, ks, vc, vs, slots, lens, D ** -0.5)])
-    cfg = ta.pick_config(B, Hkv, L, torch.int8, dev).short()
+    cfg = ta.effective_config(ta.pick_config(B, Hkv, L, torch.int8, dev), q, kc, ks, vc, vs).short()
     results["attn_reads_kernel_us"] = us
     log(f"  the int8 kernel ({cfg}): {us:.1f} us ({(nbytes + 2 * ks.numel() * 4) / us / 1e6:.2f} TB/s with its scales)")
 
@@ -925,7 +925,7 @@ def bench_attention(dev, results, cases):
         err_f = (out_f.float() - sd.float()).abs().max().item()
         bytes_bf16 = 2 * B * Hkv * L * D * 2
         bytes_i8 = 2 * B * Hkv * L * (D + 4)
-        cfg = ta.pick_config(B, Hkv, L, torch.int8, q.device)
+        cfg = ta.effective_config(ta.pick_config(B, Hkv, L, torch.int8, q.device), q, kq, ks, vq, vs)
         # "triton_int8_us": the int8 default's time, the CUDA kernel's on sm_90 (int8_cfg says which)
         row.update({"sdpa_us": t_sdpa, "sdpa_backend": sdpa_name, "triton_bf16_us": t_f, "triton_int8_us": t_i,
                     "ratio_int8_vs_sdpa": t_sdpa / t_i, "ratio_bf16_triton_vs_sdpa": t_sdpa / t_f,

@@ -526,9 +526,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: t
         return out
     cfg = config or pick_config(b, hkv, lmax, k_cache.dtype, q.device)
     splits = cfg.num_splits or pick_num_splits(b, hkv, lmax, cfg.block_n, num_sms(q.device))
-    cfg = cuda_choice(cfg)
-    if (cfg.cuda and cuda_attention.applies(q, k_cache, v_cache, k_scale, v_scale, out)
-            and _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg, splits)):
+    cfg = effective_config(cfg, q, k_cache, k_scale, v_cache, v_scale, out)
+    if cfg.cuda and _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg, splits):
         return out
     ks, vs, ks_strides, vs_strides = _scale_pointers(mode, k_scale, v_scale, q)
     group = hq // hkv
@@ -565,6 +564,17 @@ def cuda_default_on(device: torch.device | str | None) -> bool:
     `CUDA_KERNEL_ARCHS`); an explicit config's `cuda` is honoured on any GPU the kernel applies to."""
     return bool(CUDA_KERNEL and device is not None and torch.device(device).type == "cuda"
                 and cuda_attention.capability(torch.device(device)) in CUDA_KERNEL_ARCHS)
+
+
+def effective_config(cfg: AttnConfig, q: torch.Tensor, k_cache: torch.Tensor, k_scale, v_cache: torch.Tensor,
+                     v_scale, out: torch.Tensor | None = None) -> AttnConfig:
+    """`cfg` as `decode_attention` runs it on these arguments: AGENTQ_DECODE_ATTN applied (`cuda_choice`),
+    and `cuda` dropped where `cuda_attention`'s kernel does not apply (a kernel that then fails to
+    build or load also falls back, with a warning). Benchmarks label their rows with it."""
+    cfg = cuda_choice(cfg)
+    if cfg.cuda and not cuda_attention.applies(q, k_cache, v_cache, k_scale, v_scale, out):
+        cfg = dataclasses.replace(cfg, cuda=False)
+    return cfg
 
 
 def cuda_choice(cfg: AttnConfig) -> AttnConfig:

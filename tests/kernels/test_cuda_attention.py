@@ -67,6 +67,9 @@ def test_does_not_apply_on_cpu():
     kc = torch.zeros(4, 2, 64, 128, dtype=torch.int8)
     sc = torch.ones(4, 2, 64)
     assert not ca.applies(q, kc, kc, sc, sc)
+    from agentq.kernels import triton_attention as ta
+    asked = ta.AttnConfig(cuda=True)        # what decode_attention then runs (and benchmarks label): Triton's
+    assert not ta.effective_config(asked, q, kc, sc, kc, sc).cuda
 
 
 def test_launch_checks_its_arguments():

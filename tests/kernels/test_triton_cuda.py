@@ -292,10 +292,10 @@ def test_decode_attention_cuda(K, kv, variant):
     _check_decode_variant(K, _kv_case(8, 32, 8, 128, 4096, lens, torch.bfloat16, seed=7, kv=kv), variant, kv)
 
 
-@pytest.mark.parametrize("variant", ["default", "planes_tma_pairs"])
+@pytest.mark.parametrize("variant", ["default", "planes_tma_st4", "planes_tma_pairs"])
 def test_decode_attention_gqa2_cuda(K, variant):
-    """Qwen3-1.7B heads (GQA 2:1: 2 of the 16 MMA rows are queries) through the plane kernel,
-    against the reference."""
+    """Qwen3-1.7B heads (GQA 2:1: 2 of the 16 MMA rows are queries) through the default (on sm_90
+    `cuda_attention`'s kernel) and the plane kernels, against the reference."""
     lens = [2304, 1, 77, 2048, 1500, 513, 2300, 64]
     _check_decode_variant(K, _kv_case(8, 16, 8, 128, 2304, lens, torch.bfloat16, seed=11), variant, "gqa2")
 
