@@ -29,6 +29,7 @@ from agentq.envs.base import TextEnv
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
 from agentq.pool import POOL_TYPES, EnvPool, EnvSpec, make_pool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
+from agentq.utils.errors import raised_at
 from agentq.utils.logging import console
 
 if TYPE_CHECKING:
@@ -182,37 +183,57 @@ def make_env(cfg: DictConfig, split: str, expert: bool = False) -> gym.Env:
                           f"(raised at {raised_at(e)})") from e
 
 
-def raised_at(e: BaseException) -> str:
-    """'file.py:line' of the deepest frame of `e`'s traceback outside Python's standard library (an
-    env's own code, or the package it called; json's decoder is not where a data file went wrong)."""
-    import sysconfig
-    import traceback
-
-    stdlib = sysconfig.get_path("stdlib")
-    frames = traceback.extract_tb(e.__traceback__)
-    own = [f for f in frames if not f.filename.startswith(stdlib) or "site-packages" in f.filename] or frames
-    return f"{Path(own[-1].filename).name}:{own[-1].lineno}" if own else "?"
-
-
 def text_env(env: gym.Env) -> TextEnv:
     """The agentq environment inside `env`'s wrappers (`agentq.envs.make` refuses any other kind)."""
     return cast(TextEnv, env.unwrapped)
 
 
 def check_split_data(cfg: DictConfig, splits: list[str]) -> None:
-    """Build (and close) one env of each split, before the model is built: an env that checks its data
-    when built (ALFWorld's real games) refuses a missing one now, in one line (`make_env`), not after the
-    model build. Building one is cheap: an env starts its engine (a JVM) on its first reset."""
+    """Build one env of each split and list its task ids, before the model is built: an env that checks
+    its data when built (ALFWorld's real games) refuses a missing one now, in one line (`make_env`), and
+    one that refuses the split's task list (no task ids, a repeated id: `list_tasks`) too, not after the
+    model build. Cheap: no episode is played (an env starts its engine on its first reset; the task list
+    of TextWorldExpress asks its JVM once a process, and the run's own list reuses it)."""
     for split in dict.fromkeys(splits):
-        make_env(cfg, split).close()
+        list_tasks(cfg, split)
 
 
 def list_tasks(cfg: DictConfig, split: str) -> list[str]:
+    """The task ids of `split`.
+
+    Raises:
+        ConfigError: the env refused them (`split_refused`), naming the setting that gives `split`
+            (`split_key`); was a traceback from the run's build, after the model's.
+    """
     env = make_env(cfg, split)
     try:
-        return list(text_env(env).list_tasks(split))
+        return env_tasks(cfg, env, split)
     finally:
         env.close()
+
+
+def env_tasks(cfg: DictConfig, env: gym.Env, split: str) -> list[str]:
+    """`list_tasks` of an env of `cfg` in hand."""
+    try:
+        return list(text_env(env).list_tasks(split))
+    except ValueError as e:
+        raise split_refused(split, e, split_key(cfg, split)) from None
+
+
+def split_key(cfg: DictConfig, split: str) -> str:
+    """The setting that gives `split` to a run: env.train_split, env.eval_split, pipeline.eval_splits
+    (a pipeline's or sweep's evaluations), else `split` (`agentq eval`'s)."""
+    for key in ("env.train_split", "env.eval_split"):
+        if str(OmegaConf.select(cfg, key)) == split:
+            return key
+    listed = OmegaConf.select(cfg, "pipeline.eval_splits") or []
+    return "pipeline.eval_splits" if split in [str(s) for s in listed] else "split"
+
+
+def split_refused(split: str, e: ValueError, key: str = "split") -> ConfigError:
+    """An env's refusal of `split` (its ValueError: not one of its `splits`, no task ids, a repeated id,
+    missing data) as the one-line error naming `key`, the setting that gave the split."""
+    return ConfigError(f"{key}={split!r}: {e}")
 
 
 def env_pool(cfg: DictConfig, split: str, num_envs: int, expert: bool = False) -> EnvPool:
@@ -234,9 +255,9 @@ def env_corpus(cfg: DictConfig, n_episodes: int, seed: int = 0) -> list[str]:
     prompt = prompt_config(cfg)
     env = make_env(cfg, cfg.env.train_split, expert=True)
     rng = random.Random(seed)
-    tasks = text_env(env).list_tasks(cfg.env.train_split)
     texts = [prompt.system, prompt.invalid_format]
     try:
+        tasks = env_tasks(cfg, env, cfg.env.train_split)       # an empty split: one line
         for i in range(n_episodes):
             obs, info = env.reset(seed=seed + i, options={"task_id": tasks[rng.randrange(len(tasks))]})
             prompt.check_fields(info)           # a template naming a key info lacks: one line, not a KeyError

@@ -124,13 +124,13 @@ def env_id(name_or_id: str) -> str:
     module, sep, attr = name_or_id.partition(":")
     if sep and module and attr:
         if _GYM_ID.fullmatch(attr):                     # Gymnasium's "module:[namespace/]Id-vN"
-            importlib.import_module(module)
+            _import(module)
             if attr not in gym.registry:
                 raise gym.error.NameNotFound(f"importing {module!r} did not register the Gymnasium id {attr!r}")
             _check_gym_class(attr, name_or_id)
             return attr
         if attr.isidentifier():
-            mod = importlib.import_module(module)
+            mod = _import(module)
             cls = getattr(mod, attr, None)
             if cls is None:
                 raise gym.error.NameNotFound(f"module {module!r} has no attribute {attr!r}{_did_you_mean(mod, attr)}")
@@ -139,6 +139,25 @@ def env_id(name_or_id: str) -> str:
         f"unknown environment {name_or_id!r}; valid names: {sorted(REGISTRY)} (built in), plugins: "
         f"{sorted(found)} (entry points of group {PLUGIN_GROUP!r}), or 'module:Class' (a TextEnv subclass), "
         f"'module:[namespace/]Id-vN', a registered Gymnasium id")
+
+
+def _import(module: str):
+    """`module` of a "module:..." env.name, imported.
+
+    Raises:
+        ModuleNotFoundError: saying how to make `module` importable when it is the one not found (or a
+            package above it), else where the user's code imported the missing one (file:line).
+    """
+    from agentq.utils.errors import raised_at
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
+            hint = "; put its folder on PYTHONPATH or pip install its package (docs/adding-an-environment.md)"
+        else:
+            hint = f" (raised at {raised_at(e)})"
+        raise ModuleNotFoundError(f"{e}{hint}", name=e.name, path=e.path) from e
 
 
 @functools.cache

@@ -1,7 +1,10 @@
 """The errors every layer may raise and the CLI prints in one line: the one a run stops itself with
 (`agentq: run stopped: ...`, exit status 1; the give-up rule of restarted workers that raises it is
-`agentq.utils.failures.FailureCounts`), and a run folder's damaged file (`agentq: ...`, exit status 2)."""
+`agentq.utils.failures.FailureCounts`), and a run folder's damaged file (`agentq: ...`, exit status 2);
+and `raised_at`, the place a one-line message of another error names."""
 from __future__ import annotations
+
+from pathlib import Path
 
 
 class RunAborted(RuntimeError):
@@ -13,4 +16,16 @@ class RunFileError(ValueError):
     step): cut short or edited. The message names the file and the line."""
 
 
-__all__ = ["RunAborted", "RunFileError"]
+def raised_at(e: BaseException) -> str:
+    """'file.py:line' of the deepest frame of `e`'s traceback outside Python's standard library (an
+    env's own code, or the package it called; json's decoder is not where a data file went wrong)."""
+    import sysconfig
+    import traceback
+
+    stdlib = sysconfig.get_path("stdlib")
+    frames = traceback.extract_tb(e.__traceback__)
+    own = [f for f in frames if not f.filename.startswith(stdlib) or "site-packages" in f.filename] or frames
+    return f"{Path(own[-1].filename).name}:{own[-1].lineno}" if own else "?"
+
+
+__all__ = ["RunAborted", "RunFileError", "raised_at"]

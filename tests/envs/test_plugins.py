@@ -129,6 +129,25 @@ def test_registry_takes_namespaced_ids_and_checks_classes_on_registration(tmp_pa
         assert f"ext/{module}.{attr}" not in gym.registry              # a refused class stays unregistered
 
 
+def test_a_module_that_cannot_be_imported_says_how_to_fix_it_or_where(tmp_path, monkeypatch, capsys):
+    """`No module named 'x'` alone: for the env's own module it gave no hint (the guide's step of
+    putting its folder on PYTHONPATH), for one its code imports no file or line."""
+    from agentq.cli import main
+
+    pkg = tmp_path / "lacks_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "env.py").write_text("from agentq.envs import TextEnv\n\nimport agentq_no_such_dependency  # noqa\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hint = "; put its folder on PYTHONPATH or pip install its package (docs/adding-an-environment.md)"
+    for name, said in [("agentq_no_such_env:Env", f"No module named 'agentq_no_such_env'{hint}"),
+                       ("agentq_no_such_pkg.env:Env", f"No module named 'agentq_no_such_pkg'{hint}"),
+                       ("lacks_pkg.nothing_here:Env", f"No module named 'lacks_pkg.nothing_here'{hint}"),
+                       ("lacks_pkg.env:Env", "No module named 'agentq_no_such_dependency' (raised at env.py:3)")]:
+        assert main(["config", f"env.name={name}"]) == 2
+        assert capsys.readouterr().err.strip() == f"agentq: env.name={name!r}: {said}", name
+
+
 def test_a_plugin_named_like_a_built_in_is_not_hidden_silently(tmp_path, monkeypatch):
     """A plugin `alfworld` resolved to agentq's ALFWorld without a word. The built-in still wins (a
     run's env.name keeps its meaning whatever is installed), but resolving the name warns, naming the

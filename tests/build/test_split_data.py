@@ -1,0 +1,57 @@
+"""`build.check_split_data` / `build.list_tasks`: a split the env refuses (no task ids) is one line
+before the model is built, for every command, in the words `agentq eval` uses."""
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from agentq import build
+from agentq.cli import main
+from agentq.config import load_config
+from conftest import one_task_env
+
+EMPTY = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("Base", ("train", "test"), """
+    def _expert_action(self):
+        return "go"
+""") + '''
+
+class EmptyTest(Base):
+    def _tasks(self, split):
+        return [] if split == "test" else ["a"]
+
+
+class EmptyTrain(Base):
+    def _tasks(self, split):
+        return [] if split == "train" else ["a"]
+'''
+
+
+@pytest.mark.parametrize("cmd, cls, key, split", [("train", "EmptyTest", "env.eval_split", "test"),
+                                                  ("train", "EmptyTrain", "env.train_split", "train"),
+                                                  ("pipeline", "EmptyTest", "env.eval_split", "test"),
+                                                  ("sft", "EmptyTrain", "env.train_split", "train"),
+                                                  ("eval", "EmptyTest", "split", "test")])
+def test_an_empty_split_is_one_line_before_the_model_is_built(tmp_path, monkeypatch, capsys, request, cmd, cls,
+                                                              key, split):
+    """An env whose `_tasks('test')` returned [] made `agentq train` build the model, then end in a
+    25-line traceback from the trainer's task list; `agentq eval` said it in one line, and now every
+    command does, in its words (`build.split_refused`), naming the setting that gave the split."""
+    (tmp_path / "empty_split_env.py").write_text(EMPTY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "conf" / "env").mkdir(parents=True)
+    base = OmegaConf.to_container(load_config([]).env)
+    (tmp_path / "conf" / "env" / "empty.yaml").write_text(OmegaConf.to_yaml(
+        {**base, "name": f"empty_split_env:{cls}", "kwargs": {}, "train_split": "train", "eval_split": "test"}))
+    # SFT loads the tokenizer before its task list (and builds its model after the demonstrations)
+    for name in ("make_backend", "env_pool", "learner_threads", *(["load_tokenizer"] if cmd != "sft" else [])):
+        monkeypatch.setattr(build, name, lambda *a, **k: pytest.fail("the model was built"))
+    out = tmp_path / "out"
+    where = {"train": ["trainer.out_dir", "trainer.steps=1"], "sft": ["sft.out_dir"],
+             "pipeline": ["pipeline.out_dir", "pipeline.eval_splits=null"],
+             "eval": ["eval.out_dir", f"checkpoint={request.getfixturevalue('tiny_model_dir')}", "split=test"]}[cmd]
+    assert main([cmd, "env=empty", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "env_pool=inline",
+                 f"{where[0]}={out}", *where[1:]]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (f"agentq: {key}={split!r}: {cls}._tasks({split!r}) returned no task ids; every "
+                                    "split in `splits` ['train', 'test'] needs at least one")
+    assert "Traceback" not in err and not out.exists()
