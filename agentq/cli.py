@@ -168,7 +168,7 @@ def dispatch(cmd: str, cfg: DictConfig, overrides: list[str]) -> None:
         sweep(cfg, overrides)
     elif cmd == "sft":
         from agentq.trainer.sft import sft
-        sft(cfg)
+        sft(cfg, overrides=overrides)       # the closing `agentq train` hint repeats its env settings
 
 
 def report(args: list[str]) -> int:

@@ -595,8 +595,15 @@ class RLTrainer:
         self.skipped_in_a_row += 1
         reasons = {r: sum(x.end_reason == r for x in trajs) for r in sorted({x.end_reason for x in trajs})}
         limit = int(self.cfg.trainer.get("max_skipped_steps", 3))
-        console.print(f"[yellow]step {step}: no usable episode ({len(trajs)} episodes, end reasons {reasons}); "
-                      f"skipped without an update ({self.skipped_in_a_row} in a row, limit {limit})")
+        lost = [x for x in trajs if x.end_reason == "error"]
+        first = (lost[0].error or "").strip().splitlines()[:1] if lost else []
+        # the first error as errors.jsonl records it (its first line), or an env whose every reset
+        # raises is only "end reasons {'error': 4}" until the run stops at max_skipped_steps, or ends
+        said = (f"; the first error, task {lost[0].task_id!r}: {first[0] if first else '?'} (each lost episode's "
+                f"error in {self.run_dir / 'errors.jsonl'})" if lost else "")
+        console.print(f"step {step}: no usable episode ({len(trajs)} episodes, end reasons {reasons}); "
+                      f"skipped without an update ({self.skipped_in_a_row} in a row, limit {limit}){said}",
+                      style="yellow", markup=False, highlight=False, soft_wrap=True)
         if self.skipped_in_a_row >= limit:
             hint = (f". 'context' means the first prompt does not fit env.max_context_tokens="
                     f"{int(self.cfg.env.max_context_tokens)}" if "context" in reasons else "")

@@ -78,10 +78,11 @@ def evaluate_nll(learner: Learner, trajs: list[Trajectory], batch_size: int) -> 
 
 
 def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | None = None,
-        overwrite: bool | None = None, out_key: str = "sft.out_dir") -> dict:
+        overwrite: bool | None = None, out_key: str = "sft.out_dir", overrides: list[str] | None = None) -> dict:
     """`agentq sft` into `out_dir` (default sft.out_dir, else a new runs/sft-<env>-<time>), which this
     process locks as RL run folders are; a folder holding an earlier SFT run is refused unless
-    `overwrite` (default trainer.overwrite) replaces it. `out_key`: the setting that named the folder."""
+    `overwrite` (default trainer.overwrite) replaces it. `out_key`: the setting that named the folder.
+    `overrides`: the command line, whose env settings the closing `agentq train` hint repeats."""
     check_expert(cfg)
     build.check_learner_dtype(cfg)
     out = Path(out_dir or cfg.sft.out_dir or new_run_dir(f"sft-{cfg.env.name}"))
@@ -93,12 +94,12 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
         lock = claim_run_dir(out, resume=False, overwrite=overwrite, kind="sft", out_key=out_key,
                              remove=False)
         try:
-            return _sft(cfg, out, init_path)
+            return _sft(cfg, out, init_path, overrides or [])
         finally:
             lock.close()            # releases the folder
 
 
-def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
+def _sft(cfg: DictConfig, out: Path, init_path: str | None, overrides: list[str]) -> dict:
     s = cfg.sft
     device, dtype = build.device_and_dtype(cfg)
     torch.manual_seed(int(cfg.seed))
@@ -135,9 +136,25 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None) -> dict:
     write_text_replacing(out / "sft_summary.json", json.dumps(summary, indent=2))
     console.print(f"SFT: {len(train)} train / {len(val)} val demos; "
                   + ", ".join(f"epoch {h['epoch']}: train {h['train_loss']:.3f} val {h['val_loss']:.3f}" for h in history)
-                  + f"; checkpoint {ckpt} (RL from it: agentq train model.path={shlex.quote(str(ckpt))})",
+                  + f"; checkpoint {ckpt} (RL from it: {rl_command(ckpt, overrides)})",
                   markup=False, highlight=False, soft_wrap=True)
     return summary
+
+
+#: the overrides that choose the env an SFT checkpoint was fitted to: its config group, its class and
+#: the config folders that group may come from, and the kwargs that pick the env's games
+ENV_KEYS = ("env", "env.name", "env.kwargs", "hydra.searchpath")
+
+
+def rl_command(ckpt: str | Path, overrides: list[str]) -> str:
+    """`agentq train model.path=<ckpt>` with the SFT command line's env settings (`ENV_KEYS`, each
+    quoted for a shell): without them it trained on the default env, with no word that the checkpoint
+    was fitted to another."""
+    def key(o: str) -> str:
+        return o.split("=", 1)[0].lstrip("+~")
+
+    env = [o for o in overrides if key(o) in ENV_KEYS or key(o).startswith("env.kwargs.")]
+    return " ".join(["agentq train", f"model.path={shlex.quote(str(ckpt))}", *map(shlex.quote, env)])
 
 
 def check_expert(cfg: DictConfig) -> None:

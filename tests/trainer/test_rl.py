@@ -96,6 +96,29 @@ def test_a_stopped_run_explains_context_only_when_an_episode_ended_so(reasons, h
                             f"errors in {Path('r') / 'errors.jsonl'}); stopping (trainer.max_skipped_steps=2){hint}")
 
 
+def test_a_skipped_step_of_errored_episodes_says_the_first_error_and_where_the_rest_are(capsys):
+    """A step whose every episode errored (an env whose reset raises) said only "end reasons
+    {'error': 4}", and a run that ended before trainer.max_skipped_steps exited 0 without the error
+    text or errors.jsonl ever shown."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from agentq.agent.trajectory import Trajectory
+    from agentq.trainer.rl import ROLLOUT_KEYS, RLTrainer
+
+    trainer = SimpleNamespace(skipped_in_a_row=0, run_dir=Path("r"), cfg=OmegaConf.create(
+        {"trainer": {"max_skipped_steps": 3}, "env": {"max_context_tokens": 8}}))
+    err = "RuntimeError: reset [boom]\nTraceback (most recent call last):\n  ..."
+    trajs = [Trajectory(i, f"t{i}", "train", end_reason="error", error=err) for i in range(2)]
+    row = RLTrainer._skip_step(trainer, 1, trajs, {k: 0 for k in ROLLOUT_KEYS} | {"errors": 2}, 0.1)  # type: ignore[arg-type]
+    assert row["skipped_step"] == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert said == ("step 1: no usable episode (2 episodes, end reasons {'error': 2}); skipped without an update "
+                    "(1 in a row, limit 3); the first error, task 't0': RuntimeError: reset [boom] (each lost "
+                    f"episode's error in {Path('r') / 'errors.jsonl'})")
+
+
 @pytest.mark.parametrize("unplayed, limits, tail", [
     (2, {"max_context_tokens": 10}, ", 2 of 4 not played (their first prompt does not fit env.max_context_tokens=10; "
                                     "counted as lost)"),

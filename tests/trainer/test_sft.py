@@ -102,6 +102,32 @@ def test_sft_says_where_its_checkpoint_went(tmp_path, monkeypatch, capsys):
     assert f"; checkpoint {ckpt} (RL from it: agentq train model.path={ckpt})" in " ".join(capsys.readouterr().err.split())
 
 
+def test_the_rl_command_sft_prints_trains_on_its_env(tmp_path, monkeypatch, capsys):
+    """`agentq sft env=<a plugin's env> hydra.searchpath=[...]` ended with "RL from it: agentq train
+    model.path=<ckpt>", which, run as printed, trained on the default env (TextWorldExpress) without a
+    word. The command now repeats the SFT command line's env settings, quoted for a shell, and they
+    compose the env the checkpoint was fitted to."""
+    import shlex
+
+    from omegaconf import OmegaConf
+
+    from agentq.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "my conf"            # a space: the searchpath override must be quoted
+    (conf / "env").mkdir(parents=True)
+    env = {**OmegaConf.to_container(load_config(["env=textworld_express_mapreader"]).env), "max_steps": 7}
+    (conf / "env" / "mine.yaml").write_text(OmegaConf.to_yaml(env))
+    mine = ["env=mine", f"hydra.searchpath=[file://{conf}]", "env.name=textworld_express"]
+    assert main(["sft", *mine, "sft.out_dir=out", "seed=3", *SMALL]) == 0
+    said = " ".join(capsys.readouterr().err.split())
+    cmd = said.split("(RL from it: ", 1)[1].rsplit(")", 1)[0]
+    assert cmd == f"agentq train model.path=out/checkpoint env=mine '{mine[1]}' env.name=textworld_express"
+    args = shlex.split(cmd)
+    assert args[:3] == ["agentq", "train", "model.path=out/checkpoint"] and args[3:] == mine
+    assert OmegaConf.to_container(load_config(args[3:], command="train").env) == env
+
+
 def test_a_step_cap_below_the_experts_path_is_named(tmp_path, capsys):
     """mapreader's expert needs 4-6 turns: at env.max_steps=2 no demonstration is won. That was a
     traceback saying "check the env's expert"."""
