@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, PromptConfig, episode_seed
 from agentq.config import UNSET, ConfigError
 from agentq.config_schema import DTYPES, ROLLOUT_BACKENDS
-from agentq.envs.base import TextEnv
+from agentq.envs.base import SplitRefused, TextEnv
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
 from agentq.pool import POOL_TYPES, EnvPool, EnvSpec, make_pool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
@@ -169,6 +169,8 @@ def make_env(cfg: DictConfig, split: str, expert: bool = False) -> gym.Env:
         return _make(env_spec(cfg, split, expert))
     except ConfigError:
         raise
+    except SplitRefused as e:       # a split not in its `splits`: the setting that gave it named
+        raise split_refused(split, e, split_key(cfg, split)) from e
     except ValueError as e:
         # where it was raised, so that a bug (not a refusal) one line hides can still be found
         raise ConfigError(f"env={cfg.env.name}: {e} (raised at {raised_at(e)})") from e
@@ -216,24 +218,29 @@ def env_tasks(cfg: DictConfig, env: gym.Env, split: str) -> list[str]:
     """`list_tasks` of an env of `cfg` in hand."""
     try:
         return list(text_env(env).list_tasks(split))
+    except ConfigError:
+        raise
     except ValueError as e:
-        raise split_refused(split, e, split_key(cfg, split)) from None
+        raise split_refused(split, e, split_key(cfg, split)) from e
 
 
 def split_key(cfg: DictConfig, split: str) -> str:
     """The setting that gives `split` to a run: env.train_split, env.eval_split, pipeline.eval_splits
     (a pipeline's or sweep's evaluations), else `split` (`agentq eval`'s)."""
-    for key in ("env.train_split", "env.eval_split"):
-        if str(OmegaConf.select(cfg, key)) == split:
-            return key
-    listed = OmegaConf.select(cfg, "pipeline.eval_splits") or []
-    return "pipeline.eval_splits" if split in [str(s) for s in listed] else "split"
+    if str(OmegaConf.select(cfg, "env.train_split")) == split:
+        return "env.train_split"
+    # a pipeline evaluates its pipeline.eval_splits, each set as env.eval_split in turn
+    if split in [str(s) for s in OmegaConf.select(cfg, "pipeline.eval_splits") or []]:
+        return "pipeline.eval_splits"
+    return "env.eval_split" if str(OmegaConf.select(cfg, "env.eval_split")) == split else "split"
 
 
 def split_refused(split: str, e: ValueError, key: str = "split") -> ConfigError:
-    """An env's refusal of `split` (its ValueError: not one of its `splits`, no task ids, a repeated id,
-    missing data) as the one-line error naming `key`, the setting that gave the split."""
-    return ConfigError(f"{key}={split!r}: {e}")
+    """An env's refusal of `split` as the one-line error naming `key`, the setting that gave the split:
+    the base class's (`SplitRefused`: not one of its `splits`, no task ids, a repeated id) as it
+    reads; any other ValueError, the env's own or a bug in its `_tasks`, with where it was raised."""
+    where = "" if isinstance(e, SplitRefused) else f" (raised at {raised_at(e)})"
+    return ConfigError(f"{key}={split!r}: {e}{where}")
 
 
 def env_pool(cfg: DictConfig, split: str, num_envs: int, expert: bool = False) -> EnvPool:

@@ -96,6 +96,11 @@ class TaskStep:
     extra: dict[str, Any] = field(default_factory=dict)   # merged into info (e.g. task_type)
 
 
+class SplitRefused(ValueError):
+    """A split the env cannot give: not one of its `splits`, or whose `_tasks` returned no task ids or
+    a repeated one. (A ValueError `_tasks` raises itself is the env's own, perhaps a bug.)"""
+
+
 class UnknownTaskError(KeyError):
     """reset() was given a task id that is not in the split."""
 
@@ -234,11 +239,11 @@ class TextEnv(gym.Env[str, str]):
             # no tasks: training sampled from nothing (numpy's "high <= 0"), evaluation played 0 episodes;
             # a repeated id: evaluation played that task twice and paired tests over tasks mixed them
             if not tasks:
-                raise ValueError(f"{type(self).__name__}._tasks({split!r}) returned no task ids; every split in "
+                raise SplitRefused(f"{type(self).__name__}._tasks({split!r}) returned no task ids; every split in "
                                  f"`splits` {list(self.splits)} needs at least one")
             if len(set(tasks)) < len(tasks):
                 twice = next(t for t, n in Counter(tasks).items() if n > 1)
-                raise ValueError(f"{type(self).__name__}._tasks({split!r}) returned the task id {twice!r} more than "
+                raise SplitRefused(f"{type(self).__name__}._tasks({split!r}) returned the task id {twice!r} more than "
                                  "once; task ids must be unique within a split")
             self._task_cache[split] = tasks
         return self._task_cache[split]
@@ -351,7 +356,7 @@ class TextEnv(gym.Env[str, str]):
 
     def _check_split(self, split: str) -> str:
         if split not in self.splits:
-            raise ValueError(f"unknown split {split!r} for {type(self).__name__}; valid: {list(self.splits)}")
+            raise SplitRefused(f"unknown split {split!r} for {type(self).__name__}; valid: {list(self.splits)}")
         return split
 
     def _info(self, res: TaskStep, done: bool) -> dict:

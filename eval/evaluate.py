@@ -189,8 +189,10 @@ def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Pat
     warn_if_training_split(cfg, split)
     try:
         selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
-    except ValueError as e:     # the env's own refusal (an unknown or empty split): one line, the key named
-        raise build.split_refused(split, e) from None
+    except ConfigError:
+        raise
+    except ValueError as e:     # the env's refusal (an unknown or empty split): one line, the key named
+        raise build.split_refused(split, e) from e
     chat = ChatFormat.from_tokenizer(build.load_tokenizer(path))
     n_episodes = len(selection.tasks) * int(cfg.eval.repeats)
     n_conc = min(n_episodes, int(cfg.rollout.max_slots), int(cfg.trainer.max_concurrent))

@@ -141,9 +141,10 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None, overrides: list[str]
     return summary
 
 
-#: the overrides that choose the env an SFT checkpoint was fitted to: its config group, its class and
-#: the config folders that group may come from, and the kwargs that pick the env's games
-ENV_KEYS = ("env", "env.name", "env.kwargs", "hydra.searchpath")
+#: the overrides (keys, and the prefixes of their sub-keys) that choose the env and the prompt an SFT
+#: checkpoint was fitted to: the env group and every env.* setting (class, splits, kwargs, prompt,
+#: limits), the agent's action format, and the config folders the env group may come from
+ENV_KEYS = ("env", "agent", "hydra.searchpath")
 
 
 def rl_command(ckpt: str | Path, overrides: list[str]) -> str:
@@ -153,7 +154,7 @@ def rl_command(ckpt: str | Path, overrides: list[str]) -> str:
     def key(o: str) -> str:
         return o.split("=", 1)[0].lstrip("+~")
 
-    env = [o for o in overrides if key(o) in ENV_KEYS or key(o).startswith("env.kwargs.")]
+    env = [o for o in overrides if any(key(o) == k or key(o).startswith(k + ".") for k in ENV_KEYS)]
     return " ".join(["agentq train", f"model.path={shlex.quote(str(ckpt))}", *map(shlex.quote, env)])
 
 

@@ -55,3 +55,39 @@ def test_an_empty_split_is_one_line_before_the_model_is_built(tmp_path, monkeypa
     assert err.splitlines()[-1] == (f"agentq: {key}={split!r}: {cls}._tasks({split!r}) returned no task ids; every "
                                     "split in `splits` ['train', 'test'] needs at least one")
     assert "Traceback" not in err and not out.exists()
+
+
+def test_a_bug_in_an_envs_task_list_says_where(tmp_path, monkeypatch, capsys):
+    """Only the base class's refusals (`SplitRefused`) read as they are; another ValueError from
+    `_tasks` (here a JSON parse of a damaged file) is a bug or the env's own refusal, so the line
+    names where it was raised instead of blaming the split alone."""
+    source = EMPTY + '''
+
+class Buggy(Base):
+    def _tasks(self, split):
+        import json
+        return json.loads("")
+'''
+    (tmp_path / "buggy_split_env.py").write_text(source)
+    line = source.splitlines().index('        return json.loads("")') + 1
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "conf" / "env").mkdir(parents=True)
+    base = OmegaConf.to_container(load_config([]).env)
+    (tmp_path / "conf" / "env" / "buggy.yaml").write_text(OmegaConf.to_yaml(
+        {**base, "name": "buggy_split_env:Buggy", "kwargs": {}, "train_split": "train", "eval_split": "test"}))
+    cfg = load_config(["env=buggy", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"])
+    with pytest.raises(build.ConfigError) as err:
+        build.check_split_data(cfg, ["train"])
+    assert str(err.value) == ("env.train_split='train': Expecting value: line 1 column 1 (char 0) "
+                              f"(raised at buggy_split_env.py:{line})")
+
+
+def test_the_split_key_is_the_setting_that_gave_the_split():
+    """A pipeline sets env.eval_split to each of pipeline.eval_splits in turn, so there the list is
+    what to change; a run's own eval split otherwise."""
+    cfg = load_config(["env.train_split=train", "env.eval_split=test", "pipeline.eval_splits=[dev,test]"],
+                      command="pipeline")
+    assert [build.split_key(cfg, s) for s in ("train", "dev", "test", "other")] == [
+        "env.train_split", "pipeline.eval_splits", "pipeline.eval_splits", "split"]
+    cfg = load_config(["env.train_split=train", "env.eval_split=test", "pipeline.eval_splits=null"])
+    assert [build.split_key(cfg, s) for s in ("train", "test")] == ["env.train_split", "env.eval_split"]

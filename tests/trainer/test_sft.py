@@ -128,6 +128,18 @@ def test_the_rl_command_sft_prints_trains_on_its_env(tmp_path, monkeypatch, caps
     assert OmegaConf.to_container(load_config(args[3:], command="train").env) == env
 
 
+def test_the_rl_command_keeps_every_env_and_agent_setting():
+    """Splits, prompts, limits and the action format shape what SFT fitted as much as the env class:
+    every env.* / agent.* override (added, forced or removed) goes into the hint; the rest do not."""
+    from agentq.trainer.sft import rl_command
+    given = ["env=alfworld", "env.train_split=gen_train", "+env.kwargs.x=1", "~env.kwargs.y", "++env.max_steps=30",
+             "agent.action_tag=act", "env.prompt.system=be brief", "trainer.lr=1e-5", "sft.epochs=2", "seed=3",
+             "environment=x"]
+    assert rl_command("ck", given) == ("agentq train model.path=ck env=alfworld env.train_split=gen_train "
+                                       "+env.kwargs.x=1 '~env.kwargs.y' ++env.max_steps=30 agent.action_tag=act "
+                                       "'env.prompt.system=be brief'")
+
+
 def test_a_step_cap_below_the_experts_path_is_named(tmp_path, capsys):
     """mapreader's expert needs 4-6 turns: at env.max_steps=2 no demonstration is won. That was a
     traceback saying "check the env's expert"."""
