@@ -237,9 +237,10 @@ def split_key(cfg: DictConfig, split: str) -> str:
 
 def split_refused(split: str, e: ValueError, key: str = "split") -> ConfigError:
     """An env's refusal of `split` as the one-line error naming `key`, the setting that gave the split:
-    the base class's (`SplitRefused`: not one of its `splits`, no task ids, a repeated id) as it
-    reads; any other ValueError, the env's own or a bug in its `_tasks`, with where it was raised."""
-    where = "" if isinstance(e, SplitRefused) else f" (raised at {raised_at(e)})"
+    the base class's (`SplitRefused`: not one of its `splits`, no task ids, a repeated id) and a
+    one-line error already made (`make_env`'s) as they read; any other ValueError, the env's own or
+    a bug in its `_tasks`, with where it was raised."""
+    where = "" if isinstance(e, (SplitRefused, ConfigError)) else f" (raised at {raised_at(e)})"
     return ConfigError(f"{key}={split!r}: {e}{where}")
 
 

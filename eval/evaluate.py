@@ -189,9 +189,7 @@ def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Pat
     warn_if_training_split(cfg, split)
     try:
         selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
-    except ConfigError:
-        raise
-    except ValueError as e:     # the env's refusal (an unknown or empty split): one line, the key named
+    except ValueError as e:     # the env's refusal (an unknown or empty split, missing data): one line, the key named
         raise build.split_refused(split, e) from e
     chat = ChatFormat.from_tokenizer(build.load_tokenizer(path))
     n_episodes = len(selection.tasks) * int(cfg.eval.repeats)
