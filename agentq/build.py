@@ -197,7 +197,7 @@ def check_split_data(cfg: DictConfig, splits: list[str]) -> None:
     model build. Cheap: no episode is played (an env starts its engine on its first reset; the task list
     of TextWorldExpress asks its JVM once a process, and the run's own list reuses it)."""
     for split in dict.fromkeys(splits):
-        list_tasks(cfg, split)
+        _split_tasks(cfg, split)
 
 
 def list_tasks(cfg: DictConfig, split: str) -> list[str]:
@@ -207,6 +207,10 @@ def list_tasks(cfg: DictConfig, split: str) -> list[str]:
         ConfigError: the env refused them (`split_refused`), naming the setting that gives `split`
             (`split_key`); was a traceback from the run's build, after the model's.
     """
+    return _split_tasks(cfg, split)
+
+
+def _split_tasks(cfg: DictConfig, split: str) -> list[str]:
     env = make_env(cfg, split)
     try:
         return env_tasks(cfg, env, split)
