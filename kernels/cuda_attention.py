@@ -48,45 +48,29 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import _unpack_ptx
+
 if TYPE_CHECKING:
     from ._cuda_rtc import CudaKernel
 
 HEAD_D = 128
 MAX_GROUP = 8
 
-SOURCE = r"""
+_SOURCE = r"""
 // GROUP, Q_BF16, NWARPS, MIN_BLOCKS, PDL, TILE_POS, STAGES, STAGE_BYTES are #defined in front
 typedef unsigned int u32;
 typedef unsigned short u16;
 typedef long long i64;
 
 __device__ __forceinline__ void unpack_word(u32 w, u32 &lo, u32 &hi) {
-    // 4 int8 codes -> fp16x2 (code0, code1), (code2, code3); fp16 0x64XX with XX = code ^ 0x80 is 1152 + code
-    asm("{\n\t.reg .b32 t, m;\n\t"
-        "xor.b32 t, %2, 0x80808080;\n\t"
-        "prmt.b32 %0, t, 0x64646464, 0x5140;\n\t"
-        "prmt.b32 %1, t, 0x64646464, 0x7362;\n\t"
-        "mov.b32 m, 0x64806480;\n\t"
-        "sub.f16x2 %0, %0, m;\n\t"
-        "sub.f16x2 %1, %1, m;\n\t}" : "=r"(lo), "=r"(hi) : "r"(w));
+    // 4 int8 codes -> fp16x2 (code0, code1), (code2, code3): _unpack_ptx.word_to_halves
+    asm(@UNPACK_WORD@
+        : "=r"(lo), "=r"(hi) : "r"(w));
 }
 
 __device__ __forceinline__ void unpack_pair(u32 w0, u32 w1, u32 &d0, u32 &d1, u32 &d2, u32 &d3) {
-    // words of two positions -> for byte j: fp16x2 (w0's code j, w1's code j)
-    asm("{\n\t.reg .b32 t0, t1, lo, hi, m;\n\t"
-        "xor.b32 t0, %4, 0x80808080;\n\t"
-        "xor.b32 t1, %5, 0x80808080;\n\t"
-        "prmt.b32 lo, t0, t1, 0x5140;\n\t"
-        "prmt.b32 hi, t0, t1, 0x7362;\n\t"
-        "prmt.b32 %0, lo, 0x64646464, 0x5140;\n\t"
-        "prmt.b32 %1, lo, 0x64646464, 0x7362;\n\t"
-        "prmt.b32 %2, hi, 0x64646464, 0x5140;\n\t"
-        "prmt.b32 %3, hi, 0x64646464, 0x7362;\n\t"
-        "mov.b32 m, 0x64806480;\n\t"
-        "sub.f16x2 %0, %0, m;\n\t"
-        "sub.f16x2 %1, %1, m;\n\t"
-        "sub.f16x2 %2, %2, m;\n\t"
-        "sub.f16x2 %3, %3, m;\n\t}"
+    // words of two positions -> for byte j: fp16x2 (w0's code j, w1's code j): _unpack_ptx.words_to_planes
+    asm(@UNPACK_PAIR@
         : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3) : "r"(w0), "r"(w1));
 }
 
@@ -413,6 +397,17 @@ agentq_decode_attn_i8(const u16 *__restrict__ q, const signed char *__restrict__
     }
 }
 """
+
+
+def _c_asm(block: str) -> str:
+    """A PTX block as the C string literal an asm statement takes (one line a piece)."""
+    return "\n        ".join(f'"{line}\\n\\t"' for line in block.splitlines())
+
+
+SOURCE = (_SOURCE
+          .replace("@UNPACK_WORD@", _c_asm(_unpack_ptx.asm_block(_unpack_ptx.word_to_halves("%2", "%0", "%1"))))
+          .replace("@UNPACK_PAIR@", _c_asm(_unpack_ptx.asm_block(
+              _unpack_ptx.words_to_planes("%4", "%5", ("%0", "%1", "%2", "%3"))))))
 
 #: warps a block: each walks 16 of the block's positions in every tile (TILE_POS = 16 · warps)
 DEFAULT_WARPS = 4

@@ -151,52 +151,31 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
+    from . import _unpack_ptx
     from .triton_quant import cast_for_store, pdl_start, store_view
+
+    # the unpacking PTX (one text with cuda_attention's), over inline_asm_elementwise's operands
+    _WORD_ASM = tl.constexpr(_unpack_ptx.asm_block(_unpack_ptx.word_to_halves("$4", "lo", "hi")
+                                                   + ["mov.b32 {$0, $1}, lo;", "mov.b32 {$2, $3}, hi;"]))
+    _PAIR_ASM = tl.constexpr(_unpack_ptx.asm_block(_unpack_ptx.words_to_planes("$4", "$5",
+                                                                                ("$0", "$1", "$2", "$3"))))
 
     @triton.jit
     def _word_to_f16x4(w):
-        """CUDA: the four int8 codes packed in an int32 word -> four exact fp16 values (byte order).
-        fp16 bits 0x64XX with XX = code ^ 0x80 are 1152 + code, so 1 LOP3 + 2 PRMT + 2 HSUB2 per word."""
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 t, a, b, m;
-            xor.b32 t, $4, 0x80808080;
-            prmt.b32 a, t, 0x64646464, 0x5140;
-            prmt.b32 b, t, 0x64646464, 0x7362;
-            mov.b32 m, 0x64806480;
-            sub.f16x2 a, a, m;
-            sub.f16x2 b, b, m;
-            mov.b32 {$0, $1}, a;
-            mov.b32 {$2, $3}, b;
-            }""",
-            constraints="=h,=h,=h,=h,r", args=[w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-            is_pure=True, pack=1)
+        """CUDA: the four int8 codes packed in an int32 word -> four exact fp16 values (byte order):
+        1 LOP3 + 2 PRMT + 2 HSUB2 per word (`_unpack_ptx.word_to_halves`)."""
+        return tl.inline_asm_elementwise(asm=_WORD_ASM, constraints="=h,=h,=h,=h,r", args=[w],
+                                         dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
 
     @triton.jit
     def _word_pairs_to_f16x4(w):
         """CUDA, two words per call (pack=2): the four byte planes of words w0, w1, each plane as one
         register holding the fp16 pair (byte j of w0, byte j of w1), which is how the MMA operands
         hold them; `_word_to_f16x4`'s arithmetic (the same values), without the two PRMTs per word
-        that pair its single halves afterwards: 2 LOP3 + 6 PRMT + 4 HSUB2 per pair of words."""
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 t0, t1, lo, hi, m;
-            xor.b32 t0, $4, 0x80808080;
-            xor.b32 t1, $5, 0x80808080;
-            prmt.b32 lo, t0, t1, 0x5140;
-            prmt.b32 hi, t0, t1, 0x7362;
-            mov.b32 m, 0x64806480;
-            prmt.b32 $0, lo, 0x64646464, 0x5140;
-            prmt.b32 $1, lo, 0x64646464, 0x7362;
-            prmt.b32 $2, hi, 0x64646464, 0x5140;
-            prmt.b32 $3, hi, 0x64646464, 0x7362;
-            sub.f16x2 $0, $0, m;
-            sub.f16x2 $1, $1, m;
-            sub.f16x2 $2, $2, m;
-            sub.f16x2 $3, $3, m;
-            }""",
-            constraints="=r,=r,=r,=r,r,r", args=[w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-            is_pure=True, pack=2)
+        that pair its single halves afterwards: 2 LOP3 + 6 PRMT + 4 HSUB2 per pair of words
+        (`_unpack_ptx.words_to_planes`)."""
+        return tl.inline_asm_elementwise(asm=_PAIR_ASM, constraints="=r,=r,=r,=r,r,r", args=[w],
+                                         dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
 
     @triton.jit
     def _load_tile(base, n, mask_n, stride_l, offs_d, mask_d, DTYPE: tl.constexpr, WORDS: tl.constexpr,
