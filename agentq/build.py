@@ -29,7 +29,7 @@ from agentq.envs.base import SplitRefused, TextEnv
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
 from agentq.pool import POOL_TYPES, EnvPool, EnvSpec, make_pool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
-from agentq.utils.errors import raised_at
+from agentq.utils.errors import first_line, raised_at
 from agentq.utils.logging import console
 
 if TYPE_CHECKING:
@@ -191,35 +191,56 @@ def text_env(env: gym.Env) -> TextEnv:
 
 
 def check_split_data(cfg: DictConfig, splits: list[str]) -> None:
-    """Build one env of each split and list its task ids, before the model is built: an env that checks
-    its data when built (ALFWorld's real games) refuses a missing one now, in one line (`make_env`), and
-    one that refuses the split's task list (no task ids, a repeated id: `list_tasks`) too, not after the
-    model build. Cheap: no episode is played (an env starts its engine on its first reset; the task list
-    of TextWorldExpress asks its JVM once a process, and the run's own list reuses it)."""
+    """Build one env of each split and list its task ids (`split_tasks`), before the model is built: an
+    env that checks its data when built (ALFWorld's real games) refuses a missing one now, in one line
+    (`make_env`), and one that refuses the split's task list (no task ids, a repeated id) too, not after
+    the model build. Cheap: no episode is played (an env starts its engine on its first reset), and the
+    run's own list (`split_tasks` again) is this listing, not a second one."""
     for split in dict.fromkeys(splits):
-        _split_tasks(cfg, split)
+        split_tasks(cfg, split)
 
 
-def list_tasks(cfg: DictConfig, split: str) -> list[str]:
-    """The task ids of `split`.
+#: the task ids listed in this process, by `split_tasks`'s key (one listing per env setting)
+_SPLIT_TASKS: dict[str, tuple[str, ...]] = {}
 
+
+def split_tasks(cfg: DictConfig, split: str) -> tuple[str, ...]:
+    """The task ids of `split`, listed once a process per env setting: the start-up check
+    (`check_split_data`) and the run's own list (the trainer's, SFT's) share one listing (ALFWorld's
+    real splits read every game's files to list them).
+
+    The listing is kept under everything of `cfg` that reaches it, the env's name and the constructor
+    arguments `env_spec` gives it (env.kwargs, the split, env.max_steps, expert), as sorted JSON: other
+    settings list again. A refusal is not kept (every call raises it). What an env reads besides its
+    arguments (an environment variable such as $ALFWORLD_DATA behind a null data_dir, its files) is
+    taken as fixed for the process: `forget_split_tasks()` after changing it.
+
+    Returns:
+        the ids, as a tuple: no caller can change the list the next one gets.
     Raises:
-        ConfigError: the env refused them (`split_refused`), naming the setting that gives `split`
-            (`split_key`); was a traceback from the run's build, after the model's.
+        ConfigError: the env refused its settings (`make_env`) or the split (`split_refused`), naming
+            the setting that gives `split` (`split_key`); was a traceback from the run's build, after
+            the model's.
     """
-    return _split_tasks(cfg, split)
+    spec = env_spec(cfg, split)
+    key = json.dumps({"name": spec.name, "kwargs": spec.kwargs}, sort_keys=True, default=repr)
+    if key not in _SPLIT_TASKS:
+        env = make_env(cfg, split)
+        try:
+            _SPLIT_TASKS[key] = tuple(env_tasks(cfg, env, split))
+        finally:
+            env.close()
+    return _SPLIT_TASKS[key]
 
 
-def _split_tasks(cfg: DictConfig, split: str) -> list[str]:
-    env = make_env(cfg, split)
-    try:
-        return env_tasks(cfg, env, split)
-    finally:
-        env.close()
+def forget_split_tasks() -> None:
+    """Forget the task ids `split_tasks` listed in this process (after changing what an env reads
+    besides its settings, e.g. $ALFWORLD_DATA or its data files)."""
+    _SPLIT_TASKS.clear()
 
 
 def env_tasks(cfg: DictConfig, env: gym.Env, split: str) -> list[str]:
-    """`list_tasks` of an env of `cfg` in hand."""
+    """The task ids of `split` of an env of `cfg` in hand (`split_tasks` lists them once a process)."""
     try:
         return list(text_env(env).list_tasks(split))
     except ConfigError:
@@ -435,12 +456,12 @@ def check_vllm_architecture(path: str, rollout: QuantSpec, learner: QuantSpec, k
         exported, learner_linears = model_linears(path)
     except (ValueError, KeyError) as e:       # transformers knows no such model_type, or no causal LM of it
         raise ConfigError(f"{said}, which transformers (the aligned learner's loader) cannot build as a causal "
-                          f"LM: {_first_line(e)}") from None
+                          f"LM: {first_line(e, 300)}") from None
     except (NotImplementedError, RuntimeError, ImportError) as e:
         # not buildable on the meta device (an op without a meta kernel, a missing optional package): the
         # learner and vLLM decide when they load its weights
         console.print(f"warning: {said}: its weight names were not checked before the start "
-                      f"({type(e).__name__}: {_first_line(e)})", style="yellow", markup=False, highlight=False,
+                      f"({type(e).__name__}: {first_line(e, 300)})", style="yellow", markup=False, highlight=False,
                       soft_wrap=True)
         return
     for spec, names in ((rollout, exported), (learner, learner_linears)):
@@ -452,10 +473,6 @@ def check_vllm_architecture(path: str, rollout: QuantSpec, learner: QuantSpec, k
                               "models whose weight matrices all carry the names its QuantSpecs place ("
                               f"{[*spec.quantized_modules, *spec.ignored_modules]}: Llama's, as model_type "
                               f"{sorted(SUPPORTED)} have): pick such a checkpoint (docs/vllm.md)") from None
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:300]
 
 
 def model_linears(path: str) -> tuple[list[str], list[str]]:

@@ -9,6 +9,8 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from agentq.utils.errors import first_line
+
 
 class ConfigError(ValueError):
     pass
@@ -503,7 +505,7 @@ def load_yaml(path: Path) -> tuple[DictConfig | ListConfig | None, str | None]:
         return OmegaConf.load(io.StringIO(text)), None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        return None, f"not YAML: {getattr(e, 'problem', None) or str(e).splitlines()[0]}" + (
+        return None, f"not YAML: {getattr(e, 'problem', None) or first_line(e)}" + (
             f" at line {mark.line + 1}" if mark is not None else "")
     except OSError:     # no file is read here: OmegaConf's "Invalid loaded object type" of a single value
         return None, "a single value, not a mapping of settings"

@@ -34,6 +34,15 @@ CORPUS = [
 ] * 20
 
 
+@pytest.fixture(autouse=True)
+def _split_tasks_listed_afresh():
+    """Each test lists its splits itself: `build.split_tasks` keeps a process's listings, and one
+    test's (its env variables, data folders, monkeypatched env) must not answer the next one's."""
+    build = sys.modules.get("agentq.build")        # not imported yet: nothing listed
+    if build is not None:
+        build.forget_split_tasks()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 2-layer random-init Qwen3 (hidden 256, GQA 4:2, head_dim 64) + a BPE tokenizer with ChatML."""

@@ -51,6 +51,8 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from agentq.utils.errors import first_line
+
 from .packing import PackLayout
 from .qat import pin_weight_caches, release_activation_cache
 
@@ -351,7 +353,7 @@ class PackGraphs:
             self._record(e)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as err:       # AcceleratorError is a RuntimeError
             log.warning("CUDA graph capture of %s failed (%s: %s); packs of this shape run eagerly",
-                        e.bucket, type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+                        e.bucket, type(err).__name__, first_line(err))
             e.graph = e.bwd_graph = None
             if isinstance(err, torch.OutOfMemoryError):
                 self.pool.release(f"the capture of {e.bucket} ran out of device memory")

@@ -33,6 +33,7 @@ import weakref
 from typing import Any
 
 from agentq.config import ConfigError
+from agentq.utils.errors import first_line
 from agentq.utils.process import descendants, kill_when_this_process_ends
 from agentq.utils.ray_actors import actor_start_problem, kill_actor, last_line
 
@@ -339,7 +340,7 @@ class RayPool(WorkerPool):
         except ray.exceptions.RayActorError as e:
             return None, f"died ({type(e).__name__})"
         except ray.exceptions.OutOfMemoryError as e:     # Ray's memory monitor killed it: the node's memory, not advice
-            return None, f"died (killed by Ray's memory monitor: OutOfMemoryError: {str(e).strip().splitlines()[0]})"
+            return None, f"died (killed by Ray's memory monitor: OutOfMemoryError: {first_line(e)})"
         except ray.exceptions.RayError as e:      # the call failed in Ray itself: the actor's state is unknown
             return None, f"failed ({type(e).__name__}: {last_line(e)})"
 

@@ -153,7 +153,7 @@ def _pipeline(cfg: DictConfig, out: Path, split: str, others: list[str]) -> dict
     console.rule(f"[bold]agentq pipeline: {cfg.env.name} — tiny model → SFT → RL ({cfg.algo.name}, "
                  f"rollout {cfg.rollout.quant}) → eval on {', '.join([split, *others])}")
     base = build.model_path(cfg)                                          # 1. tiny model + tokenizer
-    s = sft(cfg, out_dir=out / "sft", init_path=base, out_key="pipeline.out_dir")   # 2. SFT on expert demos
+    s = sft(cfg, out_dir=out / "sft", init_path=base, out_key="pipeline.out_dir", rl_hint=False)  # 2. SFT (RL'd by 4.)
     # trainer.overwrite: the earlier pipeline's evaluations, summary and curve go now that SFT, which
     # replaced sft/, is done (a bad setting found before then costs none of them; a split not evaluated
     # again left its old eval_sft_<split> beside the new run's)

@@ -40,6 +40,7 @@ from agentq.learner.batch import PolicyBatch, collate
 from agentq.learner.learner import bypass_refusal, grad_pass_refusal
 from agentq.learner.lr_schedule import lr_factor
 from agentq.utils.checkpoint import TrainerState, load_trainer_state, save_hf_checkpoint
+from agentq.utils.errors import first_line
 from agentq.utils.files import write_text_replacing
 from agentq.utils.logging import MetricsLogger, console, jsonable, progress, read_metrics, step_line
 
@@ -472,11 +473,9 @@ class RLTrainer:
         self.engine = self.placement.rollout(cfg, path, self.device, self.dtype, self.tokenizer, max_slots=self.n_conc)
         self.engine.update_weights(self.learner.named_weights(), version=self.start_step)
         self.train_split, self.eval_split = cfg.env.train_split, cfg.env.eval_split
-        self.train_tasks = build.list_tasks(cfg, self.train_split)
-        # the held-out split too, now, when the run evaluates (eval_every -1: never): its missing data
-        # (ALFWorld's real games) failed the final evaluation, after the whole run
-        if int(t.eval_every) >= 0:
-            build.list_tasks(cfg, self.eval_split)
+        # listed by the start-up check (`check_split_data`, with the held-out split when the run
+        # evaluates): this is that listing, not a second one
+        self.train_tasks = build.split_tasks(cfg, self.train_split)
         self.pool = build.env_pool(cfg, self.train_split, self.n_conc)
         self.loop = build.agent_loop(cfg, self.pool, self.chat, build.sampling_params(cfg, self.chat), self.n_conc,
                                      run_seed=int(cfg.seed))
@@ -596,10 +595,9 @@ class RLTrainer:
         reasons = {r: sum(x.end_reason == r for x in trajs) for r in sorted({x.end_reason for x in trajs})}
         limit = int(self.cfg.trainer.get("max_skipped_steps", 3))
         lost = [x for x in trajs if x.end_reason == "error"]
-        first = (lost[0].error or "").strip().splitlines()[:1] if lost else []
         # the first error as errors.jsonl records it (its first line), or an env whose every reset
         # raises is only "end reasons {'error': 4}" until the run stops at max_skipped_steps, or ends
-        said = (f"; the first error, task {lost[0].task_id!r}: {first[0] if first else '?'} (each lost episode's "
+        said = (f"; the first error, task {lost[0].task_id!r}: {first_line(lost[0].error) or '?'} (each lost episode's "
                 f"error in {self.run_dir / 'errors.jsonl'})" if lost else "")
         console.print(f"step {step}: no usable episode ({len(trajs)} episodes, end reasons {reasons}); "
                       f"skipped without an update ({self.skipped_in_a_row} in a row, limit {limit}){said}",

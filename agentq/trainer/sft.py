@@ -29,6 +29,7 @@ from agentq.eval.episodes import demo_record, read_trajectories, write_trajector
 from agentq.learner.batch import collate
 from agentq.learner.learner import Learner, sequence_logprobs
 from agentq.utils.checkpoint import save_hf_checkpoint
+from agentq.utils.errors import first_line
 from agentq.utils.files import write_text_replacing
 from agentq.utils.jsonl import read_jsonl
 from agentq.utils.logging import MetricsLogger, console, progress
@@ -41,7 +42,7 @@ def collect_demos(cfg: DictConfig, chat: ChatFormat, n: int, split: str, seed: i
     """`n` expert episodes of tasks sampled from `split`, played through the RL agent loop."""
     import numpy as np
 
-    tasks = sample_tasks(build.list_tasks(cfg, split), n, np.random.default_rng(seed))
+    tasks = sample_tasks(build.split_tasks(cfg, split), n, np.random.default_rng(seed))
     n_conc = max(1, min(n, int(cfg.trainer.max_concurrent)))
     pool = build.env_pool(cfg, split, n_conc, expert=True)
     try:
@@ -78,11 +79,15 @@ def evaluate_nll(learner: Learner, trajs: list[Trajectory], batch_size: int) -> 
 
 
 def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | None = None,
-        overwrite: bool | None = None, out_key: str = "sft.out_dir", overrides: list[str] | None = None) -> dict:
+        overwrite: bool | None = None, out_key: str = "sft.out_dir", overrides: list[str] | None = None,
+        rl_hint: bool = True) -> dict:
     """`agentq sft` into `out_dir` (default sft.out_dir, else a new runs/sft-<env>-<time>), which this
     process locks as RL run folders are; a folder holding an earlier SFT run is refused unless
     `overwrite` (default trainer.overwrite) replaces it. `out_key`: the setting that named the folder.
-    `overrides`: the command line, whose env settings the closing `agentq train` hint repeats."""
+    `overrides`: the command line, whose env settings the closing `agentq train` hint repeats.
+    `rl_hint`: False for a caller that runs RL from the checkpoint itself (`agentq pipeline`, `agentq
+    sweep`): the closing line names the checkpoint without a command to run by hand, which would
+    have been the wrong one there (without the pipeline's settings, or none of its env's)."""
     check_expert(cfg)
     build.check_learner_dtype(cfg)
     out = Path(out_dir or cfg.sft.out_dir or new_run_dir(f"sft-{cfg.env.name}"))
@@ -94,12 +99,13 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
         lock = claim_run_dir(out, resume=False, overwrite=overwrite, kind="sft", out_key=out_key,
                              remove=False)
         try:
-            return _sft(cfg, out, init_path, overrides or [])
+            return _sft(cfg, out, init_path, (overrides or []) if rl_hint else None)
         finally:
             lock.close()            # releases the folder
 
 
-def _sft(cfg: DictConfig, out: Path, init_path: str | None, overrides: list[str]) -> dict:
+def _sft(cfg: DictConfig, out: Path, init_path: str | None, overrides: list[str] | None) -> dict:
+    """`sft`'s stages; `overrides`: those the closing `agentq train` hint repeats (None: no hint)."""
     s = cfg.sft
     device, dtype = build.device_and_dtype(cfg)
     torch.manual_seed(int(cfg.seed))
@@ -134,9 +140,10 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None, overrides: list[str]
                "demos_won": n_won, "demos_lost": n_lost, "demos_used": len(demos), "train": len(train),
                "val": len(val), "history": history}
     write_text_replacing(out / "sft_summary.json", json.dumps(summary, indent=2))
+    hint = f" (RL from it: {rl_command(ckpt, overrides)})" if overrides is not None else ""
     console.print(f"SFT: {len(train)} train / {len(val)} val demos; "
                   + ", ".join(f"epoch {h['epoch']}: train {h['train_loss']:.3f} val {h['val_loss']:.3f}" for h in history)
-                  + f"; checkpoint {ckpt} (RL from it: {rl_command(ckpt, overrides)})",
+                  + f"; checkpoint {ckpt}{hint}",
                   markup=False, highlight=False, soft_wrap=True)
     return summary
 
@@ -184,10 +191,10 @@ def usable_demos(cfg: DictConfig, demos: list[Trajectory]) -> list[Trajectory]:
     """
     lost = [t for t in demos if t.end_reason == "error"]
     if lost:
-        first = (lost[0].error or "").strip().splitlines()[:1]
         console.print(f"warning: {len(lost)} of {len(demos)} expert episodes were lost to errors and are left out "
                       f"(each error under \"error\" in demos.jsonl); the first, task {lost[0].task_id!r}: "
-                      f"{first[0] if first else '?'}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+                      f"{first_line(lost[0].error) or '?'}", style="yellow", markup=False, highlight=False,
+                      soft_wrap=True)
     keep = [t for t in demos if t.end_reason != "error" and (t.won or not cfg.sft.only_successful)]
     if not keep:
         raise RunAborted(no_demos_reason(cfg, sum(t.won for t in demos), len(demos), len(lost)))

@@ -296,8 +296,10 @@ def _shared_sft(cfg: DictConfig, out: Path) -> None:
     from agentq.trainer.sft import sft
 
     if not (out / "sft" / "sft_summary.json").exists():   # none, or one cut short: (re)done, replacing what it left
-        # a sweep refuses sft.out_dir: the SFT folder's messages name sweep.out_dir
-        sft(cfg, out_dir=out / "sft", init_path=build.model_path(cfg), overwrite=True, out_key="sweep.out_dir")
+        # a sweep refuses sft.out_dir: the SFT folder's messages name sweep.out_dir; its arms RL from
+        # the checkpoint, so no `agentq train` hint
+        sft(cfg, out_dir=out / "sft", init_path=build.model_path(cfg), overwrite=True, out_key="sweep.out_dir",
+            rl_hint=False)
 
 
 def _sweep_runs(cfg: DictConfig, out: Path, overrides: list[str], arms: list[str], seeds: list[int],

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .errors import first_line
+
 STATE_TENSORS, STATE_META = "trainer_state.pt", "trainer_state.json"
 
 
@@ -93,7 +95,7 @@ def load_trainer_state(folder: str | os.PathLike, meta_keys: tuple[str, ...] = (
         tensors = torch.load(pt, map_location="cpu", weights_only=True)
     except Exception as e:      # UnpicklingError for disallowed globals, RuntimeError/EOFError for torn files
         raise CheckpointError(f"{pt} could not be loaded safely (weights_only=True): {type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''}; it is either damaged or holds "
+                              f"{first_line(e)}; it is either damaged or holds "
                               "objects other than tensors, which are never unpickled") from None
     try:
         values = json.loads(meta.read_text())
@@ -255,7 +257,7 @@ def write_failure(e: BaseException) -> str | None:
     if isinstance(e, RuntimeError) and any(s in text for s in SHORT_WRITE):
         return "a file was written short, e.g. no space left on the device"
     if type(e).__name__ == "SafetensorError" and "I/O error" in text:     # "Error while serializing: I/O error: ..."
-        return text.partition("I/O error: ")[2].splitlines()[0][:200] or "an I/O error"
+        return first_line(text.partition("I/O error: ")[2], 200) or "an I/O error"
     return None
 
 

@@ -1,7 +1,8 @@
 """The errors every layer may raise and the CLI prints in one line: the one a run stops itself with
 (`agentq: run stopped: ...`, exit status 1; the give-up rule of restarted workers that raises it is
 `agentq.utils.failures.FailureCounts`), and a run folder's damaged file (`agentq: ...`, exit status 2);
-and `raised_at`, the place a one-line message of another error names."""
+`raised_at`, the place a one-line message of another error names, and `first_line`, the line of an
+error's text such a message quotes."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,4 +29,18 @@ def raised_at(e: BaseException) -> str:
     return f"{Path(own[-1].filename).name}:{own[-1].lineno}" if own else "?"
 
 
-__all__ = ["RunAborted", "RunFileError", "raised_at"]
+def first_line(err: BaseException | str | None, limit: int | None = None) -> str:
+    """The first line of an error's text, for a one-line message that quotes it.
+
+    Args:
+        err: an exception (its `str()`), a text (e.g. an error recorded earlier), or None.
+        limit: keep at most this many characters of the line (None: all).
+    Returns:
+        The first line of the text with the whitespace around the text and the line stripped; "" for
+        None or a text of whitespace only (never an IndexError).
+    """
+    lines = str(err if err is not None else "").strip().splitlines()
+    return lines[0].strip()[:limit] if lines else ""
+
+
+__all__ = ["RunAborted", "RunFileError", "first_line", "raised_at"]

@@ -8,20 +8,22 @@ import contextlib
 import os
 import re
 import shutil
-import string
 import time
 import uuid
 from pathlib import Path
 from typing import Iterator
 
 #: the name of `replaced`'s temporary beside `name`: the writer's pid (a dead one's are stale) and a
-#: token of its own; `TEMPORARY_RE` is read from it
+#: token of its own (`TOKEN_HEX` lower-case hex digits)
 TEMPORARY_NAME = ".{name}.{pid}.{token}.tmp"
 TOKEN_HEX = 12
-_FIELDS = {"name": r"(?P<name>.+)", "pid": r"(?P<pid>[1-9][0-9]*)", "token": rf"(?P<token>[0-9a-f]{{{TOKEN_HEX}}})"}
-#: exactly the names `TEMPORARY_NAME` gives (fullmatch)
-TEMPORARY_RE = re.compile("".join(re.escape(text) + (_FIELDS[field] if field else "")
-                                  for text, field, _, _ in string.Formatter().parse(TEMPORARY_NAME)))
+#: exactly the names `TEMPORARY_NAME` gives, used with fullmatch (change the two together)
+TEMPORARY_RE = re.compile(rf"""
+    \.  (?P<name>.+)                          # the replaced file's name, dots and all
+    \.  (?P<pid>[1-9][0-9]*)                  # the writer's pid
+    \.  (?P<token>[0-9a-f]{{{TOKEN_HEX}}})    # the writer's token
+    \.tmp
+""", re.VERBOSE)
 
 
 @contextlib.contextmanager

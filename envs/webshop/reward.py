@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterable
 
 from thefuzz import fuzz
 
+from agentq.utils.errors import first_line
+
 from .search import split_words
 
 #: Colour words, alphabetical: `normalize_color` maps a value to the first of these it contains,
@@ -97,7 +99,7 @@ def _spacy_model():
         # first `Buy Now`, so every episode that bought something was lost mid-run
         raise ValueError(
             f"noun_tagger='spacy' needs `pip install spacy` and the en_core_web_sm model ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}); valid noun_tagger values: ['heuristic', 'spacy']") from None
+            f"{first_line(e)}); valid noun_tagger values: ['heuristic', 'spacy']") from None
 
 
 def spacy_nouns(name: str) -> list[str]:

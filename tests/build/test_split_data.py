@@ -1,5 +1,6 @@
-"""`build.check_split_data` / `build.list_tasks`: a split the env refuses (no task ids) is one line
-before the model is built, for every command, in the words `agentq eval` uses."""
+"""`build.check_split_data` / `build.split_tasks`: a split the env refuses (no task ids) is one line
+before the model is built, for every command, in the words `agentq eval` uses; a split is listed
+once a process per env setting."""
 from __future__ import annotations
 
 import pytest
@@ -91,3 +92,47 @@ def test_the_split_key_is_the_setting_that_gave_the_split():
         "env.train_split", "pipeline.eval_splits", "pipeline.eval_splits", "split"]
     cfg = load_config(["env.train_split=train", "env.eval_split=test", "pipeline.eval_splits=null"])
     assert [build.split_key(cfg, s) for s in ("train", "test")] == ["env.train_split", "env.eval_split"]
+
+
+COUNTED = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("Counted", ("train", "test"), """
+    def __init__(self, size=1, colour="red", **kwargs):
+        super().__init__(**kwargs)
+""") + """
+
+class Other(Counted):
+    pass
+"""
+
+
+def test_a_split_is_listed_once_a_process_per_env_setting(tmp_path, monkeypatch):
+    """The start-up check (`check_split_data`) and the run's own list (`split_tasks`: the trainer's,
+    SFT's) share one listing (ALFWorld's real splits were listed twice, each reading every game's
+    files); equal settings composed anew share it too, their keys in any order. Another env, split,
+    env.kwargs value or step cap (each reaches the env's constructor) is listed again, never answered
+    from another setting's list. Counted at the env's own listing."""
+    from agentq.envs import TextEnv
+
+    (tmp_path / "counted_split_env.py").write_text(COUNTED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen, list_tasks = [], TextEnv.list_tasks
+    monkeypatch.setattr(TextEnv, "list_tasks",
+                        lambda env, split=None: seen.append((type(env).__name__, split)) or list_tasks(env, split))
+
+    def cfg(name="Counted", kwargs=None, max_steps=5):
+        c = load_config([f"env.max_steps={max_steps}"])
+        OmegaConf.update(c, "env.name", f"counted_split_env:{name}")
+        OmegaConf.update(c, "env.kwargs", kwargs or {"size": 1, "colour": "red"}, merge=False)
+        return c
+
+    build.check_split_data(cfg(), ["train", "test", "train"])
+    assert seen == [("Counted", "train"), ("Counted", "test")]
+    tasks = build.split_tasks(cfg(), "train")
+    assert tasks == ("a",) and isinstance(tasks, tuple)       # a caller cannot change the list kept
+    assert build.split_tasks(cfg(kwargs={"colour": "red", "size": 1}), "test") == ("a",)
+    assert len(seen) == 2                                       # the same settings: no second listing
+    for other in (cfg(name="Other"), cfg(kwargs={"size": 2, "colour": "red"}), cfg(max_steps=6)):
+        assert build.split_tasks(other, "train") == build.split_tasks(other, "train") == ("a",)
+    assert seen[2:] == [("Other", "train"), ("Counted", "train"), ("Counted", "train")]
+    build.forget_split_tasks()
+    build.split_tasks(cfg(), "train")
+    assert seen[5:] == [("Counted", "train")]

@@ -190,13 +190,15 @@ def test_an_env_that_refuses_its_settings_stops_train_in_one_line(tiny_model_dir
 def test_the_held_out_split_is_listed_at_start_only_when_the_run_evaluates(tiny_model_dir, tmp_path, monkeypatch,
                                                                         eval_every, listed):
     """trainer.eval_every=-1 evaluates nothing: its held-out split (ALFWorld's valid_unseen needs the
-    downloaded games) must not stop a run that trains on generated games."""
-    from agentq import build
+    downloaded games) must not stop a run that trains on generated games. A run that evaluates lists
+    it once, at the start (`build.split_tasks`): the trainer's own list is that listing (ALFWorld's
+    real splits were listed twice). Counted at the env's own listing, whoever asks for it."""
     from agentq.config import load_config
+    from agentq.envs import TextEnv
     from agentq.trainer.rl import RLTrainer
 
-    seen, list_tasks = [], build.list_tasks
-    monkeypatch.setattr(build, "list_tasks", lambda cfg, split: seen.append(split) or list_tasks(cfg, split))
+    seen, list_tasks = [], TextEnv.list_tasks
+    monkeypatch.setattr(TextEnv, "list_tasks", lambda env, split=None: seen.append(split) or list_tasks(env, split))
     cfg = load_config([f"model.path={tiny_model_dir}", "env_pool=inline", f"trainer.eval_every={eval_every}",
                        f"trainer.out_dir={tmp_path / 'run'}", "trainer.tasks_per_step=1", "trainer.group_size=2"])
     trainer = RLTrainer(cfg)

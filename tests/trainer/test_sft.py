@@ -140,6 +140,31 @@ def test_the_rl_command_keeps_every_env_and_agent_setting():
                                        "'env.prompt.system=be brief'")
 
 
+class _AfterSFT(Exception):
+    """Stops a pipeline or a sweep at its first evaluation, once its SFT stage is done."""
+
+
+@pytest.mark.parametrize("cmd, out_key, args", [("pipeline", "pipeline.out_dir", ["pipeline.eval_splits=[dev]"]),
+                                                ("sweep", "sweep.out_dir", ["sweep.arms=[bf16]", "sweep.seeds=[0]"])])
+def test_the_sft_stage_of_a_pipeline_or_sweep_prints_no_rl_command(tmp_path, monkeypatch, capsys, cmd, out_key, args):
+    """`agentq pipeline` and `agentq sweep` RL from their SFT checkpoint themselves: their SFT stage
+    ended with "RL from it: agentq train model.path=<ckpt>", a command to run by hand that had none of
+    the env settings of their command line (they passed SFT none) nor the pipeline's own settings. The
+    stage's closing line names the checkpoint alone; `agentq sft` keeps its hint (the tests above)."""
+    from agentq.trainer import pipeline
+
+    def after_sft(*args, **kwargs):
+        raise _AfterSFT
+
+    monkeypatch.setattr(pipeline, "evaluate_checkpoint", after_sft)       # the sweep's SFT evaluation too
+    out = tmp_path / "out"
+    with pytest.raises(_AfterSFT):
+        main([cmd, f"{out_key}={out}", "env=textworld_express", *args, *SMALL])
+    said = " ".join(capsys.readouterr().err.split())
+    assert (out / "sft" / "checkpoint" / "config.json").exists()
+    assert f"; checkpoint {out / 'sft' / 'checkpoint'}" in said and "RL from it" not in said, said[-2000:]
+
+
 def test_a_step_cap_below_the_experts_path_is_named(tmp_path, capsys):
     """mapreader's expert needs 4-6 turns: at env.max_steps=2 no demonstration is won. That was a
     traceback saying "check the env's expert"."""

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from agentq.utils.files import STALE_AFTER_S, TEMPORARY_NAME, remove_stale_temporaries, replaced, write_text_replacing
+from agentq.utils.files import (STALE_AFTER_S, TEMPORARY_NAME, TEMPORARY_RE, TOKEN_HEX, remove_stale_temporaries,
+                                replaced, write_text_replacing)
 
 
 def test_a_file_is_replaced_whole_and_leaves_no_temporary(tmp_path):
@@ -140,6 +141,25 @@ def test_only_the_exact_names_of_replaced_are_removed(tmp_path):
     assert remove_stale_temporaries(tmp_path) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [*look_alikes, f".table.md.{pid}.0123456789ab.tmp", "sft"]) and nested.exists()
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "a", ".hidden", "table.md.1.0123456789ab.tmp", "my run.log",
+                                  "x[0-9]+(a|b)*?{2}^$\\.json", "dots...", " "])
+def test_the_names_temporary_name_gives_are_the_ones_temporary_re_matches(name):
+    """`TEMPORARY_RE` is written out beside `TEMPORARY_NAME`: every name the format gives (a name with
+    dots, spaces or regex metacharacters, one that itself looks like a temporary) matches whole and
+    gives back its fields; a name the format cannot give does not match."""
+    for pid, token in ((1, "0" * TOKEN_HEX), (4194304, "0123456789ab"), (37, "fedcba987654")):
+        match = TEMPORARY_RE.fullmatch(TEMPORARY_NAME.format(name=name, pid=pid, token=token))
+        assert match is not None and match.groupdict() == {"name": name, "pid": str(pid), "token": token}
+    good = TEMPORARY_NAME.format(name=name, pid=37, token="0123456789ab")
+    look_alikes = [good.lstrip("."), good + ".old", good[:-len(".tmp")], "x" + good, good.replace(".37.", ".037."),
+                   good.replace(".37.", ".0."), good.replace(".37.", ".-37."), good.replace(".37.", "..", 1),
+                   good.replace("0123456789ab", "0123456789AB"), good.replace("0123456789ab", "0123456789a"),
+                   good.replace("0123456789ab", "0123456789abc"), good.replace(".tmp", ".TMP")]
+    for look_alike in look_alikes:
+        assert TEMPORARY_RE.fullmatch(look_alike) is None, look_alike
+    assert TEMPORARY_RE.fullmatch(TEMPORARY_NAME.format(name="", pid=37, token="0123456789ab")) is None
 
 
 def test_a_file_that_cannot_be_removed_is_skipped(tmp_path, monkeypatch):
