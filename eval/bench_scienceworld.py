@@ -36,6 +36,7 @@ import agentq.envs  # noqa: F401  (registers agentq/* ids)
 from agentq.envs import EnvCrashedError
 from agentq.envs.scienceworld import JVMHost, all_tasks
 from agentq.eval.bench_common import write_json
+from agentq.utils.errors import first_line
 
 ENV_ID = "agentq/ScienceWorld-v0"
 MEMORY_TASKS = ("10-2", "10-1", "9-3", "9-2", "5-2", "2-3", "1-1", "3-4")
@@ -291,7 +292,7 @@ def run_crash(gold: dict, split: str, heap: str) -> dict:
             out["raised"] = False
         except EnvCrashedError as e:
             out["raised"] = True
-            out["error"] = str(e).splitlines()[0]
+            out["error"] = first_line(e)
         t0 = time.perf_counter()
         _, info = env.reset(options={"task_id": tid})
         out["restart_reset_s"] = round(time.perf_counter() - t0, 2)

@@ -25,6 +25,7 @@ from agentq.config import (RUN_CONFIG_KEYS, ConfigError, differing_settings, in_
                            make_setting_dir, quant_name, read_settings)
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
+from agentq.utils.errors import first_line
 from agentq.utils.folder_lock import lock_folder
 from agentq.utils.logging import console, progress
 
@@ -275,8 +276,8 @@ def check_errors(cfg: DictConfig, report: dict) -> None:
         ConfigError: every episode errored (after eval.json and episodes.jsonl were written).
     """
     def messages(n_err: int, n: int) -> tuple[str, str]:
-        first = (report.get("first_error") or "").strip().splitlines()
-        where = (f"first: {first[0][:300] if first else '?'}; every error's traceback is under \"error\" in "
+        first = first_line(report.get("first_error"), 300) or "?"
+        where = (f"first: {first}; every error's traceback is under \"error\" in "
                  f"{Path(report['out_dir']) / 'episodes.jsonl'}")
         return (f"env.name={cfg.env.name!r}: all {n} episodes errored, so the evaluation says nothing about the "
                 f"policy; {where}",

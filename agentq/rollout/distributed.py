@@ -38,6 +38,7 @@ import torch
 
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.utils.failures import FailureCounts
+from agentq.utils.errors import first_line
 from agentq.utils.ray_actors import actor_start_problem, kill_actor, last_line
 
 from .backend import RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult
@@ -374,5 +375,5 @@ def _death(ray: Any, e: BaseException) -> str:
     """How a Ray call found its actor dead: the error's name, with the node's memory for Ray's memory
     monitor (the first line of its error; the rest is advice)."""
     if isinstance(e, ray.exceptions.OutOfMemoryError):
-        return f"killed by Ray's memory monitor: OutOfMemoryError: {str(e).strip().splitlines()[0]}"
+        return f"killed by Ray's memory monitor: OutOfMemoryError: {first_line(e)}"
     return type(e).__name__

@@ -38,6 +38,7 @@ import torch
 from agentq.kernels import attention as attn_ops
 from agentq.kernels.triton_prefill import COPY_MIN_TOKENS
 from agentq.utils.device import ASYNC_H2D
+from agentq.utils.errors import first_line
 
 from .decode import bucket_sizes, capture_graph
 from .kv_cache import KVCache
@@ -217,7 +218,7 @@ class PrefillRunner:
                 self._graphs[key] = self._capture(buf, key_len)
             except (RuntimeError, torch.cuda.OutOfMemoryError) as err:     # AcceleratorError is a RuntimeError
                 log.warning("CUDA graph capture of prefill bucket %s failed (%s: %s); it runs eagerly", key,
-                            type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+                            type(err).__name__, first_line(err))
                 self._graphs[key] = None
         return self._graphs[key]
 

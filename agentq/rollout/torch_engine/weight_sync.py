@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from agentq.utils.errors import first_line
+
 from .decode import capture_graph
 from .model import EngineModel
 
@@ -76,7 +78,7 @@ class SyncGraph:
             graph, out = capture_graph(lambda: self.model.load_weights_queued(named_tensors), self._pool)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as err:      # AcceleratorError is a RuntimeError
             log.warning("CUDA graph capture of the weight sync failed (%s: %s); syncs of these tensors run "
-                        "eagerly", type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+                        "eagerly", type(err).__name__, first_line(err))
             self._failed_key = key
             return
         if not torch.is_tensor(out["codes_changed"]):        # nothing quantized: a count of 0 to read back
