@@ -23,13 +23,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, PromptConfig, episode_seed
-from agentq.config import UNSET, ConfigError
+from agentq.config import RUN_CONFIG_FILES, UNSET, ConfigError
 from agentq.config_schema import DTYPES, ROLLOUT_BACKENDS
 from agentq.envs.base import SplitRefused, TextEnv
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
 from agentq.pool import POOL_TYPES, EnvPool, EnvSpec, make_pool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.errors import first_line, raised_at
+from agentq.utils.folder_lock import lock_holder
 from agentq.utils.logging import console
 
 if TYPE_CHECKING:
@@ -260,13 +261,18 @@ def split_key(cfg: DictConfig, split: str) -> str:
     return "env.eval_split" if str(OmegaConf.select(cfg, "env.eval_split")) == split else "split"
 
 
-def split_refused(split: str, e: ValueError, key: str = "split") -> ConfigError:
+class SplitError(ConfigError):
+    """An env's refusal of a split, its message already naming the setting that gave the split
+    (`split_refused`): a caller re-raises it as it is (`agentq eval` said "split='x': split='x': ...")."""
+
+
+def split_refused(split: str, e: ValueError, key: str = "split") -> SplitError:
     """An env's refusal of `split` as the one-line error naming `key`, the setting that gave the split:
     the base class's (`SplitRefused`: not one of its `splits`, no task ids, a repeated id) and a
     one-line error already made (`make_env`'s) as they read; any other ValueError, the env's own or
     a bug in its `_tasks`, with where it was raised."""
     where = "" if isinstance(e, (SplitRefused, ConfigError)) else f" (raised at {raised_at(e)})"
-    return ConfigError(f"{key}={split!r}: {e}{where}")
+    return SplitError(f"{key}={split!r}: {e}{where}")
 
 
 def env_pool(cfg: DictConfig, split: str, num_envs: int, expert: bool = False) -> EnvPool:
@@ -363,7 +369,22 @@ def checkpoint_hint(folder: Path, key: str) -> str:
         found = sorted(folder.glob(pattern))
         if found:
             return f"; a run folder? its last checkpoint is {key}={found[-1].parent}"
-    return "" if folder.exists() else f"; no such folder ({key} takes a local folder: nothing is downloaded)"
+    if not folder.exists():
+        return f"; no such folder ({key} takes a local folder: nothing is downloaded)"
+    return no_checkpoint_yet(folder)
+
+
+def no_checkpoint_yet(folder: Path) -> str:
+    """`checkpoint_hint`'s end for a run folder with no checkpoint in it yet (the message said only
+    "no config.json"): one in progress (another agentq process holds its lock) or one whose run
+    stopped before saving one (its config.yaml); "" for any other folder."""
+    pid = lock_holder(folder) if folder.is_dir() else None
+    if pid is None and not any((folder / name).is_file() for name in RUN_CONFIG_FILES):
+        return ""
+    state = (f"agentq process pid {pid} is running it: wait for its first checkpoint" if pid is not None
+             else "its run stopped before saving one")
+    return (f"; a run folder with no checkpoint yet: {state} (an `agentq train` run saves checkpoints/step_N every "
+            "trainer.save_every steps and at its end, an `agentq sft` run checkpoint/ at its end)")
 
 
 def tiny_corpus_key(cfg: DictConfig) -> str:

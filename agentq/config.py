@@ -520,6 +520,9 @@ CONFIG_FOOTER = "# end of agentq run settings"
 #: those of them that are sections: a file without one was cut short or edited
 RUN_CONFIG_KEYS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "seed", "device", "dtype", "agent", "eval")
 RUN_CONFIG_SECTIONS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "agent", "eval")
+#: where a run folder holds such a config.yaml: written at the run's start, before its first step or
+#: checkpoint (a pipeline's in its stages' folders)
+RUN_CONFIG_FILES = ("config.yaml", "rl/config.yaml", "sft/config.yaml")
 
 
 def cut_short(path: Path) -> str | None:

@@ -136,13 +136,30 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     """`agentq eval`: the checkpoint (or the model) on `split` (default env.eval_split); prints the report.
     `overrides`: the command line (None when another command evaluates, e.g. the pipeline's stages)."""
     split = cfg.split or cfg.env.eval_split
-    out, out_key = eval_out_path(cfg, split, overrides)
+    # listed first where the default folder's name needs it: "-nN" only for a sample smaller than the split
+    selection = eval_tasks(cfg, split) if cfg.eval.num_tasks is not None and not cfg.eval.out_dir else None
+    out, out_key = eval_out_path(cfg, split, overrides, selection)
     # taken by `_evaluate` before its recovery of an existing folder, which must not undo another eval's write
     held = OutputLock(out, chosen=bool(cfg.eval.out_dir), own_command=overrides is not None)
     try:
-        return _evaluate(cfg, overrides, split, out, out_key, held)
+        return _evaluate(cfg, overrides, split, out, out_key, held, selection)
     finally:
         held.close()
+
+
+def eval_tasks(cfg: DictConfig, split: str) -> TaskSelection:
+    """`choose_eval_tasks` of `agentq eval` (`eval.num_tasks`), the env's refusal of the split in one
+    line naming the setting: make_env's as it reads (it names it already), any other with `split=`.
+
+    Raises:
+        ConfigError: the env refused the split (unknown, empty, missing data).
+    """
+    try:
+        return choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
+    except build.SplitError:
+        raise
+    except ValueError as e:     # the env's refusal (an unknown or empty split, missing data): one line, the key named
+        raise build.split_refused(split, e) from e
 
 
 class OutputLock:
@@ -177,8 +194,9 @@ class OutputLock:
 
 
 def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Path, out_key: str,
-              held: OutputLock) -> dict:
-    """`evaluate` with its output folder held (`held`, taken again once the folder is made)."""
+              held: OutputLock, selection: TaskSelection | None) -> dict:
+    """`evaluate` with its output folder held (`held`, taken again once the folder is made); `selection`:
+    the tasks, where `evaluate` listed them already."""
     # first, the pair a kill cut short put back (`recover_eval_pair`): this command writes the folder, and
     # until its write readers (`agentq report`) found no eval.json there; the folder held first
     held.take()
@@ -188,10 +206,8 @@ def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Pat
     device, dtype = build.device_and_dtype(cfg)
     warn_if_trained_otherwise(cfg, Path(path))
     warn_if_training_split(cfg, split)
-    try:
-        selection = choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
-    except ValueError as e:     # the env's refusal (an unknown or empty split, missing data): one line, the key named
-        raise build.split_refused(split, e) from e
+    if selection is None:
+        selection = eval_tasks(cfg, split)
     chat = ChatFormat.from_tokenizer(build.load_tokenizer(path))
     n_episodes = len(selection.tasks) * int(cfg.eval.repeats)
     n_conc = min(n_episodes, int(cfg.rollout.max_slots), int(cfg.trainer.max_concurrent))
@@ -207,7 +223,7 @@ def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Pat
         # the trainer's seeding (eval_seed, EVAL_FIRST_ID): the same episodes as its evaluations
         report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=eval_seed(cfg),
                                  max_concurrent=n_conc, repeats=int(cfg.eval.repeats),
-                                 description=f"eval {cfg.env.name}/{split}", checkpoint=str(path))
+                                 description=f"eval {cfg.env.name}/{split}", checkpoint=str(Path(path).resolve()))
     finally:
         pool.close()
     print_report(report)
@@ -449,13 +465,14 @@ def pruned_checkpoint_hint(folder: Path) -> str:
             f"is checkpoint={steps[-1].parent}")
 
 
-def eval_out_path(cfg: DictConfig, split: str, overrides: list[str] | None = None) -> tuple[Path, str]:
+def eval_out_path(cfg: DictConfig, split: str, overrides: list[str] | None = None,
+                  selection: TaskSelection | None = None) -> tuple[Path, str]:
     """`agentq eval`'s output folder (not created: `evaluate` makes it once nothing can refuse the
     evaluation) and the setting that names it: eval.out_dir, else <checkpoint>/eval-<env>-<split>, or
     without a checkpoint runs/eval-<env>-<split>-<time> (never the model's folder: a shared cache or
     the user's own checkpoint of model.path); the default names end with `settings_suffix`, so
     evaluations under other settings (numerics, decoding, seed, budgets, task sample, prompt...) keep
-    their own folders.
+    their own folders. `selection`: the tasks `eval.num_tasks` chose (`settings_suffix`).
 
     Returns:
         (the folder, the setting to name when it cannot be created: eval.out_dir, also for a folder
@@ -463,21 +480,22 @@ def eval_out_path(cfg: DictConfig, split: str, overrides: list[str] | None = Non
     """
     if cfg.eval.out_dir:
         return Path(cfg.eval.out_dir), "eval.out_dir"
-    name = f"eval-{folder_name(str(cfg.env.name))}-{split}{settings_suffix(cfg, overrides)}"
+    name = f"eval-{folder_name(str(cfg.env.name))}-{split}{settings_suffix(cfg, overrides, selection)}"
     if cfg.checkpoint:
         return Path(cfg.checkpoint) / name, "eval.out_dir"
     # named like the trainer's unnamed run folders (agentq.trainer.run_dir.new_run_dir, a layer above)
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", "eval.out_dir"
 
 
-def settings_suffix(cfg: DictConfig, overrides: list[str] | None = None) -> str:
+def settings_suffix(cfg: DictConfig, overrides: list[str] | None = None, selection: TaskSelection | None = None) -> str:
     """The end of `agentq eval`'s default folder name: every setting that changes the episodes where it
     differs from the default (`default_config`), so evaluations under other settings keep their own
     folders and a rerun with the same settings replaces its own; "" for the default. E.g. "-bf16",
     "-T1", "-bf16-T0.7-top_p0.9-x2", "-seed1", "-steps2-n4", "-cfg1a2b3c4d". The README's comparisons
     (rollout=bf16 against the quantized rollout, sampled against greedy, three seeds) wrote to one
-    <checkpoint>/eval-<env>-<split>/, so the second evaluation replaced the first's without a word."""
-    return "".join(f"-{p}" for p in decoding_parts(cfg) + episode_parts(cfg, default_config(cfg, overrides)))
+    <checkpoint>/eval-<env>-<split>/, so the second evaluation replaced the first's without a word.
+    `selection`: the tasks `eval.num_tasks` chose (`episode_parts`)."""
+    return "".join(f"-{p}" for p in decoding_parts(cfg) + episode_parts(cfg, default_config(cfg, overrides), selection))
 
 
 def decoding_parts(cfg: DictConfig) -> list[str]:
@@ -501,15 +519,16 @@ NAMED_SETTINGS = (("seed", "seed"), ("env.max_steps", "steps"), ("env.max_contex
 HASHED_SETTINGS = ("env.kwargs", "env.prompt", "agent")
 
 
-def episode_parts(cfg: DictConfig, default: DictConfig) -> list[str]:
+def episode_parts(cfg: DictConfig, default: DictConfig, selection: TaskSelection | None = None) -> list[str]:
     """`settings_suffix`'s parts for what the episodes play: `NAMED_SETTINGS` ("seed1", "steps2"), the
     task sample ("n4": eval.num_tasks of the stratified sample, "first4" of eval.selection=first; every
-    task, the default, adds none; named since a 4-task smoke test replaced a full evaluation) and "cfg" + 8 hex
-    digits of the `HASHED_SETTINGS` that differ from `default` (`RUN_ONLY` env.kwargs left out: how the
-    env runs, not what it plays)."""
+    task, the default, adds none, nor does an eval.num_tasks that `selection` shows to take every task of
+    the split: the same episodes as the default's, which went to a folder of their own; named since a
+    4-task smoke test replaced a full evaluation) and "cfg" + 8 hex digits of the `HASHED_SETTINGS` that
+    differ from `default` (`RUN_ONLY` env.kwargs left out: how the env runs, not what it plays)."""
     parts = [f"{prefix}{OmegaConf.select(cfg, k)}" for k, prefix in NAMED_SETTINGS
              if OmegaConf.select(cfg, k) != OmegaConf.select(default, k)]
-    if cfg.eval.num_tasks is not None:
+    if cfg.eval.num_tasks is not None and (selection is None or selection.method != "all"):
         method = str(cfg.eval.get("selection", "stratified"))
         parts.append(f"{'n' if method == 'stratified' else method}{int(cfg.eval.num_tasks)}")
     diffs = differing_settings(default, cfg, lambda k: in_sections(k, HASHED_SETTINGS) and not in_sections(k, RUN_ONLY),

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 from omegaconf import OmegaConf
 
-from agentq.config import env_label, quant_name, read_settings
+from agentq.config import RUN_CONFIG_FILES, env_label, quant_name, read_settings
 from agentq.utils.files import replaced
+from agentq.utils.folder_lock import lock_holder
 from agentq.utils.logging import console, counted, read_metrics
 
 if TYPE_CHECKING:
@@ -383,8 +384,29 @@ def rl_run_dir(folder: Path) -> tuple[Path, dict | None]:
     if inside:      # a folder the user found in a run (an evaluation's, a checkpoint): its run, in one line
         raise FileNotFoundError(f"{folder} is {_what_folder(folder.resolve())} in the run folder {inside}, not a run "
                                 f"folder itself: agentq report {inside}")
-    raise FileNotFoundError(f"{folder} is not an agentq run folder (no metrics.jsonl, nor rl/metrics.jsonl "
-                            "of an `agentq pipeline` folder)")
+    raise FileNotFoundError(_no_results_yet(folder) or f"{folder} is not an agentq run folder (no metrics.jsonl, "
+                            "nor rl/metrics.jsonl of an `agentq pipeline` folder)")
+
+
+#: what only `agentq sweep` writes at the top of its folder (trainer.run_dir.MARKERS): a folder of runs
+#: (arms/<arm>/seed_<n>), with an sft/ of its own, never a run to report itself
+SWEEP_MARKERS = ("arms", "eval_sft", "table.md")
+
+
+def _no_results_yet(folder: Path) -> str | None:
+    """For `rl_run_dir`'s message: a run folder whose run has logged no RL step yet, said so (it read
+    "not an agentq run folder"): one in progress (another agentq process holds its lock) or one whose
+    run stopped before (its config.yaml); None for any other folder, a sweep's among them."""
+    if any((folder / name).exists() for name in SWEEP_MARKERS):
+        return None
+    if (pid := lock_holder(folder)) is not None:
+        return (f"{folder} is a run in progress (agentq process pid {pid} holds it) that has logged no RL step "
+                "yet: agentq report it again once its first step is in metrics.jsonl")
+    settings = [name for name in RUN_CONFIG_FILES if (folder / name).is_file()]
+    if settings:
+        return (f"{folder} is a run folder with no results yet: its run stopped before logging its first RL step "
+                f"({settings[0]}, no metrics.jsonl)")
+    return None
 
 
 def _renders(folder: Path) -> bool:

@@ -13,10 +13,12 @@ One step, top to bottom:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,7 @@ from agentq.eval.segments import segment_rows, token_decoder, truncate_segments,
 from agentq.learner.batch import PolicyBatch, collate
 from agentq.learner.learner import bypass_refusal, grad_pass_refusal
 from agentq.learner.lr_schedule import lr_factor
-from agentq.utils.checkpoint import TrainerState, load_trainer_state, save_hf_checkpoint
+from agentq.utils.checkpoint import CheckpointError, TrainerState, load_trainer_state, save_hf_checkpoint
 from agentq.utils.errors import first_line
 from agentq.utils.files import write_text_replacing
 from agentq.utils.logging import MetricsLogger, console, jsonable, progress, read_metrics, step_line
@@ -300,6 +302,32 @@ def step_checkpoints(run_dir: Path) -> list[Path]:
             if not (p.is_dir() and all(c.is_dir() for c in p.iterdir()))]
 
 
+@contextlib.contextmanager
+def reading_resume_checkpoint(run_dir: Path, ckpt: Path | None) -> Iterator[None]:
+    """Run a block that reads `ckpt`, the checkpoint a resume starts from (None: no resume). A
+    CheckpointError it raises (no trainer state, a damaged one, a weight file missing or truncated, a
+    tokenizer or config.json that does not load) stopped the resume with no way on: it now ends with
+    `earlier_checkpoint_advice`. Nothing falls back to an earlier checkpoint on its own: the user
+    decides what becomes of the damaged one."""
+    try:
+        yield
+    except CheckpointError as e:
+        if ckpt is None:
+            raise
+        raise CheckpointError(f"{e}; {earlier_checkpoint_advice(run_dir, ckpt)}") from e
+
+
+def earlier_checkpoint_advice(run_dir: Path, ckpt: Path) -> str:
+    """What a resume refused at its latest checkpoint `ckpt` can do: move it aside and resume from the
+    one before it (named; trainer.keep_checkpoints keeps 2 by default), or, with none before it, start
+    the run again."""
+    earlier = [p for p in step_checkpoints(run_dir) if p.name < ckpt.name]
+    if earlier:
+        return f"move {ckpt.name} out of its checkpoints folder to resume from the one before it, {earlier[-1].name}"
+    return ("it is the run's only checkpoint, so none before it to resume from: start the run again (its command "
+            "line with trainer.overwrite=true)")
+
+
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
     """Remove all but the last `keep` checkpoints (0: keep all). An evaluation inside one (`agentq eval`
     writes to <checkpoint>/eval-<env>-<split> by default) stays where it was: only the checkpoint's own
@@ -366,7 +394,8 @@ class RLTrainer:
         if resume_ckpt is not None:
             self._check_reference()
         path = str(resume_ckpt) if resume_ckpt else self.init_path
-        self.tokenizer = build.load_tokenizer(path)
+        with reading_resume_checkpoint(self.run_dir, resume_ckpt):      # its weight files and tokenizer
+            self.tokenizer = build.load_tokenizer(path)
         self.chat = ChatFormat.from_tokenizer(self.tokenizer)
         # where the engines and learner ranks run (placement=single: both here, as before)
         self.placement = Placement(self.cfg)
@@ -410,7 +439,8 @@ class RLTrainer:
         if ckpt is None:        # check_resume_dir found one: another process removed it since
             raise ConfigError(f"trainer.resume={resume!r}: no checkpoints/step_* in that run folder")
         # what `_restore` reads; a file without it is a one-line CheckpointError naming the checkpoint
-        state = load_trainer_state(ckpt, meta_keys=("step", "np_rng"), tensor_keys=("optimizer", "torch_gen"))
+        with reading_resume_checkpoint(self.run_dir, ckpt):
+            state = load_trainer_state(ckpt, meta_keys=("step", "np_rng"), tensor_keys=("optimizer", "torch_gen"))
         if int(state.meta["step"]) > steps:
             raise ConfigError(f"trainer.resume={resume!r}: its latest checkpoint ({ckpt.name}) is at step "
                               f"{int(state.meta['step'])}, past trainer.steps={steps}; trainer.steps is the run's "

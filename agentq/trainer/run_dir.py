@@ -22,7 +22,7 @@ from agentq.eval.episodes import recover_eval_pairs
 from agentq.utils.checkpoint import restore_interrupted_commits
 from agentq.utils.errors import RunAborted
 from agentq.utils.files import remove_stale_temporaries, write_text_replacing
-from agentq.utils.folder_lock import LOCK_FILE, lock_folder
+from agentq.utils.folder_lock import LOCK_FILE, lock_folder, lock_holder
 from agentq.utils.jsonl import append_jsonl, drop_rows_after
 
 if TYPE_CHECKING:
@@ -130,9 +130,9 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str 
         releases it first.
     """
     run_dir = make_run_dir(run_dir, out_key)
-    lock = lock_folder(run_dir, lambda pid: RunDirError(
-        f"run folder {str(run_dir)!r} is in use by another agentq process (pid {pid}); wait for it to finish or "
-        f"pick another {out_key}"), what="run folder")
+    # a resume cannot pick another folder: it waits
+    advice = RESUME_WAITS if resume and kind == "train" else f"wait for it to finish or pick another {out_key}"
+    lock = lock_folder(run_dir, lambda pid: in_use(run_dir, pid, advice), what="run folder")
     try:
         check_kind(run_dir, kind, out_key)
         found = holds_run(run_dir, ARTIFACTS[kind])
@@ -155,6 +155,15 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str 
         lock.close()
         raise
     return lock
+
+
+#: what a `trainer.resume` of a run folder another process holds is told to do
+RESUME_WAITS = "wait for it to finish (or stop it), then resume it"
+
+
+def in_use(run_dir: Path, pid: str, advice: str) -> RunDirError:
+    """The refusal of a run folder another agentq process holds (its lock, with the `pid` it wrote)."""
+    return RunDirError(f"run folder {str(run_dir)!r} is in use by another agentq process (pid {pid}); {advice}")
 
 
 def check_kind(run_dir: Path, kind: str, out_key: str) -> None:
@@ -278,7 +287,8 @@ def check_resume_dir(resume: str | Path) -> None:
     Raises:
         ConfigError: the folder is missing, is a checkpoint or a run's checkpoints/ (naming its run
         folder), is another command's folder (a pipeline's: naming its rl/; an SFT run's: naming
-        model.path=<its checkpoint>), or has no checkpoints/step_*.
+        model.path=<its checkpoint>), or has no checkpoints/step_* (`RunDirError` where another agentq
+        process holds it: a run before its first checkpoint, said to be in use as `claim_run_dir` says).
     """
     folder = Path(resume)
     where = f"trainer.resume={str(resume)!r}"
@@ -302,6 +312,9 @@ def check_resume_dir(resume: str | Path) -> None:
                 raise ConfigError(f"{what}: agentq train does not resume an SFT run; RL from its checkpoint is "
                                   f"model.path={str(folder / 'checkpoint')!r}")
             raise ConfigError(f"{what}; trainer.resume takes an `agentq train` run folder")
+        # a run still before its first checkpoint: its process holds the folder (said rather than "none yet")
+        if (pid := lock_holder(folder)) is not None:
+            raise in_use(folder, pid, RESUME_WAITS)
         raise ConfigError(f"{where}: no checkpoints/step_* in that run folder (a run saves one every "
                           "trainer.save_every steps and at its end)")
 

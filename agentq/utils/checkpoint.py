@@ -9,10 +9,11 @@ objects, so resuming from a folder never runs code from it: tensors and tensor c
 and plain values (step, numpy RNG state, paths) in `trainer_state.json`."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import tempfile
+import uuid
 from pathlib import Path
 
 from dataclasses import dataclass, field
@@ -104,14 +105,34 @@ def load_trainer_state(folder: str | os.PathLike, meta_keys: tuple[str, ...] = (
     for name, found, keys in ((STATE_META, values, meta_keys), (STATE_TENSORS, tensors, tensor_keys)):
         lacks = [k for k in keys if not isinstance(found, dict) or k not in found]
         if lacks:
-            raise CheckpointError(f"checkpoint {folder} is damaged ({name} lacks {', '.join(map(repr, lacks))}); "
-                                  "move it out of its checkpoints folder to resume from the one before it")
+            raise CheckpointError(f"checkpoint {folder} is damaged ({name} lacks {', '.join(map(repr, lacks))})")
     return TrainerState(tensors=tensors, meta=values)
 
 
-def _atomic_dir(path: Path):
+def _atomic_dir(path: Path) -> Path:
+    """A new temporary folder beside `path`, `.<name>.tmp<token>`, with the mode a plain mkdir gets
+    under the process's umask: mkdtemp's 0700 stayed on the committed checkpoint, which other users
+    could then neither evaluate nor report."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp"))
+    while True:
+        tmp = path.parent / f".{path.name}.tmp{uuid.uuid4().hex[:12]}"
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:         # a name taken (never in practice): another token
+            continue
+
+
+def _plain_file_modes(folder: Path) -> None:
+    """Give every file in `folder` the mode a plain write gets under the umask (the folder's own, made
+    by `_atomic_dir`, less the execute bits): safetensors writes its file 0600, and a checkpoint's
+    weights were then unreadable to the other users its folder lets in."""
+    mode = folder.stat().st_mode & 0o666
+    for f in folder.rglob("*"):
+        if f.is_file() and f.stat().st_mode & 0o777 != mode:
+            # best effort: file systems without modes (vfat, some FUSE / SMB mounts) refuse chmod
+            with contextlib.suppress(OSError):
+                os.chmod(f, mode)
 
 
 def _sync_tree(folder: Path) -> None:
@@ -232,6 +253,7 @@ def save_hf_checkpoint(model, path: str | os.PathLike, tokenizer=None, extra: di
             (tmp / "agentq.json").write_text(json.dumps(extra, indent=2, default=str))
         if trainer_state is not None:
             save_trainer_state(tmp, trainer_state)
+        _plain_file_modes(tmp)
         _commit(tmp, path)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -44,4 +44,21 @@ def lock_folder(folder: Path, refused: Callable[[str], Exception], what: str = "
     return lock
 
 
-__all__ = ["LOCK_FILE", "lock_folder"]
+def lock_holder(folder: Path) -> str | None:
+    """The pid written in `folder`'s lock file ("?" if none) while another process holds the lock,
+    else None (also without a lock file). Creates nothing. For a refusal's message only: the lock is
+    probed for a moment, so a process locking the folder at that very moment is refused, and a
+    folder found free may be taken right after; `lock_folder` alone keeps two processes out."""
+    try:
+        lock = open(folder / LOCK_FILE)
+    except OSError:             # never locked (no lock file), or not readable: nobody known to hold it
+        return None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return lock.read().strip() or "?"
+        return None             # closing the file releases the probe
+
+
+__all__ = ["LOCK_FILE", "lock_folder", "lock_holder"]

@@ -207,6 +207,18 @@ def test_pipeline_config_overrides_the_base():
     assert load_config(["trainer.steps=3"], config_name="pipeline").trainer.steps == 3
 
 
+def test_a_default_run_and_a_pipeline_checkpoint_on_the_way_and_a_sweep_at_the_end():
+    """trainer.save_every was 0 (the final checkpoint only): Ctrl-C in step 19 of the default 20 left
+    nothing for trainer.resume. Now every 5 steps, the last 2 kept, in `agentq train` and the pipeline's
+    RL stage (which `agentq train trainer.resume=<pipeline>/rl` continues); a sweep starts an unfinished
+    arm again from the SFT checkpoint, so its arms save only at the end."""
+    train, pipe = load_config([]).trainer, load_config([], config_name="pipeline").trainer
+    sweep = load_config([], config_name="sweep").trainer
+    assert (train.steps, train.save_every, train.keep_checkpoints) == (20, 5, 2)
+    assert (pipe.steps, pipe.save_every, pipe.keep_checkpoints) == (32, 5, 2)
+    assert (sweep.save_every, sweep.keep_checkpoints) == (0, 2)
+
+
 def test_tiny_model_cache_key_names_only_what_the_corpus_reads():
     from agentq.build import tiny_corpus_key
 

@@ -123,6 +123,25 @@ def test_evaluations_under_another_seed_cap_or_prompt_keep_their_own_folders(tin
     assert sorted(p.name for p in ckpt.glob("eval-*")) == sorted(runs)
 
 
+def test_a_task_count_that_plays_every_task_is_the_default_evaluations_folder(tiny_model_dir, tmp_path, capsys):
+    """eval.num_tasks=10 of a 6-task split plays every task, the default evaluation's episodes, but wrote
+    them to a -n10 folder of their own: the same evaluation in two folders. Only a sample smaller than
+    the split is named."""
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    six = ["env.kwargs.tasks_per_game=6", "env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8"]
+    assert main(["eval", f"checkpoint={ckpt}", *six]) == 0
+    (plain,) = ckpt.glob("eval-*")
+    assert plain.name.startswith("eval-textworld_express-test-steps2-tok8-cfg") and "-n" not in plain.name
+    capsys.readouterr()
+    assert main(["eval", f"checkpoint={ckpt}", *six, "eval.num_tasks=10"]) == 0
+    assert list(ckpt.glob("eval-*")) == [plain]
+    assert f"this evaluation replaces the earlier one with the same settings in {plain} (6 episodes" in " ".join(
+        capsys.readouterr().err.split())
+    assert json.loads((plain / "eval.json").read_text())["task_selection"]["method"] == "all"
+    assert main(["eval", f"checkpoint={ckpt}", *six, "eval.num_tasks=4"]) == 0
+    assert sorted(p.name for p in ckpt.glob("eval-*")) == sorted([plain.name, plain.name.replace("-cfg", "-n4-cfg")])
+
+
 def test_the_table_says_how_the_evaluation_decoded():
     from agentq.eval.evaluate import decoding_text
 

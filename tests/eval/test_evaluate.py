@@ -115,8 +115,46 @@ def test_a_run_folder_given_as_checkpoint_names_its_last_checkpoint(tiny_model_d
 def test_an_unknown_split_is_a_one_line_error_and_leaves_no_folder(tiny_model_dir, tmp_path, capsys):
     ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
     assert main(["eval", f"checkpoint={ckpt}", "split=nope", *SMALL]) == 2
-    assert "split='nope'" in capsys.readouterr().err
+    # the setting named once (it read "split='nope': split='nope': unknown split ...")
+    assert capsys.readouterr().err.strip() == ("agentq: split='nope': unknown split 'nope' for TextWorldExpressEnv; "
+                                               "valid: ['train', 'dev', 'test']")
     assert not list(ckpt.glob("eval-*"))       # was an empty eval-textworld_express-nope/ in the checkpoint
+
+
+def test_a_run_folder_without_a_checkpoint_yet_says_so(tmp_path, capsys):
+    """checkpoint=<a run folder before its first checkpoint> said only "no config.json", where a run
+    folder with checkpoints names its last one: now whether its run is still going or stopped, and
+    when a run saves one."""
+    from agentq.utils.folder_lock import lock_folder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 0\n")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    start = f"agentq: checkpoint={str(run)!r} is not an HF checkpoint folder (no config.json); a run folder with no checkpoint yet: "
+    saves = ("(an `agentq train` run saves checkpoints/step_N every trainer.save_every steps and at its end, an "
+             "`agentq sft` run checkpoint/ at its end)")
+    held = lock_folder(run, lambda pid: AssertionError(pid))        # its run's process
+    try:
+        assert main(["eval", f"checkpoint={run}", *SMALL]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"{start}agentq process pid {os.getpid()} is running it: wait for its first checkpoint {saves}")
+    finally:
+        held.close()
+    assert main(["eval", f"checkpoint={run}", *SMALL]) == 2
+    assert capsys.readouterr().err.strip() == f"{start}its run stopped before saving one {saves}"
+    assert sorted(p.name for p in run.iterdir()) == [".agentq.lock", "config.yaml", "metrics.jsonl"]
+
+
+def test_eval_json_names_the_checkpoint_by_its_absolute_path(tiny_model_dir, tmp_path, monkeypatch):
+    """eval.json's `checkpoint` was the path as typed (`ckpt`, relative to wherever eval ran), where
+    train_summary.json's were the run's: now absolute, whatever the command line gave."""
+    shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "checkpoint=ckpt", *SMALL]) == 0
+    report = json.loads((tmp_path / "ckpt" / SMALL_NAME / "eval.json").read_text())
+    assert report["checkpoint"] == str(tmp_path.resolve() / "ckpt")
+    assert report["sampling"]["seed"] == 1            # seed + 1 (docs/evaluation.md says why)
 
 
 def test_unreadable_weights_leave_no_folder_in_the_checkpoint(tiny_model_dir, tmp_path, capsys):

@@ -395,6 +395,43 @@ def test_report_of_a_folder_inside_a_run_names_the_run_folder(tmp_path, capsys, 
     assert capsys.readouterr().err == "agentq: runz: no such folder\n"
 
 
+def test_report_of_a_run_before_its_first_step_says_it_has_no_results_yet(tmp_path, capsys):
+    """`agentq report <run>` of a run before its first logged step (config.yaml, no metrics.jsonl) said
+    "is not an agentq run folder": now a run in progress (its lock held) or one that stopped there."""
+    import os
+
+    from agentq.cli import main
+    from agentq.utils.folder_lock import lock_folder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 0\n")
+    held = lock_folder(run, lambda pid: AssertionError(pid))       # the running agentq process's lock
+    try:
+        assert main(["report", str(run)]) == 2
+        assert capsys.readouterr().err == (
+            f"agentq: {run} is a run in progress (agentq process pid {os.getpid()} holds it) that has logged no RL step "
+            "yet: agentq report it again once its first step is in metrics.jsonl\n")
+    finally:
+        held.close()
+    assert main(["report", str(run)]) == 2
+    assert capsys.readouterr().err == (f"agentq: {run} is a run folder with no results yet: its run stopped before "
+                                       "logging its first RL step (config.yaml, no metrics.jsonl)\n")
+    pipe = tmp_path / "pipe"                # a pipeline stopped in its SFT stage
+    (pipe / "sft").mkdir(parents=True)
+    (pipe / "sft" / "config.yaml").write_text("seed: 0\n")
+    assert main(["report", str(pipe)]) == 2
+    assert capsys.readouterr().err == (f"agentq: {pipe} is a run folder with no results yet: its run stopped before "
+                                       "logging its first RL step (sft/config.yaml, no metrics.jsonl)\n")
+    (pipe / "arms").mkdir()                # a sweep's folder (its sft/ too) holds no run of its own: as before
+    assert main(["report", str(pipe)]) == 2
+    assert "is not an agentq run folder" in capsys.readouterr().err
+    (run / "config.yaml").unlink()         # a folder of nothing agentq wrote: as before
+    assert main(["report", str(run)]) == 2
+    assert capsys.readouterr().err == (f"agentq: {run} is not an agentq run folder (no metrics.jsonl, nor "
+                                       "rl/metrics.jsonl of an `agentq pipeline` folder)\n")
+
+
 def test_report_into_a_folder_is_a_one_line_error(tmp_path, capsys):
     """`agentq report runs/x runs/x`: the second argument is the HTML file; a folder there was an
     IsADirectoryError traceback after the page was rendered."""

@@ -358,7 +358,55 @@ def test_a_trainer_state_without_its_step_is_a_damaged_checkpoint(run_copy, caps
     (ckpt / "trainer_state.json").write_text("{}")
     assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3"]) == 2
     assert said_once(capsys) == (f"agentq: checkpoint {ckpt} is damaged (trainer_state.json lacks 'step', 'np_rng'); "
-                                 "move it out of its checkpoints folder to resume from the one before it")
+                                 "move step_000002 out of its checkpoints folder to resume from the one before it, "
+                                 "step_000001")
+
+
+@pytest.mark.parametrize("damage, refusal", [
+    ("no_state", "{ckpt} has no trainer_state.pt (optimizer, RNG): cannot resume"),
+    ("no_weights", "{ckpt} has a config.json but no weights (no model.safetensors or pytorch_model.bin, nor their "
+                   "shards): an interrupted copy or save?"),
+    ("truncated", "weight file {ckpt}/model.safetensors is damaged or truncated (100 bytes): "),
+    ("garbled_config", "{ckpt}: its tokenizer does not load (OSError: "),
+], ids=["no-trainer-state", "no-weights", "truncated-weights", "garbled-config"])
+def test_a_damaged_latest_checkpoint_names_the_one_to_resume_from(run_copy, capsys, damage, refusal):
+    """A resume refused at a damaged latest checkpoint said only what was wrong ("cannot resume"), not
+    that the checkpoint before it resumes once the damaged one is moved aside; it does now, for every
+    such refusal, and falls back on nothing by itself. Moved aside, the run resumes from step 1."""
+    ckpt = run_copy / "checkpoints" / "step_000002"
+    weights = ckpt / "model.safetensors"
+    if damage == "no_state":
+        (ckpt / "trainer_state.pt").unlink()
+    elif damage == "no_weights":
+        weights.unlink()
+    elif damage == "garbled_config":
+        (ckpt / "config.json").write_text("{")
+    else:
+        weights.write_bytes(weights.read_bytes()[:100])
+    before = files_of(run_copy)
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=2"]) == 2
+    line = said_once(capsys)
+    assert line.startswith(f"agentq: {refusal.format(ckpt=ckpt)}"), line
+    assert line.endswith("; move step_000002 out of its checkpoints folder to resume from the one before it, "
+                         "step_000001"), line
+    assert files_of(run_copy) == before             # nothing moved or written by the refusal
+    if damage == "no_state":        # the advice taken: step 2 redone from step 1's checkpoint
+        ckpt.rename(run_copy / "step_000002.damaged")
+        assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=2"]) == 0
+        assert f"resumed from {run_copy / 'checkpoints' / 'step_000001'} at step 1" in " ".join(
+            capsys.readouterr().err.split())
+        assert (ckpt / "trainer_state.pt").is_file()
+
+
+def test_a_damaged_only_checkpoint_says_the_run_starts_again(run_copy, capsys):
+    """With no checkpoint before the damaged one, moving it aside resumes nothing: the run starts again."""
+    shutil.rmtree(run_copy / "checkpoints" / "step_000001")
+    ckpt = run_copy / "checkpoints" / "step_000002"
+    (ckpt / "trainer_state.pt").unlink()
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=2"]) == 2
+    assert said_once(capsys) == (f"agentq: {ckpt} has no trainer_state.pt (optimizer, RNG): cannot resume; it is the "
+                                 "run's only checkpoint, so none before it to resume from: start the run again (its "
+                                 "command line with trainer.overwrite=true)")
 
 
 def test_a_garbled_metrics_line_on_resume_is_one_line(run_copy, capsys):
@@ -422,3 +470,30 @@ def test_a_truncated_final_eval_json_on_resume_is_one_line(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", f"trainer.resume={run}", "trainer.steps=1"]) == 2
     assert said_once(capsys).startswith(f"agentq: {eval_json.parent}: eval.json is damaged (not JSON: ")
+
+
+def test_an_interrupted_default_run_resumes_from_its_last_periodic_checkpoint(tmp_path, monkeypatch, capsys):
+    """conf/trainer/default.yaml had trainer.save_every: 0, the final checkpoint only: Ctrl-C in the
+    last step of a run left "no checkpoint yet; start it again", every finished step lost. With the
+    default now (5), Ctrl-C in step 7 resumes from step 5's checkpoint."""
+    from agentq.trainer import rl
+
+    run = tmp_path / "run"
+    quick = ["env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8", "trainer.tasks_per_step=1",
+             "trainer.group_size=2", "trainer.eval_every=-1", "trainer.save_segments=false", "trainer.steps=7"]
+    step = rl.RLTrainer.step
+
+    def ctrl_c_in_step_7(self, n):
+        if n == 7:
+            raise KeyboardInterrupt
+        return step(self, n)
+    monkeypatch.setattr(rl.RLTrainer, "step", ctrl_c_in_step_7)
+    assert main(["train", *quick, f"trainer.out_dir={run}"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"agentq: interrupted: run folder {run}, last checkpoint step_000005; continue it with agentq train "
+        f"trainer.resume={run}")
+    monkeypatch.undo()
+    assert main(["train", f"trainer.resume={run}"]) == 0
+    assert [r["step"] for r in step_rows(run)] == [1, 2, 3, 4, 5, 6, 7]
+    # trainer.keep_checkpoints=2: the periodic one before the final one stays
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000005", "step_000007"]

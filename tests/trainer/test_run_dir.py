@@ -293,6 +293,37 @@ def test_a_resume_of_another_commands_folder_names_the_one_to_give(tmp_path, cap
     assert not (pipe / ".agentq.lock").exists() and not (sft / ".agentq.lock").exists()
 
 
+def test_resuming_a_run_another_process_runs_says_it_is_in_use(tmp_path, capsys):
+    """`trainer.resume` of a run still running, before its first checkpoint, said "no checkpoints/step_*
+    in that run folder", as though there were nothing to wait for; past it, the lock's refusal told a
+    resume to "pick another trainer.out_dir". Both now say the folder is in use, and to wait."""
+    from agentq.config import ConfigError
+    from agentq.trainer.run_dir import RunDirError, check_resume_dir, claim_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 7\n")            # a run started: no step, no checkpoint yet
+    in_use = (f"run folder '{run}' is in use by another agentq process (pid {os.getpid()}); wait for it to finish "
+              "(or stop it), then resume it")
+    held = claim_run_dir(run, resume=False, overwrite=False)          # the running process's lock
+    try:
+        assert main(["train", f"trainer.resume={run}", "trainer.steps=1", "env_pool=inline"]) == 2
+        assert capsys.readouterr().err.strip() == f"agentq: {in_use}"
+        (run / "checkpoints" / "step_000001").mkdir(parents=True)  # its first checkpoint: the lock refuses
+        with pytest.raises(RunDirError) as refused:
+            claim_run_dir(run, resume=True, overwrite=False)
+        assert str(refused.value) == in_use
+        (run / "checkpoints" / "step_000001").rmdir()
+    finally:
+        held.close()
+    # the process gone: nothing to resume from, said as before
+    with pytest.raises(ConfigError) as none:
+        check_resume_dir(run)
+    assert str(none.value) == (f"trainer.resume='{run}': no checkpoints/step_* in that run folder (a run saves one "
+                               "every trainer.save_every steps and at its end)")
+    assert not isinstance(none.value, RunDirError)
+
+
 def test_config_yaml_is_replaced_whole(tmp_path, disk_full_at):
     """config.yaml was rewritten in place at every start and resume: a kill or a full disk mid-write
     left it empty or cut short, and the resume then read a damaged file."""

@@ -47,6 +47,33 @@ def test_files_are_flushed_before_the_rename_and_the_rename_before_return(tmp_pa
     assert not list(path.parent.glob(".step_*"))
 
 
+class SafetensorsModel(torch.nn.Module):
+    """`save_pretrained` as transformers does it: safetensors' own writer, whose file is 0600."""
+
+    def save_pretrained(self, folder, safe_serialization=True):
+        from safetensors.torch import save_file
+
+        save_file({"w": torch.ones(2)}, str(Path(folder) / "model.safetensors"))
+        (Path(folder) / "config.json").write_text("{}")
+
+
+@pytest.mark.parametrize("umask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o027, 0o750, 0o640),
+                                                           (0o077, 0o700, 0o600)], ids=["022", "027", "077"])
+def test_a_checkpoint_gets_the_modes_of_a_plain_mkdir_and_write(tmp_path, umask, folder_mode, file_mode):
+    """The checkpoint folder kept mkdtemp's 0700 and its weights safetensors' 0600, whatever the umask:
+    another user could neither evaluate nor report a run whose other files the umask let them read."""
+    old = os.umask(umask)
+    try:
+        path = save_hf_checkpoint(SafetensorsModel(), tmp_path / "checkpoints" / "step_000001",
+                                  trainer_state=TrainerState(tensors={"x": torch.ones(2)}, meta={"step": 1}))
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == folder_mode
+    modes = {f.name: f.stat().st_mode & 0o777 for f in path.iterdir()}
+    assert modes == dict.fromkeys(["model.safetensors", "config.json", "trainer_state.pt", "trainer_state.json"],
+                                  file_mode)
+
+
 # ---------------------------------------------------------------------- a write the disk refuses
 def save_step(folder: Path, step: int) -> Path:
     path = folder / "checkpoints" / f"step_{step:06d}"
@@ -106,7 +133,7 @@ def test_a_trainer_state_without_what_the_reader_needs_is_a_damaged_checkpoint(t
     (path / "trainer_state.json").write_text("{}")
     assert load_trainer_state(path).meta == {}          # nothing asked for: as before
     with pytest.raises(CheckpointError, match=re.escape(f"checkpoint {path} is damaged (trainer_state.json lacks "
-                                                        "'step', 'np_rng'); move it out of its checkpoints folder")):
+                                                        "'step', 'np_rng')")):
         load_trainer_state(path, meta_keys=("step", "np_rng"), tensor_keys=("x",))
     with pytest.raises(CheckpointError, match=re.escape("(trainer_state.pt lacks 'optimizer')")):
         load_trainer_state(path, tensor_keys=("x", "optimizer"))

@@ -5,7 +5,7 @@ import errno
 import pytest
 
 from agentq.utils import folder_lock
-from agentq.utils.folder_lock import lock_folder
+from agentq.utils.folder_lock import LOCK_FILE, lock_folder, lock_holder
 
 
 def test_a_lock_file_that_cannot_be_opened_names_the_folder(tmp_path, monkeypatch):
@@ -20,3 +20,19 @@ def test_a_lock_file_that_cannot_be_opened_names_the_folder(tmp_path, monkeypatc
         lock_folder(tmp_path, lambda pid: AssertionError(pid), what="output folder",
                     fix="set eval.out_dir to a writable folder")
     assert str(e.value.strerror).endswith("Read-only file system; set eval.out_dir to a writable folder")
+
+
+def test_lock_holder_names_the_process_holding_a_folder_and_creates_nothing(tmp_path):
+    """The refusals of a folder in use (a resume, `agentq report`, `checkpoint=`) ask who holds it
+    without taking it: the holder's pid while it holds the lock, None once it let go or never did."""
+    import os
+
+    assert lock_holder(tmp_path) is None and not (tmp_path / LOCK_FILE).exists()        # never locked
+    held = lock_folder(tmp_path, lambda pid: AssertionError(pid))
+    try:
+        assert lock_holder(tmp_path) == str(os.getpid())
+        assert lock_holder(tmp_path) == str(os.getpid())        # the probe took nothing: asked again, the same
+    finally:
+        held.close()
+    assert lock_holder(tmp_path) is None                        # released (the lock file stays, unheld)
+    lock_folder(tmp_path, lambda pid: AssertionError(pid)).close()     # and the folder can be locked again
