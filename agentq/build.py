@@ -275,6 +275,26 @@ def split_refused(split: str, e: ValueError, key: str = "split") -> SplitError:
     return SplitError(f"{key}={split!r}: {e}{where}")
 
 
+def ray_settings(cfg: DictConfig) -> list[str]:
+    """The settings of `cfg` that run on Ray: env_pool=ray, placement=colocated|split."""
+    pool, mode = OmegaConf.select(cfg, "env_pool.type"), str(OmegaConf.select(cfg, "placement.mode", default="single"))
+    return (["env_pool=ray"] if pool == "ray" else []) + ([f"placement={mode}"] if mode != "single" else [])
+
+
+def check_ray_installed(cfg: DictConfig) -> None:
+    """Refuse a config that runs on Ray where Ray is not installed, at start-up, before the model is
+    built: `import_ray`'s one line, naming the first such setting (the pool and the placement raise
+    the same line where they import Ray).
+
+    Raises:
+        ConfigError: Ray is not installed.
+    """
+    from agentq.pool.ray_pool import import_ray
+
+    for setting in ray_settings(cfg)[:1]:
+        import_ray(setting)
+
+
 def env_pool(cfg: DictConfig, split: str, num_envs: int, expert: bool = False) -> EnvPool:
     p = cfg.env_pool
     if p.type not in POOL_TYPES:

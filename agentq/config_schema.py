@@ -166,6 +166,9 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "env_pool.type": one_of(*POOL_TYPES),
     "env_pool.num_workers": positive_int,
     "env_pool.call_timeout_s": positive_num,
+    # the CPUs of a local Ray cluster (null: every core); 0 started a cluster no actor could be placed on
+    "ray.num_cpus": optional(positive_int),
+    "env_pool.num_cpus": optional(positive_int),
     "rollout.backend": one_of(*ROLLOUT_BACKENDS),
     "rollout.quant": one_of(*QUANT_PRESETS),
     "rollout.sampler": one_of(*SAMPLERS),
@@ -206,12 +209,23 @@ def config_problems(cfg: DictConfig) -> list[str]:
     out = []
     for key, check in RULES.items():
         value = OmegaConf.select(cfg, key, default=_MISSING)
-        if value is _MISSING:
+        if value is _MISSING or _copies_a_rule_key(cfg, key):
             continue
         want = check(value)
         if want:
             out.append(f"{key}={value!r} ({type(value).__name__}): must be {want}")
     return out
+
+
+def _copies_a_rule_key(cfg: DictConfig, key: str) -> bool:
+    """Whether `key`'s value is `${other}` of another key of `RULES` (env_pool.num_cpus: ${ray.num_cpus}):
+    a bad value is then named once, at the key the user sets."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    if not isinstance(node, DictConfig) or not OmegaConf.is_interpolation(node, leaf):
+        return False
+    raw = OmegaConf.to_container(node, resolve=False).get(leaf)          # type: ignore[union-attr]
+    return isinstance(raw, str) and raw.startswith("${") and raw.endswith("}") and raw[2:-1] in RULES
 
 
 #: the keys only some commands read → those commands (`agentq config` prints every key). The longest

@@ -135,6 +135,7 @@ def limits_record(cfg: DictConfig) -> dict:
 def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     """`agentq eval`: the checkpoint (or the model) on `split` (default env.eval_split); prints the report.
     `overrides`: the command line (None when another command evaluates, e.g. the pipeline's stages)."""
+    build.check_ray_installed(cfg)          # env_pool=ray without Ray: one line before anything is built
     split = cfg.split or cfg.env.eval_split
     # listed first where the default folder's name needs it: "-nN" only for a sample smaller than the split
     selection = eval_tasks(cfg, split) if cfg.eval.num_tasks is not None and not cfg.eval.out_dir else None

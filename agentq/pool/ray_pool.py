@@ -45,6 +45,21 @@ RESOURCE_SETTLE_S = 2.0     # how long released CPUs may take to show as free (m
 REACH_TIMEOUT_S = 5.0       # for a joined cluster's address to accept a connection
 
 
+def import_ray(setting: str) -> Any:
+    """The ray module, or, where Ray is not installed (the optional `[ray]` extra), a one-line error
+    naming `setting`, the setting that asked for Ray ("env_pool=ray", "placement=split").
+
+    Raises:
+        ConfigError: `import ray` failed.
+    """
+    try:
+        import ray
+    except ImportError as e:
+        raise ConfigError(f"{setting} runs on Ray, which is not installed ({first_line(e)}): pip install -e "
+                          "\".[ray]\" in a checkout, else pip install ray") from None
+    return ray
+
+
 def ray_init_kwargs(address: str | None) -> dict:
     """ray.init arguments: join `address` as given, or start a local cluster on loopback only whose
     workers also search this process's own sys.path folders (`driver_import_paths`).
@@ -296,9 +311,9 @@ class RayPool(WorkerPool):
             call_timeout_s: seconds one env call may take before its actor counts as hung.
         Raises:
             RuntimeError: an actor failed to start (none is left running).
+            ConfigError: Ray is not installed.
         """
-        import ray
-
+        ray = import_ray("env_pool=ray")
         self._ray = ray
         self._actors: dict[int, Any] = {}
         self._setup(spec, num_envs, num_workers, call_timeout_s, start_timeout_s)   # refused before a cluster starts

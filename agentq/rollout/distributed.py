@@ -81,6 +81,33 @@ class EngineWorker:
         return self.engine.prefill_counts()
 
 
+class PrefillTally:
+    """Each rollout worker's prefill counts, kept over its restarts: a replaced worker's new engine
+    counts from 0, so what the old one last reported is carried. `total()` then never decreases, and
+    the difference of two totals is the sum of the workers' deltas, a worker restarted in between
+    counting from its restart (what the old engine prefilled after its last report is lost with it)."""
+
+    def __init__(self, num_workers: int):
+        self._carried: list[dict[str, int]] = [{} for _ in range(num_workers)]
+        self._last: list[dict[str, int]] = [{} for _ in range(num_workers)]
+
+    def report(self, w: int, counts: dict[str, int]) -> None:
+        """Worker `w`'s engine's counts now (since its start)."""
+        self._last[w] = dict(counts)
+
+    def restarted(self, w: int) -> None:
+        for k, v in self._last[w].items():
+            self._carried[w][k] = self._carried[w].get(k, 0) + v
+        self._last[w] = {}
+
+    def total(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for counts in (*self._carried, *self._last):
+            for k, v in counts.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+
 class DistributedBackend(RolloutBackend):
     """N `EngineWorker` actors as one rollout backend.
 
@@ -126,6 +153,7 @@ class DistributedBackend(RolloutBackend):
         self._lost: dict[int, str] = {}     # episode id → why: its worker was restarted (until released)
         self._sync_error: str | None = None  # the last update_weights failed on some worker: no serving
         self.restarts = 0
+        self._prefill = PrefillTally(num_workers)
         self._failures = FailureCounts(self.max_failures_in_a_row, lambda w: f"rollout worker {w}")
         self.workers = [self._start(w) for w in range(num_workers)]
         try:
@@ -160,6 +188,7 @@ class DistributedBackend(RolloutBackend):
         for w, cause in why.items():
             self._kill(w)
             self.restarts += 1
+            self._prefill.restarted(w)          # its new engine counts from 0
             self.workers[w] = self._start(w)
             # its episodes' KV and sampling generators are gone: each one still running is reported at its
             # next turn (not replayed from scratch on another worker with a fresh generator) until released
@@ -347,20 +376,20 @@ class DistributedBackend(RolloutBackend):
         return self._kv_bytes
 
     def prefill_counts(self) -> dict[str, int]:
-        """The workers' counts summed, asked of all at once under one timeout. A worker that does not
-        answer adds nothing and is restarted here (its episodes reported at their next turn): an RL step
-        starts with this call, and a hung worker left as it was cost the step's `generate` a second
-        `timeout_s`. One whose call raised adds nothing either."""
+        """The workers' counts summed over their restarts (`PrefillTally`), so that the difference of two
+        calls is the sum of each worker's count between them, from its restart for one restarted in
+        between. Asked of all at once under one timeout. A worker that does not answer adds what it
+        said last and is restarted here (its episodes reported at their next turn): an RL step starts
+        with this call, and a hung worker left as it was cost the step's `generate` a second
+        `timeout_s`. One whose call raised adds what it said last too."""
         down = self._failures.down
         ok, failed, _ = self._collect("prefill_counts", {w: a.prefill_counts.remote()
                                                          for w, a in enumerate(self.workers) if w not in down})
+        for w, counts in ok.items():
+            self._prefill.report(w, counts)
         self._replace(failed)
         self._failures.raise_if_given_up()
-        total: dict[str, int] = {}
-        for counts in ok.values():
-            for k, v in counts.items():
-                total[k] = total.get(k, 0) + v
-        return total
+        return self._prefill.total()
 
     def close(self) -> None:
         for a in self.workers:

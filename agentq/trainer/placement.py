@@ -72,10 +72,9 @@ class Placement:
     def _start_ray(self, cfg: DictConfig) -> None:
         """Join `ray.address`, or start a local cluster on 127.0.0.1 only, as the Ray env pool does
         (this runs first, and the pool then finds Ray started and skips its own setup)."""
-        import ray
+        from agentq.pool.ray_pool import import_ray, init_ray
 
-        from agentq.pool.ray_pool import init_ray
-
+        ray = import_ray(f"placement={cfg.placement.mode}")
         self._ray = ray
         self._local = cfg.ray.address is None
         if not ray.is_initialized():
@@ -121,10 +120,8 @@ class Placement:
         try:
             self._ray.get(self._pg.ready(), timeout=self.timeout_s)
         except self._ray.exceptions.GetTimeoutError:      # RunAborted: one line on the command line
-            raise RunAborted(f"placement={self.mode}: the Ray cluster ({self._ray.cluster_resources()}) cannot "
-                             f"hold the bundles {bundles} within {self.timeout_s:g} s (placement.timeout_s); "
-                             "raise placement.timeout_s to wait longer for what others hold, lower "
-                             "placement.rollout_workers / learner_ranks / cpus_per_actor, or add nodes") from None
+            raise RunAborted(unplaced_message(self.mode, bundles, self._ray.cluster_resources(),
+                                              self._ray.available_resources(), self.timeout_s)) from None
 
     def actor_options(self, bundle: int) -> dict:
         """Ray options of an actor in `bundle`: its CPU share, its GPU (a whole one in split, half
@@ -207,7 +204,7 @@ def check_placement_config(cfg: DictConfig) -> None:
     anything starts (also before `agentq pipeline`'s SFT stage).
 
     Raises:
-        ConfigError: a bad mode, count, weight_sync, strategy, cpus_per_actor or use_gpus value.
+        ConfigError: a bad mode, count, weight_sync, strategy, cpus_per_actor, timeout_s or use_gpus value.
     """
     p = cfg.placement
     if str(p.mode) not in MODES:
@@ -222,14 +219,27 @@ def check_placement_config(cfg: DictConfig) -> None:
                           "(an NCCL broadcast is the planned GPU path: DistributedBackend.publish_weights)")
     if p.strategy not in STRATEGIES:
         raise ConfigError(f"placement.strategy={p.strategy!r}; valid: {list(STRATEGIES)}")
-    if not float(p.cpus_per_actor) > 0:
-        raise ConfigError(f"placement.cpus_per_actor={p.cpus_per_actor}: must be > 0")
+    for key in ("cpus_per_actor", "timeout_s"):        # timeout_s ≤ 0 failed only once Ray was up
+        if not (isinstance(p[key], (int, float)) and not isinstance(p[key], bool) and p[key] > 0):
+            raise ConfigError(f"placement.{key}={p[key]}: must be > 0")
     if p.use_gpus != "auto" and not isinstance(p.use_gpus, bool):
         raise ConfigError(f"placement.use_gpus={p.use_gpus!r}; valid: auto, true, false")
     if cfg.rollout.backend != "torch":
         raise ConfigError(f"rollout.backend={cfg.rollout.backend!r} with placement.mode={p.mode}: the Ray placements run "
                           "the built-in engine (rollout.backend=torch) as actors; the vLLM backend runs with "
                           "placement=single")
+
+
+def unplaced_message(mode: str, bundles: list[dict[str, float]], total: dict[str, float],
+                     available: dict[str, float], timeout_s: float) -> str:
+    """The one line for a placement group not ready within `timeout_s`: the bundles asked for and the
+    cluster's total and free amounts of the resources they name (CPU, GPU), not the rest of Ray's
+    resource table (its per-placement-group `CPU_group_*` entries ran to ~1,500 characters)."""
+    names = sorted({k for b in bundles for k in b})
+    have = ", ".join(f"{k} {total.get(k, 0.0):g} ({available.get(k, 0.0):g} free)" for k in names)
+    return (f"placement={mode}: the Ray cluster ({have}) cannot hold the {len(bundles)} bundles {bundles[0]} within "
+            f"{timeout_s:g} s (placement.timeout_s); raise placement.timeout_s to wait longer for what others hold, "
+            "lower placement.rollout_workers / learner_ranks / cpus_per_actor, or add nodes")
 
 
 def bundles_fit(nodes: list[dict[str, float]], bundle: dict[str, float], count: int, strategy: str) -> bool:

@@ -44,7 +44,8 @@ from agentq.learner.lr_schedule import lr_factor
 from agentq.utils.checkpoint import CheckpointError, TrainerState, load_trainer_state, save_hf_checkpoint
 from agentq.utils.errors import first_line
 from agentq.utils.files import write_text_replacing
-from agentq.utils.logging import MetricsLogger, console, jsonable, progress, read_metrics, step_line
+from agentq.utils.logging import (MetricsLogger, console, errored_note, jsonable, progress, read_metrics,
+                                  step_line)
 
 from .placement import Placement, check_placement_config
 from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, new_run_dir, read_run_config, remove_run_artifacts,
@@ -55,6 +56,24 @@ from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, new_run_dir, 
 #: rollout summary keys (eval.metrics.summarize) every step row carries, skipped steps too
 ROLLOUT_KEYS = ("reward_mean", "success_rate", "score_mean", "turns_mean", "cap_rate", "invalid_action_rate",
                 "inadmissible_action_rate", "end_context")
+
+
+def rollout_stats(trajs: list[Trajectory]) -> dict:
+    """A step row's rollout metrics: `ROLLOUT_KEYS` over the episodes that did not error, as the learner
+    trains on those alone (an errored episode is no failure of the policy: its worker died or hung),
+    with `episodes` (all of them) and `errored_episodes` beside them. All errored: the means are NaN.
+    (An evaluation counts errored episodes as lost instead: `summarize` over all of them.)"""
+    completed = [x for x in trajs if x.end_reason != "error"]
+    rollout = summarize(completed)
+    return {**{k: rollout[k] for k in ROLLOUT_KEYS}, "episodes": len(trajs),
+            "errored_episodes": len(trajs) - len(completed)}
+
+
+def restart_counts(pool: Any, engine: Any) -> dict[str, int]:
+    """The env pool's and the rollout backend's worker restarts so far (`WorkerPool.restarts`,
+    `DistributedBackend.restarts`; 0 for those with no workers to restart), by step-row key."""
+    return {"env_worker_restarts": int(getattr(pool, "restarts", 0)),
+            "rollout_worker_restarts": int(getattr(engine, "restarts", 0))}
 
 
 def stopped_episodes(specs: list[EpisodeSpec], ended: list[Trajectory], why: str) -> list[Trajectory]:
@@ -115,6 +134,7 @@ def check_rl_config(cfg: DictConfig) -> tuple[torch.device, torch.dtype, Objecti
     mode = old_logp_mode(cfg, objective, device, dtype)
     build.learner_temperature(cfg)          # (the learner reads it when built)
     check_placement_config(cfg)
+    build.check_ray_installed(cfg)          # env_pool=ray or a Ray placement without Ray: one line, now
     t = cfg.trainer
     if int(t.get("lr_warmup_steps", 0)) > int(t.steps):
         raise ConfigError(f"trainer.lr_warmup_steps={t.lr_warmup_steps} > trainer.steps={t.steps}: the rate would "
@@ -509,6 +529,7 @@ class RLTrainer:
         self.pool = build.env_pool(cfg, self.train_split, self.n_conc)
         self.loop = build.agent_loop(cfg, self.pool, self.chat, build.sampling_params(cfg, self.chat), self.n_conc,
                                      run_seed=int(cfg.seed))
+        self._restarts_logged = restart_counts(self.pool, self.engine)
 
     # ------------------------------------------------------------------ one RL step
     def step(self, step: int) -> dict:
@@ -519,12 +540,13 @@ class RLTrainer:
         t_roll = time.perf_counter() - t0
         # written before the next backend call, which may give up on a worker and stop the run
         write_lost_episodes(self.run_dir, step, trajs)
-        # a restarted rollout worker counts from 0 again: its part of the step is then undercounted
-        prefill = {k: max(0, v - before.get(k, 0)) for k, v in self.engine.prefill_counts().items()}
-        rollout = summarize(trajs)
+        # the backend's counts never decrease: a restarted rollout worker's are carried over its restart
+        # (`PrefillTally`), so this is the sum of the workers' counts in the step
+        prefill = {k: v - before.get(k, 0) for k, v in self.engine.prefill_counts().items()}
+        rollout = rollout_stats(trajs)
         usable = [x for x in trajs if x.end_reason != "error" and x.num_action_tokens > 0]
         if not usable:
-            return self._skip_step(step, trajs, rollout, time.perf_counter() - t0)
+            return {**self._skip_step(step, trajs, rollout, time.perf_counter() - t0), **self._new_restarts()}
         self.skipped_in_a_row = 0
         batch = self._score(usable)
         t1 = time.perf_counter()
@@ -535,15 +557,22 @@ class RLTrainer:
         sync = self.engine.update_weights(self.learner.named_weights(), version=step)
         gen_tokens = sum(x.num_action_tokens for x in trajs)
         return {
-            **{k: rollout[k] for k in ROLLOUT_KEYS}, "episodes": len(trajs), "errored_episodes": rollout["errors"],
-            "adv_abs_mean": float(batch.adv.abs().mean()) if len(batch.adv) else 0.0,
+            **rollout, "adv_abs_mean": float(batch.adv.abs().mean()) if len(batch.adv) else 0.0,
             "action_tokens": gen_tokens, "tokens_per_s": gen_tokens / max(t_roll, 1e-9),
             **upd, **prep.stats, **mismatch,
             "int8_codes_changed": sync.int8_codes_changed, "sync_time_s": sync.seconds,
             "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
             "rollout_time_s": t_roll, "train_time_s": t_train, "step_time_s": time.perf_counter() - t0, **prefill,
-            "learner_threads": n_threads, "skipped_step": 0,
+            "learner_threads": n_threads, "skipped_step": 0, **self._new_restarts(),
         }
+
+    def _new_restarts(self) -> dict[str, int]:
+        """The env and rollout worker restarts since the previous step row (those in an evaluation
+        between two steps count in the next row), for this one."""
+        now = restart_counts(self.pool, self.engine)
+        new = {k: v - self._restarts_logged[k] for k, v in now.items()}
+        self._restarts_logged = now
+        return new
 
     def _collect(self, step: int) -> list[Trajectory]:
         """Rollouts from the behaviour policy (the quantized engine): `group_size` episodes of each of
@@ -639,8 +668,7 @@ class RLTrainer:
                 f"{self.skipped_in_a_row} steps in a row had no usable episode (last: end reasons {reasons}; "
                 f"lost episodes' errors in {self.run_dir / 'errors.jsonl'}); stopping "
                 f"(trainer.max_skipped_steps={limit}){hint}")
-        return {**{k: rollout[k] for k in ROLLOUT_KEYS}, "episodes": len(trajs), "errored_episodes": rollout["errors"],
-                "action_tokens": sum(x.num_action_tokens for x in trajs), "step_time_s": seconds,
+        return {**rollout, "action_tokens": sum(x.num_action_tokens for x in trajs), "step_time_s": seconds,
                 "skipped_step": 1}
 
     # ------------------------------------------------------------------ eval, checkpoints
@@ -692,8 +720,8 @@ class RLTrainer:
                 if last is None or last.get("invalid_action_rate", 0) < 1:     # said once, not every step
                     warn_no_parsed_actions(self.cfg, step, m)
                 last = m
-                prog.update(bar, advance=1, info=f"reward {m['reward_mean']:.3f} succ {m['success_rate']:.2f} "
-                                                 f"k3 {m.get('k3', float('nan')):.1e}")
+                prog.update(bar, advance=1, info=f"reward {m['reward_mean']:.3f} succ {m['success_rate']:.2f}"
+                                                 f"{errored_note(m)} k3 {m.get('k3', float('nan')):.1e}")
                 if not console.is_terminal:      # a log file: the bar only prints at the end
                     console.print(step_line(step, steps, m), markup=False, highlight=False, soft_wrap=True)
                 if save_every > 0 and step % save_every == 0 and step < steps:

@@ -166,13 +166,20 @@ def counted(n: Any, noun: str, plural: str | None = None) -> str:
 
 
 def step_line(step: int, steps: int, m: dict[str, Any]) -> str:
-    """One plain progress line for a log file (no bar, no colour codes)."""
+    """One plain progress line for a log file (no bar, no colour codes); `errored N` after the means
+    (which leave those N episodes out) when N episodes errored."""
     def f(key, fmt):
         v = m.get(key)
         return format(v, fmt) if isinstance(v, (int, float)) else "nan"
     return (f"step {step}/{steps}  reward {f('reward_mean', '.3f')}  success {f('success_rate', '.2f')}  "
-            f"turns {f('turns_mean', '.2f')}  k3 {f('k3', '.2e')}  loss {f('loss', '.4f')}  "
+            f"turns {f('turns_mean', '.2f')}{errored_note(m, '  ')}  k3 {f('k3', '.2e')}  loss {f('loss', '.4f')}  "
             f"step_time {f('step_time_s', '.1f')} s")
+
+
+def errored_note(m: dict[str, Any], sep: str = " ") -> str:
+    """`sep` + "errored N" for a step row with N > 0 errored episodes, else ""."""
+    n = m.get("errored_episodes")
+    return f"{sep}errored {n}" if isinstance(n, int) and n > 0 else ""
 
 
 def read_metrics(path: str | Path) -> list[dict]:

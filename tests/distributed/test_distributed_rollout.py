@@ -468,3 +468,25 @@ def test_a_worker_lost_while_reading_the_kv_size_at_start_up_is_restarted_then_g
     pids = [int(p.name) for p in started.iterdir()]
     # two workers above; then the first and its three restarts (as a call that gives up: restarted, then raised)
     assert len(pids) == (2 + 4 if fault == "dies" else 2) and wait_until(lambda: all(gone(pid) for pid in pids))
+
+
+def test_prefill_counts_carry_a_restarted_workers_count_over_its_restart():
+    """A step's prefill_* metrics are the difference of two `prefill_counts`. The workers' current counts
+    were summed: a restarted worker's count fell back to 0, the total fell below the step's start, and
+    the trainer's clamp at 0 wiped the surviving worker's count too. Now each worker adds its own
+    delta, a restarted one's from its restart (its new engine counts from 0)."""
+    from agentq.rollout.distributed import PrefillTally
+
+    tally = PrefillTally(2)
+    tally.report(0, {"prefill_computed_tokens": 10, "prefill_cached_tokens": 3})
+    tally.report(1, {"prefill_computed_tokens": 50, "prefill_cached_tokens": 7})
+    before = tally.total()
+    assert before == {"prefill_computed_tokens": 60, "prefill_cached_tokens": 10}
+    tally.restarted(1)                    # worker 1 died in the step; its new engine counted 4 since
+    tally.report(0, {"prefill_computed_tokens": 30, "prefill_cached_tokens": 8})
+    tally.report(1, {"prefill_computed_tokens": 4, "prefill_cached_tokens": 0})
+    step = {k: v - before[k] for k, v in tally.total().items()}
+    assert step == {"prefill_computed_tokens": (30 - 10) + 4, "prefill_cached_tokens": (8 - 3) + 0}
+    tally.restarted(1)                    # restarted again before it reported: nothing counted twice
+    tally.restarted(1)
+    assert tally.total() == {"prefill_computed_tokens": 34 + 50, "prefill_cached_tokens": 8 + 7}

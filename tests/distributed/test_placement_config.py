@@ -20,6 +20,10 @@ def test_placement_modes_share_one_schema_and_single_is_the_default():
     ("placement.weight_sync=nccl", "placement.weight_sync='nccl'; valid: \\['object_store'\\]"),
     ("placement.strategy=RANDOM", "placement.strategy='RANDOM'; valid"),
     ("placement.learner_ranks=0", "placement.learner_ranks=0: must be ≥ 1"),
+    # were a torch.distributed traceback after the actors were up (-1), a timeout with Ray's resource table (0)
+    ("placement.timeout_s=-1", "^placement.timeout_s=-1: must be > 0$"),
+    ("placement.timeout_s=0", "^placement.timeout_s=0: must be > 0$"),
+    ("placement.timeout_s=abc", "^placement.timeout_s=abc: must be > 0$"),
 ])
 def test_bad_placement_values_are_named(override, match):
     cfg = load_config(["placement=split", override])

@@ -15,6 +15,9 @@ from conftest import run_cli
     ("trainer.group_size=0", "trainer.group_size=0"),
     ("rollout.top_p=1.5", "rollout.top_p=1.5 (float): must be a number in (0, 1]"),
     ("env_pool.call_timeout_s=0", "env_pool.call_timeout_s=0"),
+    # a local Ray cluster of 0 CPUs was started, then no actor could be placed on it
+    ("ray.num_cpus=0", "ray.num_cpus=0 (int): must be a positive integer or null"),
+    ("ray.num_cpus=-2", "ray.num_cpus=-2 (int): must be a positive integer or null"),
     ("trainer.overwrite=maybe", "trainer.overwrite='maybe' (str): must be true or false"),
     ("trainer.pack_tokens=0", "trainer.pack_tokens=0 (int): must be a positive integer or null"),
     ("trainer.grad_input=fp8", "trainer.grad_input='fp8' (str): must be one of ['bf16', 'int8']"),
@@ -51,6 +54,18 @@ def test_bad_values_name_their_key(override, named):
     with pytest.raises(ConfigError, match="invalid config value") as e:
         load_config([override])
     assert named in str(e.value)
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (["env_pool=ray", "ray.num_cpus=0"], "ray.num_cpus=0 (int): must be a positive integer or null"),
+    (["env_pool=ray", "env_pool.num_cpus=0"], "env_pool.num_cpus=0 (int): must be a positive integer or null"),
+])
+def test_a_bad_ray_cpu_count_is_named_once_where_it_was_set(overrides, said):
+    """env_pool.num_cpus is ${ray.num_cpus}: a bad ray.num_cpus is named at ray.num_cpus alone, not twice."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides)
+    assert str(e.value) == f"invalid config value:\n  {said}"
+    assert load_config(["env_pool=ray", "ray.num_cpus=2"]).env_pool.num_cpus == 2
 
 
 def test_eval_selection_rule_lists_the_methods_selection_knows():

@@ -77,6 +77,8 @@ def test_stopped_and_killed_workers_cost_episodes_not_the_run(tiny_model_dir, tm
     errors = [json.loads(line) for line in (run / "errors.jsonl").read_text().splitlines()]
     assert len(errors) == 4 and [sum(e["step"] == s for e in errors) for s in (1, 2, 3)] == errored
     assert sum("hung" in e["error"] for e in errors) == 2 and sum("died" in e["error"] for e in errors) == 2
+    # each row logs the env workers restarted since the one before: the hung one and the dead one
+    assert sum(r["env_worker_restarts"] for r in got) == 2 and all(r["rollout_worker_restarts"] == 0 for r in got)
     assert not stopped.is_running() or stopped.status() == psutil.STATUS_ZOMBIE
 
 

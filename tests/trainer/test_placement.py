@@ -89,8 +89,9 @@ def test_a_placement_that_times_out_on_a_joined_cluster_is_one_line(tmp_path, ti
                      f"model.path={tiny_model_dir}", "env_pool=inline", f"trainer.out_dir={run}"], timeout=300)
     said = " ".join(p.stderr.split())
     assert p.returncode == 1 and "Traceback" not in said, p.stderr[-3000:]
-    assert re.search(r"agentq: run stopped: placement=split: the Ray cluster \(\{.*\}\) cannot hold the bundles "
-                     r"\[.*\] within 1 s \(placement.timeout_s\); raise placement.timeout_s to wait longer", said), said
+    assert re.search(r"agentq: run stopped: placement=split: the Ray cluster \(CPU 1 \([\d.]+ free\)\) cannot hold the "
+                     r"4 bundles \{'CPU': 1.0\} within 1 s \(placement.timeout_s\); raise placement.timeout_s to wait "
+                     r"longer", said), said
     assert not run.exists()
 
 
@@ -106,3 +107,16 @@ def test_the_docs_split_example_fits_a_two_core_machine():
     p.cpus, p.use_gpus = float(cfg.placement.cpus_per_actor), False
     bundles = p.bundles()
     assert bundles_fit([{"CPU": 2.0}], bundles[0], len(bundles), cfg.placement.strategy)
+
+
+def test_a_placement_not_ready_in_time_names_the_bundles_and_the_plain_resources():
+    """It printed Ray's whole resource table (~1,500 characters of CPU_group_* / bundle_group_* entries)."""
+    from agentq.trainer.placement import unplaced_message
+
+    total = {"CPU": 2.0, "memory": 1.6e10, "node:127.0.0.1": 1.0, "CPU_group_0_abc": 0.5, "bundle_group_abc": 4000.0}
+    said = unplaced_message("split", [{"CPU": 0.5}] * 4, total, {"CPU": 0.0, "CPU_group_0_abc": 0.5}, 3)
+    assert said == ("placement=split: the Ray cluster (CPU 2 (0 free)) cannot hold the 4 bundles {'CPU': 0.5} within "
+                    "3 s (placement.timeout_s); raise placement.timeout_s to wait longer for what others hold, lower "
+                    "placement.rollout_workers / learner_ranks / cpus_per_actor, or add nodes")
+    gpus = unplaced_message("colocated", [{"CPU": 2.0, "GPU": 1.0}] * 2, {"CPU": 8.0, "GPU": 1.0}, {"CPU": 6.0}, 600)
+    assert "the Ray cluster (CPU 8 (6 free), GPU 1 (0 free)) cannot hold the 2 bundles {'CPU': 2.0, 'GPU': 1.0}" in gpus

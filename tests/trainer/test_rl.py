@@ -40,10 +40,48 @@ def test_refused_algo_and_sampling_settings_are_one_line_before_the_run_folder(o
     assert not run.exists()
 
 
-def test_a_bad_placement_value_is_one_line(tmp_path, capsys):
-    assert main(["train", "placement=split", "placement.learner_ranks=0", "trainer.steps=1", "env_pool=inline",
+@pytest.mark.parametrize("override, said", [("placement.learner_ranks=0", "placement.learner_ranks=0: must be ≥ 1"),
+                                            ("placement.timeout_s=-1", "placement.timeout_s=-1: must be > 0")])
+def test_a_bad_placement_value_is_one_line(override, said, tmp_path, capsys):
+    assert main(["train", "placement=split", override, "trainer.steps=1", "env_pool=inline",
                  f"trainer.out_dir={tmp_path / 'run'}"]) == 2
-    assert "agentq: placement.learner_ranks=0: must be ≥ 1" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines()[-1] == f"agentq: {said}"
+
+
+def test_a_steps_means_leave_out_its_errored_episodes():
+    """The step's success_rate, reward_mean and turns_mean counted an errored episode (a dead or hung
+    worker's) as a zero-turn failure; the learner trains on the others alone, and so are the means."""
+    from agentq.agent.trajectory import Trajectory
+    from agentq.trainer.rl import ROLLOUT_KEYS, rollout_stats
+
+    def ep(i, end, won, reward, turns):
+        return Trajectory(i, f"t{i}", "train", end_reason=end, won=won, reward=reward, turns=turns)
+
+    trajs = [ep(0, "won", True, 1.0, 2), ep(1, "failed", False, 0.0, 4), ep(2, "error", False, 0.0, 0),
+             ep(3, "error", False, 0.0, 1)]
+    row = rollout_stats(trajs)
+    assert set(row) == {*ROLLOUT_KEYS, "episodes", "errored_episodes"}
+    assert (row["episodes"], row["errored_episodes"]) == (4, 2)
+    assert (row["success_rate"], row["reward_mean"], row["turns_mean"]) == (0.5, 0.5, 3.0)
+    every = rollout_stats([ep(0, "error", False, 0.0, 0)])       # none completed: no means, not 0
+    assert every["errored_episodes"] == 1 and all(every[k] != every[k] for k in ("success_rate", "turns_mean"))
+
+
+def test_each_step_row_logs_the_worker_restarts_since_the_previous_one():
+    """The env pool and the rollout backend counted their restarts, and no row said so."""
+    from types import SimpleNamespace
+
+    from agentq.trainer.rl import RLTrainer, restart_counts
+
+    pool, engine = SimpleNamespace(restarts=0), SimpleNamespace(restarts=0)
+    trainer = SimpleNamespace(pool=pool, engine=engine, _restarts_logged=restart_counts(pool, engine))
+    pool.restarts, engine.restarts = 2, 1
+    assert RLTrainer._new_restarts(trainer) == {"env_worker_restarts": 2, "rollout_worker_restarts": 1}  # type: ignore[arg-type]
+    assert RLTrainer._new_restarts(trainer) == {"env_worker_restarts": 0, "rollout_worker_restarts": 0}  # type: ignore[arg-type]
+    pool.restarts = 3
+    assert RLTrainer._new_restarts(trainer) == {"env_worker_restarts": 1, "rollout_worker_restarts": 0}  # type: ignore[arg-type]
+    # an inline pool and a single engine restart nothing
+    assert restart_counts(object(), object()) == {"env_worker_restarts": 0, "rollout_worker_restarts": 0}
 
 
 @pytest.mark.parametrize("errors, tail", [(0, ""), (1, ", 1 of 4 errored (counted as lost)")])

@@ -105,3 +105,14 @@ def test_output_to_a_file_keeps_long_lines_whole(monkeypatch, capsys):
     assert c.width == 40
     c.print(line)
     assert len(capsys.readouterr().out.splitlines()) > 1
+
+
+@pytest.mark.parametrize("errored, shown", [(0, ""), (None, ""), (3, "  errored 3")])
+def test_the_step_line_says_how_many_episodes_errored(errored, shown):
+    """A log file's step line never said that some of the step's episodes errored."""
+    from agentq.utils.logging import step_line
+
+    m = {"reward_mean": 0.5, "success_rate": 0.25, "turns_mean": 3.0, "k3": 1e-3, "loss": 0.1, "step_time_s": 2.0,
+         **({"errored_episodes": errored} if errored is not None else {})}
+    assert step_line(2, 5, m) == (f"step 2/5  reward 0.500  success 0.25  turns 3.00{shown}  k3 1.00e-03  "
+                                  "loss 0.1000  step_time 2.0 s")
