@@ -275,23 +275,26 @@ def split_refused(split: str, e: ValueError, key: str = "split") -> SplitError:
     return SplitError(f"{key}={split!r}: {e}{where}")
 
 
-def ray_settings(cfg: DictConfig) -> list[str]:
-    """The settings of `cfg` that run on Ray: env_pool=ray, placement=colocated|split."""
+def ray_settings(cfg: DictConfig, placement: bool = True) -> list[str]:
+    """The settings of `cfg` that run on Ray: env_pool=ray, and placement=colocated|split where the
+    command places actors (`placement`: RL runs; `agentq eval` and `sft` never read placement.*)."""
     pool, mode = OmegaConf.select(cfg, "env_pool.type"), str(OmegaConf.select(cfg, "placement.mode", default="single"))
-    return (["env_pool=ray"] if pool == "ray" else []) + ([f"placement={mode}"] if mode != "single" else [])
+    return (["env_pool=ray"] if pool == "ray" else []) + ([f"placement={mode}"] if placement and mode != "single"
+                                                          else [])
 
 
-def check_ray_installed(cfg: DictConfig) -> None:
+def check_ray_installed(cfg: DictConfig, placement: bool = True) -> None:
     """Refuse a config that runs on Ray where Ray is not installed, at start-up, before the model is
     built: `import_ray`'s one line, naming the first such setting (the pool and the placement raise
-    the same line where they import Ray).
+    the same line where they import Ray). `placement`: whether the command reads placement.* (an RL
+    run; `agentq eval` / `sft` pass False: a train command line's placement= must not stop them).
 
     Raises:
         ConfigError: Ray is not installed.
     """
     from agentq.pool.ray_pool import import_ray
 
-    for setting in ray_settings(cfg)[:1]:
+    for setting in ray_settings(cfg, placement)[:1]:
         import_ray(setting)
 
 
@@ -401,7 +404,7 @@ def no_checkpoint_yet(folder: Path) -> str:
     pid = lock_holder(folder) if folder.is_dir() else None
     if pid is None and not any((folder / name).is_file() for name in RUN_CONFIG_FILES):
         return ""
-    state = (f"agentq process pid {pid} is running it: wait for its first checkpoint" if pid is not None
+    state = (f"agentq process pid {pid} holds it: a run in progress saves its first checkpoint later" if pid is not None
              else "its run stopped before saving one")
     return (f"; a run folder with no checkpoint yet: {state} (an `agentq train` run saves checkpoints/step_N every "
             "trainer.save_every steps and at its end, an `agentq sft` run checkpoint/ at its end)")

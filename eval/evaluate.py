@@ -135,7 +135,7 @@ def limits_record(cfg: DictConfig) -> dict:
 def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     """`agentq eval`: the checkpoint (or the model) on `split` (default env.eval_split); prints the report.
     `overrides`: the command line (None when another command evaluates, e.g. the pipeline's stages)."""
-    build.check_ray_installed(cfg)          # env_pool=ray without Ray: one line before anything is built
+    build.check_ray_installed(cfg, placement=False)   # env_pool=ray without Ray: one line before anything is built
     split = cfg.split or cfg.env.eval_split
     # listed first where the default folder's name needs it: "-nN" only for a sample smaller than the split
     selection = eval_tasks(cfg, split) if cfg.eval.num_tasks is not None and not cfg.eval.out_dir else None
@@ -150,7 +150,8 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
 
 def eval_tasks(cfg: DictConfig, split: str) -> TaskSelection:
     """`choose_eval_tasks` of `agentq eval` (`eval.num_tasks`), the env's refusal of the split in one
-    line naming the setting: make_env's as it reads (it names it already), any other with `split=`.
+    line naming the setting: a `SplitError` as it reads (it names the split already), any other
+    refusal (make_env's of its settings or data among them) with `split=` in front.
 
     Raises:
         ConfigError: the env refused the split (unknown, empty, missing data).

@@ -400,8 +400,8 @@ def _no_results_yet(folder: Path) -> str | None:
     if any((folder / name).exists() for name in SWEEP_MARKERS):
         return None
     if (pid := lock_holder(folder)) is not None:
-        return (f"{folder} is a run in progress (agentq process pid {pid} holds it) that has logged no RL step "
-                "yet: agentq report it again once its first step is in metrics.jsonl")
+        return (f"{folder} is held by agentq process pid {pid} and has no metrics.jsonl yet: a run in progress is "
+                "reported once its first RL step is logged")
     settings = [name for name in RUN_CONFIG_FILES if (folder / name).is_file()]
     if settings:
         return (f"{folder} is a run folder with no results yet: its run stopped before logging its first RL step "

@@ -162,7 +162,8 @@ class RolloutBackend(Protocol):
         Empty where the backend does not count them.
 
         Returns:
-            The counts, monotone over the backend's life (a restarted worker's start again).
+            The counts, monotone over the backend's life (a restarted worker's are carried over its
+            restart: `distributed.PrefillTally`).
         """
         return {}
 

@@ -64,8 +64,8 @@ def rollout_stats(trajs: list[Trajectory]) -> dict:
     with `episodes` (all of them) and `errored_episodes` beside them. All errored: the means are NaN.
     (An evaluation counts errored episodes as lost instead: `summarize` over all of them.)"""
     completed = [x for x in trajs if x.end_reason != "error"]
-    rollout = summarize(completed)
-    return {**{k: rollout[k] for k in ROLLOUT_KEYS}, "episodes": len(trajs),
+    rollout = summarize(completed) if completed else {}     # none: every key NaN (rates too, not 0 of 0)
+    return {**{k: rollout.get(k, float("nan")) for k in ROLLOUT_KEYS}, "episodes": len(trajs),
             "errored_episodes": len(trajs) - len(completed)}
 
 

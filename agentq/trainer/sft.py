@@ -90,7 +90,7 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
     have been the wrong one there (without the pipeline's settings, or none of its env's)."""
     check_expert(cfg)
     build.check_learner_dtype(cfg)
-    build.check_ray_installed(cfg)
+    build.check_ray_installed(cfg, placement=False)     # SFT never places actors
     out = Path(out_dir or cfg.sft.out_dir or new_run_dir(f"sft-{cfg.env.name}"))
     if overwrite is None:
         overwrite = bool(cfg.trainer.get("overwrite", False))

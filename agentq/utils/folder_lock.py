@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 from typing import IO, Callable
 
 LOCK_FILE = ".agentq.lock"
+#: tries again before a refusal: a `lock_holder` probe holds the lock for a moment, not a run
+PROBE_RETRIES, PROBE_WAIT_S = 3, 0.02
 
 
 def lock_folder(folder: Path, refused: Callable[[str], Exception], what: str = "folder", fix: str = "") -> IO:
@@ -30,13 +33,18 @@ def lock_folder(folder: Path, refused: Callable[[str], Exception], what: str = "
         lock = open(folder / LOCK_FILE, "a+")
     except OSError as e:
         raise OSError(e.errno, f"cannot lock {what} {str(folder)!r}: {e.strerror or e}{'; ' + fix if fix else ''}") from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "?"
-        lock.close()
-        raise refused(holder) from None
+    for attempt in range(PROBE_RETRIES + 1):
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if attempt < PROBE_RETRIES:     # maybe only `lock_holder`'s momentary probe: try again shortly
+                time.sleep(PROBE_WAIT_S)
+                continue
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            lock.close()
+            raise refused(holder) from None
     lock.seek(0)
     lock.truncate()
     lock.write(str(os.getpid()))
@@ -47,8 +55,9 @@ def lock_folder(folder: Path, refused: Callable[[str], Exception], what: str = "
 def lock_holder(folder: Path) -> str | None:
     """The pid written in `folder`'s lock file ("?" if none) while another process holds the lock,
     else None (also without a lock file). Creates nothing. For a refusal's message only: the lock is
-    probed for a moment, so a process locking the folder at that very moment is refused, and a
-    folder found free may be taken right after; `lock_folder` alone keeps two processes out."""
+    probed with a shared lock for a moment (`lock_folder` tries again over `PROBE_RETRIES` ·
+    `PROBE_WAIT_S` before refusing, so the probe does not turn a starting run away), and a folder
+    found free may be taken right after; `lock_folder` alone keeps two processes out."""
     try:
         lock = open(folder / LOCK_FILE)
     except OSError:             # never locked (no lock file), or not readable: nobody known to hold it

@@ -138,7 +138,7 @@ def test_a_run_folder_without_a_checkpoint_yet_says_so(tmp_path, capsys):
     try:
         assert main(["eval", f"checkpoint={run}", *SMALL]) == 2
         assert capsys.readouterr().err.strip() == (
-            f"{start}agentq process pid {os.getpid()} is running it: wait for its first checkpoint {saves}")
+            f"{start}agentq process pid {os.getpid()} holds it: a run in progress saves its first checkpoint later {saves}")
     finally:
         held.close()
     assert main(["eval", f"checkpoint={run}", *SMALL]) == 2

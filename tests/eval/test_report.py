@@ -410,8 +410,8 @@ def test_report_of_a_run_before_its_first_step_says_it_has_no_results_yet(tmp_pa
     try:
         assert main(["report", str(run)]) == 2
         assert capsys.readouterr().err == (
-            f"agentq: {run} is a run in progress (agentq process pid {os.getpid()} holds it) that has logged no RL step "
-            "yet: agentq report it again once its first step is in metrics.jsonl\n")
+            f"agentq: {run} is held by agentq process pid {os.getpid()} and has no metrics.jsonl yet: a run in "
+            "progress is reported once its first RL step is logged\n")
     finally:
         held.close()
     assert main(["report", str(run)]) == 2

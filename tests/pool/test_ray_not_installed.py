@@ -50,6 +50,16 @@ def test_settings_without_ray_need_no_ray(no_ray):
     build.check_ray_installed(cfg)
 
 
+def test_eval_and_sft_do_not_ask_for_ray_for_a_placement_they_never_read(no_ray):
+    """A train command line's placement= copied to `agentq eval` / `sft` (which place no actors) runs."""
+    cfg = load_config(["placement=colocated", "env_pool=process"])
+    assert build.ray_settings(cfg) == ["placement=colocated"]
+    assert build.ray_settings(cfg, placement=False) == []
+    build.check_ray_installed(cfg, placement=False)
+    with pytest.raises(ConfigError):
+        build.check_ray_installed(cfg)
+
+
 def test_the_pool_and_the_placement_say_the_same_line(no_ray):
     """Where they import Ray themselves (a caller that skipped the start-up check)."""
     with pytest.raises(ConfigError) as e:

@@ -64,7 +64,7 @@ def test_a_steps_means_leave_out_its_errored_episodes():
     assert (row["episodes"], row["errored_episodes"]) == (4, 2)
     assert (row["success_rate"], row["reward_mean"], row["turns_mean"]) == (0.5, 0.5, 3.0)
     every = rollout_stats([ep(0, "error", False, 0.0, 0)])       # none completed: no means, not 0
-    assert every["errored_episodes"] == 1 and all(every[k] != every[k] for k in ("success_rate", "turns_mean"))
+    assert every["errored_episodes"] == 1 and all(every[k] != every[k] for k in ROLLOUT_KEYS)   # rates too
 
 
 def test_each_step_row_logs_the_worker_restarts_since_the_previous_one():

@@ -36,3 +36,22 @@ def test_lock_holder_names_the_process_holding_a_folder_and_creates_nothing(tmp_
         held.close()
     assert lock_holder(tmp_path) is None                        # released (the lock file stays, unheld)
     lock_folder(tmp_path, lambda pid: AssertionError(pid)).close()     # and the folder can be locked again
+
+
+def test_a_momentary_probe_does_not_turn_a_starting_run_away(tmp_path):
+    """`lock_holder` takes a shared lock for a moment: a `lock_folder` in that moment tries again
+    instead of refusing the folder as in use (by the pid a finished run left in the file)."""
+    import fcntl
+    import threading
+
+    (tmp_path / LOCK_FILE).write_text("12345")
+    probe = open(tmp_path / LOCK_FILE)
+    fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    threading.Timer(folder_lock.PROBE_WAIT_S, probe.close).start()       # the probe ends within the retries
+    held = lock_folder(tmp_path, lambda pid: AssertionError(f"refused, holder {pid}"))
+    held.close()
+    longer = open(tmp_path / LOCK_FILE)            # a lock held past the retries is a holder: refused
+    fcntl.flock(longer, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    with pytest.raises(RuntimeError, match="holder"):
+        lock_folder(tmp_path, lambda pid: RuntimeError(f"holder {pid}"))
+    longer.close()
