@@ -205,10 +205,11 @@ def check_split_data(cfg: DictConfig, splits: list[str]) -> None:
 _SPLIT_TASKS: dict[str, tuple[str, ...]] = {}
 
 
-def split_tasks(cfg: DictConfig, split: str) -> tuple[str, ...]:
+def split_tasks(cfg: DictConfig, split: str, key: str | None = None) -> tuple[str, ...]:
     """The task ids of `split`, listed once a process per env setting: the start-up check
-    (`check_split_data`) and the run's own list (the trainer's, SFT's) share one listing (ALFWorld's
-    real splits read every game's files to list them).
+    (`check_split_data`) and the run's own lists (the trainer's, SFT's, the evaluations'
+    `choose_eval_tasks`) share one listing (ALFWorld's real splits read every game's files to list
+    them). `key`: the setting a refusal names (default `split_key`'s; `agentq eval`: "split").
 
     The listing is kept under everything of `cfg` that reaches it, the env's name and the constructor
     arguments `env_spec` gives it (env.kwargs, the split, env.max_steps, expert), as sorted JSON: other
@@ -224,14 +225,14 @@ def split_tasks(cfg: DictConfig, split: str) -> tuple[str, ...]:
             the model's.
     """
     spec = env_spec(cfg, split)
-    key = json.dumps({"name": spec.name, "kwargs": spec.kwargs}, sort_keys=True, default=repr)
-    if key not in _SPLIT_TASKS:
+    listing = json.dumps({"name": spec.name, "kwargs": spec.kwargs}, sort_keys=True, default=repr)
+    if listing not in _SPLIT_TASKS:
         env = make_env(cfg, split)
         try:
-            _SPLIT_TASKS[key] = tuple(env_tasks(cfg, env, split))
+            _SPLIT_TASKS[listing] = tuple(env_tasks(cfg, env, split, key))
         finally:
             env.close()
-    return _SPLIT_TASKS[key]
+    return _SPLIT_TASKS[listing]
 
 
 def forget_split_tasks() -> None:
@@ -240,14 +241,15 @@ def forget_split_tasks() -> None:
     _SPLIT_TASKS.clear()
 
 
-def env_tasks(cfg: DictConfig, env: gym.Env, split: str) -> list[str]:
-    """The task ids of `split` of an env of `cfg` in hand (`split_tasks` lists them once a process)."""
+def env_tasks(cfg: DictConfig, env: gym.Env, split: str, key: str | None = None) -> list[str]:
+    """The task ids of `split` of an env of `cfg` in hand (`split_tasks` lists them once a process);
+    a refusal names `key` (default: `split_key`'s setting)."""
     try:
         return list(text_env(env).list_tasks(split))
     except ConfigError:
         raise
     except ValueError as e:
-        raise split_refused(split, e, split_key(cfg, split)) from e
+        raise split_refused(split, e, key or split_key(cfg, split)) from e
 
 
 def split_key(cfg: DictConfig, split: str) -> str:

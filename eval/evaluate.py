@@ -34,13 +34,16 @@ from .metrics import summarize
 from .selection import TaskSelection, select_tasks
 
 
-def choose_eval_tasks(cfg: DictConfig, split: str, num_tasks: int | None) -> TaskSelection:
+def choose_eval_tasks(cfg: DictConfig, split: str, num_tasks: int | None, key: str | None = None) -> TaskSelection:
     """The tasks of `split` an evaluation plays: all, or `num_tasks` stratified by task type
-    (`eval.selection`, seeded by `seed`, so every evaluation of a run plays the same tasks)."""
-    env = build.make_env(cfg, split)
+    (`eval.selection`, seeded by `seed`, so every evaluation of a run plays the same tasks). The ids
+    are `build.split_tasks`'s (a run's start-up check listed them already); `key`: the setting a
+    refusal names (`build.split_tasks`)."""
+    tasks = list(build.split_tasks(cfg, split, key))
+    env = build.make_env(cfg, split)            # its task_type (an env is built without listing)
     try:
         u = build.text_env(env)
-        return select_tasks(list(u.list_tasks(split)), num_tasks, getattr(u, "task_type", None),
+        return select_tasks(tasks, num_tasks, getattr(u, "task_type", None),
                             seed=int(cfg.seed), method=str(cfg.eval.get("selection", "stratified")))
     finally:
         env.close()
@@ -157,7 +160,7 @@ def eval_tasks(cfg: DictConfig, split: str) -> TaskSelection:
         ConfigError: the env refused the split (unknown, empty, missing data).
     """
     try:
-        return choose_eval_tasks(cfg, split, cfg.eval.num_tasks)
+        return choose_eval_tasks(cfg, split, cfg.eval.num_tasks, key="split")
     except build.SplitError:
         raise
     except ValueError as e:     # the env's refusal (an unknown or empty split, missing data): one line, the key named

@@ -206,8 +206,8 @@ def test_the_held_out_split_is_listed_at_start_only_when_the_run_evaluates(tiny_
                                                                         eval_every, listed):
     """trainer.eval_every=-1 evaluates nothing: its held-out split (ALFWorld's valid_unseen needs the
     downloaded games) must not stop a run that trains on generated games. A run that evaluates lists
-    it once, at the start (`build.split_tasks`): the trainer's own list is that listing (ALFWorld's
-    real splits were listed twice). Counted at the env's own listing, whoever asks for it."""
+    it once, at the start (`build.split_tasks`): the trainer's own list and its evaluations' choice of
+    tasks read that listing (ALFWorld's real splits were listed twice). Counted at the env's own listing, whoever asks for it."""
     from agentq.config import load_config
     from agentq.envs import TextEnv
     from agentq.trainer.rl import RLTrainer
@@ -219,6 +219,11 @@ def test_the_held_out_split_is_listed_at_start_only_when_the_run_evaluates(tiny_
     trainer = RLTrainer(cfg)
     trainer.pool.close()
     assert seen == listed
+    if "test" in listed:          # the evaluations' choice of tasks reads that listing, not the env again
+        from agentq.eval.evaluate import choose_eval_tasks
+
+        assert len(choose_eval_tasks(cfg, trainer.eval_split, 3).tasks) == 3
+        assert seen == listed
 
 
 @pytest.mark.parametrize("command", ["train", "sft", "pipeline"])
