@@ -23,14 +23,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, PromptConfig, episode_seed
-from agentq.config import RUN_CONFIG_FILES, UNSET, ConfigError
+from agentq.config import UNSET, ConfigError, run_folder_state
 from agentq.config_schema import DTYPES, ROLLOUT_BACKENDS
 from agentq.envs.base import SplitRefused, TextEnv
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
 from agentq.pool import POOL_TYPES, EnvPool, EnvSpec, make_pool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.errors import first_line, raised_at
-from agentq.utils.folder_lock import lock_holder
 from agentq.utils.logging import console
 
 if TYPE_CHECKING:
@@ -403,10 +402,11 @@ def no_checkpoint_yet(folder: Path) -> str:
     """`checkpoint_hint`'s end for a run folder with no checkpoint in it yet (the message said only
     "no config.json"): one in progress (another agentq process holds its lock) or one whose run
     stopped before saving one (its config.yaml); "" for any other folder."""
-    pid = lock_holder(folder) if folder.is_dir() else None
-    if pid is None and not any((folder / name).is_file() for name in RUN_CONFIG_FILES):
+    found = run_folder_state(folder)
+    if found is None:
         return ""
-    state = (f"agentq process pid {pid} holds it: a run in progress saves its first checkpoint later" if pid is not None
+    kind, what = found
+    state = (f"agentq process pid {what} holds it: a run in progress saves its first checkpoint later" if kind == "held"
              else "its run stopped before saving one")
     return (f"; a run folder with no checkpoint yet: {state} (an `agentq train` run saves checkpoints/step_N every "
             "trainer.save_every steps and at its end, an `agentq sft` run checkpoint/ at its end)")

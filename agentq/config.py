@@ -10,6 +10,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from agentq.utils.errors import first_line
+from agentq.utils.folder_lock import lock_holder
 
 
 class ConfigError(ValueError):
@@ -523,6 +524,19 @@ RUN_CONFIG_SECTIONS = ("env", "model", "rollout", "algo", "trainer", "env_pool",
 #: where a run folder holds such a config.yaml: written at the run's start, before its first step or
 #: checkpoint (a pipeline's in its stages' folders)
 RUN_CONFIG_FILES = ("config.yaml", "rl/config.yaml", "sft/config.yaml")
+
+
+def run_folder_state(folder: Path) -> tuple[str, str] | None:
+    """What a folder with no results or checkpoint yet is, for the messages that would otherwise call
+    it "not a run folder": ("held", pid) while another agentq process holds its lock (a run in
+    progress), ("stopped", the run's config.yaml, relative) when a run wrote its settings and stopped
+    before more, None for any other folder."""
+    if not folder.is_dir():
+        return None
+    if (pid := lock_holder(folder)) is not None:
+        return "held", pid
+    settings = next((name for name in RUN_CONFIG_FILES if (folder / name).is_file()), None)
+    return ("stopped", settings) if settings else None
 
 
 def cut_short(path: Path) -> str | None:

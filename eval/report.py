@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from omegaconf import OmegaConf
 
-from agentq.config import RUN_CONFIG_FILES, env_label, quant_name, read_settings
+from agentq.config import env_label, quant_name, read_settings, run_folder_state
 from agentq.utils.files import replaced
-from agentq.utils.folder_lock import lock_holder
 from agentq.utils.logging import console, counted, read_metrics
 
 if TYPE_CHECKING:
@@ -399,14 +398,15 @@ def _no_results_yet(folder: Path) -> str | None:
     run stopped before (its config.yaml); None for any other folder, a sweep's among them."""
     if any((folder / name).exists() for name in SWEEP_MARKERS):
         return None
-    if (pid := lock_holder(folder)) is not None:
-        return (f"{folder} is held by agentq process pid {pid} and has no metrics.jsonl yet: a run in progress is "
+    found = run_folder_state(folder)
+    if found is None:
+        return None
+    kind, what = found
+    if kind == "held":
+        return (f"{folder} is held by agentq process pid {what} and has no metrics.jsonl yet: a run in progress is "
                 "reported once its first RL step is logged")
-    settings = [name for name in RUN_CONFIG_FILES if (folder / name).is_file()]
-    if settings:
-        return (f"{folder} is a run folder with no results yet: its run stopped before logging its first RL step "
-                f"({settings[0]}, no metrics.jsonl)")
-    return None
+    return (f"{folder} is a run folder with no results yet: its run stopped before logging its first RL step "
+            f"({what}, no metrics.jsonl)")
 
 
 def _renders(folder: Path) -> bool:

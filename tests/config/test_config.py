@@ -509,3 +509,25 @@ def test_tilde_removes_a_key_where_agentq_hands_keys_on():
     assert str(e.value) == ("'~env.kwargs.tasks_per_game': Hydra does not remove a key whose value is null, as "
                             "env.kwargs.tasks_per_game is; set the value you want instead "
                             "(env.kwargs.tasks_per_game=<value>)")
+
+
+def test_run_folder_state_tells_a_run_in_progress_from_one_that_stopped(tmp_path):
+    """The one reading behind "no checkpoint yet" (checkpoint=) and "no results yet" (`agentq report`):
+    held by a process (its pid), stopped after writing its settings (which file), or neither."""
+    import os
+
+    from agentq.config import run_folder_state
+    from agentq.utils.folder_lock import lock_folder
+
+    assert run_folder_state(tmp_path / "nosuch") is None
+    assert run_folder_state(tmp_path) is None                                  # an empty folder is no run
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "config.yaml").write_text("seed: 0\n")
+    assert run_folder_state(tmp_path) == ("stopped", "sft/config.yaml")        # a pipeline stopped in SFT
+    (tmp_path / "config.yaml").write_text("seed: 0\n")
+    assert run_folder_state(tmp_path) == ("stopped", "config.yaml")            # the run's own settings first
+    held = lock_folder(tmp_path, lambda pid: AssertionError(pid))
+    try:
+        assert run_folder_state(tmp_path) == ("held", str(os.getpid()))        # in progress wins over settings
+    finally:
+        held.close()
