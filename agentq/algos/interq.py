@@ -23,8 +23,10 @@ F_i = H_floor·S_i, both per segment, so H_floor = b stays the capped mode):
     d_s = κ_i·H_s,   α_s = exp(−d_s) = ρ_s^κ_i ∈ [e^−B, 1], non-increasing in s
     Σ_s d_s = B·Htot_i / max(Htot_i, F) ≤ B   (= B whenever Htot_i ≥ F and Htot_i > 0)
 
-Default H_floor = B, the capped mode (κ ≤ 1, α_s ≥ ρ_s, α → 1 as mismatch → 0; the fixed budget
-H_floor = 0 turns float-rounding δ into a full correction): docs/algorithms.md.
+Default H_floor = None, read as H_floor = B: the capped mode (κ ≤ 1, α_s ≥ ρ_s, α → 1 as mismatch → 0),
+which therefore stays the capped mode when only B is changed; the fixed budget H_floor = 0 turns
+float-rounding δ into a full correction: docs/algorithms.md. A NaN δ on any action token makes the
+whole trajectory's α NaN (and the learner skips its minibatch), never a partial correction.
 
 Loss: the base loss (`losses.py`) with w_t = α_{seg(t)} (detached) on every action token (× min(e^δ_t, C) if
 `token_tis_cap` is set; ÷ the minibatch token-mean of α if `renorm_retention`, taken over the whole
@@ -90,8 +92,9 @@ def prefix_retention(m: torch.Tensor, valid: torch.Tensor, budget: torch.Tensor,
     H = H * valid
     htot = H.sum(dim=1)                                                  # [T]
     denom = torch.maximum(htot, torch.as_tensor(H_floor, dtype=htot.dtype, device=htot.device))   # max(Htot, F)
-    # Htot = 0 with H_floor = 0: no evidence of mismatch, κ = 0 → d = 0 → α = 1
-    kappa = torch.where(denom > 0, budget / denom.clamp(min=1e-300), torch.zeros_like(denom))
+    # Htot = 0 with H_floor = 0: no evidence of mismatch, κ = 0 → d = 0 → α = 1. A NaN Htot (a NaN δ)
+    # keeps κ NaN, so every α of its trajectory is NaN, not 1 before the NaN's segment and NaN after
+    kappa = torch.where((denom > 0) | denom.isnan(), budget / denom.clamp(min=1e-300), torch.zeros_like(denom))
     d = kappa.view(-1, 1) * H                                            # [T, S]
     alpha = torch.exp(-d)
     return {"H": H, "Htot": htot, "kappa": kappa, "d": d, "alpha": alpha}
@@ -113,13 +116,13 @@ class Retention:
 
 
 @torch.no_grad()
-def interq_retention(batch: BatchView, budget_B: float = 1.0, H_floor: float = 0.0,
+def interq_retention(batch: BatchView, budget_B: float = 1.0, H_floor: float | None = 0.0,
                      budget_scope: str = "trajectory", prefix_inclusive: bool = True,
                      k3_max: float | None = 10.0) -> Retention:
     """α per (trajectory, segment) and per token for a whole batch.
 
     The keyword defaults are the fixed budget (H_floor = 0, the worked example's reading); the
-    `interq` objective's default is the capped mode (H_floor = budget_B = 1). m, H and n do not
+    `interq` objective's default is the capped mode (H_floor None: the floor is budget_B). m, H and n do not
     depend on budget_B, H_floor or budget_scope.
     """
     mask = batch.action_mask.bool()                                      # [B, L]
@@ -132,8 +135,9 @@ def interq_retention(batch: BatchView, budget_B: float = 1.0, H_floor: float = 0
         k3_t = k3_t.clamp(max=float(k3_max))
 
     traj_row, T = trajectory_rows(batch)                                 # [B], T
-    # S_i = last turn index seen in any row of trajectory i (or the declared number of segments)
-    seg_row = seg.amax(dim=1) if seg.numel() else torch.zeros_like(traj_row)   # [B]
+    # S_i = last turn index seen on an action token of any row of trajectory i (or the declared number
+    # of segments): a seg_id left on an observation token does not add a segment
+    seg_row = torch.where(mask, seg, 0).amax(dim=1) if seg.numel() else torch.zeros_like(traj_row)   # [B]
     if "num_segments" in batch.extra:
         seg_row = torch.maximum(seg_row, batch.extra["num_segments"].long().to(seg_row.device))
     num_seg = torch.zeros(T, dtype=torch.long, device=seg.device).scatter_reduce_(
@@ -152,7 +156,8 @@ def interq_retention(batch: BatchView, budget_B: float = 1.0, H_floor: float = 0
         raise ValueError(f"budget_scope must be 'trajectory' or 'segment', got {budget_scope!r}")
     # B_i = b·S_i and F_i = H_floor·S_i: the floor scales with the budget, else H_floor = b would
     # give κ = S_i (α = ρ^S_i < ρ) below the floor instead of the capped mode's κ = 1
-    out = prefix_retention(m, valid, float(budget_B) * scale, float(H_floor) * scale, prefix_inclusive)
+    floor = float(budget_B if H_floor is None else H_floor)
+    out = prefix_retention(m, valid, float(budget_B) * scale, floor * scale, prefix_inclusive)
 
     # per token: α of its (trajectory, segment); 0 off action tokens
     alpha_rows = out["alpha"][traj_row]                                  # [B, S]
@@ -186,9 +191,10 @@ def retention_stats(r: Retention, mask: torch.Tensor) -> dict[str, float]:
 class InterQ(GRPO):
     """GRPO whose clipped per-token loss is multiplied by the segment retention α_s."""
 
-    defaults = {"budget_B": 1.0, "H_floor": 1.0, "budget_scope": "trajectory", "prefix_inclusive": True,
+    # H_floor None: the floor is budget_B, so the capped mode follows a changed budget
+    defaults = {"budget_B": 1.0, "H_floor": None, "budget_scope": "trajectory", "prefix_inclusive": True,
                 "k3_max": 10.0, "renorm_retention": False, "token_tis_cap": None}
-    bounds = {"budget_B": Bound(0.0, strict=False), "H_floor": Bound(0.0, strict=False),
+    bounds = {"budget_B": Bound(0.0, strict=False), "H_floor": Bound(0.0, strict=False, none_ok=True),
               "k3_max": Bound(0.0, strict=False, none_ok=True), "token_tis_cap": Bound(0.0, none_ok=True)}
     # α of a row's segments comes from that trajectory's own k3 (one row per trajectory: a batch with
     # traj_id, one trajectory over several rows, is refused by the learner's bypass)
@@ -208,7 +214,7 @@ class InterQ(GRPO):
     def prepare(self, batch: BatchView) -> Prepared:
         mask = batch.action_mask.bool()                                  # [B, L]
         p = self.params
-        r = interq_retention(batch, budget_B=float(p["budget_B"]), H_floor=float(p["H_floor"]),
+        r = interq_retention(batch, budget_B=float(p["budget_B"]), H_floor=p["H_floor"],
                              budget_scope=p["budget_scope"], prefix_inclusive=bool(p["prefix_inclusive"]),
                              k3_max=p["k3_max"])
         self.retention = r                                               # per-segment tensors, for the segment history

@@ -441,3 +441,44 @@ def test_bad_parameters_raise():
             make_objective("interq", **{key: bad})
     for ok in ({"k3_max": None}, {"k3_max": 0.0}, {"token_tis_cap": None}, {"budget_B": 0.0, "H_floor": 0.0}):
         make_objective("interq", **ok)
+
+
+def test_default_floor_follows_a_changed_budget_so_alpha_never_falls_below_rho():
+    """`H_floor` null (the preset's value) is the floor B: with B = 2 the worked example (Htot 0.0467)
+    gets κ = 1, α = ρ, not κ = B / 1 = 2 (α = ρ², 0.998607 0.985906 0.925088) as a fixed floor of 1
+    gave; with B = 0.02 < Htot, the fixed budget's κ = 0.02 / 0.0467279 = 0.428010."""
+    rho = [0.99930320, 0.99292774, 0.96181469]
+    two = prepared(make_objective("interq", budget_B=2.0), example_batch())[0]
+    assert [float(two.token_weight[0, t]) for t in (4, 10, 14)] == approx(rho, 1e-7)     # float32 weights
+    assert interq_retention(example_batch(), budget_B=2.0, H_floor=None).alpha[0].tolist() == approx(rho, 1e-8)
+    small = interq_retention(example_batch(), budget_B=0.02, H_floor=None)
+    assert float(small.kappa[0]) == approx(0.02 / 0.04672790, 1e-6)
+    assert small.alpha[0].tolist() == approx([math.exp(-0.02 / 0.04672790 * h)
+                                              for h in (0.00069704, 0.00709738, 0.03893348)], 1e-6)
+    fixed_floor = interq_retention(example_batch(), budget_B=2.0, H_floor=1.0)    # asked for: ρ² (a mixed mode)
+    assert fixed_floor.alpha[0].tolist() == approx([r * r for r in rho], 1e-8)
+
+
+def test_a_nan_log_prob_makes_its_whole_trajectory_nan_and_leaves_the_others():
+    """A NaN δ on the third segment: every α of that trajectory NaN (before, segments 1-2 got exactly 1
+    and segment 3 NaN: a partial correction); the other row's α are the worked example's."""
+    b = make_batch([EX_ACTION_MASK, EX_ACTION_MASK], [EX_SEG_ID, EX_SEG_ID], [EX_DELTA, EX_DELTA],
+                   dtype=torch.float64)
+    b.old_logp[1, 15] = float("nan")
+    for floor in (0.0, 1.0):
+        r = interq_retention(b, budget_B=1.0, H_floor=floor)
+        assert bool(r.alpha[1].isnan().all())
+        assert bool(r.retention[1][b.action_mask[1].bool()].isnan().all())
+        clean = interq_retention(example_batch(), budget_B=1.0, H_floor=floor)
+        assert r.alpha[0].tolist() == approx(clean.alpha[0].tolist(), 1e-15)
+
+
+def test_a_seg_id_on_an_observation_token_adds_no_segment():
+    """Segments are counted on action tokens: seg_id 5 on observation token 8 leaves the worked
+    example's fixed-budget α (0.985194, 0.859085, 0.434658); counted, it made S = 5 with two empty
+    trailing segments in Htot (α 0.994421, 0.944628, 0.731630)."""
+    seg = list(EX_SEG_ID)
+    seg[8] = 5
+    r = interq_retention(make_batch(EX_ACTION_MASK, seg, EX_DELTA, dtype=torch.float64), budget_B=1.0, H_floor=0.0)
+    assert r.alpha[0].tolist() == approx([0.985194, 0.859085, 0.434658])
+    assert int(r.num_segments[0]) == 3
