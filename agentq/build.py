@@ -27,9 +27,9 @@ from agentq.config import UNSET, ConfigError, run_folder_state
 from agentq.config_schema import DTYPES, ROLLOUT_BACKENDS
 from agentq.envs.base import SplitRefused, TextEnv
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
-from agentq.pool import POOL_TYPES, EnvPool, EnvSpec, make_pool
+from agentq.pool import POOL_TYPES, EnvPool, EnvResult, EnvSpec, make_pool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
-from agentq.utils.errors import first_line, raised_at
+from agentq.utils.errors import RunAborted, first_line, raised_at
 from agentq.utils.logging import console
 
 if TYPE_CHECKING:
@@ -195,9 +195,20 @@ def check_split_data(cfg: DictConfig, splits: list[str]) -> None:
     env that checks its data when built (ALFWorld's real games) refuses a missing one now, in one line
     (`make_env`), and one that refuses the split's task list (no task ids, a repeated id) too, not after
     the model build. Cheap: no episode is played (an env starts its engine on its first reset), and the
-    run's own list (`split_tasks` again) is this listing, not a second one."""
-    for split in dict.fromkeys(splits):
-        split_tasks(cfg, split)
+    run's own list (`split_tasks` again) is this listing, not a second one.
+
+    A held-out split sharing task ids with env.train_split is said (a warning: an env may mean it, but
+    its results would read as held-out ones)."""
+    train = str(cfg.env.train_split)
+    listed = {split: split_tasks(cfg, split) for split in dict.fromkeys(splits)}
+    trained = set(listed.get(train, ()))
+    for split, ids in listed.items():
+        shared = sum(task in trained for task in ids) if split != train else 0
+        if shared:
+            console.print(f"warning: {shared} of the {len(ids)} task ids of {split_key(cfg, split)}={split!r} are "
+                          f"also ids of env.train_split={train!r}: evaluations there measure tasks training draws "
+                          "from, not held-out ones (an env's _tasks gives each split its ids)", style="yellow",
+                          markup=False, highlight=False, soft_wrap=True)
 
 
 #: the task ids listed in this process, by `split_tasks`'s key (one listing per env setting)
@@ -313,30 +324,49 @@ CORPUS_VERSION = 2      # 2: TextWorldExpress experts without detours
 
 
 def env_corpus(cfg: DictConfig, n_episodes: int, seed: int = 0) -> list[str]:
-    """Text of the env (prompts, observations, expert actions in the agent's format) for the tokenizer."""
+    """Text of the env (prompts, observations, expert actions in the agent's format) for the tokenizer.
+
+    Played in an env pool of one slot (`env_pool`), so that an env that hangs or crashes is caught by
+    env_pool.call_timeout_s as in training (in this process, a hang froze the command with no output).
+
+    Raises:
+        RunAborted: an expert episode was lost (the env raised, hung or died), naming it and why.
+    """
     parser = ActionParser(cfg.agent.action_tag)
     prompt = prompt_config(cfg)
-    env = make_env(cfg, cfg.env.train_split, expert=True)
+    split = str(cfg.env.train_split)
+    tasks = split_tasks(cfg, split)                   # an empty split: one line; the run's own listing
     rng = random.Random(seed)
     texts = [prompt.system, prompt.invalid_format]
+    console.print(f"building the tiny model: its tokenizer reads {n_episodes} expert episodes of "
+                  f"{cfg.env.name} ({split})", markup=False, highlight=False)
+
+    def answer(r: EnvResult, episode: int, task: str) -> EnvResult:
+        if not r.ok:
+            raise RunAborted(f"building the tiny model's tokenizer corpus: expert episode {episode} ({task}) was "
+                             f"lost: {first_line(r.error or '', 300)}")
+        return r
+
+    pool = env_pool(cfg, split, 1, expert=True)
     try:
-        tasks = env_tasks(cfg, env, cfg.env.train_split)       # an empty split: one line
         for i in range(n_episodes):
-            obs, info = env.reset(seed=seed + i, options={"task_id": tasks[rng.randrange(len(tasks))]})
-            prompt.check_fields(info)           # a template naming a key info lacks: one line, not a KeyError
-            texts.append(prompt.render(prompt.first_turn, info["task"], obs, info.get("admissible_actions"), info))
-            for _ in range(int(cfg.env.max_steps)):
-                action = info.get("expert_action")
+            task = tasks[rng.randrange(len(tasks))]
+            r = answer(pool.reset([(0, {"seed": seed + i, "options": {"task_id": task}})])[0], i, task)
+            prompt.check_fields(r.info)         # a template naming a key info lacks: one line, not a KeyError
+            texts.append(prompt.render("first_turn", r.info["task"], r.obs, r.info.get("admissible_actions"), r.info))
+            for turn in range(1, int(cfg.env.max_steps) + 1):
+                action = r.info.get("expert_action")
                 if action is None:
-                    acts = info.get("admissible_actions") or ["look"]
+                    acts = r.info.get("admissible_actions") or ["look"]
                     action = acts[rng.randrange(len(acts))]
                 texts.append(parser.format(action))
-                obs, _, term, trunc, info = env.step(action)
-                texts.append(prompt.render(prompt.next_turn, info["task"], obs, info.get("admissible_actions"), info))
-                if term or trunc:
+                r = answer(pool.step([(0, action)])[0], i, task)
+                texts.append(prompt.render("next_turn", r.info["task"], r.obs, r.info.get("admissible_actions"),
+                                           r.info, turn))
+                if r.terminated or r.truncated:
                     break
     finally:
-        env.close()
+        pool.close()
     return texts
 
 

@@ -39,10 +39,18 @@ class PromptConfig:
     max_obs_chars: int = 2000
     invalid_format: str = "Invalid format: reply with exactly one action inside <action>...</action>."
 
-    def render(self, template: str, task: str, obs: str, admissible: list[str] | None,
-               info: dict | None = None) -> str:
-        """Fill a turn template. Besides {task}, {obs} and {actions}, any scalar or list entry of
-        the env's `info` can be named (lists are comma-joined), e.g. ScienceWorld's {objects}."""
+    def render(self, name: str, task: str, obs: str, admissible: list[str] | None,
+               info: dict | None = None, turn: int | None = None) -> str:
+        """Fill the turn template `name` ("first_turn" or "next_turn"). Besides {task}, {obs} and
+        {actions}, any scalar or list entry of the env's `info` can be named (lists are comma-joined),
+        e.g. ScienceWorld's {objects}.
+
+        Raises:
+            ConfigError: the template names a key this `info` lacks (`check_fields` checks the reset's
+                info; a step's info may lack a key the reset's had), naming the setting, the key, the
+                turn after which it was missing (`turn`, None: at reset) and the keys available.
+        """
+        template = getattr(self, name)
         if len(obs) > self.max_obs_chars:
             obs = obs[: self.max_obs_chars] + " [...]"
         actions = self.actions.format(actions=", ".join(admissible)) if admissible and self.actions else ""
@@ -51,8 +59,11 @@ class PromptConfig:
         try:
             return template.format_map(fields).strip()
         except KeyError as e:
-            raise KeyError(f"prompt template names {{{e.args[0]}}}, which the environment's info does not "
-                           f"have; available: {sorted(fields)}") from None
+            from agentq.config import ConfigError
+
+            when = "at reset" if turn is None else f"after turn {turn} (its info at reset had it)"
+            raise ConfigError(f"env.prompt.{name}={template!r} names {{{e.args[0]}}}, which the environment's info "
+                              f"{when} does not have; available: {sorted(fields)}") from None
 
     def check_fields(self, info: dict | None) -> None:
         """Refuse, at an episode's reset, a turn template that names a key the env's `info` lacks: it
@@ -297,8 +308,7 @@ class AgentLoop:
             st.traj.score = float(res.info.get("score", 0.0))
             st.traj.info["task_type"] = res.info.get("task_type")
             self.prompt.check_fields(res.info)
-            user = self.prompt.render(self.prompt.first_turn, st.task, res.obs, res.info.get("admissible_actions"),
-                                      res.info)
+            user = self.prompt.render("first_turn", st.task, res.obs, res.info.get("admissible_actions"), res.info)
             st.traj.append(self.chat.prompt(self.prompt.system, user), sampled=False)
             st.traj.transcript.append({"user": user})
 
@@ -389,5 +399,6 @@ class AgentLoop:
         if truncated or st.traj.turns >= self.max_turns:
             run.finish(slot, "step_cap")
             return
-        user = self.prompt.render(self.prompt.next_turn, st.task, obs, st.info.get("admissible_actions"), st.info)
+        user = self.prompt.render("next_turn", st.task, obs, st.info.get("admissible_actions"), st.info,
+                                  turn=st.traj.turns)
         st.traj.append(self.chat.next_user(user, st.stopped), sampled=False)

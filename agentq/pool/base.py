@@ -197,7 +197,9 @@ class WorkerCore:
         try:
             return fn(self.envs[slot])
         except Exception as e:   # the episode is lost, the worker lives on; rebuild the env
-            err = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
+            # the innermost frames: the env's own line and agentq's hook around it (limit=4, the
+            # outermost, showed only this worker and gymnasium's wrappers)
+            err = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-6)}"
             try:
                 self.envs[slot].close()
             except Exception:

@@ -717,7 +717,7 @@ class RLTrainer:
             for step in range(self.start_step + 1, steps + 1):
                 m = self.step(step)
                 self.logger.log(step, m)
-                if last is None or last.get("invalid_action_rate", 0) < 1:     # said once, not every step
+                if last is None or not last.get("invalid_action_rate", 0) >= 1:     # said once, not every step
                     warn_no_parsed_actions(self.cfg, step, m)
                 last = m
                 prog.update(bar, advance=1, info=f"reward {m['reward_mean']:.3f} succ {m['success_rate']:.2f}"
@@ -814,7 +814,7 @@ def warn_no_parsed_actions(cfg: DictConfig, step: int, m: dict) -> None:
     """Say when no turn of a step wrote a parseable action: every reward, hence every GRPO advantage,
     is the same and the update learns nothing. The default tiny model, untrained, never writes one, and
     its run read "reward 0.000 ... loss 0.0000" with the cause only in metrics.jsonl."""
-    if float(m.get("invalid_action_rate", 0)) < 1:
+    if not float(m.get("invalid_action_rate", 0)) >= 1:    # NaN (every episode errored): the env's fault, said apart
         return
     tag = cfg.agent.action_tag
     console.print(f"warning: step {step}: no reply had a parseable <{tag}>...</{tag}> (invalid_action_rate 1.0), so "

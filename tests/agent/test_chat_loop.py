@@ -1,7 +1,10 @@
 """Token-level chat rendering, the action parser and the episode loop on a real environment."""
+import re
+
 import pytest
 
 from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, ExpertPolicy, PromptConfig
+from agentq.config import ConfigError
 from agentq.pool import EnvSpec, InlinePool
 from agentq.rollout import SamplingParams, TurnResult
 
@@ -188,10 +191,14 @@ def test_context_budget_ends_episodes(tokenizer):
 
 def test_prompt_templates_can_name_info_fields():
     p = PromptConfig(system="S", next_turn="{obs}\nObjects: {objects}\nStep {steps}")
-    out = p.render(p.next_turn, "task", "You see a door.", None, {"objects": ["door", "cup"], "steps": 3})
+    out = p.render("next_turn", "task", "You see a door.", None, {"objects": ["door", "cup"], "steps": 3})
     assert out == "You see a door.\nObjects: door, cup\nStep 3"
-    with pytest.raises(KeyError, match="available: \\['actions', 'obs', 'task'\\]"):
-        p.render("{objects}", "t", "o", None, {})
+    # a step's info without a key the reset's had: one config line naming the setting and the turn
+    with pytest.raises(ConfigError, match=re.escape("env.prompt.next_turn='{obs}\\nObjects: {objects}\\nStep {steps}' "
+                                                    "names {objects}, which the environment's info after turn 2 (its "
+                                                    "info at reset had it) does not have; available: ['actions', "
+                                                    "'obs', 'task']")):
+        p.render("next_turn", "t", "o", None, {}, turn=2)
 
 
 SCORED_AT_RESET = """
@@ -320,7 +327,7 @@ def test_a_reset_builds_the_template_fields_once(tokenizer, tmp_path, monkeypatc
                      max_context_tokens=2048)
     trajs = loop.run([EpisodeSpec(i, "a", "train") for i in range(4)], ScriptedPolicy(chat, ["<action>go</action>"]))
     assert [t.transcript[0]["user"] for t in trajs] == ["goal: start (cup, key)"] * 4
-    assert renders == [prompt.first_turn] * 4 and len(built) == 4            # one build per render, none more
+    assert renders == ["first_turn"] * 4 and len(built) == 4                 # one build per render, none more
     info = loop_mod._check_template_keys.cache_info()
     assert (info.misses, info.hits) == (1, 3)                                # one key set: checked once
     pool.close()

@@ -83,6 +83,36 @@ class Buggy(Base):
                               f"(raised at buggy_split_env.py:{line})")
 
 
+def test_a_held_out_split_sharing_task_ids_with_training_is_said(tmp_path, monkeypatch, capsys):
+    """Both splits are listed at start-up anyway: ids the held-out split shares with env.train_split
+    (an env whose _tasks gives both the same games) are counted in a warning; disjoint ones say nothing."""
+    source = EMPTY + '''
+
+class Shared(Base):
+    def _tasks(self, split):
+        return ["a", "b", "c"] if split == "train" else ["c", "d", "a", "e"]
+
+
+class Apart(Base):
+    def _tasks(self, split):
+        return ["a", "b"] if split == "train" else ["c"]
+'''
+    (tmp_path / "shared_split_env.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for cls in ("Shared", "Apart"):
+        cfg = load_config(["env.train_split=train", "env.eval_split=test"])
+        OmegaConf.update(cfg, "env.name", f"shared_split_env:{cls}")
+        OmegaConf.update(cfg, "env.kwargs", {}, merge=False)
+        build.check_split_data(cfg, ["train", "test"])
+        said = " ".join(capsys.readouterr().err.split())
+        if cls == "Shared":
+            assert said == ("warning: 2 of the 4 task ids of env.eval_split='test' are also ids of "
+                            "env.train_split='train': evaluations there measure tasks training draws from, not "
+                            "held-out ones (an env's _tasks gives each split its ids)")
+        else:
+            assert said == ""
+
+
 def test_the_split_key_is_the_setting_that_gave_the_split():
     """A pipeline sets env.eval_split to each of pipeline.eval_splits in turn, so there the list is
     what to change; a run's own eval split otherwise."""

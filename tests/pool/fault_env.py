@@ -73,6 +73,8 @@ class FaultEnv(TextEnv):
             time.sleep(3600)
         if what == "slow":
             time.sleep(1)
+        if what == "raise":
+            raise RuntimeError("boom in the env's own code")
         if what == "crash":
             os._exit(3)
         if what == "hog":

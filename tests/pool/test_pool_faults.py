@@ -83,6 +83,21 @@ def interrupted(kind: str, pool, items) -> None:
             pool.step(items)
 
 
+@pytest.mark.parametrize("kind", ["inline", "process"])
+def test_an_env_that_raises_is_reported_down_to_its_own_line(kind, request):
+    """The episode's error names the env's own frame (file, line, hook) and agentq's hook around it:
+    the 4 outermost frames it kept showed only the worker and gymnasium's wrappers."""
+    pool = make(kind, request, spec())
+    try:
+        start(pool, [0])
+        (r0,) = pool.step([(0, "raise")])
+        assert not r0.ok and r0.error.startswith("RuntimeError: boom in the env's own code\n")
+        assert re.search(r'fault_env\.py", line \d+, in _act\n', r0.error), r0.error
+        assert re.search(r'fault_env\.py", line \d+, in _step_task\n', r0.error), r0.error
+    finally:
+        pool.close()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_worker_that_cannot_restart_costs_its_slots_not_the_other_answers(kind, request, tmp_path):
     flag = tmp_path / "flag"

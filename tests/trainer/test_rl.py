@@ -200,6 +200,8 @@ def test_a_step_where_no_reply_parses_says_the_update_learns_nothing(tmp_path, c
     from agentq.trainer.rl import warn_no_parsed_actions
 
     warn_no_parsed_actions(load_config([]), 3, {"invalid_action_rate": 0.5})
+    # NaN: every episode of the step errored (the env's fault, its own line): no advice about the model
+    warn_no_parsed_actions(load_config([]), 3, {"invalid_action_rate": float("nan")})
     assert capsys.readouterr().err == ""
     run = tmp_path / "run"
     assert main(["train", "trainer.steps=2", "trainer.tasks_per_step=1", "trainer.group_size=2", "env.max_steps=2",
