@@ -129,6 +129,9 @@ def unknown_key_error(base: DictConfig, bad: str | None, why: str = "") -> Confi
     """The error for an override of a key `base` lacks: the key and the keys of its deepest existing
     section (`why`: a sentence added at the end)."""
     where, keys = _valid_keys(base, bad) if bad else ("<root>", sorted(str(k) for k in base.keys()))
+    if not why and where in OPEN_SECTIONS and bad and bad.count(".") == where.count(".") + 1:
+        # a new argument for the env's constructor or the objective: Hydra adds a key only with `+`
+        why = f"; `+{bad}=...` adds it (agentq hands {where} on to the {'env class' if where == 'env.kwargs' else 'objective'})"
     return ConfigError(f"unknown config key {bad!r}; valid keys under {where}: {keys}{why}")
 
 

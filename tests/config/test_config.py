@@ -491,6 +491,22 @@ def test_removing_a_key_agentq_reads_is_one_line(override, instead):
                             f"env.kwargs or algo.objective_params); {instead} (`agentq config` prints every key)")
 
 
+def test_setting_a_new_key_where_agentq_hands_keys_on_says_plus_adds_it():
+    """`env.kwargs.foo=1` listed the keys there and stopped: the fix, Hydra's `+`, is named (where a
+    key can be added at all: under env.kwargs and algo.objective_params)."""
+    with pytest.raises(ConfigError) as e:
+        load_config(["env.kwargs.foo=1"])
+    assert str(e.value) == ("unknown config key 'env.kwargs.foo'; valid keys under env.kwargs: ['call_timeout_s', "
+                            "'game_params', 'games', 'jvm_heap', 'tasks_per_game']; `+env.kwargs.foo=...` adds it "
+                            "(agentq hands env.kwargs on to the env class)")
+    with pytest.raises(ConfigError, match=r"; `\+algo.objective_params.bogus=...` adds it \(agentq hands "
+                                          r"algo.objective_params on to the objective\)$"):
+        load_config(["algo.objective_params.bogus=1"])
+    with pytest.raises(ConfigError) as e:
+        load_config(["trainer.stepz=1"])
+    assert "adds it" not in str(e.value)                 # elsewhere a new key is a typo, not an argument
+
+
 def test_tilde_removes_a_key_where_agentq_hands_keys_on():
     """The env class and the objective take their own default for a key removed there; a key that is
     not there was Hydra's bare "Could not delete from config. 'env.kwargs.size' does not exist.", which
