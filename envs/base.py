@@ -23,12 +23,14 @@ A `TextEnv` is a Gymnasium `Env` whose observations and actions are strings:
   `TypeError` (an action that is not a str, options that are not a dict, a non-str task id or
   split, a seed that is not an int),
   `ValueError` (unknown option or split, a negative seed), `UnknownTaskError` (a task id not in
-  the split), `EpisodeOverError` (`step` on a finished episode), `EnvClosedError` (`step` after
-  `close()`) and `EnvCrashedError` (the engine died mid-episode). The last three are
-  `RuntimeError`s; and `TypeError` for a hook that returned the wrong type, or a `TaskStep` with
-  a field of the wrong type (an env bug, named with the hook), `ValueError` for a split whose
-  `_tasks` is empty or repeats an id. `_expert_action` or `task_type` raising while the info is
-  built (an env bug) is an `EnvCrashedError` naming the hook, chained to the original exception.
+  the split), `EpisodeOverError` (`step` on a finished episode, or before the first `reset` of an
+  env class built directly; an env from `gymnasium.make` or `agentq.envs.make` raises Gymnasium's
+  `gymnasium.error.ResetNeeded` there, from the order-enforcing wrapper `gymnasium.make` adds),
+  `EnvClosedError` (`step` after `close()`) and `EnvCrashedError` (the engine died mid-episode). The
+  last three are `RuntimeError`s; and `TypeError` for a hook that returned the wrong type, or a
+  `TaskStep` with a field of the wrong type (an env bug, named with the hook), `ValueError` for a
+  split whose `_tasks` is empty or repeats an id. `_expert_action` or `task_type` raising while the
+  info is built (an env bug) is an `EnvCrashedError` naming the hook, chained to the original exception.
   A `step` (or `reset`) that raises ends the episode: the next `step` raises `EpisodeOverError`
   until a `reset`. A `reset` refused for its arguments (TypeError, ValueError, UnknownTaskError:
   checked before anything changes) is not one that raised there: the episode before it, if any, goes
@@ -110,7 +112,8 @@ class UnknownTaskError(KeyError):
 
 
 class EpisodeOverError(RuntimeError):
-    """step() was called on a finished (or never started) episode; call reset() first."""
+    """step() was called on a finished (or, on an env not made by gymnasium.make, never started)
+    episode; call reset() first."""
 
 
 class EnvClosedError(RuntimeError):
@@ -395,6 +398,15 @@ def positive_int(name: str, value: Any, none_means: str = "the default") -> int:
         raise ValueError(f"{name} must be an int >= 1 (or None for {none_means}), got {type(value).__name__} "
                          f"({value!r:.60})")
     return int(value)
+
+
+def positive_number(name: str, value: Any) -> float:
+    """`value` (a constructor argument) as a finite float > 0, else a ValueError naming the argument
+    (a call_timeout_s of 0 or -1 timed the JVM's start out at once at the first reset; inf overflowed
+    a socket timeout)."""
+    if isinstance(value, (bool, np.bool_)) or not _finite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {type(value).__name__} ({value!r:.60})")
+    return float(value)
 
 
 def _checked_reset(env: TextEnv, result: Any) -> tuple[str, TaskStep]:

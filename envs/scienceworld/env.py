@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Sequence
 
-from ..base import EnvCrashedError, TaskStep, TextEnv
+from ..base import EnvCrashedError, TaskStep, TextEnv, positive_int, positive_number
 from . import tasks as T
 from .jvm import JVMHost, parse_size
 
@@ -50,25 +50,31 @@ class ScienceWorldEnv(TextEnv):
         exclude: selectors to drop, e.g. ["5-x", "9-x", "10-x"] (long-horizon families).
         simplifications: "easy" (teleport, self-watering pots, open doors, no electrical actions) and/or
             teleportAction, selfWateringFlowerPots, openContainers, openDoors, noElectricalAction.
-        variations_per_task: keep the first N variations of each task in every split (None = all).
+        variations_per_task: keep the first N variations of each task in every split, an int >= 1 (None = all).
         admissible_actions: build the valid-action list every step (slow: ~70-100 ms); default off.
         include_objects: put the visible objects into info["objects"] every step (~1-5 ms).
-        jvm_heap: the JVM's -Xmx ("1g", "768m"); jvm_opts: extra JVM options.
-        call_timeout_s: a JVM call taking longer counts as a hung JVM (killed, EnvCrashedError).
+        jvm_heap: the JVM's -Xmx ("1g", "768m"); jvm_opts: extra JVM options, a list of str (not one str).
+        call_timeout_s: a JVM call taking longer counts as a hung JVM (killed, EnvCrashedError); > 0.
         """
         super().__init__(**kwargs)
         self.tasks = T.select_tasks(tasks, exclude)
         self._by_name = {t.name: t for t in self.tasks}
         self.simplifications = T.parse_simplifications(simplifications)
-        if variations_per_task is not None and int(variations_per_task) < 1:
-            raise ValueError(f"variations_per_task must be >= 1 or None, got {variations_per_task!r}")
-        self.variations_per_task = None if variations_per_task is None else int(variations_per_task)
+        # (2.7 kept 2 variations, True 1)
+        self.variations_per_task = (None if variations_per_task is None
+                                    else positive_int("variations_per_task", variations_per_task,
+                                                      "all of a task's variations"))
         self.want_admissible = bool(admissible_actions)
         self.include_objects = bool(include_objects)
         parse_size(jvm_heap)
         self.jvm_heap = str(jvm_heap)
+        # a str (a YAML `jvm_opts: -Xss4m`) became one option per character, and the JVM failed at the first reset
+        if isinstance(jvm_opts, str) or not isinstance(jvm_opts, Sequence) or not all(
+                isinstance(o, str) for o in jvm_opts):
+            raise ValueError(f"jvm_opts must be a list of JVM options, one str each (e.g. ['-Xss4m']), got "
+                             f"{type(jvm_opts).__name__} ({jvm_opts!r:.60})")
         self.jvm_opts = tuple(jvm_opts)
-        self.call_timeout_s = float(call_timeout_s)
+        self.call_timeout_s = positive_number("call_timeout_s", call_timeout_s)
         # The simulator keeps the flags of the last load JVM-wide, so each flag string a task loads
         # with (`T.simplifications_for`) has its own JVM host; this env keeps one simulator in each
         # host it used (an "easy" env alternating electrical and other tasks switches between two).

@@ -10,9 +10,11 @@ import copy
 import os
 import tempfile
 import weakref
-from typing import ClassVar
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-from ..base import EnvCrashedError, TaskStep, TextEnv, positive_int
+from ..base import EnvCrashedError, TaskStep, TextEnv, positive_int, positive_number
 from ..jvm_start import java_executable, launch_gateway, silence_client
 
 # One JVM per process, shared by every TextWorldExpressEnv in it: TextWorldExpress's own class
@@ -172,8 +174,10 @@ def _without_detours(env, reset_kw: dict, gold: list[str]) -> list[str]:
     unseeded JVM RNG, so the same task gives different paths, with back-and-forth moves, on each
     reset; demonstrations would then differ run to run and teach wandering. Replaying the path and
     cutting every stretch that returns to an earlier state (room, contents, inventory, score) leaves
-    the same detour-free path every time. The result is checked by replay; if it does not win, the
-    original path is kept."""
+    the same detour-free path every time, without doors (includeDoors=0, conf/env/'s coin). The result
+    is checked by replay; if it does not win, the original path is kept. With doors (coin's engine
+    defaults) the state, one room's text, misses doors opened in other rooms: cutting a loop that opened
+    one loses it, the replay fails and the random walk is kept, so the path differs between resets."""
     def state(info):
         return info["look"], info["inventory"], info["score"]
 
@@ -196,6 +200,27 @@ def _without_detours(env, reset_kw: dict, gold: list[str]) -> list[str]:
     return path if info.get("tasksuccess") else gold
 
 
+def _checked_game_params(game_params: Any, games: list[str]) -> dict[str, str]:
+    """`game_params` (None: no game's), else a ValueError naming what is wrong: a key that is not one
+    of `games` (a typo, {"cion": ...}, silently played the engine's default coin) or a value that is
+    not a str (an int made the engine's call fail and the shared JVM was killed as hung)."""
+    if game_params is None:
+        return {}
+    if not isinstance(game_params, Mapping):
+        raise ValueError(f"game_params must be a dict {{game: gameParams str}} or None, got "
+                         f"{type(game_params).__name__} ({game_params!r:.60})")
+    extra = [g for g in game_params if g not in games]
+    if extra:
+        raise ValueError(f"game_params names {extra}, not in games {games}; its keys must be games played "
+                         "(a key of another game would never be used)")
+    for game, params in game_params.items():
+        if not isinstance(params, str):
+            raise ValueError(f"game_params[{game!r}] must be a str of TextWorldExpress's gameParams (e.g. "
+                             f"'numLocations=3,includeDoors=0'; '' for the engine's defaults), got "
+                             f"{type(params).__name__} ({params!r:.60})")
+    return dict(game_params)
+
+
 class TextWorldExpressEnv(TextEnv):
     splits: ClassVar[tuple[str, ...]] = ("train", "dev", "test")
     default_max_steps: ClassVar[int] = 50
@@ -205,8 +230,8 @@ class TextWorldExpressEnv(TextEnv):
                  **kwargs):
         """
         games: one or several of GAMES; tasks of all of them are listed, interleaved by seed.
-        game_params: per game, TextWorldExpress's gameParams string, e.g.
-            {"coin": "numLocations=2,includeDoors=0,numDistractorItems=0"}.
+        game_params: per game of `games`, TextWorldExpress's gameParams string, e.g.
+            {"coin": "numLocations=2,includeDoors=0,numDistractorItems=0"} (a game left out: the engine's defaults).
         tasks_per_game: keep only the first N seeds of each fold, an int >= 1 (None = all 1,000).
         jvm_heap: the JVM's -Xmx ("1g", "512m"); call_timeout_s: a JVM call taking longer counts as a
             hung JVM (killed, EnvCrashedError). The process's JVM is shared: the first env's heap holds;
@@ -217,17 +242,19 @@ class TextWorldExpressEnv(TextEnv):
         from ..scienceworld.jvm import parse_size   # the same Java size syntax (no JVM started)
 
         parse_size(jvm_heap)
-        if not float(call_timeout_s) > 0:
-            raise ValueError(f"call_timeout_s must be > 0, got {call_timeout_s!r}")
-        self.jvm_heap, self.call_timeout_s = str(jvm_heap), float(call_timeout_s)
+        self.jvm_heap, self.call_timeout_s = str(jvm_heap), positive_number("call_timeout_s", call_timeout_s)
         games = [games] if isinstance(games, str) else list(games)
         bad = [g for g in games if g not in GAMES]
         if bad:
             raise ValueError(f"unknown TextWorldExpress game(s) {bad}; valid: {list(GAMES)}")
         if not games:
             raise ValueError(f"games is empty; name one or more of {list(GAMES)}")
+        twice = [g for g, n in Counter(games).items() if n > 1]
+        if twice:           # (refused only at the first list_tasks: every task id twice)
+            raise ValueError(f"games names {twice} more than once ({games}); name each game once")
         self.games = games
-        self.game_params = {g: (game_params or {}).get(g, "") for g in games}
+        # a game without params plays the engine's defaults ("")
+        self.game_params = {g: "" for g in games} | _checked_game_params(game_params, games)
         # (-1 kept all seeds but the last through slicing, 0 an empty split, 2.5 a TypeError at the first reset)
         self.tasks_per_game = (None if tasks_per_game is None
                                else positive_int("tasks_per_game", tasks_per_game, "all of a fold's seeds"))

@@ -77,6 +77,37 @@ def test_task_selectors_and_errors():
         ScienceWorldEnv(variations_per_task=0)
 
 
+@pytest.mark.parametrize("kwargs, said", [
+    ({"jvm_opts": "-Xss4m"}, "jvm_opts must be a list of JVM options, one str each (e.g. ['-Xss4m']), got str "
+                             "('-Xss4m')"),
+    ({"jvm_opts": ["-Xss4m", 4]}, "jvm_opts must be a list of JVM options, one str each (e.g. ['-Xss4m']), got "
+                                  "list (['-Xss4m', 4])"),
+    ({"call_timeout_s": 0}, "call_timeout_s must be a finite number > 0, got int (0)"),
+    ({"call_timeout_s": -1.5}, "call_timeout_s must be a finite number > 0, got float (-1.5)"),
+    ({"call_timeout_s": float("inf")}, "call_timeout_s must be a finite number > 0, got float (inf)"),
+    ({"call_timeout_s": "60"}, "call_timeout_s must be a finite number > 0, got str ('60')"),
+    ({"variations_per_task": 2.7}, "variations_per_task must be an int >= 1 (or None for all of a task's "
+                                   "variations), got float (2.7)"),
+    ({"variations_per_task": True}, "variations_per_task must be an int >= 1 (or None for all of a task's "
+                                    "variations), got bool (True)"),
+])
+def test_bad_jvm_and_variation_arguments_are_refused_at_construction(kwargs, said):
+    """jvm_opts="-Xss4m" (YAML's `jvm_opts: -Xss4m`) became one JVM option per character and the JVM
+    failed at the first reset; call_timeout_s=0 timed the JVM out at once there; variations_per_task
+    2.7 kept 2 variations and True 1."""
+    with pytest.raises(ValueError) as e:
+        ScienceWorldEnv(**kwargs)
+    assert str(e.value) == said
+
+
+def test_good_jvm_and_variation_arguments_still_pass():
+    import numpy as np
+
+    e = ScienceWorldEnv(jvm_opts=["-Xss4m"], call_timeout_s=5, variations_per_task=np.int64(2))
+    assert (e.jvm_opts, e.call_timeout_s, e.variations_per_task) == (("-Xss4m",), 5.0, 2)
+    assert ScienceWorldEnv(jvm_opts=(), variations_per_task=None).jvm_opts == ()
+
+
 # ---------------------------------------------------------------------- splits
 def test_split_sizes_and_cache(env):
     u = env.unwrapped

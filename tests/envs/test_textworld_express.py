@@ -4,6 +4,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agentq.envs as envs
+from agentq.envs.textworld_express import TextWorldExpressEnv
 
 
 def make(**kw):
@@ -129,6 +130,45 @@ def test_tasks_per_game_must_be_a_positive_int(n):
     assert str(e.value) == (f"tasks_per_game must be an int >= 1 (or None for all of a fold's seeds), got "
                             f"{type(n).__name__} ({n!r})")
     assert len(make(tasks_per_game=2).unwrapped.list_tasks("dev")) == 2
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"game_params": {"cion": "numLocations=2"}},
+     "game_params names ['cion'], not in games ['coin']; its keys must be games played (a key of another game "
+     "would never be used)"),
+    ({"game_params": {"coin": 3}},
+     "game_params['coin'] must be a str of TextWorldExpress's gameParams (e.g. 'numLocations=3,includeDoors=0'; "
+     "'' for the engine's defaults), got int (3)"),
+    ({"game_params": "numLocations=2"},
+     "game_params must be a dict {game: gameParams str} or None, got str ('numLocations=2')"),
+    ({"games": ["coin", "mapreader", "coin"]},
+     "games names ['coin'] more than once (['coin', 'mapreader', 'coin']); name each game once"),
+    ({"call_timeout_s": 0}, "call_timeout_s must be a finite number > 0, got int (0)"),
+    ({"call_timeout_s": float("inf")}, "call_timeout_s must be a finite number > 0, got float (inf)"),
+    ({"call_timeout_s": True}, "call_timeout_s must be a finite number > 0, got bool (True)"),
+])
+def test_bad_games_params_and_timeouts_are_refused_at_construction(kwargs, said):
+    """A game_params key of no game played (a typo, "cion") silently played the engine's default coin; an int
+    value made the engine's call fail and killed the shared JVM as hung; a game named twice was refused only
+    at the first list_tasks."""
+    with pytest.raises(ValueError) as e:
+        gym.make("agentq/TextWorldExpress-v0", **{"games": ["coin"], **kwargs})
+    assert str(e.value) == said
+
+
+def test_games_without_params_play_the_engines_defaults():
+    env = gym.make("agentq/TextWorldExpress-v0", games=["coin", "mapreader"], game_params={"coin": "numLocations=2"},
+                   call_timeout_s=7.5).unwrapped
+    assert env.game_params == {"coin": "numLocations=2", "mapreader": ""} and env.call_timeout_s == 7.5
+    assert TextWorldExpressEnv(game_params=None).game_params == {"coin": ""}
+
+
+def test_a_step_before_the_first_reset():
+    """gym.make's order-enforcing wrapper refuses it with Gymnasium's error; the bare class with EpisodeOverError."""
+    with pytest.raises(gym.error.ResetNeeded):
+        make().step("look around")
+    with pytest.raises(envs.EpisodeOverError, match="call reset\\(\\) first"):
+        TextWorldExpressEnv().step("look around")
 
 
 def test_step_cap_truncates_and_is_never_a_win():
