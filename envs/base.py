@@ -369,13 +369,23 @@ class TextEnv(gym.Env[str, str]):
             task_id = self._task_id                  # unless the env's TaskStep.extra sets it
             kind = _hook_call(self, "task_type", lambda: self.task_type(task_id))
             if kind is not None:
-                info["task_type"] = kind
+                info["task_type"] = _returned_str_or_none(self, "task_type", kind)
         info.update(task=self._task_text, task_id=self._task_id, split=self._episode_split,
                     admissible_actions=res.admissible_actions, won=bool(res.won),
                     score=float(res.score), steps=self._steps)
         if self.expert:
-            info["expert_action"] = None if done else _hook_call(self, "_expert_action", self._expert_action)
+            info["expert_action"] = None if done else _returned_str_or_none(
+                self, "_expert_action", _hook_call(self, "_expert_action", self._expert_action))
         return info
+
+
+def _returned_str_or_none(env: TextEnv, hook: str, value: Any) -> str | None:
+    """`value`, what `hook` returned, if a str or None; else a TypeError naming the hook (an expert's
+    int was written as the action "<action>8</action>" into demonstrations, or failed in a later step)."""
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"{type(env).__name__}.{hook} must return a str or None, got {type(value).__name__} "
+                    f"({value!r:.60})")
 
 
 def _hook_call(env: TextEnv, hook: str, fn: Callable[[], Any]) -> Any:

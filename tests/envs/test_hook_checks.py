@@ -267,6 +267,19 @@ def test_a_hook_raising_while_the_info_is_built_ends_the_episode(hook):
     assert env.step("x")[0] == "ok"
 
 
+@pytest.mark.parametrize("hook", ["_expert_action", "task_type"])
+def test_a_hook_returning_no_str_is_named(hook):
+    """An expert returning an int was written into demonstrations as "<action>8</action>" (or failed
+    as the next step's "action must be a str", a step the user never called); a task type the same.
+    Now a TypeError naming the hook at the info it went into, and the episode ends."""
+    env = type("Eight", (ExpertRaises,), {hook: lambda self, *a: 8})(expert=True)
+    with pytest.raises(TypeError) as e:
+        env.reset(options={"task_id": "a"})
+    assert str(e.value) == f"Eight.{hook} must return a str or None, got int (8)"
+    with pytest.raises(EpisodeOverError):
+        env.step("x")
+
+
 def test_engine_steps_leave_out_refused_turns():
     """A fixed expert path indexed by the turn count skipped a gold action after a refused turn (one
     the engine never saw, e.g. 10,001 characters): `engine_steps` counts only the turns it saw."""
