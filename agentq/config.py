@@ -423,8 +423,9 @@ def check_env_settings(cfg: DictConfig) -> None:
         console.print(f"warning: env.kwargs: {problem}; fine if your env takes it from **kwargs itself",
                       style="yellow", markup=False, highlight=False, soft_wrap=True)
         return
-    raise ConfigError(f"env.kwargs: {problem}. env.kwargs come with the env= config: an env of your own gets a "
-                      "conf/env/<name>.yaml of its own (docs/adding-an-environment.md)")
+    raise ConfigError(f"env.kwargs: {problem}. env.kwargs come with the env= config (where env.name was set on "
+                      "another env's config, its kwargs reached this class: give your env a conf/env/<name>.yaml of "
+                      "its own, docs/adding-an-environment.md)")
 
 
 _GROUPS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "placement")

@@ -76,7 +76,9 @@ class PromptConfig:
         Raises:
             ConfigError: naming the template (env.prompt.<name>), the missing key and the keys available.
         """
-        _check_template_keys(self, frozenset(k for k, v in (info or {}).items() if isinstance(v, _FIELD_TYPES)))
+        info = info or {}
+        _check_template_keys(self, frozenset(k for k, v in info.items() if isinstance(v, _FIELD_TYPES)),
+                             frozenset((k, type(v).__name__) for k, v in info.items() if not isinstance(v, _FIELD_TYPES)))
 
 
 #: the types of the `info` entries a turn template may name
@@ -84,14 +86,21 @@ _FIELD_TYPES = (str, int, float, list, tuple)
 
 
 @functools.lru_cache(maxsize=256)
-def _check_template_keys(prompt: PromptConfig, info_keys: frozenset[str]) -> None:
-    """`PromptConfig.check_fields` for the info keys a template may name; an error is not cached, so
-    every reset with those keys raises it."""
+def _check_template_keys(prompt: PromptConfig, info_keys: frozenset[str],
+                         other_keys: frozenset[tuple[str, str]] = frozenset()) -> None:
+    """`PromptConfig.check_fields` for the info keys a template may name (`other_keys`: the (key, type
+    name) of the entries it may not, a dict's); an error is not cached, so every reset with those keys
+    raises it."""
     from agentq.config import ConfigError
 
     available = sorted({*info_keys, "task", "obs", "actions"})
+    unusable = dict(other_keys)
     for name, template in (("first_turn", prompt.first_turn), ("next_turn", prompt.next_turn)):
         missing = [k for k in template_keys(template) if k not in available]
+        if missing and missing[0] in unusable:
+            raise ConfigError(f"env.prompt.{name}={template!r} names {{{missing[0]}}}, whose value in the "
+                              f"environment's info is a {unusable[missing[0]]}, not a str, number or list; "
+                              f"available: {available}")
         if missing:
             raise ConfigError(f"env.prompt.{name}={template!r} names {{{missing[0]}}}, which the environment's "
                               f"info at reset does not have; available: {available}")

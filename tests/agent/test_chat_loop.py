@@ -353,3 +353,9 @@ def test_the_template_check_runs_again_for_other_info_keys(tokenizer, tmp_path, 
     with pytest.raises(ConfigError, match="names {objects}"):               # the error is not cached away
         prompt.check_fields({"task": "goal"})
     pool.close()
+    # a key the info has, with a value a template cannot hold: said so, not "does not have"
+    with pytest.raises(ConfigError) as e:
+        prompt.check_fields({"task": "goal", "objects": {"cup": 1}})
+    assert str(e.value) == ("env.prompt.first_turn='{obs} ({objects})' names {objects}, whose value in the "
+                            "environment's info is a dict, not a str, number or list; available: ['actions', "
+                            "'obs', 'task']")
