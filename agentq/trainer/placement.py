@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from agentq import build
 from agentq.config import ConfigError
+from agentq.config_schema import positive_num
 
 from .run_dir import RunAborted
 
@@ -220,7 +221,7 @@ def check_placement_config(cfg: DictConfig) -> None:
     if p.strategy not in STRATEGIES:
         raise ConfigError(f"placement.strategy={p.strategy!r}; valid: {list(STRATEGIES)}")
     for key in ("cpus_per_actor", "timeout_s"):        # timeout_s ≤ 0 failed only once Ray was up
-        if not (isinstance(p[key], (int, float)) and not isinstance(p[key], bool) and p[key] > 0):
+        if positive_num(p[key]) is not None:
             raise ConfigError(f"placement.{key}={p[key]}: must be > 0")
     if p.use_gpus != "auto" and not isinstance(p.use_gpus, bool):
         raise ConfigError(f"placement.use_gpus={p.use_gpus!r}; valid: auto, true, false")
