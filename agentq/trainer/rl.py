@@ -18,7 +18,7 @@ import json
 import os
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,8 @@ from agentq.config import ConfigError, check_config, config_leaves, load_config
 from agentq.algos import Objective, Prepared, grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
 from agentq.eval.episodes import read_eval
-from agentq.eval.evaluate import (EVAL_FIRST_ID, check_unplayed, choose_eval_tasks, errored_text, eval_seed,
-                                  evaluate_policy, warn_if_training_split)
+from agentq.eval.evaluate import (EVAL_FIRST_ID, check_errors, check_unplayed, choose_eval_tasks, errored_text,
+                                  eval_seed, evaluate_policy, warn_if_training_split)
 from agentq.eval.metrics import summarize
 from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
@@ -49,8 +49,8 @@ from agentq.utils.logging import (MetricsLogger, console, errored_note, jsonable
 
 from .placement import Placement, check_placement_config
 from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, new_run_dir, read_run_config, remove_run_artifacts,
-                      removed_if_left_empty, restore_config_hint, truncate_lost_episodes, write_lost_episodes,
-                      write_run_config)
+                      removed_if_left_empty, restore_config_hint, truncate_evaluations, truncate_lost_episodes,
+                      write_lost_episodes, write_run_config)
 
 
 #: rollout summary keys (eval.metrics.summarize) every step row carries, skipped steps too
@@ -434,6 +434,7 @@ class RLTrainer:
             MetricsLogger.truncate(self.run_dir, self.start_step)
             truncate_lost_episodes(self.run_dir, self.start_step)
             truncate_segments(self.run_dir, self.start_step)
+            truncate_evaluations(self.run_dir, self.start_step)
         write_run_config(self.run_dir, self.cfg)
         self._eval_selection: dict = {}
         # on a resume, TensorBoard hides the earlier run's points of the steps redone (W&B continues its run)
@@ -685,9 +686,10 @@ class RLTrainer:
                                  description=f"eval step {step}", step=step)
         self.eval_history.append(report)
         self.logger.log(step, {k: v for k, v in report.items() if isinstance(v, (int, float))}, prefix="eval/")
-        # said once, at the first evaluation that has such episodes (the final one may play more tasks)
-        if report.get("unplayed") and not any(r.get("unplayed") for r in self.eval_history[:-1]):
-            warn_unplayed(cfg, report, step)
+        # said once each, at the first evaluation that has such episodes (the final one may play more tasks)
+        for key, check in (("unplayed", check_unplayed), ("errors", check_errors)):
+            if report.get(key) and not any(r.get(key) for r in self.eval_history[:-1]):
+                warn_lost(check, cfg, report, step)
         return report
 
     def save(self, step: int) -> Path:
@@ -710,6 +712,7 @@ class RLTrainer:
         steps = int(t.steps)
         save_every, eval_every = int(t.save_every), int(t.eval_every)
         last = None
+        no_actions_said = False         # said once while no reply parses, again only after one did
         self._evaluate_if_due_at_resume(eval_every, steps)
         with progress() as prog:
             bar = prog.add_task(f"RL {self.cfg.env.name} [{self.cfg.algo.name}]", total=steps,
@@ -717,8 +720,11 @@ class RLTrainer:
             for step in range(self.start_step + 1, steps + 1):
                 m = self.step(step)
                 self.logger.log(step, m)
-                if last is None or not last.get("invalid_action_rate", 0) >= 1:     # said once, not every step
+                rate = float(m.get("invalid_action_rate", 0))
+                if rate >= 1 and not no_actions_said:
                     warn_no_parsed_actions(self.cfg, step, m)
+                if rate == rate:            # a NaN rate (every episode errored) says nothing of the replies
+                    no_actions_said = rate >= 1
                 last = m
                 prog.update(bar, advance=1, info=f"reward {m['reward_mean']:.3f} succ {m['success_rate']:.2f}"
                                                  f"{errored_note(m)} k3 {m.get('k3', float('nan')):.1e}")
@@ -824,12 +830,13 @@ def warn_no_parsed_actions(cfg: DictConfig, step: int, m: dict) -> None:
                   soft_wrap=True)
 
 
-def warn_unplayed(cfg: DictConfig, report: dict, step: int) -> None:
-    """Say when held-out episodes ended before their first turn, as `agentq eval` does (`check_unplayed`):
-    they count as lost, and the run's held-out success read as the policy's. Where none was played,
-    where `agentq eval` refuses, the run goes on (its training episodes may fit) with a warning."""
+def warn_lost(check: Callable[[DictConfig, dict], None], cfg: DictConfig, report: dict, step: int) -> None:
+    """Say when held-out episodes were lost, as `agentq eval` does (`check`: `check_unplayed`, episodes
+    that ended before their first turn; `check_errors`, episodes whose env failed): they count as lost,
+    and the run's held-out success read as the policy's. Where every episode was, where `agentq eval`
+    refuses, the run goes on (its training episodes may fare better) with a warning."""
     try:
-        check_unplayed(cfg, report)
+        check(cfg, report)
     except ConfigError as e:
         console.print(f"warning: the held-out evaluation at step {step}: {e}", style="yellow", markup=False,
                       highlight=False, soft_wrap=True)

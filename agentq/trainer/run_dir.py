@@ -8,6 +8,7 @@ stale temporary checkpoint folders or files, and a written record of every lost 
 from __future__ import annotations
 
 import contextlib
+import re
 import shlex
 import shutil
 import time
@@ -334,6 +335,18 @@ def remove_stale_temp_dirs(folder: Path) -> list[Path]:
 def truncate_lost_episodes(run_dir: str | Path, last_step: int) -> None:
     """Drop errors.jsonl rows after `last_step` (a resumed run redoes those steps)."""
     drop_rows_after(Path(run_dir) / ERRORS_FILE, last_step)
+
+
+def truncate_evaluations(run_dir: str | Path, last_step: int) -> list[str]:
+    """Remove the held-out evaluations eval/step_N of steps after `last_step`: a resumed run redoes
+    those steps, whose metrics rows went, and the report listed an evaluation of weights the run
+    no longer has beside the redone ones. Returns the folders' names removed."""
+    gone = []
+    for folder in sorted(Path(run_dir, "eval").glob("step_*")):
+        if folder.is_dir() and re.fullmatch(r"step_\d+", folder.name) and int(folder.name[5:]) > last_step:
+            shutil.rmtree(folder)
+            gone.append(folder.name)
+    return gone
 
 
 def write_lost_episodes(run_dir: str | Path, step: int, trajectories: list[Trajectory]) -> int:

@@ -153,7 +153,7 @@ def test_resume_applies_the_configs_optimizer_settings(run_copy, capsys):
     assert "step 3 runs at lr 0.0001 where the run's own settings gave 3e-06 (trainer.lr 3e-06 → 0.0001);" in said
 
 
-def test_resume_drops_the_redone_steps_from_tensorboard_and_errors_jsonl(run_copy):
+def test_resume_drops_the_redone_steps_from_tensorboard_errors_jsonl_and_eval(run_copy):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -162,8 +162,15 @@ def test_resume_drops_the_redone_steps_from_tensorboard_and_errors_jsonl(run_cop
     lost = [{"step": s, "episode_id": 4 * s - 1, "task_id": "coin/1", "split": "train", "error": "env worker 0 died"}
             for s in (1, 2)]
     (run_copy / "errors.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lost))
+    # and step 2's held-out evaluation, of weights the resume does not have: it goes with the step (the
+    # report listed it beside the redone steps); step 1's stays
+    for step in (1, 2):
+        (run_copy / "eval" / f"step_{step:06d}").mkdir(parents=True, exist_ok=True)
+        (run_copy / "eval" / f"step_{step:06d}" / "abandoned.txt").write_text("the run before the crash")
     assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=2"]) == 0
     assert [json.loads(line) for line in (run_copy / "errors.jsonl").read_text().splitlines()] == lost[:1]
+    assert (run_copy / "eval" / "step_000001" / "abandoned.txt").exists()
+    assert not (run_copy / "eval" / "step_000002" / "abandoned.txt").exists()
     tb = EventAccumulator(str(run_copy / "tb"))
     tb.Reload()
     points = [(e.step, e.value) for e in tb.Scalars("step_time_s")]

@@ -96,6 +96,41 @@ def test_the_last_line_says_how_many_held_out_episodes_errored(errors, tail, cap
         f"(r/eval/step_000002){tail}; HTML report: agentq report r")
 
 
+def test_held_out_episodes_that_errored_are_said_at_their_first_evaluation(monkeypatch, capsys):
+    """docs/evaluation.md promised the trainer warns when an evaluation's episodes errored; only
+    episodes that were not played were said (the errored ones reached only the last line). Said once,
+    at the first evaluation that has them; an evaluation where every episode errored is a warning
+    (the run goes on), in `agentq eval`'s words. Here `evaluate_policy` is replaced by its reports."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from agentq.trainer import rl
+
+    reports = iter([{"episodes": 4, "errors": 0, "out_dir": "r/eval/step_000001"},
+                    {"episodes": 4, "errors": 1, "first_error": "RuntimeError: no such door\nTraceback ...",
+                     "out_dir": "r/eval/step_000002"},
+                    {"episodes": 4, "errors": 4, "first_error": "RuntimeError: x", "out_dir": "r/eval/step_000003"}])
+    monkeypatch.setattr(rl, "evaluate_policy", lambda *a, **k: next(reports))
+    trainer = SimpleNamespace(cfg=OmegaConf.create({"env": {"name": "guess"}, "eval": {"repeats": 1}, "seed": 0}),
+                              _eval_selection={2: ["a", "b"]}, engine=None, pool=None, chat=None, eval_split="test",
+                              run_dir=Path("r"), n_conc=4, eval_history=[], logger=SimpleNamespace(log=lambda *a, **k: None))
+    said = []
+    for step in (1, 2, 3):
+        rl.RLTrainer.evaluate(trainer, step, 2)             # type: ignore[arg-type]
+        said.append(" ".join(capsys.readouterr().err.split()))
+    where = "every error's traceback is under \"error\" in " + str(Path("r/eval/step_000002") / "episodes.jsonl")
+    assert said == ["", "warning: 1 of 4 episodes errored (the environment failed; they count as lost in the success "
+                        f"rate); first: RuntimeError: no such door; {where}", ""]     # the third: said already
+    trainer.eval_history = []                               # a first evaluation where every episode errored
+    reports = iter([{"episodes": 2, "errors": 2, "first_error": "RuntimeError: x", "out_dir": "r/eval/step_000001"}])
+    rl.RLTrainer.evaluate(trainer, 1, 2)                    # type: ignore[arg-type]
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "warning: the held-out evaluation at step 1: env.name='guess': all 2 episodes errored, so the evaluation says "
+        "nothing about the policy; first: RuntimeError: x; every error's traceback is under \"error\" in "
+        f"{Path('r/eval/step_000001') / 'episodes.jsonl'}")
+
+
 def test_the_report_command_it_prints_pastes_as_one_argument(capsys):
     """A run folder with a space was printed bare ("agentq report runs/my run"): pasted, the command
     got two arguments."""
