@@ -48,9 +48,9 @@ from agentq.utils.logging import (MetricsLogger, console, errored_note, jsonable
                                   step_line)
 
 from .placement import Placement, check_placement_config
-from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, new_run_dir, read_run_config, remove_run_artifacts,
-                      removed_if_left_empty, restore_config_hint, truncate_evaluations, truncate_lost_episodes,
-                      write_lost_episodes, write_run_config)
+from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, log_resume, new_run_dir, read_run_config,
+                      remove_run_artifacts, removed_if_left_empty, restore_config_hint, truncate_evaluations,
+                      truncate_lost_episodes, write_lost_episodes, write_run_config)
 
 
 #: rollout summary keys (eval.metrics.summarize) every step row carries, skipped steps too
@@ -410,7 +410,9 @@ class RLTrainer:
         (optimizer and RNGs restored on a resume), engine and env pool. Returns the resumed state."""
         resume_ckpt, state = self._resume_point()
         # the policy the run started from: the KL reference, also after a resume
-        self.init_path = (state.meta if state else {}).get("init_path") or init_path or build.model_path(self.cfg)
+        # absolute: a relative model.path kept as written named another folder when a resume ran elsewhere
+        self.init_path = ((state.meta if state else {}).get("init_path")
+                          or str(Path(init_path or build.model_path(self.cfg)).absolute()))
         if resume_ckpt is not None:
             self._check_reference()
         path = str(resume_ckpt) if resume_ckpt else self.init_path
@@ -435,12 +437,19 @@ class RLTrainer:
             truncate_lost_episodes(self.run_dir, self.start_step)
             truncate_segments(self.run_dir, self.start_step)
             truncate_evaluations(self.run_dir, self.start_step)
-        write_run_config(self.run_dir, self.cfg)
+        # a resume that runs no step (a finished run) leaves its settings as its steps ran them
+        if state is None or self.start_step < int(self.cfg.trainer.steps):
+            if state is not None:
+                log_resume(self.run_dir, self.start_step, self.cfg)
+            write_run_config(self.run_dir, self.cfg)
         self._eval_selection: dict = {}
         # on a resume, TensorBoard hides the earlier run's points of the steps redone (W&B continues its run)
         self.logger = MetricsLogger.from_config(self.run_dir, self.cfg,
                                                 purge_step=self.start_step + 1 if state else None)
-        self.next_episode_id = self.start_step * self.n_episodes
+        # saved since episode ids had to stay unique over a resume that changes the batch (a count from
+        # the new tasks_per_step × group_size replayed earlier ids, hence their seeds)
+        self.next_episode_id = (int(state.meta.get("next_episode_id", self.start_step * self.n_episodes)) if state
+                                else 0)
         self.eval_history: list[dict] = []
         # a resumed run keeps counting toward trainer.max_skipped_steps where it stopped
         self.skipped_in_a_row = int(state.meta.get("skipped_in_a_row", 0)) if state else 0
@@ -700,7 +709,8 @@ class RLTrainer:
                            trainer_state=TrainerState(
                                tensors={"optimizer": self.learner.opt.state_dict(), "torch_gen": self.gen.get_state()},
                                meta={"step": step, "np_rng": self.rng.bit_generator.state,
-                                     "init_path": str(self.init_path), "skipped_in_a_row": self.skipped_in_a_row}))
+                                     "init_path": str(self.init_path), "skipped_in_a_row": self.skipped_in_a_row,
+                                     "next_episode_id": self.next_episode_id}))
         prune_checkpoints(self.run_dir, int(self.cfg.trainer.keep_checkpoints))
         return path
 

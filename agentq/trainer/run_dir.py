@@ -18,7 +18,8 @@ from typing import IO, TYPE_CHECKING
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from agentq.config import CONFIG_FOOTER, CONFIG_HEADER, RUN_CONFIG_KEYS, ConfigError, make_setting_dir, settings_damage
+from agentq.config import (CONFIG_FOOTER, CONFIG_HEADER, RUN_CONFIG_KEYS, ConfigError, differing_settings,
+                           make_setting_dir, settings_damage)
 from agentq.eval.episodes import recover_eval_pairs
 from agentq.utils.checkpoint import restore_interrupted_commits
 from agentq.utils.errors import RunAborted
@@ -30,10 +31,13 @@ if TYPE_CHECKING:
     from agentq.agent.trajectory import Trajectory
 
 ERRORS_FILE = "errors.jsonl"
+#: one row a resume that runs steps: the step it resumed at and the settings it changed (config.yaml
+#: holds the latest settings only)
+RESUMES_FILE = "resumes.jsonl"
 #: what a training run writes into its folder (and `agentq report` beside it): the evidence that a
 #: folder holds a run, and what `trainer.overwrite=true` removes (nothing else in the folder is touched)
 RUN_ARTIFACTS = ("metrics.jsonl", "checkpoints", "tb", "eval", "train_summary.json", ERRORS_FILE, "segments",
-                 "learning_curve.png", "mismatch.png", "report.html")
+                 "learning_curve.png", "mismatch.png", "report.html", RESUMES_FILE)
 #: the same for an `agentq sft` folder (demos.jsonl is left: a fresh collection replaces it whole,
 #: and `sft.demos` may name it)
 SFT_ARTIFACTS = ("metrics.jsonl", "tb", "checkpoint", "sft_summary.json")
@@ -335,6 +339,17 @@ def remove_stale_temp_dirs(folder: Path) -> list[Path]:
 def truncate_lost_episodes(run_dir: str | Path, last_step: int) -> None:
     """Drop errors.jsonl rows after `last_step` (a resumed run redoes those steps)."""
     drop_rows_after(Path(run_dir) / ERRORS_FILE, last_step)
+
+
+def log_resume(run_dir: str | Path, step: int, cfg: DictConfig) -> list[str]:
+    """Append to resumes.jsonl the step a resume starts after and the settings it changed against the
+    run's config.yaml (before that file is rewritten with them): which steps ran under which settings
+    stays on record. Returns the changes, "key: old → new"."""
+    before = read_run_config(Path(run_dir) / "config.yaml")
+    diffs = differing_settings(before, cfg, lambda k: k != "trainer.resume") if before is not None else []
+    changed = [f"{k}: {old!r} → {new!r}" for k, old, new in diffs]
+    append_jsonl(Path(run_dir) / RESUMES_FILE, [{"step": step, "time": time.time(), "changed": changed}])
+    return changed
 
 
 def truncate_evaluations(run_dir: str | Path, last_step: int) -> list[str]:

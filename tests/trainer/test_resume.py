@@ -120,6 +120,41 @@ def test_resume_continues_with_the_runs_config_and_the_command_lines_overrides(r
     assert (cfg.trainer.tasks_per_step, cfg.trainer.group_size, cfg.trainer.lr, cfg.trainer.steps) == (2, 2, 3e-6, 3)
     assert (cfg.env.max_steps, cfg.env_pool.type, cfg.trainer.resume) == (4, "inline", str(run_copy))
     assert [(r["step"], r["episodes"]) for r in step_rows(run_copy)] == [(1, 4), (2, 4), (3, 4)]
+    # the change stays on record beside config.yaml, which holds the latest settings only
+    (row,) = [json.loads(line) for line in (run_copy / "resumes.jsonl").read_text().splitlines()]
+    assert (row["step"], row["changed"]) == (2, ["trainer.steps: 2 → 3"])
+
+
+def test_a_relative_model_path_is_kept_absolute_as_the_kl_reference(tmp_path, tiny_model_dir, monkeypatch):
+    """The reference a resume reads was model.path as written: resumed from another folder holding
+    a folder of that name, the run took another model as its KL reference without a word."""
+    from agentq.utils.checkpoint import load_trainer_state
+
+    shutil.copytree(tiny_model_dir, tmp_path / "start")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "model=hf", "model.path=start", "trainer.out_dir=run", "trainer.steps=1", *BASE]) == 0
+    meta = load_trainer_state(tmp_path / "run" / "checkpoints" / "step_000001", meta_keys=("init_path",)).meta
+    assert meta["init_path"] == str(tmp_path / "start")
+
+
+def test_a_resume_that_runs_no_step_leaves_the_runs_settings(run_copy):
+    """A finished run resumed with other settings trains nothing, yet its config.yaml took them (seed,
+    algo...): a later resume then continued under settings no step had run with."""
+    config = (run_copy / "config.yaml").read_bytes()
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=2", "seed=1", "trainer.tasks_per_step=1"]) == 0
+    assert (run_copy / "config.yaml").read_bytes() == config and not (run_copy / "resumes.jsonl").exists()
+
+
+def test_episode_ids_stay_unique_over_a_resume_that_changes_the_batch(run_copy):
+    """Episode ids (hence their env and sampling seeds) were counted again from tasks_per_step ×
+    group_size: a resume at step 2 with 2 episodes a step gave step 3 the ids 4, 5 of step 2's
+    episodes. The count is now saved with the checkpoint: ids 8, 9."""
+    import pyarrow.parquet as pq
+
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3", "trainer.tasks_per_step=1"]) == 0
+    ids = {step: sorted(set(pq.read_table(run_copy / "segments" / f"step_{step:06d}.parquet")
+                            .column("episode_id").to_pylist())) for step in (1, 2, 3)}
+    assert ids == {1: [0, 1, 2, 3], 2: [4, 5, 6, 7], 3: [8, 9]}
 
 
 def test_a_group_choice_on_resume_takes_the_sections_it_sets(tmp_path):
