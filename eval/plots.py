@@ -80,20 +80,39 @@ def learning_curve_figure(rows: list[dict], sft_success: float | None = None, ti
     return fig
 
 
+#: the markers of the per-step lines: a step whose neighbours are NaN (every episode errored) is a
+#: point with no segment to either side, which a line without markers does not draw
+POINT = {"marker": "o", "ms": 3}
+
+
 def _train_lines(ax: Any, train: list[dict]) -> list[float]:
     """Training reward (raw and a moving average) and, where it differs, training success against RL
     step; returns the rewards (the y range follows them)."""
     steps = [r["step"] for r in train]
     reward = [_num(r["reward_mean"]) for r in train]
     success = [_num(r.get("success_rate")) for r in train]
-    ax.plot(steps, reward, color="tab:blue", alpha=0.3, lw=1, label="train reward (mean over the step's rollouts)")
+    ax.plot(steps, reward, color="tab:blue", alpha=0.3, lw=1, **POINT,
+            label="train reward (mean over the step's rollouts)")
     k = 5                     # each step samples only a few tasks: the raw curve is mostly task draw
-    if len(reward) >= k:
-        avg = [sum(reward[i - k + 1: i + 1]) / k for i in range(k - 1, len(reward))]
-        ax.plot(steps[k - 1:], avg, color="tab:blue", lw=2, label=f"train reward, {k}-step moving average")
+    at = [s for s in steps if s - k + 1 >= steps[0]]        # a whole window of steps behind it
+    if at:
+        ax.plot(at, moving_average(steps, reward, k, at), color="tab:blue", lw=2, **POINT,
+                label=f"train reward, {k}-step moving average")
     if any(abs(s - r) > 1e-9 for s, r in zip(success, reward)):   # differs unless reward = success (NaN: no)
-        ax.plot(steps, success, color="tab:blue", ls=":", alpha=0.6, label="train success")
+        ax.plot(steps, success, color="tab:blue", ls=":", alpha=0.6, **POINT, label="train success")
     return reward
+
+
+def moving_average(steps: list[int], values: list[float], k: int, at: list[int]) -> list[float]:
+    """At each step of `at`, the mean of the finite `values` of steps s − k + 1 … s: k steps, not k rows,
+    where steps have no row, and a NaN step (every episode errored) left out rather than making the k
+    averages that hold it NaN; NaN where the window has no finite value."""
+    by_step = dict(zip(steps, values))
+    out = []
+    for s in at:
+        window = [v for t in range(s - k + 1, s + 1) if math.isfinite(v := by_step.get(t, math.nan))]
+        out.append(sum(window) / len(window) if window else math.nan)
+    return out
 
 
 def _held_out_lines(ax: Any, ev: list[dict], sft_success: float | None, sft_episodes: int | None,
@@ -124,7 +143,7 @@ def mismatch_figure(rows: list[dict]) -> Figure:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=110)
     k3 = [_num(r.get("k3")) for r in train]
     if any(math.isfinite(v) for v in k3):
-        ax1.plot(steps, k3, "o-", ms=3)
+        ax1.plot(steps, k3, "-", **POINT)
         if all(v > 0 for v in k3 if math.isfinite(v)):
             ax1.set_yscale("log")
     ax1.set_title("K3 per action token", fontsize=10)
@@ -132,7 +151,7 @@ def mismatch_figure(rows: list[dict]) -> Figure:
     for key, style in (("alpha_median", "-"), ("alpha_p10", "--"), ("alpha_min", ":")):
         vals = [_num(r.get(key)) for r in train]
         if any(math.isfinite(v) for v in vals):
-            ax2.plot(steps, vals, style, label=key)
+            ax2.plot(steps, vals, style, **POINT, label=key)
     ax2.set_title("InterQ-RL retention α", fontsize=10)
     ax2.set_ylabel("α of a turn (0–1)")
     ax2.set_ylim(-0.02, 1.02)

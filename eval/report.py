@@ -1,14 +1,16 @@
 """`agentq report <run>`: one static HTML file (no server, no network) describing an RL run.
 
 Sections: for an `agentq pipeline` folder the SFT → RL comparison (summary.json); the learning
-curves (PNG, embedded), the held-out evaluations (eval/step_*/eval.json, and those `agentq eval` wrote
-into the run's checkpoints: checkpoints/step_*/eval-<env>-<split>[-settings]),
+curves (PNG, embedded) with the skipped steps and errored training episodes; the held-out
+evaluations (eval/step_*/eval.json, and those `agentq eval` wrote into the run's checkpoints:
+checkpoints/step_*/eval-<env>-<split>[-settings]),
 K3 and InterQ-RL's α by turn over training (from metrics.jsonl and the segment history; a long
 run's tables show `table_rows` steps spread over it, so the page does not grow with the run), and an
 episode viewer over the segment history (`segments/step_*.parquet`): every turn's observation and
 reply, each action token coloured by δ = log π_old − log μ, by the behaviour log-prob log μ or by
 the turn's retention α (a switch at the top; log μ and δ are in each token's tooltip, α in its
-turn's header), with the episode's reward and advantage. Every text from a run folder is escaped.
+turn's header), with the episode's reward and advantage. Every text from a run folder is escaped
+(`escape`: control characters shown as escapes, \\x03).
 """
 from __future__ import annotations
 
@@ -81,6 +83,17 @@ function colourBy(mode){document.body.className='by-'+mode;}
 """
 
 
+#: control characters (C0 but tab, newline and carriage return; DEL; C1: the set envs.base's
+#: `action_problem` refuses), shown as their Python escape, e.g. \x03: html.escape passes them
+#: through, and raw they are invalid HTML and invisible in a token of model or env text
+VISIBLE_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(32), *range(127, 160)) if chr(c) not in "\t\n\r"}
+
+
+def escape(text: str) -> str:
+    """Text from a run folder for the page: HTML-escaped (quotes too), control characters made visible."""
+    return html.escape(text, quote=True).translate(VISIBLE_CONTROLS)
+
+
 def _png_data_uri(fig: Figure) -> str:
     import matplotlib.pyplot as plt
 
@@ -95,7 +108,7 @@ def _fmt(v: object, digits: int = 3) -> str:
         return "–"
     if isinstance(v, float):
         return f"{v:.{digits}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{digits}f}"
-    return html.escape(str(v))
+    return escape(str(v))
 
 
 # ---------------------------------------------------------------------- colours
@@ -125,8 +138,8 @@ def token_span(text: str, logp: float, delta: float, scale: float) -> str:
     if lv:
         cls.append(f"l{lv}")
     attr = f"'{' '.join(cls)}'" if len(cls) > 1 else "t"
-    tip = html.escape(f"log μ = {logp:.4f}  δ = {delta:.3g}", quote=True)
-    return f"<span class={attr} title='{tip}'>{html.escape(text)}</span>"
+    tip = escape(f"log μ = {logp:.4f}  δ = {delta:.3g}")
+    return f"<span class={attr} title='{tip}'>{escape(text)}</span>"
 
 
 def alpha_colour(alpha: float | None) -> str:
@@ -151,7 +164,27 @@ def curves_section(rows: list[dict], cfg: dict, summary: dict | None = None) -> 
                                 sft_episodes=(summary or {}).get("episodes"))
     parts.append(f"<img alt='learning curve' src='{_png_data_uri(fig)}'>")
     parts.append(f"<img alt='mismatch' src='{_png_data_uri(mismatch_figure(rows))}'>")
-    return "\n".join(parts)
+    return "\n".join(parts + [training_losses(rows)])
+
+
+#: skipped steps `training_losses` lists by number at most (a long run's line stays one line)
+MAX_LISTED = 20
+
+
+def training_losses(rows: list[dict]) -> str:
+    """One line on the steps that made no update (`skipped_step`) and the training episodes that errored
+    (`errored_episodes`: left out of their step's means, so the curves alone hid them); "" for neither."""
+    train = [r for r in rows if "reward_mean" in r]
+    skipped = [r["step"] for r in train if r.get("skipped_step")]
+    errored = [r["errored_episodes"] for r in train if r.get("errored_episodes")]
+    parts = []
+    if skipped:
+        listed = ", ".join(map(str, skipped[:MAX_LISTED])) + (", …" if len(skipped) > MAX_LISTED else "")
+        parts.append(f"{counted(len(skipped), 'step')} skipped (no usable episode, no update): {listed}")
+    if errored:
+        parts.append(f"{counted(sum(errored), 'episode')} errored, in {counted(len(errored), 'step')} (left out of "
+                     "the step means; each one's error is in errors.jsonl)")
+    return f"<p class=meta id='training-losses'>Training: {'; '.join(parts)}.</p>" if parts else ""
 
 
 def eval_section(run_dir: Path, top: Path | None = None) -> str:
@@ -160,7 +193,7 @@ def eval_section(run_dir: Path, top: Path | None = None) -> str:
     reports, refused = read_evals(run_dir)
     others, refused_others = _read_pairs(checkpoint_eval_folders(run_dir, top or run_dir))
     out = ["<h2 id='evals'>Held-out evaluations</h2>"]
-    out += [f"<p class=meta>left out: {html.escape(e)}</p>" for e in refused + refused_others]
+    out += [f"<p class=meta>left out: {escape(e)}</p>" for e in refused + refused_others]
     if not reports and not others:
         return "\n".join(out + ["<p>No evaluations in this run.</p>"])
     out.append(_trainer_evals(reports) if reports else "<p>None during training (eval/step_*).</p>")
@@ -168,12 +201,19 @@ def eval_section(run_dir: Path, top: Path | None = None) -> str:
         out.append("<h3 id='checkpoint-evals'>Of the run's checkpoints, by <code>agentq eval</code></h3>"
                    "<table id='checkpoint-eval-table'><tr><th class=l>checkpoint</th><th class=l>folder</th>"
                    f"<th class=l>split</th><th class=l>rollout, decoding</th>{EVAL_HEAD}</tr>")
-        out += [f"<tr><td class=l>{html.escape(label)}</td><td class=l>{html.escape(folder.name)}</td>"
-                f"<td class=l>{_fmt(r.get('split'))}</td><td class=l>{html.escape(_decoding(r))}</td>{_eval_cells(r)}</tr>"
+        out += [f"<tr><td class=l>{escape(label)}</td><td class=l>{escape(folder.name)}</td>"
+                f"<td class=l>{_fmt(r.get('split'))}</td><td class=l>{escape(_decoding(r))}</td>{_eval_cells(r)}</tr>"
                 for (label, folder), r in others]
         out.append("</table>")
+    if any(_lost_counts(r) for r in reports + [r for _, r in others]):
+        out.append(LOST_NOTE)
     return "\n".join(out)
 
+
+#: below the evaluation tables when an episodes cell counts lost ones (`_episodes_cell`)
+LOST_NOTE = ("<p class=meta id='eval-lost'>errored: the environment failed (each such episode's error is under "
+             "\"error\" in its evaluation's episodes.jsonl); not played: the first prompt did not fit "
+             "env.max_context_tokens. Both count as lost in the success rate.</p>")
 
 #: the columns every evaluation table ends with (`_eval_cells`)
 EVAL_HEAD = ("<th>episodes</th><th>success</th><th>95 % CI</th><th>score</th><th>turns (won)</th><th>step cap</th>"
@@ -183,9 +223,22 @@ EVAL_HEAD = ("<th>episodes</th><th>success</th><th>95 % CI</th><th>score</th><th
 def _eval_cells(r: dict) -> str:
     lo, hi = r.get("success_ci95") or [None, None]
     sel = (r.get("task_selection") or {}).get("description", "")
-    return (f"<td>{_fmt(r.get('episodes'))}</td><td>{_fmt(r.get('success_rate'))}</td><td>{_fmt(lo)}–{_fmt(hi)}</td>"
+    return (f"<td>{_episodes_cell(r)}</td><td>{_fmt(r.get('success_rate'))}</td><td>{_fmt(lo)}–{_fmt(hi)}</td>"
             f"<td>{_fmt(r.get('score_mean'))}</td><td>{_fmt(r.get('turns_success_mean'), 2)}</td>"
-            f"<td>{_fmt(r.get('cap_rate'))}</td><td class=l>{html.escape(sel)}</td>")
+            f"<td>{_fmt(r.get('cap_rate'))}</td><td class=l>{escape(sel)}</td>")
+
+
+def _lost_counts(r: dict) -> list[str]:
+    """An evaluation's episodes that errored or were not played, e.g. ["1 errored"]; [] for none (or an
+    eval.json from before `unplayed` was recorded)."""
+    counts = {"errored": int(r.get("errors") or 0), "not played": int(r.get("unplayed") or 0)}
+    return [f"{n} {what}" for what, n in counts.items() if n]
+
+
+def _episodes_cell(r: dict) -> str:
+    """The episodes, with the lost ones said where there are any: "0.000 of 10" hid an env failure."""
+    lost = _lost_counts(r)
+    return _fmt(r.get("episodes")) + (f" ({', '.join(lost)})" if lost else "")
 
 
 def _decoding(r: dict) -> str:
@@ -213,7 +266,7 @@ def _trainer_evals(reports: list[dict]) -> str:
         out.append(f"<p>Per task type at step {last.get('step')}:</p><table id='eval-types'>"
                    "<tr><th class=l>task type</th><th>episodes</th><th>success</th><th>score</th></tr>")
         for k, v in types.items():
-            out.append(f"<tr><td class=l>{html.escape(k)}</td><td>{v['episodes']}</td>"
+            out.append(f"<tr><td class=l>{escape(k)}</td><td>{v['episodes']}</td>"
                        f"<td>{_fmt(v['success_rate'])}</td><td>{_fmt(v.get('score_mean'))}</td></tr>")
         out.append("</table>")
     return "\n".join(out)
@@ -302,7 +355,7 @@ def episode_html(ep: list[dict], delta_scale: float) -> str:
     """One trajectory (its segment rows, turn order) as a <details> block."""
     first = ep[0]
     outcome = "won" if first["won"] else first.get("end_reason") or "lost"
-    head = (f"episode {first['episode_id']} · task {html.escape(str(first['task_id']))} · {html.escape(outcome)} · "
+    head = (f"episode {first['episode_id']} · task {escape(str(first['task_id']))} · {escape(outcome)} · "
             f"reward {_fmt(first['reward'])} · advantage {_fmt(first['advantage'])} · {counted(len(ep), 'turn')}")
     turns = []
     for seg in ep:
@@ -314,12 +367,17 @@ def episode_html(ep: list[dict], delta_scale: float) -> str:
             f"<div class=turn style='--alpha:{alpha_colour(seg['alpha'])}' data-turn='{seg['turn']}'>"
             f"<div class=meta>turn {seg['turn']} · {seg['tokens']} tokens · Σδ {_fmt(seg['delta_sum'])} · "
             f"m {_fmt(seg['m'])} · H {_fmt(seg['H'])} · α {_fmt(seg['alpha'])}</div>"
-            f"<div class=obs>{html.escape(seg.get('observation') or '')}</div>"
+            f"<div class=obs>{escape(seg.get('observation') or '')}</div>"
             f"<div class=act>{''.join(toks)}</div>"
-            f"<div class=meta>action: {html.escape(str(seg.get('action')))} → "
-            f"{html.escape((seg.get('feedback') or '')[:300])}</div></div>")
+            f"<div class=meta>{_action_text(seg.get('action'))} → "
+            f"{escape((seg.get('feedback') or '')[:300])}</div></div>")
     return (f"<details class=episode data-episode='{first['episode_id']}'><summary>{head}</summary>"
             f"{''.join(turns)}</details>")
+
+
+def _action_text(action: str | None) -> str:
+    """A turn's parsed action for the viewer; a reply without one read "action: None"."""
+    return "no parsable action" if action is None else f"action: {escape(action)}"
 
 
 def viewer_section(seg_by_step: dict[int, list[dict]], max_episodes: int) -> str:
@@ -454,16 +512,16 @@ def pipeline_section(summary: dict) -> str:
         pr = c.get("paired") or {}
         if pr and paired_test_name(pr) != NO_PAIRS:
             tests.add(paired_test_name(pr))
-        out.append(f"<tr><td class=l>{html.escape(str(split))}</td><td>{c['episodes']}</td>"
+        out.append(f"<tr><td class=l>{escape(str(split))}</td><td>{c['episodes']}</td>"
                    f"<td>{_fmt(c['sft_success_rate'])}</td><td>{_fmt(s_lo)}–{_fmt(s_hi)}</td>"
                    f"<td>{_fmt(c['rl_success_rate'])}</td><td>{_fmt(r_lo)}–{_fmt(r_hi)}</td>{_paired_cells(pr)}</tr>")
     # a summary.json from before rollout_backend was recorded names the quantization alone
     rollout = quant_name(str(summary.get("rollout_quant"))) + (f" ({summary['rollout_backend']})"
                                                                 if summary.get("rollout_backend") else "")
     out.append(f"</table><p class=meta>{counted(summary.get('sft_demos'), 'expert demonstration')}, "
-               f"{counted(summary.get('rl_steps'), 'RL step')} ({html.escape(str(summary.get('algo')))}, rollout "
-               f"{html.escape(rollout)}). Paired p "
-               f"(two-sided, over tasks): {html.escape(', '.join(sorted(tests)) or '–')}.</p>")
+               f"{counted(summary.get('rl_steps'), 'RL step')} ({escape(str(summary.get('algo')))}, rollout "
+               f"{escape(rollout)}). Paired p "
+               f"(two-sided, over tasks): {escape(', '.join(sorted(tests)) or '–')}.</p>")
     return "\n".join(out)
 
 
@@ -511,14 +569,14 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_step
     steps = max((r["step"] for r in rows if "reward_mean" in r), default=0)
     title = f"agentq run {top.resolve().name}: {env_label(cfg.get('env'))} · {algo} · {counted(steps, 'step')}"
     body = "\n".join([
-        f"<h1 id='title'>{html.escape(title)}</h1>",
+        f"<h1 id='title'>{escape(title)}</h1>",
         "<p>" + ("<a href='#pipeline'>SFT → RL</a> · " if summary else "")
         + "<a href='#curves'>curves</a> · <a href='#evals'>evaluations</a> · <a href='#by-turn'>by turn</a> · "
         "<a href='#episodes'>episodes</a></p>",
         pipeline_section(summary) if summary else "",
         curves_section(rows, cfg, summary), eval_section(run_dir, top), by_turn_section(rows, seg_by_step, table_rows),
         viewer_section(shown, max_episodes)])
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
             f"<style>{CSS}{token_css()}</style><script>{SWITCH_JS}</script></head><body class='by-delta'>{body}</body></html>")
     out = Path(out) if out else top / "report.html"
     with replaced(out) as tmp:              # a full disk mid-write keeps the last whole report

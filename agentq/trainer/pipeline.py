@@ -2,7 +2,7 @@
 
 tiny model + tokenizer (built from the env's text) → SFT on a few expert demonstrations →
 held-out evaluation → RL with the W8A8-KV8 rollout engine and the aligned learner → held-out
-evaluation → summary.json, a PNG learning curve, and a table.
+evaluation → summary.json and a PNG learning curve, with a table of them printed.
 
 Everything is an ordinary config override away (`env=...`, `sft.num_demos=...`,
 `trainer.steps=...`, `pipeline.eval_tasks=...`), so the same command is also the template for a

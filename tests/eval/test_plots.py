@@ -172,3 +172,32 @@ def test_axes_name_their_units_and_count_whole_steps(tmp_path, monkeypatch):
                                    "2": {"steps": [0, 2], "success": [0.1, 0.5]}}}, tmp_path / "c.png")
     assert captured == {"labels": ["bf16 (mean of 1 seed)", "interq (mean of 2 seeds)"],
                         "ylabel": "held-out success rate (0–1)", "integer": True}
+
+
+def test_a_lone_step_between_nan_steps_has_a_marker_and_the_average_is_over_steps():
+    """A step whose every episode errored logs a NaN reward: the step between two such was a line of one
+    point, drawn as nothing. The 5-step moving average averaged 5 rows (a missing step widened it) and a
+    NaN made the 5 averages holding it NaN."""
+    import matplotlib.pyplot as plt
+
+    from agentq.eval.plots import mismatch_figure
+
+    reward = {1: 0.1, 2: 0.2, 3: 0.3, 5: None, 6: 0.6, 7: None, 8: 0.8, 9: 0.9}      # no row for step 4
+    rows = [{"step": s, "reward_mean": r, "success_rate": None if r is None else 0.0, "k3": 1e-5,
+             "alpha_median": None if r is None else 0.9, "alpha_p10": 0.5, "alpha_min": 0.1} for s, r in reward.items()]
+    fig = learning_curve_figure(rows)
+    ax = fig.axes[0]
+    by_label = {ln.get_label(): ln for ln in ax.get_lines()}
+    avg = by_label["train reward, 5-step moving average"]
+    assert list(avg.get_xdata()) == [5, 6, 7, 8, 9]
+    # steps 1–5: .1 .2 .3 (4 none, 5 NaN); 2–6: .2 .3 .6; 3–7: .3 .6; 4–8: .6 .8; 5–9: .6 .8 .9
+    assert list(avg.get_ydata()) == pytest.approx([0.2, 1.1 / 3, 0.45, 0.7, 2.3 / 3])
+    markers = {label: (ln.get_marker(), ln.get_markersize()) for label, ln in by_label.items()}
+    assert markers == {"train reward (mean over the step's rollouts)": ("o", 3), "train success": ("o", 3),
+                       "train reward, 5-step moving average": ("o", 3)}
+    plt.close(fig)
+    fig = mismatch_figure(rows)
+    assert [(ln.get_label(), ln.get_marker(), ln.get_markersize()) for ln in fig.axes[1].get_lines()] == [
+        ("alpha_median", "o", 3), ("alpha_p10", "o", 3), ("alpha_min", "o", 3)]
+    assert [(ln.get_marker(), ln.get_markersize()) for ln in fig.axes[0].get_lines()] == [("o", 3)]
+    plt.close(fig)

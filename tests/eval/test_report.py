@@ -501,3 +501,74 @@ def test_a_damaged_config_yaml_is_said_and_the_report_renders(tmp_path, capsys):
     assert "<!doctype html>" in write_report(run).read_text()
     err = " ".join(capsys.readouterr().err.split())
     assert f"warning: {run / 'config.yaml'} is damaged (not YAML" in err
+
+
+def test_evaluation_rows_count_the_episodes_that_errored_or_were_not_played(tmp_path):
+    """An evaluation with 1 of 10 episodes errored read "0.000" of "10": the env's failure as the policy's."""
+    from agentq.agent.trajectory import Trajectory
+    from agentq.eval.evaluate import write_eval
+    from agentq.eval.metrics import summarize
+    from agentq.eval.report import write_report
+
+    run = _run(tmp_path / "run", [{"step": 1, "reward_mean": 0.5, "success_rate": 0.5}])
+    ends = ["error"] + ["context"] * 2 + ["failed"] * 7
+    trajs = [Trajectory(episode_id=i, task_id=f"t{i}", split="test", turns=int(end == "failed"), end_reason=end)
+             for i, end in enumerate(ends)]
+    write_eval(run / "eval" / "step_000001", {"step": 1, "split": "test", **summarize(trajs)}, trajs)
+    page = write_report(run).read_text()
+    assert "<tr><td>1</td><td class=l>test</td><td>10 (1 errored, 2 not played)</td><td>0.000</td>" in page
+    assert ("<p class=meta id='eval-lost'>errored: the environment failed (each such episode's error is under "
+            "\"error\" in its evaluation's episodes.jsonl); not played: the first prompt did not fit "
+            "env.max_context_tokens. Both count as lost in the success rate.</p>") in page
+    # none lost: the count alone, no note
+    clean = _run(tmp_path / "clean", [{"step": 1, "reward_mean": 0.5, "success_rate": 0.5}])
+    _evaluation(clean / "checkpoints" / "step_000001" / "eval-guess-test", 1)
+    page = write_report(clean).read_text()
+    assert "</td><td>2</td><td>0.500</td>" in page and "id='eval-lost'" not in page
+
+
+def test_skipped_steps_and_errored_training_episodes_are_said_under_the_curves(tmp_path):
+    """A skipped step (no update) and the training episodes that errored (left out of the step means)
+    appeared nowhere in the report."""
+    from agentq.eval.report import MAX_LISTED, training_losses, write_report
+
+    rows = [{"step": 1, "reward_mean": 0.5, "success_rate": 0.5, "errored_episodes": 2, "skipped_step": 0},
+            {"step": 2, "reward_mean": None, "success_rate": None, "errored_episodes": 4, "skipped_step": 1},
+            {"step": 3, "reward_mean": 0.0, "success_rate": 0.0, "errored_episodes": 0, "skipped_step": 1},
+            {"step": 3, "eval/success_rate": 0.5, "eval/errors": 3},         # an evaluation's: not training's
+            {"step": 4, "reward_mean": 0.5, "success_rate": 0.5, "errored_episodes": 0, "skipped_step": 0}]
+    page = write_report(_run(tmp_path / "run", rows)).read_text()
+    assert ("<p class=meta id='training-losses'>Training: 2 steps skipped (no usable episode, no update): 2, 3; "
+            "6 episodes errored, in 2 steps (left out of the step means; each one's error is in errors.jsonl).</p>"
+            ) in page
+    assert training_losses([rows[0]]) == ("<p class=meta id='training-losses'>Training: 2 episodes errored, in 1 "
+                                          "step (left out of the step means; each one's error is in errors.jsonl).</p>")
+    assert training_losses([rows[0] | {"errored_episodes": 0}, rows[4]]) == ""
+    many = [{"step": s, "reward_mean": 0.0, "skipped_step": 1} for s in range(1, MAX_LISTED + 6)]
+    assert training_losses(many) == (f"<p class=meta id='training-losses'>Training: {MAX_LISTED + 5} steps skipped "
+                                     f"(no usable episode, no update): {', '.join(map(str, range(1, 21)))}, ….</p>")
+
+
+def test_control_characters_of_token_and_episode_text_are_shown_as_escapes(tmp_path):
+    """html.escape passes control characters through: raw in the page (invalid HTML, invisible)."""
+    from agentq.eval.report import token_span, write_report
+
+    assert token_span("a\x03", -0.01, 0.0, 0.0) == "<span class=t title='log μ = -0.0100  δ = 0'>a\\x03</span>"
+    metrics = [{"step": 1, "reward_mean": 0.0, "success_rate": 0.0, "k3": 1e-5, "k3_by_turn": [1e-5]}]
+    run = _run(tmp_path / "run", metrics, [_seg(1, 1, 3, text=["a\x03", "\x1d\x7f<", "\t\n\x85"], obs="x\x00y\n",
+                                                task="t\x1b", action="go\x0c", feedback="f\x08")])
+    page = write_report(run).read_text()
+    assert not re.search("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]", page)
+    for shown in (">a\\x03</span>", ">\\x1d\\x7f&lt;</span>", ">\t\n\\x85</span>", "<div class=obs>x\\x00y\n</div>",
+                  "task t\\x1b · won", "action: go\\x0c → f\\x08</div>"):
+        assert shown in page, shown
+
+
+def test_a_turn_without_a_parsed_action_says_so(tmp_path):
+    from agentq.eval.report import write_report
+
+    metrics = [{"step": 1, "reward_mean": 0.0, "success_rate": 0.0, "k3": 1e-5, "k3_by_turn": [1e-5, 1e-5]}]
+    page = write_report(_run(tmp_path / "run", metrics, [_seg(1, 1, 2, action=None, feedback="Say <action>."),
+                                                         _seg(1, 2, 2, action="look")])).read_text()
+    assert "<div class=meta>no parsable action → Say &lt;action&gt;.</div>" in page
+    assert "<div class=meta>action: look → f</div>" in page and "action: None" not in page
