@@ -87,17 +87,19 @@ def load_trainer_state(folder: str | os.PathLike, meta_keys: tuple[str, ...] = (
     pt, meta = folder / STATE_TENSORS, folder / STATE_META
     if not pt.exists():
         raise CheckpointError(f"{folder} has no {STATE_TENSORS} (optimizer, RNG): cannot resume")
-    if not meta.exists():
-        raise CheckpointError(
-            f"{folder} has {STATE_TENSORS} but no {STATE_META}: it was written by an older agentq as a full "
-            "pickle, which is not loaded because unpickling can run code. Start a new run from its weights "
-            f"instead: model.path={str(folder)!r}")
     try:
         tensors = torch.load(pt, map_location="cpu", weights_only=True)
     except Exception as e:      # UnpicklingError for disallowed globals, RuntimeError/EOFError for torn files
+        if not meta.exists():   # an older agentq's state: one full pickle, no json beside it
+            raise CheckpointError(
+                f"{folder} has {STATE_TENSORS} but no {STATE_META}: it was written by an older agentq as a full "
+                "pickle, which is not loaded because unpickling can run code. Start a new run from its weights "
+                f"instead: model.path={str(folder)!r}") from None
         raise CheckpointError(f"{pt} could not be loaded safely (weights_only=True): {type(e).__name__}: "
                               f"{first_line(e)}; it is either damaged or holds "
                               "objects other than tensors, which are never unpickled") from None
+    if not meta.exists():       # this agentq's tensors without their json: a file lost, not an old format
+        raise CheckpointError(f"checkpoint {folder} is damaged (no {STATE_META} beside its {STATE_TENSORS})")
     try:
         values = json.loads(meta.read_text())
     except json.JSONDecodeError as e:

@@ -5,6 +5,7 @@ order of the flushes (os.fsync recorded), since a power loss cannot be staged in
 import errno
 import os
 import re
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,22 @@ def test_other_errors_of_a_checkpoint_write_stay_as_they_are(tmp_path, monkeypat
     with pytest.raises(RuntimeError, match="a bug, not the disk"):
         save_step(tmp_path, 1)
     assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+def test_a_lost_trainer_state_json_is_damage_and_an_old_pickle_is_named_as_one(tmp_path):
+    """trainer_state.json missing beside this agentq's tensors read as "written by an older agentq as a
+    full pickle ... start a new run": a file lost from a current checkpoint is damage (move it aside, the
+    one before resumes). A state the safe loader refuses, without its json, is the older format."""
+    import pickle
+
+    path = save_step(tmp_path, 1)
+    (path / "trainer_state.json").unlink()
+    with pytest.raises(CheckpointError, match=re.escape(f"checkpoint {path} is damaged (no trainer_state.json "
+                                                        "beside its trainer_state.pt)")):
+        load_trainer_state(path)
+    (path / "trainer_state.pt").write_bytes(pickle.dumps({"step": 1, "rng": Fraction(1, 3)}, protocol=2))  # a full pickle
+    with pytest.raises(CheckpointError, match="it was written by an older agentq as a full pickle"):
+        load_trainer_state(path)
 
 
 def test_a_trainer_state_without_what_the_reader_needs_is_a_damaged_checkpoint(tmp_path):
