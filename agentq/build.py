@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, PromptConfig, episode_seed
-from agentq.config import UNSET, ConfigError, run_folder_state
+from agentq.config import RUN_ONLY, UNSET, ConfigError, run_folder_state
 from agentq.config_schema import DTYPES, ROLLOUT_BACKENDS
 from agentq.envs.base import SplitRefused, TextEnv
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
@@ -447,9 +447,14 @@ def tiny_corpus_key(cfg: DictConfig) -> str:
     not, e.g., reward penalties, which would otherwise swap the base model; the env class's source
     file (`env_code_digest`). Bump CORPUS_VERSION when an environment's text or expert changes
     outside that file (its engine, a data file). The corpus plays train_split only, so eval_split is
-    left out: the pipeline, which points eval_split at its own split, gets the same base model."""
+    left out: the pipeline, which points eval_split at its own split, gets the same base model; so are
+    env.max_new_tokens (the corpus writes the expert's actions) and the `RUN_ONLY` env.kwargs (a JVM
+    heap or timeout rebuilt a byte-identical model)."""
     env = config_dict(cfg.env)
-    env.pop("eval_split", None)
+    for key in ("eval_split", "max_new_tokens"):
+        env.pop(key, None)
+    for key in RUN_ONLY:
+        (env.get("kwargs") or {}).pop(key.rpartition(".")[2], None)
     return json.dumps({"env": env, "env_code": env_code_digest(str(cfg.env.name)),
                        "n": int(cfg.model.tiny.corpus_episodes), "action_tag": cfg.agent.action_tag,
                        "invalid_format": cfg.agent.invalid_format, "v": CORPUS_VERSION}, sort_keys=True)

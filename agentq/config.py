@@ -530,6 +530,11 @@ RUN_CONFIG_SECTIONS = ("env", "model", "rollout", "algo", "trainer", "env_pool",
 RUN_CONFIG_FILES = ("config.yaml", "rl/config.yaml", "sft/config.yaml")
 
 
+#: env settings that say how an env runs, not what it plays (heap, timeouts, a cache folder): an
+#: evaluation's folder name and trained-otherwise check and the tiny model's cache key leave them out
+RUN_ONLY = ("env.kwargs.jvm_heap", "env.kwargs.jvm_opts", "env.kwargs.call_timeout_s", "env.kwargs.cache_dir")
+
+
 def run_folder_state(folder: Path) -> tuple[str, str] | None:
     """What a folder with no results or checkpoint yet is, for the messages that would otherwise call
     it "not a run folder": ("held", pid) while another agentq process holds its lock (a run in

@@ -21,7 +21,7 @@ from agentq import build
 from agentq.agent import AgentLoop, BackendPolicy, ChatFormat
 from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
-from agentq.config import (RUN_CONFIG_KEYS, ConfigError, differing_settings, in_sections, load_config,
+from agentq.config import (RUN_CONFIG_KEYS, RUN_ONLY, ConfigError, differing_settings, in_sections, load_config,
                            make_setting_dir, quant_name, read_settings)
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
@@ -350,7 +350,6 @@ TRAINED_WITH = ("env.name", "env.kwargs", "env.prompt", "agent.action_tag", "age
 
 #: env.kwargs that say how an environment runs, not what it plays (memory, timeouts, a cache folder):
 #: another value at evaluation is no other task, and warning of it sent the user to the run's config
-RUN_ONLY = ("env.kwargs.jvm_heap", "env.kwargs.jvm_opts", "env.kwargs.call_timeout_s", "env.kwargs.cache_dir")
 
 
 def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, list[str]]:
@@ -595,6 +594,10 @@ def print_report(r: dict) -> None:
     t.add_row("turns (successful)", turns_text(r["turns_success_mean"]))
     cap = (r.get("limits") or {}).get("max_steps")      # an eval.json from before limits were recorded: none
     t.add_row("hit step cap", f"{100 * r['cap_rate']:.1f} %" + (f"  (cap {cap} turns)" if cap else ""))
+    if r.get("end_context"):        # the context budget ended these, not the step cap (it read only "hit step cap")
+        budget = (r.get("limits") or {}).get("max_context_tokens")
+        t.add_row("ended at the context budget", f"{100 * r['end_context']:.1f} %"
+                  + (f"  (env.max_context_tokens {budget})" if budget else ""))
     t.add_row("invalid-format turns", f"{100 * r['invalid_action_rate']:.1f} %")
     t.add_row("inadmissible-action turns", f"{100 * r['inadmissible_action_rate']:.1f} %")
     if r.get("errors"):

@@ -227,6 +227,7 @@ def train_run(tmp_path_factory, args: list[str]) -> Path:
     out = tmp_path_factory.mktemp("run") / "r"
     p = run_cli(["train", *args, f"trainer.out_dir={out}"])
     assert p.returncode == 0, p.stderr[-3000:]
+    (out.parent / "train.stderr").write_text(p.stderr)       # what the user saw, beside the run folder
     return out
 
 

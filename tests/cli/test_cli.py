@@ -29,6 +29,9 @@ def test_train_writes_the_run_folder(run_dir):
     ckpt = run_dir / "checkpoints" / "step_000002"
     assert (ckpt / "model.safetensors").exists() and (ckpt / "tokenizer.json").exists()
     assert (run_dir / "eval" / "step_000002" / "eval.json").exists()
+    # transformers' own bars ("Loading weights", "Writing model shards" at each save) are off
+    said = (run_dir.parent / "train.stderr").read_text()
+    assert "Writing model shards" not in said and "Loading weights" not in said
 
 
 def test_eval_on_held_out_split(run_dir, tmp_path):

@@ -229,6 +229,11 @@ def test_tiny_model_cache_key_names_only_what_the_corpus_reads():
     assert tiny_corpus_key(load_config(["env.eval_split=dev"])) == base
     assert tiny_corpus_key(load_config(["env.train_split=dev"])) != base
     assert tiny_corpus_key(load_config(["agent.action_tag=act"])) != base
+    # how the env runs, not what it plays: a JVM heap or timeout, the reply budget, rebuilt the same model
+    assert tiny_corpus_key(load_config(["env.kwargs.jvm_heap=2g", "env.kwargs.call_timeout_s=90",
+                                        "env.max_new_tokens=31"])) == base
+    assert tiny_corpus_key(load_config(["env.max_context_tokens=4096"])) != base      # the model's positions
+    assert tiny_corpus_key(load_config(["env.max_steps=3"])) != base                  # the episodes played
 
 
 def test_tiny_model_cache_key_follows_the_env_classs_source_file(tmp_path, monkeypatch):

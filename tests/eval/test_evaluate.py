@@ -48,6 +48,12 @@ def test_the_report_names_the_rollout_backend_beside_its_quantization(tiny_model
     del report["rollout_backend"]           # an eval.json from before: the quantization alone
     print_report(report)
     assert "textworld_express / test (1 episodes, rollout=w8a8_kv8)" in " ".join(capsys.readouterr().err.split())
+    # episodes the context budget ended: a row of their own (they read as neither won nor capped)
+    print_report({**report, "end_context": 0.5, "limits": {"max_steps": 3, "max_context_tokens": 2048}})
+    said = " ".join(capsys.readouterr().err.split())
+    assert "ended at the context budget │ 50.0 % (env.max_context_tokens 2048)" in said
+    print_report({**report, "end_context": 0.0})
+    assert "context budget" not in capsys.readouterr().err
 
 
 def test_an_output_folder_that_cannot_be_made_fails_before_playing(tiny_model_dir, tmp_path, monkeypatch, capsys):
