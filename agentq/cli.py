@@ -95,12 +95,7 @@ def run(argv: list[str] | None = None) -> int:
     from agentq.utils.errors import RunFileError
 
     if cmd != "config":
-        from agentq.utils.malloc_tuning import tune_malloc
-        tune_malloc()       # large CPU tensors from the heap, not a page-faulted mmap each (AGENTQ_MALLOC_TUNING=0: off)
-        from transformers.utils import logging as hf_logging
-        # transformers' own bars at every model load and checkpoint save ("Writing model shards"), drawn
-        # with carriage returns into agentq's progress and log files; agentq says what it loads and saves
-        hf_logging.disable_progress_bar()
+        prepare_process()
     root = CONFIG_OF.get(cmd, "config")
     if cmd == "config" and overrides and overrides[0] in CONFIG_OF:     # `agentq config pipeline ...`
         root, overrides = CONFIG_OF[overrides[0]], overrides[1:]
@@ -119,6 +114,18 @@ def run(argv: list[str] | None = None) -> int:
     except OSError as e:
         return disk_error(e)
     return 0
+
+
+def prepare_process() -> None:
+    """Before a command that loads models: the heap tuned and transformers' progress bars off."""
+    from transformers.utils import logging as hf_logging
+
+    from agentq.utils.malloc_tuning import tune_malloc
+
+    tune_malloc()       # large CPU tensors from the heap, not a page-faulted mmap each (AGENTQ_MALLOC_TUNING=0: off)
+    # transformers' own bars at every model load and checkpoint save ("Writing model shards"), drawn
+    # with carriage returns into agentq's progress and log files; agentq says what it loads and saves
+    hf_logging.disable_progress_bar()
 
 
 #: OSErrors the user fixes on the machine (a full disk or quota, a read-only folder, permissions): one line
