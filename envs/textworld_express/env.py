@@ -212,7 +212,9 @@ def _checked_game_params(game_params: Any, games: list[str]) -> dict[str, str]:
     extra = [g for g in game_params if g not in games]
     if extra:
         raise ValueError(f"game_params names {extra}, not in games {games}; its keys must be games played "
-                         "(a key of another game would never be used)")
+                         "(a key of another game would never be used; after env.kwargs.games=[...] on the command "
+                         f"line, remove the others' with ~env.kwargs.game_params.{extra[0]}, or take a config of "
+                         "that game, e.g. env=textworld_express_mapreader)")
     for game, params in game_params.items():
         if not isinstance(params, str):
             raise ValueError(f"game_params[{game!r}] must be a str of TextWorldExpress's gameParams (e.g. "

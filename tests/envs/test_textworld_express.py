@@ -135,7 +135,8 @@ def test_tasks_per_game_must_be_a_positive_int(n):
 @pytest.mark.parametrize("kwargs, said", [
     ({"game_params": {"cion": "numLocations=2"}},
      "game_params names ['cion'], not in games ['coin']; its keys must be games played (a key of another game "
-     "would never be used)"),
+     "would never be used; after env.kwargs.games=[...] on the command line, remove the others' with "
+     "~env.kwargs.game_params.cion, or take a config of that game, e.g. env=textworld_express_mapreader)"),
     ({"game_params": {"coin": 3}},
      "game_params['coin'] must be a str of TextWorldExpress's gameParams (e.g. 'numLocations=3,includeDoors=0'; "
      "'' for the engine's defaults), got int (3)"),
