@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from agentq.utils.errors import first_line
 from agentq.utils.folder_lock import lock_holder
@@ -73,12 +73,14 @@ def with_searchpath(overrides: list[str], extra: list[str]) -> list[str]:
 
 
 def load_config(overrides: list[str] | None = None, config_name: str = "config",
-                command: str | None = None) -> DictConfig:
+                command: str | None = None, pin_env: bool = True) -> DictConfig:
     """Compose conf/<config_name>.yaml (config.yaml, or pipeline.yaml for `agentq pipeline`) with
     `key=value` overrides (Hydra syntax); struct mode on. Config folders outside agentq join the
     search path from `hydra.searchpath=[file:///abs/conf]` and from plugins (entry points of group
     `agentq.conf`), so `env=<their name>` finds their conf/env/<name>.yaml. `command`: the agentq
-    command that runs on it, which refuses the keys it does not read (`check_command_keys`)."""
+    command that runs on it, which refuses the keys it does not read (`check_command_keys`);
+    `pin_env`: write into env.kwargs what the env would read from outside them (`pin_env_kwargs`;
+    False: the defaults as written, which an evaluation's folder name is told against)."""
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -108,6 +110,8 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config",
         check_env_keys(cfg, overrides)
         check_config(cfg)
         check_env_name(cfg)
+        if pin_env:
+            pin_env_kwargs(cfg)
     except ConfigError:
         raise
     except (OmegaConfBaseException, ValueError) as e:
@@ -391,6 +395,38 @@ def check_env_name(cfg: DictConfig) -> None:
     except (gym.error.Error, TypeError, ImportError) as e:
         raise ConfigError(f"env.name={name!r}: {e}") from None
     check_env_settings(cfg)
+
+
+def pin_env_kwargs(cfg: DictConfig) -> None:
+    """Write into env.kwargs, in place, what the env class would otherwise read from outside them
+    (`TextEnv.resolved_kwargs`: $WEBSHOP_DATA or $ALFWORLD_DATA behind a null data_dir, a relative
+    folder), so config.yaml, the tiny model's cache key and an evaluation's folder name and eval.json
+    say which data a run played (an evaluation on WebShop's real catalog replaced one on the generated
+    catalog in the same folder). A resume keeps the run's config.yaml, so its data stay the run's.
+
+    Raises:
+        ConfigError: the class's `resolved_kwargs` raised or returned something other than a dict.
+    """
+    from agentq.envs import env_class
+
+    name = (cfg.get("env") or {}).get("name")
+    cls = env_class(str(name)) if name is not None else None
+    if cls is None:                     # no env section, or a factory function builds it
+        return
+    kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True) if cfg.env.get("kwargs") is not None else {}
+    assert isinstance(kwargs, dict)
+    try:
+        pinned = cls.resolved_kwargs({str(k): v for k, v in kwargs.items()})
+    except Exception as e:              # a plugin's hook: one line naming it, not a traceback
+        raise ConfigError(f"env.kwargs: {cls.__name__}.resolved_kwargs raised {type(e).__name__}: {e}") from None
+    if not isinstance(pinned, dict):
+        raise ConfigError(f"env.kwargs: {cls.__name__}.resolved_kwargs returned a {type(pinned).__name__}, not a dict")
+    if pinned and cfg.env.get("kwargs") is None:
+        with open_dict(cfg.env):
+            cfg.env.kwargs = {}
+    with open_dict(cfg.env.kwargs):
+        for key, value in pinned.items():
+            cfg.env.kwargs[key] = value
 
 
 def check_env_settings(cfg: DictConfig) -> None:

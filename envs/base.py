@@ -40,6 +40,12 @@ A `TextEnv` is a Gymnasium `Env` whose observations and actions are strings:
   builds one instance per split before its model (to refuse bad arguments or missing data early), so
   a constructor checks data and stays cheap; engines start on the first `reset`.
 
+* `resolved_kwargs(kwargs)` (a classmethod): constructor arguments the env would otherwise take from
+  outside its arguments, i.e. an environment variable read when the argument is None, or a folder
+  given relative to the working directory, as the values it would use now. agentq writes them into
+  `env.kwargs` when it composes a config, so a run's config.yaml and an evaluation's folder name and
+  eval.json say which data were played.
+
 Subclasses implement three hooks (`_tasks`, `_reset_task`, `_step_task`) and, for experts,
 `_expert_action`; the base class owns splits, task selection, the step cap and the `info`
 keys, so every environment behaves the same at the edges. An expert that follows a fixed path
@@ -229,6 +235,20 @@ class TextEnv(gym.Env[str, str]):
         when the environment has no task types. It fills `info["task_type"]` unless a hook's
         `TaskStep.extra` sets that key (which must then agree with it)."""
         return None
+
+    @classmethod
+    def resolved_kwargs(cls, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor arguments of `kwargs` that the env would take from outside them (an
+        environment variable behind a None, a path relative to the working directory), as the
+        values it would use in this process. Called on the class, before any env is built; it must
+        not raise for arguments the constructor would refuse (the constructor says why).
+
+        Args:
+            kwargs: the constructor arguments agentq will pass (env.kwargs).
+        Returns:
+            {argument: value} to record in env.kwargs (plain JSON values); {} by default.
+        """
+        return {}
 
     # ------------------------------------------------------------------ public API
     def list_tasks(self, split: str | None = None) -> list[str]:

@@ -113,6 +113,7 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
     report = {**header, "env": cfg.env.name, "split": split, "rollout_quant": cfg.rollout.quant,
               "rollout_backend": cfg.rollout.backend, "temperature": float(cfg.eval.temperature),
               "sampling": sampling_record(sampling, seed, repeats), "limits": limits_record(cfg),
+              "env_kwargs": env_kwargs_record(cfg),
               "task_selection": selection.to_dict(), **summarize(trajs)}
     write_eval(out, report, trajs)
     return report
@@ -126,6 +127,15 @@ def sampling_record(sampling: SamplingParams, seed: int, repeats: int) -> dict:
     return {"temperature": float(sampling.temperature), "greedy": sampling.temperature == 0,
             "top_p": float(sampling.top_p), "top_k": int(sampling.top_k), "max_new_tokens": int(sampling.max_new_tokens),
             "seed": int(seed), "repeats": int(repeats)}
+
+
+def env_kwargs_record(cfg: DictConfig) -> dict:
+    """What the episodes played, for eval.json: env.kwargs as the run resolved them (a data folder
+    from $WEBSHOP_DATA or $ALFWORLD_DATA included: `pin_env_kwargs`), without `RUN_ONLY`'s keys (how
+    the env ran: JVM heap, timeouts, a cache folder)."""
+    kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True) if cfg.env.get("kwargs") is not None else {}
+    assert isinstance(kwargs, dict)
+    return {str(k): v for k, v in kwargs.items() if not in_sections(f"env.kwargs.{k!s}", RUN_ONLY)}
 
 
 def limits_record(cfg: DictConfig) -> dict:
@@ -550,17 +560,18 @@ def default_config(cfg: DictConfig, overrides: list[str] | None = None) -> DictC
     textworld_express) is told against textworld_express.yaml, so its name differs from the coin game's
     on the same split. For an env.name no preset is named after (a Gymnasium id, module:Class), conf/'s
     default environment: the name then says what differs from it (a stable name, if not a short one).
-    `overrides`' hydra.searchpath is kept: a preset found only through it (docs/adding-an-environment.md)."""
+    `overrides`' hydra.searchpath is kept: a preset found only through it (docs/adding-an-environment.md).
+    Its env.kwargs are as written (no `pin_env_kwargs`): a data folder from $WEBSHOP_DATA names its own."""
     name = str(cfg.env.name)
     searchpath = [o for o in overrides or [] if o.startswith("hydra.searchpath=")]
     if re.fullmatch(r"[\w-]+", name):       # a group option's name, not a Gymnasium id or module:Class
         try:
-            preset = load_config([f"env={name}", *searchpath])
+            preset = load_config([f"env={name}", *searchpath], pin_env=False)
         except Exception:                   # no such preset, one that does not load alone, a plugin's import
             preset = None
         if preset is not None and str(preset.env.name) == name:
             return preset
-    return load_config(searchpath)
+    return load_config(searchpath, pin_env=False)
 
 
 def folder_name(env_name: str) -> str:

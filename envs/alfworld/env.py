@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 from ..base import EnvCrashedError, TaskStep, TextEnv
 from . import generator as gen
 from . import parse_cache
-from .data import REAL_SPLITS, list_real_games, load_real_game, split_dir, task_type_of
+from .data import REAL_SPLITS, data_root, list_real_games, load_real_game, split_dir, task_type_of
 from .experts import HandcodedExpert, PlannerExpert
 
 if os.environ.get("AGENTQ_ALFWORLD_PARSE_CACHE", "1") != "0":
@@ -92,6 +92,16 @@ class ALFWorldEnv(TextEnv):
         self._state: Any = None                    # the engine's last state (a textworld GameState)
         self._expert: HandcodedExpert | PlannerExpert | None = None
         self._planner: PlannerExpert | None = None
+
+    @classmethod
+    def resolved_kwargs(cls, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """data_dir as an absolute folder: the one given, or `$ALFWORLD_DATA`'s behind a None; {} for
+        alfworld's default folder (where `alfworld-download` writes), which a None keeps meaning."""
+        given = kwargs.get("data_dir")
+        if given is not None and not isinstance(given, (str, os.PathLike)):
+            return {}                   # the constructor refuses it, saying why
+        root, source = data_root(given)
+        return {"data_dir": str(root.absolute())} if given or source == "$ALFWORLD_DATA" else {}
 
     # ------------------------------------------------------------------ engine
     def _engine(self):

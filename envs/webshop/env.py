@@ -13,9 +13,11 @@ WebShop's reward in [0, 1] (`won` when it is 1.0); `info["reward_info"]` then ho
 from __future__ import annotations
 
 import numbers
-from typing import ClassVar
+import os
+from typing import Any, ClassVar, Mapping
 
 from ..base import TaskStep, TextEnv
+from .data import resolve_data_dir
 from .experts import oracle_action
 from .pages import DONE, SEP, Session, StepOutcome
 from .shop import Shop, get_shop
@@ -67,6 +69,16 @@ class WebShopEnv(TextEnv):
                         "train": range(n_test + n_dev, total)}
         self.invalid_feedback = bool(invalid_feedback)
         self.session: Session | None = None
+
+    @classmethod
+    def resolved_kwargs(cls, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """data_dir as an absolute folder, `$WEBSHOP_DATA`'s behind a None (a real-catalog run and a
+        generated-catalog one then differ in their settings); {} for the generated catalog."""
+        given = kwargs.get("data_dir")
+        if given is not None and not isinstance(given, (str, os.PathLike)):
+            return {}                   # the constructor refuses it, saying why
+        found = resolve_data_dir(given)
+        return {"data_dir": str(found.absolute())} if found is not None else {}
 
     # ------------------------------------------------------------------ TextEnv hooks
     def _tasks(self, split: str) -> list[str]:

@@ -552,3 +552,45 @@ def test_run_folder_state_tells_a_run_in_progress_from_one_that_stopped(tmp_path
         assert run_folder_state(tmp_path) == ("held", str(os.getpid()))        # in progress wins over settings
     finally:
         held.close()
+
+
+def test_a_data_folder_from_an_environment_variable_is_written_into_env_kwargs(tmp_path, monkeypatch):
+    """$WEBSHOP_DATA / $ALFWORLD_DATA behind a null data_dir were read by the env alone: config.yaml and
+    an evaluation's folder name said nothing of them, so a real-catalog WebShop evaluation replaced a
+    generated-catalog one. Composing now writes the folder the env would read into env.kwargs, absolute."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WEBSHOP_DATA", raising=False)
+    assert load_config(["env=webshop"]).env.kwargs.data_dir is None              # the generated catalog
+    assert load_config(["env=webshop", "env.kwargs.data_dir=shop"]).env.kwargs.data_dir == str(tmp_path / "shop")
+    monkeypatch.setenv("WEBSHOP_DATA", "real")
+    assert load_config(["env=webshop"]).env.kwargs.data_dir == str(tmp_path / "real")
+    assert load_config(["env=webshop", "env.kwargs.data_dir=/given"]).env.kwargs.data_dir == "/given"
+    assert load_config(["env=webshop"], pin_env=False).env.kwargs.data_dir is None    # the defaults as written
+
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "games"))
+    assert load_config(["env=alfworld"]).env.kwargs.data_dir == str(tmp_path / "games")
+    # `import alfworld` sets $ALFWORLD_DATA to its own default: that value is no choice of the user's
+    monkeypatch.setenv("ALFWORLD_DATA", str(Path("~/.cache/alfworld").expanduser()))
+    assert load_config(["env=alfworld"]).env.kwargs.data_dir is None
+    assert load_config(["env=alfworld"]).env.kwargs.cache_dir is None              # how it runs: left as it is
+
+
+def test_an_env_classs_resolved_kwargs_that_raises_is_one_config_line(tmp_path, monkeypatch):
+    src = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("Pinned", ("train", "heldout"), """
+    def __init__(self, where=None, **kw):
+        super().__init__(**kw)
+
+    @classmethod
+    def resolved_kwargs(cls, kwargs):
+        if kwargs.get("where") == "bad":
+            raise RuntimeError("no such place")
+        return {"where": "/abs/" + str(kwargs.get("where"))} if kwargs.get("where") else []
+""")
+    (tmp_path / "pinned_env.py").write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = ["env.name=pinned_env:Pinned", "env.train_split=train", "env.eval_split=heldout", "env.kwargs={}"]
+    assert load_config([*base, "+env.kwargs.where=x"]).env.kwargs.where == "/abs/x"
+    with pytest.raises(ConfigError, match=r"^env.kwargs: Pinned.resolved_kwargs raised RuntimeError: no such place$"):
+        load_config([*base, "+env.kwargs.where=bad"])
+    with pytest.raises(ConfigError, match=r"^env.kwargs: Pinned.resolved_kwargs returned a list, not a dict$"):
+        load_config(base)

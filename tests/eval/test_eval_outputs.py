@@ -7,6 +7,7 @@ import json
 import math
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -265,3 +266,23 @@ def test_report_of_an_sft_folder_is_a_one_line_refusal(tmp_path, capsys, inside_
                    "`agentq pipeline` folder" + (f" (its pipeline's: agentq report {top})" if inside_pipeline else "")
                    + f"; evaluate the SFT checkpoint with agentq eval checkpoint={sft / 'checkpoint'}")
     assert not (sft / "report.html").exists()
+
+
+def test_an_evaluation_on_webshops_real_files_keeps_its_own_folder(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """$WEBSHOP_DATA used to be read by the env alone: an evaluation on WebShop's real catalog took the
+    generated catalog's folder and replaced its results ("with the same settings"). The folder the env
+    reads is now in env.kwargs (`pin_env_kwargs`): its own folder name, and eval.json says it."""
+    fixture = Path(__file__).parents[1] / "envs" / "fixtures" / "webshop"
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    small = ["env=webshop", "+env.kwargs.split_sizes={test: 2, dev: 1}", "eval.num_tasks=1", "env_pool=inline",
+             "env.max_steps=2", "env.max_new_tokens=8"]
+    monkeypatch.delenv("WEBSHOP_DATA", raising=False)
+    assert main(["eval", f"checkpoint={ckpt}", *small]) == 0
+    monkeypatch.setenv("WEBSHOP_DATA", str(fixture))
+    assert main(["eval", f"checkpoint={ckpt}", *small]) == 0
+    assert "replaces" not in capsys.readouterr().err
+    folders = sorted(ckpt.glob("eval-*"))
+    assert len(folders) == 2
+    kwargs = sorted((json.loads((f / "eval.json").read_text())["env_kwargs"] for f in folders), key=lambda k: k["data_dir"] is not None)
+    assert [k["data_dir"] for k in kwargs] == [None, str(fixture)] and all(k["split_sizes"] == {"test": 2, "dev": 1}
+                                                                         for k in kwargs)
