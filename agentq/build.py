@@ -155,13 +155,15 @@ def env_spec(cfg: DictConfig, split: str, expert: bool = False) -> EnvSpec:
     return EnvSpec(cfg.env.name, kwargs)
 
 
-def make_env(cfg: DictConfig, split: str, expert: bool = False) -> gym.Env:
+def make_env(cfg: DictConfig, split: str, expert: bool = False, key: str | None = None) -> gym.Env:
     """One env of `cfg` in this process (task lists, the tiny model's corpus, task selection).
+    `key`: the setting a refusal of the split names (default `split_key`'s; `agentq eval`: "split").
 
     Raises:
         ConfigError: the env refused its settings (a ValueError from its constructor: a bad
-            env.kwargs value, missing data; or an env.kwargs key no constructor takes), as one line
-            naming the env (was a traceback).
+            env.kwargs value, a missing data folder; or an env.kwargs key no constructor takes), as
+            one line naming the env (was a traceback); or refused the split (a `SplitRefused`: not
+            one of its `splits`, its data missing), as `split_refused`'s `SplitError` naming `key`.
     """
     from agentq.pool.base import make_env as _make
 
@@ -169,8 +171,8 @@ def make_env(cfg: DictConfig, split: str, expert: bool = False) -> gym.Env:
         return _make(env_spec(cfg, split, expert))
     except ConfigError:
         raise
-    except SplitRefused as e:       # a split not in its `splits`: the setting that gave it named
-        raise split_refused(split, e, split_key(cfg, split)) from e
+    except SplitRefused as e:       # not in its `splits`, or its data missing: the setting that gave it named
+        raise split_refused(split, e, key or split_key(cfg, split)) from e
     except ValueError as e:
         # where it was raised, so that a bug (not a refusal) one line hides can still be found
         raise ConfigError(f"env={cfg.env.name}: {e} (raised at {raised_at(e)})") from e
@@ -237,7 +239,7 @@ def split_tasks(cfg: DictConfig, split: str, key: str | None = None) -> tuple[st
     spec = env_spec(cfg, split)
     listing = json.dumps({"name": spec.name, "kwargs": spec.kwargs}, sort_keys=True, default=repr)
     if listing not in _SPLIT_TASKS:
-        env = make_env(cfg, split)
+        env = make_env(cfg, split, key=key)
         try:
             _SPLIT_TASKS[listing] = tuple(env_tasks(cfg, env, split, key))
         finally:
@@ -280,9 +282,9 @@ class SplitError(ConfigError):
 
 def split_refused(split: str, e: ValueError, key: str = "split") -> SplitError:
     """An env's refusal of `split` as the one-line error naming `key`, the setting that gave the split:
-    the base class's (`SplitRefused`: not one of its `splits`, no task ids, a repeated id) and a
-    one-line error already made (`make_env`'s) as they read; any other ValueError, the env's own or
-    a bug in its `_tasks`, with where it was raised."""
+    a `SplitRefused` (the base class's: not one of its `splits`, no task ids, a repeated id; an env's
+    own subclass, e.g. ALFWorld's missing games) and a one-line error already made as they read; any
+    other ValueError of `list_tasks`, the env's own or a bug in its `_tasks`, with where it was raised."""
     where = "" if isinstance(e, (SplitRefused, ConfigError)) else f" (raised at {raised_at(e)})"
     return SplitError(f"{key}={split!r}: {e}{where}")
 

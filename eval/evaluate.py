@@ -162,19 +162,14 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
 
 
 def eval_tasks(cfg: DictConfig, split: str) -> TaskSelection:
-    """`choose_eval_tasks` of `agentq eval` (`eval.num_tasks`), the env's refusal of the split in one
-    line naming the setting: a `SplitError` as it reads (it names the split already), any other
-    refusal (make_env's of its settings or data among them) with `split=` in front.
+    """`choose_eval_tasks` of `agentq eval` (`eval.num_tasks`), a refusal of the split naming `split`.
 
     Raises:
-        ConfigError: the env refused the split (unknown, empty, missing data).
+        ConfigError: the env refused the split (unknown, empty, its data missing: a `build.SplitError`
+            naming `split=`) or its settings (`build.make_env`'s, naming the env: "split=" in front of
+            it blamed the split for, e.g., a bad env.kwargs value).
     """
-    try:
-        return choose_eval_tasks(cfg, split, cfg.eval.num_tasks, key="split")
-    except build.SplitError:
-        raise
-    except ValueError as e:     # the env's refusal (an unknown or empty split, missing data): one line, the key named
-        raise build.split_refused(split, e) from e
+    return choose_eval_tasks(cfg, split, cfg.eval.num_tasks, key="split")
 
 
 class OutputLock:

@@ -18,6 +18,7 @@ import random
 import warnings
 from pathlib import Path
 
+from ..base import SplitRefused
 from .generator import TASK_TYPES, grammar_with_task, stable_seed, tables, wheel_domain
 
 REAL_SPLITS: tuple[str, ...] = ("valid_seen", "valid_unseen", "valid_train", "train")
@@ -27,23 +28,24 @@ GENERATED_FOR = {"valid_seen": "gen_seen", "valid_unseen": "gen_unseen", "valid_
 _HOW_TO_GET = (
     "Get the real games with `alfworld-download` (needs internet; it writes to $ALFWORLD_DATA, "
     "default ~/.cache/alfworld), or unpack an archive with the json_2.1.1 layout and set ALFWORLD_DATA "
-    "(or the env's data_dir=) to the folder that contains json_2.1.1. Without real games, use the "
-    "generated splits gen_train, gen_seen and gen_unseen, which need no download")
+    "(or the env's data_dir=) to the folder that contains json_2.1.1. Without real games, play a "
+    "generated split (gen_train, gen_seen or gen_unseen), which needs no download")
 
 
 def _without_real_games(split: str) -> str:
-    """The agentq setting that plays the generated stand-in of real `split` (the training split, or the
-    held-out one of train, eval and pipeline runs)."""
-    key = "env.train_split" if split == "train" else "env.eval_split"
-    return f"{_HOW_TO_GET}: {key}={GENERATED_FOR[split]}."
+    """How to play the generated stand-in of real `split`, naming no setting: the env cannot know which
+    one gave the split (env.train_split, env.eval_split, pipeline.eval_splits, `agentq eval`'s split=;
+    it named env.eval_split under `agentq eval split=...`). agentq's one line starts with that key
+    (`build.split_refused`)."""
+    return f"{_HOW_TO_GET}: {GENERATED_FOR[split]} in place of {split}."
 
 
-class ALFWorldDataError(FileNotFoundError, ValueError):
+class ALFWorldDataError(FileNotFoundError, SplitRefused):
     """The real ALFWorld games of a split are not where ALFWORLD_DATA / data_dir says.
 
-    Also a `ValueError`: like an unknown split it is a refusal of the env's settings, which
-    `agentq eval` reports as one line naming the split (a `FileNotFoundError` alone ended it
-    with a traceback).
+    A refusal of the split (`SplitRefused`, a `ValueError`): every command reports it as one line
+    starting with the setting that gave the split (a `FileNotFoundError` alone ended `agentq eval`
+    with a traceback), where a refusal of the env's other settings names the env instead.
     """
 
 

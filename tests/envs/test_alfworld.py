@@ -32,6 +32,7 @@ from agentq.envs.alfworld import generator as gen  # noqa: E402
 from agentq.envs.alfworld import parse_cache  # noqa: E402
 from agentq.envs.alfworld.data import ALFWorldDataError  # noqa: E402
 from agentq.envs.alfworld.experts import play_expert  # noqa: E402
+from agentq.envs.base import SplitRefused  # noqa: E402
 from agentq.eval import bench_alfworld as bench  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -404,22 +405,49 @@ def test_missing_data_is_one_line_in_agentq_eval(tmp_path, cache_dir, monkeypatc
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
     assert issubclass(ALFWorldDataError, ValueError) and issubclass(ALFWorldDataError, FileNotFoundError)
     msg = _eval_refusal(tmp_path, [f"env.kwargs.cache_dir={cache_dir}"])
-    assert msg.startswith("split='valid_unseen': env=alfworld: ALFWorld split 'valid_unseen' not found: "
+    # a refusal of the split (`SplitRefused`): the line starts with the key that gave it, not the env
+    assert msg.startswith("split='valid_unseen': ALFWorld split 'valid_unseen' not found: "
                           f"{tmp_path / 'nowhere' / 'json_2.1.1' / 'valid_unseen'} does not exist")
     assert "\n" not in msg and "alfworld-download" in msg
-    # the way out without a download is the setting itself, not only the generated splits' names
-    assert "which need no download: env.eval_split=gen_unseen." in msg
+    # the way out without a download is the split to give that key, not only the generated splits' names
+    assert msg.endswith("which needs no download: gen_unseen in place of valid_unseen.")
 
 
-@pytest.mark.parametrize("split, setting", [("valid_unseen", "env.eval_split=gen_unseen"),
-                                            ("valid_seen", "env.eval_split=gen_seen"),
-                                            ("train", "env.train_split=gen_train")])
-def test_missing_data_names_the_setting_of_the_generated_split(tmp_path, cache_dir, monkeypatch, split, setting):
-    """The error named the generated splits, but not the override that plays one."""
+def test_missing_data_under_agentq_eval_split_names_the_key_it_reads(tmp_path, cache_dir, monkeypatch):
+    """`agentq eval split=valid_seen` without the games said to set env.eval_split=gen_seen, which that
+    command does not read (split= gives its split): the env cannot know the key, so its hint names the
+    generated split only and agentq's line starts with the key."""
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
+    msg = _eval_refusal(tmp_path, [f"env.kwargs.cache_dir={cache_dir}", "split=valid_seen"])
+    assert msg.startswith("split='valid_seen': ALFWorld split 'valid_seen' not found: ")
+    assert msg.endswith("which needs no download: gen_seen in place of valid_seen.")
+    assert "env.eval_split" not in msg and "env.train_split" not in msg
+
+
+@pytest.mark.parametrize("split, generated", [("valid_unseen", "gen_unseen"), ("valid_seen", "gen_seen"),
+                                              ("valid_train", "gen_seen"), ("train", "gen_train")])
+def test_missing_data_names_the_generated_split_that_stands_in(tmp_path, cache_dir, monkeypatch, split, generated):
+    """The error named the generated splits, but not the one that plays in place of `split`; it names
+    no setting (it named env.eval_split, which `agentq eval split=...` does not read)."""
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
     with pytest.raises(ALFWorldDataError) as e:
         gym.make(ENV_ID, split=split, cache_dir=str(cache_dir))
-    assert str(e.value).endswith(f"gen_train, gen_seen and gen_unseen, which need no download: {setting}.")
+    assert isinstance(e.value, SplitRefused)
+    assert str(e.value).endswith(f"(gen_train, gen_seen or gen_unseen), which needs no download: {generated} "
+                                 f"in place of {split}.")
+    assert "env." not in str(e.value)
+
+
+@pytest.mark.parametrize("split", ["gen_seen", "valid_seen"])
+@pytest.mark.parametrize("override, said", [("env.kwargs.task_types=[bogus]", "unknown ALFWorld task type 'bogus'"),
+                                            ("env.kwargs.expert_type=x", "unknown expert_type 'x'")])
+def test_a_refusal_of_the_envs_settings_does_not_blame_the_split_in_agentq_eval(tmp_path, cache_dir, data_dir,
+                                                                                 split, override, said):
+    """`agentq eval split=valid_seen` with a bad env.kwargs value said "split='valid_seen': env=alfworld:
+    ...", as if the split were at fault: it put the split's key before every refusal of the env's."""
+    msg = _eval_refusal(tmp_path, [f"env.kwargs.cache_dir={cache_dir}", f"env.kwargs.data_dir={data_dir}",
+                                   f"split={split}", override])
+    assert msg.startswith(f"env=alfworld: {said}") and "split=" not in msg, msg
 
 
 def test_empty_task_types_is_refused(cache_dir):

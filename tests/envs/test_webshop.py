@@ -543,7 +543,8 @@ def test_web_view_in_headless_chromium(tmp_path):
 
 def test_missing_data_is_one_line_in_agentq_eval(tmp_path, monkeypatch):
     """WEBSHOP_DATA naming a missing folder ended `agentq eval env=webshop` with a traceback (a
-    FileNotFoundError; eval reports the env's ValueErrors as one line naming the split)."""
+    FileNotFoundError; eval reports the env's ValueErrors as one line). The folder is no one split's:
+    the line names the env, not split= (which blamed the split)."""
     from agentq.config import ConfigError, load_config
     from agentq.envs.webshop.data import WebShopDataError
     from agentq.eval.evaluate import evaluate
@@ -557,7 +558,7 @@ def test_missing_data_is_one_line_in_agentq_eval(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as e:
         evaluate(cfg)
     assert re.fullmatch(re.escape(
-        f"split='test': env=webshop: WebShop data folder {str(tmp_path / 'nowhere')!r} does not exist (set WEBSHOP_DATA "
+        f"env=webshop: WebShop data folder {str(tmp_path / 'nowhere')!r} does not exist (set WEBSHOP_DATA "
         "or data_dir to a folder with WebShop's files, or leave both unset for the generated catalog) (raised at ")
         + r"data\.py:\d+\)", str(e.value)), str(e.value)
     assert not (tmp_path / "out").exists()

@@ -185,7 +185,7 @@ def test_a_checkpoint_without_weights_is_named(tiny_model_dir, tmp_path, capsys,
     (["env=webshop", "env.kwargs.num_products=20"], None,
      "agentq: env=webshop: num_products must be at least 39 (one per product type), got 20"),
     # the held-out split's data is checked at the start: it was the final evaluation's traceback, after the run
-    (["env=alfworld"], "/nowhere", "agentq: env=alfworld: ALFWorld split 'valid_unseen' not found"),
+    (["env=alfworld"], "/nowhere", "agentq: env.eval_split='valid_unseen': ALFWorld split 'valid_unseen' not found"),
 ])
 def test_an_env_that_refuses_its_settings_stops_train_in_one_line(tiny_model_dir, tmp_path, capsys, monkeypatch,
                                                                   overrides, data, named):

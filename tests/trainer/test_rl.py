@@ -296,6 +296,7 @@ def test_missing_held_out_data_is_refused_before_the_model_build(tmp_path, monke
     assert main(["train", "env=alfworld", "trainer.steps=1", "env.max_steps=8", "env_pool=inline",
                  f"env.kwargs.cache_dir={tmp_path / 'cache'}", f"trainer.out_dir={run}"]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "agentq: env=alfworld: ALFWorld split 'valid_unseen' not found" in err
-    assert "which need no download: env.eval_split=gen_unseen." in err
+    # the key that gave the split leads; the env's hint names the generated split to give it
+    assert "agentq: env.eval_split='valid_unseen': ALFWorld split 'valid_unseen' not found" in err
+    assert "which needs no download: gen_unseen in place of valid_unseen." in err
     assert not run.exists()
