@@ -421,7 +421,9 @@ def pin_env_kwargs(cfg: DictConfig) -> None:
         raise ConfigError(f"env.kwargs: {cls.__name__}.resolved_kwargs raised {type(e).__name__}: {e}") from None
     if not isinstance(pinned, dict):
         raise ConfigError(f"env.kwargs: {cls.__name__}.resolved_kwargs returned a {type(pinned).__name__}, not a dict")
-    if pinned and cfg.env.get("kwargs") is None:
+    if not pinned:
+        return
+    if cfg.env.get("kwargs") is None:
         with open_dict(cfg.env):
             cfg.env.kwargs = {}
     with open_dict(cfg.env.kwargs):

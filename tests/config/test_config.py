@@ -561,9 +561,12 @@ def test_a_data_folder_from_an_environment_variable_is_written_into_env_kwargs(t
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("WEBSHOP_DATA", raising=False)
     assert load_config(["env=webshop"]).env.kwargs.data_dir is None              # the generated catalog
+    assert load_config(["env=webshop", "env.kwargs=null"]).env.kwargs is None
     assert load_config(["env=webshop", "env.kwargs.data_dir=shop"]).env.kwargs.data_dir == str(tmp_path / "shop")
     monkeypatch.setenv("WEBSHOP_DATA", "real")
     assert load_config(["env=webshop"]).env.kwargs.data_dir == str(tmp_path / "real")
+    assert OmegaConf.to_container(load_config(["env=webshop", "env.kwargs=null"]).env.kwargs) == {
+        "data_dir": str(tmp_path / "real")}
     assert load_config(["env=webshop", "env.kwargs.data_dir=/given"]).env.kwargs.data_dir == "/given"
     assert load_config(["env=webshop"], pin_env=False).env.kwargs.data_dir is None    # the defaults as written
 
