@@ -230,6 +230,9 @@ def _old_logp(mb: BatchView) -> torch.Tensor:
 
 
 _REGISTRY: dict[str, type[GRPO]] = {"grpo": GRPO}
+#: entry-point group of objectives from other packages: the entry point's name is the objective's
+#: `algo.objective` name, its value the `GRPO` subclass ("package.module:Class"), imported when named
+PLUGIN_GROUP = "agentq.objectives"
 
 
 def register_objective(name: str) -> Callable[[type[GRPO]], type[GRPO]]:
@@ -249,18 +252,52 @@ def register_objective(name: str) -> Callable[[type[GRPO]], type[GRPO]]:
     return deco
 
 
+def _plugins() -> dict[str, Any]:
+    """The objective entry points of the installed packages (group `PLUGIN_GROUP`), by name."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
+
+
+def _objective_class(name: str) -> type[GRPO] | None:
+    """The class registered as `name`, else the plugin of that name imported (and registered under
+    it, where its module did not register it itself); None when neither exists.
+
+    Raises:
+        ValueError: the plugin does not import, or names no `GRPO` subclass (one line naming it).
+    """
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    ep = _plugins().get(name)
+    if ep is None:
+        return None
+    try:
+        cls = ep.load()
+    except Exception as e:      # the plugin's own import error, named with its entry point
+        raise ValueError(f"objective plugin {name!r} ({ep.value}) does not import: {type(e).__name__}: {e}") from e
+    if name not in _REGISTRY:
+        if not (isinstance(cls, type) and issubclass(cls, GRPO)):
+            raise ValueError(f"objective plugin {name!r} ({ep.value}) is a {type(cls).__name__}, not a GRPO subclass")
+        register_objective(name)(cls)
+    return _REGISTRY[name]
+
+
 def objective_names() -> list[str]:
-    """Every registered objective name, sorted."""
-    return sorted(_REGISTRY)
+    """Every objective name, sorted: the registered ones and the plugins' (not imported for this)."""
+    return sorted(set(_REGISTRY) | set(_plugins()))
 
 
 def objective_defaults(name: str) -> dict[str, Any]:
-    """The default of each extra parameter of the objective registered as `name` ({} if none is)."""
-    return dict(_REGISTRY[name].defaults) if name in _REGISTRY else {}
+    """The default of each extra parameter of the objective named `name` ({} if there is none)."""
+    cls = _objective_class(name)
+    return dict(cls.defaults) if cls is not None else {}
 
 
 def make_objective(name: str, **params: Any) -> GRPO:
-    """The objective registered as `name`, built with `params` (unknown names raise)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown objective {name!r}; valid: {objective_names()}")
-    return _REGISTRY[name](**params)
+    """The objective named `name` (registered here, or a plugin's: `PLUGIN_GROUP`), built with
+    `params` (unknown names raise)."""
+    cls = _objective_class(name)
+    if cls is None:
+        raise ValueError(f"unknown objective {name!r}; valid: {objective_names()} (another package's objective is "
+                         f"found through its entry point in group {PLUGIN_GROUP!r}: docs/algorithms.md)")
+    return cls(**params)

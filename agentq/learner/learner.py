@@ -636,11 +636,12 @@ def check_graphable(learner: Learner, cuda_graphs: bool, activation_checkpointin
 def update_summary(sums: dict[str, float], grad_norms: list[float]) -> dict[str, float]:
     """The update's logged numbers: per-minibatch means of the loss statistics, the mean finite
     gradient norm, the number of optimizer steps, and `skipped_nonfinite_grad`, the minibatches
-    whose gradient norm was NaN / inf (no step: `Learner.minibatch_step`)."""
+    whose gradient norm was NaN / inf (no step: `Learner.minibatch_step`); `grad_norm` is NaN when
+    no minibatch stepped (0.0 read as a genuinely zero gradient)."""
     count = len(grad_norms)
     finite = [g for g in grad_norms if math.isfinite(g)]
     out = {k: v / max(count, 1) for k, v in sums.items()}
-    out["grad_norm"] = sum(finite) / len(finite) if finite else 0.0
+    out["grad_norm"] = sum(finite) / len(finite) if finite else math.nan
     out["optimizer_steps"] = len(finite)
     out["skipped_nonfinite_grad"] = count - len(finite)
     return out

@@ -159,3 +159,50 @@ def test_registry_and_parameter_errors():
         make_objective("tis", C=2.0)
     obj = make_objective("tis", is_cap=8.0, clip_eps=0.3)
     assert obj.params == {"is_cap": 8.0} and obj.clip_eps == 0.3
+
+
+def _install_objective_plugin(root, name: str, value: str, source: str) -> None:
+    """A package on sys.path with its dist-info, as pip would install one declaring
+    `[project.entry-points."agentq.objectives"] <name> = "<value>"`."""
+    (root / "my_objectives.py").write_text(source)
+    info = root / "my_objectives-0.1.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-objectives\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[agentq.objectives]\n{name} = {value}\n")
+
+
+def test_an_objective_of_another_package_is_found_through_its_entry_point(tmp_path, monkeypatch):
+    """An objective could only be added inside agentq (a module in agentq/algos/ imported by its
+    __init__); `algo.objective=<plugin's>` was "unknown objective". Entry points of group
+    agentq.objectives are imported when named, registered under the entry point's name."""
+    from agentq.algos import GRPO
+    from agentq.algos import objective as registry
+
+    _install_objective_plugin(tmp_path, "halfkl", "my_objectives:HalfKL", (
+        "from agentq.algos import GRPO\n\n"
+        "class HalfKL(GRPO):\n"
+        "    defaults = {'scale': 0.5}\n"
+        "    bounds = {}\n"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))     # this test's registrations only
+    assert "halfkl" in objective_names() and "my_objectives" not in __import__("sys").modules
+    assert registry.objective_defaults("halfkl") == {"scale": 0.5}
+    obj = make_objective("halfkl", scale=2.0, kl_coef=0.1)
+    assert isinstance(obj, GRPO) and obj.name == "halfkl" and obj.params == {"scale": 2.0} and obj.kl_coef == 0.1
+    with pytest.raises(ValueError, match=r"group 'agentq.objectives': docs/algorithms.md\)$"):
+        make_objective("nosuch")
+
+
+@pytest.mark.parametrize("source, named", [
+    ("raise ImportError('needs scipy')\n", "does not import: ImportError: needs scipy"),
+    ("HalfKL = 3\n", "is a int, not a GRPO subclass"),
+])
+def test_a_broken_objective_plugin_is_one_line_naming_it(tmp_path, monkeypatch, source, named):
+    from agentq.algos import objective as registry
+
+    _install_objective_plugin(tmp_path, "halfkl", "my_objectives:HalfKL", source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.delitem(__import__("sys").modules, "my_objectives", raising=False)
+    with pytest.raises(ValueError, match=rf"^objective plugin 'halfkl' \(my_objectives:HalfKL\) {named}$"):
+        make_objective("halfkl")

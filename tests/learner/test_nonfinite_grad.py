@@ -36,7 +36,7 @@ def test_a_nonfinite_gradient_skips_the_optimizer_step(tiny_model_dir, vocab, ba
     hook = weight.register_hook(poison)
     stats = learner.update(batch, objective)
     hook.remove()
-    assert stats["skipped_nonfinite_grad"] == 1 and stats["optimizer_steps"] == 0 and stats["grad_norm"] == 0.0
+    assert stats["skipped_nonfinite_grad"] == 1 and stats["optimizer_steps"] == 0 and math.isnan(stats["grad_norm"])
     assert all(torch.equal(a, p) for a, p in zip(before, learner.model.parameters()))    # not one weight moved
     assert all(p.grad is None for p in learner.model.parameters())
     assert not learner.opt.state                                                         # AdamW never stepped
