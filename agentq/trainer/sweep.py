@@ -177,6 +177,14 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     sw = cfg.sweep
     arms, seeds = list(sw.arms), [int(s) for s in sw.seeds]
     refs = [r for r in sw.references if r in arms]
+    if len(refs) < len(sw.references) and not refs:     # the table's paired columns would be missing unsaid
+        console.print(f"warning: none of sweep.references={list(sw.references)} is among sweep.arms={arms}: the table "
+                      "has no paired comparison columns (name a reference that is one of the arms)", style="yellow",
+                      markup=False, highlight=False, soft_wrap=True)
+    elif len(refs) < len(sw.references):
+        console.print(f"warning: sweep.references {[r for r in sw.references if r not in arms]} are not among "
+                      f"sweep.arms, so the table compares with {refs} only", style="yellow", markup=False,
+                      highlight=False, soft_wrap=True)
     if sw.table_only:                       # reads what is there: nothing found is one line, no folder made
         check_table_only(cfg.sweep.out_dir, arms, seeds)
     out = sweep_dir(cfg)
@@ -357,18 +365,28 @@ def changed_settings(run_dir: Path, cfg: DictConfig) -> list[str]:
 
 def check_resumed_runs(out: Path, arms: list[str], seeds: list[int], overrides: list[str], threads: int | None,
                        warn_only: bool = False) -> None:
-    """Compose every arm × seed's config (a bad preset or key is a ConfigError now) and compare each
-    finished one with the settings it ran with: a resumed sweep whose command line changed its budget,
-    SFT or evaluation would put runs of two settings in one table under one title.
+    """Compose every arm × seed's config (a bad preset or key is a ConfigError now), judge each arm's
+    RL settings as its run would (`check_rl_config`: an objective parameter out of range, an unknown
+    objective, failed after the SFT stage and every earlier arm), and compare each finished run with
+    the settings it ran with: a resumed sweep whose command line changed its budget, SFT or evaluation
+    would put runs of two settings in one table under one title.
 
     Raises:
-        ConfigError: a run differs (with `warn_only`, for `sweep.table_only`, a warning instead).
+        ConfigError: an arm's RL settings are refused (named with the arm), or a run differs (with
+            `warn_only`, for `sweep.table_only`, a warning instead).
     """
+    from agentq.trainer.rl import check_rl_config
+
     changed = []
     for seed in seeds:
         for arm in arms:
             run_dir = out / "arms" / arm / f"seed_{seed}"
             cfg = arm_config(arm_overrides(overrides, arm, seed, run_dir, threads))
+            if seed == seeds[0] and not warn_only:
+                try:
+                    check_rl_config(cfg)
+                except ConfigError as e:
+                    raise ConfigError(f"sweep arm {arm}: {e}") from None
             if (run_dir / RESULT).exists() and (run_dir / "config.yaml").exists():
                 changed += [f"{arm}/seed_{seed}: {c}" for c in changed_settings(run_dir, cfg)]
     if not changed:

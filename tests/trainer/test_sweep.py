@@ -234,6 +234,29 @@ def test_a_misspelt_arm_is_refused_before_the_shared_sft(tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
+def test_an_arms_refused_rl_setting_is_refused_before_the_shared_sft(tmp_path, capsys):
+    """`algo.dual_clip=0.5` (valid: > 1) ran the SFT stage and its evaluation before the first arm's
+    run refused it: only the presets' names were checked at the start."""
+    assert main([*ARGS[:2], "sweep.arms=[bf16,interq]", "algo.dual_clip=0.5", f"sweep.out_dir={tmp_path / 's'}"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("agentq: sweep arm bf16: ") and "dual_clip=0.5" in err and "> 1" in err
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("arms, said", [
+    ("[bf16,qat]", "warning: sweep.references ['interq'] are not among sweep.arms, so the table compares with "
+                   "['bf16'] only"),
+    ("[grpo,qat]", "warning: none of sweep.references=['bf16', 'interq'] is among sweep.arms=['grpo', 'qat']: the "
+                   "table has no paired comparison columns"),
+])
+def test_references_that_are_not_arms_are_said(tmp_path, capsys, arms, said):
+    """The table's paired columns compare with sweep.references among the arms; the others were dropped
+    without a word (the table of arms [gspo, grpo] had no paired columns, its caption still explaining them)."""
+    assert main([*ARGS[:2], f"sweep.arms={arms}", "sweep.table_only=true", f"sweep.out_dir={tmp_path / 's'}"]) == 2
+    out = capsys.readouterr()
+    assert said in " ".join((out.out + out.err).split())
+
+
 def test_a_sweep_without_final_evaluations_is_refused_before_any_work(tmp_path, capsys):
     """trainer.eval_every=-1 ran the SFT stage, its evaluation and every arm, then failed on the table
     with a FileNotFoundError for the first arm's final eval.json, which no arm wrote."""
