@@ -30,7 +30,7 @@ from agentq.utils.folder_lock import lock_folder
 from agentq.utils.logging import console, progress
 
 from .episodes import EPISODES_SHA256, recover_eval_pair, write_eval_pair
-from .metrics import summarize
+from .metrics import counts_since, summarize, worker_counts
 from .selection import TaskSelection, select_tasks
 
 
@@ -101,12 +101,16 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
         `metrics.summarize`'s keys (an episode that errored counts as lost, in its task type's row too)
         and `episodes_sha256` (of its episodes.jsonl: `episodes.read_eval` checks the pair); in memory
         also `out_dir` (the paired tests read every episode from its episodes.jsonl), which eval.json
-        leaves out.
+        leaves out; and the env and rollout workers restarted while it played, with the episodes whose
+        reset was retried on a restarted env worker (`metrics.worker_counts`: the pool's and backend's
+        counts are the run's, this is their growth during the evaluation).
     """
     tasks = repeat_tasks(selection.tasks, repeats)
     sampling = build.sampling_params(cfg, chat, cfg.eval.temperature)
     loop = build.agent_loop(cfg, pool, chat, sampling, min(max_concurrent, len(tasks)), run_seed=seed)
+    before = worker_counts(pool, backend)
     trajs = run_episodes(loop, BackendPolicy(backend), tasks, split, seed, first_id, description)
+    restarts = counts_since(before, worker_counts(pool, backend))
     for t in trajs:     # errored at reset: no info from the env, but its task's type is known
         if t.info.get("task_type") is None and t.task_id in selection.types:
             t.info["task_type"] = selection.types[t.task_id]
@@ -114,7 +118,7 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
               "rollout_backend": cfg.rollout.backend, "temperature": float(cfg.eval.temperature),
               "sampling": sampling_record(sampling, seed, repeats), "limits": limits_record(cfg),
               "env_kwargs": env_kwargs_record(cfg),
-              "task_selection": selection.to_dict(), **summarize(trajs)}
+              "task_selection": selection.to_dict(), **summarize(trajs), **restarts}
     write_eval(out, report, trajs)
     return report
 
@@ -608,6 +612,8 @@ def print_report(r: dict) -> None:
     t.add_row("inadmissible-action turns", f"{100 * r['inadmissible_action_rate']:.1f} %")
     if r.get("errors"):
         t.add_row("environment errors", errored_text(r))
+    if r.get("env_worker_restarts") or r.get("rollout_worker_restarts"):
+        t.add_row("worker restarts", restarts_text(r))
     for k, v in (r.get("per_task_type") or {}).items():
         t.add_row(f"  {k}", f"{100 * v['success_rate']:.1f} % of {v['episodes']}")
     console.print(t)
@@ -635,6 +641,13 @@ def errored_text(r: dict) -> str:
     environment failed, e.g. raised in step), else ""; `agentq eval`'s table and the trainer's last line."""
     n_err = int(r.get("errors") or 0)
     return f"{n_err} of {r['episodes']} errored (counted as lost)" if n_err else ""
+
+
+def restarts_text(r: dict) -> str:
+    """The workers an evaluation restarted, e.g. "env 1, rollout 0 (2 episodes' resets retried)"."""
+    rec = int(r.get("env_recovered_episodes") or 0)
+    return (f"env {int(r.get('env_worker_restarts') or 0)}, rollout {int(r.get('rollout_worker_restarts') or 0)}"
+            + (f" ({rec} episodes' resets retried, played)" if rec else ""))
 
 
 def turns_text(v: float | None) -> str:

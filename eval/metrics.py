@@ -5,7 +5,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -222,6 +222,44 @@ def summarize(trajs: list[Trajectory]) -> dict:
     if len(by_type) > 1 or (by_type and n > 0):
         out["per_task_type"] = {k: {"episodes": len(v), "success_rate": _mean(float(t.won) for t in v),
                                     "score_mean": _mean(t.score for t in v)} for k, v in sorted(by_type.items())}
+    return out
+
+
+#: the worker counts that step rows, evaluation reports and train_summary.json's `totals` carry
+WORKER_COUNTS = ("env_worker_restarts", "rollout_worker_restarts", "env_recovered_episodes")
+
+
+def worker_counts(pool: Any, backend: Any) -> dict[str, int]:
+    """The env pool's and the rollout backend's worker restarts so far (`WorkerPool.restarts`,
+    `DistributedBackend.restarts`) and the episodes whose reset was retried on a restarted env worker
+    (`WorkerPool.recovered_episodes`), by `WORKER_COUNTS` key; 0 for what has no workers to restart.
+    The counts only grow: the difference of two readings is what happened between them."""
+    return {"env_worker_restarts": int(getattr(pool, "restarts", 0)),
+            "rollout_worker_restarts": int(getattr(backend, "restarts", 0)),
+            "env_recovered_episodes": int(getattr(pool, "recovered_episodes", 0))}
+
+
+def counts_since(before: Mapping[str, int], now: Mapping[str, int]) -> dict[str, int]:
+    """`worker_counts` now less an earlier reading: what happened in between."""
+    return {k: v - before.get(k, 0) for k, v in now.items()}
+
+
+def run_totals(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """A run's totals over its metrics.jsonl rows (a resumed run's earlier steps too), for
+    train_summary.json.
+
+    Args:
+        rows: metrics.jsonl's rows: step rows (`errored_episodes` and the `WORKER_COUNTS` of the step)
+            and evaluation rows (`eval/errors` and `eval/` + the `WORKER_COUNTS` of the evaluation).
+    Returns:
+        `errored_episodes` (training episodes), `eval_errored_episodes`, and each `WORKER_COUNTS` key
+        summed over the steps and the evaluations (a row written before a key existed counts 0).
+    """
+    rows = list(rows)
+    out = {"errored_episodes": sum(int(r.get("errored_episodes") or 0) for r in rows),
+           "eval_errored_episodes": sum(int(r.get("eval/errors") or 0) for r in rows)}
+    for k in WORKER_COUNTS:
+        out[k] = sum(int(r.get(k) or 0) + int(r.get(f"eval/{k}") or 0) for r in rows)
     return out
 
 

@@ -311,6 +311,8 @@ class AgentLoop:
                 run.finish(res.slot, "error", res.error)
                 continue
             st = run.active[res.slot]
+            if res.recovered:       # its worker died before the episode began; played on the restarted one
+                st.traj.info["env_recovered"] = res.recovered
             st.info, st.task = res.info, res.info.get("task", "")
             # the env's score from the start (ScienceWorld's partial credit): an episode of invalid
             # turns steps the env never, and recorded 0

@@ -4,7 +4,9 @@ The agent loop addresses environments by *env slot* (0 … num_envs−1). A pool
 environment somewhere (this process, a subprocess worker, a Ray actor); `reset` and `step` take
 a batch of slot commands and return one `EnvResult` per command, in order. A slot whose
 environment or worker died yields `EnvResult(ok=False, error=...)`; the pool restarts what died,
-so the next `reset` of that slot works, and the agent loop reports the episode as errored.
+so the next `reset` of that slot works, and the agent loop reports the episode as errored. A reset
+that a worker died in (one killed while idle is found dead there) is retried once on the restarted
+worker: no episode had started, so none is lost (`WorkerPool`).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class EnvResult:
     truncated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    recovered: str | None = None    # a reset retried on a restarted worker: what happened (`WorkerPool`)
 
 
 @dataclass(frozen=True)
@@ -274,8 +277,11 @@ class WorkerPool:
     its death or hang (no answer within n × `call_timeout_s` for n items), is read before any worker
     restarts, so no answer is left behind for a later call; a call interrupted before its answers were
     read (KeyboardInterrupt, ...) restarts those workers at the next call for the same reason. A dead or
-    hung worker is killed and started again (`SiblingSlots` for its other slots). A worker that cannot
-    be started again is down: its slots answer with errors and it is tried again at its next call.
+    hung worker is killed and started again (`SiblingSlots` for its other slots); a reset it died in (one
+    found dead at the call: killed while idle) is sent once more to the restarted worker, as no episode
+    had started on its slots (`_retry_resets`; its answers are marked `EnvResult.recovered`, counted in
+    `recovered_episodes`). A worker that cannot be started again is down: its slots answer with errors
+    and it is tried again at its next call.
     No endless restart loop: after `max_failures_in_a_row` failed starts of one worker in a row, or as
     many calls of one command (reset, step) in a row that it died or hung in without completing one (it
     starts, then dies at every step), the call raises, once its results are in and the worker restarted.
@@ -301,6 +307,7 @@ class WorkerPool:
         self._slots = {w: [s for s in range(num_envs) if s % self.num_workers == w] for w in range(self.num_workers)}
         self._siblings = SiblingSlots()
         self.restarts = 0
+        self.recovered_episodes = 0      # slots whose reset answered on a retry after their worker died in it
         self._failures = FailureCounts(self.max_failures_in_a_row, lambda w: f"{self.kind} {w} ({self.spec.name})")
         self._pending: set[int] = set()              # workers sent a command whose answer was not read
 
@@ -375,9 +382,12 @@ class WorkerPool:
                 results.update(_errors(by_worker[w], f"{self.kind} {w} is down: it could not be started ({problem})"))
         failed = self._exchange(cmd, by_worker, blobs, results)
         in_call = {w: [it[0] for it in by_worker[w]] for w in failed}
-        for w, problem in self._restart(failed, in_call).items():
-            note = "restarted" if problem is None else f"could not be restarted ({problem}); tried again at its next call"
-            results.update(_errors(by_worker[w], f"{self.kind} {w} {failed[w]}; {note}"))
+        up = self._restart(failed, in_call)
+        errors = {w: f"{self.kind} {w} {failed[w]}; {_restart_note(problem)}" for w, problem in up.items()}
+        if cmd == "reset":
+            errors = self._retry_resets(by_worker, blobs, failed, up, results, errors)
+        for w, error in errors.items():
+            results.update(_errors(by_worker[w], error))
         self._siblings.record(results.values())
         self._failures.raise_if_given_up()
         return [results[it[0]] for it in items]
@@ -406,13 +416,56 @@ class WorkerPool:
             self._failures.call_failed(w, cmd, why)
         return failed
 
+    def _retry_resets(self, by_worker: dict[int, list], blobs: dict[int, bytes], failed: dict[int, str],
+                      up: dict[int, str | None], results: dict[int, EnvResult], errors: dict[int, str]) -> dict[int, str]:
+        """Send a reset again, once, to each worker that died in it (found dead at the call, e.g. killed
+        while idle, or died during it) and is up again: no episode on its slots has started, so nothing
+        is lost by playing them on the fresh worker. A hang is not retried (the env may hang again: a
+        second wait of n × call_timeout_s), nor a worker whose failed resets in a row reached the give-up
+        limit. Each try counts as a call (`FailureCounts`) and each restart in `restarts`.
+
+        Args:
+            by_worker, blobs: the call's items and pickled shares by worker; failed: worker → why it
+            failed the first try; up: its restart (None: up); results: filled in; errors: worker → the
+            error its slots would answer with.
+        Returns:
+            `errors` less the workers whose retry answered (their results marked `recovered`), the
+            others' errors naming both tries.
+        """
+        retry = {w: blobs[w] for w, why in failed.items()
+                 if up[w] is None and why.startswith("died") and not self._given_up(w, "reset")}
+        again = self._exchange("reset", by_worker, retry, results)
+        up_again = self._restart(again, {w: [it[0] for it in by_worker[w]] for w in again})
+        errors = dict(errors)
+        for w in retry:
+            first = f"{self.kind} {w} {failed[w]}; restarted"
+            if w in again:
+                errors[w] = f"{first}, and the reset retried on it: {again[w]} again; {_restart_note(up_again[w])}"
+                continue
+            del errors[w]
+            for slot, _ in by_worker[w]:
+                if results[slot].ok:        # an env that raised in the retried reset is that env's error
+                    results[slot].recovered = f"{first}; the reset was retried on it (no episode had started)"
+                    self.recovered_episodes += 1
+        return errors
+
+    def _given_up(self, w: int, cmd: str) -> bool:
+        """Whether worker `w`'s failed calls of `cmd` in a row reached the limit (the call then raises)."""
+        return self._failures.failed_calls.get((w, cmd), (0, ""))[0] >= self._failures.limit
+
     def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
-        """See `EnvPool.reset`; a dead or hung worker's slots answer with errors (the worker restarts)."""
+        """See `EnvPool.reset`; a dead or hung worker's slots answer with errors (the worker restarts). A
+        worker that died in the reset is restarted and the reset retried on it once (`_retry_resets`)."""
         return self._dispatch("reset", items)
 
     def step(self, items: list[tuple[int, str]]) -> list[EnvResult]:
         """See `EnvPool.step`; a dead or hung worker's slots answer with errors (the worker restarts)."""
         return self._dispatch("step", items)
+
+
+def _restart_note(problem: str | None) -> str:
+    """How a worker's restart went, for its slots' errors."""
+    return "restarted" if problem is None else f"could not be restarted ({problem}); tried again at its next call"
 
 
 def _errors(items: Iterable[tuple[int, Any]], error: str) -> dict[int, EnvResult]:

@@ -35,7 +35,7 @@ from agentq.envs.base import sample_tasks
 from agentq.eval.episodes import read_eval
 from agentq.eval.evaluate import (EVAL_FIRST_ID, check_errors, check_unplayed, choose_eval_tasks, errored_text,
                                   eval_seed, evaluate_policy, warn_if_training_split)
-from agentq.eval.metrics import summarize
+from agentq.eval.metrics import counts_since, run_totals, summarize, worker_counts
 from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
 from agentq.learner.batch import PolicyBatch, collate
@@ -67,13 +67,6 @@ def rollout_stats(trajs: list[Trajectory]) -> dict:
     rollout = summarize(completed) if completed else {}     # none: every key NaN (rates too, not 0 of 0)
     return {**{k: rollout.get(k, float("nan")) for k in ROLLOUT_KEYS}, "episodes": len(trajs),
             "errored_episodes": len(trajs) - len(completed)}
-
-
-def restart_counts(pool: Any, engine: Any) -> dict[str, int]:
-    """The env pool's and the rollout backend's worker restarts so far (`WorkerPool.restarts`,
-    `DistributedBackend.restarts`; 0 for those with no workers to restart), by step-row key."""
-    return {"env_worker_restarts": int(getattr(pool, "restarts", 0)),
-            "rollout_worker_restarts": int(getattr(engine, "restarts", 0))}
 
 
 def stopped_episodes(specs: list[EpisodeSpec], ended: list[Trajectory], why: str) -> list[Trajectory]:
@@ -539,7 +532,7 @@ class RLTrainer:
         self.pool = build.env_pool(cfg, self.train_split, self.n_conc)
         self.loop = build.agent_loop(cfg, self.pool, self.chat, build.sampling_params(cfg, self.chat), self.n_conc,
                                      run_seed=int(cfg.seed))
-        self._restarts_logged = restart_counts(self.pool, self.engine)
+        self._restarts_logged = worker_counts(self.pool, self.engine)
 
     # ------------------------------------------------------------------ one RL step
     def step(self, step: int) -> dict:
@@ -577,10 +570,10 @@ class RLTrainer:
         }
 
     def _new_restarts(self) -> dict[str, int]:
-        """The env and rollout worker restarts since the previous step row (those in an evaluation
-        between two steps count in the next row), for this one."""
-        now = restart_counts(self.pool, self.engine)
-        new = {k: v - self._restarts_logged[k] for k, v in now.items()}
+        """The env and rollout worker restarts (and recovered resets, `worker_counts`) since the previous
+        step row or evaluation, for this row (an evaluation's are its own row's: `evaluate`)."""
+        now = worker_counts(self.pool, self.engine)
+        new = counts_since(self._restarts_logged, now)
         self._restarts_logged = now
         return new
 
@@ -694,6 +687,8 @@ class RLTrainer:
                                  max_concurrent=self.n_conc, first_id=EVAL_FIRST_ID, repeats=int(cfg.eval.repeats),
                                  description=f"eval step {step}", step=step)
         self.eval_history.append(report)
+        # its restarts are in its report (eval/env_worker_restarts ...): not counted again in the next step row
+        self._restarts_logged = worker_counts(self.pool, self.engine)
         self.logger.log(step, {k: v for k, v in report.items() if isinstance(v, (int, float))}, prefix="eval/")
         # said once each, at the first evaluation that has such episodes (the final one may play more tasks)
         for key, check in (("unplayed", check_unplayed), ("errors", check_errors)):
@@ -751,11 +746,17 @@ class RLTrainer:
         if last is None:        # resumed at the last step: its logged row is the run's last
             last = recorded_step(self.run_dir, steps)[0]
         summary = {"run_dir": str(self.run_dir), "checkpoint": str(final), "steps": steps, "last_step": last,
-                   "final_eval": report}
+                   "final_eval": report, "totals": self._totals()}
         write_text_replacing(self.run_dir / "train_summary.json", json.dumps(jsonable(summary), indent=2, default=str))
         write_run_plots(self.run_dir, self.eval_split)        # learning_curve.png, mismatch.png
         self.close()
         return summary
+
+    def _totals(self) -> dict[str, int]:
+        """train_summary.json's `totals`: errored episodes and worker restarts over the whole run, from
+        metrics.jsonl (`run_totals`; a resumed run's steps before the resume count too)."""
+        path = self.run_dir / "metrics.jsonl"
+        return run_totals(read_metrics(path) if path.exists() else [])
 
     def _evaluate_if_due_at_resume(self, eval_every: int, steps: int) -> None:
         """The held-out evaluation due at the checkpoint a run resumes from, when the run stopped

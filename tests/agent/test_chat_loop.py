@@ -359,3 +359,22 @@ def test_the_template_check_runs_again_for_other_info_keys(tokenizer, tmp_path, 
     assert str(e.value) == ("env.prompt.first_turn='{obs} ({objects})' names {objects}, whose value in the "
                             "environment's info is a dict, not a str, number or list; available: ['actions', "
                             "'obs', 'task']")
+
+
+def test_an_episode_whose_reset_was_retried_on_a_restarted_worker_says_so(tokenizer, monkeypatch):
+    """A reset the pool retried on a restarted worker (`EnvResult.recovered`) is played like any other,
+    and its trajectory keeps what happened (`info["env_recovered"]`); the others have no such entry."""
+    chat, loop = make_loop(tokenizer, max_turns=1)
+    note = "env worker 0 died (exit code -9); restarted; the reset was retried on it (no episode had started)"
+    reset = loop.pool.reset
+
+    def recovered_on_slot_0(items):
+        out = reset(items)
+        for r in out:
+            r.recovered = note if r.slot == 0 else None
+        return out
+    monkeypatch.setattr(loop.pool, "reset", recovered_on_slot_0)
+    a, b = loop.run([EpisodeSpec(0, "coin/1", "train"), EpisodeSpec(1, "coin/2", "train")],
+                    ScriptedPolicy(chat, ["<action>look around</action>"]))
+    assert {a.end_reason, b.end_reason} == {"step_cap"} and a.turns == b.turns == 1
+    assert [t.info.get("env_recovered") for t in (a, b)].count(note) == 1

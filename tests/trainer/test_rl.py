@@ -71,17 +71,36 @@ def test_each_step_row_logs_the_worker_restarts_since_the_previous_one():
     """The env pool and the rollout backend counted their restarts, and no row said so."""
     from types import SimpleNamespace
 
-    from agentq.trainer.rl import RLTrainer, restart_counts
+    from agentq.eval.metrics import worker_counts
+    from agentq.trainer.rl import RLTrainer
 
-    pool, engine = SimpleNamespace(restarts=0), SimpleNamespace(restarts=0)
-    trainer = SimpleNamespace(pool=pool, engine=engine, _restarts_logged=restart_counts(pool, engine))
-    pool.restarts, engine.restarts = 2, 1
-    assert RLTrainer._new_restarts(trainer) == {"env_worker_restarts": 2, "rollout_worker_restarts": 1}  # type: ignore[arg-type]
-    assert RLTrainer._new_restarts(trainer) == {"env_worker_restarts": 0, "rollout_worker_restarts": 0}  # type: ignore[arg-type]
+    def counts(env: int, rollout: int, recovered: int = 0) -> dict:
+        return {"env_worker_restarts": env, "rollout_worker_restarts": rollout, "env_recovered_episodes": recovered}
+    pool, engine = SimpleNamespace(restarts=0, recovered_episodes=0), SimpleNamespace(restarts=0)
+    trainer = SimpleNamespace(pool=pool, engine=engine, _restarts_logged=worker_counts(pool, engine))
+    pool.restarts, engine.restarts, pool.recovered_episodes = 2, 1, 4
+    assert RLTrainer._new_restarts(trainer) == counts(2, 1, 4)  # type: ignore[arg-type]
+    assert RLTrainer._new_restarts(trainer) == counts(0, 0)  # type: ignore[arg-type]
     pool.restarts = 3
-    assert RLTrainer._new_restarts(trainer) == {"env_worker_restarts": 1, "rollout_worker_restarts": 0}  # type: ignore[arg-type]
+    assert RLTrainer._new_restarts(trainer) == counts(1, 0)  # type: ignore[arg-type]
     # an inline pool and a single engine restart nothing
-    assert restart_counts(object(), object()) == {"env_worker_restarts": 0, "rollout_worker_restarts": 0}
+    assert worker_counts(object(), object()) == counts(0, 0)
+
+
+def test_the_run_totals_sum_the_steps_and_the_evaluations():
+    """train_summary.json had no totals: a run's lost episodes and restarts were only in the rows.
+    Rows from before a key existed (no restarts logged) count 0."""
+    from agentq.eval.metrics import run_totals
+
+    rows = [{"step": 1, "reward_mean": 0.0, "errored_episodes": 2, "env_worker_restarts": 1,
+             "rollout_worker_restarts": 0, "env_recovered_episodes": 2},
+            {"step": 1, "eval/errors": 3, "eval/env_worker_restarts": 1, "eval/rollout_worker_restarts": 1,
+             "eval/env_recovered_episodes": 0},
+            {"step": 2, "reward_mean": 0.0, "errored_episodes": 1},
+            {"step": 2, "eval/errors": 0}]
+    assert run_totals(rows) == {"errored_episodes": 3, "eval_errored_episodes": 3, "env_worker_restarts": 2,
+                                "rollout_worker_restarts": 1, "env_recovered_episodes": 2}
+    assert run_totals([]) == dict.fromkeys(run_totals(rows), 0)
 
 
 @pytest.mark.parametrize("errors, tail", [(0, ""), (1, ", 1 of 4 errored (counted as lost)")])
