@@ -638,6 +638,9 @@ def update_summary(sums: dict[str, float], grad_norms: list[float]) -> dict[str,
     gradient norm, the number of optimizer steps, and `skipped_nonfinite_grad`, the minibatches
     whose gradient norm was NaN / inf (no step: `Learner.minibatch_step`); `grad_norm` is NaN when
     no minibatch stepped (0.0 read as a genuinely zero gradient)."""
+    own = sorted(set(sums) & {"grad_norm", "optimizer_steps", "skipped_nonfinite_grad"})
+    if own:     # the objective's loss stat would be replaced by the update's own number without a word
+        raise ValueError(f"the objective's loss stats {own} are names of the update's own metrics: rename them")
     count = len(grad_norms)
     finite = [g for g in grad_norms if math.isfinite(g)]
     out = {k: v / max(count, 1) for k, v in sums.items()}

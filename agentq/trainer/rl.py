@@ -550,7 +550,6 @@ class RLTrainer:
         usable = [x for x in trajs if x.end_reason != "error" and x.num_action_tokens > 0]
         if not usable:
             return {**self._skip_step(step, trajs, rollout, time.perf_counter() - t0), **self._new_restarts()}
-        self.skipped_in_a_row = 0
         batch = self._score(usable)
         t1 = time.perf_counter()
         with build.learner_threads(self.cfg) as n_threads:
@@ -559,15 +558,38 @@ class RLTrainer:
         # sync: the engine requantizes the new masters with fresh scales
         sync = self.engine.update_weights(self.learner.named_weights(), version=step)
         gen_tokens = sum(x.num_action_tokens for x in trajs)
-        return {
+        row = {
             **rollout, "adv_abs_mean": float(batch.adv.abs().mean()) if len(batch.adv) else 0.0,
             "action_tokens": gen_tokens, "tokens_per_s": gen_tokens / max(t_roll, 1e-9),
-            **upd, **prep.stats, **mismatch,
+            **upd, **mismatch,
             "int8_codes_changed": sync.int8_codes_changed, "sync_time_s": sync.seconds,
             "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
             "rollout_time_s": t_roll, "train_time_s": t_train, "step_time_s": time.perf_counter() - t0, **prefill,
             "learner_threads": n_threads, "skipped_step": 0, **self._new_restarts(),
         }
+        self._check_update(step, upd, set(prep.stats) & set(row))
+        return {**row, **prep.stats}
+
+    def _check_update(self, step: int, upd: dict[str, float], clash: set[str]) -> None:
+        """Stop on an objective whose `prepare` stats reuse agentq's metric names (they replaced them in
+        the row without a word), and say when no minibatch stepped (every gradient NaN or inf: the
+        weights did not change, and grad_norm is NaN); trainer.max_skipped_steps such steps in a row
+        stop the run, as steps without a usable episode do."""
+        if clash:
+            raise RunAborted(f"the objective {self.cfg.algo.objective!r} logs {sorted(clash)} from its prepare, names of "
+                             "agentq's own metrics, which they would replace: rename them")
+        if upd.get("optimizer_steps", 1) or not upd.get("skipped_nonfinite_grad"):
+            self.skipped_in_a_row = 0
+            return
+        self.skipped_in_a_row += 1
+        limit = int(self.cfg.trainer.get("max_skipped_steps", 3))
+        console.print(f"step {step}: every minibatch's gradient was NaN or inf, so no optimizer step ran and the weights "
+                      f"did not change ({self.skipped_in_a_row} such or skipped steps in a row, limit {limit}; the "
+                      "objective's loss or its weights are not finite)", style="yellow", markup=False,
+                      highlight=False, soft_wrap=True)
+        if self.skipped_in_a_row >= limit:
+            raise RunAborted(f"{self.skipped_in_a_row} steps in a row changed no weight (every gradient NaN or inf); "
+                             f"stopping (trainer.max_skipped_steps={limit})")
 
     def _new_restarts(self) -> dict[str, int]:
         """The env and rollout worker restarts (and recovered resets, `worker_counts`) since the previous

@@ -319,3 +319,49 @@ def test_missing_held_out_data_is_refused_before_the_model_build(tmp_path, monke
     assert "agentq: env.eval_split='valid_unseen': ALFWorld split 'valid_unseen' not found" in err
     assert "which needs no download: gen_unseen in place of valid_unseen." in err
     assert not run.exists()
+
+
+def test_steps_whose_every_gradient_is_nan_are_said_and_stop_the_run(tmp_path, monkeypatch, capsys):
+    """An objective whose loss was NaN skipped every optimizer step without a word: the run ended with
+    status 0 and "final checkpoint", the untrained weights, and grad_norm 0.0 in metrics.jsonl. Each such
+    step is now said, and trainer.max_skipped_steps of them in a row stop the run."""
+    import json
+
+    from agentq.algos import GRPO
+
+    real = GRPO.loss
+    monkeypatch.setattr(GRPO, "loss", lambda self, logp, mb: (lambda out: (out[0] * float("nan"), out[1]))(
+        real(self, logp, mb)))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "trainer.steps=3", "trainer.max_skipped_steps=2", "trainer.tasks_per_step=1",
+                 "trainer.group_size=2", "env.max_steps=2", "env.max_new_tokens=8", "env_pool=inline",
+                 "trainer.eval_every=-1"]) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert ("step 1: every minibatch's gradient was NaN or inf, so no optimizer step ran and the weights did not change "
+            "(1 such or skipped steps in a row, limit 2;") in said
+    assert "agentq: run stopped: 2 steps in a row changed no weight (every gradient NaN or inf); stopping " \
+           "(trainer.max_skipped_steps=2)" in said
+    (run,) = (tmp_path / "runs").glob("textworld_express-interq-*")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["optimizer_steps"], r["grad_norm"]) for r in rows] == [(1, 0, None)]
+
+
+def test_objective_stats_named_like_agentqs_metrics_are_refused():
+    """A `prepare` stat named kl, grad_norm or k3 replaced agentq's own number in the row without a word."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from agentq.learner.learner import update_summary
+    from agentq.trainer.rl import RLTrainer
+    from agentq.trainer.run_dir import RunAborted
+
+    trainer = SimpleNamespace(skipped_in_a_row=2, cfg=OmegaConf.create({"algo": {"objective": "gspo"},
+                                                                        "trainer": {"max_skipped_steps": 3}}))
+    with pytest.raises(RunAborted, match=r"^the objective 'gspo' logs \['grad_norm', 'kl'\] from its prepare, names "
+                                         r"of agentq's own metrics, which they would replace: rename them$"):
+        RLTrainer._check_update(trainer, 1, {"optimizer_steps": 1}, {"kl", "grad_norm"})     # type: ignore[arg-type]
+    RLTrainer._check_update(trainer, 1, {"optimizer_steps": 1}, set())     # type: ignore[arg-type]
+    assert trainer.skipped_in_a_row == 0            # a step that changed the weights ends a run of skipped ones
+    with pytest.raises(ValueError, match=r"loss stats \['grad_norm'\] are names of the update's own metrics"):
+        update_summary({"grad_norm": 1.0, "pg_loss": 0.5}, [1.0])
