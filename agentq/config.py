@@ -103,6 +103,7 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config",
         check_removed_keys(overrides)
         if command is not None:
             check_command_keys(command, cfg, overrides, config_name)
+            warn_unread_placement(command, cfg, overrides)
     expand_user_paths(cfg)
     OmegaConf.set_struct(cfg, True)
     try:
@@ -227,6 +228,23 @@ def check_command_keys(command: str, cfg: DictConfig, overrides: list[str], conf
                          and command not in READ_BY.get(_read_by_entry(k) or "", (command,))})
     if problems:
         raise ConfigError("; ".join(_not_read(command, k, v) for k, v in problems.items()))
+
+
+#: what a command that reads no placement.* runs instead (a train command line's placement= must not stop it)
+ONE_PROCESS = {"eval": "agentq eval runs one engine", "sft": "agentq sft trains in this process"}
+
+
+def warn_unread_placement(command: str, cfg: DictConfig, overrides: list[str]) -> None:
+    """Say (not refuse) when a Ray placement on `command`'s line is not read: `agentq eval` and
+    `agentq sft` run one engine / learner whatever placement= says."""
+    touched = any(o.lstrip("+").split("=", 1)[0].split(".")[0] == "placement" for o in overrides if "=" in o)
+    mode = OmegaConf.select(cfg, "placement.mode", default="single")
+    if command not in ONE_PROCESS or not touched or mode == "single":
+        return
+    from agentq.utils.logging import console
+
+    console.print(f"warning: placement={mode} is read by agentq train / pipeline only; {ONE_PROCESS[command]}",
+                  style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 def _read_by_entry(key: str) -> str | None:

@@ -28,7 +28,9 @@ import torch.distributed as dist
 
 from agentq.algos.objective import Objective
 from agentq.kernels.quant_spec import QuantSpec
+from agentq.utils.errors import RunAborted
 from agentq.utils.malloc_tuning import tune_malloc
+from agentq.utils.ray_actors import actor_death
 
 from .batch import PolicyBatch
 from .learner import Learner, prefix_stats, update_summary
@@ -165,11 +167,11 @@ class _RemoteOptimizer:
         self._owner = owner
 
     def state_dict(self) -> dict:
-        return self._owner._get(self._owner.ranks[0].optimizer_state.remote())
+        return self._owner._get(self._owner.ranks[0].optimizer_state.remote(), "optimizer_state")
 
     def load_state_dict(self, state: dict) -> None:
         ref = self._owner._ray.put(state)
-        self._owner._get([r.load_optimizer_state.remote(ref) for r in self._owner.ranks])
+        self._owner._get([r.load_optimizer_state.remote(ref) for r in self._owner.ranks], "load_optimizer_state")
 
 
 class DataParallelLearner:
@@ -203,22 +205,30 @@ class DataParallelLearner:
         self.ranks = [cls.options(**actor_options[r]).remote(r, world_size, model_path, spec, threads=threads,
                                                              **learner_kw)
                       for r in range(world_size)]
-        host, port = self._get(self.ranks[0].rendezvous_address.remote())
-        self.backend = self._get([r.init_group.remote(host, port, self.timeout_s) for r in self.ranks])[0]
+        host, port = self._get(self.ranks[0].rendezvous_address.remote(), "its start")
+        self.backend = self._get([r.init_group.remote(host, port, self.timeout_s) for r in self.ranks], "init_group")[0]
         # the driver's copy of the weights: for checkpoints and the weight sync to the engines
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=learner_kw.get("dtype", torch.float32))
         self.opt = _RemoteOptimizer(self)
         self.world_size = world_size
         self.version = 0
         # the ranks' no-grad packs share prefixes: rows sharing one then go to the same rank
-        self.share = bool(self._get(self.ranks[0].logprob_shards_share_prefixes.remote()))
+        self.share = bool(self._get(self.ranks[0].logprob_shards_share_prefixes.remote(), "its start"))
         self.prefix_tokens: dict[str, int] = {}
 
-    def _get(self, refs):
+    def _get(self, refs: Any, what: str = "a call") -> Any:
         """Every rank call's answer, within `timeout_s`. A rank that raised or did not answer leaves its
         peers blocked in a collective until the group's timeout, and a later call could pair their
         pending all-reduce with a new one: every rank is stopped at once (the learner is not
-        recovered, docs/distributed.md), and later calls fail at once with the first error."""
+        recovered, docs/distributed.md), and later calls fail at once with the first error.
+
+        Args:
+            refs: one rank call's ObjectRef (rank 0's) or a list of them, one per rank in rank order.
+            what: the rank method called, as the failure's message names it.
+        Raises:
+            RunAborted: a rank died or did not answer within `timeout_s` (one line naming the rank and
+                the resume; Ray's error is chained). A rank's own exception is re-raised as it came.
+        """
         if self._failed is not None:
             raise RuntimeError(f"the data-parallel learner's ranks were stopped after an earlier failure: "
                                f"{self._failed}")
@@ -227,15 +237,35 @@ class DataParallelLearner:
         except Exception as e:
             # a RayTaskError's text is the rank's whole traceback: its last line names the error
             self._failed = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:500]}"
+            lost = self._lost_ranks(refs if isinstance(refs, list) else [refs], e, what)
             self._kill_ranks()
+            if lost is not None:       # died or hung: one line on the command line, not Ray's traceback
+                self._failed = lost
+                raise RunAborted(f"{lost}; all {len(self.ranks)} learner ranks were stopped; the run can "
+                                 f"continue from its last checkpoint with trainer.resume=<run folder>") from e
             e.add_note(f"agentq: a learner rank failed; all {len(self.ranks)} ranks were stopped")
             raise
+
+    def _lost_ranks(self, refs: list, e: BaseException, what: str) -> str | None:
+        """Which ranks died or hung in a call that raised `e`, as one clause ("learner rank 1 died in
+        update_minibatches (ActorDiedError)"); None when `e` is a rank's own exception."""
+        ray = self._ray
+        if isinstance(e, ray.exceptions.GetTimeoutError):
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
+            ranks = [str(i) for i, r in enumerate(refs) if r in pending] or ["?"]
+            return (f"learner rank {', '.join(ranks)} hung: no answer to {what} within "
+                    f"placement.timeout_s={self.timeout_s:g} s")
+        if not isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError)):
+            return None
+        dead = [str(i) for i, r in enumerate(refs) if _died(ray, r)] or ["?"]
+        return f"learner rank {', '.join(dead)} died in {what} ({actor_death(ray, e)})"
 
     def fill_old_and_ref(self, batch: PolicyBatch) -> None:
         ref = self._ray.put(batch)
         shards = [shard_rows(batch.attention_mask.sum(1), r, self.world_size, batch.input_ids if self.share else None)
                   for r in range(self.world_size)]
-        outs = self._get([rank.logprobs_rows.remote(ref, rows) for rank, rows in zip(self.ranks, shards)])
+        outs = self._get([rank.logprobs_rows.remote(ref, rows) for rank, rows in zip(self.ranks, shards)],
+                         "logprobs_rows")
         old_logp = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         ref_logp = torch.zeros_like(old_logp) if outs[0][1] is not None else None
         for rows, (old, refp) in zip(shards, outs):
@@ -266,7 +296,8 @@ class DataParallelLearner:
             perm = torch.randperm(n, generator=generator)
             plan += [perm[s: s + mb] for s in range(0, n, mb)]
         ref = self._ray.put(batch)
-        outs = self._get([r.update_minibatches.remote(ref, objective, plan, lr) for r in self.ranks])
+        outs = self._get([r.update_minibatches.remote(ref, objective, plan, lr) for r in self.ranks],
+                         "update_minibatches")
         sums: dict[str, float] = {}
         for part, _, _ in outs:
             for k, v in part.items():
@@ -278,11 +309,11 @@ class DataParallelLearner:
     def reduced_gradients(self, minib: PolicyBatch, objective: Objective) -> list[torch.Tensor]:
         """Every rank's summed minibatch gradient (flat; equal across ranks), no optimizer step."""
         ref = self._ray.put(minib)
-        return self._get([r.reduced_gradient.remote(ref, objective) for r in self.ranks])
+        return self._get([r.reduced_gradient.remote(ref, objective) for r in self.ranks], "reduced_gradient")
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Rank 0's master weights by HF name (all ranks hold the same); the driver's copy follows."""
-        self.model.load_state_dict(self._get(self.ranks[0].state_dict_cpu.remote()))
+        self.model.load_state_dict(self._get(self.ranks[0].state_dict_cpu.remote(), "state_dict_cpu"))
         return iter(self.model.state_dict().items())
 
     def _kill_ranks(self) -> None:
@@ -303,3 +334,15 @@ class DataParallelLearner:
         finally:
             self._kill_ranks()
             self.ranks = []
+
+
+def _died(ray: Any, ref: Any) -> bool:
+    """Whether the call of `ref` has ended because its actor died (an answer, a rank's own error or
+    a call still running are not)."""
+    try:
+        ray.get(ref, timeout=0)
+    except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError):
+        return True
+    except Exception:
+        pass
+    return False

@@ -6,7 +6,9 @@ an episode under way on another slot of that actor (its env rebuilt with the act
 with an error at its next step (`SiblingSlots`). A local cluster (no `address`)
 is started bound to 127.0.0.1, without the dashboard, so none of its services listen on the
 machine's network interfaces (`ray_init_kwargs`, `keep_local_cluster_on_loopback`: the trainer's
-placement starts it the same way).
+placement starts it the same way; its learner ranks' torch.distributed rendezvous store is not Ray's
+and listens on all interfaces, docs/distributed.md "Network exposure"). A joined cluster is named
+on the console with where its address came from (`announce_join`).
 
 A local cluster's workers import what the trainer can: the trainer's own sys.path folders (a module
 beside the user's script, a `sys.path.insert`) go into their PYTHONPATH (`driver_import_paths`). A
@@ -28,7 +30,6 @@ import socket
 import sys
 import sysconfig
 import time
-import warnings
 import weakref
 from typing import Any
 
@@ -85,8 +86,9 @@ def ray_init_kwargs(address: str | None) -> dict:
 
 
 def init_ray(address: str | None, num_cpus: int | None) -> None:
-    """Start Ray unless it is up: join `address`, checked to answer first (`check_reachable`), or
-    start a local cluster of `num_cpus` CPUs (None: every core) on loopback only.
+    """Start Ray unless it is up: join `address`, checked to answer first (`check_reachable`) and named
+    on the console with where it came from (`announce_join`), or start a local cluster of `num_cpus`
+    CPUs (None: every core) on loopback only.
 
     Raises:
         ConfigError: nothing answers at `address`.
@@ -95,14 +97,17 @@ def init_ray(address: str | None, num_cpus: int | None) -> None:
 
     if ray.is_initialized():
         return
+    origin = ""
     if address is None:
         keep_local_cluster_on_loopback()
     else:
-        check_reachable(address)
+        origin = check_reachable(address)
     before = set(descendants(os.getpid())) if address is None else set()    # a joined cluster is not ours
     ray.init(**ray_init_kwargs(address), num_cpus=num_cpus if address is None else None)
     if address is None:
         _reap_local_cluster_on_exit(sorted(set(descendants(os.getpid())) - before))
+    else:       # which cluster "auto" (or a name) found is otherwise nowhere on the console
+        announce_join(address, origin)
 
 
 _cluster_watcher: Any = None     # the watcher of the local cluster this process started last
@@ -120,36 +125,61 @@ def _reap_local_cluster_on_exit(started: list[int]) -> None:
     _cluster_watcher = kill_when_this_process_ends(started)
 
 
-def resolve_auto_address() -> str | None:
+def resolve_auto_address() -> tuple[str | None, str]:
     """What Ray's `ray.init(address="auto")` would join: RAY_ADDRESS (unless it is "auto" itself; a
     ray:// client address as it is), else the last `ray start` recorded in Ray's temp folder
     (RAY_TMPDIR, TMPDIR or /tmp), else any running cluster's GCS; None when there is none. Ray's own
-    resolution, so the check and the join cannot disagree."""
+    resolution, so the check and the join cannot disagree.
+
+    Returns:
+        The address (None: none found) and where it came from: "RAY_ADDRESS", "Ray's current-cluster
+        file <path>" or "a process scan" (any raylet running here, also another run's private cluster).
+    Raises:
+        ConfigError: RAY_ADDRESS is no address Ray can parse.
+    """
     from ray._private.services import canonicalize_bootstrap_address   # Ray has no public resolver
 
     env = os.environ.get("RAY_ADDRESS", "")
     if env.startswith("ray://"):             # a Ray Client address, which ray.init joins as it is
-        return env
+        return env, "RAY_ADDRESS"
+    origin = "RAY_ADDRESS" if env not in ("", "auto") else _auto_origin()
     try:
-        return canonicalize_bootstrap_address("auto")
+        return canonicalize_bootstrap_address("auto"), origin
     except ConnectionError:                  # "Could not find any running Ray instance"
-        return None
+        return None, origin
     except ValueError as e:                  # a RAY_ADDRESS Ray cannot parse
         raise ConfigError(f"ray.address=auto: RAY_ADDRESS={env!r} is no Ray address ({e}); expected host:port, "
                           "ray://host:port or auto") from None
 
 
-def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+def _auto_origin() -> str:
+    """Where Ray's "auto" without RAY_ADDRESS takes its address from, in Ray 2.x's own order
+    (`ray._private.services.get_ray_address_from_environment`): one raylet found by scanning this
+    machine's processes wins over the `ray start` file (the file's own, when it is that one); the file
+    where none or several are found."""
+    from ray._private.services import find_gcs_addresses
+    from ray._private.utils import get_ray_address_file, read_ray_address
+
+    scanned, recorded = list(find_gcs_addresses()), read_ray_address()
+    if recorded is not None and (len(scanned) != 1 or scanned[0] == recorded):
+        return f"Ray's current-cluster file {get_ray_address_file(None)}"
+    return "a process scan"
+
+
+def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> str:
     """Refuse a cluster address where nothing listens, within `timeout_s`: Ray itself retries a
     dead address for ~14 minutes (20 attempts) before it gives up. "auto" is resolved by Ray itself
     (`resolve_auto_address`); a "ray://" client address by its host and port.
 
+    Returns:
+        Where the address came from: "ray.address", or for "auto" `resolve_auto_address`'s origin.
     Raises:
         ConfigError: no cluster to resolve "auto" to, or no answer at host:port.
     """
-    resolved = address
+    resolved, origin = address, "ray.address"
     if address == "auto":
-        resolved = resolve_auto_address() or ""
+        found, origin = resolve_auto_address()
+        resolved = found or ""
         if not resolved:
             raise ConfigError("ray.address=auto: no running Ray cluster on this machine (no RAY_ADDRESS, no `ray "
                               "start`); start one with `ray start --head`, or set ray.address=null for a local one")
@@ -171,6 +201,29 @@ def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
                               f"cluster (no gRPC handshake within {wait_s:.1f} s; Ray would retry it for minutes): give "
                               "the address `ray start --head` printed (port 6379 by default), not the dashboard's "
                               "(8265) or another service's; ray.address=null starts a local cluster")
+    return origin
+
+
+def announce_join(address: str, origin: str, joined: str | None = None) -> None:
+    """One line on the console: the cluster joined (`joined`, its GCS address; None: the one Ray is
+    connected to) for `ray.address=address` and where that address came from; a process scan's find
+    is a warning, as it may be a cluster another agentq run or test started for itself on loopback
+    (Ray's "auto" falls back to any raylet here)."""
+    from agentq.utils.logging import console
+
+    if joined is None:
+        import ray
+
+        joined = ray.get_runtime_context().gcs_address
+
+    if origin == "a process scan":
+        console.print(f"warning: ray.address={address} joined the Ray cluster at {joined}, found by a process scan "
+                      "(no RAY_ADDRESS, no current-cluster file of `ray start`): it may be another run's private "
+                      "local cluster; give the cluster you mean as ray.address=<host:port>",
+                      style="yellow", markup=False, highlight=False, soft_wrap=True)
+    else:
+        console.print(f"Ray: joined the cluster at {joined} (ray.address={address}, from {origin})",
+                      markup=False, highlight=False, soft_wrap=True)
 
 
 def ray_uses_tls() -> bool:
@@ -321,8 +374,11 @@ class RayPool(WorkerPool):
         free = free_cpus(ray, self.num_workers * num_cpus_per_worker)
         self.cpus_per_worker = cpus_per_worker(free, self.num_workers, num_cpus_per_worker)
         if self.cpus_per_worker == 0:
-            warnings.warn(f"the Ray cluster has no free CPU: {self.num_workers} env worker(s) start without a CPU "
-                          "reservation and share the cores with the actors that hold them", stacklevel=2)
+            from agentq.utils.logging import console      # a console line, not a warning's file:line
+
+            console.print(f"warning: the Ray cluster has no free CPU: {self.num_workers} env worker(s) start without a "
+                          "CPU reservation and share the cores with the actors that hold them",
+                          style="yellow", markup=False, highlight=False, soft_wrap=True)
         self._actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=0)(EnvActor)
         self._start_all()
         self.cluster, self.reserved_cpus = ray.get_runtime_context().gcs_address, self.cpus_per_worker * self.num_workers

@@ -38,8 +38,7 @@ import torch
 
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.utils.failures import FailureCounts
-from agentq.utils.errors import first_line
-from agentq.utils.ray_actors import actor_start_problem, kill_actor, last_line
+from agentq.utils.ray_actors import actor_death, actor_start_problem, kill_actor, last_line
 
 from .backend import RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult
 
@@ -401,8 +400,5 @@ class DistributedBackend(RolloutBackend):
 
 
 def _death(ray: Any, e: BaseException) -> str:
-    """How a Ray call found its actor dead: the error's name, with the node's memory for Ray's memory
-    monitor (the first line of its error; the rest is advice)."""
-    if isinstance(e, ray.exceptions.OutOfMemoryError):
-        return f"killed by Ray's memory monitor: OutOfMemoryError: {first_line(e)}"
-    return type(e).__name__
+    """How a Ray call found its actor dead (`actor_death`)."""
+    return actor_death(ray, e)

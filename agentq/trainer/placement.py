@@ -12,7 +12,6 @@ on several nodes: docs/distributed.md.
 """
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +20,7 @@ from omegaconf import DictConfig
 from agentq import build
 from agentq.config import ConfigError
 from agentq.config_schema import positive_num
+from agentq.utils.logging import console
 
 from .run_dir import RunAborted
 
@@ -112,11 +112,13 @@ class Placement:
             shown = [{k: v for k, v in n.items() if k in ("CPU", "GPU")} for n in nodes]
             msg = (f"placement={self.mode}: the Ray cluster's nodes {shown} can never hold the {len(bundles)} bundles "
                    f"{bundles[0]} (placement.strategy={strategy}); lower placement.rollout_workers / learner_ranks "
-                   "/ cpus_per_actor, or give the cluster more CPUs (ray.num_cpus) or nodes")
+                   "/ cpus_per_actor, or ")
             if self._local:         # the settings ask for what this machine does not have: a config error
-                raise ConfigError(msg)
-            warnings.warn(f"{msg}; waiting up to placement.timeout_s={self.timeout_s:g} s for nodes to join",
-                          stacklevel=2)
+                raise ConfigError(msg + "give the local cluster more CPUs (ray.num_cpus)")
+            # ray.num_cpus sizes only a cluster agentq starts: a joined one has the CPUs it was started with
+            console.print(f"warning: {msg}start the joined cluster with more CPUs (`ray start --num-cpus=N`) or add "
+                          f"nodes; waiting up to placement.timeout_s={self.timeout_s:g} s for nodes to join",
+                          style="yellow", markup=False, highlight=False, soft_wrap=True)
         self._pg = placement_group(bundles, strategy=strategy)
         try:
             self._ray.get(self._pg.ready(), timeout=self.timeout_s)
@@ -205,7 +207,8 @@ def check_placement_config(cfg: DictConfig) -> None:
     anything starts (also before `agentq pipeline`'s SFT stage).
 
     Raises:
-        ConfigError: a bad mode, count, weight_sync, strategy, cpus_per_actor, timeout_s or use_gpus value.
+        ConfigError: a bad mode, count, weight_sync, strategy, cpus_per_actor, timeout_s or use_gpus value,
+            or an env pool's own cluster settings, which these placements do not read (`check_env_pool_cluster`).
     """
     p = cfg.placement
     if str(p.mode) not in MODES:
@@ -229,6 +232,25 @@ def check_placement_config(cfg: DictConfig) -> None:
         raise ConfigError(f"rollout.backend={cfg.rollout.backend!r} with placement.mode={p.mode}: the Ray placements run "
                           "the built-in engine (rollout.backend=torch) as actors; the vLLM backend runs with "
                           "placement=single")
+    check_env_pool_cluster(cfg)
+
+
+def check_env_pool_cluster(cfg: DictConfig) -> None:
+    """With placement=split|colocated the placement starts Ray (`ray.address`, `ray.num_cpus`) before
+    the env pool, which then finds it up and skips its own start: an `env_pool.address` or
+    `env_pool.num_cpus` of its own (not the `${ray.*}` they default to) would be dropped without a word.
+
+    Raises:
+        ConfigError: one line naming the env_pool key and the ray key that applies instead.
+    """
+    if cfg.env_pool.get("type") != "ray":
+        return
+    for key in ("address", "num_cpus"):
+        own, ray_value = cfg.env_pool.get(key), cfg.ray.get(key)
+        if own != ray_value:
+            raise ConfigError(f"env_pool.{key}={own!r} with placement={cfg.placement.mode}: the placement starts Ray "
+                              f"first, with ray.{key}={ray_value!r}, and the env pool joins that cluster, so "
+                              f"env_pool.{key} is not read; set ray.{key}={own if own is not None else 'null'} instead")
 
 
 def unplaced_message(mode: str, bundles: list[dict[str, float]], total: dict[str, float],

@@ -1,6 +1,7 @@
-"""What the Ray env pool (`agentq.pool.ray_pool`) and the distributed rollout backend
-(`agentq.rollout.distributed`) do alike with their actors: wait for one to be built, kill one that
-may be hung, and name a Ray error by its last line. Ray is passed in (the module imports it lazily)."""
+"""What the Ray env pool (`agentq.pool.ray_pool`), the distributed rollout backend
+(`agentq.rollout.distributed`) and the data-parallel learner do alike with their actors: wait for one
+to be built, kill one that may be hung, name a Ray error by its last line, and say how an actor died.
+Ray is passed in (the module imports it lazily)."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,6 +11,15 @@ def last_line(e: BaseException) -> str:
     """The last line of an error's text (a Ray error carries the remote traceback before it)."""
     lines = [line for line in str(e).splitlines() if line.strip()]
     return lines[-1].strip() if lines else type(e).__name__
+
+
+def actor_death(ray: Any, e: BaseException) -> str:
+    """How a Ray call found its actor dead: the error's name, with the node's memory for Ray's memory
+    monitor (the first line of its error; the rest is advice)."""
+    if isinstance(e, ray.exceptions.OutOfMemoryError):
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        return f"killed by Ray's memory monitor: OutOfMemoryError: {lines[0].strip() if lines else ''}"
+    return type(e).__name__
 
 
 def kill_actor(ray: Any, actor: Any) -> None:
@@ -43,4 +53,4 @@ def actor_start_problem(ray: Any, actor: Any, timeout: float, limit: str) -> str
     return problem
 
 
-__all__ = ["actor_start_problem", "kill_actor", "last_line"]
+__all__ = ["actor_death", "actor_start_problem", "kill_actor", "last_line"]

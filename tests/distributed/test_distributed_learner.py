@@ -16,6 +16,7 @@ from agentq.learner.batch import PolicyBatch
 from agentq.kernels import QuantSpec
 from agentq.learner.distributed import DataParallelLearner, flat_grad, shard_rows
 from agentq.learner.learner import Learner
+from ray_faults import dead_actors_answer_oom
 
 SPEC = QuantSpec.preset("w8a8_kv8")
 KW = dict(lr=1e-3, micro_batch_size=2, use_reference=True, dtype=torch.float32, device="cpu")
@@ -213,3 +214,46 @@ def test_an_error_on_one_rank_stops_every_rank_and_later_calls_fail_at_once(ray_
     for r in ranks:                                # no rank left running
         with pytest.raises(ray_cluster.exceptions.RayActorError):
             ray_cluster.get(r.close.remote(), timeout=30)
+
+
+def _pid(ray, actor) -> int:
+    return ray.get(actor.__ray_call__.remote(lambda self: __import__("os").getpid()), timeout=60)
+
+
+@pytest.mark.parametrize("fault", ["died", "hung", "oom"])
+def test_a_rank_that_dies_or_hangs_stops_the_run_with_one_line_naming_it(ray_cluster, tiny_model_dir, fault,
+                                                                         monkeypatch):
+    """A rank killed (kill -9) or stopped (kill -STOP) mid-run: the call raises RunAborted, whose one
+    line (what the CLI prints) names the rank, the cause, placement.timeout_s for a hang and the
+    resume; Ray's error is only chained, and every rank is stopped."""
+    import os
+    import signal
+
+    from agentq.utils.errors import RunAborted
+
+    kw = {**KW, "use_reference": False}
+    dp = DataParallelLearner(str(tiny_model_dir), SPEC, 2, [{"num_cpus": 0.5}] * 2, timeout_s=120, threads=1, **kw)
+    pid = _pid(ray_cluster, dp.ranks[1])
+    try:
+        dp.timeout_s = 5.0      # the start (model loads) had the long limit; this call gets a short one
+        if fault == "oom":          # Ray's memory monitor's kill: its calls answer OutOfMemoryError
+            dead_actors_answer_oom(ray_cluster, monkeypatch)
+        os.kill(pid, signal.SIGSTOP if fault == "hung" else signal.SIGKILL)
+        with pytest.raises(RunAborted) as err:
+            dp.fill_old_and_ref(synthetic_batch())
+        msg = str(err.value)
+        assert "\n" not in msg and "Traceback" not in msg
+        assert msg.startswith(f"learner rank 1 {'hung' if fault == 'hung' else 'died'}"), msg
+        assert "logprobs_rows" in msg and "all 2 learner ranks were stopped" in msg
+        assert "trainer.resume=<run folder>" in msg
+        if fault == "hung":
+            assert "placement.timeout_s=5 s" in msg
+        elif fault == "oom":
+            assert "(killed by Ray's memory monitor: OutOfMemoryError: 1 worker(s) were killed" in msg
+        else:
+            assert "ActorDiedError" in msg or "RayActorError" in msg
+        assert isinstance(err.value.__cause__, ray_cluster.exceptions.RayError)
+    finally:
+        if fault == "hung":
+            os.kill(pid, signal.SIGCONT)
+        dp.close()

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from agentq.config import load_config
+from agentq.config import ConfigError, load_config
 from agentq.trainer.placement import Placement
 
 
@@ -55,6 +55,7 @@ def test_placement_starts_a_local_ray_cluster_on_loopback_only(monkeypatch, addr
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
     checked = []          # a joined address is checked to answer first (tests/pool/test_ray_address.py)
     monkeypatch.setattr("agentq.pool.ray_pool.check_reachable", checked.append)
+    monkeypatch.setattr("agentq.pool.ray_pool.announce_join", lambda *a: None)     # no cluster to name
     cfg = load_config(["placement=colocated", "ray.num_cpus=2", *([f"ray.address={address}"] if address else [])])
     p = Placement.__new__(Placement)
     p._start_ray(cfg)
@@ -80,3 +81,20 @@ def test_gpus_asked_of_a_cluster_without_one_is_a_config_error():
     assert p._resolve_gpus("auto") is False and p._resolve_gpus(False) is False
     with pytest.raises(ConfigError, match="placement.use_gpus=true but the Ray cluster has no GPU"):
         p._resolve_gpus(True)
+
+
+def test_an_env_pools_own_cluster_settings_are_refused_with_a_ray_placement():
+    """placement=split|colocated starts Ray first (ray.address, ray.num_cpus) and the env pool joins
+    it: env_pool.address / env_pool.num_cpus set apart from ray.* were dropped without a word (a
+    dead env_pool.address=127.0.0.1:1 ran normally). placement=single still reads them."""
+    from agentq.trainer.placement import check_placement_config
+
+    split = ["env_pool=ray", "placement=split", "placement.cpus_per_actor=0.5"]
+    with pytest.raises(ConfigError, match=r"^env_pool.address='127.0.0.1:1' with placement=split: .* set "
+                                          r"ray.address=127.0.0.1:1 instead$"):
+        check_placement_config(load_config([*split, "env_pool.address=127.0.0.1:1"]))
+    with pytest.raises(ConfigError, match=r"^env_pool.num_cpus=1 with placement=split: the placement starts Ray first, "
+                                          r"with ray.num_cpus=None, .* set ray.num_cpus=1 instead$"):
+        check_placement_config(load_config([*split, "env_pool.num_cpus=1"]))
+    check_placement_config(load_config([*split, "ray.address=auto", "ray.num_cpus=2"]))    # the ray.* keys: read
+    check_placement_config(load_config(["env_pool=ray", "env_pool.address=127.0.0.1:1"]))  # placement=single

@@ -153,3 +153,54 @@ def test_with_tls_on_only_the_connection_is_checked(monkeypatch):
 def test_a_real_ray_head_answers_the_check(tmp_path):
     with ray_head(tmp_path) as port:
         check_reachable(f"127.0.0.1:{port}")
+
+
+def test_auto_says_where_its_address_came_from_and_warns_of_a_process_scan(monkeypatch, tmp_path, capsys):
+    """ray.address=auto names the cluster it joined and where the address came from; one found only by
+    Ray's scan of this machine's raylets (no RAY_ADDRESS, no `ray start` file) may be another run's
+    private loopback cluster, which is warned of. The scan's result is a stand-in (a real scan would
+    find whatever clusters other tests and sessions run here)."""
+    from ray._private import services
+
+    from agentq.pool.ray_pool import announce_join, resolve_auto_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))                      # no current-cluster file
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: ["127.0.0.1:40001"])
+    address, origin = resolve_auto_address()       # Ray names loopback by this node's IP
+    assert address.endswith(":40001") and origin == "a process scan"
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:40002\n")
+    address, origin = resolve_auto_address()      # Ray's order: one scanned raylet wins over the file
+    assert address.endswith(":40001") and origin == "a process scan"
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: ["127.0.0.1:40002"])   # the file's own cluster
+    assert resolve_auto_address()[1].startswith("Ray's current-cluster file ")
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: [])
+    address, origin = resolve_auto_address()
+    assert address.endswith(":40002") and origin.startswith("Ray's current-cluster file ") and str(tmp_path) in origin
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:40003")
+    address, origin = resolve_auto_address()
+    assert address.endswith(":40003") and origin == "RAY_ADDRESS"
+
+    announce_join("auto", "a process scan", "127.0.0.1:40001")
+    warned = capsys.readouterr().err.strip()
+    assert warned.startswith("warning: ray.address=auto joined the Ray cluster at 127.0.0.1:40001, found by a "
+                             "process scan") and "another run's private" in warned
+    assert "ray.address=<host:port>" in warned and "\n" not in warned
+    announce_join("auto", "RAY_ADDRESS", "127.0.0.1:40003")
+    assert capsys.readouterr().err.strip() == "Ray: joined the cluster at 127.0.0.1:40003 (ray.address=auto, from RAY_ADDRESS)"
+
+
+def test_a_joined_cluster_is_named_with_its_origin(monkeypatch, capsys):
+    """init_ray joining a cluster prints the one line (ray.init a stand-in: the check and the join are
+    tested above and in tests/distributed)."""
+    import ray
+
+    from agentq.pool import ray_pool
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: None)
+    monkeypatch.setattr(ray_pool, "check_reachable", lambda address: "a process scan")
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("Ctx", (), {"gcs_address": "10.0.0.5:6379"})())
+    ray_pool.init_ray("auto", None)
+    assert "joined the Ray cluster at 10.0.0.5:6379, found by a process scan" in capsys.readouterr().err

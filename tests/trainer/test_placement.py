@@ -93,6 +93,11 @@ def test_a_placement_that_times_out_on_a_joined_cluster_is_one_line(tmp_path, ti
                      r"4 bundles \{'CPU': 1.0\} within 1 s \(placement.timeout_s\); raise placement.timeout_s to wait "
                      r"longer", said), said
     assert not run.exists()
+    # the cluster joined is named with where its address came from (`ray start`'s file; one line)
+    assert re.search(r"Ray: joined the cluster at [\d.]+:\d+ \(ray.address=auto, from Ray's current-cluster file ", said)
+    # ray.num_cpus sizes only a cluster agentq starts: the joined cluster's advice is `ray start --num-cpus`
+    assert "warning: placement=split: the Ray cluster's nodes" in said and "ray.num_cpus" not in said
+    assert "start the joined cluster with more CPUs (`ray start --num-cpus=N`) or add nodes" in said
 
 
 def test_the_docs_split_example_fits_a_two_core_machine():
