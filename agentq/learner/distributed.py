@@ -241,8 +241,8 @@ class DataParallelLearner:
             self._kill_ranks()
             if lost is not None:       # died or hung: one line on the command line, not Ray's traceback
                 self._failed = lost
-                raise RunAborted(f"{lost}; all {len(self.ranks)} learner ranks were stopped; the run can "
-                                 f"continue from its last checkpoint with trainer.resume=<run folder>") from e
+                # `agentq train` (`rl.train`) adds the run folder and the command that continues it
+                raise RunAborted(f"{lost}; all {len(self.ranks)} learner ranks were stopped") from e
             e.add_note(f"agentq: a learner rank failed; all {len(self.ranks)} ranks were stopped")
             raise
 

@@ -825,6 +825,10 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
         except KeyboardInterrupt:
             pass                # a second Ctrl-C while the workers close: still say where the run stands
         raise KeyboardInterrupt(interrupted_text(trainer.run_dir, overrides or [])) from None
+    except RunAborted as e:     # stopped (a worker or rank given up on, skipped steps): also where the run stands
+        trainer.close()
+        where = interrupted_text(trainer.run_dir, overrides or [])
+        raise RunAborted(f"{e}; {where}" if where else str(e)) from e
     finally:
         trainer.close()         # also when the run stops early (workers, lock); a second close is a no-op
     print_run_end(summary)

@@ -245,7 +245,7 @@ def test_a_rank_that_dies_or_hangs_stops_the_run_with_one_line_naming_it(ray_clu
         assert "\n" not in msg and "Traceback" not in msg
         assert msg.startswith(f"learner rank 1 {'hung' if fault == 'hung' else 'died'}"), msg
         assert "logprobs_rows" in msg and "all 2 learner ranks were stopped" in msg
-        assert "trainer.resume=<run folder>" in msg
+        assert msg.endswith("all 2 learner ranks were stopped")
         if fault == "hung":
             assert "placement.timeout_s=5 s" in msg
         elif fault == "oom":

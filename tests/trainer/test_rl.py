@@ -342,6 +342,9 @@ def test_steps_whose_every_gradient_is_nan_are_said_and_stop_the_run(tmp_path, m
     assert "agentq: run stopped: 2 steps in a row changed no weight (every gradient NaN or inf); stopping " \
            "(trainer.max_skipped_steps=2)" in said
     (run,) = (tmp_path / "runs").glob("textworld_express-interq-*")
+    # every stop of agentq train ends with where the run stands, as a Ctrl-C does (`interrupted_text`)
+    assert f"(trainer.max_skipped_steps=2); run folder {run.relative_to(tmp_path)} has no checkpoint yet; start it " \
+           "again with agentq train trainer.steps=3" in said
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["optimizer_steps"], r["grad_norm"]) for r in rows] == [(1, 0, None)]
 
