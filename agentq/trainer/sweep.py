@@ -526,10 +526,11 @@ def table_markdown(t: dict, title: str) -> str:
             "per finished seed", "AULC",
             *[f"vs {r}: b / c, p" for r in refs], "K3 mean [min, max]", "K3 by turn 1, 2, 3, …", "α range",
             "rollout s", "learner s"]
+    # the paired columns' key only where there are such columns (no reference among the arms: none)
+    pairs = ("b / c = held-out tasks whose success (over all the seeds' episodes) is higher for the arm / for the "
+             f"reference; p = two-sided, paired by task{': ' + ', '.join(tests) if tests else ''}. ") if refs else ""
     lines = [f"**{title}.** After SFT: {100 * t['sft_success_rate']:.1f} % of {t['sft_episodes']} held-out "
-             "episodes. b / c = held-out tasks whose success (over all the seeds' episodes) is higher for the "
-             "arm / for the reference; p = two-sided, paired by task"
-             f"{': ' + ', '.join(tests) if tests else ''}. Times are totals per seed (mean over seeds).", "",
+             f"episodes. {pairs}Times are totals per seed (mean over seeds).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, r in t["arms"].items():
         lo, hi = r["success_ci95"]

@@ -481,6 +481,9 @@ def test_table_md_says_when_its_k3_by_turn_cell_leaves_turns_out(tmp_path):
     assert "| 1e-06, 2e-06, 3e-06, 4e-06, 5e-06, 6e-06, 7e-06, 8e-06, … (12 turns) |" in md
     bf16 = next(line for line in md.splitlines() if line.startswith("| bf16 |"))
     assert "…" not in bf16          # no turn logged: an empty cell, nothing left out
+    # without a reference among the arms there are no paired columns, and the caption does not explain them
+    assert "b / c" not in md and "b / c = held-out tasks" in table_markdown(sweep_table(tmp_path, ["bf16", "interq"],
+                                                                                        [0], ["bf16"]), "t")
 
 
 def test_a_damaged_result_json_is_one_line_naming_it(tmp_path):
