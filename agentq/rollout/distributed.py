@@ -255,7 +255,7 @@ class DistributedBackend(RolloutBackend):
             except self._ray.exceptions.RayError as e:
                 # its process is gone: killed (ActorDiedError), by Ray's memory monitor (OutOfMemoryError, raised
                 # for every later call too), its node lost, ...
-                why = f"died ({_death(self._ray, e)})"
+                why = f"died ({actor_death(self._ray, e)})"
             failed[w] = why
             self._failures.call_failed(w, method, why)
         return ok, failed, raised
@@ -397,8 +397,3 @@ class DistributedBackend(RolloutBackend):
             except Exception:
                 pass
         self.workers = []
-
-
-def _death(ray: Any, e: BaseException) -> str:
-    """How a Ray call found its actor dead (`actor_death`)."""
-    return actor_death(ray, e)

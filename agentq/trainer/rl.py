@@ -581,8 +581,7 @@ class RLTrainer:
         if upd.get("optimizer_steps", 1) or not upd.get("skipped_nonfinite_grad"):
             self.skipped_in_a_row = 0
             return
-        self.skipped_in_a_row += 1
-        limit = int(self.cfg.trainer.get("max_skipped_steps", 3))
+        limit = self._one_more_skipped()
         console.print(f"step {step}: every minibatch's gradient was NaN or inf, so no optimizer step ran and the weights "
                       f"did not change ({self.skipped_in_a_row} such or skipped steps in a row, limit {limit}; the "
                       "objective's loss or its weights are not finite)", style="yellow", markup=False,
@@ -671,13 +670,18 @@ class RLTrainer:
                                   generator=self.gen, old_logp_mode=self.old_logp_mode, lr=lr)
         return {**upd, "lr": lr}
 
+    def _one_more_skipped(self) -> int:
+        """Count one more step in a row that changed no weight (no usable episode, or no finite
+        gradient); returns trainer.max_skipped_steps, the count that stops the run."""
+        self.skipped_in_a_row += 1
+        return int(self.cfg.trainer.get("max_skipped_steps", 3))
+
     def _skip_step(self, step: int, trajs: list[Trajectory], rollout: dict, seconds: float) -> dict:
         """A step without one usable episode (all errored, or none produced an action token, e.g. the
         first prompt exceeds env.max_context_tokens): no update, a logged row, and after
         trainer.max_skipped_steps such steps in a row the run stops with the reason."""
-        self.skipped_in_a_row += 1
+        limit = self._one_more_skipped()
         reasons = {r: sum(x.end_reason == r for x in trajs) for r in sorted({x.end_reason for x in trajs})}
-        limit = int(self.cfg.trainer.get("max_skipped_steps", 3))
         lost = [x for x in trajs if x.end_reason == "error"]
         # the first error as errors.jsonl records it (its first line), or an env whose every reset
         # raises is only "end reasons {'error': 4}" until the run stops at max_skipped_steps, or ends

@@ -177,14 +177,12 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     sw = cfg.sweep
     arms, seeds = list(sw.arms), [int(s) for s in sw.seeds]
     refs = [r for r in sw.references if r in arms]
-    if len(refs) < len(sw.references) and not refs:     # the table's paired columns would be missing unsaid
-        console.print(f"warning: none of sweep.references={list(sw.references)} is among sweep.arms={arms}: the table "
-                      "has no paired comparison columns (name a reference that is one of the arms)", style="yellow",
-                      markup=False, highlight=False, soft_wrap=True)
-    elif len(refs) < len(sw.references):
-        console.print(f"warning: sweep.references {[r for r in sw.references if r not in arms]} are not among "
-                      f"sweep.arms, so the table compares with {refs} only", style="yellow", markup=False,
-                      highlight=False, soft_wrap=True)
+    dropped = [r for r in sw.references if r not in arms]
+    if dropped:         # the table's paired columns would leave them out unsaid
+        said = (f"sweep.references {dropped} are not among sweep.arms, so the table compares with {refs} only" if refs
+                else f"none of sweep.references={list(sw.references)} is among sweep.arms={arms}: the table has no "
+                     "paired comparison columns (name a reference that is one of the arms)")
+        console.print(f"warning: {said}", style="yellow", markup=False, highlight=False, soft_wrap=True)
     if sw.table_only:                       # reads what is there: nothing found is one line, no folder made
         check_table_only(cfg.sweep.out_dir, arms, seeds)
     out = sweep_dir(cfg)

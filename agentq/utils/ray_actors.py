@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentq.utils.errors import first_line
+
 
 def last_line(e: BaseException) -> str:
     """The last line of an error's text (a Ray error carries the remote traceback before it)."""
@@ -17,8 +19,7 @@ def actor_death(ray: Any, e: BaseException) -> str:
     """How a Ray call found its actor dead: the error's name, with the node's memory for Ray's memory
     monitor (the first line of its error; the rest is advice)."""
     if isinstance(e, ray.exceptions.OutOfMemoryError):
-        lines = [line for line in str(e).splitlines() if line.strip()]
-        return f"killed by Ray's memory monitor: OutOfMemoryError: {lines[0].strip() if lines else ''}"
+        return f"killed by Ray's memory monitor: OutOfMemoryError: {first_line(e)}"
     return type(e).__name__
 
 

@@ -180,6 +180,7 @@ def test_a_stopped_run_explains_context_only_when_an_episode_ended_so(reasons, h
 
     trainer = SimpleNamespace(skipped_in_a_row=1, run_dir=Path("r"), cfg=OmegaConf.create(
         {"trainer": {"max_skipped_steps": 2}, "env": {"max_context_tokens": 8}}))
+    trainer._one_more_skipped = lambda: RLTrainer._one_more_skipped(trainer)     # type: ignore[arg-type]
     trajs = [Trajectory(i, f"t{i}", "train", end_reason=r) for i, r in enumerate(reasons)]
     with pytest.raises(RunAborted) as e:
         RLTrainer._skip_step(trainer, 3, trajs, {}, 0.1)      # type: ignore[arg-type]
@@ -201,6 +202,7 @@ def test_a_skipped_step_of_errored_episodes_says_the_first_error_and_where_the_r
 
     trainer = SimpleNamespace(skipped_in_a_row=0, run_dir=Path("r"), cfg=OmegaConf.create(
         {"trainer": {"max_skipped_steps": 3}, "env": {"max_context_tokens": 8}}))
+    trainer._one_more_skipped = lambda: RLTrainer._one_more_skipped(trainer)     # type: ignore[arg-type]
     err = "RuntimeError: reset [boom]\nTraceback (most recent call last):\n  ..."
     trajs = [Trajectory(i, f"t{i}", "train", end_reason="error", error=err) for i in range(2)]
     row = RLTrainer._skip_step(trainer, 1, trajs, {k: 0 for k in ROLLOUT_KEYS} | {"errors": 2}, 0.1)  # type: ignore[arg-type]
