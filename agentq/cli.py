@@ -173,7 +173,7 @@ def dispatch(cmd: str, cfg: DictConfig, overrides: list[str]) -> None:
         evaluate(cfg, overrides)
     elif cmd == "pipeline":
         from agentq.trainer.pipeline import pipeline
-        pipeline(cfg)
+        pipeline(cfg, overrides)
     elif cmd == "sweep":
         from agentq.trainer.sweep import sweep
         sweep(cfg, overrides)

@@ -222,6 +222,21 @@ def gemm_norm_kernels():
     _interp.restore_compiled(GEMM_NORM_MODULES)
 
 
+def stop_rl_at_step(monkeypatch, n: int, stop: BaseException | None = None) -> None:
+    """Make every RL run of this test raise `stop` (default: Ctrl-C, `KeyboardInterrupt`) as its step `n`
+    begins, steps before it running as usual; `monkeypatch.undo()` ends it."""
+    from agentq.trainer import rl
+
+    step = rl.RLTrainer.step
+
+    def stopped(self, k):
+        if k == n:
+            raise stop if stop is not None else KeyboardInterrupt
+        return step(self, k)
+
+    monkeypatch.setattr(rl.RLTrainer, "step", stopped)
+
+
 def train_run(tmp_path_factory, args: list[str]) -> Path:
     """`agentq train <args>` into a fresh run folder (asserting it succeeded); returns the folder."""
     out = tmp_path_factory.mktemp("run") / "r"

@@ -11,6 +11,7 @@ real warm-start + RL run on a local HF checkpoint (`model=hf model.path=...`).
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from pathlib import Path
 from typing import IO
@@ -23,7 +24,8 @@ from agentq.eval.metrics import outcomes_by_task, paired_comparison, paired_test
 from agentq.utils.files import write_text_replacing
 from agentq.utils.logging import console, jsonable
 
-from .run_dir import PIPELINE_ARTIFACTS, claim_run_dir, new_run_dir, remove_run_artifacts, removed_if_left_empty
+from .run_dir import (PIPELINE_ARTIFACTS, claim_run_dir, last_step_checkpoint, new_run_dir, remove_run_artifacts,
+                      removed_if_left_empty, says_where_on_stop)
 
 
 def evaluate_checkpoint(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int, split: str) -> dict:
@@ -92,10 +94,11 @@ def eval_splits(cfg: DictConfig) -> list[str]:
     return splits
 
 
-def pipeline(cfg: DictConfig) -> dict:
+def pipeline(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     """`agentq pipeline` into pipeline.out_dir (default a new runs/pipeline-<env>-<time>), locked for this
     process and refused when it holds another run (`claim_pipeline_dir`); a start refused before anything
-    was written there (a bad model.path or SFT setting) leaves no folder."""
+    was written there (a bad model.path or SFT setting) leaves no folder. A stop (Ctrl-C, a worker given
+    up on) ends with where the pipeline stands (`pipeline_stopped_text`; `overrides`: its command line)."""
     from agentq.trainer.rl import check_rl_config
     from agentq.trainer.sft import check_expert
 
@@ -106,12 +109,40 @@ def pipeline(cfg: DictConfig) -> dict:
     build.check_split_data(cfg, [str(cfg.env.train_split), split, *others])   # nor missing data (ALFWorld's)
     check_expert(cfg)                       # nor an env without an expert a tiny model's build
     out = Path(cfg.pipeline.out_dir or new_run_dir(f"pipeline-{cfg.env.name}"))
-    with removed_if_left_empty(out):
+    with says_where_on_stop(lambda: pipeline_stopped_text(out, overrides or [])), removed_if_left_empty(out):
         lock = claim_pipeline_dir(out, overwrite=bool(cfg.trainer.get("overwrite", False)))
         try:
             return _pipeline(cfg, out, split, others)
         finally:
             lock.close()            # releases the folder
+
+
+def pipeline_stopped_text(out: Path, overrides: list[str]) -> str:
+    """Where a stopped `agentq pipeline` left its folder: the stage it stopped in and the command that
+    starts it over there; stopped in RL after a checkpoint, also the `agentq train` resume that
+    continues that stage alone ("" when the folder was removed as left empty).
+
+    Args:
+        out: pipeline.out_dir.
+        overrides: the command line, repeated in the command that starts over.
+    """
+    if not out.is_dir():
+        return ""
+    keep = [o for o in overrides if not o.startswith(("pipeline.out_dir=", "trainer.overwrite="))]
+    over = (f"start it over with {shlex.join(['agentq', 'pipeline', *keep])} "
+            f"{shlex.quote(f'pipeline.out_dir={out}')} trainer.overwrite=true")
+    rl = out / "rl"
+    if (rl / "train_summary.json").exists():
+        stage = "evaluation after RL"
+    elif rl.is_dir():
+        stage = "RL"
+    else:
+        stage = "evaluation after SFT" if (out / "sft" / "sft_summary.json").exists() else "SFT"
+    last = last_step_checkpoint(rl) if stage == "RL" else None
+    if last is None:
+        return f"pipeline folder {out} stopped in its {stage} stage; {over}"
+    return (f"pipeline folder {out} stopped in its RL stage, last checkpoint {last}; continue that stage alone with "
+            f"agentq train {shlex.quote(f'trainer.resume={rl}')} (no summary.json then), or {over}")
 
 
 def claim_pipeline_dir(out: Path, overwrite: bool) -> IO:

@@ -48,9 +48,10 @@ from agentq.utils.logging import (MetricsLogger, console, errored_note, jsonable
                                   step_line)
 
 from .placement import Placement, check_placement_config
-from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, log_resume, new_run_dir, read_run_config,
-                      remove_run_artifacts, removed_if_left_empty, restore_config_hint, truncate_evaluations,
-                      truncate_lost_episodes, write_lost_episodes, write_run_config)
+from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, last_step_checkpoint, log_resume, new_run_dir,
+                      read_run_config, remove_run_artifacts, removed_if_left_empty, restore_config_hint,
+                      says_where_on_stop, step_checkpoints, truncate_evaluations, truncate_lost_episodes,
+                      write_lost_episodes, write_run_config)
 
 
 #: rollout summary keys (eval.metrics.summarize) every step row carries, skipped steps too
@@ -306,13 +307,6 @@ def recorded_step(run_dir: Path, step: int) -> tuple[dict | None, dict | None]:
 def latest_checkpoint(run_dir: Path) -> Path | None:
     ckpts = step_checkpoints(run_dir)
     return ckpts[-1] if ckpts else None
-
-
-def step_checkpoints(run_dir: Path) -> list[Path]:
-    """The run's checkpoints/step_* in step order, without the folders of removed ones that only hold
-    the evaluations written into them (`prune_checkpoints`)."""
-    return [p for p in sorted((run_dir / "checkpoints").glob("step_*"))
-            if not (p.is_dir() and all(c.is_dir() for c in p.iterdir()))]
 
 
 @contextlib.contextmanager
@@ -738,7 +732,15 @@ class RLTrainer:
     # ------------------------------------------------------------------ the loop
     def train(self, final_eval_tasks: int | None = None) -> dict:
         """Run the remaining steps; checkpoint at the end and evaluate on the held-out split
-        (`final_eval_tasks` tasks, default trainer.eval_num_tasks)."""
+        (`final_eval_tasks` tasks, default trainer.eval_num_tasks). However it ends, the workers and the
+        run folder are released (`close`): a pipeline or sweep stopped in its RL stage, then started
+        again in the same process, found the folder still locked."""
+        try:
+            return self._train(final_eval_tasks)
+        finally:
+            self.close()
+
+    def _train(self, final_eval_tasks: int | None) -> dict:
         t = self.cfg.trainer
         steps = int(t.steps)
         save_every, eval_every = int(t.save_every), int(t.eval_every)
@@ -775,7 +777,6 @@ class RLTrainer:
                    "final_eval": report, "totals": self._totals()}
         write_text_replacing(self.run_dir / "train_summary.json", json.dumps(jsonable(summary), indent=2, default=str))
         write_run_plots(self.run_dir, self.eval_split)        # learning_curve.png, mismatch.png
-        self.close()
         return summary
 
     def _totals(self) -> dict[str, int]:
@@ -821,20 +822,10 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
         check_resume_dir(cfg.trainer.resume)    # a missing folder is named, not read as "no config.yaml"
         cfg = resumed_config(cfg, overrides)
     trainer = RLTrainer(cfg)
-    try:
+    # Ctrl-C, a worker or rank given up on, skipped steps: where the run stands, not a traceback; train()
+    # has closed the trainer, unless a second Ctrl-C cut that short (a second close finishes it)
+    with says_where_on_stop(lambda: interrupted_text(trainer.run_dir, overrides or []), close=trainer.close):
         summary = trainer.train()
-    except KeyboardInterrupt:   # Ctrl-C: where the run stands, not a traceback through the engine
-        try:
-            trainer.close()     # first, so the message sees the folder as it is left
-        except KeyboardInterrupt:
-            pass                # a second Ctrl-C while the workers close: still say where the run stands
-        raise KeyboardInterrupt(interrupted_text(trainer.run_dir, overrides or [])) from None
-    except RunAborted as e:     # stopped (a worker or rank given up on, skipped steps): also where the run stands
-        trainer.close()
-        where = interrupted_text(trainer.run_dir, overrides or [])
-        raise RunAborted(f"{e}; {where}" if where else str(e)) from e
-    finally:
-        trainer.close()         # also when the run stops early (workers, lock); a second close is a no-op
     print_run_end(summary)
     return summary
 
@@ -846,15 +837,13 @@ def interrupted_text(run_dir: Path, overrides: list[str]) -> str:
     folder = shlex.quote(str(run_dir))
     if not run_dir.is_dir():            # removed as left empty: nothing to go on from
         return ""
-    # a checkpoint a kill left as .step_N.old is one a resume restores (`check_resume_dir` accepts it)
-    steps = [p.name for p in step_checkpoints(run_dir)] + [
-        p.name[1:-len(".old")] for p in (run_dir / "checkpoints").glob(".step_*.old") if p.is_dir()]
-    if not steps:
+    last = last_step_checkpoint(run_dir)
+    if last is None:
         again = [o for o in overrides if not o.startswith(("trainer.out_dir=", "trainer.overwrite="))]
         command = shlex.join(["agentq", "train", *again])
         return (f"run folder {run_dir} has no checkpoint yet; start it again with {command} "
                 f"trainer.out_dir={folder} trainer.overwrite=true")
-    return f"run folder {run_dir}, last checkpoint {max(steps)}; continue it with agentq train trainer.resume={folder}"
+    return f"run folder {run_dir}, last checkpoint {last}; continue it with agentq train trainer.resume={folder}"
 
 
 def warn_no_parsed_actions(cfg: DictConfig, step: int, m: dict) -> None:

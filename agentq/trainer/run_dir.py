@@ -12,7 +12,7 @@ import re
 import shlex
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -105,6 +105,51 @@ def removed_if_left_empty(folder: str | Path) -> Iterator[None]:
             (path / LOCK_FILE).unlink(missing_ok=True)      # the block closed it: nobody holds the folder
             path.rmdir()
         raise
+
+
+@contextlib.contextmanager
+def says_where_on_stop(where: Callable[[], str], close: Callable[[], object] | None = None) -> Iterator[None]:
+    """Run a command's block; when Ctrl-C or a `RunAborted` stops it, `close` first (so `where` sees the
+    folder as the block left it), then raise the same kind of stop with `where()` after its message:
+    the folder the command left and the command that goes on from it ("" where nothing was left).
+
+    Args:
+        where: what the stopped command left (`interrupted_text`, `pipeline_stopped_text`, ...).
+        close: what the command holds open (workers, the folder's lock); a second Ctrl-C while it runs
+            still gets `where`.
+    """
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if close is not None:
+            try:
+                close()
+            except KeyboardInterrupt:
+                pass
+        raise KeyboardInterrupt(_then(str(e), where())) from None
+    except RunAborted as e:
+        if close is not None:
+            close()
+        raise RunAborted(_then(str(e), where())) from e
+
+
+def _then(message: str, where: str) -> str:
+    return "; ".join(m for m in (message, where) if m)
+
+
+def last_step_checkpoint(run_dir: Path) -> str | None:
+    """The name of a train run's last checkpoint (step_N) a resume would restore, None before its first:
+    a checkpoint a kill left as .step_N.old counts (`check_resume_dir` accepts it)."""
+    steps = [p.name for p in step_checkpoints(run_dir)]
+    steps += [p.name[1:-len(".old")] for p in (run_dir / "checkpoints").glob(".step_*.old") if p.is_dir()]
+    return max(steps) if steps else None
+
+
+def step_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoints/step_* in step order, without the folders of removed ones that only hold
+    the evaluations written into them (`prune_checkpoints`)."""
+    return [p for p in sorted((run_dir / "checkpoints").glob("step_*"))
+            if not (p.is_dir() and all(c.is_dir() for c in p.iterdir()))]
 
 
 def holds_run(run_dir: Path, artifacts: tuple[str, ...] = RUN_ARTIFACTS) -> list[str]:

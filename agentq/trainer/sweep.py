@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -47,7 +48,8 @@ from agentq.config import ConfigError, differing_settings, env_label, in_section
 from agentq.utils.files import write_text_replacing
 from agentq.utils.logging import console, counted, jsonable
 
-from .run_dir import check_kind, claim_run_dir, new_run_dir, read_run_config, removed_if_left_empty
+from .run_dir import (check_kind, claim_run_dir, new_run_dir, read_run_config, removed_if_left_empty,
+                      says_where_on_stop)
 
 RESULT = "result.json"
 
@@ -186,6 +188,7 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     if sw.table_only:                       # reads what is there: nothing found is one line, no folder made
         check_table_only(cfg.sweep.out_dir, arms, seeds)
     out = sweep_dir(cfg)
+    again = sweep_command(overrides, out)       # the command line that resumes it, said when it stops
     overrides = [o for o in overrides if not o.startswith("sweep.out_dir=")] + [f"sweep.out_dir={out}"]
     split = eval_splits(cfg)[0]
     if not sw.table_only:           # missing data (ALFWorld's real games) before the SFT stage, not after it
@@ -201,18 +204,36 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
 
     if sw.table_only:       # the table of what finished so far, asked for while the sweep runs: no lock
         return _write_sweep_table(cfg, out, arms, seeds, refs, split)
-    with removed_if_left_empty(out):        # a refused start (model.path) leaves no empty sweep folder
-        # one sweep at a time in its folder (its arms lock their own), never another command's folder
-        lock = claim_run_dir(out, resume=True, overwrite=False, kind="sweep", out_key="sweep.out_dir")
+    # a stop (Ctrl-C, an arm's worker given up on) says what finished and the command that resumes the rest
+    with says_where_on_stop(lambda: sweep_stopped_text(out, arms, seeds, again)):
+        with removed_if_left_empty(out):        # a refused start (model.path) leaves no empty sweep folder
+            # one sweep at a time in its folder (its arms lock their own), never another command's folder
+            lock = claim_run_dir(out, resume=True, overwrite=False, kind="sweep", out_key="sweep.out_dir")
+            try:
+                _shared_sft(cfg, out)
+            except BaseException:
+                lock.close()
+                raise
         try:
-            _shared_sft(cfg, out)
-        except BaseException:
-            lock.close()
-            raise
-    try:
-        return _sweep_runs(cfg, out, overrides, arms, seeds, refs, split, threads)
-    finally:
-        lock.close()            # releases the folder
+            return _sweep_runs(cfg, out, overrides, arms, seeds, refs, split, threads)
+        finally:
+            lock.close()            # releases the folder
+
+
+def sweep_command(overrides: list[str], out: Path) -> str:
+    """The `agentq sweep` command line that resumes the sweep in `out`: `overrides` with its folder."""
+    keep = [o for o in overrides if not o.startswith("sweep.out_dir=")]
+    return shlex.join(["agentq", "sweep", *keep, f"sweep.out_dir={out}"])
+
+
+def sweep_stopped_text(out: Path, arms: list[str], seeds: list[int], again: str) -> str:
+    """Where a stopped sweep left its folder: how many arm × seed runs finished (their result.json) and
+    `again`, the command that resumes it ("" when the folder was removed as left empty)."""
+    if not out.is_dir():
+        return ""
+    done = sum((out / "arms" / arm / f"seed_{seed}" / RESULT).exists() for arm in arms for seed in seeds)
+    return (f"sweep folder {out}: {done} of {len(arms) * len(seeds)} arm × seed runs finished; resume it with {again} "
+            "(finished runs are kept, an unfinished one starts over)")
 
 
 def check_table_only(out_dir: str | None, arms: list[str], seeds: list[int]) -> None:

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from agentq.cli import main
-from conftest import run_cli, train_run
+from conftest import run_cli, stop_rl_at_step, train_run
 
 SMALL = ["env=textworld_express", "env.max_steps=3", "env.max_new_tokens=12", "trainer.tasks_per_step=2",
          "trainer.group_size=2", "trainer.eval_num_tasks=2", "env_pool.num_workers=1"]
@@ -254,6 +254,62 @@ def test_ctrl_c_in_train_is_one_line_saying_how_to_go_on(tmp_path, monkeypatch, 
                     f"{' '.join(QUICK['train'])} trainer.out_dir={fresh} trainer.overwrite=true")
     monkeypatch.setattr(rl.RLTrainer, "train", train)
     assert main(["train", *QUICK["train"], f"trainer.out_dir={fresh}", "trainer.overwrite=true"]) == 0
+
+
+def test_a_stopped_pipeline_says_where_it_stands_and_both_commands_it_gives_work(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C or a worker given up on inside `agentq pipeline` ended with the bare cause. Now the last
+    line names the stage it stopped in and the commands that go on, and each of them runs: the RL
+    stage's resume from its checkpoint, and the pipeline started over in its folder."""
+    import shlex
+
+    from agentq.trainer.run_dir import RunAborted
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "pipe"
+    args = [*QUICK["pipeline"], "trainer.steps=2", "trainer.save_every=1"]
+    stop_rl_at_step(monkeypatch, 2)
+    assert main(["pipeline", *args, f"pipeline.out_dir={out}"]) == 130
+    said = capsys.readouterr().err.splitlines()[-1]
+    over = f"start it over with agentq pipeline {' '.join(args)} pipeline.out_dir={out} trainer.overwrite=true"
+    assert said == (f"agentq: interrupted: pipeline folder {out} stopped in its RL stage, last checkpoint step_000001; "
+                    f"continue that stage alone with agentq train trainer.resume={out / 'rl'} (no summary.json then), "
+                    f"or {over}")
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    resume = said.split("continue that stage alone with ")[1].split(" (no summary")[0]
+    assert main(shlex.split(resume)[1:]) == 0
+    assert (out / "rl" / "checkpoints" / "step_000002").is_dir() and not (out / "summary.json").exists()
+
+    stop_rl_at_step(monkeypatch, 1, RunAborted("env worker 0 gave up"))
+    assert main(["pipeline", *args, f"pipeline.out_dir={out}", "trainer.overwrite=true"]) == 1
+    said = capsys.readouterr().err.splitlines()[-1]     # no checkpoint of this start yet: only starting over
+    assert said == f"agentq: run stopped: env worker 0 gave up; pipeline folder {out} stopped in its RL stage; {over}"
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(said.split("start it over with ")[1])[1:]) == 0
+    assert json.loads((out / "summary.json").read_text())["rl_steps"] == 2
+
+
+def test_where_a_pipeline_stopped_follows_its_folder(tmp_path):
+    """`pipeline_stopped_text` at each stage, from the files the stages leave."""
+    from agentq.trainer.pipeline import pipeline_stopped_text
+
+    out = tmp_path / "p"
+    assert pipeline_stopped_text(out, []) == ""                 # removed as left empty: nothing to go on from
+    over = f"start it over with agentq pipeline seed=3 pipeline.out_dir={out} trainer.overwrite=true"
+    stages = [("sft/config.yaml", "SFT"), ("sft/sft_summary.json", "evaluation after SFT"), ("rl/config.yaml", "RL"),
+              ("rl/train_summary.json", "evaluation after RL")]
+    for path, stage in stages:
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_text("{}")
+        # the command line's folder and overwrite are replaced, the rest repeated
+        assert pipeline_stopped_text(out, ["seed=3", "pipeline.out_dir=x", "trainer.overwrite=false"]) == \
+            f"pipeline folder {out} stopped in its {stage} stage; {over}"
+    (out / "rl" / "train_summary.json").unlink()
+    (out / "rl" / "checkpoints" / ".step_000004.old").mkdir(parents=True)     # a kill mid-commit: still restored
+    assert pipeline_stopped_text(out, ["seed=3"]) == (
+        f"pipeline folder {out} stopped in its RL stage, last checkpoint step_000004; continue that stage alone with "
+        f"agentq train trainer.resume={out / 'rl'} (no summary.json then), or {over}")
 
 
 def test_commands_that_run_tune_malloc_first_and_config_does_not(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from agentq.cli import main
+from conftest import stop_rl_at_step
 
 SMALL = ["trainer.tasks_per_step=2", "trainer.group_size=2", "env.max_steps=4", "env_pool=inline",
          "trainer.eval_every=0", "trainer.eval_num_tasks=2", "trainer.save_every=1", "trainer.ppo_epochs=2",
@@ -518,18 +519,10 @@ def test_an_interrupted_default_run_resumes_from_its_last_periodic_checkpoint(tm
     """conf/trainer/default.yaml had trainer.save_every: 0, the final checkpoint only: Ctrl-C in the
     last step of a run left "no checkpoint yet; start it again", every finished step lost. With the
     default now (5), Ctrl-C in step 7 resumes from step 5's checkpoint."""
-    from agentq.trainer import rl
-
     run = tmp_path / "run"
     quick = ["env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8", "trainer.tasks_per_step=1",
              "trainer.group_size=2", "trainer.eval_every=-1", "trainer.save_segments=false", "trainer.steps=7"]
-    step = rl.RLTrainer.step
-
-    def ctrl_c_in_step_7(self, n):
-        if n == 7:
-            raise KeyboardInterrupt
-        return step(self, n)
-    monkeypatch.setattr(rl.RLTrainer, "step", ctrl_c_in_step_7)
+    stop_rl_at_step(monkeypatch, 7)
     assert main(["train", *quick, f"trainer.out_dir={run}"]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"agentq: interrupted: run folder {run}, last checkpoint step_000005; continue it with agentq train "

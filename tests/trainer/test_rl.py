@@ -289,10 +289,10 @@ def test_a_second_ctrl_c_while_the_run_closes_still_says_where_it_stands(tmp_pat
             raise KeyboardInterrupt        # the second Ctrl-C, at the start of the first close
         close(self)
 
-    def stop_at_once(self):
+    def stop_at_once(self, final_eval_tasks):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rl.RLTrainer, "train", stop_at_once)
+    monkeypatch.setattr(rl.RLTrainer, "_train", stop_at_once)
     monkeypatch.setattr(rl.RLTrainer, "close", interrupted_close)
     quick = ["env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8", "trainer.steps=1",
              "trainer.tasks_per_step=1", "trainer.group_size=2", "trainer.eval_num_tasks=1"]

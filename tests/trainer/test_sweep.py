@@ -56,6 +56,37 @@ def test_sweep_miniature_and_resume(tmp_path):
     assert json.loads((tmp_path / "table.json").read_text())["arms"]["interq"]["paired"] == iq["paired"]
 
 
+def test_a_stopped_sweep_says_what_finished_and_its_resume_command_works(tmp_path, monkeypatch, capsys):
+    """A worker given up on in an arm ended the sweep with the bare cause; the sweep resumes when given
+    its folder again, but nothing said so. Now the last line counts the finished runs and gives the
+    command, and that command finishes the rest without rerunning the finished arm."""
+    import shlex
+
+    from agentq.trainer import sweep
+    from agentq.trainer.run_dir import RunAborted
+
+    out = tmp_path / "s"
+    args = [*ARGS, "sweep.parallel=1", "trainer.steps=1"]
+    real = sweep.run_arm
+
+    def interq_gives_up(job):
+        if job["arm"] == "interq":
+            raise RunAborted("env worker 0 gave up")
+        return real(job)
+
+    monkeypatch.setattr(sweep, "run_arm", interq_gives_up)
+    assert main([*args, f"sweep.out_dir={out}"]) == 1
+    said = capsys.readouterr().err.splitlines()[-1]
+    again = shlex.join(["agentq", *args, f"sweep.out_dir={out}"])
+    assert said == (f"agentq: run stopped: env worker 0 gave up; sweep folder {out}: 1 of 2 arm × seed runs finished; "
+                    f"resume it with {again} (finished runs are kept, an unfinished one starts over)")
+    monkeypatch.undo()
+    stamp = (out / "arms" / "bf16" / "seed_0" / "result.json").stat().st_mtime_ns
+    assert main(shlex.split(said.split("resume it with ")[1].split(" (finished")[0])[1:]) == 0
+    assert (out / "arms" / "bf16" / "seed_0" / "result.json").stat().st_mtime_ns == stamp
+    assert list(json.loads((out / "table.json").read_text())["arms"]) == ["bf16", "interq"]
+
+
 def test_train_stats_and_pooling_by_hand():
     """K3 per turn is averaged over the steps that reached the turn (nan/None skipped); α and K3
     ranges are extremes; times are per-run totals, pooled as the mean over seeds."""
