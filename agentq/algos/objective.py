@@ -181,7 +181,7 @@ class GRPO:
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(u, is_clipped, is_dual_clipped, ratio), each [B, L]: `ppo_dual_clip_loss` at ε."""
         adv = mb.adv.view(-1, 1).expand_as(logp)
-        return ppo_dual_clip_loss(logp, _old_logp(mb), adv, self.clip_eps, self.dual_clip)
+        return ppo_dual_clip_loss(logp, require_old_logp(mb), adv, self.clip_eps, self.dual_clip)
 
     def token_weights(self, mb: BatchView) -> torch.Tensor:
         """The detached w_t this minibatch's policy term uses ([B, L]); 1 on action tokens if unset."""
@@ -223,7 +223,9 @@ def traj_action_tokens(mb: BatchView) -> torch.Tensor:
     return trajectory_tokens(mb.action_mask.float(), mb.traj_id)
 
 
-def _old_logp(mb: BatchView) -> torch.Tensor:
+def require_old_logp(mb: BatchView) -> torch.Tensor:
+    """mb.old_logp, the π_old log-probs a ratio needs ([B, L]); a clear error where the learner has not
+    filled them (an objective called outside the update, in a test of one's own)."""
     if mb.old_logp is None:
         raise ValueError("the loss needs mb.old_logp (π_old log-probs): fill them before the update")
     return mb.old_logp

@@ -25,7 +25,7 @@ import torch
 from .batch_view import BatchView
 from .diagnostics import token_delta
 from .losses import masked_mean, ppo_dual_clip_loss
-from .objective import GRPO, Bound, Prepared, _old_logp, register_objective
+from .objective import GRPO, Bound, Prepared, require_old_logp, register_objective
 from .tis import tis_prepare
 
 
@@ -59,5 +59,5 @@ class QuRL(GRPO):
             raise RuntimeError("QuRL.loss needs mb.extra['clip_high']: attach prepare(batch)'s result first "
                                "(PolicyBatch.weighted)")
         adv = mb.adv.view(-1, 1).expand_as(logp)                         # [B, L]
-        return ppo_dual_clip_loss(logp, _old_logp(mb), adv, self.clip_eps, self.dual_clip,
+        return ppo_dual_clip_loss(logp, require_old_logp(mb), adv, self.clip_eps, self.dual_clip,
                                   clip_high=mb.extra["clip_high"])

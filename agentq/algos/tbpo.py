@@ -37,7 +37,7 @@ import torch
 from .batch_view import BatchView
 from .diagnostics import token_delta
 from .losses import LOGRATIO_CLAMP, sequence_mean, trajectory_mean
-from .objective import GRPO, Bound, Prepared, _old_logp, register_objective, traj_action_tokens
+from .objective import GRPO, Bound, Prepared, require_old_logp, register_objective, traj_action_tokens
 
 
 def trust_band_loss(seq_ratio: torch.Tensor, adv: torch.Tensor, pos_high: float, neg_low: float,
@@ -81,7 +81,7 @@ class TBPO(GRPO):
 
     def loss(self, logp: torch.Tensor, mb: BatchView) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.action_mask.float()                                    # [B, L]
-        mean_lr, n = sequence_mean(logp - _old_logp(mb), mask)         # [B] grad flows via logp
+        mean_lr, n = sequence_mean(logp - require_old_logp(mb), mask)         # [B] grad flows via logp
         seq_ratio = torch.exp(mean_lr.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP))   # [B]
         u, clipped, dual = trust_band_loss(seq_ratio, mb.adv.to(seq_ratio.dtype),
                                            float(self.params["seq_clip_ratio_high"]),

@@ -206,3 +206,31 @@ def test_a_broken_objective_plugin_is_one_line_naming_it(tmp_path, monkeypatch, 
     monkeypatch.delitem(__import__("sys").modules, "my_objectives", raising=False)
     with pytest.raises(ValueError, match=rf"^objective plugin 'halfkl' \(my_objectives:HalfKL\) {named}$"):
         make_objective("halfkl")
+
+
+def test_an_objective_of_ones_own_reads_pi_old_through_the_public_helper():
+    """`policy_token_loss` overrides needed the private `_old_logp` for π_old; `require_old_logp` is
+    the exported name. A sequence-level ratio (GSPO-like) built on it, against hand numbers: one row,
+    δ_seq = mean(logp − old) = (0.2 − 0.1) / 2 = 0.05, Â = 1, so u = −e^0.05 on both tokens (unclipped
+    at ε = 0.2), and the loss, their token mean, −1.05127."""
+    from agentq.algos import GRPO, require_old_logp
+    from algo_batches import make_batch
+
+    class SeqRatio(GRPO):
+        defaults: dict = {}
+        bounds: dict = {}
+
+        def policy_token_loss(self, logp, mb):
+            d = (logp - require_old_logp(mb)) * mb.action_mask
+            ratio = torch.exp(d.sum(dim=1, keepdim=True) / mb.action_mask.sum(dim=1, keepdim=True)).expand_as(logp)
+            u = -mb.adv.view(-1, 1) * ratio
+            none = torch.zeros_like(logp, dtype=torch.bool)
+            return u, none, none, ratio
+
+    b = make_batch([[0, 1, 1]], [[0, 1, 1]], [[0.0, 0.0, 0.0]], dtype=torch.float64)
+    loss, stats = SeqRatio(kl_coef=0.0).loss(b.old_logp + torch.tensor([[9.0, 0.2, -0.1]], dtype=torch.float64), b)
+    assert float(loss) == pytest.approx(-math.exp(0.05), rel=1e-12)
+    assert float(stats["ratio_mean"]) == pytest.approx(math.exp(0.05), rel=1e-12)
+    b.old_logp = None
+    with pytest.raises(ValueError, match=r"needs mb.old_logp \(π_old log-probs\): fill them before the update"):
+        SeqRatio(kl_coef=0.0).loss(torch.zeros(1, 3, dtype=torch.float64), b)
