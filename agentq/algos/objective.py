@@ -103,6 +103,12 @@ class Objective(Protocol):
         """How many units (action tokens or trajectories) the loss averages over in `mb`."""
         ...
 
+    def stat_units(self, mb: BatchView) -> dict[str, float]:
+        """The units of `loss`'s stats that are means over something else than `agg_units` (by name):
+        how many of them `mb` holds. The learner weights each micro-batch's value of such a stat by its
+        share of the minibatch's, so a stat does not change with the micro-batch size."""
+        ...
+
 
 class GRPO:
     """GRPO with PPO dual-clip and k3 KL; token weight 1. Other objectives extend it, changing
@@ -169,6 +175,14 @@ class GRPO:
         if self.loss_agg == "token_mean":
             return float(n.sum())
         return float((n / traj_action_tokens(mb).double().clamp(min=1.0)).sum())
+
+    #: `loss`'s stats that are means over action tokens, whatever `loss_agg` averages the loss over
+    token_stats = ("clip_frac", "clip_frac_high", "clip_frac_low", "dual_clip_frac", "ratio_mean")
+
+    def stat_units(self, mb: BatchView) -> dict[str, float]:
+        """`token_stats` count action tokens (under token_mean those are `agg_units` too)."""
+        n = float(mb.action_mask.sum())
+        return dict.fromkeys(self.token_stats, n)
 
     def minibatch_extra(self, mb: BatchView) -> dict[str, torch.Tensor]:
         """seq_mean over trajectories split across rows (`traj_id`): each row's trajectory's action

@@ -79,6 +79,11 @@ class TBPO(GRPO):
                  "is_weight_max": float(w_seq[has].max()) if has.any() else float("nan")}
         return Prepared(token_weight, {"seq_weight": w_seq.float()}, stats)   # seq_weight [B]
 
+    def stat_units(self, mb: BatchView) -> dict[str, float]:
+        """clip_frac, dual_clip_frac and ratio_mean are over sequences (rows with an action token)."""
+        n = float((mb.action_mask.sum(dim=1) > 0).sum())
+        return dict.fromkeys(("clip_frac", "dual_clip_frac", "ratio_mean"), n)
+
     def loss(self, logp: torch.Tensor, mb: BatchView) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb.action_mask.float()                                    # [B, L]
         mean_lr, n = sequence_mean(logp - require_old_logp(mb), mask)         # [B] grad flows via logp

@@ -436,6 +436,7 @@ class Learner:
         total_units = objective.agg_units(minib)
         if total_units == 0:
             return False
+        stat_totals = objective.stat_units(minib)
         self.opt.zero_grad(set_to_none=True)
         if self.graph_pool is not None:
             self.graph_pool.clear_pending()     # a step that failed between a forward and its backward
@@ -443,22 +444,26 @@ class Learner:
         local = minib.index(local_rows)
         weighted: dict[str, torch.Tensor | float] = {}
         with memory_advice(self, train=True):
-            self._accumulate_micro_batches(local, local_rows, objective, total_units, weighted, weigh)
+            self._accumulate_micro_batches(local, local_rows, objective, (total_units, stat_totals), weighted, weigh)
         self.reduce_grads()
         for k, v in read_back(weighted).items():
             sums[k] = sums.get(k, 0.0) + v
         return True
 
     def _accumulate_micro_batches(self, local: PolicyBatch, local_rows: torch.Tensor, objective: Objective,
-                                  total_units: float, weighted: dict[str, torch.Tensor | float],
+                                  totals: tuple[float, dict[str, float]], weighted: dict[str, torch.Tensor | float],
                                   weigh: "WeighMicro | None") -> None:
         """`accumulate_grads`' loop: each micro-batch's forward, loss and backward, its gradient
-        weighted by its share of the minibatch's `total_units`, its statistics added into `weighted`."""
+        weighted by its share of the minibatch's units (`totals`: `agg_units` and `stat_units` of the
+        whole minibatch), its statistics added into `weighted`, each by its share of its own units."""
+        total_units, stat_totals = totals
         for rows in self.micro_batches(local.attention_mask.sum(1), local.input_ids):
             micro = local.index(rows)
             L = int(micro.attention_mask.sum(1).max())
             micro = micro.trim(L)
             share = objective.agg_units(micro) / total_units      # from the CPU rows: no device sync
+            stat_shares = {k: n / stat_totals[k] if stat_totals[k] else 0.0
+                           for k, n in objective.stat_units(micro).items()}
             logp = self.rows_logprobs(self.model, micro.input_ids, micro.attention_mask, self.train_batching,
                                       self.scored_tokens(micro))
             if weigh is not None:
@@ -467,7 +472,7 @@ class Learner:
             loss, stats = objective.loss(logp, micro)
             (loss * share).backward()
             release_activation_cache(self.model)        # the backward's shared X_fq, too
-            add_weighted(weighted, {**stats, "loss": loss.detach()}, share)
+            add_weighted(weighted, {**stats, "loss": loss.detach()}, share, stat_shares)
             del logp, loss          # the autograd graph goes now, not when the next forward is done
 
     # hooks of the data-parallel learner (agentq/learner/distributed.py): which rows of a minibatch
@@ -650,13 +655,16 @@ def update_summary(sums: dict[str, float], grad_norms: list[float]) -> dict[str,
     return out
 
 
-def add_weighted(acc: dict[str, torch.Tensor | float], stats: dict[str, Any], share: float) -> None:
-    """acc[k] += stats[k] · share, device tensors kept on the device (in fp64, as Python floats
-    would add them): reading each micro-batch's numbers back would stall the GPU queue between
-    micro-batches (the CPU waits, then the GPU waits for the CPU's next launches)."""
+def add_weighted(acc: dict[str, torch.Tensor | float], stats: dict[str, Any], share: float,
+                 shares: dict[str, float] | None = None) -> None:
+    """acc[k] += stats[k] · share (`shares[k]` for a stat of its own units), device tensors kept on the
+    device (in fp64, as Python floats would add them): reading each micro-batch's numbers back would
+    stall the GPU queue between micro-batches (the CPU waits, then the GPU waits for the CPU's next
+    launches)."""
+    shares = shares or {}
     for k, v in stats.items():
         v = v.detach().double() if torch.is_tensor(v) else float(v)
-        acc[k] = acc.get(k, 0.0) + v * share
+        acc[k] = acc.get(k, 0.0) + v * shares.get(k, share)
 
 
 def read_back(acc: dict[str, torch.Tensor | float]) -> dict[str, float]:

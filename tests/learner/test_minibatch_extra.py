@@ -115,3 +115,34 @@ def test_renorm_mean_is_the_minibatch_s_on_every_rank(tiny_model_dir, model, voc
         shard.rank = rank
         parts.append(step_gradient(shard, batch, objective)[0])
     assert (parts[0] + parts[1] - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("name, loss_agg", [("grpo", "seq_mean"), ("grpo", "token_mean"), ("tbpo", "token_mean"),
+                                            ("tbpo", "seq_mean")])
+def test_clip_and_ratio_stats_do_not_depend_on_micro_batching(model, vocab, name, loss_agg):  # noqa: F811
+    """clip_frac, dual_clip_frac and ratio_mean are token fractions and means (TBPO's over sequences),
+    but each micro-batch's value was weighted by its share of `agg_units`: under seq_mean (trajectories)
+    they changed with micro_batch_size while the update did not. Now each weighs by its own units
+    (`stat_units`); the references are by hand from the ratios. Rows' π_old lie 0.01 or 0.3 nats below
+    the model's, so ratios e^0.01 and e^0.3 (clipped at ε = 0.2 where Â > 0)."""
+    objective = make_objective(name, kl_coef=0.0, loss_agg=loss_agg)
+    batch = mixed_batch(vocab, lengths=LENGTHS)
+    act = batch.action_mask
+    shift = torch.tensor([0.01, 0.3] * 4)
+    batch.old_logp = model.logprobs(batch) - shift.view(-1, 1) * act
+    batch = batch.weighted(objective.prepare(batch))
+    ratio, pos = shift.double().exp(), batch.adv > 0
+    if name == "grpo":          # per token: its row's ratio; clipped above 1.2 with Â > 0 (below 0.8 with Â < 0: none)
+        n = act.sum(1).double()
+        want = {"clip_frac": float((n * ((ratio > 1.2) & pos)).sum() / n.sum()),
+                "clip_frac_high": float((n * ((ratio > 1.2) & pos)).sum() / n.sum()),
+                "ratio_mean": float((n * ratio).sum() / n.sum()), "dual_clip_frac": 0.0}
+    else:   # per sequence: e^(mean log-ratio) = its row's ratio, above every band's top (1 + 4e-4, 1 + 7e-4):
+        has = act.sum(1) > 0        # clipped where Â > 0, capped by the negative band's top (dual) where Â < 0
+        want = {"clip_frac": float(pos[has].double().mean()), "ratio_mean": float(ratio[has].mean()),
+                "dual_clip_frac": float((~pos)[has].double().mean())}
+    assert 0 < want["clip_frac"] < 1
+    for batching in [ONE_FORWARD, *BATCHINGS]:
+        sums = step_gradient(learner(model, **batching), batch, objective)[1]
+        for k, v in want.items():
+            assert sums[k] == pytest.approx(v, rel=1e-5, abs=1e-12), (batching, k)
