@@ -396,6 +396,8 @@ def model_path(cfg: DictConfig) -> str:
     if cfg.model.path:
         p = Path(cfg.model.path).expanduser()
         if not (p / "config.json").exists():
+            if p.is_file():     # its config.json, or a weight file
+                raise ConfigError(f"model.path={str(p)!r} is a file: give its folder, model.path={p.parent}")
             raise ConfigError(f"model.path={str(p)!r} is not an HF checkpoint folder (no config.json)"
                               + checkpoint_hint(p, "model.path"))
         check_architecture(cfg, str(p), "model.path")
@@ -522,6 +524,66 @@ def check_architecture(cfg: DictConfig, path: str, key: str = "checkpoint") -> N
     if act != "silu":
         raise ConfigError(f"{key}={path!r} has hidden_act={act!r} in its config.json; the torch rollout engine "
                           "runs SiLU MLPs only (as Llama / Qwen2 / Qwen3 checkpoints have)")
+    check_engine_attention(found, f"{key}={path!r}")
+    check_tied_head(path, found, f"{key}={path!r}")
+
+
+#: RoPE variants whose frequencies are fixed by config.json: the engine computes its cos / sin tables
+#: once, transformers' dynamic variants recompute them from each sequence's length
+STATIC_ROPE = (None, "default", "linear", "yarn", "llama3")
+
+
+def check_engine_attention(found: dict[str, Any], said: str) -> None:
+    """Refuse attention the torch engine and the aligned learner would not compute alike: a sliding
+    window (neither implements one; a Qwen2 folder with use_sliding_window ran with K3 3e-2 and no
+    word) and a RoPE whose frequencies follow the sequence length (`dynamic`: K3 1e-6 instead of 1e-14).
+
+    Args:
+        found: the folder's config.json.
+        said: how the error names the folder (`key=path`).
+    """
+    layers = found.get("layer_types") or []
+    if found.get("use_sliding_window") or any(t != "full_attention" for t in layers):
+        raise ConfigError(f"{said} uses sliding-window attention (use_sliding_window / layer_types in its "
+                          "config.json); the torch rollout engine attends over the whole context: set "
+                          "use_sliding_window false there if the model was trained without it (Qwen2.5 and "
+                          "Qwen3 checkpoints are)")
+    rope = found.get("rope_parameters") or found.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    if kind not in STATIC_ROPE:
+        raise ConfigError(f"{said} has RoPE type {kind!r} in its config.json; the torch rollout engine runs "
+                          f"{[k for k in STATIC_ROPE if k]} (frequencies fixed by the config), not ones that "
+                          "change with the sequence length")
+
+
+def check_tied_head(path: str, found: dict[str, Any], said: str) -> None:
+    """Refuse a config.json that ties the LM head to the embedding over weights holding a different
+    lm_head.weight: transformers then leaves them untied and the engine ties them, two models (K3 6e-2).
+    An lm_head.weight equal to the embedding (some savers write both) is fine.
+
+    Args:
+        path: the checkpoint folder.
+        found: its config.json.
+        said: how the error names the folder (`key=path`).
+    """
+    if not found.get("tie_word_embeddings", False):
+        return
+    from safetensors import safe_open
+
+    where = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as h:
+            where.update({n: f for n in h.keys() if n in ("lm_head.weight", "model.embed_tokens.weight")})
+    if "lm_head.weight" not in where or "model.embed_tokens.weight" not in where:
+        return
+    tensors = []
+    for name in ("lm_head.weight", "model.embed_tokens.weight"):
+        with safe_open(str(where[name]), framework="pt") as h:
+            tensors.append(h.get_tensor(name))
+    if not torch.equal(*tensors):
+        raise ConfigError(f"{said}: its config.json ties the LM head to the embedding (tie_word_embeddings: true) "
+                          "but its weights hold a different lm_head.weight; set tie_word_embeddings false in "
+                          "config.json to use that head, or remove lm_head.weight from the weights")
 
 
 def check_vllm_architecture(path: str, rollout: QuantSpec, learner: QuantSpec, key: str = "checkpoint") -> None:
@@ -656,8 +718,15 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     if isinstance(vocab, int) and len(tokenizer) > vocab:
         raise ConfigError(f"{path}: its tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab} "
                           "(config.json): ids past it have no embedding; is the tokenizer another model's?")
+    from jinja2 import TemplateError
+
     try:
         ChatFormat.from_tokenizer(tokenizer)
+    except TemplateError as e:      # a template that raises on agentq's messages (e.g. "System role not supported")
+        raise ConfigError(f"{path}: its chat template refuses agentq's prompt, a system message and user / "
+                          f"assistant turns ({type(e).__name__}: {first_line(e, 200)}); give the tokenizer a "
+                          "template that takes a system message (tokenizer.chat_template) and save_pretrained it "
+                          "into the folder") from None
     except ValueError as e:
         hint = (" (a base model's tokenizer may have none: set tokenizer.chat_template, e.g. ChatML, and "
                 "save_pretrained it into the folder)" if getattr(tokenizer, "chat_template", None) is None else "")

@@ -24,7 +24,9 @@ from agentq.kernels._interp import cuda_half
 from agentq.kernels.logprob import token_logprobs
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.kernels.ste import check_grad_input
+from agentq.utils.checkpoint import CheckpointError
 from agentq.utils.device import to_device
+from agentq.utils.errors import first_line
 from agentq.utils.memory import out_of_memory_hint
 
 from .batch import PolicyBatch
@@ -281,7 +283,13 @@ class Learner:
         dtype, aligned to its spec with its dX option (`qat.align_model`)."""
         from transformers import AutoModelForCausalLM
 
-        model = path if isinstance(path, nn.Module) else AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        try:
+            model = path if isinstance(path, nn.Module) else AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        except RuntimeError as e:       # transformers: a weight whose shape is not config.json's (an edited config)
+            if "ignore_mismatched_sizes" not in str(e) and "size mismatch" not in str(e):
+                raise
+            raise CheckpointError(f"{path}: its weights do not fit its config.json ({first_line(e, 300)}); were they "
+                                  "saved with this config.json?") from None
         model = model.to(device=self.device, dtype=self.dtype)
         return model, align_model(model, self.spec, grad_input=self.grad_input)
 

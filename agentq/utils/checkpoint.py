@@ -57,8 +57,8 @@ def check_weight_files(folder: str | os.PathLike) -> None:
     from safetensors import safe_open
 
     if not any(any(Path(folder).glob(pattern)) for pattern in WEIGHT_FILES):
-        raise CheckpointError(f"{folder} has a config.json but no weights (no model.safetensors or pytorch_model.bin, "
-                              "nor their shards): an interrupted copy or save?")
+        raise CheckpointError(f"{folder} has a config.json but no weights (no *.safetensors, which the rollout "
+                              "backends read, nor pytorch_model*.bin): an interrupted copy or save?")
     for f in sorted(Path(folder).glob("*.safetensors")):
         try:
             with safe_open(str(f), framework="pt"):

@@ -229,3 +229,105 @@ def test_an_env_kwargs_key_no_constructor_takes_is_a_config_error_naming_it(tmp_
         build.make_env(cfg, "train")
     cfg.env.kwargs = OmegaConf.create({"size": 4})
     assert build.make_env(cfg, "train").unwrapped.list_tasks("train") == ["a"]
+
+
+# ---------------------------------------------------------------------- checkpoints the engine and learner would compute apart
+def test_a_sliding_window_or_length_dependent_rope_is_refused(tmp_path, tiny_model_dir):
+    """A Qwen2 folder with use_sliding_window ran with K3 3e-2 (neither the engine nor the learner has a
+    window), one with RoPE type 'dynamic' with K3 1e-6 (the engine's tables are fixed); both without a
+    word. The static RoPE types are taken."""
+    from transformers import Qwen2Config
+
+    def qwen2(**kw):
+        c = qwen3(tiny_model_dir).to_dict()
+        c = {k: c[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads", "num_key_value_heads", "eos_token_id", "pad_token_id")}
+        return Qwen2Config(**c, **kw)
+
+    swa = save_model(tmp_path / "swa", qwen2(use_sliding_window=True, sliding_window=8, max_window_layers=0),
+                     tiny_model_dir)
+    with pytest.raises(ConfigError, match=re.escape(f"model.path={str(swa)!r} uses sliding-window attention")):
+        build.model_path(hf_cfg(swa))
+    dyn = save_model(tmp_path / "dyn", qwen2(rope_scaling={"rope_type": "dynamic", "factor": 4.0}), tiny_model_dir)
+    with pytest.raises(ConfigError, match=re.escape(f"model.path={str(dyn)!r} has RoPE type 'dynamic' in its "
+                                                    "config.json; the torch rollout engine runs ['default', 'linear', "
+                                                    "'yarn', 'llama3']")):
+        build.model_path(hf_cfg(dyn))
+    lin = save_model(tmp_path / "lin", qwen2(rope_scaling={"rope_type": "linear", "factor": 2.0}), tiny_model_dir)
+    assert build.model_path(hf_cfg(lin)) == str(lin)
+
+
+def test_a_tied_config_over_a_different_head_is_refused(tmp_path, tiny_model_dir):
+    """tie_word_embeddings true over weights with their own lm_head.weight: transformers keeps the two
+    apart and the engine tied them (K3 6e-2, no word). The same file with the head equal to the
+    embedding is taken."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    folder = save_model(tmp_path / "m", qwen3(tiny_model_dir, tie_word_embeddings=False), tiny_model_dir)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    with pytest.raises(ConfigError, match=re.escape(
+            f"model.path={str(folder)!r}: its config.json ties the LM head to the embedding (tie_word_embeddings: "
+            "true) but its weights hold a different lm_head.weight")):
+        build.model_path(hf_cfg(folder))
+    weights = load_file(folder / "model.safetensors")
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    assert build.model_path(hf_cfg(folder)) == str(folder)
+
+
+@pytest.mark.parametrize("edit, said", [
+    ("no head", "its weights do not fit its config.json (weights missing for ['lm_head.weight'])"),
+    ("fewer layers", "its weights do not fit its config.json (engine has no parameter for "
+                     "'model.layers.1.input_layernorm.weight' (model_type=qwen3))"),
+    ("wider MLP", "its weights do not fit its config.json (You set `ignore_mismatched_sizes` to `False`"),
+])
+def test_weights_that_do_not_fit_config_json_are_one_line(tmp_path, tiny_model_dir, capsys, edit, said):
+    """A config.json edited after saving, or an untied model whose head is missing from its file: a
+    KeyError from the engine's load or transformers' RuntimeError, as tracebacks. Now one line, and no
+    run folder."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from agentq.cli import main
+
+    folder = save_model(tmp_path / "m", qwen3(tiny_model_dir, num_hidden_layers=2), tiny_model_dir)
+    cfg = json.loads((folder / "config.json").read_text())
+    if edit == "no head":
+        weights = load_file(folder / "model.safetensors")
+        del weights["lm_head.weight"]
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    else:
+        change = {"num_hidden_layers": 1, "layer_types": cfg["layer_types"][:1]} if edit == "fewer layers" \
+            else {"intermediate_size": 2 * cfg["intermediate_size"]}
+        (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+    run = tmp_path / "run"
+    assert main(["train", "model=hf", f"model.path={folder}", "trainer.steps=1", "env_pool=inline",
+                 f"trainer.out_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    assert f"agentq: {folder}: {said}" in err and "Traceback" not in err
+    assert not run.exists()
+
+
+def test_a_chat_template_that_raises_on_a_system_message_is_one_line(tmp_path, tiny_model_dir):
+    """Gemma / Mistral-style templates raise "System role not supported": a jinja2 traceback."""
+    from transformers import AutoTokenizer
+
+    folder = save_model(tmp_path / "m", qwen3(tiny_model_dir))
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not "
+                         "supported') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok.save_pretrained(folder)
+    with pytest.raises(ConfigError, match=re.escape(f"{folder}: its chat template refuses agentq's prompt, a system "
+                                                    "message and user / assistant turns (TemplateError: System role "
+                                                    "not supported)")):
+        build.load_tokenizer(str(folder))
+
+
+def test_a_config_json_given_as_model_path_names_its_folder(tmp_path, tiny_model_dir):
+    assert model_path_error(tiny_model_dir / "config.json") == \
+        f"model.path={str(tiny_model_dir / 'config.json')!r} is a file: give its folder, model.path={tiny_model_dir}"

@@ -407,8 +407,8 @@ def test_a_trainer_state_without_its_step_is_a_damaged_checkpoint(run_copy, caps
 
 @pytest.mark.parametrize("damage, refusal", [
     ("no_state", "{ckpt} has no trainer_state.pt (optimizer, RNG): cannot resume"),
-    ("no_weights", "{ckpt} has a config.json but no weights (no model.safetensors or pytorch_model.bin, nor their "
-                   "shards): an interrupted copy or save?"),
+    ("no_weights", "{ckpt} has a config.json but no weights (no *.safetensors, which the rollout backends read, "
+                   "nor pytorch_model*.bin): an interrupted copy or save?"),
     ("truncated", "weight file {ckpt}/model.safetensors is damaged or truncated (100 bytes): "),
     ("garbled_config", "{ckpt}: its tokenizer does not load (OSError: "),
 ], ids=["no-trainer-state", "no-weights", "truncated-weights", "garbled-config"])

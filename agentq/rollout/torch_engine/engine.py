@@ -28,6 +28,7 @@ import torch
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.rollout.backend import (RolloutBackend, SamplingParams, SyncStats, TurnRequest, TurnResult, check_requests,
                                     load_safetensors_dir, score_ids)
+from agentq.utils.checkpoint import CheckpointError
 from agentq.utils.device import device_tensor, to_device
 
 from .kv_cache import KVCache
@@ -131,7 +132,11 @@ class TorchEngine(RolloutBackend):
         from transformers import AutoConfig
 
         eng = cls(AutoConfig.from_pretrained(path), quant, **kw)
-        eng.update_weights(load_safetensors_dir(path).items(), version=0)
+        try:
+            eng.update_weights(load_safetensors_dir(path).items(), version=0)
+        except (KeyError, WeightsRefused) as e:      # an edited config.json, weights of another model
+            raise CheckpointError(f"{path}: its weights do not fit its config.json ({e.args[0]}); were they "
+                                  "saved with this config.json?") from None
         return eng
 
     # ------------------------------------------------------------------ protocol
