@@ -7,9 +7,10 @@ checkpoints/step_*/eval-<env>-<split>[-settings]),
 K3 and InterQ-RL's α by turn over training (from metrics.jsonl and the segment history; a long
 run's tables show `table_rows` steps spread over it, so the page does not grow with the run), and an
 episode viewer over the segment history (`segments/step_*.parquet`): every turn's observation and
-reply, each action token coloured by δ = log π_old − log μ, by the behaviour log-prob log μ or by
-the turn's retention α (a switch at the top; log μ and δ are in each token's tooltip, α in its
-turn's header), with the episode's reward and advantage. Every text from a run folder is escaped
+reply, each action token coloured by δ = log π_old − log μ, by the behaviour log-prob log μ or, for
+InterQ-RL, by the turn's retention α (a switch at the top; log μ and δ are in each token's tooltip,
+α with InterQ-RL's m and H in its turn's header, Σk3 there for objectives without α), with the
+episode's reward and advantage. Every text from a run folder is escaped
 (`escape`: control characters shown as escapes, \\x03).
 """
 from __future__ import annotations
@@ -104,10 +105,16 @@ def _png_data_uri(fig: Figure) -> str:
 
 
 def _fmt(v: object, digits: int = 3) -> str:
+    """A number for the page ("–" for None or NaN), `digits` decimals; near 0, `digits` significant
+    digits; near 1, as many decimals as it takes to tell it from 1 (α = 1 − 6e-12 read "1.000")."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     if isinstance(v, float):
-        return f"{v:.{digits}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{digits}f}"
+        if abs(v) < 1e-3 and v != 0:
+            return f"{v:.{digits}g}"
+        while v != 1.0 and f"{v:.{digits}f}" == f"{1.0:.{digits}f}" and digits < 17:
+            digits += 1
+        return f"{v:.{digits}f}"
     return escape(str(v))
 
 
@@ -351,8 +358,18 @@ def by_turn_section(rows: list[dict], seg_by_step: dict[int, list[dict]], max_ro
     return "\n".join(out)
 
 
-def episode_html(ep: list[dict], delta_scale: float) -> str:
-    """One trajectory (its segment rows, turn order) as a <details> block."""
+def turn_head(seg: dict, interq: bool) -> str:
+    """A turn's header line in the viewer: InterQ-RL's m, H and α for a run that computed α
+    (`interq`); for other objectives, which never used m and H, Σk3 instead."""
+    head = f"turn {seg['turn']} · {seg['tokens']} tokens · Σδ {_fmt(seg['delta_sum'])} · "
+    if interq:
+        return head + f"m {_fmt(seg['m'])} · H {_fmt(seg['H'])} · α {_fmt(seg['alpha'])}"
+    return head + f"Σk3 {_fmt(seg['k3_sum'])}"
+
+
+def episode_html(ep: list[dict], delta_scale: float, interq: bool = True) -> str:
+    """One trajectory (its segment rows, turn order) as a <details> block; `interq`: the run has α
+    (the turn's bar and header show it)."""
     first = ep[0]
     outcome = "won" if first["won"] else first.get("end_reason") or "lost"
     head = (f"episode {first['episode_id']} · task {escape(str(first['task_id']))} · {escape(outcome)} · "
@@ -363,10 +380,9 @@ def episode_html(ep: list[dict], delta_scale: float) -> str:
         texts = seg.get("token_text") or [str(i) for i in seg["token_ids"]]
         for text, lp, d in zip(texts, seg["logp_behaviour"], seg["delta"]):
             toks.append(token_span(text, lp, d, delta_scale))
+        bar = f" style='--alpha:{alpha_colour(seg['alpha'])}'" if interq else ""
         turns.append(
-            f"<div class=turn style='--alpha:{alpha_colour(seg['alpha'])}' data-turn='{seg['turn']}'>"
-            f"<div class=meta>turn {seg['turn']} · {seg['tokens']} tokens · Σδ {_fmt(seg['delta_sum'])} · "
-            f"m {_fmt(seg['m'])} · H {_fmt(seg['H'])} · α {_fmt(seg['alpha'])}</div>"
+            f"<div class=turn{bar} data-turn='{seg['turn']}'><div class=meta>{turn_head(seg, interq)}</div>"
             f"<div class=obs>{escape(seg.get('observation') or '')}</div>"
             f"<div class=act>{''.join(toks)}</div>"
             f"<div class=meta>{_action_text(seg.get('action'))} → "
@@ -380,21 +396,30 @@ def _action_text(action: str | None) -> str:
     return "no parsable action" if action is None else f"action: {escape(action)}"
 
 
+def colour_switch(scale: float, interq: bool) -> str:
+    """The viewer's colour choice: δ (full colour at |δ| = `scale`), log μ, and for a run with α
+    (`interq`) α; other objectives have none to colour by (every token was grey)."""
+    alpha = ("<label><input type=radio name=colour id=colour-alpha onclick=\"colourBy('alpha')\"> retention α "
+             "(green 1 → red 0)</label>") if interq else ""
+    return ("<p>Colour action tokens by: "
+            "<label><input type=radio name=colour id=colour-delta onclick=\"colourBy('delta')\" checked> δ = log π_old − log μ "
+            f"(red +, blue −; full colour at |δ| = {_fmt(scale)}, the 99th percentile)</label> "
+            "<label><input type=radio name=colour id=colour-logp onclick=\"colourBy('logp')\"> behaviour log μ "
+            f"(deep at ≤ −5)</label> {alpha}. Hover a token for its numbers"
+            + ("; the bar left of a turn is its α.</p>" if interq else ".</p>"))
+
+
 def viewer_section(seg_by_step: dict[int, list[dict]], max_episodes: int) -> str:
+    """The episode viewer of the steps `seg_by_step` holds (their whole segment rows), `max_episodes`
+    trajectories a step; α (switch, bars, InterQ-RL's turn numbers) only where some row has one."""
     out = ["<h2 id='episodes'>Episode viewer</h2>"]
     if not seg_by_step:
         return out[0] + "<p>No segment history (segments/step_*.parquet) in this run.</p>"
     deltas = sorted(abs(d) for rs in seg_by_step.values() for s in rs for d in s["delta"])
     scale = deltas[int(0.99 * (len(deltas) - 1))] if deltas else 0.0
     scale = scale if scale > 0 else (deltas[-1] if deltas else 0.0)
-    out.append(
-        "<p>Colour action tokens by: "
-        "<label><input type=radio name=colour id=colour-delta onclick=\"colourBy('delta')\" checked> δ = log π_old − log μ "
-        f"(red +, blue −; full colour at |δ| = {_fmt(scale)}, the 99th percentile)</label> "
-        "<label><input type=radio name=colour id=colour-logp onclick=\"colourBy('logp')\"> behaviour log μ "
-        "(deep at ≤ −5)</label> "
-        "<label><input type=radio name=colour id=colour-alpha onclick=\"colourBy('alpha')\"> retention α "
-        "(green 1 → red 0)</label>. Hover a token for its numbers; the bar left of a turn is its α.</p>")
+    interq = any(s["alpha"] is not None for rs in seg_by_step.values() for s in rs)
+    out.append(colour_switch(scale, interq))
     for step, rs in sorted(seg_by_step.items()):
         eps: dict[int, list[dict]] = {}
         for s in rs:
@@ -402,7 +427,7 @@ def viewer_section(seg_by_step: dict[int, list[dict]], max_episodes: int) -> str
         out.append(f"<h3 id='step-{step}'>Step {step} ({counted(len(eps), 'trajectory', 'trajectories')}"
                    f"{', first ' + str(max_episodes) + ' shown' if len(eps) > max_episodes else ''})</h3>")
         for eid in sorted(eps)[:max_episodes]:
-            out.append(episode_html(sorted(eps[eid], key=lambda s: s["turn"]), scale))
+            out.append(episode_html(sorted(eps[eid], key=lambda s: s["turn"]), scale, interq))
     return "\n".join(out)
 
 

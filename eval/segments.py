@@ -14,6 +14,14 @@ half-written file behind, and `read_segments(run)` reads the folder as one table
     observation        what the policy read before this turn (the first prompt, or the last feedback)
     assistant, action, feedback                            its reply, the parsed action, the env's answer
     token_ids, token_text, logp_behaviour, logp_old, delta   per action token (lists)
+    position           per action token: its index in its batch row (one row per trajectory: its
+                       position in the episode's context; step-independent layout: in the turn's row)
+    logp_ref           per action token: log π_ref (null without a reference model)
+    weight             per action token: the detached w_t of `Objective.prepare` (1 where it sets none),
+                       the loss's weight but under InterQ-RL's renorm_retention, which divides it by
+                       its minibatch's token-mean α
+
+Files written before `position`, `logp_ref` and `weight` existed read with those columns null.
 
 `step_metrics(table)` derives `k3`, `k3_by_turn` and the α diagnostics from these rows alone.
 """
@@ -57,7 +65,8 @@ def segment_rows(step: int, trajs: list[Trajectory], batch: PolicyBatch, retenti
     Args:
         step: RL step number.
         trajs: the trajectories of the batch, in row order.
-        batch: the PolicyBatch with old_logp filled.
+        batch: the PolicyBatch with old_logp filled, weighted (`PolicyBatch.weighted`) when the
+            objective's weights are to be stored.
         retention: what InterQ-RL's prepare computed (None for other objectives: m and H are then
             computed with InterQ-RL's defaults, α left null).
         decode: token ids → one string per token (for the episode viewer); None stores no text.
@@ -95,10 +104,30 @@ def segment_rows(step: int, trajs: list[Trajectory], batch: PolicyBatch, retenti
                 "observation": t.get("observation"), "assistant": t.get("assistant"), "action": t.get("action"),
                 "feedback": t.get("feedback"),
                 "token_ids": tok, "token_text": decode(tok) if decode else None,
-                "logp_behaviour": batch.rollout_logp[i][on].tolist(), "logp_old": old_logp[i][on].tolist(),
-                "delta": delta[i][on].tolist(),
+                **_token_columns(batch, i, on, old_logp, delta),
             })
     return rows
+
+
+def _token_columns(batch: PolicyBatch, i: int, on: torch.Tensor, old_logp: torch.Tensor,
+                   delta: torch.Tensor) -> dict[str, list | None]:
+    """The per-token lists of row i's tokens `on` ([L] bool: one turn's action tokens).
+
+    Args:
+        batch: the weighted batch (`segment_rows`'s).
+        i: the row.
+        on: the turn's action tokens in that row.
+        old_logp: [B, L] log π_old of the batch (filled).
+        delta: [B, L] δ of the batch.
+    Returns:
+        logp_behaviour, logp_old, delta, position, logp_ref (None without π_ref) and weight.
+    """
+    n = int(on.sum())
+    # the loss reads None as 1 on every action token (GRPO.token_weights)
+    weight = batch.token_weight[i][on].tolist() if batch.token_weight is not None else [1.0] * n
+    return {"logp_behaviour": batch.rollout_logp[i][on].tolist(), "logp_old": old_logp[i][on].tolist(),
+            "delta": delta[i][on].tolist(), "position": torch.nonzero(on).flatten().tolist(),
+            "logp_ref": batch.ref_logp[i][on].tolist() if batch.ref_logp is not None else None, "weight": weight}
 
 
 def token_decoder(tokenizer: Any) -> Callable[[list[int]], list[str]]:
@@ -130,6 +159,7 @@ def _schema():
         ("observation", s), ("assistant", s), ("action", s), ("feedback", s),
         ("token_ids", pa.list_(i64)), ("token_text", pa.list_(s)), ("logp_behaviour", pa.list_(pa.float32())),
         ("logp_old", pa.list_(pa.float32())), ("delta", pa.list_(f64)),
+        ("position", pa.list_(i64)), ("logp_ref", pa.list_(pa.float32())), ("weight", pa.list_(pa.float32())),
     ])
 
 
@@ -149,7 +179,30 @@ def read_segments(run_dir: str | Path, steps: list[int] | None = None,
     steps = segment_steps(run_dir) if steps is None else steps
     if not steps:
         raise FileNotFoundError(f"{folder} has no step_*.parquet (was the run trained with trainer.save_segments?)")
-    return pa.concat_tables([pq.read_table(folder / f"step_{s:06d}.parquet", columns=columns) for s in steps])
+    return pa.concat_tables([_read_step(folder / f"step_{s:06d}.parquet", columns) for s in steps])
+
+
+def _read_step(path: Path, columns: list[str] | None) -> pa.Table:
+    """One step file as today's schema: the columns an older file lacks (`_schema`'s later ones) null.
+
+    Args:
+        path: the step's Parquet file.
+        columns: only those (None: all of `_schema`, then any other the file has).
+    Returns:
+        The table, its columns in the order asked (or `_schema`'s).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = _schema()
+    has = set(pq.read_schema(path).names)
+    wanted = columns if columns is not None else schema.names + sorted(has - set(schema.names))
+    # a name neither in the file nor in the schema goes to pyarrow, whose error names it
+    table = pq.read_table(path, columns=[c for c in wanted if c in has or c not in schema.names])
+    for c in wanted:
+        if c not in has and c in schema.names:
+            table = table.append_column(schema.field(c), pa.nulls(table.num_rows, schema.field(c).type))
+    return table.select(wanted)
 
 
 def truncate_segments(run_dir: str | Path, last_step: int) -> None:

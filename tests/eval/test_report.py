@@ -572,3 +572,31 @@ def test_a_turn_without_a_parsed_action_says_so(tmp_path):
                                                          _seg(1, 2, 2, action="look")])).read_text()
     assert "<div class=meta>no parsable action → Say &lt;action&gt;.</div>" in page
     assert "<div class=meta>action: look → f</div>" in page and "action: None" not in page
+
+
+def test_a_run_without_retention_shows_neither_interq_numbers_nor_the_alpha_switch(tmp_path):
+    """flashrl_tis, bf16, ...: each turn read "m … · H … · α –" (m and H at InterQ-RL's defaults, which
+    the run never used) and "colour by retention α" turned every token grey."""
+    from agentq.eval.report import write_report
+
+    metrics = [{"step": 1, "reward_mean": 0.0, "success_rate": 0.0, "k3": 1e-5, "k3_by_turn": [1e-5, 1e-5]}]
+    segs = [_seg(1, 1, 2, alpha=None, delta=0.25, k3_sum=0.25), _seg(1, 2, 4, alpha=None, delta=-0.5, k3_sum=0.5)]
+    page = write_report(_run(tmp_path / "tis", metrics, segs)).read_text()
+    heads = re.findall(r"<div class=meta>(turn \d[^<]*)</div>", page)
+    assert heads == ["turn 1 · 2 tokens · Σδ 0.500 · Σk3 0.250", "turn 2 · 4 tokens · Σδ -2.000 · Σk3 0.500"]
+    assert "id=colour-alpha" not in page and "retention α" not in page and "--alpha" not in page.split("<body")[1]
+    # InterQ-RL's run: as before
+    page = write_report(_run(tmp_path / "interq", metrics, [_seg(1, 1, 2, alpha=0.75, k3_sum=0.125)])).read_text()
+    assert re.findall(r"<div class=meta>(turn \d[^<]*)</div>", page) == [
+        "turn 1 · 2 tokens · Σδ 0.000 · m 0.125 · H 0.000 · α 0.750"]
+    assert "id=colour-alpha" in page and "style='--alpha:hsl(90,70%,45%)'" in page
+
+
+@pytest.mark.parametrize("value,shown", [(1.0, "1.000"), (1 - 6e-12, "0.99999999999"), (0.9996, "0.9996"),
+                                         (0.99949, "0.999"), (1.0004, "1.0004"), (0.5, "0.500"), (2e-4, "0.0002"),
+                                         (None, "–")])
+def test_a_value_next_to_one_is_not_shown_as_one(value, shown):
+    """α = 1 − 6e-12 (a turn that kept almost all of its weight) read "1.000", as α = 1 exactly."""
+    from agentq.eval.report import _fmt
+
+    assert _fmt(value) == shown

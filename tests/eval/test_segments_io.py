@@ -30,3 +30,74 @@ def test_write_read_truncate_and_derived_metrics(tmp_path):
     assert segment_steps(tmp_path) == [1]
     with pytest.raises(FileNotFoundError, match="no step_\\*.parquet"):
         read_segments(tmp_path / "elsewhere")
+
+
+def _batch(ref: bool, weight: bool):
+    """Two hand-built rows: row 0's actions at positions 2, 3 (turn 1) and 5 (turn 2), row 1's at 1 (turn 1);
+    log-probs and weights distinct per position, so a wrong position picks a wrong number."""
+    import torch
+
+    from agentq.learner.batch import PolicyBatch
+
+    mask = torch.tensor([[0, 0, 1, 1, 0, 1, 0], [0, 1, 0, 0, 0, 0, 0]], dtype=torch.float32)
+    seg = torch.tensor([[0, 0, 1, 1, 0, 2, 0], [0, 1, 0, 0, 0, 0, 0]])
+    pos = torch.arange(7, dtype=torch.float32).expand(2, 7)
+    return PolicyBatch(input_ids=torch.arange(100, 114).view(2, 7), attention_mask=torch.ones(2, 7, dtype=torch.long),
+                       action_mask=mask, seg_id=seg, rollout_logp=-0.1 * pos, adv=torch.tensor([0.5, -0.5]),
+                       old_logp=-0.1 * pos - 0.01, ref_logp=-0.2 * pos if ref else None,
+                       token_weight=0.125 * pos * mask if weight else None)
+
+
+def _trajs():
+    from agentq.agent.trajectory import Trajectory
+
+    return [Trajectory(episode_id=i, task_id=f"t{i}", split="train", reward=1.0 - i) for i in (0, 1)]
+
+
+def test_segment_rows_carry_each_action_tokens_position_reference_logp_and_weight(tmp_path):
+    """'Mismatch vs context position' needs each action token's position; π_ref and the weight w_t
+    the loss applied were not stored either."""
+    from agentq.eval.segments import segment_rows
+
+    rows = segment_rows(3, _trajs(), _batch(ref=True, weight=True), None)
+    assert [(r["row"], r["turn"]) for r in rows] == [(0, 1), (0, 2), (1, 1)]
+    assert [r["position"] for r in rows] == [[2, 3], [5], [1]]
+    assert [r["logp_ref"] for r in rows] == [pytest.approx([-0.4, -0.6]), pytest.approx([-1.0]), pytest.approx([-0.2])]
+    assert [r["weight"] for r in rows] == [[0.25, 0.375], [0.625], [0.125]]
+    assert [r["token_ids"] for r in rows] == [[102, 103], [105], [108]]
+    write_segments(tmp_path, 3, rows)
+    table = read_segments(tmp_path)
+    assert [str(table.schema.field(c).type.value_type) for c in ("position", "logp_ref", "weight")] == [
+        "int64", "float", "float"]
+    assert table.column("position").to_pylist() == [[2, 3], [5], [1]]
+    # no reference model: null; no weights from prepare: the loss's 1 on each action token
+    rows = segment_rows(3, _trajs(), _batch(ref=False, weight=False), None)
+    assert [r["logp_ref"] for r in rows] == [None] * 3
+    assert [r["weight"] for r in rows] == [[1.0, 1.0], [1.0], [1.0]]
+
+
+def _old_row(step):
+    """A row as the first version wrote it: no position, logp_ref nor weight."""
+    return {k: v for k, v in _row(step, 1, 2, 0.4, 0.9).items() if k not in ("position", "logp_ref", "weight")}
+
+
+def test_files_written_before_the_per_token_columns_still_read(tmp_path):
+    """A run folder's older step files lack position, logp_ref and weight: read with those null,
+    alone or beside newer files (a run resumed by a newer agentq)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from agentq.eval.segments import FOLDER, _schema
+
+    (tmp_path / FOLDER).mkdir()
+    old = pa.Table.from_pylist([_old_row(1)], schema=pa.schema([f for f in _schema() if f.name in _old_row(1)]))
+    assert old.num_columns == 27
+    pq.write_table(old, tmp_path / FOLDER / "step_000001.parquet")
+    write_segments(tmp_path, 2, [_row(2, 1, 2, 0.4, 0.9) | {"position": [4, 5], "logp_ref": None,
+                                                             "weight": [1.0, 0.5]}])
+    table = read_segments(tmp_path)
+    assert table.column("step").to_pylist() == [1, 2]
+    assert table.column("position").to_pylist() == [None, [4, 5]]
+    assert table.column("weight").to_pylist() == [None, [1.0, 0.5]]
+    assert read_segments(tmp_path, steps=[1], columns=["step", "weight"]).to_pylist() == [{"step": 1, "weight": None}]
+    assert read_segments(tmp_path, steps=[1]).column_names == read_segments(tmp_path, steps=[2]).column_names
