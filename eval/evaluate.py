@@ -25,8 +25,8 @@ from agentq.config import (RUN_CONFIG_KEYS, RUN_ONLY, ConfigError, differing_set
                            make_setting_dir, quant_name, read_settings)
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
-from agentq.utils.errors import first_line
-from agentq.utils.folder_lock import lock_folder
+from agentq.utils.errors import first_line, says_where_on_stop
+from agentq.utils.folder_lock import lock_folder, removed_if_left_empty
 from agentq.utils.logging import console, progress
 
 from .episodes import EPISODES_SHA256, recover_eval_pair, write_eval_pair
@@ -227,17 +227,20 @@ def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Pat
     n_conc = min(n_episodes, int(cfg.rollout.max_slots), int(cfg.trainer.max_concurrent))
     engine = build.make_backend(cfg, path, device, dtype, chat.tokenizer, max_slots=n_conc)
     pool = build.env_pool(cfg, split, n_conc)
+    # a stop (Ctrl-C, a worker given up on) says that an earlier evaluation there is kept; a folder this
+    # one made and wrote nothing into goes
     try:
-        # made once nothing can refuse the evaluation (an unknown split or unreadable weights left an
-        # empty eval-<env>-<split> folder in the checkpoint), before anything is played: a path that
-        # cannot be made fails now
-        make_setting_dir(out, out_key, "evaluation's output folder")
-        held.take()
-        note_replaced(out, same_settings=not cfg.eval.out_dir)
-        # the trainer's seeding (eval_seed, EVAL_FIRST_ID): the same episodes as its evaluations
-        report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=eval_seed(cfg),
-                                 max_concurrent=n_conc, repeats=int(cfg.eval.repeats),
-                                 description=f"eval {cfg.env.name}/{split}", checkpoint=str(Path(path).resolve()))
+        with says_where_on_stop(lambda: kept_text(out)), removed_if_left_empty(out):
+            # made once nothing can refuse the evaluation (an unknown split or unreadable weights left an
+            # empty eval-<env>-<split> folder in the checkpoint), before anything is played: a path that
+            # cannot be made fails now
+            make_setting_dir(out, out_key, "evaluation's output folder")
+            held.take()
+            note_replaced(out, same_settings=not cfg.eval.out_dir)
+            # the trainer's seeding (eval_seed, EVAL_FIRST_ID): the same episodes as its evaluations
+            report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=eval_seed(cfg),
+                                     max_concurrent=n_conc, repeats=int(cfg.eval.repeats),
+                                     description=f"eval {cfg.env.name}/{split}", checkpoint=str(Path(path).resolve()))
     finally:
         pool.close()
     print_report(report)
@@ -273,6 +276,12 @@ def evaluated_model(cfg: DictConfig, out: Path, overrides: list[str]) -> str:
         console.print(f"no checkpoint= given: evaluating {what}; eval.json and episodes.jsonl go to {out}",
                       markup=False, highlight=False, soft_wrap=True)
     return str(path)
+
+
+def kept_text(out: Path) -> str:
+    """What a stopped evaluation left in `out`: an earlier one's pair, which it replaces only once it
+    has played every episode (`note_replaced` said it would)."""
+    return f"the earlier evaluation in {out} is kept as it was" if (out / "eval.json").is_file() else ""
 
 
 def note_replaced(out: Path, same_settings: bool) -> None:
@@ -434,9 +443,12 @@ def warn_if_trained_otherwise(cfg: DictConfig, checkpoint: Path) -> None:
     mapreader runs evaluated on `env`'s default coin game, or another environment's checkpoint)."""
     run_cfg, changed = trained_otherwise(cfg, checkpoint)
     if changed:
+        # env.kwargs say which tasks each split holds (WebShop's split_sizes, TextWorldExpress' tasks_per_game)
+        split_note = (" The env's kwargs differ, and with them may which tasks each split holds: this held-out "
+                      "split may hold tasks the run trained on." if any(c.startswith("env.kwargs.") for c in changed) else "")
         console.print(f"warning: this checkpoint's run ({run_cfg}) trained with other settings than this "
-                      f"evaluation's: {'; '.join(changed)}. agentq eval reads conf/ and the command line, not the "
-                      "run's config: give the run's env= and keys to evaluate what it trained on",
+                      f"evaluation's: {'; '.join(changed)}.{split_note} agentq eval reads conf/ and the command "
+                      "line, not the run's config: give the run's env= and keys to evaluate what it trained on",
                       style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 

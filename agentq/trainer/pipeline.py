@@ -21,11 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from agentq.config import ConfigError
 from agentq.eval.episodes import recover_eval_pairs
 from agentq.eval.metrics import outcomes_by_task, paired_comparison, paired_test_name, two_proportion_z
+from agentq.utils.errors import says_where_on_stop
 from agentq.utils.files import write_text_replacing
+from agentq.utils.folder_lock import removed_if_left_empty
 from agentq.utils.logging import console, jsonable
 
-from .run_dir import (PIPELINE_ARTIFACTS, claim_run_dir, last_step_checkpoint, new_run_dir, remove_run_artifacts,
-                      removed_if_left_empty, says_where_on_stop)
+from .run_dir import PIPELINE_ARTIFACTS, claim_run_dir, last_step_checkpoint, new_run_dir, remove_run_artifacts
 
 
 def evaluate_checkpoint(cfg: DictConfig, checkpoint: str, out: Path, num_tasks: int, split: str) -> dict:

@@ -42,16 +42,16 @@ from agentq.learner.batch import PolicyBatch, collate
 from agentq.learner.learner import bypass_refusal, grad_pass_refusal
 from agentq.learner.lr_schedule import lr_factor
 from agentq.utils.checkpoint import CheckpointError, TrainerState, load_trainer_state, save_hf_checkpoint
-from agentq.utils.errors import first_line
+from agentq.utils.errors import first_line, says_where_on_stop
 from agentq.utils.files import write_text_replacing
+from agentq.utils.folder_lock import removed_if_left_empty
 from agentq.utils.logging import (MetricsLogger, console, errored_note, jsonable, progress, read_metrics,
                                   step_line)
 
 from .placement import Placement, check_placement_config
 from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, last_step_checkpoint, log_resume, new_run_dir,
-                      read_run_config, remove_run_artifacts, removed_if_left_empty, restore_config_hint,
-                      says_where_on_stop, step_checkpoints, truncate_evaluations, truncate_lost_episodes,
-                      write_lost_episodes, write_run_config)
+                      read_run_config, remove_run_artifacts, restore_config_hint, step_checkpoints,
+                      truncate_evaluations, truncate_lost_episodes, write_lost_episodes, write_run_config)
 
 
 #: rollout summary keys (eval.metrics.summarize) every step row carries, skipped steps too

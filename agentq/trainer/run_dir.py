@@ -7,12 +7,10 @@ stale temporary checkpoint folders or files, and a written record of every lost 
 """
 from __future__ import annotations
 
-import contextlib
 import re
 import shlex
 import shutil
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -82,59 +80,6 @@ class RunDirError(ConfigError):
 def make_run_dir(folder: str | Path, key: str) -> Path:
     """`folder`, created (parents too); `RunDirError` naming `key` when it cannot be."""
     return make_setting_dir(folder, key, "run folder", RunDirError)
-
-
-@contextlib.contextmanager
-def removed_if_left_empty(folder: str | Path) -> Iterator[None]:
-    """Run the block; if it raises, remove the folders of `folder`'s path that did not exist when it
-    began (`folder`, and parents created with it) as long as they hold nothing but this process's
-    lock file, so a refused start (`model.path`, `placement`, ...) leaves no empty run folder behind.
-    A folder that existed before, or that anything was written into, is left as it is.
-
-    Args:
-        folder: the run folder the block creates (`claim_run_dir`, `make_run_dir`).
-    """
-    folder = Path(folder)
-    new = [p for p in (folder, *folder.parents) if not p.exists()]         # innermost first
-    try:
-        yield
-    except BaseException:
-        for path in new:
-            if not path.is_dir() or any(p.name != LOCK_FILE for p in path.iterdir()):
-                break
-            (path / LOCK_FILE).unlink(missing_ok=True)      # the block closed it: nobody holds the folder
-            path.rmdir()
-        raise
-
-
-@contextlib.contextmanager
-def says_where_on_stop(where: Callable[[], str], close: Callable[[], object] | None = None) -> Iterator[None]:
-    """Run a command's block; when Ctrl-C or a `RunAborted` stops it, `close` first (so `where` sees the
-    folder as the block left it), then raise the same kind of stop with `where()` after its message:
-    the folder the command left and the command that goes on from it ("" where nothing was left).
-
-    Args:
-        where: what the stopped command left (`interrupted_text`, `pipeline_stopped_text`, ...).
-        close: what the command holds open (workers, the folder's lock); a second Ctrl-C while it runs
-            still gets `where`.
-    """
-    try:
-        yield
-    except KeyboardInterrupt as e:
-        if close is not None:
-            try:
-                close()
-            except KeyboardInterrupt:
-                pass
-        raise KeyboardInterrupt(_then(str(e), where())) from None
-    except RunAborted as e:
-        if close is not None:
-            close()
-        raise RunAborted(_then(str(e), where())) from e
-
-
-def _then(message: str, where: str) -> str:
-    return "; ".join(m for m in (message, where) if m)
 
 
 def last_step_checkpoint(run_dir: Path) -> str | None:

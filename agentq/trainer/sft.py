@@ -14,6 +14,7 @@ import json
 import math
 import random
 import shlex
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,11 @@ from agentq.learner.learner import Learner, sequence_logprobs
 from agentq.utils.checkpoint import save_hf_checkpoint
 from agentq.utils.errors import first_line
 from agentq.utils.files import write_text_replacing
+from agentq.utils.folder_lock import removed_if_left_empty
 from agentq.utils.jsonl import read_jsonl
 from agentq.utils.logging import MetricsLogger, console, progress
 
-from .run_dir import (SFT_ARTIFACTS, RunAborted, claim_run_dir, new_run_dir, remove_run_artifacts,
-                      removed_if_left_empty, write_run_config)
+from .run_dir import SFT_ARTIFACTS, RunAborted, claim_run_dir, new_run_dir, remove_run_artifacts, write_run_config
 
 
 def collect_demos(cfg: DictConfig, chat: ChatFormat, n: int, split: str, seed: int) -> list[Trajectory]:
@@ -122,7 +123,7 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None, overrides: list[str]
     else:
         demos = collect_demos(cfg, chat, int(s.num_demos), cfg.env.train_split, int(cfg.seed))
         write_trajectories(out / "demos.jsonl", demos, demo_record(tokenizer))
-    n_won, n_lost = sum(t.won for t in demos), sum(t.end_reason == "error" for t in demos)
+    n_demos, n_won, n_lost = len(demos), sum(t.won for t in demos), sum(t.end_reason == "error" for t in demos)
     demos = usable_demos(cfg, demos)
     rng = random.Random(int(cfg.seed))
     rng.shuffle(demos)
@@ -137,8 +138,9 @@ def _sft(cfg: DictConfig, out: Path, init_path: str | None, overrides: list[str]
     # 3. an ordinary HF checkpoint
     ckpt = save_hf_checkpoint(learner.model, out / "checkpoint", tokenizer,
                               extra={"stage": "sft", "env": cfg.env.name, "demos": len(demos), "history": history})
-    summary = {"checkpoint": str(ckpt), "demos_collected": int(s.num_demos) if not s.demos else len(demos),
-               "demos_won": n_won, "demos_lost": n_lost, "demos_used": len(demos), "train": len(train),
+    # demos_lost: lost to errors; demos_not_won: played out but not won (left out under sft.only_successful)
+    summary = {"checkpoint": str(ckpt), "demos_collected": n_demos, "demos_won": n_won, "demos_lost": n_lost,
+               "demos_not_won": n_demos - n_won - n_lost, "demos_used": len(demos), "train": len(train),
                "val": len(val), "history": history}
     write_text_replacing(out / "sft_summary.json", json.dumps(summary, indent=2))
     hint = f" (RL from it: {rl_command(ckpt, overrides)})" if overrides is not None else ""
@@ -199,6 +201,15 @@ def usable_demos(cfg: DictConfig, demos: list[Trajectory]) -> list[Trajectory]:
     keep = [t for t in demos if t.end_reason != "error" and (t.won or not cfg.sft.only_successful)]
     if not keep:
         raise RunAborted(no_demos_reason(cfg, sum(t.won for t in demos), len(demos), len(lost)))
+    unwon = [t for t in demos if t.end_reason != "error" and not t.won]
+    if unwon and cfg.sft.only_successful:       # 10 of 12 ScienceWorld demos at a step cap went without a word
+        reasons = Counter(str(t.end_reason) for t in unwon)
+        console.print(f"warning: {len(unwon)} of {len(demos)} expert episodes did not win (end reasons: "
+                      f"{', '.join(f'{r} {n}' for r, n in reasons.most_common())}) and are left out "
+                      f"(sft.only_successful); SFT trains on {len(keep)}"
+                      + (f"; raise env.max_steps={int(cfg.env.max_steps)} if the expert needs more turns"
+                         if "step_cap" in reasons else ""), style="yellow", markup=False, highlight=False,
+                      soft_wrap=True)
     return keep
 
 

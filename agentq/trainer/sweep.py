@@ -45,11 +45,12 @@ from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
 from agentq.config import ConfigError, differing_settings, env_label, in_sections, quant_name
+from agentq.utils.errors import says_where_on_stop
 from agentq.utils.files import write_text_replacing
+from agentq.utils.folder_lock import removed_if_left_empty
 from agentq.utils.logging import console, counted, jsonable
 
-from .run_dir import (check_kind, claim_run_dir, new_run_dir, read_run_config, removed_if_left_empty,
-                      says_where_on_stop)
+from .run_dir import check_kind, claim_run_dir, new_run_dir, read_run_config
 
 RESULT = "result.json"
 

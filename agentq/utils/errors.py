@@ -5,6 +5,8 @@
 error's text such a message quotes."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -44,3 +46,33 @@ def first_line(err: BaseException | str | None, limit: int | None = None) -> str
 
 
 __all__ = ["RunAborted", "RunFileError", "first_line", "raised_at"]
+
+
+@contextlib.contextmanager
+def says_where_on_stop(where: Callable[[], str], close: Callable[[], object] | None = None) -> Iterator[None]:
+    """Run a command's block; when Ctrl-C or a `RunAborted` stops it, `close` first (so `where` sees the
+    folder as the block left it), then raise the same kind of stop with `where()` after its message:
+    the folder the command left and the command that goes on from it ("" where nothing was left).
+
+    Args:
+        where: what the stopped command left (`interrupted_text`, `pipeline_stopped_text`, ...).
+        close: what the command holds open (workers, the folder's lock); a second Ctrl-C while it runs
+            still gets `where`.
+    """
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if close is not None:
+            try:
+                close()
+            except KeyboardInterrupt:
+                pass
+        raise KeyboardInterrupt(_then(str(e), where())) from None
+    except RunAborted as e:
+        if close is not None:
+            close()
+        raise RunAborted(_then(str(e), where())) from e
+
+
+def _then(message: str, where: str) -> str:
+    return "; ".join(m for m in (message, where) if m)

@@ -3,9 +3,11 @@ it closes the file or exits, so a crashed holder never leaves the folder locked.
 (`agentq.trainer.run_dir.claim_run_dir`) and `agentq eval`'s output folders take it."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Callable
 
@@ -71,3 +73,26 @@ def lock_holder(folder: Path) -> str | None:
 
 
 __all__ = ["LOCK_FILE", "lock_folder", "lock_holder"]
+
+
+@contextlib.contextmanager
+def removed_if_left_empty(folder: str | Path) -> Iterator[None]:
+    """Run the block; if it raises, remove the folders of `folder`'s path that did not exist when it
+    began (`folder`, and parents created with it) as long as they hold nothing but this process's
+    lock file, so a refused start (`model.path`, `placement`, ...) leaves no empty run folder behind.
+    A folder that existed before, or that anything was written into, is left as it is.
+
+    Args:
+        folder: the run folder the block creates (`claim_run_dir`, `make_run_dir`).
+    """
+    folder = Path(folder)
+    new = [p for p in (folder, *folder.parents) if not p.exists()]         # innermost first
+    try:
+        yield
+    except BaseException:
+        for path in new:
+            if not path.is_dir() or any(p.name != LOCK_FILE for p in path.iterdir()):
+                break
+            (path / LOCK_FILE).unlink(missing_ok=True)      # the block closed it: nobody holds the folder
+            path.rmdir()
+        raise

@@ -230,7 +230,8 @@ def test_plugin_sft_learns_from_its_expert_from_the_cli(site, tmp_path):
                  f"sft.out_dir={out}"], extra_env={"PYTHONPATH": str(site)})
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "sft_summary.json").read_text())
-    assert [summary[k] for k in ("demos_collected", "demos_won", "demos_lost", "demos_used")] == [6, 6, 0, 6]
+    assert [summary[k] for k in ("demos_collected", "demos_won", "demos_lost", "demos_not_won", "demos_used")] == \
+        [6, 6, 0, 0, 6]
     assert (out / "checkpoint" / "config.json").exists()
 
 

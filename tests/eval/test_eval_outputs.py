@@ -286,3 +286,31 @@ def test_an_evaluation_on_webshops_real_files_keeps_its_own_folder(tiny_model_di
     kwargs = sorted((json.loads((f / "eval.json").read_text())["env_kwargs"] for f in folders), key=lambda k: k["data_dir"] is not None)
     assert [k["data_dir"] for k in kwargs] == [None, str(fixture)] and all(k["split_sizes"] == {"test": 2, "dev": 1}
                                                                          for k in kwargs)
+
+
+def test_a_stopped_evaluation_says_the_earlier_one_is_kept_and_leaves_no_empty_folder(tiny_model_dir, tmp_path,
+                                                                                        monkeypatch, capsys):
+    """Ctrl-C after "this evaluation replaces the earlier one" kept the earlier eval.json and
+    episodes.jsonl, but said only "interrupted"; and a first evaluation stopped so left its folder
+    holding only the lock file. Now the line says what was kept, and a folder it made empty goes."""
+    from agentq.eval import evaluate
+
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    out = tmp_path / "ev"
+    assert main(["eval", f"checkpoint={ckpt}", *SMALL, f"eval.out_dir={out}"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    def stopped(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate, "evaluate_policy", stopped)
+    capsys.readouterr()
+    assert main(["eval", f"checkpoint={ckpt}", *SMALL, f"eval.out_dir={out}"]) == 130
+    err = capsys.readouterr().err
+    assert "this evaluation replaces the earlier one" in err
+    assert err.splitlines()[-1] == f"agentq: interrupted: the earlier evaluation in {out} is kept as it was"
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name in before} == before
+    fresh = tmp_path / "fresh" / "ev"
+    assert main(["eval", f"checkpoint={ckpt}", *SMALL, f"eval.out_dir={fresh}"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "agentq: interrupted"
+    assert not (tmp_path / "fresh").exists()

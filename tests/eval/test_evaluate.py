@@ -220,7 +220,9 @@ def test_a_checkpoint_evaluated_under_other_task_settings_than_its_run_says_so(t
             "evaluation's: env.kwargs.game_params.coin: trained unset, now 'numLocations=3,includeDoors=0,"
             "numDistractorItems=0'; env.kwargs.game_params.mapreader: trained 'numLocations=4,maxDistanceApart=2,"
             "includeDoors=0,maxDistractorItemsPerLocation=0', now unset; env.kwargs.games: trained ['mapreader'], "
-            "now ['coin']. agentq eval reads conf/ and the command line, not the run's config") in said
+            "now ['coin']. The env's kwargs differ, and with them may which tasks each split holds: this held-out "
+            "split may hold tasks the run trained on. agentq eval reads conf/ and the command line, not the run's "
+            "config") in said
     # the run's own env (and a step cap or turn length of one's choosing): nothing to say
     assert main(["eval", f"checkpoint={ckpt}", "env=textworld_express_mapreader", *SMALL,
                  f"eval.out_dir={tmp_path / 'e2'}"]) == 0

@@ -73,7 +73,7 @@ def test_a_refused_model_path_leaves_no_folder_it_made(tmp_path, capsys, cmd, ke
 
 
 def test_only_empty_folders_the_block_made_are_removed(tmp_path):
-    from agentq.trainer.run_dir import LOCK_FILE, removed_if_left_empty
+    from agentq.utils.folder_lock import LOCK_FILE, removed_if_left_empty
 
     with pytest.raises(RuntimeError), removed_if_left_empty(tmp_path / "a" / "b"):
         (tmp_path / "a" / "b").mkdir(parents=True)

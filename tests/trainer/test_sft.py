@@ -255,6 +255,14 @@ def test_demonstrations_lost_to_errors_are_said_left_out_and_kept_in_demos_jsonl
     said = " ".join(capsys.readouterr().err.split())
     assert ("warning: 2 of 4 expert episodes were lost to errors and are left out (each error under \"error\" in "
             "demos.jsonl); the first, task 't1': ValueError: boom") in said
+    # the one that played out without winning is said too, where only the won are kept (it was silent)
+    assert said.count("did not win") == 1 and ("warning: 1 of 4 expert episodes did not win (end reasons: failed 1) "
+                                               "and are left out (sft.only_successful); SFT trains on 1") in said
+    capped = [demo(4, "won"), demo(5, "step_cap"), demo(6, "step_cap"), demo(7, "context")]
+    usable_demos(load_config(["env.max_steps=10"]), capped)
+    assert ("warning: 3 of 4 expert episodes did not win (end reasons: step_cap 2, context 1) and are left out "
+            "(sft.only_successful); SFT trains on 1; raise env.max_steps=10 if the expert needs more turns") in \
+        " ".join(capsys.readouterr().err.split())
     with pytest.raises(RunAborted) as e:
         usable_demos(load_config([]), [demos[1], demos[3]])
     assert str(e.value) == ("no usable expert demonstrations: all 2 expert episodes were lost to errors "
