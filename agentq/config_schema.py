@@ -194,6 +194,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "eval.selection": one_of("stratified", "first"),
     "eval.repeats": positive_int,
     "eval.temperature": nonneg_num,
+    "eval.check_replays": boolean,
     "sft.num_demos": positive_int,
     "sft.epochs": positive_int,
     "sft.lr": positive_num,

@@ -161,6 +161,9 @@ class TextEnv(gym.Env[str, str]):
     splits: ClassVar[tuple[str, ...]] = ("train", "dev", "test")
     #: default step cap (can be overridden per instance with `max_steps=`)
     default_max_steps: ClassVar[int] = 50
+    #: whether a reset of every training task is cheap (milliseconds): an evaluation then lists their
+    #: first prompts once and says which held-out tasks begin exactly as a training task does
+    openings_listable: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         # every subclass's close() marks the env closed, so step() after close() is one clear error

@@ -31,6 +31,7 @@ from agentq.utils.logging import console, progress
 
 from .episodes import EPISODES_SHA256, recover_eval_pair, write_eval_pair
 from .metrics import counts_since, summarize, worker_counts
+from .replays import replays_record, replays_text, train_openings
 from .selection import TaskSelection, select_tasks
 
 
@@ -119,6 +120,12 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
               "sampling": sampling_record(sampling, seed, repeats), "limits": limits_record(cfg),
               "env_kwargs": env_kwargs_record(cfg),
               "task_selection": selection.to_dict(), **summarize(trajs), **restarts}
+    # held-out tasks that open as a training task does (TextWorldExpress coin's test seeds 20480-20999)
+    replays = (replays_record(trajs, train_openings(cfg, report["env_kwargs"]), str(cfg.env.train_split))
+               if split != str(cfg.env.train_split) else None)
+    if replays is not None:
+        report["replays_train"] = replays
+        console.print(replays_text(replays), style="yellow", markup=False, highlight=False, soft_wrap=True)
     write_eval(out, report, trajs)
     return report
 
