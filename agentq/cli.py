@@ -58,11 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     if rc == INTERRUPTED and argv is None:
         # end by SIGINT, as an uncaught Ctrl-C does: a shell loop of commands (`for s in 1 2 3; do agentq
         # train seed=$s; done`) then stops too, where an exit status of 130 would let it go on
+        import atexit
         import os
         import signal
 
+        # the run's own clean-up ran before (workers, Ray, the folder's lock); what waits for the
+        # interpreter's exit runs now, as at any exit: a process the signal ends skips it (the vLLM
+        # backend's exported checkpoint stayed in $TMPDIR, a model's size per Ctrl-C)
+        atexit._run_exitfuncs()
         sys.stdout.flush()
-        sys.stderr.flush()      # (the run's own clean-up ran before: workers, Ray, the folder's lock)
+        sys.stderr.flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     return rc

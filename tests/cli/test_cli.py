@@ -336,11 +336,17 @@ def test_the_command_line_ends_by_sigint_after_ctrl_c(tmp_path):
     import subprocess
     import sys
 
+    # what waits for the interpreter's exit still runs (the vLLM backend's exported checkpoint, a
+    # model's size, stayed in $TMPDIR: its weakref.finalize never ran when SIGINT ended the process)
     (tmp_path / "fake.py").write_text(
-        "import sys, time, agentq.cli as c\n"
+        "import shutil, sys, tempfile, time, weakref, agentq.cli as c\n"
+        "class Backend: pass\n"
+        "held = Backend()\n"
         "def run(argv):\n"
+        "    work = tempfile.mkdtemp(dir='.')\n"
+        "    weakref.finalize(held, shutil.rmtree, work, True)\n"
         "    try:\n"
-        "        print('before', flush=True)\n"
+        "        print('before', work, flush=True)\n"
         "        time.sleep(60)\n"
         "    except KeyboardInterrupt:\n"
         "        return c.INTERRUPTED\n"
@@ -351,13 +357,15 @@ def test_the_command_line_ends_by_sigint_after_ctrl_c(tmp_path):
     loop = subprocess.Popen(["bash", "-c", f"for i in 1 2; do {sys.executable} fake.py; done; echo finished"],
                             cwd=tmp_path, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert loop.stdout.readline() == "before\n"
+        said, work = loop.stdout.readline().split()
+        assert said == "before" and (tmp_path / work).is_dir()
         os.killpg(loop.pid, signal.SIGINT)
         rest, _ = loop.communicate(timeout=30)         # a loop that went on would sleep in its second run
     finally:
         if loop.poll() is None:
             os.killpg(loop.pid, signal.SIGKILL)
     assert rest == "" and loop.returncode == -signal.SIGINT, (rest, loop.returncode)
+    assert not (tmp_path / work).exists()
 
 
 @pytest.mark.parametrize("code", ["ENOSPC", "EROFS", "EACCES", "EDQUOT"])
