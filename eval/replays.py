@@ -4,7 +4,7 @@ tell them from that training task at its first turn. TextWorldExpress coin at it
 distinct training openings, and test seeds 20480-20999 (about half of any sample of `test`) replay
 them; an evaluation's success rate over such tasks measures training games.
 
-    openings = train_openings(cfg)                   # first-prompt key → a train task (cached), or None
+    openings = train_openings(cfg, kwargs)           # first-prompt key → a train task (cached), or None
     record = replays_record(trajs, openings, train)  # eval.json's "replays_train", None when none replay
 
 Only envs whose class says listing every training task's opening is cheap are checked
