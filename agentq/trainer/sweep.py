@@ -189,8 +189,8 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     if sw.table_only:                       # reads what is there: nothing found is one line, no folder made
         check_table_only(cfg.sweep.out_dir, arms, seeds)
     out = sweep_dir(cfg)
-    again = sweep_command(overrides, out)       # the command line that resumes it, said when it stops
     overrides = [o for o in overrides if not o.startswith("sweep.out_dir=")] + [f"sweep.out_dir={out}"]
+    again = shlex.join(["agentq", "sweep", *overrides])     # the command that resumes it, said when it stops
     split = eval_splits(cfg)[0]
     if not sw.table_only:           # missing data (ALFWorld's real games) before the SFT stage, not after it
         build.check_split_data(cfg, [str(cfg.env.train_split), split])
@@ -219,12 +219,6 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
             return _sweep_runs(cfg, out, overrides, arms, seeds, refs, split, threads)
         finally:
             lock.close()            # releases the folder
-
-
-def sweep_command(overrides: list[str], out: Path) -> str:
-    """The `agentq sweep` command line that resumes the sweep in `out`: `overrides` with its folder."""
-    keep = [o for o in overrides if not o.startswith("sweep.out_dir=")]
-    return shlex.join(["agentq", "sweep", *keep, f"sweep.out_dir={out}"])
 
 
 def sweep_stopped_text(out: Path, arms: list[str], seeds: list[int], again: str) -> str:

@@ -45,9 +45,6 @@ def first_line(err: BaseException | str | None, limit: int | None = None) -> str
     return lines[0].strip()[:limit] if lines else ""
 
 
-__all__ = ["RunAborted", "RunFileError", "first_line", "raised_at"]
-
-
 @contextlib.contextmanager
 def says_where_on_stop(where: Callable[[], str], close: Callable[[], object] | None = None) -> Iterator[None]:
     """Run a command's block; when Ctrl-C or a `RunAborted` stops it, `close` first (so `where` sees the
@@ -76,3 +73,6 @@ def says_where_on_stop(where: Callable[[], str], close: Callable[[], object] | N
 
 def _then(message: str, where: str) -> str:
     return "; ".join(m for m in (message, where) if m)
+
+
+__all__ = ["RunAborted", "RunFileError", "first_line", "raised_at", "says_where_on_stop"]

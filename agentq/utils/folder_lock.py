@@ -72,9 +72,6 @@ def lock_holder(folder: Path) -> str | None:
         return None             # closing the file releases the probe
 
 
-__all__ = ["LOCK_FILE", "lock_folder", "lock_holder"]
-
-
 @contextlib.contextmanager
 def removed_if_left_empty(folder: str | Path) -> Iterator[None]:
     """Run the block; if it raises, remove the folders of `folder`'s path that did not exist when it
@@ -96,3 +93,6 @@ def removed_if_left_empty(folder: str | Path) -> Iterator[None]:
             (path / LOCK_FILE).unlink(missing_ok=True)      # the block closed it: nobody holds the folder
             path.rmdir()
         raise
+
+
+__all__ = ["LOCK_FILE", "lock_folder", "lock_holder", "removed_if_left_empty"]
