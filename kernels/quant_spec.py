@@ -88,6 +88,21 @@ class QuantSpec:
         """Whether linears of this leaf name (`q_proj`, `lm_head`, ...) run W8A8 under this spec."""
         return self.linear_quantized and module in self.quantized_modules
 
+    def describe(self) -> str:
+        """One line for a person: what this spec quantizes and what it leaves in the compute dtype."""
+        if not (self.linear_quantized or self.kv_quantized):
+            return f"{self.name}: nothing quantized"
+        parts = []
+        if self.linear_quantized:
+            parts.append(f"{', '.join(self.quantized_modules)} W8A8 (int8 weights per channel, int8 activations "
+                         "per token)")
+        kv = {"int8_per_token_head_sym": "int8 KV per token and head", "fp8_e4m3_per_tensor": "fp8 KV per tensor"}
+        parts.append(kv.get(self.kv, "KV in the compute dtype"))
+        kept = [m for m in self.ignored_modules if not self.quantizes(m)]
+        if kept:
+            parts.append(f"{', '.join(kept)} in the compute dtype")
+        return f"{self.name}: " + "; ".join(parts)
+
     # ------------------------------------------------------------------ module audit
     def check_linears(self, linear_names: Iterable[str]) -> dict[str, list[str]]:
         """Classify a model's nn.Linear names; raise if any is neither quantized nor ignored.

@@ -40,6 +40,7 @@ from agentq.eval.plots import write_run_plots
 from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
 from agentq.learner.batch import PolicyBatch, collate
 from agentq.learner.learner import bypass_refusal, grad_pass_refusal
+from agentq.kernels.quant_spec import QuantSpec
 from agentq.learner.lr_schedule import lr_factor
 from agentq.utils.checkpoint import CheckpointError, TrainerState, load_trainer_state, save_hf_checkpoint
 from agentq.utils.errors import first_line, says_where_on_stop
@@ -353,6 +354,18 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
                       f"keeps what was written into it: {', '.join(kept)}", markup=False, highlight=False, soft_wrap=True)
 
 
+def numerics_line(rollout: QuantSpec, learner: QuantSpec, counts: dict[str, int] | None) -> str:
+    """The start-up line that says what runs quantized: the rollout's spec, the learner's (aligned to
+    it, another, or full precision) and, where given, the learner's count of linears each way."""
+    said = ("aligned to it" if learner == rollout else
+            "in full precision (not aligned to the rollout)" if not (learner.linear_quantized or learner.kv_quantized)
+            else learner.describe())
+    if counts is not None:
+        said += (f"; {counts['quantized_linears']} linears fake-quantized, "
+                 f"{counts['full_precision_linears']} in full precision")
+    return f"numerics: rollout {rollout.describe()} · learner {said}"
+
+
 class RLTrainer:
     def __init__(self, cfg: DictConfig, init_path: str | None = None, out_key: str = "trainer.out_dir"):
         """Check the settings, lock the run folder (trainer.out_dir) and build the run.
@@ -411,6 +424,9 @@ class RLTrainer:
         self._build_learner(path, resumed=resume_ckpt is not None)
         self.start_step = self._restore(state, resume_ckpt) if state is not None else 0
         self._build_rollout(path)
+        report = getattr(self.learner, "report", None)      # a data-parallel learner's ranks audit their own copies
+        console.print(numerics_line(*build.quant_specs(self.cfg), report() if callable(report) else None),
+                      markup=False, highlight=False)
         return state
 
     def _open_run(self, state: TrainerState | None) -> None:

@@ -130,3 +130,17 @@ def test_scale_floors_must_be_finite_and_positive(field, floor):
     # a floor of 0 gives an all-zero row the scale 0 and NaN codes (x / 0)
     with pytest.raises(ValueError, match=f"QuantSpec.{field}=.* must be a finite number > 0"):
         QuantSpec(**{field: floor})
+
+
+@pytest.mark.parametrize("spec, said", [
+    (QuantSpec.preset("none"), "none: nothing quantized"),
+    (QuantSpec.preset("kv8"), "kv8: int8 KV per token and head; embed_tokens, lm_head in the compute dtype"),
+    (QuantSpec.preset("w8a8_kv8_head"), "w8a8_kv8_head: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+     "down_proj, lm_head W8A8 (int8 weights per channel, int8 activations per token); int8 KV per token and "
+     "head; embed_tokens in the compute dtype"),
+    (QuantSpec(kv="fp8_e4m3_per_tensor", quantized_modules=("o_proj",), ignored_modules=("q_proj",)),
+     "custom: o_proj W8A8 (int8 weights per channel, int8 activations per token); fp8 KV per tensor; q_proj in "
+     "the compute dtype"),
+])
+def test_a_spec_says_what_it_quantizes_and_what_it_leaves(spec, said):
+    assert spec.describe() == said

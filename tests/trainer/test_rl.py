@@ -20,6 +20,11 @@ def test_train_says_where_the_run_went_and_how_it_ended(tmp_path, monkeypatch, c
     rel = run.relative_to(tmp_path)
     assert f"run folder {rel}; final checkpoint {rel / 'checkpoints' / 'step_000001'}; held-out test: success " in said
     assert f"of 2 episodes ({rel / 'eval' / 'step_000001'}); HTML report: agentq report {rel}" in said
+    # what runs quantized, said at start-up: the tiny model's 2 layers × 7 projections, its LM head not
+    assert ("numerics: rollout w8a8_kv8: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj W8A8 "
+            "(int8 weights per channel, int8 activations per token); int8 KV per token and head; embed_tokens, "
+            "lm_head in the compute dtype · learner aligned to it; 14 linears fake-quantized, 1 in full precision"
+            ) in said.replace("\n", " ")
 
 
 @pytest.mark.parametrize("overrides, said", [
