@@ -507,6 +507,10 @@ def check_architecture(cfg: DictConfig, path: str, key: str = "checkpoint") -> N
       place under the run's QuantSpecs (`check_vllm_architecture`; vLLM runs more architectures)."""
     if cfg.rollout.backend == "vllm":
         check_vllm_architecture(path, *quant_specs(cfg), key=key)
+        # vLLM runs windows, dynamic RoPE and its own head tying; the aligned learner does not follow it
+        found = model_config(path)
+        check_engine_attention(found, f"{key}={path!r}", "the aligned learner")
+        check_tied_head(path, found, f"{key}={path!r}")
         return
     if cfg.rollout.backend != "torch":
         return
@@ -533,25 +537,27 @@ def check_architecture(cfg: DictConfig, path: str, key: str = "checkpoint") -> N
 STATIC_ROPE = (None, "default", "linear", "yarn", "llama3")
 
 
-def check_engine_attention(found: dict[str, Any], said: str) -> None:
-    """Refuse attention the torch engine and the aligned learner would not compute alike: a sliding
-    window (neither implements one; a Qwen2 folder with use_sliding_window ran with K3 3e-2 and no
-    word) and a RoPE whose frequencies follow the sequence length (`dynamic`: K3 1e-6 instead of 1e-14).
+def check_engine_attention(found: dict[str, Any], said: str, who: str = "the torch rollout engine") -> None:
+    """Refuse attention the rollout and the aligned learner would not compute alike: a sliding window
+    (neither the torch engine nor the learner implements one; a Qwen2 folder with use_sliding_window
+    ran with K3 3e-2 and no word; vLLM would run it, the learner not) and a RoPE whose frequencies
+    follow the sequence length (`dynamic`: K3 1e-6 instead of 1e-14).
 
     Args:
         found: the folder's config.json.
         said: how the error names the folder (`key=path`).
+        who: the side that cannot run it, for the message.
     """
     layers = found.get("layer_types") or []
     if found.get("use_sliding_window") or any(t != "full_attention" for t in layers):
         raise ConfigError(f"{said} uses sliding-window attention (use_sliding_window / layer_types in its "
-                          "config.json); the torch rollout engine attends over the whole context: set "
+                          f"config.json); {who} attends over the whole context: set "
                           "use_sliding_window false there if the model was trained without it (Qwen2.5 and "
                           "Qwen3 checkpoints are)")
     rope = found.get("rope_parameters") or found.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
     if kind not in STATIC_ROPE:
-        raise ConfigError(f"{said} has RoPE type {kind!r} in its config.json; the torch rollout engine runs "
+        raise ConfigError(f"{said} has RoPE type {kind!r} in its config.json; {who} runs "
                           f"{[k for k in STATIC_ROPE if k]} (frequencies fixed by the config), not ones that "
                           "change with the sequence length")
 

@@ -235,7 +235,7 @@ def test_an_env_kwargs_key_no_constructor_takes_is_a_config_error_naming_it(tmp_
 def test_a_sliding_window_or_length_dependent_rope_is_refused(tmp_path, tiny_model_dir):
     """A Qwen2 folder with use_sliding_window ran with K3 3e-2 (neither the engine nor the learner has a
     window), one with RoPE type 'dynamic' with K3 1e-6 (the engine's tables are fixed); both without a
-    word. The static RoPE types are taken."""
+    word. Under vLLM too (it would run them; the aligned learner not). The static RoPE types are taken."""
     from transformers import Qwen2Config
 
     def qwen2(**kw):
@@ -248,11 +248,18 @@ def test_a_sliding_window_or_length_dependent_rope_is_refused(tmp_path, tiny_mod
                      tiny_model_dir)
     with pytest.raises(ConfigError, match=re.escape(f"model.path={str(swa)!r} uses sliding-window attention")):
         build.model_path(hf_cfg(swa))
+    # vLLM would run the window; the aligned learner would not
+    with pytest.raises(ConfigError, match=re.escape(f"model.path={str(swa)!r} uses sliding-window attention (use_"
+                                                    "sliding_window / layer_types in its config.json); the aligned "
+                                                    "learner attends over the whole context")):
+        build.model_path(hf_cfg(swa, "rollout.backend=vllm"))
     dyn = save_model(tmp_path / "dyn", qwen2(rope_scaling={"rope_type": "dynamic", "factor": 4.0}), tiny_model_dir)
     with pytest.raises(ConfigError, match=re.escape(f"model.path={str(dyn)!r} has RoPE type 'dynamic' in its "
                                                     "config.json; the torch rollout engine runs ['default', 'linear', "
                                                     "'yarn', 'llama3']")):
         build.model_path(hf_cfg(dyn))
+    with pytest.raises(ConfigError, match=re.escape("config.json; the aligned learner runs ['default'")):
+        build.model_path(hf_cfg(dyn, "rollout.backend=vllm"))
     lin = save_model(tmp_path / "lin", qwen2(rope_scaling={"rope_type": "linear", "factor": 2.0}), tiny_model_dir)
     assert build.model_path(hf_cfg(lin)) == str(lin)
 
@@ -272,6 +279,8 @@ def test_a_tied_config_over_a_different_head_is_refused(tmp_path, tiny_model_dir
             f"model.path={str(folder)!r}: its config.json ties the LM head to the embedding (tie_word_embeddings: "
             "true) but its weights hold a different lm_head.weight")):
         build.model_path(hf_cfg(folder))
+    with pytest.raises(ConfigError, match="but its weights hold a different lm_head.weight"):
+        build.model_path(hf_cfg(folder, "rollout.backend=vllm"))
     weights = load_file(folder / "model.safetensors")
     weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
