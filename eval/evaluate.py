@@ -83,7 +83,7 @@ def run_episodes(loop: AgentLoop, policy: Policy, tasks: list[str], split: str, 
 
 def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, chat: ChatFormat, selection: TaskSelection, split: str,
                     out: Path, *, seed: int, max_concurrent: int, first_id: int = EVAL_FIRST_ID, repeats: int = 1,
-                    description: str = "eval", **header: Any) -> dict:
+                    description: str = "eval", warn_replays: bool = True, **header: Any) -> dict:
     """Play the selected tasks of `split` with `backend` (sampling at `eval.temperature`), write
     `eval.json` and `episodes.jsonl` to `out`, and return the report. The one evaluation of
     `agentq eval`, the trainer's periodic and final evaluations and the pipeline's.
@@ -92,6 +92,8 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
         backend: the rollout backend that plays (its current weights).
         pool: env workers whose resets may name `split` (the trainer passes its training pool).
         selection: the tasks (`choose_eval_tasks`), each played `repeats` times.
+        warn_replays: print the warning for held-out tasks that open as a training task does (eval.json
+            records them either way; the trainer says it at the first evaluation of a selection only).
         seed: the evaluation's seed (episode seeds and the agent loop's; `eval_seed(cfg)`).
         max_concurrent: episodes in flight at most (also capped by the number of episodes).
         first_id: the first episode id (`EVAL_FIRST_ID`: clear of the training ids).
@@ -125,6 +127,7 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
                if split != str(cfg.env.train_split) else None)
     if replays is not None:
         report["replays_train"] = replays
+    if replays is not None and warn_replays:
         console.print(replays_text(replays), style="yellow", markup=False, highlight=False, soft_wrap=True)
     write_eval(out, report, trajs)
     return report

@@ -714,14 +714,15 @@ class RLTrainer:
     def evaluate(self, step: int, num_tasks: int | None) -> dict:
         """The held-out evaluation at `step` (the same `num_tasks` tasks every time), into eval/step_*/."""
         cfg = self.cfg
-        if num_tasks not in self._eval_selection:
+        first = num_tasks not in self._eval_selection      # the replay warning, once a selection: its tasks stay
+        if first:
             self._eval_selection[num_tasks] = choose_eval_tasks(cfg, self.eval_split, num_tasks)
         # the training pool plays the eval episodes (each reset names its split): no second set of
         # workers holding CPUs (a Ray cluster the size of the training pool could not place them)
         report = evaluate_policy(cfg, self.engine, self.pool, self.chat, self._eval_selection[num_tasks],
                                  self.eval_split, self.run_dir / "eval" / f"step_{step:06d}", seed=eval_seed(cfg),
                                  max_concurrent=self.n_conc, first_id=EVAL_FIRST_ID, repeats=int(cfg.eval.repeats),
-                                 description=f"eval step {step}", step=step)
+                                 description=f"eval step {step}", warn_replays=first, step=step)
         self.eval_history.append(report)
         # its restarts are in its report (eval/env_worker_restarts ...): not counted again in the next step row
         self._restarts_logged = worker_counts(self.pool, self.engine)

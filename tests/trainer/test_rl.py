@@ -375,3 +375,17 @@ def test_objective_stats_named_like_agentqs_metrics_are_refused():
     assert trainer.skipped_in_a_row == 0            # a step that changed the weights ends a run of skipped ones
     with pytest.raises(ValueError, match=r"loss stats \['grad_norm'\] are names of the update's own metrics"):
         update_summary({"grad_norm": 1.0, "pg_loss": 0.5}, [1.0])
+
+
+def test_the_replay_warning_is_said_once_a_run_and_recorded_at_every_evaluation(tmp_path, capsys):
+    """TextWorldExpress's test split replays train games; the trainer said so at every evaluation.
+    Now once (the selection's tasks do not change); each eval.json still records them."""
+    run = tmp_path / "run"
+    assert main(["train", "trainer.steps=2", "trainer.eval_every=1", "trainer.tasks_per_step=1", "trainer.group_size=2",
+                 "env.max_steps=1", "env.max_new_tokens=4", "env_pool=inline", "trainer.eval_num_tasks=6",
+                 f"trainer.out_dir={run}"]) == 0
+    said = capsys.readouterr().err
+    records = [json.loads((run / "eval" / f"step_{s:06d}" / "eval.json").read_text())["replays_train"]
+               for s in (1, 2)]
+    assert records[0]["tasks"] == records[1]["tasks"] > 0
+    assert said.count("begin exactly as a train task does") == 1
