@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import json
 import re
 import os
@@ -24,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, PromptConfig, episode_seed
 from agentq.config import RUN_ONLY, UNSET, ConfigError, run_folder_state
-from agentq.config_schema import DTYPES, ROLLOUT_BACKENDS
+from agentq.config_schema import DTYPES, PLUGIN_BACKEND, ROLLOUT_BACKENDS
 from agentq.envs.base import SplitRefused, TextEnv
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
 from agentq.pool import POOL_TYPES, EnvPool, EnvResult, EnvSpec, make_pool
@@ -512,7 +513,10 @@ def check_architecture(cfg: DictConfig, path: str, key: str = "checkpoint") -> N
         check_engine_attention(found, f"{key}={path!r}", "the aligned learner")
         check_tied_head(path, found, f"{key}={path!r}")
         return
-    if cfg.rollout.backend != "torch":
+    if cfg.rollout.backend != "torch":      # a backend of one's own: what the aligned learner cannot run
+        found = model_config(path)
+        check_engine_attention(found, f"{key}={path!r}", "the aligned learner")
+        check_tied_head(path, found, f"{key}={path!r}")
         return
     from agentq.rollout.torch_engine.model import SUPPORTED
 
@@ -786,11 +790,13 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
                  tokenizer: PreTrainedTokenizerBase | None, max_slots: int | None = None) -> RolloutBackend:
     """The rollout backend `rollout.backend` names (torch | vllm), serving the weights in `path`."""
     backend = cfg.rollout.backend
-    if backend not in ROLLOUT_BACKENDS:
-        raise ConfigError(f"rollout.backend={backend!r}; valid: {list(ROLLOUT_BACKENDS)}")
+    if backend not in ROLLOUT_BACKENDS and not re.fullmatch(PLUGIN_BACKEND, str(backend)):
+        raise ConfigError(f"rollout.backend={backend!r}; valid: {list(ROLLOUT_BACKENDS)} or 'module:Class'")
     spec, _ = quant_specs(cfg)
     slots = int(max_slots or cfg.rollout.max_slots)
     check_architecture(cfg, path)           # `agentq eval checkpoint=...` meets no earlier check
+    if backend not in ROLLOUT_BACKENDS:
+        return plugin_backend(cfg, path, spec, device=device, dtype=dtype, tokenizer=tokenizer, max_slots=slots)
     if backend == "vllm":
         from agentq.rollout.vllm_backend import VLLMBackend
 
@@ -803,6 +809,30 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
     warn_past_positions(cfg, path)
     return TorchEngine.from_pretrained(path, spec, max_slots=slots, tokenizer=tokenizer,
                                        **torch_engine_kwargs(cfg, device, dtype))
+
+
+def plugin_backend(cfg: DictConfig, path: str, spec: QuantSpec, **kw: Any) -> RolloutBackend:
+    """The backend `rollout.backend="module:Class"` names: `Class.from_config(cfg, path, spec, device=,
+    dtype=, tokenizer=, max_slots=)` of a `RolloutBackend` subclass, refused in one line where it does
+    not import, is no such class, or serves other numerics than the run's rollout spec (`quant`)."""
+    name = str(cfg.rollout.backend)
+    module, _, attr = name.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"rollout.backend={name!r} does not import: {type(e).__name__}: {e}") from None
+    # the protocol has data members: issubclass() refuses it, the MRO says it
+    if not (isinstance(cls, type) and RolloutBackend in cls.__mro__ and hasattr(cls, "from_config")):
+        raise ConfigError(f"rollout.backend={name!r} is not a RolloutBackend subclass with a from_config classmethod "
+                          "(docs/configuration.md, \"A rollout backend of one's own\")")
+    backend = cls.from_config(cfg, path, spec, **kw)
+    quant = getattr(backend, "quant", None)
+    if quant != spec:
+        said = repr(quant.describe() if isinstance(quant, QuantSpec) else quant)
+        raise ConfigError(f"rollout.backend={name!r} serves quant {said}, not the run's "
+                          f"rollout.quant={cfg.rollout.quant!r}: the learner would align to numerics the rollouts "
+                          "do not have")
+    return backend
 
 
 def torch_engine_kwargs(cfg: DictConfig, device: torch.device | str, dtype: torch.dtype) -> dict:

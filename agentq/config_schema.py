@@ -103,6 +103,8 @@ def matches(pattern: str, what: str) -> Callable[[Any], str | None]:
 DTYPES = ("float32", "bfloat16", "float16")
 #: build.make_backend's rollout backends
 ROLLOUT_BACKENDS = ("torch", "vllm")
+#: build.plugin_backend's form of rollout.backend for a backend of one's own
+PLUGIN_BACKEND = r"[A-Za-z_][\w.]*:[A-Za-z_]\w*"
 #: agentq.kernels.quant_spec.PRESETS (its keys, sorted)
 QUANT_PRESETS = ("kv8", "none", "w8a8", "w8a8_fp8kv", "w8a8_kv8", "w8a8_kv8_head")
 #: agentq.kernels.cpu_gemm.PATHS, with "auto" (compared case-insensitively, as cpu_gemm.configure does)
@@ -169,7 +171,9 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     # the CPUs of a local Ray cluster (null: every core); 0 started a cluster no actor could be placed on
     "ray.num_cpus": optional(positive_int),
     "env_pool.num_cpus": optional(positive_int),
-    "rollout.backend": one_of(*ROLLOUT_BACKENDS),
+    # a built-in backend, or "module:Class" (a RolloutBackend subclass with `from_config`, docs/configuration.md)
+    "rollout.backend": lambda v: (None if isinstance(v, str) and (v in ROLLOUT_BACKENDS or re.fullmatch(PLUGIN_BACKEND, v))
+                                  else f"one of {list(ROLLOUT_BACKENDS)}, or 'module:Class' (a RolloutBackend subclass)"),
     "rollout.quant": one_of(*QUANT_PRESETS),
     "rollout.sampler": one_of(*SAMPLERS),
     # <= 0: no top-k truncation

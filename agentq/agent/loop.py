@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from agentq.pool.base import EnvPool
-from agentq.rollout.backend import RolloutBackend, SamplingParams, TurnRequest, TurnResult
+from agentq.rollout.backend import RolloutBackend, SamplingParams, TurnRequest, TurnResult, check_results, turn_error
 
 from .chat import ChatFormat
 from .parser import ActionParser
@@ -167,9 +167,12 @@ class BackendPolicy:
 
     def __init__(self, backend: RolloutBackend):
         self.backend = backend
+        self.vocab_size = getattr(backend, "vocab_size", None)      # the agent loop checks sampled ids against it
 
     def __call__(self, requests: list[TurnRequest], infos: list[dict]) -> list[TurnResult]:
-        return self.backend.generate(requests)
+        results = self.backend.generate(requests)
+        check_results(requests, results, type(self.backend).__name__)
+        return results
 
     def release(self, episode_id: int) -> None:
         self.backend.release(episode_id)
@@ -339,17 +342,18 @@ class AgentLoop:
         reqs = [TurnRequest(run.active[s].traj.episode_id, run.active[s].traj.input_ids, self.sampling,
                             seed=episode_seed(self.run_seed, run.active[s].traj.episode_id)) for s in slots]
         results = run.policy(reqs, [run.active[s].info for s in slots])
+        check_results(reqs, results, type(run.policy).__name__)     # any policy: a missing result never ends
+        vocab = getattr(run.policy, "vocab_size", None)
         to_step, invalid = [], []
-        for s, r in zip(slots, results):
+        for s, q, r in zip(slots, reqs, results):
             if r.finish_reason == "error":      # the backend lost the episode (a dead rollout worker)
                 run.finish(s, "error", r.error)
                 continue
-            bad = next((k for k, lp in enumerate(r.logprobs) if not math.isfinite(lp)), None)
-            if bad is not None:
-                # a NaN would make the episode's importance weights NaN (or, for AIS, the whole
-                # batch's) and the learner skip its minibatches without a word: report it as lost
-                run.finish(s, "error", f"the rollout backend returned a non-finite behaviour log-prob "
-                                       f"({r.logprobs[bad]}) at token {bad} of turn {run.active[s].traj.turns + 1}")
+            # e.g. a NaN log-prob would make the episode's importance weights NaN (or, for AIS, the whole
+            # batch's) and the learner skip its minibatches without a word: reported as lost instead
+            why = turn_error(q, r, vocab)
+            if why is not None:
+                run.finish(s, "error", f"the rollout backend returned {why} of turn {run.active[s].traj.turns + 1}")
                 continue
             action = self._record_turn(run.active[s], r)
             if action is None:

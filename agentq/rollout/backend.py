@@ -150,6 +150,12 @@ class RolloutBackend(Protocol):
         """KV-cache bytes one token of context costs (all layers, K and V, scales included)."""
         ...
 
+    @property
+    def vocab_size(self) -> int | None:
+        """The model's vocabulary size: the agent loop refuses sampled ids outside it (None: unknown,
+        ids are checked ≥ 0 only). The built-in backends say it."""
+        return None
+
     def prefill_counts(self) -> dict[str, int]:
         """Context tokens of every `generate` so far: `prefill_computed_tokens` ran through a
         prefill forward, `prefill_cached_tokens` took their K/V from a cache instead (the episode's
@@ -202,6 +208,66 @@ def first_bad_token(ids: Sequence[Any], vocab: int) -> tuple[int, object] | None
         if len(ids) == 0 or (min(ids) >= 0 and max(ids) < vocab):
             return None
     return next((i, x) for i, x in enumerate(ids) if not _is_int(x) or not 0 <= x < vocab)
+
+
+#: `TurnResult.finish_reason`'s values
+FINISH_REASONS = ("stop", "stop_string", "length", "error")
+#: how far above 0 a reported log-prob may be (rounding of x - logsumexp(x)) before it is refused
+LOGPROB_SLACK = 1e-3
+
+
+def check_results(requests: list[TurnRequest], results: list[TurnResult], who: str) -> None:
+    """Refuse a `generate` answer that does not pair with its requests: a result missing (its episode
+    would never end: the agent loop asked again forever) or one out of order (turns appended to other
+    episodes). A broken backend, not a lost episode: the run stops.
+
+    Raises:
+        RunAborted: naming the backend (`who`) and what it returned.
+    """
+    from agentq.utils.errors import RunAborted
+
+    if len(results) != len(requests):
+        raise RunAborted(f"the rollout backend {who} returned {len(results)} results for {len(requests)} requests; "
+                         "generate() must return one TurnResult per request, in order")
+    for k, (q, r) in enumerate(zip(requests, results)):
+        if r.episode_id != q.episode_id:
+            raise RunAborted(f"the rollout backend {who} returned result {k} for episode {r.episode_id} where request "
+                             f"{k} is episode {q.episode_id}'s; generate() must return one TurnResult per request, "
+                             "in order")
+
+
+def turn_error(request: TurnRequest, result: TurnResult, vocab: int | None) -> str | None:
+    """What is wrong with a turn a backend sampled, as the agent loop would record it (None: nothing).
+    Each of these would train on garbage or break the token layout without a word: ids and log-probs
+    of different lengths, an id the model cannot embed, a log-prob that is no probability's, more
+    tokens than `max_new_tokens` (the context budget), an unknown finish reason, or one that
+    disagrees with the last token (a sampled stop token is "stop", and only then: the chat template's
+    end of turn follows from it).
+
+    Args:
+        vocab: the model's vocabulary size (`RolloutBackend.vocab_size`); None checks ids ≥ 0 only.
+    """
+    ids, lps, p = result.token_ids, result.logprobs, request.sampling
+    if result.finish_reason not in FINISH_REASONS:
+        return f"finish_reason {result.finish_reason!r} (valid: {', '.join(FINISH_REASONS)})"
+    if len(ids) != len(lps):
+        return f"{len(ids)} token ids and {len(lps)} log-probs"
+    if not 1 <= len(ids) <= p.max_new_tokens:
+        return f"{len(ids)} tokens (1 to sampling.max_new_tokens {p.max_new_tokens})"
+    bad = first_bad_token(ids, vocab if vocab is not None else 2 ** 63)
+    if bad is not None:
+        return f"token id {bad[1]!r} (not an int in [0, {vocab if vocab is not None else '∞'})) at token {bad[0]}"
+    for k, lp in enumerate(lps):
+        if not (isinstance(lp, (int, float)) and math.isfinite(lp)):
+            return f"a non-finite behaviour log-prob ({lp}) at token {k}"
+        if lp > LOGPROB_SLACK:
+            return f"a behaviour log-prob {lp} > 0 (no probability's) at token {k}"
+    on_stop_token = ids[-1] in p.stop_token_ids
+    if (result.finish_reason == "stop") != on_stop_token:
+        return (f"finish_reason {result.finish_reason!r} with {'a' if on_stop_token else 'no'} stop token last "
+                f"(id {ids[-1]}): a turn ends with 'stop' exactly when its last token is one of "
+                f"sampling.stop_token_ids {list(p.stop_token_ids)}")
+    return None
 
 
 def score_ids(context_ids: Sequence[Any], target_ids: Sequence[Any], vocab: int) -> list:

@@ -371,6 +371,10 @@ class DistributedBackend(RolloutBackend):
             self._load[w] -= 1
             self.workers[w].release.remote(episode_id)   # in order before that worker's next call
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self._init[0].vocab_size)       # the config.json the workers build their engines from
+
     def kv_bytes_per_token(self) -> int:
         return self._kv_bytes
 

@@ -590,6 +590,10 @@ class VLLMBackend(RolloutBackend):
         return {"prefill_computed_tokens": self.stats["prompt_tokens"] - self.stats["cached_tokens"],
                 "prefill_cached_tokens": self.stats["cached_tokens"]}
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config.vocab_size)
+
     def kv_bytes_per_token(self) -> int:
         c = self.hf_config
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads

@@ -7,6 +7,7 @@ from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, Exper
 from agentq.config import ConfigError
 from agentq.pool import EnvSpec, InlinePool
 from agentq.rollout import SamplingParams, TurnResult
+from agentq.utils.errors import RunAborted
 
 
 def test_chat_pieces_reproduce_the_chat_template(tokenizer):
@@ -66,7 +67,7 @@ def make_loop(tokenizer, max_turns=5, max_context=2048, **penalties):
     chat = ChatFormat.from_tokenizer(tokenizer)
     pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": max_turns,
                                                     "expert": True, "game_params": {"coin": "numLocations=2"}}), 2)
-    loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(), SamplingParams(max_new_tokens=16),
+    loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(), SamplingParams(max_new_tokens=16, stop_token_ids=chat.stop_token_ids),
                      max_turns=max_turns, max_context_tokens=max_context, **penalties)
     return chat, loop
 
@@ -119,7 +120,7 @@ def test_expert_turns_end_at_the_action_stop_string_like_sampled_ones(tokenizer)
     pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 10,
                                                     "expert": True, "game_params": {"coin": "numLocations=2"}}), 1)
     loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(),
-                     SamplingParams(max_new_tokens=16, stop=("</action>",)), max_turns=10, max_context_tokens=2048)
+                     SamplingParams(max_new_tokens=16, stop=("</action>",), stop_token_ids=chat.stop_token_ids), max_turns=10, max_context_tokens=2048)
     (traj,) = loop.run([EpisodeSpec(0, "coin/2", "train")], ExpertPolicy(chat, ActionParser()))
     assert traj.won and traj.turns >= 2
     eos = chat.stop_token_ids[0]
@@ -152,7 +153,7 @@ def test_expert_turns_are_cut_at_max_new_tokens_like_sampled_ones(tokenizer, sto
     pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 10,
                                                     "expert": True, "game_params": {"coin": "numLocations=2"}}), 1)
     loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(),
-                     SamplingParams(max_new_tokens=3, stop=stop), max_turns=10, max_context_tokens=300)
+                     SamplingParams(max_new_tokens=3, stop=stop, stop_token_ids=chat.stop_token_ids), max_turns=10, max_context_tokens=300)
     (traj,) = loop.run([EpisodeSpec(0, "coin/2", "train")], expert)
     lens = [sum(1 for s in traj.seg_id if s == k) for k in range(1, traj.turns + 1)]
     assert traj.turns >= 1 and all(n == 3 for n in lens) and traj.invalid_actions == traj.turns
@@ -170,14 +171,14 @@ def test_a_turn_without_an_expert_action_loses_that_episode_not_the_run(tokenize
     expert = ExpertPolicy(chat, ActionParser())
     why = ("no expert action for task 'coin/1': the env's `_expert_action` returned None (or the env was not made "
            "with expert=True)")
-    ok, lost = expert([TurnRequest(0, [1], SamplingParams(max_new_tokens=16)),
-                       TurnRequest(1, [1], SamplingParams(max_new_tokens=16))],
+    ok, lost = expert([TurnRequest(0, [1], SamplingParams(max_new_tokens=16, stop_token_ids=chat.stop_token_ids)),
+                       TurnRequest(1, [1], SamplingParams(max_new_tokens=16, stop_token_ids=chat.stop_token_ids))],
                       [{"expert_action": "take coin"}, {"expert_action": None, "task_id": "coin/1"}])
     assert ok.finish_reason == "stop" and ok.token_ids
     assert (lost.episode_id, lost.token_ids, lost.finish_reason, lost.error) == (1, [], "error", why)
     pool = InlinePool(EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 4,
                                                     "expert": False, "game_params": {"coin": "numLocations=2"}}), 2)
-    loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(), SamplingParams(max_new_tokens=16),
+    loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(), SamplingParams(max_new_tokens=16, stop_token_ids=chat.stop_token_ids),
                      max_turns=4, max_context_tokens=2048)
     trajs = loop.run([EpisodeSpec(0, "coin/1", "train"), EpisodeSpec(1, "coin/2", "train")], expert)
     assert [(t.end_reason, t.turns, t.error) for t in trajs] == [("error", 0, why), ("error", 0, why.replace("1", "2"))]
@@ -224,7 +225,7 @@ def test_an_episode_keeps_the_score_the_env_gave_at_reset(tokenizer, tmp_path, m
     monkeypatch.syspath_prepend(str(tmp_path))
     chat = ChatFormat.from_tokenizer(tokenizer)
     pool = InlinePool(EnvSpec("scored_env:ScoredAtReset", {"split": "train", "max_steps": 2}), 2)
-    loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(), SamplingParams(max_new_tokens=16),
+    loop = AgentLoop(pool, chat, PromptConfig(system="SYS"), ActionParser(), SamplingParams(max_new_tokens=16, stop_token_ids=chat.stop_token_ids),
                      max_turns=2, max_context_tokens=2048)
     (idle,) = loop.run([EpisodeSpec(0, "a", "train")], ScriptedPolicy(chat, ["no tags", "none either"]))
     assert (idle.invalid_actions, idle.score) == (2, 0.25)
@@ -261,13 +262,13 @@ def test_a_template_naming_a_key_info_lacks_is_one_line_at_the_first_reset(token
              "env.prompt.actions='Try: {admissible}' names {admissible}; it is filled in with {actions} alone "
              "(the admissible actions)")]:
         policy = ScriptedPolicy(chat, [])                  # any turn asked for would be an IndexError
-        loop = AgentLoop(pool, chat, prompt, ActionParser(), SamplingParams(max_new_tokens=16), max_turns=2,
+        loop = AgentLoop(pool, chat, prompt, ActionParser(), SamplingParams(max_new_tokens=16, stop_token_ids=chat.stop_token_ids), max_turns=2,
                          max_context_tokens=2048)
         with pytest.raises(ConfigError) as e:
             loop.run([EpisodeSpec(0, "a", "train")], policy)
         assert str(e.value) == error and policy.i == {}
     ok = PromptConfig(system="S", first_turn="{task} ({score}, {split})\n{obs}", next_turn="{obs} {steps}")
-    (traj,) = AgentLoop(pool, chat, ok, ActionParser(), SamplingParams(max_new_tokens=16), max_turns=2,
+    (traj,) = AgentLoop(pool, chat, ok, ActionParser(), SamplingParams(max_new_tokens=16, stop_token_ids=chat.stop_token_ids), max_turns=2,
                         max_context_tokens=2048).run([EpisodeSpec(1, "a", "train")], ScriptedPolicy(chat, ["x", "y"]))
     assert traj.transcript[0]["user"] == "goal (0.25, train)\nstart" and traj.invalid_actions == 2
     pool.close()
@@ -323,7 +324,7 @@ def test_a_reset_builds_the_template_fields_once(tokenizer, tmp_path, monkeypatc
     chat = ChatFormat.from_tokenizer(tokenizer)
     pool = _objects_pool(tmp_path, monkeypatch, 2)
     prompt = PromptConfig(system="S", first_turn="{task}: {obs} ({objects})")
-    loop = AgentLoop(pool, chat, prompt, ActionParser(), SamplingParams(max_new_tokens=16), max_turns=1,
+    loop = AgentLoop(pool, chat, prompt, ActionParser(), SamplingParams(max_new_tokens=16, stop_token_ids=chat.stop_token_ids), max_turns=1,
                      max_context_tokens=2048)
     trajs = loop.run([EpisodeSpec(i, "a", "train") for i in range(4)], ScriptedPolicy(chat, ["<action>go</action>"]))
     assert [t.transcript[0]["user"] for t in trajs] == ["goal: start (cup, key)"] * 4
@@ -341,7 +342,7 @@ def test_the_template_check_runs_again_for_other_info_keys(tokenizer, tmp_path, 
     chat = ChatFormat.from_tokenizer(tokenizer)
     pool = _objects_pool(tmp_path, monkeypatch, 1)
     prompt = PromptConfig(system="S", first_turn="{obs} ({objects})")
-    loop = AgentLoop(pool, chat, prompt, ActionParser(), SamplingParams(max_new_tokens=16), max_turns=1,
+    loop = AgentLoop(pool, chat, prompt, ActionParser(), SamplingParams(max_new_tokens=16, stop_token_ids=chat.stop_token_ids), max_turns=1,
                      max_context_tokens=2048)
     policy = ScriptedPolicy(chat, ["<action>go</action>"])
     with pytest.raises(ConfigError) as e:
@@ -378,3 +379,72 @@ def test_an_episode_whose_reset_was_retried_on_a_restarted_worker_says_so(tokeni
                     ScriptedPolicy(chat, ["<action>look around</action>"]))
     assert {a.end_reason, b.end_reason} == {"step_cap"} and a.turns == b.turns == 1
     assert [t.info.get("env_recovered") for t in (a, b)].count(note) == 1
+
+
+class BrokenPolicy(ScriptedPolicy):
+    """A backend that breaks the `generate` contract one way (a reviewer's plugin backend did each)."""
+
+    vocab_size = 1000
+
+    def __init__(self, chat, fault):
+        super().__init__(chat, ["<action>look around</action>"] * 3)
+        self.fault = fault
+
+    def __call__(self, requests, infos):
+        out = super().__call__(requests, infos)
+        if out[0].episode_id != 0:      # episode 0's turns only: the others play on
+            return out
+        r, f = out[0], self.fault
+        if f == "few_results":
+            return out[1:]
+        if f == "reorder":
+            return out[::-1]
+        if f == "short_logp":
+            r.logprobs = r.logprobs[:-1]
+        elif f == "pos_logp":
+            r.logprobs[1] = 0.7
+        elif f == "overlong":
+            r.token_ids, r.logprobs = r.token_ids * 3, r.logprobs * 3
+        elif f == "reason":
+            r.finish_reason = "eos"
+        elif f == "length_on_stop":
+            r.finish_reason = "length"
+        elif f == "stop_without_stop_token":
+            r.token_ids[-1] = 7
+        elif f == "oov":
+            r.token_ids[0] = 1000
+        elif f == "float_id":
+            r.token_ids[0] = 5.0
+        return out
+
+
+@pytest.mark.parametrize("fault", ["few_results", "reorder"])
+def test_a_backend_whose_results_do_not_pair_with_the_requests_stops_the_run(tokenizer, fault):
+    """One result missing made the loop ask for that episode's turn forever; results out of order put
+    turns into other episodes' trajectories. Both stop the run, naming the backend."""
+    chat, loop = make_loop(tokenizer, max_turns=3)
+    with pytest.raises(RunAborted, match=r"^the rollout backend BrokenPolicy returned .*generate\(\) must return one "
+                                         r"TurnResult per request, in order$"):
+        loop.run([EpisodeSpec(0, "coin/1", "train"), EpisodeSpec(1, "coin/1", "train")], BrokenPolicy(chat, fault))
+
+
+@pytest.mark.parametrize("fault, said", [
+    ("short_logp", "the rollout backend returned 9 token ids and 8 log-probs of turn 1"),
+    ("pos_logp", "the rollout backend returned a behaviour log-prob 0.7 > 0 (no probability's) at token 1 of turn 1"),
+    ("overlong", "the rollout backend returned 27 tokens (1 to sampling.max_new_tokens 16) of turn 1"),
+    ("reason", "the rollout backend returned finish_reason 'eos' (valid: stop, stop_string, length, error) of turn 1"),
+    ("length_on_stop", "the rollout backend returned finish_reason 'length' with a stop token last (id {eos}): a turn "
+                       "ends with 'stop' exactly when its last token is one of sampling.stop_token_ids [{eos}] of turn 1"),
+    ("stop_without_stop_token", "the rollout backend returned finish_reason 'stop' with no stop token last (id 7)"),
+    ("oov", "the rollout backend returned token id 1000 (not an int in [0, 1000)) at token 0 of turn 1"),
+    ("float_id", "the rollout backend returned token id 5.0 (not an int in [0, 1000)) at token 0 of turn 1"),
+])
+def test_a_turn_that_breaks_the_backend_contract_loses_its_episode_openly(tokenizer, fault, said):
+    """Each of these trained on garbage, broke the token layout or crashed in the learner far from its
+    cause; now the episode ends as an error that says what the backend returned, and the others play on."""
+    chat, loop = make_loop(tokenizer, max_turns=3)
+    assert len(chat.encode("<action>look around</action>")) + 1 == 9      # the lengths `said` counts
+    a, b = loop.run([EpisodeSpec(0, "coin/1", "train"), EpisodeSpec(1, "coin/1", "train")], BrokenPolicy(chat, fault))
+    assert (a.end_reason, a.turns) == ("error", 0)
+    assert a.error.startswith(said.format(eos=chat.stop_token_ids[0]))
+    assert b.end_reason == "step_cap" and b.turns == 3

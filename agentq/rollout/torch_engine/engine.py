@@ -140,6 +140,10 @@ class TorchEngine(RolloutBackend):
         return eng
 
     # ------------------------------------------------------------------ protocol
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
     def kv_bytes_per_token(self) -> int:
         return self.cache.bytes_per_token()
 

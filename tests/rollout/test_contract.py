@@ -1,0 +1,81 @@
+"""The `RolloutBackend` contract (`agentq.rollout.contract.check_backend`) and the route for a backend
+of one's own (`rollout.backend=module:Class`): the torch engine keeps the contract, each broken
+clause is named, and a plugin backend trains and is refused in one line where it cannot serve."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentq.kernels.quant_spec import QuantSpec
+from agentq.rollout.backend import load_safetensors_dir
+from agentq.rollout.contract import ContractError, check_backend
+from agentq.rollout.torch_engine.engine import TorchEngine
+
+PLUGINS = Path(__file__).parent / "plugins"
+
+
+def contexts(tokenizer):
+    return [tokenizer.encode(t) for t in ("You are in the kitchen. ", "A closed door is to the east of the hall. ",
+                                          "Take the coin.")]
+
+
+@pytest.fixture
+def plugins(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    import engine_plugin
+
+    return engine_plugin
+
+
+@pytest.mark.parametrize("quant", ["w8a8_kv8", "none"])
+def test_the_torch_engine_keeps_the_contract(tiny_model_dir, tokenizer, quant):
+    eng = TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset(quant), max_slots=4, max_len=256)
+    weights = list(load_safetensors_dir(str(tiny_model_dir)).items())
+    check_backend(eng, contexts(tokenizer), stop_token_ids=(tokenizer.eos_token_id,), weights=weights,
+                  logprob_atol=1e-5)
+    assert eng.policy_version == 1
+
+
+@pytest.mark.parametrize("fault, said", [
+    ("unseeded", "episode 0 (seed 11) sampled "),
+    ("hot", "episode 0: score() of its sampled tokens gave "),
+    ("version", "update_weights(version=1) returned SyncStats(version=0"),
+])
+def test_each_broken_clause_is_named(tiny_model_dir, tokenizer, plugins, fault, said):
+    eng = TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=4, max_len=256)
+    backend = plugins.Faulty(eng, fault)
+    with pytest.raises(ContractError) as e:
+        check_backend(backend, contexts(tokenizer), stop_token_ids=(tokenizer.eos_token_id,),
+                      weights=list(load_safetensors_dir(str(tiny_model_dir)).items()))
+    assert str(e.value).startswith(said)
+
+
+def test_a_backend_of_ones_own_trains_from_its_module_class_name(tmp_path, plugins, capsys):
+    from agentq.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "rollout.backend=engine_plugin:EngineBehindPlugin", "trainer.steps=1", "trainer.eval_every=-1",
+                 "trainer.tasks_per_step=1", "trainer.group_size=2", "env.max_steps=2", "env.max_new_tokens=8",
+                 "env_pool=inline", f"trainer.out_dir={run}"]) == 0
+    assert "  backend: engine_plugin:EngineBehindPlugin\n" in (run / "config.yaml").read_text()
+    assert (run / "checkpoints" / "step_000001").is_dir()
+
+
+@pytest.mark.parametrize("name, said", [
+    ("engine_plugin:OtherNumerics", "rollout.backend='engine_plugin:OtherNumerics' serves quant 'none: nothing quantized', not the run's "
+                                     "rollout.quant='w8a8_kv8'"),
+    ("engine_plugin:Nowhere", "rollout.backend='engine_plugin:Nowhere' does not import: AttributeError"),
+    ("no_such_module:Backend", "rollout.backend='no_such_module:Backend' does not import: ModuleNotFoundError"),
+    ("engine_plugin:TorchEngine", "rollout.backend='engine_plugin:TorchEngine' is not a RolloutBackend subclass with "
+                                  "a from_config classmethod"),
+    ("torch engine", "rollout.backend='torch engine' (str): must be one of ['torch', 'vllm'], or 'module:Class'"),
+])
+def test_a_backend_that_cannot_serve_the_run_is_one_line(tmp_path, plugins, capsys, name, said):
+    from agentq.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", f"rollout.backend={name}", "trainer.steps=1", "trainer.eval_every=-1", "env_pool=inline",
+                 f"trainer.out_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("agentq:") == 1 and "Traceback" not in err and not run.exists()
