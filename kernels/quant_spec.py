@@ -98,9 +98,13 @@ class QuantSpec:
                          "per token)")
         kv = {"int8_per_token_head_sym": "int8 KV per token and head", "fp8_e4m3_per_tensor": "fp8 KV per tensor"}
         parts.append(kv.get(self.kv, "KV in the compute dtype"))
-        kept = [m for m in self.ignored_modules if not self.quantizes(m)]
+        kept = [m for m in (*self.quantized_modules, *self.ignored_modules) if not self.quantizes(m)]
         if kept:
             parts.append(f"{', '.join(kept)} in the compute dtype")
+        default = QuantSpec()
+        parts += [f"{f} {getattr(self, f)}" for f in ("weight_rounding", "act_rounding", "kv_rounding",
+                                                      "weight_scale_floor", "act_scale_floor", "kv_scale_floor")
+                  if getattr(self, f) != getattr(default, f)]
         return f"{self.name}: " + "; ".join(parts)
 
     # ------------------------------------------------------------------ module audit

@@ -134,7 +134,12 @@ def test_scale_floors_must_be_finite_and_positive(field, floor):
 
 @pytest.mark.parametrize("spec, said", [
     (QuantSpec.preset("none"), "none: nothing quantized"),
-    (QuantSpec.preset("kv8"), "kv8: int8 KV per token and head; embed_tokens, lm_head in the compute dtype"),
+    (QuantSpec.preset("kv8"), "kv8: int8 KV per token and head; q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+     "down_proj, embed_tokens, lm_head in the compute dtype"),
+    (QuantSpec(kv="none", act_rounding="half_away", act_scale_floor=0.1, name="floors"),
+     "floors: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj W8A8 (int8 weights per channel, int8 "
+     "activations per token); KV in the compute dtype; embed_tokens, lm_head in the compute dtype; act_rounding "
+     "half_away; act_scale_floor 0.1"),
     (QuantSpec.preset("w8a8_kv8_head"), "w8a8_kv8_head: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
      "down_proj, lm_head W8A8 (int8 weights per channel, int8 activations per token); int8 KV per token and "
      "head; embed_tokens in the compute dtype"),
