@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from agentq.kernels.quant_spec import QuantSpec
 from agentq.rollout.backend import load_safetensors_dir
@@ -79,3 +80,15 @@ def test_a_backend_that_cannot_serve_the_run_is_one_line(tmp_path, plugins, caps
                  f"trainer.out_dir={run}"]) == 2
     err = capsys.readouterr().err
     assert said in err and err.count("agentq:") == 1 and "Traceback" not in err and not run.exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-3), (torch.bfloat16, 5e-2)])
+def test_the_cuda_engine_keeps_the_contract(tiny_model_dir, tokenizer, dtype, atol):
+    """CUDA graphs, the counter sampler and the Triton kernels: a seeded turn alone and in a batch,
+    `score` (prefill kernels) against `generate` (decode kernels) within the dtype's rounding."""
+    eng = TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=4, max_len=256,
+                                      dtype=dtype, device="cuda")
+    weights = list(load_safetensors_dir(str(tiny_model_dir)).items())
+    check_backend(eng, contexts(tokenizer), stop_token_ids=(tokenizer.eos_token_id,), weights=weights,
+                  logprob_atol=atol)
