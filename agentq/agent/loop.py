@@ -20,6 +20,7 @@ from typing import Callable, Protocol
 
 from agentq.pool.base import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams, TurnRequest, TurnResult, check_results, turn_error
+from agentq.utils.errors import RunAborted
 
 from .chat import ChatFormat
 from .parser import ActionParser
@@ -165,13 +166,25 @@ class Policy(Protocol):
 class BackendPolicy:
     """The rollout backend as the policy (RL rollouts, evaluation)."""
 
-    def __init__(self, backend: RolloutBackend):
-        self.backend = backend
+    def __init__(self, backend: RolloutBackend, version: int | None = None):
+        """Args:
+            backend: the rollout backend.
+            version: the policy version the trainer last synced into it, which every turn must report
+                (None: not checked, e.g. an evaluation).
+        """
+        self.backend, self.version = backend, version
         self.vocab_size = getattr(backend, "vocab_size", None)      # the agent loop checks sampled ids against it
 
     def __call__(self, requests: list[TurnRequest], infos: list[dict]) -> list[TurnResult]:
         results = self.backend.generate(requests)
-        check_results(requests, results, type(self.backend).__name__)
+        who = type(self.backend).__name__
+        check_results(requests, results, who)
+        stale = next((r for r in results if r.finish_reason != "error" and self.version is not None
+                      and r.policy_version != self.version), None)
+        if stale is not None:       # off-policy without a word: the learner's weights never reached the rollouts
+            raise RunAborted(f"the rollout backend {who} sampled episode {stale.episode_id}'s turn with policy_version "
+                             f"{stale.policy_version}, but the learner's weights were synced into it as version "
+                             f"{self.version}: its update_weights did not take them (or does not set the version)")
         return results
 
     def release(self, episode_id: int) -> None:

@@ -105,7 +105,10 @@ class SyncStats:
 class RolloutBackend(Protocol):
     """An inference engine the agent loop can play episodes on (through `BackendPolicy`) and the
     trainer can sync weights into. The built-in backends subclass it explicitly (`TorchEngine`,
-    `VLLMBackend`, `DistributedBackend`), so the type checker holds each to these signatures.
+    `VLLMBackend`, `DistributedBackend`), so the type checker holds each to these signatures; a
+    subclass that leaves out `generate`, `score`, `update_weights` or `release` raises when it is
+    called (`kv_bytes_per_token`, `prefill_counts` and `vocab_size` have defaults: 0, {}, None).
+    `agentq.rollout.contract.check_backend` runs the contract against a live backend.
     """
 
     quant: QuantSpec
@@ -119,7 +122,7 @@ class RolloutBackend(Protocol):
         Returns:
             One `TurnResult` per request, in order.
         """
-        ...
+        raise NotImplementedError(f"{type(self).__name__}.generate: a rollout backend must sample turns")
 
     def score(self, context_ids: list[int], target_ids: list[int]) -> list[float]:
         """Teacher-forced log-probs through the rollout numerics.
@@ -129,7 +132,7 @@ class RolloutBackend(Protocol):
         Returns:
             log μ(target_ids[i] | context, target_ids[:i]) for each i.
         """
-        ...
+        raise NotImplementedError(f"{type(self).__name__}.score")
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncStats:
         """Load new weights; quantized backends requantize with fresh scales.
@@ -140,15 +143,16 @@ class RolloutBackend(Protocol):
         Returns:
             What the sync did (`SyncStats`).
         """
-        ...
+        raise NotImplementedError(f"{type(self).__name__}.update_weights: a rollout backend must take the "
+                                  "learner's weights")
 
     def release(self, episode_id: int) -> None:
         """Free the episode's KV slot / prefix (a no-op for an unknown episode)."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__}.release: a rollout backend must free ended episodes")
 
     def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one token of context costs (all layers, K and V, scales included)."""
-        ...
+        """KV-cache bytes one token of context costs (all layers, K and V, scales included); 0: not counted."""
+        return 0
 
     @property
     def vocab_size(self) -> int | None:

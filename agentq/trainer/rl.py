@@ -535,6 +535,7 @@ class RLTrainer:
         self.n_conc = max(1, min(self.n_episodes, int(t.max_concurrent), int(cfg.rollout.max_slots)))
         self.engine = self.placement.rollout(cfg, path, self.device, self.dtype, self.tokenizer, max_slots=self.n_conc)
         self.engine.update_weights(self.learner.named_weights(), version=self.start_step)
+        self.synced_version = self.start_step       # the version every rollout turn must report (`BackendPolicy`)
         self.train_split, self.eval_split = cfg.env.train_split, cfg.env.eval_split
         # listed by the start-up check (`check_split_data`, with the held-out split when the run
         # evaluates): this is that listing, not a second one
@@ -567,6 +568,7 @@ class RLTrainer:
         t_train = time.perf_counter() - t1
         # sync: the engine requantizes the new masters with fresh scales
         sync = self.engine.update_weights(self.learner.named_weights(), version=step)
+        self.synced_version = step
         gen_tokens = sum(x.num_action_tokens for x in trajs)
         row = {
             **rollout, "adv_abs_mean": float(batch.adv.abs().mean()) if len(batch.adv) else 0.0,
@@ -620,7 +622,7 @@ class RLTrainer:
         self.next_episode_id += len(specs)
         ended: list[Trajectory] = []
         try:
-            return self.loop.run(specs, BackendPolicy(self.engine), on_done=ended.append)
+            return self.loop.run(specs, BackendPolicy(self.engine, version=self.synced_version), on_done=ended.append)
         except RunAborted as e:
             write_lost_episodes(self.run_dir, step, stopped_episodes(specs, ended, str(e)))
             raise

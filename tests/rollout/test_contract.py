@@ -92,3 +92,29 @@ def test_the_cuda_engine_keeps_the_contract(tiny_model_dir, tokenizer, dtype, at
     weights = list(load_safetensors_dir(str(tiny_model_dir)).items())
     check_backend(eng, contexts(tokenizer), stop_token_ids=(tokenizer.eos_token_id,), weights=weights,
                   logprob_atol=atol)
+
+
+def test_a_backend_whose_weight_sync_does_not_take_stops_the_run(tmp_path, plugins, capsys):
+    """A backend that ignored `update_weights` trained off-policy without a word (its turns' versions were
+    never read): step 2's rollouts say the version step 1 synced, else the run stops naming the backend."""
+    from agentq.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "rollout.backend=engine_plugin:NoSync", "trainer.steps=2", "trainer.eval_every=-1",
+                 "trainer.tasks_per_step=1", "trainer.group_size=2", "env.max_steps=2", "env.max_new_tokens=8",
+                 "env_pool=inline", f"trainer.out_dir={run}"]) == 1
+    err = capsys.readouterr().err
+    assert ("agentq: run stopped: the rollout backend NoSync sampled episode 2's turn with policy_version 0, but the "
+            "learner's weights were synced into it as version 1: its update_weights did not take them") in err
+
+
+def test_a_half_written_backend_says_what_it_lacks(tokenizer):
+    """The protocol's bodies were `...`: a subclass without `generate` returned None from it."""
+    from agentq.rollout.backend import RolloutBackend
+
+    class Half(RolloutBackend):
+        quant, policy_version = QuantSpec.preset("none"), 0
+
+    with pytest.raises(NotImplementedError, match=r"^Half\.generate: a rollout backend must sample turns$"):
+        check_backend(Half(), contexts(tokenizer))
+    assert Half().kv_bytes_per_token() == 0 and Half().prefill_counts() == {} and Half().vocab_size is None

@@ -75,3 +75,12 @@ class Faulty(EngineBehindPlugin):
 
     def update_weights(self, named_tensors: Any, version: int) -> SyncStats:
         return self.engine.update_weights(named_tensors, 0 if self.fault == "version" else version)
+
+
+class NoSync(EngineBehindPlugin):
+    """Takes the learner's weights at its first sync only: later turns still say version 0."""
+
+    def update_weights(self, named_tensors: Any, version: int) -> SyncStats:
+        if self.engine.policy_version == 0 and version == 0:
+            return self.engine.update_weights(named_tensors, version)
+        return SyncStats(version=version)
