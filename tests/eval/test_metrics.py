@@ -53,6 +53,19 @@ def test_summarize_reports_the_interval_by_task():
     assert summarize(trajs[::2])["success_ci95"] == list(wilson_interval(2, 3))    # one episode per task: unchanged
 
 
+def test_an_errored_episode_scores_zero_in_the_means_as_it_counts_lost_for_success():
+    """A JVM killed mid-episode left partial scores in score_mean (2.1 of 3.5 points in a review's run)."""
+    trajs = [Trajectory(0, "a", "test", won=True, score=1.0, end_reason="won"),
+             Trajectory(1, "a", "test", score=0.25, end_reason="step_cap"),
+             Trajectory(2, "b", "test", score=0.17, end_reason="error")]
+    for t in trajs:
+        t.info["task_type"] = t.task_id
+    out = summarize(trajs)
+    assert out["score_mean"] == pytest.approx((1.0 + 0.25 + 0.0) / 3, abs=1e-15)
+    assert out["success_rate"] == pytest.approx(1 / 3, abs=1e-15)
+    assert out["per_task_type"]["b"] == {"episodes": 1, "success_rate": 0.0, "score_mean": 0.0}
+
+
 # ---------------------------------------------------------------------- the paired test over tasks
 def brute_force_sign_flip(before: dict[str, list[bool]], after: dict[str, list[bool]]) -> Fraction:
     """Independent of `paired_comparison`: every one of the 2^n sign patterns of the per-task
