@@ -187,6 +187,9 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "rollout.prefill_graph_tokens": nonneg_int,
     "rollout.prefill_graph_max": nonneg_int,
     "algo.learner_quant": one_of("aligned", *QUANT_PRESETS),
+    # what a sweep's `learner_quant: aligned` arms take as algo.learner_quant (checked only when the arms
+    # are composed, after the shared SFT stage and its evaluation had run)
+    "sweep.aligned_learner": one_of("aligned", *QUANT_PRESETS),
     "algo.loss_agg": one_of(*LOSS_AGGS),
     "algo.clip_eps": nonneg_num,
     "algo.kl_coef": nonneg_num,

@@ -374,6 +374,11 @@ def _refuse_or_warn(report: dict, key: str, also_lost: int, messages: Callable[[
 #: trained with plays another game or reads another prompt (budgets such as env.max_steps or
 #: env.max_new_tokens, and the splits, are left out: evaluating with others is a choice)
 TRAINED_WITH = ("env.name", "env.kwargs", "env.prompt", "agent.action_tag", "agent.stop_at_action_end")
+#: the rollout numerics an RL run sampled its episodes with (its config.yaml; its checkpoints' agentq.json
+#: records rollout.quant as "rollout_quant"): a checkpoint evaluated on another engine is measured under
+#: numerics it never trained with, which may be the point (a QAT policy in bf16) but is said. An SFT
+#: checkpoint sampled nothing: not compared there
+SAMPLED_WITH = ("rollout.quant", "rollout.backend")
 
 
 #: env.kwargs that say how an environment runs, not what it plays (memory, timeouts, a cache folder):
@@ -386,7 +391,8 @@ def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, l
     said alone (every env.kwargs and env.prompt key of two environments differs). Outside a run
     folder, the environment the checkpoint's agentq.json names (`trained_env`); (None, []) when
     neither is known; a damaged config.yaml is said so (in a warning) and read as none."""
-    if checkpoint.parent.name == "checkpoints":         # an RL run's <run>/checkpoints/step_*
+    rl = checkpoint.parent.name == "checkpoints"
+    if rl:                                              # an RL run's <run>/checkpoints/step_*
         run_cfg = checkpoint.parent.parent / "config.yaml"
     elif checkpoint.name == "checkpoint":               # an SFT run's <run>/checkpoint
         run_cfg = checkpoint.parent / "config.yaml"
@@ -400,13 +406,15 @@ def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, l
                       "not compared with this evaluation's", style="yellow", markup=False, highlight=False,
                       soft_wrap=True)
         return trained_env(cfg, checkpoint)
-    diffs = differing_settings(saved, cfg,
-                               lambda k: in_sections(k, TRAINED_WITH) and not in_sections(k, RUN_ONLY),
+    compared = TRAINED_WITH + (SAMPLED_WITH if rl else ())
+    diffs = differing_settings(saved, cfg, lambda k: in_sections(k, compared) and not in_sections(k, RUN_ONLY),
                                default=lambda k: build.setting_default(cfg, k))
     other_env = [f"env.name: trained {then!r}, now {now!r} (another environment: its env.kwargs and env.prompt "
                  "differ too)" for k, then, now in diffs if k == "env.name" and not same_env_class(then, now)]
     # two names of one class (`module:Class` in training, its preset's name now): what else differs
-    return run_cfg, other_env or [f"{k}: trained {then!r}, now {now!r}" for k, then, now in diffs if k != "env.name"]
+    said = [f"{k}: trained {then!r}, now {now!r}" for k, then, now in diffs
+            if k != "env.name" and (not other_env or in_sections(k, SAMPLED_WITH))]
+    return run_cfg, other_env + said
 
 
 def same_env_class(a: object, b: object) -> bool:
@@ -425,16 +433,20 @@ def same_env_class(a: object, b: object) -> bool:
 
 def trained_env(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, list[str]]:
     """A checkpoint away from its run folder (copied, or the run's config.yaml gone): (its agentq.json,
-    ['env.name: trained A, now B']) when the environment agentq wrote there is not `cfg`'s, else
-    (None, []). A WebShop checkpoint copied out of its run played TextWorldExpress without a word."""
+    ['env.name: trained A, now B', 'rollout.quant: trained C, now D']) for the environment and the
+    rollout numerics (an RL checkpoint's) agentq wrote there that are not `cfg`'s, else (None, []). A
+    WebShop checkpoint copied out of its run played TextWorldExpress without a word."""
     meta = checkpoint / "agentq.json"
     try:
-        env = json.loads(meta.read_text()).get("env")
+        saved = json.loads(meta.read_text())
+        env, quant = saved.get("env"), saved.get("rollout_quant")      # rollout_quant: an RL checkpoint's
     except (OSError, ValueError, AttributeError):        # none (a plain HF checkpoint), unreadable, not an object
         return None, []
-    if env is None or same_env_class(str(env), str(cfg.env.name)):
-        return None, []
-    return meta, [f"env.name: trained {env!r}, now {str(cfg.env.name)!r}"]
+    said = [] if env is None or same_env_class(str(env), str(cfg.env.name)) else [
+        f"env.name: trained {env!r}, now {str(cfg.env.name)!r}"]
+    if quant is not None and str(quant) != str(cfg.rollout.quant):
+        said.append(f"rollout.quant: trained {quant!r}, now {str(cfg.rollout.quant)!r}")
+    return (meta, said) if said else (None, [])
 
 
 def warn_if_training_split(cfg: DictConfig, split: str, key: str = "split") -> None:
@@ -449,17 +461,21 @@ def warn_if_training_split(cfg: DictConfig, split: str, key: str = "split") -> N
 
 def warn_if_trained_otherwise(cfg: DictConfig, checkpoint: Path) -> None:
     """`agentq eval` composes its config from conf/ and the command line, not from the checkpoint's
-    run: say so when the two differ in the task or the prompt (e.g. a checkpoint of the sweep's
-    mapreader runs evaluated on `env`'s default coin game, or another environment's checkpoint)."""
+    run: say so when the two differ in the task, the prompt or an RL run's rollout numerics (e.g. a
+    checkpoint of the sweep's mapreader runs evaluated on `env`'s default coin game, another
+    environment's checkpoint, or a bf16 run's checkpoint on the default w8a8_kv8 engine)."""
     run_cfg, changed = trained_otherwise(cfg, checkpoint)
     if changed:
         # env.kwargs say which tasks each split holds (WebShop's split_sizes, TextWorldExpress' tasks_per_game)
         split_note = (" The env's kwargs differ, and with them may which tasks each split holds: this held-out "
                       "split may hold tasks the run trained on." if any(c.startswith("env.kwargs.") for c in changed) else "")
+        numerics_note = (" Its episodes were sampled with other rollout numerics: this evaluation measures the "
+                         "checkpoint on another engine than it trained with." if any(c.startswith("rollout.")
+                                                                                     for c in changed) else "")
         console.print(f"warning: this checkpoint's run ({run_cfg}) trained with other settings than this "
-                      f"evaluation's: {'; '.join(changed)}.{split_note} agentq eval reads conf/ and the command "
-                      "line, not the run's config: give the run's env= and keys to evaluate what it trained on",
-                      style="yellow", markup=False, highlight=False, soft_wrap=True)
+                      f"evaluation's: {'; '.join(changed)}.{split_note}{numerics_note} agentq eval reads conf/ and "
+                      "the command line, not the run's config: give the run's env= and keys to evaluate what it "
+                      "trained on", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 def latest_checkpoint_hint(folder: Path) -> str:

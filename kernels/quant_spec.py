@@ -10,7 +10,7 @@ Conventions (see docs/quantization.md for the reasoning):
 | weights     | per output channel, symmetric    | absmax/127, floor 1e-8, fp32       | half to even            | [-128, 127]  |
 | activations | per token, dynamic, symmetric    | absmax/127, floor 1e-8, fp32       | half to even (= vLLM)   | [-128, 127]  |
 | KV (int8)   | per token per KV head, dynamic   | max(absmax/127, 1e-6), fp32        | half away (= vLLM int8_per_token_head) | [-128, 127] |
-| KV (fp8)    | per tensor (k_scale, v_scale)    | calibrated absmax/448 or 1.0       | fp8 E4M3 round-to-nearest-even, saturating | ±448 |
+| KV (fp8)    | per tensor (k_scale, v_scale)    | 1.0 (vLLM's uncalibrated default; nothing calibrates it) | fp8 E4M3 round-to-nearest-even, saturating | ±448 |
 
 Every code is computed as `round(x / scale)` (true IEEE division, not a reciprocal multiply), so
 the torch reference, the Triton kernels and the learner agree bit for bit. vLLM rounds the same
@@ -35,6 +35,9 @@ ROUNDING = ("half_even", "half_away")
 DEFAULT_QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 #: modules that stay in the compute dtype by design (norms and rotary have no weights to quantize)
 DEFAULT_IGNORED = ("embed_tokens", "lm_head")
+#: projections the torch engine and vLLM run as one fused linear (one GEMM, one scheme): a spec
+#: quantizes all of a group or none of it
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 @dataclass(frozen=True)
@@ -61,13 +64,26 @@ class QuantSpec:
         if (self.weights == "none") != (self.acts == "none"):
             raise ValueError("W8A8 needs both weights and acts quantized (or neither); "
                              f"got weights={self.weights!r}, acts={self.acts!r}")
-        for floor, what in ((self.act_scale_floor, "act_scale_floor"), (self.kv_scale_floor, "kv_scale_floor")):
+        for floor, what in ((self.weight_scale_floor, "weight_scale_floor"), (self.act_scale_floor, "act_scale_floor"),
+                            (self.kv_scale_floor, "kv_scale_floor")):
             # an all-zero row has absmax 0: its scale is the floor, and codes x / 0 would be NaN
             if not (isinstance(floor, (int, float)) and math.isfinite(floor) and floor > 0):
                 raise ValueError(f"QuantSpec.{what}={floor!r} must be a finite number > 0")
         overlap = set(self.quantized_modules) & set(self.ignored_modules)
         if overlap:
             raise ValueError(f"modules both quantized and ignored: {sorted(overlap)}")
+        self._check_fused_groups()
+
+    def _check_fused_groups(self) -> None:
+        """Refuse a spec that quantizes part of a fused group (q but not k/v): the torch engine and vLLM
+        run each group as one GEMM and refused it only when the engine was built, while the aligned
+        learner took it; refused here, every side refuses it alike, at construction."""
+        for group in FUSED_GROUPS:
+            inside = [m for m in group if m in self.quantized_modules]
+            if self.linear_quantized and inside and len(inside) != len(group):
+                raise ValueError(f"QuantSpec quantizes {inside} but not all of {list(group)}: the torch engine and "
+                                 "vLLM run these projections as one fused linear with one scheme; quantize all or "
+                                 "none of them")
 
     # ------------------------------------------------------------------ presets
     @staticmethod

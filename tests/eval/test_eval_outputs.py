@@ -236,6 +236,42 @@ def test_how_an_environment_runs_is_no_other_task(tiny_model_dir, tmp_path):
         "env.kwargs.games: trained ['coin'], now ['mapreader']"]
 
 
+def test_another_rollout_numerics_than_the_rl_run_sampled_with_is_said(tiny_model_dir, tmp_path, capsys):
+    """`agentq eval checkpoint=<a bf16 run's step>` sampled from the command line's (default w8a8_kv8)
+    engine without a word; an SFT checkpoint sampled nothing in training, so its rollout is not compared."""
+    from agentq.eval.evaluate import trained_otherwise, warn_if_trained_otherwise
+
+    run = tmp_path / "run"
+    ckpt = shutil.copytree(tiny_model_dir, run / "checkpoints" / "step_000001")
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config(["rollout=bf16", "algo=bf16"]), resolve=True))
+    assert trained_otherwise(load_config([]), ckpt) == (run / "config.yaml", [
+        "rollout.quant: trained 'none', now 'w8a8_kv8'"])
+    assert trained_otherwise(load_config(["rollout.quant=none", "rollout.backend=vllm"]), ckpt)[1] == [
+        "rollout.backend: trained 'torch', now 'vllm'"]
+    assert trained_otherwise(load_config(["rollout.quant=none"]), ckpt) == (run / "config.yaml", [])
+    # another environment is said alone, the rollout numerics with it
+    assert trained_otherwise(load_config(["env=webshop"]), ckpt)[1] == [
+        "env.name: trained 'textworld_express', now 'webshop' (another environment: its env.kwargs and env.prompt "
+        "differ too)", "rollout.quant: trained 'none', now 'w8a8_kv8'"]
+    warn_if_trained_otherwise(load_config([]), ckpt)
+    assert " ".join(capsys.readouterr().err.split()) == (
+        f"warning: this checkpoint's run ({run / 'config.yaml'}) trained with other settings than this evaluation's: "
+        "rollout.quant: trained 'none', now 'w8a8_kv8'. Its episodes were sampled with other rollout numerics: this "
+        "evaluation measures the checkpoint on another engine than it trained with. agentq eval reads conf/ and the "
+        "command line, not the run's config: give the run's env= and keys to evaluate what it trained on")
+
+    sft = shutil.copytree(tiny_model_dir, tmp_path / "sft" / "checkpoint")
+    (sft.parent / "config.yaml").write_text(OmegaConf.to_yaml(load_config([]), resolve=True))
+    assert trained_otherwise(load_config(["rollout=bf16"]), sft) == (sft.parent / "config.yaml", [])
+
+    copied = shutil.copytree(ckpt, tmp_path / "copied")        # away from its run: its agentq.json says it
+    (copied / "agentq.json").write_text(json.dumps({"step": 1, "env": "textworld_express", "algo": "bf16",
+                                                    "rollout_quant": "none"}))
+    assert trained_otherwise(load_config([]), copied) == (copied / "agentq.json", [
+        "rollout.quant: trained 'none', now 'w8a8_kv8'"])
+    assert trained_otherwise(load_config(["rollout.quant=none"]), copied) == (None, [])
+
+
 def test_evaluating_the_training_split_says_it_is_not_held_out(capsys):
     from agentq.eval.evaluate import warn_if_training_split
 

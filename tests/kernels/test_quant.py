@@ -1,10 +1,13 @@
 """QuantSpec numerics: worked numbers (docs/quantization.md), rounding-mode ties, and
 bit-identical codes across the reference quantizers, the engine's layers and the learner's fake quant."""
+from dataclasses import fields
+
 import pytest
 import torch
 
 from agentq.kernels import QuantSpec
 from agentq.kernels import quant, ste
+from agentq.kernels.quant_spec import DEFAULT_IGNORED, PRESETS
 
 SPEC = QuantSpec.preset("w8a8_kv8")
 
@@ -124,12 +127,43 @@ def test_spec_audit_refuses_unknown_or_missing_linears():
         QuantSpec.preset("w4a4")
 
 
-@pytest.mark.parametrize("field", ["act_scale_floor", "kv_scale_floor"])
-@pytest.mark.parametrize("floor", [0.0, -1e-6, float("nan"), float("inf")])
+@pytest.mark.parametrize("field", ["weight_scale_floor", "act_scale_floor", "kv_scale_floor"])
+@pytest.mark.parametrize("floor", [0.0, -1e-6, -1, float("nan"), float("inf")])
 def test_scale_floors_must_be_finite_and_positive(field, floor):
-    # a floor of 0 gives an all-zero row the scale 0 and NaN codes (x / 0)
-    with pytest.raises(ValueError, match=f"QuantSpec.{field}=.* must be a finite number > 0"):
+    # a floor of 0 gives an all-zero row the scale 0 and NaN codes (x / 0); weight_scale_floor went unchecked
+    with pytest.raises(ValueError) as e:
         QuantSpec(**{field: floor})
+    assert str(e.value) == f"QuantSpec.{field}={floor!r} must be a finite number > 0"
+
+
+@pytest.mark.parametrize("quantized, ignored, inside, group", [
+    (("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "down_proj"), ("up_proj",), ["gate_proj"],
+     ["gate_proj", "up_proj"]),
+    (("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"), ("gate_proj",), ["up_proj"],
+     ["gate_proj", "up_proj"]),
+    (("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), ("k_proj", "v_proj"), ["q_proj"],
+     ["q_proj", "k_proj", "v_proj"]),
+    (("k_proj", "v_proj", "o_proj"), ("q_proj", "gate_proj", "up_proj", "down_proj"), ["k_proj", "v_proj"],
+     ["q_proj", "k_proj", "v_proj"]),
+])
+def test_a_spec_splitting_a_fused_group_is_refused_when_made(quantized, ignored, inside, group):
+    """The torch engine and vLLM run q/k/v and gate/up as one linear each; a spec quantizing part of a
+    group was taken by QuantSpec and the learner, then refused by the engine when its layers were built."""
+    with pytest.raises(ValueError) as e:
+        QuantSpec(quantized_modules=quantized, ignored_modules=DEFAULT_IGNORED + ignored)
+    assert str(e.value) == (f"QuantSpec quantizes {inside} but not all of {group}: the torch engine and vLLM run "
+                            "these projections as one fused linear with one scheme; quantize all or none of them")
+
+
+def test_whole_groups_and_unquantized_linears_pass_and_every_preset_is_made():
+    attn_only = QuantSpec(quantized_modules=("q_proj", "k_proj", "v_proj", "o_proj"),
+                          ignored_modules=DEFAULT_IGNORED + ("gate_proj", "up_proj", "down_proj"))
+    assert not attn_only.quantizes("gate_proj") and attn_only.quantizes("k_proj")
+    # no linear quantized (kv8-like): the module lists decide nothing, as in the engine
+    QuantSpec(weights="none", acts="none", quantized_modules=("q_proj",),
+              ignored_modules=DEFAULT_IGNORED + ("k_proj", "v_proj"))
+    for name, spec in PRESETS.items():
+        assert QuantSpec(**{f.name: getattr(spec, f.name) for f in fields(spec)}) == spec, name
 
 
 @pytest.mark.parametrize("spec, said", [

@@ -385,6 +385,30 @@ def test_algo_and_seed_on_the_command_line_are_refused_with_the_sweep_lists(tmp_
             "sweep runs each seed of sweep.seeds (now [0]); write 'sweep.seeds=[3]'") in said
 
 
+def test_a_bad_aligned_learner_is_refused_before_the_shared_sft(tmp_path, capsys):
+    """`sweep.aligned_learner=bogus` ran the SFT stage and its evaluation, then failed naming
+    algo.learner_quant when the first aligned arm was composed."""
+    out = tmp_path / "s"
+    assert main(["sweep", "sweep.aligned_learner=bogus", "sweep.arms=[qat]", "sweep.seeds=[0]", f"sweep.out_dir={out}",
+                 "device=cpu"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "  sweep.aligned_learner='bogus' (str): must be one of ['aligned', 'kv8', 'none', 'w8a8', 'w8a8_fp8kv', "
+        "'w8a8_kv8', 'w8a8_kv8_head']")
+    assert not out.exists()
+
+
+def test_rollout_quant_on_the_command_line_is_refused_naming_the_presets(tmp_path, capsys):
+    """`rollout.quant=w8a8` set every arm's rollout: the bf16 baseline sampled from a quantized engine
+    and the aligned arms' learner (sweep.aligned_learner) stayed w8a8_kv8's partial one."""
+    out = tmp_path / "s"
+    assert main(["sweep", "rollout.quant=w8a8", "sweep.arms=[bf16,qat]", "sweep.seeds=[0]", f"sweep.out_dir={out}"]) == 2
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "agentq: rollout.quant=w8a8: each arm's preset sets its own rollout numerics (bf16: none, the others "
+        "w8a8_kv8) and its learner's; drop it, or compare other numerics with a preset of your own in conf/algo/ "
+        "named in sweep.arms")
+    assert not out.exists()
+
+
 def test_an_arms_error_cancels_the_jobs_not_yet_started(tmp_path):
     """With sweep.parallel=2, one failing arm used to let every queued arm run before the error
     reached the user (leaving the executor waits for its whole queue)."""

@@ -208,12 +208,9 @@ class DecoderLayer(nn.Module):
 
         def lin(i, parts, b, glu=False):
             # the spec decides per projection (quantized_modules / ignored_modules), as the learner's
-            # align_model and the vLLM export do; a fused linear runs one GEMM, so all of it or none
-            quantized = {spec.quantizes(p) for p in parts}
-            if len(quantized) != 1:
-                raise ValueError(f"QuantSpec {spec.name!r} quantizes only some of {sorted(parts)}, which the engine "
-                                 "runs as one fused linear: quantize all of them or none")
-            return EngineLinear(i, parts, b, quantized.pop(), spec, dtype, device, glu)
+            # align_model and the vLLM export do; a fused linear runs one GEMM, so all of it or none,
+            # which QuantSpec holds every spec to (`FUSED_GROUPS`)
+            return EngineLinear(i, parts, b, spec.quantizes(next(iter(parts))), spec, dtype, device, glu)
 
         inter = cfg.intermediate_size
         self.qkv_proj = lin(h, {"q_proj": nh * hd, "k_proj": nkv * hd, "v_proj": nkv * hd}, qkv_bias)
