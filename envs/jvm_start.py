@@ -29,15 +29,19 @@ def java_executable(needed_by: str, min_version: int) -> str:
     Returns:
         The path of the java executable.
     Raises:
-        RuntimeError: neither exists; the message says how to install Java.
+        RuntimeError: neither exists; the message says how to install Java, and names a JAVA_HOME that
+            holds no bin/java (it said "JAVA_HOME is not set" of a wrong one).
     """
     home = os.environ.get("JAVA_HOME")
     if home and os.path.exists(os.path.join(home, "bin", "java")):
         return os.path.join(home, "bin", "java")
     java = shutil.which("java")
     if java is None:
-        raise RuntimeError(f"{needed_by} needs Java (>= {min_version}; tested with OpenJDK 17): no `java` on PATH and "
-                           "JAVA_HOME is not set. On Debian/Ubuntu: apt-get install openjdk-17-jre-headless")
+        why = (f"JAVA_HOME={home} has no bin/java and there is no `java` on PATH. Set JAVA_HOME to the folder that "
+               "holds bin/java, or unset it and put `java` on PATH" if home else
+               "no `java` on PATH and JAVA_HOME is not set")
+        raise RuntimeError(f"{needed_by} needs Java (>= {min_version}; tested with OpenJDK 17): {why}. "
+                           "On Debian/Ubuntu: apt-get install openjdk-17-jre-headless")
     return java
 
 

@@ -12,7 +12,30 @@ $AGENTQ_ALFWORLD_CACHE, else ~/.cache/agentq/alfworld.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+
+
+def _open_split(a: argparse.Namespace):
+    """(the env, the first --limit task ids of --split).
+
+    Raises:
+        SystemExit(2): the env refused the split (a misspelled name, a real split without its games),
+            after one line on stderr, as the agentq commands end on bad input; it was a traceback.
+    """
+    from agentq.envs import make
+    from agentq.envs.alfworld import generator as gen
+    from agentq.envs.base import SplitRefused
+
+    kwargs = {"cache_dir": a.cache_dir, "data_dir": a.data_dir}
+    if a.gen_per_type is not None:
+        kwargs["gen_sizes"] = {a.split: a.gen_per_type} if a.split in gen.GEN_SPLITS else None
+    try:
+        env = make("alfworld", split=a.split, expert=a.walkthroughs, expert_type="planner", **kwargs)
+        return env, env.unwrapped.list_tasks()[: a.limit]
+    except SplitRefused as e:
+        print(f"alfworld_prepare: --split {a.split}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main(argv=None) -> dict:
@@ -26,13 +49,8 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
 
     from agentq.envs.alfworld import generator as gen
-    from agentq.envs import make
-    kwargs = {"cache_dir": a.cache_dir, "data_dir": a.data_dir}
-    if a.gen_per_type is not None:
-        kwargs["gen_sizes"] = {a.split: a.gen_per_type} if a.split in gen.GEN_SPLITS else None
-    env = make("alfworld", split=a.split, expert=a.walkthroughs, expert_type="planner", **kwargs)
+    env, tasks = _open_split(a)
     u = env.unwrapped
-    tasks = u.list_tasks()[: a.limit]
     t0 = time.perf_counter()
     missing = []
     for i, tid in enumerate(tasks):

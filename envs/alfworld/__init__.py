@@ -8,7 +8,11 @@ the alfworld wheel's data), `data` (real games under $ALFWORLD_DATA), `experts` 
 planner walkthroughs), `parse_cache` (the step-time patch). Importing this package is cheap; the
 engine (textworld, Fast Downward) loads with `env`. See docs/envs/alfworld.md.
 """
+from .data import forget_empty_data_var
 from .generator import GEN_SPLITS, TASK_TYPES, UNSEEN_FLOOR_PLANS
+
+# before any module here imports alfworld, whose import fails on ALFWORLD_DATA= (set but empty)
+forget_empty_data_var()
 
 __all__ = ["GEN_SPLITS", "TASK_TYPES", "UNSEEN_FLOOR_PLANS", "ALFWorldEnv"]
 

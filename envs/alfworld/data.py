@@ -49,16 +49,56 @@ class ALFWorldDataError(FileNotFoundError, SplitRefused):
     """
 
 
+class ALFWorldGameError(SplitRefused):
+    """A game file of a real split cannot be read (damaged, truncated): one line naming the file, where
+    the JSON parser's own message ("Expecting value: line 1 column 1") named none."""
+
+
+def forget_empty_data_var() -> None:
+    """Remove an empty $ALFWORLD_DATA from this process's environment, before alfworld is imported.
+
+    `import alfworld` makes the folder $ALFWORLD_DATA names and raised `FileNotFoundError: ''` for an
+    empty value, even for a generated split, which needs no data; `data_root` reads an empty value as
+    unset, and so does alfworld once it is gone (and children inherit that).
+    """
+    if os.environ.get("ALFWORLD_DATA") == "":
+        del os.environ["ALFWORLD_DATA"]
+
+
 def data_root(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
-    """(root, where it came from): `data_dir`, else $ALFWORLD_DATA, else alfworld's default ~/.cache/alfworld."""
-    if data_dir:
-        return Path(data_dir).expanduser(), "data_dir argument"
+    """(root, where it came from): `data_dir`, else $ALFWORLD_DATA, else alfworld's default ~/.cache/alfworld.
+
+    A `data_dir` equal to $ALFWORLD_DATA came from it: agentq's config copies $ALFWORLD_DATA into
+    env.kwargs.data_dir (`resolved_kwargs`), and an error blamed a data_dir the user never gave.
+    """
     default = Path("~/.cache/alfworld").expanduser()
     given = os.environ.get("ALFWORLD_DATA")
     # `import alfworld` sets $ALFWORLD_DATA to its default when unset: that value says nothing of the user
-    if given and Path(given).expanduser() != default:
-        return Path(given).expanduser(), "$ALFWORLD_DATA"
+    from_env = Path(given).expanduser() if given and Path(given).expanduser() != default else None
+    if data_dir:
+        path = Path(data_dir).expanduser()
+        same = from_env is not None and path.absolute() == from_env.absolute()
+        return path, "$ALFWORLD_DATA" if same else "data_dir argument"
+    if from_env is not None:
+        return from_env, "$ALFWORLD_DATA"
     return default, "alfworld's default (ALFWORLD_DATA unset, or set to it)"
+
+
+def read_game_json(path: Path) -> dict:
+    """The JSON document of a game's file (game.tw-pddl, traj_data.json).
+
+    Raises:
+        ALFWorldGameError: it is not JSON (a damaged unpack): one line naming the file and the way out.
+    """
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError as e:             # JSONDecodeError, or bytes that are not UTF-8
+        raise ALFWorldGameError(f"ALFWorld game file {path} is damaged ({e}): unpack the archive again "
+                                "(or run `alfworld-download`)") from None
+    if not isinstance(doc, dict):
+        raise ALFWorldGameError(f"ALFWorld game file {path} is damaged (a JSON {type(doc).__name__}, not an "
+                                "object): unpack the archive again (or run `alfworld-download`)")
+    return doc
 
 
 def split_dir(split: str, data_dir: str | os.PathLike | None = None) -> Path:
@@ -96,7 +136,7 @@ def list_real_games(split: str, data_dir=None, task_types=TASK_TYPES) -> list[st
                 continue
             game = folder / "game.tw-pddl"
             if game.exists():
-                if json.loads(game.read_text()).get("solvable") is not True:
+                if read_game_json(game).get("solvable") is not True:
                     continue
             elif not (folder / "initial_state.pddl").exists():
                 continue
@@ -108,9 +148,9 @@ def load_real_game(split: str, task_id: str, data_dir: str | os.PathLike | None 
                    ) -> tuple[Path, dict | None, dict]:
     """(path of the game's folder, game.tw-pddl document in the wheel's vocabulary, traj_data)."""
     folder = split_dir(split, data_dir) / task_id
-    traj = json.loads((folder / "traj_data.json").read_text())
+    traj = read_game_json(folder / "traj_data.json")
     game_file, initial = folder / "game.tw-pddl", folder / "initial_state.pddl"
-    game = json.loads(game_file.read_text()) if game_file.exists() else None
+    game = read_game_json(game_file) if game_file.exists() else None
     if game is not None and game.get("pddl_domain") == wheel_domain():
         return folder, game, traj
     if initial.exists():

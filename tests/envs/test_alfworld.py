@@ -474,3 +474,86 @@ def test_the_data_roots_source_is_the_users_setting_not_alfworlds_own(monkeypatc
     monkeypatch.delenv("ALFWORLD_DATA")
     assert data_root() == (default, "alfworld's default (ALFWORLD_DATA unset, or set to it)")
     assert data_root(tmp_path / "x") == (tmp_path / "x", "data_dir argument")
+    # agentq's config copies $ALFWORLD_DATA into env.kwargs.data_dir: that data_dir came from the variable
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
+    assert data_root(str(tmp_path.absolute())) == (tmp_path, "$ALFWORLD_DATA")
+    assert data_root(tmp_path / "x") == (tmp_path / "x", "data_dir argument")
+
+
+def test_missing_data_from_alfworld_data_names_the_variable_in_agentq_eval(tmp_path, cache_dir, monkeypatch):
+    """ALFWORLD_DATA=/nonexistent said "root /nonexistent from data_dir argument": the config copies the
+    variable into env.kwargs.data_dir, a setting the user never gave."""
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
+    msg = _eval_refusal(tmp_path, [f"env.kwargs.cache_dir={cache_dir}"])
+    assert f"(root {tmp_path / 'nowhere'} from $ALFWORLD_DATA; splits present there: none)" in msg, msg
+    (tmp_path / "again").mkdir()
+    msg = _eval_refusal(tmp_path / "again", [f"env.kwargs.cache_dir={cache_dir}",
+                                             f"env.kwargs.data_dir={tmp_path / 'elsewhere'}"])
+    assert f"(root {tmp_path / 'elsewhere'} from data_dir argument; splits present there: none)" in msg, msg
+
+
+def test_an_empty_alfworld_data_is_unset(cache_dir):
+    """ALFWORLD_DATA= (set but empty) ended `agentq eval split=gen_unseen` with `FileNotFoundError: ''` from
+    inside `import alfworld`; agentq reads it as unset, and a generated split needs no data."""
+    code = ("import os, gymnasium as gym, agentq.envs; "
+            f"env = gym.make('agentq/ALFWorld-v0', split='gen_unseen', cache_dir={str(cache_dir)!r}); "
+            "obs, info = env.reset(); print(obs.splitlines()[0]); print(os.environ['ALFWORLD_DATA'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "ALFWORLD_DATA": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["-= Welcome to TextWorld, ALFRED! =-", str(Path("~/.cache/alfworld").expanduser())]
+
+
+def _one_game_tree(data_dir: Path, root: Path) -> Path:
+    """A copy of valid_unseen under `root` holding the lamp game only; its folder."""
+    import shutil
+
+    folder = root / "json_2.1.1" / "valid_unseen" / LAMP_GAME
+    shutil.copytree(data_dir / "json_2.1.1" / "valid_unseen" / LAMP_GAME, folder)
+    return folder
+
+
+def test_a_damaged_game_file_is_named(data_dir, cache_dir, tmp_path):
+    """One damaged game file failed the whole split with "Expecting value: line 1 column 1 (char 0)",
+    naming no file."""
+    from agentq.envs.alfworld.data import ALFWorldGameError
+
+    folder = _one_game_tree(data_dir, tmp_path / "data")
+    env = gym.make(ENV_ID, split="valid_unseen", data_dir=str(tmp_path / "data"), cache_dir=str(cache_dir))
+    assert env.unwrapped.list_tasks() == [LAMP_GAME]
+    (folder / "traj_data.json").write_text("garbage")            # read when the game loads
+    with pytest.raises(ALFWorldGameError, match=rf"^ALFWorld game file {folder}/traj_data.json is damaged "):
+        env.reset(options={"task_id": LAMP_GAME})
+    (folder / "game.tw-pddl").write_text("garbage")               # read when the split is listed
+    want = (f"ALFWorld game file {folder / 'game.tw-pddl'} is damaged (Expecting value: line 1 column 1 (char 0)): "
+            "unpack the archive again (or run `alfworld-download`)")
+    fresh = gym.make(ENV_ID, split="valid_unseen", data_dir=str(tmp_path / "data"), cache_dir=str(cache_dir))
+    with pytest.raises(ALFWorldGameError) as e:
+        fresh.unwrapped.list_tasks()
+    assert isinstance(e.value, SplitRefused) and str(e.value) == want
+    msg = _eval_refusal(tmp_path, [f"env.kwargs.cache_dir={cache_dir}", f"env.kwargs.data_dir={tmp_path / 'data'}"])
+    assert msg == f"split='valid_unseen': {want}"
+    (folder / "game.tw-pddl").write_text("[]")
+    with pytest.raises(ALFWorldGameError, match=r"is damaged \(a JSON list, not an object\): unpack the archive"):
+        fresh.unwrapped.list_tasks("valid_unseen")
+
+
+@pytest.mark.parametrize("split", ["gen_unseeen", "valid_unseen"])
+def test_alfworld_prepare_refuses_a_split_in_one_line(split, tmp_path, cache_dir, capsys, monkeypatch):
+    """`python -m agentq.eval.alfworld_prepare --split gen_unseeen` (or a real split without its games)
+    ended with a traceback; it ends as the agentq commands do on bad input: one line, exit status 2."""
+    from agentq.eval import alfworld_prepare
+
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit) as e:
+        alfworld_prepare.main(["--split", split, "--cache-dir", str(cache_dir)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    if split == "gen_unseeen":
+        assert err == ("alfworld_prepare: --split gen_unseeen: unknown split 'gen_unseeen' for ALFWorldEnv; valid: "
+                       "['gen_train', 'gen_seen', 'gen_unseen', 'valid_seen', 'valid_unseen', 'valid_train', 'train']\n")
+    else:
+        assert err.startswith("alfworld_prepare: --split valid_unseen: ALFWorld split 'valid_unseen' not found: "
+                              f"{tmp_path / 'nowhere' / 'json_2.1.1' / 'valid_unseen'} does not exist (root "
+                              f"{tmp_path / 'nowhere'} from $ALFWORLD_DATA; ")

@@ -96,6 +96,21 @@ def test_no_java_is_a_clear_error(monkeypatch, tmp_path):
         java_executable("ScienceWorld", 11)
 
 
+def test_a_wrong_java_home_is_named(monkeypatch, tmp_path):
+    """JAVA_HOME=/nonexistent with no java on PATH was reported as "JAVA_HOME is not set"."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nonexistent"))
+    with pytest.raises(RuntimeError) as e:
+        java_executable("ScienceWorld", 11)
+    assert str(e.value) == (f"ScienceWorld needs Java (>= 11; tested with OpenJDK 17): JAVA_HOME={tmp_path}/nonexistent "
+                            "has no bin/java and there is no `java` on PATH. Set JAVA_HOME to the folder that holds "
+                            "bin/java, or unset it and put `java` on PATH. On Debian/Ubuntu: apt-get install "
+                            "openjdk-17-jre-headless")
+    monkeypatch.setenv("JAVA_HOME", "")          # set but empty: as unset
+    with pytest.raises(RuntimeError, match=r": no `java` on PATH and JAVA_HOME is not set\. On Debian"):
+        java_executable("ScienceWorld", 11)
+
+
 def test_a_gateway_that_exits_is_reaped(tmp_path):
     """The launcher's stdout thread reaps the JVM once it exits: an env that shuts its gateway down
     does not wait for the process, which stayed a zombie in the trainer. A script stands in for
