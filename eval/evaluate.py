@@ -31,6 +31,7 @@ from agentq.utils.logging import console, progress
 
 from .episodes import EPISODES_SHA256, recover_eval_pair, write_eval_pair
 from .metrics import counts_since, summarize, worker_counts
+from .partial import PartialEpisodes, fingerprint
 from .replays import replays_record, replays_text, train_openings
 from .selection import TaskSelection, select_tasks
 
@@ -68,22 +69,28 @@ def repeat_tasks(tasks: list[str], repeats: int = 1) -> list[str]:
 
 
 def run_episodes(loop: AgentLoop, policy: Policy, tasks: list[str], split: str, seed: int, first_id: int = 0,
-                 description: str = "eval") -> list[Trajectory]:
-    """One episode of each task (ids from `first_id`), with a progress bar counting the wins."""
+                 description: str = "eval", partial: PartialEpisodes | None = None) -> list[Trajectory]:
+    """One episode of each task (ids from `first_id`), with a progress bar counting the wins; with
+    `partial`, the episodes a stopped run finished are taken from it and each new one is added to it."""
     specs = build.episode_specs(tasks, split, seed, first_id)
+    earlier = partial.done if partial is not None else {}
     with progress(transient=True) as prog:
-        task = prog.add_task(description, total=len(specs), info="")
-        won = [0]
+        won = [sum(t.won for t in earlier.values())]
+        task = prog.add_task(description, total=len(specs), completed=len(earlier), info=f"won {won[0]}")
 
         def done(t: Trajectory) -> None:
+            if partial is not None:
+                partial.append(t)
             won[0] += int(t.won)
             prog.update(task, advance=1, info=f"won {won[0]}")
-        return loop.run(specs, policy, on_done=done)
+        new = loop.run([s for s in specs if s.episode_id not in earlier], policy, on_done=done)
+    return sorted([*earlier.values(), *new], key=lambda t: t.episode_id)
 
 
 def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, chat: ChatFormat, selection: TaskSelection, split: str,
                     out: Path, *, seed: int, max_concurrent: int, first_id: int = EVAL_FIRST_ID, repeats: int = 1,
-                    description: str = "eval", warn_replays: bool = True, **header: Any) -> dict:
+                    description: str = "eval", warn_replays: bool = True, partial: PartialEpisodes | None = None,
+                    **header: Any) -> dict:
     """Play the selected tasks of `split` with `backend` (sampling at `eval.temperature`), write
     `eval.json` and `episodes.jsonl` to `out`, and return the report. The one evaluation of
     `agentq eval`, the trainer's periodic and final evaluations and the pipeline's.
@@ -94,6 +101,8 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
         selection: the tasks (`choose_eval_tasks`), each played `repeats` times.
         warn_replays: print the warning for held-out tasks that open as a training task does (eval.json
             records them either way; the trainer says it at the first evaluation of a selection only).
+        partial: the finished episodes of a stopped `agentq eval` with these settings (`eval/partial.py`),
+            taken as they are, and where each new one is added.
         seed: the evaluation's seed (episode seeds and the agent loop's; `eval_seed(cfg)`).
         max_concurrent: episodes in flight at most (also capped by the number of episodes).
         first_id: the first episode id (`EVAL_FIRST_ID`: clear of the training ids).
@@ -112,7 +121,7 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
     sampling = build.sampling_params(cfg, chat, cfg.eval.temperature)
     loop = build.agent_loop(cfg, pool, chat, sampling, min(max_concurrent, len(tasks)), run_seed=seed)
     before = worker_counts(pool, backend)
-    trajs = run_episodes(loop, BackendPolicy(backend), tasks, split, seed, first_id, description)
+    trajs = run_episodes(loop, BackendPolicy(backend), tasks, split, seed, first_id, description, partial)
     restarts = counts_since(before, worker_counts(pool, backend))
     for t in trajs:     # errored at reset: no info from the env, but its task's type is known
         if t.info.get("task_type") is None and t.task_id in selection.types:
@@ -122,15 +131,20 @@ def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, cha
               "sampling": sampling_record(sampling, seed, repeats), "limits": limits_record(cfg),
               "env_kwargs": env_kwargs_record(cfg),
               "task_selection": selection.to_dict(), **summarize(trajs), **restarts}
-    # held-out tasks that open as a training task does (TextWorldExpress coin's test seeds 20480-20999)
+    add_replays(cfg, report, trajs, split, warn_replays)
+    write_eval(out, report, trajs)
+    return report
+
+
+def add_replays(cfg: DictConfig, report: dict, trajs: list[Trajectory], split: str, warn: bool) -> None:
+    """The held-out tasks that open as a training task does (TextWorldExpress coin's test seeds
+    20480-20999) into `report["replays_train"]`, said where `warn`."""
     replays = (replays_record(trajs, train_openings(cfg, report["env_kwargs"]), str(cfg.env.train_split))
                if split != str(cfg.env.train_split) else None)
     if replays is not None:
         report["replays_train"] = replays
-    if replays is not None and warn_replays:
-        console.print(replays_text(replays), style="yellow", markup=False, highlight=False, soft_wrap=True)
-    write_eval(out, report, trajs)
-    return report
+        if warn:
+            console.print(replays_text(replays), style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 def sampling_record(sampling: SamplingParams, seed: int, repeats: int) -> dict:
@@ -239,20 +253,27 @@ def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Pat
     pool = build.env_pool(cfg, split, n_conc)
     # a stop (Ctrl-C, a worker given up on) says that an earlier evaluation there is kept; a folder this
     # one made and wrote nothing into goes
+    partial: PartialEpisodes | None = None
     try:
-        with says_where_on_stop(lambda: kept_text(out)), removed_if_left_empty(out):
+        with says_where_on_stop(lambda: stopped_text(out, partial)), removed_if_left_empty(out):
             # made once nothing can refuse the evaluation (an unknown split or unreadable weights left an
             # empty eval-<env>-<split> folder in the checkpoint), before anything is played: a path that
             # cannot be made fails now
             make_setting_dir(out, out_key, "evaluation's output folder")
             held.take()
             note_replaced(out, same_settings=not cfg.eval.out_dir)
+            partial = PartialEpisodes(out, fingerprint(run_settings(cfg), path, repeat_tasks(selection.tasks,
+                                                                                             int(cfg.eval.repeats))))
             # the trainer's seeding (eval_seed, EVAL_FIRST_ID): the same episodes as its evaluations
             report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=eval_seed(cfg),
                                      max_concurrent=n_conc, repeats=int(cfg.eval.repeats),
-                                     description=f"eval {cfg.env.name}/{split}", checkpoint=str(Path(path).resolve()))
+                                     description=f"eval {cfg.env.name}/{split}", partial=partial,
+                                     checkpoint=str(Path(path).resolve()))
+            partial.discard()
     finally:
         pool.close()
+        if partial is not None:
+            partial.close()
     print_report(report)
     console.print(f"eval.json and episodes.jsonl in {out}", markup=False, highlight=False, soft_wrap=True)
     check_errors(cfg, report)
@@ -286,6 +307,20 @@ def evaluated_model(cfg: DictConfig, out: Path, overrides: list[str]) -> str:
         console.print(f"no checkpoint= given: evaluating {what}; eval.json and episodes.jsonl go to {out}",
                       markup=False, highlight=False, soft_wrap=True)
     return str(path)
+
+
+def run_settings(cfg: DictConfig) -> dict:
+    """The resolved settings that decide an evaluation's episodes (`partial.fingerprint`): all of them
+    but where the results go."""
+    settings = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(settings, dict)
+    settings.get("eval", {}).pop("out_dir", None)
+    return settings
+
+
+def stopped_text(out: Path, partial: PartialEpisodes | None) -> str:
+    """A stopped `agentq eval`'s last words: the earlier evaluation kept, the finished episodes kept."""
+    return "; ".join(x for x in (kept_text(out), partial.kept_text() if partial is not None else "") if x)
 
 
 def kept_text(out: Path) -> str:

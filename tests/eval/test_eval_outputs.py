@@ -350,3 +350,42 @@ def test_a_stopped_evaluation_says_the_earlier_one_is_kept_and_leaves_no_empty_f
     assert main(["eval", f"checkpoint={ckpt}", *SMALL, f"eval.out_dir={fresh}"]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == "agentq: interrupted"
     assert not (tmp_path / "fresh").exists()
+
+
+def test_a_stopped_evaluation_keeps_its_finished_episodes_and_the_same_command_plays_the_rest(
+        tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """Ctrl-C lost every finished episode of an `agentq eval` (a 134-game ALFWorld evaluation cannot be
+    redone cheaply). Now each one is kept as it finishes; the same command takes them and plays the
+    rest, and the result is the uninterrupted run's, byte for byte (seeds come from episode ids)."""
+    from agentq.eval import partial
+
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    args = ["eval", f"checkpoint={ckpt}", "eval.num_tasks=3", "eval.repeats=2", "eval.temperature=1.0",
+            "env_pool=inline", "env.max_steps=3", "env.max_new_tokens=8", "trainer.max_concurrent=2"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert main([*args, f"eval.out_dir={whole}"]) == 0
+    append = partial.PartialEpisodes.append
+
+    def stop_after_three(self, t):
+        append(self, t)
+        if sum(1 for _ in (cut / partial.PARTIAL).open()) == 4:      # the fingerprint line and 3 episodes
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(partial.PartialEpisodes, "append", stop_after_three)
+    capsys.readouterr()
+    assert main([*args, f"eval.out_dir={cut}"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (f"agentq: interrupted: 3 finished episodes kept in "
+                                                        f"{cut / partial.PARTIAL}: the same command plays the rest")
+    assert not (cut / "eval.json").exists()
+    monkeypatch.setattr(partial.PartialEpisodes, "append", append)
+    assert main([*args, f"eval.out_dir={cut}"]) == 0
+    assert f"3 episodes of a stopped evaluation taken from {cut / partial.PARTIAL}; playing the rest" in \
+        capsys.readouterr().err
+    assert (cut / "episodes.jsonl").read_bytes() == (whole / "episodes.jsonl").read_bytes()
+    a, b = (json.loads((d / "eval.json").read_text()) for d in (whole, cut))
+    assert a["success_rate"] == b["success_rate"] and a["episodes"] == b["episodes"] == 6
+    assert not (cut / partial.PARTIAL).exists()
+    # a stopped evaluation of other settings is not taken up
+    (cut / partial.PARTIAL).write_text(json.dumps({"fingerprint": "another"}) + "\n")
+    assert main([*args, "eval.temperature=0.5", f"eval.out_dir={cut}"]) == 0
+    assert "a stopped evaluation of other settings or another checkpoint; starting over" in capsys.readouterr().err
