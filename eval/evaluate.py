@@ -682,7 +682,7 @@ def print_report(r: dict) -> None:
         t.add_row("ended at the context budget", f"{100 * r['end_context']:.1f} %"
                   + (f"  (env.max_context_tokens {budget})" if budget else ""))
     t.add_row("invalid-format turns", f"{100 * r['invalid_action_rate']:.1f} %")
-    t.add_row("inadmissible-action turns", f"{100 * r['inadmissible_action_rate']:.1f} %")
+    t.add_row("inadmissible-action turns", rate_text(r["inadmissible_action_rate"], "the env lists no admissible actions"))
     if r.get("errors"):
         t.add_row("environment errors", errored_text(r))
     if r.get("env_worker_restarts") or r.get("rollout_worker_restarts"):
@@ -721,6 +721,11 @@ def restarts_text(r: dict) -> str:
     rec = int(r.get("env_recovered_episodes") or 0)
     return (f"env {int(r.get('env_worker_restarts') or 0)}, rollout {int(r.get('rollout_worker_restarts') or 0)}"
             + (f" ({rec} episodes' resets retried, played)" if rec else ""))
+
+
+def rate_text(v: float | None, why_none: str) -> str:
+    """A rate for a table, "n/a (`why_none`)" where it was not measured (NaN, null in eval.json)."""
+    return f"n/a ({why_none})" if v is None or math.isnan(v) else f"{100 * v:.1f} %"
 
 
 def turns_text(v: float | None) -> str:

@@ -208,7 +208,9 @@ def summarize(trajs: list[Trajectory]) -> dict:
         "turns_success_mean": _mean(t.turns for t in trajs if t.won),
         "cap_rate": _mean(float(t.end_reason == "step_cap" and not t.won) for t in trajs),
         "invalid_action_rate": (sum(t.invalid_actions for t in trajs) / max(1, sum(t.turns for t in trajs))),
-        "inadmissible_action_rate": (sum(t.inadmissible_actions for t in trajs) / max(1, sum(t.turns for t in trajs))),
+        # NaN where no env listed its admissible actions (ScienceWorld's default): not measured, not 0
+        "inadmissible_action_rate": (sum(t.inadmissible_actions for t in trajs) / max(1, sum(t.turns for t in trajs))
+                                     if any(t.admissible_turns for t in trajs) else float("nan")),
         "errors": sum(t.end_reason == "error" for t in trajs),
         # ended before their first turn: the first prompt did not fit the context budget
         "unplayed": sum(t.end_reason == "context" and t.turns == 0 for t in trajs),

@@ -26,7 +26,7 @@ from .episodes import eval_record
 #: the file beside eval.json
 PARTIAL = "episodes.partial.jsonl"
 #: the Trajectory fields a partial line carries beyond `eval_record`'s (what the report's means read)
-_EXTRA = ("episode_id", "split", "invalid_actions", "inadmissible_actions")
+_EXTRA = ("episode_id", "split", "invalid_actions", "inadmissible_actions", "admissible_turns")
 
 
 def fingerprint(settings: dict[str, Any], checkpoint: str, tasks: list[str]) -> str:
@@ -100,7 +100,8 @@ def _trajectory(r: dict) -> Trajectory:
     t = Trajectory(episode_id=int(r["episode_id"]), task_id=r["task_id"], split=r.get("split", ""),
                    reward=r["reward"], won=r["won"], score=r["score"], turns=r["turns"], end_reason=r["end_reason"],
                    error=r.get("error"), invalid_actions=r.get("invalid_actions", 0),
-                   inadmissible_actions=r.get("inadmissible_actions", 0), transcript=r.get("transcript", []))
+                   inadmissible_actions=r.get("inadmissible_actions", 0), admissible_turns=r.get("admissible_turns", 0),
+                   transcript=r.get("transcript", []))
     if r.get("task_type") is not None:
         t.info["task_type"] = r["task_type"]
     return t

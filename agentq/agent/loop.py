@@ -387,6 +387,7 @@ class AgentLoop:
         action = self.parser.parse(text)
         st.turn = {"assistant": text, "action": action}
         admissible = st.info.get("admissible_actions")
+        traj.admissible_turns += bool(admissible)
         if action is not None and admissible and action.lower() not in {a.lower() for a in admissible}:
             traj.inadmissible_actions += 1
             traj.reward -= self.inadmissible_action_penalty

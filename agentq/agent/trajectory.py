@@ -26,6 +26,7 @@ class Trajectory:
     turns: int = 0                   # assistant turns (= action segments)
     invalid_actions: int = 0         # turns whose text had no parsable action
     inadmissible_actions: int = 0    # parsed actions not in the env's admissible list (when it gives one)
+    admissible_turns: int = 0        # turns whose env gave an admissible list (where the above is measured)
     end_reason: str = ""             # one of END_REASONS
     error: str | None = None
     policy_version: int = 0

@@ -233,7 +233,7 @@ def print_summary(s: dict, out: Path) -> None:
 def _print_comparison(title: str, c: dict) -> None:
     from rich.table import Table
 
-    from agentq.eval.evaluate import turns_text
+    from agentq.eval.evaluate import rate_text, turns_text
 
     t = Table(title=title)
     for col in ("", "after SFT", "after RL"):
@@ -244,7 +244,9 @@ def _print_comparison(title: str, c: dict) -> None:
     t.add_row("mean score (% of the maximum)", f"{100 * c['sft_score']:.1f}", f"{100 * c['rl_score']:.1f}")
     t.add_row("turns (won)", turns_text(c["sft_turns_success"]), turns_text(c["rl_turns_success"]))
     t.add_row("hit step cap", pct(c["sft_cap_rate"]), pct(c["rl_cap_rate"]))
-    t.add_row("inadmissible turns", pct(c["sft_inadmissible_rate"]), pct(c["rl_inadmissible_rate"]))
+    no_list = "no admissible list"
+    t.add_row("inadmissible turns", rate_text(c["sft_inadmissible_rate"], no_list),
+              rate_text(c["rl_inadmissible_rate"], no_list))
     console.print(t)
     pr = c["paired"]
     paired = (f"paired over {pr['pairs']} tasks, {paired_test_name(pr)}: better after RL on {pr['won_only_after']}, "

@@ -1,6 +1,7 @@
 """A miniature of the embedded default run: tiny model → SFT → eval → 2 RL steps → eval, with
 summary.json and the PNG learning curve (the README's first command, scaled down)."""
 import json
+import math
 
 import pytest
 
@@ -131,12 +132,16 @@ def test_summarize_turn_rates_by_hand():
     from agentq.eval.metrics import summarize
 
     a = Trajectory(0, "coin/1", "test", turns=4, invalid_actions=1, inadmissible_actions=2, won=True,
-                   end_reason="won", score=1.0, reward=1.0)
-    b = Trajectory(1, "coin/2", "test", turns=6, invalid_actions=0, inadmissible_actions=3, end_reason="step_cap")
+                   end_reason="won", score=1.0, reward=1.0, admissible_turns=4)
+    b = Trajectory(1, "coin/2", "test", turns=6, invalid_actions=0, inadmissible_actions=3, end_reason="step_cap",
+                   admissible_turns=6)
     s = summarize([a, b])
     # per turn over all episodes: 1/10 invalid format, 5/10 inadmissible; one of two capped; won in 4 turns
     assert s["invalid_action_rate"] == 0.1 and s["inadmissible_action_rate"] == 0.5
     assert s["cap_rate"] == 0.5 and s["turns_success_mean"] == 4 and s["success_rate"] == 0.5
+    # an env that lists no admissible actions (ScienceWorld's default): not measured, not 0 %
+    a.admissible_turns = b.admissible_turns = a.inadmissible_actions = b.inadmissible_actions = 0
+    assert math.isnan(summarize([a, b])["inadmissible_action_rate"])
 
 
 GUESS_LIKE = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("Coin", ("train", "heldout"))
