@@ -262,14 +262,15 @@ def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Pat
             make_setting_dir(out, out_key, "evaluation's output folder")
             held.take()
             note_replaced(out, same_settings=not cfg.eval.out_dir)
-            partial = PartialEpisodes(out, fingerprint(run_settings(cfg), path, repeat_tasks(selection.tasks,
-                                                                                             int(cfg.eval.repeats))))
+            # `agentq eval`'s own command only: a pipeline's stage starts over with the pipeline
+            partial = open_partial(cfg, out, path, selection, (device, dtype)) if overrides is not None else None
             # the trainer's seeding (eval_seed, EVAL_FIRST_ID): the same episodes as its evaluations
             report = evaluate_policy(cfg, engine, pool, chat, selection, split, out, seed=eval_seed(cfg),
                                      max_concurrent=n_conc, repeats=int(cfg.eval.repeats),
                                      description=f"eval {cfg.env.name}/{split}", partial=partial,
                                      checkpoint=str(Path(path).resolve()))
-            partial.discard()
+            if partial is not None:
+                partial.discard()
     finally:
         pool.close()
         if partial is not None:
@@ -315,7 +316,24 @@ def run_settings(cfg: DictConfig) -> dict:
     settings = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(settings, dict)
     settings.get("eval", {}).pop("out_dir", None)
+    settings.pop("checkpoint", None)        # as written (relative or not): `fingerprint` takes its resolved path
     return settings
+
+
+def open_partial(cfg: DictConfig, out: Path, path: str, selection: TaskSelection, device: tuple[Any, Any]
+                 ) -> PartialEpisodes:
+    """The finished episodes of a stopped `agentq eval` of these settings in `out` (`eval/partial.py`),
+    keyed by the resolved settings and device, the checkpoint `path` and the tasks as played."""
+    key = fingerprint({**run_settings(cfg), "device": [str(d) for d in device]}, path,
+                      repeat_tasks(selection.tasks, int(cfg.eval.repeats)))
+    return PartialEpisodes(out, key, resume=resume_text(cfg, out))
+
+
+def resume_text(cfg: DictConfig, out: Path) -> str:
+    """How to go on with a stopped evaluation: its folder is named by its settings, or (no checkpoint=,
+    no eval.out_dir) by the time it started, which a rerun does not find."""
+    return ("the same command plays the rest" if cfg.eval.out_dir or cfg.checkpoint else
+            f"the same command with eval.out_dir={out} plays the rest")
 
 
 def stopped_text(out: Path, partial: PartialEpisodes | None) -> str:
@@ -589,7 +607,7 @@ def decoding_parts(cfg: DictConfig) -> list[str]:
     one episode a task)."""
     r, t = cfg.rollout, float(cfg.eval.temperature)
     parts = [quant_name(str(r.quant))] if r.quant != "w8a8_kv8" else []
-    parts += [str(r.backend)] if r.backend != "torch" else []
+    parts += [folder_name(str(r.backend))] if r.backend != "torch" else []
     if t > 0:       # greedy decoding ignores top_p / top_k
         parts += [f"T{t:g}"] + ([f"top_p{float(r.top_p):g}"] if float(r.top_p) < 1 else [])
         parts += [f"top_k{int(r.top_k)}"] if int(r.top_k) > 0 else []

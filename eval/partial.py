@@ -25,14 +25,19 @@ from .episodes import eval_record
 
 #: the file beside eval.json
 PARTIAL = "episodes.partial.jsonl"
+#: the files of a checkpoint besides its `*.safetensors` that decide what it computes
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "chat_template.jinja")
 #: the Trajectory fields a partial line carries beyond `eval_record`'s (what the report's means read)
 _EXTRA = ("episode_id", "split", "invalid_actions", "inadmissible_actions", "admissible_turns")
 
 
 def fingerprint(settings: dict[str, Any], checkpoint: str, tasks: list[str]) -> str:
     """What decides an evaluation's episodes: its settings (the resolved config, output keys left out by
-    the caller), the checkpoint's files (names, sizes, modification times) and the tasks in order."""
-    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(checkpoint).iterdir() if p.is_file())
+    the caller), the checkpoint's model files (names, sizes, modification times: not what an evaluation
+    writes beside them) and the tasks in order."""
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(checkpoint).iterdir()
+                   if p.is_file() and (p.suffix == ".safetensors" or p.name in MODEL_FILES))
     blob = json.dumps({"settings": settings, "checkpoint": str(Path(checkpoint).resolve()), "files": files,
                        "tasks": tasks}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -42,8 +47,8 @@ class PartialEpisodes:
     """The finished episodes of one evaluation in `folder` (`done`, by episode id) and the file they
     are appended to as more finish."""
 
-    def __init__(self, folder: Path, key: str):
-        self.path, self.key = Path(folder) / PARTIAL, key
+    def __init__(self, folder: Path, key: str, resume: str = "the same command plays the rest"):
+        self.path, self.key, self.resume = Path(folder) / PARTIAL, key, resume
         self.done: dict[int, Trajectory] = self._read()
         self._file: Any = None
 
@@ -57,7 +62,9 @@ class PartialEpisodes:
                           "starting over", style="yellow", markup=False, highlight=False)
             self.path.unlink()
             return {}
-        done = {int(r["episode_id"]): _trajectory(r) for r in rows[1:]}
+        # an errored episode is played again (its env or rollout worker died: no outcome of the policy;
+        # a stop by a worker given up on leaves them), a later line of an episode id over an earlier one
+        done = {int(r["episode_id"]): _trajectory(r) for r in rows[1:] if r.get("end_reason") != "error"}
         console.print(f"{counted(len(done), 'episode')} of a stopped evaluation taken from {self.path}; "
                       "playing the rest", markup=False, highlight=False, soft_wrap=True)
         return done
@@ -90,9 +97,9 @@ class PartialEpisodes:
 
     def kept_text(self) -> str:
         """What a stop leaves, for its last line ("" when nothing finished)."""
-        n = sum(1 for _ in read_jsonl(self.path)) - 1 if self.path.is_file() else 0
-        return (f"{counted(n, 'finished episode')} kept in {self.path}: the same command plays the rest"
-                if n > 0 else "")
+        rows = read_jsonl(self.path)[1:] if self.path.is_file() else []
+        n = len({r["episode_id"] for r in rows if r.get("end_reason") != "error"})
+        return f"{counted(n, 'finished episode')} kept in {self.path}: {self.resume}" if n > 0 else ""
 
 
 def _trajectory(r: dict) -> Trajectory:

@@ -380,7 +380,8 @@ class AgentLoop:
         charge the inadmissible-action penalty."""
         traj = st.traj
         traj.turns += 1
-        traj.append(r.token_ids, sampled=True, seg=traj.turns, logps=r.logprobs)
+        # as Python numbers: a backend's numpy values pass `turn_error`, and the files written hold JSON
+        traj.append([int(t) for t in r.token_ids], sampled=True, seg=traj.turns, logps=[float(x) for x in r.logprobs])
         traj.policy_version = r.policy_version
         st.stopped = r.finish_reason == "stop"
         text = self.chat.decode(r.token_ids)

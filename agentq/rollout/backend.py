@@ -113,6 +113,9 @@ class RolloutBackend(Protocol):
 
     quant: QuantSpec
     policy_version: int
+    #: the model's vocabulary size: the agent loop refuses sampled ids outside it (None: unknown, ids
+    #: are checked ≥ 0 only); the built-in backends set it
+    vocab_size: int | None = None
 
     def generate(self, requests: list[TurnRequest]) -> list[TurnResult]:
         """One assistant turn for each request.
@@ -153,12 +156,6 @@ class RolloutBackend(Protocol):
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token of context costs (all layers, K and V, scales included); 0: not counted."""
         return 0
-
-    @property
-    def vocab_size(self) -> int | None:
-        """The model's vocabulary size: the agent loop refuses sampled ids outside it (None: unknown,
-        ids are checked ≥ 0 only). The built-in backends say it."""
-        return None
 
     def prefill_counts(self) -> dict[str, int]:
         """Context tokens of every `generate` so far: `prefill_computed_tokens` ran through a
@@ -262,7 +259,9 @@ def turn_error(request: TurnRequest, result: TurnResult, vocab: int | None) -> s
     if bad is not None:
         return f"token id {bad[1]!r} (not an int in [0, {vocab if vocab is not None else '∞'})) at token {bad[0]}"
     for k, lp in enumerate(lps):
-        if not (isinstance(lp, (int, float)) and math.isfinite(lp)):
+        if not isinstance(lp, numbers.Real) or isinstance(lp, bool):      # numpy's floats are Real
+            return f"a behaviour log-prob that is no number ({lp!r}, a {type(lp).__name__}) at token {k}"
+        if not math.isfinite(lp):
             return f"a non-finite behaviour log-prob ({lp}) at token {k}"
         if lp > LOGPROB_SLACK:
             return f"a behaviour log-prob {lp} > 0 (no probability's) at token {k}"

@@ -141,6 +141,7 @@ class DistributedBackend(RolloutBackend):
         self._ray = ray
         self.quant, self.num_workers, self.timeout_s = quant, num_workers, float(timeout_s)
         self.policy_version = 0
+        self.vocab_size = int(hf_config.vocab_size)     # the config.json the workers build their engines from
         self._cls = ray.remote(max_restarts=0)(EngineWorker)
         self._options = actor_options
         self.slots_per_worker = math.ceil(max_slots / num_workers)
@@ -370,10 +371,6 @@ class DistributedBackend(RolloutBackend):
         if w is not None:
             self._load[w] -= 1
             self.workers[w].release.remote(episode_id)   # in order before that worker's next call
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self._init[0].vocab_size)       # the config.json the workers build their engines from
 
     def kv_bytes_per_token(self) -> int:
         return self._kv_bytes

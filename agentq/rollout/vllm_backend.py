@@ -533,6 +533,7 @@ class VLLMBackend(RolloutBackend):
         from transformers import AutoConfig
 
         self.hf_config = AutoConfig.from_pretrained(self.src_dir)
+        self.vocab_size = int(self.hf_config.vocab_size)
         self.tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
         if self.cpu:
             self._check_cpu_settings(sync)
@@ -615,10 +616,6 @@ class VLLMBackend(RolloutBackend):
     def prefill_counts(self) -> dict[str, int]:
         return {"prefill_computed_tokens": self.stats["prompt_tokens"] - self.stats["cached_tokens"],
                 "prefill_cached_tokens": self.stats["cached_tokens"]}
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.hf_config.vocab_size)
 
     def kv_bytes_per_token(self) -> int:
         c = self.hf_config

@@ -229,9 +229,9 @@ def check_placement_config(cfg: DictConfig) -> None:
     if p.use_gpus != "auto" and not isinstance(p.use_gpus, bool):
         raise ConfigError(f"placement.use_gpus={p.use_gpus!r}; valid: auto, true, false")
     if cfg.rollout.backend != "torch":
+        which = "the vLLM backend" if cfg.rollout.backend == "vllm" else "a backend of one's own (module:Class)"
         raise ConfigError(f"rollout.backend={cfg.rollout.backend!r} with placement.mode={p.mode}: the Ray placements run "
-                          "the built-in engine (rollout.backend=torch) as actors; the vLLM backend runs with "
-                          "placement=single")
+                          f"the built-in engine (rollout.backend=torch) as actors; {which} runs with placement=single")
     check_env_pool_cluster(cfg)
 
 

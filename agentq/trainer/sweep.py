@@ -60,9 +60,11 @@ RESULT = "result.json"
 SET_PER_RUN = {"algo": ("preset", "arms"), "seed": ("seed", "seeds")}
 #: what each arm's preset sets (conf/algo/<arm>.yaml: `override /rollout`): a command line's value
 #: turned the bf16 baseline into a quantized rollout and left the aligned arms' learner partial
-SET_BY_PRESET = {"rollout.quant": "each arm's preset sets its own rollout numerics (bf16: none, the others "
-                                  "w8a8_kv8) and its learner's; drop it, or compare other numerics with a preset "
-                                  "of your own in conf/algo/ named in sweep.arms"}
+_OWN_NUMERICS = ("each arm's preset sets its own rollout numerics (bf16: none, the others w8a8_kv8) and its "
+                 "learner's; drop it, or compare other numerics with a preset of your own in conf/algo/ named in "
+                 "sweep.arms")
+#: (the `rollout=` group override does what `rollout.quant=` does)
+SET_BY_PRESET = {"rollout.quant": _OWN_NUMERICS, "rollout": _OWN_NUMERICS}
 
 
 def check_sweep_settings(cfg: DictConfig, overrides: list[str]) -> None:

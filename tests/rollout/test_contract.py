@@ -118,3 +118,22 @@ def test_a_half_written_backend_says_what_it_lacks(tokenizer):
     with pytest.raises(NotImplementedError, match=r"^Half\.generate: a rollout backend must sample turns$"):
         check_backend(Half(), contexts(tokenizer))
     assert Half().kv_bytes_per_token() == 0 and Half().prefill_counts() == {} and Half().vocab_size is None
+
+
+def test_a_plugin_may_set_its_vocab_size_and_return_numpy_numbers(tiny_model_dir, tokenizer):
+    """`vocab_size` was a read-only property of the protocol (a plugin assigning it raised), and numpy
+    float log-probs were refused as "non-finite"."""
+    import numpy as np
+
+    from agentq.rollout.backend import RolloutBackend, SamplingParams, TurnRequest, TurnResult, turn_error
+
+    class Numpy(RolloutBackend):
+        def __init__(self):
+            self.quant, self.policy_version, self.vocab_size = QuantSpec.preset("none"), 0, 100
+
+    assert Numpy().vocab_size == 100
+    q = TurnRequest(0, [1, 2], SamplingParams(max_new_tokens=4, stop_token_ids=(9,)))
+    ok = TurnResult(0, list(np.array([3, 9])), list(np.array([-0.1, -0.2], np.float32)), "stop")
+    assert turn_error(q, ok, 100) is None
+    bad = TurnResult(0, [3, 9], [-0.1, torch.tensor(-0.2)], "stop")
+    assert turn_error(q, bad, 100) == "a behaviour log-prob that is no number (tensor(-0.2000), a Tensor) at token 1"

@@ -397,13 +397,15 @@ def test_a_bad_aligned_learner_is_refused_before_the_shared_sft(tmp_path, capsys
     assert not out.exists()
 
 
-def test_rollout_quant_on_the_command_line_is_refused_naming_the_presets(tmp_path, capsys):
-    """`rollout.quant=w8a8` set every arm's rollout: the bf16 baseline sampled from a quantized engine
-    and the aligned arms' learner (sweep.aligned_learner) stayed w8a8_kv8's partial one."""
+@pytest.mark.parametrize("override", ["rollout.quant=w8a8", "rollout=w8a8_kv8"])
+def test_rollout_quant_on_the_command_line_is_refused_naming_the_presets(tmp_path, capsys, override):
+    """`rollout.quant=w8a8` (or the group, `rollout=w8a8_kv8`) set every arm's rollout: the bf16 baseline
+    sampled from a quantized engine and the aligned arms' learner (sweep.aligned_learner) stayed
+    w8a8_kv8's partial one."""
     out = tmp_path / "s"
-    assert main(["sweep", "rollout.quant=w8a8", "sweep.arms=[bf16,qat]", "sweep.seeds=[0]", f"sweep.out_dir={out}"]) == 2
+    assert main(["sweep", override, "sweep.arms=[bf16,qat]", "sweep.seeds=[0]", f"sweep.out_dir={out}"]) == 2
     assert " ".join(capsys.readouterr().err.split()) == (
-        "agentq: rollout.quant=w8a8: each arm's preset sets its own rollout numerics (bf16: none, the others "
+        f"agentq: {override}: each arm's preset sets its own rollout numerics (bf16: none, the others "
         "w8a8_kv8) and its learner's; drop it, or compare other numerics with a preset of your own in conf/algo/ "
         "named in sweep.arms")
     assert not out.exists()

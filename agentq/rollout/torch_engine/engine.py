@@ -117,6 +117,7 @@ class TorchEngine(RolloutBackend):
                                        max_graphs=prefill_graph_max)
         self.max_slots, self.max_len, self.prefill_chunk = max_slots, max_len, prefill_chunk
         self.run_ahead, self.share_prefill, self.policy_version = run_ahead, share_prefill, 0
+        self.vocab_size = int(hf_config.vocab_size)
         self._slot_of: dict[int, int] = {}          # episode id → slot
         self._cached: dict[int, list[int]] = {}     # slot → token ids whose K/V is in the cache
         self._free = list(range(max_slots))          # a min-heap: the lowest free slot first (`_slot`)
@@ -140,10 +141,6 @@ class TorchEngine(RolloutBackend):
         return eng
 
     # ------------------------------------------------------------------ protocol
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.config.vocab_size)
-
     def kv_bytes_per_token(self) -> int:
         return self.cache.bytes_per_token()
 

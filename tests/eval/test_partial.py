@@ -1,0 +1,48 @@
+"""`eval/partial.py`: what a stopped `agentq eval` keeps (the end-to-end resume is in
+test_eval_outputs.py): errored episodes are played again, the fingerprint sees the model files only,
+and the stop says how to go on where a rerun would not find the folder."""
+from __future__ import annotations
+
+import json
+import shutil
+
+from omegaconf import OmegaConf
+
+from agentq.eval.evaluate import resume_text, run_settings
+from agentq.eval.partial import PARTIAL, PartialEpisodes, fingerprint
+
+
+def test_errored_episodes_are_played_again_and_a_later_line_wins(tmp_path):
+    rows = [{"fingerprint": "k"},
+            {"episode_id": 7, "task_id": "a", "won": True, "score": 1.0, "turns": 2, "end_reason": "won", "reward": 1.0},
+            {"episode_id": 8, "task_id": "b", "won": False, "score": 0.0, "turns": 1, "end_reason": "error",
+             "reward": 0.0, "error": "the env worker died"},
+            {"episode_id": 9, "task_id": "c", "won": False, "score": 0.0, "turns": 1, "end_reason": "error", "reward": 0.0},
+            {"episode_id": 9, "task_id": "c", "won": False, "score": 0.5, "turns": 3, "end_reason": "step_cap",
+             "reward": 0.0}]
+    (tmp_path / PARTIAL).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    p = PartialEpisodes(tmp_path, "k", resume="go on")
+    assert sorted(p.done) == [7, 9] and p.done[9].score == 0.5 and p.done[7].won
+    assert p.kept_text() == f"2 finished episodes kept in {tmp_path / PARTIAL}: go on"
+
+
+def test_the_fingerprint_sees_the_model_files_not_what_an_evaluation_writes_beside_them(tiny_model_dir, tmp_path):
+    """eval.out_dir at the checkpoint folder: the partial file and the lock changed the fingerprint, so
+    the same command started over."""
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    key = fingerprint({"a": 1}, str(ckpt), ["t"])
+    (ckpt / PARTIAL).write_text("{}\n")
+    (ckpt / ".agentq.lock").write_text("1")
+    (ckpt / "eval.json").write_text("{}")
+    assert fingerprint({"a": 1}, str(ckpt), ["t"]) == key
+    (ckpt / "config.json").write_text((ckpt / "config.json").read_text() + " ")
+    assert fingerprint({"a": 1}, str(ckpt), ["t"]) != key
+
+
+def test_the_checkpoint_as_written_is_not_a_setting_and_a_timed_folder_is_named_to_go_on(tmp_path):
+    a = OmegaConf.create({"checkpoint": "ckpt", "eval": {"out_dir": None}})
+    b = OmegaConf.create({"checkpoint": str(tmp_path / "ckpt"), "eval": {"out_dir": None}})
+    assert run_settings(a) == run_settings(b)           # `fingerprint` takes the resolved path
+    assert resume_text(a, tmp_path / "e") == "the same command plays the rest"
+    c = OmegaConf.create({"checkpoint": None, "eval": {"out_dir": None}})
+    assert resume_text(c, tmp_path / "e") == f"the same command with eval.out_dir={tmp_path / 'e'} plays the rest"
