@@ -32,7 +32,7 @@ def check_backend(backend: RolloutBackend, contexts: list[list[int]], stop_token
 
     Args:
         backend: a fresh backend with free slots for `len(contexts) + 1` episodes.
-        contexts: ≥ 2 prompts as token ids (episode ids 0.. are used, then released).
+        contexts: ≥ 2 prompts as token ids (episode ids 0.. are released, used, then released).
         stop_token_ids: the model's end-of-turn ids (the finish-reason clause needs them).
         weights: (name, tensor) pairs `update_weights` can take (its weights as they are); None skips
             the clause.
@@ -44,6 +44,8 @@ def check_backend(backend: RolloutBackend, contexts: list[list[int]], stop_token
     if len(contexts) < 2:
         raise ValueError("check_backend needs at least 2 contexts (one episode alone and beside another)")
     sampling = SamplingParams(temperature=1.0, max_new_tokens=8, stop_token_ids=stop_token_ids)
+    for i in range(len(contexts)):      # fresh episodes: a backend may seed each turn by its index in the episode
+        backend.release(i)
     alone = _generate(backend, [TurnRequest(0, contexts[0], sampling, seed=11)])
     backend.release(0)
     together = _generate(backend, [TurnRequest(i, c, sampling, seed=11 + i) for i, c in enumerate(contexts)])

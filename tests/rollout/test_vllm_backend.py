@@ -1163,3 +1163,15 @@ def test_vllm_cpu_int8_per_token_head_kv_is_wrong(tiny_model_dir):
     gap = gap_once(be, torch_engine(tiny_model_dir, "kv8"))
     print(f"\nint8_per_token_head on vllm-cpu: max |vLLM − torch engine| = {gap:.2e} nats")
     assert gap < 5e-2                     # int8 KV with the same rounding: a few 1e-2 at most
+
+
+@needs_vllm
+def test_vllm_keeps_the_backend_contract(fp32_vllm, tokenizer):
+    """`agentq.rollout.contract.check_backend` on vLLM: paired results, valid turns, a seeded turn alike
+    alone and in a batch, `score` giving the sampled log-probs again (the weight-sync clause is the
+    reload tests' above)."""
+    from agentq.rollout.contract import check_backend
+
+    ctxs = [tokenizer.encode(t) for t in ("You are in the kitchen. ", "A closed door is to the east of the hall. ",
+                                          "Take the coin.")]
+    check_backend(fp32_vllm, ctxs, stop_token_ids=(tokenizer.eos_token_id,), logprob_atol=TOL_FP32)
