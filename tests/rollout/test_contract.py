@@ -115,8 +115,10 @@ def test_a_half_written_backend_says_what_it_lacks(tokenizer):
     class Half(RolloutBackend):
         quant, policy_version = QuantSpec.preset("none"), 0
 
-    with pytest.raises(NotImplementedError, match=r"^Half\.generate: a rollout backend must sample turns$"):
+    with pytest.raises(NotImplementedError, match=r"^Half\.release: a rollout backend must free ended episodes$"):
         check_backend(Half(), contexts(tokenizer))
+    with pytest.raises(NotImplementedError, match=r"^Half\.generate: a rollout backend must sample turns$"):
+        Half().generate([])
     assert Half().kv_bytes_per_token() == 0 and Half().prefill_counts() == {} and Half().vocab_size is None
 
 
