@@ -1,6 +1,7 @@
 """The `RolloutBackend` contract (`agentq.rollout.contract.check_backend`) and the route for a backend
 of one's own (`rollout.backend=module:Class`): the torch engine keeps the contract, each broken
-clause is named, and a plugin backend trains and is refused in one line where it cannot serve."""
+clause is named, and a plugin backend trains and is refused in one line where it cannot serve (the CUDA
+engine's case: tests/rollout/test_engine_cuda.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -81,17 +82,6 @@ def test_a_backend_that_cannot_serve_the_run_is_one_line(tmp_path, plugins, caps
     err = capsys.readouterr().err
     assert said in err and err.count("agentq:") == 1 and "Traceback" not in err and not run.exists()
 
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-3), (torch.bfloat16, 5e-2)])
-def test_the_cuda_engine_keeps_the_contract(tiny_model_dir, tokenizer, dtype, atol):
-    """CUDA graphs, the counter sampler and the Triton kernels: a seeded turn alone and in a batch,
-    `score` (prefill kernels) against `generate` (decode kernels) within the dtype's rounding."""
-    eng = TorchEngine.from_pretrained(str(tiny_model_dir), QuantSpec.preset("w8a8_kv8"), max_slots=4, max_len=256,
-                                      dtype=dtype, device="cuda")
-    weights = list(load_safetensors_dir(str(tiny_model_dir)).items())
-    check_backend(eng, contexts(tokenizer), stop_token_ids=(tokenizer.eos_token_id,), weights=weights,
-                  logprob_atol=atol)
 
 
 def test_a_backend_whose_weight_sync_does_not_take_stops_the_run(tmp_path, plugins, capsys):

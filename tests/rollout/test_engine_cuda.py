@@ -362,3 +362,18 @@ def test_cuda_attention_in_the_engine_matches_the_triton_kernel(head128_model_di
     gaps = {on: _learner_gap(path, SPEC, torch.bfloat16, *out[on]) for on in (True, False)}
     print(f"\n[cuda attention in the engine] learner max|Δ|, K3: CUDA kernel {gaps[True]}, Triton {gaps[False]}")
     assert gaps[True][0] < 0.1 and gaps[True][1] <= 2 * gaps[False][1] + 1e-4
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-3), (torch.bfloat16, 5e-2)])
+def test_the_cuda_engine_keeps_the_backend_contract(tiny_model_dir, tokenizer, dtype, atol):
+    """`agentq.rollout.contract.check_backend` through CUDA graphs, the counter sampler and the Triton
+    kernels: a seeded turn alike alone and in a batch, `score` (prefill kernels) against `generate`
+    (decode kernels) within the dtype's rounding (passed on an H100 in round 50, docs/bench/h100-r50/)."""
+    from agentq.rollout.backend import load_safetensors_dir
+    from agentq.rollout.contract import check_backend
+
+    eng = TorchEngine.from_pretrained(str(tiny_model_dir), SPEC, max_slots=4, max_len=256, dtype=dtype, device="cuda")
+    ctxs = [tokenizer.encode(t) for t in ("You are in the kitchen. ", "A closed door is to the east of the hall. ",
+                                          "Take the coin.")]
+    check_backend(eng, ctxs, stop_token_ids=(tokenizer.eos_token_id,),
+                  weights=list(load_safetensors_dir(str(tiny_model_dir)).items()), logprob_atol=atol)
