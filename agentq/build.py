@@ -506,14 +506,11 @@ def check_architecture(cfg: DictConfig, path: str, key: str = "checkpoint") -> N
     * rollout.backend=torch: a model_type other than Llama / Qwen2 / Qwen3, a non-SiLU MLP;
     * rollout.backend=vllm: a linear layer the aligned learner or the vLLM checkpoint export cannot
       place under the run's QuantSpecs (`check_vllm_architecture`; vLLM runs more architectures)."""
-    if cfg.rollout.backend == "vllm":
-        check_vllm_architecture(path, *quant_specs(cfg), key=key)
-        # vLLM runs windows, dynamic RoPE and its own head tying; the aligned learner does not follow it
-        found = model_config(path)
-        check_engine_attention(found, f"{key}={path!r}", "the aligned learner")
-        check_tied_head(path, found, f"{key}={path!r}")
-        return
-    if cfg.rollout.backend != "torch":      # a backend of one's own: what the aligned learner cannot run
+    if cfg.rollout.backend != "torch":
+        if cfg.rollout.backend == "vllm":
+            check_vllm_architecture(path, *quant_specs(cfg), key=key)
+        # vLLM (or a backend of one's own) may run windows, dynamic RoPE and its own head tying; the
+        # aligned learner does not follow it
         found = model_config(path)
         check_engine_attention(found, f"{key}={path!r}", "the aligned learner")
         check_tied_head(path, found, f"{key}={path!r}")

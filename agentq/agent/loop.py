@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import math
 import re
 import string
 from collections import deque
@@ -176,9 +175,8 @@ class BackendPolicy:
         self.vocab_size = getattr(backend, "vocab_size", None)      # the agent loop checks sampled ids against it
 
     def __call__(self, requests: list[TurnRequest], infos: list[dict]) -> list[TurnResult]:
-        results = self.backend.generate(requests)
+        results = self.backend.generate(requests)       # paired with the requests: the loop checks it
         who = type(self.backend).__name__
-        check_results(requests, results, who)
         stale = next((r for r in results if r.finish_reason != "error" and self.version is not None
                       and r.policy_version != self.version), None)
         if stale is not None:       # off-policy without a word: the learner's weights never reached the rollouts
@@ -355,7 +353,8 @@ class AgentLoop:
         reqs = [TurnRequest(run.active[s].traj.episode_id, run.active[s].traj.input_ids, self.sampling,
                             seed=episode_seed(self.run_seed, run.active[s].traj.episode_id)) for s in slots]
         results = run.policy(reqs, [run.active[s].info for s in slots])
-        check_results(reqs, results, type(run.policy).__name__)     # any policy: a missing result never ends
+        # any policy (a missing result never ends), named by its backend where it has one
+        check_results(reqs, results, type(getattr(run.policy, "backend", run.policy)).__name__)
         vocab = getattr(run.policy, "vocab_size", None)
         to_step, invalid = [], []
         for s, q, r in zip(slots, reqs, results):
