@@ -88,6 +88,8 @@ SWITCHES = {
     "glu_gemm": ("agentq.kernels.int8_linear", "GLU_GEMM"),
     "attn_tma": ("agentq.kernels.triton_attention", "TMA_TILES"),
     "attn_cuda": ("agentq.kernels.triton_attention", "CUDA_KERNEL"),
+    "attn_cuda_warps": ("agentq.kernels.triton_attention", "CUDA_WARPS"),
+    "attn_cuda_stages": ("agentq.kernels.triton_attention", "CUDA_STAGES"),
     "prefill_kv_write": ("agentq.rollout.torch_engine.model", "PREFILL_KV_WRITE"),
     "pdl_max_rows": ("agentq.kernels.triton_quant", "PDL_MAX_ROWS"),
     "partial_sums": ("agentq.kernels.int8_linear", "PARTIAL_SUMS"),

@@ -157,7 +157,8 @@ SWEEP_PASSES = 2
 
 #: --decode-sweep knobs: name -> (module, attribute, type)
 # (glu_gemm is not one: the gate_up weights' layout follows it when an engine is built; AGENTQ_GLU_GEMM=0 runs)
-SWEEP_KNOBS = {name: (*SWITCHES[name], int) for name in ("pdl_max_rows", "attn_tma", "attn_cuda", "partial_sums")}
+SWEEP_KNOBS = {name: (*SWITCHES[name], int) for name in ("pdl_max_rows", "attn_tma", "attn_cuda", "attn_cuda_warps",
+                                                          "attn_cuda_stages", "partial_sums")}
 
 
 def _knob(name: str) -> tuple:
@@ -391,9 +392,10 @@ def main():
         name, _, values = item.partition("=")
         _knob(name)                                      # an unknown knob fails before any model is built
         DECODE_SWEEP[name] = [float(v) for v in values.split(",")]
-    if "attn_cuda" in DECODE_SWEEP and os.environ.get("AGENTQ_DECODE_ATTN"):
-        raise SystemExit("--decode-sweep attn_cuda: AGENTQ_DECODE_ATTN picks the kernel whatever the switch says; "
-                         "unset it")
+    swept = sorted(set(DECODE_SWEEP) & {"attn_cuda", "attn_cuda_warps", "attn_cuda_stages"})
+    if swept and os.environ.get("AGENTQ_DECODE_ATTN"):
+        raise SystemExit(f"--decode-sweep {swept[0]}: AGENTQ_DECODE_ATTN picks the kernel and its launch whatever "
+                         "the switch says; unset it")
     if "none" not in a.quants:
         raise SystemExit("--quants: list `none` too (every ratio is against the bf16 engine)")
     cuda = a.device == "cuda"

@@ -6,7 +6,7 @@ run at the copy bandwidth. Triton's `tl.dot` wants 16 query rows, so a GQA group
 and the query group its 8-column B operand, so up to 8 heads share one MMA with no padding, and one
 thread of a block moves each tile (K and V codes of 16 · warps positions, and their scales: four
 ``cp.async.bulk`` copies) into one of STAGES shared-memory stages counted in by an mbarrier, so a block
-keeps STAGES - 1 tiles (~34 KB) in flight without holding registers. Measured on an H200 (round 44,
+keeps STAGES - 1 tiles (~17 KB each at 4 warps) in flight without holding registers. Measured on an H200 (round 44,
 docs/kernels.md): 1.00–1.04× the Triton kernel at B 64–128 (3.4–3.9 TB/s), 1.11–1.19× at B 16.
 Reading the tiles into registers instead (one or two tiles a warp) or with per-lane ``cp.async``
 ran at 2–3 TB/s.
@@ -411,8 +411,11 @@ SOURCE = (_SOURCE
 
 #: warps a block: each walks 16 of the block's positions in every tile (TILE_POS = 16 · warps)
 DEFAULT_WARPS = 4
-#: stages a block: tiles in flight while one is computed = STAGES - 1
+#: stages a block by default: tiles in flight while one is computed = stages - 1. Stages change
+#: where tiles wait, not the arithmetic: every stage count gives the same bits for the same warps
 STAGES = 3
+#: the most stages a launch may ask for
+MAX_STAGES = 8
 
 
 def _disabled() -> bool:
@@ -444,52 +447,56 @@ def stage_bytes(warps: int) -> int:
     return 16 * warps * (2 * HEAD_D + 2 * 4)
 
 
-def dynamic_shared_bytes(warps: int) -> int:
+def dynamic_shared_bytes(warps: int, stages: int = STAGES) -> int:
     """The stages, which also hold the warps' partial O's after the loop (4 KB a warp)."""
-    return max(STAGES * stage_bytes(warps), 4096 * warps)
+    return max(stages * stage_bytes(warps), 4096 * warps)
 
 
-def source_for(group: int, q_bf16: bool, warps: int, pdl: bool) -> str:
+def source_for(group: int, q_bf16: bool, warps: int, pdl: bool, stages: int = STAGES) -> str:
     """The kernel's source with its compile-time constants in front."""
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"group {group} outside 1..{MAX_GROUP}")
     if warps not in (1, 2, 4, 8):
         raise ValueError(f"warps {warps} not one of 1, 2, 4, 8")
+    if not 1 <= stages <= MAX_STAGES:
+        raise ValueError(f"stages {stages} outside 1..{MAX_STAGES}")
     # blocks an SM the registers are sized for: 16 warps, fewer where the stages' shared memory caps it
-    min_blocks = max(1, min(16 // warps, (227 * 1024) // (dynamic_shared_bytes(warps) + 3072)))
+    min_blocks = max(1, min(16 // warps, (227 * 1024) // (dynamic_shared_bytes(warps, stages) + 3072)))
     return (f"#define GROUP {group}\n#define Q_BF16 {int(q_bf16)}\n#define NWARPS {warps}\n"
             f"#define MIN_BLOCKS {min_blocks}\n#define PDL {int(pdl)}\n#define TILE_POS {16 * warps}\n"
-            f"#define STAGES {STAGES}\n#define STAGE_BYTES {stage_bytes(warps)}\n" + SOURCE)
+            f"#define STAGES {stages}\n#define STAGE_BYTES {stage_bytes(warps)}\n" + SOURCE)
 
 
 SIGNATURE = "pppppppppp" + "fii" + "q" * 12
 
 
 @functools.lru_cache(maxsize=None)
-def loaded(group: int, q_bf16: bool, warps: int, pdl: bool, arch: str, device_index: int) -> "CudaKernel | None":
+def loaded(group: int, q_bf16: bool, warps: int, pdl: bool, arch: str, device_index: int,
+           stages: int = STAGES) -> "CudaKernel | None":
     """`kernel(...)` compiled and loaded on the device, or None (warned once) where NVRTC or the driver
     refuses it, so that the caller runs the Triton kernel instead."""
     import warnings
 
     from ._cuda_rtc import NvrtcError
     try:
-        fn = kernel(group, q_bf16, warps, pdl, arch)
+        fn = kernel(group, q_bf16, warps, pdl, arch, stages)
         fn.function(device_index)
         return fn
     except (NvrtcError, RuntimeError, OSError) as e:
-        warnings.warn(f"cuda_attention: the {warps}-warp kernel for {arch} could not be built or loaded here "
-                      f"({str(e).splitlines()[0]}); the Triton decode attention runs instead", stacklevel=3)
+        warnings.warn(f"cuda_attention: the {warps}-warp, {stages}-stage kernel for {arch} could not be built or "
+                      f"loaded here ({str(e).splitlines()[0]}); the Triton decode attention runs instead",
+                      stacklevel=3)
         return None
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(group: int, q_bf16: bool, warps: int, pdl: bool, arch: str) -> "CudaKernel":
+def kernel(group: int, q_bf16: bool, warps: int, pdl: bool, arch: str, stages: int = STAGES) -> "CudaKernel":
     """The compiled kernel for one variant (NVRTC runs once per variant and process)."""
     from ._cuda_rtc import CudaKernel, compile_cubin
-    cubin = compile_cubin(source_for(group, q_bf16, warps, pdl), arch)
+    cubin = compile_cubin(source_for(group, q_bf16, warps, pdl, stages), arch)
     # all of L1 as shared memory, so that 4 blocks of 3 stages fit an SM
     return CudaKernel(cubin, "agentq_decode_attn_i8", SIGNATURE, shared_carveout=100,
-                      dynamic_shared=dynamic_shared_bytes(warps))
+                      dynamic_shared=dynamic_shared_bytes(warps, stages))
 
 
 def applies(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: object, v_scale: object,
@@ -524,8 +531,9 @@ def applies(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_sca
 def decode_attention_cuda(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor, v_cache: torch.Tensor,
                           v_scale: torch.Tensor, slot_ids: torch.Tensor, lens: torch.Tensor, qk_scale: float,
                           out: torch.Tensor, po: torch.Tensor | None, plse: torch.Tensor | None, splits: int,
-                          warps: int = DEFAULT_WARPS, pdl: bool = False) -> bool:
-    """Launch the kernel over grid (B, Hkv, splits). qk_scale = sm_scale · log2(e). With one split
+                          warps: int = DEFAULT_WARPS, pdl: bool = False, stages: int = STAGES) -> bool:
+    """Launch the kernel over grid (B, Hkv, splits) with `warps` warps a block and `stages` bulk-copy
+    stages (the same bits for any stages). qk_scale = sm_scale · log2(e). With one split
     it writes `out` [B, Hq, 128]; otherwise each split's normalized partial O into po [B, Hq, splits,
     128] and its log2-sum-exp into plse [B, Hq, splits] (`triton_attention._combine_splits` merges
     them). Call `applies` first; slot_ids / lens are int32. Returns False, having launched nothing,
@@ -534,7 +542,7 @@ def decode_attention_cuda(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch
     hkv = k_cache.shape[1]
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     major, minor = _capability(device_index)
-    fn = loaded(hq // hkv, q.dtype == torch.bfloat16, warps, pdl, f"sm_{major}{minor}", device_index)
+    fn = loaded(hq // hkv, q.dtype == torch.bfloat16, warps, pdl, f"sm_{major}{minor}", device_index, stages)
     if fn is None:
         return False
     if splits > 1:

@@ -26,6 +26,7 @@ throughout; the CPU engine's path and the tests' reference. Rows with ``lens[b] 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 
@@ -99,13 +100,14 @@ class AttnConfig:
     tma: bool = False                  # planes: K/V word tiles loaded by TMA (host descriptors; sm_90+)
     pairs: bool = False                # planes + asm: unpack two words per asm call into ready fp16 pairs
     cuda: bool = False                 # int8: `cuda_attention`'s kernel where it applies (sm_90+)
-    cuda_warps: int | None = None      # ...its warps a block (None: `cuda_warps_for`)
+    cuda_warps: int | None = None      # ...its warps a block (None: `cuda_launch_for`)
+    cuda_stages: int | None = None     # ...its bulk-copy stages (None: `cuda_launch_for`)
 
     def short(self) -> str:
         return (f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/sp{self.num_splits}"
                 f"{'/kA' if self.k_as_a else ''}{'/words' if self.words else ''}{'/asm' if self.asm else ''}"
                 f"{'/planes' if self.planes else ''}{'/tma' if self.tma else ''}{'/pairs' if self.pairs else ''}"
-                f"{f'/cuda{self.cuda_warps or 0}' if self.cuda else ''}")
+                f"{f'/cuda{self.cuda_warps or 0}s{self.cuda_stages or 0}' if self.cuda else ''}")
 
 
 #: H200 defaults by cache kind ("int8", "fp8", "float"), from `python -m agentq.eval.bench_kernels --tune`
@@ -558,24 +560,61 @@ def effective_config(cfg: AttnConfig, q: torch.Tensor, k_cache: torch.Tensor, k_
 
 def cuda_choice(cfg: AttnConfig) -> AttnConfig:
     """`cfg` as AGENTQ_DECODE_ATTN overrides it (read at each call, for A/B runs): ``triton``,
-    ``cuda``, or ``cuda:WARPS``; unset or empty: `cfg` as it is."""
+    ``cuda``, ``cuda:WARPS`` or ``cuda:WARPS:STAGES``; unset or empty: `cfg` as it is."""
     choice = os.environ.get("AGENTQ_DECODE_ATTN", "")
     if not choice:
         return cfg
     if choice == "triton":
         return dataclasses.replace(cfg, cuda=False)
     parts = choice.split(":")
-    if parts[0] != "cuda" or len(parts) > 2 or (len(parts) == 2 and parts[1] not in ("1", "2", "4", "8")):
-        raise ValueError(f"AGENTQ_DECODE_ATTN={choice!r}: expected triton, cuda or cuda:WARPS (1, 2, 4 or 8)")
-    return dataclasses.replace(cfg, cuda=True, cuda_warps=int(parts[1]) if len(parts) == 2 else cfg.cuda_warps)
+    stages_ok = len(parts) < 3 or (parts[2].isdigit() and 1 <= int(parts[2]) <= cuda_attention.MAX_STAGES)
+    if parts[0] != "cuda" or len(parts) > 3 or (len(parts) >= 2 and parts[1] not in ("1", "2", "4", "8")) \
+            or not stages_ok:
+        raise ValueError(f"AGENTQ_DECODE_ATTN={choice!r}: expected triton, cuda, cuda:WARPS (1, 2, 4 or 8) or "
+                         f"cuda:WARPS:STAGES (stages 1..{cuda_attention.MAX_STAGES})")
+    return dataclasses.replace(cfg, cuda=True, cuda_warps=int(parts[1]) if len(parts) >= 2 else cfg.cuda_warps,
+                               cuda_stages=int(parts[2]) if len(parts) == 3 else cfg.cuda_stages)
 
 
-def cuda_warps_for(batch: int, num_kv_heads: int) -> int:
-    """`cuda_attention`'s warps a block by its grid (B · Hkv blocks a split), from round 44's H200 sweep:
-    4 at 512 blocks (B 64 at 8 KV heads: 91.2 against 94.1 µs with 2), 2 at 128 and 1,024 (B 16:
-    35.9 against 38.4; B 128: 160.2 against 162.7)."""
+#: `cuda_attention`'s launch by GPU and grid: (a fragment of the GPU's name, rows (most blocks a split,
+#: warps, stages)); the first entry whose fragment the device's name holds, then its first row with
+#: B · Hkv ≤ most blocks (None: any). The "" entry is every other GPU's.
+#: * H200 (round 44 sweep, 3 stages then fixed): 4 warps at 512 blocks (B 64 at 8 KV heads: 91.2
+#:   against 94.1 µs with 2), 2 at 128 and 1,024 (B 16: 35.9 against 38.4; B 128: 160.2 against 162.7).
+#: * H100 (round 51, two sweeps of warps × stages on two machines, docs/bench/h100-r51/attn-stages.log
+#:   and attn-cuda.log; µs at L 2,304, 1.7B heads, against the H200 rule's launch): 2 stages
+#:   everywhere (2-4 % faster than 3), the warps within ±1 % except at B 32 (4 warps 56.2 against
+#:   64.9 in one sweep, 60.7 against 58.4 in the other); B 16 2 warps 33.8 (36.2), B 32 4 warps
+#:   56.2 / 60.7 (56.8 / 62.7), B 64 2 warps 107.3 / 107.8 (110.6 / 110.9), B 128 4 warps 208.8 /
+#:   206.4 (214.0 / 216.1).
+CUDA_LAUNCH: tuple[tuple[str, tuple[tuple[int | None, int, int], ...]], ...] = (
+    ("H100", ((128, 2, 2), (256, 4, 2), (512, 2, 2), (None, 4, 2))),
+    ("", ((128, 2, 3), (1023, 4, 3), (None, 2, 3))),
+)
+#: sweep switches (`bench_engine --decode-sweep attn_cuda_warps=..., attn_cuda_stages=...`): a nonzero
+#: value overrides `CUDA_LAUNCH`'s warps / stages for every launch whose config leaves them unset
+CUDA_WARPS = 0
+CUDA_STAGES = 0
+
+
+def cuda_launch_for(batch: int, num_kv_heads: int, device: torch.device | str | None = None) -> tuple[int, int]:
+    """(warps, stages) of `cuda_attention`'s launch for B · Hkv blocks a split on `device`
+    (`CUDA_LAUNCH`; a GPU of no entry, or no device: the "" entry), `CUDA_WARPS` / `CUDA_STAGES`
+    applied."""
+    name = _gpu_name(torch.device(device)) if device is not None and torch.device(device).type == "cuda" else ""
+    rows = next(r for frag, r in CUDA_LAUNCH if frag in name)
     blocks = batch * num_kv_heads
-    return 4 if 128 < blocks < 1024 else 2
+    warps, stages = next((w, s) for most, w, s in rows if most is None or blocks <= most)
+    return CUDA_WARPS or warps, CUDA_STAGES or stages
+
+
+def _gpu_name(device: torch.device) -> str:
+    return _gpu_name_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_name_of(index: int) -> str:
+    return torch.cuda.get_device_name(index)
 
 
 def _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale, out, cfg: AttnConfig,
@@ -586,13 +625,15 @@ def _launch_cuda(q, k_cache, k_scale, v_cache, v_scale, slot_ids, lens, sm_scale
     slots32 = slot_ids if slot_ids.dtype == torch.int32 else slot_ids.to(torch.int32)
     lens32 = lens if lens.dtype == torch.int32 else lens.to(torch.int32)
     pdl = use_pdl(_decode_planes_kernel, q.device, b)
-    warps = cfg.cuda_warps or cuda_warps_for(b, k_cache.shape[1])
+    warps, stages = cuda_launch_for(b, k_cache.shape[1], q.device)
+    warps, stages = cfg.cuda_warps or warps, cfg.cuda_stages or stages
     po = plse = None
     if splits > 1:
         po = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
         plse = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
     if not cuda_attention.decode_attention_cuda(q, k_cache, k_scale, v_cache, v_scale, slots32, lens32,
-                                                float(sm_scale) * LOG2E, out, po, plse, splits, warps, pdl=pdl):
+                                                float(sm_scale) * LOG2E, out, po, plse, splits, warps, pdl=pdl,
+                                                stages=stages):
         return False
     if po is not None and plse is not None:
         _combine_splits(po, plse, out, out, False, pdl)

@@ -1,9 +1,9 @@
 """`cuda_attention`: the int8 decode attention as hand-laid warp MMAs fed by bulk copies (NVRTC).
 
 On a CPU: the source's compile-time checks, where the kernel applies, which GPUs take it by default,
-the launch wrapper's argument checks, the warps-by-grid rule, and (where an NVRTC library is found) that the source compiles for
+the launch wrapper's argument checks, the launch table by GPU and grid (warps, stages), and (where an NVRTC library is found) that the source compiles for
 sm_90. On a CUDA GPU with sm_90: the kernel against the fp32 reference and the Triton kernel over GQA
-groups 1–8, 1–8 warps a block, ragged and empty rows, a last tile that runs past the cache (read from
+groups 1–8, 1–8 warps a block, 1–8 stages (the same bits), ragged and empty rows, a last tile that runs past the cache (read from
 global memory), scale rows that are not 16-byte aligned (the Triton kernel then), splits, fp16 and
 strided queries, programmatic dependent launch and CUDA graph replay.
 """
@@ -33,11 +33,44 @@ def test_source_for_refuses_unsupported_shapes():
     # a stage: 32 positions of K and V codes (128 bytes each) and their fp32 scales
     assert ca.stage_bytes(2) == 32 * (2 * 128 + 2 * 4) and f"#define STAGE_BYTES {ca.stage_bytes(2)}\n" in text
     assert ca.dynamic_shared_bytes(4) == ca.STAGES * 64 * 264
+    # stages: the count of stage buffers and mbarriers (a stage also has room for 4 warps' partial O's)
+    staged = ca.source_for(4, False, 4, True, stages=2)
+    assert "#define STAGES 2\n" in staged and ca.dynamic_shared_bytes(4, 2) == 2 * 64 * 264
+    assert ca.dynamic_shared_bytes(4, 1) == 64 * 264 >= 4096 * 4
+    for bad in (0, ca.MAX_STAGES + 1):
+        with pytest.raises(ValueError, match=f"stages {bad} outside"):
+            ca.source_for(2, True, 4, False, stages=bad)
 
 
-def test_warps_follow_the_grid():
+def test_launch_follows_the_gpu_and_the_grid(monkeypatch):
+    """`cuda_launch_for`: the H100's rows (round 51 sweep), every other GPU's (the H200's round-44
+    rule, 3 stages), and the sweep switches over both."""
     from agentq.kernels import triton_attention as ta
-    assert [ta.cuda_warps_for(b, 8) for b in (1, 16, 17, 64, 127, 128, 256)] == [2, 2, 4, 4, 4, 2, 2]
+    batches = (1, 16, 17, 32, 33, 64, 65, 127, 128, 256)
+    names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H200", 2: "NVIDIA B200"}
+    monkeypatch.setattr(ta, "_gpu_name_of", lambda index: names[index])
+    h100 = [ta.cuda_launch_for(b, 8, torch.device("cuda", 0)) for b in batches]
+    assert h100 == [(2, 2)] * 2 + [(4, 2)] * 2 + [(2, 2)] * 2 + [(4, 2)] * 4     # B · Hkv 8 .. 2,048
+    rule = [(2, 3)] * 2 + [(4, 3)] * 6 + [(2, 3)] * 2                # 4 warps at 128 < B · Hkv < 1024
+    for where in (torch.device("cuda", 1), torch.device("cuda", 2), torch.device("cpu"), None):
+        assert [ta.cuda_launch_for(b, 8, where) for b in batches] == rule
+    monkeypatch.setattr(ta, "CUDA_STAGES", 4)
+    assert ta.cuda_launch_for(64, 8, torch.device("cuda", 0)) == (2, 4)
+    monkeypatch.setattr(ta, "CUDA_WARPS", 8)
+    assert ta.cuda_launch_for(64, 8, torch.device("cuda", 1)) == (8, 4)
+
+
+def test_env_switch_parses_warps_and_stages(monkeypatch):
+    from agentq.kernels import triton_attention as ta
+    base = ta.AttnConfig()
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda:2:4")
+    assert ta.cuda_choice(base) == dataclasses.replace(base, cuda=True, cuda_warps=2, cuda_stages=4)
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda:4")
+    assert ta.cuda_choice(base) == dataclasses.replace(base, cuda=True, cuda_warps=4)
+    for bad in ("cuda:4:0", "cuda:4:9", "cuda:4:x", "cuda:3", "cuda:4:2:1", "cudaa"):
+        monkeypatch.setenv("AGENTQ_DECODE_ATTN", bad)
+        with pytest.raises(ValueError, match="cuda:WARPS:STAGES"):
+            ta.cuda_choice(base)
 
 
 @pytest.mark.parametrize("cap, cuda", [((9, 0), True), ((10, 0), False), ((8, 0), False)])
@@ -91,6 +124,8 @@ def test_source_compiles_with_nvrtc(arch):
         for warps in (1, 2, 4, 8):
             cubin = compile_cubin(ca.source_for(group, True, warps, True), arch)
             assert cubin[:4] == b"\x7fELF"
+    for stages in (1, 2, 4, ca.MAX_STAGES):          # the stage counts the launch table can ask for
+        assert compile_cubin(ca.source_for(2, True, 2, True, stages), arch)[:4] == b"\x7fELF"
 
 
 # ---------------------------------------------------------------------- CUDA
@@ -140,6 +175,15 @@ def test_matches_reference(group, launch):
     assert torch.equal(out[2], torch.zeros_like(out[2]))   # an empty row gives zeros, as the reference
     tri = ta.decode_attention(*case, 128 ** -0.5, config=ta.AttnConfig(num_splits=1))
     assert (out.float() - tri.float()).abs().max().item() <= 2e-2
+
+
+@needs_cuda
+@pytest.mark.parametrize("warps", [2, 4])
+def test_stages_keep_the_bits(warps):
+    """Stages move where tiles wait, not the arithmetic: 1-8 stages, the same output bits."""
+    case = _case(8, 16, 8, 1000, [1000, 1, 0, 77, 16, 17, 999, 512], seed=31)
+    outs = [_run(case, cuda_warps=warps, cuda_stages=st, num_splits=1) for st in (1, 2, 3, 4, ca.MAX_STAGES)]
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
 
 
 @needs_cuda
@@ -222,6 +266,9 @@ def test_env_switch_selects_the_kernel(monkeypatch):
     assert torch.equal(via_env, _run(case, num_splits=1))
     monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda:8")
     assert torch.equal(ta.decode_attention(*case, 128 ** -0.5, config=cfg), _run(case, num_splits=1, cuda_warps=8))
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda:2:4")
+    assert torch.equal(ta.decode_attention(*case, 128 ** -0.5, config=cfg),
+                       _run(case, num_splits=1, cuda_warps=2, cuda_stages=4))
     monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda:x")
     with pytest.raises(ValueError, match="cuda:WARPS"):
         ta.decode_attention(*case, 128 ** -0.5, config=cfg)
