@@ -207,10 +207,16 @@ def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path | None:
     return Path(value).expanduser() if value else None
 
 
-def data_files(data_dir: Path, variant: str | None = None, human_goals: bool = True) -> dict[str, Path]:
-    """The file paths to read from `data_dir` (variant '1000' or 'full'; None: '1000' if present, else 'full')."""
+def check_variant(variant: str | None) -> None:
+    """Refuse a `variant` that is neither None nor a key of DATA_FILES, whichever catalog is used
+    (the generated one ignores it, but a typo should not pass there and fail with real data)."""
     if variant is not None and variant not in DATA_FILES:
         raise ValueError(f"unknown WebShop data variant {variant!r}; valid: {sorted(DATA_FILES)}")
+
+
+def data_files(data_dir: Path, variant: str | None = None, human_goals: bool = True) -> dict[str, Path]:
+    """The file paths to read from `data_dir` (variant '1000' or 'full'; None: '1000' if present, else 'full')."""
+    check_variant(variant)
     if not data_dir.is_dir():
         raise WebShopDataError(f"WebShop data folder {str(data_dir)!r} does not exist (set {DATA_ENV_VAR} or data_dir "
                                "to a folder with WebShop's files, or leave both unset for the generated catalog)")

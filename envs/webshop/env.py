@@ -36,7 +36,8 @@ class WebShopEnv(TextEnv):
         """
         data_dir: folder with WebShop's real files (items_shuffle[_1000].json, items_ins_v2[_1000].json,
             items_human_ins.json); None: `$WEBSHOP_DATA`, else the generated catalog.
-        variant: real files to read, "1000" or "full" (None: "1000" when present).
+        variant: real files to read, "1000" or "full" (None: "1000" when present); the generated catalog
+            ignores it (an unknown one is refused either way).
         num_products: generated catalog size (None: 1000); with real data, keep the first N products
             of the file, as WebShop's `num_products` does (None: all).
         catalog_seed, goals_per_product: the generated catalog's seed and human-style goals per product.
@@ -62,9 +63,12 @@ class WebShopEnv(TextEnv):
                                    human_goals=human_goals, price_seed=price_seed, noun_tagger=noun_tagger)
         n_test, n_dev, total = int(sizes["test"]), int(sizes["dev"]), len(self.shop.goals)
         if total <= n_test + n_dev:
+            # goals_per_product acts on the generated catalog alone; real data has the goals of its files
+            hint = ("raise num_products / goals_per_product" if self.shop.source.startswith("generated") else
+                    "use more of the real data (num_products: null keeps every product; variant: full)")
             raise ValueError(
                 f"the shop ({self.shop.source}) has {total} goals, but test + dev take {n_test + n_dev} and train "
-                f"needs the rest; raise num_products / goals_per_product or lower split_sizes")
+                f"needs the rest; {hint} or lower split_sizes")
         self._ranges = {"test": range(0, n_test), "dev": range(n_test, n_test + n_dev),
                         "train": range(n_test + n_dev, total)}
         self.invalid_feedback = bool(invalid_feedback)

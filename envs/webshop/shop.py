@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .catalog import generate_catalog
-from .data import RawData, build_goals, load_data_dir, normalize_products, product_prices, resolve_data_dir
+from .data import RawData, build_goals, check_variant, load_data_dir, normalize_products, product_prices, resolve_data_dir
 from .reward import compute_reward, noun_tagger
 from .search import ProductSearch
 
@@ -62,10 +62,12 @@ def get_shop(data_dir: str | None = None, variant: str | None = None, num_produc
 
     data_dir: a folder with WebShop's real files; None reads `$WEBSHOP_DATA`, and when that is unset
     too the seeded catalog is generated (`num_products` (None: 1000), `catalog_seed`, `goals_per_product`).
-    With real data, `num_products` keeps the first N products of the file (None: all).
+    With real data, `num_products` keeps the first N products of the file (None: all). `variant` ("1000",
+    "full", None) picks the real files; the generated catalog ignores it, but an unknown one is refused either way.
     """
+    check_variant(variant)
     resolved = resolve_data_dir(data_dir)
     if resolved is None and num_products is None:
         num_products = 1000
-    return _cached_shop(str(resolved) if resolved else None, variant, num_products, int(catalog_seed),
-                        int(goals_per_product), bool(human_goals), int(price_seed), noun_tagger)
+    return _cached_shop(str(resolved) if resolved else None, variant if resolved else None, num_products,
+                        int(catalog_seed), int(goals_per_product), bool(human_goals), int(price_seed), noun_tagger)

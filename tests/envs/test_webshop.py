@@ -580,3 +580,54 @@ def test_spacy_tagger_without_spacy_is_refused_when_the_env_is_made():
     with pytest.raises(ValueError, match=r"^noun_tagger='spacy' needs `pip install spacy` and the en_core_web_sm "
                                          r"model \((ModuleNotFoundError|OSError): .*\); valid noun_tagger values: "):
         gym.make("agentq/WebShop-v0", split="test", noun_tagger="spacy")
+
+
+def test_an_unknown_variant_is_refused_on_the_generated_catalog_too(monkeypatch):
+    """`variant=ful` ran on the generated catalog (which ignores variant) and was refused only with
+    WEBSHOP_DATA set: a typo should fail alike whichever catalog is used, with the same message."""
+    monkeypatch.delenv("WEBSHOP_DATA", raising=False)
+    for make in (lambda: get_shop(variant="ful"), lambda: WebShopEnv(variant="ful")):
+        with pytest.raises(ValueError, match=re.escape("unknown WebShop data variant 'ful'; valid: ['1000', 'full']")):
+            make()
+    assert get_shop(variant="full") is get_shop(variant="1000") is get_shop()    # ignored, hence the same shop
+
+
+def test_variant_and_price_seed_are_plain_config_keys_with_the_env_defaults():
+    """docs/envs/webshop.md documents `variant` and `price_seed`, but `env.kwargs.variant=full` was
+    refused as an unknown config key (only `+env.kwargs.variant=full` worked)."""
+    import inspect
+
+    from agentq.config import load_config
+
+    defaults = inspect.signature(WebShopEnv.__init__).parameters
+    kwargs = yaml.safe_load(CONF.read_text())["kwargs"]
+    for key in ("variant", "price_seed"):
+        assert kwargs[key] == defaults[key].default, key
+    cfg = load_config(["env=webshop", "env.kwargs.variant=full", "env.kwargs.price_seed=3"])
+    assert cfg.env.kwargs.variant == "full" and cfg.env.kwargs.price_seed == 3
+
+
+def test_too_few_goals_hint_fits_the_shop_source(monkeypatch):
+    """With real data the too-few-goals error advised raising goals_per_product, which acts on the
+    generated catalog alone."""
+    monkeypatch.setenv("WEBSHOP_DATA", str(FIXTURE))
+    with pytest.raises(ValueError, match="has 5 goals") as real:
+        WebShopEnv()
+    assert "goals_per_product" not in str(real.value) and "num_products: null" in str(real.value)
+    monkeypatch.delenv("WEBSHOP_DATA")
+    with pytest.raises(ValueError, match="raise num_products / goals_per_product or lower split_sizes"):
+        WebShopEnv(split_sizes={"test": 3000, "dev": 0})
+
+
+def test_no_parsed_actions_advice_fits_a_run_from_a_checkpoint(capsys):
+    """With model.path already set (an SFT checkpoint), the warning still said "start from an SFT
+    checkpoint"; it now says that checkpoint does not follow the action format yet."""
+    from agentq.config import load_config
+    from agentq.trainer.rl import warn_no_parsed_actions
+
+    warn_no_parsed_actions(load_config(["model.path=/ckpt/sft"]), 2, {"invalid_action_rate": 1.0})
+    said = " ".join(capsys.readouterr().err.split())
+    assert "model.path=/ckpt/sft does not follow the action format yet: more or better SFT" in said
+    assert "start from an SFT checkpoint" not in said
+    warn_no_parsed_actions(load_config([]), 2, {"invalid_action_rate": 1.0})
+    assert "start from an SFT checkpoint" in capsys.readouterr().err
