@@ -12,8 +12,10 @@
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -106,7 +108,8 @@ def run(argv: list[str] | None = None) -> int:
         root, overrides = CONFIG_OF[overrides[0]], overrides[1:]
     try:
         # command=: each command refuses a key only another reads (`agentq train checkpoint=...`)
-        dispatch(cmd, load_config(overrides, config_name=root, command=cmd), overrides)
+        with sigterm_as_ctrl_c(cmd in SIGTERM_AS_CTRL_C):
+            dispatch(cmd, load_config(overrides, config_name=root, command=cmd), overrides)
     except (ConfigError, CheckpointError, RunFileError) as e:     # bad input: a key, a run folder, a damaged file
         print(f"agentq: {e}", file=sys.stderr)
         return 2
@@ -119,6 +122,33 @@ def run(argv: list[str] | None = None) -> int:
     except OSError as e:
         return disk_error(e)
     return 0
+
+
+#: the commands a SIGTERM (`kill <pid>`, a job scheduler's stop or time limit) stops as Ctrl-C does: the run
+#: closes its workers and folder and says where it stands and how to go on, where it was a bare "Terminated"
+SIGTERM_AS_CTRL_C = ("train", "pipeline", "eval")
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c(enabled: bool = True) -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread (as Ctrl-C's SIGINT does);
+    the previous handler is back afterwards. Nothing changes off the main thread (Python runs signal
+    handlers there only, and `signal.signal` refuses elsewhere) or with `enabled` False."""
+    import signal
+    import threading
+
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:    # None: a handler not installed from Python; the default is what it did
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def prepare_process() -> None:

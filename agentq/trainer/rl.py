@@ -46,7 +46,7 @@ from agentq.utils.checkpoint import CheckpointError, TrainerState, load_trainer_
 from agentq.utils.errors import first_line, says_where_on_stop
 from agentq.utils.files import write_text_replacing
 from agentq.utils.folder_lock import removed_if_left_empty
-from agentq.utils.logging import (MetricsLogger, console, errored_note, jsonable, progress, read_metrics,
+from agentq.utils.logging import (MetricsLogger, check_loggers, console, errored_note, jsonable, progress, read_metrics,
                                   step_line)
 
 from .placement import Placement, check_placement_config
@@ -130,11 +130,26 @@ def check_rl_config(cfg: DictConfig) -> tuple[torch.device, torch.dtype, Objecti
     build.learner_temperature(cfg)          # (the learner reads it when built)
     check_placement_config(cfg)
     build.check_ray_installed(cfg)          # env_pool=ray or a Ray placement without Ray: one line, now
+    check_logger_config(cfg)
     t = cfg.trainer
     if int(t.get("lr_warmup_steps", 0)) > int(t.steps):
         raise ConfigError(f"trainer.lr_warmup_steps={t.lr_warmup_steps} > trainer.steps={t.steps}: the rate would "
                           f"never reach trainer.lr={t.lr}; warm up over at most trainer.steps steps")
     return device, dtype, objective, mode
+
+
+def check_logger_config(cfg: DictConfig) -> None:
+    """Refuse a `logger` sink that cannot be built (an unknown name, wandb not installed) before the run
+    folder is made: found when the sinks were built, it left config.yaml and tb/ behind, and the same
+    command then found the folder holding a run.
+
+    Raises:
+        ConfigError: the sink and what to do, in one line.
+    """
+    try:
+        check_loggers(cfg)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(str(e)) from None
 
 
 def step_lr(t: DictConfig, step: int) -> float:
@@ -872,11 +887,14 @@ def warn_no_parsed_actions(cfg: DictConfig, step: int, m: dict) -> None:
     if not float(m.get("invalid_action_rate", 0)) >= 1:    # NaN (every episode errored): the env's fault, said apart
         return
     tag = cfg.agent.action_tag
+    path = OmegaConf.select(cfg, "model.path", default=None, throw_on_missing=False)
+    advice = (f"the model at model.path={path} does not follow the action format yet: more or better SFT (agentq sft with more "
+              "demonstrations or steps), or model.path=<a model that follows the prompt>" if path else
+              "An untrained model never writes one: start from an SFT checkpoint (agentq sft, then "
+              "model.path=<its checkpoint>; or agentq pipeline), or model.path=<a model that follows the prompt>")
     console.print(f"warning: step {step}: no reply had a parseable <{tag}>...</{tag}> (invalid_action_rate 1.0), so "
-                  "every episode scores alike and the update learns nothing. An untrained model never writes one: "
-                  "start from an SFT checkpoint (agentq sft, then model.path=<its checkpoint>; or agentq pipeline), or "
-                  "model.path=<a model that follows the prompt>", style="yellow", markup=False, highlight=False,
-                  soft_wrap=True)
+                  f"every episode scores alike and the update learns nothing. {advice}", style="yellow",
+                  markup=False, highlight=False, soft_wrap=True)
 
 
 def warn_lost(check: Callable[[DictConfig, dict], None], cfg: DictConfig, report: dict, step: int) -> None:

@@ -24,6 +24,7 @@ from agentq.utils.errors import RunAborted
 from agentq.utils.files import remove_stale_temporaries, write_text_replacing
 from agentq.utils.folder_lock import LOCK_FILE, lock_folder, lock_holder
 from agentq.utils.jsonl import append_jsonl, drop_rows_after
+from agentq.utils.logging import WANDB_ID_FILE
 
 if TYPE_CHECKING:
     from agentq.agent.trajectory import Trajectory
@@ -32,13 +33,16 @@ ERRORS_FILE = "errors.jsonl"
 #: one row a resume that runs steps: the step it resumed at and the settings it changed (config.yaml
 #: holds the latest settings only)
 RESUMES_FILE = "resumes.jsonl"
+#: what `logger=[..., wandb]` writes into a run folder: its offline W&B files and the W&B run id a resume
+#: continues (an overwritten run's, left, made a later resume log into the replaced run's W&B run)
+WANDB_ARTIFACTS = ("wandb", WANDB_ID_FILE)
 #: what a training run writes into its folder (and `agentq report` beside it): the evidence that a
 #: folder holds a run, and what `trainer.overwrite=true` removes (nothing else in the folder is touched)
 RUN_ARTIFACTS = ("metrics.jsonl", "checkpoints", "tb", "eval", "train_summary.json", ERRORS_FILE, "segments",
-                 "learning_curve.png", "mismatch.png", "report.html", RESUMES_FILE)
+                 "learning_curve.png", "mismatch.png", "report.html", RESUMES_FILE, *WANDB_ARTIFACTS)
 #: the same for an `agentq sft` folder (demos.jsonl is left: a fresh collection replaces it whole,
 #: and `sft.demos` may name it)
-SFT_ARTIFACTS = ("metrics.jsonl", "tb", "checkpoint", "sft_summary.json")
+SFT_ARTIFACTS = ("metrics.jsonl", "tb", "checkpoint", "sft_summary.json", *WANDB_ARTIFACTS)
 #: the same for an `agentq pipeline` folder: its stages' folders, its evaluations (glob patterns, as
 #: `holds_run` reads every name here), the summary, the curve and `agentq report`'s page
 PIPELINE_ARTIFACTS = ("sft", "rl", "eval_sft_*", "eval_rl_*", "summary.json", "learning_curve.png", "report.html")

@@ -75,6 +75,49 @@ def wandb_run_id(out_dir: str | Path, resume: bool) -> str:
     return run_id
 
 
+def import_wandb() -> Any:
+    """The wandb module; an ImportError saying how to install it (or leave it out of `logger`) without it."""
+    try:
+        import wandb
+    except ImportError as e:
+        raise ImportError("logger includes 'wandb' but wandb is not installed: pip install wandb, "
+                          "or leave wandb out of logger") from e
+    return wandb
+
+
+def logger_names(cfg) -> list[str]:
+    """The sinks `cfg.logger` names (a name or a list of them; metrics.jsonl is always written).
+
+    Raises:
+        ValueError: a name not in `LOGGERS` (nor jsonl).
+    """
+    names = cfg.get("logger", ["tensorboard"])
+    names = [names] if isinstance(names, str) else list(names or [])
+    bad = [n for n in names if n not in LOGGERS + ("jsonl",)]
+    if bad:
+        raise ValueError(f"logger={names}: unknown {bad}; valid: {['jsonl', *LOGGERS]}")
+    return names
+
+
+def check_loggers(cfg) -> list[str]:
+    """`logger_names`, each sink's package importable: run before anything is written to a run folder,
+    so a sink `MetricsLogger.from_config` cannot build leaves no config.yaml or tb/ behind.
+
+    Raises:
+        ValueError: an unknown name. ImportError: a named sink's package is not installed.
+    """
+    names = logger_names(cfg)
+    if "tensorboard" in names:
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        except ImportError as e:
+            raise ImportError("logger includes 'tensorboard' but tensorboard is not installed: pip install "
+                              "tensorboard, or leave tensorboard out of logger") from e
+    if "wandb" in names:
+        import_wandb()
+    return names
+
+
 class WandbSink:
     """Weights & Biases run mirroring every scalar (`logger` contains wandb; `pip install wandb`).
     mode offline writes under <run>/wandb/ without network (`wandb sync` uploads it later)."""
@@ -84,14 +127,11 @@ class WandbSink:
                  resume: bool = False):
         """`resume`: the run folder's run continues (`trainer.resume`), so does its W&B run (the id
         in `WANDB_ID_FILE`), instead of a second W&B run for the same training run."""
-        try:
-            import wandb
-        except ImportError as e:
-            raise ImportError("logger includes 'wandb' but wandb is not installed: pip install wandb") from e
+        wandb = import_wandb()
         run_id = wandb_run_id(out_dir, resume)
         # resume="allow": the W&B run continues from its last logged step (a new one if the server
         # never saw it, e.g. an offline run not yet synced); a fresh run's id is new, so no resume
-        self.run = wandb.init(project=project, entity=entity, mode=mode,  # type: ignore[arg-type]  # checked by wandb
+        self.run = wandb.init(project=project, entity=entity, mode=mode,
                               name=name or Path(out_dir).name, id=run_id, resume="allow" if resume else None,
                               dir=str(out_dir), config=config, reinit="finish_previous")
 
@@ -122,11 +162,7 @@ class MetricsLogger:
     def from_config(cls, out_dir: str | Path, cfg, purge_step: int | None = None) -> "MetricsLogger":
         """The sinks `cfg.logger` names (a name or a list of them; metrics.jsonl is always written);
         `purge_step` as in `__init__` (given: a resumed run, whose W&B run is resumed too)."""
-        names = cfg.get("logger", ["tensorboard"])
-        names = [names] if isinstance(names, str) else list(names or [])
-        bad = [n for n in names if n not in LOGGERS + ("jsonl",)]
-        if bad:
-            raise ValueError(f"logger={names}: unknown {bad}; valid: {['jsonl', *LOGGERS]}")
+        names = logger_names(cfg)
         wandb = None
         if "wandb" in names:
             from omegaconf import OmegaConf

@@ -389,3 +389,21 @@ def test_the_replay_warning_is_said_once_a_run_and_recorded_at_every_evaluation(
                for s in (1, 2)]
     assert records[0]["tasks"] == records[1]["tasks"] > 0
     assert said.count("begin exactly as a train task does") == 1
+
+
+def test_a_logger_whose_package_is_missing_is_one_line_before_the_run_folder(tmp_path, monkeypatch, capsys):
+    """logger=[tensorboard,wandb] without wandb: a traceback once the sinks were built, after config.yaml,
+    tb/ and the lock were in the run folder, so the same command later found it holding a run. Now one
+    line before the folder is made."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)      # `import wandb` fails
+    run = tmp_path / "run"
+    args = ["train", "trainer.steps=1", f"trainer.out_dir={run}", "logger=[tensorboard,wandb]"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == ("agentq: logger includes 'wandb' but wandb is not installed: pip install wandb, "
+                                    "or leave wandb out of logger")
+    assert not run.exists()
+    assert main(args) == 2 and "already holds a run" not in capsys.readouterr().err

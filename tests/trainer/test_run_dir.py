@@ -397,3 +397,24 @@ def test_a_config_yaml_cut_in_its_last_section_is_named_cut_short(tmp_path):
     old = "".join(lines[1:-1])                                           # a file from before the marker lines
     path.write_text("".join(old.splitlines(True)[:-1]))
     assert read_run_config(path) is not None
+
+
+@pytest.mark.parametrize("kind", ["train", "sft"])
+def test_overwrite_removes_the_earlier_runs_wandb_files(tmp_path, kind):
+    """trainer.overwrite=true left wandb/ and wandb_run_id: a resume of the new run then continued the
+    replaced run's W&B run (the id in that file). Both go with the run's other files; the rest stays."""
+    from agentq.trainer.run_dir import ARTIFACTS, claim_run_dir, remove_run_artifacts
+    from agentq.utils.logging import WANDB_ID_FILE
+
+    run = tmp_path / "run"
+    (run / "wandb" / "offline-run-1").mkdir(parents=True)
+    (run / WANDB_ID_FILE).write_text("oldid123\n")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "notes.txt").write_text("mine\n")
+    with pytest.raises(Exception, match="already holds a run"):
+        claim_run_dir(run, resume=False, overwrite=False, kind=kind).close()
+    claim_run_dir(run, resume=False, overwrite=True, kind=kind, remove=False).close()
+    removed = remove_run_artifacts(run, ARTIFACTS[kind])
+    assert {"wandb", WANDB_ID_FILE} <= set(removed)
+    assert not (run / "wandb").exists() and not (run / WANDB_ID_FILE).exists()
+    assert (run / "notes.txt").exists()

@@ -60,9 +60,11 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
     (first, steps1), (second, steps2) = runs
     assert first == second                  # one W&B run, not a second one per resume
     assert (steps1, steps2) == ([1], [2])   # and the resume logs only the steps after the checkpoint
-    # a fresh run replacing the folder's is a new W&B run
+    # a fresh run replacing the folder's is a new W&B run, the replaced run's W&B files gone with it
+    # (they stayed, and a resume of the new run continued the replaced one's W&B id)
     assert main(["train", f"trainer.out_dir={run}", "trainer.steps=1", "trainer.overwrite=true", *SMALL]) == 0
-    assert len({run_id for run_id, _ in wandb_runs(run)}) == 2
+    (new_id, _), = wandb_runs(run)
+    assert new_id != first and (run / "wandb_run_id").read_text().strip() == new_id
 
 
 def test_tensorboard_holds_each_number_of_metrics_jsonl_at_its_step(tmp_path):

@@ -1,0 +1,73 @@
+"""SIGTERM (`kill <pid>`, a scheduler's stop) during `agentq train` / `pipeline` / `eval` stops the run as
+Ctrl-C does: one line saying where it stands and how to go on, exit status 130, the handler before it back."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from agentq.cli import main, sigterm_as_ctrl_c
+
+
+class Terminated(Exception):
+    """What the tests' own SIGTERM handler raises: a SIGTERM the command left unhandled."""
+
+
+@pytest.fixture
+def own_sigterm_handler():
+    def terminated(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    yield terminated
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_in_the_block_is_a_keyboard_interrupt_and_the_handler_is_restored(own_sigterm_handler):
+    with pytest.raises(KeyboardInterrupt):
+        with sigterm_as_ctrl_c():
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pthread_sigmask(signal.SIG_BLOCK, [])        # a bytecode boundary: the handler runs
+    assert signal.getsignal(signal.SIGTERM) is own_sigterm_handler
+    with sigterm_as_ctrl_c(enabled=False):
+        assert signal.getsignal(signal.SIGTERM) is own_sigterm_handler
+
+
+def test_off_the_main_thread_no_handler_is_installed(own_sigterm_handler):
+    seen, errors = [], []
+
+    def worker():
+        try:
+            with sigterm_as_ctrl_c():
+                seen.append(signal.getsignal(signal.SIGTERM))
+        except Exception as e:      # signal.signal off the main thread: ValueError
+            errors.append(e)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert errors == [] and seen == [own_sigterm_handler]
+
+
+def test_sigterm_during_train_says_where_the_run_stands(tmp_path, monkeypatch, capsys, own_sigterm_handler):
+    from agentq.trainer import rl
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+
+    def terminated_at_once(self, final_eval_tasks):
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(rl.RLTrainer, "_train", terminated_at_once)
+    quick = ["env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8", "trainer.steps=1",
+             "trainer.tasks_per_step=1", "trainer.group_size=2", "trainer.eval_num_tasks=1"]
+    assert main(["train", *quick, f"trainer.out_dir={run}"]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith(
+        f"agentq: interrupted: run folder {run} has no checkpoint yet; start it again with agentq train ")
+    assert signal.getsignal(signal.SIGTERM) is own_sigterm_handler
