@@ -298,6 +298,21 @@ def ray_settings(cfg: DictConfig, placement: bool = True) -> list[str]:
                                                           else [])
 
 
+def check_logger_config(cfg: DictConfig) -> None:
+    """Refuse a `logger` sink that cannot be built (an unknown name, wandb not installed) before a run
+    folder is made: found when the sinks were built, it left config.yaml and tb/ behind, and the same
+    command then found the folder holding a run. For `agentq train`, `pipeline` and `sft`.
+
+    Raises:
+        ConfigError: the sink and what to do, in one line.
+    """
+    from agentq.utils.logging import check_loggers
+    try:
+        check_loggers(cfg)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(str(e)) from None
+
+
 def check_ray_installed(cfg: DictConfig, placement: bool = True) -> None:
     """Refuse a config that runs on Ray where Ray is not installed, at start-up, before the model is
     built: `import_ray`'s one line, naming the first such setting (the pool and the placement raise

@@ -92,6 +92,7 @@ def sft(cfg: DictConfig, out_dir: str | Path | None = None, init_path: str | Non
     check_expert(cfg)
     build.check_learner_dtype(cfg)
     build.check_ray_installed(cfg, placement=False)     # SFT never places actors
+    build.check_logger_config(cfg)
     out = Path(out_dir or cfg.sft.out_dir or new_run_dir(f"sft-{cfg.env.name}"))
     if overwrite is None:
         overwrite = bool(cfg.trainer.get("overwrite", False))

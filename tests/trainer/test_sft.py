@@ -277,3 +277,16 @@ def test_sft_summary_json_is_replaced_whole(tmp_path, capsys, disk_full_at):
     assert main(["sft", f"sft.out_dir={out}", *SMALL]) == 2
     assert cut and capsys.readouterr().err.strip().splitlines()[-1] == "agentq: No space left on device"
     assert not list(out.glob("*sft_summary.json*"))
+
+
+def test_a_logger_whose_package_is_missing_is_one_line_before_the_sft_folder(tmp_path, monkeypatch, capsys):
+    """`agentq sft logger=[...,wandb]` without wandb: one line, no folder (as `agentq train`); it was a
+    traceback once the sinks were built, after the demonstrations and the model."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)      # `import wandb` fails
+    out = tmp_path / "sft"
+    assert main(["sft", f"sft.out_dir={out}", "logger=[jsonl,wandb]", *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("agentq: logger includes 'wandb' but wandb")
+    assert not out.exists()
