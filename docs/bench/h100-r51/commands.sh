@@ -19,3 +19,5 @@ LAUNCH_ROWS='[[128,2,3],[1023,4,3],[null,2,3]]' python3 docs/bench/h100-r51/laun
 # F (e1b-rule44-{1,2}, e1b-table-{1,2}): tests/kernels/test_cuda_attention.py (43 passed), then the engine
 #   A/B interleaved: the round-44 rule against the H100 rows of CUDA_LAUNCH (the default now)
 bash .devrun/r51e.sh OUT
+# G (attn-cuda-8b.log / .json, e8b-rule44.log, e8b-table.log): the 8B heads under the H100 rows
+bash .devrun/r51g.sh OUT      # copied here as r51g.sh
