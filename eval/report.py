@@ -409,12 +409,31 @@ def colour_switch(scale: float, interq: bool) -> str:
             + ("; the bar left of a turn is its α.</p>" if interq else ".</p>"))
 
 
-def viewer_section(seg_by_step: dict[int, list[dict]], max_episodes: int) -> str:
+def unlogged_note(unlogged: list[int]) -> str:
+    """A line naming the segment files of steps without a metrics.jsonl row (a run stopped between
+    writing a step's segments and its row): the viewer leaves them out; "" when there are none."""
+    if not unlogged:
+        return ""
+    files = ", ".join(f"segments/step_{s:06d}.parquet" for s in unlogged)
+    return ("<p class=meta>Not shown, as metrics.jsonl has no row of the step (the run stopped after writing "
+            f"the segment file, before logging the step; a resume redoes it): {escape(files)}.</p>")
+
+
+def logged_segment_steps(run_dir: Path, rows: list[dict]) -> tuple[list[int], list[int]]:
+    """The steps with a segment file that metrics.jsonl has a row of, and those it has none of."""
+    logged = {int(r["step"]) for r in rows}
+    files = segment_steps(run_dir)
+    return [s for s in files if s in logged], [s for s in files if s not in logged]
+
+
+def viewer_section(seg_by_step: dict[int, list[dict]], max_episodes: int, unlogged: list[int] | None = None) -> str:
     """The episode viewer of the steps `seg_by_step` holds (their whole segment rows), `max_episodes`
-    trajectories a step; α (switch, bars, InterQ-RL's turn numbers) only where some row has one."""
-    out = ["<h2 id='episodes'>Episode viewer</h2>"]
+    trajectories a step; α (switch, bars, InterQ-RL's turn numbers) only where some row has one.
+    `unlogged`: steps with a segment file but no metrics.jsonl row, left out and named."""
+    out = ["<h2 id='episodes'>Episode viewer</h2>", unlogged_note(unlogged or [])]
     if not seg_by_step:
-        return out[0] + "<p>No segment history (segments/step_*.parquet) in this run.</p>"
+        return "".join(out) + ("<p>No segment history (segments/step_*.parquet) in this run.</p>" if not unlogged
+                               else "<p>No logged step has a segment history.</p>")
     deltas = sorted(abs(d) for rs in seg_by_step.values() for s in rs for d in s["delta"])
     scale = deltas[int(0.99 * (len(deltas) - 1))] if deltas else 0.0
     scale = scale if scale > 0 else (deltas[-1] if deltas else 0.0)
@@ -582,7 +601,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_step
     run_dir, summary = rl_run_dir(top)
     cfg = run_settings(run_dir / "config.yaml")
     rows = read_metrics(run_dir / "metrics.jsonl")
-    all_steps = segment_steps(run_dir)
+    all_steps, unlogged = logged_segment_steps(run_dir, rows)     # a killed run's last segment file: no row
     seg_by_step: dict[int, list[dict]] = {}
     in_tables = sorted(set(table_steps(rows, all_steps, table_rows)) & set(all_steps))
     if in_tables:          # only the steps the α table shows: a long run's history is not read whole
@@ -600,7 +619,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, viewer_step
         "<a href='#episodes'>episodes</a></p>",
         pipeline_section(summary) if summary else "",
         curves_section(rows, cfg, summary), eval_section(run_dir, top), by_turn_section(rows, seg_by_step, table_rows),
-        viewer_section(shown, max_episodes)])
+        viewer_section(shown, max_episodes, unlogged)])
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
             f"<style>{CSS}{token_css()}</style><script>{SWITCH_JS}</script></head><body class='by-delta'>{body}</body></html>")
     out = Path(out) if out else top / "report.html"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import time
@@ -46,8 +47,8 @@ from agentq.utils.checkpoint import CheckpointError, TrainerState, load_trainer_
 from agentq.utils.errors import first_line, says_where_on_stop
 from agentq.utils.files import write_text_replacing
 from agentq.utils.folder_lock import removed_if_left_empty
-from agentq.utils.logging import (MetricsLogger, check_loggers, console, errored_note, jsonable, progress, read_metrics,
-                                  step_line)
+from agentq.utils.logging import (MetricsLogger, console, errored_note, jsonable, logger_names,
+                                  progress, read_metrics, step_line)
 
 from .placement import Placement, check_placement_config
 from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, last_step_checkpoint, log_resume, new_run_dir,
@@ -130,26 +131,12 @@ def check_rl_config(cfg: DictConfig) -> tuple[torch.device, torch.dtype, Objecti
     build.learner_temperature(cfg)          # (the learner reads it when built)
     check_placement_config(cfg)
     build.check_ray_installed(cfg)          # env_pool=ray or a Ray placement without Ray: one line, now
-    check_logger_config(cfg)
+    build.check_logger_config(cfg)     # a logger sink that cannot be built: one line, before the folder
     t = cfg.trainer
     if int(t.get("lr_warmup_steps", 0)) > int(t.steps):
         raise ConfigError(f"trainer.lr_warmup_steps={t.lr_warmup_steps} > trainer.steps={t.steps}: the rate would "
                           f"never reach trainer.lr={t.lr}; warm up over at most trainer.steps steps")
     return device, dtype, objective, mode
-
-
-def check_logger_config(cfg: DictConfig) -> None:
-    """Refuse a `logger` sink that cannot be built (an unknown name, wandb not installed) before the run
-    folder is made: found when the sinks were built, it left config.yaml and tb/ behind, and the same
-    command then found the folder holding a run.
-
-    Raises:
-        ConfigError: the sink and what to do, in one line.
-    """
-    try:
-        check_loggers(cfg)
-    except (ValueError, ImportError) as e:
-        raise ConfigError(str(e)) from None
 
 
 def step_lr(t: DictConfig, step: int) -> float:
@@ -305,6 +292,22 @@ def group_sections(choice: str, search: list[str]) -> list[str]:
     return sorted(sections)
 
 
+def wandb_redo_notice(run_dir: Path, cfg: DictConfig, start_step: int) -> None:
+    """Said on a resume that redoes logged steps (rows after `start_step`) with wandb among the loggers:
+    W&B ignores a step logged again, so its run keeps the stopped run's values of those steps."""
+    path = run_dir / "metrics.jsonl"
+    names = logger_names(cfg)
+    if "wandb" not in names or not path.exists():
+        return
+    last = max((int(r["step"]) for r in read_metrics(path)), default=start_step)
+    if last > start_step:
+        steps = f"step {last} is" if last == start_step + 1 else f"steps {start_step + 1}-{last} are"
+        record = "metrics.jsonl and TensorBoard have" if "tensorboard" in names else "metrics.jsonl has"
+        console.print(f"trainer.resume: {steps} redone; W&B keeps the values the stopped run logged for them "
+                      f"(it ignores a step logged again): {record} the redone ones",
+                      style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+
 def recorded_step(run_dir: Path, step: int) -> tuple[dict | None, dict | None]:
     """What the run folder holds for `step`: (its metrics row without step and time, the report of
     its held-out evaluation as `evaluate_policy` returns it), each None when not recorded (an
@@ -451,6 +454,7 @@ class RLTrainer:
         if state is None:
             remove_run_artifacts(self.run_dir)
         else:
+            wandb_redo_notice(self.run_dir, self.cfg, self.start_step)
             MetricsLogger.truncate(self.run_dir, self.start_step)
             truncate_lost_episodes(self.run_dir, self.start_step)
             truncate_segments(self.run_dir, self.start_step)
@@ -800,7 +804,7 @@ class RLTrainer:
                 if save_every > 0 and step % save_every == 0 and step < steps:
                     self.save(step)
                 if eval_every > 0 and step % eval_every == 0 and step < steps:
-                    self.evaluate(step, int(t.eval_num_tasks))
+                    self._periodic_eval(step)
         # resumed at the last step: that checkpoint is already the final one (re-saving only risks it)
         final = self.save(steps) if self.start_step < steps else self.run_dir / "checkpoints" / f"step_{steps:06d}"
         n_final = int(final_eval_tasks if final_eval_tasks is not None else t.eval_num_tasks)
@@ -826,7 +830,14 @@ class RLTrainer:
         draws none of the trainer's random numbers, so it is the one the run would have logged."""
         n = self.start_step
         if 0 < n < steps and eval_every > 0 and n % eval_every == 0 and recorded_step(self.run_dir, n)[1] is None:
-            self.evaluate(n, int(self.cfg.trainer.eval_num_tasks))
+            self._periodic_eval(n)
+
+    def _periodic_eval(self, step: int) -> dict:
+        """A `trainer.eval_every` evaluation, its result said in one plain line (`eval_line`): a log file
+        showed only a blank line, the result only in metrics.jsonl (the final one's is on the run's last line)."""
+        report = self.evaluate(step, int(self.cfg.trainer.eval_num_tasks))
+        console.print(eval_line(step, report), markup=False, highlight=False, soft_wrap=True)
+        return report
 
     def _final_eval(self, steps: int, num_tasks: int) -> dict:
         """The held-out evaluation at the last step. A run resumed at that step whose evaluation is
@@ -916,6 +927,18 @@ def unplayed_text(r: dict) -> str:
     limit = (r.get("limits") or {}).get("max_context_tokens")
     why = "their first prompt does not fit env.max_context_tokens" + (f"={limit}" if limit is not None else "")
     return f"{n} of {r['episodes']} not played ({why}; counted as lost)" if n else ""
+
+
+def eval_line(step: int, r: dict) -> str:
+    """One plain line for a held-out evaluation during training, from its report (its eval row's
+    numbers: eval/success_rate, eval/episodes, eval/score_mean), e.g. "eval step 4: success 37.5 % of
+    8 episodes (split dev), score 0.410", with its errored and unplayed episodes where there are any."""
+    def num(key: str, scale: float, fmt: str) -> str:
+        v = r.get(key)
+        return format(scale * v, fmt) if isinstance(v, (int, float)) and math.isfinite(v) else "n/a"
+    notes = "".join(f", {n}" for n in (errored_text(r), unplayed_text(r)) if n)
+    return (f"eval step {step}: success {num('success_rate', 100, '.1f')} % of {r.get('episodes', 0)} episodes "
+            f"(split {r.get('split', '?')}), score {num('score_mean', 1, '.3f')}{notes}")
 
 
 def print_run_end(summary: dict) -> None:

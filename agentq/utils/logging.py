@@ -120,7 +120,12 @@ def check_loggers(cfg) -> list[str]:
 
 class WandbSink:
     """Weights & Biases run mirroring every scalar (`logger` contains wandb; `pip install wandb`).
-    mode offline writes under <run>/wandb/ without network (`wandb sync` uploads it later)."""
+    mode offline writes under <run>/wandb/ without network (`wandb sync` uploads it later).
+
+    A resumed run continues its W&B run, which ignores a step logged again ("less than the current
+    step"): for the steps a resume redoes, W&B keeps the values the stopped run logged first, unlike
+    metrics.jsonl and TensorBoard, which drop them and hold the redone ones (the run's record). The
+    trainer says so when such a resume starts (`wandb_redo_notice`); W&B's rewind is not used."""
 
     def __init__(self, out_dir: str | Path, config: dict | None = None, project: str = "agentq",
                  entity: str | None = None, mode: str | None = None, name: str | None = None,

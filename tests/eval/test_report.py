@@ -600,3 +600,27 @@ def test_a_value_next_to_one_is_not_shown_as_one(value, shown):
     from agentq.eval.report import _fmt
 
     assert _fmt(value) == shown
+
+
+def test_the_viewer_leaves_out_a_segment_file_whose_step_has_no_metrics_row(tmp_path):
+    """A run killed between writing step 6's segment file and its metrics row: the viewer showed
+    "Step 6 (4 trajectories)" under a title of "5 steps". Now it lists only logged steps and names the file."""
+    from agentq.eval.report import write_report
+
+    rows = [{"step": s, "reward_mean": 0.0, "success_rate": 0.0, "k3": 1e-5, "k3_by_turn": [1e-5]} for s in range(1, 6)]
+    segs = [_seg(s, 1, 2, episode=e) for s in range(1, 7) for e in range(4)]
+    page = write_report(_run(tmp_path / "run", rows, segs), viewer_steps_k=10).read_text()
+    assert "· 5 steps</h1>" in page
+    assert re.findall(r"<h3 id='step-(\d+)'>", page) == ["1", "2", "3", "4", "5"]
+    assert "Step 6" not in page and "<tr><td>6</td>" not in page        # nor in the by-turn tables
+    assert "metrics.jsonl has no row of the step" in page and "segments/step_000006.parquet" in page
+    # the spread of steps ends at the last logged step
+    page = write_report(_run(tmp_path / "run", rows, segs), viewer_steps_k=2).read_text()
+    assert re.findall(r"<h3 id='step-(\d+)'>", page) == ["1", "5"]
+    # no logged step at all: the file is named, and no "Step 1" is shown
+    page = write_report(_run(tmp_path / "first", [], segs[:4])).read_text()
+    assert "No logged step has a segment history." in page and "segments/step_000001.parquet" in page
+    assert "<h3 id='step-1'>" not in page
+    # a complete run: no note
+    page = write_report(_run(tmp_path / "done", rows, segs[:20])).read_text()
+    assert "has no row of the step" not in page

@@ -407,3 +407,47 @@ def test_a_logger_whose_package_is_missing_is_one_line_before_the_run_folder(tmp
                                     "or leave wandb out of logger")
     assert not run.exists()
     assert main(args) == 2 and "already holds a run" not in capsys.readouterr().err
+
+
+def test_each_periodic_evaluation_prints_its_result_in_one_line(tmp_path, capsys):
+    """In a log file a `trainer.eval_every` evaluation printed a blank line only: its success rate was in
+    metrics.jsonl, TensorBoard and W&B alone. Now one plain line with its eval row's numbers."""
+    from agentq.trainer.rl import eval_line
+
+    run = tmp_path / "run"
+    assert main(["train", "trainer.steps=2", "trainer.eval_every=1", "trainer.tasks_per_step=1", "trainer.group_size=2",
+                 "env.max_steps=1", "env.max_new_tokens=4", "env_pool=inline", "trainer.eval_num_tasks=2",
+                 f"trainer.out_dir={run}"]) == 0
+    said = capsys.readouterr().err.splitlines()
+    (row,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+              if '"eval/step": 1' in line]
+    split = json.loads((run / "eval" / "step_000001" / "eval.json").read_text())["split"]
+    want = (f"eval step 1: success {100 * row['eval/success_rate']:.1f} % of {row['eval/episodes']} episodes "
+            f"(split {split}), score {row['eval/score_mean']:.3f}")
+    assert said.count(want) == 1 and [s for s in said if s.startswith("eval step")] == [want]   # the final: last line
+    first, second = ([i for i, s in enumerate(said) if s.startswith(f"step {n}/2 ")] for n in (1, 2))
+    assert first[0] < said.index(want) < second[0]              # between the step lines
+    # a mean over no episode is n/a; errored and unplayed episodes are said as on the last line
+    r = {"success_rate": 0.375, "episodes": 8, "split": "dev", "score_mean": None, "errors": 1, "unplayed": 0}
+    assert eval_line(4, r) == "eval step 4: success 37.5 % of 8 episodes (split dev), score n/a, 1 of 8 errored (counted as lost)"
+
+
+def test_a_resume_that_redoes_steps_says_wandb_keeps_their_first_values(tmp_path, capsys):
+    """W&B ignores a step logged again ("less than the current step"): after a resume its run keeps the
+    stopped attempt's values of the redone steps, which metrics.jsonl and TensorBoard replace. Said once."""
+    from omegaconf import OmegaConf
+
+    from agentq.trainer.rl import wandb_redo_notice
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": 0.0}) + "\n"
+                                                    for s in range(1, 8)))
+    wandb_redo_notice(tmp_path, OmegaConf.create({"logger": ["tensorboard", "wandb"]}), 5)
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "trainer.resume: steps 6-7 are redone; W&B keeps the values the stopped run logged for them (it ignores a "
+        "step logged again): metrics.jsonl and TensorBoard have the redone ones")
+    wandb_redo_notice(tmp_path, OmegaConf.create({"logger": "wandb"}), 6)
+    said = " ".join(capsys.readouterr().err.split())
+    assert "step 7 is redone; W&B keeps" in said and said.endswith("metrics.jsonl has the redone ones")
+    wandb_redo_notice(tmp_path, OmegaConf.create({"logger": ["tensorboard"]}), 5)      # no W&B: nothing to say
+    wandb_redo_notice(tmp_path, OmegaConf.create({"logger": ["wandb"]}), 7)            # nothing redone
+    assert capsys.readouterr().err == ""
