@@ -21,3 +21,6 @@ LAUNCH_ROWS='[[128,2,3],[1023,4,3],[null,2,3]]' python3 docs/bench/h100-r51/laun
 bash .devrun/r51e.sh OUT
 # G (attn-cuda-8b.log / .json, e8b-rule44.log, e8b-table.log): the 8B heads under the H100 rows
 bash .devrun/r51g.sh OUT      # copied here as r51g.sh
+# H (rl1b.log): the RL step at 64 tokens a turn with the H100 rows (round 47's command)
+python3 -m agentq.eval.bench_rl_step --model 1b --episodes 64 --turns 4 --micro 16 --group-prompt --algos interq,bf16 \
+  --steps 2 --pack-tokens 20480 --logprob-pack-tokens 40960
