@@ -98,7 +98,7 @@ class SyncStats:
     version: int
     int8_codes_changed: float | None = None   # fraction of int8 weight codes that changed
     seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)   # the backend's own numbers: logged as sync/<name> (text is not)
 
 
 @runtime_checkable

@@ -42,6 +42,7 @@ from agentq.eval.segments import segment_rows, token_decoder, truncate_segments,
 from agentq.learner.batch import PolicyBatch, collate
 from agentq.learner.learner import bypass_refusal, grad_pass_refusal
 from agentq.kernels.quant_spec import QuantSpec
+from agentq.rollout.backend import SyncStats
 from agentq.learner.lr_schedule import lr_factor
 from agentq.utils.checkpoint import CheckpointError, TrainerState, load_trainer_state, save_hf_checkpoint
 from agentq.utils.errors import first_line, says_where_on_stop
@@ -593,7 +594,7 @@ class RLTrainer:
             **rollout, "adv_abs_mean": float(batch.adv.abs().mean()) if len(batch.adv) else 0.0,
             "action_tokens": gen_tokens, "tokens_per_s": gen_tokens / max(t_roll, 1e-9),
             **upd, **mismatch,
-            "int8_codes_changed": sync.int8_codes_changed, "sync_time_s": sync.seconds,
+            "int8_codes_changed": sync.int8_codes_changed, "sync_time_s": sync.seconds, **sync_metrics(sync),
             "kv_bytes_per_token": self.engine.kv_bytes_per_token(),
             "rollout_time_s": t_roll, "train_time_s": t_train, "step_time_s": time.perf_counter() - t0, **prefill,
             "learner_threads": n_threads, "skipped_step": 0, **self._new_restarts(),
@@ -927,6 +928,12 @@ def unplayed_text(r: dict) -> str:
     limit = (r.get("limits") or {}).get("max_context_tokens")
     why = "their first prompt does not fit env.max_context_tokens" + (f"={limit}" if limit is not None else "")
     return f"{n} of {r['episodes']} not played ({why}; counted as lost)" if n else ""
+
+
+def sync_metrics(sync: SyncStats) -> dict[str, float]:
+    """A backend's own numbers about a weight sync (`SyncStats.extra`) as metrics `sync/<name>`: numbers
+    and booleans (as 0 / 1); text and other values are left out (TensorBoard takes numbers only)."""
+    return {f"sync/{k}": float(v) for k, v in sync.extra.items() if isinstance(v, (int, float))}
 
 
 def eval_line(step: int, r: dict) -> str:

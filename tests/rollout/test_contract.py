@@ -62,6 +62,10 @@ def test_a_backend_of_ones_own_trains_from_its_module_class_name(tmp_path, plugi
                  "env_pool=inline", f"trainer.out_dir={run}"]) == 0
     assert "  backend: engine_plugin:EngineBehindPlugin\n" in (run / "config.yaml").read_text()
     assert (run / "checkpoints" / "step_000001").is_dir()
+    # its SyncStats.extra numbers reach the metrics as sync/<name>; its text does not
+    import json
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["sync/plugin_syncs"] == 1.0 and row["sync/plugin_ok"] == 1.0 and "sync/plugin_mode" not in row
 
 
 @pytest.mark.parametrize("name, said", [

@@ -35,7 +35,10 @@ class EngineBehindPlugin(RolloutBackend):
         return self.engine.score(context_ids, target_ids)
 
     def update_weights(self, named_tensors: Any, version: int) -> SyncStats:
-        return self.engine.update_weights(named_tensors, version)
+        stats = self.engine.update_weights(named_tensors, version)
+        # a backend's own numbers about its sync: logged as sync/<name> (numbers only)
+        stats.extra.update({"plugin_syncs": float(version), "plugin_mode": "in-place", "plugin_ok": True})
+        return stats
 
     def release(self, episode_id: int) -> None:
         self.engine.release(episode_id)
