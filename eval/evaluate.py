@@ -323,9 +323,11 @@ def run_settings(cfg: DictConfig) -> dict:
 def open_partial(cfg: DictConfig, out: Path, path: str, selection: TaskSelection, device: tuple[Any, Any]
                  ) -> PartialEpisodes:
     """The finished episodes of a stopped `agentq eval` of these settings in `out` (`eval/partial.py`),
-    keyed by the resolved settings and device, the checkpoint `path` and the tasks as played."""
+    keyed by the resolved settings and device, the checkpoint `path`, the tasks as played and the
+    env's data folder's files."""
     key = fingerprint({**run_settings(cfg), "device": [str(d) for d in device]}, path,
-                      repeat_tasks(selection.tasks, int(cfg.eval.repeats)))
+                      repeat_tasks(selection.tasks, int(cfg.eval.repeats)),
+                      OmegaConf.select(cfg, "env.kwargs.data_dir", default=None))
     return PartialEpisodes(out, key, resume=resume_text(cfg, out))
 
 

@@ -2,7 +2,7 @@
 
 Each finished episode is appended to `episodes.partial.jsonl` in the evaluation's folder, after a
 first line holding the fingerprint of what decides the episodes (the resolved settings, the
-checkpoint's files, the tasks). Every episode's sampling seed comes from its episode id, so the
+checkpoint's files, the tasks, the env's data folder's files). Every episode's sampling seed comes from its episode id, so the
 episodes a rerun plays are the ones the stopped run would have played, and the finished ones are
 taken as they are: the result is the uninterrupted run's (the rollout backends sample a seeded turn
 alike whatever shares the batch, `agentq.rollout.contract`). A fingerprint that differs (other
@@ -32,15 +32,31 @@ MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
 _EXTRA = ("episode_id", "split", "invalid_actions", "inadmissible_actions", "admissible_turns")
 
 
-def fingerprint(settings: dict[str, Any], checkpoint: str, tasks: list[str]) -> str:
+def fingerprint(settings: dict[str, Any], checkpoint: str, tasks: list[str], data_dir: str | None = None) -> str:
     """What decides an evaluation's episodes: its settings (the resolved config, output keys left out by
     the caller), the checkpoint's model files (names, sizes, modification times: not what an evaluation
-    writes beside them) and the tasks in order."""
+    writes beside them), the tasks in order, and the files of the env's data folder `data_dir`
+    (`env.kwargs.data_dir`, where `$ALFWORLD_DATA` / `$WEBSHOP_DATA` are written): a folder changed in
+    place under the same path holds other games."""
     files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(checkpoint).iterdir()
                    if p.is_file() and (p.suffix == ".safetensors" or p.name in MODEL_FILES))
     blob = json.dumps({"settings": settings, "checkpoint": str(Path(checkpoint).resolve()), "files": files,
-                       "tasks": tasks}, sort_keys=True, default=str)
+                       "tasks": tasks, "data": data_files(data_dir)}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def data_files(data_dir: str | None) -> list[tuple[str, int, int]]:
+    """(path under `data_dir`, size, modification time) of each file of a data folder, sorted; [] for
+    None or a path that is no folder (the env says what is wrong with it)."""
+    if not data_dir or not Path(data_dir).is_dir():
+        return []
+    root = Path(data_dir)
+    out = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            st = (Path(folder) / name).stat()
+            out.append((str((Path(folder) / name).relative_to(root)), st.st_size, st.st_mtime_ns))
+    return sorted(out)
 
 
 class PartialEpisodes:

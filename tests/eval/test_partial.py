@@ -1,5 +1,6 @@
 """`eval/partial.py`: what a stopped `agentq eval` keeps (the end-to-end resume is in
-test_eval_outputs.py): errored episodes are played again, the fingerprint sees the model files only,
+test_eval_outputs.py): errored episodes are played again, the fingerprint sees the model files only
+(and the env data folder's),
 and the stop says how to go on where a rerun would not find the folder."""
 from __future__ import annotations
 
@@ -46,3 +47,24 @@ def test_the_checkpoint_as_written_is_not_a_setting_and_a_timed_folder_is_named_
     assert resume_text(a, tmp_path / "e") == "the same command plays the rest"
     c = OmegaConf.create({"checkpoint": None, "eval": {"out_dir": None}})
     assert resume_text(c, tmp_path / "e") == f"the same command with eval.out_dir={tmp_path / 'e'} plays the rest"
+
+
+def test_the_fingerprint_sees_the_env_data_folder_changed_in_place(tiny_model_dir, tmp_path):
+    """An ALFWorld / WebShop data folder changed under the same path (env.kwargs.data_dir unchanged)
+    holds other games: the stopped evaluation's episodes are not taken."""
+    data = tmp_path / "data"
+    (data / "json_2.1.1" / "valid_seen" / "g1").mkdir(parents=True)
+    game = data / "json_2.1.1" / "valid_seen" / "g1" / "game.tw-pddl"
+    game.write_text("a")
+    key = fingerprint({"a": 1}, str(tiny_model_dir), ["t"], str(data))
+    assert fingerprint({"a": 1}, str(tiny_model_dir), ["t"], str(data)) == key
+    assert fingerprint({"a": 1}, str(tiny_model_dir), ["t"]) != key
+    game.write_text("ab")                                            # a game rewritten
+    changed = fingerprint({"a": 1}, str(tiny_model_dir), ["t"], str(data))
+    assert changed != key
+    (data / "json_2.1.1" / "valid_seen" / "g2").mkdir()
+    (data / "json_2.1.1" / "valid_seen" / "g2" / "game.tw-pddl").write_text("c")      # a game added
+    assert fingerprint({"a": 1}, str(tiny_model_dir), ["t"], str(data)) != changed
+    # no data folder, or a path that is none: the model and settings alone, as before
+    assert fingerprint({"a": 1}, str(tiny_model_dir), ["t"], str(tmp_path / "none")) == \
+        fingerprint({"a": 1}, str(tiny_model_dir), ["t"], None)
