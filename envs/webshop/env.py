@@ -2,7 +2,7 @@
 
 A task is a goal index (task id "0", "1", ...): the goal list is built and shuffled with seed 233 as
 WebShop does, and split by index: `test` = 0–499, `dev` = 500–1499, `train` = 1500 onward
-(`split_sizes` changes the first two). The shop is the seeded generated catalog unless `data_dir` (or
+(`split_sizes` changes the first two), train leaving out any goal alike to a held-out one (`train_goals`). The shop is the seeded generated catalog unless `data_dir` (or
 the `WEBSHOP_DATA` environment variable) names a folder with WebShop's real files.
 
 Observations are WebShop's text ("simple") mode; actions `search[...]` and `click[...]`;
@@ -12,9 +12,10 @@ WebShop's reward in [0, 1] (`won` when it is 1.0); `info["reward_info"]` then ho
 """
 from __future__ import annotations
 
+import json
 import numbers
 import os
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
 from ..base import TaskStep, TextEnv
 from .data import resolve_data_dir
@@ -23,6 +24,21 @@ from .pages import DONE, SEP, Session, StepOutcome
 from .shop import Shop, get_shop
 
 DEFAULT_SPLIT_SIZES = {"test": 500, "dev": 1000}
+
+
+def goal_signature(goal: dict) -> str:
+    """What an agent is asked and scored on: the instruction, the attributes, the options and the price
+    limit (the reward never reads the goal's product id, so two goals alike in these are one task)."""
+    return json.dumps([goal["instruction_text"], sorted(goal["attributes"]), goal["price_upper"],
+                       sorted(map(str, goal["goal_options"]))])
+
+
+def train_goals(goals: Sequence[dict], held_out: Sequence[int], train: Sequence[int]) -> list[int]:
+    """The train split's goal indices: `train` without the goals alike (`goal_signature`) to a held-out
+    one, which would put a test or dev task into training under another id (the generated catalog
+    has one: goal 2250, a copy of dev goal 773)."""
+    seen = {goal_signature(goals[i]) for i in held_out}
+    return [i for i in train if goal_signature(goals[i]) not in seen]
 
 
 class WebShopEnv(TextEnv):
@@ -69,8 +85,9 @@ class WebShopEnv(TextEnv):
             raise ValueError(
                 f"the shop ({self.shop.source}) has {total} goals, but test + dev take {n_test + n_dev} and train "
                 f"needs the rest; {hint} or lower split_sizes")
+        held_out = range(0, n_test + n_dev)
         self._ranges = {"test": range(0, n_test), "dev": range(n_test, n_test + n_dev),
-                        "train": range(n_test + n_dev, total)}
+                        "train": train_goals(self.shop.goals, held_out, range(n_test + n_dev, total))}
         self.invalid_feedback = bool(invalid_feedback)
         self.session: Session | None = None
 

@@ -279,7 +279,7 @@ def test_config_and_splits(env):
     test, dev, train = (e.list_tasks(s) for s in ("test", "dev", "train"))
     assert (test[0], test[-1], len(test)) == ("0", "499", 500)
     assert (dev[0], dev[-1], len(dev)) == ("500", "1499", 1000)
-    assert (train[0], len(train)) == ("1500", 1500)
+    assert (train[0], len(train)) == ("1500", 1499) and "2250" not in train     # goal 2250 copies dev goal 773
     _, info = env.reset(options={"task_id": "0"})
     PromptConfig(**cfg["prompt"]).check_fields(info)         # the agent loop's check at reset
 
@@ -631,3 +631,17 @@ def test_no_parsed_actions_advice_fits_a_run_from_a_checkpoint(capsys):
     assert "start from an SFT checkpoint" not in said
     warn_no_parsed_actions(load_config([]), 2, {"invalid_action_rate": 1.0})
     assert "start from an SFT checkpoint" in capsys.readouterr().err
+
+
+def test_train_leaves_out_a_goal_alike_to_a_held_out_one(env):
+    """Goal 2250 asks what dev goal 773 asks (instruction, attributes, options, price limit; only the
+    product id differs, which the reward never reads): training on it trains on a held-out task."""
+    from agentq.envs.webshop.env import goal_signature, train_goals
+    goals = env.unwrapped.shop.goals
+    assert goal_signature(goals[2250]) == goal_signature(goals[773]) and goals[2250]["asin"] != goals[773]["asin"]
+    held = {goal_signature(goals[i]) for i in range(1500)}
+    train = [int(t) for t in env.unwrapped.list_tasks("train")]
+    assert not any(goal_signature(goals[i]) in held for i in train)
+    # alike goals within train stay (they leak nothing): 1900 ~ 1647, 2802 ~ 1630, 2961 ~ 2208
+    assert {1647, 1900, 1630, 2802, 2208, 2961} <= set(train)
+    assert train_goals(goals, range(0), range(1500, 3000)) == list(range(1500, 3000))
