@@ -79,6 +79,17 @@ def group_size(v: Any) -> str | None:
     return None if _is_int(v) and v >= 2 else "an integer >= 2 (a GRPO group of one has advantage 0: nothing to learn)"
 
 
+def listed(key: str, item: Callable[[Any], str | None], what: str, example: str) -> Callable[[Any], str | None]:
+    """A list (in brackets on the command line) of `item`s: `sweep.arms=bf16` was the list of its
+    letters; the message shows the list form, with the value given where it is one item."""
+    def check(v: Any) -> str | None:
+        if isinstance(v, (list, tuple, ListConfig)) and all(item(x) is None for x in v):
+            return None
+        one = v if isinstance(v, (str, int)) and not isinstance(v, bool) and item(v) is None else example
+        return f"a list of {what} in brackets, e.g. '{key}=[{one}]'"
+    return check
+
+
 def device(v: Any) -> str | None:
     return None if isinstance(v, str) and re.fullmatch(r"cpu|cuda|auto|cuda:\d+", v) else "cpu, cuda, cuda:N or auto"
 
@@ -190,6 +201,15 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     # what a sweep's `learner_quant: aligned` arms take as algo.learner_quant (checked only when the arms
     # are composed, after the shared SFT stage and its evaluation had run)
     "sweep.aligned_learner": one_of("aligned", *QUANT_PRESETS),
+    # `agentq sweep`'s lists and counts: a plain `sweep.arms=bf16` ran arms b, f, 1, 6; `sweep.eval_tasks=0`
+    # evaluated nothing, ran every arm, then failed on the table; `sweep.parallel=0` ran one at a time
+    "sweep.arms": listed("sweep.arms", text, "algo presets", "bf16"),
+    "sweep.seeds": listed("sweep.seeds", any_int, "integers", "0"),
+    "sweep.references": listed("sweep.references", text, "arms", "bf16"),
+    "sweep.eval_tasks": positive_int,
+    "sweep.parallel": positive_int,
+    "sweep.table_only": boolean,
+    "sweep.out_dir": optional(text),
     "algo.loss_agg": one_of(*LOSS_AGGS),
     "algo.clip_eps": nonneg_num,
     "algo.kl_coef": nonneg_num,

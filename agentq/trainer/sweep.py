@@ -45,7 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
 from agentq.config import ConfigError, differing_settings, env_label, in_sections, quant_name
-from agentq.utils.errors import says_where_on_stop
+from agentq.utils.errors import RunAborted, first_line, says_where_on_stop
 from agentq.utils.files import write_text_replacing
 from agentq.utils.folder_lock import removed_if_left_empty
 from agentq.utils.logging import console, counted, jsonable
@@ -63,36 +63,66 @@ SET_PER_RUN = {"algo": ("preset", "arms"), "seed": ("seed", "seeds")}
 _OWN_NUMERICS = ("each arm's preset sets its own rollout numerics (bf16: none, the others w8a8_kv8) and its "
                  "learner's; drop it, or compare other numerics with a preset of your own in conf/algo/ named in "
                  "sweep.arms")
-#: (the `rollout=` group override does what `rollout.quant=` does)
+#: (the `rollout=` group override does what `rollout.quant=` does; the rollout groups differ in it alone)
 SET_BY_PRESET = {"rollout.quant": _OWN_NUMERICS, "rollout": _OWN_NUMERICS}
+#: the section every preset sets whole (conf/algo/*.yaml: algo.name, learner_quant, objective, its
+#: parameters, clip_eps, dual_clip, kl_coef, loss_agg): `algo.objective=tis` ran every arm as TIS under
+#: the table's bf16 / qat rows, `algo.learner_quant=aligned` gave the bf16 arm a W8A8 learner
+PRESET_SECTION = "algo."
+_PRESET_KEY = ("the presets set it, so it would change every arm and the arms would no longer be the presets the "
+               "table names; to change an arm, define a preset of your own in conf/algo/ and name it in sweep.arms")
+
+
+def _override_problem(cfg: DictConfig, override: str) -> str | None:
+    """Why a sweep refuses `override` (an algo= / seed= it sets per run, a key the presets set), or None."""
+    key, _, value = override.partition("=")
+    key = key.lstrip("+~")
+    if key in SET_PER_RUN:
+        what, name = SET_PER_RUN[key]
+        return (f"{override}: a sweep runs each {what} of sweep.{name} (now {list(cfg.sweep[name])}); "
+                f"write 'sweep.{name}=[{value}]'")
+    if key in SET_BY_PRESET:
+        return f"{override}: {SET_BY_PRESET[key]}"
+    if key.startswith(PRESET_SECTION):
+        return f"{override}: {_PRESET_KEY}"
+    return None
+
+
+def _repeated(cfg: DictConfig) -> list[str]:
+    """A line for each of sweep.arms / sweep.seeds that lists an entry more than once, naming it."""
+    said = []
+    for name, what in (("arms", "arm"), ("seeds", "seed")):
+        items = list(cfg.sweep[name])
+        twice = list(dict.fromkeys(x for i, x in enumerate(items) if x in items[:i]))
+        if twice:
+            said.append(f"sweep.{name}={items} repeats {what} {', '.join(map(str, twice))}: each arm × seed runs "
+                        f"once into arms/<arm>/seed_<seed>, a repeat would run it again there and count its episodes "
+                        f"twice in the table; list each {what} once")
+    return said
 
 
 def check_sweep_settings(cfg: DictConfig, overrides: list[str]) -> None:
-    """Refuse a sweep without arms or seeds, one whose arms would skip their final held-out evaluation
+    """Refuse a sweep without arms or seeds, or with an arm or seed listed twice (run again into the
+    same folder, its episodes counted twice), one whose arms would skip their final held-out evaluation
     (trainer.eval_every=-1: the table reads it, and failed after every arm had run), an `algo=` or
     `seed=` override (every arm × seed run sets its own, so the command line's was dropped without a
-    word) and a `rollout.quant=` one (`SET_BY_PRESET`: it changed every arm, the bf16 baseline too).
+    word), a `rollout.quant=` one (`SET_BY_PRESET`: it changed every arm, the bf16 baseline too) and one
+    of any `algo.` key (`PRESET_SECTION`: the presets set them; every arm ran the command line's).
 
     Raises:
-        ConfigError: an empty sweep.arms / sweep.seeds, trainer.eval_every < 0 (unless sweep.table_only,
-        which runs nothing), or naming each such override and the sweep list that takes its value instead.
+        ConfigError: an empty or repeating sweep.arms / sweep.seeds, trainer.eval_every < 0 (unless
+        sweep.table_only, which runs nothing), or naming each such override and why, in one line.
     """
     if not cfg.sweep.arms or not cfg.sweep.seeds:
         raise ConfigError(f"sweep.arms={list(cfg.sweep.arms)} and sweep.seeds={list(cfg.sweep.seeds)} must both be "
                           "non-empty")
+    if _repeated(cfg):
+        raise ConfigError("; ".join(_repeated(cfg)))
     if int(cfg.trainer.eval_every) < 0 and not cfg.sweep.table_only:     # RLTrainer.train: no final eval then
         raise ConfigError(f"trainer.eval_every={cfg.trainer.eval_every}: a sweep's table needs each arm's final "
                           "held-out evaluation; set trainer.eval_every=0 (only the final one) or N > 0 (also every "
                           "N steps)")
-    bad = []
-    for o in overrides:
-        key, _, value = o.partition("=")
-        if key.lstrip("+~") in SET_PER_RUN:
-            what, name = SET_PER_RUN[key.lstrip("+~")]
-            bad.append(f"{o}: a sweep runs each {what} of sweep.{name} (now {list(cfg.sweep[name])}); "
-                       f"write 'sweep.{name}=[{value}]'")
-        elif key.lstrip("+~") in SET_BY_PRESET:
-            bad.append(f"{o}: {SET_BY_PRESET[key.lstrip('+~')]}")
+    bad = [why for why in (_override_problem(cfg, o) for o in overrides) if why]
     if bad:
         raise ConfigError("; ".join(bad))
 
@@ -137,9 +167,15 @@ def run_arm(job: dict) -> dict:
     from agentq.trainer.rl import RLTrainer
 
     cfg = arm_config(job["overrides"])
-    # a sweep refuses trainer.out_dir: the run folder's messages name sweep.out_dir
-    RLTrainer(cfg, init_path=job["sft_checkpoint"], out_key="sweep.out_dir").train(
-        final_eval_tasks=int(cfg.sweep.eval_tasks))
+    try:        # a sweep refuses trainer.out_dir: the run folder's messages name sweep.out_dir
+        RLTrainer(cfg, init_path=job["sft_checkpoint"], out_key="sweep.out_dir").train(
+            final_eval_tasks=int(cfg.sweep.eval_tasks))
+    except Exception:
+        if job["redirect"]:       # the sweep's stop says the error's first line and names log.txt
+            import traceback
+
+            traceback.print_exc()
+        raise
     result = {"arm": job["arm"], "seed": job["seed"], "algo": cfg.algo.name, "objective": cfg.algo.objective,
               "rollout_quant": cfg.rollout.quant, "rollout_backend": cfg.rollout.backend,
               "learner_quant": cfg.algo.learner_quant,
@@ -152,9 +188,11 @@ def run_arm(job: dict) -> dict:
 
 def _run_jobs(jobs: list[dict], parallel: int, run: Callable[[dict], Any] | None = None) -> None:
     """Run the arm × seed `jobs` (`run`: `run_arm`), `parallel` at a time in spawned processes. An
-    arm's error stops the sweep, naming it, once the arms already running have finished (their
-    results are kept); no other arm starts. A job is handed to the executor only when a worker is
-    free: the executor pre-loads queued calls into its workers, where cancelling cannot reach them."""
+    arm's error (or its worker process's death) stops the sweep once the arms already running have
+    finished (their results are kept; no other arm starts), as a `RunAborted` naming each failed arm ×
+    seed, so the sweep's stop says what finished and the command that resumes it. A job is handed to
+    the executor only when a worker is free: the executor pre-loads queued calls into its workers,
+    where cancelling cannot reach them."""
     run = run or run_arm
     if parallel <= 1:
         for job in jobs:
@@ -163,21 +201,52 @@ def _run_jobs(jobs: list[dict], parallel: int, run: Callable[[dict], Any] | None
         return
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
 
-    queue = list(jobs)
+    queue, failed = list(jobs), list[tuple[dict, BaseException]]()
     with ProcessPoolExecutor(max_workers=parallel, mp_context=multiprocessing.get_context("spawn")) as ex:
         running: dict[Future, dict] = {}
         while queue or running:
-            while queue and len(running) < parallel:
+            while queue and len(running) < parallel and not failed:
                 job = queue.pop(0)
-                running[ex.submit(run, {**job, "redirect": True})] = job
+                try:
+                    running[ex.submit(run, {**job, "redirect": True})] = job
+                except BrokenProcessPool as e:      # a worker died: its jobs' futures say whose
+                    queue.clear()
+                    if not running:
+                        failed.append((job, e))
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for f in done:
                 job = running.pop(f)
-                if f.exception() is not None:
-                    queue.clear()                 # the executor's exit waits for the arms still running
-                    raise f.exception()           # type: ignore[misc]
-                console.print(f"sweep: {job['arm']} seed {job['seed']} done ({job['run_dir']})")
+                error = f.exception()
+                if error is not None:
+                    queue.clear()                 # the arms still running finish; no other starts
+                    failed.append((job, error))
+                else:
+                    console.print(f"sweep: {job['arm']} seed {job['seed']} done ({job['run_dir']})")
+    if failed:
+        raise RunAborted(_failed_text(sorted(failed, key=lambda f: jobs.index(f[0])))) from failed[0][1]
+
+
+def _failed_text(failed: list[tuple[dict, BaseException]]) -> str:
+    """'sweep arm A seed S failed: <its error's first line>' for each failed job (with its run folder's
+    log.txt where that holds its output); the jobs whose worker process died (BrokenProcessPool: the
+    pool cannot say whose, and it ends every job running in it) in one clause."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    said, dead = [], []
+    for job, e in failed:
+        name = f"{job['arm']} seed {job['seed']}"
+        if isinstance(e, BrokenProcessPool):
+            dead.append(name)
+            continue
+        log = Path(str(job["run_dir"])) / "log.txt"
+        said.append(f"sweep arm {name} failed: {type(e).__name__}: {first_line(e, 300)}"
+                    + (f" (its output: {log})" if log.is_file() else ""))
+    if dead:
+        said.append(f"sweep arm{'s' if len(dead) > 1 else ''} {', '.join(dead)} stopped: a worker process died "
+                    "(BrokenProcessPool: killed, e.g. for memory), which ends every arm running in the pool")
+    return "; ".join(said)
 
 
 # ---------------------------------------------------------------------- the sweep

@@ -266,11 +266,12 @@ def test_a_misspelt_arm_is_refused_before_the_shared_sft(tmp_path, capsys):
 
 
 def test_an_arms_refused_rl_setting_is_refused_before_the_shared_sft(tmp_path, capsys):
-    """`algo.dual_clip=0.5` (valid: > 1) ran the SFT stage and its evaluation before the first arm's
-    run refused it: only the presets' names were checked at the start."""
-    assert main([*ARGS[:2], "sweep.arms=[bf16,interq]", "algo.dual_clip=0.5", f"sweep.out_dir={tmp_path / 's'}"]) == 2
+    """`rollout.top_k=5` (RL samples temperature-only) ran the SFT stage and its evaluation before the first
+    arm's run refused it: only the presets' names were checked at the start. (An `algo.` key such as
+    `algo.dual_clip=0.5` is refused earlier: the presets set it.)"""
+    assert main([*ARGS[:2], "sweep.arms=[bf16,interq]", "rollout.top_k=5", f"sweep.out_dir={tmp_path / 's'}"]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert err.startswith("agentq: sweep arm bf16: ") and "dual_clip=0.5" in err and "> 1" in err
+    assert err.startswith("agentq: sweep arm bf16: rollout.top_k=5") and "temperature-only" in err
     assert not (tmp_path / "s").exists()
 
 
@@ -415,11 +416,12 @@ def test_an_arms_error_cancels_the_jobs_not_yet_started(tmp_path):
     """With sweep.parallel=2, one failing arm used to let every queued arm run before the error
     reached the user (leaving the executor waits for its whole queue)."""
     from agentq.trainer.sweep import _run_jobs
+    from agentq.utils.errors import RunAborted
     from sweep_jobs import run_marked
 
     jobs = [{"arm": arm, "seed": 0, "run_dir": str(tmp_path / f"j{i}")}
             for i, arm in enumerate(["fail", "slow", *"abcdefgh"])]
-    with pytest.raises(RuntimeError, match="arm fail broke"):
+    with pytest.raises(RunAborted, match="sweep arm fail seed 0 failed: RuntimeError: arm fail broke"):
         _run_jobs(jobs, parallel=2, run=run_marked)
     started = sorted(p.name for p in tmp_path.glob("*.started"))
     # j1 was running and finished; nothing started after j0's error (the executor used to pre-load
@@ -555,3 +557,128 @@ def test_a_damaged_result_json_is_one_line_naming_it(tmp_path):
         (run / RESULT).write_text(text)
         with pytest.raises(ConfigError, match=rf"{RESULT} is damaged .*delete it and resume the sweep"):
             check_final_evals(tmp_path, ["bf16"], [0])
+
+
+# ---------------------------------------------------------------------- refused before any work
+#: a sweep small enough that a check missing would run it quickly (the brief's S)
+SMALL = ["trainer.steps=2", "trainer.tasks_per_step=2", "trainer.group_size=2", "trainer.minibatch_size=4",
+         "trainer.eval_every=0", "sweep.eval_tasks=6", "sft.num_demos=8", "sft.epochs=1", "env.max_steps=5"]
+
+
+def _refused(tmp_path, capsys, *args: str) -> str:
+    """The one-line error of `agentq sweep <args> <SMALL>` (exit status 2), which made no folder."""
+    out = tmp_path / "s"
+    assert main(["sweep", *SMALL, *args, f"sweep.out_dir={out}"]) == 2
+    assert not out.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    return err[-1]
+
+
+PRESET_SAID = ("the presets set it, so it would change every arm and the arms would no longer be the presets the "
+               "table names; to change an arm, define a preset of your own in conf/algo/ and name it in sweep.arms")
+
+
+@pytest.mark.parametrize("override", ["algo.objective=tis", "algo.learner_quant=aligned", "algo.loss_agg=token_mean",
+                                      "algo.objective_params.budget_B=2.0", "algo.kl_coef=0"])
+def test_a_key_the_presets_set_is_refused_naming_it(tmp_path, capsys, override):
+    """`algo.objective=tis` ran every arm as TIS under the table's bf16 / qat rows; `algo.learner_quant=aligned`
+    gave the bf16 arm a W8A8 learner: any `algo.` key is every preset's."""
+    said = _refused(tmp_path, capsys, "sweep.arms=[bf16,interq]", "sweep.seeds=[0]", override)
+    assert said == f"agentq: {override}: {PRESET_SAID}"
+
+
+def test_every_refused_override_is_named_in_one_line(tmp_path, capsys):
+    said = _refused(tmp_path, capsys, "sweep.arms=[bf16,qat]", "sweep.seeds=[0]", "algo.objective=tis",
+                    "rollout.quant=w8a8")
+    assert said.startswith(f"agentq: algo.objective=tis: {PRESET_SAID}; rollout.quant=w8a8: each arm's preset sets")
+
+
+def test_shared_settings_the_presets_do_not_set_are_taken(tmp_path, capsys):
+    """trainer.*, env.*, sft.*, sweep.* and rollout keys other than its quant are every arm's alike:
+    not refused (table_only stops the sweep at its missing folder, after the checks)."""
+    said = _refused(tmp_path, capsys, "sweep.arms=[bf16,qat]", "sweep.seeds=[0]", "rollout.temperature=0.5",
+                    "trainer.lr=2e-5", "sft.lr=1e-4", "sweep.table_only=true")
+    assert said.startswith("agentq: sweep.table_only=true: sweep.out_dir=")
+
+
+@pytest.mark.parametrize("args, said", [
+    (["sweep.arms=[qat,qat]", "sweep.seeds=[3]"], "sweep.arms=['qat', 'qat'] repeats arm qat: each arm × seed runs "
+     "once into arms/<arm>/seed_<seed>, a repeat would run it again there and count its episodes twice in the table; "
+     "list each arm once"),
+    (["sweep.arms=[bf16,qat]", "sweep.seeds=[3,1,3]"], "sweep.seeds=[3, 1, 3] repeats seed 3: each arm × seed runs "
+     "once into arms/<arm>/seed_<seed>, a repeat would run it again there and count its episodes twice in the table; "
+     "list each seed once"),
+])
+def test_a_repeated_arm_or_seed_is_refused_before_any_work(tmp_path, capsys, args, said):
+    """`sweep.arms=[qat,qat] sweep.seeds=[3,3]` ran qat seed 3 four times into one folder and the table
+    counted its episodes twice."""
+    assert _refused(tmp_path, capsys, *args) == f"agentq: {said}"
+
+
+def test_a_repeated_arm_and_seed_are_both_named(tmp_path, capsys):
+    said = _refused(tmp_path, capsys, "sweep.arms=[qat,qat]", "sweep.seeds=[3,3]")
+    assert said.startswith("agentq: sweep.arms=['qat', 'qat'] repeats arm qat: ")
+    assert "; sweep.seeds=[3, 3] repeats seed 3: " in said
+
+
+@pytest.mark.parametrize("arg, said", [
+    ("sweep.eval_tasks=0", "sweep.eval_tasks=0 (int): must be a positive integer"),
+    ("sweep.parallel=0", "sweep.parallel=0 (int): must be a positive integer"),
+    ("sweep.arms=bf16", "sweep.arms='bf16' (str): must be a list of algo presets in brackets, e.g. "
+                        "'sweep.arms=[bf16]'"),
+    ("sweep.seeds=3", "sweep.seeds=3 (int): must be a list of integers in brackets, e.g. 'sweep.seeds=[3]'"),
+    ("sweep.references=bf16", "sweep.references='bf16' (str): must be a list of arms in brackets, e.g. "
+                              "'sweep.references=[bf16]'"),
+])
+def test_sweep_settings_are_checked_at_start_up(tmp_path, capsys, arg, said):
+    """`sweep.eval_tasks=0` evaluated 0 episodes, ran every arm, then failed in the table (None * int);
+    `sweep.arms=bf16` ran the arms b, f, 1, 6 ("Could not find 'algo/b'")."""
+    assert _refused(tmp_path, capsys, "sweep.seeds=[0]" if "seeds" not in arg else "sweep.arms=[bf16]", arg) == \
+        f"  {said}"
+
+
+# ---------------------------------------------------------------------- a parallel arm that fails
+def test_a_parallel_arms_failure_names_it_and_says_how_to_resume(tmp_path, monkeypatch, capsys):
+    """With sweep.parallel=2, a file where an arm's run folder goes (or any arm's error) ended the sweep
+    with a raw traceback naming no arm, without the resume command a Ctrl-C stop gives."""
+    import shlex
+
+    from agentq.trainer import pipeline, sweep
+    from sweep_jobs import run_folder_only
+
+    out = tmp_path / "s"
+
+    def shared_sft(cfg, out):               # the SFT stage, and a file where ais seed 2's folder goes
+        (out / "sft").mkdir()
+        (out / "sft" / "sft_summary.json").write_text("{}")
+        (out / "arms" / "ais").mkdir(parents=True)
+        (out / "arms" / "ais" / "seed_2").touch()
+
+    monkeypatch.setattr(sweep, "_shared_sft", shared_sft)
+    monkeypatch.setattr(pipeline, "evaluate_checkpoint", lambda *a: None)
+    monkeypatch.setattr(sweep, "run_arm", run_folder_only)
+    args = ["sweep", "env=textworld_express", *SMALL, "sweep.arms=[bf16,ais]", "sweep.seeds=[2]", "sweep.parallel=2"]
+    assert main([*args, f"sweep.out_dir={out}"]) == 1
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    again = shlex.join(["agentq", *args, f"sweep.out_dir={out}"])
+    assert said.startswith("agentq: run stopped: sweep arm ais seed 2 failed: NotADirectoryError: ")
+    assert said.endswith(f"; sweep folder {out}: 1 of 2 arm × seed runs finished; resume it with {again} (finished "
+                         "runs are kept, an unfinished one starts over)")
+    assert (out / "arms" / "bf16" / "seed_2" / "result.json").exists()          # the other arm's result kept
+
+
+def test_a_dead_worker_names_its_arms(tmp_path):
+    """A worker process that died (BrokenProcessPool) was a raw traceback naming no arm; the pool's other
+    running job fails with it, and is named too."""
+    from agentq.trainer.sweep import _run_jobs
+    from agentq.utils.errors import RunAborted
+    from sweep_jobs import run_dying
+
+    jobs = [{"arm": arm, "seed": 0, "run_dir": str(tmp_path / f"j{i}")} for i, arm in enumerate(["die", "b", "c"])]
+    with pytest.raises(RunAborted) as stop:
+        _run_jobs(jobs, parallel=2, run=run_dying)
+    # b, running beside it, fails with it (unless it finished first on a busy machine)
+    assert str(stop.value) in [f"sweep arm{s} stopped: a worker process died (BrokenProcessPool: killed, e.g. for "
+                               "memory), which ends every arm running in the pool"
+                               for s in ("s die seed 0, b seed 0", " die seed 0")]
+    assert not (tmp_path / "j2.started").exists()        # nothing started after it
