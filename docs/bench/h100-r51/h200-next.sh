@@ -1,5 +1,5 @@
 # For the next H200 (not run in round 51: no H200 came): the warps x stages sweep, then the 1B engine A/B of
-# (the H200's default) against the sweep's best rows, interleaved twice. On another GPU: nothing run.
+# round 44's launch rule (the H200's default) against the sweep's best rows. On another GPU: nothing run.
 o="$1"; set -o pipefail
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$gpu" in *H200*) ;; *) echo "not an H200: $gpu; nothing run"; exit 0 ;; esac
