@@ -4,11 +4,18 @@
     agentq sweep sweep.arms=[bf16,interq] sweep.seeds=[0] sweep.parallel=2 sweep.out_dir=runs/s
 
 One shared SFT checkpoint (tiny model → expert demonstrations → SFT, as `agentq pipeline`) is
-evaluated once on the held-out split; then every arm (an `algo=<preset>`) × seed runs RL from it with
-the same budget (trainer.steps × tasks_per_step × group_size episodes), evaluating the same held-out
-tasks every `trainer.eval_every` steps and at the end. The sweep folder gets:
+evaluated on the held-out split once per rollout numerics among the arms (each arm's preset sets its
+rollout.quant); then every arm (an `algo=<preset>`) × seed runs RL from it with the same budget
+(trainer.steps × tasks_per_step × group_size episodes), evaluating the same held-out tasks every
+`trainer.eval_every` steps and at the end. The sweep folder gets:
 
-    sft/, eval_sft/                 the shared start and its evaluation (step 0 of every curve)
+    sft/, eval_sft/                 the shared start and its evaluation under the sweep's base rollout
+                                    numerics (conf/sweep.yaml's rollout: w8a8_kv8)
+    eval_sft_<quant>/               its evaluation under another arm's numerics (eval_sft_bf16/: rollout
+                                    quant none), with that arm's config and the sweep's seed; each
+                                    arm's curve starts (step 0) from the one under its own numerics,
+                                    which table.json names per arm ("sft_eval"); a folder from before
+                                    these has eval_sft/ only: the table falls back to it, saying so
     arms/<arm>/seed_<s>/            an ordinary RL run folder, plus result.json once it finished
     table.md, table.json            per arm: final success pooled over seeds with a 95 % Wilson
                                     interval, per-seed success, AULC, paired tests over the held-out
@@ -20,12 +27,13 @@ tasks every `trainer.eval_every` steps and at the end. The sweep folder gets:
     curves.png                      held-out success against RL step, one line per arm (seed mean)
 
 Resumable: a finished arm × seed (its result.json exists) is never rerun, and the SFT checkpoint and
-its evaluation are reused; an unfinished one is started again from the SFT checkpoint. A resume
+its evaluations are reused; an unfinished one is started again from the SFT checkpoint. A resume
 whose settings differ from a finished run's (`check_resumed_runs`: the budget, SFT, evaluation, ...)
 is refused, naming them: the table would put runs of two settings under one title.
 `sweep.parallel=N` runs N arm × seed jobs at once in spawned processes (logs in each run folder);
 `sweep.table_only=true` writes the table of the runs finished so far in `sweep.out_dir` and runs
-nothing (no SFT, no evaluation, no arm; no lock taken, so it reads a running sweep); a folder that does
+nothing (no SFT, no evaluation, no arm; no lock taken, so it reads a running sweep), titled with the
+finished runs' own settings (their config.yaml), not the command line's; a folder that does
 not exist or where nothing has finished yet is one line (`check_table_only`), and no folder is made.
 `sweep.aligned_learner` sets what the presets' `learner_quant: aligned` means in this sweep
 (`aligned`: exact; `w8a8`: linears only, so the KV8 residual stays; `none`: unaligned).
@@ -387,7 +395,10 @@ def _write_sweep_table(cfg: DictConfig, out: Path, arms: list[str], seeds: list[
     done = sum((out / "arms" / arm / f"seed_{seed}" / RESULT).exists() for arm in arms for seed in seeds)
     console.print(f"sweep: {done} of {len(arms) * len(seeds)} arm × seed runs finished")
     table = sweep_table(out, arms, seeds, refs)
-    write_table(out, table, title=sweep_title(cfg, split, seeds))
+    ran = title_config(out, arms, seeds, cfg)           # the runs' own settings, not this command line's
+    finished = [s for s in seeds if any((out / "arms" / a / f"seed_{s}" / RESULT).exists() for a in arms)]
+    write_table(out, table, title=sweep_title(ran, str(OmegaConf.select(ran, "env.eval_split") or split),
+                                              finished or seeds))
     return table
 
 
@@ -405,13 +416,15 @@ def _shared_sft(cfg: DictConfig, out: Path) -> None:
 
 def _sweep_runs(cfg: DictConfig, out: Path, overrides: list[str], arms: list[str], seeds: list[int],
                 refs: list[str], split: str, threads: int | None) -> dict:
-    """The SFT checkpoint's evaluation, 2. the arms × seeds not finished yet, 3. the comparison table."""
+    """1. the SFT checkpoint's evaluations (one per rollout numerics among the arms), 2. the arms ×
+    seeds not finished yet, 3. the comparison table."""
     from agentq.trainer.pipeline import evaluate_checkpoint
 
     sw = cfg.sweep
     sft_ckpt = str(out / "sft" / "checkpoint")
-    if not (out / "eval_sft" / "eval.json").exists():
+    if not (out / "eval_sft" / "eval.json").exists():                 # 1. under the sweep's base numerics
         evaluate_checkpoint(cfg, sft_ckpt, out / "eval_sft", int(sw.eval_tasks), split)
+    _other_sft_evals(cfg, out, overrides, arms, seeds[0], split, threads)
 
     jobs = []                                                # 2. arms × seeds, finished ones skipped
     for seed in seeds:                                       # seed-major: a cut-short sweep has every arm
@@ -424,6 +437,52 @@ def _sweep_runs(cfg: DictConfig, out: Path, overrides: list[str], arms: list[str
     console.print(f"sweep: {len(arms) * len(seeds) - len(jobs)} arm × seed runs already finished, {len(jobs)} to run")
     _run_jobs(jobs, int(sw.parallel))
     return _write_sweep_table(cfg, out, arms, seeds, refs, split)        # 3. the comparison
+
+
+#: the SFT checkpoint's evaluation under the sweep's base rollout numerics (conf/sweep.yaml's rollout)
+BASE_SFT_EVAL = "eval_sft"
+
+
+def sft_eval_name(quant: str, base: str | None) -> str:
+    """The folder of the SFT checkpoint's evaluation under rollout.quant `quant`: eval_sft/ where that
+    is the base numerics `base` (the sweep config's rollout.quant, which eval_sft/eval.json records;
+    None: not recorded), else eval_sft_<quant as `quant_name` says it>/ (rollout quant none: eval_sft_bf16/)."""
+    return BASE_SFT_EVAL if base is None or str(base) == str(quant) else f"{BASE_SFT_EVAL}_{quant_name(str(quant))}"
+
+
+def _other_sft_evals(cfg: DictConfig, out: Path, overrides: list[str], arms: list[str], seed: int, split: str,
+                     threads: int | None) -> None:
+    """The SFT checkpoint evaluated under each arm's rollout numerics other than the base's (eval_sft/,
+    `sft_eval_name`), once per distinct numerics, with the arm's composed config (its preset's rollout
+    settings) and the sweep's seed and held-out tasks: each arm's curve starts from an evaluation under
+    its own numerics. One already there (a resumed sweep) is kept."""
+    from agentq.trainer.pipeline import evaluate_checkpoint
+
+    for arm in arms:
+        acfg = arm_config(arm_overrides(overrides, arm, seed, out / "arms" / arm / f"seed_{seed}", threads))
+        folder = out / sft_eval_name(str(acfg.rollout.quant), str(cfg.rollout.quant))
+        if folder.name == BASE_SFT_EVAL or (folder / "eval.json").exists():
+            continue
+        OmegaConf.update(acfg, "seed", cfg.seed)           # as eval_sft/'s: only the rollout numerics differ
+        console.print(f"sweep: the SFT checkpoint under arm {arm}'s rollout numerics "
+                      f"({quant_name(str(acfg.rollout.quant))}) → {folder.name}/")
+        evaluate_checkpoint(acfg, str(out / "sft" / "checkpoint"), folder, int(cfg.sweep.eval_tasks), split)
+
+
+#: what `sweep_title` reads of a config
+TITLE_KEYS = ("env", "trainer.steps", "trainer.tasks_per_step", "trainer.group_size", "sweep.aligned_learner")
+
+
+def title_config(out: Path, arms: list[str], seeds: list[int], cfg: DictConfig) -> DictConfig:
+    """The config the title states: the first finished arm × seed's own config.yaml (so a table_only
+    command without the sweep's overrides titles the runs as they ran), else `cfg`."""
+    for seed in seeds:
+        for arm in arms:
+            run_dir = out / "arms" / arm / f"seed_{seed}"
+            ran = read_run_config(run_dir / "config.yaml", needs=()) if (run_dir / RESULT).exists() else None
+            if ran is not None and all(OmegaConf.select(ran, k) is not None for k in TITLE_KEYS):
+                return ran
+    return cfg
 
 
 def sweep_title(cfg: DictConfig, split: str, seeds: list[int]) -> str:
@@ -489,7 +548,7 @@ def check_resumed_runs(out: Path, arms: list[str], seeds: list[int], overrides: 
            "with the sweep's own overrides, or start another sweep.out_dir")
     if not warn_only:
         raise ConfigError(msg)
-    console.print(f"sweep.table_only: {msg}; the title below states this command line's settings",
+    console.print(f"sweep.table_only: {msg}; the title below states the finished runs' own settings",
                   style="yellow", markup=False)
 
 
@@ -509,6 +568,24 @@ def _curve(run_dir: Path, sft_success: float) -> tuple[list[int], list[float]]:
 
     ev = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/success_rate" in r]
     return [0] + [int(r["step"]) for r in ev], [sft_success] + [float(r["eval/success_rate"]) for r in ev]
+
+
+def step0_eval(out: Path, quant: str | None) -> dict:
+    """Step 0 of an arm's curve: the SFT checkpoint's evaluation under the arm's rollout.quant `quant`
+    (`sft_eval_name`) as {"folder": its folder's name, "rollout_quant", "success_rate", "episodes", "own_numerics"}.
+    A sweep folder from before there was one per numerics (no such folder) falls back to eval_sft/,
+    `own_numerics` false; so does an arm whose result.json records no rollout_quant, when it is unknown."""
+    from agentq.eval.episodes import read_eval
+
+    base = read_eval(out / BASE_SFT_EVAL).get("rollout_quant")
+    name = BASE_SFT_EVAL if quant is None else sft_eval_name(str(quant), base)
+    if not (out / name / "eval.json").exists():
+        name = BASE_SFT_EVAL
+    ev = read_eval(out / name)
+    ran = ev.get("rollout_quant")
+    own = quant is not None and (ran is None or str(ran) == str(quant))
+    return {"folder": name, "rollout_quant": ran, "success_rate": ev["success_rate"], "episodes": ev["episodes"],
+            "own_numerics": own}
 
 
 def _finite(xs: Iterable[float | None]) -> list[float]:
@@ -552,7 +629,7 @@ def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -
     from agentq.eval.metrics import aulc, outcomes_by_task, paired_comparison, success_interval
     from agentq.utils.logging import read_metrics
 
-    sft = read_eval(out / "eval_sft")
+    sft = read_eval(out / BASE_SFT_EVAL)
     rows, won = {}, {}
     for arm in arms:
         runs = [(s, out / "arms" / arm / f"seed_{s}") for s in seeds]
@@ -566,10 +643,11 @@ def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -
         # every seed plays the same held-out tasks: their episodes of one task are not independent
         episodes = [(t.task_id, t.won) for _, e in results for t in read_trajectories(e / "episodes.jsonl")]
         won[arm] = outcomes_by_task(episodes)      # for the paired tests: a task's episodes over all seeds
-        curves = {s: _curve(d, float(sft["success_rate"])) for s, d in done}
         first = read_result(done[0][1])
+        step0 = step0_eval(out, first.get("rollout_quant"))      # the SFT evaluation under the arm's numerics
+        curves = {s: _curve(d, float(step0["success_rate"])) for s, d in done}
         rows[arm] = {
-            "seeds": [s for s, _ in done], "rollout_quant": first["rollout_quant"],
+            "seeds": [s for s, _ in done], "rollout_quant": first["rollout_quant"], "sft_eval": step0,
             "rollout_backend": rollout_backend(done[0][1], first),
             "learner_quant": first["learner_quant"], "objective": first["objective"],
             "success_rate": k / n if n else None, "success_ci95": list(success_interval(episodes)), "episodes": n,
@@ -583,7 +661,8 @@ def sweep_table(out: Path, arms: list[str], seeds: list[int], refs: list[str]) -
     # are one unit of the test, not independent pairs (metrics.paired_comparison)
     for arm, r in rows.items():
         r["paired"] = {ref: paired_comparison(won[ref], won[arm]) for ref in refs if ref in won and ref != arm}
-    return {"sft_success_rate": sft["success_rate"], "sft_episodes": sft["episodes"], "arms": rows,
+    return {"sft_success_rate": sft["success_rate"], "sft_episodes": sft["episodes"], "sft_eval": BASE_SFT_EVAL,
+            "sft_rollout_quant": sft.get("rollout_quant"), "arms": rows,
             "references": refs, "seeds": seeds}
 
 
@@ -608,6 +687,30 @@ def _paired_cell(pr: dict) -> str:
     return f"{pr['won_only_after']} / {pr['won_only_before']}, {pr['mcnemar_p']:.2g}"
 
 
+def _step0_text(t: dict) -> str:
+    """table.md's words on step 0 of the curves: the SFT checkpoint's evaluation under the base numerics
+    (eval_sft/), each other one with the arms that start from it, and the arms that fall back to
+    eval_sft/ (a sweep folder from before there was one evaluation per numerics)."""
+    base = t.get("sft_rollout_quant")
+    said = [f"After SFT: {100 * t['sft_success_rate']:.1f} % of {t['sft_episodes']} held-out episodes"
+            + (f" ({quant_name(str(base))} rollouts, {BASE_SFT_EVAL}/)." if base is not None else ".")]
+    others: dict[str, tuple[dict, list[str]]] = {}
+    for arm, r in t["arms"].items():
+        ev = r.get("sft_eval")
+        if ev and ev["folder"] != BASE_SFT_EVAL:
+            others.setdefault(ev["folder"], (ev, []))[1].append(arm)
+    for folder, (ev, starting) in others.items():
+        said.append(f"Under {quant_name(str(ev['rollout_quant']))} rollouts ({folder}/, step 0 of "
+                    f"{', '.join(starting)}): {100 * ev['success_rate']:.1f} % of {ev['episodes']}.")
+    fell = [arm for arm, r in t["arms"].items() if r.get("sft_eval") and not r["sft_eval"]["own_numerics"]]
+    if fell:
+        whose = "its" if len(fell) == 1 else "their"
+        said.append(f"Step 0 of {', '.join(fell)} is {BASE_SFT_EVAL}/'s, not under {whose} "
+                    "own rollout numerics: this sweep folder has no SFT evaluation under them (made before there "
+                    "was one per numerics; resuming the sweep adds it).")
+    return " ".join(said)
+
+
 def table_markdown(t: dict, title: str) -> str:
     from agentq.eval.metrics import NO_PAIRS, paired_test_name
 
@@ -622,8 +725,7 @@ def table_markdown(t: dict, title: str) -> str:
     # the paired columns' key only where there are such columns (no reference among the arms: none)
     pairs = ("b / c = held-out tasks whose success (over all the seeds' episodes) is higher for the arm / for the "
              f"reference; p = two-sided, paired by task{': ' + ', '.join(tests) if tests else ''}. ") if refs else ""
-    lines = [f"**{title}.** After SFT: {100 * t['sft_success_rate']:.1f} % of {t['sft_episodes']} held-out "
-             f"episodes. {pairs}Times are totals per seed (mean over seeds).", "",
+    lines = [f"**{title}.** {_step0_text(t)} {pairs}Times are totals per seed (mean over seeds).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, r in t["arms"].items():
         lo, hi = r["success_ci95"]

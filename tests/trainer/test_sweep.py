@@ -25,7 +25,7 @@ def test_sweep_miniature_and_resume(tmp_path):
     for r in (bf16, iq):
         assert r["episodes"] == 4 and r["seeds"] == [0]
         c = r["curves"]["0"]
-        assert c["steps"] == [0, 1, 2] and c["success"][0] == t["sft_success_rate"]
+        assert c["steps"] == [0, 1, 2] and c["success"][0] == r["sft_eval"]["success_rate"]
         assert r["aulc"] == aulc(c["steps"], c["success"])
         assert r["success_rate"] == c["success"][-1]
         assert r["rollout_time_s"] > 0 and r["learner_time_s"] > 0
@@ -38,6 +38,10 @@ def test_sweep_miniature_and_resume(tmp_path):
     assert (iq["paired"]["bf16"]["won_only_after"], iq["paired"]["bf16"]["won_only_before"]) == \
         (p["won_only_after"], p["won_only_before"])
     assert "interq" in bf16["paired"] and "bf16" not in bf16["paired"]
+    # step 0 under each arm's own rollout numerics: bf16's SFT evaluation is its own (quant none)
+    assert (iq["sft_eval"]["folder"], iq["sft_eval"]["success_rate"]) == ("eval_sft", t["sft_success_rate"])
+    assert (bf16["sft_eval"]["folder"], bf16["sft_eval"]["rollout_quant"]) == ("eval_sft_bf16", "none")
+    assert json.loads((tmp_path / "eval_sft_bf16" / "eval.json").read_text())["rollout_quant"] == "none"
     assert (bf16["rollout_backend"], iq["rollout_backend"]) == ("torch", "torch")     # from result.json
     md = (tmp_path / "table.md").read_text()
     assert "| interq | w8a8_kv8 / w8a8 |" in md and "vs bf16: b / c, p" in md     # one backend: not shown
@@ -682,3 +686,71 @@ def test_a_dead_worker_names_its_arms(tmp_path):
                                "memory), which ends every arm running in the pool"
                                for s in ("s die seed 0, b seed 0", " die seed 0")]
     assert not (tmp_path / "j2.started").exists()        # nothing started after it
+
+
+# ---------------------------------------------------------------------- step 0 under each arm's numerics
+def test_each_arms_curve_starts_from_the_sft_evaluation_under_its_own_rollout_numerics(tmp_path, monkeypatch, capsys):
+    """Step 0 of every curve was eval_sft/, made under the sweep's base rollout (w8a8_kv8), so the bf16
+    arm's curve and AULC mixed numerics. Now the SFT checkpoint is evaluated once per distinct rollout
+    numerics among the arms (the arm's composed config): bf16 starts from eval_sft_bf16/ (rollout quant
+    none), interq and qat share eval_sft/; a resume redoes none; an old folder without eval_sft_bf16/
+    falls back to eval_sft/ and says so; table_only without the sweep's overrides keeps its title."""
+    from agentq.trainer import pipeline, sweep
+    from sweep_jobs import run_finished
+
+    out, calls = tmp_path / "s", []
+
+    def shared_sft(cfg, out):
+        (out / "sft").mkdir(exist_ok=True)
+        (out / "sft" / "sft_summary.json").write_text("{}")
+
+    def evaluate_checkpoint(cfg, checkpoint, folder, num_tasks, split):
+        calls.append((str(cfg.rollout.quant), folder.name, int(cfg.seed), num_tasks, split))
+        folder.mkdir()
+        success = {"none": 0.75, "w8a8_kv8": 0.25}[str(cfg.rollout.quant)]
+        (folder / "eval.json").write_text(json.dumps({"success_rate": success, "episodes": 4,
+                                                      "rollout_quant": str(cfg.rollout.quant)}))
+
+    monkeypatch.setattr(sweep, "_shared_sft", shared_sft)
+    monkeypatch.setattr(pipeline, "evaluate_checkpoint", evaluate_checkpoint)
+    monkeypatch.setattr(sweep, "run_arm", run_finished)
+    picked = ["sweep.arms=[bf16,interq,qat]", "sweep.seeds=[3]"]
+    args = ["sweep", "env=textworld_express", *SMALL, "sweep.eval_tasks=4", *picked, f"sweep.out_dir={out}"]
+    assert main(args) == 0
+    seed = calls[0][2]                     # the sweep's seed, not the arm's: only the numerics differ
+    assert seed != 3
+    assert calls == [("w8a8_kv8", "eval_sft", seed, 4, "dev"), ("none", "eval_sft_bf16", seed, 4, "dev")]
+    t = json.loads((out / "table.json").read_text())
+    assert (t["sft_success_rate"], t["sft_eval"], t["sft_rollout_quant"]) == (0.25, "eval_sft", "w8a8_kv8")
+    for arm, folder, success in (("bf16", "eval_sft_bf16", 0.75), ("interq", "eval_sft", 0.25),
+                                 ("qat", "eval_sft", 0.25)):
+        r = t["arms"][arm]
+        assert r["sft_eval"] == {"folder": folder, "rollout_quant": r["rollout_quant"], "success_rate": success,
+                                 "episodes": 4, "own_numerics": True}
+        assert r["curves"]["3"] == {"steps": [0, 1, 2], "success": [success, 0.25, 0.5]}
+        assert r["aulc"] == aulc([0, 1, 2], [success, 0.25, 0.5])
+    md = (out / "table.md").read_text()
+    title = "textworld_express[coin]/dev, seeds [3], 2 RL steps × 4 episodes, learner of aligned arms: w8a8"
+    assert md.startswith(f"**{title}.** After SFT: 25.0 % of 4 held-out episodes (w8a8_kv8 rollouts, eval_sft/). "
+                         "Under bf16 rollouts (eval_sft_bf16/, step 0 of bf16): 75.0 % of 4. ")
+
+    calls.clear()                          # a resume: both SFT evaluations are there, none is redone
+    assert main(args) == 0 and calls == []
+    # table_only without the sweep's overrides (another env, budget): the runs' own title
+    (out / "table.md").unlink()
+    assert main(["sweep", *picked, "sweep.table_only=true", f"sweep.out_dir={out}"]) == 0
+    assert (out / "table.md").read_text() == md and calls == []
+
+    # a sweep folder from before: eval_sft/ alone; bf16 falls back to it, saying so
+    import shutil
+    shutil.rmtree(out / "eval_sft_bf16")
+    capsys.readouterr()
+    assert main(["sweep", *picked, "sweep.table_only=true", f"sweep.out_dir={out}"]) == 0 and calls == []
+    bf16 = json.loads((out / "table.json").read_text())["arms"]["bf16"]
+    assert bf16["sft_eval"] == {"folder": "eval_sft", "rollout_quant": "w8a8_kv8", "success_rate": 0.25,
+                                "episodes": 4, "own_numerics": False}
+    assert bf16["curves"]["3"]["success"][0] == 0.25
+    said = ("Step 0 of bf16 is eval_sft/'s, not under its own rollout numerics: this sweep folder has no SFT "
+            "evaluation under them (made before there was one per numerics; resuming the sweep adds it).")
+    assert said in (out / "table.md").read_text() and "eval_sft_bf16" not in (out / "table.md").read_text()
+    assert said in " ".join(capsys.readouterr().err.split())
