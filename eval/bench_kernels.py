@@ -71,19 +71,12 @@ def log(*a):
 
 # ---------------------------------------------------------------------- timing
 def graph_us(fns, rep_ms: float = 60.0, warmup_ms: float = 15.0) -> float:
-    """Median µs of one CUDA-graph replay of `fns` called in order (warmed up eagerly first)."""
+    """Median µs of one CUDA-graph replay of `fns` called in order (captured by the engine's
+    `capture_graph`, after its eager warm-up runs)."""
     import triton
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
+
+    from agentq.rollout.torch_engine.decode import capture_graph
+    g, _ = capture_graph(lambda: [f() for f in fns], None)
     torch.cuda.synchronize()
     ms = triton.testing.do_bench(g.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
     del g
@@ -944,17 +937,8 @@ def steady_us(fn, reps: int = 10, iters: int = 20) -> float:
     them (`graph_us` runs do_bench, whose L2 flush before each replay leaves dirty lines the timed
     call must write back: ~10 µs on a 100 µs decode attention). For kernels that run back to back in
     the engine and read far more than L2 holds."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
+    from agentq.rollout.torch_engine.decode import capture_graph
+    g, _ = capture_graph(lambda: [fn() for _ in range(reps)], None)
     for _ in range(3):
         g.replay()
     times = []

@@ -124,8 +124,9 @@ def check_sweep_settings(cfg: DictConfig, overrides: list[str]) -> None:
     if not cfg.sweep.arms or not cfg.sweep.seeds:
         raise ConfigError(f"sweep.arms={list(cfg.sweep.arms)} and sweep.seeds={list(cfg.sweep.seeds)} must both be "
                           "non-empty")
-    if _repeated(cfg):
-        raise ConfigError("; ".join(_repeated(cfg)))
+    repeated = _repeated(cfg)
+    if repeated:
+        raise ConfigError("; ".join(repeated))
     if int(cfg.trainer.eval_every) < 0 and not cfg.sweep.table_only:     # RLTrainer.train: no final eval then
         raise ConfigError(f"trainer.eval_every={cfg.trainer.eval_every}: a sweep's table needs each arm's final "
                           "held-out evaluation; set trainer.eval_every=0 (only the final one) or N > 0 (also every "
