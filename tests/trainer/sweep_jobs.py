@@ -17,11 +17,15 @@ def run_marked(job: dict) -> None:
 
 
 def run_dying(job: dict) -> None:
-    """The arm "die" ends its worker process at once (as the kernel's OOM killer would); others take 3 s."""
+    """The arm "die" ends its worker process (as the kernel's OOM killer would) once the job named by
+    its "wait_for" has started, so that one is running beside it; others take 3 s."""
     import os
 
     Path(str(job["run_dir"]) + ".started").touch()
     if job["arm"] == "die":
+        deadline = time.time() + 60
+        while job.get("wait_for") and not Path(job["wait_for"]).exists() and time.time() < deadline:
+            time.sleep(0.01)
         os._exit(9)
     time.sleep(3)
     Path(str(job["run_dir"]) + ".done").touch()

@@ -679,6 +679,9 @@ def test_a_dead_worker_names_its_arms(tmp_path):
     from sweep_jobs import run_dying
 
     jobs = [{"arm": arm, "seed": 0, "run_dir": str(tmp_path / f"j{i}")} for i, arm in enumerate(["die", "b", "c"])]
+    # "die" dies only once b runs beside it: on a loaded machine b had finished first and c been handed to
+    # the pool before it noticed the death (a CI run named "die, c")
+    jobs[0]["wait_for"] = str(tmp_path / "j1.started")
     with pytest.raises(RunAborted) as stop:
         _run_jobs(jobs, parallel=2, run=run_dying)
     # b, running beside it, fails with it (unless it finished first on a busy machine)
