@@ -45,7 +45,7 @@ and the mismatch printed below then carries the training pass's rounding.
 
 On a GPU the learner wants larger forwards than the trainer's CPU-sized default of 8 trajectories:
 the aligned path launches more per layer, so small forwards leave it host-bound (round 7 on the
-H200: 0.90x at --micro 8, 1.06-1.11x at --micro 16 --logprob-micro 64; docs/kernels.md).
+H200: 0.90x at --micro 8, 1.06-1.11x at --micro 16 --logprob-micro 64; docs/kernels-history.md).
 """
 from __future__ import annotations
 

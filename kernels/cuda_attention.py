@@ -7,7 +7,7 @@ and the query group its 8-column B operand, so up to 8 heads share one MMA with 
 thread of a block moves each tile (K and V codes of 16 · warps positions, and their scales: four
 ``cp.async.bulk`` copies) into one of STAGES shared-memory stages counted in by an mbarrier, so a block
 keeps STAGES - 1 tiles (~17 KB each at 4 warps) in flight without holding registers. Measured on an H200 (round 44,
-docs/kernels.md): 1.00–1.04× the Triton kernel at B 64–128 (3.4–3.9 TB/s), 1.11–1.19× at B 16.
+docs/kernels-history.md): 1.00–1.04× the Triton kernel at B 64–128 (3.4–3.9 TB/s), 1.11–1.19× at B 16.
 Reading the tiles into registers instead (one or two tiles a warp) or with per-lane ``cp.async``
 ran at 2–3 TB/s.
 

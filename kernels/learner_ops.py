@@ -3,7 +3,7 @@ autograd, optionally also emitting the int8 codes the next W8A8 linear reads.
 
 HF's eager RMSNorm runs ~7 kernels per norm (upcast, square, mean, add, rsqrt, multiply, downcast,
 weight) and keeps fp32 copies for its backward; four to five norms per decoder layer made this the
-largest non-GEMM cost of the learner's forwards on the GPU (`docs/kernels.md`). Here:
+largest non-GEMM cost of the learner's forwards on the GPU (`docs/kernels-history.md`, round 4). Here:
 
 * `rms_norm(x, w, eps, quant)`: forward = `triton_norm.rms_norm` (HF's formula, each rounding
   where torch rounds; the mean's tree sum may differ from torch's in the last fp32 bit, so an

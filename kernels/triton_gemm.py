@@ -19,7 +19,7 @@ trip after another: on the H200 split-K added ~17-20 µs per launch at decode sh
 (`docs/bench/h200-r2/tune-qwen3-decode.json`: Qwen3-8B o-proj at M = 64, 10.4 µs unsplit, 27.2 µs
 in 2 splits). A fix-up by plain L2 loads after the ticket's acquire and a barrier (round 6) halved
 that but never beat one split at any decode shape, and returned wrong sums on the H200 (3 splits),
-where the interpreter had been bit-exact; it was removed (`docs/kernels.md`, round 7).
+where the interpreter had been bit-exact; it was removed (`docs/kernels-history.md`, round 7).
 `int8_gemm_partials` splits K without either: each split stores its int32 sums to its own slice
 and the kernel that reads the output anyway (the next residual add + RMSNorm) adds them and runs
 the epilogue (`quant.PartialSums`; round 12, the o / down projections at decode rows).

@@ -390,7 +390,7 @@ H200_QUANT: list[tuple[int, int, tuple[int, bool, int]]] = [
 #: rows up to this many let a following kernel start early (programmatic dependent launch); with
 #: many rows the waiting GEMM programs would hold SMs that the quant programs need (256 rows, round
 #: 2); 128 since round 14: the decode step at B 128 measured faster with it in 9 of 10 passes
-#: (docs/kernels.md)
+#: (docs/kernels-history.md, round 14)
 PDL_MAX_ROWS = 128
 
 

@@ -4,7 +4,7 @@ Why: a delta prefill is light for the GPU and heavy in launches. At the 1.7B sha
 ~130 new tokens take ~30 ms of W8A8 kernels through ~10 launches a layer, and a Triton launch
 costs the GPU machine's host 40–80 µs, so run eagerly the GPU waits for the host (round 29's
 profile of a rollout: the GPU idle 21 % of the W8A8 rollout against 8 % of bf16's, mostly in the
-prefills; docs/kernels.md). `PrefillRunner` captures a chunk's forward once per (rows, tokens,
+prefills; docs/kernels-history.md, round 29). `PrefillRunner` captures a chunk's forward once per (rows, tokens,
 key length) bucket and replays it: one graph launch instead of ~300 kernel launches.
 
 Shapes. Rows pad to the decode buckets (`decode.bucket_sizes`); a padding row feeds one token into
