@@ -60,6 +60,7 @@ import torch
 
 from agentq.eval.bench_common import (base_parser, gpu_s_by_class, kernel_table, kernel_timeline, print_timeline,
                                       profile_host, profiled_kernels, random_model, release_memory, sync)
+from agentq.kernels.jit_watch import counting_compiles
 from agentq.kernels.ste import GRAD_INPUTS
 from agentq.kernels.triton_attention import kv_bytes_per_token
 from agentq.learner.learner import OLD_LOGP_MODES
@@ -250,25 +251,30 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
     mism = []
     if device.type == "cuda":               # the step's peak: learner, its optimizer state, engine, KV
         torch.cuda.reset_peak_memory_stats(device)
+    compiles = []                           # Triton compiles per timed step: their time is in the phases
     for step in range(args.warmup + args.steps):
         t = {}
-        sync(device)
-        t0 = time.perf_counter()
-        trajs = play(engine, args, cfg.vocab_size, step)
-        sync(device)
-        t["rollout"] = time.perf_counter() - t0
-        rewards = torch.rand(len(trajs), generator=torch.Generator().manual_seed(step))
-        batch = collate(trajs, grpo_advantages(rewards, torch.tensor([x.group_id for x in trajs])))
-        batch = learn(learner, objective, batch, args, t, device)
-        t0 = time.perf_counter()
-        engine.update_weights(learner.named_weights(), version=step + 1)
-        sync(device)
-        t["sync"] = time.perf_counter() - t0
+        with counting_compiles() as compiled:
+            sync(device)
+            t0 = time.perf_counter()
+            trajs = play(engine, args, cfg.vocab_size, step)
+            sync(device)
+            t["rollout"] = time.perf_counter() - t0
+            rewards = torch.rand(len(trajs), generator=torch.Generator().manual_seed(step))
+            batch = collate(trajs, grpo_advantages(rewards, torch.tensor([x.group_id for x in trajs])))
+            batch = learn(learner, objective, batch, args, t, device)
+            t0 = time.perf_counter()
+            engine.update_weights(learner.named_weights(), version=step + 1)
+            sync(device)
+            t["sync"] = time.perf_counter() - t0
         if step >= args.warmup:
             for p in PHASES:
                 times[p].append(t[p])
             mism.append(mismatch_metrics(batch))       # π_old (learner) vs μ (engine), per turn too
-        print(f"[{entry}] step {step}: " + " ".join(f"{p} {t[p]:.2f}s" for p in PHASES), flush=True)
+            if compiled.available:
+                compiles.append(compiled.total)
+        print(f"[{entry}] step {step}: " + " ".join(f"{p} {t[p]:.2f}s" for p in PHASES)
+              + (f", {compiled.describe()}" if device.type == "cuda" else ""), flush=True)
     if args.host_profile:           # after the timed steps: where the host time of the eager phases goes
         step = args.warmup + args.steps
         profile_host(f"{entry}: one rollout", lambda: (play(engine, args, cfg.vocab_size, step), sync(device)),
@@ -286,6 +292,7 @@ def run_algo(entry: str, args, device: torch.device, dtype: torch.dtype) -> dict
            "share_prefix": learner_kw["share_prefix"], "old_logp": args.old_logp,
            "activation_checkpointing": bool(getattr(learner.model, "is_gradient_checkpointing", False)),
            "objective": pre["objective"], "phases_s": med, "phases_all_s": times, "step_s": sum(med.values()),
+           "timed_step_compiles": compiles,
            "action_tokens": int(sum(x.num_action_tokens for x in trajs)), "tokens": int(sum(x.num_tokens for x in trajs)),
            "mismatch": mism[-1] if mism else {},
            "peak_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None,
@@ -381,6 +388,10 @@ def main(argv=None) -> dict:
             g = r["rollout_gpu"]
             print(f"{r['algo']} rollout (profiled): GPU busy {g['busy_s']:.3f} s of a {g['span_s']:.3f} s span "
                   f"({100 * (1 - g['idle_frac']):.0f} %), {g['kernels']:.0f} kernels")
+    for r in rows.values():
+        if any(r["timed_step_compiles"]):        # a step class first seen in a timed step: its time holds the compile
+            print(f"{r['algo']}: the timed steps compiled {r['timed_step_compiles']} Triton kernels (step by step); "
+                  f"the medians hold that time: more --warmup or --steps leave it out")
     for r in rows.values():
         m = r["mismatch"]
         print(f"{r['algo']} mismatch: max|Δlogp| {m['dlogp_abs_max']:.3e} K3 {m['k3']:.3e} K3 by turn "
