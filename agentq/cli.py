@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())     # Python's flush at exit fails too
         return 1
     if rc == INTERRUPTED and argv is None:
-        # end by SIGINT, as an uncaught Ctrl-C does: a shell loop of commands (`for s in 1 2 3; do agentq
-        # train seed=$s; done`) then stops too, where an exit status of 130 would let it go on
+        # end by the signal that stopped it, as an uncaught Ctrl-C (or SIGTERM) does: a shell loop of commands
+        # (`for s in 1 2 3; do agentq train seed=$s; done`) then stops too, where an exit status of 130 would
+        # let it go on, and a job scheduler sees the SIGTERM it sent
         import atexit
         import os
         import signal
@@ -70,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+        stopped_by = _stopped_by.pop() if _stopped_by else signal.SIGINT
+        signal.signal(stopped_by, signal.SIG_DFL)
+        os.kill(os.getpid(), stopped_by)
     return rc
 
 
@@ -127,6 +129,8 @@ def run(argv: list[str] | None = None) -> int:
 #: the commands a SIGTERM (`kill <pid>`, a job scheduler's stop or time limit) stops as Ctrl-C does: the run
 #: closes its workers and folder and says where it stands and how to go on, where it was a bare "Terminated"
 SIGTERM_AS_CTRL_C = ("train", "pipeline", "eval")
+#: the SIGTERM that `sigterm_as_ctrl_c` turned into KeyboardInterrupt, if one did: `main` ends by it
+_stopped_by: list[int] = []
 
 
 @contextlib.contextmanager
@@ -142,6 +146,7 @@ def sigterm_as_ctrl_c(enabled: bool = True) -> Iterator[None]:
         return
 
     def interrupt(signum: int, frame: object) -> None:
+        _stopped_by[:] = [signum]
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)

@@ -51,7 +51,11 @@ def test_off_the_main_thread_no_handler_is_installed(own_sigterm_handler):
     assert errors == [] and seen == [own_sigterm_handler]
 
 
-def test_sigterm_during_train_says_where_the_run_stands(tmp_path, monkeypatch, capsys, own_sigterm_handler):
+@pytest.mark.parametrize("env_pool", ["inline", "ray"])
+def test_sigterm_during_train_says_where_the_run_stands(env_pool, tmp_path, monkeypatch, capsys, own_sigterm_handler):
+    # ray: a local cluster, whose `ray.init` installs its own SIGTERM handler (sys.exit(15): no resume line)
+    if env_pool == "ray":
+        pytest.importorskip("ray")
     from agentq.trainer import rl
 
     monkeypatch.chdir(tmp_path)
@@ -63,7 +67,7 @@ def test_sigterm_during_train_says_where_the_run_stands(tmp_path, monkeypatch, c
         raise AssertionError("SIGTERM did not stop the run")
 
     monkeypatch.setattr(rl.RLTrainer, "_train", terminated_at_once)
-    quick = ["env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8", "trainer.steps=1",
+    quick = [f"env_pool={env_pool}", "env.max_steps=2", "env.max_new_tokens=8", "trainer.steps=1",
              "trainer.tasks_per_step=1", "trainer.group_size=2", "trainer.eval_num_tasks=1"]
     assert main(["train", *quick, f"trainer.out_dir={run}"]) == 130
     err = capsys.readouterr().err
@@ -71,3 +75,31 @@ def test_sigterm_during_train_says_where_the_run_stands(tmp_path, monkeypatch, c
     assert err.splitlines()[-1].startswith(
         f"agentq: interrupted: run folder {run} has no checkpoint yet; start it again with agentq train ")
     assert signal.getsignal(signal.SIGTERM) is own_sigterm_handler
+
+
+STOPPED_BY_SIGTERM = """
+import os, signal, sys
+from agentq.cli import main
+from agentq.trainer import rl
+
+def terminated_at_once(self, final_eval_tasks):
+    os.kill(os.getpid(), signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    raise AssertionError("SIGTERM did not stop the run")
+
+rl.RLTrainer._train = terminated_at_once
+sys.argv = ["agentq", "train", "env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8", "trainer.steps=1",
+            "trainer.tasks_per_step=1", "trainer.group_size=2", "trainer.eval_num_tasks=1", "trainer.out_dir=run"]
+sys.exit(main())
+"""
+
+
+def test_the_command_ends_by_the_sigterm_it_was_sent(tmp_path):
+    """A job scheduler (or a parent) sees the process end by the SIGTERM it sent, not by a SIGINT."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", STOPPED_BY_SIGTERM], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == -signal.SIGTERM, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1].startswith("agentq: interrupted: run folder run has no checkpoint yet")

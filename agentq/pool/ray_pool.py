@@ -24,6 +24,7 @@ the subprocess pool (a restarted actor is awaited like a restarted subprocess). 
 its evaluations through the training pool, so a run holds one set of workers."""
 from __future__ import annotations
 
+import contextlib
 import os
 import site
 import socket
@@ -31,7 +32,7 @@ import sys
 import sysconfig
 import time
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 from agentq.config import ConfigError
 from agentq.utils.errors import first_line
@@ -103,11 +104,29 @@ def init_ray(address: str | None, num_cpus: int | None) -> None:
     else:
         origin = check_reachable(address)
     before = set(descendants(os.getpid())) if address is None else set()    # a joined cluster is not ours
-    ray.init(**ray_init_kwargs(address), num_cpus=num_cpus if address is None else None)
+    with own_sigterm_handler_kept():
+        ray.init(**ray_init_kwargs(address), num_cpus=num_cpus if address is None else None)
     if address is None:
         _reap_local_cluster_on_exit(sorted(set(descendants(os.getpid())) - before))
     else:       # which cluster "auto" (or a name) found is otherwise nowhere on the console
         announce_join(address, origin)
+
+
+@contextlib.contextmanager
+def own_sigterm_handler_kept() -> Iterator[None]:
+    """`ray.init` installs its own SIGTERM handler (`sys.exit`) in the main thread, over the one there. A
+    handler the process installed itself (the CLI's, which stops a run as Ctrl-C does, with its resume
+    line) is put back after the block; where there was none, Ray's stays (its exit runs the exit hooks)."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if callable(before) and signal.getsignal(signal.SIGTERM) is not before:
+            signal.signal(signal.SIGTERM, before)
 
 
 _cluster_watcher: Any = None     # the watcher of the local cluster this process started last
