@@ -40,22 +40,36 @@ def fingerprint(settings: dict[str, Any], checkpoint: str, tasks: list[str], dat
     place under the same path holds other games."""
     files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(checkpoint).iterdir()
                    if p.is_file() and (p.suffix == ".safetensors" or p.name in MODEL_FILES))
-    blob = json.dumps({"settings": settings, "checkpoint": str(Path(checkpoint).resolve()), "files": files,
-                       "tasks": tasks, "data": data_files(data_dir)}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    what = {"settings": settings, "checkpoint": str(Path(checkpoint).resolve()), "files": files, "tasks": tasks}
+    data = data_files(data_dir)
+    if data:            # only then: the fingerprint of an evaluation without a data folder is as it was before
+        what["data"] = data
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def data_files(data_dir: str | None) -> list[tuple[str, int, int]]:
     """(path under `data_dir`, size, modification time) of each file of a data folder, sorted; [] for
-    None or a path that is no folder (the env says what is wrong with it)."""
+    None or a path that is no folder (the env says what is wrong with it). Linked folders are walked
+    as the env reads through them (each real folder once: a link loop ends); a link to nothing is
+    listed with size and time -1."""
     if not data_dir or not Path(data_dir).is_dir():
         return []
     root = Path(data_dir)
-    out = []
-    for folder, _, names in os.walk(root):
+    out, seen = [], set()
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:            # reached again through a link: its files are listed already
+            dirs[:] = []
+            continue
+        seen.add(real)
         for name in names:
-            st = (Path(folder) / name).stat()
-            out.append((str((Path(folder) / name).relative_to(root)), st.st_size, st.st_mtime_ns))
+            path = Path(folder) / name
+            try:
+                st = path.stat()
+                size, mtime = st.st_size, st.st_mtime_ns
+            except OSError:         # a dangling link: nothing the env can read, but its presence counts
+                size = mtime = -1
+            out.append((str(path.relative_to(root)), size, mtime))
     return sorted(out)
 
 

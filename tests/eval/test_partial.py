@@ -68,3 +68,40 @@ def test_the_fingerprint_sees_the_env_data_folder_changed_in_place(tiny_model_di
     # no data folder, or a path that is none: the model and settings alone, as before
     assert fingerprint({"a": 1}, str(tiny_model_dir), ["t"], str(tmp_path / "none")) == \
         fingerprint({"a": 1}, str(tiny_model_dir), ["t"], None)
+
+
+def test_the_data_fingerprint_walks_linked_folders_and_lists_a_dangling_link(tiny_model_dir, tmp_path):
+    """A data tree whose games folder is a link (the env reads through it) is fingerprinted through it;
+    a link to nothing is listed, not a crash; a link loop ends."""
+    import os
+
+    games = tmp_path / "elsewhere" / "json_2.1.1"
+    (games / "valid_seen").mkdir(parents=True)
+    game = games / "valid_seen" / "game.tw-pddl"
+    game.write_text("a")
+    data = tmp_path / "data"
+    data.mkdir()
+    os.symlink(games, data / "json_2.1.1")
+    os.symlink(tmp_path / "nothing", data / "dangling")
+    os.symlink(data, games / "loop")                         # data/json_2.1.1/loop -> data
+    from agentq.eval.partial import data_files
+
+    assert data_files(str(data)) == [("dangling", -1, -1),
+                                     ("json_2.1.1/valid_seen/game.tw-pddl", 1, game.stat().st_mtime_ns)]
+    key = fingerprint({"a": 1}, str(tiny_model_dir), ["t"], str(data))
+    game.write_text("ab")
+    assert fingerprint({"a": 1}, str(tiny_model_dir), ["t"], str(data)) != key
+
+
+def test_without_a_data_folder_the_fingerprint_is_the_one_before_data_folders_counted(tiny_model_dir):
+    """A stopped evaluation from before the data folder entered the fingerprint still resumes."""
+    import hashlib
+    from pathlib import Path
+
+    from agentq.eval.partial import MODEL_FILES
+
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(tiny_model_dir).iterdir()
+                   if p.is_file() and (p.suffix == ".safetensors" or p.name in MODEL_FILES))
+    before = json.dumps({"settings": {"a": 1}, "checkpoint": str(Path(tiny_model_dir).resolve()), "files": files,
+                         "tasks": ["t"]}, sort_keys=True, default=str)
+    assert fingerprint({"a": 1}, str(tiny_model_dir), ["t"]) == hashlib.sha256(before.encode()).hexdigest()
