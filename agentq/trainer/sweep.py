@@ -575,7 +575,8 @@ def step0_eval(out: Path, quant: str | None) -> dict:
     """Step 0 of an arm's curve: the SFT checkpoint's evaluation under the arm's rollout.quant `quant`
     (`sft_eval_name`) as {"folder": its folder's name, "rollout_quant", "success_rate", "episodes", "own_numerics"}.
     A sweep folder from before there was one per numerics (no such folder) falls back to eval_sft/,
-    `own_numerics` false; so does an arm whose result.json records no rollout_quant, when it is unknown."""
+    `own_numerics` false; so does an arm whose result.json records no rollout_quant, or an evaluation
+    that records none (then which numerics it ran under is not known)."""
     from agentq.eval.episodes import read_eval
 
     base = read_eval(out / BASE_SFT_EVAL).get("rollout_quant")
@@ -584,7 +585,7 @@ def step0_eval(out: Path, quant: str | None) -> dict:
         name = BASE_SFT_EVAL
     ev = read_eval(out / name)
     ran = ev.get("rollout_quant")
-    own = quant is not None and (ran is None or str(ran) == str(quant))
+    own = quant is not None and ran is not None and str(ran) == str(quant)    # an unrecorded one: not known to be
     return {"folder": name, "rollout_quant": ran, "success_rate": ev["success_rate"], "episodes": ev["episodes"],
             "own_numerics": own}
 

@@ -757,3 +757,15 @@ def test_each_arms_curve_starts_from_the_sft_evaluation_under_its_own_rollout_nu
             "evaluation under them (made before there was one per numerics; resuming the sweep adds it).")
     assert said in (out / "table.md").read_text() and "eval_sft_bf16" not in (out / "table.md").read_text()
     assert said in " ".join(capsys.readouterr().err.split())
+
+
+def test_step0_of_an_evaluation_that_records_no_numerics_is_not_called_the_arms_own(tmp_path):
+    """An eval.json without rollout_quant (written before it was recorded): which numerics it ran under
+    is not known, so no arm's step 0 is said to be under its own."""
+    from agentq.trainer.sweep import BASE_SFT_EVAL, step0_eval
+
+    (tmp_path / BASE_SFT_EVAL).mkdir()
+    (tmp_path / BASE_SFT_EVAL / "eval.json").write_text(json.dumps({"success_rate": 0.5, "episodes": 4}))
+    for quant in ("none", "w8a8_kv8"):
+        assert step0_eval(tmp_path, quant) == {"folder": BASE_SFT_EVAL, "rollout_quant": None, "success_rate": 0.5,
+                                               "episodes": 4, "own_numerics": False}
