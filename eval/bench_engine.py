@@ -169,6 +169,18 @@ def _knob(name: str) -> tuple:
     return importlib.import_module(mod), attr, typ
 
 
+def check_attn_launch_sweep(sweep: dict[str, list[float]]) -> None:
+    """Every (warps, stages) the sweep's attn_cuda_warps × attn_cuda_stages would launch can run (0: the
+    launch table's, checked as 4 warps / 3 stages); refused before any model is built."""
+    from agentq.kernels import cuda_attention
+
+    for w in sweep.get("attn_cuda_warps", [0]):
+        for s in sweep.get("attn_cuda_stages", [0]):
+            problem = cuda_attention.launch_problem(int(w) or 4, int(s) or 3)
+            if problem:
+                raise SystemExit(f"--decode-sweep attn_cuda_warps={int(w)} attn_cuda_stages={int(s)}: {problem}")
+
+
 def _decode_sweep(eng, slots, seeds, sp, device: str, steps: int = 32) -> list[dict]:
     """Decode step time per knob value at fixed lengths (every step re-feeds the same position, so
     each value does the same work); graphs are re-captured per value, each value is timed
@@ -392,6 +404,7 @@ def main():
         name, _, values = item.partition("=")
         _knob(name)                                      # an unknown knob fails before any model is built
         DECODE_SWEEP[name] = [float(v) for v in values.split(",")]
+    check_attn_launch_sweep(DECODE_SWEEP)
     swept = sorted(set(DECODE_SWEEP) & {"attn_cuda", "attn_cuda_warps", "attn_cuda_stages"})
     if swept and os.environ.get("AGENTQ_DECODE_ATTN"):
         raise SystemExit(f"--decode-sweep {swept[0]}: AGENTQ_DECODE_ATTN picks the kernel and its launch whatever "

@@ -452,16 +452,35 @@ def dynamic_shared_bytes(warps: int, stages: int = STAGES) -> int:
     return max(stages * stage_bytes(warps), 4096 * warps)
 
 
+#: the most shared memory a block may hold on sm_90 (of the SM's 228 KB, 1 KB stays the system's)
+MAX_BLOCK_SHARED = 227 * 1024
+#: the static shared memory beside the stages (barriers, the block's reductions), with room to spare
+STATIC_SHARED = 3072
+
+
+def launch_problem(warps: int, stages: int) -> str | None:
+    """Why a (warps, stages) launch cannot run, or None: warps 1, 2, 4 or 8, stages 1..MAX_STAGES, and
+    the stages' shared memory within a block's (8 warps take at most 6 stages)."""
+    if warps not in (1, 2, 4, 8):
+        return f"warps {warps} not one of 1, 2, 4, 8"
+    if not 1 <= stages <= MAX_STAGES:
+        return f"stages {stages} outside 1..{MAX_STAGES}"
+    need = dynamic_shared_bytes(warps, stages) + STATIC_SHARED
+    if need > MAX_BLOCK_SHARED:
+        return (f"{stages} stages of {warps} warps need {need // 1024} KB of shared memory a block, more than "
+                f"the {MAX_BLOCK_SHARED // 1024} KB a block may hold")
+    return None
+
+
 def source_for(group: int, q_bf16: bool, warps: int, pdl: bool, stages: int = STAGES) -> str:
     """The kernel's source with its compile-time constants in front."""
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"group {group} outside 1..{MAX_GROUP}")
-    if warps not in (1, 2, 4, 8):
-        raise ValueError(f"warps {warps} not one of 1, 2, 4, 8")
-    if not 1 <= stages <= MAX_STAGES:
-        raise ValueError(f"stages {stages} outside 1..{MAX_STAGES}")
+    problem = launch_problem(warps, stages)
+    if problem:
+        raise ValueError(problem)
     # blocks an SM the registers are sized for: 16 warps, fewer where the stages' shared memory caps it
-    min_blocks = max(1, min(16 // warps, (227 * 1024) // (dynamic_shared_bytes(warps, stages) + 3072)))
+    min_blocks = max(1, min(16 // warps, MAX_BLOCK_SHARED // (dynamic_shared_bytes(warps, stages) + STATIC_SHARED)))
     return (f"#define GROUP {group}\n#define Q_BF16 {int(q_bf16)}\n#define NWARPS {warps}\n"
             f"#define MIN_BLOCKS {min_blocks}\n#define PDL {int(pdl)}\n#define TILE_POS {16 * warps}\n"
             f"#define STAGES {stages}\n#define STAGE_BYTES {stage_bytes(warps)}\n" + SOURCE)

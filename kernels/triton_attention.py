@@ -572,6 +572,10 @@ def cuda_choice(cfg: AttnConfig) -> AttnConfig:
             or not stages_ok:
         raise ValueError(f"AGENTQ_DECODE_ATTN={choice!r}: expected triton, cuda, cuda:WARPS (1, 2, 4 or 8) or "
                          f"cuda:WARPS:STAGES (stages 1..{cuda_attention.MAX_STAGES})")
+    if len(parts) == 3:     # a launch that cannot load would run Triton's kernel under this choice's name
+        problem = cuda_attention.launch_problem(int(parts[1]), int(parts[2]))
+        if problem:
+            raise ValueError(f"AGENTQ_DECODE_ATTN={choice!r}: {problem}")
     return dataclasses.replace(cfg, cuda=True, cuda_warps=int(parts[1]) if len(parts) >= 2 else cfg.cuda_warps,
                                cuda_stages=int(parts[2]) if len(parts) == 3 else cfg.cuda_stages)
 

@@ -87,3 +87,16 @@ def test_kernel_classes_of_the_profiles_kernel_names():
     by = bench_common.gpu_s_by_class([("_w8a8_gemm_kernel", 0.0, 300.0), ("nvjet_x", 5.0, 100.0),
                                       ("_w8a8_gemm_tma_kernel", 9.0, 200.0), ("_pick_kernel", 1.0, 50.0)])
     assert by == {"int8_gemm": 5e-4, "decode_attention": 0.0, "attention": 0.0, "bf16_gemm": 1e-4, "other": 5e-5}
+
+
+def test_engine_decode_sweep_refuses_a_launch_that_cannot_load():
+    """bench_engine refuses, before any model is built, a warps × stages pair whose stages do not fit a
+    block's shared memory (its timings would have been Triton's kernel under the CUDA kernel's name)."""
+    import pytest
+
+    from agentq.eval.bench_engine import check_attn_launch_sweep
+
+    check_attn_launch_sweep({"attn_cuda_warps": [2, 4, 8], "attn_cuda_stages": [1, 2, 6]})
+    check_attn_launch_sweep({"attn_cuda_stages": [8]})          # the table's warps (2 or 4) take 8 stages
+    with pytest.raises(SystemExit, match="attn_cuda_warps=8 attn_cuda_stages=7: 7 stages of 8 warps need 234 KB"):
+        check_attn_launch_sweep({"attn_cuda_warps": [2, 8], "attn_cuda_stages": [2, 7]})

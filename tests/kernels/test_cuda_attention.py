@@ -71,6 +71,25 @@ def test_env_switch_parses_warps_and_stages(monkeypatch):
         monkeypatch.setenv("AGENTQ_DECODE_ATTN", bad)
         with pytest.raises(ValueError, match="cuda:WARPS:STAGES"):
             ta.cuda_choice(base)
+    # 8 warps' stages are 33 KB each: 7 no longer fit a block's 227 KB (it would fall back to Triton's kernel
+    # under the cuda choice's name), 6 do
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda:8:7")
+    with pytest.raises(ValueError, match="234 KB of shared memory a block, more than the 227 KB"):
+        ta.cuda_choice(base)
+    monkeypatch.setenv("AGENTQ_DECODE_ATTN", "cuda:8:6")
+    assert ta.cuda_choice(base).cuda_stages == 6
+
+
+def test_launch_problem_is_the_block_shared_memory_by_hand():
+    # a stage of w warps: 16·w positions × (2 × 128 code bytes + 2 × 4 scale bytes); 3 KB static beside them
+    assert ca.stage_bytes(8) == 128 * 264 == 33_792
+    assert ca.launch_problem(8, 6) is None                      # 6 × 33,792 + 3,072 = 205,824 ≤ 232,448
+    assert "234 KB" in ca.launch_problem(8, 7)                  # 7 × 33,792 + 3,072 = 239,616 B: 234 KB
+    assert all(ca.launch_problem(w, ca.MAX_STAGES) is None for w in (1, 2, 4))   # 4 × 8: 8 × 16,896 + 3,072
+    assert ca.launch_problem(3, 2) == "warps 3 not one of 1, 2, 4, 8"
+    assert ca.launch_problem(2, 0) == f"stages 0 outside 1..{ca.MAX_STAGES}"
+    with pytest.raises(ValueError, match="more than the 227 KB"):
+        ca.source_for(2, True, 8, False, stages=8)
 
 
 @pytest.mark.parametrize("cap, cuda", [((9, 0), True), ((10, 0), False), ((8, 0), False)])
