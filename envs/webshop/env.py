@@ -27,8 +27,10 @@ DEFAULT_SPLIT_SIZES = {"test": 500, "dev": 1000}
 
 
 def goal_signature(goal: dict) -> str:
-    """What an agent is asked and scored on: the instruction, the attributes, the options and the price
-    limit (the reward never reads the goal's product id, so two goals alike in these are one task)."""
+    """What an agent is asked: the instruction, the attributes, the options and the price limit. Two
+    goals alike in these are one task to the agent, which cannot tell them apart; the reward's type
+    match also reads the goal's query, category and product name, so their scores may differ a little
+    (left out here: for a leak, being asked the same is what counts)."""
     return json.dumps([goal["instruction_text"], sorted(goal["attributes"]), goal["price_upper"],
                        sorted(map(str, goal["goal_options"]))])
 
