@@ -355,7 +355,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--prefill-graph-tokens", type=int, default=DEFAULT_PREFILL_GRAPH_TOKENS,
                     help="the engine's prefill chunks of at most this many tokens a row replay CUDA graphs (0: eager)")
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3,
+                    help="timed steps after --warmup; each phase is their median (with 3, one slow step, e.g. one "
+                         "that compiled a kernel, does not move it)")
     ap.add_argument("--profile", action="store_true",
                     help="after the timed steps: one rollout's GPU busy share and kernels, the CUDA kernel and "
                          "host-op tables of old_ref and update")
