@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 from ..base import EnvCrashedError, TaskStep, TextEnv
 from . import generator as gen
-from . import parse_cache
+from . import interning, parse_cache
 from .data import REAL_SPLITS, data_root, list_real_games, load_real_game, split_dir, task_type_of
 from .experts import HandcodedExpert, PlannerExpert
 
@@ -140,6 +140,7 @@ class ALFWorldEnv(TextEnv):
             env = self._engine()
             if self._loaded != (split, task_id):
                 self._loaded = None
+                interning.forget_interned()          # the last game's logic objects (else ~0.85 MB a game, kept)
                 self._folder, self._game, self._traj = self._load(task_id, split)
                 env.load(self._game)
                 self._loaded = (split, task_id)

@@ -306,6 +306,25 @@ def test_parse_cache_gives_identical_outputs(real_env, gen_env):
         assert parse_cache.stats()["textgen"]["hits"] > hits
 
 
+def test_a_new_game_lets_the_last_games_interned_logic_objects_go(gen_env, monkeypatch):
+    """textworld interns every Proposition it builds, process-wide and for good: each new game added its
+    own (a worker grew ~0.85 MB a game). The env lets them go when it loads another game, which changes
+    no observation or admissible command (they compare by value)."""
+    from agentq.envs.alfworld import interning
+
+    tasks = gen_env.unwrapped.list_tasks("gen_unseen")[:4]
+    monkeypatch.setattr(interning, "forget_interned", lambda: 0)         # textworld as it is
+    before = interning.interned_count()
+    ref = bench.record(gen_env, tasks, "gen_unseen", steps=4, seed=3)
+    grown = interning.interned_count() - before
+    monkeypatch.undo()
+    got = bench.record(gen_env, tasks, "gen_unseen", steps=4, actions=[r["actions"] for r in ref])
+    assert [g["obs"] for g in got] == [r["obs"] for r in ref]
+    assert [g["admissible"] for g in got] == [r["admissible"] for r in ref]
+    assert grown > 1000                                  # four games' objects, kept
+    assert interning.interned_count() < grown / 2        # the last game's only
+
+
 def test_parse_cache_leaves_side_effect_rules_alone():
     import textworld.logic as logic
     memo = logic._parse_and_convert
