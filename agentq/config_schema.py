@@ -55,6 +55,10 @@ def boolean(v: Any) -> str | None:
     return None if isinstance(v, bool) else "true or false"
 
 
+def boolean_or_positive_int(v: Any) -> str | None:
+    return None if isinstance(v, bool) or (_is_int(v) and v > 0) else "true, false or a positive integer"
+
+
 def text(v: Any) -> str | None:
     return None if isinstance(v, str) and v else "a non-empty string"
 
@@ -162,6 +166,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.max_concurrent": positive_int,
     "trainer.save_every": nonneg_int,
     "trainer.keep_checkpoints": nonneg_int,
+    "trainer.save_segments": boolean_or_positive_int,
     "trainer.eval_every": at_least(-1),
     # 0 tasks would evaluate nothing (eval_every=-1 turns evaluation off)
     "trainer.eval_num_tasks": positive_int,

@@ -135,6 +135,14 @@ def token_decoder(tokenizer: Any) -> Callable[[list[int]], list[str]]:
     return lambda ids: tokenizer.batch_decode([[i] for i in ids])
 
 
+def segments_due(save_segments: bool | int, step: int) -> bool:
+    """Whether RL step `step` (1-based) writes its segment file under `trainer.save_segments`: every step
+    for true, none for false, steps 1, N, 2N, ... for an integer N."""
+    if isinstance(save_segments, bool):
+        return save_segments
+    return step == 1 or step % int(save_segments) == 0
+
+
 def write_segments(run_dir: str | Path, step: int, rows: list[dict]) -> Path:
     """`<run>/segments/step_<N>.parquet`, written to a temporary name and renamed (atomic)."""
     import pyarrow as pa

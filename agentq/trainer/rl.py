@@ -38,7 +38,7 @@ from agentq.eval.evaluate import (EVAL_FIRST_ID, check_errors, check_unplayed, c
                                   eval_seed, evaluate_policy, warn_if_training_split)
 from agentq.eval.metrics import counts_since, run_totals, summarize, worker_counts
 from agentq.eval.plots import write_run_plots
-from agentq.eval.segments import segment_rows, token_decoder, truncate_segments, write_segments
+from agentq.eval.segments import segment_rows, segments_due, token_decoder, truncate_segments, write_segments
 from agentq.learner.batch import PolicyBatch, collate
 from agentq.learner.learner import bypass_refusal, grad_pass_refusal
 from agentq.kernels.quant_spec import QuantSpec
@@ -687,7 +687,7 @@ class RLTrainer:
         mismatch = mismatch_metrics(batch)
         prep = self.objective.prepare(batch)
         batch = batch.weighted(prep)
-        if self.cfg.trainer.get("save_segments", True):     # the segment history (eval/segments.py)
+        if segments_due(self.cfg.trainer.get("save_segments", True), step):   # the history (eval/segments.py)
             write_segments(self.run_dir, step, segment_rows(step, usable, batch, getattr(
                 self.objective, "retention", None), token_decoder(self.tokenizer)))
         return batch, prep, mismatch

@@ -101,3 +101,26 @@ def test_files_written_before_the_per_token_columns_still_read(tmp_path):
     assert table.column("weight").to_pylist() == [None, [1.0, 0.5]]
     assert read_segments(tmp_path, steps=[1], columns=["step", "weight"]).to_pylist() == [{"step": 1, "weight": None}]
     assert read_segments(tmp_path, steps=[1]).column_names == read_segments(tmp_path, steps=[2]).column_names
+
+
+def test_segments_due_every_step_none_or_every_nth():
+    from agentq.eval.segments import segments_due
+
+    assert [s for s in range(1, 8) if segments_due(True, s)] == [1, 2, 3, 4, 5, 6, 7]
+    assert [s for s in range(1, 8) if segments_due(False, s)] == []
+    assert [s for s in range(1, 8) if segments_due(3, s)] == [1, 3, 6]
+    assert [s for s in range(1, 8) if segments_due(1, s)] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_run_with_save_segments_n_writes_steps_1_and_multiples_of_n(tmp_path):
+    from agentq.cli import main
+    from agentq.config import ConfigError, load_config
+
+    run = tmp_path / "run"
+    assert main(["train", "trainer.tasks_per_step=1", "trainer.group_size=2", "env.max_steps=2", "env_pool=inline",
+                 "env.max_new_tokens=8", "trainer.eval_every=-1", "trainer.steps=3", "trainer.save_segments=2",
+                 f"trainer.out_dir={run}"]) == 0
+    assert sorted(p.name for p in (run / "segments").iterdir()) == ["step_000001.parquet", "step_000002.parquet"]
+    for bad in ("0", "-2", "often"):
+        with pytest.raises(ConfigError, match="trainer.save_segments.*true, false or a positive integer"):
+            load_config([f"trainer.save_segments={bad}"])
