@@ -45,6 +45,8 @@ A `TextEnv` is a Gymnasium `Env` whose observations and actions are strings:
   given relative to the working directory, as the values it would use now. agentq writes them into
   `env.kwargs` when it composes a config, so a run's config.yaml and an evaluation's folder name and
   eval.json say which data were played.
+* `data_folder(split)`: the folder a split's tasks are read from (an env that reads data from a
+  default folder names it, so a stopped evaluation notices a re-download there).
 
 Subclasses implement three hooks (`_tasks`, `_reset_task`, `_step_task`) and, for experts,
 `_expert_action`; the base class owns splits, task selection, the step cap and the `info`
@@ -252,6 +254,19 @@ class TextEnv(gym.Env[str, str]):
             {argument: value} to record in env.kwargs (plain JSON values); {} by default.
         """
         return {}
+
+    def data_folder(self, split: str) -> str | None:
+        """The folder whose files decide the tasks of `split`, for the fingerprint that lets a stopped
+        `agentq eval` go on (`eval/partial.py`): a folder changed in place under the same path holds
+        other games, and the finished episodes are then not taken.
+
+        Args:
+            split: one of `splits`.
+        Returns:
+            An absolute folder, or None: the env names none, and the evaluation fingerprints
+            `env.kwargs.data_dir` where that is set (the default).
+        """
+        return None
 
     # ------------------------------------------------------------------ public API
     def list_tasks(self, split: str | None = None) -> list[str]:

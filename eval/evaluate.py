@@ -45,8 +45,10 @@ def choose_eval_tasks(cfg: DictConfig, split: str, num_tasks: int | None, key: s
     env = build.make_env(cfg, split)            # its task_type (an env is built without listing)
     try:
         u = build.text_env(env)
-        return select_tasks(tasks, num_tasks, getattr(u, "task_type", None),
-                            seed=int(cfg.seed), method=str(cfg.eval.get("selection", "stratified")))
+        selection = select_tasks(tasks, num_tasks, getattr(u, "task_type", None),
+                                 seed=int(cfg.seed), method=str(cfg.eval.get("selection", "stratified")))
+        selection.data_folder = u.data_folder(split)
+        return selection
     finally:
         env.close()
 
@@ -324,10 +326,10 @@ def open_partial(cfg: DictConfig, out: Path, path: str, selection: TaskSelection
                  ) -> PartialEpisodes:
     """The finished episodes of a stopped `agentq eval` of these settings in `out` (`eval/partial.py`),
     keyed by the resolved settings and device, the checkpoint `path`, the tasks as played and the
-    env's data folder's files."""
+    files of the folder the env reads them from (`TextEnv.data_folder`, else env.kwargs.data_dir)."""
+    folder = selection.data_folder or OmegaConf.select(cfg, "env.kwargs.data_dir", default=None)
     key = fingerprint({**run_settings(cfg), "device": [str(d) for d in device]}, path,
-                      repeat_tasks(selection.tasks, int(cfg.eval.repeats)),
-                      OmegaConf.select(cfg, "env.kwargs.data_dir", default=None))
+                      repeat_tasks(selection.tasks, int(cfg.eval.repeats)), folder)
     return PartialEpisodes(out, key, resume=resume_text(cfg, out))
 
 

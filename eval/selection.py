@@ -28,6 +28,9 @@ class TaskSelection:
     #: chosen task id → its type (typed environments only; not in `to_dict`): an episode that errored
     #: before its env reported `info["task_type"]` still counts in its type's row of the report
     types: dict[str, str] = field(default_factory=dict)
+    #: the folder the split's tasks are read from, as the env names it (`TextEnv.data_folder`; not in
+    #: `to_dict`): what a stopped evaluation's fingerprint covers
+    data_folder: str | None = None
 
     def describe(self) -> str:
         n, m = len(self.tasks), self.num_available

@@ -103,6 +103,14 @@ class ALFWorldEnv(TextEnv):
         root, source = data_root(given)
         return {"data_dir": str(root.absolute())} if given or source == "$ALFWORLD_DATA" else {}
 
+    def data_folder(self, split: str) -> str | None:
+        """A real split's game folder (`json_2.1.1/<split>` under data_dir, $ALFWORLD_DATA or
+        alfworld's default ~/.cache/alfworld, which env.kwargs leaves unnamed); None for a generated
+        split, which reads no files."""
+        if split in gen.GEN_SPLITS:
+            return None
+        return str(split_dir(split, self.data_dir).absolute())
+
     # ------------------------------------------------------------------ engine
     def _engine(self):
         if self._env is None:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -20,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 pytest.importorskip("alfworld")
 pytest.importorskip("textworld")
@@ -376,6 +378,44 @@ def test_eval_num_tasks_30_covers_every_task_type_of_valid_unseen(data_dir, cach
     # the first 30 of the type-sorted list (what eval played before) leave types out
     first = choose_eval_tasks(load_config(over + ["eval.selection=first"]), "valid_unseen", 30)
     assert sum(1 for chosen, _ in first.per_type.values() if chosen) < len(gen.TASK_TYPES)
+
+
+def test_a_stopped_eval_on_alfworlds_default_folder_notices_its_games_changing(data_dir, cache_dir, tmp_path,
+                                                                             monkeypatch, tiny_model_dir):
+    """With data_dir null and $ALFWORLD_DATA unset, the games come from ~/.cache/alfworld, which
+    env.kwargs leaves unnamed: the fingerprint of a stopped `agentq eval` covered no data then, and a
+    re-download there resumed it with the old games' episodes. The env now names the split's folder."""
+    from agentq.config import load_config
+    from agentq.eval.evaluate import choose_eval_tasks, open_partial
+
+    home = tmp_path / "home"
+    shutil.copytree(data_dir / "json_2.1.1" / "valid_seen", home / ".cache" / "alfworld" / "json_2.1.1" / "valid_seen")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    cfg = load_config(["env=alfworld", f"env.kwargs.cache_dir={cache_dir}", "device=cpu"])
+    assert OmegaConf.select(cfg, "env.kwargs.data_dir") is None         # the default folder is not a setting
+    games = home / ".cache" / "alfworld" / "json_2.1.1" / "valid_seen"
+    sel = choose_eval_tasks(cfg, "valid_seen", 3)
+    assert sel.data_folder == str(games)
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def key() -> str:
+        partial = open_partial(cfg, out, str(tiny_model_dir), sel, ("cpu", "float32"))
+        partial.discard()
+        return partial.key
+
+    before = key()
+    assert key() == before
+    game = games / sel.tasks[0] / "traj_data.json"
+    game.write_text(game.read_text() + " ")                             # a game rewritten in place
+    assert key() != before
+    # a generated split reads no files; a given data_dir names that folder's split
+    u = gym.make(ENV_ID, split="gen_unseen", cache_dir=str(cache_dir)).unwrapped
+    assert u.data_folder("gen_unseen") is None
+    assert u.data_folder("valid_seen") == str(games)
+    given = gym.make(ENV_ID, split="valid_seen", data_dir=str(data_dir), cache_dir=str(cache_dir)).unwrapped
+    assert given.data_folder("valid_seen") == str((data_dir / "json_2.1.1" / "valid_seen").absolute())
 
 
 # ---------------------------------------------------------------------------------- settings refused in one line
