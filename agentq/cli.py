@@ -149,6 +149,7 @@ def sigterm_as_ctrl_c(enabled: bool = True) -> Iterator[None]:
         _stopped_by[:] = [signum]
         raise KeyboardInterrupt
 
+    _stopped_by.clear()     # a SIGTERM an earlier block of this process took is not this block's stop
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield

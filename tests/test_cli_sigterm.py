@@ -35,6 +35,23 @@ def test_sigterm_in_the_block_is_a_keyboard_interrupt_and_the_handler_is_restore
         assert signal.getsignal(signal.SIGTERM) is own_sigterm_handler
 
 
+def test_a_sigterm_an_earlier_block_took_is_not_the_next_blocks_stop(own_sigterm_handler, monkeypatch):
+    """`main` ends a stopped command by the signal that stopped it (`_stopped_by`): a SIGTERM taken by
+    an earlier block of the same process must not turn a later Ctrl-C into a SIGTERM."""
+    from agentq import cli
+
+    monkeypatch.setattr(cli, "_stopped_by", [])
+    with pytest.raises(KeyboardInterrupt):
+        with sigterm_as_ctrl_c():
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert cli._stopped_by == [signal.SIGTERM]
+    with pytest.raises(KeyboardInterrupt):
+        with sigterm_as_ctrl_c():
+            raise KeyboardInterrupt          # Ctrl-C
+    assert cli._stopped_by == []
+
+
 def test_off_the_main_thread_no_handler_is_installed(own_sigterm_handler):
     seen, errors = [], []
 
