@@ -213,20 +213,32 @@ class WorkerCore:
                 err += f"\n(rebuilding the env failed too: {e2})"
             return EnvResult(slot, ok=False, error=err)
 
-    def reset(self, items: list[tuple[int, dict]]) -> list[EnvResult]:
-        """`EnvPool.reset` for this core's slots (an env that raises is rebuilt; its result is an error)."""
-        return [self._run(slot, lambda env: EnvResult(slot, True, *_pair(env.reset(**kw)))) for slot, kw in items]
+    def reset(self, items: list[tuple[int, dict]], progress: Callable[[], None] | None = None) -> list[EnvResult]:
+        """`EnvPool.reset` for this core's slots (an env that raises is rebuilt; its result is an error).
+        `progress`: called after each slot's call (the subprocess worker tells the pool, which then
+        finds a hang within one `call_timeout_s` of the last call that finished)."""
+        return self._each(items, lambda env, slot, kw: EnvResult(slot, True, *_pair(env.reset(**kw))), progress)
 
-    def step(self, items: list[tuple[int, str]]) -> list[EnvResult]:
-        """`EnvPool.step` for this core's slots (an env that raises is rebuilt; its result is an error)."""
-        return [self._run(slot, lambda env: _step_result(slot, env.step(action))) for slot, action in items]
+    def step(self, items: list[tuple[int, str]], progress: Callable[[], None] | None = None) -> list[EnvResult]:
+        """`EnvPool.step` for this core's slots (an env that raises is rebuilt; its result is an error);
+        `progress` as in `reset`."""
+        return self._each(items, lambda env, slot, action: _step_result(slot, env.step(action)), progress)
 
-    def call(self, cmd: str, blob: bytes) -> bytes:
+    def _each(self, items: list, fn: Callable[[gym.Env, int, Any], EnvResult], progress: Callable[[], None] | None
+              ) -> list[EnvResult]:
+        out = []
+        for slot, arg in items:
+            out.append(self._run(slot, lambda env: fn(env, slot, arg)))
+            if progress is not None:
+                progress()
+        return out
+
+    def call(self, cmd: str, blob: bytes, progress: Callable[[], None] | None = None) -> bytes:
         """`reset` or `step` on items pickled by `encode_items`; the results pickled by `pack_results`
-        (how the subprocess and Ray pools call a worker)."""
+        (how the subprocess and Ray pools call a worker); `progress` as in `reset`."""
         if cmd not in ("reset", "step"):
             raise ValueError(f"unknown worker command {cmd!r}")
-        return pack_results(getattr(self, cmd)(pickle.loads(blob)))
+        return pack_results(getattr(self, cmd)(pickle.loads(blob), progress))
 
     def close(self) -> None:
         """Close every environment (errors while closing are ignored)."""
@@ -274,7 +286,8 @@ class WorkerPool:
 
     Slot s lives in worker s mod num_workers. A call's items are checked and pickled before any is
     sent (`check_items`, `encode_items`): bad input raises and runs nothing. Every worker's answer, or
-    its death or hang (no answer within n × `call_timeout_s` for n items), is read before any worker
+    its death or hang (no answer within n × `call_timeout_s` for n items; a subprocess worker, which
+    ticks after each env call, within `call_timeout_s` of its last tick), is read before any worker
     restarts, so no answer is left behind for a later call; a call interrupted before its answers were
     read (KeyboardInterrupt, ...) restarts those workers at the next call for the same reason. A dead or
     hung worker is killed and started again (`SiblingSlots` for its other slots); a reset it died in (one
@@ -327,9 +340,10 @@ class WorkerPool:
         """Send `w` a command: a handle for `_answer`, or None when it cannot be sent (dead)."""
         raise NotImplementedError
 
-    def _answer(self, w: int, handle: Any, timeout: float, cmd: str) -> tuple[bytes | None, str]:
+    def _answer(self, w: int, handle: Any, timeout: float, cmd: str, sent_at: float, n: int) -> tuple[bytes | None, str]:
         """(the packed results, ""), or (None, "hung") when none came within `timeout` s, or (None, why it
-        failed: "died (...)", ...) for the answer to `cmd`."""
+        failed: "died (...)", "hung: ..." found sooner, ...) for the answer to `cmd` of `n` slots sent
+        at `sent_at` (time.monotonic())."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -403,7 +417,7 @@ class WorkerPool:
         for w, handle in handles.items():
             n = len(by_worker[w])
             budget = self.call_timeout_s * n       # every worker started at t0: its own budget from then
-            reply, why = self._answer(w, handle, max(0.0, t0 + budget - time.monotonic()), cmd)
+            reply, why = self._answer(w, handle, max(0.0, t0 + budget - time.monotonic()), cmd, t0, n)
             self._pending.discard(w)
             if reply is not None:
                 results.update((r.slot, r) for r in pickle.loads(reply))

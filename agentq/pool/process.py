@@ -5,7 +5,8 @@ A worker that dies (segfault, OOM kill, a JVM taking the process down) is detect
 restarted with fresh environments, and every command it had in flight is answered with an
 error result, so those episodes are reported, never lost silently. A worker that does not answer
 within `call_timeout_s` per env call it was sent (stopped, deadlocked, a hung engine) counts as
-hung and is handled the same way: killed, restarted, its commands answered with errors (a command
+hung (it ticks after each env call, so that is `call_timeout_s` after its last tick, not the n ×
+`call_timeout_s` a whole answer of n slots gets) and is handled the same way: killed, restarted, its commands answered with errors (a command
 larger than a pipe holds is sent from a thread, so one for a worker that does not read it cannot
 block the trainer before that timeout starts; an answer must arrive whole within `call_timeout_s` of
 its first bytes, so a worker stopped midway through sending a large one is handled as a crash too, as
@@ -116,7 +117,8 @@ def _worker_main(conn: Connection, spec: EnvSpec, slots: list[int], trainer_pid:
             cmd, payload = conn.recv()
             if cmd == "close":
                 break
-            conn.send(("ok", core.call(cmd, payload)))
+            # a tick after each slot's env call: the pool finds a hang one call_timeout_s after the last one
+            conn.send(("ok", core.call(cmd, payload, lambda: conn.send(("tick", time.monotonic())))))
     except (EOFError, OSError, KeyboardInterrupt):
         return
     finally:
@@ -137,7 +139,8 @@ class ProcessPool(WorkerPool):
             spec: how to build each environment; num_envs: slots; num_workers: processes.
             start_method: multiprocessing start method ("spawn": no state inherited from the trainer).
             call_timeout_s: seconds one env call (one slot's reset or step) may take; a worker sent n
-            calls is hung after n × call_timeout_s without an answer.
+            calls is hung once one of them took longer (it ticks after each), or after n ×
+            call_timeout_s without its whole answer.
             start_timeout_s: seconds a worker may take to build its environments.
         Raises:
             RuntimeError: a worker failed to start (none is left running).
@@ -201,14 +204,28 @@ class ProcessPool(WorkerPool):
             return True
         return True if _send(conn, (cmd, blob)) else None
 
-    def _answer(self, w: int, handle: Any, timeout: float, cmd: str) -> tuple[bytes | None, str]:
+    def _answer(self, w: int, handle: Any, timeout: float, cmd: str, sent_at: float, n: int) -> tuple[bytes | None, str]:
+        """As `WorkerPool._answer`; the worker ticks after each slot's env call (its clock is this one's:
+        CLOCK_MONOTONIC is the host's), so a worker is hung once no call of its `n` finished within
+        `call_timeout_s` of the last tick (or of the send), not only after n × `call_timeout_s`."""
         p, conn = self._procs[w]
         if handle is not None:
+            last, ticks = sent_at, 0
+            overall = time.monotonic() + timeout
             try:
-                return _recv_within(conn, timeout, self.call_timeout_s)[1], ""
+                while True:
+                    wait = min(overall, last + self.call_timeout_s) - time.monotonic()
+                    status, payload = _recv_within(conn, max(0.0, wait), self.call_timeout_s)
+                    if status != "tick":
+                        return payload, ""
+                    last, ticks = max(last, float(payload)), ticks + 1
             except _Unfinished as late:
                 if late.size is None:
-                    return None, "hung"
+                    if n == 1 or last + self.call_timeout_s >= overall:
+                        return None, "hung"         # the whole budget: `_exchange` says so
+                    what = "its first env call did not" if not ticks else f"{ticks} env call(s) finished, the next did not"
+                    return None, (f"hung: no answer to {cmd} of {n} slot(s): {what} finish within "
+                                  f"{self.call_timeout_s:g} s (env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
                 return None, (f"stopped midway through its answer to {cmd}: {late}, the rest not within "
                               f"{self.call_timeout_s:g} s (env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
             except _Garbled as e:           # its end of the pipe is not to be trusted: handled as a crash

@@ -380,7 +380,9 @@ class RayPool(WorkerPool):
             address: a running cluster to join; None starts a local one on 127.0.0.1 with `num_cpus` CPUs.
             num_cpus_per_worker: CPUs each actor asks for at most (less when fewer are free).
             start_timeout_s: seconds the actors may take to start (then an error naming free resources).
-            call_timeout_s: seconds one env call may take before its actor counts as hung.
+            call_timeout_s: seconds one env call may take: an actor sent n calls counts as hung after
+                n × call_timeout_s without its answer (an actor does not tick after each call, as a
+                subprocess worker does).
         Raises:
             RuntimeError: an actor failed to start (none is left running).
             ConfigError: Ray is not installed.
@@ -419,7 +421,7 @@ class RayPool(WorkerPool):
         except self._ray.exceptions.RayError:
             return None
 
-    def _answer(self, w: int, handle: Any, timeout: float, cmd: str) -> tuple[bytes | None, str]:
+    def _answer(self, w: int, handle: Any, timeout: float, cmd: str, sent_at: float, n: int) -> tuple[bytes | None, str]:
         ray = self._ray
         if handle is None:
             return None, "died (no longer reachable)"

@@ -190,6 +190,29 @@ def test_a_hung_worker_is_reported_alike_by_both_pools(kind, request):
         pool.close()
 
 
+def test_a_hang_after_a_workers_first_calls_is_found_one_call_timeout_after_the_last_that_finished():
+    """A subprocess worker steps its slots in turn and ticks after each: one env that hangs is found
+    within `call_timeout_s` of the last call that finished, where the pool waited n × call_timeout_s for
+    the whole answer (8 slots × 1 s here; 16 slots × 120 s, 32 minutes, at the defaults). The calls
+    before the hang are lost with the worker, as in any hang; the other worker's answers are kept."""
+    pool = make_pool("process", spec(), 16, num_workers=2, call_timeout_s=1)
+    try:
+        start(pool, range(16))
+        t0 = time.monotonic()
+        res = pool.step([(s, "hang" if s == 4 else "a") for s in range(16)])
+        took = time.monotonic() - t0
+        assert obs(res[1::2]) == ["echo a"] * 8
+        # worker 0's slots in order 0, 2, 4: two calls finished, then slot 4 hung
+        assert [r.error for r in res[0::2]] == [("env worker 0 hung: no answer to step of 8 slot(s): 2 env call(s) "
+                                                 "finished, the next did not finish within 1 s "
+                                                 "(env_pool.call_timeout_s=1); killed; restarted")] * 8
+        assert pool.restarts == 1 and took < 4, took       # the whole answer's budget: 8 s
+        start(pool, range(0, 16, 2))
+        assert obs(pool.step([(s, "b") for s in range(16)])) == ["echo b"] * 16
+    finally:
+        pool.close()
+
+
 def kill_worker(kind: str, request, pool, w: int) -> None:
     """SIGKILL the subprocess worker / ray.kill the actor `w` and wait until it is dead (it is idle)."""
     if kind == "process":
@@ -341,7 +364,7 @@ def kill_after(pid: int, seconds: float) -> threading.Event:
 def test_a_large_command_for_a_stopped_worker_times_out_instead_of_blocking():
     """A worker's share of a step larger than its pipe holds (32 slots × a 9,000-character action: ~290 kB)
     for a worker that does not read (stopped): the send blocked the pool forever, before the wait for the
-    answer and its call_timeout_s began. Now the worker is found hung within 32 × call_timeout_s, killed
+    answer and its call_timeout_s began. Now the worker is found hung within call_timeout_s (its first call), killed
     and restarted, and the other worker's answers are kept; the restarted worker takes such steps."""
     pool = make_pool("process", spec(), 64, num_workers=2, call_timeout_s=0.2)
     try:
@@ -353,8 +376,9 @@ def test_a_large_command_for_a_stopped_worker_times_out_instead_of_blocking():
         res = pool.step([(s, f"{s} " + "x" * 9000) for s in range(64)])
         took = time.monotonic() - t0
         done.set()
-        assert [r.error for r in res[0::2]] == [("env worker 0 hung: no answer to step of 32 slot(s) within 6.4 s "
-                                                 "(env_pool.call_timeout_s=0.2); killed; restarted")] * 32
+        assert [r.error for r in res[0::2]] == [("env worker 0 hung: no answer to step of 32 slot(s): its first env "
+                                                 "call did not finish within 0.2 s (env_pool.call_timeout_s=0.2); "
+                                                 "killed; restarted")] * 32
         assert obs(res[1::2]) == [f"echo {s} " + "x" * 9000 for s in range(1, 64, 2)]
         assert pool.restarts == 1 and took < 15 and wait_until(lambda: gone(pid))
         start(pool, range(0, 64, 2))
