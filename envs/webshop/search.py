@@ -43,8 +43,11 @@ def split_words(text: str, pattern: re.Pattern = _TOKEN) -> list[str]:
 
 
 def analyze(text: str) -> list[str]:
-    """Lower-case, tokenise, drop possessives and stop words, Porter-stem."""
-    return _stemmer.stemWords([t for t in split_words(text) if t not in STOP_WORDS])
+    """Lower-case, tokenise, drop possessives and stop words, Porter-stem words of three letters or
+    more. Porter's own rule leaves one- and two-letter words alone; PyStemmer's port stems "s" to "",
+    a token bm25s indexes without a row of scores, so a search for "men s shoes" raised ValueError."""
+    words = [t for t in split_words(text) if t not in STOP_WORDS]
+    return [w if len(w) <= 2 or not stem else stem for w, stem in zip(words, _stemmer.stemWords(words))]
 
 
 def document_text(product: dict) -> str:

@@ -362,6 +362,22 @@ def test_invalid_actions_are_no_ops(env):
     assert quiet.step("click[nothing]")[0] == obs0
 
 
+def test_a_search_with_a_one_letter_word_is_a_search(env):
+    """PyStemmer's Porter stems "s" to "", which bm25s indexes without a row of scores: `search[men s
+    shoes]` (a possessive a model split) raised ValueError out of `step`. One- and two-letter words
+    stay unstemmed, as Porter's rule has it; longer words are stemmed as before."""
+    from agentq.envs.webshop.search import analyze
+
+    assert analyze("Men s shoes, US size") == ["men", "s", "shoe", "us", "size"]
+    assert analyze("the abilities") == ["abil"]
+    env.reset(options={"task_id": "3", "split": "test"})
+    obs, r, term, trunc, info = env.step("search[men s shoes]")
+    assert info["action_valid"] and env.unwrapped.session.page == "results" and not term, obs
+    # the lone letter is one more term, not an empty page
+    shop = env.unwrapped.shop
+    assert env.unwrapped.session.results == shop.search("men s shoes") != []
+
+
 def test_step_cap_truncates(env):
     env.reset(options={"task_id": "2", "split": "test"})
     for i in range(15):
