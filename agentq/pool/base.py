@@ -435,8 +435,8 @@ class WorkerPool:
         """Send a reset again, once, to each worker that died in it (found dead at the call, e.g. killed
         while idle, or died during it) and is up again: no episode on its slots has started, so nothing
         is lost by playing them on the fresh worker. A hang is not retried (the env may hang again: a
-        second wait of n × call_timeout_s), nor a worker whose failed resets in a row reached the give-up
-        limit. Each try counts as a call (`FailureCounts`) and each restart in `restarts`.
+        second wait of call_timeout_s, n × call_timeout_s for a Ray actor), nor a worker whose failed
+        resets in a row reached the give-up limit. Each try counts as a call (`FailureCounts`) and each restart in `restarts`.
 
         Args:
             by_worker, blobs: the call's items and pickled shares by worker; failed: worker → why it

@@ -207,25 +207,30 @@ class ProcessPool(WorkerPool):
     def _answer(self, w: int, handle: Any, timeout: float, cmd: str, sent_at: float, n: int) -> tuple[bytes | None, str]:
         """As `WorkerPool._answer`; the worker ticks after each slot's env call (its clock is this one's:
         CLOCK_MONOTONIC is the host's), so a worker is hung once no call of its `n` finished within
-        `call_timeout_s` of the last tick (or of the send), not only after n × `call_timeout_s`."""
+        `call_timeout_s` of the last tick (or of the send), not only after n × `call_timeout_s`. That wait
+        starts no earlier than this read: while the pool waited on other workers, this one's ticks may
+        have filled the pipe (~280 of them), and a worker blocked sending one starts no next call."""
         p, conn = self._procs[w]
         if handle is not None:
             last, ticks = sent_at, 0
-            overall = time.monotonic() + timeout
+            entered = time.monotonic()
+            overall = entered + timeout
             try:
                 while True:
-                    wait = min(overall, last + self.call_timeout_s) - time.monotonic()
+                    wait = min(overall, max(last, entered) + self.call_timeout_s) - time.monotonic()
                     status, payload = _recv_within(conn, max(0.0, wait), self.call_timeout_s)
                     if status != "tick":
                         return payload, ""
                     last, ticks = max(last, float(payload)), ticks + 1
             except _Unfinished as late:
                 if late.size is None:
-                    if n == 1 or last + self.call_timeout_s >= overall:
+                    if n == 1 or max(last, entered) + self.call_timeout_s >= overall:
                         return None, "hung"         # the whole budget: `_exchange` says so
-                    what = "its first env call did not" if not ticks else f"{ticks} env call(s) finished, the next did not"
-                    return None, (f"hung: no answer to {cmd} of {n} slot(s): {what} finish within "
-                                  f"{self.call_timeout_s:g} s (env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
+                    what = ("its first env call did not finish" if not ticks else
+                            f"all {n} env calls finished, the answer did not come" if ticks >= n else
+                            f"{ticks} env call(s) finished, the next did not finish")
+                    return None, (f"hung: no answer to {cmd} of {n} slot(s): {what} within {self.call_timeout_s:g} s "
+                                  f"(env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
                 return None, (f"stopped midway through its answer to {cmd}: {late}, the rest not within "
                               f"{self.call_timeout_s:g} s (env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
             except _Garbled as e:           # its end of the pipe is not to be trusted: handled as a crash

@@ -1,8 +1,8 @@
 """A tiny `TextEnv` that misbehaves on request, for the pool tests (built as "fault_env:FaultEnv" in
 subprocess workers and Ray actors, which find this folder on sys.path).
 
-Actions: "hang" sleeps for an hour, "slow" for a second, "crash" kills the process, "pid" names it,
-"lock" returns an info the pool cannot send back (a lock), "hog" takes memory (64 MiB every 50 ms, up to
+Actions: "hang" sleeps for an hour, "slow" for a second, "nap" for 5 ms, "crash" kills the process, "pid"
+names it, "lock" returns an info the pool cannot send back (a lock), "hog" takes memory (64 MiB every 50 ms, up to
 16 GiB) until something kills the process, "big" answers with a `BIG`-character obs (more than a pipe
 holds), "bigstop" too, but the worker stops itself (SIGSTOP) once it is blocked midway through sending
 that answer (a subprocess worker, whose pool is not reading it yet), anything else echoes. Tasks "hang"
@@ -73,6 +73,8 @@ class FaultEnv(TextEnv):
             time.sleep(3600)
         if what == "slow":
             time.sleep(1)
+        if what == "nap":
+            time.sleep(0.005)
         if what == "raise":
             raise RuntimeError("boom in the env's own code")
         if what == "crash":

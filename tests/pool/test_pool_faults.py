@@ -213,6 +213,25 @@ def test_a_hang_after_a_workers_first_calls_is_found_one_call_timeout_after_the_
         pool.close()
 
 
+@pytest.mark.timeout(120)
+def test_a_worker_whose_ticks_filled_the_pipe_while_the_pool_waited_elsewhere_is_not_hung():
+    """Worker 1 steps 600 slots of 5 ms each, but its pipe holds ~280 ticks: it blocks sending the next
+    (after ~1.4 s) until the pool reads it, which is only once worker 0's hang is found (~4 s). Its ticks
+    then carry times long past, and its next call takes 5 ms; the wait for that call starts at the read, so the
+    worker is not taken for hung (it was, with every one of its 600 episodes lost, in a review's
+    reproduction)."""
+    pool = make_pool("process", spec(), 1200, num_workers=2, call_timeout_s=2)
+    try:
+        start(pool, range(1200))
+        res = pool.step([(s, {0: "slow", 2: "slow", 4: "hang"}.get(s, "nap")) for s in range(1200)])
+        assert obs(res[1::2]) == ["echo nap"] * 600
+        assert res[0].error == ("env worker 0 hung: no answer to step of 600 slot(s): 2 env call(s) finished, the "
+                                "next did not finish within 2 s (env_pool.call_timeout_s=2); killed; restarted")
+        assert pool.restarts == 1
+    finally:
+        pool.close()
+
+
 def kill_worker(kind: str, request, pool, w: int) -> None:
     """SIGKILL the subprocess worker / ray.kill the actor `w` and wait until it is dead (it is idle)."""
     if kind == "process":
