@@ -141,7 +141,11 @@ def sigterm_as_ctrl_c(enabled: bool = True) -> Iterator[None]:
     import signal
     import threading
 
-    if not enabled or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _stopped_by.clear()     # a SIGTERM an earlier block of this process took is not this block's stop
+    if not enabled:
         yield
         return
 
@@ -149,7 +153,6 @@ def sigterm_as_ctrl_c(enabled: bool = True) -> Iterator[None]:
         _stopped_by[:] = [signum]
         raise KeyboardInterrupt
 
-    _stopped_by.clear()     # a SIGTERM an earlier block of this process took is not this block's stop
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield

@@ -50,6 +50,11 @@ def test_a_sigterm_an_earlier_block_took_is_not_the_next_blocks_stop(own_sigterm
         with sigterm_as_ctrl_c():
             raise KeyboardInterrupt          # Ctrl-C
     assert cli._stopped_by == []
+    cli._stopped_by.append(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with sigterm_as_ctrl_c(enabled=False):
+            raise KeyboardInterrupt
+    assert cli._stopped_by == []
 
 
 def test_off_the_main_thread_no_handler_is_installed(own_sigterm_handler):
