@@ -73,7 +73,7 @@ class JVMHost:
     _registry_lock = threading.Lock()
 
     def __init__(self, heap: str = "1g", java_opts: tuple[str, ...] = (), simplifications: str = "",
-                 call_timeout_s: float = 300.0):
+                 call_timeout_s: float = 100.0):
         parse_size(heap)
         self.heap = str(heap)
         self.java_opts = tuple(java_opts)
@@ -92,7 +92,7 @@ class JVMHost:
 
     # ------------------------------------------------------------------ registry
     @classmethod
-    def get(cls, heap: str = "1g", java_opts=(), simplifications: str = "", call_timeout_s: float = 300.0,
+    def get(cls, heap: str = "1g", java_opts=(), simplifications: str = "", call_timeout_s: float = 100.0,
             start: bool = True) -> "JVMHost":
         """The process's host for these options; started (or restarted after a crash) if `start`."""
         key = (os.getpid(), heap, tuple(java_opts), simplifications, float(call_timeout_s))

@@ -395,7 +395,7 @@ def test_a_jvm_that_never_prints_its_port_times_out_at_start():
 
 def test_a_killed_workers_jvm_that_never_started_dies_with_it():
     """A pool worker hung in a JVM start (here a real JVM suspended before `main`: the env's own
-    300 s start limit is far off) is killed by the pool after its call_timeout_s. Its JVM, in a
+    100 s start limit is far off) is killed by the pool after its call_timeout_s. Its JVM, in a
     session of its own and not yet reading the stdin pipe that ends it later, used to outlive it;
     the kernel's parent-death signal now ends it with the worker. The pool's restarted worker may
     start another, which must end when close() kills that worker."""
