@@ -22,6 +22,11 @@ import gymnasium as gym
 
 from agentq.utils.failures import FailureCounts
 
+# Seconds one slot's env call (a reset or a step) may take in a worker pool before the worker counts as hung
+# (env_pool.call_timeout_s). An env with its own call limit sets it below this, so that its handler fires
+# first (ScienceWorld's JVM: envs/scienceworld/jvm.py, CALL_TIMEOUT_S).
+CALL_TIMEOUT_S = 120.0
+
 
 @dataclass
 class EnvResult:
@@ -436,7 +441,8 @@ class WorkerPool:
         while idle, or died during it) and is up again: no episode on its slots has started, so nothing
         is lost by playing them on the fresh worker. A hang is not retried (the env may hang again: a
         second wait of call_timeout_s, n × call_timeout_s for a Ray actor), nor a worker whose failed
-        resets in a row reached the give-up limit. Each try counts as a call (`FailureCounts`) and each restart in `restarts`.
+        resets in a row reached the give-up limit. Each try counts as a call (`FailureCounts`) and each
+        restart in `restarts`.
 
         Args:
             by_worker, blobs: the call's items and pickled shares by worker; failed: worker → why it

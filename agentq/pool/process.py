@@ -4,16 +4,16 @@ Commands for different workers run in parallel; a worker steps its own environme
 A worker that dies (segfault, OOM kill, a JVM taking the process down) is detected on the pipe,
 restarted with fresh environments, and every command it had in flight is answered with an
 error result, so those episodes are reported, never lost silently. A worker that does not answer
-within `call_timeout_s` per env call it was sent (stopped, deadlocked, a hung engine) counts as
-hung (it ticks after each env call, so that is `call_timeout_s` after its last tick, not the n ×
-`call_timeout_s` a whole answer of n slots gets) and is handled the same way: killed, restarted, its commands answered with errors (a command
-larger than a pipe holds is sent from a thread, so one for a worker that does not read it cannot
-block the trainer before that timeout starts; an answer must arrive whole within `call_timeout_s` of
-its first bytes, so a worker stopped midway through sending a large one is handled as a crash too, as
-is one whose answer's length header is corrupt, `_recv_within`). The restarted worker's other slots
-had their envs rebuilt too: an episode under way on one of them is answered with an error at its next
-step (`SiblingSlots`). The dispatch, restart and give-up rules are `WorkerPool`'s, shared with the Ray
-pool.
+within `call_timeout_s` per env call it was sent (stopped, deadlocked, a hung engine) counts as hung (it
+ticks after each env call, so that is `call_timeout_s` after its last tick, not the n × `call_timeout_s`
+a whole answer of n slots gets) and is handled the same way: killed, restarted, its commands answered
+with errors (a command larger than a pipe holds is sent from a thread, so one for a worker that does not
+read it cannot block the trainer before that timeout starts; an answer must arrive whole within
+`call_timeout_s` of its first bytes, so a worker stopped midway through sending a large one is handled
+as a crash too, as is one whose answer's length header is corrupt, `_recv_within`). The restarted
+worker's other slots had their envs rebuilt too: an episode under way on one of them is answered with an
+error at its next step (`SiblingSlots`). The dispatch, restart and give-up rules are `WorkerPool`'s,
+shared with the Ray pool.
 
 A worker never outlives the trainer, even one hung in an env step when the trainer is SIGKILLed
 (`_die_with_parent`): on Linux the kernel kills it (prctl PR_SET_PDEATHSIG), elsewhere, or when the
@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from agentq.utils.process import set_pdeathsig
 
-from .base import EnvSpec, WorkerCore, WorkerPool
+from .base import CALL_TIMEOUT_S, EnvSpec, WorkerCore, WorkerPool
 
 CLOSE_TIMEOUT_S = 10.0      # for all workers together to close their envs; then they are killed
 PARENT_POLL_S = 0.5         # how often a worker's watchdog checks that the trainer still lives
@@ -132,7 +132,7 @@ class ProcessPool(WorkerPool):
     kind = "env worker"
 
     def __init__(self, spec: EnvSpec, num_envs: int, num_workers: int = 2, start_method: str = "spawn",
-                 call_timeout_s: float = 120.0, start_timeout_s: float = 600.0):
+                 call_timeout_s: float = CALL_TIMEOUT_S, start_timeout_s: float = 600.0):
         """Start the workers and wait until each has built its environments.
 
         Args:

@@ -39,7 +39,7 @@ from agentq.utils.errors import first_line
 from agentq.utils.process import descendants, kill_when_this_process_ends
 from agentq.utils.ray_actors import actor_start_problem, kill_actor, last_line
 
-from .base import EnvSpec, WorkerCore, WorkerPool
+from .base import CALL_TIMEOUT_S, EnvSpec, WorkerCore, WorkerPool
 
 LOOPBACK = "127.0.0.1"
 CLOSE_TIMEOUT_S = 10.0      # for all actors together to close their envs; then they are killed
@@ -372,7 +372,7 @@ class RayPool(WorkerPool):
 
     def __init__(self, spec: EnvSpec, num_envs: int, num_workers: int = 2, address: str | None = None,
                  num_cpus: int | None = None, num_cpus_per_worker: float = 1.0, start_timeout_s: float = 300.0,
-                 call_timeout_s: float = 120.0):
+                 call_timeout_s: float = CALL_TIMEOUT_S):
         """Join (or start) a Ray cluster and start the actors.
 
         Args:

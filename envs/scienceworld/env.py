@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Sequence
 
 from ..base import EnvCrashedError, TaskStep, TextEnv, positive_int, positive_number
 from . import tasks as T
-from .jvm import JVMHost, parse_size
+from .jvm import CALL_TIMEOUT_S, JVMHost, parse_size
 
 _SEP = "\x1e"   # joins Java string lists into one string: one round trip instead of one per item
 
@@ -43,7 +43,7 @@ class ScienceWorldEnv(TextEnv):
     def __init__(self, tasks: str | Sequence[str] | None = None, exclude: str | Sequence[str] | None = None,
                  simplifications: str | Sequence[str] | None = "", variations_per_task: int | None = None,
                  admissible_actions: bool = False, include_objects: bool = True,
-                 jvm_heap: str = "1g", jvm_opts: Sequence[str] = (), call_timeout_s: float = 100.0, **kwargs):
+                 jvm_heap: str = "1g", jvm_opts: Sequence[str] = (), call_timeout_s: float = CALL_TIMEOUT_S, **kwargs):
         """
         tasks: selectors of the tasks to use (None = all 30): names ("boil"), numbers ("1-1"),
             families ("5-x"); a list or a comma string.

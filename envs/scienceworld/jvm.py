@@ -66,6 +66,12 @@ def _classpath() -> tuple[str, str]:
     return os.pathsep.join(parts), BASEPATH
 
 
+# Seconds one JVM call may take before the JVM counts as hung. Below the env pool's own limit per env call
+# (agentq.pool.base.CALL_TIMEOUT_S, 120 s), so that this handler, which restarts only the JVM and names the
+# call, fires before the pool kills the whole worker.
+CALL_TIMEOUT_S = 100.0
+
+
 class JVMHost:
     """A ScienceWorld JVM (py4j gateway) shared by the envs of one process."""
 
@@ -73,7 +79,7 @@ class JVMHost:
     _registry_lock = threading.Lock()
 
     def __init__(self, heap: str = "1g", java_opts: tuple[str, ...] = (), simplifications: str = "",
-                 call_timeout_s: float = 100.0):
+                 call_timeout_s: float = CALL_TIMEOUT_S):
         parse_size(heap)
         self.heap = str(heap)
         self.java_opts = tuple(java_opts)
@@ -92,7 +98,7 @@ class JVMHost:
 
     # ------------------------------------------------------------------ registry
     @classmethod
-    def get(cls, heap: str = "1g", java_opts=(), simplifications: str = "", call_timeout_s: float = 100.0,
+    def get(cls, heap: str = "1g", java_opts=(), simplifications: str = "", call_timeout_s: float = CALL_TIMEOUT_S,
             start: bool = True) -> "JVMHost":
         """The process's host for these options; started (or restarted after a crash) if `start`."""
         key = (os.getpid(), heap, tuple(java_opts), simplifications, float(call_timeout_s))

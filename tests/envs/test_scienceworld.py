@@ -108,6 +108,30 @@ def test_good_jvm_and_variation_arguments_still_pass():
     assert ScienceWorldEnv(jvm_opts=(), variations_per_task=None).jvm_opts == ()
 
 
+def test_the_jvm_call_limit_is_under_the_pools_in_code_and_in_the_configs():
+    """ScienceWorld's handler for a hung JVM (restart the JVM, name the call) must fire before the env
+    pool kills the whole worker: its default limit sits below the pool's, and the configs say the same."""
+    import inspect
+
+    from agentq.envs.scienceworld import jvm
+    from agentq.pool import base as pool_base
+    from agentq.pool.process import ProcessPool
+    from agentq.pool.ray_pool import RayPool
+
+    assert jvm.CALL_TIMEOUT_S == 100.0 < pool_base.CALL_TIMEOUT_S == 120.0
+    defaults = [inspect.signature(f).parameters["call_timeout_s"].default
+                for f in (ScienceWorldEnv.__init__, jvm.JVMHost.__init__, jvm.JVMHost.get)]
+    assert defaults == [jvm.CALL_TIMEOUT_S] * 3
+    assert [inspect.signature(c.__init__).parameters["call_timeout_s"].default for c in (ProcessPool, RayPool)] \
+        == [pool_base.CALL_TIMEOUT_S] * 2
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    assert yaml.safe_load((conf / "env" / "scienceworld.yaml").read_text())["kwargs"]["call_timeout_s"] \
+        == jvm.CALL_TIMEOUT_S
+    for pool in ("inline", "process", "ray"):
+        assert yaml.safe_load((conf / "env_pool" / f"{pool}.yaml").read_text())["call_timeout_s"] \
+            == pool_base.CALL_TIMEOUT_S, pool
+
+
 # ---------------------------------------------------------------------- splits
 def test_split_sizes_and_cache(env):
     u = env.unwrapped
