@@ -32,7 +32,8 @@ import select
 import struct
 import threading
 import time
-from multiprocessing.connection import Connection
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
 from agentq.utils.process import set_pdeathsig
@@ -126,6 +127,18 @@ def _worker_main(conn: Connection, spec: EnvSpec, slots: list[int], trainer_pid:
     conn.send(("closed", None))
 
 
+@dataclass
+class _Heard:
+    """What the pool read from a busy worker while it waited on another: the time of its last tick and
+    their count, then perhaps its whole answer (`ended`) or why its pipe failed."""
+
+    last: float = 0.0
+    ticks: int = 0
+    ended: bool = False
+    answer: Any = None
+    failure: BaseException | None = None
+
+
 class ProcessPool(WorkerPool):
     """`EnvPool` over subprocess workers; slot s lives in worker s mod num_workers."""
 
@@ -147,6 +160,7 @@ class ProcessPool(WorkerPool):
         """
         self._procs: dict[int, tuple[Any, Connection]] = {}
         self._senders: dict[int, threading.Thread] = {}     # worker → the thread sending it a large command
+        self._heard: dict[int, _Heard] = {}     # busy worker → what was read from it before its turn (`_hear`)
         self._ctx: Any = mp.get_context(start_method)    # its Process/Pipe depend on the start method
         self._setup(spec, num_envs, num_workers, call_timeout_s, start_timeout_s)
         self._start_all()
@@ -188,6 +202,7 @@ class ProcessPool(WorkerPool):
             p.join(10)
         except (AssertionError, ValueError, OSError):     # never started, or already closed
             pass
+        self._heard.pop(w, None)
         sender = self._senders.pop(w, None)
         if sender is not None:          # its write fails once the worker is gone: never on a reused descriptor
             sender.join(10)
@@ -208,17 +223,25 @@ class ProcessPool(WorkerPool):
         """As `WorkerPool._answer`; the worker ticks after each slot's env call (its clock is this one's:
         CLOCK_MONOTONIC is the host's), so a worker is hung once no call of its `n` finished within
         `call_timeout_s` of the last tick (or of the send), not only after n × `call_timeout_s`. That wait
-        starts no earlier than this read: while the pool waited on other workers, this one's ticks may
-        have filled the pipe (~280 of them), and a worker blocked sending one starts no next call."""
+        starts no earlier than this read. While it waits, the pool reads the other busy workers' ticks
+        too (`_wait_for`): a pipe holds ~280 of them, and a worker blocked sending one would start no
+        next call until its turn came."""
         p, conn = self._procs[w]
         if handle is not None:
-            last, ticks = sent_at, 0
+            heard = self._heard.pop(w, None) or _Heard()
+            last, ticks = max(sent_at, heard.last), heard.ticks
             entered = time.monotonic()
             overall = entered + timeout
             try:
+                if heard.failure is not None:
+                    raise heard.failure
+                if heard.ended:
+                    return heard.answer, ""
                 while True:
-                    wait = min(overall, max(last, entered) + self.call_timeout_s) - time.monotonic()
-                    status, payload = _recv_within(conn, max(0.0, wait), self.call_timeout_s)
+                    wait_s = min(overall, max(last, entered) + self.call_timeout_s) - time.monotonic()
+                    if not self._wait_for(w, conn, max(0.0, wait_s)):
+                        raise _Unfinished()
+                    status, payload = _recv_within(conn, 0.0, self.call_timeout_s)
                     if status != "tick":
                         return payload, ""
                     last, ticks = max(last, float(payload)), ticks + 1
@@ -240,6 +263,36 @@ class ProcessPool(WorkerPool):
         p.join(1)
         return None, f"died (exit code {p.exitcode if p.exitcode is not None else 'unknown'})"
 
+    def _wait_for(self, w: int, conn: Connection, wait_s: float) -> bool:
+        """Wait up to `wait_s` until worker `w` has something to read (True) or not (False), reading
+        meanwhile whatever the other workers still owing an answer send (`_hear`)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            others: dict[Any, int] = {self._procs[v][1]: v for v in self._pending
+                                      if v != w and v in self._procs and not self._heard.get(v, _Heard()).ended}
+            ready = wait([conn, *others], max(0.0, deadline - time.monotonic()))
+            for c in ready:
+                if c is not conn:
+                    self._hear(others[c])
+            if conn in ready:
+                return True
+            if not ready:
+                return False
+
+    def _hear(self, v: int) -> None:
+        """Read one message of busy worker `v` before its turn: a tick is noted, an answer or a failure kept
+        for `_answer` (which reports it as if read then)."""
+        heard = self._heard.setdefault(v, _Heard())
+        try:
+            status, payload = _recv_within(self._procs[v][1], 0.0, self.call_timeout_s)
+        except (_Unfinished, _Garbled, EOFError, OSError) as e:
+            heard.failure, heard.ended = e, True
+            return
+        if status == "tick":
+            heard.last, heard.ticks = max(heard.last, float(payload)), heard.ticks + 1
+        else:
+            heard.answer, heard.ended = payload, True
+
     def worker_pid(self, slot: int) -> int:
         """The process id of the worker that runs `slot` (tests kill it)."""
         return self._procs[slot % self.num_workers][0].pid
@@ -250,7 +303,7 @@ class ProcessPool(WorkerPool):
         senders = {w: t for w, t in self._senders.items() if t.is_alive()}     # their pipes are full: never written
         procs = [proc for w, proc in self._procs.items() if w not in senders]
         stuck = [proc for w, proc in self._procs.items() if w in senders]       # killed below
-        self._procs, self._senders = {}, {}
+        self._procs, self._senders, self._heard = {}, {}, {}
         try:
             for _, conn in procs:
                 _send(conn, ("close", None))

@@ -4,8 +4,9 @@ subprocess workers and Ray actors, which find this folder on sys.path).
 Actions: "hang" sleeps for an hour, "slow" for a second, "nap" for 5 ms, "crash" kills the process, "pid"
 names it, "lock" returns an info the pool cannot send back (a lock), "hog" takes memory (64 MiB every 50 ms, up to
 16 GiB) until something kills the process, "big" answers with a `BIG`-character obs (more than a pipe
-holds), "bigstop" too, but the worker stops itself (SIGSTOP) once it is blocked midway through sending
-that answer (a subprocess worker, whose pool is not reading it yet), anything else echoes. Tasks "hang"
+holds), "bigstop" writes the start of an answer of 2 × `BIG` bytes on a subprocess worker's pipe and then
+stops the worker (SIGSTOP), "clock" takes 5 ms and answers with the host's monotonic time at its end,
+anything else echoes. Tasks "hang"
 and "crash" do the same on reset.
 `flag`: a file; while it exists, building the env fails (a worker that cannot come back).
 `fail_once`: a file; the first build that creates it fails (one worker of several cannot start).
@@ -15,12 +16,15 @@ its stdin pipe from this process closes; "pid" then also names its pid ("... eng
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from agentq.envs.base import TaskStep, TextEnv
@@ -28,20 +32,14 @@ from agentq.envs.base import TaskStep, TextEnv
 BIG = 4 * 2 ** 20      # characters: far more than a socket pair's buffer (~200 kB)
 
 
-def _stop_midway_through_sending() -> None:
-    """SIGSTOP this process once its main thread has been inside multiprocessing's `Connection._send` for a
-    moment: blocked on a full pipe, part of the answer written, the rest never coming."""
-    main = threading.main_thread().ident
-    while True:
-        frame = sys._current_frames().get(main)
-        while frame is not None and not (frame.f_code.co_name == "_send"
-                                         and frame.f_code.co_filename.endswith("connection.py")):
-            frame = frame.f_back
-        if frame is not None:
-            time.sleep(0.2)         # the first write has filled the pipe by now: the worker is blocked
-            os.kill(os.getpid(), signal.SIGSTOP)
-            return
-        time.sleep(0.005)
+def _send_part_then_stop() -> None:
+    """Write the length header of a 2 × `BIG`-byte message and its first 64 KiB (less than a socket pair's
+    buffer holds, so the write returns whether or not the pool reads) on this worker's pipe to the pool,
+    then stop (SIGSTOP): an answer begun, the rest never coming. The worker's one open `Connection` is
+    its end of that pipe."""
+    conn = next(o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed)
+    os.write(conn.fileno(), struct.pack("!i", 2 * BIG) + b"s" * 2 ** 16)
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class FaultEnv(TextEnv):
@@ -75,6 +73,9 @@ class FaultEnv(TextEnv):
             time.sleep(1)
         if what == "nap":
             time.sleep(0.005)
+        if what == "clock":
+            time.sleep(0.005)
+            return TaskStep(obs=f"clock {time.monotonic()!r}")
         if what == "raise":
             raise RuntimeError("boom in the env's own code")
         if what == "crash":
@@ -87,8 +88,7 @@ class FaultEnv(TextEnv):
         if what == "big":
             return TaskStep(obs="b" * BIG)
         if what == "bigstop":
-            threading.Thread(target=_stop_midway_through_sending, daemon=True).start()
-            return TaskStep(obs="s" * BIG)
+            _send_part_then_stop()
         if what == "lock":
             return TaskStep(obs="locked", extra={"lock": threading.Lock()})
         if what == "pid" and self.engine is not None:

@@ -232,6 +232,26 @@ def test_a_worker_whose_ticks_filled_the_pipe_while_the_pool_waited_elsewhere_is
         pool.close()
 
 
+@pytest.mark.timeout(120)
+def test_a_worker_with_more_slots_than_its_pipe_holds_ticks_for_runs_on_while_the_pool_waits_on_another():
+    """Two workers of 600 slots: worker 0's first three calls take 1 s each, then 597 of 5 ms (~6 s in
+    all); worker 1's 600 take 5 ms each (~3 s), each ticking, and a pipe holds ~280 ticks. The pool reads
+    worker 0's answer first. It used to read only that worker meanwhile, so worker 1 stopped after ~280
+    calls until its turn and ended after worker 0 (~7.6 s); the pool now reads every busy worker's ticks
+    while it waits, so worker 1 runs through and ends seconds before worker 0. ("clock" answers with
+    the time its call ended, on the host's monotonic clock.)"""
+    pool = make_pool("process", spec(), 1200, num_workers=2, call_timeout_s=30)
+    try:
+        start(pool, range(1200))
+        res = pool.step([(s, "slow" if s in (0, 2, 4) else "clock") for s in range(1200)])
+        assert all(r.ok for r in res), [r.error for r in res if not r.ok][:2]
+        ended = [max(float(r.obs.split()[1]) for r in res[w::2] if r.obs.startswith("clock")) for w in (0, 1)]
+        assert ended[1] < ended[0] - 1, ended
+        assert pool.restarts == 0
+        assert obs(pool.step([(s, "b") for s in range(1200)])) == ["echo b"] * 1200    # nothing left unread
+    finally:
+        pool.close()
+
 def kill_worker(kind: str, request, pool, w: int) -> None:
     """SIGKILL the subprocess worker / ray.kill the actor `w` and wait until it is dead (it is idle)."""
     if kind == "process":
@@ -526,12 +546,12 @@ def test_a_worker_whose_steps_complete_between_deaths_is_restarted_not_given_up_
 
 @pytest.mark.timeout(60)
 def test_a_worker_that_stops_midway_through_a_large_answer_is_restarted_not_waited_for(request):
-    """Three workers answer one step: worker 0 hangs, worker 1 stops (SIGSTOP) midway through sending a
-    4 MiB answer, worker 2 sends a 4 MiB answer whole, but only as the pool reads it (after worker 0's
-    timeout). The pool read the rest of worker 1's message without a timeout: blocked for good (here until
-    the test kills worker 1 after 30 s). Now the rest of a message must come within call_timeout_s of its
-    start: worker 1 is treated as crashed (killed, restarted, its episode an error), worker 2's answer is
-    kept, and the call returns within its timeouts."""
+    """Three workers answer one step: worker 0 hangs, worker 1 stops (SIGSTOP) after the first 64 KiB of
+    an 8 MiB answer, worker 2 sends a 4 MiB answer whole. The pool read the rest of worker 1's message
+    without a timeout: blocked for good (here until the test kills worker 1 after 30 s). Now the rest of
+    a message must come within call_timeout_s of its start: worker 1 is treated as crashed (killed,
+    restarted, its episode an error), worker 2's answer is kept, and the call returns within its
+    timeouts."""
     from fault_env import BIG
 
     pool = make_pool("process", spec(), 3, num_workers=3, call_timeout_s=1, start_timeout_s=10)
