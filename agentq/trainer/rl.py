@@ -52,9 +52,10 @@ from agentq.utils.logging import (MetricsLogger, console, errored_note, jsonable
                                   progress, read_metrics, step_line)
 
 from .placement import Placement, check_placement_config
-from .run_dir import (RunAborted, check_resume_dir, claim_run_dir, last_step_checkpoint, log_resume, new_run_dir,
-                      read_run_config, remove_run_artifacts, restore_config_hint, step_checkpoints,
-                      truncate_evaluations, truncate_lost_episodes, write_lost_episodes, write_run_config)
+from .run_dir import (COMPLETION_ARTIFACTS, RunAborted, check_resume_dir, claim_run_dir, last_step_checkpoint,
+                      log_resume, new_run_dir, read_run_config, read_run_id, remove_run_artifacts,
+                      restore_config_hint, step_checkpoints, truncate_evaluations, truncate_lost_episodes,
+                      write_lost_episodes, write_run_config, write_run_id)
 
 
 #: rollout summary keys (eval.metrics.summarize) every step row carries, skipped steps too
@@ -344,6 +345,26 @@ def reading_resume_checkpoint(run_dir: Path, ckpt: Path | None) -> Iterator[None
         raise CheckpointError(f"{e}; {earlier_checkpoint_advice(run_dir, ckpt)}") from e
 
 
+def check_state_values(ckpt: Path, state: TrainerState, rng: np.random.Generator, gen: torch.Generator) -> None:
+    """The trainer state's values a resume restores, tried on fresh copies first: a well-formed file with
+    a wrong value (a hand edit, a bit flip in a number) ended the resume with a traceback from numpy or
+    torch; now a `CheckpointError`, which `reading_resume_checkpoint` completes with the way on.
+
+    Raises:
+        CheckpointError: `step` is not the checkpoint folder's step, or an RNG state does not load.
+    """
+    step = state.meta["step"]
+    if type(step) is not int or ckpt.name != f"step_{step:06d}":
+        raise CheckpointError(f"checkpoint {ckpt} is damaged (its trainer_state.json says step {step!r})")
+    for name, restore in (("np_rng", lambda v: setattr(type(rng.bit_generator)(), "state", v)),
+                          ("torch_gen", lambda v: torch.Generator(device=gen.device).set_state(v))):
+        value = state.meta[name] if name == "np_rng" else state.tensors[name]
+        try:
+            restore(value)
+        except (TypeError, ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint {ckpt} is damaged (its {name} does not load: {first_line(e)})") from None
+
+
 def earlier_checkpoint_advice(run_dir: Path, ckpt: Path) -> str:
     """What a resume refused at its latest checkpoint `ckpt` can do: move it aside and resume from the
     one before it (named; trainer.keep_checkpoints keeps 2 by default), or, with none before it, start
@@ -452,16 +473,26 @@ class RLTrainer:
         """The run folder changes only now: an overwritten run's files go (`claim_run_dir` allowed
         nothing else for a fresh run), a resumed run's rows after its checkpoint are cut (those steps
         are redone), config.yaml is written; then the metric sinks."""
+        steps, unfinished = int(self.cfg.trainer.steps), False
         if state is None:
             remove_run_artifacts(self.run_dir)
+            self.run_id = write_run_id(self.run_dir)
         else:
+            # a folder from before run ids takes its checkpoint's (or a new one) from now on
+            self.run_id = read_run_id(self.run_dir) or write_run_id(self.run_dir, state.meta.get("run_id"))
+            # steps the run had logged past its checkpoint under its own trainer.steps: cut below, so a
+            # resume that then runs no step (trainer.steps set to the checkpoint's) still changes the run
+            before = read_run_config(self.run_dir / "config.yaml")
+            unfinished = before is not None and int(before.trainer.steps) > self.start_step
             wandb_redo_notice(self.run_dir, self.cfg, self.start_step)
             MetricsLogger.truncate(self.run_dir, self.start_step)
             truncate_lost_episodes(self.run_dir, self.start_step)
             truncate_segments(self.run_dir, self.start_step)
             truncate_evaluations(self.run_dir, self.start_step)
-        # a resume that runs no step (a finished run) leaves its settings as its steps ran them
-        if state is None or self.start_step < int(self.cfg.trainer.steps):
+            if self.start_step < steps:      # written again when the run completes, not left from an earlier end
+                remove_run_artifacts(self.run_dir, COMPLETION_ARTIFACTS)
+        # a resume that runs no step of a finished run leaves its settings as its steps ran them
+        if state is None or self.start_step < steps or unfinished:
             if state is not None:
                 log_resume(self.run_dir, self.start_step, self.cfg)
             write_run_config(self.run_dir, self.cfg)
@@ -494,6 +525,13 @@ class RLTrainer:
         # what `_restore` reads; a file without it is a one-line CheckpointError naming the checkpoint
         with reading_resume_checkpoint(self.run_dir, ckpt):
             state = load_trainer_state(ckpt, meta_keys=("step", "np_rng"), tensor_keys=("optimizer", "torch_gen"))
+            check_state_values(ckpt, state, self.rng, self.gen)
+        ours, theirs = read_run_id(self.run_dir), state.meta.get("run_id")
+        if ours and theirs and ours != theirs:
+            raise ConfigError(f"trainer.resume={resume!r}: its latest checkpoint ({ckpt.name}) was written by another "
+                              f"run (run id {theirs}; this run's, in its run_id file, is {ours}): a checkpoints/ "
+                              "folder copied from another run? Resume that run's own folder, or start a new run "
+                              f"from those weights (model.path={str(ckpt)!r})")
         if int(state.meta["step"]) > steps:
             raise ConfigError(f"trainer.resume={resume!r}: its latest checkpoint ({ckpt.name}) is at step "
                               f"{int(state.meta['step'])}, past trainer.steps={steps}; trainer.steps is the run's "
@@ -764,7 +802,7 @@ class RLTrainer:
                                tensors={"optimizer": self.learner.opt.state_dict(), "torch_gen": self.gen.get_state()},
                                meta={"step": step, "np_rng": self.rng.bit_generator.state,
                                      "init_path": str(self.init_path), "skipped_in_a_row": self.skipped_in_a_row,
-                                     "next_episode_id": self.next_episode_id}))
+                                     "next_episode_id": self.next_episode_id, "run_id": self.run_id}))
         prune_checkpoints(self.run_dir, int(self.cfg.trainer.keep_checkpoints))
         return path
 

@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from agentq.agent.trajectory import Trajectory
 
 ERRORS_FILE = "errors.jsonl"
+#: the run's id, written at its start; every checkpoint carries it, so a resume tells a checkpoint that
+#: another run wrote (a checkpoints/ folder copied in) from the run's own
+RUN_ID_FILE = "run_id"
 #: one row a resume that runs steps: the step it resumed at and the settings it changed (config.yaml
 #: holds the latest settings only)
 RESUMES_FILE = "resumes.jsonl"
@@ -39,7 +43,9 @@ WANDB_ARTIFACTS = ("wandb", WANDB_ID_FILE)
 #: what a training run writes into its folder (and `agentq report` beside it): the evidence that a
 #: folder holds a run, and what `trainer.overwrite=true` removes (nothing else in the folder is touched)
 RUN_ARTIFACTS = ("metrics.jsonl", "checkpoints", "tb", "eval", "train_summary.json", ERRORS_FILE, "segments",
-                 "learning_curve.png", "mismatch.png", "report.html", RESUMES_FILE, *WANDB_ARTIFACTS)
+                 "learning_curve.png", "mismatch.png", "report.html", RESUMES_FILE, RUN_ID_FILE, *WANDB_ARTIFACTS)
+#: what a run writes when it completes: a resume that runs steps removes them until it completes again
+COMPLETION_ARTIFACTS = ("train_summary.json", "learning_curve.png", "mismatch.png")
 #: the same for an `agentq sft` folder (demos.jsonl is left: a fresh collection replaces it whole,
 #: and `sft.demos` may name it)
 SFT_ARTIFACTS = ("metrics.jsonl", "tb", "checkpoint", "sft_summary.json", *WANDB_ARTIFACTS)
@@ -213,6 +219,23 @@ def remove_run_artifacts(run_dir: str | Path, artifacts: tuple[str, ...] = RUN_A
         path = Path(run_dir) / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     return found
+
+
+def read_run_id(run_dir: str | Path) -> str | None:
+    """The id in the run folder's `run_id` file; None for a folder without one (a run begun before
+    run ids, or an unreadable file: a resume then takes its checkpoint's)."""
+    try:
+        found = (Path(run_dir) / RUN_ID_FILE).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return found or None
+
+
+def write_run_id(run_dir: str | Path, run_id: str | None = None) -> str:
+    """Write `run_id` (a new random one when None) into the run folder; returns it."""
+    run_id = run_id or uuid.uuid4().hex
+    write_text_replacing(Path(run_dir) / RUN_ID_FILE, run_id + "\n")
+    return run_id
 
 
 def write_run_config(run_dir: str | Path, cfg: DictConfig) -> Path:

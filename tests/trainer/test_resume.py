@@ -405,13 +405,80 @@ def test_a_trainer_state_without_its_step_is_a_damaged_checkpoint(run_copy, caps
                                  "step_000001")
 
 
+def test_a_checkpoint_another_run_wrote_is_refused_and_the_runs_own_resumes(run_copy, tmp_path, capsys):
+    """A checkpoints/ folder copied from another run (here one of another model) was resumed without a
+    word: the weights and the KL reference became the other run's under this run's config.yaml and
+    metrics. Each run's checkpoints now carry the id in its folder's run_id file."""
+    from agentq.utils.checkpoint import load_trainer_state
+
+    own = (run_copy / "run_id").read_text().strip()
+    assert len(own) == 32 and load_trainer_state(run_copy / "checkpoints" / "step_000002").meta["run_id"] == own
+    other = tmp_path / "other"
+    assert main(["train", f"trainer.out_dir={other}", "trainer.steps=1", "model.tiny.num_hidden_layers=1", *BASE]) == 0
+    theirs = (other / "run_id").read_text().strip()
+    assert theirs != own
+    shutil.move(run_copy / "checkpoints", tmp_path / "own_checkpoints")
+    shutil.copytree(other / "checkpoints", run_copy / "checkpoints")
+    before = files_of(run_copy)
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3"]) == 2
+    ckpt = run_copy / "checkpoints" / "step_000001"
+    assert said_once(capsys) == (f"agentq: trainer.resume='{run_copy}': its latest checkpoint (step_000001) was "
+                                 f"written by another run (run id {theirs}; this run's, in its run_id file, is "
+                                 f"{own}): a checkpoints/ folder copied from another run? Resume that run's own "
+                                 f"folder, or start a new run from those weights (model.path='{ckpt}')")
+    assert files_of(run_copy) == before
+    # its own checkpoints back, and a folder from before run ids (no run_id file): resumed, the id taken
+    # from its checkpoint and written for the next resume
+    shutil.rmtree(run_copy / "checkpoints")
+    shutil.move(tmp_path / "own_checkpoints", run_copy / "checkpoints")
+    (run_copy / "run_id").unlink()
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3"]) == 0
+    assert (run_copy / "run_id").read_text().strip() == own
+    assert load_trainer_state(run_copy / "checkpoints" / "step_000003").meta["run_id"] == own
+
+
+def test_a_resume_that_runs_steps_removes_the_earlier_ends_summary_and_plots(run_copy, monkeypatch):
+    """A finished run extended and stopped before its new end kept train_summary.json (steps: 2) and the
+    PNGs of its earlier end beside metrics rows past it: a reader took it for finished at step 2. They
+    are written when the run completes, so a resume that runs steps removes them until it does."""
+    ends = ("train_summary.json", "learning_curve.png", "mismatch.png")
+    assert all((run_copy / name).is_file() for name in ends)
+    stop_rl_at_step(monkeypatch, 4)
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=4"]) != 0
+    assert [r["step"] for r in step_rows(run_copy)] == [1, 2, 3]
+    assert not any((run_copy / name).exists() for name in ends)
+    monkeypatch.undo()
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=4"]) == 0
+    assert json.loads((run_copy / "train_summary.json").read_text())["steps"] == 4
+
+
+def test_a_resume_that_ends_an_unfinished_run_at_its_checkpoint_records_it(run_copy, capsys):
+    """An unfinished run (logged to step 2 under trainer.steps=2, its latest checkpoint step 1) resumed
+    with trainer.steps=1 runs no step, but its step-2 rows are cut and it ends at step 1: config.yaml
+    kept trainer.steps=2 and resumes.jsonl said nothing. Both now record the change."""
+    shutil.rmtree(run_copy / "checkpoints" / "step_000002")
+    assert [r["step"] for r in step_rows(run_copy)] == [1, 2]
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=1"]) == 0
+    assert [r["step"] for r in step_rows(run_copy)] == [1]
+    assert OmegaConf.load(run_copy / "config.yaml").trainer.steps == 1
+    (row,) = [json.loads(line) for line in (run_copy / "resumes.jsonl").read_text().splitlines()]
+    assert (row["step"], row["changed"]) == (1, ["trainer.steps: 2 → 1"])
+    assert json.loads((run_copy / "train_summary.json").read_text())["steps"] == 1
+
+
 @pytest.mark.parametrize("damage, refusal", [
     ("no_state", "{ckpt} has no trainer_state.pt (optimizer, RNG): cannot resume"),
     ("no_weights", "{ckpt} has a config.json but no weights (no *.safetensors, which the rollout backends read, "
                    "nor pytorch_model*.bin): an interrupted copy or save?"),
     ("truncated", "weight file {ckpt}/model.safetensors is damaged or truncated (100 bytes): "),
     ("garbled_config", "{ckpt}: its tokenizer does not load (OSError: "),
-], ids=["no-trainer-state", "no-weights", "truncated-weights", "garbled-config"])
+    # a well-formed trainer state with a wrong value (a hand edit, a flipped bit) was numpy's or int()'s traceback
+    ("step_six", "checkpoint {ckpt} is damaged (its trainer_state.json says step 'six')"),
+    ("step_1", "checkpoint {ckpt} is damaged (its trainer_state.json says step 1)"),       # not its folder's
+    ("np_rng", "checkpoint {ckpt} is damaged (its np_rng does not load: "),
+    ("torch_gen", "checkpoint {ckpt} is damaged (its torch_gen does not load: "),
+], ids=["no-trainer-state", "no-weights", "truncated-weights", "garbled-config", "step-not-a-number",
+        "step-not-the-folders", "rng-not-a-pcg64-state", "torch-generator-state-not-bytes"])
 def test_a_damaged_latest_checkpoint_names_the_one_to_resume_from(run_copy, capsys, damage, refusal):
     """A resume refused at a damaged latest checkpoint said only what was wrong ("cannot resume"), not
     that the checkpoint before it resumes once the damaged one is moved aside; it does now, for every
@@ -424,6 +491,14 @@ def test_a_damaged_latest_checkpoint_names_the_one_to_resume_from(run_copy, caps
         weights.unlink()
     elif damage == "garbled_config":
         (ckpt / "config.json").write_text("{")
+    elif damage in ("step_six", "step_1", "np_rng"):
+        meta = json.loads((ckpt / "trainer_state.json").read_text())
+        meta.update({"step_six": {"step": "six"}, "step_1": {"step": 1}, "np_rng": {"np_rng": {"x": 1}}}[damage])
+        (ckpt / "trainer_state.json").write_text(json.dumps(meta))
+    elif damage == "torch_gen":
+        import torch
+        torch.save({**torch.load(ckpt / "trainer_state.pt", weights_only=True), "torch_gen": torch.zeros(3)},
+                   ckpt / "trainer_state.pt")
     else:
         weights.write_bytes(weights.read_bytes()[:100])
     before = files_of(run_copy)
