@@ -374,12 +374,16 @@ class WorkerPool:
         slots outside `in_call` are lost. Returns worker → None (up again) or why it is down."""
         for w in why:
             self._kill(w)
+            # pending until its start message is read: a call interrupted before that (Ctrl-C) leaves the
+            # message in the pipe, and the next call must not read it as its answer (`_dispatch` restarts it)
+            self._pending.add(w)
             self._launch(w)
             self.restarts += 1
         deadline = time.monotonic() + self.start_timeout_s
         out: dict[int, str | None] = {}
         for w, cause in why.items():
             out[w] = self._await(w, max(0.0, deadline - time.monotonic()))
+            self._pending.discard(w)
             self._failures.start_ended(w, out[w])
             self._siblings.restarted(f"{self.kind} {w}", self._slots[w], in_call.get(w, []), cause)
         return out

@@ -45,6 +45,9 @@ PARENT_POLL_S = 0.5         # how often a worker's watchdog checks that the trai
 SEND_INLINE_BYTES = 4096   # a command this small fits any empty pipe (macOS's holds 8 KiB); larger ones go by thread
 MAX_READ = 2 ** 30          # bytes one os.readv asks for at most: macOS's fails (EINVAL) when its buffers sum past
                             # 32 bits (CPython caps its own reads likewise)
+DEAF_S = 0.25               # the pool reading no worker's pipe for longer (a slow read of one message, a large
+                            # answer unpickled) may have let a busy worker's pipe fill with ticks: the hang
+                            # clocks start again where it listens again (`_answer`)
 MAX_MESSAGE = 2 ** 34       # a length header past this (16 GiB) is corrupt: no env answer is that large, and the
                             # buffer is allocated before the first byte is read
 
@@ -161,6 +164,8 @@ class ProcessPool(WorkerPool):
         self._procs: dict[int, tuple[Any, Connection]] = {}
         self._senders: dict[int, threading.Thread] = {}     # worker → the thread sending it a large command
         self._heard: dict[int, _Heard] = {}     # busy worker → what was read from it before its turn (`_hear`)
+        self._listened_at = 0.0     # when the pool last came out of waiting on the busy workers' pipes
+        self._deaf_until = 0.0      # the end of the last stretch longer than DEAF_S in which it did not wait on them
         self._ctx: Any = mp.get_context(start_method)    # its Process/Pipe depend on the start method
         self._setup(spec, num_envs, num_workers, call_timeout_s, start_timeout_s)
         self._start_all()
@@ -222,23 +227,23 @@ class ProcessPool(WorkerPool):
     def _answer(self, w: int, handle: Any, timeout: float, cmd: str, sent_at: float, n: int) -> tuple[bytes | None, str]:
         """As `WorkerPool._answer`; the worker ticks after each slot's env call (its clock is this one's:
         CLOCK_MONOTONIC is the host's), so a worker is hung once no call of its `n` finished within
-        `call_timeout_s` of the last tick (or of the send), not only after n × `call_timeout_s`. That wait
-        starts no earlier than this read. While it waits, the pool reads the other busy workers' ticks
-        too (`_wait_for`): a pipe holds ~280 of them, and a worker blocked sending one would start no
-        next call until its turn came."""
+        `call_timeout_s` of the last tick (or of the send), not only after n × `call_timeout_s`. While it
+        waits on one worker the pool reads every busy worker's ticks (`_wait_for`): a pipe holds ~280,
+        and a worker blocked sending one would start no next call until its turn came, so every
+        worker's clock runs from its own last tick. Where the pool read no pipe for a while (`DEAF_S`),
+        the clocks start again from then."""
         p, conn = self._procs[w]
         if handle is not None:
             heard = self._heard.pop(w, None) or _Heard()
             last, ticks = max(sent_at, heard.last), heard.ticks
-            entered = time.monotonic()
-            overall = entered + timeout
+            overall = time.monotonic() + timeout
             try:
                 if heard.failure is not None:
                     raise heard.failure
                 if heard.ended:
                     return heard.answer, ""
                 while True:
-                    wait_s = min(overall, max(last, entered) + self.call_timeout_s) - time.monotonic()
+                    wait_s = min(overall, self._clock(last) + self.call_timeout_s) - time.monotonic()
                     if not self._wait_for(w, conn, max(0.0, wait_s)):
                         raise _Unfinished()
                     status, payload = _recv_within(conn, 0.0, self.call_timeout_s)
@@ -247,7 +252,7 @@ class ProcessPool(WorkerPool):
                     last, ticks = max(last, float(payload)), ticks + 1
             except _Unfinished as late:
                 if late.size is None:
-                    if n == 1 or max(last, entered) + self.call_timeout_s >= overall:
+                    if n == 1 or self._clock(last) + self.call_timeout_s >= overall:
                         return None, "hung"         # the whole budget: `_exchange` says so
                     what = ("its first env call did not finish" if not ticks else
                             f"all {n} env calls finished, the answer did not come" if ticks >= n else
@@ -263,14 +268,24 @@ class ProcessPool(WorkerPool):
         p.join(1)
         return None, f"died (exit code {p.exitcode if p.exitcode is not None else 'unknown'})"
 
+    def _clock(self, last: float) -> float:
+        """Where a busy worker's wait for its next call starts: its last tick (or the send), or the end of
+        the pool's last stretch of not reading (its ticks may have filled its pipe then)."""
+        if time.monotonic() - self._listened_at > DEAF_S:
+            self._deaf_until = time.monotonic()
+        return max(last, self._deaf_until)
+
     def _wait_for(self, w: int, conn: Connection, wait_s: float) -> bool:
         """Wait up to `wait_s` until worker `w` has something to read (True) or not (False), reading
         meanwhile whatever the other workers still owing an answer send (`_hear`)."""
         deadline = time.monotonic() + wait_s
         while True:
             others: dict[Any, int] = {self._procs[v][1]: v for v in self._pending
-                                      if v != w and v in self._procs and not self._heard.get(v, _Heard()).ended}
+                                      if v != w and v in self._procs and not self._procs[v][1].closed
+                                      and not self._heard.get(v, _Heard()).ended}
+            self._clock(0.0)
             ready = wait([conn, *others], max(0.0, deadline - time.monotonic()))
+            self._listened_at = time.monotonic()
             for c in ready:
                 if c is not conn:
                     self._hear(others[c])

@@ -77,7 +77,10 @@ def interrupted(kind: str, pool, items) -> None:
     with pytest.MonkeyPatch.context() as mp_:
         if kind == "process":
             from multiprocessing.connection import Connection
+
+            from agentq.pool import process
             mp_.setattr(Connection, "poll", interrupt)
+            mp_.setattr(process, "wait", interrupt)         # the pool's wait on every busy worker's pipe
         else:
             mp_.setattr(pool._ray, "get", interrupt)
         with pytest.raises(KeyboardInterrupt):
@@ -249,6 +252,51 @@ def test_a_worker_with_more_slots_than_its_pipe_holds_ticks_for_runs_on_while_th
         assert ended[1] < ended[0] - 1, ended
         assert pool.restarts == 0
         assert obs(pool.step([(s, "b") for s in range(1200)])) == ["echo b"] * 1200    # nothing left unread
+    finally:
+        pool.close()
+
+def test_workers_that_hang_together_are_found_together():
+    """Three workers each hang after one finished call. A worker's wait for its next call began only
+    when the pool turned to it, so they were found one after another (3 × call_timeout_s, 9 s here;
+    8 workers stuck on one engine at the defaults: 16 minutes); the pool hears every busy worker's
+    ticks now, so each is found call_timeout_s after its own last call."""
+    pool = make_pool("process", spec(), 9, num_workers=3, call_timeout_s=3)
+    try:
+        start(pool, range(9))
+        t0 = time.monotonic()
+        res = pool.step([(s, "hang" if s // 3 == 1 else "a") for s in range(9)])
+        took = time.monotonic() - t0
+        assert [r.error for r in res] == [f"env worker {s % 3} hung: no answer to step of 3 slot(s): 1 env call(s) "
+                                          "finished, the next did not finish within 3 s (env_pool.call_timeout_s=3); "
+                                          "killed; restarted" for s in range(9)]
+        assert pool.restarts == 3 and took < 7, took        # one call_timeout_s and the restarts
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("where", ["_launch", "_await"])
+def test_a_ctrl_c_while_a_worker_restarts_costs_the_next_call_only_that_workers_slot(where):
+    """Ctrl-C while worker 1 was started again after a crash. In its launch, the pool kept its closed
+    pipe and the next call's wait on worker 0 failed on it (worker 0 taken for dead too); in the wait for
+    its start, its "ready" was later read as the answer to the next call (an error with no text). Now
+    the worker counts as owing an answer until it has started, and the next call starts it again first."""
+    pool = make_pool("process", spec(), 2, num_workers=2, call_timeout_s=5)
+    try:
+        start(pool, range(2))
+        orig = getattr(pool, where)
+
+        def interrupted_once(*args):        # in _await: before reading the worker's start message
+            setattr(pool, where, orig)
+            raise KeyboardInterrupt
+        setattr(pool, where, interrupted_once)
+        with pytest.raises(KeyboardInterrupt):
+            pool.step([(0, "a"), (1, "crash")])
+        time.sleep(1)
+        res = pool.step([(0, "b"), (1, "c")])
+        assert res[0].ok and res[0].obs == "echo b", res[0].error
+        assert not res[1].ok and "a call to it was interrupted before its answer was read" in res[1].error, res[1].error
+        start(pool, [1])
+        assert obs(pool.step([(0, "d"), (1, "e")])) == ["echo d", "echo e"]
     finally:
         pool.close()
 
