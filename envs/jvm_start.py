@@ -108,8 +108,11 @@ def launch_gateway(java: str, classpath: str, cwd: str | None, javaopts: Sequenc
 
     cmd = [java, "-classpath", os.pathsep.join((find_jar_path(), classpath)), *javaopts,
            "py4j.GatewayServer", "--die-on-broken-pipe", "0"]
+    # its own session: a terminal's Ctrl-C (SIGINT to the foreground process group) ended the JVM under
+    # the env's feet, each call in flight then a py4j traceback; it ends with this process instead (stdin
+    # pipe, --die-on-broken-pipe; the parent-death signal)
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            cwd=cwd, bufsize=0, preexec_fn=dies_with_this_process())
+                            cwd=cwd, bufsize=0, start_new_session=True, preexec_fn=dies_with_this_process())
     line = first_line(proc, timeout_s, what, setting)
     if not line.strip().isdigit():
         proc.kill()

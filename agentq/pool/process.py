@@ -29,6 +29,7 @@ import multiprocessing as mp
 import os
 import pickle
 import select
+import signal
 import struct
 import threading
 import time
@@ -109,6 +110,9 @@ def _worker_main(conn: Connection, spec: EnvSpec, slots: list[int], trainer_pid:
     the pool's end of the pipe closes); the envs are closed on the way out. It dies with the trainer
     (`_die_with_parent`)."""
     _die_with_parent(trainer_pid, direct_child, pdeathsig)
+    # a terminal's Ctrl-C reaches the whole process group: the trainer takes it and closes the workers
+    # (`close`); a worker that took it too broke off its env call midway (py4j logged a traceback each)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         core = WorkerCore(spec, slots)

@@ -2,6 +2,7 @@
 the JVM cases are in test_scienceworld.py and test_textworld_express.py)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -126,3 +127,17 @@ def test_a_gateway_that_exits_is_reaped(tmp_path):
     assert proc.returncode == 0
     with pytest.raises(FileNotFoundError):
         open(f"/proc/{proc.pid}/stat").close()
+
+
+def test_a_gateway_runs_in_its_own_session(tmp_path):
+    """A terminal's Ctrl-C goes to its whole foreground process group: the TextWorldExpress JVM was in
+    it and died under the env (a py4j traceback per call in flight) while the trainer stopped. A
+    stand-in for java prints a port, then waits."""
+    java = tmp_path / "java"
+    java.write_text("#!/bin/sh\necho 25333\nexec sleep 30\n")
+    java.chmod(0o755)
+    _, proc = launch_gateway(str(java), "", None, [], 10, "the stand-in JVM", "call_timeout_s")
+    try:
+        assert os.getsid(proc.pid) == proc.pid != os.getsid(0)
+    finally:
+        proc.kill()

@@ -300,6 +300,20 @@ def test_a_ctrl_c_while_a_worker_restarts_costs_the_next_call_only_that_workers_
     finally:
         pool.close()
 
+def test_a_ctrl_c_that_reaches_a_worker_does_not_break_off_its_env_call():
+    """A terminal's Ctrl-C is sent to its whole process group, the env workers too: a worker took it as
+    a KeyboardInterrupt midway through an env call and exited (py4j logged a traceback per call). The
+    trainer handles it and closes the workers; a worker now ignores it and answers."""
+    pool = make_pool("process", spec(), 2, num_workers=2, call_timeout_s=10)
+    try:
+        start(pool, range(2))
+        pid = pool.worker_pid(0)
+        threading.Timer(0.5, os.kill, (pid, signal.SIGINT)).start()
+        assert obs(pool.step([(0, "slow"), (1, "a")])) == ["echo slow", "echo a"]
+        assert pool.restarts == 0 and pool.worker_pid(0) == pid
+    finally:
+        pool.close()
+
 def kill_worker(kind: str, request, pool, w: int) -> None:
     """SIGKILL the subprocess worker / ray.kill the actor `w` and wait until it is dead (it is idle)."""
     if kind == "process":
