@@ -28,6 +28,7 @@ from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.errors import first_line, says_where_on_stop
 from agentq.utils.folder_lock import lock_folder, removed_if_left_empty
 from agentq.utils.logging import console, progress
+from agentq.utils.run_folders import folder_owners, whose_run
 
 from .episodes import EPISODES_SHA256, recover_eval_pair, write_eval_pair
 from .metrics import counts_since, summarize, worker_counts
@@ -183,6 +184,8 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     # listed first where the default folder's name needs it: "-nN" only for a sample smaller than the split
     selection = eval_tasks(cfg, split) if cfg.eval.num_tasks is not None and not cfg.eval.out_dir else None
     out, out_key = eval_out_path(cfg, split, overrides, selection)
+    if cfg.eval.out_dir:
+        check_not_a_run_folder(out, out_key)
     # taken by `_evaluate` before its recovery of an existing folder, which must not undo another eval's write
     held = OutputLock(out, chosen=bool(cfg.eval.out_dir), own_command=overrides is not None)
     try:
@@ -200,6 +203,19 @@ def eval_tasks(cfg: DictConfig, split: str) -> TaskSelection:
             it blamed the split for, e.g., a bad env.kwargs value).
     """
     return choose_eval_tasks(cfg, split, cfg.eval.num_tasks, key="split")
+
+
+def check_not_a_run_folder(out: Path, out_key: str) -> None:
+    """Refuse an output folder that holds another command's run (`agentq.utils.run_folders.MARKERS`): an
+    evaluation wrote its eval.json and episodes.jsonl beside a train run's or a pipeline's files.
+
+    Raises:
+        ConfigError: naming the command whose folder it is and what says so.
+    """
+    for owners, names in folder_owners(out):
+        if "eval" not in owners:
+            raise ConfigError(f"{out_key}={str(out)!r} holds an {whose_run(owners)} run ({', '.join(names)}), not an "
+                              f"`agentq eval` one: pick another {out_key}")
 
 
 class OutputLock:

@@ -26,6 +26,7 @@ from agentq.utils.files import remove_stale_temporaries, write_text_replacing
 from agentq.utils.folder_lock import LOCK_FILE, lock_folder, lock_holder
 from agentq.utils.jsonl import append_jsonl, drop_rows_after
 from agentq.utils.logging import WANDB_ID_FILE
+from agentq.utils.run_folders import folder_owners, found_in, whose_run
 
 if TYPE_CHECKING:
     from agentq.agent.trajectory import Trajectory
@@ -56,20 +57,6 @@ PIPELINE_ARTIFACTS = ("sft", "rl", "eval_sft_*", "eval_rl_*", "summary.json", "l
 SWEEP_ARTIFACTS = ("sft", "eval_sft", "arms", "table.md", "table.json", "curves.png")
 #: each command's folder: what `trainer.overwrite=true` removes (`claim_run_dir`)
 ARTIFACTS = {"train": RUN_ARTIFACTS, "sft": SFT_ARTIFACTS, "pipeline": PIPELINE_ARTIFACTS, "sweep": SWEEP_ARTIFACTS}
-#: what only that command writes at the top of its folder: whose folder it is. A folder of one is
-#: refused to the others whatever the settings (a pipeline wrote beside a train run, and
-#: `trainer.overwrite=true` removed what the two share). metrics.jsonl, tb/, sft/, the curve and the
-#: report are written by more than one
-MARKERS = {"train": ("train_summary.json", "checkpoints", "eval", "segments", "mismatch.png"),
-           "sft": ("sft_summary.json", "checkpoint", "demos.jsonl"),
-           "pipeline": ("summary.json", "rl", "eval_sft_*", "eval_rl_*"),
-           "sweep": ("arms", "eval_sft", "table.md", "table.json", "curves.png")}
-#: what some commands write at the top of their folder and the others never do: a run cut short
-#: before its own markers (a train run killed before its first checkpoint; a pipeline or a sweep
-#: killed in its SFT stage, whose sft/ is an `agentq sft` folder)
-SHARED_MARKERS = {("train", "sft"): ("metrics.jsonl", "tb", "errors.jsonl", "config.yaml"),
-                  ("pipeline", "sweep"): ("sft/sft_summary.json", "sft/config.yaml", "sft/demos.jsonl",
-                                          "sft/checkpoint")}
 
 
 def new_run_dir(name: str) -> Path:
@@ -108,9 +95,8 @@ def step_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def holds_run(run_dir: Path, artifacts: tuple[str, ...] = RUN_ARTIFACTS) -> list[str]:
-    """The run artifacts present in `run_dir` (empty: a fresh folder); a pattern in `artifacts`
-    (`eval_sft_*`) gives each name it matches, as a path under `run_dir` ("sft/config.yaml")."""
-    return [p.relative_to(run_dir).as_posix() for name in artifacts for p in sorted(Path(run_dir).glob(name))]
+    """The run artifacts present in `run_dir` (empty: a fresh folder), as `found_in` gives them."""
+    return found_in(run_dir, artifacts)
 
 
 def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str = "train",
@@ -130,7 +116,7 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str 
         the open lock file; the lock lasts until it is closed (or the process exits).
     Raises:
         RunDirError: the folder cannot be created, another process holds it, it holds another
-        command's run (`MARKERS`), or a run of this one and neither `resume` nor `overwrite` was given.
+        command's run (`agentq.utils.run_folders.MARKERS`), or a run of this one and neither `resume` nor `overwrite` was given.
         Any error once the folder is locked (this one, an OSError of the clean-up, KeyboardInterrupt)
         releases it first.
     """
@@ -188,20 +174,6 @@ def check_kind(run_dir: Path, kind: str, out_key: str) -> None:
         raise RunDirError(f"run folder {str(run_dir)!r} ({out_key}) holds an {whose_run(owners)} run "
                           f"({', '.join(names)}), not an `agentq {kind}` one: pick another {out_key} "
                           f"(trainer.overwrite=true replaces only a run of the same command){hint}")
-
-
-def folder_owners(run_dir: Path) -> list[tuple[tuple[str, ...], list[str]]]:
-    """Whose run `run_dir` holds, with what says so: the command with the most `MARKERS` found; with
-    none found, each group of `SHARED_MARKERS` found (a run cut short). Empty: no command's run."""
-    found = {other: holds_run(run_dir, names) for other, names in MARKERS.items()}
-    owner = max(found, key=lambda k: len(found[k]))
-    if found[owner]:
-        return [((owner,), found[owner])]
-    return [(owners, names) for owners, marks in SHARED_MARKERS.items() if (names := holds_run(run_dir, marks))]
-
-
-def whose_run(owners: tuple[str, ...]) -> str:
-    return " or ".join(f"`agentq {o}`" for o in owners)
 
 
 def pipeline_rl_stage(run_dir: Path, owners: tuple[str, ...]) -> Path | None:

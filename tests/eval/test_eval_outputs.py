@@ -389,3 +389,18 @@ def test_a_stopped_evaluation_keeps_its_finished_episodes_and_the_same_command_p
     (cut / partial.PARTIAL).write_text(json.dumps({"fingerprint": "another"}) + "\n")
     assert main([*args, "eval.temperature=0.5", f"eval.out_dir={cut}"]) == 0
     assert "a stopped evaluation of other settings or another checkpoint; starting over" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("theirs, writes", [("train", "train_summary.json"), ("pipeline", "summary.json"),
+                                            ("sft", "sft_summary.json")])
+def test_an_evaluation_into_another_commands_run_folder_is_refused(tiny_model_dir, tmp_path, capsys, theirs, writes):
+    """`agentq eval eval.out_dir=<a train run's or a pipeline's folder>` wrote its eval.json and
+    episodes.jsonl among that run's files; an evaluation's own folder is taken again as before."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / writes).write_text("{}")
+    assert main(["eval", f"model.path={tiny_model_dir}", *SMALL, f"eval.out_dir={run}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"agentq: eval.out_dir='{run}' holds an `agentq {theirs}` run ({writes}), not an `agentq eval` one: "
+        "pick another eval.out_dir")
+    assert sorted(p.name for p in run.iterdir()) == [writes]

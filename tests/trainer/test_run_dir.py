@@ -107,11 +107,13 @@ def test_unnamed_run_folders_are_one_folder_whatever_the_env_name(monkeypatch):
     assert run_dir.new_run_dir("sft-textworld_express") == Path("runs") / "sft-textworld_express-20250102-030405"
 
 
-# one file or folder that only that command writes at the top of its folder (run_dir.MARKERS)
+# one file or folder that only that command writes at the top of its folder (agentq.utils.run_folders.MARKERS)
 WRITES = {"train": "train_summary.json", "sft": "sft_summary.json", "pipeline": "summary.json", "sweep": "table.md"}
+# and a stopped `agentq eval` (it claims no run folder: `evaluate.check_not_a_run_folder`)
+EVAL_WRITES = {**WRITES, "eval": "episodes.partial.jsonl"}
 
 
-@pytest.mark.parametrize("theirs", sorted(WRITES))
+@pytest.mark.parametrize("theirs", sorted(EVAL_WRITES))
 @pytest.mark.parametrize("mine", sorted(WRITES))
 def test_a_folder_of_one_command_is_refused_to_every_other_whatever_the_settings(tmp_path, mine, theirs):
     """A pipeline wrote beside an `agentq train` run, `agentq sft` beside a pipeline, and
@@ -120,7 +122,7 @@ def test_a_folder_of_one_command_is_refused_to_every_other_whatever_the_settings
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / WRITES[theirs]).write_text("{}")
+    (run / EVAL_WRITES[theirs]).write_text("{}")
     (run / "learning_curve.png").write_text("png")
     for resume, overwrite in ((False, False), (False, True), (True, False)):
         if mine == theirs:
@@ -129,10 +131,10 @@ def test_a_folder_of_one_command_is_refused_to_every_other_whatever_the_settings
             continue
         with pytest.raises(RunDirError) as e:
             claim_run_dir(run, resume=resume, overwrite=overwrite, kind=mine, out_key="x.out_dir")
-        assert str(e.value) == (f"run folder {str(run)!r} (x.out_dir) holds an `agentq {theirs}` run ({WRITES[theirs]}), not an "
+        assert str(e.value) == (f"run folder {str(run)!r} (x.out_dir) holds an `agentq {theirs}` run ({EVAL_WRITES[theirs]}), not an "
                                 f"`agentq {mine}` one: pick another x.out_dir (trainer.overwrite=true replaces only "
                                 "a run of the same command)")
-    assert sorted(p.name for p in run.iterdir()) == sorted([".agentq.lock", WRITES[theirs], "learning_curve.png"])
+    assert sorted(p.name for p in run.iterdir()) == sorted([".agentq.lock", EVAL_WRITES[theirs], "learning_curve.png"])
 
 
 def test_sft_into_a_pipeline_folder_is_refused_in_one_line(tmp_path, capsys):
