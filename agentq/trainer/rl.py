@@ -910,7 +910,7 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     # has closed the trainer, unless a second Ctrl-C cut that short (a second close finishes it)
     with says_where_on_stop(lambda: interrupted_text(trainer.run_dir, overrides or []), close=trainer.close):
         summary = trainer.train()
-    print_run_end(summary)
+    print_run_end(summary, str(cfg.env.train_split))
     return summary
 
 
@@ -986,12 +986,15 @@ def eval_line(step: int, r: dict) -> str:
             f"(split {r.get('split', '?')}), score {num('score_mean', 1, '.3f')}{notes}")
 
 
-def print_run_end(summary: dict) -> None:
+def print_run_end(summary: dict, train_split: str | None = None) -> None:
     """Where the run went (an unnamed run's folder has a timestamp: the user had to `ls runs/`
-    for the checkpoint `agentq eval` takes) and the final held-out result."""
+    for the checkpoint `agentq eval` takes) and the final held-out result (`train_split`: the split
+    training drew from; an evaluation on it is not called held-out, as the start-up warning says)."""
     ev = summary.get("final_eval")
     notes = "".join(f", {n}" for n in (errored_text(ev), unplayed_text(ev)) if n) if ev else ""
-    result = (f"; held-out {ev['split']}: success {100 * ev['success_rate']:.1f} % of {ev['episodes']} episodes "
+    held = (f"{ev['split']} (the training split, not held out)" if ev and ev["split"] == train_split
+            else f"held-out {ev['split']}" if ev else "")
+    result = (f"; {held}: success {100 * ev['success_rate']:.1f} % of {ev['episodes']} episodes "
               f"({ev['out_dir']}){notes}" if ev else "")
     console.print(f"run folder {summary['run_dir']}; final checkpoint {summary['checkpoint']}{result}; "
                   f"HTML report: agentq report {shlex.quote(str(summary['run_dir']))}", markup=False, highlight=False,

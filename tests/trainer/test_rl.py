@@ -120,6 +120,17 @@ def test_the_last_line_says_how_many_held_out_episodes_errored(errors, tail, cap
         f"(r/eval/step_000002){tail}; HTML report: agentq report r")
 
 
+def test_the_last_line_does_not_call_an_evaluation_on_the_training_split_held_out(capsys):
+    """With env.eval_split = env.train_split the start-up warning says the evaluation measures training
+    tasks, but the last line still said "held-out test"."""
+    from agentq.trainer.rl import print_run_end
+
+    final = {"split": "test", "success_rate": 0.5, "episodes": 4, "errors": 0, "out_dir": "r/eval/step_000002"}
+    print_run_end({"run_dir": "r", "checkpoint": "r/checkpoints/step_000002", "final_eval": final}, "test")
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "run folder r; final checkpoint r/checkpoints/step_000002; test (the training split, not held out): success "
+        "50.0 % of 4 episodes (r/eval/step_000002); HTML report: agentq report r")
+
 def test_held_out_episodes_that_errored_are_said_at_their_first_evaluation(monkeypatch, capsys):
     """docs/evaluation.md promised the trainer warns when an evaluation's episodes errored; only
     episodes that were not played were said (the errored ones reached only the last line). Said once,
