@@ -405,10 +405,15 @@ def setting_default(cfg: DictConfig, key: str) -> Any:
 
 
 # ---------------------------------------------------------------------- model
-def model_path(cfg: DictConfig) -> str:
-    """`model.path` if set (must exist), else the tiny model built for this environment."""
+def check_model_path_set(cfg: DictConfig) -> None:
+    """Refuse `model=hf` without `model.path` (it has no default), before anything else is probed or built."""
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ConfigError("model.path is not set: give model.path=<HF checkpoint folder> (model=hf has no default)")
+
+
+def model_path(cfg: DictConfig) -> str:
+    """`model.path` if set (must exist), else the tiny model built for this environment."""
+    check_model_path_set(cfg)
     if cfg.model.path:
         p = Path(cfg.model.path).expanduser()
         if not (p / "config.json").exists():

@@ -126,6 +126,7 @@ def check_rl_config(cfg: DictConfig) -> tuple[torch.device, torch.dtype, Objecti
     Raises:
         ConfigError: the first refused setting, named.
     """
+    build.check_model_path_set(cfg)        # before the device's probe prints its line
     device, dtype = build.device_and_dtype(cfg)
     build.check_learner_dtype(cfg)
     objective = build_objective(cfg)

@@ -320,6 +320,15 @@ def test_model_hf_without_a_path_is_named():
         build.model_path(load_config(["model=hf"]))
 
 
+def test_model_hf_without_a_path_is_refused_before_the_cpu_gemm_probe_prints(capsys):
+    """`agentq train model=hf` printed the CPU int8 GEMM probe's line, then refused the missing model.path."""
+    from agentq.cli import main
+
+    assert main(["train", "model=hf", "device=cpu", "cpu_int_gemm=auto"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "agentq: model.path is not set: give model.path=<HF checkpoint folder> (model=hf has no default)"]
+
+
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:7"])
 def test_cuda_devices_are_checked_and_get_bf16(device, monkeypatch):
     from agentq import build
