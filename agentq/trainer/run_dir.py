@@ -90,8 +90,9 @@ def last_step_checkpoint(run_dir: Path) -> str | None:
 def step_checkpoints(run_dir: Path) -> list[Path]:
     """The run's checkpoints/step_* in step order, without the folders of removed ones that only hold
     the evaluations written into them (`prune_checkpoints`)."""
-    return [p for p in sorted((run_dir / "checkpoints").glob("step_*"))
-            if not (p.is_dir() and all(c.is_dir() for c in p.iterdir()))]
+    # step_N only: a copy kept beside them (step_000002.bak) is neither resumed from nor pruned
+    return [p for p in sorted((run_dir / "checkpoints").glob("step_*")) if re.fullmatch(r"step_\d+", p.name)
+            and not (p.is_dir() and all(c.is_dir() for c in p.iterdir()))]
 
 
 def holds_run(run_dir: Path, artifacts: tuple[str, ...] = RUN_ARTIFACTS) -> list[str]:

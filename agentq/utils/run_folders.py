@@ -31,13 +31,17 @@ def found_in(folder: Path, names: tuple[str, ...]) -> list[str]:
 
 
 def folder_owners(folder: Path) -> list[tuple[tuple[str, ...], list[str]]]:
-    """Whose run `folder` holds, with what says so: the command with the most `MARKERS` found; with
-    none found, each group of `SHARED_MARKERS` found (a run cut short). Empty: no command's run."""
+    """Whose run `folder` holds, with what says so: the run command with the most `MARKERS` found; with
+    none found, each group of `SHARED_MARKERS` found (a run cut short); with neither, `agentq eval` if
+    its markers are there (an older agentq let an evaluation write into a run's folder, which stays
+    that run's). Empty: no command's run."""
     found = {other: found_in(folder, names) for other, names in MARKERS.items()}
-    owner = max(found, key=lambda k: len(found[k]))
-    if found[owner]:
+    runs = [k for k in found if k != "eval" and found[k]]
+    if runs:
+        owner = max(runs, key=lambda k: len(found[k]))
         return [((owner,), found[owner])]
-    return [(owners, names) for owners, marks in SHARED_MARKERS.items() if (names := found_in(folder, marks))]
+    cut_short = [(owners, names) for owners, marks in SHARED_MARKERS.items() if (names := found_in(folder, marks))]
+    return cut_short or ([(("eval",), found["eval"])] if found["eval"] else [])
 
 
 def whose_run(owners: tuple[str, ...]) -> str:

@@ -437,6 +437,16 @@ def test_a_checkpoint_another_run_wrote_is_refused_and_the_runs_own_resumes(run_
     assert load_trainer_state(run_copy / "checkpoints" / "step_000003").meta["run_id"] == own
 
 
+def test_a_copy_kept_beside_the_checkpoints_is_neither_resumed_from_nor_pruned(run_copy):
+    """A user's copy in checkpoints/ (step_000002.bak) sorted after step_000002 and was taken as the
+    latest checkpoint (refused as damaged once its step was checked against its name), and pruning
+    would have removed it. Only step_N folders are the run's checkpoints."""
+    ckpts = run_copy / "checkpoints"
+    shutil.copytree(ckpts / "step_000002", ckpts / "step_000002.bak")
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=8", "trainer.keep_checkpoints=2"]) == 0
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000002.bak", "step_000007", "step_000008"]
+    assert [r["step"] for r in step_rows(run_copy)] == list(range(1, 9))
+
 def test_a_resume_that_runs_steps_removes_the_earlier_ends_summary_and_plots(run_copy, monkeypatch):
     """A finished run extended and stopped before its new end kept train_summary.json (steps: 2) and the
     PNGs of its earlier end beside metrics rows past it: a reader took it for finished at step 2. They
