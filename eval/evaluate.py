@@ -328,13 +328,25 @@ def evaluated_model(cfg: DictConfig, out: Path, overrides: list[str]) -> str:
     return str(path)
 
 
+#: settings that say how an evaluation runs, not what it plays (episodes are seeded by their ids, in
+#: any env pool): a stopped evaluation continues under others
+HOW_IT_RUNS = ("env_pool", "logger", "wandb", *RUN_ONLY)
+
+
 def run_settings(cfg: DictConfig) -> dict:
     """The resolved settings that decide an evaluation's episodes (`partial.fingerprint`): all of them
-    but where the results go."""
+    but where the results go and `HOW_IT_RUNS`."""
     settings = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(settings, dict)
     settings.get("eval", {}).pop("out_dir", None)
     settings.pop("checkpoint", None)        # as written (relative or not): `fingerprint` takes its resolved path
+    for key in HOW_IT_RUNS:
+        *parents, last = key.split(".")
+        section = settings
+        for name in parents:
+            section = section.get(name) if isinstance(section, dict) else None
+        if isinstance(section, dict):
+            section.pop(last, None)
     return settings
 
 

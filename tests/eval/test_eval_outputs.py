@@ -378,7 +378,9 @@ def test_a_stopped_evaluation_keeps_its_finished_episodes_and_the_same_command_p
                                                         f"{cut / partial.PARTIAL}: the same command plays the rest")
     assert not (cut / "eval.json").exists()
     monkeypatch.setattr(partial.PartialEpisodes, "append", append)
-    assert main([*args, f"eval.out_dir={cut}"]) == 0
+    # how the envs run is no other evaluation: the rest is played in a worker process (it started over)
+    how = ["env_pool=process", "env_pool.num_workers=1"]
+    assert main([*args, *how, f"eval.out_dir={cut}"]) == 0
     assert f"3 episodes of a stopped evaluation taken from {cut / partial.PARTIAL}; playing the rest" in \
         capsys.readouterr().err
     assert (cut / "episodes.jsonl").read_bytes() == (whole / "episodes.jsonl").read_bytes()
