@@ -261,7 +261,8 @@ def test_a_run_warns_when_its_eval_split_is_unplayed_or_the_training_split(tmp_p
     assert ("warning: the held-out evaluation at step 1: none of the 2 episodes played a turn (2 ended before it: "
             "their first prompt does not fit env.max_context_tokens=16 (raise it, or shorten env.prompt / "
             "env.prompt.max_obs_chars))") in said
-    assert (f"held-out train: success 0.0 % of 2 episodes ({run / 'eval' / 'step_000001'}), 2 of 2 not played (their "
+    assert (f"; train (the training split, not held out): success 0.0 % of 2 episodes ({run / 'eval' / 'step_000001'}), "
+            "2 of 2 not played (their "
             "first prompt does not fit env.max_context_tokens=16; counted as lost)") in said
 
 
