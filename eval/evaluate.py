@@ -342,7 +342,7 @@ def run_settings(cfg: DictConfig) -> dict:
     settings.pop("checkpoint", None)        # as written (relative or not): `fingerprint` takes its resolved path
     for key in HOW_IT_RUNS:
         *parents, last = key.split(".")
-        section = settings
+        section: Any = settings
         for name in parents:
             section = section.get(name) if isinstance(section, dict) else None
         if isinstance(section, dict):

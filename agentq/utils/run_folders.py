@@ -40,8 +40,9 @@ def folder_owners(folder: Path) -> list[tuple[tuple[str, ...], list[str]]]:
     if runs:
         owner = max(runs, key=lambda k: len(found[k]))
         return [((owner,), found[owner])]
-    cut_short = [(owners, names) for owners, marks in SHARED_MARKERS.items() if (names := found_in(folder, marks))]
-    return cut_short or ([(("eval",), found["eval"])] if found["eval"] else [])
+    owned: list[tuple[tuple[str, ...], list[str]]] = [
+        (owners, names) for owners, marks in SHARED_MARKERS.items() if (names := found_in(folder, marks))]
+    return owned or ([(("eval",), found["eval"])] if found["eval"] else [])
 
 
 def whose_run(owners: tuple[str, ...]) -> str:
