@@ -24,7 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentq.agent import ActionParser, AgentLoop, ChatFormat, EpisodeSpec, PromptConfig, episode_seed
-from agentq.config import RUN_ONLY, UNSET, ConfigError, run_folder_state
+from agentq.config import RUN_ONLY, UNSET, ConfigError, drop_dotted, run_folder_state
 from agentq.config_schema import DTYPES, PLUGIN_BACKEND, ROLLOUT_BACKENDS
 from agentq.envs.base import SplitRefused, TextEnv
 from agentq.kernels.quant_spec import PRESETS, QuantSpec
@@ -476,10 +476,7 @@ def tiny_corpus_key(cfg: DictConfig) -> str:
     env.max_new_tokens (the corpus writes the expert's actions) and the `RUN_ONLY` env.kwargs (a JVM
     heap or timeout rebuilt a byte-identical model)."""
     env = config_dict(cfg.env)
-    for key in ("eval_split", "max_new_tokens"):
-        env.pop(key, None)
-    for key in RUN_ONLY:
-        (env.get("kwargs") or {}).pop(key.rpartition(".")[2], None)
+    drop_dotted({"env": env}, ("env.eval_split", "env.max_new_tokens", *RUN_ONLY))
     return json.dumps({"env": env, "env_code": env_code_digest(str(cfg.env.name)),
                        "n": int(cfg.model.tiny.corpus_episodes), "action_tag": cfg.agent.action_tag,
                        "invalid_format": cfg.agent.invalid_format, "v": CORPUS_VERSION}, sort_keys=True)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -522,6 +522,23 @@ def in_sections(key: str, sections: tuple[str, ...]) -> bool:
     """Whether dotted `key` is one of `sections` or inside one ('env.kwargs' holds 'env.kwargs.games';
     a section ending in '.' is a prefix: 'wandb.' holds every wandb key)."""
     return any(key == s or key.startswith(s if s.endswith(".") else s + ".") for s in sections)
+
+
+def drop_dotted(tree: dict, keys: Iterable[str]) -> dict:
+    """`tree` (a plain nested dict, changed in place) without each dotted key of `keys` that it holds;
+    keys whose sections are missing are skipped.
+
+    Returns:
+        `tree`, for chaining.
+    """
+    for key in keys:
+        *parents, last = key.split(".")
+        section: Any = tree
+        for name in parents:
+            section = section.get(name) if isinstance(section, dict) else None
+        if isinstance(section, dict):
+            section.pop(last, None)
+    return tree
 
 
 class _Unset:

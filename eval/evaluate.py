@@ -21,8 +21,8 @@ from agentq import build
 from agentq.agent import AgentLoop, BackendPolicy, ChatFormat
 from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
-from agentq.config import (RUN_CONFIG_KEYS, RUN_ONLY, ConfigError, differing_settings, in_sections, load_config,
-                           make_setting_dir, quant_name, read_settings)
+from agentq.config import (RUN_CONFIG_KEYS, RUN_ONLY, ConfigError, differing_settings, drop_dotted, in_sections,
+                           load_config, make_setting_dir, quant_name, read_settings)
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.errors import first_line, says_where_on_stop
@@ -331,23 +331,17 @@ def evaluated_model(cfg: DictConfig, out: Path, overrides: list[str]) -> str:
 #: settings that say how an evaluation runs, not what it plays (episodes are seeded by their ids, in
 #: any env pool): a stopped evaluation continues under others
 HOW_IT_RUNS = ("env_pool", "logger", "wandb", *RUN_ONLY)
+#: where the results go (eval.out_dir) and the checkpoint as written, relative or not (`fingerprint`
+#: takes its resolved path) are not fingerprinted either
+NOT_FINGERPRINTED = ("eval.out_dir", "checkpoint", *HOW_IT_RUNS)
 
 
 def run_settings(cfg: DictConfig) -> dict:
     """The resolved settings that decide an evaluation's episodes (`partial.fingerprint`): all of them
-    but where the results go and `HOW_IT_RUNS`."""
+    but `NOT_FINGERPRINTED`."""
     settings = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(settings, dict)
-    settings.get("eval", {}).pop("out_dir", None)
-    settings.pop("checkpoint", None)        # as written (relative or not): `fingerprint` takes its resolved path
-    for key in HOW_IT_RUNS:
-        *parents, last = key.split(".")
-        section: Any = settings
-        for name in parents:
-            section = section.get(name) if isinstance(section, dict) else None
-        if isinstance(section, dict):
-            section.pop(last, None)
-    return settings
+    return drop_dotted(settings, NOT_FINGERPRINTED)
 
 
 def open_partial(cfg: DictConfig, out: Path, path: str, selection: TaskSelection, device: tuple[Any, Any]

@@ -346,6 +346,15 @@ def test_cuda_devices_are_checked_and_get_bf16(device, monkeypatch):
         assert build.device_and_dtype(cfg) == (torch.device(device), torch.bfloat16)
 
 
+def test_drop_dotted_removes_nested_keys_and_skips_missing_sections():
+    from agentq.config import drop_dotted
+
+    tree = {"a": {"b": 1, "c": {"d": 2, "e": 3}}, "f": 4, "g": None}
+    out = drop_dotted(tree, ("a.c.d", "f", "g.h", "x.y.z", "a.b.q"))
+    assert out is tree
+    assert tree == {"a": {"b": 1, "c": {"e": 3}}, "g": None}
+
+
 def test_differing_settings_compares_shared_keys_within_sections():
     from agentq.config import differing_settings, in_sections
 
