@@ -127,7 +127,7 @@ def _worker_main(conn: Connection, spec: EnvSpec, slots: list[int], trainer_pid:
                 break
             # a tick after each slot's env call: the pool finds a hang one call_timeout_s after the last one
             conn.send(("ok", core.call(cmd, payload, lambda: conn.send(("tick", time.monotonic())))))
-    except (EOFError, OSError, KeyboardInterrupt):
+    except (EOFError, OSError):
         return
     finally:
         core.close()
@@ -247,6 +247,7 @@ class ProcessPool(WorkerPool):
                 if heard.ended:
                     return heard.answer, ""
                 while True:
+                    self._note_deaf_stretch()
                     wait_s = min(overall, self._clock(last) + self.call_timeout_s) - time.monotonic()
                     if not self._wait_for(w, conn, max(0.0, wait_s)):
                         raise _Unfinished()
@@ -272,11 +273,15 @@ class ProcessPool(WorkerPool):
         p.join(1)
         return None, f"died (exit code {p.exitcode if p.exitcode is not None else 'unknown'})"
 
+    def _note_deaf_stretch(self) -> None:
+        """Called as the pool turns back to its workers' pipes: if it read none for over `DEAF_S`, every
+        busy worker's clock starts again from now (`_clock`)."""
+        if time.monotonic() - self._listened_at > DEAF_S:
+            self._deaf_until = time.monotonic()
+
     def _clock(self, last: float) -> float:
         """Where a busy worker's wait for its next call starts: its last tick (or the send), or the end of
         the pool's last stretch of not reading (its ticks may have filled its pipe then)."""
-        if time.monotonic() - self._listened_at > DEAF_S:
-            self._deaf_until = time.monotonic()
         return max(last, self._deaf_until)
 
     def _wait_for(self, w: int, conn: Connection, wait_s: float) -> bool:
@@ -287,7 +292,7 @@ class ProcessPool(WorkerPool):
             others: dict[Any, int] = {self._procs[v][1]: v for v in self._pending
                                       if v != w and v in self._procs and not self._procs[v][1].closed
                                       and not self._heard.get(v, _Heard()).ended}
-            self._clock(0.0)
+            self._note_deaf_stretch()
             ready = wait([conn, *others], max(0.0, deadline - time.monotonic()))
             self._listened_at = time.monotonic()
             for c in ready:

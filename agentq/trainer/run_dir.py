@@ -117,7 +117,8 @@ def claim_run_dir(run_dir: str | Path, resume: bool, overwrite: bool, kind: str 
         the open lock file; the lock lasts until it is closed (or the process exits).
     Raises:
         RunDirError: the folder cannot be created, another process holds it, it holds another
-        command's run (`agentq.utils.run_folders.MARKERS`), or a run of this one and neither `resume` nor `overwrite` was given.
+        command's run (`agentq.utils.run_folders.MARKERS`), or a run of this one and neither `resume`
+        nor `overwrite` was given.
         Any error once the folder is locked (this one, an OSError of the clean-up, KeyboardInterrupt)
         releases it first.
     """
