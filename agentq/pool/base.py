@@ -16,7 +16,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import gymnasium as gym
 
@@ -220,30 +220,53 @@ class WorkerCore:
 
     def reset(self, items: list[tuple[int, dict]], progress: Callable[[], None] | None = None) -> list[EnvResult]:
         """`EnvPool.reset` for this core's slots (an env that raises is rebuilt; its result is an error).
-        `progress`: called after each slot's call (the subprocess worker tells the pool, which then
-        finds a hang within one `call_timeout_s` of the last call that finished)."""
-        return self._each(items, lambda env, slot, kw: EnvResult(slot, True, *_pair(env.reset(**kw))), progress)
+        `progress`: called after each slot's call (a worker tells the pool, which then finds a hang
+        within one `call_timeout_s` of the last call that finished)."""
+        return self._each(self._results("reset", items), progress)
 
     def step(self, items: list[tuple[int, str]], progress: Callable[[], None] | None = None) -> list[EnvResult]:
         """`EnvPool.step` for this core's slots (an env that raises is rebuilt; its result is an error);
         `progress` as in `reset`."""
-        return self._each(items, lambda env, slot, action: _step_result(slot, env.step(action)), progress)
+        return self._each(self._results("step", items), progress)
 
-    def _each(self, items: list, fn: Callable[[gym.Env, int, Any], EnvResult], progress: Callable[[], None] | None
-              ) -> list[EnvResult]:
-        out = []
+    def _results(self, cmd: str, items: list) -> Iterator[EnvResult]:
+        """The result of each slot's `cmd` ("reset" or "step"), in turn, as its env call ends."""
+        if cmd not in ("reset", "step"):
+            raise ValueError(f"unknown worker command {cmd!r}")
         for slot, arg in items:
-            out.append(self._run(slot, lambda env: fn(env, slot, arg)))
+            if cmd == "reset":
+                yield self._run(slot, lambda env: EnvResult(slot, True, *_pair(env.reset(**arg))))
+            else:
+                yield self._run(slot, lambda env: _step_result(slot, env.step(arg)))
+
+    @staticmethod
+    def _each(results: Iterator[EnvResult], progress: Callable[[], None] | None) -> list[EnvResult]:
+        out = []
+        for r in results:
+            out.append(r)
             if progress is not None:
                 progress()
         return out
 
     def call(self, cmd: str, blob: bytes, progress: Callable[[], None] | None = None) -> bytes:
         """`reset` or `step` on items pickled by `encode_items`; the results pickled by `pack_results`
-        (how the subprocess and Ray pools call a worker); `progress` as in `reset`."""
-        if cmd not in ("reset", "step"):
-            raise ValueError(f"unknown worker command {cmd!r}")
-        return pack_results(getattr(self, cmd)(pickle.loads(blob), progress))
+        (how the subprocess pool calls a worker); `progress` as in `reset`."""
+        return pack_results(self._each(self._results(cmd, pickle.loads(blob)), progress))
+
+    def call_ticking(self, cmd: str, blob: bytes, tick_s: float) -> Iterator[tuple[str, Any]]:
+        """`call` as a stream (how the Ray pool calls an actor): ("tick", the slots' calls finished so
+        far) after a slot's call that ends `tick_s` or more after the last tick (or the start), then
+        ("ok", the packed results). A tick after every call cost a Ray object each (~0.3 ms, more than
+        a fast env's step); between two ticks calls end at most `tick_s` apart, which the pool adds to
+        its wait (`RayPool._answer`)."""
+        out: list[EnvResult] = []
+        told = time.monotonic()
+        for r in self._results(cmd, pickle.loads(blob)):
+            out.append(r)
+            if time.monotonic() - told >= tick_s:
+                told = time.monotonic()
+                yield "tick", len(out)
+        yield "ok", pack_results(out)
 
     def close(self) -> None:
         """Close every environment (errors while closing are ignored)."""
@@ -284,6 +307,34 @@ class InlinePool:
     def close(self) -> None:
         """See `EnvPool.close`."""
         self.core.close()
+
+
+@dataclass
+class Heard:
+    """What a pool read from a busy worker while it waited on another (workers tick as their env calls
+    end): the time of its last tick and how many calls had finished by then, then perhaps the whole
+    answer (`ended`) or why reading it failed."""
+
+    last: float = 0.0
+    ticks: int = 0
+    ended: bool = False
+    answer: Any = None
+    failure: BaseException | None = None
+
+
+def hung_message(cmd: str, n: int, ticks: int, call_timeout_s: float, every_call_ticks: bool = True) -> str:
+    """Why a worker sent `cmd` for `n` slots counts as hung once no env call ended within
+    `call_timeout_s` of the last of its `ticks` (the same words for both pool kinds where each call
+    ticks; a Ray actor's ticks leave out calls that end soon after one, `WorkerCore.call_ticking`)."""
+    if not every_call_ticks:
+        what = f"no env call finished within {call_timeout_s:g} s ({ticks} had finished by its last tick)"
+    elif not ticks:
+        what = f"its first env call did not finish within {call_timeout_s:g} s"
+    elif ticks >= n:
+        what = f"all {n} env calls finished, the answer did not come within {call_timeout_s:g} s"
+    else:
+        what = f"{ticks} env call(s) finished, the next did not finish within {call_timeout_s:g} s"
+    return f"hung: no answer to {cmd} of {n} slot(s): {what} (env_pool.call_timeout_s={call_timeout_s:g}); killed"
 
 
 class WorkerPool:
@@ -328,6 +379,7 @@ class WorkerPool:
         self.recovered_episodes = 0      # slots whose reset answered on a retry after their worker died in it
         self._failures = FailureCounts(self.max_failures_in_a_row, lambda w: f"{self.kind} {w} ({self.spec.name})")
         self._pending: set[int] = set()              # workers sent a command whose answer was not read
+        self._heard: dict[int, Heard] = {}           # busy worker → what was read from it before its turn (`_hear`)
 
     # ------------------------------------------------------------------ one worker (subclasses)
     def _launch(self, w: int) -> None:
@@ -354,7 +406,33 @@ class WorkerPool:
     def close(self) -> None:
         raise NotImplementedError
 
+    #: what reading a busy worker's next message (`_read_next`) raises when the worker failed
+    _unreadable: tuple[type[BaseException], ...] = ()
+
+    def _read_next(self, v: int) -> tuple[str, Any]:
+        """The next message of busy worker `v`, which its pool found ready to read: ("tick", what its
+        pool notes of it, `_note_tick`) or the answer's (status, payload)."""
+        raise NotImplementedError
+
+    def _note_tick(self, heard: Heard, payload: Any) -> None:
+        """Note in `heard` a tick read now (its `last` and `ticks`)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ shared
+    def _hear(self, v: int) -> None:
+        """Read one message of busy worker `v` before its turn (while the pool waits on another): a tick
+        is noted, an answer or a failure kept for `_answer` (which reports it as if read then)."""
+        heard = self._heard.setdefault(v, Heard())
+        try:
+            status, payload = self._read_next(v)
+        except self._unreadable as e:
+            heard.failure, heard.ended = e, True
+            return
+        if status == "tick":
+            self._note_tick(heard, payload)
+        else:
+            heard.answer, heard.ended = payload, True
+
     def _start_all(self) -> None:
         """Start every worker and wait for all (one `start_timeout_s`); if one fails, none is left."""
         try:
@@ -444,9 +522,8 @@ class WorkerPool:
         """Send a reset again, once, to each worker that died in it (found dead at the call, e.g. killed
         while idle, or died during it) and is up again: no episode on its slots has started, so nothing
         is lost by playing them on the fresh worker. A hang is not retried (the env may hang again: a
-        second wait of call_timeout_s, n × call_timeout_s for a Ray actor), nor a worker whose failed
-        resets in a row reached the give-up limit. Each try counts as a call (`FailureCounts`) and each
-        restart in `restarts`.
+        second wait of call_timeout_s), nor a worker whose failed resets in a row reached the give-up
+        limit. Each try counts as a call (`FailureCounts`) and each restart in `restarts`.
 
         Args:
             by_worker, blobs: the call's items and pickled shares by worker; failed: worker → why it

@@ -33,13 +33,12 @@ import signal
 import struct
 import threading
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
 from agentq.utils.process import set_pdeathsig
 
-from .base import CALL_TIMEOUT_S, EnvSpec, WorkerCore, WorkerPool
+from .base import CALL_TIMEOUT_S, EnvSpec, Heard, WorkerCore, WorkerPool, hung_message
 
 CLOSE_TIMEOUT_S = 10.0      # for all workers together to close their envs; then they are killed
 PARENT_POLL_S = 0.5         # how often a worker's watchdog checks that the trainer still lives
@@ -134,18 +133,6 @@ def _worker_main(conn: Connection, spec: EnvSpec, slots: list[int], trainer_pid:
     conn.send(("closed", None))
 
 
-@dataclass
-class _Heard:
-    """What the pool read from a busy worker while it waited on another: the time of its last tick and
-    their count, then perhaps its whole answer (`ended`) or why its pipe failed."""
-
-    last: float = 0.0
-    ticks: int = 0
-    ended: bool = False
-    answer: Any = None
-    failure: BaseException | None = None
-
-
 class ProcessPool(WorkerPool):
     """`EnvPool` over subprocess workers; slot s lives in worker s mod num_workers."""
 
@@ -167,7 +154,7 @@ class ProcessPool(WorkerPool):
         """
         self._procs: dict[int, tuple[Any, Connection]] = {}
         self._senders: dict[int, threading.Thread] = {}     # worker → the thread sending it a large command
-        self._heard: dict[int, _Heard] = {}     # busy worker → what was read from it before its turn (`_hear`)
+        self._unreadable = (_Unfinished, _Garbled, EOFError, OSError)
         self._listened_at = 0.0     # when the pool last came out of waiting on the busy workers' pipes
         self._deaf_until = 0.0      # the end of the last stretch longer than DEAF_S in which it did not wait on them
         self._ctx: Any = mp.get_context(start_method)    # its Process/Pipe depend on the start method
@@ -238,7 +225,7 @@ class ProcessPool(WorkerPool):
         the clocks start again from then."""
         p, conn = self._procs[w]
         if handle is not None:
-            heard = self._heard.pop(w, None) or _Heard()
+            heard = self._heard.pop(w, None) or Heard()
             last, ticks = max(sent_at, heard.last), heard.ticks
             overall = time.monotonic() + timeout
             try:
@@ -259,11 +246,7 @@ class ProcessPool(WorkerPool):
                 if late.size is None:
                     if n == 1 or self._clock(last) + self.call_timeout_s >= overall:
                         return None, "hung"         # the whole budget: `_exchange` says so
-                    what = ("its first env call did not finish" if not ticks else
-                            f"all {n} env calls finished, the answer did not come" if ticks >= n else
-                            f"{ticks} env call(s) finished, the next did not finish")
-                    return None, (f"hung: no answer to {cmd} of {n} slot(s): {what} within {self.call_timeout_s:g} s "
-                                  f"(env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
+                    return None, hung_message(cmd, n, ticks, self.call_timeout_s)
                 return None, (f"stopped midway through its answer to {cmd}: {late}, the rest not within "
                               f"{self.call_timeout_s:g} s (env_pool.call_timeout_s={self.call_timeout_s:g}); killed")
             except _Garbled as e:           # its end of the pipe is not to be trusted: handled as a crash
@@ -291,7 +274,7 @@ class ProcessPool(WorkerPool):
         while True:
             others: dict[Any, int] = {self._procs[v][1]: v for v in self._pending
                                       if v != w and v in self._procs and not self._procs[v][1].closed
-                                      and not self._heard.get(v, _Heard()).ended}
+                                      and not self._heard.get(v, Heard()).ended}
             self._note_deaf_stretch()
             ready = wait([conn, *others], max(0.0, deadline - time.monotonic()))
             self._listened_at = time.monotonic()
@@ -303,19 +286,12 @@ class ProcessPool(WorkerPool):
             if not ready:
                 return False
 
-    def _hear(self, v: int) -> None:
-        """Read one message of busy worker `v` before its turn: a tick is noted, an answer or a failure kept
-        for `_answer` (which reports it as if read then)."""
-        heard = self._heard.setdefault(v, _Heard())
-        try:
-            status, payload = _recv_within(self._procs[v][1], 0.0, self.call_timeout_s)
-        except (_Unfinished, _Garbled, EOFError, OSError) as e:
-            heard.failure, heard.ended = e, True
-            return
-        if status == "tick":
-            heard.last, heard.ticks = max(heard.last, float(payload)), heard.ticks + 1
-        else:
-            heard.answer, heard.ended = payload, True
+    def _read_next(self, v: int) -> tuple[str, Any]:
+        return _recv_within(self._procs[v][1], 0.0, self.call_timeout_s)
+
+    def _note_tick(self, heard: Heard, payload: Any) -> None:
+        # the worker's own clock is this one's (CLOCK_MONOTONIC is the host's); a tick after each call
+        heard.last, heard.ticks = max(heard.last, float(payload)), heard.ticks + 1
 
     def worker_pid(self, slot: int) -> int:
         """The process id of the worker that runs `slot` (tests kill it)."""

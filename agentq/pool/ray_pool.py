@@ -39,7 +39,7 @@ from agentq.utils.errors import first_line
 from agentq.utils.process import descendants, kill_when_this_process_ends
 from agentq.utils.ray_actors import actor_start_problem, kill_actor, last_line
 
-from .base import CALL_TIMEOUT_S, EnvSpec, WorkerCore, WorkerPool
+from .base import CALL_TIMEOUT_S, EnvSpec, Heard, WorkerCore, WorkerPool, hung_message
 
 LOOPBACK = "127.0.0.1"
 CLOSE_TIMEOUT_S = 10.0      # for all actors together to close their envs; then they are killed
@@ -380,16 +380,17 @@ class RayPool(WorkerPool):
             address: a running cluster to join; None starts a local one on 127.0.0.1 with `num_cpus` CPUs.
             num_cpus_per_worker: CPUs each actor asks for at most (less when fewer are free).
             start_timeout_s: seconds the actors may take to start (then an error naming free resources).
-            call_timeout_s: seconds one env call may take: an actor sent n calls counts as hung after
-                n × call_timeout_s without its answer (an actor does not tick after each call, as a
-                subprocess worker does).
+            call_timeout_s: seconds one env call may take: an actor counts as hung once no env call of
+                its share ended within call_timeout_s of the last (`_answer`).
         Raises:
             RuntimeError: an actor failed to start (none is left running).
             ConfigError: Ray is not installed.
         """
         ray = import_ray("env_pool=ray")
         self._ray = ray
+        self._unreadable = (StopIteration, ray.exceptions.RayError)
         self._actors: dict[int, Any] = {}
+        self._calls: dict[int, Any] = {}        # busy actor → the stream of its call (`_submit`)
         self._setup(spec, num_envs, num_workers, call_timeout_s, start_timeout_s)   # refused before a cluster starts
         init_ray(address, num_cpus)
         free = free_cpus(ray, self.num_workers * num_cpus_per_worker)
@@ -406,6 +407,8 @@ class RayPool(WorkerPool):
         _live_pools.add(self)
 
     def _launch(self, w: int) -> None:
+        self._calls.pop(w, None)
+        self._heard.pop(w, None)
         self._actors[w] = self._actor_cls.remote(self.spec, self._slots[w])
 
     def _await(self, w: int, timeout: float) -> str | None:
@@ -415,26 +418,89 @@ class RayPool(WorkerPool):
     def _kill(self, w: int) -> None:
         kill_actor(self._ray, self._actors[w])
 
+    @property
+    def tick_s(self) -> float:
+        """How far apart an actor's ticks may be (`WorkerCore.call_ticking`): a tenth of
+        `call_timeout_s`, at most 1 s."""
+        return min(1.0, self.call_timeout_s / 10)
+
     def _submit(self, w: int, cmd: str, blob: bytes) -> Any:
+        self._heard.pop(w, None)
         try:
-            return self._actors[w].call.remote(cmd, blob)
+            stream = self._actors[w].call_ticking.options(num_returns="streaming").remote(cmd, blob, self.tick_s)
         except self._ray.exceptions.RayError:
             return None
+        self._calls[w] = stream
+        return stream
 
     def _answer(self, w: int, handle: Any, timeout: float, cmd: str, sent_at: float, n: int) -> tuple[bytes | None, str]:
+        """As `WorkerPool._answer`. An actor ticks as its env calls end (`WorkerCore.call_ticking`), so it
+        is hung once none ended within `call_timeout_s` of the last, not only after n × `call_timeout_s`;
+        while it waits on one actor the pool reads every busy actor's ticks (`_wait_for`), so each one's
+        clock runs from its own last tick. Ticks are read as they come (the pool's own clock: a joined
+        cluster's nodes do not share one) and are up to `tick_s` apart, so the wait is that much longer:
+        a hang is found late by at most `tick_s` and a read's delay, never early."""
         ray = self._ray
         if handle is None:
             return None, "died (no longer reachable)"
+        self._calls.pop(w, None)
+        heard = self._heard.pop(w, None) or Heard()
+        last, ticks = max(sent_at, heard.last), heard.ticks
+        overall = time.monotonic() + timeout
+        patience = self.call_timeout_s + self.tick_s
         try:
-            return ray.get(handle, timeout=timeout), ""
-        except ray.exceptions.GetTimeoutError:
-            return None, "hung"
+            if heard.failure is not None:
+                raise heard.failure
+            if heard.ended:
+                return heard.answer, ""
+            while True:
+                if not self._wait_for(w, handle, max(0.0, min(overall, last + patience) - time.monotonic())):
+                    break
+                status, payload = self._next(handle)
+                if status != "tick":
+                    return payload, ""
+                last, ticks = time.monotonic(), int(payload)
+            if n == 1 or last + patience >= overall:
+                return None, "hung"         # the whole budget: `_exchange` says so
+            return None, hung_message(cmd, n, ticks, self.call_timeout_s, every_call_ticks=False)
+        except StopIteration:
+            return None, "failed (its call ended without an answer)"
         except ray.exceptions.RayActorError as e:
             return None, f"died ({type(e).__name__})"
         except ray.exceptions.OutOfMemoryError as e:     # Ray's memory monitor killed it: the node's memory, not advice
             return None, f"died (killed by Ray's memory monitor: OutOfMemoryError: {first_line(e)})"
         except ray.exceptions.RayError as e:      # the call failed in Ray itself: the actor's state is unknown
             return None, f"failed ({type(e).__name__}: {last_line(e)})"
+
+    def _next(self, stream: Any) -> tuple[str, Any]:
+        """The next message of an actor's call stream, which `ray.wait` found ready."""
+        return self._ray.get(next(stream), timeout=self.call_timeout_s)
+
+    def _wait_for(self, w: int, stream: Any, wait_s: float) -> bool:
+        """Wait up to `wait_s` until actor `w`'s call stream has a message (True) or not (False), reading
+        meanwhile whatever the other busy actors send (`_hear`)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            others = [(self._calls[v], v) for v in self._pending if v != w and v in self._calls
+                      and not self._heard.get(v, Heard()).ended]
+            ready, _ = self._ray.wait([stream, *(s for s, _ in others)], num_returns=1,
+                                      timeout=max(0.0, deadline - time.monotonic()))
+            for r in ready:
+                for s, v in others:
+                    if r is s:
+                        self._hear(v)
+            if any(r is stream for r in ready):
+                return True
+            if not ready:
+                return False
+
+    def _read_next(self, v: int) -> tuple[str, Any]:
+        return self._next(self._calls[v])
+
+    def _note_tick(self, heard: Heard, payload: Any) -> None:
+        # read as it comes, on the pool's clock (a joined cluster's nodes do not share one): the calls
+        # finished so far
+        heard.last, heard.ticks = time.monotonic(), int(payload)
 
     def actor(self, slot: int) -> Any:
         """The Ray actor handle that runs `slot` (tests kill it)."""
@@ -443,7 +509,7 @@ class RayPool(WorkerPool):
     def close(self) -> None:
         """Ask the actors to close their environments (`CLOSE_TIMEOUT_S` for all together), then kill
         every actor, also a hung one or when this is interrupted (the cluster keeps running)."""
-        actors, self._actors = list(self._actors.values()), {}
+        actors, self._actors, self._calls, self._heard = list(self._actors.values()), {}, {}, {}
         _live_pools.discard(self)
         try:
             if actors:

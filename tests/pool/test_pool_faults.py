@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import re
 import signal
 import struct
@@ -83,6 +84,7 @@ def interrupted(kind: str, pool, items) -> None:
             mp_.setattr(process, "wait", interrupt)         # the pool's wait on every busy worker's pipe
         else:
             mp_.setattr(pool._ray, "get", interrupt)
+            mp_.setattr(pool._ray, "wait", interrupt)       # the pool's wait on every busy actor's call
         with pytest.raises(KeyboardInterrupt):
             pool.step(items)
 
@@ -216,6 +218,49 @@ def test_a_hang_after_a_workers_first_calls_is_found_one_call_timeout_after_the_
         pool.close()
 
 
+def test_a_ray_actor_that_hangs_after_its_first_calls_is_found_one_call_timeout_after_its_last_tick(request):
+    """A Ray actor's call streams ticks as its env calls end (at most every `tick_s`, 0.2 s here): one env
+    that hangs after two 1 s calls is found `call_timeout_s` + `tick_s` after the last of them (~4.2 s),
+    where the pool waited n × call_timeout_s for the whole answer (8 slots × 2 s here; 16 slots × 120 s at
+    the defaults), and never sooner than call_timeout_s after a call that ended."""
+    pool = make("ray", request, spec(), 16, num_workers=2, call_timeout_s=2)
+    try:
+        start(pool, range(16))
+        assert pool.tick_s == pytest.approx(0.2)
+        t0 = time.monotonic()
+        res = pool.step([(s, {0: "slow", 2: "slow", 4: "hang"}.get(s, "a")) for s in range(16)])
+        took = time.monotonic() - t0
+        assert obs(res[1::2]) == ["echo a"] * 8
+        assert [r.error for r in res[0::2]] == [("env actor 0 hung: no answer to step of 8 slot(s): no env call finished "
+                                                 "within 2 s (2 had finished by its last tick) "
+                                                 "(env_pool.call_timeout_s=2); killed; restarted")] * 8
+        assert pool.restarts == 1 and 4.0 < took < 12, took       # the whole answer's budget: 16 s
+        start(pool, range(0, 16, 2))
+        assert obs(pool.step([(s, "b") for s in range(16)])) == ["echo b"] * 16
+    finally:
+        pool.close()
+
+
+def test_an_env_call_stream_ticks_at_most_every_tick_s():
+    """`WorkerCore.call_ticking`: a tick after a call only once `tick_s` has passed since the last, each
+    with the calls finished so far; the answer last, the same bytes as `call`'s."""
+    from agentq.pool.base import WorkerCore, encode_items
+
+    core = WorkerCore(spec(), [0, 1, 2])
+    try:
+        core.reset([(s, {"options": {"task_id": "t/0"}}) for s in range(3)])
+        items = encode_items("step", [(0, "slow"), (1, "a"), (2, "slow")])
+        messages = list(core.call_ticking("step", items, 0.5))
+        assert [m[0] for m in messages] == ["tick", "tick", "ok"] and [m[1] for m in messages[:2]] == [1, 3]
+        answer = [(r.slot, r.obs) for r in pickle.loads(messages[-1][1])]
+        assert answer == [(r.slot, r.obs) for r in pickle.loads(core.call("step", items))]
+        assert answer == [(0, "echo slow"), (1, "echo a"), (2, "echo slow")]
+        quick = list(core.call_ticking("step", encode_items("step", [(s, "a") for s in range(3)]), 5.0))
+        assert [m[0] for m in quick] == ["ok"]
+    finally:
+        core.close()
+
+
 @pytest.mark.timeout(120)
 def test_a_worker_whose_ticks_filled_the_pipe_while_the_pool_waited_elsewhere_is_not_hung():
     """Worker 1 steps 600 slots of 5 ms each, but its pipe holds ~280 ticks: it blocks sending the next
@@ -255,21 +300,26 @@ def test_a_worker_with_more_slots_than_its_pipe_holds_ticks_for_runs_on_while_th
     finally:
         pool.close()
 
-def test_workers_that_hang_together_are_found_together():
-    """Three workers each hang after one finished call. A worker's wait for its next call began only
-    when the pool turned to it, so they were found one after another (3 × call_timeout_s, 9 s here;
-    8 workers stuck on one engine at the defaults: 16 minutes); the pool hears every busy worker's
-    ticks now, so each is found call_timeout_s after its own last call."""
-    pool = make_pool("process", spec(), 9, num_workers=3, call_timeout_s=3)
+@pytest.mark.parametrize("kind", KINDS)
+def test_workers_that_hang_together_are_found_together(kind, request):
+    """Three workers each hang after one finished call. A subprocess worker's wait for its next call
+    began only when the pool turned to it, so they were found one after another (3 × call_timeout_s, 9 s
+    here; 8 workers stuck on one engine at the defaults: 16 minutes); a Ray actor's whole answer had 3 ×
+    call_timeout_s. The pool hears every busy worker's ticks now, so each is found call_timeout_s after
+    its own last call (a Ray actor `tick_s` later: its quick first call ended within `tick_s` of the
+    start, so it did not tick)."""
+    pool = make(kind, request, spec(), 9, num_workers=3, call_timeout_s=3)
     try:
         start(pool, range(9))
         t0 = time.monotonic()
         res = pool.step([(s, "hang" if s // 3 == 1 else "a") for s in range(9)])
         took = time.monotonic() - t0
-        assert [r.error for r in res] == [f"env worker {s % 3} hung: no answer to step of 3 slot(s): 1 env call(s) "
-                                          "finished, the next did not finish within 3 s (env_pool.call_timeout_s=3); "
-                                          "killed; restarted" for s in range(9)]
-        assert pool.restarts == 3 and took < 7, took        # one call_timeout_s and the restarts
+        what = ("1 env call(s) finished, the next did not finish within 3 s" if kind == "process" else
+                "no env call finished within 3 s (0 had finished by its last tick)")
+        worker = "worker" if kind == "process" else "actor"
+        assert [r.error for r in res] == [f"env {worker} {s % 3} hung: no answer to step of 3 slot(s): {what} "
+                                          "(env_pool.call_timeout_s=3); killed; restarted" for s in range(9)]
+        assert pool.restarts == 3 and 3.0 < took < 8, took        # one call_timeout_s and the restarts
     finally:
         pool.close()
 
