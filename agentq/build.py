@@ -707,6 +707,31 @@ def warn_past_positions(cfg: DictConfig, path: str) -> None:
                       highlight=False, soft_wrap=True)
 
 
+def checkpoint_config(path: str) -> dict[str, Any] | None:
+    """The model folder's config.json as a dict, for a command that loads the folder as a checkpoint.
+
+    Returns:
+        The dict, or None where the folder has no config.json.
+    Raises:
+        CheckpointError: config.json is not a JSON object (truncated, garbled), naming the file: a
+            damaged checkpoint, which a resume's `reading_resume_checkpoint` completes with the way on.
+    """
+    from agentq.utils.checkpoint import CheckpointError
+
+    f = Path(path) / "config.json"
+    if not f.exists():
+        return None
+    try:
+        found = json.loads(f.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        why = f"not JSON: {e}"
+    else:
+        if isinstance(found, dict):
+            return found
+        why = f"a JSON {type(found).__name__}, not an object"
+    raise CheckpointError(f"config file {f} is damaged or truncated ({f.stat().st_size} bytes; {why})")
+
+
 #: the files a tokenizer is loaded from (one of them at least); transformers builds an empty
 #: tokenizer (one token) for a model folder without any of them, with no error
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
@@ -720,8 +745,8 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     render agentq's turns (`ChatFormat`).
 
     Raises:
-        CheckpointError: no weight or tokenizer files, a damaged weight file, or a tokenizer that
-            does not load (a damaged tokenizer.json, a tokenizer_config.json without its files).
+        CheckpointError: no weight or tokenizer files, a damaged weight file or config.json, or a
+            tokenizer that does not load (a damaged tokenizer.json, a tokenizer_config.json without its files).
         ConfigError: a tokenizer with more ids than the model's vocab_size, or no usable chat template.
     """
     from transformers import AutoTokenizer
@@ -729,16 +754,19 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     from agentq.utils.checkpoint import CheckpointError, check_weight_files
 
     check_weight_files(path)
+    # read here first: transformers reads config.json for the tokenizer's class, and a garbled one was
+    # refused as "its tokenizer does not load", sending the user to the wrong file
+    config = checkpoint_config(path)
     if not any(any(Path(path).glob(name)) for name in TOKENIZER_FILES):
         raise CheckpointError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the "
                               "model's tokenizer beside its weights (tokenizer.save_pretrained(folder))")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:      # a damaged tokenizer.json or config, a tokenizer_config.json alone
+    except (OSError, ValueError) as e:      # a damaged tokenizer.json, a tokenizer_config.json alone
         last = (str(e).strip().splitlines() or [""])[-1][:300]
         raise CheckpointError(f"{path}: its tokenizer does not load ({type(e).__name__}: {last}); save the "
                               "model's tokenizer again beside its weights (tokenizer.save_pretrained(folder))") from e
-    vocab = model_config(path).get("vocab_size") if (Path(path) / "config.json").exists() else None
+    vocab = config.get("vocab_size") if config is not None else None
     if isinstance(vocab, int) and len(tokenizer) > vocab:
         raise ConfigError(f"{path}: its tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab} "
                           "(config.json): ids past it have no embedding; is the tokenizer another model's?")

@@ -140,6 +140,26 @@ def test_a_tokenizer_that_does_not_load_is_named(tmp_path, tiny_model_dir, damag
                                               r"save the model's tokenizer again beside its weights"):
         build.load_tokenizer(str(folder))
 
+@pytest.mark.parametrize("damage, why", [
+    ("truncated", "not JSON: Unterminated string starting at: line 3 column 5 (char 27)"),
+    ("a list", "a JSON list, not an object")])
+def test_a_damaged_config_json_is_named_not_the_tokenizer(tmp_path, tiny_model_dir, damage, why):
+    """transformers reads config.json to pick the tokenizer's class: a truncated one was refused as
+    "its tokenizer does not load", and the user repaired the wrong file."""
+    from transformers import AutoTokenizer
+
+    from agentq.utils.checkpoint import CheckpointError
+
+    folder = save_model(tmp_path / "m", qwen3(tiny_model_dir))
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    config = folder / "config.json"
+    config.write_bytes(config.read_bytes()[:30] if damage == "truncated" else b"[1, 2]")
+    with pytest.raises(CheckpointError) as refused:
+        build.load_tokenizer(str(folder))
+    size = config.stat().st_size
+    assert str(refused.value) == f"config file {config} is damaged or truncated ({size} bytes; {why})"
+
+
 def test_a_tokenizer_without_a_chat_template_is_one_line(tmp_path, tiny_model_dir):
     from transformers import AutoTokenizer
 

@@ -481,7 +481,8 @@ def test_a_resume_that_ends_an_unfinished_run_at_its_checkpoint_records_it(run_c
     ("no_weights", "{ckpt} has a config.json but no weights (no *.safetensors, which the rollout backends read, "
                    "nor pytorch_model*.bin): an interrupted copy or save?"),
     ("truncated", "weight file {ckpt}/model.safetensors is damaged or truncated (100 bytes): "),
-    ("garbled_config", "{ckpt}: its tokenizer does not load (OSError: "),
+    # transformers reads config.json for the tokenizer's class: this read "its tokenizer does not load"
+    ("garbled_config", "config file {ckpt}/config.json is damaged or truncated (40 bytes; not JSON: "),
     # a well-formed trainer state with a wrong value (a hand edit, a flipped bit) was numpy's or int()'s traceback
     ("step_six", "checkpoint {ckpt} is damaged (its trainer_state.json says step 'six')"),
     ("step_1", "checkpoint {ckpt} is damaged (its trainer_state.json says step 1)"),       # not its folder's
@@ -499,8 +500,8 @@ def test_a_damaged_latest_checkpoint_names_the_one_to_resume_from(run_copy, caps
         (ckpt / "trainer_state.pt").unlink()
     elif damage == "no_weights":
         weights.unlink()
-    elif damage == "garbled_config":
-        (ckpt / "config.json").write_text("{")
+    elif damage == "garbled_config":        # truncated
+        (ckpt / "config.json").write_bytes((ckpt / "config.json").read_bytes()[:40])
     elif damage in ("step_six", "step_1", "np_rng"):
         meta = json.loads((ckpt / "trainer_state.json").read_text())
         meta.update({"step_six": {"step": "six"}, "step_1": {"step": 1}, "np_rng": {"np_rng": {"x": 1}}}[damage])
