@@ -170,6 +170,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.eval_every": at_least(-1),
     # 0 tasks would evaluate nothing (eval_every=-1 turns evaluation off)
     "trainer.eval_num_tasks": positive_int,
+    "trainer.final_eval_tasks": optional(positive_int),
     "trainer.betas": betas,
     "trainer.overwrite": boolean,
     "trainer.max_skipped_steps": positive_int,
@@ -285,6 +286,8 @@ READ_BY: dict[str, tuple[str, ...]] = {
     # the pipeline's RL stage runs in <pipeline.out_dir>/rl, a sweep's arms in <sweep.out_dir>/arms
     "trainer.out_dir": ("train",),
     "trainer.resume": ("train",),
+    # the pipeline's from pipeline.eval_tasks, the sweep's from sweep.eval_tasks (via trainer.eval_num_tasks)
+    "trainer.final_eval_tasks": ("train",),
     # `agentq eval` trains nothing and logs no metrics
     "logger": ("train", "sft", "pipeline", "sweep"),
     "wandb": ("train", "sft", "pipeline", "sweep"),
@@ -313,6 +316,8 @@ INSTEAD: dict[tuple[str, str | None], str] = {
     ("sft.out_dir", "sweep"): "its SFT stage writes <sweep.out_dir>/sft",
     ("pipeline.out_dir", "sweep"): "sweep.out_dir={value} names its folder",
     ("pipeline.eval_tasks", "sweep"): "sweep.eval_tasks={value} sets its evaluations' tasks",
+    ("trainer.final_eval_tasks", "pipeline"): "pipeline.eval_tasks={value} sets its evaluations' tasks",
+    ("trainer.final_eval_tasks", "sweep"): "sweep.eval_tasks={value} sets its evaluations' tasks",
     ("trainer.out_dir", "pipeline"): "its RL stage runs in <pipeline.out_dir>/rl",
     ("trainer.out_dir", "sweep"): "each arm runs in <sweep.out_dir>/arms/<arm>/seed_<seed>",
     ("trainer.out_dir", "eval"): "eval.out_dir={value} names its output folder",

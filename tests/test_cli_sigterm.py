@@ -83,7 +83,7 @@ def test_sigterm_during_train_says_where_the_run_stands(env_pool, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
 
-    def terminated_at_once(self, final_eval_tasks):
+    def terminated_at_once(self):
         os.kill(os.getpid(), signal.SIGTERM)
         signal.pthread_sigmask(signal.SIG_BLOCK, [])
         raise AssertionError("SIGTERM did not stop the run")
@@ -104,7 +104,7 @@ import os, signal, sys
 from agentq.cli import main
 from agentq.trainer import rl
 
-def terminated_at_once(self, final_eval_tasks):
+def terminated_at_once(self):
     os.kill(os.getpid(), signal.SIGTERM)
     signal.pthread_sigmask(signal.SIG_BLOCK, [])
     raise AssertionError("SIGTERM did not stop the run")

@@ -173,7 +173,6 @@ def claim_pipeline_dir(out: Path, overwrite: bool) -> IO:
 
 def _pipeline(cfg: DictConfig, out: Path, split: str, others: list[str]) -> dict:
     from agentq import build
-    from agentq.trainer.rl import RLTrainer
     from agentq.trainer.sft import sft
 
     t0 = time.time()
@@ -193,11 +192,7 @@ def _pipeline(cfg: DictConfig, out: Path, split: str, others: list[str]) -> dict
     sft_evals = {sp: evaluate_checkpoint(cfg, s["checkpoint"], out / f"eval_sft_{sp}", n_eval, sp)   # 3. held-out evals
                  for sp in (split, *others)}
 
-    rl_cfg = cfg.copy()                                                   # 4. RL from the SFT checkpoint
-    OmegaConf.update(rl_cfg, "trainer.out_dir", str(out / "rl"))
-    OmegaConf.update(rl_cfg, "trainer.resume", None)
-    # in <pipeline.out_dir>/rl: the pipeline refuses trainer.out_dir, so the folder's messages name pipeline.out_dir
-    summary_rl = RLTrainer(rl_cfg, init_path=s["checkpoint"], out_key="pipeline.out_dir").train(final_eval_tasks=n_eval)
+    summary_rl = _rl_stage(cfg, out, s["checkpoint"], n_eval)              # 4. RL from the SFT checkpoint
     # 5. the same evals after RL (trainer.eval_every=-1: the trainer made none, and the comparison needs it)
     final = summary_rl["final_eval"] or evaluate_checkpoint(cfg, summary_rl["checkpoint"], out / f"eval_rl_{split}",
                                                             n_eval, split)
@@ -221,6 +216,25 @@ def _pipeline(cfg: DictConfig, out: Path, split: str, others: list[str]) -> dict
                    sft_episodes=sft_evals[split]["episodes"])
     print_summary(summary, out)
     return summary
+
+
+def _rl_stage(cfg: DictConfig, out: Path, sft_checkpoint: str, n_eval: int) -> dict:
+    """The pipeline's RL stage: `agentq train` from `sft_checkpoint` in <out>/rl, ending on the final
+    evaluation of `n_eval` tasks (pipeline.eval_tasks; the pipeline's evaluation after RL).
+
+    Returns:
+        The trainer's summary (train_summary.json).
+    """
+    from agentq.trainer.rl import RLTrainer
+
+    rl_cfg = cfg.copy()
+    OmegaConf.update(rl_cfg, "trainer.out_dir", str(out / "rl"))
+    OmegaConf.update(rl_cfg, "trainer.resume", None)
+    # a setting, so rl/config.yaml has it: `agentq train trainer.resume=<out>/rl` (`pipeline_stopped_text`)
+    # ends on this evaluation too, not on trainer.eval_num_tasks tasks
+    OmegaConf.update(rl_cfg, "trainer.final_eval_tasks", n_eval)
+    # in <pipeline.out_dir>/rl: the pipeline refuses trainer.out_dir, so the folder's messages name pipeline.out_dir
+    return RLTrainer(rl_cfg, init_path=sft_checkpoint, out_key="pipeline.out_dir").train()
 
 
 def print_summary(s: dict, out: Path) -> None:

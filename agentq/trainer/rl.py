@@ -96,6 +96,20 @@ def run_dir_for(cfg: DictConfig) -> Path:
     return Path(cfg.trainer.out_dir or new_run_dir(f"{cfg.env.name}-{cfg.algo.name}"))
 
 
+def final_eval_tasks(t: DictConfig) -> int:
+    """The final evaluation's tasks: trainer.final_eval_tasks, null (or absent: a run folder from before
+    it) trainer.eval_num_tasks. A setting, not an argument of `train`, so that it is in the run's
+    config.yaml and a resume ends on the evaluation the run would have ended on.
+
+    Args:
+        t: the config's trainer section.
+    Returns:
+        The number of held-out tasks the final evaluation plays.
+    """
+    n = t.get("final_eval_tasks")
+    return int(n if n is not None else t.eval_num_tasks)
+
+
 def old_logp_mode(cfg: DictConfig, objective: Objective, device: torch.device, dtype: torch.dtype) -> str:
     """trainer.old_logp: "recompute" (a no-grad π_old pass before the update) or "bypass" (π_old
     from the update's own forward, `Learner.update`), refused with the reason where bypass would
@@ -808,17 +822,17 @@ class RLTrainer:
         return path
 
     # ------------------------------------------------------------------ the loop
-    def train(self, final_eval_tasks: int | None = None) -> dict:
+    def train(self) -> dict:
         """Run the remaining steps; checkpoint at the end and evaluate on the held-out split
-        (`final_eval_tasks` tasks, default trainer.eval_num_tasks). However it ends, the workers and the
-        run folder are released (`close`): a pipeline or sweep stopped in its RL stage, then started
-        again in the same process, found the folder still locked."""
+        (`final_eval_tasks` tasks). However it ends, the workers and the run folder are released
+        (`close`): a pipeline or sweep stopped in its RL stage, then started again in the same
+        process, found the folder still locked."""
         try:
-            return self._train(final_eval_tasks)
+            return self._train()
         finally:
             self.close()
 
-    def _train(self, final_eval_tasks: int | None) -> dict:
+    def _train(self) -> dict:
         t = self.cfg.trainer
         steps = int(t.steps)
         save_every, eval_every = int(t.save_every), int(t.eval_every)
@@ -847,8 +861,7 @@ class RLTrainer:
                     self._periodic_eval(step)
         # resumed at the last step: that checkpoint is already the final one (re-saving only risks it)
         final = self.save(steps) if self.start_step < steps else self.run_dir / "checkpoints" / f"step_{steps:06d}"
-        n_final = int(final_eval_tasks if final_eval_tasks is not None else t.eval_num_tasks)
-        report = self._final_eval(steps, n_final) if eval_every >= 0 else None
+        report = self._final_eval(steps, final_eval_tasks(t)) if eval_every >= 0 else None
         if last is None:        # resumed at the last step: its logged row is the run's last
             last = recorded_step(self.run_dir, steps)[0]
         summary = {"run_dir": str(self.run_dir), "checkpoint": str(final), "steps": steps, "last_step": last,

@@ -152,7 +152,8 @@ def arm_config(overrides: list[str]) -> DictConfig:
     cfg = load_config(overrides, config_name="sweep")
     if cfg.algo.learner_quant == "aligned":
         OmegaConf.update(cfg, "algo.learner_quant", str(cfg.sweep.aligned_learner))
-    # every interval evaluation plays the same held-out tasks as the final one (and as the SFT eval)
+    # every interval evaluation plays the same held-out tasks as the final one (and as the SFT eval);
+    # trainer.final_eval_tasks stays null (`agentq sweep` refuses it): the final one plays these too
     OmegaConf.update(cfg, "trainer.eval_num_tasks", int(cfg.sweep.eval_tasks))
     return cfg
 
@@ -177,8 +178,7 @@ def run_arm(job: dict) -> dict:
 
     cfg = arm_config(job["overrides"])
     try:        # a sweep refuses trainer.out_dir: the run folder's messages name sweep.out_dir
-        RLTrainer(cfg, init_path=job["sft_checkpoint"], out_key="sweep.out_dir").train(
-            final_eval_tasks=int(cfg.sweep.eval_tasks))
+        RLTrainer(cfg, init_path=job["sft_checkpoint"], out_key="sweep.out_dir").train()
     except Exception:
         if job["redirect"]:       # the sweep's stop says the error's first line and names log.txt
             import traceback

@@ -165,6 +165,9 @@ QUICK = {"train": [*SHORT, *RL], "sft": [*SHORT, "sft.num_demos=2", "sft.epochs=
                               "pipeline.eval_splits=[dev] names the held-out splits"),
     ("train", "eval.num_tasks=3", "eval.num_tasks=3: agentq train does not read it (only agentq eval does); "
                                   "trainer.eval_num_tasks=3 sets its held-out evaluations' tasks"),
+    # the pipeline records pipeline.eval_tasks there, in its RL stage's config.yaml
+    ("pipeline", "trainer.final_eval_tasks=50", "trainer.final_eval_tasks=50: agentq pipeline does not read it (only "
+                                                "agentq train does); pipeline.eval_tasks=50 sets its evaluations' tasks"),
     ("pipeline", "trainer.out_dir=elsewhere", "trainer.out_dir='elsewhere': agentq pipeline does not read it (only "
                                               "agentq train does); its RL stage runs in <pipeline.out_dir>/rl"),
     ("eval", "logger=[wandb]", "logger=['wandb']: agentq eval does not read it (only agentq train, sft, pipeline and "

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from agentq.cli import main
-from conftest import one_task_env
+from conftest import one_task_env, stop_rl_at_step
 from agentq.eval.metrics import paired_comparison, two_proportion_z
 
 
@@ -359,6 +359,52 @@ def test_a_busy_rl_folder_names_the_key_the_pipeline_reads(tiny_model_dir, tmp_p
     assert (f"agentq: run folder '{out / 'rl'}' is in use by another agentq process (pid ?); wait for it to finish "
             "or pick another pipeline.out_dir") in said
     assert "trainer.out_dir" not in said
+
+
+def test_its_rl_stage_resumed_by_agentq_train_ends_on_the_pipelines_final_evaluation(tiny_model_dir, tmp_path,
+                                                                                     capsys, monkeypatch):
+    """`agentq train trainer.resume=<pipeline>/rl`, the command a pipeline stopped in its RL stage gives,
+    ended on trainer.eval_num_tasks tasks (1 here) where the pipeline ends on pipeline.eval_tasks (3): the
+    pipeline passed that count to the trainer, and rl/config.yaml did not hold it. It does now
+    (trainer.final_eval_tasks), and the resumed stage ends as the uninterrupted pipeline did, on the
+    same tasks with the same outcomes. SFT and the pipeline's own evaluations are stubs (the tiny model
+    stands for the SFT checkpoint), and the pipeline stops once its RL stage is done: that stage runs for real."""
+    from omegaconf import OmegaConf
+
+    from agentq.config import ConfigError
+    from agentq.eval.episodes import read_trajectories
+    from agentq.trainer import pipeline, sft
+
+    def rl_done(before, after):
+        raise ConfigError("the RL stage is done")
+
+    def final_eval(out):
+        """(the RL stage's evaluations' episode counts by step, its final one's (task, won) pairs)"""
+        evals = sorted((out / "rl" / "eval").glob("step_*"))
+        return ({e.name: json.loads((e / "eval.json").read_text())["episodes"] for e in evals},
+                [(t.task_id, t.won) for t in read_trajectories(evals[-1] / "episodes.jsonl")])
+
+    monkeypatch.setattr(sft, "sft", lambda cfg, out_dir, **kw: {"checkpoint": str(tiny_model_dir), "demos_used": 1})
+    monkeypatch.setattr(pipeline, "evaluate_checkpoint", lambda *a, **kw: {})
+    monkeypatch.setattr(pipeline, "_comparison", rl_done)
+    args = ["model=hf", f"model.path={tiny_model_dir}", "env_pool=inline", "pipeline.eval_splits=[dev]",
+            "pipeline.eval_tasks=3", "trainer.steps=2", "trainer.tasks_per_step=1", "trainer.group_size=2",
+            "trainer.save_every=1", "trainer.eval_every=1", "trainer.eval_num_tasks=1", "env.max_steps=2",
+            "env.max_new_tokens=8", "trainer.save_segments=false"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert main(["pipeline", f"pipeline.out_dir={whole}", *args]) == 2
+    assert (whole / "rl" / "train_summary.json").is_file()
+    stop_rl_at_step(monkeypatch, 2)
+    assert main(["pipeline", f"pipeline.out_dir={cut}", *args]) == 130
+    assert (f"continue that stage alone with agentq train trainer.resume={cut / 'rl'} " in
+            " ".join(capsys.readouterr().err.split()))
+    assert OmegaConf.load(cut / "rl" / "config.yaml").trainer.final_eval_tasks == 3
+    monkeypatch.undo()
+    assert main(["train", f"trainer.resume={cut / 'rl'}"]) == 0
+    counts, outcomes = final_eval(cut)
+    assert counts == {"step_000001": 1, "step_000002": 3}
+    assert (counts, outcomes) == final_eval(whole) and len(outcomes) == 3
+    assert json.loads((cut / "rl" / "train_summary.json").read_text())["final_eval"]["episodes"] == 3
 
 
 def test_an_error_after_the_pipeline_folder_is_locked_releases_it(tmp_path, monkeypatch):

@@ -306,7 +306,7 @@ def test_a_second_ctrl_c_while_the_run_closes_still_says_where_it_stands(tmp_pat
             raise KeyboardInterrupt        # the second Ctrl-C, at the start of the first close
         close(self)
 
-    def stop_at_once(self, final_eval_tasks):
+    def stop_at_once(self):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(rl.RLTrainer, "_train", stop_at_once)

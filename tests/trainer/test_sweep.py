@@ -229,7 +229,7 @@ def test_an_arms_rl_run_names_sweep_out_dir_in_its_messages(tmp_path, monkeypatc
         def __init__(self, cfg, init_path=None, out_key="trainer.out_dir"):
             seen.update(init_path=init_path, out_key=out_key, out_dir=cfg.trainer.out_dir)
 
-        def train(self, final_eval_tasks):
+        def train(self):
             return {}
 
     monkeypatch.setattr(rl, "RLTrainer", Recorder)
