@@ -347,11 +347,14 @@ def run_settings(cfg: DictConfig) -> dict:
 def open_partial(cfg: DictConfig, out: Path, path: str, selection: TaskSelection, device: tuple[Any, Any]
                  ) -> PartialEpisodes:
     """The finished episodes of a stopped `agentq eval` of these settings in `out` (`eval/partial.py`),
-    keyed by the resolved settings and device, the checkpoint `path`, the tasks as played and the
-    files of the folder the env reads them from (`TextEnv.data_folder`, else env.kwargs.data_dir)."""
+    keyed by the resolved settings and device, the env class's source file (an env fixed between the
+    stop and the rerun plays other episodes: `build.env_code_digest`), the checkpoint `path`, the tasks
+    as played and the files of the folder the env reads them from (`TextEnv.data_folder`, else
+    env.kwargs.data_dir)."""
     folder = selection.data_folder or OmegaConf.select(cfg, "env.kwargs.data_dir", default=None)
-    key = fingerprint({**run_settings(cfg), "device": [str(d) for d in device]}, path,
-                      repeat_tasks(selection.tasks, int(cfg.eval.repeats)), folder)
+    settings = {**run_settings(cfg), "device": [str(d) for d in device],
+                "env_code": build.env_code_digest(str(cfg.env.name))}
+    key = fingerprint(settings, path, repeat_tasks(selection.tasks, int(cfg.eval.repeats)), folder)
     return PartialEpisodes(out, key, resume=resume_text(cfg, out))
 
 

@@ -88,8 +88,8 @@ class PartialEpisodes:
             return {}
         rows = list(read_jsonl(self.path))
         if not rows or rows[0].get("fingerprint") != self.key:
-            console.print(f"{self.path}: a stopped evaluation of other settings or another checkpoint; "
-                          "starting over", style="yellow", markup=False, highlight=False)
+            console.print(f"{self.path}: a stopped evaluation of other settings, another checkpoint or other env "
+                          "code; starting over", style="yellow", markup=False, highlight=False)
             self.path.unlink()
             return {}
         # an errored episode is played again (its env or rollout worker died: no outcome of the policy;

@@ -390,7 +390,40 @@ def test_a_stopped_evaluation_keeps_its_finished_episodes_and_the_same_command_p
     # a stopped evaluation of other settings is not taken up
     (cut / partial.PARTIAL).write_text(json.dumps({"fingerprint": "another"}) + "\n")
     assert main([*args, "eval.temperature=0.5", f"eval.out_dir={cut}"]) == 0
-    assert "a stopped evaluation of other settings or another checkpoint; starting over" in capsys.readouterr().err
+    assert ("a stopped evaluation of other settings, another checkpoint or other env code; starting over"
+            in capsys.readouterr().err)
+
+
+def test_a_stopped_evaluation_is_played_again_after_its_env_code_changed(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """A user who stopped an evaluation to fix the env, then ran the same command, got the episodes
+    played under the old code mixed with the new (a review's env made to win every episode: 8 old
+    episodes of 2 turns and 12 new of 1, "100 %"). The env class's source file is in the stopped
+    evaluation's fingerprint: an edit starts it over. (The digest of a file is tested on its own in
+    tests/config; here it is patched, as an edit of textworld_express's file would change it.)"""
+    from agentq import build
+    from agentq.eval import partial
+
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    out = tmp_path / "ev"
+    args = ["eval", f"checkpoint={ckpt}", "eval.num_tasks=3", "env_pool=inline", "env.max_steps=2",
+            "env.max_new_tokens=8", "trainer.max_concurrent=1", f"eval.out_dir={out}"]
+    append = partial.PartialEpisodes.append
+
+    def stop_after_two(self, t):
+        append(self, t)
+        if sum(1 for _ in (out / partial.PARTIAL).open()) == 3:      # the fingerprint line and 2 episodes
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(partial.PartialEpisodes, "append", stop_after_two)
+    assert main(args) == 130
+    monkeypatch.setattr(partial.PartialEpisodes, "append", append)
+    digest = build.env_code_digest
+    monkeypatch.setattr(build, "env_code_digest", lambda name: "edited " + str(digest(name)))
+    capsys.readouterr()
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "other env code; starting over" in err and "of a stopped evaluation taken from" not in err
+    assert json.loads((out / "eval.json").read_text())["episodes"] == 3
 
 
 @pytest.mark.parametrize("theirs, writes", [("train", "train_summary.json"), ("pipeline", "summary.json"),
