@@ -352,6 +352,25 @@ def test_a_stopped_evaluation_says_the_earlier_one_is_kept_and_leaves_no_empty_f
     assert not (tmp_path / "fresh").exists()
 
 
+def stop_after_episodes(monkeypatch, out, n: int):
+    """Make an evaluation into `out` stop (Ctrl-C) once `n` episodes are kept in its partial file.
+
+    Returns:
+        `PartialEpisodes.append` as it was, to put back.
+    """
+    from agentq.eval import partial
+
+    append = partial.PartialEpisodes.append
+
+    def stop_after(self, t):
+        append(self, t)
+        if sum(1 for _ in (out / partial.PARTIAL).open()) == n + 1:      # the fingerprint line and n episodes
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(partial.PartialEpisodes, "append", stop_after)
+    return append
+
+
 def test_a_stopped_evaluation_keeps_its_finished_episodes_and_the_same_command_plays_the_rest(
         tiny_model_dir, tmp_path, monkeypatch, capsys):
     """Ctrl-C lost every finished episode of an `agentq eval` (a 134-game ALFWorld evaluation cannot be
@@ -364,14 +383,7 @@ def test_a_stopped_evaluation_keeps_its_finished_episodes_and_the_same_command_p
             "env_pool=inline", "env.max_steps=3", "env.max_new_tokens=8", "trainer.max_concurrent=2"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     assert main([*args, f"eval.out_dir={whole}"]) == 0
-    append = partial.PartialEpisodes.append
-
-    def stop_after_three(self, t):
-        append(self, t)
-        if sum(1 for _ in (cut / partial.PARTIAL).open()) == 4:      # the fingerprint line and 3 episodes
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(partial.PartialEpisodes, "append", stop_after_three)
+    append = stop_after_episodes(monkeypatch, cut, 3)
     capsys.readouterr()
     assert main([*args, f"eval.out_dir={cut}"]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == (f"agentq: interrupted: 3 finished episodes kept in "
@@ -407,14 +419,7 @@ def test_a_stopped_evaluation_is_played_again_after_its_env_code_changed(tiny_mo
     out = tmp_path / "ev"
     args = ["eval", f"checkpoint={ckpt}", "eval.num_tasks=3", "env_pool=inline", "env.max_steps=2",
             "env.max_new_tokens=8", "trainer.max_concurrent=1", f"eval.out_dir={out}"]
-    append = partial.PartialEpisodes.append
-
-    def stop_after_two(self, t):
-        append(self, t)
-        if sum(1 for _ in (out / partial.PARTIAL).open()) == 3:      # the fingerprint line and 2 episodes
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(partial.PartialEpisodes, "append", stop_after_two)
+    append = stop_after_episodes(monkeypatch, out, 2)
     assert main(args) == 130
     monkeypatch.setattr(partial.PartialEpisodes, "append", append)
     digest = build.env_code_digest
