@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from agentq import build
 from agentq.agent import BackendPolicy, ChatFormat, EpisodeSpec
 from agentq.agent.trajectory import Trajectory
-from agentq.config import ConfigError, check_config, config_leaves, load_config
+from agentq.config import ConfigError, check_config, check_env_name, config_leaves, load_config
 from agentq.algos import Objective, Prepared, grpo_advantages, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
 from agentq.eval.episodes import read_eval
@@ -255,6 +255,10 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
             changed += [f"{key} {old} → {new}"] if old != new and key != "trainer.resume" else []
     refuse_model_change(cfg.trainer.resume, model_before, saved)
     check_config(saved)
+    try:        # the command line's env was checked, not the run's (a plugin's module off PYTHONPATH here)
+        check_env_name(saved)
+    except ConfigError as e:
+        raise ConfigError(f"trainer.resume={str(cfg.trainer.resume)!r}: the run's {e}") from None
     OmegaConf.set_struct(saved, True)
     console.print(f"trainer.resume: the run's {saved_path.name}" + (f", changed by this command line: "
                                                                    f"{'; '.join(changed)}" if changed else ""))

@@ -386,6 +386,22 @@ def test_a_damaged_config_yaml_is_one_line(run_copy, capsys, damage, why):
     assert files_of(run_copy) == before
 
 
+def test_a_run_of_an_env_module_this_process_cannot_import_is_one_line(run_copy, capsys):
+    """A run of a user's own env (env.name module:Class), resumed from a shell without its folder on
+    PYTHONPATH: the command line's env (the default one) was checked, the run's was not, and the import
+    failed deep in the trainer, a 57-line traceback (review)."""
+    config = run_copy / "config.yaml"
+    text = config.read_text()
+    config.write_text(text.replace("  name: textworld_express\n", "  name: gone_plugin_env:GoneEnv\n", 1))
+    assert config.read_text() != text
+    before = files_of(run_copy)
+    assert main(["train", f"trainer.resume={run_copy}", "trainer.steps=3"]) == 2
+    assert said_once(capsys) == (f"agentq: trainer.resume='{run_copy}': the run's env.name='gone_plugin_env:GoneEnv': "
+                                 "No module named 'gone_plugin_env'; put its folder on PYTHONPATH or pip install its "
+                                 "package (docs/adding-an-environment.md)")
+    assert files_of(run_copy) == before
+
+
 def test_the_lr_note_of_a_damaged_config_is_the_same_error(run_copy):
     from agentq.config import ConfigError, load_config
     from agentq.trainer.rl import lr_change_note
