@@ -15,7 +15,7 @@ import re
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -202,16 +202,31 @@ def check_split_data(cfg: DictConfig, splits: list[str]) -> None:
 
     A held-out split sharing task ids with env.train_split is said (a warning: an env may mean it, but
     its results would read as held-out ones)."""
-    train = str(cfg.env.train_split)
     listed = {split: split_tasks(cfg, split) for split in dict.fromkeys(splits)}
-    trained = set(listed.get(train, ()))
+    trained = listed.get(str(cfg.env.train_split), ())
     for split, ids in listed.items():
-        shared = sum(task in trained for task in ids) if split != train else 0
-        if shared:
-            console.print(f"warning: {shared} of the {len(ids)} task ids of {split_key(cfg, split)}={split!r} are "
-                          f"also ids of env.train_split={train!r}: evaluations there measure tasks training draws "
-                          "from, not held-out ones (an env's _tasks gives each split its ids)", style="yellow",
-                          markup=False, highlight=False, soft_wrap=True)
+        warn_shared_tasks(cfg, split, ids, trained)
+
+
+def warn_shared_tasks(cfg: DictConfig, split: str, ids: Sequence[str], trained: Collection[str]) -> None:
+    """Say how many of `split`'s task ids are also ids of env.train_split (a warning: an env may mean it,
+    but its results would read as held-out ones); nothing for the training split itself or disjoint ones.
+    The start-up check (`check_split_data`) and `agentq eval` say it in these words.
+
+    Args:
+        cfg: the run's config (env.train_split, and the setting that gave `split`: `split_key`).
+        split: the split evaluated.
+        ids: its task ids (`split_tasks`).
+        trained: the task ids of env.train_split.
+    """
+    train = str(cfg.env.train_split)
+    trained = set(trained)
+    shared = sum(task in trained for task in ids) if split != train else 0
+    if shared:
+        console.print(f"warning: {shared} of the {len(ids)} task ids of {split_key(cfg, split)}={split!r} are "
+                      f"also ids of env.train_split={train!r}: evaluations there measure tasks training draws "
+                      "from, not held-out ones (an env's _tasks gives each split its ids)", style="yellow",
+                      markup=False, highlight=False, soft_wrap=True)
 
 
 #: the task ids listed in this process, by `split_tasks`'s key (one listing per env setting)

@@ -181,6 +181,8 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     `overrides`: the command line (None when another command evaluates, e.g. the pipeline's stages)."""
     build.check_ray_installed(cfg, placement=False)   # env_pool=ray without Ray: one line before anything is built
     split = cfg.split or cfg.env.eval_split
+    if overrides is not None:   # a pipeline's or sweep's start-up check (`build.check_split_data`) said it
+        warn_if_sharing_training_tasks(cfg, split)
     # listed first where the default folder's name needs it: "-nN" only for a sample smaller than the split
     selection = eval_tasks(cfg, split) if cfg.eval.num_tasks is not None and not cfg.eval.out_dir else None
     out, out_key = eval_out_path(cfg, split, overrides, selection)
@@ -539,6 +541,26 @@ def warn_if_training_split(cfg: DictConfig, split: str, key: str = "split") -> N
         console.print(f"warning: {key}={split!r} is env.train_split, the split training draws its tasks from: "
                       f"this evaluation measures training tasks, not held-out ones{also}", style="yellow",
                       markup=False, highlight=False, soft_wrap=True)
+
+
+def warn_if_sharing_training_tasks(cfg: DictConfig, split: str) -> None:
+    """`agentq eval`'s word (`build.warn_shared_tasks`, as `agentq train` says it at start-up) on a
+    held-out split sharing task ids with env.train_split: its report would read as a held-out one.
+
+    Args:
+        cfg: the evaluation's config.
+        split: the split evaluated.
+    Raises:
+        ConfigError: the env refused `split` (naming `split=`, as `eval_tasks` does).
+    """
+    if split == str(cfg.env.train_split):    # `warn_if_training_split` says it
+        return
+    ids = build.split_tasks(cfg, split, key="split")
+    try:
+        trained = build.split_tasks(cfg, str(cfg.env.train_split))
+    except ConfigError:     # no training split to compare with (its data absent): the evaluation needs none
+        return
+    build.warn_shared_tasks(cfg, split, ids, trained)
 
 
 def warn_if_trained_otherwise(cfg: DictConfig, checkpoint: Path) -> None:

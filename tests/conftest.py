@@ -298,3 +298,18 @@ class {name}(TextEnv):
     def _step_task(self, action):
         return TaskStep(obs="end", done=True, won=True)
 '''
+
+
+#: Python source of a module of TextEnvs (`shared_split_env.py` in the tests) whose "test" split shares
+#: 2 of its 4 task ids with "train" (Shared) or none (Apart): the held-out overlap warning's probes
+SHARED_SPLITS_ENV = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("Base", ("train", "test")) + """
+
+class Shared(Base):
+    def _tasks(self, split):
+        return ["a", "b", "c"] if split == "train" else ["c", "d", "a", "e"]
+
+
+class Apart(Base):
+    def _tasks(self, split):
+        return ["a", "b"] if split == "train" else ["c"]
+"""

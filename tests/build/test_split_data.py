@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from agentq import build
 from agentq.cli import main
 from agentq.config import load_config
-from conftest import one_task_env
+from conftest import SHARED_SPLITS_ENV, one_task_env
 
 EMPTY = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("Base", ("train", "test"), """
     def _expert_action(self):
@@ -86,18 +86,7 @@ class Buggy(Base):
 def test_a_held_out_split_sharing_task_ids_with_training_is_said(tmp_path, monkeypatch, capsys):
     """Both splits are listed at start-up anyway: ids the held-out split shares with env.train_split
     (an env whose _tasks gives both the same games) are counted in a warning; disjoint ones say nothing."""
-    source = EMPTY + '''
-
-class Shared(Base):
-    def _tasks(self, split):
-        return ["a", "b", "c"] if split == "train" else ["c", "d", "a", "e"]
-
-
-class Apart(Base):
-    def _tasks(self, split):
-        return ["a", "b"] if split == "train" else ["c"]
-'''
-    (tmp_path / "shared_split_env.py").write_text(source)
+    (tmp_path / "shared_split_env.py").write_text(SHARED_SPLITS_ENV)
     monkeypatch.syspath_prepend(str(tmp_path))
     for cls in ("Shared", "Apart"):
         cfg = load_config(["env.train_split=train", "env.eval_split=test"])

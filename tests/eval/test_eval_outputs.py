@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from agentq.cli import main
 from agentq.config import load_config
+from conftest import SHARED_SPLITS_ENV
 
 SMALL = ["eval.num_tasks=3", "env_pool=inline", "env.max_steps=2", "env.max_new_tokens=8"]
 
@@ -281,6 +282,37 @@ def test_evaluating_the_training_split_says_it_is_not_held_out(capsys):
     assert " ".join(capsys.readouterr().err.split()) == (
         "warning: split='train' is env.train_split, the split training draws its tasks from: this evaluation "
         "measures training tasks, not held-out ones (env.eval_split is 'test')")
+
+
+@pytest.mark.parametrize("cls", ["Shared", "Apart"])
+def test_evaluating_a_split_sharing_task_ids_with_training_says_so(tiny_model_dir, tmp_path, monkeypatch, capsys,
+                                                                   cls):
+    """`agentq train` warned of a held-out split sharing task ids with env.train_split (its start-up
+    check); `agentq eval` of the same split said nothing. It says it in the same words, before the model
+    is built; a disjoint split says nothing."""
+    from agentq import build
+    from agentq.config import ConfigError
+
+    (tmp_path / "shared_split_env.py").write_text(SHARED_SPLITS_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "conf" / "env").mkdir(parents=True)
+    base = OmegaConf.to_container(load_config([]).env)
+    (tmp_path / "conf" / "env" / "shared.yaml").write_text(OmegaConf.to_yaml(
+        {**base, "name": f"shared_split_env:{cls}", "kwargs": {}, "train_split": "train", "eval_split": "test"}))
+
+    def stop(*args, **kwargs):
+        raise ConfigError("stopped before the model was built")
+
+    monkeypatch.setattr(build, "make_backend", stop)
+    assert main(["eval", "env=shared", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "env_pool=inline",
+                 f"checkpoint={tiny_model_dir}", f"eval.out_dir={tmp_path / 'out'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "agentq: stopped before the model was built"
+    said = " ".join(err.split())
+    warning = ("warning: 2 of the 4 task ids of env.eval_split='test' are also ids of env.train_split='train': "
+               "evaluations there measure tasks training draws from, not held-out ones (an env's _tasks gives each "
+               "split its ids)")
+    assert said.count(warning) == (cls == "Shared") and said.count("warning") == (cls == "Shared")
 
 
 @pytest.mark.parametrize("inside_pipeline", [False, True])
