@@ -470,9 +470,22 @@ def _checked_reset(env: TextEnv, result: Any) -> tuple[str, TaskStep]:
             and isinstance(result[1], TaskStep)):
         _check_fields(env, "_reset_task", result[1])
         return result[0], result[1]
-    got = (f"({', '.join(type(x).__name__ for x in result)})" if isinstance(result, (tuple, list))
-           else type(result).__name__)
-    raise TypeError(f"{type(env).__name__}._reset_task must return (goal: str, TaskStep(obs=...)), got {got}")
+    raise TypeError(f"{type(env).__name__}._reset_task must return (goal: str, TaskStep(obs=...)), got "
+                    f"{returned_types(result)}")
+
+
+def returned_types(value: Any) -> str:
+    """What a method returned, as its refusal says it: a tuple's or list's item types ("(str, TaskStep,
+    int)": the slip is in the arity or an item), else the value's type ("str").
+
+    Args:
+        value: what the method returned.
+    Returns:
+        the type names.
+    """
+    if isinstance(value, (tuple, list)):
+        return f"({', '.join(type(x).__name__ for x in value)})"
+    return type(value).__name__
 
 
 def _checked_step(env: TextEnv, result: Any) -> TaskStep:

@@ -235,9 +235,9 @@ class WorkerCore:
             raise ValueError(f"unknown worker command {cmd!r}")
         for slot, arg in items:
             if cmd == "reset":
-                yield self._run(slot, lambda env: EnvResult(slot, True, *_pair(env.reset(**arg))))
+                yield self._run(slot, lambda env: EnvResult(slot, True, *_pair(env, env.reset(**arg))))
             else:
-                yield self._run(slot, lambda env: _step_result(slot, env.step(arg)))
+                yield self._run(slot, lambda env: _step_result(slot, env, env.step(arg)))
 
     @staticmethod
     def _each(results: Iterator[EnvResult], progress: Callable[[], None] | None) -> list[EnvResult]:
@@ -277,14 +277,32 @@ class WorkerCore:
                 pass
 
 
-def _pair(reset_out: tuple[str, dict]) -> tuple[str, float, bool, bool, dict]:
+def _pair(env: gym.Env, reset_out: Any) -> tuple[str, float, bool, bool, dict]:
+    if not _returns(reset_out, 2):
+        raise _contract_error(env, "reset", "(obs, info)", reset_out)
     obs, info = reset_out
     return obs, 0.0, False, False, info
 
 
-def _step_result(slot: int, out: tuple) -> EnvResult:
+def _step_result(slot: int, env: gym.Env, out: Any) -> EnvResult:
+    if not _returns(out, 5):
+        raise _contract_error(env, "step", "(obs, reward, terminated, truncated, info)", out)
     obs, reward, terminated, truncated, info = out
     return EnvResult(slot, True, obs, float(reward), bool(terminated), bool(truncated), info)
+
+
+def _returns(out: Any, n: int) -> bool:
+    """`out` is a Gymnasium result of `n` items, its info (the last) a mapping."""
+    return isinstance(out, tuple) and len(out) == n and isinstance(out[-1], Mapping)
+
+
+def _contract_error(env: gym.Env, method: str, shape: str, out: Any) -> TypeError:
+    """An env's public `method` (overridden, not its `_reset_task`/`_step_task` hook) returned other
+    than Gymnasium's `shape`: named, not a "too many values to unpack" from the pool's code."""
+    from agentq.envs.base import returned_types     # a broken env only: this module loads without the envs
+
+    return TypeError(f"{type(env.unwrapped).__name__}.{method} must return {shape} as Gymnasium's Env.{method} does, "
+                     f"got {returned_types(out)}")
 
 
 class InlinePool:

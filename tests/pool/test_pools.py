@@ -8,6 +8,7 @@ import time
 import pytest
 
 from agentq.pool import EnvSpec, make_pool
+from conftest import one_task_env
 
 SPEC = EnvSpec("textworld_express", {"games": ["coin"], "split": "train", "max_steps": 10,
                                      "game_params": {"coin": "numLocations=2"}})
@@ -79,3 +80,40 @@ def test_env_exception_is_reported_and_env_rebuilt():
 def test_unknown_pool_type():
     with pytest.raises(ValueError, match="valid: \\['inline', 'process', 'ray'\\]"):
         make_pool("threads", SPEC, 2)
+
+
+OFF_CONTRACT = "from agentq.envs import TaskStep, TextEnv\n" + one_task_env("ObsOnlyReset", ("train",)) + """
+    def reset(self, *, seed=None, options=None):
+        return super().reset(seed=seed, options=options)[0]
+
+
+class FourTupleStep(ObsOnlyReset):
+    def reset(self, *, seed=None, options=None):
+        return TextEnv.reset(self, seed=seed, options=options)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, info
+"""
+
+
+@pytest.mark.parametrize("cls, said", [
+    ("ObsOnlyReset", "ObsOnlyReset.reset must return (obs, info) as Gymnasium's Env.reset does, got str"),
+    ("FourTupleStep", "FourTupleStep.step must return (obs, reward, terminated, truncated, info) as Gymnasium's "
+                      "Env.step does, got (str, float, bool, dict)")])
+def test_an_overridden_reset_or_step_off_gymnasiums_contract_is_named(tmp_path, monkeypatch, cls, said):
+    """An env overriding the public `reset` (not its `_reset_task` hook) to return the obs alone lost
+    every episode to "ValueError: too many values to unpack (expected 2)" from the pool's own code; now
+    the episode's error names the env class, the method and what it returned against Gymnasium's
+    contract (a `step` returning 4 items likewise)."""
+    (tmp_path / "off_contract_env.py").write_text(OFF_CONTRACT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pool = make_pool("inline", EnvSpec(f"off_contract_env:{cls}", {"split": "train"}), 1)
+    try:
+        (r,) = pool.reset([(0, {"options": {"task_id": "a"}})])
+        if cls == "FourTupleStep":
+            assert r.ok and r.obs == "start"
+            (r,) = pool.step([(0, "go")])
+        assert not r.ok and r.error.splitlines()[0] == f"TypeError: {said}"
+    finally:
+        pool.close()
