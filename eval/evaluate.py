@@ -22,7 +22,7 @@ from agentq.agent import AgentLoop, BackendPolicy, ChatFormat
 from agentq.agent.loop import Policy
 from agentq.agent.trajectory import Trajectory
 from agentq.config import (RUN_CONFIG_KEYS, RUN_ONLY, ConfigError, differing_settings, drop_dotted, in_sections,
-                           load_config, make_setting_dir, quant_name, read_settings)
+                           load_config, load_yaml, make_setting_dir, quant_name, read_settings)
 from agentq.pool import EnvPool
 from agentq.rollout.backend import RolloutBackend, SamplingParams
 from agentq.utils.errors import first_line, says_where_on_stop
@@ -262,7 +262,7 @@ def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Pat
         recover_eval_pair(out)
     path = evaluated_model(cfg, out, overrides or [])
     device, dtype = build.device_and_dtype(cfg)
-    warn_if_trained_otherwise(cfg, Path(path))
+    warn_if_trained_otherwise(cfg, Path(path), overrides)
     warn_if_training_split(cfg, split)
     if selection is None:
         selection = eval_tasks(cfg, split)
@@ -476,13 +476,8 @@ def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, l
     folder, the environment the checkpoint's agentq.json names (`trained_env`); (None, []) when
     neither is known; a damaged config.yaml is said so (in a warning) and read as none."""
     rl = checkpoint.parent.name == "checkpoints"
-    if rl:                                              # an RL run's <run>/checkpoints/step_*
-        run_cfg = checkpoint.parent.parent / "config.yaml"
-    elif checkpoint.name == "checkpoint":               # an SFT run's <run>/checkpoint
-        run_cfg = checkpoint.parent / "config.yaml"
-    else:
-        return trained_env(cfg, checkpoint)
-    if not run_cfg.is_file():
+    run_cfg = run_config_of(checkpoint)
+    if run_cfg is None:
         return trained_env(cfg, checkpoint)
     saved, why = read_settings(run_cfg, RUN_CONFIG_KEYS)
     if saved is None:
@@ -499,6 +494,65 @@ def trained_otherwise(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, l
     said = [f"{k}: trained {then!r}, now {now!r}" for k, then, now in diffs
             if k != "env.name" and (not other_env or in_sections(k, SAMPLED_WITH))]
     return run_cfg, other_env + said
+
+
+def run_config_of(checkpoint: Path) -> Path | None:
+    """The config.yaml of the run `checkpoint` is in: an RL run's <run>/checkpoints/step_N, an SFT run's
+    <run>/checkpoint; None for a checkpoint elsewhere (copied out) or a run folder without the file."""
+    run = (checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else
+           checkpoint.parent if checkpoint.name == "checkpoint" else None)
+    return run / "config.yaml" if run is not None and (run / "config.yaml").is_file() else None
+
+
+def checkpoint_meta(checkpoint: Path) -> dict:
+    """What agentq wrote into a checkpoint's agentq.json (env, algo, step, an RL checkpoint's
+    rollout_quant); {} for a plain HF checkpoint, or a file that is unreadable or not an object."""
+    try:
+        meta = json.loads((checkpoint / "agentq.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def trained_env_name(checkpoint: Path) -> tuple[Path, str] | None:
+    """(where it is written, the env.name) of the environment `checkpoint` was trained on: its run's
+    config.yaml, else its agentq.json; None where neither says (a damaged file says nothing)."""
+    run_cfg = run_config_of(checkpoint)
+    saved = read_settings(run_cfg, RUN_CONFIG_KEYS)[0] if run_cfg is not None else None
+    name = OmegaConf.select(saved, "env.name", default=None) if saved is not None else None
+    if run_cfg is not None and name is not None:
+        return run_cfg, str(name)
+    env = checkpoint_meta(checkpoint).get("env")
+    return (checkpoint / "agentq.json", str(env)) if env is not None else None
+
+
+def refuse_another_env_unasked(cfg: DictConfig, checkpoint: Path, overrides: list[str]) -> None:
+    """`agentq eval` of another environment's checkpoint with no env chosen on the command line played
+    the config's default environment (a review: a plugin env's checkpoint scored on TextWorldExpress,
+    with a tokenizer of the plugin's words; only a warning said so): refused, naming the env config to
+    give. A command line that chose an env (env=, env.name=) evaluates wherever it says, warned.
+
+    Raises:
+        ConfigError: the checkpoint's run (or agentq.json) names another environment class than
+            cfg.env.name and `overrides` choose no env.
+    """
+    if any(o.split("=", 1)[0].lstrip("+~") in ("env", "env.name") for o in overrides if "=" in o):
+        return
+    trained = trained_env_name(checkpoint)
+    if trained is None or same_env_class(trained[1], str(cfg.env.name)):
+        return
+    where, name = trained
+    import agentq.conf
+
+    configs = [p.stem for conf in agentq.conf.__path__ for p in sorted(Path(conf, "env").glob("*.yaml"))
+               if isinstance(conf_env := load_yaml(p)[0], DictConfig) and conf_env.get("name") == name]
+    give = (f"env={configs[0]}" if len(configs) == 1 else
+            f"the env config it trained with ({', '.join(f'env={c}' for c in configs)})" if configs else
+            "env=<the env config it trained with> (and the hydra.searchpath that finds it)")
+    raise ConfigError(f"checkpoint={str(checkpoint)!r} was trained on env.name={name!r} ({where}), and this command "
+                      f"line names no env: agentq eval would play {str(cfg.env.name)!r}, the default. Give {give} "
+                      "to evaluate what it trained on, or env=<an env config> to evaluate it on another environment on "
+                      "purpose")
 
 
 def same_env_class(a: object, b: object) -> bool:
@@ -521,11 +575,8 @@ def trained_env(cfg: DictConfig, checkpoint: Path) -> tuple[Path | None, list[st
     rollout numerics (an RL checkpoint's) agentq wrote there that are not `cfg`'s, else (None, []). A
     WebShop checkpoint copied out of its run played TextWorldExpress without a word."""
     meta = checkpoint / "agentq.json"
-    try:
-        saved = json.loads(meta.read_text())
-        env, quant = saved.get("env"), saved.get("rollout_quant")      # rollout_quant: an RL checkpoint's
-    except (OSError, ValueError, AttributeError):        # none (a plain HF checkpoint), unreadable, not an object
-        return None, []
+    saved = checkpoint_meta(checkpoint)
+    env, quant = saved.get("env"), saved.get("rollout_quant")      # rollout_quant: an RL checkpoint's
     said = [] if env is None or same_env_class(str(env), str(cfg.env.name)) else [
         f"env.name: trained {env!r}, now {str(cfg.env.name)!r}"]
     if quant is not None and str(quant) != str(cfg.rollout.quant):
@@ -563,11 +614,19 @@ def warn_if_sharing_training_tasks(cfg: DictConfig, split: str) -> None:
     build.warn_shared_tasks(cfg, split, ids, trained)
 
 
-def warn_if_trained_otherwise(cfg: DictConfig, checkpoint: Path) -> None:
+def warn_if_trained_otherwise(cfg: DictConfig, checkpoint: Path, overrides: list[str] | None = None) -> None:
     """`agentq eval` composes its config from conf/ and the command line, not from the checkpoint's
     run: say so when the two differ in the task, the prompt or an RL run's rollout numerics (e.g. a
     checkpoint of the sweep's mapreader runs evaluated on `env`'s default coin game, another
-    environment's checkpoint, or a bf16 run's checkpoint on the default w8a8_kv8 engine)."""
+    environment's checkpoint, or a bf16 run's checkpoint on the default w8a8_kv8 engine). With
+    `overrides` (`agentq eval`'s command line; None: a pipeline's or sweep's evaluation, of their own
+    env), another environment's checkpoint with no env chosen is refused (`refuse_another_env_unasked`).
+
+    Raises:
+        ConfigError: as `refuse_another_env_unasked`.
+    """
+    if overrides is not None:
+        refuse_another_env_unasked(cfg, checkpoint, overrides)
     run_cfg, changed = trained_otherwise(cfg, checkpoint)
     if changed:
         # env.kwargs say which tasks each split holds (WebShop's split_sizes, TextWorldExpress' tasks_per_game)

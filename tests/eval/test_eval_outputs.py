@@ -175,6 +175,30 @@ def test_another_environments_checkpoint_is_named_as_such(tiny_model_dir, tmp_pa
     assert trained_otherwise(load_config([]), copied) == (None, [])
 
 
+def test_another_environments_checkpoint_without_an_env_on_the_command_line_is_refused(tiny_model_dir, tmp_path,
+                                                                                        capsys):
+    """`agentq eval checkpoint=<a plugin env's checkpoint>` without env= played the config's default
+    environment and wrote a real-looking eval.json (a review's; only a warning said so). Refused now,
+    naming the env config to give; a command line that chooses the env evaluates there, warned."""
+    run = tmp_path / "run"
+    ckpt = shutil.copytree(tiny_model_dir, run / "checkpoints" / "step_000001")
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(load_config(["env=webshop"]), resolve=True))
+    assert main(["eval", f"checkpoint={ckpt}", *SMALL]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"agentq: checkpoint='{ckpt}' was trained on env.name='webshop' ({run / 'config.yaml'}), and this command "
+        "line names no env: agentq eval would play 'textworld_express', the default. Give env=webshop to evaluate "
+        "what it trained on, or env=<an env config> to evaluate it on another environment on purpose")
+    assert not list(ckpt.glob("eval-*"))
+    copied = shutil.copytree(tiny_model_dir, tmp_path / "copied")         # away from its run: its agentq.json
+    (copied / "agentq.json").write_text(json.dumps({"step": 1, "env": "plugin_env:Game"}))
+    assert main(["eval", f"checkpoint={copied}", *SMALL]) == 2
+    assert "Give env=<the env config it trained with> (and the hydra.searchpath that finds it)" in capsys.readouterr().err
+    # chosen on purpose: evaluated, with the warning
+    assert main(["eval", f"checkpoint={copied}", "env=textworld_express", *SMALL,
+                 f"eval.out_dir={tmp_path / 'ev'}"]) == 0
+    assert "env.name: trained 'plugin_env:Game', now 'textworld_express'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("text", ["env: [unclosed", "- a\n- list\n", "42", b"\xff\xfe", "", "{}", "env: null\n",
                                   "cut"])
 def test_a_damaged_run_config_is_said_and_read_as_none(tiny_model_dir, tmp_path, capsys, text):
