@@ -110,7 +110,7 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config",
         OmegaConf.to_container(cfg, resolve=True)       # an interpolation that does not resolve, named now
         check_env_keys(cfg, overrides)
         check_config(cfg)
-        check_env_name(cfg)
+        check_env_name(cfg, renamed=any(o.split("=", 1)[0].lstrip("+") == "env.name" for o in overrides))
         if pin_env:
             pin_env_kwargs(cfg)
     except ConfigError:
@@ -394,8 +394,12 @@ def check_env_keys(cfg: DictConfig, overrides: list[str]) -> None:
                       f"{list(PROMPT_KEYS)}, as conf/env/textworld_express.yaml (docs/adding-an-environment.md)")
 
 
-def check_env_name(cfg: DictConfig) -> None:
+def check_env_name(cfg: DictConfig, renamed: bool = False) -> None:
     """Resolve `env.name` now (a built-in name, plugin, `module:Class`, ...: agentq.envs.env_id).
+
+    Args:
+        renamed: the command line set env.name (on another env's config: its splits and kwargs stay
+            that env's), which a refusal of the env's settings then explains.
 
     Raises:
         ConfigError: it names no environment, or not a TextEnv, as one line naming the key; else
@@ -412,7 +416,7 @@ def check_env_name(cfg: DictConfig) -> None:
         env_id(str(name))
     except (gym.error.Error, TypeError, ImportError) as e:
         raise ConfigError(f"env.name={name!r}: {e}") from None
-    check_env_settings(cfg)
+    check_env_settings(cfg, renamed)
 
 
 def pin_env_kwargs(cfg: DictConfig) -> None:
@@ -449,9 +453,14 @@ def pin_env_kwargs(cfg: DictConfig) -> None:
             cfg.env.kwargs[key] = value
 
 
-def check_env_settings(cfg: DictConfig) -> None:
+def check_env_settings(cfg: DictConfig, renamed: bool = False) -> None:
     """The env's splits and constructor arguments, judged from its class without building one (a
     JVM env takes seconds to start, and its error would come from inside a worker).
+
+    Args:
+        renamed: env.name was set on the command line; a split refusal then says that the splits are
+            another env config's (the user set none: `env.name=my_env:MyEnv` alone kept the default
+            config's eval_split 'test').
 
     Raises:
         ConfigError: env.train_split / env.eval_split is not one of the class's `splits`, or
@@ -465,7 +474,9 @@ def check_env_settings(cfg: DictConfig) -> None:
         for key in ("train_split", "eval_split"):
             split = env.get(key)
             if split is not None and split not in cls.splits:
-                raise ConfigError(f"env.{key}={split!r}: not a split of {env.name}; valid: {list(cls.splits)}")
+                fix = "set env.train_split / env.eval_split to its splits"
+                why = f" ({_other_envs_config('splits', fix)})" if renamed else ""
+                raise ConfigError(f"env.{key}={split!r}: not a split of {env.name}; valid: {list(cls.splits)}{why}")
     kwargs = OmegaConf.to_container(env.kwargs, resolve=True) if env.get("kwargs") is not None else {}
     assert isinstance(kwargs, dict)
     found = kwargs_problem(str(env.name), {**kwargs, "split": env.get("train_split"),
@@ -479,9 +490,24 @@ def check_env_settings(cfg: DictConfig) -> None:
         console.print(f"warning: env.kwargs: {problem}; fine if your env takes it from **kwargs itself",
                       style="yellow", markup=False, highlight=False, soft_wrap=True)
         return
-    raise ConfigError(f"env.kwargs: {problem}. env.kwargs come with the env= config (where env.name was set on "
-                      "another env's config, its kwargs reached this class: give your env a conf/env/<name>.yaml of "
-                      "its own, docs/adding-an-environment.md)")
+    raise ConfigError(f"env.kwargs: {problem}. env.kwargs come with the env= config "
+                      f"({_other_envs_config('kwargs')})")
+
+
+def _other_envs_config(what: str, fix: str = "") -> str:
+    """Why an env's `what` (its splits, its kwargs) do not fit the class env.name names: env.name set on
+    another env's config (the default TextWorldExpress one) leaves the rest of that config as it was.
+
+    Args:
+        what: the settings refused, as the message names them.
+        fix: how to set them on the command line, said before the other way (the env's own config).
+
+    Returns:
+        The explanation, for a refusal's parentheses.
+    """
+    return (f"where env.name was set on another env's config, its {what} reached this class: "
+            f"{fix + ', or ' if fix else ''}pick your env's own config, env=<name>: a conf/env/<name>.yaml of its "
+            "own, docs/adding-an-environment.md")
 
 
 _GROUPS = ("env", "model", "rollout", "algo", "trainer", "env_pool", "placement")

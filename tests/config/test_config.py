@@ -423,6 +423,30 @@ def test_env_splits_and_constructor_arguments_are_checked_before_anything_runs(t
     assert load_config(["env=vocab", "+env.kwargs.vocab=3", search]).env.kwargs.vocab == 3
 
 
+def test_a_split_refusal_after_env_name_on_another_envs_config_says_the_splits_came_with_it(tmp_path, monkeypatch):
+    """`env.name=my_env:MyEnv` alone keeps the default (TextWorldExpress) config's eval_split 'test', which the
+    user never set: the refusal says where it came from and how to set the splits, as the kwargs refusal does;
+    a split the user set on the env's own config is refused without it."""
+    (tmp_path / "vocab_env.py").write_text(REQUIRES_VOCAB)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        load_config(["env.name=vocab_env:Closed"])
+    assert str(e.value) == (
+        "env.eval_split='test': not a split of vocab_env:Closed; valid: ['train', 'heldout'] (where env.name was "
+        "set on another env's config, its splits reached this class: set env.train_split / env.eval_split to its "
+        "splits, or pick your env's own config, env=<name>: a conf/env/<name>.yaml of its own, "
+        "docs/adding-an-environment.md)")
+    with pytest.raises(ConfigError) as e:
+        load_config(["env.eval_split=validation"])
+    assert str(e.value) == "env.eval_split='validation': not a split of textworld_express; valid: ['train', 'dev', 'test']"
+    with pytest.raises(ConfigError) as e:       # the kwargs refusal's explanation is the same one
+        load_config(["env.name=vocab_env:NeedsVocab", "env.train_split=train", "env.eval_split=heldout"])
+    assert str(e.value) == (
+        "env.kwargs: NeedsVocab needs ['vocab'], which nothing sets. env.kwargs come with the env= config (where "
+        "env.name was set on another env's config, its kwargs reached this class: pick your env's own config, "
+        "env=<name>: a conf/env/<name>.yaml of its own, docs/adding-an-environment.md)")
+
+
 def test_an_argument_an_env_may_take_from_its_kwargs_is_a_warning_and_registration_kwargs_count(
         tmp_path, monkeypatch, capfd):
     """NeedsVocab takes `level` out of **kw itself: no signature names it, so the check warns instead of
