@@ -73,21 +73,28 @@ def repeat_tasks(tasks: list[str], repeats: int = 1) -> list[str]:
 
 def run_episodes(loop: AgentLoop, policy: Policy, tasks: list[str], split: str, seed: int, first_id: int = 0,
                  description: str = "eval", partial: PartialEpisodes | None = None) -> list[Trajectory]:
-    """One episode of each task (ids from `first_id`), with a progress bar counting the wins; with
-    `partial`, the episodes a stopped run finished are taken from it and each new one is added to it."""
+    """One episode of each task (ids from `first_id`), with a progress bar counting the wins (a plain
+    line every so often where the output is not a terminal, `progress`); with `partial`, the episodes
+    a stopped run finished are taken from it and each new one is added to it."""
     specs = build.episode_specs(tasks, split, seed, first_id)
     earlier = partial.done if partial is not None else {}
     with progress(transient=True) as prog:
-        won = [sum(t.won for t in earlier.values())]
-        task = prog.add_task(description, total=len(specs), completed=len(earlier), info=f"won {won[0]}")
+        won, played = [sum(t.won for t in earlier.values())], [len(earlier)]
+        task = prog.add_task(description, total=len(specs), completed=played[0], info=won_text(won[0], played[0]))
 
         def done(t: Trajectory) -> None:
             if partial is not None:
                 partial.append(t)
             won[0] += int(t.won)
-            prog.update(task, advance=1, info=f"won {won[0]}")
+            played[0] += 1
+            prog.update(task, advance=1, info=won_text(won[0], played[0]))
         new = loop.run([s for s in specs if s.episode_id not in earlier], policy, on_done=done)
     return sorted([*earlier.values(), *new], key=lambda t: t.episode_id)
+
+
+def won_text(won: int, played: int) -> str:
+    """The wins so far of an evaluation's progress bar, e.g. "won 12 (40 %)" of 30 episodes played."""
+    return f"won {won}" + (f" ({100 * won / played:.0f} %)" if played else "")
 
 
 def evaluate_policy(cfg: DictConfig, backend: RolloutBackend, pool: EnvPool, chat: ChatFormat, selection: TaskSelection, split: str,

@@ -843,7 +843,7 @@ class RLTrainer:
         last = None
         no_actions_said = False         # said once while no reply parses, again only after one did
         self._evaluate_if_due_at_resume(eval_every, steps)
-        with progress() as prog:
+        with progress(plain_lines=False) as prog:       # a log file gets step_line, each step
             bar = prog.add_task(f"RL {self.cfg.env.name} [{self.cfg.algo.name}]", total=steps,
                                 completed=self.start_step, info="")
             for step in range(self.start_step + 1, steps + 1):

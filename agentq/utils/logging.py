@@ -1,6 +1,7 @@
 """Run outputs: metrics.jsonl (one JSON object per step, always), TensorBoard scalars and Weights &
-Biases (the `logger` list of the config), rich progress, and one plain line per step when the
-output is not a terminal (a log file gets no progress bar until the end)."""
+Biases (the `logger` list of the config), rich progress, and plain progress lines when the output is
+not a terminal (a log file gets no progress bar until the end): one per training step, and one every
+so often from any other loop's bar (`progress`)."""
 from __future__ import annotations
 
 import json
@@ -9,11 +10,13 @@ import os
 import secrets
 import string
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 
 from agentq.utils.jsonl import drop_rows_after, read_step_rows
 
@@ -31,10 +34,88 @@ def make_console(stderr: bool = True) -> Console:
 console = make_console()
 
 
-def progress(transient: bool = False) -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                    console=console, transient=transient)
+#: on a console that is not a terminal, a bar's plain line comes when this fraction of its total more is done
+PLAIN_LINE_FRACTION = 0.1
+#: ... or, at the next advance, when this many seconds have passed since its last line (or its start)
+PLAIN_LINE_EVERY_S = 30.0
+
+
+class _PlainLinesProgress(Progress):
+    """rich's Progress that, on a console that is not a terminal (nohup, `> log`, CI: rich draws the bar
+    there only when it stops, an eval was minutes of silence), also prints each task's plain line
+    (`plain_progress_line`) every `PLAIN_LINE_FRACTION` of its total or `PLAIN_LINE_EVERY_S`, whichever
+    comes first, and when it completes."""
+
+    def __init__(self, *columns: Any, plain_lines: bool, **kwargs: Any) -> None:
+        super().__init__(*columns, **kwargs)
+        self.plain_lines = plain_lines and not self.console.is_terminal
+        self._last_line: dict[TaskID, tuple[float, float]] = {}    # task: (completed, time) at its last line
+
+    def add_task(self, description: str, start: bool = True, total: float | None = 100.0, completed: int = 0,
+                 visible: bool = True, **fields: Any) -> TaskID:
+        task_id = super().add_task(description, start, total, completed, visible, **fields)
+        self._last_line[task_id] = (completed, self.get_time())
+        return task_id
+
+    def update(self, task_id: TaskID, **kwargs: Any) -> None:
+        super().update(task_id, **kwargs)
+        self._plain_line(task_id)
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._plain_line(task_id)
+
+    def _plain_line(self, task_id: TaskID) -> None:
+        if not self.plain_lines:
+            return
+        task = self._tasks[task_id]
+        said, at = self._last_line[task_id]
+        now = self.get_time()
+        every = max(1.0, PLAIN_LINE_FRACTION * task.total) if task.total else math.inf
+        due = (task.completed - said >= every or now - at >= PLAIN_LINE_EVERY_S
+               or (task.total is not None and task.completed >= task.total))
+        if task.completed > said and due:       # an update of the info alone (sft's val loss) adds no line
+            self._last_line[task_id] = (task.completed, now)
+            self.console.print(plain_progress_line(task.description, task.completed, task.total,
+                                                   str(task.fields.get("info", "")), task.elapsed or 0.0),
+                               markup=False, highlight=False, soft_wrap=True)
+
+
+def plain_progress_line(description: str, completed: float, total: float | None, info: str, elapsed_s: float) -> str:
+    """A progress bar as one plain line, e.g. "eval dev: 30/100, won 12 (40 %), 0:01:12 elapsed".
+
+    Args:
+        description: the bar's description (rich markup, such as [bold], taken out).
+        completed: how many are done; total: of how many (None: unknown).
+        info: the bar's info field ("" leaves it out).
+        elapsed_s: seconds since the bar started.
+
+    Returns:
+        The line.
+    """
+    from rich.text import Text
+
+    done = f"{int(completed)}/{int(total)}" if total is not None else f"{int(completed)}"
+    return (f"{Text.from_markup(description).plain}: {done}" + (f", {info}" if info else "")
+            + f", {timedelta(seconds=int(elapsed_s))} elapsed")
+
+
+def progress(transient: bool = False, plain_lines: bool = True) -> Progress:
+    """rich's progress bar on `console` (each task's `info` field shown after its count).
+
+    Args:
+        transient: the bar goes when it stops (else it stays as the last line).
+        plain_lines: on a console that is not a terminal, print a plain line every
+            `PLAIN_LINE_FRACTION` of the total or `PLAIN_LINE_EVERY_S` (a loop that prints its own
+            line per step, as training does, passes False).
+
+    Returns:
+        The Progress, to use as a context manager.
+    """
+    return _PlainLinesProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                               console=console, transient=transient, plain_lines=plain_lines,
+                               get_time=lambda: time.monotonic())   # looked up at each call: a test's clock
 
 
 def jsonable(v: Any):

@@ -494,3 +494,50 @@ def test_an_evaluation_writing_into_the_same_folder_holds_it(tiny_model_dir, tmp
     (out / ".eval.json.tmp").unlink()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert main(["eval", f"checkpoint={ckpt}", *SMALL]) == 0       # released by the first: the rerun replaces
+
+
+def test_an_evaluation_whose_output_is_not_a_terminal_prints_plain_progress_lines(monkeypatch):
+    """Written to a log file (nohup, `> log`, CI) rich draws its bar only when it stops: `agentq eval` was
+    minutes of silence. A plain line comes every 10 % of the episodes, or after 30 s without one at the
+    next episode's end, and at the last, with the wins so far and the time elapsed."""
+    import io
+    import types
+
+    from rich.console import Console
+
+    import agentq.utils.logging as logging_mod
+    from agentq.agent.trajectory import Trajectory
+    from agentq.eval.evaluate import run_episodes
+
+    out = io.StringIO()
+    monkeypatch.setattr(logging_mod, "console", Console(file=out, width=160))      # a file: not a terminal
+    clock = [0.0]
+    monkeypatch.setattr(logging_mod, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    class Loop:         # an agent loop whose episodes end 1 s apart, the 5th 41 s after the 4th
+        def run(self, specs, policy, on_done):
+            trajs = []
+            for s in specs:
+                clock[0] += 41.0 if s.episode_id == 4 else 1.0
+                trajs.append(Trajectory(episode_id=s.episode_id, task_id=s.task_id, split=s.split, turns=1))
+                trajs[-1].won = s.episode_id % 2 == 1
+                on_done(trajs[-1])
+            return trajs
+    trajs = run_episodes(Loop(), None, [f"t{i}" for i in range(20)], "dev", seed=0, description="eval color/dev")
+    assert len(trajs) == 20
+    assert out.getvalue().splitlines() == [
+        "eval color/dev: 2/20, won 1 (50 %), 0:00:02 elapsed",
+        "eval color/dev: 4/20, won 2 (50 %), 0:00:04 elapsed",
+        "eval color/dev: 5/20, won 2 (40 %), 0:00:45 elapsed",        # 41 s after the last line
+        "eval color/dev: 7/20, won 3 (43 %), 0:00:47 elapsed",
+        "eval color/dev: 9/20, won 4 (44 %), 0:00:49 elapsed",
+        "eval color/dev: 11/20, won 5 (45 %), 0:00:51 elapsed",
+        "eval color/dev: 13/20, won 6 (46 %), 0:00:53 elapsed",
+        "eval color/dev: 15/20, won 7 (47 %), 0:00:55 elapsed",
+        "eval color/dev: 17/20, won 8 (47 %), 0:00:57 elapsed",
+        "eval color/dev: 19/20, won 9 (47 %), 0:00:59 elapsed",
+        "eval color/dev: 20/20, won 10 (50 %), 0:01:00 elapsed",    # the last
+        "",                                                         # rich's transient bar, stopped
+    ]
+
+

@@ -436,7 +436,11 @@ def test_each_periodic_evaluation_prints_its_result_in_one_line(tmp_path, capsys
     split = json.loads((run / "eval" / "step_000001" / "eval.json").read_text())["split"]
     want = (f"eval step 1: success {100 * row['eval/success_rate']:.1f} % of {row['eval/episodes']} episodes "
             f"(split {split}), score {row['eval/score_mean']:.3f}")
-    assert said.count(want) == 1 and [s for s in said if s.startswith("eval step")] == [want]   # the final: last line
+    # the final: last line; the evaluation's progress lines (a log file's, `progress`) come before it
+    assert said.count(want) == 1 and [s for s in said if s.startswith("eval step 1: success")] == [want]
+    n = row["eval/episodes"]
+    progress = [i for i, s in enumerate(said) if s.startswith(f"eval step 1: {n}/{n}, won ")]
+    assert len(progress) == 1 and progress[0] < said.index(want)
     first, second = ([i for i, s in enumerate(said) if s.startswith(f"step {n}/2 ")] for n in (1, 2))
     assert first[0] < said.index(want) < second[0]              # between the step lines
     # a mean over no episode is n/a; errored and unplayed episodes are said as on the last line

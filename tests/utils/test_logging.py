@@ -118,3 +118,21 @@ def test_the_step_line_says_how_many_episodes_errored(errored, shown):
          **({"errored_episodes": errored} if errored is not None else {})}
     assert step_line(2, 5, m) == (f"step 2/5  reward 0.500  success 0.25  turns 3.00{shown}  k3 1.00e-03  "
                                   "loss 0.1000  step_time 2.0 s")
+
+
+def test_a_progress_bar_on_a_terminal_or_told_not_to_prints_no_plain_lines(monkeypatch):
+    """A terminal has the bar; training passes plain_lines=False, printing its own line per step."""
+    import io
+
+    from rich.console import Console
+
+    import agentq.utils.logging as logging_mod
+
+    for console, plain in ((Console(file=io.StringIO(), force_terminal=True), True),
+                           (Console(file=io.StringIO()), False)):
+        monkeypatch.setattr(logging_mod, "console", console)
+        with logging_mod.progress(transient=True, plain_lines=plain) as prog:
+            bar = prog.add_task("x", total=2, info="")
+            prog.update(bar, advance=1)
+            prog.advance(bar)
+        assert "x: " not in console.file.getvalue()
