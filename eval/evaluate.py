@@ -816,8 +816,11 @@ def print_report(r: dict) -> None:
         budget = (r.get("limits") or {}).get("max_context_tokens")
         t.add_row("ended at the context budget", f"{100 * r['end_context']:.1f} %"
                   + (f"  (env.max_context_tokens {budget})" if budget else ""))
-    t.add_row("invalid-format turns", f"{100 * r['invalid_action_rate']:.1f} %")
-    t.add_row("inadmissible-action turns", rate_text(r["inadmissible_action_rate"], "the env lists no admissible actions"))
+    # every episode errored (or none played) before a turn: 0 of 0 turns is no rate, nor is the env's list missing
+    no_turn = None if turns_played(r) else "n/a (no turn was played)"
+    t.add_row("invalid-format turns", no_turn or f"{100 * r['invalid_action_rate']:.1f} %")
+    t.add_row("inadmissible-action turns",
+              no_turn or rate_text(r["inadmissible_action_rate"], "the env lists no admissible actions"))
     if r.get("errors"):
         t.add_row("environment errors", errored_text(r))
     if r.get("env_worker_restarts") or r.get("rollout_worker_restarts"):
@@ -856,6 +859,20 @@ def restarts_text(r: dict) -> str:
     rec = int(r.get("env_recovered_episodes") or 0)
     return (f"env {int(r.get('env_worker_restarts') or 0)}, rollout {int(r.get('rollout_worker_restarts') or 0)}"
             + (f" ({rec} episodes' resets retried, played)" if rec else ""))
+
+
+def turns_played(r: dict) -> bool:
+    """Whether an evaluation's episodes played any turn (its mean turns, null in eval.json with no
+    episode, above 0; a report without it is taken to have played).
+
+    Args:
+        r: the report (`summarize`'s numbers).
+
+    Returns:
+        False where no turn was played, so no rate per turn was measured.
+    """
+    turns = r.get("turns_mean", 1.0)
+    return turns is not None and turns > 0
 
 
 def rate_text(v: float | None, why_none: str) -> str:

@@ -541,3 +541,25 @@ def test_an_evaluation_whose_output_is_not_a_terminal_prints_plain_progress_line
     ]
 
 
+
+def test_an_evaluation_that_played_no_turn_says_so_in_its_turn_rates(capsys):
+    """Every episode errored at reset: the table read "inadmissible-action turns │ n/a (the env lists no
+    admissible actions)" of an env that lists them, and "invalid-format turns │ 0.0 %" of no turn."""
+    from agentq.agent.trajectory import Trajectory
+    from agentq.eval.evaluate import print_report
+    from agentq.eval.metrics import summarize
+
+    def table(trajs):
+        print_report({"env": "my_env:MyEnv", "split": "test", "rollout_quant": "w8a8_kv8", **summarize(trajs)})
+        return " ".join(capsys.readouterr().err.split())
+
+    errored = [Trajectory(episode_id=i, task_id=f"t{i}", split="test", end_reason="error", error="ValueError: boom")
+               for i in range(3)]
+    said = table(errored)
+    assert ("│ invalid-format turns │ n/a (no turn was played) │ │ inadmissible-action turns │ n/a (no turn was "
+            "played) │") in said, said
+    # turns played where the env lists no admissible actions: that is still the reason
+    played = [Trajectory(episode_id=i, task_id=f"t{i}", split="test", turns=2, invalid_actions=1) for i in range(2)]
+    said = table(played)
+    assert ("│ invalid-format turns │ 50.0 % │ │ inadmissible-action turns │ n/a (the env lists no admissible "
+            "actions) │") in said, said
