@@ -188,6 +188,9 @@ def evaluate(cfg: DictConfig, overrides: list[str] | None = None) -> dict:
     `overrides`: the command line (None when another command evaluates, e.g. the pipeline's stages)."""
     build.check_ray_installed(cfg, placement=False)   # env_pool=ray without Ray: one line before anything is built
     split = cfg.split or cfg.env.eval_split
+    chosen = cfg.checkpoint or cfg.model.get("path")
+    if overrides is not None and chosen:        # before any split is listed: one of the env it would not play
+        refuse_another_env_unasked(cfg, Path(str(chosen)).expanduser(), overrides)
     if overrides is not None:   # a pipeline's or sweep's start-up check (`build.check_split_data`) said it
         warn_if_sharing_training_tasks(cfg, split)
     # listed first where the default folder's name needs it: "-nN" only for a sample smaller than the split
@@ -269,7 +272,7 @@ def _evaluate(cfg: DictConfig, overrides: list[str] | None, split: str, out: Pat
         recover_eval_pair(out)
     path = evaluated_model(cfg, out, overrides or [])
     device, dtype = build.device_and_dtype(cfg)
-    warn_if_trained_otherwise(cfg, Path(path), overrides)
+    warn_if_trained_otherwise(cfg, Path(path))
     warn_if_training_split(cfg, split)
     if selection is None:
         selection = eval_tasks(cfg, split)
@@ -621,19 +624,13 @@ def warn_if_sharing_training_tasks(cfg: DictConfig, split: str) -> None:
     build.warn_shared_tasks(cfg, split, ids, trained)
 
 
-def warn_if_trained_otherwise(cfg: DictConfig, checkpoint: Path, overrides: list[str] | None = None) -> None:
+def warn_if_trained_otherwise(cfg: DictConfig, checkpoint: Path) -> None:
     """`agentq eval` composes its config from conf/ and the command line, not from the checkpoint's
     run: say so when the two differ in the task, the prompt or an RL run's rollout numerics (e.g. a
     checkpoint of the sweep's mapreader runs evaluated on `env`'s default coin game, another
-    environment's checkpoint, or a bf16 run's checkpoint on the default w8a8_kv8 engine). With
-    `overrides` (`agentq eval`'s command line; None: a pipeline's or sweep's evaluation, of their own
-    env), another environment's checkpoint with no env chosen is refused (`refuse_another_env_unasked`).
-
-    Raises:
-        ConfigError: as `refuse_another_env_unasked`.
-    """
-    if overrides is not None:
-        refuse_another_env_unasked(cfg, checkpoint, overrides)
+    environment's checkpoint chosen with env=, or a bf16 run's checkpoint on the default w8a8_kv8
+    engine). Another environment's checkpoint with no env chosen was refused before
+    (`refuse_another_env_unasked`)."""
     run_cfg, changed = trained_otherwise(cfg, checkpoint)
     if changed:
         # env.kwargs say which tasks each split holds (WebShop's split_sizes, TextWorldExpress' tasks_per_game)

@@ -189,6 +189,10 @@ def test_another_environments_checkpoint_without_an_env_on_the_command_line_is_r
         "line names no env: agentq eval would play 'textworld_express', the default. Give env=webshop to evaluate "
         "what it trained on, or env=<an env config> to evaluate it on another environment on purpose")
     assert not list(ckpt.glob("eval-*"))
+    # a split of the run's env, which the default env lacks: the env is what to fix, not the split (the
+    # split was listed first, and its refusal hid this one)
+    assert main(["eval", f"checkpoint={ckpt}", "split=valid_unseen", *SMALL]) == 2
+    assert "and this command line names no env" in capsys.readouterr().err.strip().splitlines()[-1]
     copied = shutil.copytree(tiny_model_dir, tmp_path / "copied")         # away from its run: its agentq.json
     (copied / "agentq.json").write_text(json.dumps({"step": 1, "env": "plugin_env:Game"}))
     assert main(["eval", f"checkpoint={copied}", *SMALL]) == 2
