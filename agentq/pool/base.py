@@ -254,13 +254,14 @@ class WorkerCore:
         return pack_results(self._each(self._results(cmd, pickle.loads(blob)), progress))
 
     def call_ticking(self, cmd: str, blob: bytes, tick_s: float) -> Iterator[tuple[str, Any]]:
-        """`call` as a stream (how the Ray pool calls an actor): ("tick", the slots' calls finished so
-        far) after a slot's call that ends `tick_s` or more after the last tick (or the start), then
-        ("ok", the packed results). A tick after every call cost a Ray object each (~0.3 ms, more than
-        a fast env's step); between two ticks calls end at most `tick_s` apart, which the pool adds to
-        its wait (`RayPool._answer`)."""
+        """`call` as a stream (how the Ray pool calls an actor): ("tick", 0) as it starts, ("tick", the
+        slots' calls finished so far) after a slot's call that ends `tick_s` or more after the last
+        tick, then ("ok", the packed results). A tick after every call cost a Ray object each (~0.2 ms
+        of the actor's time, more than a fast env's step); a call ends at most `tick_s` after a tick
+        without one, which the pool adds to its wait (`RayPool._answer`)."""
         out: list[EnvResult] = []
         told = time.monotonic()
+        yield "tick", 0             # the actor's clock starts here, not at the send (it may start later)
         for r in self._results(cmd, pickle.loads(blob)):
             out.append(r)
             if time.monotonic() - told >= tick_s:
@@ -340,12 +341,14 @@ class Heard:
     failure: BaseException | None = None
 
 
-def hung_message(cmd: str, n: int, ticks: int, call_timeout_s: float, every_call_ticks: bool = True) -> str:
+def hung_message(cmd: str, n: int, ticks: int, call_timeout_s: float, tick_s: float | None = None) -> str:
     """Why a worker sent `cmd` for `n` slots counts as hung once no env call ended within
     `call_timeout_s` of the last of its `ticks` (the same words for both pool kinds where each call
-    ticks; a Ray actor's ticks leave out calls that end soon after one, `WorkerCore.call_ticking`)."""
-    if not every_call_ticks:
-        what = f"no env call finished within {call_timeout_s:g} s ({ticks} had finished by its last tick)"
+    ticks). `tick_s`: a Ray actor's spacing of its ticks (`WorkerCore.call_ticking`), where calls that
+    end soon after a tick are counted only at the next."""
+    if tick_s is not None:
+        what = (f"no env call finished within {call_timeout_s:g} s ({ticks} reported finished; an actor "
+                f"reports at most every {tick_s:g} s)")
     elif not ticks:
         what = f"its first env call did not finish within {call_timeout_s:g} s"
     elif ticks >= n:

@@ -437,9 +437,10 @@ class RayPool(WorkerPool):
         """As `WorkerPool._answer`. An actor ticks as its env calls end (`WorkerCore.call_ticking`), so it
         is hung once none ended within `call_timeout_s` of the last, not only after n × `call_timeout_s`;
         while it waits on one actor the pool reads every busy actor's ticks (`_wait_for`), so each one's
-        clock runs from its own last tick. Ticks are read as they come (the pool's own clock: a joined
-        cluster's nodes do not share one) and are up to `tick_s` apart, so the wait is that much longer:
-        a hang is found late by at most `tick_s` and a read's delay, never early."""
+        clock runs from its own last tick (the first comes as the actor starts the call). Ticks are read
+        as they come (the pool's own clock: a joined cluster's nodes do not share one), and a call may end
+        up to `tick_s` after a tick without one, so the wait is that much longer: a hang is found late by
+        at most `tick_s` and a read's delay, never early."""
         ray = self._ray
         if handle is None:
             return None, "died (no longer reachable)"
@@ -462,7 +463,7 @@ class RayPool(WorkerPool):
                 last, ticks = time.monotonic(), int(payload)
             if n == 1 or last + patience >= overall:
                 return None, "hung"         # the whole budget: `_exchange` says so
-            return None, hung_message(cmd, n, ticks, self.call_timeout_s, every_call_ticks=False)
+            return None, hung_message(cmd, n, ticks, self.call_timeout_s, self.tick_s)
         except StopIteration:
             return None, "failed (its call ended without an answer)"
         except ray.exceptions.RayActorError as e:
