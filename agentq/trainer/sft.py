@@ -294,9 +294,9 @@ def _fit(cfg: DictConfig, path: str, out: Path, train: list[Trajectory], val: li
                 step += 1
                 losses.append(float(loss.detach()))
                 logger.log(step, {"sft/train_loss": losses[-1]})
+                if i + bs >= len(train):    # the epoch's last batch: its line (a log's at 100 %) shows this epoch's val
+                    val_loss = evaluate_nll(learner, val, bs) if val else float("nan")
                 prog.update(bar, advance=1, info=f"loss {losses[-1]:.3f} val {val_loss:.3f}")
-            val_loss = evaluate_nll(learner, val, bs) if val else float("nan")
-            prog.update(bar, info=f"loss {losses[-1]:.3f} val {val_loss:.3f}")     # the bar ends on this epoch's
             history.append({"epoch": epoch + 1, "train_loss": sum(losses) / len(losses), "val_loss": val_loss})
             logger.log(step, {"sft/epoch": epoch + 1, "sft/epoch_train_loss": history[-1]["train_loss"],
                               "sft/val_loss": val_loss})

@@ -290,3 +290,18 @@ def test_a_logger_whose_package_is_missing_is_one_line_before_the_sft_folder(tmp
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.splitlines()[-1].startswith("agentq: logger includes 'wandb' but wandb")
     assert not out.exists()
+
+
+def test_a_logs_last_sft_progress_line_shows_the_epochs_validation_loss(tmp_path, capsys):
+    """Where the output is no terminal, the bar's last plain line (at 100 %) came before the epoch's
+    validation pass and showed the loss measured before training (6.497 against the epoch's 4.964 in a
+    review's log). Each epoch's last batch now measures it first."""
+    out = tmp_path / "sft"
+    assert main(["sft", f"sft.out_dir={out}", "sft.num_demos=4", "sft.epochs=2", "sft.batch_size=2",
+                 "env_pool=inline"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines()
+             if line.startswith("SFT ") and line.endswith(" elapsed")]       # the plain lines, not rich's bar
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r["sft/val_loss"] for r in rows if "sft/epoch" in r]
+    assert len(epochs) == 2 and lines, lines
+    assert lines[-1].split(" val ")[1].split(",")[0] == f"{epochs[-1]:.3f}", (lines, epochs)
