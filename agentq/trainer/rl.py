@@ -235,6 +235,7 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
                           f"{restore_config_hint(saved_path.parent)}")
     search = [o for o in overrides if o.startswith("hydra.")]
     model_before = OmegaConf.to_container(saved.get("model"), resolve=True) if saved.get("model") is not None else None
+    algo_before = {k: OmegaConf.select(saved, k, default=None) for k in ALGO_OF_A_RUN}
     changed = []
     for o in (o for o in overrides if not o.startswith("hydra.")):
         key = o.split("=", 1)[0].lstrip("+~")
@@ -254,6 +255,7 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
             # the resume itself is no change of the run's settings
             changed += [f"{key} {old} → {new}"] if old != new and key != "trainer.resume" else []
     refuse_model_change(cfg.trainer.resume, model_before, saved)
+    refuse_algo_change(cfg.trainer.resume, algo_before, saved)
     check_config(saved)
     try:        # the command line's env was checked, not the run's (a plugin's module off PYTHONPATH here)
         check_env_name(saved)
@@ -278,6 +280,28 @@ def refuse_model_change(resume: str, before: Any, saved: DictConfig) -> None:
                       f"stays the model it started from: this command line's {'; '.join(keys[:3])}"
                       f"{f' (and {len(keys) - 3} more)' if len(keys) > 3 else ''} would be used "
                       "nowhere. Drop it, or start a new run from other weights (model.path=<checkpoint folder>)")
+
+
+#: what a run is, as its report and summary name it: a resume that changed them mixed two algorithms'
+#: steps in one run (the report titled it by the last)
+ALGO_OF_A_RUN = ("algo.name", "algo.learner_quant")
+
+
+def refuse_algo_change(resume: str, before: dict[str, Any], saved: DictConfig) -> None:
+    """A resume under another preset (algo=) or learner alignment than the run's (`ALGO_OF_A_RUN`):
+    its later steps would be another algorithm's, under the run's name. Refused, naming the keys and how
+    to start a run of the other preset from the checkpoint (an objective's parameters may change).
+
+    Raises:
+        ConfigError: one of `ALGO_OF_A_RUN` differs between `before` (the run's) and `saved`.
+    """
+    keys = [f"{k} {before[k]} → {OmegaConf.select(saved, k, default=None)}" for k in ALGO_OF_A_RUN
+            if OmegaConf.select(saved, k, default=None) != before[k]]
+    if keys:
+        raise ConfigError(f"trainer.resume={resume!r}: this command line's {'; '.join(keys)} would make the run's "
+                          "later steps another algorithm's under its name (its report and summary name one). "
+                          "Drop it, or start a new run of that preset from the run's checkpoint "
+                          "(model.path=<its checkpoint folder> algo=...)")
 
 
 def _same_folder(a: Any, b: Any) -> bool:

@@ -162,14 +162,35 @@ def test_a_group_choice_on_resume_takes_the_sections_it_sets(tmp_path):
     from agentq.config import load_config
     from agentq.trainer.rl import resumed_config
 
-    run = load_config(["algo=bf16", "env_pool=inline", "env_pool.call_timeout_s=30", "trainer.group_size=3"])
+    run = load_config(["rollout=bf16", "env_pool=inline", "env_pool.call_timeout_s=30", "trainer.group_size=3"])
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(run, resolve=True))
-    overrides = [f"trainer.resume={tmp_path}", "algo=qat", "env_pool=process", "trainer.betas=[0.8,0.9]"]
+    overrides = [f"trainer.resume={tmp_path}", "rollout=w8a8_kv8", "env_pool=process", "trainer.betas=[0.8,0.9]"]
     cfg = resumed_config(load_config(overrides), overrides)
-    # qat's preset picks the W8A8-KV8 rollout: the bf16 run's rollout section goes with the algo's
+    # the bf16 run's rollout section goes whole, env_pool's too (its call_timeout_s with it)
     assert (cfg.algo.name, cfg.rollout.quant, cfg.env_pool.type, cfg.env_pool.call_timeout_s) == \
-        ("qat", "w8a8_kv8", "process", 120)
+        ("interq", "w8a8_kv8", "process", 120)
     assert (cfg.trainer.group_size, list(cfg.trainer.betas)) == (3, [0.8, 0.9])      # the run's, and the override
+
+
+def test_a_resume_under_another_preset_or_learner_alignment_is_refused(tmp_path):
+    """`agentq train trainer.resume=<an interq run> algo=qurl` ran its later steps as qurl with an
+    unaligned learner, and the report titled the whole run "qurl" (a review's): refused, naming what
+    changed; a preset's parameters may still change."""
+    from agentq.config import ConfigError, load_config
+    from agentq.trainer.rl import resumed_config
+
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(load_config(["env_pool=inline"]), resolve=True))
+    for change, said in ((["algo=qurl"], "algo.name interq → qurl; algo.learner_quant aligned → none"),
+                         (["algo.learner_quant=none"], "algo.learner_quant aligned → none")):
+        overrides = [f"trainer.resume={tmp_path}", *change]
+        with pytest.raises(ConfigError) as e:
+            resumed_config(load_config(overrides), overrides)
+        assert str(e.value) == (f"trainer.resume='{tmp_path}': this command line's {said} would make the run's "
+                                "later steps another algorithm's under its name (its report and summary name one). "
+                                "Drop it, or start a new run of that preset from the run's checkpoint "
+                                "(model.path=<its checkpoint folder> algo=...)")
+    same = [f"trainer.resume={tmp_path}", "algo=interq", "algo.objective_params.budget_B=0.5"]
+    assert resumed_config(load_config(same), same).algo.objective_params.budget_B == 0.5
 
 
 def test_resume_applies_the_configs_optimizer_settings(run_copy, capsys):
