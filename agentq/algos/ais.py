@@ -52,7 +52,8 @@ class AIS(GRPO):
     """GRPO × AIS weight (1 − λ) + λ·min(e^δ, C) with one λ per batch."""
 
     defaults = {"is_cap": 5.0, "k_ref": 0.05, "k_on": 1e-4}
-    bounds = {"is_cap": Bound(0.0), "k_ref": Bound(0.0)}   # k_ref scales K3 in Sev: ≤ 0 makes λ < 0 or undefined
+    # k_ref scales K3 in Sev: ≤ 0 makes λ < 0 or undefined; K3 ≥ 0, so k_on ≤ 0 is a gate always open
+    bounds = {"is_cap": Bound(0.0, inf_ok=True), "k_ref": Bound(0.0), "k_on": Bound(0.0, strict=False)}
     row_local_prepare = False           # one λ from all the batch's action tokens weighs every row
 
     @torch.no_grad()

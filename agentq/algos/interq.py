@@ -48,7 +48,7 @@ import torch
 from .batch_view import BatchView
 from .diagnostics import k3, quantile, token_delta, weight_stats
 from .losses import masked_mean
-from .objective import GRPO, Bound, Prepared, register_objective
+from .objective import GRPO, Bound, Choice, Flag, Prepared, register_objective
 from .tis import truncated_is_weight
 
 
@@ -194,17 +194,17 @@ class InterQ(GRPO):
     # H_floor None: the floor is budget_B, so the capped mode follows a changed budget
     defaults = {"budget_B": 1.0, "H_floor": None, "budget_scope": "trajectory", "prefix_inclusive": True,
                 "k3_max": 10.0, "renorm_retention": False, "token_tis_cap": None}
+    # B = ∞ or F = ∞ made κ = ∞ / ∞ (NaN retention); the caps k3_max and token_tis_cap take ∞ as no cap
     bounds = {"budget_B": Bound(0.0, strict=False), "H_floor": Bound(0.0, strict=False, none_ok=True),
-              "k3_max": Bound(0.0, strict=False, none_ok=True), "token_tis_cap": Bound(0.0, none_ok=True)}
+              "budget_scope": Choice(("trajectory", "segment")), "prefix_inclusive": Flag(),
+              "k3_max": Bound(0.0, strict=False, none_ok=True, inf_ok=True), "renorm_retention": Flag(),
+              "token_tis_cap": Bound(0.0, none_ok=True, inf_ok=True)}
     # α of a row's segments comes from that trajectory's own k3 (one row per trajectory: a batch with
     # traj_id, one trajectory over several rows, is refused by the learner's bypass)
     row_local_prepare = True
 
     def __init__(self, **params):
         super().__init__(**params)
-        if self.params["budget_scope"] not in ("trajectory", "segment"):
-            raise ValueError("budget_scope must be 'trajectory' or 'segment', "
-                             f"got {self.params['budget_scope']!r}")
         if self.params["renorm_retention"]:
             # the divisor is a mean over the whole minibatch's α: bypass, computing α per micro-batch
             # after its forward, has it only after the last micro-batch's loss
@@ -215,7 +215,7 @@ class InterQ(GRPO):
         mask = batch.action_mask.bool()                                  # [B, L]
         p = self.params
         r = interq_retention(batch, budget_B=float(p["budget_B"]), H_floor=p["H_floor"],
-                             budget_scope=p["budget_scope"], prefix_inclusive=bool(p["prefix_inclusive"]),
+                             budget_scope=p["budget_scope"], prefix_inclusive=p["prefix_inclusive"],
                              k3_max=p["k3_max"])
         self.retention = r                                               # per-segment tensors, for the segment history
         w = r.retention                                                  # [B, L] f64

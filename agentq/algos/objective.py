@@ -46,25 +46,61 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Bound:
-    """A numeric parameter's valid range: > low (strict) or ≥ low, and None where `none_ok`."""
+    """A numeric parameter's valid range: > low (strict) or ≥ low; finite unless `inf_ok` (a cap that
+    ∞ turns off), and None where `none_ok`. A bool or a string is no number here (`k_on=abc` reached
+    the first step's float() as a traceback)."""
 
     low: float
     strict: bool = True
     none_ok: bool = False
+    inf_ok: bool = False
 
     def check(self, objective: str, name: str, value: Any) -> None:
-        """Raise a ValueError naming the parameter and its range when `value` is outside it (NaN too)."""
+        """Raise a ValueError naming the parameter and its range when `value` is no number (NaN
+        included), outside the range, or infinite where that is not allowed."""
         if value is None and self.none_ok:
             return
-        try:
-            x = float(value)
-        except (TypeError, ValueError):
-            x = math.nan
-        if not (x > self.low if self.strict else x >= self.low):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"objective {objective!r}: {name}={value!r} is not a number; valid: {self}")
+        x = float(value)
+        if not (x > self.low if self.strict else x >= self.low) or (math.isinf(x) and not self.inf_ok):
             raise ValueError(f"objective {objective!r}: {name}={value!r}; valid: {self}")
 
     def __str__(self) -> str:
-        return f"{'>' if self.strict else '≥'} {self.low:g}" + (" or None" if self.none_ok else "")
+        return (f"{'>' if self.strict else '≥'} {self.low:g}" + ("" if self.inf_ok else ", finite")
+                + (" or None" if self.none_ok else ""))
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A boolean parameter: True or False only (bool("flase") is True: a misspelt override flipped it)."""
+
+    def check(self, objective: str, name: str, value: Any) -> None:
+        """Raise a ValueError naming the parameter when `value` is not a bool."""
+        if not isinstance(value, bool):
+            raise ValueError(f"objective {objective!r}: {name}={value!r}; valid: {self}")
+
+    def __str__(self) -> str:
+        return "true or false"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A parameter that takes one of a few named values (strings)."""
+
+    options: tuple[str, ...]
+
+    def check(self, objective: str, name: str, value: Any) -> None:
+        """Raise a ValueError naming the parameter and the options when `value` is not one of them."""
+        if not (isinstance(value, str) and value in self.options):
+            raise ValueError(f"objective {objective!r}: {name}={value!r}; valid: {self}")
+
+    def __str__(self) -> str:
+        return str(list(self.options))
+
+
+#: what a parameter's check in an objective's `bounds` may be
+Check = Bound | Flag | Choice
 
 
 class Objective(Protocol):
@@ -115,13 +151,15 @@ class GRPO:
     `prepare` (weights) and, where the method needs it, `policy_token_loss` or `loss`.
 
     Extra parameters live in the class attribute `defaults` (name → default value); `self.params`
-    holds the merged values. Unknown names raise with the valid list; a value outside its
-    `bounds` (name → `Bound`) raises with the range.
+    holds the merged values. Unknown names raise with the valid list. Every parameter has a check in
+    `bounds` (name → `Bound`, `Flag` or `Choice`; a subclass without one for each of its `defaults`
+    is refused where it is defined), so a value of the wrong type or range raises when the objective
+    is built, at start-up, not at the first step that reads it.
     """
 
     name = "grpo"
     defaults: dict[str, Any] = {}
-    bounds: dict[str, Bound] = {}       # valid ranges of (some of) the `defaults`
+    bounds: dict[str, Check] = {}       # the check of each of the `defaults`
     row_local_prepare = True            # weight 1 on each action token: nothing crosses rows
 
     def __init_subclass__(cls, **kw: Any):
@@ -129,6 +167,11 @@ class GRPO:
         # a new `prepare` may couple rows (a batch statistic); only its author can say it does not
         if "prepare" in cls.__dict__ and "row_local_prepare" not in cls.__dict__:
             cls.row_local_prepare = False
+        # an unchecked parameter got its first look at the first step's float() / bool(), after a rollout
+        unchecked = sorted(set(cls.defaults) - set(cls.bounds))
+        if unchecked:
+            raise TypeError(f"{cls.__qualname__}: parameter(s) {unchecked} of its defaults have no check in its bounds "
+                            "(a Bound, Flag or Choice each: docs/algorithms.md)")
 
     def __init__(self, clip_eps: float = 0.2, dual_clip: float = 10.0, kl_coef: float = 0.001,
                  loss_agg: str = "token_mean", **params: Any):
@@ -145,7 +188,7 @@ class GRPO:
         self.params: dict[str, Any] = {**self.defaults, **params}
         # c ≤ 1 caps every A < 0 token's loss at or below its value at r = 1 (c = 0.5 zeroes their
         # gradient); verl asserts c > 1
-        Bound(1.0).check(self.name, "dual_clip", self.dual_clip)
+        Bound(1.0, inf_ok=True).check(self.name, "dual_clip", self.dual_clip)   # c = ∞: no dual clip
         for key, bound in self.bounds.items():
             bound.check(self.name, key, self.params[key])
 

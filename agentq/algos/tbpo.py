@@ -65,7 +65,7 @@ class TBPO(GRPO):
                 "seq_tis_imp_ratio_cap": 2.0}
     # a negative band width puts the band's edge on the wrong side of r = 1 (no gradient at r = 1)
     bounds = {"seq_clip_ratio_high": Bound(0.0, strict=False), "neg_seq_clip_ratio_low": Bound(0.0, strict=False),
-              "neg_seq_clip_ratio_high": Bound(0.0, strict=False), "seq_tis_imp_ratio_cap": Bound(0.0)}
+              "neg_seq_clip_ratio_high": Bound(0.0, strict=False), "seq_tis_imp_ratio_cap": Bound(0.0, inf_ok=True)}
     row_local_prepare = True            # w_i from row i's own mean δ
 
     @torch.no_grad()

@@ -47,7 +47,7 @@ class TIS(GRPO):
     """GRPO × token TIS weight (rollout W8A8-KV8, learner unaligned or QAT)."""
 
     defaults = {"is_cap": 2.0}
-    bounds = {"is_cap": Bound(0.0)}     # C ≤ 0 zeroes or flips the sign of every token's gradient
+    bounds = {"is_cap": Bound(0.0, inf_ok=True)}     # C ≤ 0 zeroes or flips the sign of every token's gradient
     row_local_prepare = True            # w_t from the token's own δ_t (the stats are logging only)
 
     @torch.no_grad()

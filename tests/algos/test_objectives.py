@@ -123,6 +123,47 @@ def test_out_of_range_parameters_raise_with_the_range(name, params, message):
         make_objective(name, **params)
 
 
+@pytest.mark.parametrize("name, params, message", [
+    # reached the first step's float() after a whole rollout, a traceback
+    ("ais", {"k_on": "abc"}, "objective 'ais': k_on='abc' is not a number; valid: ≥ 0, finite"),
+    ("ais", {"k_on": float("nan")}, "objective 'ais': k_on=nan; valid: ≥ 0, finite"),     # the gate never opened
+    # bool('flase') is True: the misspelt False meant True
+    ("interq", {"prefix_inclusive": "flase"}, "objective 'interq': prefix_inclusive='flase'; valid: true or false"),
+    ("interq", {"renorm_retention": 1}, "objective 'interq': renorm_retention=1; valid: true or false"),
+    ("interq", {"budget_B": float("inf")}, "objective 'interq': budget_B=inf; valid: ≥ 0, finite"),   # α = NaN
+    ("interq", {"budget_scope": "episode"}, "objective 'interq': budget_scope='episode'; valid: ['trajectory', 'segment']"),
+    ("tis", {"is_cap": True}, "objective 'tis': is_cap=True is not a number; valid: > 0"),
+])
+def test_parameters_of_the_wrong_type_or_not_finite_raise_naming_the_key(name, params, message):
+    with pytest.raises(ValueError) as e:
+        make_objective(name, **params)
+    assert str(e.value) == message
+
+
+def test_every_parameter_of_every_objective_has_a_check():
+    """k_on and interq's booleans had none: their values went unchecked to the first step."""
+    from agentq.algos import Bound, Choice, Flag
+    from agentq.algos.objective import _objective_class
+
+    for name in objective_names():
+        cls = _objective_class(name)
+        assert set(cls.bounds) == set(cls.defaults), name
+        for key, check in cls.bounds.items():
+            assert isinstance(check, (Bound, Choice, Flag)), (name, key)
+            check.check(name, key, cls.defaults[key])          # the default passes its own check
+
+
+def test_an_objective_with_an_unchecked_parameter_is_refused_where_it_is_defined():
+    from agentq.algos import GRPO
+
+    with pytest.raises(TypeError) as e:
+        class Unchecked(GRPO):
+            defaults = {"scale": 0.5, "on": True}
+    assert str(e.value) == ("test_an_objective_with_an_unchecked_parameter_is_refused_where_it_is_defined.<locals>."
+                            "Unchecked: parameter(s) ['on', 'scale'] of its defaults have no check in its bounds "
+                            "(a Bound, Flag or Choice each: docs/algorithms.md)")
+
+
 def test_range_edges_that_are_valid():
     """Values on the valid side of each bound are accepted as given, and used as given."""
     from algo_batches import make_batch
@@ -179,10 +220,10 @@ def test_an_objective_of_another_package_is_found_through_its_entry_point(tmp_pa
     from agentq.algos import objective as registry
 
     _install_objective_plugin(tmp_path, "halfkl", "my_objectives:HalfKL", (
-        "from agentq.algos import GRPO\n\n"
+        "from agentq.algos import GRPO, Bound\n\n"
         "class HalfKL(GRPO):\n"
         "    defaults = {'scale': 0.5}\n"
-        "    bounds = {}\n"))
+        "    bounds = {'scale': Bound(0.0)}\n"))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))     # this test's registrations only
     assert "halfkl" in objective_names() and "my_objectives" not in __import__("sys").modules

@@ -34,6 +34,10 @@ def test_train_says_where_the_run_went_and_how_it_ended(tmp_path, monkeypatch, c
     (["algo=flashrl_tis", "algo.objective_params.is_cap=-1"], "agentq: algo=flashrl_tis: objective 'tis': is_cap=-1"),
     (["algo.dual_clip=0.5"], "agentq: algo=interq: objective 'interq': dual_clip=0.5; valid: > 1"),
     (["algo.objective=foo"], "agentq: algo=interq: unknown objective 'foo'"),
+    (["algo=ais", "algo.objective_params.k_on=abc"],         # was a traceback after the first rollout
+     "agentq: algo=ais: objective 'ais': k_on='abc' is not a number; valid: ≥ 0, finite"),
+    (["algo.objective_params.prefix_inclusive=flase"],
+     "agentq: algo=interq: objective 'interq': prefix_inclusive='flase'; valid: true or false"),
 ])
 def test_refused_algo_and_sampling_settings_are_one_line_before_the_run_folder(overrides, said, tmp_path, capsys):
     """These refusals were ValueErrors: a traceback and exit 1 (the objective's after the run folder was
