@@ -95,7 +95,9 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config",
             if msg.startswith("Could not delete from config. '"):      # `~key` of a key that is not there
                 raise removal_error(_base_config(config_name, overrides), msg) from None
             if "Could not override" in msg or "Key '" in msg:
-                raise unknown_key_error(_base_config(config_name, overrides), _bad_key(msg, overrides)) from None
+                raise unknown_key_error(_base_config(config_name, overrides), _bad_key(msg, overrides),
+                                        objective_set=any(_override_key(o) == "algo.objective" for o in overrides)
+                                        ) from None
             raise ConfigError(_one_line(msg.split("\nConfig search path")[0])) from None
         except ValueError as e:         # e.g. `trainer=3`: "Config group override must be a string or a list"
             raise ConfigError(str(e)) from None
@@ -130,14 +132,51 @@ def _base_config(config_name: str, overrides: list[str]) -> DictConfig:
                                                        (_is_group_choice(o) or o.startswith("hydra."))])
 
 
-def unknown_key_error(base: DictConfig, bad: str | None, why: str = "") -> ConfigError:
+def unknown_key_error(base: DictConfig, bad: str | None, why: str = "", objective_set: bool = False) -> ConfigError:
     """The error for an override of a key `base` lacks: the key and the keys of its deepest existing
-    section (`why`: a sentence added at the end)."""
+    section (`why`: a sentence added at the end). Call inside `initialize_config_module`.
+
+    Args:
+        base: the config of the command line's group choices (`_base_config`).
+        bad: the dotted key (None: unknown, the root's keys are listed).
+        why: a sentence added at the end.
+        objective_set: the command line sets algo.objective itself (then a parameter the preset's
+            objective lacks may be the other objective's, which `+` adds).
+    Returns:
+        The ConfigError (one line).
+    """
     where, keys = _valid_keys(base, bad) if bad else ("<root>", sorted(str(k) for k in base.keys()))
     if not why and where in OPEN_SECTIONS and bad and bad.count(".") == where.count(".") + 1:
+        if where == "algo.objective_params" and not objective_set:
+            # the preset lists every parameter of its objective: `+` would only reach the objective's refusal
+            return ConfigError(f"unknown config key {bad!r}; {_objective_param_hint(base, bad.rpartition('.')[2])}")
         # a new argument for the env's constructor or the objective: Hydra adds a key only with `+`
         why = f"; `+{bad}=...` adds it (agentq hands {where} on to the {'env class' if where == 'env.kwargs' else 'objective'})"
     return ConfigError(f"unknown config key {bad!r}; valid keys under {where}: {keys}{why}")
+
+
+def _override_key(override: str) -> str:
+    """An override's dotted key, without its `+`/`++`/`~` and value."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _objective_param_hint(base: DictConfig, param: str) -> str:
+    """For `param` under algo.objective_params that the chosen preset's objective does not take: the
+    preset, its objective and its parameters, and the presets whose objective takes `param`. Each
+    preset (conf/algo/, a plugin's algo/) lists all its objective's parameters. Call inside
+    `initialize_config_module`."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    loader = GlobalHydra.instance().config_loader()
+    takers = []
+    for option in loader.get_group_options("algo"):
+        preset = OmegaConf.select(loader.repository.load_config(f"algo/{option}").config, "algo")   # type: ignore[attr-defined]
+        if isinstance(preset, DictConfig) and param in (preset.get("objective_params") or {}):
+            takers.append(option)
+    params = [str(k) for k in (OmegaConf.select(base, "algo.objective_params") or {})]
+    found = f"presets whose objective takes {param}: {takers}" if takers else f"no preset's objective takes {param}"
+    return (f"algo={OmegaConf.select(base, 'algo.name')}'s objective {str(OmegaConf.select(base, 'algo.objective'))!r} "
+            f"takes no parameter {param} (its parameters: {params}); {found}")
 
 
 def removal_error(base: DictConfig, msg: str) -> ConfigError:

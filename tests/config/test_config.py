@@ -546,12 +546,30 @@ def test_setting_a_new_key_where_agentq_hands_keys_on_says_plus_adds_it():
     assert str(e.value) == ("unknown config key 'env.kwargs.foo'; valid keys under env.kwargs: ['call_timeout_s', "
                             "'game_params', 'games', 'jvm_heap', 'tasks_per_game']; `+env.kwargs.foo=...` adds it "
                             "(agentq hands env.kwargs on to the env class)")
+    # with algo.objective set on the command line, the preset's keys are not that objective's parameters
     with pytest.raises(ConfigError, match=r"; `\+algo.objective_params.bogus=...` adds it \(agentq hands "
                                           r"algo.objective_params on to the objective\)$"):
-        load_config(["algo.objective_params.bogus=1"])
+        load_config(["algo.objective=tis", "algo.objective_params.bogus=1"])
     with pytest.raises(ConfigError) as e:
         load_config(["trainer.stepz=1"])
     assert "adds it" not in str(e.value)                 # elsewhere a new key is a typo, not an argument
+
+
+def test_a_parameter_the_presets_objective_lacks_names_the_presets_whose_objective_takes_it():
+    """`algo=qat algo.objective_params.is_cap=3` said `+algo.objective_params.is_cap=...` adds it, and
+    the objective (grpo) then refused the added key: each preset lists all its objective's parameters,
+    so the error names the objective, its parameters and the presets that take the key instead."""
+    with pytest.raises(ConfigError) as e:
+        load_config(["algo=qat", "algo.objective_params.is_cap=3"])
+    assert str(e.value) == ("unknown config key 'algo.objective_params.is_cap'; algo=qat's objective 'grpo' takes no "
+                            "parameter is_cap (its parameters: []); presets whose objective takes is_cap: ['ais', "
+                            "'flashrl_tis', 'qat_ais', 'qat_tis', 'qurl']")
+    with pytest.raises(ConfigError) as e:
+        load_config(["algo.objective_params.bogus=1"])
+    assert str(e.value) == ("unknown config key 'algo.objective_params.bogus'; algo=interq's objective 'interq' takes "
+                            "no parameter bogus (its parameters: ['budget_B', 'H_floor', 'budget_scope', "
+                            "'prefix_inclusive', 'k3_max', 'renorm_retention', 'token_tis_cap']); no preset's "
+                            "objective takes bogus")
 
 
 def test_tilde_removes_a_key_where_agentq_hands_keys_on():
