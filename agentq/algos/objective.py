@@ -67,8 +67,9 @@ class Bound:
             raise ValueError(f"objective {objective!r}: {name}={value!r}; valid: {self}")
 
     def __str__(self) -> str:
+        # an override writes Python's None as YAML's null (`none` there is the string 'none')
         return (f"{'>' if self.strict else '≥'} {self.low:g}" + ("" if self.inf_ok else ", finite")
-                + (" or None" if self.none_ok else ""))
+                + (" or None (null in an override)" if self.none_ok else ""))
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,9 @@ def test_out_of_range_parameters_raise_with_the_range(name, params, message):
     ("interq", {"budget_B": float("inf")}, "objective 'interq': budget_B=inf; valid: ≥ 0, finite"),   # α = NaN
     ("interq", {"budget_scope": "episode"}, "objective 'interq': budget_scope='episode'; valid: ['trajectory', 'segment']"),
     ("tis", {"is_cap": True}, "objective 'tis': is_cap=True is not a number; valid: > 0"),
+    # `k3_max=none` is the string 'none' in an override: YAML's null is `null`
+    ("interq", {"k3_max": "none"},
+     "objective 'interq': k3_max='none' is not a number; valid: ≥ 0 or None (null in an override)"),
 ])
 def test_parameters_of_the_wrong_type_or_not_finite_raise_naming_the_key(name, params, message):
     with pytest.raises(ValueError) as e:
