@@ -11,12 +11,13 @@ from .advantages import grpo_advantages
 from .batch_view import BatchView
 from .diagnostics import k3, mismatch_metrics, quantile, token_delta, weight_stats
 from .losses import kl_penalty_k3, log_ratio, masked_mean, ppo_dual_clip_loss, sequence_mean
-from .objective import (GRPO, Bound, Choice, Flag, Objective, Prepared, make_objective, objective_defaults, objective_names,
-                        register_objective, require_old_logp)
+from .objective import (GRPO, Bound, Choice, Flag, Objective, Prepared, idle_correction_note, make_objective,
+                        objective_defaults, objective_names, register_objective, require_old_logp)
 from . import tis, ais, qurl, tbpo, interq  # noqa: E402,F401  (registration side effect)
 from .interq import interq_retention, prefix_retention
 
-__all__ = ["BatchView", "Bound", "Choice", "Flag", "GRPO", "Objective", "Prepared", "grpo_advantages", "interq_retention", "k3",
+__all__ = ["BatchView", "Bound", "Choice", "Flag", "GRPO", "Objective", "Prepared", "grpo_advantages", "idle_correction_note",
+           "interq_retention", "k3",
            "kl_penalty_k3", "log_ratio", "make_objective", "masked_mean", "mismatch_metrics", "objective_defaults", "objective_names",
            "ppo_dual_clip_loss", "prefix_retention", "quantile", "register_objective", "require_old_logp", "sequence_mean",
            "token_delta", "weight_stats"]

@@ -55,6 +55,7 @@ class AIS(GRPO):
     # k_ref scales K3 in Sev: ≤ 0 makes λ < 0 or undefined; K3 ≥ 0, so k_on ≤ 0 is a gate always open
     bounds = {"is_cap": Bound(0.0, inf_ok=True), "k_ref": Bound(0.0), "k_on": Bound(0.0, strict=False)}
     row_local_prepare = False           # one λ from all the batch's action tokens weighs every row
+    idle_metric = "ais_gate"            # closed (K3 < k_on) at every step: GRPO's update
 
     @torch.no_grad()
     def prepare(self, batch: BatchView) -> Prepared:

@@ -162,6 +162,9 @@ class GRPO:
     defaults: dict[str, Any] = {}
     bounds: dict[str, Check] = {}       # the check of each of the `defaults`
     row_local_prepare = True            # weight 1 on each action token: nothing crosses rows
+    #: a per-step metric that is 0 where the objective's correction did nothing (AIS's gate): a run in
+    #: which it never moved was plain GRPO, and says so at its end (`idle_correction_note`)
+    idle_metric: str | None = None
 
     def __init_subclass__(cls, **kw: Any):
         super().__init_subclass__(**kw)
@@ -361,3 +364,26 @@ def make_objective(name: str, **params: Any) -> GRPO:
         raise ValueError(f"unknown objective {name!r}; valid: {objective_names()} (another package's objective is "
                          f"found through its entry point in group {PLUGIN_GROUP!r}: docs/algorithms.md)")
     return cls(**params)
+
+
+def idle_correction_note(objective: Objective, rows: list[dict]) -> str | None:
+    """What to say of a run whose objective's correction never engaged (`GRPO.idle_metric` 0 at every
+    step logged; a review's AIS runs sat at K3 ~1e-6 against its gate's k_on 1e-4 and matched GRPO to
+    four digits without a word), else None.
+
+    Args:
+        objective: the run's objective.
+        rows: its metrics.jsonl step rows.
+    Returns:
+        One line naming the metric, the steps and the largest K3 seen, or None.
+    """
+    metric = getattr(objective, "idle_metric", None)       # a plugin's Objective need not have one
+    values = [r[metric] for r in rows if metric is not None and isinstance(r.get(metric), (int, float))]
+    if not values or any(v != 0 for v in values):
+        return None
+    k3 = max((r["k3"] for r in rows if isinstance(r.get("k3"), (int, float))), default=float("nan"))
+    params = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                       for k, v in getattr(objective, "params", {}).items())
+    return (f"objective {objective.name!r}: {metric} was 0 at all {len(values)} step(s) (K3 at most {k3:.3g}; "
+            f"its parameters: {params}): its correction never engaged, and these steps were plain GRPO's")
+

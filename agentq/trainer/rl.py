@@ -31,7 +31,7 @@ from agentq import build
 from agentq.agent import BackendPolicy, ChatFormat, EpisodeSpec
 from agentq.agent.trajectory import Trajectory
 from agentq.config import ConfigError, check_config, check_env_name, config_leaves, load_config
-from agentq.algos import Objective, Prepared, grpo_advantages, make_objective, mismatch_metrics
+from agentq.algos import Objective, Prepared, grpo_advantages, idle_correction_note, make_objective, mismatch_metrics
 from agentq.envs.base import sample_tasks
 from agentq.eval.episodes import read_eval
 from agentq.eval.evaluate import (EVAL_FIRST_ID, check_errors, check_unplayed, choose_eval_tasks, errored_text,
@@ -893,10 +893,19 @@ class RLTrainer:
         if last is None:        # resumed at the last step: its logged row is the run's last
             last = recorded_step(self.run_dir, steps)[0]
         summary = {"run_dir": str(self.run_dir), "checkpoint": str(final), "steps": steps, "last_step": last,
-                   "final_eval": report, "totals": self._totals()}
+                   "final_eval": report, "totals": self._totals(), "notes": self._notes()}
         write_text_replacing(self.run_dir / "train_summary.json", json.dumps(jsonable(summary), indent=2, default=str))
         write_run_plots(self.run_dir, self.eval_split)        # learning_curve.png, mismatch.png
         return summary
+
+    def _notes(self) -> list[str]:
+        """train_summary.json's `notes`, each also a warning: an objective whose correction never engaged
+        over the run (`idle_correction_note`; a resumed run's earlier steps count too)."""
+        path = self.run_dir / "metrics.jsonl"
+        note = idle_correction_note(self.objective, read_metrics(path) if path.exists() else [])
+        if note is not None:
+            console.print(f"warning: {note}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+        return [note] if note is not None else []
 
     def _totals(self) -> dict[str, int]:
         """train_summary.json's `totals`: errored episodes and worker restarts over the whole run, from

@@ -278,3 +278,19 @@ def test_an_objective_of_ones_own_reads_pi_old_through_the_public_helper():
     b.old_logp = None
     with pytest.raises(ValueError, match=r"needs mb.old_logp \(π_old log-probs\): fill them before the update"):
         SeqRatio(kl_coef=0.0).loss(torch.zeros(1, 3, dtype=torch.float64), b)
+
+
+def test_a_run_whose_ais_gate_never_opened_is_said_to_be_plain_grpo():
+    """A review's AIS runs sat at K3 ~1e-6 against the gate's k_on 1e-4: every step was GRPO's, and
+    the runs matched GRPO to four digits without a word. The run's end says so (`idle_correction_note`)."""
+    from agentq.algos import idle_correction_note, make_objective
+
+    ais = make_objective("ais")
+    rows = [{"step": 1, "k3": 7.2e-7, "ais_gate": 0.0}, {"step": 2, "k3": 1.04e-5, "ais_gate": 0.0},
+            {"step": 2, "eval/success_rate": 0.5}]
+    assert idle_correction_note(ais, rows) == (
+        "objective 'ais': ais_gate was 0 at all 2 step(s) (K3 at most 1.04e-05; its parameters: is_cap 5, k_ref 0.05, "
+        "k_on 0.0001): its correction never engaged, and these steps were plain GRPO's")
+    assert idle_correction_note(ais, [*rows, {"step": 3, "k3": 3e-4, "ais_gate": 1.0}]) is None
+    assert idle_correction_note(ais, []) is None
+    assert idle_correction_note(make_objective("grpo"), rows) is None         # nothing to engage

@@ -27,6 +27,20 @@ def test_train_says_where_the_run_went_and_how_it_ended(tmp_path, monkeypatch, c
             ) in said.replace("\n", " ")
 
 
+def test_an_ais_run_whose_gate_never_opened_says_so_at_its_end(tmp_path, capsys):
+    """The tiny model's aligned learner sits far below AIS's k_on: its run was GRPO's, said in a warning
+    and in train_summary.json's notes (a plain interq run has none)."""
+    run = tmp_path / "run"
+    assert main(["train", "algo=ais", "trainer.steps=1", "trainer.tasks_per_step=1", "trainer.group_size=2",
+                 "env.max_steps=2", "env.max_new_tokens=8", "env_pool=inline", "trainer.eval_every=-1",
+                 f"trainer.out_dir={run}"]) == 0
+    (note,) = json.loads((run / "train_summary.json").read_text())["notes"]
+    assert note.startswith("objective 'ais': ais_gate was 0 at all 1 step(s) (K3 at most ") and note.endswith(
+        "its parameters: is_cap 5, k_ref 0.05, k_on 0.0001): its correction never engaged, and these steps were "
+        "plain GRPO's")
+    assert f"warning: {note}" in " ".join(capsys.readouterr().err.split())
+
+
 @pytest.mark.parametrize("overrides, said", [
     (["rollout.temperature=0"], "agentq: rollout.temperature=0: RL needs a sampling temperature > 0"),
     (["rollout.top_k=5"], "agentq: rollout.top_k=5, rollout.top_p=1.0: RL training supports temperature-only"),
