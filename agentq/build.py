@@ -847,8 +847,7 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
                  tokenizer: PreTrainedTokenizerBase | None, max_slots: int | None = None) -> RolloutBackend:
     """The rollout backend `rollout.backend` names (torch | vllm), serving the weights in `path`."""
     backend = cfg.rollout.backend
-    if backend not in ROLLOUT_BACKENDS and not re.fullmatch(PLUGIN_BACKEND, str(backend)):
-        raise ConfigError(f"rollout.backend={backend!r}; valid: {list(ROLLOUT_BACKENDS)} or 'module:Class'")
+    check_rollout_backend(cfg)
     spec, _ = quant_specs(cfg)
     slots = int(max_slots or cfg.rollout.max_slots)
     check_architecture(cfg, path)           # `agentq eval checkpoint=...` meets no earlier check
@@ -868,11 +867,23 @@ def make_backend(cfg: DictConfig, path: str, device: torch.device, dtype: torch.
                                        **torch_engine_kwargs(cfg, device, dtype))
 
 
-def plugin_backend(cfg: DictConfig, path: str, spec: QuantSpec, **kw: Any) -> RolloutBackend:
-    """The backend `rollout.backend="module:Class"` names: `Class.from_config(cfg, path, spec, device=,
-    dtype=, tokenizer=, max_slots=)` of a `RolloutBackend` subclass, refused in one line where it does
-    not import, is no such class, or serves other numerics than the run's rollout spec (`quant`)."""
+def check_rollout_backend(cfg: DictConfig) -> Any:
+    """Judge `rollout.backend` without building it: torch | vllm, or a "module:Class" that imports and
+    names a `RolloutBackend` subclass with `from_config` (`check_rl_config` runs it, so `agentq sweep`
+    and `agentq pipeline` refuse a bad one before their SFT stage, not after it).
+
+    Args:
+        cfg: the run's composed config.
+    Returns:
+        The plugin's class (a RolloutBackend subclass), or None for a built-in backend.
+    Raises:
+        ConfigError: no such backend, a module:Class that does not import or is no such class, in one line.
+    """
     name = str(cfg.rollout.backend)
+    if name in ROLLOUT_BACKENDS:
+        return None
+    if not re.fullmatch(PLUGIN_BACKEND, name):
+        raise ConfigError(f"rollout.backend={name!r}; valid: {list(ROLLOUT_BACKENDS)} or 'module:Class'")
     module, _, attr = name.partition(":")
     try:
         cls = getattr(importlib.import_module(module), attr)
@@ -882,6 +893,16 @@ def plugin_backend(cfg: DictConfig, path: str, spec: QuantSpec, **kw: Any) -> Ro
     if not (isinstance(cls, type) and RolloutBackend in cls.__mro__ and hasattr(cls, "from_config")):
         raise ConfigError(f"rollout.backend={name!r} is not a RolloutBackend subclass with a from_config classmethod "
                           "(docs/configuration.md, \"A rollout backend of one's own\")")
+    return cls
+
+
+def plugin_backend(cfg: DictConfig, path: str, spec: QuantSpec, **kw: Any) -> RolloutBackend:
+    """The backend `rollout.backend="module:Class"` names: `Class.from_config(cfg, path, spec, device=,
+    dtype=, tokenizer=, max_slots=)` of a `RolloutBackend` subclass, refused in one line where it does
+    not import, is no such class, or serves other numerics than the run's rollout spec (`quant`)."""
+    name = str(cfg.rollout.backend)
+    cls = check_rollout_backend(cfg)
+    assert cls is not None          # make_backend calls it for a module:Class name only
     backend = cls.from_config(cfg, path, spec, **kw)
     quant = getattr(backend, "quant", None)
     if quant != spec:

@@ -149,6 +149,7 @@ def check_rl_config(cfg: DictConfig) -> tuple[torch.device, torch.dtype, Objecti
     check_placement_config(cfg)
     build.check_ray_installed(cfg)          # env_pool=ray or a Ray placement without Ray: one line, now
     build.check_logger_config(cfg)     # a logger sink that cannot be built: one line, before the folder
+    build.check_rollout_backend(cfg)   # a plugin that does not import: one line, before an SFT stage
     t = cfg.trainer
     if int(t.get("lr_warmup_steps", 0)) > int(t.steps):
         raise ConfigError(f"trainer.lr_warmup_steps={t.lr_warmup_steps} > trainer.steps={t.steps}: the rate would "

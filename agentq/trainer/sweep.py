@@ -169,22 +169,24 @@ def run_arm(job: dict) -> dict:
     run_dir = Path(job["run_dir"])
     if run_dir.exists():                          # an unfinished earlier attempt: start it over
         shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    if job["redirect"]:
-        log = os.open(run_dir / "log.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-    from agentq.trainer.rl import RLTrainer
+    # a run refused at its start (in the sweep's process: no log.txt) leaves no arm folder holding a lock alone
+    with removed_if_left_empty(run_dir):
+        run_dir.mkdir(parents=True)
+        if job["redirect"]:
+            log = os.open(run_dir / "log.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+        from agentq.trainer.rl import RLTrainer
 
-    cfg = arm_config(job["overrides"])
-    try:        # a sweep refuses trainer.out_dir: the run folder's messages name sweep.out_dir
-        RLTrainer(cfg, init_path=job["sft_checkpoint"], out_key="sweep.out_dir").train()
-    except Exception:
-        if job["redirect"]:       # the sweep's stop says the error's first line and names log.txt
-            import traceback
+        cfg = arm_config(job["overrides"])
+        try:        # a sweep refuses trainer.out_dir: the run folder's messages name sweep.out_dir
+            RLTrainer(cfg, init_path=job["sft_checkpoint"], out_key="sweep.out_dir").train()
+        except Exception:
+            if job["redirect"]:       # the sweep's stop says the error's first line and names log.txt
+                import traceback
 
-            traceback.print_exc()
-        raise
+                traceback.print_exc()
+            raise
     result = {"arm": job["arm"], "seed": job["seed"], "algo": cfg.algo.name, "objective": cfg.algo.objective,
               "rollout_quant": cfg.rollout.quant, "rollout_backend": cfg.rollout.backend,
               "learner_quant": cfg.algo.learner_quant,
@@ -196,18 +198,38 @@ def run_arm(job: dict) -> dict:
 
 
 def _run_jobs(jobs: list[dict], parallel: int, run: Callable[[dict], Any] | None = None) -> None:
-    """Run the arm × seed `jobs` (`run`: `run_arm`), `parallel` at a time in spawned processes. An
-    arm's error (or its worker process's death) stops the sweep once the arms already running have
-    finished (their results are kept; no other arm starts), as a `RunAborted` naming each failed arm ×
-    seed, so the sweep's stop says what finished and the command that resumes it. A job is handed to
-    the executor only when a worker is free: the executor pre-loads queued calls into its workers,
-    where cancelling cannot reach them."""
+    """Run the arm × seed `jobs` (`run`: `run_arm`), `parallel` at a time in spawned processes (one: in
+    this process, one after another). Either way an arm's error (or its worker process's death) stops
+    the sweep once the arms already running have finished (their results are kept; no other arm
+    starts), as a `RunAborted` naming each failed arm × seed, so the sweep's stop says what finished
+    and the command that resumes it. A job is handed to the executor only when a worker is free: the
+    executor pre-loads queued calls into its workers, where cancelling cannot reach them.
+
+    Raises:
+        RunAborted: an arm failed, naming it (and each other failed one) with its error's first line.
+    """
     run = run or run_arm
     if parallel <= 1:
+        failed = list[tuple[dict, BaseException]]()
         for job in jobs:
             console.rule(f"[bold]sweep: {job['arm']} seed {job['seed']}")
-            run(job)
-        return
+            try:
+                run(job)
+            except Exception as e:          # stopped as the parallel path stops: the arm named, no other starts
+                failed.append((job, e))
+                break
+    else:
+        failed = _run_parallel(jobs, parallel, run)
+    if failed:
+        raise RunAborted(_failed_text(sorted(failed, key=lambda f: jobs.index(f[0])))) from failed[0][1]
+
+
+def _run_parallel(jobs: list[dict], parallel: int, run: Callable[[dict], Any]) -> list[tuple[dict, BaseException]]:
+    """`_run_jobs` with `parallel` > 1 workers: spawned processes, each job's output in its log.txt.
+
+    Returns:
+        (job, its error) of each failed job (none: all finished).
+    """
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -233,8 +255,7 @@ def _run_jobs(jobs: list[dict], parallel: int, run: Callable[[dict], Any] | None
                     failed.append((job, error))
                 else:
                     console.print(f"sweep: {job['arm']} seed {job['seed']} done ({job['run_dir']})")
-    if failed:
-        raise RunAborted(_failed_text(sorted(failed, key=lambda f: jobs.index(f[0])))) from failed[0][1]
+    return failed
 
 
 def _failed_text(failed: list[tuple[dict, BaseException]]) -> str:

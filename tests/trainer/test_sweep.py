@@ -82,8 +82,9 @@ def test_a_stopped_sweep_says_what_finished_and_its_resume_command_works(tmp_pat
     assert main([*args, f"sweep.out_dir={out}"]) == 1
     said = capsys.readouterr().err.splitlines()[-1]
     again = shlex.join(["agentq", *args, f"sweep.out_dir={out}"])
-    assert said == (f"agentq: run stopped: env worker 0 gave up; sweep folder {out}: 1 of 2 arm × seed runs finished; "
-                    f"resume it with {again} (finished runs are kept, an unfinished one starts over)")
+    assert said == (f"agentq: run stopped: sweep arm interq seed 0 failed: RunAborted: env worker 0 gave up; sweep "
+                    f"folder {out}: 1 of 2 arm × seed runs finished; resume it with {again} (finished runs are kept, "
+                    "an unfinished one starts over)")
     monkeypatch.undo()
     stamp = (out / "arms" / "bf16" / "seed_0" / "result.json").stat().st_mtime_ns
     assert main(shlex.split(said.split("resume it with ")[1].split(" (finished")[0])[1:]) == 0
@@ -239,6 +240,28 @@ def test_an_arms_rl_run_names_sweep_out_dir_in_its_messages(tmp_path, monkeypatc
     assert seen == {"init_path": "ckpt", "out_key": "sweep.out_dir", "out_dir": str(run_dir)}
 
 
+def test_an_arm_refused_at_its_start_leaves_no_arm_folder(tmp_path, monkeypatch):
+    """An arm whose run was refused at its start (in the sweep's process, sweep.parallel=1) left
+    arms/<arm>/seed_<s>/ holding only the run's lock file."""
+    from agentq.config import ConfigError
+    from agentq.trainer import rl
+    from agentq.trainer.run_dir import claim_run_dir
+    from agentq.trainer.sweep import arm_overrides, run_arm
+
+    class Refused:
+        def __init__(self, cfg, init_path=None, out_key="trainer.out_dir"):
+            claim_run_dir(cfg.trainer.out_dir, resume=False, overwrite=False, kind="train", out_key=out_key).close()
+            raise ConfigError("refused")
+
+    monkeypatch.setattr(rl, "RLTrainer", Refused)
+    (tmp_path / "arms").mkdir()
+    run_dir = tmp_path / "arms" / "bf16" / "seed_0"
+    with pytest.raises(ConfigError, match="^refused$"):
+        run_arm({"arm": "bf16", "seed": 0, "run_dir": str(run_dir), "sft_checkpoint": "ckpt", "redirect": False,
+                 "overrides": arm_overrides(["env=textworld_express"], "bf16", 0, run_dir, None)})
+    assert _listing(tmp_path) == ["arms"]
+
+
 def test_the_title_tells_the_two_textworld_express_configs_apart():
     """conf/sweep.yaml's mapreader sweep was titled "textworld_express/dev", as a coin sweep is (both
     configs are `name: textworld_express`); and a one-step budget read "1 RL steps"."""
@@ -276,6 +299,23 @@ def test_an_arms_refused_rl_setting_is_refused_before_the_shared_sft(tmp_path, c
     assert main([*ARGS[:2], "sweep.arms=[bf16,interq]", "rollout.top_k=5", f"sweep.out_dir={tmp_path / 's'}"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert err.startswith("agentq: sweep arm bf16: rollout.top_k=5") and "temperature-only" in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_an_arm_whose_rollout_backend_does_not_import_is_refused_before_the_shared_sft(tmp_path, capsys):
+    """An arm's preset naming a rollout.backend module that does not exist passed the pre-SFT check (it
+    judged the objective only) and failed after the SFT stage, its evaluation and every earlier arm."""
+    conf = tmp_path / "conf" / "algo"
+    conf.mkdir(parents=True)
+    (conf / "broken.yaml").write_text("# @package _global_\ndefaults:\n  - override /rollout: w8a8_kv8\n"
+                                      "algo: {name: broken, learner_quant: aligned, objective: grpo, "
+                                      "objective_params: {}, clip_eps: 0.2, dual_clip: 10.0, kl_coef: 0.001, "
+                                      "loss_agg: token_mean}\nrollout:\n  backend: agentq_nonexistent_mod:Backend\n")
+    assert main([*ARGS[:2], "sweep.arms=[bf16,broken]", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+                 f"sweep.out_dir={tmp_path / 's'}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "agentq: sweep arm broken: rollout.backend='agentq_nonexistent_mod:Backend' does not import: "
+        "ModuleNotFoundError: No module named 'agentq_nonexistent_mod'")
     assert not (tmp_path / "s").exists()
 
 
@@ -642,9 +682,11 @@ def test_sweep_settings_are_checked_at_start_up(tmp_path, capsys, arg, said):
 
 
 # ---------------------------------------------------------------------- a parallel arm that fails
-def test_a_parallel_arms_failure_names_it_and_says_how_to_resume(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_parallel_arms_failure_names_it_and_says_how_to_resume(tmp_path, monkeypatch, capsys, parallel):
     """With sweep.parallel=2, a file where an arm's run folder goes (or any arm's error) ended the sweep
-    with a raw traceback naming no arm, without the resume command a Ctrl-C stop gives."""
+    with a raw traceback naming no arm, without the resume command a Ctrl-C stop gives. With
+    sweep.parallel=1 (the default) it ended with the error's line alone: no arm, count or command."""
     import shlex
 
     from agentq.trainer import pipeline, sweep
@@ -661,7 +703,8 @@ def test_a_parallel_arms_failure_names_it_and_says_how_to_resume(tmp_path, monke
     monkeypatch.setattr(sweep, "_shared_sft", shared_sft)
     monkeypatch.setattr(pipeline, "evaluate_checkpoint", lambda *a: None)
     monkeypatch.setattr(sweep, "run_arm", run_folder_only)
-    args = ["sweep", "env=textworld_express", *SMALL, "sweep.arms=[bf16,ais]", "sweep.seeds=[2]", "sweep.parallel=2"]
+    args = ["sweep", "env=textworld_express", *SMALL, "sweep.arms=[bf16,ais]", "sweep.seeds=[2]",
+            f"sweep.parallel={parallel}"]
     assert main([*args, f"sweep.out_dir={out}"]) == 1
     said = capsys.readouterr().err.strip().splitlines()[-1]
     again = shlex.join(["agentq", *args, f"sweep.out_dir={out}"])
