@@ -32,8 +32,9 @@ whose settings differ from a finished run's (`check_resumed_runs`: the budget, S
 is refused, naming them: the table would put runs of two settings under one title.
 `sweep.parallel=N` runs N arm × seed jobs at once in spawned processes (logs in each run folder);
 `sweep.table_only=true` writes the table of the runs finished so far in `sweep.out_dir` and runs
-nothing (no SFT, no evaluation, no arm; no lock taken, so it reads a running sweep), titled with the
-finished runs' own settings (their config.yaml), not the command line's; a folder that does
+nothing (no SFT, no evaluation, no arm; no lock taken, so it reads a running sweep), of the arms, seeds
+and references the finished runs' config.yaml list (`folder_arms`), titled with their own settings,
+not the command line's, and never over a table of more runs (`check_not_fewer_runs`); a folder that does
 not exist or where nothing has finished yet is one line (`check_table_only`), and no folder is made.
 `sweep.aligned_learner` sets what the presets' `learner_quant: aligned` means in this sweep
 (`aligned`: exact; `w8a8`: linears only, so the KV8 residual stays; `none`: unaligned).
@@ -287,15 +288,11 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
 
     check_sweep_settings(cfg, overrides)
     sw = cfg.sweep
-    arms, seeds = list(sw.arms), [int(s) for s in sw.seeds]
-    refs = [r for r in sw.references if r in arms]
-    dropped = [r for r in sw.references if r not in arms]
-    if dropped:         # the table's paired columns would leave them out unsaid
-        said = (f"sweep.references {dropped} are not among sweep.arms, so the table compares with {refs} only" if refs
-                else f"none of sweep.references={list(sw.references)} is among sweep.arms={arms}: the table has no "
-                     "paired comparison columns (name a reference that is one of the arms)")
-        console.print(f"warning: {said}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+    arms, seeds, references = list(sw.arms), [int(s) for s in sw.seeds], list(sw.references)
     if sw.table_only:                       # reads what is there: nothing found is one line, no folder made
+        arms, seeds, references = folder_arms(sw.out_dir, overrides, arms, seeds, references)
+    refs = _references(arms, references)
+    if sw.table_only:
         check_table_only(cfg.sweep.out_dir, arms, seeds)
     out = sweep_dir(cfg)
     overrides = [o for o in overrides if not o.startswith("sweep.out_dir=")] + [f"sweep.out_dir={out}"]
@@ -307,7 +304,8 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
     threads = max(1, (os.cpu_count() or 1) // int(sw.parallel)) if int(sw.parallel) > 1 else None
     # every arm × seed composed now: a misspelt preset fails before the SFT stage, not after it and
     # every earlier arm; a finished run whose settings differ from this command line is named
-    check_resumed_runs(out, arms, seeds, overrides, threads, warn_only=bool(sw.table_only))
+    if not sw.table_only:   # table_only titles the runs' own settings: this command line's are not compared
+        check_resumed_runs(out, arms, seeds, overrides, threads)
     check_final_evals(out, arms, seeds)     # a finished run is never rerun: the table would fail after the rest
     console.rule(f"[bold]agentq sweep: {escape(env_label(cfg.env))}/{split} — {len(arms)} arms × {len(seeds)} seeds "
                  f"→ {out}")
@@ -330,6 +328,22 @@ def sweep(cfg: DictConfig, overrides: list[str]) -> dict:
             lock.close()            # releases the folder
 
 
+def _references(arms: list[str], references: list[str]) -> list[str]:
+    """The `references` among `arms` (the table's paired columns), with a warning naming the others.
+
+    Returns:
+        The references that are arms, in order.
+    """
+    refs = [r for r in references if r in arms]
+    dropped = [r for r in references if r not in arms]
+    if dropped:         # the table's paired columns would leave them out unsaid
+        said = (f"sweep.references {dropped} are not among sweep.arms, so the table compares with {refs} only" if refs
+                else f"none of sweep.references={references} is among sweep.arms={arms}: the table has no "
+                     "paired comparison columns (name a reference that is one of the arms)")
+        console.print(f"warning: {said}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+    return refs
+
+
 def sweep_stopped_text(out: Path, arms: list[str], seeds: list[int], again: str) -> str:
     """Where a stopped sweep left its folder: how many arm × seed runs finished (their result.json) and
     `again`, the command that resumes it ("" when the folder was removed as left empty)."""
@@ -338,6 +352,42 @@ def sweep_stopped_text(out: Path, arms: list[str], seeds: list[int], again: str)
     done = sum((out / "arms" / arm / f"seed_{seed}" / RESULT).exists() for arm in arms for seed in seeds)
     return (f"sweep folder {out}: {done} of {len(arms) * len(seeds)} arm × seed runs finished; resume it with {again} "
             "(finished runs are kept, an unfinished one starts over)")
+
+
+def folder_arms(out_dir: str | None, overrides: list[str], arms: list[str], seeds: list[int],
+                references: list[str]) -> tuple[list[str], list[int], list[str]]:
+    """The arms, seeds and references of the sweep in `out_dir`, for `sweep.table_only=true`: its
+    finished runs' own sweep.arms / sweep.seeds / sweep.references (their config.yaml, in order), and
+    any other arm × seed finished there; one the command line names (`overrides`) is taken as named.
+    Without it, conf/sweep.yaml's defaults counted "1 of 27" runs of a 2 × 1 sweep, added empty
+    "vs bf16" columns and wrote that table over the sweep's own.
+
+    Args:
+        out_dir: sweep.out_dir (unset or no folder: `arms`, `seeds`, `references` as given).
+        overrides: the command line's overrides.
+        arms, seeds, references: the config's (conf/sweep.yaml's unless the command line set them).
+    Returns:
+        (arms, seeds, references).
+    """
+    if not out_dir or not (Path(out_dir) / "arms").is_dir():
+        return arms, seeds, references
+    named = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    found: dict[str, list] = {"arms": [], "seeds": [], "references": []}
+    finished = sorted(Path(out_dir).glob(f"arms/*/seed_*/{RESULT}"))
+    for result in finished:
+        ran = read_run_config(result.parent / "config.yaml", needs=())
+        for key, items in found.items():
+            listed = OmegaConf.select(ran, f"sweep.{key}") if ran is not None else None
+            items += [x for x in (listed or []) if x not in items]
+    for result in finished:     # a finished run of an arm or seed its runs' configs do not list
+        arm, seed = result.parent.parent.name, result.parent.name.removeprefix("seed_")
+        if arm not in found["arms"]:
+            found["arms"].append(arm)
+        if seed.lstrip("-").isdigit() and int(seed) not in found["seeds"]:
+            found["seeds"].append(int(seed))
+    given: dict[str, list[Any]] = {"arms": arms, "seeds": seeds, "references": references}
+    pick = {k: given[k] if f"sweep.{k}" in named or not found[k] else found[k] for k in given}
+    return pick["arms"], [int(s) for s in pick["seeds"]], pick["references"]
 
 
 def check_table_only(out_dir: str | None, arms: list[str], seeds: list[int]) -> None:
@@ -417,11 +467,38 @@ def _write_sweep_table(cfg: DictConfig, out: Path, arms: list[str], seeds: list[
     done = sum((out / "arms" / arm / f"seed_{seed}" / RESULT).exists() for arm in arms for seed in seeds)
     console.print(f"sweep: {done} of {len(arms) * len(seeds)} arm × seed runs finished")
     table = sweep_table(out, arms, seeds, refs)
+    if cfg.sweep.table_only:
+        check_not_fewer_runs(out, table)
     ran = title_config(out, arms, seeds, cfg)           # the runs' own settings, not this command line's
     finished = [s for s in seeds if any((out / "arms" / a / f"seed_{s}" / RESULT).exists() for a in arms)]
     write_table(out, table, title=sweep_title(ran, str(OmegaConf.select(ran, "env.eval_split") or split),
                                               finished or seeds))
     return table
+
+
+def _table_runs(table: dict) -> set[tuple[str, int]]:
+    """The (arm, seed) runs a table (table.json's object) holds."""
+    return {(arm, int(s)) for arm, r in table.get("arms", {}).items() for s in r.get("seeds", [])}
+
+
+def check_not_fewer_runs(out: Path, table: dict) -> None:
+    """Refuse to write `table` (a `sweep.table_only=true` one) over table.json / table.md of `out` that
+    hold a run it lacks: an arm or seed left out of sweep.arms / sweep.seeds would replace the sweep's
+    own table with a smaller one.
+
+    Raises:
+        ConfigError: naming the runs the new table would drop, in one line.
+    """
+    try:
+        before = json.loads((out / "table.json").read_text())
+    except (OSError, ValueError):           # none there (or damaged): nothing to lose
+        return
+    lost = sorted(_table_runs(before) - _table_runs(table)) if isinstance(before, dict) else []
+    if lost:
+        named = ", ".join(f"{arm} seed {seed}" for arm, seed in lost)
+        raise ConfigError(f"sweep.table_only=true: {out}/table.md holds runs this table would leave out ({named}); "
+                          "it is left as it is: name them in sweep.arms and sweep.seeds, or drop those overrides to "
+                          "tabulate every finished run of the folder")
 
 
 def _shared_sft(cfg: DictConfig, out: Path) -> None:

@@ -198,6 +198,34 @@ def test_table_only_tabulates_the_arms_finished_so_far_of_a_running_sweep(tmp_pa
     assert _listing(out) == sorted([*before, "table.json", "table.md", "curves.png"])
 
 
+def test_table_only_reads_the_arms_and_seeds_from_the_folder_and_keeps_a_fuller_table(tmp_path, capsys):
+    """`sweep.table_only=true sweep.out_dir=<folder>` without the sweep's arms and seeds took
+    conf/sweep.yaml's: "2 of 27" runs of a 2 × 1 sweep, and that table written over the sweep's own.
+    Now the folder's runs say them; a command line naming fewer is refused, the table left as it is."""
+    out = tmp_path / "s"
+    first = ["env=textworld_express", "trainer.steps=2", "sweep.eval_tasks=4", "sweep.arms=[bf16,qat]",
+             "sweep.seeds=[0]"]
+    finished_arm(out, "bf16", 0, first, won=[True, False, True, True])
+    finished_arm(out, "qat", 0, first, won=[True, False, False, False])
+    (out / "sft").mkdir()
+    (out / "sft" / "sft_summary.json").write_text("{}")
+    (out / "eval_sft").mkdir()
+    (out / "eval_sft" / "eval.json").write_text(json.dumps({"success_rate": 0.25, "episodes": 4}))
+    assert main(["sweep", "sweep.table_only=true", f"sweep.out_dir={out}"]) == 0
+    said = capsys.readouterr()
+    assert "sweep: 2 of 2 arm × seed runs finished" in said.out + said.err
+    t = json.loads((out / "table.json").read_text())
+    assert (list(t["arms"]), t["seeds"], t["references"]) == (["bf16", "qat"], [0], ["bf16"])
+    table = (out / "table.md").read_text()
+    assert "| vs bf16: b / c, p |" in table and "vs interq" not in table
+    assert main(["sweep", "sweep.arms=[bf16]", "sweep.table_only=true", f"sweep.out_dir={out}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"agentq: sweep.table_only=true: {out}/table.md holds runs this table would leave out (qat seed 0); it is "
+        "left as it is: name them in sweep.arms and sweep.seeds, or drop those overrides to tabulate every "
+        "finished run of the folder")
+    assert (out / "table.md").read_text() == table
+
+
 def test_a_busy_sft_folder_names_the_key_the_sweep_reads(tiny_model_dir, tmp_path, capsys):
     """The sweep's SFT stage in a <sweep.out_dir>/sft that another process holds said "pick another
     sft.out_dir", which `agentq sweep` refuses (config_schema.READ_BY)."""
