@@ -485,13 +485,32 @@ def rl_run_dir(folder: Path) -> tuple[Path, dict | None]:
     if inside:      # a folder the user found in a run (an evaluation's, a checkpoint): its run, in one line
         raise FileNotFoundError(f"{folder} is {_what_folder(folder.resolve())} in the run folder {inside}, not a run "
                                 f"folder itself: agentq report {inside}")
-    raise FileNotFoundError(_no_results_yet(folder) or f"{folder} is not an agentq run folder (no metrics.jsonl, "
-                            "nor rl/metrics.jsonl of an `agentq pipeline` folder)")
+    raise FileNotFoundError(_no_results_yet(folder) or _sweep_folder(folder)
+                            or f"{folder} is not an agentq run folder (no metrics.jsonl, nor rl/metrics.jsonl of an "
+                            "`agentq pipeline` folder)")
 
 
 #: what only `agentq sweep` writes at the top of its folder (trainer.run_dir.MARKERS): a folder of runs
 #: (arms/<arm>/seed_<n>), with an sft/ of its own, never a run to report itself
 SWEEP_MARKERS = ("arms", "eval_sft", "table.md")
+
+
+def _sweep_folder(folder: Path) -> str | None:
+    """For `rl_run_dir`'s message: an `agentq sweep` folder (`SWEEP_MARKERS`) said so (it read "not an
+    agentq run folder"), with its table and how to report one of its arm × seed runs.
+
+    Returns:
+        The message, or None for a folder that is not a sweep's.
+    """
+    if not any((folder / name).exists() for name in SWEEP_MARKERS):
+        return None
+    runs = sorted(m.parent for m in folder.glob("arms/*/seed_*/metrics.jsonl"))
+    table = folder / "table.md"
+    said = (f"its table is {table}" if table.is_file() else
+            f"it has no table.md yet (agentq sweep sweep.table_only=true sweep.out_dir={folder} writes the table of "
+            "its finished runs)")
+    return (f"{folder} is an `agentq sweep` folder, not a run: {said}; report one of its runs with agentq report "
+            f"{folder}/arms/<arm>/seed_<n>" + (f" (e.g. agentq report {runs[0]})" if runs else ""))
 
 
 def _no_results_yet(folder: Path) -> str | None:

@@ -395,6 +395,20 @@ def test_report_of_a_folder_inside_a_run_names_the_run_folder(tmp_path, capsys, 
     assert capsys.readouterr().err == "agentq: runz: no such folder\n"
 
 
+def test_report_of_a_sweep_folder_names_its_table_and_its_runs(tmp_path, capsys):
+    """`agentq report <a sweep folder>` said only "is not an agentq run folder (no metrics.jsonl, ...)"."""
+    from agentq.cli import main
+
+    sweep = tmp_path / "s"
+    (sweep / "arms" / "bf16" / "seed_0").mkdir(parents=True)
+    (sweep / "arms" / "bf16" / "seed_0" / "metrics.jsonl").write_text("")
+    (sweep / "table.md").write_text("| arm |\n")
+    assert main(["report", str(sweep)]) == 2
+    assert capsys.readouterr().err == (
+        f"agentq: {sweep} is an `agentq sweep` folder, not a run: its table is {sweep}/table.md; report one of its "
+        f"runs with agentq report {sweep}/arms/<arm>/seed_<n> (e.g. agentq report {sweep}/arms/bf16/seed_0)\n")
+
+
 def test_report_of_a_run_before_its_first_step_says_it_has_no_results_yet(tmp_path, capsys):
     """`agentq report <run>` of a run before its first logged step (config.yaml, no metrics.jsonl) said
     "is not an agentq run folder": now a run in progress (its lock held) or one that stopped there."""
@@ -423,9 +437,12 @@ def test_report_of_a_run_before_its_first_step_says_it_has_no_results_yet(tmp_pa
     assert main(["report", str(pipe)]) == 2
     assert capsys.readouterr().err == (f"agentq: {pipe} is a run folder with no results yet: its run stopped before "
                                        "logging its first RL step (sft/config.yaml, no metrics.jsonl)\n")
-    (pipe / "arms").mkdir()                # a sweep's folder (its sft/ too) holds no run of its own: as before
+    (pipe / "arms").mkdir()                # a sweep's folder (its sft/ too) holds no run of its own
     assert main(["report", str(pipe)]) == 2
-    assert "is not an agentq run folder" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"agentq: {pipe} is an `agentq sweep` folder, not a run: it has no table.md yet (agentq sweep "
+        f"sweep.table_only=true sweep.out_dir={pipe} writes the table of its finished runs); report one of its runs "
+        f"with agentq report {pipe}/arms/<arm>/seed_<n>\n")
     (run / "config.yaml").unlink()         # a folder of nothing agentq wrote: as before
     assert main(["report", str(run)]) == 2
     assert capsys.readouterr().err == (f"agentq: {run} is not an agentq run folder (no metrics.jsonl, nor "
